@@ -1,0 +1,114 @@
+// The host backend's executor: one long-lived thread per replica. `run_all` hands every thread
+// the same job and returns when all have finished it; no thread is created per step.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <distribute/core/detail/replica_group.hpp>
+
+#if defined(__linux__)
+#include <pthread.h>
+#endif
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// A non-owning reference to a callable `void(int replica)`: no allocation per step.
+class ReplicaJob {
+ public:
+  template <class F>
+  explicit ReplicaJob(F& f) noexcept
+      : object_(&f), call_([](void* o, int replica) { (*static_cast<F*>(o))(replica); }) {}
+  void operator()(int replica) const { call_(object_, replica); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, int);
+};
+
+class HostReplicaThreads {
+ public:
+  explicit HostReplicaThreads(int count)
+      : spin_limit_(static_cast<unsigned>(count) < std::max(1u, std::thread::hardware_concurrency()) ? 20000 : 64) {
+    threads_.reserve(static_cast<std::size_t>(count));
+    for (int i = 0; i < count; ++i) {
+      threads_.emplace_back([this, i] { loop(i); });
+#if defined(__linux__)
+      pthread_setname_np(threads_.back().native_handle(), ("ds-replica-" + std::to_string(i)).substr(0, 15).c_str());
+#endif
+    }
+  }
+  HostReplicaThreads(const HostReplicaThreads&) = delete;
+  HostReplicaThreads& operator=(const HostReplicaThreads&) = delete;
+
+  ~HostReplicaThreads() {
+    stopping_.store(true, std::memory_order_release);
+    epoch_.fetch_add(1, std::memory_order_acq_rel);
+    epoch_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  int size() const noexcept { return static_cast<int>(threads_.size()); }
+
+  /// Runs job(i) on thread i for every i and waits for all. `job` must not throw.
+  void run_all(const ReplicaJob& job) noexcept {
+    job_ = &job;
+    remaining_.store(size(), std::memory_order_relaxed);
+    epoch_.fetch_add(1, std::memory_order_acq_rel);
+    epoch_.notify_all();
+    unsigned spins = 0;
+    for (;;) {
+      int left = remaining_.load(std::memory_order_acquire);
+      if (left == 0) break;
+      if (spins < spin_limit_) {
+        ++spins;
+        cpu_relax();
+      } else {
+        remaining_.wait(left, std::memory_order_acquire);
+      }
+    }
+  }
+
+ private:
+  void loop(int replica) {
+    std::uint32_t seen = 0;
+    for (;;) {
+      unsigned spins = 0;
+      std::uint32_t e;
+      while ((e = epoch_.load(std::memory_order_acquire)) == seen) {
+        if (spins < spin_limit_) {
+          ++spins;
+          cpu_relax();
+        } else {
+          epoch_.wait(seen, std::memory_order_acquire);
+        }
+      }
+      seen = e;
+      if (stopping_.load(std::memory_order_acquire)) return;
+      (*job_)(replica);
+      if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) remaining_.notify_all();
+    }
+  }
+
+  const unsigned spin_limit_;
+  std::vector<std::thread> threads_;
+  const ReplicaJob* job_ = nullptr;
+  alignas(64) std::atomic<std::uint32_t> epoch_{0};
+  alignas(64) std::atomic<int> remaining_{0};
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace detail
+
+/// The host backend: replicas are threads on logical CPU devices "/cpu:0".."/cpu:N-1".
+struct host {
+  static constexpr std::string_view name = "host";
+  static constexpr std::string_view device_type = "CPU";
+};
+
+DISTRIBUTE_END_NAMESPACE

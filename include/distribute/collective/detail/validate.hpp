@@ -1,0 +1,77 @@
+// Every replica checks the calls published to a collective against replica 0's, so that a
+// mismatch (another op, shape, dtype or collective) fails identically on all of them.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <distribute/core/detail/concat.hpp>
+#include <distribute/core/detail/replica_group.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+inline void validate_same_call(const ReplicaGroup& group, int /*replica*/, CollectiveKind kind) {
+  const CollectiveCall& c0 = group.slot(0);
+  for (int r = 0; r < group.size(); ++r) {
+    const CollectiveCall& c = group.slot(r);
+    if (c.kind != kind || c0.kind != kind) {
+      throw InvalidArgument(fmt::format("replica 0 called {} but replica {} called {}: every replica must issue the "
+                                        "same collectives in the same order",
+                                        to_string(c0.kind), r, to_string(c.kind)));
+    }
+  }
+  for (int r = 1; r < group.size(); ++r) {
+    const CollectiveCall& c = group.slot(r);
+    switch (kind) {
+      case CollectiveKind::AllReduce:
+        if (c.op != c0.op) {
+          throw InvalidArgument(
+              fmt::format("all_reduce: replica 0 reduces with {} but replica {} with {}", c0.op, r, c.op));
+        }
+        if (c.buffers.size() != c0.buffers.size()) {
+          throw InvalidArgument(fmt::format("all_reduce: replica 0 passed {} values but replica {} passed {}",
+                                            c0.buffers.size(), r, c.buffers.size()));
+        }
+        for (std::size_t i = 0; i < c.buffers.size(); ++i) {
+          const auto& a = c0.buffers[i];
+          const auto& b = c.buffers[i];
+          if (a.dtype != b.dtype || a.shape != b.shape) {
+            throw InvalidArgument(fmt::format(
+                "all_reduce: value {} is {} of shape {} on replica 0 but {} of shape {} on replica {}", i,
+                to_string(a.dtype), shape_string(a.shape), to_string(b.dtype), shape_string(b.shape), r));
+          }
+        }
+        break;
+      case CollectiveKind::AllGather: {
+        if (c.axis != c0.axis) {
+          throw InvalidArgument(
+              fmt::format("all_gather: replica 0 gathers along axis {} but replica {} along axis {}", c0.axis, r, c.axis));
+        }
+        break;
+      }
+      case CollectiveKind::Broadcast: {
+        const auto& a = c0.buffers[0];
+        const auto& b = c.buffers[0];
+        if (c.root != c0.root || a.dtype != b.dtype || a.shape != b.shape) {
+          throw InvalidArgument(fmt::format(
+              "broadcast: replica 0 passes {} of shape {} from root {} but replica {} passes {} of shape {} from root {}",
+              to_string(a.dtype), shape_string(a.shape), c0.root, r, to_string(b.dtype), shape_string(b.shape), c.root));
+        }
+        break;
+      }
+      case CollectiveKind::MergeCall:
+        if (c.merge_type != c0.merge_type && *c.merge_type != *c0.merge_type) {
+          throw InvalidArgument(fmt::format("merge_call: replica {} passed other argument types than replica 0", r));
+        }
+        break;
+    }
+  }
+  if (kind == CollectiveKind::AllGather) {
+    std::vector<const BufferRef*> parts;
+    for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
+    check_concat(parts, c0.axis, "all_gather");
+  }
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE

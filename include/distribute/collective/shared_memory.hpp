@@ -1,0 +1,118 @@
+// The host default cross-device op: replicas are threads of one process, so they reduce straight
+// out of each other's buffers. Replica r reduces slice r of every buffer across all replicas and
+// writes the result into slice r of every replica's buffer: a reduce-scatter and an all-gather
+// fused into one pass, in place, with no scratch buffer and two barriers per call.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <span>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <distribute/collective/detail/validate.hpp>
+#include <distribute/core/detail/elementwise.hpp>
+#include <distribute/core/detail/replica_group.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Cross-device ops policy: parallel reduce in shared memory (the host backend's default).
+namespace detail {
+
+// Elements per block: small enough that a block of every source stays in L2 while reduced.
+inline constexpr std::size_t kReduceBlockBytes = 32 * 1024;
+
+template <class T>
+void reduce_slice_across(const ReplicaGroup& group, std::size_t buffer_index, std::size_t begin, std::size_t end,
+                         ReduceOp op, std::int64_t divisor) {
+  const int n = group.size();
+  constexpr std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / sizeof(T));
+  for (std::size_t b = begin; b < end; b += block) {
+    const std::size_t len = std::min(block, end - b);
+    T* acc = static_cast<T*>(group.slot(0).buffers[buffer_index].data) + b;
+    for (int r = 1; r < n; ++r) {
+      combine(acc, static_cast<const T*>(group.slot(r).buffers[buffer_index].data) + b, len, op);
+    }
+    if (op == ReduceOp::Mean && divisor > 1) divide(acc, len, divisor);
+    for (int r = 1; r < n; ++r) {
+      std::memcpy(static_cast<T*>(group.slot(r).buffers[buffer_index].data) + b, acc, len * sizeof(T));
+    }
+  }
+}
+
+/// The shared-memory algorithms, usable by any strategy whose replicas share an address space.
+class SharedMemoryCollectives : public ReplicaCollectives {
+ public:
+  /// `mean_divisor`: what MEAN divides by (num_replicas_in_sync; 0 leaves the sum, for callers
+  /// that divide after a further cross-worker step).
+  explicit SharedMemoryCollectives(std::int64_t mean_divisor) : mean_divisor_(mean_divisor) {}
+
+  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
+    CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+    group.publish(replica, &call);
+    group.arrive_and_wait(replica, call.kind);
+    validate_same_call(group, replica, call.kind);
+    const auto n = static_cast<std::size_t>(group.size());
+    const auto r = static_cast<std::size_t>(replica);
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+      const std::size_t count = buffers[i].count();
+      const std::size_t begin = count * r / n, end = count * (r + 1) / n;
+      if (group.size() == 1) {
+        if (op == ReduceOp::Mean && mean_divisor_ > 1) {
+          visit_dtype(buffers[i].dtype, [&](auto t) {
+            using T = decltype(t);
+            divide(static_cast<T*>(buffers[i].data), count, mean_divisor_);
+          });
+        }
+        continue;
+      }
+      if (begin == end) continue;
+      visit_dtype(buffers[i].dtype,
+                  [&](auto t) { reduce_slice_across<decltype(t)>(group, i, begin, end, op, mean_divisor_); });
+    }
+    group.arrive_and_wait(replica, call.kind);
+  }
+
+  void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+                  const std::function<void*(const Shape&)>& allocate) override {
+    BufferRef in = input;
+    CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
+    group.publish(replica, &call);
+    group.arrive_and_wait(replica, call.kind);
+    validate_same_call(group, replica, call.kind);
+    std::vector<const BufferRef*> parts;
+    for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
+    concat_along_axis(parts, static_cast<std::size_t>(axis), allocate);
+    group.arrive_and_wait(replica, call.kind);
+  }
+
+  void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
+    CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
+    group.publish(replica, &call);
+    group.arrive_and_wait(replica, call.kind);
+    validate_same_call(group, replica, call.kind);
+    if (replica != root && buffer.bytes() > 0) {
+      std::memcpy(buffer.data, group.slot(root).buffers[0].data, buffer.bytes());
+    }
+    group.arrive_and_wait(replica, call.kind);
+  }
+
+ private:
+  std::int64_t mean_divisor_;
+};
+
+}  // namespace detail
+
+/// Cross-device ops policy: parallel reduce in shared memory (the host backend's default).
+struct SharedMemoryAllReduce {
+  static constexpr std::string_view name = "SharedMemoryAllReduce";
+  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(int num_replicas_in_sync) {
+    return std::make_unique<detail::SharedMemoryCollectives>(num_replicas_in_sync);
+  }
+};
+
+DISTRIBUTE_END_NAMESPACE

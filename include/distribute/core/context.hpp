@@ -1,0 +1,241 @@
+// Contexts: which strategy is current on this thread (scope), and the replica context a step
+// function runs in. A thread is in cross-replica context inside a scope and outside `run`, and in
+// replica context inside a step function that `run` started.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/core/detail/elementwise.hpp>
+#include <distribute/core/error.hpp>
+#include <distribute/core/reduce_op.hpp>
+#include <distribute/core/tensor_traits.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+class ReplicaContext;
+
+namespace detail {
+/// How a strategy places the variables created in its scope.
+enum class PlacementKind { Plain, Replicated, CentralStorage };
+
+struct VariablePlacement {
+  PlacementKind kind = PlacementKind::Plain;
+  std::vector<std::string> devices;  // one per local copy
+  int num_replicas_in_sync = 1;
+  std::uint64_t strategy_id = 0;
+};
+
+inline std::uint64_t next_strategy_id() noexcept {
+  static std::atomic<std::uint64_t> counter{0};
+  return ++counter;
+}
+}  // namespace detail
+
+/// The strategy interface every strategy type implements; what get_strategy() returns.
+class AnyStrategy {
+ public:
+  AnyStrategy() = default;
+  AnyStrategy(const AnyStrategy&) = delete;
+  AnyStrategy& operator=(const AnyStrategy&) = delete;
+  virtual ~AnyStrategy() = default;
+
+  /// "MirroredStrategy", "OneDeviceStrategy", ... as in TF.
+  virtual std::string_view name() const noexcept = 0;
+  virtual int num_replicas_in_sync() const noexcept = 0;
+  virtual int num_local_replicas() const noexcept = 0;
+  /// The local replicas' devices as TF strings ("/job:localhost/replica:0/task:0/device:CPU:0").
+  virtual std::vector<std::string> worker_devices() const = 0;
+  /// Unique per strategy object (never reused), to tell strategies apart at run time.
+  std::uint64_t id() const noexcept { return id_; }
+
+  /// How variables created in this strategy's scope are placed.
+  virtual detail::VariablePlacement variable_placement() const = 0;
+
+  /// The concrete strategy, or nullptr if this is another type.
+  template <class S>
+  S* as() noexcept { return dynamic_cast<S*>(this); }
+  template <class S>
+  bool is() const noexcept { return dynamic_cast<const S*>(this) != nullptr; }
+
+ private:
+  std::uint64_t id_ = detail::next_strategy_id();
+};
+
+namespace detail {
+/// Per-thread context: the stack of entered scopes and, on a replica thread, its replica context.
+struct ThreadContext {
+  std::vector<AnyStrategy*> scopes;
+  ReplicaContext* replica = nullptr;
+};
+inline ThreadContext& thread_context() noexcept {
+  static thread_local ThreadContext ctx;
+  return ctx;
+}
+
+/// The strategy whose scope is innermost on this thread (or whose replica this thread runs).
+AnyStrategy* current_strategy_or_null() noexcept;
+
+/// Sets this thread's replica context for the lifetime of the guard (run, merge_call).
+class ReplicaContextSwitch {
+ public:
+  explicit ReplicaContextSwitch(ReplicaContext* ctx) noexcept : previous_(thread_context().replica) {
+    thread_context().replica = ctx;
+  }
+  ~ReplicaContextSwitch() { thread_context().replica = previous_; }
+  ReplicaContextSwitch(const ReplicaContextSwitch&) = delete;
+  ReplicaContextSwitch& operator=(const ReplicaContextSwitch&) = delete;
+
+ private:
+  ReplicaContext* previous_;
+};
+}  // namespace detail
+
+/// RAII guard returned by `strategy.scope()`: makes the strategy current on this thread and
+/// routes variable creation to it. Re-entering the same strategy is fine; entering a different
+/// one inside it throws InvalidArgument.
+class [[nodiscard]] ScopeGuard {
+ public:
+  explicit ScopeGuard(AnyStrategy& strategy);
+  ~ScopeGuard() {
+    auto& scopes = detail::thread_context().scopes;
+    if (!scopes.empty()) scopes.pop_back();
+  }
+  ScopeGuard(const ScopeGuard&) = delete;
+  ScopeGuard& operator=(const ScopeGuard&) = delete;
+  ScopeGuard(ScopeGuard&&) = delete;
+  ScopeGuard& operator=(ScopeGuard&&) = delete;
+};
+
+/// A reduce op given as ds::ReduceOp or as one of TF's strings ("sum", "MEAN").
+struct ReduceOpArg {
+  ReduceOp op;
+  ReduceOpArg(ReduceOp o) noexcept : op(o) {}  // NOLINT: implicit on purpose
+  ReduceOpArg(std::string_view s) : op(parse_reduce_op(s)) {}  // NOLINT
+  ReduceOpArg(const char* s) : op(parse_reduce_op(s)) {}  // NOLINT
+};
+
+/// Given to a step function (as its first argument, or through get_replica_context()):
+/// which replica it is, and the collectives among the replicas of the step.
+class ReplicaContext {
+ public:
+  ReplicaContext(AnyStrategy& strategy, detail::ReplicaGroup& group, detail::ReplicaCollectives& collectives,
+                 int local_replica_id, int replica_id_in_sync_group, std::string device)
+      : strategy_(&strategy),
+        group_(&group),
+        collectives_(&collectives),
+        local_id_(local_replica_id),
+        global_id_(replica_id_in_sync_group),
+        device_(std::move(device)) {}
+  ReplicaContext(const ReplicaContext&) = delete;
+  ReplicaContext& operator=(const ReplicaContext&) = delete;
+  virtual ~ReplicaContext() = default;
+
+  int replica_id_in_sync_group() const noexcept { return global_id_; }
+  int num_replicas_in_sync() const noexcept { return strategy_->num_replicas_in_sync(); }
+  /// This replica's index among the replicas of this process.
+  int local_replica_id() const noexcept { return local_id_; }
+  AnyStrategy& strategy() const noexcept { return *strategy_; }
+  /// This replica's device as a TF string.
+  const std::string& device() const noexcept { return device_; }
+
+  /// Reduces each value across all replicas and returns the results (one value, or a tuple for
+  /// several). All values of one call travel in one collective. Pass rvalues to reduce without a copy.
+  template <class... U>
+    requires(sizeof...(U) > 0 && (TensorLike<std::remove_cvref_t<U>> && ...))
+  auto all_reduce(ReduceOpArg op, U&&... values) {
+    std::tuple<std::remove_cvref_t<U>...> out(std::forward<U>(values)...);
+    std::array<detail::BufferRef, sizeof...(U)> buffers;
+    std::apply([&](auto&... v) {
+      std::size_t i = 0;
+      ((buffers[i++] = buffer_ref(v)), ...);
+    }, out);
+    for (const auto& b : buffers) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
+    collectives_->all_reduce(*group_, local_id_, buffers, op.op);
+    if constexpr (sizeof...(U) == 1) {
+      return std::get<0>(std::move(out));
+    } else {
+      return out;
+    }
+  }
+
+  /// Concatenates every replica's value along `axis` (sizes along it may differ) on every replica.
+  template <class U>
+    requires TensorLike<U>
+  gathered_t<U> all_gather(const U& value, int axis) {
+    using G = gathered_t<U>;
+    std::optional<G> result;
+    auto in = buffer_ref(const_cast<U&>(value));
+    auto rank = static_cast<int>(in.shape.size());
+    if (axis < 0 || axis >= rank) {
+      throw InvalidArgument(fmt::format("all_gather: axis {} is out of range for a value of shape {}; it must be in [0, {})",
+                                        axis, shape_string(in.shape), rank));
+    }
+    collectives_->all_gather(*group_, local_id_, in, axis, [&](const Shape& shape) -> void* {
+      result.emplace(tensor_traits<G>::make(shape));
+      return tensor_traits<G>::data(*result);
+    });
+    return std::move(*result);
+  }
+
+  /// Every replica receives replica `root`'s value.
+  template <class U>
+    requires TensorLike<U>
+  U broadcast(U value, int root = 0) {
+    if (root < 0 || root >= group_->size()) {
+      throw InvalidArgument(fmt::format("broadcast: root {} is not a local replica (0..{})", root, group_->size() - 1));
+    }
+    collectives_->broadcast(*group_, local_id_, buffer_ref(value), root);
+    return value;
+  }
+
+  detail::ReplicaGroup& group() noexcept { return *group_; }
+
+ protected:
+  template <class U>
+  static detail::BufferRef buffer_ref(U& v) {
+    return detail::BufferRef{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
+  }
+
+ private:
+  AnyStrategy* strategy_;
+  detail::ReplicaGroup* group_;
+  detail::ReplicaCollectives* collectives_;
+  int local_id_;
+  int global_id_;
+  std::string device_;
+};
+
+
+namespace detail {
+inline AnyStrategy* current_strategy_or_null() noexcept {
+  auto& tc = thread_context();
+  if (tc.replica) return &tc.replica->strategy();
+  return tc.scopes.empty() ? nullptr : tc.scopes.back();
+}
+}  // namespace detail
+
+inline ScopeGuard::ScopeGuard(AnyStrategy& strategy) {
+  auto& tc = detail::thread_context();
+  AnyStrategy* current = detail::current_strategy_or_null();
+  if (current && current->id() != strategy.id()) {
+    throw InvalidArgument(fmt::format(
+        "cannot enter the scope of {} (strategy #{}) inside the scope of {} (strategy #{}): a thread can be in one "
+        "strategy's scope at a time; leave the outer scope first",
+        strategy.name(), strategy.id(), current->name(), current->id()));
+  }
+  tc.scopes.push_back(&strategy);
+}
+
+DISTRIBUTE_END_NAMESPACE

@@ -1,0 +1,61 @@
+// Concatenation of row-major buffers along an axis (gather, all_gather, Sharded::to_tensor).
+#pragma once
+
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <distribute/core/detail/replica_group.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Checks that `parts` can be concatenated along `axis`: same dtype and rank, axis in
+/// [0, rank), equal dimensions except along axis. Names the offending parts' shapes.
+inline void check_concat(const std::vector<const BufferRef*>& parts, std::int64_t axis, const char* what) {
+  const BufferRef& first = *parts.front();
+  const auto rank = static_cast<std::int64_t>(first.shape.size());
+  if (axis < 0 || axis >= rank) {
+    throw InvalidArgument(fmt::format("{}: axis {} is out of range for values of shape {} (rank {}); it must be in [0, {})",
+                                      what, axis, shape_string(first.shape), rank, rank));
+  }
+  for (std::size_t r = 1; r < parts.size(); ++r) {
+    const BufferRef& p = *parts[r];
+    bool ok = p.dtype == first.dtype && p.shape.size() == first.shape.size();
+    for (std::size_t d = 0; ok && d < p.shape.size(); ++d) {
+      if (static_cast<std::int64_t>(d) != axis && p.shape[d] != first.shape[d]) ok = false;
+    }
+    if (!ok) {
+      throw InvalidArgument(fmt::format(
+          "{}: replica 0 has a {} value of shape {} but replica {} has a {} value of shape {}; they can only differ "
+          "along axis {}",
+          what, to_string(first.dtype), shape_string(first.shape), r, to_string(p.dtype), shape_string(p.shape), axis));
+    }
+  }
+}
+
+/// Writes the concatenation of `parts` along `axis` into allocate(result_shape).
+inline void concat_along_axis(const std::vector<const BufferRef*>& parts, std::size_t axis,
+                              const std::function<void*(const Shape&)>& allocate) {
+  Shape out_shape = parts.front()->shape;
+  out_shape[axis] = 0;
+  for (auto* p : parts) out_shape[axis] += p->shape[axis];
+  auto* out = static_cast<std::byte*>(allocate(out_shape));
+  const std::size_t elem = size_of(parts.front()->dtype);
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t d = 0; d < axis; ++d) outer *= out_shape[d];
+  for (std::size_t d = axis + 1; d < out_shape.size(); ++d) inner *= out_shape[d];
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (auto* p : parts) {
+      const auto run = static_cast<std::size_t>(p->shape[axis] * inner) * elem;
+      if (run == 0) continue;
+      std::memcpy(out, static_cast<const std::byte*>(p->data) + static_cast<std::size_t>(o) * run, run);
+      out += run;
+    }
+  }
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE

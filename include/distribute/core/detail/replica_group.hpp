@@ -1,0 +1,180 @@
+// ReplicaGroup: the rendezvous of the local replicas of one strategy inside one step.
+//
+// A collective is "publish my call, barrier, work on everybody's buffers, barrier". The barrier
+// can be aborted (a replica failed) and detects a replica that returned from its step function
+// while others wait, so a step can never hang on a missing participant.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <typeinfo>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <distribute/core/dtype.hpp>
+#include <distribute/core/error.hpp>
+#include <distribute/core/reduce_op.hpp>
+#include <distribute/core/shape.hpp>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+/// A contiguous buffer of one replica as the collectives see it.
+struct BufferRef {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  Shape shape;
+  std::size_t count() const { return static_cast<std::size_t>(num_elements(shape)); }
+  std::size_t bytes() const { return count() * size_of(dtype); }
+};
+
+enum class CollectiveKind : std::uint8_t { AllReduce, AllGather, Broadcast, MergeCall };
+
+constexpr std::string_view to_string(CollectiveKind k) noexcept {
+  switch (k) {
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::Broadcast: return "broadcast";
+    case CollectiveKind::MergeCall: return "merge_call";
+  }
+  return "?";
+}
+
+/// What one replica brings to a collective; the others read it between the two barriers.
+struct CollectiveCall {
+  CollectiveKind kind = CollectiveKind::AllReduce;
+  ReduceOp op = ReduceOp::Sum;
+  std::span<BufferRef> buffers;
+  int axis = 0;
+  int root = 0;
+  const std::type_info* merge_type = nullptr;
+  void* merge_args = nullptr;
+};
+
+class ReplicaGroup {
+ public:
+  explicit ReplicaGroup(int size)
+      : size_(size),
+        slots_(static_cast<std::size_t>(size), nullptr),
+        // Spinning only pays when every replica has a core; oversubscribed, it steals the
+        // core from the replica we are waiting for.
+        spin_limit_(static_cast<unsigned>(size) <= std::max(1u, std::thread::hardware_concurrency()) ? 20000 : 64) {}
+
+  int size() const noexcept { return size_; }
+
+  /// Called by the launching thread while no replica runs.
+  void begin_step() noexcept {
+    arrived_.store(0, std::memory_order_relaxed);
+    aborted_.store(false, std::memory_order_relaxed);
+    first_finished_.store(-1, std::memory_order_relaxed);
+    std::fill(slots_.begin(), slots_.end(), nullptr);
+    std::atomic_thread_fence(std::memory_order_release);
+  }
+
+  /// Waits until every replica has arrived. Throws Cancelled when the step was aborted, and
+  /// InvalidArgument when a replica left its step function instead of arriving.
+  void arrive_and_wait(int replica, CollectiveKind what) {
+    if (size_ == 1) return;
+    check_alive(replica, what);
+    const auto gen = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == size_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.store(gen + 1, std::memory_order_release);
+      signal();
+      return;
+    }
+    unsigned spins = 0;
+    for (;;) {
+      const auto s = events_.load(std::memory_order_acquire);
+      if (generation_.load(std::memory_order_acquire) != gen) return;
+      check_alive(replica, what);
+      if (spins < spin_limit_) {
+        ++spins;
+        cpu_relax();
+      } else {
+        events_.wait(s, std::memory_order_acquire);
+      }
+    }
+  }
+
+  /// Marks the step failed and wakes every waiting replica.
+  void abort() noexcept {
+    aborted_.store(true, std::memory_order_release);
+    signal();
+  }
+  bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
+
+  /// A replica returned from its step function (normally or not).
+  void finish(int replica) noexcept {
+    int expected = -1;
+    first_finished_.compare_exchange_strong(expected, replica, std::memory_order_acq_rel);
+    signal();
+  }
+
+  void publish(int replica, const CollectiveCall* call) noexcept { slots_[static_cast<std::size_t>(replica)] = call; }
+  const CollectiveCall& slot(int replica) const noexcept { return *slots_[static_cast<std::size_t>(replica)]; }
+
+ private:
+  void signal() noexcept {
+    events_.fetch_add(1, std::memory_order_acq_rel);
+    events_.notify_all();
+  }
+
+  void check_alive(int replica, CollectiveKind what) const {
+    if (aborted_.load(std::memory_order_acquire)) {
+      throw Cancelled(fmt::format("replica {} left {}: another replica of this step failed", replica, to_string(what)));
+    }
+    if (int f = first_finished_.load(std::memory_order_acquire); f >= 0) {
+      throw InvalidArgument(fmt::format(
+          "replica {} returned from its step function while replica {} waits in {}: every replica must issue the "
+          "same collectives in the same order",
+          f, replica, to_string(what)));
+    }
+  }
+
+  const int size_;
+  std::vector<const CollectiveCall*> slots_;
+  const unsigned spin_limit_;
+  alignas(64) std::atomic<int> arrived_{0};
+  alignas(64) std::atomic<std::uint32_t> generation_{0};
+  alignas(64) std::atomic<std::uint32_t> events_{0};
+  std::atomic<bool> aborted_{false};
+  std::atomic<int> first_finished_{-1};
+};
+
+/// The collectives a strategy offers its replicas inside a step. One implementation per
+/// cross-device algorithm (collective/), composed by strategies; MultiWorker wraps a local one.
+class ReplicaCollectives {
+ public:
+  virtual ~ReplicaCollectives() = default;
+  /// In-place all-reduce of `buffers` (same dtypes/shapes on every replica). Mean divides by
+  /// `num_replicas_in_sync`.
+  virtual void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) = 0;
+  /// Concatenation along `axis`; `allocate(shape)` returns where this replica's result goes.
+  virtual void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+                          const std::function<void*(const Shape&)>& allocate) = 0;
+  /// Copies root's buffer into every replica's buffer.
+  virtual void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) = 0;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE

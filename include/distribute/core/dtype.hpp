@@ -1,0 +1,84 @@
+// Element types that cross a replica or process boundary, named as in TF/safetensors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include <distribute/version.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+enum class DType : std::uint8_t { F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool };
+
+constexpr std::string_view to_string(DType d) noexcept {
+  switch (d) {
+    case DType::F32: return "float32";
+    case DType::F64: return "float64";
+    case DType::I8: return "int8";
+    case DType::I16: return "int16";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+    case DType::U8: return "uint8";
+    case DType::U16: return "uint16";
+    case DType::U32: return "uint32";
+    case DType::U64: return "uint64";
+    case DType::Bool: return "bool";
+  }
+  return "?";
+}
+
+constexpr std::size_t size_of(DType d) noexcept {
+  switch (d) {
+    case DType::I8: case DType::U8: case DType::Bool: return 1;
+    case DType::I16: case DType::U16: return 2;
+    case DType::F32: case DType::I32: case DType::U32: return 4;
+    case DType::F64: case DType::I64: case DType::U64: return 8;
+  }
+  return 0;
+}
+
+/// Arithmetic element types the collectives know how to combine.
+template <class T>
+concept Element = std::is_arithmetic_v<T> && !std::is_const_v<T> && !std::is_volatile_v<T> &&
+                  (sizeof(T) <= 8) && !std::is_same_v<T, char> && !std::is_same_v<T, wchar_t> &&
+                  !std::is_same_v<T, long double>;
+
+template <Element T>
+constexpr DType dtype_of() noexcept {
+  if constexpr (std::is_same_v<T, bool>) return DType::Bool;
+  else if constexpr (std::is_floating_point_v<T>) return sizeof(T) == 4 ? DType::F32 : DType::F64;
+  else if constexpr (std::is_signed_v<T>) {
+    if constexpr (sizeof(T) == 1) return DType::I8;
+    else if constexpr (sizeof(T) == 2) return DType::I16;
+    else if constexpr (sizeof(T) == 4) return DType::I32;
+    else return DType::I64;
+  } else {
+    if constexpr (sizeof(T) == 1) return DType::U8;
+    else if constexpr (sizeof(T) == 2) return DType::U16;
+    else if constexpr (sizeof(T) == 4) return DType::U32;
+    else return DType::U64;
+  }
+}
+
+/// Calls f(T{}) with the C++ type of a runtime DType.
+template <class F>
+decltype(auto) visit_dtype(DType d, F&& f) {
+  switch (d) {
+    case DType::F32: return f(float{});
+    case DType::F64: return f(double{});
+    case DType::I8: return f(std::int8_t{});
+    case DType::I16: return f(std::int16_t{});
+    case DType::I32: return f(std::int32_t{});
+    case DType::I64: return f(std::int64_t{});
+    case DType::U8: return f(std::uint8_t{});
+    case DType::U16: return f(std::uint16_t{});
+    case DType::U32: return f(std::uint32_t{});
+    case DType::U64: return f(std::uint64_t{});
+    case DType::Bool: return f(bool{});
+  }
+  return f(float{});
+}
+
+DISTRIBUTE_END_NAMESPACE

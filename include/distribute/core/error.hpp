@@ -1,0 +1,60 @@
+// The library's error hierarchy: every error derives from ds::Error.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include <distribute/version.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Base of every error the library throws.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A caller passed a value the library cannot work with (bad shape, axis, name, nesting).
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+/// The cluster configuration (TF_CONFIG, Slurm, launcher environment) is malformed.
+class ClusterConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A peer (another replica, worker or parameter server) failed or went away.
+class PeerFailure : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A collective did not complete within its timeout.
+class CollectiveTimeout : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A checkpoint file is missing, truncated, corrupted or does not match what it restores.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A resource the caller asked for does not exist on this machine (e.g. no GPU visible).
+class Unavailable : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A replica was released from a collective because another replica of the same step failed.
+/// `run` never rethrows this one when the original error is known; it rethrows the original.
+class Cancelled : public Error {
+ public:
+  using Error::Error;
+};
+
+DISTRIBUTE_END_NAMESPACE

@@ -1,0 +1,22 @@
+// distribute: tf.distribute for C++. The umbrella header: includes every enabled part.
+#pragma once
+
+#include <distribute/version.hpp>
+
+#include <distribute/core/device.hpp>
+#include <distribute/core/dtype.hpp>
+#include <distribute/core/error.hpp>
+#include <distribute/core/reduce_op.hpp>
+#include <distribute/core/shape.hpp>
+#include <distribute/core/tensor.hpp>
+#include <distribute/core/tensor_traits.hpp>
+#include <distribute/core/values.hpp>
+#include <distribute/core/context.hpp>
+#include <distribute/core/variable.hpp>
+
+#include <distribute/backends/host/replica_threads.hpp>
+#include <distribute/collective/shared_memory.hpp>
+
+#include <distribute/strategy/default_strategy.hpp>
+#include <distribute/strategy/mirrored.hpp>
+#include <distribute/strategy/one_device.hpp>

@@ -1,0 +1,505 @@
+// SyncStrategy: the one composable core behind OneDeviceStrategy and MirroredStrategy (and,
+// later, the strategies that add workers). It owns the local replicas (an executor of the
+// backend, a ReplicaGroup and the cross-device ops) and implements run/reduce/gather/...
+// Derived is the public strategy type: values it makes are PerReplica<T, Derived>.
+#pragma once
+
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <distribute/backends/host/replica_threads.hpp>
+#include <distribute/collective/detail/validate.hpp>
+#include <distribute/collective/shared_memory.hpp>
+#include <distribute/core/context.hpp>
+#include <distribute/core/detail/concat.hpp>
+#include <distribute/core/device.hpp>
+#include <distribute/core/values.hpp>
+#include <distribute/core/variable.hpp>
+#include <distribute/strategy/detail/reduce_values.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// What distribute_values_from_function passes to its function.
+struct ValueContext {
+  int replica_id_in_sync_group = 0;
+  int num_replicas_in_sync = 1;
+};
+
+template <class S>
+class StrategyExtended;
+
+/// The replica context `run` hands to a step function of strategy S. Adds merge_call, whose
+/// merged values are PerReplica<T, S> that S's reduce/update accept.
+template <class S>
+class ReplicaContextFor : public ReplicaContext {
+ public:
+  ReplicaContextFor(S& strategy, detail::ReplicaGroup& group, detail::ReplicaCollectives& collectives, int local_id,
+                    int global_id, std::string device)
+      : ReplicaContext(strategy, group, collectives, local_id, global_id, std::move(device)), typed_(&strategy) {}
+
+  S& strategy() const noexcept { return *typed_; }
+
+  /// Runs fn once, in cross-replica context, with each argument merged across the replicas
+  /// into a PerReplica; fn may take the strategy first. Every replica receives fn's result.
+  template <class F, class... A>
+  auto merge_call(F&& fn, A&&... args) {
+    using Args = std::tuple<std::decay_t<A>...>;
+    constexpr bool takes_strategy = std::is_invocable_v<F&, S&, PerReplica<std::decay_t<A>, S>...>;
+    using R = std::conditional_t<takes_strategy, std::invoke_result<F&, S&, PerReplica<std::decay_t<A>, S>...>,
+                                 std::invoke_result<F&, PerReplica<std::decay_t<A>, S>...>>::type;
+    using Stored = std::conditional_t<std::is_void_v<R>, bool, std::decay_t<R>>;
+    struct Outcome {
+      std::optional<Stored> value;
+      std::exception_ptr error;
+    };
+    Args mine(std::forward<A>(args)...);
+    Outcome outcome;
+    auto& g = group();
+    detail::CollectiveCall call{detail::CollectiveKind::MergeCall};
+    call.merge_type = &typeid(Args);
+    call.merge_args = &mine;
+    call.root = 0;
+    // The outcome travels in `buffers` so the others can find replica 0's.
+    detail::BufferRef outcome_ref{&outcome};
+    call.buffers = std::span<detail::BufferRef>(&outcome_ref, 1);
+    g.publish(local_replica_id(), &call);
+    g.arrive_and_wait(local_replica_id(), call.kind);
+    detail::validate_same_call(g, local_replica_id(), call.kind);
+    if (local_replica_id() == 0) {
+      try {
+        detail::ReplicaContextSwitch cross_replica(nullptr);
+        auto merged = merge_args<Args>(std::index_sequence_for<A...>{});
+        auto invoke = [&](auto&&... m) -> decltype(auto) {
+          if constexpr (takes_strategy) return fn(*typed_, std::move(m)...);
+          else return fn(std::move(m)...);
+        };
+        if constexpr (std::is_void_v<R>) {
+          std::apply(invoke, std::move(merged));
+          outcome.value.emplace(true);
+        } else {
+          outcome.value.emplace(std::apply(invoke, std::move(merged)));
+        }
+      } catch (...) {
+        outcome.error = std::current_exception();
+      }
+    }
+    g.arrive_and_wait(local_replica_id(), call.kind);
+    const Outcome& root = *static_cast<const Outcome*>(g.slot(0).buffers[0].data);
+    std::exception_ptr error = root.error;
+    std::optional<Stored> result;
+    if (!error) result = root.value;
+    g.arrive_and_wait(local_replica_id(), call.kind);  // replica 0's outcome stays alive until read
+    if (error) std::rethrow_exception(error);
+    if constexpr (!std::is_void_v<R>) return std::move(*result);
+  }
+
+ private:
+  template <class Args, std::size_t... I>
+  auto merge_args(std::index_sequence<I...>) {
+    auto& g = group();
+    auto component = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
+      using T = std::tuple_element_t<K, Args>;
+      std::vector<T> values;
+      values.reserve(static_cast<std::size_t>(g.size()));
+      for (int r = 0; r < g.size(); ++r) values.push_back(std::get<K>(*static_cast<Args*>(g.slot(r).merge_args)));
+      return PerReplica<T, S>(std::move(values));
+    };
+    return std::make_tuple(component(std::integral_constant<std::size_t, I>{})...);
+  }
+
+  S* typed_;
+};
+
+namespace detail {
+
+template <class R>
+struct run_result {
+  template <class S>
+  using type = PerReplica<R, S>;
+};
+
+// Components of a PerReplica argument for replica i, a Mirrored's local copy, anything else as is.
+template <class S, class A>
+decltype(auto) unwrap_for_replica(A& arg, std::size_t i) {
+  using D = std::remove_cvref_t<A>;
+  if constexpr (is_per_replica<D>::value || is_mirrored<D>::value) {
+    static_assert(std::is_same_v<typename D::strategy_type, S>,
+                  "a distributed value made by one strategy type was passed to a strategy of another type; "
+                  "values are tied to the strategy type that produced them");
+    return arg[i];
+  } else {
+    return static_cast<const D&>(arg);
+  }
+}
+
+template <class S, class A>
+void check_arity(const A& arg, std::size_t replicas, std::size_t position) {
+  using D = std::remove_cvref_t<A>;
+  if constexpr (is_per_replica<D>::value || is_mirrored<D>::value) {
+    if (arg.size() != replicas) {
+      throw InvalidArgument(fmt::format("run: argument {} has {} components but the strategy has {} local replicas",
+                                        position, arg.size(), replicas));
+    }
+  }
+}
+
+template <class T>
+struct is_tuple : std::false_type {};
+template <class... T>
+struct is_tuple<std::tuple<T...>> : std::true_type {};
+
+}  // namespace detail
+
+template <class Derived, class Backend, class Ops>
+class SyncStrategy : public AnyStrategy {
+ public:
+  using backend_type = Backend;
+  using cross_device_ops = Ops;
+  template <class T>
+  using per_replica = PerReplica<T, Derived>;
+  using replica_context_type = ReplicaContextFor<Derived>;
+
+  SyncStrategy(const SyncStrategy&) = delete;
+  SyncStrategy& operator=(const SyncStrategy&) = delete;
+
+  int num_replicas_in_sync() const noexcept override { return static_cast<int>(devices_.size()); }
+  int num_local_replicas() const noexcept override { return static_cast<int>(devices_.size()); }
+  std::vector<std::string> worker_devices() const override { return devices_; }
+
+  detail::VariablePlacement variable_placement() const override {
+    return {detail::PlacementKind::Replicated, devices_, num_replicas_in_sync(), id()};
+  }
+
+  /// Makes this strategy current on the calling thread until the guard is destroyed.
+  [[nodiscard]] ScopeGuard scope() { return ScopeGuard(*this); }
+
+  /// Calls fn once per local replica, concurrently, each in its replica context.
+  template <class F, class... A>
+  auto run(F&& fn, A&&... args) {
+    const std::size_t n = devices_.size();
+    std::size_t position = 0;
+    (detail::check_arity<Derived>(args, n, position++), ...);
+    constexpr bool plain = std::is_invocable_v<F&, decltype(detail::unwrap_for_replica<Derived>(args, 0))...>;
+    constexpr bool with_ctx =
+        std::is_invocable_v<F&, replica_context_type&, decltype(detail::unwrap_for_replica<Derived>(args, 0))...>;
+    static_assert(plain || with_ctx,
+                  "run(fn, args...): fn is not callable with the (unwrapped) arguments, with or without a "
+                  "ReplicaContext& first");
+    auto call = [&](std::size_t i) -> decltype(auto) {
+      if constexpr (plain) return fn(detail::unwrap_for_replica<Derived>(args, i)...);
+      else return fn(*contexts_[i], detail::unwrap_for_replica<Derived>(args, i)...);
+    };
+    using R = decltype(call(0));
+    using Stored = std::conditional_t<std::is_void_v<R>, bool, std::decay_t<R>>;
+    std::vector<std::optional<Stored>> results(n);
+    execute([&](std::size_t i) {
+      if constexpr (std::is_void_v<R>) {
+        call(i);
+        results[i].emplace(true);
+      } else {
+        results[i].emplace(call(i));
+      }
+    });
+    if constexpr (std::is_void_v<R>) {
+      return;
+    } else if constexpr (detail::is_tuple<Stored>::value) {
+      return split_tuple(results, std::make_index_sequence<std::tuple_size_v<Stored>>{});
+    } else {
+      std::vector<Stored> out;
+      out.reserve(n);
+      for (auto& r : results) out.push_back(std::move(*r));
+      return PerReplica<Stored, Derived>(std::move(out));
+    }
+  }
+
+  /// Reduces across replicas (no axis): returns a value of the component type.
+  template <class V>
+  auto reduce(ReduceOpArg op, const V& value) {
+    if constexpr (requires { typename V::strategy_type; }) {
+      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                    "reduce: this distributed value was made by a strategy of another type");
+      auto parts = pointers(value.values());
+      return detail::reduce_components(op.op, parts);
+    } else if constexpr (requires { value.values(); value.read_value(); }) {
+      return detail::reduce_components(op.op, pointers(value.values()));  // a variable's copies
+    } else {
+      static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
+      return reduce_plain(op.op, value);
+    }
+  }
+
+  /// Reduces inside each component along `axis` and across replicas (a Tensor). With an axis,
+  /// MEAN divides by the total number of elements along it, exact for uneven last batches.
+  template <class V>
+  auto reduce(ReduceOpArg op, const V& value, std::optional<std::int64_t> axis) {
+    auto components = [&]() -> decltype(auto) {
+      if constexpr (requires { typename V::strategy_type; }) {
+        static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                      "reduce: this distributed value was made by a strategy of another type");
+        return pointers(value.values());
+      } else if constexpr (requires { value.values(); value.read_value(); }) {
+        return pointers(value.values());
+      } else {
+        static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
+        return std::vector<const V*>{&value};
+      }
+    }();
+    using U = std::remove_cvref_t<decltype(*components.front())>;
+    using E = element_t<U>;
+    constexpr bool distributed = requires { typename V::strategy_type; } || requires { value.read_value(); };
+    if (!axis) {
+      U r = [&] {
+        if constexpr (distributed) return detail::reduce_components(op.op, components);
+        else return reduce_plain(op.op, value);
+      }();
+      const E* p = tensor_traits<U>::data(r);
+      return Tensor<E>(shape_of(r), std::vector<E>(p, p + element_count(r)));
+    }
+    if constexpr (!distributed) {
+      if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
+    }
+    return detail::reduce_components_along(op.op, components, *axis);
+  }
+
+  /// Concatenates the components along `axis` (in [0, rank)).
+  template <class V>
+  auto gather(const V& value, std::int64_t axis) {
+    if constexpr (requires { typename V::strategy_type; }) {
+      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                    "gather: this distributed value was made by a strategy of another type");
+      return gather_parts(pointers(value.values()), axis);
+    } else {
+      static_assert(TensorLike<V>, "gather: the value is neither a distributed value of this strategy nor TensorLike");
+      std::vector<const V*> parts(devices_.size(), &value);
+      return gather_parts(parts, axis);
+    }
+  }
+
+  /// The local components in replica order (a single value is returned as one component).
+  template <class V>
+  auto local_results(const V& value) {
+    if constexpr (requires { typename V::strategy_type; }) {
+      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                    "local_results: this distributed value was made by a strategy of another type");
+      return value.values();
+    } else if constexpr (requires { value.values(); value.read_value(); }) {
+      return value.values();
+    } else {
+      return std::vector<V>{value};
+    }
+  }
+
+  /// fn(ValueContext) once per local replica → PerReplica.
+  template <class F>
+  auto distribute_values_from_function(F&& fn) {
+    using R = std::decay_t<std::invoke_result_t<F&, const ValueContext&>>;
+    std::vector<R> values;
+    values.reserve(devices_.size());
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      values.push_back(fn(ValueContext{contexts_[i]->replica_id_in_sync_group(), num_replicas_in_sync()}));
+    }
+    return PerReplica<R, Derived>(std::move(values));
+  }
+
+  StrategyExtended<Derived> extended() noexcept { return StrategyExtended<Derived>(self()); }
+
+  /// Multi-worker strategies return their resolver; these have none.
+  const void* cluster_resolver() const noexcept { return nullptr; }
+
+ protected:
+  /// `devices`: canonical TF device strings, one per local replica.
+  explicit SyncStrategy(std::vector<std::string> devices)
+      : devices_(std::move(devices)),
+        group_(static_cast<int>(devices_.size())),
+        collectives_(Ops::make_collectives(num_replicas_in_sync())) {
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      contexts_.push_back(std::make_unique<replica_context_type>(self(), group_, *collectives_, static_cast<int>(i),
+                                                                 static_cast<int>(i), devices_[i]));
+    }
+    if (devices_.size() > 1) threads_ = std::make_unique<detail::HostReplicaThreads>(static_cast<int>(devices_.size()));
+  }
+
+ protected:
+  replica_context_type& replica_context(std::size_t i) noexcept { return *contexts_[i]; }
+
+ private:
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+
+  template <class T>
+  static std::vector<const T*> pointers(const std::vector<T>& values) {
+    std::vector<const T*> out;
+    out.reserve(values.size());
+    for (const auto& v : values) out.push_back(&v);
+    return out;
+  }
+
+  void check_plain_reducible(ReduceOp op) const {
+    if (num_replicas_in_sync() > 1) {
+      throw InvalidArgument(fmt::format("reduce: a plain (non-distributed) value cannot be reduced with {} across {} "
+                                        "replicas; pass the PerReplica value that run() returned",
+                                        op, num_replicas_in_sync()));
+    }
+  }
+
+  template <class U>
+  U reduce_plain(ReduceOp op, const U& value) const {
+    if (op == ReduceOp::Sum || op == ReduceOp::Product) check_plain_reducible(op);
+    return value;
+  }
+
+  template <class U>
+  auto gather_parts(const std::vector<const U*>& parts, std::int64_t axis) {
+    using G = gathered_t<U>;
+    std::vector<detail::BufferRef> refs;
+    std::vector<const detail::BufferRef*> ptrs;
+    refs.reserve(parts.size());
+    for (const U* p : parts) {
+      refs.push_back({const_cast<element_t<U>*>(tensor_traits<U>::data(*p)), dtype_of<element_t<U>>(), shape_of(*p)});
+    }
+    for (auto& r : refs) ptrs.push_back(&r);
+    detail::check_concat(ptrs, axis, "gather");
+    std::optional<G> out;
+    detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
+      out.emplace(tensor_traits<G>::make(s));
+      return tensor_traits<G>::data(*out);
+    });
+    return std::move(*out);
+  }
+
+  template <class Stored, std::size_t... I>
+  auto split_tuple(std::vector<std::optional<Stored>>& results, std::index_sequence<I...>) {
+    auto column = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
+      using T = std::tuple_element_t<K, Stored>;
+      std::vector<T> values;
+      values.reserve(results.size());
+      for (auto& r : results) values.push_back(std::move(std::get<K>(*r)));
+      return PerReplica<T, Derived>(std::move(values));
+    };
+    return std::make_tuple(column(std::integral_constant<std::size_t, I>{})...);
+  }
+
+  // Runs body(i) for each local replica in its replica context; rethrows the first real error.
+  template <class Body>
+  void execute(Body&& body) {
+    auto& tc = detail::thread_context();
+    if (tc.replica) {
+      throw InvalidArgument(fmt::format("run() called from inside a step function of {}: steps do not nest; call "
+                                        "run() in cross-replica context",
+                                        tc.replica->strategy().name()));
+    }
+    std::lock_guard serial(run_mutex_);  // one step at a time per strategy
+    const std::size_t n = devices_.size();
+    errors_.assign(n, nullptr);
+    error_order_.assign(n, 0);
+    std::atomic<unsigned> error_counter{0};
+    group_.begin_step();
+    auto job = [&](int replica) {
+      const auto i = static_cast<std::size_t>(replica);
+      detail::ReplicaContextSwitch in_replica(contexts_[i].get());
+      try {
+        body(i);
+      } catch (...) {
+        errors_[i] = std::current_exception();
+        error_order_[i] = ++error_counter;
+        group_.abort();
+      }
+      group_.finish(replica);
+    };
+    if (threads_) {
+      detail::ReplicaJob ref(job);
+      threads_->run_all(ref);
+    } else {
+      job(0);
+    }
+    if (error_counter.load() == 0) return;
+    // The earliest error that is not a replica released because of another's failure.
+    std::exception_ptr first, first_any;
+    unsigned best = ~0u, best_any = ~0u;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!errors_[i]) continue;
+      if (error_order_[i] < best_any) best_any = error_order_[i], first_any = errors_[i];
+      bool cancelled = false;
+      try {
+        std::rethrow_exception(errors_[i]);
+      } catch (const Cancelled&) {
+        cancelled = true;
+      } catch (...) {
+      }
+      if (!cancelled && error_order_[i] < best) best = error_order_[i], first = errors_[i];
+    }
+    std::rethrow_exception(first ? first : first_any);
+  }
+
+  std::vector<std::string> devices_;
+  detail::ReplicaGroup group_;
+  std::unique_ptr<detail::ReplicaCollectives> collectives_;
+  std::vector<std::unique_ptr<replica_context_type>> contexts_;
+  std::unique_ptr<detail::HostReplicaThreads> threads_;
+  std::mutex run_mutex_;
+  std::vector<std::exception_ptr> errors_;
+  std::vector<unsigned> error_order_;
+
+  template <class S>
+  friend class StrategyExtended;
+};
+
+/// strategy.extended(): the lower-level members of a strategy, as TF's StrategyExtended.
+template <class S>
+class StrategyExtended {
+ public:
+  explicit StrategyExtended(S& strategy) noexcept : strategy_(&strategy) {}
+
+  std::vector<std::string> worker_devices() const { return strategy_->worker_devices(); }
+
+  /// True if `var` was created in this strategy's scope.
+  template <class T>
+  bool variable_created_in_scope(const Variable<T>& var) const noexcept {
+    return var.is_distributed() && var.strategy_id() == strategy_->id();
+  }
+
+  /// Applies fn(copy, args...) to each copy of `var` in cross-replica context (with PerReplica /
+  /// Mirrored arguments unwrapped per copy), or to the local copy in replica context.
+  template <class T, class F, class... A>
+  void update(Variable<T>& var, F&& fn, A&&... args) {
+    if (var.is_distributed() && var.strategy_id() != strategy_->id()) {
+      throw InvalidArgument(fmt::format("extended().update: variable '{}' was not created in this {}'s scope",
+                                        var.name(), strategy_->name()));
+    }
+    var.apply_to_copies([&](T& copy, int i) {
+      fn(copy, detail::unwrap_for_replica<S>(args, static_cast<std::size_t>(i))...);
+    });
+  }
+
+  /// Variables created while the returned guard lives are placed with `var`. Every replica holds
+  /// every variable in these strategies, so this only checks `var` belongs here.
+  template <class T>
+  [[nodiscard]] ScopeGuard colocate_vars_with(const Variable<T>& var) {
+    if (var.is_distributed() && var.strategy_id() != strategy_->id()) {
+      throw InvalidArgument(fmt::format("colocate_vars_with: variable '{}' was not created in this {}'s scope",
+                                        var.name(), strategy_->name()));
+    }
+    return ScopeGuard(*strategy_);
+  }
+
+  /// Reduces several distributed values in one call; returns a tuple of the results.
+  template <class... V>
+  auto batch_reduce_to(ReduceOpArg op, const V&... values) {
+    return std::make_tuple(strategy_->reduce(op, values)...);
+  }
+
+ private:
+  S* strategy_;
+};
+
+DISTRIBUTE_END_NAMESPACE
