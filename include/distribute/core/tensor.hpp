@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
@@ -128,6 +129,10 @@ Out format_tensor_data(Out out, const T* data, const Shape& shape, std::size_t a
 }  // namespace detail
 
 DISTRIBUTE_END_NAMESPACE
+
+// Printed by the formatter below (with shape and dtype), not as a generic range.
+template <class T, class Char>
+struct fmt::is_range<distribute::Tensor<T>, Char> : std::false_type {};
 
 /// fmt::format("{}", t) → "Tensor<float32>(shape=(2, 2), [[1, 2], [3, 4]])".
 template <class T>

@@ -49,7 +49,7 @@ constexpr std::string_view to_string(VariableAggregation a) noexcept {
 struct VariableOptions {
   std::string name = "Variable";
   /// Unset means TF's default: true, except for ON_READ variables (false).
-  std::optional<bool> trainable;
+  std::optional<bool> trainable = std::nullopt;
   VariableSynchronization synchronization = VariableSynchronization::Auto;
   VariableAggregation aggregation = VariableAggregation::None;
 };

@@ -42,7 +42,7 @@ inline void cpu_relax() noexcept {
 struct BufferRef {
   void* data = nullptr;
   DType dtype = DType::F32;
-  Shape shape;
+  Shape shape = {};
   std::size_t count() const { return static_cast<std::size_t>(num_elements(shape)); }
   std::size_t bytes() const { return count() * size_of(dtype); }
 };
@@ -63,11 +63,12 @@ constexpr std::string_view to_string(CollectiveKind k) noexcept {
 struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::AllReduce;
   ReduceOp op = ReduceOp::Sum;
-  std::span<BufferRef> buffers;
+  std::span<BufferRef> buffers = {};
   int axis = 0;
   int root = 0;
   const std::type_info* merge_type = nullptr;
   void* merge_args = nullptr;
+  void* merge_outcome = nullptr;  // replica 0's result of merge_call
 };
 
 class ReplicaGroup {

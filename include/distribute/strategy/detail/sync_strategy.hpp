@@ -69,16 +69,14 @@ class ReplicaContextFor : public ReplicaContext {
     detail::CollectiveCall call{detail::CollectiveKind::MergeCall};
     call.merge_type = &typeid(Args);
     call.merge_args = &mine;
-    call.root = 0;
-    // The outcome travels in `buffers` so the others can find replica 0's.
-    detail::BufferRef outcome_ref{&outcome};
-    call.buffers = std::span<detail::BufferRef>(&outcome_ref, 1);
+    call.merge_outcome = &outcome;
     g.publish(local_replica_id(), &call);
     g.arrive_and_wait(local_replica_id(), call.kind);
     detail::validate_same_call(g, local_replica_id(), call.kind);
     if (local_replica_id() == 0) {
       try {
         detail::ReplicaContextSwitch cross_replica(nullptr);
+        ScopeGuard in_scope(*typed_);
         auto merged = merge_args<Args>(std::index_sequence_for<A...>{});
         auto invoke = [&](auto&&... m) -> decltype(auto) {
           if constexpr (takes_strategy) return fn(*typed_, std::move(m)...);
@@ -95,7 +93,7 @@ class ReplicaContextFor : public ReplicaContext {
       }
     }
     g.arrive_and_wait(local_replica_id(), call.kind);
-    const Outcome& root = *static_cast<const Outcome*>(g.slot(0).buffers[0].data);
+    const Outcome& root = *static_cast<const Outcome*>(g.slot(0).merge_outcome);
     std::exception_ptr error = root.error;
     std::optional<Stored> result;
     if (!error) result = root.value;
@@ -476,7 +474,7 @@ class StrategyExtended {
       throw InvalidArgument(fmt::format("extended().update: variable '{}' was not created in this {}'s scope",
                                         var.name(), strategy_->name()));
     }
-    var.apply_to_copies([&](T& copy, int i) {
+    var.apply_to_copies([&](T& copy, [[maybe_unused]] int i) {
       fn(copy, detail::unwrap_for_replica<S>(args, static_cast<std::size_t>(i))...);
     });
   }

@@ -1,0 +1,2748 @@
+// distribute 0.1.0: tf.distribute for C++, single-header edition.
+// SPDX-License-Identifier: Apache-2.0
+//
+// GENERATED FILE, DO NOT EDIT. It is produced from include/distribute/ by
+//   python3 tools/amalgamate.py
+// Edit the headers under include/ and regenerate.
+#pragma once
+
+// ---- begin <distribute/distribute.hpp> ----
+// distribute: tf.distribute for C++. The umbrella header: includes every enabled part.
+
+// ---- begin <distribute/version.hpp> ----
+// Version macros and the versioned inline ABI namespace.
+
+#define DISTRIBUTE_VERSION_MAJOR 0
+#define DISTRIBUTE_VERSION_MINOR 1
+#define DISTRIBUTE_VERSION_PATCH 0
+#define DISTRIBUTE_VERSION_STRING "0.1.0"
+
+// Every public name lives in distribute::v0 so that two incompatible builds of the
+// library linked into one program fail to link instead of silently mixing layouts.
+#define DISTRIBUTE_BEGIN_NAMESPACE \
+  namespace distribute {           \
+  inline namespace v0 {
+#define DISTRIBUTE_END_NAMESPACE \
+  }                              \
+  }
+// ---- end <distribute/version.hpp> ----
+
+// ---- begin <distribute/core/device.hpp> ----
+// DeviceSpec: TF device strings ("/gpu:0", "GPU:1", "/job:worker/replica:0/task:1/device:CPU:0").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/core/error.hpp> ----
+// The library's error hierarchy: every error derives from ds::Error.
+
+#include <stdexcept>
+#include <string>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Base of every error the library throws.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A caller passed a value the library cannot work with (bad shape, axis, name, nesting).
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+/// The cluster configuration (TF_CONFIG, Slurm, launcher environment) is malformed.
+class ClusterConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A peer (another replica, worker or parameter server) failed or went away.
+class PeerFailure : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A collective did not complete within its timeout.
+class CollectiveTimeout : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A checkpoint file is missing, truncated, corrupted or does not match what it restores.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A resource the caller asked for does not exist on this machine (e.g. no GPU visible).
+class Unavailable : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A replica was released from a collective because another replica of the same step failed.
+/// `run` never rethrows this one when the original error is known; it rethrows the original.
+class Cancelled : public Error {
+ public:
+  using Error::Error;
+};
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/error.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A (possibly partial) device name. Absent parts are left unset; to_string() writes the
+/// canonical TF form with only the parts that are set.
+struct DeviceSpec {
+  std::optional<std::string> job;
+  std::optional<int> replica;
+  std::optional<int> task;
+  std::optional<std::string> device_type;  // upper case: "CPU", "GPU"
+  std::optional<int> device_index;
+
+  /// Parses "/job:w/replica:0/task:1/device:CPU:0", "/cpu:0", "GPU:1", "/device:GPU:*"... and
+  /// throws InvalidArgument naming the string and the part that is wrong.
+  static DeviceSpec parse(std::string_view text);
+
+  static DeviceSpec local(std::string_view type, int index) {
+    return DeviceSpec{{}, {}, {}, std::string(type), index};
+  }
+
+  /// "/job:worker/replica:0/task:1/device:CPU:0" with only the parts that are set.
+  std::string to_string() const {
+    std::string out;
+    if (job) out += fmt::format("/job:{}", *job);
+    if (replica) out += fmt::format("/replica:{}", *replica);
+    if (task) out += fmt::format("/task:{}", *task);
+    if (device_type) out += fmt::format("/device:{}:{}", *device_type, device_index ? std::to_string(*device_index) : "*");
+    return out;
+  }
+
+  /// The device with job/replica/task filled in from `base` where this one leaves them unset.
+  DeviceSpec fill_from(const DeviceSpec& base) const {
+    DeviceSpec d = *this;
+    if (!d.job) d.job = base.job;
+    if (!d.replica) d.replica = base.replica;
+    if (!d.task) d.task = base.task;
+    if (!d.device_type) d.device_type = base.device_type;
+    if (!d.device_index) d.device_index = base.device_index;
+    return d;
+  }
+
+  friend bool operator==(const DeviceSpec&, const DeviceSpec&) = default;
+};
+
+namespace detail {
+inline std::string upper(std::string_view s) {
+  std::string u(s);
+  std::transform(u.begin(), u.end(), u.begin(), [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  return u;
+}
+inline std::optional<int> parse_index(std::string_view s) {
+  int v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc{} || p != s.data() + s.size() || v < 0 || s.empty()) return std::nullopt;
+  return v;
+}
+}  // namespace detail
+
+inline DeviceSpec DeviceSpec::parse(std::string_view text) {
+  auto fail = [&](std::string_view why) -> DeviceSpec {
+    throw InvalidArgument(fmt::format("invalid device string '{}': {}", text, why));
+  };
+  if (text.empty()) return fail("it is empty");
+  DeviceSpec spec;
+  std::string_view rest = text;
+  if (rest.front() == '/') rest.remove_prefix(1);
+  while (!rest.empty()) {
+    auto slash = rest.find('/');
+    std::string_view part = rest.substr(0, slash);
+    rest = slash == std::string_view::npos ? std::string_view{} : rest.substr(slash + 1);
+    if (part.empty()) return fail("empty component");
+    auto colon = part.find(':');
+    if (colon == std::string_view::npos) return fail(fmt::format("component '{}' has no ':'", part));
+    std::string key = detail::upper(part.substr(0, colon));
+    std::string_view value = part.substr(colon + 1);
+    auto index_or_fail = [&](std::string_view v, std::string_view what) -> int {
+      auto i = detail::parse_index(v);
+      if (!i) fail(fmt::format("{} '{}' is not a non-negative integer", what, v));
+      return *i;
+    };
+    if (key == "JOB") {
+      if (value.empty()) return fail("empty job name");
+      spec.job = std::string(value);
+    } else if (key == "REPLICA") {
+      spec.replica = index_or_fail(value, "replica");
+    } else if (key == "TASK") {
+      spec.task = index_or_fail(value, "task");
+    } else {
+      // "device:CPU:0", or the short forms "CPU:0" / "gpu:1".
+      std::string_view type_and_index = part;
+      if (key == "DEVICE") type_and_index = value;
+      auto c = type_and_index.find(':');
+      std::string type = detail::upper(type_and_index.substr(0, c));
+      if (type.empty() || !std::all_of(type.begin(), type.end(), [](char ch) { return std::isalpha(static_cast<unsigned char>(ch)) || ch == '_'; })) {
+        return fail(fmt::format("device type '{}' is not a name", type_and_index.substr(0, c)));
+      }
+      if (spec.device_type) return fail("more than one device component");
+      spec.device_type = type;
+      if (c != std::string_view::npos) {
+        auto idx = type_and_index.substr(c + 1);
+        if (idx != "*") spec.device_index = index_or_fail(idx, "device index");
+      }
+    }
+  }
+  return spec;
+}
+
+DISTRIBUTE_END_NAMESPACE
+
+template <>
+struct fmt::formatter<distribute::DeviceSpec> : fmt::formatter<std::string> {
+  template <class Ctx>
+  auto format(const distribute::DeviceSpec& d, Ctx& ctx) const {
+    return fmt::formatter<std::string>::format(d.to_string(), ctx);
+  }
+};
+// ---- end <distribute/core/device.hpp> ----
+// ---- begin <distribute/core/dtype.hpp> ----
+// Element types that cross a replica or process boundary, named as in TF/safetensors.
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+enum class DType : std::uint8_t { F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool };
+
+constexpr std::string_view to_string(DType d) noexcept {
+  switch (d) {
+    case DType::F32: return "float32";
+    case DType::F64: return "float64";
+    case DType::I8: return "int8";
+    case DType::I16: return "int16";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+    case DType::U8: return "uint8";
+    case DType::U16: return "uint16";
+    case DType::U32: return "uint32";
+    case DType::U64: return "uint64";
+    case DType::Bool: return "bool";
+  }
+  return "?";
+}
+
+constexpr std::size_t size_of(DType d) noexcept {
+  switch (d) {
+    case DType::I8: case DType::U8: case DType::Bool: return 1;
+    case DType::I16: case DType::U16: return 2;
+    case DType::F32: case DType::I32: case DType::U32: return 4;
+    case DType::F64: case DType::I64: case DType::U64: return 8;
+  }
+  return 0;
+}
+
+/// Arithmetic element types the collectives know how to combine.
+template <class T>
+concept Element = std::is_arithmetic_v<T> && !std::is_const_v<T> && !std::is_volatile_v<T> &&
+                  (sizeof(T) <= 8) && !std::is_same_v<T, char> && !std::is_same_v<T, wchar_t> &&
+                  !std::is_same_v<T, long double>;
+
+template <Element T>
+constexpr DType dtype_of() noexcept {
+  if constexpr (std::is_same_v<T, bool>) return DType::Bool;
+  else if constexpr (std::is_floating_point_v<T>) return sizeof(T) == 4 ? DType::F32 : DType::F64;
+  else if constexpr (std::is_signed_v<T>) {
+    if constexpr (sizeof(T) == 1) return DType::I8;
+    else if constexpr (sizeof(T) == 2) return DType::I16;
+    else if constexpr (sizeof(T) == 4) return DType::I32;
+    else return DType::I64;
+  } else {
+    if constexpr (sizeof(T) == 1) return DType::U8;
+    else if constexpr (sizeof(T) == 2) return DType::U16;
+    else if constexpr (sizeof(T) == 4) return DType::U32;
+    else return DType::U64;
+  }
+}
+
+/// Calls f(T{}) with the C++ type of a runtime DType.
+template <class F>
+decltype(auto) visit_dtype(DType d, F&& f) {
+  switch (d) {
+    case DType::F32: return f(float{});
+    case DType::F64: return f(double{});
+    case DType::I8: return f(std::int8_t{});
+    case DType::I16: return f(std::int16_t{});
+    case DType::I32: return f(std::int32_t{});
+    case DType::I64: return f(std::int64_t{});
+    case DType::U8: return f(std::uint8_t{});
+    case DType::U16: return f(std::uint16_t{});
+    case DType::U32: return f(std::uint32_t{});
+    case DType::U64: return f(std::uint64_t{});
+    case DType::Bool: return f(bool{});
+  }
+  return f(float{});
+}
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/dtype.hpp> ----
+// ---- begin <distribute/core/reduce_op.hpp> ----
+// ReduceOp and its TF string forms.
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// How values are combined across replicas.
+enum class ReduceOp { Sum, Mean, Min, Max, Product };
+
+/// The canonical (TF) spelling: "SUM", "MEAN", "MIN", "MAX", "PRODUCT".
+constexpr std::string_view to_string(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::Sum: return "SUM";
+    case ReduceOp::Mean: return "MEAN";
+    case ReduceOp::Min: return "MIN";
+    case ReduceOp::Max: return "MAX";
+    case ReduceOp::Product: return "PRODUCT";
+  }
+  return "?";
+}
+
+/// Parses TF's strings case-insensitively ("sum", "MEAN", "Max", ...).
+inline ReduceOp parse_reduce_op(std::string_view text) {
+  std::string upper(text);
+  std::transform(upper.begin(), upper.end(), upper.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product}) {
+    if (upper == to_string(op)) return op;
+  }
+  throw InvalidArgument(fmt::format(
+      "unknown reduce op '{}': expected one of SUM, MEAN, MIN, MAX, PRODUCT (any case)", text));
+}
+
+DISTRIBUTE_END_NAMESPACE
+
+template <>
+struct fmt::formatter<distribute::ReduceOp> : fmt::formatter<std::string_view> {
+  template <class Ctx>
+  auto format(distribute::ReduceOp op, Ctx& ctx) const {
+    return fmt::formatter<std::string_view>::format(distribute::to_string(op), ctx);
+  }
+};
+// ---- end <distribute/core/reduce_op.hpp> ----
+// ---- begin <distribute/core/shape.hpp> ----
+// Shapes: a row-major list of dimension sizes, printed the way TF prints them: (4, 2, 3).
+
+#include <cstdint>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+using Shape = std::vector<std::int64_t>;
+
+/// Number of elements a shape holds (1 for a scalar).
+inline std::int64_t num_elements(const Shape& shape) {
+  return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>{});
+}
+
+/// "(4, 2, 3)", "(3,)" and "()" as in Python.
+inline std::string shape_string(const Shape& shape) {
+  if (shape.size() == 1) return fmt::format("({},)", shape[0]);
+  return fmt::format("({})", fmt::join(shape, ", "));
+}
+
+/// Normalises an axis that may be negative (Python style) against a rank; throws naming both.
+inline std::size_t normalize_axis(std::int64_t axis, std::size_t rank, const char* what) {
+  const auto r = static_cast<std::int64_t>(rank);
+  if (axis < -r || axis >= r) {
+    throw InvalidArgument(fmt::format("{}: axis {} is out of range for a value of rank {} (valid: [{}, {}))",
+                                      what, axis, rank, -r, r));
+  }
+  return static_cast<std::size_t>(axis < 0 ? axis + r : axis);
+}
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/shape.hpp> ----
+// ---- begin <distribute/core/tensor.hpp> ----
+// Tensor<T>: a dense row-major array with a shape.
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+template <class T>
+class Tensor {
+  static_assert(Element<T>, "ds::Tensor<T>: T must be an arithmetic element type (float, int32_t, ...)");
+  static_assert(!std::is_same_v<T, bool>, "ds::Tensor<bool> is not supported; use ds::Tensor<std::uint8_t>");
+
+ public:
+  using value_type = T;
+
+  /// An empty rank-1 tensor of shape (0,).
+  Tensor() : shape_{0} {}
+
+  /// A tensor of `shape` holding `data` in row-major order; the sizes must agree.
+  Tensor(Shape shape, std::vector<T> data) : shape_(std::move(shape)), data_(std::move(data)) {
+    for (auto d : shape_) {
+      if (d < 0) throw InvalidArgument(fmt::format("Tensor: negative dimension in shape {}", shape_string(shape_)));
+    }
+    if (num_elements(shape_) != static_cast<std::int64_t>(data_.size())) {
+      throw InvalidArgument(fmt::format("Tensor: shape {} holds {} elements but {} values were given",
+                                        shape_string(shape_), num_elements(shape_), data_.size()));
+    }
+  }
+
+  /// A rank-1 tensor holding `values`.
+  Tensor(std::initializer_list<T> values) : shape_{static_cast<std::int64_t>(values.size())}, data_(values) {}
+
+  static Tensor zeros(Shape shape) { return full(std::move(shape), T{}); }
+  static Tensor full(Shape shape, T value) {
+    auto n = num_elements(shape);
+    if (n < 0) throw InvalidArgument(fmt::format("Tensor: negative dimension in shape {}", shape_string(shape)));
+    return Tensor(std::move(shape), std::vector<T>(static_cast<std::size_t>(n), value));
+  }
+  static Tensor scalar(T value) { return Tensor(Shape{}, std::vector<T>{value}); }
+
+  const Shape& shape() const noexcept { return shape_; }
+  std::size_t rank() const noexcept { return shape_.size(); }
+  std::int64_t dim(std::size_t axis) const { return shape_.at(axis); }
+  std::size_t size() const noexcept { return data_.size(); }
+  bool empty() const noexcept { return data_.empty(); }
+
+  T* data() noexcept { return data_.data(); }
+  const T* data() const noexcept { return data_.data(); }
+  const std::vector<T>& values() const& noexcept { return data_; }
+  std::vector<T> values() && noexcept { return std::move(data_); }
+
+  T* begin() noexcept { return data_.data(); }
+  T* end() noexcept { return data_.data() + data_.size(); }
+  const T* begin() const noexcept { return data_.data(); }
+  const T* end() const noexcept { return data_.data() + data_.size(); }
+
+  /// Flat (row-major) element access.
+  T& operator[](std::size_t i) noexcept { return data_[i]; }
+  const T& operator[](std::size_t i) const noexcept { return data_[i]; }
+
+  /// Multi-index access, bounds-checked: t.at(1, 2).
+  template <class... I>
+    requires(std::is_integral_v<I> && ...)
+  T& at(I... index) { return data_[offset({static_cast<std::int64_t>(index)...})]; }
+  template <class... I>
+    requires(std::is_integral_v<I> && ...)
+  const T& at(I... index) const { return data_[offset({static_cast<std::int64_t>(index)...})]; }
+
+  /// The same elements under another shape with as many elements.
+  Tensor reshape(Shape shape) const& { return Tensor(std::move(shape), data_); }
+  Tensor reshape(Shape shape) && { return Tensor(std::move(shape), std::move(data_)); }
+
+  friend bool operator==(const Tensor&, const Tensor&) = default;
+
+ private:
+  std::size_t offset(std::initializer_list<std::int64_t> index) const {
+    if (index.size() != shape_.size()) {
+      throw InvalidArgument(fmt::format("Tensor::at: {} indices given for a tensor of rank {}", index.size(), rank()));
+    }
+    std::int64_t flat = 0;
+    std::size_t axis = 0;
+    for (auto i : index) {
+      if (i < 0 || i >= shape_[axis]) {
+        throw InvalidArgument(fmt::format("Tensor::at: index {} is out of range for axis {} of shape {}", i, axis,
+                                          shape_string(shape_)));
+      }
+      flat = flat * shape_[axis] + i;
+      ++axis;
+    }
+    return static_cast<std::size_t>(flat);
+  }
+
+  Shape shape_;
+  std::vector<T> data_;
+};
+
+namespace detail {
+// Prints nested brackets, eliding the middle of long dimensions as numpy does.
+template <class T, class Out>
+Out format_tensor_data(Out out, const T* data, const Shape& shape, std::size_t axis) {
+  if (axis == shape.size()) return fmt::format_to(out, "{}", data[0]);
+  const std::int64_t n = shape[axis];
+  std::int64_t stride = 1;
+  for (std::size_t a = axis + 1; a < shape.size(); ++a) stride *= shape[a];
+  constexpr std::int64_t edge = 3;
+  out = fmt::format_to(out, "[");
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (n > 2 * edge + 1 && i == edge) {
+      out = fmt::format_to(out, "..., ");
+      i = n - edge - 1;
+      continue;
+    }
+    out = format_tensor_data(out, data + i * stride, shape, axis + 1);
+    if (i + 1 < n) out = fmt::format_to(out, ", ");
+  }
+  return fmt::format_to(out, "]");
+}
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+
+// Printed by the formatter below (with shape and dtype), not as a generic range.
+template <class T, class Char>
+struct fmt::is_range<distribute::Tensor<T>, Char> : std::false_type {};
+
+/// fmt::format("{}", t) → "Tensor<float32>(shape=(2, 2), [[1, 2], [3, 4]])".
+template <class T>
+struct fmt::formatter<distribute::Tensor<T>> {
+  constexpr auto parse(format_parse_context& ctx) { return ctx.begin(); }
+  template <class Ctx>
+  auto format(const distribute::Tensor<T>& t, Ctx& ctx) const {
+    auto out = fmt::format_to(ctx.out(), "Tensor<{}>(shape={}, ", distribute::to_string(distribute::dtype_of<T>()),
+                              distribute::shape_string(t.shape()));
+    if (t.size() == 0 && t.rank() > 0) {
+      out = fmt::format_to(out, "[]");
+    } else {
+      out = distribute::detail::format_tensor_data(out, t.data(), t.shape(), 0);
+    }
+    return fmt::format_to(out, ")");
+  }
+};
+// ---- end <distribute/core/tensor.hpp> ----
+// ---- begin <distribute/core/tensor_traits.hpp> ----
+// tensor_traits<U>: the customisation point that tells the library how to see a value as a tensor.
+//
+// A type the library reduces, gathers or sends must describe itself through a specialisation:
+//
+//   template <> struct distribute::tensor_traits<MyVec> {
+//     using value_type = float;                                  // an arithmetic element type
+//     static ds::Shape shape(const MyVec&);                      // row-major dims
+//     static const float* data(const MyVec&);                    // contiguous elements
+//     static float* data(MyVec&);
+//     static MyVec make(const ds::Shape&);                       // a zeroed value of that shape
+//   };
+//
+// Optional members: `using gathered_type = ...` (what gather/all_gather return; default Tensor<T>)
+// and `static constexpr ds::MemorySpace memory = ...` (default host).
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <type_traits>
+#include <vector>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Where a value's elements live.
+enum class MemorySpace { host, cuda };
+
+/// Primary template: deliberately empty, so that a type without a specialisation fails the
+/// TensorLike concept with a readable message instead of a backtrace.
+template <class U>
+struct tensor_traits {};
+
+/// A value the library can reduce, gather and send: it has a complete tensor_traits specialisation.
+template <class U>
+concept TensorLike = requires(const U& cu, U& u, const Shape& s) {
+  typename tensor_traits<U>::value_type;
+  requires Element<typename tensor_traits<U>::value_type>;
+  { tensor_traits<U>::shape(cu) } -> std::convertible_to<Shape>;
+  { tensor_traits<U>::data(cu) } -> std::same_as<const typename tensor_traits<U>::value_type*>;
+  { tensor_traits<U>::data(u) } -> std::same_as<typename tensor_traits<U>::value_type*>;
+  { tensor_traits<U>::make(s) } -> std::same_as<U>;
+};
+
+template <TensorLike U>
+using element_t = typename tensor_traits<U>::value_type;
+
+namespace detail {
+template <class U>
+struct gathered_type_of {
+  using type = Tensor<element_t<U>>;
+};
+template <class U>
+  requires requires { typename tensor_traits<U>::gathered_type; }
+struct gathered_type_of<U> {
+  using type = typename tensor_traits<U>::gathered_type;
+};
+template <class U>
+constexpr MemorySpace memory_of() {
+  if constexpr (requires { tensor_traits<U>::memory; }) return tensor_traits<U>::memory;
+  else return MemorySpace::host;
+}
+}  // namespace detail
+
+/// What gather/all_gather return for components of type U (a concatenation along an axis).
+template <TensorLike U>
+using gathered_t = typename detail::gathered_type_of<U>::type;
+
+template <TensorLike U>
+inline constexpr MemorySpace memory_space_v = detail::memory_of<U>();
+
+template <TensorLike U>
+Shape shape_of(const U& u) { return tensor_traits<U>::shape(u); }
+
+template <TensorLike U>
+std::size_t element_count(const U& u) {
+  return static_cast<std::size_t>(num_elements(tensor_traits<U>::shape(u)));
+}
+
+// ---- built-in specialisations -------------------------------------------------------------
+
+/// Arithmetic scalars are rank-0 tensors.
+template <class T>
+  requires Element<T>
+struct tensor_traits<T> {
+  using value_type = T;
+  static Shape shape(const T&) { return {}; }
+  static const T* data(const T& v) { return &v; }
+  static T* data(T& v) { return &v; }
+  static T make(const Shape& s) {
+    if (!s.empty()) throw InvalidArgument(fmt::format("cannot hold shape {} in a scalar", shape_string(s)));
+    return T{};
+  }
+};
+
+/// std::vector<T> is a rank-1 tensor; gathering vectors gives a vector.
+template <class T>
+  requires(Element<T> && !std::is_same_v<T, bool>)
+struct tensor_traits<std::vector<T>> {
+  using value_type = T;
+  using gathered_type = std::vector<T>;
+  static Shape shape(const std::vector<T>& v) { return {static_cast<std::int64_t>(v.size())}; }
+  static const T* data(const std::vector<T>& v) { return v.data(); }
+  static T* data(std::vector<T>& v) { return v.data(); }
+  static std::vector<T> make(const Shape& s) {
+    if (s.size() != 1) {
+      throw InvalidArgument(fmt::format("cannot hold shape {} in a std::vector (rank 1); use ds::Tensor", shape_string(s)));
+    }
+    return std::vector<T>(static_cast<std::size_t>(s[0]));
+  }
+};
+
+/// std::array<T, N> is a rank-1 tensor of N elements.
+template <class T, std::size_t N>
+  requires Element<T>
+struct tensor_traits<std::array<T, N>> {
+  using value_type = T;
+  static Shape shape(const std::array<T, N>&) { return {static_cast<std::int64_t>(N)}; }
+  static const T* data(const std::array<T, N>& v) { return v.data(); }
+  static T* data(std::array<T, N>& v) { return v.data(); }
+  static std::array<T, N> make(const Shape& s) {
+    if (s != Shape{static_cast<std::int64_t>(N)}) {
+      throw InvalidArgument(fmt::format("cannot hold shape {} in a std::array of {}", shape_string(s), N));
+    }
+    return std::array<T, N>{};
+  }
+};
+
+template <class T>
+struct tensor_traits<Tensor<T>> {
+  using value_type = T;
+  using gathered_type = Tensor<T>;
+  static Shape shape(const Tensor<T>& t) { return t.shape(); }
+  static const T* data(const Tensor<T>& t) { return t.data(); }
+  static T* data(Tensor<T>& t) { return t.data(); }
+  static Tensor<T> make(const Shape& s) { return Tensor<T>::zeros(s); }
+};
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/tensor_traits.hpp> ----
+// ---- begin <distribute/core/values.hpp> ----
+// Distributed values: PerReplica, Mirrored and Sharded, each tied to the strategy type S that
+// made it, so that a value of one strategy handed to another is a compile error.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// One component per local replica, in replica order.
+template <class T, class S>
+class PerReplica {
+ public:
+  using value_type = T;
+  using strategy_type = S;
+
+  PerReplica() = default;
+  explicit PerReplica(std::vector<T> values) : values_(std::move(values)) {}
+
+  std::size_t size() const noexcept { return values_.size(); }
+  T& operator[](std::size_t i) { return values_.at(i); }
+  const T& operator[](std::size_t i) const { return values_.at(i); }
+  const std::vector<T>& values() const& noexcept { return values_; }
+  std::vector<T>& values() & noexcept { return values_; }
+  std::vector<T> values() && noexcept { return std::move(values_); }
+  auto begin() const noexcept { return values_.begin(); }
+  auto end() const noexcept { return values_.end(); }
+
+  friend bool operator==(const PerReplica&, const PerReplica&) = default;
+
+ private:
+  std::vector<T> values_;
+};
+
+/// One logical value kept identical on every replica.
+template <class T, class S>
+class Mirrored {
+ public:
+  using value_type = T;
+  using strategy_type = S;
+
+  Mirrored() = default;
+  explicit Mirrored(std::vector<T> values) : values_(std::move(values)) {
+    if (values_.empty()) throw InvalidArgument("Mirrored: needs at least one copy");
+  }
+
+  const T& primary() const { return values_.front(); }
+  std::size_t size() const noexcept { return values_.size(); }
+  const T& operator[](std::size_t i) const { return values_.at(i); }
+  const std::vector<T>& values() const noexcept { return values_; }
+
+  friend bool operator==(const Mirrored&, const Mirrored&) = default;
+
+ private:
+  std::vector<T> values_;
+};
+
+/// One logical value split into shards along axis 0.
+template <class T, class S>
+class Sharded {
+ public:
+  using value_type = T;
+  using strategy_type = S;
+
+  Sharded() = default;
+  /// Shards must agree on every dimension but the first.
+  explicit Sharded(std::vector<T> shards) : shards_(std::move(shards)) {
+    if constexpr (TensorLike<T>) {
+      for (std::size_t i = 0; i < shards_.size(); ++i) {
+        const Shape s = shape_of(shards_[i]);
+        const Shape s0 = shape_of(shards_[0]);
+        if (s.empty() || s.size() != s0.size() || !std::equal(s.begin() + 1, s.end(), s0.begin() + 1)) {
+          throw InvalidArgument(fmt::format("Sharded: shard {} has shape {} which does not stack with shard 0's {}", i,
+                                            shape_string(s), shape_string(s0)));
+        }
+      }
+    }
+  }
+
+  const std::vector<T>& shards() const noexcept { return shards_; }
+  std::size_t num_shards() const noexcept { return shards_.size(); }
+
+  /// The logical (concatenated) shape.
+  Shape shape() const
+    requires TensorLike<T>
+  {
+    if (shards_.empty()) return {0};
+    Shape s = shape_of(shards_.front());
+    s[0] = 0;
+    for (const auto& shard : shards_) s[0] += shape_of(shard)[0];
+    return s;
+  }
+
+  /// The shards concatenated along axis 0.
+  Tensor<element_t<T>> to_tensor() const
+    requires TensorLike<T>
+  {
+    Shape s = shape();
+    std::vector<element_t<T>> out;
+    out.reserve(static_cast<std::size_t>(num_elements(s)));
+    for (const auto& shard : shards_) {
+      const auto* p = tensor_traits<T>::data(shard);
+      out.insert(out.end(), p, p + element_count(shard));
+    }
+    return Tensor<element_t<T>>(std::move(s), std::move(out));
+  }
+
+ private:
+  std::vector<T> shards_;
+};
+
+namespace detail {
+template <class V>
+struct is_per_replica : std::false_type {};
+template <class T, class S>
+struct is_per_replica<PerReplica<T, S>> : std::true_type {};
+template <class V>
+struct is_mirrored : std::false_type {};
+template <class T, class S>
+struct is_mirrored<Mirrored<T, S>> : std::true_type {};
+}  // namespace detail
+
+/// True for PerReplica and Mirrored values (those `run` unwraps per replica).
+template <class V>
+concept DistributedValue = detail::is_per_replica<std::remove_cvref_t<V>>::value ||
+                           detail::is_mirrored<std::remove_cvref_t<V>>::value;
+
+DISTRIBUTE_END_NAMESPACE
+
+// Printed by the formatters below, not as generic ranges.
+template <class T, class S, class Char>
+struct fmt::is_range<distribute::PerReplica<T, S>, Char> : std::false_type {};
+
+/// fmt::format("{}", per_replica) → "PerReplica{0: ..., 1: ...}" as TF prints it.
+template <class T, class S>
+struct fmt::formatter<distribute::PerReplica<T, S>> {
+  constexpr auto parse(format_parse_context& ctx) { return ctx.begin(); }
+  template <class Ctx>
+  auto format(const distribute::PerReplica<T, S>& v, Ctx& ctx) const {
+    auto out = fmt::format_to(ctx.out(), "PerReplica{{");
+    for (std::size_t i = 0; i < v.size(); ++i) out = fmt::format_to(out, "{}{}: {}", i ? ", " : "", i, v[i]);
+    return fmt::format_to(out, "}}");
+  }
+};
+
+template <class T, class S>
+struct fmt::formatter<distribute::Mirrored<T, S>> {
+  constexpr auto parse(format_parse_context& ctx) { return ctx.begin(); }
+  template <class Ctx>
+  auto format(const distribute::Mirrored<T, S>& v, Ctx& ctx) const {
+    auto out = fmt::format_to(ctx.out(), "Mirrored{{");
+    for (std::size_t i = 0; i < v.size(); ++i) out = fmt::format_to(out, "{}{}: {}", i ? ", " : "", i, v[i]);
+    return fmt::format_to(out, "}}");
+  }
+};
+// ---- end <distribute/core/values.hpp> ----
+// ---- begin <distribute/core/context.hpp> ----
+// Contexts: which strategy is current on this thread (scope), and the replica context a step
+// function runs in. A thread is in cross-replica context inside a scope and outside `run`, and in
+// replica context inside a step function that `run` started.
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/core/detail/replica_group.hpp> ----
+// ReplicaGroup: the rendezvous of the local replicas of one strategy inside one step.
+//
+// A collective is "publish my call, barrier, work on everybody's buffers, barrier". The barrier
+// can be aborted (a replica failed) and detects a replica that returned from its step function
+// while others wait, so a step can never hang on a missing participant.
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <typeinfo>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+/// A contiguous buffer of one replica as the collectives see it.
+struct BufferRef {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  Shape shape = {};
+  std::size_t count() const { return static_cast<std::size_t>(num_elements(shape)); }
+  std::size_t bytes() const { return count() * size_of(dtype); }
+};
+
+enum class CollectiveKind : std::uint8_t { AllReduce, AllGather, Broadcast, MergeCall };
+
+constexpr std::string_view to_string(CollectiveKind k) noexcept {
+  switch (k) {
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::Broadcast: return "broadcast";
+    case CollectiveKind::MergeCall: return "merge_call";
+  }
+  return "?";
+}
+
+/// What one replica brings to a collective; the others read it between the two barriers.
+struct CollectiveCall {
+  CollectiveKind kind = CollectiveKind::AllReduce;
+  ReduceOp op = ReduceOp::Sum;
+  std::span<BufferRef> buffers = {};
+  int axis = 0;
+  int root = 0;
+  const std::type_info* merge_type = nullptr;
+  void* merge_args = nullptr;
+  void* merge_outcome = nullptr;  // replica 0's result of merge_call
+};
+
+class ReplicaGroup {
+ public:
+  explicit ReplicaGroup(int size)
+      : size_(size),
+        slots_(static_cast<std::size_t>(size), nullptr),
+        // Spinning only pays when every replica has a core; oversubscribed, it steals the
+        // core from the replica we are waiting for.
+        spin_limit_(static_cast<unsigned>(size) <= std::max(1u, std::thread::hardware_concurrency()) ? 20000 : 64) {}
+
+  int size() const noexcept { return size_; }
+
+  /// Called by the launching thread while no replica runs.
+  void begin_step() noexcept {
+    arrived_.store(0, std::memory_order_relaxed);
+    aborted_.store(false, std::memory_order_relaxed);
+    first_finished_.store(-1, std::memory_order_relaxed);
+    std::fill(slots_.begin(), slots_.end(), nullptr);
+    std::atomic_thread_fence(std::memory_order_release);
+  }
+
+  /// Waits until every replica has arrived. Throws Cancelled when the step was aborted, and
+  /// InvalidArgument when a replica left its step function instead of arriving.
+  void arrive_and_wait(int replica, CollectiveKind what) {
+    if (size_ == 1) return;
+    check_alive(replica, what);
+    const auto gen = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == size_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.store(gen + 1, std::memory_order_release);
+      signal();
+      return;
+    }
+    unsigned spins = 0;
+    for (;;) {
+      const auto s = events_.load(std::memory_order_acquire);
+      if (generation_.load(std::memory_order_acquire) != gen) return;
+      check_alive(replica, what);
+      if (spins < spin_limit_) {
+        ++spins;
+        cpu_relax();
+      } else {
+        events_.wait(s, std::memory_order_acquire);
+      }
+    }
+  }
+
+  /// Marks the step failed and wakes every waiting replica.
+  void abort() noexcept {
+    aborted_.store(true, std::memory_order_release);
+    signal();
+  }
+  bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
+
+  /// A replica returned from its step function (normally or not).
+  void finish(int replica) noexcept {
+    int expected = -1;
+    first_finished_.compare_exchange_strong(expected, replica, std::memory_order_acq_rel);
+    signal();
+  }
+
+  void publish(int replica, const CollectiveCall* call) noexcept { slots_[static_cast<std::size_t>(replica)] = call; }
+  const CollectiveCall& slot(int replica) const noexcept { return *slots_[static_cast<std::size_t>(replica)]; }
+
+ private:
+  void signal() noexcept {
+    events_.fetch_add(1, std::memory_order_acq_rel);
+    events_.notify_all();
+  }
+
+  void check_alive(int replica, CollectiveKind what) const {
+    if (aborted_.load(std::memory_order_acquire)) {
+      throw Cancelled(fmt::format("replica {} left {}: another replica of this step failed", replica, to_string(what)));
+    }
+    if (int f = first_finished_.load(std::memory_order_acquire); f >= 0) {
+      throw InvalidArgument(fmt::format(
+          "replica {} returned from its step function while replica {} waits in {}: every replica must issue the "
+          "same collectives in the same order",
+          f, replica, to_string(what)));
+    }
+  }
+
+  const int size_;
+  std::vector<const CollectiveCall*> slots_;
+  const unsigned spin_limit_;
+  alignas(64) std::atomic<int> arrived_{0};
+  alignas(64) std::atomic<std::uint32_t> generation_{0};
+  alignas(64) std::atomic<std::uint32_t> events_{0};
+  std::atomic<bool> aborted_{false};
+  std::atomic<int> first_finished_{-1};
+};
+
+/// The collectives a strategy offers its replicas inside a step. One implementation per
+/// cross-device algorithm (collective/), composed by strategies; MultiWorker wraps a local one.
+class ReplicaCollectives {
+ public:
+  virtual ~ReplicaCollectives() = default;
+  /// In-place all-reduce of `buffers` (same dtypes/shapes on every replica). Mean divides by
+  /// `num_replicas_in_sync`.
+  virtual void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) = 0;
+  /// Concatenation along `axis`; `allocate(shape)` returns where this replica's result goes.
+  virtual void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+                          const std::function<void*(const Shape&)>& allocate) = 0;
+  /// Copies root's buffer into every replica's buffer.
+  virtual void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) = 0;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/replica_group.hpp> ----
+// ---- begin <distribute/core/detail/elementwise.hpp> ----
+// Element-wise combination kernels shared by every reduction path. The op switch sits outside
+// the loops so each loop is a plain vectorisable pass.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// acc[i] = acc[i] (op) src[i]; Mean accumulates as Sum (the division comes once, at the end).
+template <class T>
+void combine(T* __restrict acc, const T* __restrict src, std::size_t n, ReduceOp op) noexcept {
+  if constexpr (std::is_same_v<T, bool>) {
+    const bool any = op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::Mean;
+    if (any) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] || src[i];
+    } else {
+      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] && src[i];
+    }
+  } else {
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Mean:
+        for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] + src[i]);
+        break;
+      case ReduceOp::Min:
+        for (std::size_t i = 0; i < n; ++i) acc[i] = std::min(acc[i], src[i]);
+        break;
+      case ReduceOp::Max:
+        for (std::size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], src[i]);
+        break;
+      case ReduceOp::Product:
+        for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] * src[i]);
+        break;
+    }
+  }
+}
+
+/// acc[i] /= divisor (integer division truncates, as C++ and TF's integer mean do).
+template <class T>
+void divide(T* acc, std::size_t n, std::int64_t divisor) noexcept {
+  if constexpr (!std::is_same_v<T, bool>) {
+    const T d = static_cast<T>(divisor);
+    for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] / d);
+  }
+}
+
+/// Mean of booleans has no meaning; every other op is defined for every element type.
+inline void check_op_for_dtype(ReduceOp op, DType dtype, const char* where) {
+  if (op == ReduceOp::Mean && dtype == DType::Bool) {
+    throw InvalidArgument(fmt::format("{}: MEAN is not defined for bool values", where));
+  }
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/elementwise.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+class ReplicaContext;
+
+namespace detail {
+/// How a strategy places the variables created in its scope.
+enum class PlacementKind { Plain, Replicated, CentralStorage };
+
+struct VariablePlacement {
+  PlacementKind kind = PlacementKind::Plain;
+  std::vector<std::string> devices;  // one per local copy
+  int num_replicas_in_sync = 1;
+  std::uint64_t strategy_id = 0;
+};
+
+inline std::uint64_t next_strategy_id() noexcept {
+  static std::atomic<std::uint64_t> counter{0};
+  return ++counter;
+}
+}  // namespace detail
+
+/// The strategy interface every strategy type implements; what get_strategy() returns.
+class AnyStrategy {
+ public:
+  AnyStrategy() = default;
+  AnyStrategy(const AnyStrategy&) = delete;
+  AnyStrategy& operator=(const AnyStrategy&) = delete;
+  virtual ~AnyStrategy() = default;
+
+  /// "MirroredStrategy", "OneDeviceStrategy", ... as in TF.
+  virtual std::string_view name() const noexcept = 0;
+  virtual int num_replicas_in_sync() const noexcept = 0;
+  virtual int num_local_replicas() const noexcept = 0;
+  /// The local replicas' devices as TF strings ("/job:localhost/replica:0/task:0/device:CPU:0").
+  virtual std::vector<std::string> worker_devices() const = 0;
+  /// Unique per strategy object (never reused), to tell strategies apart at run time.
+  std::uint64_t id() const noexcept { return id_; }
+
+  /// How variables created in this strategy's scope are placed.
+  virtual detail::VariablePlacement variable_placement() const = 0;
+
+  /// The concrete strategy, or nullptr if this is another type.
+  template <class S>
+  S* as() noexcept { return dynamic_cast<S*>(this); }
+  template <class S>
+  bool is() const noexcept { return dynamic_cast<const S*>(this) != nullptr; }
+
+ private:
+  std::uint64_t id_ = detail::next_strategy_id();
+};
+
+namespace detail {
+/// Per-thread context: the stack of entered scopes and, on a replica thread, its replica context.
+struct ThreadContext {
+  std::vector<AnyStrategy*> scopes;
+  ReplicaContext* replica = nullptr;
+};
+inline ThreadContext& thread_context() noexcept {
+  static thread_local ThreadContext ctx;
+  return ctx;
+}
+
+/// The strategy whose scope is innermost on this thread (or whose replica this thread runs).
+AnyStrategy* current_strategy_or_null() noexcept;
+
+/// Sets this thread's replica context for the lifetime of the guard (run, merge_call).
+class ReplicaContextSwitch {
+ public:
+  explicit ReplicaContextSwitch(ReplicaContext* ctx) noexcept : previous_(thread_context().replica) {
+    thread_context().replica = ctx;
+  }
+  ~ReplicaContextSwitch() { thread_context().replica = previous_; }
+  ReplicaContextSwitch(const ReplicaContextSwitch&) = delete;
+  ReplicaContextSwitch& operator=(const ReplicaContextSwitch&) = delete;
+
+ private:
+  ReplicaContext* previous_;
+};
+}  // namespace detail
+
+/// RAII guard returned by `strategy.scope()`: makes the strategy current on this thread and
+/// routes variable creation to it. Re-entering the same strategy is fine; entering a different
+/// one inside it throws InvalidArgument.
+class [[nodiscard]] ScopeGuard {
+ public:
+  explicit ScopeGuard(AnyStrategy& strategy);
+  ~ScopeGuard() {
+    auto& scopes = detail::thread_context().scopes;
+    if (!scopes.empty()) scopes.pop_back();
+  }
+  ScopeGuard(const ScopeGuard&) = delete;
+  ScopeGuard& operator=(const ScopeGuard&) = delete;
+  ScopeGuard(ScopeGuard&&) = delete;
+  ScopeGuard& operator=(ScopeGuard&&) = delete;
+};
+
+/// A reduce op given as ds::ReduceOp or as one of TF's strings ("sum", "MEAN").
+struct ReduceOpArg {
+  ReduceOp op;
+  ReduceOpArg(ReduceOp o) noexcept : op(o) {}  // NOLINT: implicit on purpose
+  ReduceOpArg(std::string_view s) : op(parse_reduce_op(s)) {}  // NOLINT
+  ReduceOpArg(const char* s) : op(parse_reduce_op(s)) {}  // NOLINT
+};
+
+/// Given to a step function (as its first argument, or through get_replica_context()):
+/// which replica it is, and the collectives among the replicas of the step.
+class ReplicaContext {
+ public:
+  ReplicaContext(AnyStrategy& strategy, detail::ReplicaGroup& group, detail::ReplicaCollectives& collectives,
+                 int local_replica_id, int replica_id_in_sync_group, std::string device)
+      : strategy_(&strategy),
+        group_(&group),
+        collectives_(&collectives),
+        local_id_(local_replica_id),
+        global_id_(replica_id_in_sync_group),
+        device_(std::move(device)) {}
+  ReplicaContext(const ReplicaContext&) = delete;
+  ReplicaContext& operator=(const ReplicaContext&) = delete;
+  virtual ~ReplicaContext() = default;
+
+  int replica_id_in_sync_group() const noexcept { return global_id_; }
+  int num_replicas_in_sync() const noexcept { return strategy_->num_replicas_in_sync(); }
+  /// This replica's index among the replicas of this process.
+  int local_replica_id() const noexcept { return local_id_; }
+  AnyStrategy& strategy() const noexcept { return *strategy_; }
+  /// This replica's device as a TF string.
+  const std::string& device() const noexcept { return device_; }
+
+  /// Reduces each value across all replicas and returns the results (one value, or a tuple for
+  /// several). All values of one call travel in one collective. Pass rvalues to reduce without a copy.
+  template <class... U>
+    requires(sizeof...(U) > 0 && (TensorLike<std::remove_cvref_t<U>> && ...))
+  auto all_reduce(ReduceOpArg op, U&&... values) {
+    std::tuple<std::remove_cvref_t<U>...> out(std::forward<U>(values)...);
+    std::array<detail::BufferRef, sizeof...(U)> buffers;
+    std::apply([&](auto&... v) {
+      std::size_t i = 0;
+      ((buffers[i++] = buffer_ref(v)), ...);
+    }, out);
+    for (const auto& b : buffers) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
+    collectives_->all_reduce(*group_, local_id_, buffers, op.op);
+    if constexpr (sizeof...(U) == 1) {
+      return std::get<0>(std::move(out));
+    } else {
+      return out;
+    }
+  }
+
+  /// Concatenates every replica's value along `axis` (sizes along it may differ) on every replica.
+  template <class U>
+    requires TensorLike<U>
+  gathered_t<U> all_gather(const U& value, int axis) {
+    using G = gathered_t<U>;
+    std::optional<G> result;
+    auto in = buffer_ref(const_cast<U&>(value));
+    auto rank = static_cast<int>(in.shape.size());
+    if (axis < 0 || axis >= rank) {
+      throw InvalidArgument(fmt::format("all_gather: axis {} is out of range for a value of shape {}; it must be in [0, {})",
+                                        axis, shape_string(in.shape), rank));
+    }
+    collectives_->all_gather(*group_, local_id_, in, axis, [&](const Shape& shape) -> void* {
+      result.emplace(tensor_traits<G>::make(shape));
+      return tensor_traits<G>::data(*result);
+    });
+    return std::move(*result);
+  }
+
+  /// Every replica receives replica `root`'s value.
+  template <class U>
+    requires TensorLike<U>
+  U broadcast(U value, int root = 0) {
+    if (root < 0 || root >= group_->size()) {
+      throw InvalidArgument(fmt::format("broadcast: root {} is not a local replica (0..{})", root, group_->size() - 1));
+    }
+    collectives_->broadcast(*group_, local_id_, buffer_ref(value), root);
+    return value;
+  }
+
+  detail::ReplicaGroup& group() noexcept { return *group_; }
+
+ protected:
+  template <class U>
+  static detail::BufferRef buffer_ref(U& v) {
+    return detail::BufferRef{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
+  }
+
+ private:
+  AnyStrategy* strategy_;
+  detail::ReplicaGroup* group_;
+  detail::ReplicaCollectives* collectives_;
+  int local_id_;
+  int global_id_;
+  std::string device_;
+};
+
+
+namespace detail {
+inline AnyStrategy* current_strategy_or_null() noexcept {
+  auto& tc = thread_context();
+  if (tc.replica) return &tc.replica->strategy();
+  return tc.scopes.empty() ? nullptr : tc.scopes.back();
+}
+}  // namespace detail
+
+inline ScopeGuard::ScopeGuard(AnyStrategy& strategy) {
+  auto& tc = detail::thread_context();
+  AnyStrategy* current = detail::current_strategy_or_null();
+  if (current && current->id() != strategy.id()) {
+    throw InvalidArgument(fmt::format(
+        "cannot enter the scope of {} (strategy #{}) inside the scope of {} (strategy #{}): a thread can be in one "
+        "strategy's scope at a time; leave the outer scope first",
+        strategy.name(), strategy.id(), current->name(), current->id()));
+  }
+  tc.scopes.push_back(&strategy);
+}
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/context.hpp> ----
+// ---- begin <distribute/core/variable.hpp> ----
+// Variable<T>: state that a strategy places when it is created in the strategy's scope.
+//
+// A Variable is a handle: copies share the same state, as Python references to a tf.Variable do.
+// Placement happens once, at construction, from the scope current on this thread:
+//   outside any scope         plain: one copy, safe to use from any thread
+//   Mirrored/OneDevice scope  one copy per local replica (ON_WRITE: kept identical by updates;
+//                             ON_READ: each replica updates its own copy, cross-replica reads aggregate)
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+enum class VariableSynchronization { Auto, OnWrite, OnRead, None };
+enum class VariableAggregation { None, Sum, Mean, OnlyFirstReplica };
+
+constexpr std::string_view to_string(VariableSynchronization s) noexcept {
+  switch (s) {
+    case VariableSynchronization::Auto: return "AUTO";
+    case VariableSynchronization::OnWrite: return "ON_WRITE";
+    case VariableSynchronization::OnRead: return "ON_READ";
+    case VariableSynchronization::None: return "NONE";
+  }
+  return "?";
+}
+constexpr std::string_view to_string(VariableAggregation a) noexcept {
+  switch (a) {
+    case VariableAggregation::None: return "NONE";
+    case VariableAggregation::Sum: return "SUM";
+    case VariableAggregation::Mean: return "MEAN";
+    case VariableAggregation::OnlyFirstReplica: return "ONLY_FIRST_REPLICA";
+  }
+  return "?";
+}
+
+struct VariableOptions {
+  std::string name = "Variable";
+  /// Unset means TF's default: true, except for ON_READ variables (false).
+  std::optional<bool> trainable = std::nullopt;
+  VariableSynchronization synchronization = VariableSynchronization::Auto;
+  VariableAggregation aggregation = VariableAggregation::None;
+};
+
+template <class T>
+class Variable {
+  static_assert(TensorLike<T>, "ds::Variable<T>: T needs a ds::tensor_traits specialisation (see TensorLike)");
+
+ public:
+  using value_type = T;
+
+  /// Creates the variable; inside a strategy's scope the strategy places it.
+  explicit Variable(T initial_value, VariableOptions options = {}) : state_(std::make_shared<State>()) {
+    auto& s = *state_;
+    s.name = std::move(options.name);
+    s.aggregation = options.aggregation;
+    s.synchronization = options.synchronization == VariableSynchronization::Auto ? VariableSynchronization::OnWrite
+                                                                                : options.synchronization;
+    s.trainable = options.trainable.value_or(s.synchronization != VariableSynchronization::OnRead);
+    if (s.aggregation == VariableAggregation::Mean && !std::is_floating_point_v<element_t<T>>) {
+      throw InvalidArgument(fmt::format("variable '{}': MEAN aggregation needs a floating-point variable, not {}", s.name,
+                                        to_string(dtype_of<element_t<T>>())));
+    }
+    if (s.synchronization == VariableSynchronization::OnRead && options.trainable.value_or(false)) {
+      throw InvalidArgument(fmt::format(
+          "variable '{}': synchronization ON_READ is only for non-trainable variables, but trainable=true was given",
+          s.name));
+    }
+    AnyStrategy* strategy = detail::current_strategy_or_null();
+    if (strategy) {
+      if (detail::thread_context().replica && strategy->num_local_replicas() > 1) {
+        throw InvalidArgument(fmt::format(
+            "variable '{}' created inside a step function of {}: create variables in cross-replica context "
+            "(inside scope(), outside run())",
+            s.name, strategy->name()));
+      }
+      s.placement = strategy->variable_placement();
+      s.strategy_name = std::string(strategy->name());
+    }
+    if (s.placement.kind == detail::PlacementKind::Plain) {
+      s.placement.devices = {"/job:localhost/replica:0/task:0/device:CPU:0"};
+    } else if (s.synchronization == VariableSynchronization::None) {
+      throw InvalidArgument(fmt::format(
+          "variable '{}': synchronization NONE is not supported inside the scope of {}; use AUTO, ON_WRITE or ON_READ",
+          s.name, s.strategy_name));
+    }
+    const std::size_t copies =
+        s.placement.kind == detail::PlacementKind::Replicated ? s.placement.devices.size() : std::size_t{1};
+    s.copies.assign(copies, initial_value);
+  }
+
+  const std::string& name() const noexcept { return state_->name; }
+  bool trainable() const noexcept { return state_->trainable; }
+  VariableSynchronization synchronization() const noexcept { return state_->synchronization; }
+  VariableAggregation aggregation() const noexcept { return state_->aggregation; }
+  Shape shape() const { return shape_of(state_->copies.front()); }
+  /// True when the variable was placed by a strategy (mirrored, sync-on-read, central...).
+  bool is_distributed() const noexcept { return state_->placement.kind != detail::PlacementKind::Plain; }
+  bool is_sync_on_read() const noexcept { return state_->synchronization == VariableSynchronization::OnRead; }
+  /// Id of the strategy that placed it (0 for plain variables).
+  std::uint64_t strategy_id() const noexcept { return state_->placement.strategy_id; }
+
+  /// This replica's device in replica context, else the primary copy's.
+  const std::string& device() const {
+    int i = local_index();
+    return state_->placement.devices[static_cast<std::size_t>(i < 0 ? 0 : i)];
+  }
+  const std::vector<std::string>& devices() const noexcept { return state_->placement.devices; }
+
+  /// The per-replica copies (one for a plain variable). Read them in cross-replica context.
+  const std::vector<T>& values() const noexcept { return state_->copies; }
+
+  /// In replica context the local copy; in cross-replica context the primary copy (ON_WRITE) or
+  /// the aggregate of all copies (ON_READ).
+  T read_value() const {
+    auto& s = *state_;
+    int i = local_index();
+    if (i == kPlain) {
+      std::lock_guard lock(s.mutex);
+      return s.copies.front();
+    }
+    if (i >= 0) return s.copies[static_cast<std::size_t>(i)];
+    if (s.synchronization != VariableSynchronization::OnRead) return s.copies.front();
+    return aggregate_copies();
+  }
+
+  void assign(const T& value) { update(Update::Assign, value); }
+  void assign_add(const T& delta) { update(Update::Add, delta); }
+  void assign_sub(const T& delta) { update(Update::Sub, delta); }
+
+  /// Applies fn(copy) to the copy (or copies) the caller may change: the local copy in replica
+  /// context, every copy in cross-replica context. Used by strategy.extended().update().
+  template <class F>
+  void apply_to_copies(F&& fn) {
+    auto& s = *state_;
+    int i = local_index();
+    if (i == kPlain) {
+      std::lock_guard lock(s.mutex);
+      fn(s.copies.front(), 0);
+    } else if (i >= 0) {
+      fn(s.copies[static_cast<std::size_t>(i)], i);
+    } else {
+      for (std::size_t c = 0; c < s.copies.size(); ++c) fn(s.copies[c], static_cast<int>(c));
+    }
+  }
+
+  friend bool operator==(const Variable& a, const Variable& b) noexcept { return a.state_ == b.state_; }
+
+ private:
+  enum class Update { Assign, Add, Sub };
+  static constexpr int kCrossReplica = -1;
+  static constexpr int kPlain = -2;
+
+  struct State {
+    std::string name;
+    std::string strategy_name;
+    bool trainable = true;
+    VariableSynchronization synchronization = VariableSynchronization::OnWrite;
+    VariableAggregation aggregation = VariableAggregation::None;
+    detail::VariablePlacement placement;
+    std::vector<T> copies;
+    mutable std::mutex mutex;  // guards plain variables, which any thread may touch
+  };
+
+  // kPlain for plain variables, kCrossReplica outside a step, else the local replica index.
+  int local_index() const {
+    const auto& s = *state_;
+    if (s.placement.kind == detail::PlacementKind::Plain) return kPlain;
+    ReplicaContext* ctx = detail::thread_context().replica;
+    if (!ctx) return kCrossReplica;
+    if (ctx->strategy().id() != s.placement.strategy_id) {
+      throw InvalidArgument(fmt::format("variable '{}' belongs to {} (strategy #{}) but is used in a replica of {} "
+                                        "(strategy #{})",
+                                        s.name, s.strategy_name, s.placement.strategy_id, ctx->strategy().name(),
+                                        ctx->strategy().id()));
+    }
+    if (s.placement.kind != detail::PlacementKind::Replicated) return 0;
+    return ctx->local_replica_id();
+  }
+
+  void check_shape(const T& value, const char* what) const {
+    if (shape_of(value) != shape()) {
+      throw InvalidArgument(fmt::format("{}: value of shape {} does not match variable '{}' of shape {}", what,
+                                        shape_string(shape_of(value)), name(), shape_string(shape())));
+    }
+  }
+
+  static void apply(Update kind, T& target, const T& value) {
+    using E = element_t<T>;
+    E* dst = tensor_traits<T>::data(target);
+    const E* src = tensor_traits<T>::data(value);
+    const std::size_t n = element_count(target);
+    switch (kind) {
+      case Update::Assign:
+        for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
+        break;
+      case Update::Add:
+        for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] + src[i]);
+        break;
+      case Update::Sub:
+        for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] - src[i]);
+        break;
+    }
+  }
+
+  void update(Update kind, const T& value) {
+    static constexpr const char* names[] = {"assign", "assign_add", "assign_sub"};
+    const char* what = names[static_cast<int>(kind)];
+    check_shape(value, what);
+    auto& s = *state_;
+    const int i = local_index();
+    if (i == kPlain) {
+      std::lock_guard lock(s.mutex);
+      apply(kind, s.copies.front(), value);
+      return;
+    }
+    if (i == kCrossReplica) {
+      update_cross_replica(kind, value, what);
+      return;
+    }
+    auto& local = s.copies[static_cast<std::size_t>(i)];
+    if (s.synchronization == VariableSynchronization::OnRead || s.aggregation == VariableAggregation::None) {
+      apply(kind, local, value);  // local copy only; the caller keeps mirrored copies identical
+      return;
+    }
+    ReplicaContext& ctx = *detail::thread_context().replica;
+    switch (s.aggregation) {
+      case VariableAggregation::Sum: apply(kind, local, ctx.all_reduce(ReduceOp::Sum, value)); break;
+      case VariableAggregation::Mean: apply(kind, local, ctx.all_reduce(ReduceOp::Mean, value)); break;
+      case VariableAggregation::OnlyFirstReplica: apply(kind, local, ctx.broadcast(value, 0)); break;
+      case VariableAggregation::None: break;
+    }
+  }
+
+  void update_cross_replica(Update kind, const T& value, const char* what) {
+    auto& s = *state_;
+    if (s.synchronization == VariableSynchronization::OnRead && s.aggregation == VariableAggregation::Sum) {
+      if (kind != Update::Assign) {
+        throw InvalidArgument(fmt::format("variable '{}': {} of a sync-on-read variable with SUM aggregation is not "
+                                          "supported in cross-replica context; use assign",
+                                          s.name, what));
+      }
+      // Each copy holds value / N so that the cross-replica sum reads back `value`.
+      T share = value;
+      using E = element_t<T>;
+      E* p = tensor_traits<T>::data(share);
+      for (std::size_t k = 0; k < element_count(share); ++k) p[k] = static_cast<E>(p[k] / static_cast<E>(s.copies.size()));
+      for (auto& c : s.copies) apply(kind, c, share);
+      return;
+    }
+    for (auto& c : s.copies) apply(kind, c, value);
+  }
+
+  T aggregate_copies() const {
+    const auto& s = *state_;
+    switch (s.aggregation) {
+      case VariableAggregation::OnlyFirstReplica: return s.copies.front();
+      case VariableAggregation::None:
+        throw InvalidArgument(fmt::format("variable '{}': a cross-replica read of a sync-on-read variable needs an "
+                                          "aggregation (SUM, MEAN or ONLY_FIRST_REPLICA), not NONE",
+                                          s.name));
+      case VariableAggregation::Sum:
+      case VariableAggregation::Mean: {
+        T out = s.copies.front();
+        for (std::size_t c = 1; c < s.copies.size(); ++c) {
+          detail::combine(tensor_traits<T>::data(out), tensor_traits<T>::data(s.copies[c]), element_count(out),
+                          ReduceOp::Sum);
+        }
+        if (s.aggregation == VariableAggregation::Mean) {
+          detail::divide(tensor_traits<T>::data(out), element_count(out), static_cast<std::int64_t>(s.copies.size()));
+        }
+        return out;
+      }
+    }
+    return s.copies.front();
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/variable.hpp> ----
+
+// ---- begin <distribute/backends/host/replica_threads.hpp> ----
+// The host backend's executor: one long-lived thread per replica. `run_all` hands every thread
+// the same job and returns when all have finished it; no thread is created per step.
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+
+#if defined(__linux__)
+#include <pthread.h>
+#endif
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// A non-owning reference to a callable `void(int replica)`: no allocation per step.
+class ReplicaJob {
+ public:
+  template <class F>
+  explicit ReplicaJob(F& f) noexcept
+      : object_(&f), call_([](void* o, int replica) { (*static_cast<F*>(o))(replica); }) {}
+  void operator()(int replica) const { call_(object_, replica); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, int);
+};
+
+class HostReplicaThreads {
+ public:
+  explicit HostReplicaThreads(int count)
+      : spin_limit_(static_cast<unsigned>(count) < std::max(1u, std::thread::hardware_concurrency()) ? 20000 : 64) {
+    threads_.reserve(static_cast<std::size_t>(count));
+    for (int i = 0; i < count; ++i) {
+      threads_.emplace_back([this, i] { loop(i); });
+#if defined(__linux__)
+      pthread_setname_np(threads_.back().native_handle(), ("ds-replica-" + std::to_string(i)).substr(0, 15).c_str());
+#endif
+    }
+  }
+  HostReplicaThreads(const HostReplicaThreads&) = delete;
+  HostReplicaThreads& operator=(const HostReplicaThreads&) = delete;
+
+  ~HostReplicaThreads() {
+    stopping_.store(true, std::memory_order_release);
+    epoch_.fetch_add(1, std::memory_order_acq_rel);
+    epoch_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  int size() const noexcept { return static_cast<int>(threads_.size()); }
+
+  /// Runs job(i) on thread i for every i and waits for all. `job` must not throw.
+  void run_all(const ReplicaJob& job) noexcept {
+    job_ = &job;
+    remaining_.store(size(), std::memory_order_relaxed);
+    epoch_.fetch_add(1, std::memory_order_acq_rel);
+    epoch_.notify_all();
+    unsigned spins = 0;
+    for (;;) {
+      int left = remaining_.load(std::memory_order_acquire);
+      if (left == 0) break;
+      if (spins < spin_limit_) {
+        ++spins;
+        cpu_relax();
+      } else {
+        remaining_.wait(left, std::memory_order_acquire);
+      }
+    }
+  }
+
+ private:
+  void loop(int replica) {
+    std::uint32_t seen = 0;
+    for (;;) {
+      unsigned spins = 0;
+      std::uint32_t e;
+      while ((e = epoch_.load(std::memory_order_acquire)) == seen) {
+        if (spins < spin_limit_) {
+          ++spins;
+          cpu_relax();
+        } else {
+          epoch_.wait(seen, std::memory_order_acquire);
+        }
+      }
+      seen = e;
+      if (stopping_.load(std::memory_order_acquire)) return;
+      (*job_)(replica);
+      if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) remaining_.notify_all();
+    }
+  }
+
+  const unsigned spin_limit_;
+  std::vector<std::thread> threads_;
+  const ReplicaJob* job_ = nullptr;
+  alignas(64) std::atomic<std::uint32_t> epoch_{0};
+  alignas(64) std::atomic<int> remaining_{0};
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace detail
+
+/// The host backend: replicas are threads on logical CPU devices "/cpu:0".."/cpu:N-1".
+struct host {
+  static constexpr std::string_view name = "host";
+  static constexpr std::string_view device_type = "CPU";
+};
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/backends/host/replica_threads.hpp> ----
+// ---- begin <distribute/collective/shared_memory.hpp> ----
+// The host default cross-device op: replicas are threads of one process, so they reduce straight
+// out of each other's buffers. Replica r reduces slice r of every buffer across all replicas and
+// writes the result into slice r of every replica's buffer: a reduce-scatter and an all-gather
+// fused into one pass, in place, with no scratch buffer and two barriers per call.
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <span>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/collective/detail/validate.hpp> ----
+// Every replica checks the calls published to a collective against replica 0's, so that a
+// mismatch (another op, shape, dtype or collective) fails identically on all of them.
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/core/detail/concat.hpp> ----
+// Concatenation of row-major buffers along an axis (gather, all_gather, Sharded::to_tensor).
+
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Checks that `parts` can be concatenated along `axis`: same dtype and rank, axis in
+/// [0, rank), equal dimensions except along axis. Names the offending parts' shapes.
+inline void check_concat(const std::vector<const BufferRef*>& parts, std::int64_t axis, const char* what) {
+  const BufferRef& first = *parts.front();
+  const auto rank = static_cast<std::int64_t>(first.shape.size());
+  if (axis < 0 || axis >= rank) {
+    throw InvalidArgument(fmt::format("{}: axis {} is out of range for values of shape {} (rank {}); it must be in [0, {})",
+                                      what, axis, shape_string(first.shape), rank, rank));
+  }
+  for (std::size_t r = 1; r < parts.size(); ++r) {
+    const BufferRef& p = *parts[r];
+    bool ok = p.dtype == first.dtype && p.shape.size() == first.shape.size();
+    for (std::size_t d = 0; ok && d < p.shape.size(); ++d) {
+      if (static_cast<std::int64_t>(d) != axis && p.shape[d] != first.shape[d]) ok = false;
+    }
+    if (!ok) {
+      throw InvalidArgument(fmt::format(
+          "{}: replica 0 has a {} value of shape {} but replica {} has a {} value of shape {}; they can only differ "
+          "along axis {}",
+          what, to_string(first.dtype), shape_string(first.shape), r, to_string(p.dtype), shape_string(p.shape), axis));
+    }
+  }
+}
+
+/// Writes the concatenation of `parts` along `axis` into allocate(result_shape).
+inline void concat_along_axis(const std::vector<const BufferRef*>& parts, std::size_t axis,
+                              const std::function<void*(const Shape&)>& allocate) {
+  Shape out_shape = parts.front()->shape;
+  out_shape[axis] = 0;
+  for (auto* p : parts) out_shape[axis] += p->shape[axis];
+  auto* out = static_cast<std::byte*>(allocate(out_shape));
+  const std::size_t elem = size_of(parts.front()->dtype);
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t d = 0; d < axis; ++d) outer *= out_shape[d];
+  for (std::size_t d = axis + 1; d < out_shape.size(); ++d) inner *= out_shape[d];
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (auto* p : parts) {
+      const auto run = static_cast<std::size_t>(p->shape[axis] * inner) * elem;
+      if (run == 0) continue;
+      std::memcpy(out, static_cast<const std::byte*>(p->data) + static_cast<std::size_t>(o) * run, run);
+      out += run;
+    }
+  }
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/concat.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+inline void validate_same_call(const ReplicaGroup& group, int /*replica*/, CollectiveKind kind) {
+  const CollectiveCall& c0 = group.slot(0);
+  for (int r = 0; r < group.size(); ++r) {
+    const CollectiveCall& c = group.slot(r);
+    if (c.kind != kind || c0.kind != kind) {
+      throw InvalidArgument(fmt::format("replica 0 called {} but replica {} called {}: every replica must issue the "
+                                        "same collectives in the same order",
+                                        to_string(c0.kind), r, to_string(c.kind)));
+    }
+  }
+  for (int r = 1; r < group.size(); ++r) {
+    const CollectiveCall& c = group.slot(r);
+    switch (kind) {
+      case CollectiveKind::AllReduce:
+        if (c.op != c0.op) {
+          throw InvalidArgument(
+              fmt::format("all_reduce: replica 0 reduces with {} but replica {} with {}", c0.op, r, c.op));
+        }
+        if (c.buffers.size() != c0.buffers.size()) {
+          throw InvalidArgument(fmt::format("all_reduce: replica 0 passed {} values but replica {} passed {}",
+                                            c0.buffers.size(), r, c.buffers.size()));
+        }
+        for (std::size_t i = 0; i < c.buffers.size(); ++i) {
+          const auto& a = c0.buffers[i];
+          const auto& b = c.buffers[i];
+          if (a.dtype != b.dtype || a.shape != b.shape) {
+            throw InvalidArgument(fmt::format(
+                "all_reduce: value {} is {} of shape {} on replica 0 but {} of shape {} on replica {}", i,
+                to_string(a.dtype), shape_string(a.shape), to_string(b.dtype), shape_string(b.shape), r));
+          }
+        }
+        break;
+      case CollectiveKind::AllGather: {
+        if (c.axis != c0.axis) {
+          throw InvalidArgument(
+              fmt::format("all_gather: replica 0 gathers along axis {} but replica {} along axis {}", c0.axis, r, c.axis));
+        }
+        break;
+      }
+      case CollectiveKind::Broadcast: {
+        const auto& a = c0.buffers[0];
+        const auto& b = c.buffers[0];
+        if (c.root != c0.root || a.dtype != b.dtype || a.shape != b.shape) {
+          throw InvalidArgument(fmt::format(
+              "broadcast: replica 0 passes {} of shape {} from root {} but replica {} passes {} of shape {} from root {}",
+              to_string(a.dtype), shape_string(a.shape), c0.root, r, to_string(b.dtype), shape_string(b.shape), c.root));
+        }
+        break;
+      }
+      case CollectiveKind::MergeCall:
+        if (c.merge_type != c0.merge_type && *c.merge_type != *c0.merge_type) {
+          throw InvalidArgument(fmt::format("merge_call: replica {} passed other argument types than replica 0", r));
+        }
+        break;
+    }
+  }
+  if (kind == CollectiveKind::AllGather) {
+    std::vector<const BufferRef*> parts;
+    for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
+    check_concat(parts, c0.axis, "all_gather");
+  }
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/collective/detail/validate.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Cross-device ops policy: parallel reduce in shared memory (the host backend's default).
+namespace detail {
+
+// Elements per block: small enough that a block of every source stays in L2 while reduced.
+inline constexpr std::size_t kReduceBlockBytes = 32 * 1024;
+
+template <class T>
+void reduce_slice_across(const ReplicaGroup& group, std::size_t buffer_index, std::size_t begin, std::size_t end,
+                         ReduceOp op, std::int64_t divisor) {
+  const int n = group.size();
+  constexpr std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / sizeof(T));
+  for (std::size_t b = begin; b < end; b += block) {
+    const std::size_t len = std::min(block, end - b);
+    T* acc = static_cast<T*>(group.slot(0).buffers[buffer_index].data) + b;
+    for (int r = 1; r < n; ++r) {
+      combine(acc, static_cast<const T*>(group.slot(r).buffers[buffer_index].data) + b, len, op);
+    }
+    if (op == ReduceOp::Mean && divisor > 1) divide(acc, len, divisor);
+    for (int r = 1; r < n; ++r) {
+      std::memcpy(static_cast<T*>(group.slot(r).buffers[buffer_index].data) + b, acc, len * sizeof(T));
+    }
+  }
+}
+
+/// The shared-memory algorithms, usable by any strategy whose replicas share an address space.
+class SharedMemoryCollectives : public ReplicaCollectives {
+ public:
+  /// `mean_divisor`: what MEAN divides by (num_replicas_in_sync; 0 leaves the sum, for callers
+  /// that divide after a further cross-worker step).
+  explicit SharedMemoryCollectives(std::int64_t mean_divisor) : mean_divisor_(mean_divisor) {}
+
+  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
+    CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+    group.publish(replica, &call);
+    group.arrive_and_wait(replica, call.kind);
+    validate_same_call(group, replica, call.kind);
+    const auto n = static_cast<std::size_t>(group.size());
+    const auto r = static_cast<std::size_t>(replica);
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+      const std::size_t count = buffers[i].count();
+      const std::size_t begin = count * r / n, end = count * (r + 1) / n;
+      if (group.size() == 1) {
+        if (op == ReduceOp::Mean && mean_divisor_ > 1) {
+          visit_dtype(buffers[i].dtype, [&](auto t) {
+            using T = decltype(t);
+            divide(static_cast<T*>(buffers[i].data), count, mean_divisor_);
+          });
+        }
+        continue;
+      }
+      if (begin == end) continue;
+      visit_dtype(buffers[i].dtype,
+                  [&](auto t) { reduce_slice_across<decltype(t)>(group, i, begin, end, op, mean_divisor_); });
+    }
+    group.arrive_and_wait(replica, call.kind);
+  }
+
+  void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+                  const std::function<void*(const Shape&)>& allocate) override {
+    BufferRef in = input;
+    CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
+    group.publish(replica, &call);
+    group.arrive_and_wait(replica, call.kind);
+    validate_same_call(group, replica, call.kind);
+    std::vector<const BufferRef*> parts;
+    for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
+    concat_along_axis(parts, static_cast<std::size_t>(axis), allocate);
+    group.arrive_and_wait(replica, call.kind);
+  }
+
+  void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
+    CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
+    group.publish(replica, &call);
+    group.arrive_and_wait(replica, call.kind);
+    validate_same_call(group, replica, call.kind);
+    if (replica != root && buffer.bytes() > 0) {
+      std::memcpy(buffer.data, group.slot(root).buffers[0].data, buffer.bytes());
+    }
+    group.arrive_and_wait(replica, call.kind);
+  }
+
+ private:
+  std::int64_t mean_divisor_;
+};
+
+}  // namespace detail
+
+/// Cross-device ops policy: parallel reduce in shared memory (the host backend's default).
+struct SharedMemoryAllReduce {
+  static constexpr std::string_view name = "SharedMemoryAllReduce";
+  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(int num_replicas_in_sync) {
+    return std::make_unique<detail::SharedMemoryCollectives>(num_replicas_in_sync);
+  }
+};
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/collective/shared_memory.hpp> ----
+
+// ---- begin <distribute/strategy/default_strategy.hpp> ----
+// The default strategy (what get_strategy() returns outside any scope) and the free context
+// functions: get_strategy, has_strategy, get_replica_context, in_cross_replica_context.
+
+#include <string_view>
+
+// ---- begin <distribute/strategy/detail/host_devices.hpp> ----
+// Validation of the device lists the host backend is given.
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// "/job:localhost/replica:0/task:0/device:CPU:i": the canonical name of local host device i.
+inline std::string local_device_string(std::string_view type, int index) {
+  return DeviceSpec{"localhost", 0, 0, std::string(type), index}.to_string();
+}
+
+inline std::vector<std::string> host_devices(int count, const char* strategy) {
+  if (count < 1) {
+    throw InvalidArgument(fmt::format("{}: the number of replicas must be at least 1, got {}", strategy, count));
+  }
+  std::vector<std::string> out;
+  for (int i = 0; i < count; ++i) out.push_back(local_device_string("CPU", i));
+  return out;
+}
+
+/// Parses a user's device list for the host backend: CPU devices of this process, no duplicates.
+inline std::vector<std::string> host_devices(const std::vector<std::string>& names, const char* strategy) {
+  if (names.empty()) throw InvalidArgument(fmt::format("{}: the device list is empty", strategy));
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const auto& name : names) {
+    DeviceSpec d = DeviceSpec::parse(name);
+    if (d.device_type != "CPU") {
+      throw InvalidArgument(fmt::format("{}: device '{}' is not a host device; the host backend runs on CPU devices "
+                                        "(\"/cpu:0\", \"/cpu:1\", ...)",
+                                        strategy, name));
+    }
+    if (!d.device_index) {
+      throw InvalidArgument(fmt::format("{}: device '{}' names no device index", strategy, name));
+    }
+    if ((d.job && *d.job != "localhost") || (d.task && *d.task != 0) || (d.replica && *d.replica != 0)) {
+      throw InvalidArgument(fmt::format("{}: device '{}' is not a device of this process (job localhost, task 0)",
+                                        strategy, name));
+    }
+    auto canonical = local_device_string("CPU", *d.device_index);
+    if (!seen.insert(canonical).second) {
+      throw InvalidArgument(fmt::format("{}: device '{}' is listed twice", strategy, name));
+    }
+    out.push_back(canonical);
+  }
+  return out;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/strategy/detail/host_devices.hpp> ----
+// ---- begin <distribute/strategy/detail/sync_strategy.hpp> ----
+// SyncStrategy: the one composable core behind OneDeviceStrategy and MirroredStrategy (and,
+// later, the strategies that add workers). It owns the local replicas (an executor of the
+// backend, a ReplicaGroup and the cross-device ops) and implements run/reduce/gather/...
+// Derived is the public strategy type: values it makes are PerReplica<T, Derived>.
+
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/strategy/detail/reduce_values.hpp> ----
+// Cross-replica reduction of per-replica components on the calling thread (strategy.reduce).
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Element-wise reduction of equally shaped components; Mean divides by their number.
+template <TensorLike U>
+U reduce_components(ReduceOp op, const std::vector<const U*>& parts) {
+  using E = element_t<U>;
+  check_op_for_dtype(op, dtype_of<E>(), "reduce");
+  if (parts.empty()) throw InvalidArgument("reduce: there are no values to reduce");
+  const Shape shape = shape_of(*parts.front());
+  for (std::size_t r = 1; r < parts.size(); ++r) {
+    if (shape_of(*parts[r]) != shape) {
+      throw InvalidArgument(fmt::format(
+          "reduce: replica 0's value has shape {} but replica {}'s has shape {}; values of different batch sizes "
+          "need an axis (reduce(op, value, 0))",
+          shape_string(shape), r, shape_string(shape_of(*parts[r]))));
+    }
+  }
+  U out = *parts.front();
+  const std::size_t n = element_count(out);
+  for (std::size_t r = 1; r < parts.size(); ++r) combine(tensor_traits<U>::data(out), tensor_traits<U>::data(*parts[r]), n, op);
+  if (op == ReduceOp::Mean) divide(tensor_traits<U>::data(out), n, static_cast<std::int64_t>(parts.size()));
+  return out;
+}
+
+/// Reduces each component along `axis` and then across components. Components may differ in
+/// size along `axis` (an uneven last batch); Mean divides by the total count along it.
+template <TensorLike U>
+Tensor<element_t<U>> reduce_components_along(ReduceOp op, const std::vector<const U*>& parts, std::int64_t axis_arg) {
+  using E = element_t<U>;
+  check_op_for_dtype(op, dtype_of<E>(), "reduce");
+  if (parts.empty()) throw InvalidArgument("reduce: there are no values to reduce");
+  const Shape first = shape_of(*parts.front());
+  const std::size_t axis = normalize_axis(axis_arg, first.size(), "reduce");
+  Shape out_shape = first;
+  out_shape.erase(out_shape.begin() + static_cast<std::ptrdiff_t>(axis));
+  for (std::size_t r = 1; r < parts.size(); ++r) {
+    Shape s = shape_of(*parts[r]);
+    bool ok = s.size() == first.size();
+    for (std::size_t d = 0; ok && d < s.size(); ++d) ok = d == axis || s[d] == first[d];
+    if (!ok) {
+      throw InvalidArgument(fmt::format(
+          "reduce: replica 0's value has shape {} but replica {}'s has shape {}; they may only differ along axis {}",
+          shape_string(first), r, shape_string(s), axis));
+    }
+  }
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t d = 0; d < axis; ++d) outer *= first[d];
+  for (std::size_t d = axis + 1; d < first.size(); ++d) inner *= first[d];
+  const auto inner_n = static_cast<std::size_t>(inner);
+
+  Tensor<E> out = Tensor<E>::zeros(out_shape);
+  std::int64_t total = 0;
+  bool have_any = false;
+  for (const U* part : parts) {
+    const std::int64_t len = shape_of(*part)[axis];
+    const E* src = tensor_traits<U>::data(*part);
+    for (std::int64_t k = 0; k < len; ++k) {
+      for (std::int64_t o = 0; o < outer; ++o) {
+        E* dst = out.data() + o * inner;
+        const E* row = src + (o * len + k) * inner;
+        if (!have_any) std::copy(row, row + inner_n, dst);
+        else combine(dst, row, inner_n, op);
+      }
+      have_any = true;
+    }
+    total += len;
+  }
+  if (!have_any) {
+    if (op == ReduceOp::Min || op == ReduceOp::Max || op == ReduceOp::Mean) {
+      throw InvalidArgument(fmt::format("reduce: {} along axis {} over zero elements is undefined", op, axis));
+    }
+    if (op == ReduceOp::Product) std::fill(out.begin(), out.end(), E{1});
+  }
+  if (op == ReduceOp::Mean) divide(out.data(), out.size(), total);
+  return out;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/strategy/detail/reduce_values.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// What distribute_values_from_function passes to its function.
+struct ValueContext {
+  int replica_id_in_sync_group = 0;
+  int num_replicas_in_sync = 1;
+};
+
+template <class S>
+class StrategyExtended;
+
+/// The replica context `run` hands to a step function of strategy S. Adds merge_call, whose
+/// merged values are PerReplica<T, S> that S's reduce/update accept.
+template <class S>
+class ReplicaContextFor : public ReplicaContext {
+ public:
+  ReplicaContextFor(S& strategy, detail::ReplicaGroup& group, detail::ReplicaCollectives& collectives, int local_id,
+                    int global_id, std::string device)
+      : ReplicaContext(strategy, group, collectives, local_id, global_id, std::move(device)), typed_(&strategy) {}
+
+  S& strategy() const noexcept { return *typed_; }
+
+  /// Runs fn once, in cross-replica context, with each argument merged across the replicas
+  /// into a PerReplica; fn may take the strategy first. Every replica receives fn's result.
+  template <class F, class... A>
+  auto merge_call(F&& fn, A&&... args) {
+    using Args = std::tuple<std::decay_t<A>...>;
+    constexpr bool takes_strategy = std::is_invocable_v<F&, S&, PerReplica<std::decay_t<A>, S>...>;
+    using R = std::conditional_t<takes_strategy, std::invoke_result<F&, S&, PerReplica<std::decay_t<A>, S>...>,
+                                 std::invoke_result<F&, PerReplica<std::decay_t<A>, S>...>>::type;
+    using Stored = std::conditional_t<std::is_void_v<R>, bool, std::decay_t<R>>;
+    struct Outcome {
+      std::optional<Stored> value;
+      std::exception_ptr error;
+    };
+    Args mine(std::forward<A>(args)...);
+    Outcome outcome;
+    auto& g = group();
+    detail::CollectiveCall call{detail::CollectiveKind::MergeCall};
+    call.merge_type = &typeid(Args);
+    call.merge_args = &mine;
+    call.merge_outcome = &outcome;
+    g.publish(local_replica_id(), &call);
+    g.arrive_and_wait(local_replica_id(), call.kind);
+    detail::validate_same_call(g, local_replica_id(), call.kind);
+    if (local_replica_id() == 0) {
+      try {
+        detail::ReplicaContextSwitch cross_replica(nullptr);
+        ScopeGuard in_scope(*typed_);
+        auto merged = merge_args<Args>(std::index_sequence_for<A...>{});
+        auto invoke = [&](auto&&... m) -> decltype(auto) {
+          if constexpr (takes_strategy) return fn(*typed_, std::move(m)...);
+          else return fn(std::move(m)...);
+        };
+        if constexpr (std::is_void_v<R>) {
+          std::apply(invoke, std::move(merged));
+          outcome.value.emplace(true);
+        } else {
+          outcome.value.emplace(std::apply(invoke, std::move(merged)));
+        }
+      } catch (...) {
+        outcome.error = std::current_exception();
+      }
+    }
+    g.arrive_and_wait(local_replica_id(), call.kind);
+    const Outcome& root = *static_cast<const Outcome*>(g.slot(0).merge_outcome);
+    std::exception_ptr error = root.error;
+    std::optional<Stored> result;
+    if (!error) result = root.value;
+    g.arrive_and_wait(local_replica_id(), call.kind);  // replica 0's outcome stays alive until read
+    if (error) std::rethrow_exception(error);
+    if constexpr (!std::is_void_v<R>) return std::move(*result);
+  }
+
+ private:
+  template <class Args, std::size_t... I>
+  auto merge_args(std::index_sequence<I...>) {
+    auto& g = group();
+    auto component = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
+      using T = std::tuple_element_t<K, Args>;
+      std::vector<T> values;
+      values.reserve(static_cast<std::size_t>(g.size()));
+      for (int r = 0; r < g.size(); ++r) values.push_back(std::get<K>(*static_cast<Args*>(g.slot(r).merge_args)));
+      return PerReplica<T, S>(std::move(values));
+    };
+    return std::make_tuple(component(std::integral_constant<std::size_t, I>{})...);
+  }
+
+  S* typed_;
+};
+
+namespace detail {
+
+template <class R>
+struct run_result {
+  template <class S>
+  using type = PerReplica<R, S>;
+};
+
+// Components of a PerReplica argument for replica i, a Mirrored's local copy, anything else as is.
+template <class S, class A>
+decltype(auto) unwrap_for_replica(A& arg, std::size_t i) {
+  using D = std::remove_cvref_t<A>;
+  if constexpr (is_per_replica<D>::value || is_mirrored<D>::value) {
+    static_assert(std::is_same_v<typename D::strategy_type, S>,
+                  "a distributed value made by one strategy type was passed to a strategy of another type; "
+                  "values are tied to the strategy type that produced them");
+    return arg[i];
+  } else {
+    return static_cast<const D&>(arg);
+  }
+}
+
+template <class S, class A>
+void check_arity(const A& arg, std::size_t replicas, std::size_t position) {
+  using D = std::remove_cvref_t<A>;
+  if constexpr (is_per_replica<D>::value || is_mirrored<D>::value) {
+    if (arg.size() != replicas) {
+      throw InvalidArgument(fmt::format("run: argument {} has {} components but the strategy has {} local replicas",
+                                        position, arg.size(), replicas));
+    }
+  }
+}
+
+template <class T>
+struct is_tuple : std::false_type {};
+template <class... T>
+struct is_tuple<std::tuple<T...>> : std::true_type {};
+
+}  // namespace detail
+
+template <class Derived, class Backend, class Ops>
+class SyncStrategy : public AnyStrategy {
+ public:
+  using backend_type = Backend;
+  using cross_device_ops = Ops;
+  template <class T>
+  using per_replica = PerReplica<T, Derived>;
+  using replica_context_type = ReplicaContextFor<Derived>;
+
+  SyncStrategy(const SyncStrategy&) = delete;
+  SyncStrategy& operator=(const SyncStrategy&) = delete;
+
+  int num_replicas_in_sync() const noexcept override { return static_cast<int>(devices_.size()); }
+  int num_local_replicas() const noexcept override { return static_cast<int>(devices_.size()); }
+  std::vector<std::string> worker_devices() const override { return devices_; }
+
+  detail::VariablePlacement variable_placement() const override {
+    return {detail::PlacementKind::Replicated, devices_, num_replicas_in_sync(), id()};
+  }
+
+  /// Makes this strategy current on the calling thread until the guard is destroyed.
+  [[nodiscard]] ScopeGuard scope() { return ScopeGuard(*this); }
+
+  /// Calls fn once per local replica, concurrently, each in its replica context.
+  template <class F, class... A>
+  auto run(F&& fn, A&&... args) {
+    const std::size_t n = devices_.size();
+    std::size_t position = 0;
+    (detail::check_arity<Derived>(args, n, position++), ...);
+    constexpr bool plain = std::is_invocable_v<F&, decltype(detail::unwrap_for_replica<Derived>(args, 0))...>;
+    constexpr bool with_ctx =
+        std::is_invocable_v<F&, replica_context_type&, decltype(detail::unwrap_for_replica<Derived>(args, 0))...>;
+    static_assert(plain || with_ctx,
+                  "run(fn, args...): fn is not callable with the (unwrapped) arguments, with or without a "
+                  "ReplicaContext& first");
+    auto call = [&](std::size_t i) -> decltype(auto) {
+      if constexpr (plain) return fn(detail::unwrap_for_replica<Derived>(args, i)...);
+      else return fn(*contexts_[i], detail::unwrap_for_replica<Derived>(args, i)...);
+    };
+    using R = decltype(call(0));
+    using Stored = std::conditional_t<std::is_void_v<R>, bool, std::decay_t<R>>;
+    std::vector<std::optional<Stored>> results(n);
+    execute([&](std::size_t i) {
+      if constexpr (std::is_void_v<R>) {
+        call(i);
+        results[i].emplace(true);
+      } else {
+        results[i].emplace(call(i));
+      }
+    });
+    if constexpr (std::is_void_v<R>) {
+      return;
+    } else if constexpr (detail::is_tuple<Stored>::value) {
+      return split_tuple(results, std::make_index_sequence<std::tuple_size_v<Stored>>{});
+    } else {
+      std::vector<Stored> out;
+      out.reserve(n);
+      for (auto& r : results) out.push_back(std::move(*r));
+      return PerReplica<Stored, Derived>(std::move(out));
+    }
+  }
+
+  /// Reduces across replicas (no axis): returns a value of the component type.
+  template <class V>
+  auto reduce(ReduceOpArg op, const V& value) {
+    if constexpr (requires { typename V::strategy_type; }) {
+      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                    "reduce: this distributed value was made by a strategy of another type");
+      auto parts = pointers(value.values());
+      return detail::reduce_components(op.op, parts);
+    } else if constexpr (requires { value.values(); value.read_value(); }) {
+      return detail::reduce_components(op.op, pointers(value.values()));  // a variable's copies
+    } else {
+      static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
+      return reduce_plain(op.op, value);
+    }
+  }
+
+  /// Reduces inside each component along `axis` and across replicas (a Tensor). With an axis,
+  /// MEAN divides by the total number of elements along it, exact for uneven last batches.
+  template <class V>
+  auto reduce(ReduceOpArg op, const V& value, std::optional<std::int64_t> axis) {
+    auto components = [&]() -> decltype(auto) {
+      if constexpr (requires { typename V::strategy_type; }) {
+        static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                      "reduce: this distributed value was made by a strategy of another type");
+        return pointers(value.values());
+      } else if constexpr (requires { value.values(); value.read_value(); }) {
+        return pointers(value.values());
+      } else {
+        static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
+        return std::vector<const V*>{&value};
+      }
+    }();
+    using U = std::remove_cvref_t<decltype(*components.front())>;
+    using E = element_t<U>;
+    constexpr bool distributed = requires { typename V::strategy_type; } || requires { value.read_value(); };
+    if (!axis) {
+      U r = [&] {
+        if constexpr (distributed) return detail::reduce_components(op.op, components);
+        else return reduce_plain(op.op, value);
+      }();
+      const E* p = tensor_traits<U>::data(r);
+      return Tensor<E>(shape_of(r), std::vector<E>(p, p + element_count(r)));
+    }
+    if constexpr (!distributed) {
+      if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
+    }
+    return detail::reduce_components_along(op.op, components, *axis);
+  }
+
+  /// Concatenates the components along `axis` (in [0, rank)).
+  template <class V>
+  auto gather(const V& value, std::int64_t axis) {
+    if constexpr (requires { typename V::strategy_type; }) {
+      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                    "gather: this distributed value was made by a strategy of another type");
+      return gather_parts(pointers(value.values()), axis);
+    } else {
+      static_assert(TensorLike<V>, "gather: the value is neither a distributed value of this strategy nor TensorLike");
+      std::vector<const V*> parts(devices_.size(), &value);
+      return gather_parts(parts, axis);
+    }
+  }
+
+  /// The local components in replica order (a single value is returned as one component).
+  template <class V>
+  auto local_results(const V& value) {
+    if constexpr (requires { typename V::strategy_type; }) {
+      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                    "local_results: this distributed value was made by a strategy of another type");
+      return value.values();
+    } else if constexpr (requires { value.values(); value.read_value(); }) {
+      return value.values();
+    } else {
+      return std::vector<V>{value};
+    }
+  }
+
+  /// fn(ValueContext) once per local replica → PerReplica.
+  template <class F>
+  auto distribute_values_from_function(F&& fn) {
+    using R = std::decay_t<std::invoke_result_t<F&, const ValueContext&>>;
+    std::vector<R> values;
+    values.reserve(devices_.size());
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      values.push_back(fn(ValueContext{contexts_[i]->replica_id_in_sync_group(), num_replicas_in_sync()}));
+    }
+    return PerReplica<R, Derived>(std::move(values));
+  }
+
+  StrategyExtended<Derived> extended() noexcept { return StrategyExtended<Derived>(self()); }
+
+  /// Multi-worker strategies return their resolver; these have none.
+  const void* cluster_resolver() const noexcept { return nullptr; }
+
+ protected:
+  /// `devices`: canonical TF device strings, one per local replica.
+  explicit SyncStrategy(std::vector<std::string> devices)
+      : devices_(std::move(devices)),
+        group_(static_cast<int>(devices_.size())),
+        collectives_(Ops::make_collectives(num_replicas_in_sync())) {
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      contexts_.push_back(std::make_unique<replica_context_type>(self(), group_, *collectives_, static_cast<int>(i),
+                                                                 static_cast<int>(i), devices_[i]));
+    }
+    if (devices_.size() > 1) threads_ = std::make_unique<detail::HostReplicaThreads>(static_cast<int>(devices_.size()));
+  }
+
+ protected:
+  replica_context_type& replica_context(std::size_t i) noexcept { return *contexts_[i]; }
+
+ private:
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+
+  template <class T>
+  static std::vector<const T*> pointers(const std::vector<T>& values) {
+    std::vector<const T*> out;
+    out.reserve(values.size());
+    for (const auto& v : values) out.push_back(&v);
+    return out;
+  }
+
+  void check_plain_reducible(ReduceOp op) const {
+    if (num_replicas_in_sync() > 1) {
+      throw InvalidArgument(fmt::format("reduce: a plain (non-distributed) value cannot be reduced with {} across {} "
+                                        "replicas; pass the PerReplica value that run() returned",
+                                        op, num_replicas_in_sync()));
+    }
+  }
+
+  template <class U>
+  U reduce_plain(ReduceOp op, const U& value) const {
+    if (op == ReduceOp::Sum || op == ReduceOp::Product) check_plain_reducible(op);
+    return value;
+  }
+
+  template <class U>
+  auto gather_parts(const std::vector<const U*>& parts, std::int64_t axis) {
+    using G = gathered_t<U>;
+    std::vector<detail::BufferRef> refs;
+    std::vector<const detail::BufferRef*> ptrs;
+    refs.reserve(parts.size());
+    for (const U* p : parts) {
+      refs.push_back({const_cast<element_t<U>*>(tensor_traits<U>::data(*p)), dtype_of<element_t<U>>(), shape_of(*p)});
+    }
+    for (auto& r : refs) ptrs.push_back(&r);
+    detail::check_concat(ptrs, axis, "gather");
+    std::optional<G> out;
+    detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
+      out.emplace(tensor_traits<G>::make(s));
+      return tensor_traits<G>::data(*out);
+    });
+    return std::move(*out);
+  }
+
+  template <class Stored, std::size_t... I>
+  auto split_tuple(std::vector<std::optional<Stored>>& results, std::index_sequence<I...>) {
+    auto column = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
+      using T = std::tuple_element_t<K, Stored>;
+      std::vector<T> values;
+      values.reserve(results.size());
+      for (auto& r : results) values.push_back(std::move(std::get<K>(*r)));
+      return PerReplica<T, Derived>(std::move(values));
+    };
+    return std::make_tuple(column(std::integral_constant<std::size_t, I>{})...);
+  }
+
+  // Runs body(i) for each local replica in its replica context; rethrows the first real error.
+  template <class Body>
+  void execute(Body&& body) {
+    auto& tc = detail::thread_context();
+    if (tc.replica) {
+      throw InvalidArgument(fmt::format("run() called from inside a step function of {}: steps do not nest; call "
+                                        "run() in cross-replica context",
+                                        tc.replica->strategy().name()));
+    }
+    std::lock_guard serial(run_mutex_);  // one step at a time per strategy
+    const std::size_t n = devices_.size();
+    errors_.assign(n, nullptr);
+    error_order_.assign(n, 0);
+    std::atomic<unsigned> error_counter{0};
+    group_.begin_step();
+    auto job = [&](int replica) {
+      const auto i = static_cast<std::size_t>(replica);
+      detail::ReplicaContextSwitch in_replica(contexts_[i].get());
+      try {
+        body(i);
+      } catch (...) {
+        errors_[i] = std::current_exception();
+        error_order_[i] = ++error_counter;
+        group_.abort();
+      }
+      group_.finish(replica);
+    };
+    if (threads_) {
+      detail::ReplicaJob ref(job);
+      threads_->run_all(ref);
+    } else {
+      job(0);
+    }
+    if (error_counter.load() == 0) return;
+    // The earliest error that is not a replica released because of another's failure.
+    std::exception_ptr first, first_any;
+    unsigned best = ~0u, best_any = ~0u;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!errors_[i]) continue;
+      if (error_order_[i] < best_any) best_any = error_order_[i], first_any = errors_[i];
+      bool cancelled = false;
+      try {
+        std::rethrow_exception(errors_[i]);
+      } catch (const Cancelled&) {
+        cancelled = true;
+      } catch (...) {
+      }
+      if (!cancelled && error_order_[i] < best) best = error_order_[i], first = errors_[i];
+    }
+    std::rethrow_exception(first ? first : first_any);
+  }
+
+  std::vector<std::string> devices_;
+  detail::ReplicaGroup group_;
+  std::unique_ptr<detail::ReplicaCollectives> collectives_;
+  std::vector<std::unique_ptr<replica_context_type>> contexts_;
+  std::unique_ptr<detail::HostReplicaThreads> threads_;
+  std::mutex run_mutex_;
+  std::vector<std::exception_ptr> errors_;
+  std::vector<unsigned> error_order_;
+
+  template <class S>
+  friend class StrategyExtended;
+};
+
+/// strategy.extended(): the lower-level members of a strategy, as TF's StrategyExtended.
+template <class S>
+class StrategyExtended {
+ public:
+  explicit StrategyExtended(S& strategy) noexcept : strategy_(&strategy) {}
+
+  std::vector<std::string> worker_devices() const { return strategy_->worker_devices(); }
+
+  /// True if `var` was created in this strategy's scope.
+  template <class T>
+  bool variable_created_in_scope(const Variable<T>& var) const noexcept {
+    return var.is_distributed() && var.strategy_id() == strategy_->id();
+  }
+
+  /// Applies fn(copy, args...) to each copy of `var` in cross-replica context (with PerReplica /
+  /// Mirrored arguments unwrapped per copy), or to the local copy in replica context.
+  template <class T, class F, class... A>
+  void update(Variable<T>& var, F&& fn, A&&... args) {
+    if (var.is_distributed() && var.strategy_id() != strategy_->id()) {
+      throw InvalidArgument(fmt::format("extended().update: variable '{}' was not created in this {}'s scope",
+                                        var.name(), strategy_->name()));
+    }
+    var.apply_to_copies([&](T& copy, [[maybe_unused]] int i) {
+      fn(copy, detail::unwrap_for_replica<S>(args, static_cast<std::size_t>(i))...);
+    });
+  }
+
+  /// Variables created while the returned guard lives are placed with `var`. Every replica holds
+  /// every variable in these strategies, so this only checks `var` belongs here.
+  template <class T>
+  [[nodiscard]] ScopeGuard colocate_vars_with(const Variable<T>& var) {
+    if (var.is_distributed() && var.strategy_id() != strategy_->id()) {
+      throw InvalidArgument(fmt::format("colocate_vars_with: variable '{}' was not created in this {}'s scope",
+                                        var.name(), strategy_->name()));
+    }
+    return ScopeGuard(*strategy_);
+  }
+
+  /// Reduces several distributed values in one call; returns a tuple of the results.
+  template <class... V>
+  auto batch_reduce_to(ReduceOpArg op, const V&... values) {
+    return std::make_tuple(strategy_->reduce(op, values)...);
+  }
+
+ private:
+  S* strategy_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/strategy/detail/sync_strategy.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// One replica on the calling thread; variables created under it are plain.
+class DefaultStrategy : public SyncStrategy<DefaultStrategy, host, SharedMemoryAllReduce> {
+  using Base = SyncStrategy<DefaultStrategy, host, SharedMemoryAllReduce>;
+
+ public:
+  DefaultStrategy() : Base(detail::host_devices(1, "DefaultStrategy")) {}
+  std::string_view name() const noexcept override { return "DefaultStrategy"; }
+  detail::VariablePlacement variable_placement() const override {
+    return {detail::PlacementKind::Plain, {}, 1, 0};
+  }
+  /// TF's default replica context: replica 0 of 1, in effect outside any scope.
+  ReplicaContext& default_replica_context() noexcept { return replica_context(0); }
+};
+
+/// The process-wide default strategy.
+inline DefaultStrategy& default_strategy() {
+  static DefaultStrategy strategy;
+  return strategy;
+}
+
+/// The strategy current on this thread: the innermost scope's, the one running this replica, or
+/// the default strategy.
+inline AnyStrategy& get_strategy() {
+  if (AnyStrategy* s = detail::current_strategy_or_null()) return *s;
+  return default_strategy();
+}
+
+/// True inside a (non-default) strategy's scope or step function.
+inline bool has_strategy() {
+  AnyStrategy* s = detail::current_strategy_or_null();
+  return s != nullptr && s != static_cast<AnyStrategy*>(&default_strategy());
+}
+
+/// The replica context in a step function; null in cross-replica context (inside a scope,
+/// outside run); the default replica context outside any scope.
+inline ReplicaContext* get_replica_context() {
+  auto& tc = detail::thread_context();
+  if (tc.replica) return tc.replica;
+  if (!tc.scopes.empty()) return nullptr;
+  return &default_strategy().default_replica_context();
+}
+
+/// True inside a scope but outside any step function (or inside merge_call's function).
+inline bool in_cross_replica_context() {
+  auto& tc = detail::thread_context();
+  return tc.replica == nullptr && !tc.scopes.empty();
+}
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/strategy/default_strategy.hpp> ----
+// ---- begin <distribute/strategy/mirrored.hpp> ----
+// MirroredStrategy: synchronous data parallelism over the local devices of one process.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// The cross-device ops a backend uses when the strategy names none.
+template <class Backend>
+struct default_cross_device_ops {
+  using type = SharedMemoryAllReduce;
+};
+template <class Backend>
+using default_cross_device_ops_t = typename default_cross_device_ops<Backend>::type;
+
+/// One replica per local device; variables mirrored on each; all-reduce with `Ops`.
+template <class Backend = host, class Ops = default_cross_device_ops_t<Backend>>
+class MirroredStrategy : public SyncStrategy<MirroredStrategy<Backend, Ops>, Backend, Ops> {
+  using Base = SyncStrategy<MirroredStrategy<Backend, Ops>, Backend, Ops>;
+
+ public:
+  /// Every visible device of the backend (host: one CPU device).
+  MirroredStrategy() : MirroredStrategy(1) {}
+  /// `num_replicas` logical host devices "/cpu:0".."/cpu:N-1".
+  explicit MirroredStrategy(int num_replicas) : Base(detail::host_devices(num_replicas, "MirroredStrategy")) {}
+  /// An explicit device list, e.g. {"/cpu:0", "/cpu:1"}; unknown or duplicate devices throw.
+  explicit MirroredStrategy(const std::vector<std::string>& devices)
+      : Base(detail::host_devices(devices, "MirroredStrategy")) {}
+
+  std::string_view name() const noexcept override { return "MirroredStrategy"; }
+};
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/strategy/mirrored.hpp> ----
+// ---- begin <distribute/strategy/one_device.hpp> ----
+// OneDeviceStrategy: one replica on one device; the same program shape as the distributed ones.
+
+#include <string>
+#include <string_view>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+template <class Backend = host>
+class OneDeviceStrategy : public SyncStrategy<OneDeviceStrategy<Backend>, Backend, SharedMemoryAllReduce> {
+  using Base = SyncStrategy<OneDeviceStrategy<Backend>, Backend, SharedMemoryAllReduce>;
+
+ public:
+  /// The device, e.g. "/cpu:0"; variables are placed there and the step runs on the calling thread.
+  explicit OneDeviceStrategy(const std::string& device = "/cpu:0")
+      : Base(detail::host_devices(std::vector<std::string>{device}, "OneDeviceStrategy")) {}
+
+  std::string_view name() const noexcept override { return "OneDeviceStrategy"; }
+};
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/strategy/one_device.hpp> ----
+// ---- end <distribute/distribute.hpp> ----

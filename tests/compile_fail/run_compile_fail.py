@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Compile-fail harness: checks that misuse of the API is rejected at compile time.
+
+Each snippet's first line is a directive:
+
+  // expect-error: <regex>   the snippet must NOT compile, and the compiler's diagnostics
+                             must match <regex> (Python `re.search`, multi-line text)
+  // expect-ok               the snippet must compile (a control, so that a broken include
+                             path or compiler cannot make every expect-error pass)
+
+Each snippet is compiled with `<cxx> -std=c++20 -fsyntax-only -I<include> [flags]` under
+LC_ALL=C (so the compiler writes plain ASCII quotes). Snippets should include only
+<distribute/distribute.hpp> so they work against both include/ and single_include/.
+
+Usage:
+  run_compile_fail.py --cxx g++ --include include [--flag=-DFOO ...] a.cpp b.cpp ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+DIRECTIVE_RE = re.compile(r"^\s*//\s*expect-(error|ok)\s*(?::\s*(.*?))?\s*$")
+
+
+def parse_directive(path: Path) -> tuple[str, re.Pattern[str] | None]:
+    with open(path, encoding="utf-8") as f:
+        first = f.readline()
+    m = DIRECTIVE_RE.match(first)
+    if not m:
+        raise ValueError(
+            f"{path}: first line must be '// expect-error: <regex>' or '// expect-ok', "
+            f"got {first.rstrip()!r}")
+    kind, regex = m.group(1), m.group(2)
+    if kind == "error":
+        if not regex:
+            raise ValueError(f"{path}: '// expect-error:' needs a regex")
+        try:
+            return kind, re.compile(regex, re.M)
+        except re.error as e:
+            raise ValueError(f"{path}: bad regex {regex!r}: {e}") from None
+    if regex:
+        raise ValueError(f"{path}: '// expect-ok' takes no regex")
+    return kind, None
+
+
+def indent(text: str, limit: int = 60) -> str:
+    lines = text.rstrip().splitlines()
+    shown = lines[:limit]
+    if len(lines) > limit:
+        shown.append(f"... ({len(lines) - limit} more lines)")
+    return "\n".join("    | " + line for line in shown)
+
+
+def run_one(cxx: list[str], include: str, flags: list[str], snippet: Path) -> bool:
+    try:
+        kind, regex = parse_directive(snippet)
+    except (OSError, ValueError) as e:
+        print(f"ERROR {snippet}: {e}")
+        return False
+    cmd = [*cxx, "-std=c++20", "-fsyntax-only", f"-I{include}", *flags, str(snippet)]
+    env = dict(os.environ, LC_ALL="C", LANG="C")
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    output = proc.stdout.decode("utf-8", errors="replace")
+    name = f"{snippet.name} [-I{include}]"
+    print(f"$ {shlex.join(cmd)}")
+
+    if kind == "ok":
+        if proc.returncode == 0:
+            print(f"PASS  {name}: compiles, as expected")
+            return True
+        print(f"FAIL  {name}: expected to compile, but the compiler failed "
+              f"(exit {proc.returncode}):\n{indent(output)}")
+        return False
+
+    assert regex is not None
+    if proc.returncode == 0:
+        print(f"FAIL  {name}: expected a compile error matching /{regex.pattern}/, "
+              f"but it compiled" + (f":\n{indent(output)}" if output.strip() else ""))
+        return False
+    if not regex.search(output):
+        print(f"FAIL  {name}: compile failed as expected, but no diagnostic matches "
+              f"/{regex.pattern}/; the compiler said:\n{indent(output)}")
+        return False
+    print(f"PASS  {name}: rejected with a diagnostic matching /{regex.pattern}/")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cxx", required=True,
+                        help="compiler command (split like a shell would, e.g. 'ccache g++')")
+    parser.add_argument("--include", required=True, help="directory passed as -I")
+    parser.add_argument("--flag", action="append", default=[],
+                        help="extra compiler flag (repeatable; write --flag=-DX)")
+    parser.add_argument("snippets", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+
+    cxx = shlex.split(args.cxx)
+    if not cxx:
+        parser.error("--cxx is empty")
+    if not Path(args.include).is_dir():
+        print(f"ERROR: include directory {args.include!r} does not exist")
+        return 2
+
+    failed = [s for s in args.snippets if not run_one(cxx, args.include, args.flag, s)]
+    total = len(args.snippets)
+    print(f"{total - len(failed)}/{total} snippets behaved as expected")
+    if failed:
+        print("failed: " + ", ".join(str(s) for s in failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

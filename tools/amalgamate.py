@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Builds single_include/distribute/distribute.hpp from include/distribute/distribute.hpp.
+
+Every `#include <distribute/...>` (or "distribute/...") is replaced, recursively, by the
+text of that header; every other include is left where it is. `#pragma once` lines of
+the inlined headers are dropped (the amalgamation carries one of its own).
+
+Each header's text is emitted once, like `#pragma once` would. The one subtlety is a
+header whose first inclusion sits inside a preprocessor conditional (for example the
+umbrella's `#if __has_include(<boost/asio.hpp>)` block): its text is then wrapped in a
+generated include guard, and it is inlined again (under the same guard) wherever it is
+included later, so it is still there when that first conditional was false. A header
+first reached unconditionally is emitted exactly once and later includes are dropped.
+
+Usage:
+  python3 tools/amalgamate.py            # (re)write the single header
+  python3 tools/amalgamate.py --check    # exit 1 if the checked-in file is stale
+
+Python 3 standard library only; the output is deterministic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import sys
+from pathlib import Path
+
+UMBRELLA = "distribute/distribute.hpp"
+OUTPUT = Path("single_include") / UMBRELLA
+STALE_MESSAGE = f"{OUTPUT.as_posix()} is stale; run python3 tools/amalgamate.py"
+
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"](distribute/[^>"]+)[>"]')
+PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\b")
+IF_RE = re.compile(r"^\s*#\s*(if|ifdef|ifndef)\b")
+ENDIF_RE = re.compile(r"^\s*#\s*endif\b")
+VERSION_RE = re.compile(r'^\s*#\s*define\s+DISTRIBUTE_VERSION_STRING\s+"([^"]*)"', re.M)
+
+
+class AmalgamateError(Exception):
+    pass
+
+
+class Amalgamator:
+    def __init__(self, include_dir: Path) -> None:
+        self.include_dir = include_dir
+        # header -> True once emitted unconditionally, False while only emitted under #if
+        self.emitted: dict[str, bool] = {}
+        self.stack: list[str] = []
+
+    @staticmethod
+    def guard_name(header: str) -> str:
+        return "DISTRIBUTE_AMALGAMATED_" + re.sub(r"[^0-9A-Za-z]", "_", header).upper()
+
+    def read(self, header: str, included_from: str | None) -> list[str]:
+        path = self.include_dir / header
+        if not path.is_file():
+            where = f" (included from {included_from})" if included_from else ""
+            raise AmalgamateError(f"cannot find <{header}>{where} under {self.include_dir}")
+        return path.read_text(encoding="utf-8").splitlines()
+
+    def expand(self, header: str, conditional: bool, included_from: str | None) -> list[str]:
+        """Returns the lines that replace `#include <header>`."""
+        if header in self.stack:  # an include cycle: #pragma once would make it a no-op
+            return []
+        state = self.emitted.get(header)
+        if state is True:
+            return []
+        # state is None (first time) or False (so far only emitted under some #if, which
+        # may have been false): inline it here; the guard keeps it to one definition.
+        lines = self.read(header, included_from)
+        guarded = conditional or state is False
+        self.emitted[header] = not conditional
+        self.stack.append(header)
+        try:
+            body = self.expand_lines(lines, header, conditional)
+        finally:
+            self.stack.pop()
+        out = [f"// ---- begin <{header}> ----"]
+        if guarded:
+            guard = self.guard_name(header)
+            out += [f"#ifndef {guard}", f"#define {guard}"]
+        out += body
+        if guarded:
+            out.append(f"#endif  // {self.guard_name(header)}")
+        out.append(f"// ---- end <{header}> ----")
+        return out
+
+    def expand_lines(self, lines: list[str], header: str, conditional: bool) -> list[str]:
+        out: list[str] = []
+        depth = 0  # #if nesting inside this file
+        for line in lines:
+            if PRAGMA_ONCE_RE.match(line):
+                continue
+            m = INCLUDE_RE.match(line)
+            if m:
+                out += self.expand(m.group(1), conditional or depth > 0, header)
+                continue
+            if IF_RE.match(line):
+                depth += 1
+            elif ENDIF_RE.match(line):
+                depth = max(depth - 1, 0)
+            out.append(line)
+        return out
+
+
+def read_version(include_dir: Path) -> str:
+    version_hpp = include_dir / "distribute" / "version.hpp"
+    try:
+        m = VERSION_RE.search(version_hpp.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        m = None
+    if not m:
+        raise AmalgamateError(f"no DISTRIBUTE_VERSION_STRING in {version_hpp}")
+    return m.group(1)
+
+
+def generate(root: Path) -> str:
+    include_dir = root / "include"
+    version = read_version(include_dir)
+    amalgamator = Amalgamator(include_dir)
+    body = amalgamator.expand(UMBRELLA, conditional=False, included_from=None)
+    banner = [
+        f"// distribute {version}: tf.distribute for C++, single-header edition.",
+        "// SPDX-License-Identifier: Apache-2.0",
+        "//",
+        "// GENERATED FILE, DO NOT EDIT. It is produced from include/distribute/ by",
+        "//   python3 tools/amalgamate.py",
+        "// Edit the headers under include/ and regenerate.",
+        "#pragma once",
+        "",
+    ]
+    return "\n".join(banner + body) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    default_root = Path(__file__).resolve().parent.parent
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=default_root,
+                        help=f"repository root (default: {default_root})")
+    parser.add_argument("--check", action="store_true",
+                        help="do not write; exit 1 if the checked-in file is stale")
+    args = parser.parse_args(argv)
+
+    root = args.root.resolve()
+    try:
+        text = generate(root)
+    except AmalgamateError as e:
+        print(f"amalgamate.py: error: {e}", file=sys.stderr)
+        return 2
+    out_path = root / OUTPUT
+
+    if args.check:
+        try:
+            current = out_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            print(f"{STALE_MESSAGE} (the file does not exist)", file=sys.stderr)
+            return 1
+        if current != text:
+            diff = list(difflib.unified_diff(
+                current.splitlines(), text.splitlines(),
+                fromfile=f"{OUTPUT.as_posix()} (checked in)",
+                tofile=f"{OUTPUT.as_posix()} (generated)", lineterm="", n=1))
+            shown = diff[:40]
+            print("\n".join(shown), file=sys.stderr)
+            if len(diff) > len(shown):
+                print(f"... ({len(diff) - len(shown)} more diff lines)", file=sys.stderr)
+            print(STALE_MESSAGE, file=sys.stderr)
+            return 1
+        print(f"{OUTPUT.as_posix()} is up to date")
+        return 0
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        unchanged = out_path.read_text(encoding="utf-8") == text
+    except FileNotFoundError:
+        unchanged = False
+    if unchanged:
+        print(f"{OUTPUT.as_posix()} is up to date")
+    else:
+        with open(out_path, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        print(f"wrote {OUTPUT.as_posix()} ({text.count(chr(10))} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
