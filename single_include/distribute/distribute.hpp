@@ -1744,8 +1744,12 @@ DISTRIBUTE_END_NAMESPACE
 #include <fmt/format.h>
 
 // ---- begin <distribute/collective/detail/validate.hpp> ----
-// Every replica checks the calls published to a collective against replica 0's, so that a
-// mismatch (another op, shape, dtype or collective) fails identically on all of them.
+// The shape of every in-process collective: publish my call, barrier, check all calls agree,
+// work on everybody's buffers, barrier. Every replica checks the published calls against
+// replica 0's, so a mismatch (another op, shape, dtype or collective) fails identically on all
+// of them, and no replica leaves (freeing the buffers it published) while others still read them.
+
+#include <exception>
 
 #include <fmt/format.h>
 
@@ -1814,11 +1818,12 @@ DISTRIBUTE_END_NAMESPACE
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
-inline void validate_same_call(const ReplicaGroup& group, int /*replica*/, CollectiveKind kind) {
+inline void validate_same_call(const ReplicaGroup& group) {
   const CollectiveCall& c0 = group.slot(0);
-  for (int r = 0; r < group.size(); ++r) {
+  const CollectiveKind kind = c0.kind;
+  for (int r = 1; r < group.size(); ++r) {
     const CollectiveCall& c = group.slot(r);
-    if (c.kind != kind || c0.kind != kind) {
+    if (c.kind != kind) {
       throw InvalidArgument(fmt::format("replica 0 called {} but replica {} called {}: every replica must issue the "
                                         "same collectives in the same order",
                                         to_string(c0.kind), r, to_string(c.kind)));
@@ -1877,6 +1882,24 @@ inline void validate_same_call(const ReplicaGroup& group, int /*replica*/, Colle
   }
 }
 
+/// Publishes `call`, waits for every replica, checks the calls agree and runs `work` (which
+/// may read every replica's published buffers), then waits again so the buffers outlive all
+/// readers. An error in `work` is rethrown only after the second barrier.
+template <class Work>
+void exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Work&& work) {
+  group.publish(replica, &call);
+  group.arrive_and_wait(replica, call.kind);
+  std::exception_ptr error;
+  try {
+    validate_same_call(group);
+    work();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  group.arrive_and_wait(replica, call.kind);
+  if (error) std::rethrow_exception(error);
+}
+
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE
 // ---- end <distribute/collective/detail/validate.hpp> ----
@@ -1915,53 +1938,46 @@ class SharedMemoryCollectives : public ReplicaCollectives {
   explicit SharedMemoryCollectives(std::int64_t mean_divisor) : mean_divisor_(mean_divisor) {}
 
   void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
-    CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
-    group.publish(replica, &call);
-    group.arrive_and_wait(replica, call.kind);
-    validate_same_call(group, replica, call.kind);
-    const auto n = static_cast<std::size_t>(group.size());
-    const auto r = static_cast<std::size_t>(replica);
-    for (std::size_t i = 0; i < buffers.size(); ++i) {
-      const std::size_t count = buffers[i].count();
-      const std::size_t begin = count * r / n, end = count * (r + 1) / n;
-      if (group.size() == 1) {
-        if (op == ReduceOp::Mean && mean_divisor_ > 1) {
-          visit_dtype(buffers[i].dtype, [&](auto t) {
-            using T = decltype(t);
-            divide(static_cast<T*>(buffers[i].data), count, mean_divisor_);
-          });
+    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+    exchange(group, replica, call, [&] {
+      const auto n = static_cast<std::size_t>(group.size());
+      const auto r = static_cast<std::size_t>(replica);
+      for (std::size_t i = 0; i < buffers.size(); ++i) {
+        const std::size_t count = buffers[i].count();
+        if (group.size() == 1) {
+          if (op == ReduceOp::Mean && mean_divisor_ > 1) {
+            visit_dtype(buffers[i].dtype, [&](auto t) {
+              divide(static_cast<decltype(t)*>(buffers[i].data), count, mean_divisor_);
+            });
+          }
+          continue;
         }
-        continue;
+        const std::size_t begin = count * r / n, end = count * (r + 1) / n;
+        if (begin == end) continue;
+        visit_dtype(buffers[i].dtype,
+                    [&](auto t) { reduce_slice_across<decltype(t)>(group, i, begin, end, op, mean_divisor_); });
       }
-      if (begin == end) continue;
-      visit_dtype(buffers[i].dtype,
-                  [&](auto t) { reduce_slice_across<decltype(t)>(group, i, begin, end, op, mean_divisor_); });
-    }
-    group.arrive_and_wait(replica, call.kind);
+    });
   }
 
   void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
                   const std::function<void*(const Shape&)>& allocate) override {
     BufferRef in = input;
-    CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
-    group.publish(replica, &call);
-    group.arrive_and_wait(replica, call.kind);
-    validate_same_call(group, replica, call.kind);
-    std::vector<const BufferRef*> parts;
-    for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
-    concat_along_axis(parts, static_cast<std::size_t>(axis), allocate);
-    group.arrive_and_wait(replica, call.kind);
+    const CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
+    exchange(group, replica, call, [&] {
+      std::vector<const BufferRef*> parts;
+      for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
+      concat_along_axis(parts, static_cast<std::size_t>(axis), allocate);
+    });
   }
 
   void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
-    CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
-    group.publish(replica, &call);
-    group.arrive_and_wait(replica, call.kind);
-    validate_same_call(group, replica, call.kind);
-    if (replica != root && buffer.bytes() > 0) {
-      std::memcpy(buffer.data, group.slot(root).buffers[0].data, buffer.bytes());
-    }
-    group.arrive_and_wait(replica, call.kind);
+    const CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
+    exchange(group, replica, call, [&] {
+      if (replica != root && buffer.bytes() > 0) {
+        std::memcpy(buffer.data, group.slot(root).buffers[0].data, buffer.bytes());
+      }
+    });
   }
 
  private:
@@ -2200,10 +2216,9 @@ class ReplicaContextFor : public ReplicaContext {
     call.merge_type = &typeid(Args);
     call.merge_args = &mine;
     call.merge_outcome = &outcome;
-    g.publish(local_replica_id(), &call);
-    g.arrive_and_wait(local_replica_id(), call.kind);
-    detail::validate_same_call(g, local_replica_id(), call.kind);
-    if (local_replica_id() == 0) {
+    // Replica 0 runs fn while the others wait in the exchange; its outcome is read after it.
+    detail::exchange(g, local_replica_id(), call, [&] {
+      if (local_replica_id() != 0) return;
       try {
         detail::ReplicaContextSwitch cross_replica(nullptr);
         ScopeGuard in_scope(*typed_);
@@ -2221,8 +2236,7 @@ class ReplicaContextFor : public ReplicaContext {
       } catch (...) {
         outcome.error = std::current_exception();
       }
-    }
-    g.arrive_and_wait(local_replica_id(), call.kind);
+    });
     const Outcome& root = *static_cast<const Outcome*>(g.slot(0).merge_outcome);
     std::exception_ptr error = root.error;
     std::optional<Stored> result;

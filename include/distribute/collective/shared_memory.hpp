@@ -52,53 +52,46 @@ class SharedMemoryCollectives : public ReplicaCollectives {
   explicit SharedMemoryCollectives(std::int64_t mean_divisor) : mean_divisor_(mean_divisor) {}
 
   void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
-    CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
-    group.publish(replica, &call);
-    group.arrive_and_wait(replica, call.kind);
-    validate_same_call(group, replica, call.kind);
-    const auto n = static_cast<std::size_t>(group.size());
-    const auto r = static_cast<std::size_t>(replica);
-    for (std::size_t i = 0; i < buffers.size(); ++i) {
-      const std::size_t count = buffers[i].count();
-      const std::size_t begin = count * r / n, end = count * (r + 1) / n;
-      if (group.size() == 1) {
-        if (op == ReduceOp::Mean && mean_divisor_ > 1) {
-          visit_dtype(buffers[i].dtype, [&](auto t) {
-            using T = decltype(t);
-            divide(static_cast<T*>(buffers[i].data), count, mean_divisor_);
-          });
+    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+    exchange(group, replica, call, [&] {
+      const auto n = static_cast<std::size_t>(group.size());
+      const auto r = static_cast<std::size_t>(replica);
+      for (std::size_t i = 0; i < buffers.size(); ++i) {
+        const std::size_t count = buffers[i].count();
+        if (group.size() == 1) {
+          if (op == ReduceOp::Mean && mean_divisor_ > 1) {
+            visit_dtype(buffers[i].dtype, [&](auto t) {
+              divide(static_cast<decltype(t)*>(buffers[i].data), count, mean_divisor_);
+            });
+          }
+          continue;
         }
-        continue;
+        const std::size_t begin = count * r / n, end = count * (r + 1) / n;
+        if (begin == end) continue;
+        visit_dtype(buffers[i].dtype,
+                    [&](auto t) { reduce_slice_across<decltype(t)>(group, i, begin, end, op, mean_divisor_); });
       }
-      if (begin == end) continue;
-      visit_dtype(buffers[i].dtype,
-                  [&](auto t) { reduce_slice_across<decltype(t)>(group, i, begin, end, op, mean_divisor_); });
-    }
-    group.arrive_and_wait(replica, call.kind);
+    });
   }
 
   void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
                   const std::function<void*(const Shape&)>& allocate) override {
     BufferRef in = input;
-    CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
-    group.publish(replica, &call);
-    group.arrive_and_wait(replica, call.kind);
-    validate_same_call(group, replica, call.kind);
-    std::vector<const BufferRef*> parts;
-    for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
-    concat_along_axis(parts, static_cast<std::size_t>(axis), allocate);
-    group.arrive_and_wait(replica, call.kind);
+    const CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
+    exchange(group, replica, call, [&] {
+      std::vector<const BufferRef*> parts;
+      for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
+      concat_along_axis(parts, static_cast<std::size_t>(axis), allocate);
+    });
   }
 
   void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
-    CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
-    group.publish(replica, &call);
-    group.arrive_and_wait(replica, call.kind);
-    validate_same_call(group, replica, call.kind);
-    if (replica != root && buffer.bytes() > 0) {
-      std::memcpy(buffer.data, group.slot(root).buffers[0].data, buffer.bytes());
-    }
-    group.arrive_and_wait(replica, call.kind);
+    const CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
+    exchange(group, replica, call, [&] {
+      if (replica != root && buffer.bytes() > 0) {
+        std::memcpy(buffer.data, group.slot(root).buffers[0].data, buffer.bytes());
+      }
+    });
   }
 
  private:

@@ -1,6 +1,10 @@
-// Every replica checks the calls published to a collective against replica 0's, so that a
-// mismatch (another op, shape, dtype or collective) fails identically on all of them.
+// The shape of every in-process collective: publish my call, barrier, check all calls agree,
+// work on everybody's buffers, barrier. Every replica checks the published calls against
+// replica 0's, so a mismatch (another op, shape, dtype or collective) fails identically on all
+// of them, and no replica leaves (freeing the buffers it published) while others still read them.
 #pragma once
+
+#include <exception>
 
 #include <fmt/format.h>
 
@@ -10,11 +14,12 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
-inline void validate_same_call(const ReplicaGroup& group, int /*replica*/, CollectiveKind kind) {
+inline void validate_same_call(const ReplicaGroup& group) {
   const CollectiveCall& c0 = group.slot(0);
-  for (int r = 0; r < group.size(); ++r) {
+  const CollectiveKind kind = c0.kind;
+  for (int r = 1; r < group.size(); ++r) {
     const CollectiveCall& c = group.slot(r);
-    if (c.kind != kind || c0.kind != kind) {
+    if (c.kind != kind) {
       throw InvalidArgument(fmt::format("replica 0 called {} but replica {} called {}: every replica must issue the "
                                         "same collectives in the same order",
                                         to_string(c0.kind), r, to_string(c.kind)));
@@ -71,6 +76,24 @@ inline void validate_same_call(const ReplicaGroup& group, int /*replica*/, Colle
     for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
     check_concat(parts, c0.axis, "all_gather");
   }
+}
+
+/// Publishes `call`, waits for every replica, checks the calls agree and runs `work` (which
+/// may read every replica's published buffers), then waits again so the buffers outlive all
+/// readers. An error in `work` is rethrown only after the second barrier.
+template <class Work>
+void exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Work&& work) {
+  group.publish(replica, &call);
+  group.arrive_and_wait(replica, call.kind);
+  std::exception_ptr error;
+  try {
+    validate_same_call(group);
+    work();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  group.arrive_and_wait(replica, call.kind);
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace detail

@@ -70,10 +70,9 @@ class ReplicaContextFor : public ReplicaContext {
     call.merge_type = &typeid(Args);
     call.merge_args = &mine;
     call.merge_outcome = &outcome;
-    g.publish(local_replica_id(), &call);
-    g.arrive_and_wait(local_replica_id(), call.kind);
-    detail::validate_same_call(g, local_replica_id(), call.kind);
-    if (local_replica_id() == 0) {
+    // Replica 0 runs fn while the others wait in the exchange; its outcome is read after it.
+    detail::exchange(g, local_replica_id(), call, [&] {
+      if (local_replica_id() != 0) return;
       try {
         detail::ReplicaContextSwitch cross_replica(nullptr);
         ScopeGuard in_scope(*typed_);
@@ -91,8 +90,7 @@ class ReplicaContextFor : public ReplicaContext {
       } catch (...) {
         outcome.error = std::current_exception();
       }
-    }
-    g.arrive_and_wait(local_replica_id(), call.kind);
+    });
     const Outcome& root = *static_cast<const Outcome*>(g.slot(0).merge_outcome);
     std::exception_ptr error = root.error;
     std::optional<Stored> result;
