@@ -1,0 +1,12 @@
+// expect-error: ds::Variable<T>: T needs a ds::tensor_traits specialisation \(see TensorLike\)
+// Variables hold TensorLike values only.
+#include <distribute/distribute.hpp>
+
+struct Opaque {
+  int secret = 0;
+};
+
+int main() {
+  distribute::Variable<Opaque> v(Opaque{});
+  (void)v;
+}
