@@ -14,7 +14,9 @@
 #include <distribute/core/context.hpp>
 #include <distribute/core/variable.hpp>
 
+#include <distribute/backends/host/host.hpp>
 #include <distribute/backends/host/replica_threads.hpp>
+#include <distribute/collective/communication_options.hpp>
 #include <distribute/collective/shared_memory.hpp>
 
 #include <distribute/strategy/default_strategy.hpp>

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include <distribute/collective/communication_options.hpp>
 #include <distribute/collective/detail/validate.hpp>
 #include <distribute/core/detail/elementwise.hpp>
 #include <distribute/core/detail/replica_group.hpp>
@@ -103,8 +104,8 @@ class SharedMemoryCollectives : public ReplicaCollectives {
 /// Cross-device ops policy: parallel reduce in shared memory (the host backend's default).
 struct SharedMemoryAllReduce {
   static constexpr std::string_view name = "SharedMemoryAllReduce";
-  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(int num_replicas_in_sync) {
-    return std::make_unique<detail::SharedMemoryCollectives>(num_replicas_in_sync);
+  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
+    return std::make_unique<detail::SharedMemoryCollectives>(config.num_replicas_in_sync);
   }
 };
 

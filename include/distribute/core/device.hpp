@@ -118,6 +118,11 @@ inline DeviceSpec DeviceSpec::parse(std::string_view text) {
   return spec;
 }
 
+/// "/job:localhost/replica:0/task:0/device:CPU:i": the canonical name of local device i.
+inline std::string local_device_string(std::string_view type, int index) {
+  return DeviceSpec{"localhost", 0, 0, std::string(type), index}.to_string();
+}
+
 DISTRIBUTE_END_NAMESPACE
 
 template <>

@@ -4,10 +4,9 @@
 
 #include <string_view>
 
-#include <distribute/backends/host/replica_threads.hpp>
+#include <distribute/backends/host/host.hpp>
 #include <distribute/collective/shared_memory.hpp>
 #include <distribute/core/context.hpp>
-#include <distribute/strategy/detail/host_devices.hpp>
 #include <distribute/strategy/detail/sync_strategy.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -17,7 +16,7 @@ class DefaultStrategy : public SyncStrategy<DefaultStrategy, host, SharedMemoryA
   using Base = SyncStrategy<DefaultStrategy, host, SharedMemoryAllReduce>;
 
  public:
-  DefaultStrategy() : Base(detail::host_devices(1, "DefaultStrategy")) {}
+  DefaultStrategy() : Base(host::devices(1, "DefaultStrategy")) {}
   std::string_view name() const noexcept override { return "DefaultStrategy"; }
   detail::VariablePlacement variable_placement() const override {
     return {detail::PlacementKind::Plain, {}, 1, 0};

@@ -5,9 +5,8 @@
 #include <string_view>
 #include <vector>
 
-#include <distribute/backends/host/replica_threads.hpp>
+#include <distribute/backends/host/host.hpp>
 #include <distribute/collective/shared_memory.hpp>
-#include <distribute/strategy/detail/host_devices.hpp>
 #include <distribute/strategy/detail/sync_strategy.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -26,13 +25,14 @@ class MirroredStrategy : public SyncStrategy<MirroredStrategy<Backend, Ops>, Bac
   using Base = SyncStrategy<MirroredStrategy<Backend, Ops>, Backend, Ops>;
 
  public:
-  /// Every visible device of the backend (host: one CPU device).
-  MirroredStrategy() : MirroredStrategy(1) {}
-  /// `num_replicas` logical host devices "/cpu:0".."/cpu:N-1".
-  explicit MirroredStrategy(int num_replicas) : Base(detail::host_devices(num_replicas, "MirroredStrategy")) {}
+  /// Every visible device of the backend (host: one CPU device; cuda: every visible GPU).
+  MirroredStrategy() : Base(Backend::default_devices("MirroredStrategy")) {}
+  /// The first `num_replicas` devices of the backend (host: logical CPUs "/cpu:0".."/cpu:N-1").
+  explicit MirroredStrategy(int num_replicas, CommunicationOptions options = {})
+      : Base(Backend::devices(num_replicas, "MirroredStrategy"), options) {}
   /// An explicit device list, e.g. {"/cpu:0", "/cpu:1"}; unknown or duplicate devices throw.
-  explicit MirroredStrategy(const std::vector<std::string>& devices)
-      : Base(detail::host_devices(devices, "MirroredStrategy")) {}
+  explicit MirroredStrategy(const std::vector<std::string>& devices, CommunicationOptions options = {})
+      : Base(Backend::devices(devices, "MirroredStrategy"), options) {}
 
   std::string_view name() const noexcept override { return "MirroredStrategy"; }
 };

@@ -4,9 +4,8 @@
 #include <string>
 #include <string_view>
 
-#include <distribute/backends/host/replica_threads.hpp>
+#include <distribute/backends/host/host.hpp>
 #include <distribute/collective/shared_memory.hpp>
-#include <distribute/strategy/detail/host_devices.hpp>
 #include <distribute/strategy/detail/sync_strategy.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -16,9 +15,11 @@ class OneDeviceStrategy : public SyncStrategy<OneDeviceStrategy<Backend>, Backen
   using Base = SyncStrategy<OneDeviceStrategy<Backend>, Backend, SharedMemoryAllReduce>;
 
  public:
-  /// The device, e.g. "/cpu:0"; variables are placed there and the step runs on the calling thread.
-  explicit OneDeviceStrategy(const std::string& device = "/cpu:0")
-      : Base(detail::host_devices(std::vector<std::string>{device}, "OneDeviceStrategy")) {}
+  /// The backend's first device.
+  OneDeviceStrategy() : Base(Backend::devices(1, "OneDeviceStrategy")) {}
+  /// The device, e.g. "/cpu:0" or "/gpu:1"; variables are placed there.
+  explicit OneDeviceStrategy(const std::string& device)
+      : Base(Backend::devices(std::vector<std::string>{device}, "OneDeviceStrategy")) {}
 
   std::string_view name() const noexcept override { return "OneDeviceStrategy"; }
 };

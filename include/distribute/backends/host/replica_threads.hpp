@@ -1,10 +1,12 @@
-// The host backend's executor: one long-lived thread per replica. `run_all` hands every thread
-// the same job and returns when all have finished it; no thread is created per step.
+// The replica executor of every backend: one long-lived thread per local replica. `run_all`
+// hands every thread the same job and returns when all have finished it; no thread is created
+// per step. A backend prepares each thread once (e.g. binds its GPU) through `on_start`.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,11 +35,14 @@ class ReplicaJob {
 
 class HostReplicaThreads {
  public:
-  explicit HostReplicaThreads(int count)
+  HostReplicaThreads(int count, std::function<void(int)> on_start)
       : spin_limit_(static_cast<unsigned>(count) < std::max(1u, std::thread::hardware_concurrency()) ? 20000 : 64) {
     threads_.reserve(static_cast<std::size_t>(count));
     for (int i = 0; i < count; ++i) {
-      threads_.emplace_back([this, i] { loop(i); });
+      threads_.emplace_back([this, i, on_start] {
+        if (on_start) on_start(i);
+        loop(i);
+      });
 #if defined(__linux__)
       pthread_setname_np(threads_.back().native_handle(), ("ds-replica-" + std::to_string(i)).substr(0, 15).c_str());
 #endif
@@ -104,11 +109,5 @@ class HostReplicaThreads {
 };
 
 }  // namespace detail
-
-/// The host backend: replicas are threads on logical CPU devices "/cpu:0".."/cpu:N-1".
-struct host {
-  static constexpr std::string_view name = "host";
-  static constexpr std::string_view device_type = "CPU";
-};
 
 DISTRIBUTE_END_NAMESPACE

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include <distribute/backends/host/replica_threads.hpp>
+#include <distribute/collective/communication_options.hpp>
 #include <distribute/collective/detail/validate.hpp>
 #include <distribute/collective/shared_memory.hpp>
 #include <distribute/core/context.hpp>
@@ -165,6 +166,8 @@ class SyncStrategy : public AnyStrategy {
   template <class T>
   using per_replica = PerReplica<T, Derived>;
   using replica_context_type = ReplicaContextFor<Derived>;
+
+  const CommunicationOptions& communication_options() const noexcept { return options_; }
 
   SyncStrategy(const SyncStrategy&) = delete;
   SyncStrategy& operator=(const SyncStrategy&) = delete;
@@ -315,15 +318,20 @@ class SyncStrategy : public AnyStrategy {
 
  protected:
   /// `devices`: canonical TF device strings, one per local replica.
-  explicit SyncStrategy(std::vector<std::string> devices)
+  explicit SyncStrategy(std::vector<std::string> devices, CommunicationOptions options = {})
       : devices_(std::move(devices)),
+        options_(options),
         group_(static_cast<int>(devices_.size())),
-        collectives_(Ops::make_collectives(num_replicas_in_sync())) {
+        collectives_(Ops::make_collectives({num_replicas_in_sync(), devices_, options_})) {
     for (std::size_t i = 0; i < devices_.size(); ++i) {
       contexts_.push_back(std::make_unique<replica_context_type>(self(), group_, *collectives_, static_cast<int>(i),
                                                                  static_cast<int>(i), devices_[i]));
     }
-    if (devices_.size() > 1) threads_ = std::make_unique<detail::HostReplicaThreads>(static_cast<int>(devices_.size()));
+    if (devices_.size() > 1 || !Backend::single_replica_on_caller_thread) {
+      threads_ = std::make_unique<detail::HostReplicaThreads>(
+          static_cast<int>(devices_.size()),
+          [this](int i) { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); });
+    }
   }
 
  protected:
@@ -438,6 +446,7 @@ class SyncStrategy : public AnyStrategy {
   }
 
   std::vector<std::string> devices_;
+  CommunicationOptions options_;
   detail::ReplicaGroup group_;
   std::unique_ptr<detail::ReplicaCollectives> collectives_;
   std::vector<std::unique_ptr<replica_context_type>> contexts_;

@@ -1,7 +1,8 @@
-// Validation of the device lists the host backend is given.
+// The host backend: replicas are threads on logical CPU devices "/cpu:0".."/cpu:N-1".
 #pragma once
 
 #include <set>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -12,11 +13,6 @@
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
-
-/// "/job:localhost/replica:0/task:0/device:CPU:i": the canonical name of local host device i.
-inline std::string local_device_string(std::string_view type, int index) {
-  return DeviceSpec{"localhost", 0, 0, std::string(type), index}.to_string();
-}
 
 inline std::vector<std::string> host_devices(int count, const char* strategy) {
   if (count < 1) {
@@ -56,4 +52,23 @@ inline std::vector<std::string> host_devices(const std::vector<std::string>& nam
 }
 
 }  // namespace detail
+
+/// Backend tag: replicas are threads of this process on logical CPU devices. A backend tag
+/// names its devices and prepares a replica thread; strategies are written once over it.
+struct host {
+  static constexpr std::string_view name = "host";
+  static constexpr std::string_view device_type = "CPU";
+  /// One replica runs on the caller's thread: nothing to bind, and no hand-off per step.
+  static constexpr bool single_replica_on_caller_thread = true;
+
+  /// What a strategy uses when given no devices: one CPU device.
+  static std::vector<std::string> default_devices(const char* strategy) { return detail::host_devices(1, strategy); }
+  static std::vector<std::string> devices(int count, const char* strategy) { return detail::host_devices(count, strategy); }
+  static std::vector<std::string> devices(const std::vector<std::string>& names, const char* strategy) {
+    return detail::host_devices(names, strategy);
+  }
+  /// Called once on each replica thread before its first step.
+  static void enter_replica_thread(int /*local_replica*/, const std::string& /*device*/) noexcept {}
+};
+
 DISTRIBUTE_END_NAMESPACE

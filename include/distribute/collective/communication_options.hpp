@@ -1,0 +1,43 @@
+// CommunicationOptions: how a strategy's collectives travel (TF's tf.distribute.experimental.CommunicationOptions).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <distribute/version.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+enum class CommunicationImplementation { Auto, Ring, Nccl };
+
+constexpr std::string_view to_string(CommunicationImplementation i) noexcept {
+  switch (i) {
+    case CommunicationImplementation::Auto: return "AUTO";
+    case CommunicationImplementation::Ring: return "RING";
+    case CommunicationImplementation::Nccl: return "NCCL";
+  }
+  return "?";
+}
+
+struct CommunicationOptions {
+  /// Values of one all-reduce are packed into buffers of about this many bytes (TF's rule:
+  /// taken in reverse order; a new pack starts once the previous exceeds it). 0: one pack.
+  std::size_t bytes_per_pack = 0;
+  /// A collective that has not finished after this long throws CollectiveTimeout.
+  std::optional<double> timeout_seconds = std::nullopt;
+  CommunicationImplementation implementation = CommunicationImplementation::Auto;
+};
+
+namespace detail {
+/// What a cross-device ops policy needs to build the collectives of one strategy.
+struct CollectivesConfig {
+  int num_replicas_in_sync = 1;
+  std::vector<std::string> devices;  // the local replicas' devices
+  CommunicationOptions options;
+};
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
