@@ -206,6 +206,11 @@ inline DeviceSpec DeviceSpec::parse(std::string_view text) {
   return spec;
 }
 
+/// "/job:localhost/replica:0/task:0/device:CPU:i": the canonical name of local device i.
+inline std::string local_device_string(std::string_view type, int index) {
+  return DeviceSpec{"localhost", 0, 0, std::string(type), index}.to_string();
+}
+
 DISTRIBUTE_END_NAMESPACE
 
 template <>
@@ -1613,13 +1618,88 @@ class Variable {
 DISTRIBUTE_END_NAMESPACE
 // ---- end <distribute/core/variable.hpp> ----
 
+// ---- begin <distribute/backends/host/host.hpp> ----
+// The host backend: replicas are threads on logical CPU devices "/cpu:0".."/cpu:N-1".
+
+#include <set>
+#include <string_view>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+inline std::vector<std::string> host_devices(int count, const char* strategy) {
+  if (count < 1) {
+    throw InvalidArgument(fmt::format("{}: the number of replicas must be at least 1, got {}", strategy, count));
+  }
+  std::vector<std::string> out;
+  for (int i = 0; i < count; ++i) out.push_back(local_device_string("CPU", i));
+  return out;
+}
+
+/// Parses a user's device list for the host backend: CPU devices of this process, no duplicates.
+inline std::vector<std::string> host_devices(const std::vector<std::string>& names, const char* strategy) {
+  if (names.empty()) throw InvalidArgument(fmt::format("{}: the device list is empty", strategy));
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const auto& name : names) {
+    DeviceSpec d = DeviceSpec::parse(name);
+    if (d.device_type != "CPU") {
+      throw InvalidArgument(fmt::format("{}: device '{}' is not a host device; the host backend runs on CPU devices "
+                                        "(\"/cpu:0\", \"/cpu:1\", ...)",
+                                        strategy, name));
+    }
+    if (!d.device_index) {
+      throw InvalidArgument(fmt::format("{}: device '{}' names no device index", strategy, name));
+    }
+    if ((d.job && *d.job != "localhost") || (d.task && *d.task != 0) || (d.replica && *d.replica != 0)) {
+      throw InvalidArgument(fmt::format("{}: device '{}' is not a device of this process (job localhost, task 0)",
+                                        strategy, name));
+    }
+    auto canonical = local_device_string("CPU", *d.device_index);
+    if (!seen.insert(canonical).second) {
+      throw InvalidArgument(fmt::format("{}: device '{}' is listed twice", strategy, name));
+    }
+    out.push_back(canonical);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// Backend tag: replicas are threads of this process on logical CPU devices. A backend tag
+/// names its devices and prepares a replica thread; strategies are written once over it.
+struct host {
+  static constexpr std::string_view name = "host";
+  static constexpr std::string_view device_type = "CPU";
+  /// One replica runs on the caller's thread: nothing to bind, and no hand-off per step.
+  static constexpr bool single_replica_on_caller_thread = true;
+
+  /// What a strategy uses when given no devices: one CPU device.
+  static std::vector<std::string> default_devices(const char* strategy) { return detail::host_devices(1, strategy); }
+  static std::vector<std::string> devices(int count, const char* strategy) { return detail::host_devices(count, strategy); }
+  static std::vector<std::string> devices(const std::vector<std::string>& names, const char* strategy) {
+    return detail::host_devices(names, strategy);
+  }
+  /// Called once on each replica thread before its first step.
+  static void enter_replica_thread(int /*local_replica*/, const std::string& /*device*/) noexcept {}
+};
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/backends/host/host.hpp> ----
 // ---- begin <distribute/backends/host/replica_threads.hpp> ----
-// The host backend's executor: one long-lived thread per replica. `run_all` hands every thread
-// the same job and returns when all have finished it; no thread is created per step.
+// The replica executor of every backend: one long-lived thread per local replica. `run_all`
+// hands every thread the same job and returns when all have finished it; no thread is created
+// per step. A backend prepares each thread once (e.g. binds its GPU) through `on_start`.
 
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1647,11 +1727,14 @@ class ReplicaJob {
 
 class HostReplicaThreads {
  public:
-  explicit HostReplicaThreads(int count)
+  HostReplicaThreads(int count, std::function<void(int)> on_start)
       : spin_limit_(static_cast<unsigned>(count) < std::max(1u, std::thread::hardware_concurrency()) ? 20000 : 64) {
     threads_.reserve(static_cast<std::size_t>(count));
     for (int i = 0; i < count; ++i) {
-      threads_.emplace_back([this, i] { loop(i); });
+      threads_.emplace_back([this, i, on_start] {
+        if (on_start) on_start(i);
+        loop(i);
+      });
 #if defined(__linux__)
       pthread_setname_np(threads_.back().native_handle(), ("ds-replica-" + std::to_string(i)).substr(0, 15).c_str());
 #endif
@@ -1719,14 +1802,51 @@ class HostReplicaThreads {
 
 }  // namespace detail
 
-/// The host backend: replicas are threads on logical CPU devices "/cpu:0".."/cpu:N-1".
-struct host {
-  static constexpr std::string_view name = "host";
-  static constexpr std::string_view device_type = "CPU";
-};
-
 DISTRIBUTE_END_NAMESPACE
 // ---- end <distribute/backends/host/replica_threads.hpp> ----
+// ---- begin <distribute/collective/communication_options.hpp> ----
+// CommunicationOptions: how a strategy's collectives travel (TF's tf.distribute.experimental.CommunicationOptions).
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+enum class CommunicationImplementation { Auto, Ring, Nccl };
+
+constexpr std::string_view to_string(CommunicationImplementation i) noexcept {
+  switch (i) {
+    case CommunicationImplementation::Auto: return "AUTO";
+    case CommunicationImplementation::Ring: return "RING";
+    case CommunicationImplementation::Nccl: return "NCCL";
+  }
+  return "?";
+}
+
+struct CommunicationOptions {
+  /// Values of one all-reduce are packed into buffers of about this many bytes (TF's rule:
+  /// taken in reverse order; a new pack starts once the previous exceeds it). 0: one pack.
+  std::size_t bytes_per_pack = 0;
+  /// A collective that has not finished after this long throws CollectiveTimeout.
+  std::optional<double> timeout_seconds = std::nullopt;
+  CommunicationImplementation implementation = CommunicationImplementation::Auto;
+};
+
+namespace detail {
+/// What a cross-device ops policy needs to build the collectives of one strategy.
+struct CollectivesConfig {
+  int num_replicas_in_sync = 1;
+  std::vector<std::string> devices;  // the local replicas' devices
+  CommunicationOptions options;
+};
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/collective/communication_options.hpp> ----
 // ---- begin <distribute/collective/shared_memory.hpp> ----
 // The host default cross-device op: replicas are threads of one process, so they reduce straight
 // out of each other's buffers. Replica r reduces slice r of every buffer across all replicas and
@@ -1989,8 +2109,8 @@ class SharedMemoryCollectives : public ReplicaCollectives {
 /// Cross-device ops policy: parallel reduce in shared memory (the host backend's default).
 struct SharedMemoryAllReduce {
   static constexpr std::string_view name = "SharedMemoryAllReduce";
-  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(int num_replicas_in_sync) {
-    return std::make_unique<detail::SharedMemoryCollectives>(num_replicas_in_sync);
+  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
+    return std::make_unique<detail::SharedMemoryCollectives>(config.num_replicas_in_sync);
   }
 };
 
@@ -2003,64 +2123,6 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <string_view>
 
-// ---- begin <distribute/strategy/detail/host_devices.hpp> ----
-// Validation of the device lists the host backend is given.
-
-#include <set>
-#include <string>
-#include <vector>
-
-#include <fmt/format.h>
-
-
-DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
-
-/// "/job:localhost/replica:0/task:0/device:CPU:i": the canonical name of local host device i.
-inline std::string local_device_string(std::string_view type, int index) {
-  return DeviceSpec{"localhost", 0, 0, std::string(type), index}.to_string();
-}
-
-inline std::vector<std::string> host_devices(int count, const char* strategy) {
-  if (count < 1) {
-    throw InvalidArgument(fmt::format("{}: the number of replicas must be at least 1, got {}", strategy, count));
-  }
-  std::vector<std::string> out;
-  for (int i = 0; i < count; ++i) out.push_back(local_device_string("CPU", i));
-  return out;
-}
-
-/// Parses a user's device list for the host backend: CPU devices of this process, no duplicates.
-inline std::vector<std::string> host_devices(const std::vector<std::string>& names, const char* strategy) {
-  if (names.empty()) throw InvalidArgument(fmt::format("{}: the device list is empty", strategy));
-  std::vector<std::string> out;
-  std::set<std::string> seen;
-  for (const auto& name : names) {
-    DeviceSpec d = DeviceSpec::parse(name);
-    if (d.device_type != "CPU") {
-      throw InvalidArgument(fmt::format("{}: device '{}' is not a host device; the host backend runs on CPU devices "
-                                        "(\"/cpu:0\", \"/cpu:1\", ...)",
-                                        strategy, name));
-    }
-    if (!d.device_index) {
-      throw InvalidArgument(fmt::format("{}: device '{}' names no device index", strategy, name));
-    }
-    if ((d.job && *d.job != "localhost") || (d.task && *d.task != 0) || (d.replica && *d.replica != 0)) {
-      throw InvalidArgument(fmt::format("{}: device '{}' is not a device of this process (job localhost, task 0)",
-                                        strategy, name));
-    }
-    auto canonical = local_device_string("CPU", *d.device_index);
-    if (!seen.insert(canonical).second) {
-      throw InvalidArgument(fmt::format("{}: device '{}' is listed twice", strategy, name));
-    }
-    out.push_back(canonical);
-  }
-  return out;
-}
-
-}  // namespace detail
-DISTRIBUTE_END_NAMESPACE
-// ---- end <distribute/strategy/detail/host_devices.hpp> ----
 // ---- begin <distribute/strategy/detail/sync_strategy.hpp> ----
 // SyncStrategy: the one composable core behind OneDeviceStrategy and MirroredStrategy (and,
 // later, the strategies that add workers). It owns the local replicas (an executor of the
@@ -2312,6 +2374,8 @@ class SyncStrategy : public AnyStrategy {
   using per_replica = PerReplica<T, Derived>;
   using replica_context_type = ReplicaContextFor<Derived>;
 
+  const CommunicationOptions& communication_options() const noexcept { return options_; }
+
   SyncStrategy(const SyncStrategy&) = delete;
   SyncStrategy& operator=(const SyncStrategy&) = delete;
 
@@ -2461,15 +2525,20 @@ class SyncStrategy : public AnyStrategy {
 
  protected:
   /// `devices`: canonical TF device strings, one per local replica.
-  explicit SyncStrategy(std::vector<std::string> devices)
+  explicit SyncStrategy(std::vector<std::string> devices, CommunicationOptions options = {})
       : devices_(std::move(devices)),
+        options_(options),
         group_(static_cast<int>(devices_.size())),
-        collectives_(Ops::make_collectives(num_replicas_in_sync())) {
+        collectives_(Ops::make_collectives({num_replicas_in_sync(), devices_, options_})) {
     for (std::size_t i = 0; i < devices_.size(); ++i) {
       contexts_.push_back(std::make_unique<replica_context_type>(self(), group_, *collectives_, static_cast<int>(i),
                                                                  static_cast<int>(i), devices_[i]));
     }
-    if (devices_.size() > 1) threads_ = std::make_unique<detail::HostReplicaThreads>(static_cast<int>(devices_.size()));
+    if (devices_.size() > 1 || !Backend::single_replica_on_caller_thread) {
+      threads_ = std::make_unique<detail::HostReplicaThreads>(
+          static_cast<int>(devices_.size()),
+          [this](int i) { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); });
+    }
   }
 
  protected:
@@ -2584,6 +2653,7 @@ class SyncStrategy : public AnyStrategy {
   }
 
   std::vector<std::string> devices_;
+  CommunicationOptions options_;
   detail::ReplicaGroup group_;
   std::unique_ptr<detail::ReplicaCollectives> collectives_;
   std::vector<std::unique_ptr<replica_context_type>> contexts_;
@@ -2654,7 +2724,7 @@ class DefaultStrategy : public SyncStrategy<DefaultStrategy, host, SharedMemoryA
   using Base = SyncStrategy<DefaultStrategy, host, SharedMemoryAllReduce>;
 
  public:
-  DefaultStrategy() : Base(detail::host_devices(1, "DefaultStrategy")) {}
+  DefaultStrategy() : Base(host::devices(1, "DefaultStrategy")) {}
   std::string_view name() const noexcept override { return "DefaultStrategy"; }
   detail::VariablePlacement variable_placement() const override {
     return {detail::PlacementKind::Plain, {}, 1, 0};
@@ -2723,13 +2793,14 @@ class MirroredStrategy : public SyncStrategy<MirroredStrategy<Backend, Ops>, Bac
   using Base = SyncStrategy<MirroredStrategy<Backend, Ops>, Backend, Ops>;
 
  public:
-  /// Every visible device of the backend (host: one CPU device).
-  MirroredStrategy() : MirroredStrategy(1) {}
-  /// `num_replicas` logical host devices "/cpu:0".."/cpu:N-1".
-  explicit MirroredStrategy(int num_replicas) : Base(detail::host_devices(num_replicas, "MirroredStrategy")) {}
+  /// Every visible device of the backend (host: one CPU device; cuda: every visible GPU).
+  MirroredStrategy() : Base(Backend::default_devices("MirroredStrategy")) {}
+  /// The first `num_replicas` devices of the backend (host: logical CPUs "/cpu:0".."/cpu:N-1").
+  explicit MirroredStrategy(int num_replicas, CommunicationOptions options = {})
+      : Base(Backend::devices(num_replicas, "MirroredStrategy"), options) {}
   /// An explicit device list, e.g. {"/cpu:0", "/cpu:1"}; unknown or duplicate devices throw.
-  explicit MirroredStrategy(const std::vector<std::string>& devices)
-      : Base(detail::host_devices(devices, "MirroredStrategy")) {}
+  explicit MirroredStrategy(const std::vector<std::string>& devices, CommunicationOptions options = {})
+      : Base(Backend::devices(devices, "MirroredStrategy"), options) {}
 
   std::string_view name() const noexcept override { return "MirroredStrategy"; }
 };
@@ -2750,9 +2821,11 @@ class OneDeviceStrategy : public SyncStrategy<OneDeviceStrategy<Backend>, Backen
   using Base = SyncStrategy<OneDeviceStrategy<Backend>, Backend, SharedMemoryAllReduce>;
 
  public:
-  /// The device, e.g. "/cpu:0"; variables are placed there and the step runs on the calling thread.
-  explicit OneDeviceStrategy(const std::string& device = "/cpu:0")
-      : Base(detail::host_devices(std::vector<std::string>{device}, "OneDeviceStrategy")) {}
+  /// The backend's first device.
+  OneDeviceStrategy() : Base(Backend::devices(1, "OneDeviceStrategy")) {}
+  /// The device, e.g. "/cpu:0" or "/gpu:1"; variables are placed there.
+  explicit OneDeviceStrategy(const std::string& device)
+      : Base(Backend::devices(std::vector<std::string>{device}, "OneDeviceStrategy")) {}
 
   std::string_view name() const noexcept override { return "OneDeviceStrategy"; }
 };
