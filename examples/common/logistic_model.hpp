@@ -76,7 +76,7 @@ std::vector<float> train(Strategy& strategy, const Data& data, const TrainConfig
       auto per_example_loss = strategy.run([&](ds::ReplicaContext& ctx) {
         const std::int64_t r = ctx.replica_id_in_sync_group();
         const std::int64_t begin = start + batch * r / replicas, end = start + batch * (r + 1) / replicas;
-        const std::vector<float>& w = weights.values()[static_cast<std::size_t>(ctx.local_replica_id())];
+        const std::vector<float> w = weights.read_value();  // this replica's copy (or the central one)
         std::vector<double> grad(params, 0.0);
         std::vector<float> losses;
         losses.reserve(static_cast<std::size_t>(end - begin));

@@ -18,7 +18,11 @@
 #include <distribute/backends/host/replica_threads.hpp>
 #include <distribute/collective/communication_options.hpp>
 #include <distribute/collective/shared_memory.hpp>
+#include <distribute/collective/reduction_to_one_device.hpp>
+#include <distribute/collective/hierarchical_copy.hpp>
+#include <distribute/collective/packing.hpp>
 
 #include <distribute/strategy/default_strategy.hpp>
 #include <distribute/strategy/mirrored.hpp>
 #include <distribute/strategy/one_device.hpp>
+#include <distribute/strategy/central_storage.hpp>

@@ -855,6 +855,7 @@ struct fmt::formatter<distribute::Mirrored<T, S>> {
 // replica context inside a step function that `run` started.
 
 #include <array>
+#include <exception>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -952,6 +953,7 @@ class ReplicaGroup {
     arrived_.store(0, std::memory_order_relaxed);
     aborted_.store(false, std::memory_order_relaxed);
     first_finished_.store(-1, std::memory_order_relaxed);
+    collective_failed_.store(-1, std::memory_order_relaxed);
     std::fill(slots_.begin(), slots_.end(), nullptr);
     std::atomic_thread_fence(std::memory_order_release);
   }
@@ -996,6 +998,13 @@ class ReplicaGroup {
     signal();
   }
 
+  /// A replica failed inside a collective's work; the others must not use its result.
+  void mark_collective_failed(int replica) noexcept {
+    int expected = -1;
+    collective_failed_.compare_exchange_strong(expected, replica, std::memory_order_acq_rel);
+  }
+  int collective_failed_replica() const noexcept { return collective_failed_.load(std::memory_order_acquire); }
+
   void publish(int replica, const CollectiveCall* call) noexcept { slots_[static_cast<std::size_t>(replica)] = call; }
   const CollectiveCall& slot(int replica) const noexcept { return *slots_[static_cast<std::size_t>(replica)]; }
 
@@ -1025,6 +1034,7 @@ class ReplicaGroup {
   alignas(64) std::atomic<std::uint32_t> events_{0};
   std::atomic<bool> aborted_{false};
   std::atomic<int> first_finished_{-1};
+  std::atomic<int> collective_failed_{-1};
 };
 
 /// The collectives a strategy offers its replicas inside a step. One implementation per
@@ -1122,6 +1132,7 @@ struct VariablePlacement {
   std::vector<std::string> devices;  // one per local copy
   int num_replicas_in_sync = 1;
   std::uint64_t strategy_id = 0;
+  std::vector<std::string> replica_devices = {};  // CentralStorage: where the replicas compute
 };
 
 inline std::uint64_t next_strategy_id() noexcept {
@@ -1257,6 +1268,19 @@ class ReplicaContext {
     }
   }
 
+  /// Reduces a run-time list of values (e.g. every gradient of a model) in one collective;
+  /// returns them in the same order.
+  template <class U>
+    requires TensorLike<U>
+  std::vector<U> batch_all_reduce(ReduceOpArg op, std::vector<U> values) {
+    std::vector<detail::BufferRef> buffers;
+    buffers.reserve(values.size());
+    for (auto& v : values) buffers.push_back(buffer_ref(v));
+    detail::check_op_for_dtype(op.op, dtype_of<element_t<U>>(), "batch_all_reduce");
+    collectives_->all_reduce(*group_, local_id_, buffers, op.op);
+    return values;
+  }
+
   /// Concatenates every replica's value along `axis` (sizes along it may differ) on every replica.
   template <class U>
     requires TensorLike<U>
@@ -1285,6 +1309,24 @@ class ReplicaContext {
     }
     collectives_->broadcast(*group_, local_id_, buffer_ref(value), root);
     return value;
+  }
+
+  /// Runs fn on replica 0 once every replica has arrived; all replicas leave together after it.
+  /// (How a single shared copy is updated without racing the other replicas' reads.)
+  template <class F>
+  void run_once(F&& fn) {
+    group_->arrive_and_wait(local_id_, detail::CollectiveKind::MergeCall);
+    std::exception_ptr error;
+    if (local_id_ == 0) {
+      try {
+        fn();
+      } catch (...) {
+        error = std::current_exception();
+        group_->abort();
+      }
+    }
+    group_->arrive_and_wait(local_id_, detail::CollectiveKind::MergeCall);
+    if (error) std::rethrow_exception(error);
   }
 
   detail::ReplicaGroup& group() noexcept { return *group_; }
@@ -1413,6 +1455,12 @@ class Variable {
       }
       s.placement = strategy->variable_placement();
       s.strategy_name = std::string(strategy->name());
+      if (s.placement.kind == detail::PlacementKind::CentralStorage &&
+          s.synchronization == VariableSynchronization::OnRead) {
+        // Sync-on-read state (metrics, batch-norm statistics) stays per replica, as in TF.
+        s.placement.kind = detail::PlacementKind::Replicated;
+        s.placement.devices = s.placement.replica_devices;
+      }
     }
     if (s.placement.kind == detail::PlacementKind::Plain) {
       s.placement.devices = {"/job:localhost/replica:0/task:0/device:CPU:0"};
@@ -1555,12 +1603,33 @@ class Variable {
       update_cross_replica(kind, value, what);
       return;
     }
+    ReplicaContext& ctx = *detail::thread_context().replica;
+    if (s.placement.kind == detail::PlacementKind::CentralStorage) {
+      // One copy for all replicas: aggregate the replicas' values, apply once on replica 0
+      // while the others wait. With NONE (or ONLY_FIRST_REPLICA) the replicas' values are
+      // identical by contract (e.g. all-reduced gradients), so replica 0's is applied.
+      switch (s.aggregation) {
+        case VariableAggregation::Sum: {
+          T sum = ctx.all_reduce(ReduceOp::Sum, value);
+          ctx.run_once([&] { apply(kind, s.copies.front(), sum); });
+          return;
+        }
+        case VariableAggregation::Mean: {
+          T mean = ctx.all_reduce(ReduceOp::Mean, value);
+          ctx.run_once([&] { apply(kind, s.copies.front(), mean); });
+          return;
+        }
+        case VariableAggregation::None:
+        case VariableAggregation::OnlyFirstReplica:
+          ctx.run_once([&] { apply(kind, s.copies.front(), value); });
+          return;
+      }
+    }
     auto& local = s.copies[static_cast<std::size_t>(i)];
     if (s.synchronization == VariableSynchronization::OnRead || s.aggregation == VariableAggregation::None) {
       apply(kind, local, value);  // local copy only; the caller keeps mirrored copies identical
       return;
     }
-    ReplicaContext& ctx = *detail::thread_context().replica;
     switch (s.aggregation) {
       case VariableAggregation::Sum: apply(kind, local, ctx.all_reduce(ReduceOp::Sum, value)); break;
       case VariableAggregation::Mean: apply(kind, local, ctx.all_reduce(ReduceOp::Mean, value)); break;
@@ -2002,22 +2071,37 @@ inline void validate_same_call(const ReplicaGroup& group) {
   }
 }
 
-/// Publishes `call`, waits for every replica, checks the calls agree and runs `work` (which
-/// may read every replica's published buffers), then waits again so the buffers outlive all
-/// readers. An error in `work` is rethrown only after the second barrier.
-template <class Work>
-void exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Work&& work) {
+/// Publishes `call`, waits for every replica, checks the calls agree, then runs each phase on
+/// every replica with a barrier after each (a phase may read what earlier phases wrote on any
+/// replica). The final barrier keeps every published buffer alive until all readers are done.
+/// A replica whose phase throws skips its later phases and rethrows after the last barrier;
+/// the others then throw Cancelled instead of returning a half-computed result.
+template <class... Phases>
+void exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Phases&&... phases) {
   group.publish(replica, &call);
   group.arrive_and_wait(replica, call.kind);
   std::exception_ptr error;
   try {
     validate_same_call(group);
-    work();
   } catch (...) {
-    error = std::current_exception();
+    error = std::current_exception();  // every replica sees the same mismatch
   }
-  group.arrive_and_wait(replica, call.kind);
+  auto run_phase = [&](auto& phase) {
+    if (!error) {
+      try {
+        phase();
+      } catch (...) {
+        error = std::current_exception();
+        group.mark_collective_failed(replica);
+      }
+    }
+    group.arrive_and_wait(replica, call.kind);
+  };
+  (run_phase(phases), ...);
   if (error) std::rethrow_exception(error);
+  if (int failed = group.collective_failed_replica(); failed >= 0) {
+    throw Cancelled(fmt::format("replica {} left {}: replica {} failed in it", replica, to_string(call.kind), failed));
+  }
 }
 
 }  // namespace detail
@@ -2047,6 +2131,31 @@ void reduce_slice_across(const ReplicaGroup& group, std::size_t buffer_index, st
     for (int r = 1; r < n; ++r) {
       std::memcpy(static_cast<T*>(group.slot(r).buffers[buffer_index].data) + b, acc, len * sizeof(T));
     }
+  }
+}
+
+/// Reduces buffer `buffer_index` of every replica in `sources` into replica `target`'s buffer
+/// (element range [begin, end)); Mean divides when `divisor` > 1.
+inline void reduce_into(const ReplicaGroup& group, int target, const std::vector<int>& sources, std::size_t buffer_index,
+                        ReduceOp op, std::int64_t divisor) {
+  const BufferRef& dst = group.slot(target).buffers[buffer_index];
+  visit_dtype(dst.dtype, [&](auto t) {
+    using T = decltype(t);
+    T* acc = static_cast<T*>(dst.data);
+    const std::size_t n = dst.count();
+    for (int s : sources) {
+      if (s != target) combine(acc, static_cast<const T*>(group.slot(s).buffers[buffer_index].data), n, op);
+    }
+    if (op == ReduceOp::Mean && divisor > 1) divide(acc, n, divisor);
+  });
+}
+
+/// Copies replica `from`'s buffers into replica `to`'s.
+inline void copy_buffers(const ReplicaGroup& group, int from, int to) {
+  const auto& src = group.slot(from).buffers;
+  const auto& dst = group.slot(to).buffers;
+  for (std::size_t i = 0; i < dst.size(); ++i) {
+    if (dst[i].bytes() > 0) std::memcpy(dst[i].data, src[i].data, dst[i].bytes());
   }
 }
 
@@ -2100,7 +2209,7 @@ class SharedMemoryCollectives : public ReplicaCollectives {
     });
   }
 
- private:
+ protected:
   std::int64_t mean_divisor_;
 };
 
@@ -2116,6 +2225,199 @@ struct SharedMemoryAllReduce {
 
 DISTRIBUTE_END_NAMESPACE
 // ---- end <distribute/collective/shared_memory.hpp> ----
+// ---- begin <distribute/collective/reduction_to_one_device.hpp> ----
+// ReductionToOneDevice: every replica's buffer is reduced on one device, then copied back to
+// all (TF's tf.distribute.ReductionToOneDevice). Simple and serial: the reference the other
+// algorithms are checked against, and the choice when one device is much faster than the rest.
+
+#include <memory>
+#include <numeric>
+#include <string_view>
+#include <vector>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+class ReductionToOneDeviceCollectives : public SharedMemoryCollectives {
+ public:
+  ReductionToOneDeviceCollectives(std::int64_t mean_divisor, int num_local) : SharedMemoryCollectives(mean_divisor) {
+    all_.resize(static_cast<std::size_t>(num_local));
+    std::iota(all_.begin(), all_.end(), 0);
+  }
+
+  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
+    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+    constexpr int root = 0;
+    exchange(
+        group, replica, call,
+        [&] {  // the root reduces everyone's buffers into its own
+          if (replica != root) return;
+          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, root, all_, i, op, mean_divisor_);
+        },
+        [&] {  // then everyone copies the result back
+          if (replica != root) copy_buffers(group, root, replica);
+        });
+  }
+
+ private:
+  std::vector<int> all_;
+};
+
+}  // namespace detail
+
+/// Cross-device ops policy: reduce on the first device, then broadcast.
+struct ReductionToOneDevice {
+  static constexpr std::string_view name = "ReductionToOneDevice";
+  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
+    return std::make_unique<detail::ReductionToOneDeviceCollectives>(config.num_replicas_in_sync,
+                                                                      static_cast<int>(config.devices.size()));
+  }
+};
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/collective/reduction_to_one_device.hpp> ----
+// ---- begin <distribute/collective/hierarchical_copy.hpp> ----
+// HierarchicalCopyAllReduce: a two-level tree (TF's tf.distribute.HierarchicalCopyAllReduce).
+// The devices form groups; each group's leader reduces its group, the first leader reduces the
+// leaders, and the result is copied back down the same tree. On a DGX-like machine the groups
+// are the devices that share a fast link; here, the first and second half of the devices.
+
+#include <algorithm>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+class HierarchicalCopyCollectives : public SharedMemoryCollectives {
+ public:
+  HierarchicalCopyCollectives(std::int64_t mean_divisor, int num_local, int num_groups)
+      : SharedMemoryCollectives(mean_divisor) {
+    num_groups = std::clamp(num_groups, 1, std::max(1, num_local));
+    const int per_group = (num_local + num_groups - 1) / num_groups;
+    for (int r = 0; r < num_local; ++r) {
+      const int g = r / per_group;
+      if (static_cast<int>(groups_.size()) <= g) {
+        groups_.emplace_back();
+        leaders_.push_back(r);
+      }
+      groups_[static_cast<std::size_t>(g)].push_back(r);
+      leader_of_.push_back(leaders_[static_cast<std::size_t>(g)]);
+    }
+  }
+
+  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
+    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+    const int leader = leader_of_[static_cast<std::size_t>(replica)];
+    const bool is_leader = leader == replica;
+    const int root = leaders_.front();
+    exchange(
+        group, replica, call,
+        [&] {  // 1. each leader reduces its group (leaders work in parallel)
+          if (!is_leader) return;
+          const auto& members = groups_[static_cast<std::size_t>(
+              std::find(leaders_.begin(), leaders_.end(), replica) - leaders_.begin())];
+          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, replica, members, i, op, 0);
+        },
+        [&] {  // 2. the first leader reduces the leaders
+          if (replica != root) return;
+          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, root, leaders_, i, op, mean_divisor_);
+        },
+        [&] {  // 3. the other leaders fetch the result
+          if (is_leader && replica != root) copy_buffers(group, root, replica);
+        },
+        [&] {  // 4. members fetch it from their leader
+          if (!is_leader) copy_buffers(group, leader, replica);
+        });
+  }
+
+ private:
+  std::vector<std::vector<int>> groups_;
+  std::vector<int> leaders_;
+  std::vector<int> leader_of_;
+};
+
+}  // namespace detail
+
+/// Cross-device ops policy: reduce within groups, across group leaders, then copy back down.
+/// `NumGroups` groups of consecutive devices (TF's topology for 8 GPUs is two groups of four).
+template <int NumGroups = 2>
+struct HierarchicalCopyAllReduceWith {
+  static constexpr std::string_view name = "HierarchicalCopyAllReduce";
+  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
+    return std::make_unique<detail::HierarchicalCopyCollectives>(
+        config.num_replicas_in_sync, static_cast<int>(config.devices.size()), NumGroups);
+  }
+};
+using HierarchicalCopyAllReduce = HierarchicalCopyAllReduceWith<2>;
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/collective/hierarchical_copy.hpp> ----
+// ---- begin <distribute/collective/packing.hpp> ----
+// Packing many small tensors into few contiguous buffers, so a transport or NCCL issues one
+// collective per pack instead of one per tensor. TF's rule (cross_device_utils.group_by_size):
+// values are taken in reverse order (the last gradients of backprop are ready first); a new pack
+// starts once the previous one exceeds bytes_per_pack; 0 means a single pack. Values of
+// different element types never share a pack.
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <vector>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+struct Pack {
+  DType dtype = DType::F32;
+  std::vector<std::size_t> members;  // indices into the values, in pack order
+  std::size_t count = 0;             // elements in the pack
+  std::size_t bytes() const noexcept { return count * size_of(dtype); }
+};
+
+inline std::vector<Pack> make_packs(std::span<const BufferRef> values, std::size_t bytes_per_pack) {
+  std::vector<Pack> packs;
+  std::vector<std::size_t> open;  // per dtype: index of its current pack in `packs`, or npos
+  constexpr std::size_t none = static_cast<std::size_t>(-1);
+  open.assign(static_cast<std::size_t>(DType::Bool) + 1, none);
+  for (std::size_t k = values.size(); k-- > 0;) {
+    const BufferRef& v = values[k];
+    std::size_t& current = open[static_cast<std::size_t>(v.dtype)];
+    if (current == none || (bytes_per_pack > 0 && packs[current].bytes() > bytes_per_pack)) {
+      current = packs.size();
+      packs.push_back(Pack{v.dtype, {}, 0});
+    }
+    packs[current].members.push_back(k);
+    packs[current].count += v.count();
+  }
+  return packs;
+}
+
+/// Copies the pack's members, in order, into `flat` (pack.bytes() bytes).
+inline void pack_into(const Pack& pack, std::span<const BufferRef> values, std::byte* flat) {
+  for (std::size_t k : pack.members) {
+    const auto n = values[k].bytes();
+    if (n) std::memcpy(flat, values[k].data, n);
+    flat += n;
+  }
+}
+
+/// Copies `flat` back out into the pack's members.
+inline void unpack_from(const Pack& pack, std::span<const BufferRef> values, const std::byte* flat) {
+  for (std::size_t k : pack.members) {
+    const auto n = values[k].bytes();
+    if (n) std::memcpy(values[k].data, flat, n);
+    flat += n;
+  }
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/collective/packing.hpp> ----
 
 // ---- begin <distribute/strategy/default_strategy.hpp> ----
 // The default strategy (what get_strategy() returns outside any scope) and the free context
@@ -2832,4 +3134,37 @@ class OneDeviceStrategy : public SyncStrategy<OneDeviceStrategy<Backend>, Backen
 
 DISTRIBUTE_END_NAMESPACE
 // ---- end <distribute/strategy/one_device.hpp> ----
+// ---- begin <distribute/strategy/central_storage.hpp> ----
+// CentralStorageStrategy: compute is replicated on the local devices, variables live once on
+// the host. Replicas read the one copy; their updates are aggregated and applied once.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+template <class Backend = host, class Ops = default_cross_device_ops_t<Backend>>
+class CentralStorageStrategy : public SyncStrategy<CentralStorageStrategy<Backend, Ops>, Backend, Ops> {
+  using Base = SyncStrategy<CentralStorageStrategy<Backend, Ops>, Backend, Ops>;
+
+ public:
+  CentralStorageStrategy() : Base(Backend::default_devices("CentralStorageStrategy")) {}
+  explicit CentralStorageStrategy(int num_replicas) : Base(Backend::devices(num_replicas, "CentralStorageStrategy")) {}
+  explicit CentralStorageStrategy(const std::vector<std::string>& compute_devices)
+      : Base(Backend::devices(compute_devices, "CentralStorageStrategy")) {}
+
+  std::string_view name() const noexcept override { return "CentralStorageStrategy"; }
+
+  /// Variables: one copy on the host CPU (with one compute device, on that device, as TF does).
+  detail::VariablePlacement variable_placement() const override {
+    auto replicas = this->worker_devices();
+    std::vector<std::string> storage = replicas.size() == 1 ? replicas : std::vector<std::string>{local_device_string("CPU", 0)};
+    return {detail::PlacementKind::CentralStorage, storage, this->num_replicas_in_sync(), this->id(), replicas};
+  }
+};
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/strategy/central_storage.hpp> ----
 // ---- end <distribute/distribute.hpp> ----

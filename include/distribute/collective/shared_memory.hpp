@@ -45,6 +45,31 @@ void reduce_slice_across(const ReplicaGroup& group, std::size_t buffer_index, st
   }
 }
 
+/// Reduces buffer `buffer_index` of every replica in `sources` into replica `target`'s buffer
+/// (element range [begin, end)); Mean divides when `divisor` > 1.
+inline void reduce_into(const ReplicaGroup& group, int target, const std::vector<int>& sources, std::size_t buffer_index,
+                        ReduceOp op, std::int64_t divisor) {
+  const BufferRef& dst = group.slot(target).buffers[buffer_index];
+  visit_dtype(dst.dtype, [&](auto t) {
+    using T = decltype(t);
+    T* acc = static_cast<T*>(dst.data);
+    const std::size_t n = dst.count();
+    for (int s : sources) {
+      if (s != target) combine(acc, static_cast<const T*>(group.slot(s).buffers[buffer_index].data), n, op);
+    }
+    if (op == ReduceOp::Mean && divisor > 1) divide(acc, n, divisor);
+  });
+}
+
+/// Copies replica `from`'s buffers into replica `to`'s.
+inline void copy_buffers(const ReplicaGroup& group, int from, int to) {
+  const auto& src = group.slot(from).buffers;
+  const auto& dst = group.slot(to).buffers;
+  for (std::size_t i = 0; i < dst.size(); ++i) {
+    if (dst[i].bytes() > 0) std::memcpy(dst[i].data, src[i].data, dst[i].bytes());
+  }
+}
+
 /// The shared-memory algorithms, usable by any strategy whose replicas share an address space.
 class SharedMemoryCollectives : public ReplicaCollectives {
  public:
@@ -95,7 +120,7 @@ class SharedMemoryCollectives : public ReplicaCollectives {
     });
   }
 
- private:
+ protected:
   std::int64_t mean_divisor_;
 };
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <exception>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -35,6 +36,7 @@ struct VariablePlacement {
   std::vector<std::string> devices;  // one per local copy
   int num_replicas_in_sync = 1;
   std::uint64_t strategy_id = 0;
+  std::vector<std::string> replica_devices = {};  // CentralStorage: where the replicas compute
 };
 
 inline std::uint64_t next_strategy_id() noexcept {
@@ -170,6 +172,19 @@ class ReplicaContext {
     }
   }
 
+  /// Reduces a run-time list of values (e.g. every gradient of a model) in one collective;
+  /// returns them in the same order.
+  template <class U>
+    requires TensorLike<U>
+  std::vector<U> batch_all_reduce(ReduceOpArg op, std::vector<U> values) {
+    std::vector<detail::BufferRef> buffers;
+    buffers.reserve(values.size());
+    for (auto& v : values) buffers.push_back(buffer_ref(v));
+    detail::check_op_for_dtype(op.op, dtype_of<element_t<U>>(), "batch_all_reduce");
+    collectives_->all_reduce(*group_, local_id_, buffers, op.op);
+    return values;
+  }
+
   /// Concatenates every replica's value along `axis` (sizes along it may differ) on every replica.
   template <class U>
     requires TensorLike<U>
@@ -198,6 +213,24 @@ class ReplicaContext {
     }
     collectives_->broadcast(*group_, local_id_, buffer_ref(value), root);
     return value;
+  }
+
+  /// Runs fn on replica 0 once every replica has arrived; all replicas leave together after it.
+  /// (How a single shared copy is updated without racing the other replicas' reads.)
+  template <class F>
+  void run_once(F&& fn) {
+    group_->arrive_and_wait(local_id_, detail::CollectiveKind::MergeCall);
+    std::exception_ptr error;
+    if (local_id_ == 0) {
+      try {
+        fn();
+      } catch (...) {
+        error = std::current_exception();
+        group_->abort();
+      }
+    }
+    group_->arrive_and_wait(local_id_, detail::CollectiveKind::MergeCall);
+    if (error) std::rethrow_exception(error);
   }
 
   detail::ReplicaGroup& group() noexcept { return *group_; }

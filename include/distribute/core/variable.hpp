@@ -88,6 +88,12 @@ class Variable {
       }
       s.placement = strategy->variable_placement();
       s.strategy_name = std::string(strategy->name());
+      if (s.placement.kind == detail::PlacementKind::CentralStorage &&
+          s.synchronization == VariableSynchronization::OnRead) {
+        // Sync-on-read state (metrics, batch-norm statistics) stays per replica, as in TF.
+        s.placement.kind = detail::PlacementKind::Replicated;
+        s.placement.devices = s.placement.replica_devices;
+      }
     }
     if (s.placement.kind == detail::PlacementKind::Plain) {
       s.placement.devices = {"/job:localhost/replica:0/task:0/device:CPU:0"};
@@ -230,12 +236,33 @@ class Variable {
       update_cross_replica(kind, value, what);
       return;
     }
+    ReplicaContext& ctx = *detail::thread_context().replica;
+    if (s.placement.kind == detail::PlacementKind::CentralStorage) {
+      // One copy for all replicas: aggregate the replicas' values, apply once on replica 0
+      // while the others wait. With NONE (or ONLY_FIRST_REPLICA) the replicas' values are
+      // identical by contract (e.g. all-reduced gradients), so replica 0's is applied.
+      switch (s.aggregation) {
+        case VariableAggregation::Sum: {
+          T sum = ctx.all_reduce(ReduceOp::Sum, value);
+          ctx.run_once([&] { apply(kind, s.copies.front(), sum); });
+          return;
+        }
+        case VariableAggregation::Mean: {
+          T mean = ctx.all_reduce(ReduceOp::Mean, value);
+          ctx.run_once([&] { apply(kind, s.copies.front(), mean); });
+          return;
+        }
+        case VariableAggregation::None:
+        case VariableAggregation::OnlyFirstReplica:
+          ctx.run_once([&] { apply(kind, s.copies.front(), value); });
+          return;
+      }
+    }
     auto& local = s.copies[static_cast<std::size_t>(i)];
     if (s.synchronization == VariableSynchronization::OnRead || s.aggregation == VariableAggregation::None) {
       apply(kind, local, value);  // local copy only; the caller keeps mirrored copies identical
       return;
     }
-    ReplicaContext& ctx = *detail::thread_context().replica;
     switch (s.aggregation) {
       case VariableAggregation::Sum: apply(kind, local, ctx.all_reduce(ReduceOp::Sum, value)); break;
       case VariableAggregation::Mean: apply(kind, local, ctx.all_reduce(ReduceOp::Mean, value)); break;

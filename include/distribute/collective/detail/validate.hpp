@@ -78,22 +78,37 @@ inline void validate_same_call(const ReplicaGroup& group) {
   }
 }
 
-/// Publishes `call`, waits for every replica, checks the calls agree and runs `work` (which
-/// may read every replica's published buffers), then waits again so the buffers outlive all
-/// readers. An error in `work` is rethrown only after the second barrier.
-template <class Work>
-void exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Work&& work) {
+/// Publishes `call`, waits for every replica, checks the calls agree, then runs each phase on
+/// every replica with a barrier after each (a phase may read what earlier phases wrote on any
+/// replica). The final barrier keeps every published buffer alive until all readers are done.
+/// A replica whose phase throws skips its later phases and rethrows after the last barrier;
+/// the others then throw Cancelled instead of returning a half-computed result.
+template <class... Phases>
+void exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Phases&&... phases) {
   group.publish(replica, &call);
   group.arrive_and_wait(replica, call.kind);
   std::exception_ptr error;
   try {
     validate_same_call(group);
-    work();
   } catch (...) {
-    error = std::current_exception();
+    error = std::current_exception();  // every replica sees the same mismatch
   }
-  group.arrive_and_wait(replica, call.kind);
+  auto run_phase = [&](auto& phase) {
+    if (!error) {
+      try {
+        phase();
+      } catch (...) {
+        error = std::current_exception();
+        group.mark_collective_failed(replica);
+      }
+    }
+    group.arrive_and_wait(replica, call.kind);
+  };
+  (run_phase(phases), ...);
   if (error) std::rethrow_exception(error);
+  if (int failed = group.collective_failed_replica(); failed >= 0) {
+    throw Cancelled(fmt::format("replica {} left {}: replica {} failed in it", replica, to_string(call.kind), failed));
+  }
 }
 
 }  // namespace detail

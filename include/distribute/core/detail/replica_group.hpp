@@ -87,6 +87,7 @@ class ReplicaGroup {
     arrived_.store(0, std::memory_order_relaxed);
     aborted_.store(false, std::memory_order_relaxed);
     first_finished_.store(-1, std::memory_order_relaxed);
+    collective_failed_.store(-1, std::memory_order_relaxed);
     std::fill(slots_.begin(), slots_.end(), nullptr);
     std::atomic_thread_fence(std::memory_order_release);
   }
@@ -131,6 +132,13 @@ class ReplicaGroup {
     signal();
   }
 
+  /// A replica failed inside a collective's work; the others must not use its result.
+  void mark_collective_failed(int replica) noexcept {
+    int expected = -1;
+    collective_failed_.compare_exchange_strong(expected, replica, std::memory_order_acq_rel);
+  }
+  int collective_failed_replica() const noexcept { return collective_failed_.load(std::memory_order_acquire); }
+
   void publish(int replica, const CollectiveCall* call) noexcept { slots_[static_cast<std::size_t>(replica)] = call; }
   const CollectiveCall& slot(int replica) const noexcept { return *slots_[static_cast<std::size_t>(replica)]; }
 
@@ -160,6 +168,7 @@ class ReplicaGroup {
   alignas(64) std::atomic<std::uint32_t> events_{0};
   std::atomic<bool> aborted_{false};
   std::atomic<int> first_finished_{-1};
+  std::atomic<int> collective_failed_{-1};
 };
 
 /// The collectives a strategy offers its replicas inside a step. One implementation per

@@ -1,0 +1,54 @@
+// ReductionToOneDevice: every replica's buffer is reduced on one device, then copied back to
+// all (TF's tf.distribute.ReductionToOneDevice). Simple and serial: the reference the other
+// algorithms are checked against, and the choice when one device is much faster than the rest.
+#pragma once
+
+#include <memory>
+#include <numeric>
+#include <string_view>
+#include <vector>
+
+#include <distribute/collective/communication_options.hpp>
+#include <distribute/collective/detail/validate.hpp>
+#include <distribute/collective/shared_memory.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+class ReductionToOneDeviceCollectives : public SharedMemoryCollectives {
+ public:
+  ReductionToOneDeviceCollectives(std::int64_t mean_divisor, int num_local) : SharedMemoryCollectives(mean_divisor) {
+    all_.resize(static_cast<std::size_t>(num_local));
+    std::iota(all_.begin(), all_.end(), 0);
+  }
+
+  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
+    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+    constexpr int root = 0;
+    exchange(
+        group, replica, call,
+        [&] {  // the root reduces everyone's buffers into its own
+          if (replica != root) return;
+          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, root, all_, i, op, mean_divisor_);
+        },
+        [&] {  // then everyone copies the result back
+          if (replica != root) copy_buffers(group, root, replica);
+        });
+  }
+
+ private:
+  std::vector<int> all_;
+};
+
+}  // namespace detail
+
+/// Cross-device ops policy: reduce on the first device, then broadcast.
+struct ReductionToOneDevice {
+  static constexpr std::string_view name = "ReductionToOneDevice";
+  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
+    return std::make_unique<detail::ReductionToOneDeviceCollectives>(config.num_replicas_in_sync,
+                                                                      static_cast<int>(config.devices.size()));
+  }
+};
+
+DISTRIBUTE_END_NAMESPACE
