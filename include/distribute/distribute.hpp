@@ -26,3 +26,4 @@
 #include <distribute/strategy/mirrored.hpp>
 #include <distribute/strategy/one_device.hpp>
 #include <distribute/strategy/central_storage.hpp>
+

@@ -558,7 +558,8 @@ struct fmt::formatter<distribute::Tensor<T>> {
 //   };
 //
 // Optional members: `using gathered_type = ...` (what gather/all_gather return; default Tensor<T>)
-// and `static constexpr ds::MemorySpace memory = ...` (default host).
+// and `static constexpr ds::MemorySpace memory = ...` (default host; `device` for values in the
+// Thrust device system's memory, see core/memory_space.hpp and backends/cuda/device_tensor.hpp).
 
 #include <array>
 #include <concepts>
@@ -566,11 +567,46 @@ struct fmt::formatter<distribute::Tensor<T>> {
 #include <type_traits>
 #include <vector>
 
+// ---- begin <distribute/core/memory_space.hpp> ----
+// MemorySpace: where a value's elements live, and the hooks that let host-generic code reach
+// values in device memory without knowing the device system.
+//
+// "Device" means Thrust's device system, a compile-time choice: CUDA under nvcc, OpenMP or the
+// sequential CPP system in CPU builds (-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP/_CPP). The
+// same device-shaped code therefore runs in CPU tests, as Thrust's own OpenMP/CPP systems intend.
+
+#include <cstddef>
+
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
-/// Where a value's elements live.
-enum class MemorySpace { host, cuda };
+/// Where a value's elements live: host memory, or the memory of the Thrust device system.
+enum class MemorySpace { host, device };
+
+namespace detail {
+
+/// How a type-erased collective reaches a buffer in device memory. Carried by a BufferRef whose
+/// memory is `device`; supplied by detail::device_ops (backends/cuda/detail/device_ops.hpp).
+struct DeviceMemoryAccess {
+  /// Copies `bytes` bytes; either side may be host or device memory (CUDA: cudaMemcpyDefault).
+  void (*copy)(void* dst, const void* src, std::size_t bytes);
+};
+
+/// The element-wise operations on values in device memory (combine, divide, copies to other
+/// devices and to the host). Core code names it only inside
+/// `if constexpr (memory_space_v<U> == MemorySpace::device)`, so a host-only program never needs
+/// its definition. It is defined, for every U, by <distribute/backends/cuda/detail/device_ops.hpp>,
+/// which the headers of device value types (backends/cuda/device_tensor.hpp) include: a value type
+/// whose tensor_traits say `memory = MemorySpace::device` must come with that header.
+template <class U>
+struct device_ops;
+
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/memory_space.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
 
 /// Primary template: deliberately empty, so that a type without a specialisation fails the
 /// TensorLike concept with a readable message instead of a backtrace.
@@ -868,6 +904,37 @@ struct fmt::formatter<distribute::Mirrored<T, S>> {
 
 #include <fmt/format.h>
 
+// ---- begin <distribute/core/detail/cross_worker.hpp> ----
+// CrossWorkerLink: what a multi-worker strategy needs from the transport between its worker
+// processes. The strategy layer talks to this interface only; net/ provides the TCP
+// implementation (and a NCCL one can sit beside it), chosen from the cluster configuration.
+
+#include <cstddef>
+#include <vector>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+class CrossWorkerLink {
+ public:
+  virtual ~CrossWorkerLink() = default;
+  virtual int num_workers() const noexcept = 0;
+  virtual int worker_index() const noexcept = 0;
+  /// In-place all-reduce over the workers. `op` is never Mean: callers sum and divide, since
+  /// only they know the replica count to divide by.
+  virtual void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op) = 0;
+  /// Every worker's bytes, concatenated in worker order; `sizes[w]` = bytes from worker w.
+  virtual void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out,
+                          std::vector<std::size_t>& sizes) = 0;
+  /// Worker `root`'s bytes into everyone's `data`.
+  virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/cross_worker.hpp> ----
 // ---- begin <distribute/core/detail/replica_group.hpp> ----
 // ReplicaGroup: the rendezvous of the local replicas of one strategy inside one step.
 //
@@ -909,6 +976,10 @@ struct BufferRef {
   void* data = nullptr;
   DType dtype = DType::F32;
   Shape shape = {};
+  /// Device buffers (the Thrust device system's memory) are not readable on the host: the
+  /// collectives either hand them to a device library (NCCL) or copy them through `device`.
+  MemorySpace memory = MemorySpace::host;
+  const DeviceMemoryAccess* device = nullptr;  // set when memory == device
   std::size_t count() const { return static_cast<std::size_t>(num_elements(shape)); }
   std::size_t bytes() const { return count() * size_of(dtype); }
 };
@@ -942,9 +1013,15 @@ class ReplicaGroup {
   explicit ReplicaGroup(int size)
       : size_(size),
         slots_(static_cast<std::size_t>(size), nullptr),
-        // Spinning only pays when every replica has a core; oversubscribed, it steals the
-        // core from the replica we are waiting for.
-        spin_limit_(static_cast<unsigned>(size) <= std::max(1u, std::thread::hardware_concurrency()) ? 20000 : 64) {}
+        spin_limit_(spin_budget(size)) {}
+
+  /// Pause iterations a waiter spins before yielding, then sleeping: a few microseconds when
+  /// every replica (and the launching thread) has a core of its own, next to none otherwise,
+  /// where spinning steals the core from the replica being waited for.
+  static unsigned spin_budget(int threads) noexcept {
+    return static_cast<unsigned>(threads) + 1 <= std::max(1u, std::thread::hardware_concurrency()) ? 2000 : 16;
+  }
+  static constexpr unsigned kYields = 16;
 
   int size() const noexcept { return size_; }
 
@@ -974,10 +1051,18 @@ class ReplicaGroup {
     for (;;) {
       const auto s = events_.load(std::memory_order_acquire);
       if (generation_.load(std::memory_order_acquire) != gen) return;
-      check_alive(replica, what);
+      if (failure_pending()) {
+        // The last replica may have completed this barrier and then failed or finished its
+        // step between our two loads: a completed barrier wins over a later failure.
+        if (generation_.load(std::memory_order_acquire) != gen) return;
+        check_alive(replica, what);
+      }
       if (spins < spin_limit_) {
         ++spins;
         cpu_relax();
+      } else if (spins < spin_limit_ + kYields) {
+        ++spins;
+        std::this_thread::yield();
       } else {
         events_.wait(s, std::memory_order_acquire);
       }
@@ -1012,6 +1097,10 @@ class ReplicaGroup {
   void signal() noexcept {
     events_.fetch_add(1, std::memory_order_acq_rel);
     events_.notify_all();
+  }
+
+  bool failure_pending() const noexcept {
+    return aborted_.load(std::memory_order_acquire) || first_finished_.load(std::memory_order_acquire) >= 0;
   }
 
   void check_alive(int replica, CollectiveKind what) const {
@@ -1133,6 +1222,7 @@ struct VariablePlacement {
   int num_replicas_in_sync = 1;
   std::uint64_t strategy_id = 0;
   std::vector<std::string> replica_devices = {};  // CentralStorage: where the replicas compute
+  CrossWorkerLink* link = nullptr;                 // multi-worker: the other workers' copies
 };
 
 inline std::uint64_t next_strategy_id() noexcept {
@@ -1300,12 +1390,13 @@ class ReplicaContext {
     return std::move(*result);
   }
 
-  /// Every replica receives replica `root`'s value.
+  /// Every replica receives the value of replica `root` (a replica_id_in_sync_group).
   template <class U>
     requires TensorLike<U>
   U broadcast(U value, int root = 0) {
-    if (root < 0 || root >= group_->size()) {
-      throw InvalidArgument(fmt::format("broadcast: root {} is not a local replica (0..{})", root, group_->size() - 1));
+    if (root < 0 || root >= num_replicas_in_sync()) {
+      throw InvalidArgument(
+          fmt::format("broadcast: root {} is not a replica id (0..{})", root, num_replicas_in_sync() - 1));
     }
     collectives_->broadcast(*group_, local_id_, buffer_ref(value), root);
     return value;
@@ -1334,7 +1425,12 @@ class ReplicaContext {
  protected:
   template <class U>
   static detail::BufferRef buffer_ref(U& v) {
-    return detail::BufferRef{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
+    detail::BufferRef ref{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
+    if constexpr (memory_space_v<U> == MemorySpace::device) {  // see core/memory_space.hpp
+      ref.memory = MemorySpace::device;
+      ref.device = detail::device_ops<U>::access();
+    }
+    return ref;
   }
 
  private:
@@ -1471,6 +1567,15 @@ class Variable {
     }
     const std::size_t copies =
         s.placement.kind == detail::PlacementKind::Replicated ? s.placement.devices.size() : std::size_t{1};
+    if constexpr (memory_space_v<T> == MemorySpace::device) {  // each copy on its replica's device (backends/cuda)
+      s.copies = detail::device_ops<T>::place_copies(initial_value, copies, s.placement.devices, s.placement.link);
+      return;
+    }
+    if (s.placement.link) {
+      // Every worker starts from the chief's value (workers create variables in the same order).
+      auto* p = tensor_traits<T>::data(initial_value);
+      s.placement.link->broadcast(p, element_count(initial_value) * sizeof(element_t<T>), 0);
+    }
     s.copies.assign(copies, initial_value);
   }
 
@@ -1571,6 +1676,12 @@ class Variable {
   }
 
   static void apply(Update kind, T& target, const T& value) {
+    if constexpr (memory_space_v<T> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+      if (kind == Update::Assign) detail::device_ops<T>::assign(target, value);
+      else if (kind == Update::Add) detail::device_ops<T>::add(target, value);
+      else detail::device_ops<T>::sub(target, value);
+      return;
+    }
     using E = element_t<T>;
     E* dst = tensor_traits<T>::data(target);
     const E* src = tensor_traits<T>::data(value);
@@ -1648,9 +1759,15 @@ class Variable {
       }
       // Each copy holds value / N so that the cross-replica sum reads back `value`.
       T share = value;
+      if constexpr (memory_space_v<T> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+        detail::device_ops<T>::divide(share, s.placement.num_replicas_in_sync);
+        for (auto& c : s.copies) apply(kind, c, share);
+        return;
+      }
       using E = element_t<T>;
       E* p = tensor_traits<T>::data(share);
-      for (std::size_t k = 0; k < element_count(share); ++k) p[k] = static_cast<E>(p[k] / static_cast<E>(s.copies.size()));
+      const auto n = static_cast<E>(s.placement.num_replicas_in_sync);
+      for (std::size_t k = 0; k < element_count(share); ++k) p[k] = static_cast<E>(p[k] / n);
       for (auto& c : s.copies) apply(kind, c, share);
       return;
     }
@@ -1667,13 +1784,23 @@ class Variable {
                                           s.name));
       case VariableAggregation::Sum:
       case VariableAggregation::Mean: {
+        if constexpr (memory_space_v<T> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+          const auto op = s.aggregation == VariableAggregation::Mean ? ReduceOp::Mean : ReduceOp::Sum;
+          return detail::device_ops<T>::reduce(s.copies.front(), s.copies, op, s.placement.link);
+        }
         T out = s.copies.front();
         for (std::size_t c = 1; c < s.copies.size(); ++c) {
           detail::combine(tensor_traits<T>::data(out), tensor_traits<T>::data(s.copies[c]), element_count(out),
                           ReduceOp::Sum);
         }
+        if (s.placement.link) {
+          s.placement.link->all_reduce(tensor_traits<T>::data(out), element_count(out), dtype_of<element_t<T>>(),
+                                       ReduceOp::Sum);
+        }
         if (s.aggregation == VariableAggregation::Mean) {
-          detail::divide(tensor_traits<T>::data(out), element_count(out), static_cast<std::int64_t>(s.copies.size()));
+          const auto replicas = s.placement.link ? std::int64_t{s.placement.num_replicas_in_sync}
+                                                 : static_cast<std::int64_t>(s.copies.size());
+          detail::divide(tensor_traits<T>::data(out), element_count(out), replicas);
         }
         return out;
       }
@@ -1745,7 +1872,7 @@ inline std::vector<std::string> host_devices(const std::vector<std::string>& nam
 struct host {
   static constexpr std::string_view name = "host";
   static constexpr std::string_view device_type = "CPU";
-  /// One replica runs on the caller's thread: nothing to bind, and no hand-off per step.
+  /// Replica 0 runs on the thread that calls run(): nothing to bind, one hand-off fewer per step.
   static constexpr bool single_replica_on_caller_thread = true;
 
   /// What a strategy uses when given no devices: one CPU device.
@@ -1796,10 +1923,12 @@ class ReplicaJob {
 
 class HostReplicaThreads {
  public:
-  HostReplicaThreads(int count, std::function<void(int)> on_start)
-      : spin_limit_(static_cast<unsigned>(count) < std::max(1u, std::thread::hardware_concurrency()) ? 20000 : 64) {
+  /// `caller_runs_first`: replica 0 runs on the thread that calls run_all (one hand-off fewer
+  /// per step); the others, and all of them otherwise, on threads of their own.
+  HostReplicaThreads(int count, std::function<void(int)> on_start, bool caller_runs_first = false)
+      : count_(count), first_(caller_runs_first ? 1 : 0), spin_limit_(ReplicaGroup::spin_budget(count)) {
     threads_.reserve(static_cast<std::size_t>(count));
-    for (int i = 0; i < count; ++i) {
+    for (int i = first_; i < count; ++i) {
       threads_.emplace_back([this, i, on_start] {
         if (on_start) on_start(i);
         loop(i);
@@ -1819,14 +1948,15 @@ class HostReplicaThreads {
     for (auto& t : threads_) t.join();
   }
 
-  int size() const noexcept { return static_cast<int>(threads_.size()); }
+  int size() const noexcept { return count_; }
 
-  /// Runs job(i) on thread i for every i and waits for all. `job` must not throw.
+  /// Runs job(i) for every replica i (on its thread) and waits for all. `job` must not throw.
   void run_all(const ReplicaJob& job) noexcept {
     job_ = &job;
-    remaining_.store(size(), std::memory_order_relaxed);
+    remaining_.store(count_ - first_, std::memory_order_relaxed);
     epoch_.fetch_add(1, std::memory_order_acq_rel);
     epoch_.notify_all();
+    if (first_ == 1) job(0);
     unsigned spins = 0;
     for (;;) {
       int left = remaining_.load(std::memory_order_acquire);
@@ -1834,6 +1964,9 @@ class HostReplicaThreads {
       if (spins < spin_limit_) {
         ++spins;
         cpu_relax();
+      } else if (spins < spin_limit_ + ReplicaGroup::kYields) {
+        ++spins;
+        std::this_thread::yield();
       } else {
         remaining_.wait(left, std::memory_order_acquire);
       }
@@ -1850,6 +1983,9 @@ class HostReplicaThreads {
         if (spins < spin_limit_) {
           ++spins;
           cpu_relax();
+        } else if (spins < spin_limit_ + ReplicaGroup::kYields) {
+          ++spins;
+          std::this_thread::yield();
         } else {
           epoch_.wait(seen, std::memory_order_acquire);
         }
@@ -1861,6 +1997,8 @@ class HostReplicaThreads {
     }
   }
 
+  const int count_;
+  const int first_;
   const unsigned spin_limit_;
   std::vector<std::thread> threads_;
   const ReplicaJob* job_ = nullptr;
@@ -1945,6 +2083,7 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/core/detail/concat.hpp> ----
 // Concatenation of row-major buffers along an axis (gather, all_gather, Sharded::to_tensor).
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -1998,6 +2137,48 @@ inline void concat_along_axis(const std::vector<const BufferRef*>& parts, std::s
       out += run;
     }
   }
+}
+
+/// The concatenation along `axis` of every worker's `local` buffer (already this worker's
+/// concatenation), in worker order. Shapes travel with the bytes so each worker can check
+/// that the others' agree except along `axis`; on a mismatch every worker throws the same error.
+struct GatheredBytes {
+  std::vector<std::byte> data;
+  Shape shape;
+};
+inline GatheredBytes gather_across_workers(CrossWorkerLink& link, const BufferRef& local, std::size_t axis,
+                                           const char* what) {
+  std::vector<std::byte> mine((1 + local.shape.size()) * sizeof(std::int64_t) + local.bytes());
+  const auto rank = static_cast<std::int64_t>(local.shape.size());
+  std::memcpy(mine.data(), &rank, sizeof rank);
+  std::memcpy(mine.data() + sizeof rank, local.shape.data(), local.shape.size() * sizeof(std::int64_t));
+  if (local.bytes()) {
+    std::memcpy(mine.data() + (1 + local.shape.size()) * sizeof(std::int64_t), local.data, local.bytes());
+  }
+  std::vector<std::byte> all;
+  std::vector<std::size_t> sizes;
+  link.all_gather(mine.data(), mine.size(), all, sizes);
+  std::vector<BufferRef> parts(sizes.size());
+  std::size_t offset = 0;
+  for (std::size_t w = 0; w < sizes.size(); ++w) {
+    std::int64_t r = 0;
+    std::memcpy(&r, all.data() + offset, sizeof r);
+    Shape shape(static_cast<std::size_t>(std::max<std::int64_t>(r, 0)));
+    std::memcpy(shape.data(), all.data() + offset + sizeof r, shape.size() * sizeof(std::int64_t));
+    const std::size_t header = (1 + shape.size()) * sizeof(std::int64_t);
+    parts[w] = BufferRef{all.data() + offset + header, local.dtype, std::move(shape)};
+    offset += sizes[w];
+  }
+  std::vector<const BufferRef*> ptrs;
+  for (auto& p : parts) ptrs.push_back(&p);
+  check_concat(ptrs, static_cast<std::int64_t>(axis), what);
+  GatheredBytes out;
+  concat_along_axis(ptrs, axis, [&](const Shape& shape) -> void* {
+    out.shape = shape;
+    out.data.resize(static_cast<std::size_t>(num_elements(shape)) * size_of(local.dtype));
+    return out.data.data();
+  });
+  return out;
 }
 
 }  // namespace detail
@@ -2432,6 +2613,7 @@ DISTRIBUTE_END_NAMESPACE
 // Derived is the public strategy type: values it makes are PerReplica<T, Derived>.
 
 #include <atomic>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -2445,12 +2627,239 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <fmt/format.h>
 
+// ---- begin <distribute/collective/detail/device_staging.hpp> ----
+// Device buffers through host-only collectives. The shared-memory family of algorithms (and the
+// multi-worker one over TCP) reads and writes buffers on the host; a buffer in device memory
+// (BufferRef::memory == device, see core/memory_space.hpp) reaches them as a host copy, and the
+// result is copied back. A policy whose collectives take device buffers themselves (NCCL) says
+// so with `static constexpr bool device_buffers = true` and is not wrapped.
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+inline bool any_in_device_memory(std::span<const BufferRef> buffers) noexcept {
+  for (const auto& b : buffers) {
+    if (b.memory == MemorySpace::device) return true;
+  }
+  return false;
+}
+
+/// Host copies of a call's buffers: device buffers are copied in on construction and out by
+/// copy_back(); host buffers are used in place.
+class HostStaging {
+ public:
+  explicit HostStaging(std::span<const BufferRef> buffers, bool copy_in = true)
+      : originals_(buffers.begin(), buffers.end()), staged_(originals_), storage_(originals_.size()) {
+    for (std::size_t i = 0; i < originals_.size(); ++i) {
+      const BufferRef& b = originals_[i];
+      if (b.memory != MemorySpace::device) continue;
+      storage_[i].resize(b.bytes());
+      staged_[i].data = storage_[i].data();
+      staged_[i].memory = MemorySpace::host;
+      staged_[i].device = nullptr;
+      if (copy_in) b.device->copy(storage_[i].data(), b.data, b.bytes());
+    }
+  }
+  std::span<BufferRef> buffers() noexcept { return staged_; }
+  void copy_back() const {
+    for (std::size_t i = 0; i < originals_.size(); ++i) {
+      const BufferRef& b = originals_[i];
+      if (b.memory == MemorySpace::device) b.device->copy(b.data, storage_[i].data(), b.bytes());
+    }
+  }
+
+ private:
+  std::vector<BufferRef> originals_;
+  std::vector<BufferRef> staged_;
+  std::vector<std::vector<std::byte>> storage_;
+};
+
+/// Wraps host-only collectives so that device buffers travel through host copies.
+class DeviceStagingCollectives final : public ReplicaCollectives {
+ public:
+  explicit DeviceStagingCollectives(std::unique_ptr<ReplicaCollectives> inner) : inner_(std::move(inner)) {}
+
+  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
+    if (!any_in_device_memory(buffers)) return inner_->all_reduce(group, replica, buffers, op);
+    HostStaging staging(buffers);
+    inner_->all_reduce(group, replica, staging.buffers(), op);
+    staging.copy_back();
+  }
+
+  void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+                  const std::function<void*(const Shape&)>& allocate) override {
+    if (input.memory != MemorySpace::device) return inner_->all_gather(group, replica, input, axis, allocate);
+    HostStaging staging(std::span<const BufferRef>(&input, 1));
+    std::vector<std::byte> gathered;
+    Shape shape;
+    inner_->all_gather(group, replica, staging.buffers()[0], axis, [&](const Shape& s) -> void* {
+      shape = s;
+      gathered.resize(static_cast<std::size_t>(num_elements(s)) * size_of(input.dtype));
+      return gathered.data();
+    });
+    // The result type's memory is the caller's business; the device copy reaches host or device.
+    input.device->copy(allocate(shape), gathered.data(), gathered.size());
+  }
+
+  void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
+    if (buffer.memory != MemorySpace::device) return inner_->broadcast(group, replica, buffer, root);
+    HostStaging staging(std::span<const BufferRef>(&buffer, 1));
+    inner_->broadcast(group, replica, staging.buffers()[0], root);
+    staging.copy_back();
+  }
+
+ private:
+  std::unique_ptr<ReplicaCollectives> inner_;
+};
+
+inline std::unique_ptr<ReplicaCollectives> with_device_staging(std::unique_ptr<ReplicaCollectives> inner) {
+  return std::make_unique<DeviceStagingCollectives>(std::move(inner));
+}
+
+/// The collectives of policy `Ops`, wrapped for device buffers unless Ops handles them itself.
+template <class Ops>
+std::unique_ptr<ReplicaCollectives> make_collectives(const CollectivesConfig& config) {
+  if constexpr (requires { requires Ops::device_buffers; }) {
+    return Ops::make_collectives(config);
+  } else {
+    return with_device_staging(Ops::make_collectives(config));
+  }
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/collective/detail/device_staging.hpp> ----
+// ---- begin <distribute/collective/multi_worker.hpp> ----
+// The collectives of a multi-worker strategy: reduce among the local replicas in shared memory,
+// one cross-worker collective per pack (made by local replica 0 over the CrossWorkerLink), then
+// a local copy back out. Every value crosses the process boundary once.
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <vector>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+class MultiWorkerCollectives : public SharedMemoryCollectives {
+ public:
+  MultiWorkerCollectives(CrossWorkerLink& link, int num_local, int num_replicas_in_sync, const CommunicationOptions& options)
+      : SharedMemoryCollectives(num_replicas_in_sync), link_(&link), bytes_per_pack_(options.bytes_per_pack) {
+    local_.resize(static_cast<std::size_t>(num_local));
+    std::iota(local_.begin(), local_.end(), 0);
+  }
+
+  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
+    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    exchange(
+        group, replica, call,
+        [&] {  // local replicas into replica 0
+          if (replica != 0) return;
+          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, 0, local_, i, combine_op, 0);
+        },
+        [&] {  // replica 0: across the workers, one collective per pack
+          if (replica == 0) cross_worker_all_reduce(buffers, combine_op, op == ReduceOp::Mean);
+        },
+        [&] {  // everyone takes the result
+          if (replica != 0) copy_buffers(group, 0, replica);
+        });
+  }
+
+  void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+                  const std::function<void*(const Shape&)>& allocate) override {
+    BufferRef in = input;
+    const CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
+    exchange(
+        group, replica, call,
+        [&] {
+          if (replica != 0) return;
+          std::vector<const BufferRef*> parts;
+          for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
+          std::vector<std::byte> local;
+          Shape local_shape;
+          concat_along_axis(parts, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
+            local_shape = s;
+            local.resize(static_cast<std::size_t>(num_elements(s)) * size_of(in.dtype));
+            return local.data();
+          });
+          gathered_ = gather_across_workers(*link_, {local.data(), in.dtype, local_shape},
+                                            static_cast<std::size_t>(axis), "all_gather");
+        },
+        [&] {
+          void* out = allocate(gathered_.shape);
+          if (!gathered_.data.empty()) std::memcpy(out, gathered_.data.data(), gathered_.data.size());
+        });
+  }
+
+  /// `root` is a replica_id_in_sync_group: its worker sends, every replica receives.
+  void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
+    const CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
+    const int root_worker = root / group.size();
+    const int root_local = root % group.size();
+    exchange(
+        group, replica, call,
+        [&] {
+          if (replica != 0) return;
+          if (link_->worker_index() == root_worker && root_local != 0 && buffer.bytes() > 0) {
+            std::memcpy(buffer.data, group.slot(root_local).buffers[0].data, buffer.bytes());
+          }
+          link_->broadcast(buffer.data, buffer.bytes(), root_worker);
+        },
+        [&] {
+          if (replica != 0 && buffer.bytes() > 0) std::memcpy(buffer.data, group.slot(0).buffers[0].data, buffer.bytes());
+        });
+  }
+
+ private:
+  void cross_worker_all_reduce(std::span<BufferRef> buffers, ReduceOp combine_op, bool mean) {
+    for (const Pack& pack : make_packs(buffers, bytes_per_pack_)) {
+      if (pack.members.size() == 1) {  // a lone value travels from its own memory, no copy
+        BufferRef& b = buffers[pack.members.front()];
+        link_->all_reduce(b.data, b.count(), b.dtype, combine_op);
+      } else {
+        scratch_.resize(pack.bytes());
+        pack_into(pack, buffers, scratch_.data());
+        link_->all_reduce(scratch_.data(), pack.count, pack.dtype, combine_op);
+        unpack_from(pack, buffers, scratch_.data());
+      }
+    }
+    if (!mean) return;
+    for (BufferRef& b : buffers) {
+      visit_dtype(b.dtype, [&](auto t) { divide(static_cast<decltype(t)*>(b.data), b.count(), mean_divisor_); });
+    }
+  }
+
+  CrossWorkerLink* link_;
+  std::size_t bytes_per_pack_;
+  std::vector<int> local_;
+  std::vector<std::byte> scratch_;  // packs of several values (used by replica 0 only)
+  GatheredBytes gathered_;          // replica 0's all_gather result, read by all
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/collective/multi_worker.hpp> ----
 // ---- begin <distribute/strategy/detail/reduce_values.hpp> ----
 // Cross-replica reduction of per-replica components on the calling thread (strategy.reduce).
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -2459,9 +2868,10 @@ DISTRIBUTE_END_NAMESPACE
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
-/// Element-wise reduction of equally shaped components; Mean divides by their number.
+/// Element-wise reduction of equally shaped components (and, with a link, of every other
+/// worker's); Mean divides by the total number of components.
 template <TensorLike U>
-U reduce_components(ReduceOp op, const std::vector<const U*>& parts) {
+U reduce_components(ReduceOp op, const std::vector<const U*>& parts, CrossWorkerLink* link = nullptr) {
   using E = element_t<U>;
   check_op_for_dtype(op, dtype_of<E>(), "reduce");
   if (parts.empty()) throw InvalidArgument("reduce: there are no values to reduce");
@@ -2474,17 +2884,33 @@ U reduce_components(ReduceOp op, const std::vector<const U*>& parts) {
           shape_string(shape), r, shape_string(shape_of(*parts[r]))));
     }
   }
+  const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
   U out = *parts.front();
+  if constexpr (memory_space_v<U> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+    return device_ops<U>::reduce(std::move(out), parts, op, link);
+  }
   const std::size_t n = element_count(out);
-  for (std::size_t r = 1; r < parts.size(); ++r) combine(tensor_traits<U>::data(out), tensor_traits<U>::data(*parts[r]), n, op);
-  if (op == ReduceOp::Mean) divide(tensor_traits<U>::data(out), n, static_cast<std::int64_t>(parts.size()));
+  for (std::size_t r = 1; r < parts.size(); ++r) {
+    combine(tensor_traits<U>::data(out), tensor_traits<U>::data(*parts[r]), n, combine_op);
+  }
+  auto components = static_cast<std::int64_t>(parts.size());
+  if (link) {
+    link->all_reduce(tensor_traits<U>::data(out), n, dtype_of<E>(), combine_op);
+    components *= link->num_workers();
+  }
+  if (op == ReduceOp::Mean) divide(tensor_traits<U>::data(out), n, components);
   return out;
 }
 
-/// Reduces each component along `axis` and then across components. Components may differ in
-/// size along `axis` (an uneven last batch); Mean divides by the total count along it.
+/// Reduces each component along `axis` and then across components (and workers). Components
+/// may differ in size along `axis` (an uneven last batch); Mean divides by the total count along it.
 template <TensorLike U>
-Tensor<element_t<U>> reduce_components_along(ReduceOp op, const std::vector<const U*>& parts, std::int64_t axis_arg) {
+Tensor<element_t<U>> reduce_components_along(ReduceOp op, const std::vector<const U*>& parts, std::int64_t axis_arg,
+                                             CrossWorkerLink* link = nullptr) {
+  if constexpr (memory_space_v<U> == MemorySpace::device) {  // on host copies (backends/cuda)
+    const auto host = device_ops<U>::host_copies(parts);
+    return reduce_components_along(op, host.pointers(), axis_arg, link);
+  }
   using E = element_t<U>;
   check_op_for_dtype(op, dtype_of<E>(), "reduce");
   if (parts.empty()) throw InvalidArgument("reduce: there are no values to reduce");
@@ -2507,28 +2933,29 @@ Tensor<element_t<U>> reduce_components_along(ReduceOp op, const std::vector<cons
   for (std::size_t d = axis + 1; d < first.size(); ++d) inner *= first[d];
   const auto inner_n = static_cast<std::size_t>(inner);
 
-  Tensor<E> out = Tensor<E>::zeros(out_shape);
+  // Start from the op's identity so that a replica (or worker) with no rows changes nothing.
+  const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+  E identity{};
+  if (combine_op == ReduceOp::Min) identity = std::numeric_limits<E>::max();
+  if (combine_op == ReduceOp::Max) identity = std::numeric_limits<E>::lowest();
+  if (combine_op == ReduceOp::Product) identity = E{1};
+  Tensor<E> out = Tensor<E>::full(out_shape, identity);
   std::int64_t total = 0;
-  bool have_any = false;
   for (const U* part : parts) {
     const std::int64_t len = shape_of(*part)[axis];
     const E* src = tensor_traits<U>::data(*part);
-    for (std::int64_t k = 0; k < len; ++k) {
-      for (std::int64_t o = 0; o < outer; ++o) {
-        E* dst = out.data() + o * inner;
-        const E* row = src + (o * len + k) * inner;
-        if (!have_any) std::copy(row, row + inner_n, dst);
-        else combine(dst, row, inner_n, op);
-      }
-      have_any = true;
+    for (std::int64_t o = 0; o < outer; ++o) {
+      E* dst = out.data() + o * inner;
+      for (std::int64_t k = 0; k < len; ++k) combine(dst, src + (o * len + k) * inner, inner_n, combine_op);
     }
     total += len;
   }
-  if (!have_any) {
-    if (op == ReduceOp::Min || op == ReduceOp::Max || op == ReduceOp::Mean) {
-      throw InvalidArgument(fmt::format("reduce: {} along axis {} over zero elements is undefined", op, axis));
-    }
-    if (op == ReduceOp::Product) std::fill(out.begin(), out.end(), E{1});
+  if (link) {
+    link->all_reduce(out.data(), out.size(), dtype_of<E>(), combine_op);
+    link->all_reduce(&total, 1, DType::I64, ReduceOp::Sum);
+  }
+  if (total == 0 && (op == ReduceOp::Min || op == ReduceOp::Max || op == ReduceOp::Mean)) {
+    throw InvalidArgument(fmt::format("reduce: {} along axis {} over zero elements is undefined", op, axis));
   }
   if (op == ReduceOp::Mean) divide(out.data(), out.size(), total);
   return out;
@@ -2681,12 +3108,12 @@ class SyncStrategy : public AnyStrategy {
   SyncStrategy(const SyncStrategy&) = delete;
   SyncStrategy& operator=(const SyncStrategy&) = delete;
 
-  int num_replicas_in_sync() const noexcept override { return static_cast<int>(devices_.size()); }
+  int num_replicas_in_sync() const noexcept override { return static_cast<int>(devices_.size()) * num_workers_; }
   int num_local_replicas() const noexcept override { return static_cast<int>(devices_.size()); }
   std::vector<std::string> worker_devices() const override { return devices_; }
 
   detail::VariablePlacement variable_placement() const override {
-    return {detail::PlacementKind::Replicated, devices_, num_replicas_in_sync(), id()};
+    return {detail::PlacementKind::Replicated, devices_, num_replicas_in_sync(), id(), {}, link_};
   }
 
   /// Makes this strategy current on the calling thread until the guard is destroyed.
@@ -2737,10 +3164,9 @@ class SyncStrategy : public AnyStrategy {
     if constexpr (requires { typename V::strategy_type; }) {
       static_assert(std::is_same_v<typename V::strategy_type, Derived>,
                     "reduce: this distributed value was made by a strategy of another type");
-      auto parts = pointers(value.values());
-      return detail::reduce_components(op.op, parts);
+      return detail::reduce_components(op.op, pointers(value.values()), link_);
     } else if constexpr (requires { value.values(); value.read_value(); }) {
-      return detail::reduce_components(op.op, pointers(value.values()));  // a variable's copies
+      return detail::reduce_components(op.op, pointers(value.values()), link_);  // a variable's copies
     } else {
       static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
       return reduce_plain(op.op, value);
@@ -2768,16 +3194,17 @@ class SyncStrategy : public AnyStrategy {
     constexpr bool distributed = requires { typename V::strategy_type; } || requires { value.read_value(); };
     if (!axis) {
       U r = [&] {
-        if constexpr (distributed) return detail::reduce_components(op.op, components);
+        if constexpr (distributed) return detail::reduce_components(op.op, components, link_);
         else return reduce_plain(op.op, value);
       }();
+      if constexpr (memory_space_v<U> == MemorySpace::device) return detail::device_ops<U>::to_host(r);
       const E* p = tensor_traits<U>::data(r);
       return Tensor<E>(shape_of(r), std::vector<E>(p, p + element_count(r)));
     }
     if constexpr (!distributed) {
       if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
     }
-    return detail::reduce_components_along(op.op, components, *axis);
+    return detail::reduce_components_along(op.op, components, *axis, distributed ? link_ : nullptr);
   }
 
   /// Concatenates the components along `axis` (in [0, rank)).
@@ -2822,24 +3249,35 @@ class SyncStrategy : public AnyStrategy {
 
   StrategyExtended<Derived> extended() noexcept { return StrategyExtended<Derived>(self()); }
 
-  /// Multi-worker strategies return their resolver; these have none.
-  const void* cluster_resolver() const noexcept { return nullptr; }
+  /// Index of this worker process among the strategy's workers (0 = chief) and their number.
+  int worker_index() const noexcept { return worker_index_; }
+  int num_workers() const noexcept { return num_workers_; }
 
  protected:
-  /// `devices`: canonical TF device strings, one per local replica.
-  explicit SyncStrategy(std::vector<std::string> devices, CommunicationOptions options = {})
+  /// `devices`: canonical TF device strings, one per local replica. `link`: the other workers
+  /// of a multi-worker strategy (outlives the strategy's base), or null.
+  explicit SyncStrategy(std::vector<std::string> devices, CommunicationOptions options = {},
+                        detail::CrossWorkerLink* link = nullptr)
       : devices_(std::move(devices)),
         options_(options),
+        link_(link),
+        num_workers_(link ? link->num_workers() : 1),
+        worker_index_(link ? link->worker_index() : 0),
         group_(static_cast<int>(devices_.size())),
-        collectives_(Ops::make_collectives({num_replicas_in_sync(), devices_, options_})) {
-    for (std::size_t i = 0; i < devices_.size(); ++i) {
-      contexts_.push_back(std::make_unique<replica_context_type>(self(), group_, *collectives_, static_cast<int>(i),
-                                                                 static_cast<int>(i), devices_[i]));
+        collectives_(link ? detail::with_device_staging(std::make_unique<detail::MultiWorkerCollectives>(
+                                *link, static_cast<int>(devices_.size()), num_replicas_in_sync(), options_))
+                          : detail::make_collectives<Ops>({num_replicas_in_sync(), devices_, options_})) {
+    const int local = static_cast<int>(devices_.size());
+    for (int i = 0; i < local; ++i) {
+      contexts_.push_back(std::make_unique<replica_context_type>(self(), group_, *collectives_, i,
+                                                                 worker_index_ * local + i,
+                                                                 devices_[static_cast<std::size_t>(i)]));
     }
     if (devices_.size() > 1 || !Backend::single_replica_on_caller_thread) {
       threads_ = std::make_unique<detail::HostReplicaThreads>(
           static_cast<int>(devices_.size()),
-          [this](int i) { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); });
+          [this](int i) { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); },
+          Backend::single_replica_on_caller_thread);
     }
   }
 
@@ -2882,11 +3320,30 @@ class SyncStrategy : public AnyStrategy {
     }
     for (auto& r : refs) ptrs.push_back(&r);
     detail::check_concat(ptrs, axis, "gather");
+    if constexpr (memory_space_v<U> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+      if (!link_) return detail::device_ops<U>::template concat<G>(ptrs, static_cast<std::size_t>(axis));
+      auto host = detail::device_ops<U>::host_copies(parts);  // across workers through host copies
+      return detail::device_ops<U>::template from_host<G>(gather_parts(host.pointers(), axis));
+    }
     std::optional<G> out;
-    detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
+    auto allocate = [&](const Shape& s) -> void* {
       out.emplace(tensor_traits<G>::make(s));
       return tensor_traits<G>::data(*out);
+    };
+    if (!link_) {
+      detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), allocate);
+      return std::move(*out);
+    }
+    std::vector<std::byte> local;
+    Shape local_shape;
+    detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
+      local_shape = s;
+      local.resize(static_cast<std::size_t>(num_elements(s)) * sizeof(element_t<U>));
+      return local.data();
     });
+    auto all = detail::gather_across_workers(*link_, {local.data(), dtype_of<element_t<U>>(), local_shape},
+                                             static_cast<std::size_t>(axis), "gather");
+    std::memcpy(allocate(all.shape), all.data.data(), all.data.size());
     return std::move(*out);
   }
 
@@ -2956,6 +3413,9 @@ class SyncStrategy : public AnyStrategy {
 
   std::vector<std::string> devices_;
   CommunicationOptions options_;
+  detail::CrossWorkerLink* link_;
+  int num_workers_;
+  int worker_index_;
   detail::ReplicaGroup group_;
   std::unique_ptr<detail::ReplicaCollectives> collectives_;
   std::vector<std::unique_ptr<replica_context_type>> contexts_;
@@ -3081,10 +3541,16 @@ DISTRIBUTE_END_NAMESPACE
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
-/// The cross-device ops a backend uses when the strategy names none.
+/// The cross-device ops a backend uses when the strategy names none: the backend tag's own
+/// choice (`Backend::default_cross_device_ops`, e.g. NcclAllReduce for ds::cuda), else shared memory.
 template <class Backend>
 struct default_cross_device_ops {
   using type = SharedMemoryAllReduce;
+};
+template <class Backend>
+  requires requires { typename Backend::default_cross_device_ops; }
+struct default_cross_device_ops<Backend> {
+  using type = typename Backend::default_cross_device_ops;
 };
 template <class Backend>
 using default_cross_device_ops_t = typename default_cross_device_ops<Backend>::type;
@@ -3167,4 +3633,5 @@ class CentralStorageStrategy : public SyncStrategy<CentralStorageStrategy<Backen
 
 DISTRIBUTE_END_NAMESPACE
 // ---- end <distribute/strategy/central_storage.hpp> ----
+
 // ---- end <distribute/distribute.hpp> ----

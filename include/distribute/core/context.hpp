@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include <distribute/core/detail/cross_worker.hpp>
 #include <distribute/core/detail/replica_group.hpp>
 #include <distribute/core/detail/elementwise.hpp>
 #include <distribute/core/error.hpp>
@@ -37,6 +38,7 @@ struct VariablePlacement {
   int num_replicas_in_sync = 1;
   std::uint64_t strategy_id = 0;
   std::vector<std::string> replica_devices = {};  // CentralStorage: where the replicas compute
+  CrossWorkerLink* link = nullptr;                 // multi-worker: the other workers' copies
 };
 
 inline std::uint64_t next_strategy_id() noexcept {
@@ -204,12 +206,13 @@ class ReplicaContext {
     return std::move(*result);
   }
 
-  /// Every replica receives replica `root`'s value.
+  /// Every replica receives the value of replica `root` (a replica_id_in_sync_group).
   template <class U>
     requires TensorLike<U>
   U broadcast(U value, int root = 0) {
-    if (root < 0 || root >= group_->size()) {
-      throw InvalidArgument(fmt::format("broadcast: root {} is not a local replica (0..{})", root, group_->size() - 1));
+    if (root < 0 || root >= num_replicas_in_sync()) {
+      throw InvalidArgument(
+          fmt::format("broadcast: root {} is not a replica id (0..{})", root, num_replicas_in_sync() - 1));
     }
     collectives_->broadcast(*group_, local_id_, buffer_ref(value), root);
     return value;
@@ -238,7 +241,12 @@ class ReplicaContext {
  protected:
   template <class U>
   static detail::BufferRef buffer_ref(U& v) {
-    return detail::BufferRef{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
+    detail::BufferRef ref{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
+    if constexpr (memory_space_v<U> == MemorySpace::device) {  // see core/memory_space.hpp
+      ref.memory = MemorySpace::device;
+      ref.device = detail::device_ops<U>::access();
+    }
+    return ref;
   }
 
  private:

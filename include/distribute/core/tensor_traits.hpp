@@ -11,7 +11,8 @@
 //   };
 //
 // Optional members: `using gathered_type = ...` (what gather/all_gather return; default Tensor<T>)
-// and `static constexpr ds::MemorySpace memory = ...` (default host).
+// and `static constexpr ds::MemorySpace memory = ...` (default host; `device` for values in the
+// Thrust device system's memory, see core/memory_space.hpp and backends/cuda/device_tensor.hpp).
 #pragma once
 
 #include <array>
@@ -21,13 +22,11 @@
 #include <vector>
 
 #include <distribute/core/dtype.hpp>
+#include <distribute/core/memory_space.hpp>
 #include <distribute/core/shape.hpp>
 #include <distribute/core/tensor.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-
-/// Where a value's elements live.
-enum class MemorySpace { host, cuda };
 
 /// Primary template: deliberately empty, so that a type without a specialisation fails the
 /// TensorLike concept with a readable message instead of a backtrace.

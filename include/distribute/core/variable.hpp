@@ -20,6 +20,7 @@
 #include <distribute/core/context.hpp>
 #include <distribute/core/detail/elementwise.hpp>
 #include <distribute/core/error.hpp>
+#include <distribute/core/memory_space.hpp>
 #include <distribute/core/tensor_traits.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -104,6 +105,15 @@ class Variable {
     }
     const std::size_t copies =
         s.placement.kind == detail::PlacementKind::Replicated ? s.placement.devices.size() : std::size_t{1};
+    if constexpr (memory_space_v<T> == MemorySpace::device) {  // each copy on its replica's device (backends/cuda)
+      s.copies = detail::device_ops<T>::place_copies(initial_value, copies, s.placement.devices, s.placement.link);
+      return;
+    }
+    if (s.placement.link) {
+      // Every worker starts from the chief's value (workers create variables in the same order).
+      auto* p = tensor_traits<T>::data(initial_value);
+      s.placement.link->broadcast(p, element_count(initial_value) * sizeof(element_t<T>), 0);
+    }
     s.copies.assign(copies, initial_value);
   }
 
@@ -204,6 +214,12 @@ class Variable {
   }
 
   static void apply(Update kind, T& target, const T& value) {
+    if constexpr (memory_space_v<T> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+      if (kind == Update::Assign) detail::device_ops<T>::assign(target, value);
+      else if (kind == Update::Add) detail::device_ops<T>::add(target, value);
+      else detail::device_ops<T>::sub(target, value);
+      return;
+    }
     using E = element_t<T>;
     E* dst = tensor_traits<T>::data(target);
     const E* src = tensor_traits<T>::data(value);
@@ -281,9 +297,15 @@ class Variable {
       }
       // Each copy holds value / N so that the cross-replica sum reads back `value`.
       T share = value;
+      if constexpr (memory_space_v<T> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+        detail::device_ops<T>::divide(share, s.placement.num_replicas_in_sync);
+        for (auto& c : s.copies) apply(kind, c, share);
+        return;
+      }
       using E = element_t<T>;
       E* p = tensor_traits<T>::data(share);
-      for (std::size_t k = 0; k < element_count(share); ++k) p[k] = static_cast<E>(p[k] / static_cast<E>(s.copies.size()));
+      const auto n = static_cast<E>(s.placement.num_replicas_in_sync);
+      for (std::size_t k = 0; k < element_count(share); ++k) p[k] = static_cast<E>(p[k] / n);
       for (auto& c : s.copies) apply(kind, c, share);
       return;
     }
@@ -300,13 +322,23 @@ class Variable {
                                           s.name));
       case VariableAggregation::Sum:
       case VariableAggregation::Mean: {
+        if constexpr (memory_space_v<T> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+          const auto op = s.aggregation == VariableAggregation::Mean ? ReduceOp::Mean : ReduceOp::Sum;
+          return detail::device_ops<T>::reduce(s.copies.front(), s.copies, op, s.placement.link);
+        }
         T out = s.copies.front();
         for (std::size_t c = 1; c < s.copies.size(); ++c) {
           detail::combine(tensor_traits<T>::data(out), tensor_traits<T>::data(s.copies[c]), element_count(out),
                           ReduceOp::Sum);
         }
+        if (s.placement.link) {
+          s.placement.link->all_reduce(tensor_traits<T>::data(out), element_count(out), dtype_of<element_t<T>>(),
+                                       ReduceOp::Sum);
+        }
         if (s.aggregation == VariableAggregation::Mean) {
-          detail::divide(tensor_traits<T>::data(out), element_count(out), static_cast<std::int64_t>(s.copies.size()));
+          const auto replicas = s.placement.link ? std::int64_t{s.placement.num_replicas_in_sync}
+                                                 : static_cast<std::int64_t>(s.copies.size());
+          detail::divide(tensor_traits<T>::data(out), element_count(out), replicas);
         }
         return out;
       }

@@ -11,10 +11,16 @@
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
-/// The cross-device ops a backend uses when the strategy names none.
+/// The cross-device ops a backend uses when the strategy names none: the backend tag's own
+/// choice (`Backend::default_cross_device_ops`, e.g. NcclAllReduce for ds::cuda), else shared memory.
 template <class Backend>
 struct default_cross_device_ops {
   using type = SharedMemoryAllReduce;
+};
+template <class Backend>
+  requires requires { typename Backend::default_cross_device_ops; }
+struct default_cross_device_ops<Backend> {
+  using type = typename Backend::default_cross_device_ops;
 };
 template <class Backend>
 using default_cross_device_ops_t = typename default_cross_device_ops<Backend>::type;

@@ -58,7 +58,7 @@ inline std::vector<std::string> host_devices(const std::vector<std::string>& nam
 struct host {
   static constexpr std::string_view name = "host";
   static constexpr std::string_view device_type = "CPU";
-  /// One replica runs on the caller's thread: nothing to bind, and no hand-off per step.
+  /// Replica 0 runs on the thread that calls run(): nothing to bind, one hand-off fewer per step.
   static constexpr bool single_replica_on_caller_thread = true;
 
   /// What a strategy uses when given no devices: one CPU device.

@@ -35,10 +35,12 @@ class ReplicaJob {
 
 class HostReplicaThreads {
  public:
-  HostReplicaThreads(int count, std::function<void(int)> on_start)
-      : spin_limit_(static_cast<unsigned>(count) < std::max(1u, std::thread::hardware_concurrency()) ? 20000 : 64) {
+  /// `caller_runs_first`: replica 0 runs on the thread that calls run_all (one hand-off fewer
+  /// per step); the others, and all of them otherwise, on threads of their own.
+  HostReplicaThreads(int count, std::function<void(int)> on_start, bool caller_runs_first = false)
+      : count_(count), first_(caller_runs_first ? 1 : 0), spin_limit_(ReplicaGroup::spin_budget(count)) {
     threads_.reserve(static_cast<std::size_t>(count));
-    for (int i = 0; i < count; ++i) {
+    for (int i = first_; i < count; ++i) {
       threads_.emplace_back([this, i, on_start] {
         if (on_start) on_start(i);
         loop(i);
@@ -58,14 +60,15 @@ class HostReplicaThreads {
     for (auto& t : threads_) t.join();
   }
 
-  int size() const noexcept { return static_cast<int>(threads_.size()); }
+  int size() const noexcept { return count_; }
 
-  /// Runs job(i) on thread i for every i and waits for all. `job` must not throw.
+  /// Runs job(i) for every replica i (on its thread) and waits for all. `job` must not throw.
   void run_all(const ReplicaJob& job) noexcept {
     job_ = &job;
-    remaining_.store(size(), std::memory_order_relaxed);
+    remaining_.store(count_ - first_, std::memory_order_relaxed);
     epoch_.fetch_add(1, std::memory_order_acq_rel);
     epoch_.notify_all();
+    if (first_ == 1) job(0);
     unsigned spins = 0;
     for (;;) {
       int left = remaining_.load(std::memory_order_acquire);
@@ -73,6 +76,9 @@ class HostReplicaThreads {
       if (spins < spin_limit_) {
         ++spins;
         cpu_relax();
+      } else if (spins < spin_limit_ + ReplicaGroup::kYields) {
+        ++spins;
+        std::this_thread::yield();
       } else {
         remaining_.wait(left, std::memory_order_acquire);
       }
@@ -89,6 +95,9 @@ class HostReplicaThreads {
         if (spins < spin_limit_) {
           ++spins;
           cpu_relax();
+        } else if (spins < spin_limit_ + ReplicaGroup::kYields) {
+          ++spins;
+          std::this_thread::yield();
         } else {
           epoch_.wait(seen, std::memory_order_acquire);
         }
@@ -100,6 +109,8 @@ class HostReplicaThreads {
     }
   }
 
+  const int count_;
+  const int first_;
   const unsigned spin_limit_;
   std::vector<std::thread> threads_;
   const ReplicaJob* job_ = nullptr;

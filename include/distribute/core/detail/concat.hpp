@@ -1,12 +1,14 @@
 // Concatenation of row-major buffers along an axis (gather, all_gather, Sharded::to_tensor).
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include <distribute/core/detail/cross_worker.hpp>
 #include <distribute/core/detail/replica_group.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -55,6 +57,48 @@ inline void concat_along_axis(const std::vector<const BufferRef*>& parts, std::s
       out += run;
     }
   }
+}
+
+/// The concatenation along `axis` of every worker's `local` buffer (already this worker's
+/// concatenation), in worker order. Shapes travel with the bytes so each worker can check
+/// that the others' agree except along `axis`; on a mismatch every worker throws the same error.
+struct GatheredBytes {
+  std::vector<std::byte> data;
+  Shape shape;
+};
+inline GatheredBytes gather_across_workers(CrossWorkerLink& link, const BufferRef& local, std::size_t axis,
+                                           const char* what) {
+  std::vector<std::byte> mine((1 + local.shape.size()) * sizeof(std::int64_t) + local.bytes());
+  const auto rank = static_cast<std::int64_t>(local.shape.size());
+  std::memcpy(mine.data(), &rank, sizeof rank);
+  std::memcpy(mine.data() + sizeof rank, local.shape.data(), local.shape.size() * sizeof(std::int64_t));
+  if (local.bytes()) {
+    std::memcpy(mine.data() + (1 + local.shape.size()) * sizeof(std::int64_t), local.data, local.bytes());
+  }
+  std::vector<std::byte> all;
+  std::vector<std::size_t> sizes;
+  link.all_gather(mine.data(), mine.size(), all, sizes);
+  std::vector<BufferRef> parts(sizes.size());
+  std::size_t offset = 0;
+  for (std::size_t w = 0; w < sizes.size(); ++w) {
+    std::int64_t r = 0;
+    std::memcpy(&r, all.data() + offset, sizeof r);
+    Shape shape(static_cast<std::size_t>(std::max<std::int64_t>(r, 0)));
+    std::memcpy(shape.data(), all.data() + offset + sizeof r, shape.size() * sizeof(std::int64_t));
+    const std::size_t header = (1 + shape.size()) * sizeof(std::int64_t);
+    parts[w] = BufferRef{all.data() + offset + header, local.dtype, std::move(shape)};
+    offset += sizes[w];
+  }
+  std::vector<const BufferRef*> ptrs;
+  for (auto& p : parts) ptrs.push_back(&p);
+  check_concat(ptrs, static_cast<std::int64_t>(axis), what);
+  GatheredBytes out;
+  concat_along_axis(ptrs, axis, [&](const Shape& shape) -> void* {
+    out.shape = shape;
+    out.data.resize(static_cast<std::size_t>(num_elements(shape)) * size_of(local.dtype));
+    return out.data.data();
+  });
+  return out;
 }
 
 }  // namespace detail

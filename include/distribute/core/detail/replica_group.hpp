@@ -20,6 +20,7 @@
 
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
+#include <distribute/core/memory_space.hpp>
 #include <distribute/core/reduce_op.hpp>
 #include <distribute/core/shape.hpp>
 
@@ -43,6 +44,10 @@ struct BufferRef {
   void* data = nullptr;
   DType dtype = DType::F32;
   Shape shape = {};
+  /// Device buffers (the Thrust device system's memory) are not readable on the host: the
+  /// collectives either hand them to a device library (NCCL) or copy them through `device`.
+  MemorySpace memory = MemorySpace::host;
+  const DeviceMemoryAccess* device = nullptr;  // set when memory == device
   std::size_t count() const { return static_cast<std::size_t>(num_elements(shape)); }
   std::size_t bytes() const { return count() * size_of(dtype); }
 };
@@ -76,9 +81,15 @@ class ReplicaGroup {
   explicit ReplicaGroup(int size)
       : size_(size),
         slots_(static_cast<std::size_t>(size), nullptr),
-        // Spinning only pays when every replica has a core; oversubscribed, it steals the
-        // core from the replica we are waiting for.
-        spin_limit_(static_cast<unsigned>(size) <= std::max(1u, std::thread::hardware_concurrency()) ? 20000 : 64) {}
+        spin_limit_(spin_budget(size)) {}
+
+  /// Pause iterations a waiter spins before yielding, then sleeping: a few microseconds when
+  /// every replica (and the launching thread) has a core of its own, next to none otherwise,
+  /// where spinning steals the core from the replica being waited for.
+  static unsigned spin_budget(int threads) noexcept {
+    return static_cast<unsigned>(threads) + 1 <= std::max(1u, std::thread::hardware_concurrency()) ? 2000 : 16;
+  }
+  static constexpr unsigned kYields = 16;
 
   int size() const noexcept { return size_; }
 
@@ -108,10 +119,18 @@ class ReplicaGroup {
     for (;;) {
       const auto s = events_.load(std::memory_order_acquire);
       if (generation_.load(std::memory_order_acquire) != gen) return;
-      check_alive(replica, what);
+      if (failure_pending()) {
+        // The last replica may have completed this barrier and then failed or finished its
+        // step between our two loads: a completed barrier wins over a later failure.
+        if (generation_.load(std::memory_order_acquire) != gen) return;
+        check_alive(replica, what);
+      }
       if (spins < spin_limit_) {
         ++spins;
         cpu_relax();
+      } else if (spins < spin_limit_ + kYields) {
+        ++spins;
+        std::this_thread::yield();
       } else {
         events_.wait(s, std::memory_order_acquire);
       }
@@ -146,6 +165,10 @@ class ReplicaGroup {
   void signal() noexcept {
     events_.fetch_add(1, std::memory_order_acq_rel);
     events_.notify_all();
+  }
+
+  bool failure_pending() const noexcept {
+    return aborted_.load(std::memory_order_acquire) || first_finished_.load(std::memory_order_acquire) >= 0;
   }
 
   void check_alive(int replica, CollectiveKind what) const {

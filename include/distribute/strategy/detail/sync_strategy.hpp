@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -20,7 +21,9 @@
 
 #include <distribute/backends/host/replica_threads.hpp>
 #include <distribute/collective/communication_options.hpp>
+#include <distribute/collective/detail/device_staging.hpp>
 #include <distribute/collective/detail/validate.hpp>
+#include <distribute/collective/multi_worker.hpp>
 #include <distribute/collective/shared_memory.hpp>
 #include <distribute/core/context.hpp>
 #include <distribute/core/detail/concat.hpp>
@@ -172,12 +175,12 @@ class SyncStrategy : public AnyStrategy {
   SyncStrategy(const SyncStrategy&) = delete;
   SyncStrategy& operator=(const SyncStrategy&) = delete;
 
-  int num_replicas_in_sync() const noexcept override { return static_cast<int>(devices_.size()); }
+  int num_replicas_in_sync() const noexcept override { return static_cast<int>(devices_.size()) * num_workers_; }
   int num_local_replicas() const noexcept override { return static_cast<int>(devices_.size()); }
   std::vector<std::string> worker_devices() const override { return devices_; }
 
   detail::VariablePlacement variable_placement() const override {
-    return {detail::PlacementKind::Replicated, devices_, num_replicas_in_sync(), id()};
+    return {detail::PlacementKind::Replicated, devices_, num_replicas_in_sync(), id(), {}, link_};
   }
 
   /// Makes this strategy current on the calling thread until the guard is destroyed.
@@ -228,10 +231,9 @@ class SyncStrategy : public AnyStrategy {
     if constexpr (requires { typename V::strategy_type; }) {
       static_assert(std::is_same_v<typename V::strategy_type, Derived>,
                     "reduce: this distributed value was made by a strategy of another type");
-      auto parts = pointers(value.values());
-      return detail::reduce_components(op.op, parts);
+      return detail::reduce_components(op.op, pointers(value.values()), link_);
     } else if constexpr (requires { value.values(); value.read_value(); }) {
-      return detail::reduce_components(op.op, pointers(value.values()));  // a variable's copies
+      return detail::reduce_components(op.op, pointers(value.values()), link_);  // a variable's copies
     } else {
       static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
       return reduce_plain(op.op, value);
@@ -259,16 +261,17 @@ class SyncStrategy : public AnyStrategy {
     constexpr bool distributed = requires { typename V::strategy_type; } || requires { value.read_value(); };
     if (!axis) {
       U r = [&] {
-        if constexpr (distributed) return detail::reduce_components(op.op, components);
+        if constexpr (distributed) return detail::reduce_components(op.op, components, link_);
         else return reduce_plain(op.op, value);
       }();
+      if constexpr (memory_space_v<U> == MemorySpace::device) return detail::device_ops<U>::to_host(r);
       const E* p = tensor_traits<U>::data(r);
       return Tensor<E>(shape_of(r), std::vector<E>(p, p + element_count(r)));
     }
     if constexpr (!distributed) {
       if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
     }
-    return detail::reduce_components_along(op.op, components, *axis);
+    return detail::reduce_components_along(op.op, components, *axis, distributed ? link_ : nullptr);
   }
 
   /// Concatenates the components along `axis` (in [0, rank)).
@@ -313,24 +316,35 @@ class SyncStrategy : public AnyStrategy {
 
   StrategyExtended<Derived> extended() noexcept { return StrategyExtended<Derived>(self()); }
 
-  /// Multi-worker strategies return their resolver; these have none.
-  const void* cluster_resolver() const noexcept { return nullptr; }
+  /// Index of this worker process among the strategy's workers (0 = chief) and their number.
+  int worker_index() const noexcept { return worker_index_; }
+  int num_workers() const noexcept { return num_workers_; }
 
  protected:
-  /// `devices`: canonical TF device strings, one per local replica.
-  explicit SyncStrategy(std::vector<std::string> devices, CommunicationOptions options = {})
+  /// `devices`: canonical TF device strings, one per local replica. `link`: the other workers
+  /// of a multi-worker strategy (outlives the strategy's base), or null.
+  explicit SyncStrategy(std::vector<std::string> devices, CommunicationOptions options = {},
+                        detail::CrossWorkerLink* link = nullptr)
       : devices_(std::move(devices)),
         options_(options),
+        link_(link),
+        num_workers_(link ? link->num_workers() : 1),
+        worker_index_(link ? link->worker_index() : 0),
         group_(static_cast<int>(devices_.size())),
-        collectives_(Ops::make_collectives({num_replicas_in_sync(), devices_, options_})) {
-    for (std::size_t i = 0; i < devices_.size(); ++i) {
-      contexts_.push_back(std::make_unique<replica_context_type>(self(), group_, *collectives_, static_cast<int>(i),
-                                                                 static_cast<int>(i), devices_[i]));
+        collectives_(link ? detail::with_device_staging(std::make_unique<detail::MultiWorkerCollectives>(
+                                *link, static_cast<int>(devices_.size()), num_replicas_in_sync(), options_))
+                          : detail::make_collectives<Ops>({num_replicas_in_sync(), devices_, options_})) {
+    const int local = static_cast<int>(devices_.size());
+    for (int i = 0; i < local; ++i) {
+      contexts_.push_back(std::make_unique<replica_context_type>(self(), group_, *collectives_, i,
+                                                                 worker_index_ * local + i,
+                                                                 devices_[static_cast<std::size_t>(i)]));
     }
     if (devices_.size() > 1 || !Backend::single_replica_on_caller_thread) {
       threads_ = std::make_unique<detail::HostReplicaThreads>(
           static_cast<int>(devices_.size()),
-          [this](int i) { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); });
+          [this](int i) { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); },
+          Backend::single_replica_on_caller_thread);
     }
   }
 
@@ -373,11 +387,30 @@ class SyncStrategy : public AnyStrategy {
     }
     for (auto& r : refs) ptrs.push_back(&r);
     detail::check_concat(ptrs, axis, "gather");
+    if constexpr (memory_space_v<U> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+      if (!link_) return detail::device_ops<U>::template concat<G>(ptrs, static_cast<std::size_t>(axis));
+      auto host = detail::device_ops<U>::host_copies(parts);  // across workers through host copies
+      return detail::device_ops<U>::template from_host<G>(gather_parts(host.pointers(), axis));
+    }
     std::optional<G> out;
-    detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
+    auto allocate = [&](const Shape& s) -> void* {
       out.emplace(tensor_traits<G>::make(s));
       return tensor_traits<G>::data(*out);
+    };
+    if (!link_) {
+      detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), allocate);
+      return std::move(*out);
+    }
+    std::vector<std::byte> local;
+    Shape local_shape;
+    detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
+      local_shape = s;
+      local.resize(static_cast<std::size_t>(num_elements(s)) * sizeof(element_t<U>));
+      return local.data();
     });
+    auto all = detail::gather_across_workers(*link_, {local.data(), dtype_of<element_t<U>>(), local_shape},
+                                             static_cast<std::size_t>(axis), "gather");
+    std::memcpy(allocate(all.shape), all.data.data(), all.data.size());
     return std::move(*out);
   }
 
@@ -447,6 +480,9 @@ class SyncStrategy : public AnyStrategy {
 
   std::vector<std::string> devices_;
   CommunicationOptions options_;
+  detail::CrossWorkerLink* link_;
+  int num_workers_;
+  int worker_index_;
   detail::ReplicaGroup group_;
   std::unique_ptr<detail::ReplicaCollectives> collectives_;
   std::vector<std::unique_ptr<replica_context_type>> contexts_;

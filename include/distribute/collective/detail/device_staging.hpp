@@ -1,0 +1,112 @@
+// Device buffers through host-only collectives. The shared-memory family of algorithms (and the
+// multi-worker one over TCP) reads and writes buffers on the host; a buffer in device memory
+// (BufferRef::memory == device, see core/memory_space.hpp) reaches them as a host copy, and the
+// result is copied back. A policy whose collectives take device buffers themselves (NCCL) says
+// so with `static constexpr bool device_buffers = true` and is not wrapped.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include <distribute/collective/communication_options.hpp>
+#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/core/memory_space.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+inline bool any_in_device_memory(std::span<const BufferRef> buffers) noexcept {
+  for (const auto& b : buffers) {
+    if (b.memory == MemorySpace::device) return true;
+  }
+  return false;
+}
+
+/// Host copies of a call's buffers: device buffers are copied in on construction and out by
+/// copy_back(); host buffers are used in place.
+class HostStaging {
+ public:
+  explicit HostStaging(std::span<const BufferRef> buffers, bool copy_in = true)
+      : originals_(buffers.begin(), buffers.end()), staged_(originals_), storage_(originals_.size()) {
+    for (std::size_t i = 0; i < originals_.size(); ++i) {
+      const BufferRef& b = originals_[i];
+      if (b.memory != MemorySpace::device) continue;
+      storage_[i].resize(b.bytes());
+      staged_[i].data = storage_[i].data();
+      staged_[i].memory = MemorySpace::host;
+      staged_[i].device = nullptr;
+      if (copy_in) b.device->copy(storage_[i].data(), b.data, b.bytes());
+    }
+  }
+  std::span<BufferRef> buffers() noexcept { return staged_; }
+  void copy_back() const {
+    for (std::size_t i = 0; i < originals_.size(); ++i) {
+      const BufferRef& b = originals_[i];
+      if (b.memory == MemorySpace::device) b.device->copy(b.data, storage_[i].data(), b.bytes());
+    }
+  }
+
+ private:
+  std::vector<BufferRef> originals_;
+  std::vector<BufferRef> staged_;
+  std::vector<std::vector<std::byte>> storage_;
+};
+
+/// Wraps host-only collectives so that device buffers travel through host copies.
+class DeviceStagingCollectives final : public ReplicaCollectives {
+ public:
+  explicit DeviceStagingCollectives(std::unique_ptr<ReplicaCollectives> inner) : inner_(std::move(inner)) {}
+
+  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
+    if (!any_in_device_memory(buffers)) return inner_->all_reduce(group, replica, buffers, op);
+    HostStaging staging(buffers);
+    inner_->all_reduce(group, replica, staging.buffers(), op);
+    staging.copy_back();
+  }
+
+  void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+                  const std::function<void*(const Shape&)>& allocate) override {
+    if (input.memory != MemorySpace::device) return inner_->all_gather(group, replica, input, axis, allocate);
+    HostStaging staging(std::span<const BufferRef>(&input, 1));
+    std::vector<std::byte> gathered;
+    Shape shape;
+    inner_->all_gather(group, replica, staging.buffers()[0], axis, [&](const Shape& s) -> void* {
+      shape = s;
+      gathered.resize(static_cast<std::size_t>(num_elements(s)) * size_of(input.dtype));
+      return gathered.data();
+    });
+    // The result type's memory is the caller's business; the device copy reaches host or device.
+    input.device->copy(allocate(shape), gathered.data(), gathered.size());
+  }
+
+  void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
+    if (buffer.memory != MemorySpace::device) return inner_->broadcast(group, replica, buffer, root);
+    HostStaging staging(std::span<const BufferRef>(&buffer, 1));
+    inner_->broadcast(group, replica, staging.buffers()[0], root);
+    staging.copy_back();
+  }
+
+ private:
+  std::unique_ptr<ReplicaCollectives> inner_;
+};
+
+inline std::unique_ptr<ReplicaCollectives> with_device_staging(std::unique_ptr<ReplicaCollectives> inner) {
+  return std::make_unique<DeviceStagingCollectives>(std::move(inner));
+}
+
+/// The collectives of policy `Ops`, wrapped for device buffers unless Ops handles them itself.
+template <class Ops>
+std::unique_ptr<ReplicaCollectives> make_collectives(const CollectivesConfig& config) {
+  if constexpr (requires { requires Ops::device_buffers; }) {
+    return Ops::make_collectives(config);
+  } else {
+    return with_device_staging(Ops::make_collectives(config));
+  }
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE

@@ -1,0 +1,120 @@
+// The collectives of a multi-worker strategy: reduce among the local replicas in shared memory,
+// one cross-worker collective per pack (made by local replica 0 over the CrossWorkerLink), then
+// a local copy back out. Every value crosses the process boundary once.
+#pragma once
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include <distribute/collective/communication_options.hpp>
+#include <distribute/collective/detail/validate.hpp>
+#include <distribute/collective/packing.hpp>
+#include <distribute/collective/shared_memory.hpp>
+#include <distribute/core/detail/concat.hpp>
+#include <distribute/core/detail/cross_worker.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+class MultiWorkerCollectives : public SharedMemoryCollectives {
+ public:
+  MultiWorkerCollectives(CrossWorkerLink& link, int num_local, int num_replicas_in_sync, const CommunicationOptions& options)
+      : SharedMemoryCollectives(num_replicas_in_sync), link_(&link), bytes_per_pack_(options.bytes_per_pack) {
+    local_.resize(static_cast<std::size_t>(num_local));
+    std::iota(local_.begin(), local_.end(), 0);
+  }
+
+  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
+    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    exchange(
+        group, replica, call,
+        [&] {  // local replicas into replica 0
+          if (replica != 0) return;
+          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, 0, local_, i, combine_op, 0);
+        },
+        [&] {  // replica 0: across the workers, one collective per pack
+          if (replica == 0) cross_worker_all_reduce(buffers, combine_op, op == ReduceOp::Mean);
+        },
+        [&] {  // everyone takes the result
+          if (replica != 0) copy_buffers(group, 0, replica);
+        });
+  }
+
+  void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+                  const std::function<void*(const Shape&)>& allocate) override {
+    BufferRef in = input;
+    const CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
+    exchange(
+        group, replica, call,
+        [&] {
+          if (replica != 0) return;
+          std::vector<const BufferRef*> parts;
+          for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
+          std::vector<std::byte> local;
+          Shape local_shape;
+          concat_along_axis(parts, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
+            local_shape = s;
+            local.resize(static_cast<std::size_t>(num_elements(s)) * size_of(in.dtype));
+            return local.data();
+          });
+          gathered_ = gather_across_workers(*link_, {local.data(), in.dtype, local_shape},
+                                            static_cast<std::size_t>(axis), "all_gather");
+        },
+        [&] {
+          void* out = allocate(gathered_.shape);
+          if (!gathered_.data.empty()) std::memcpy(out, gathered_.data.data(), gathered_.data.size());
+        });
+  }
+
+  /// `root` is a replica_id_in_sync_group: its worker sends, every replica receives.
+  void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
+    const CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
+    const int root_worker = root / group.size();
+    const int root_local = root % group.size();
+    exchange(
+        group, replica, call,
+        [&] {
+          if (replica != 0) return;
+          if (link_->worker_index() == root_worker && root_local != 0 && buffer.bytes() > 0) {
+            std::memcpy(buffer.data, group.slot(root_local).buffers[0].data, buffer.bytes());
+          }
+          link_->broadcast(buffer.data, buffer.bytes(), root_worker);
+        },
+        [&] {
+          if (replica != 0 && buffer.bytes() > 0) std::memcpy(buffer.data, group.slot(0).buffers[0].data, buffer.bytes());
+        });
+  }
+
+ private:
+  void cross_worker_all_reduce(std::span<BufferRef> buffers, ReduceOp combine_op, bool mean) {
+    for (const Pack& pack : make_packs(buffers, bytes_per_pack_)) {
+      if (pack.members.size() == 1) {  // a lone value travels from its own memory, no copy
+        BufferRef& b = buffers[pack.members.front()];
+        link_->all_reduce(b.data, b.count(), b.dtype, combine_op);
+      } else {
+        scratch_.resize(pack.bytes());
+        pack_into(pack, buffers, scratch_.data());
+        link_->all_reduce(scratch_.data(), pack.count, pack.dtype, combine_op);
+        unpack_from(pack, buffers, scratch_.data());
+      }
+    }
+    if (!mean) return;
+    for (BufferRef& b : buffers) {
+      visit_dtype(b.dtype, [&](auto t) { divide(static_cast<decltype(t)*>(b.data), b.count(), mean_divisor_); });
+    }
+  }
+
+  CrossWorkerLink* link_;
+  std::size_t bytes_per_pack_;
+  std::vector<int> local_;
+  std::vector<std::byte> scratch_;  // packs of several values (used by replica 0 only)
+  GatheredBytes gathered_;          // replica 0's all_gather result, read by all
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
