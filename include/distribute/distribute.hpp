@@ -14,6 +14,12 @@
 #include <distribute/core/context.hpp>
 #include <distribute/core/variable.hpp>
 
+#include <distribute/data/options.hpp>
+#include <distribute/data/record_file.hpp>
+#include <distribute/data/dataset.hpp>
+#include <distribute/data/input_context.hpp>
+#include <distribute/data/distributed_dataset.hpp>
+
 #include <distribute/backends/host/host.hpp>
 #include <distribute/backends/host/replica_threads.hpp>
 #include <distribute/collective/communication_options.hpp>
@@ -27,3 +33,9 @@
 #include <distribute/strategy/one_device.hpp>
 #include <distribute/strategy/central_storage.hpp>
 
+// checkpoint/ (needs Boost.JSON)
+#if __has_include(<boost/json.hpp>)
+#include <distribute/checkpoint/safetensors.hpp>
+#include <distribute/checkpoint/checkpoint.hpp>
+#include <distribute/checkpoint/checkpoint_manager.hpp>
+#endif

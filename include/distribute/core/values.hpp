@@ -104,8 +104,8 @@ class Sharded {
     return s;
   }
 
-  /// The shards concatenated along axis 0.
-  Tensor<element_t<T>> to_tensor() const
+  /// The shards concatenated along axis 0 (a Tensor of their element type).
+  auto to_tensor() const
     requires TensorLike<T>
   {
     Shape s = shape();

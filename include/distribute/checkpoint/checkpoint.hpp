@@ -1,0 +1,353 @@
+// Checkpoint: named variables saved to, and restored from, one safetensors file.
+//
+//   ds::Checkpoint ckpt;
+//   ckpt.track("dense/kernel", w).track("step", step);
+//   auto path = ckpt.save("/tmp/run/ckpt");     // /tmp/run/ckpt-1.safetensors
+//   ckpt.restore(path);
+//
+// What is saved for each kind of variable (TF's rules):
+//   plain / mirrored (ON_WRITE)   one tensor, the primary copy; restored into every copy
+//   sync-on-read (ON_READ)        the cross-replica aggregate (SUM/MEAN/ONLY_FIRST_REPLICA);
+//                                 restored with a cross-replica assign (SUM: split over the copies)
+//   sharded (track_sharded)       one tensor, the shards concatenated along axis 0; restorable into
+//                                 any number of shards whose rows add up to the saved rows
+// Saving and restoring happen in cross-replica context (outside strategy.run()). A Checkpoint is
+// not thread-safe: one thread saves or restores at a time.
+#pragma once
+
+#include <algorithm>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <distribute/checkpoint/safetensors.hpp>
+#include <distribute/core/context.hpp>
+#include <distribute/core/error.hpp>
+#include <distribute/core/shape.hpp>
+#include <distribute/core/tensor_traits.hpp>
+#include <distribute/core/values.hpp>
+#include <distribute/core/variable.hpp>
+#include <distribute/version.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+struct CheckpointOptions {
+  /// fsync each file and its directory before save() returns, so that the checkpoint survives a
+  /// power loss, not only a crash of the process. Off only for scratch checkpoints.
+  bool durable = true;
+  /// Called while a file is written: (bytes written so far, total bytes).
+  std::function<void(std::uint64_t, std::uint64_t)> on_progress;
+};
+
+namespace detail {
+
+inline constexpr std::string_view kSaveCounterKey = "distribute.save_counter";
+inline constexpr std::string_view kLibraryVersionKey = "distribute.library_version";
+
+/// A copy of a tracked value taken at save time, viewed as bytes; `owner` keeps the copy alive.
+struct CheckpointSnapshot {
+  std::shared_ptr<const void> owner;
+  safetensors::TensorView view;
+};
+
+/// What Checkpoint knows about a tracked object: its dtype and logical shape, how to copy it out
+/// and how to write a (validated) tensor back in.
+class Trackable {
+ public:
+  virtual ~Trackable() = default;
+  virtual safetensors::Dtype dtype() const = 0;
+  virtual Shape shape() const = 0;
+  /// For messages: "variable 'w'", "sharded variable (2 shards: (4, 2), (3, 2))".
+  virtual std::string describe() const = 0;
+  virtual CheckpointSnapshot snapshot(const std::string& name) const = 0;
+  /// `tensor` has already been checked to have dtype() and shape().
+  virtual void restore(const safetensors::StoredTensor& tensor) = 0;
+};
+
+template <class T>
+void check_host_memory() {
+  static_assert(memory_space_v<T> == MemorySpace::host,
+                "ds::Checkpoint: variables whose values live in device memory cannot be checkpointed yet");
+}
+
+// Reads a variable's checkpoint value: the primary copy, or the aggregate of a sync-on-read one.
+template <class T>
+T checkpoint_value(const Variable<T>& var, const std::string& name) {
+  try {
+    return var.read_value();
+  } catch (const InvalidArgument& e) {
+    throw CheckpointError(fmt::format("cannot save tensor '{}': {}", name, e.what()));
+  }
+}
+
+// Writes `shape`'s worth of elements from `data` into every copy of `var`.
+template <class T>
+void restore_variable(Variable<T>& var, const Shape& shape, const std::byte* data) {
+  using E = element_t<T>;
+  T value = tensor_traits<T>::make(shape);
+  const std::size_t n = static_cast<std::size_t>(num_elements(shape));
+  if (n) std::memcpy(tensor_traits<T>::data(value), data, n * sizeof(E));
+  if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>) {
+    // A SUM sync-on-read integer split as value/N per copy would lose the remainder (7 over 3
+    // copies reads back 6); give it to copy 0 so that the sum reads back exactly.
+    const std::size_t copies = var.values().size();
+    if (var.is_sync_on_read() && var.aggregation() == VariableAggregation::Sum && copies > 1) {
+      const E* src = tensor_traits<T>::data(value);
+      var.apply_to_copies([&](T& copy, int index) {
+        E* dst = tensor_traits<T>::data(copy);
+        for (std::size_t i = 0; i < n; ++i) {
+          const E share = static_cast<E>(src[i] / static_cast<E>(copies));
+          dst[i] = index == 0 ? static_cast<E>(src[i] - share * static_cast<E>(copies - 1)) : share;
+        }
+      });
+      return;
+    }
+  }
+  var.assign(value);
+}
+
+template <class T>
+class TrackedVariable final : public Trackable {
+ public:
+  explicit TrackedVariable(Variable<T> var) : var_(std::move(var)) {}
+  safetensors::Dtype dtype() const override { return safetensors::dtype_for<element_t<T>>(); }
+  Shape shape() const override { return var_.shape(); }
+  std::string describe() const override { return fmt::format("variable '{}'", var_.name()); }
+  CheckpointSnapshot snapshot(const std::string& name) const override {
+    auto copy = std::make_shared<const T>(checkpoint_value(var_, name));
+    return CheckpointSnapshot{copy, safetensors::view_of(*copy)};
+  }
+  void restore(const safetensors::StoredTensor& tensor) override {
+    restore_variable(var_, tensor.shape, tensor.bytes.data());
+  }
+
+ private:
+  Variable<T> var_;
+};
+
+template <class T>
+class TrackedShards final : public Trackable {
+  using E = element_t<T>;
+
+ public:
+  TrackedShards(std::vector<Variable<T>> shards, const std::string& name) : shards_(std::move(shards)) {
+    if (shards_.empty()) throw InvalidArgument(fmt::format("Checkpoint: sharded variable '{}' has no shards", name));
+    const Shape first = shards_.front().shape();
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      const Shape s = shards_[i].shape();
+      if (s.empty() || s.size() != first.size() || !std::equal(s.begin() + 1, s.end(), first.begin() + 1)) {
+        throw InvalidArgument(fmt::format("Checkpoint: shard {} ('{}') of '{}' has shape {}, which does not stack "
+                                          "along axis 0 with shard 0's {}",
+                                          i, shards_[i].name(), name, shape_string(s), shape_string(first)));
+      }
+    }
+  }
+  safetensors::Dtype dtype() const override { return safetensors::dtype_for<E>(); }
+  Shape shape() const override {
+    Shape s = shards_.front().shape();
+    s[0] = 0;
+    for (const auto& shard : shards_) s[0] += shard.shape()[0];
+    return s;
+  }
+  std::string describe() const override {
+    std::string shapes;
+    for (std::size_t i = 0; i < shards_.size(); ++i) shapes += (i ? ", " : "") + shape_string(shards_[i].shape());
+    return fmt::format("sharded variable ({} shard{}: {})", shards_.size(), shards_.size() == 1 ? "" : "s", shapes);
+  }
+  CheckpointSnapshot snapshot(const std::string& name) const override {
+    auto bytes = std::make_shared<std::vector<std::byte>>();
+    bytes->reserve(static_cast<std::size_t>(num_elements(shape())) * sizeof(E));
+    for (const auto& shard : shards_) {
+      const T value = checkpoint_value(shard, name);
+      const auto* p = reinterpret_cast<const std::byte*>(tensor_traits<T>::data(value));
+      bytes->insert(bytes->end(), p, p + element_count(value) * sizeof(E));
+    }
+    return CheckpointSnapshot{bytes, safetensors::TensorView{dtype(), shape(), *bytes}};
+  }
+  void restore(const safetensors::StoredTensor& tensor) override {
+    const std::byte* data = tensor.bytes.data();
+    // Split by rows: each shard takes as many rows as its own shape has, so the saved layout
+    // (how many shards, which sizes) does not matter.
+    for (auto& shard : shards_) {
+      const Shape s = shard.shape();
+      restore_variable(shard, s, data);
+      data += static_cast<std::size_t>(num_elements(s)) * sizeof(E);
+    }
+  }
+
+ private:
+  std::vector<Variable<T>> shards_;
+};
+
+/// Checkpoints are saved and restored in cross-replica context: inside a step function each
+/// replica would read its own copy, and N replicas would all write the same file.
+inline void check_cross_replica(const char* what) {
+  if (ReplicaContext* ctx = thread_context().replica; ctx && ctx->strategy().num_local_replicas() > 1) {
+    throw InvalidArgument(fmt::format("{} was called inside a step function of {} (replica {}); call it in "
+                                      "cross-replica context, outside strategy.run()",
+                                      what, ctx->strategy().name(), ctx->replica_id_in_sync_group()));
+  }
+}
+
+}  // namespace detail
+
+class Checkpoint {
+ public:
+  explicit Checkpoint(CheckpointOptions options = {}) : options_(std::move(options)) {}
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
+  Checkpoint(Checkpoint&&) = default;
+  Checkpoint& operator=(Checkpoint&&) = default;
+
+  /// Tracks a variable (plain, mirrored or sync-on-read) under `name`, the tensor's name in the file.
+  template <class T>
+  Checkpoint& track(std::string name, const Variable<T>& variable) {
+    detail::check_host_memory<T>();
+    return add(std::move(name), std::make_unique<detail::TrackedVariable<T>>(variable));
+  }
+
+  /// Tracks a sharded variable as one tensor: its shards concatenated along axis 0.
+  /// (Usable once Sharded<Variable<T>, S> can be instantiated: core/values.hpp's to_tensor()
+  /// names element_t<T> in its return type, which a Variable does not have. Until then use
+  /// track_sharded with the shard variables.)
+  template <class T, class S>
+  Checkpoint& track(std::string name, const Sharded<Variable<T>, S>& variable) {
+    return track_sharded(std::move(name), variable.shards());
+  }
+
+  /// Tracks shard variables (in row order) as one tensor, concatenated along axis 0. They must
+  /// agree on every dimension but the first.
+  template <class T>
+  Checkpoint& track_sharded(std::string name, std::vector<Variable<T>> shards) {
+    detail::check_host_memory<T>();
+    auto tracked = std::make_unique<detail::TrackedShards<T>>(std::move(shards), name);
+    return add(std::move(name), std::move(tracked));
+  }
+
+  bool is_tracking(std::string_view name) const { return items_.find(name) != items_.end(); }
+  std::vector<std::string> tracked_names() const {
+    std::vector<std::string> names;
+    for (const auto& [name, item] : items_) names.push_back(name);
+    return names;
+  }
+
+  /// How many times save() has succeeded (restored from the file by restore()).
+  std::int64_t save_counter() const noexcept { return save_counter_; }
+  const CheckpointOptions& options() const noexcept { return options_; }
+
+  /// Increments the save counter and writes `<prefix>-<counter>.safetensors` (TF: ckpt-1, ckpt-2,
+  /// ...), creating missing directories. Returns the path written.
+  std::filesystem::path save(const std::filesystem::path& prefix) {
+    detail::check_cross_replica("Checkpoint::save");
+    const std::int64_t n = save_counter_ + 1;
+    std::filesystem::path path(prefix.string() + fmt::format("-{}.safetensors", n));
+    write_file(path, n);
+    save_counter_ = n;
+    return path;
+  }
+
+  /// Writes exactly `path`, leaving the save counter as it is (TF's Checkpoint.write).
+  std::filesystem::path write(const std::filesystem::path& path) {
+    detail::check_cross_replica("Checkpoint::write");
+    write_file(path, save_counter_);
+    return path;
+  }
+
+  /// Restores every tracked variable from `path`. Each must be in the file with the same dtype and
+  /// shape (a sharded one: the concatenated shape); tensors the file has beyond those are ignored.
+  /// Nothing is assigned unless everything matches.
+  void restore(const std::filesystem::path& path) {
+    detail::check_cross_replica("Checkpoint::restore");
+    restore(safetensors::read(path));
+  }
+
+  /// Restores from a file already read (or parsed from memory).
+  void restore(const safetensors::File& file) {
+    detail::check_cross_replica("Checkpoint::restore");
+    std::vector<std::string> problems;
+    std::vector<std::pair<detail::Trackable*, const safetensors::StoredTensor*>> plan;
+    for (const auto& [name, item] : items_) {
+      const safetensors::StoredTensor* t = file.find(name);
+      if (!t) {
+        problems.push_back(fmt::format("tensor '{}' (for {}) is not in the file", name, item->describe()));
+        continue;
+      }
+      const Shape want = item->shape();
+      if (t->dtype != item->dtype() || t->shape != want) {
+        problems.push_back(fmt::format("tensor '{}' is {} with shape {} in the file, but the tracked {} is {} with "
+                                       "shape {}",
+                                       name, safetensors::describe(t->dtype), shape_string(t->shape), item->describe(),
+                                       safetensors::describe(item->dtype()), shape_string(want)));
+        continue;
+      }
+      plan.emplace_back(item.get(), t);
+    }
+    std::int64_t counter = save_counter_;
+    if (auto it = file.metadata.find(detail::kSaveCounterKey); it != file.metadata.end()) {
+      const std::string& s = it->second;
+      auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), counter);
+      if (ec != std::errc{} || ptr != s.data() + s.size() || counter < 0) {
+        problems.push_back(fmt::format("{} is \"{}\", not a non-negative integer", detail::kSaveCounterKey, s));
+      }
+    }
+    if (!problems.empty()) {
+      throw CheckpointError(fmt::format("cannot restore from '{}': {}", file.origin, fmt::join(problems, "; ")));
+    }
+    for (auto& [item, tensor] : plan) item->restore(*tensor);
+    save_counter_ = counter;
+  }
+
+ private:
+  friend class CheckpointManager;
+
+  Checkpoint& add(std::string name, std::unique_ptr<detail::Trackable> item) {
+    if (name.empty() || name == "__metadata__") {
+      throw InvalidArgument(fmt::format("Checkpoint::track: '{}' cannot name a tensor", name));
+    }
+    if (items_.count(name)) {
+      throw InvalidArgument(fmt::format("Checkpoint::track: '{}' is already tracked; each name holds one tensor", name));
+    }
+    items_.emplace(std::move(name), std::move(item));
+    return *this;
+  }
+
+  void write_file(const std::filesystem::path& path, std::int64_t counter) {
+    // Every value is copied out first so that the file is one consistent snapshot.
+    std::vector<detail::CheckpointSnapshot> snapshots;
+    safetensors::TensorMap tensors;
+    for (const auto& [name, item] : items_) {
+      snapshots.push_back(item->snapshot(name));
+      tensors.emplace(name, snapshots.back().view);
+    }
+    safetensors::Metadata metadata{{std::string(detail::kSaveCounterKey), fmt::format("{}", counter)},
+                                   {std::string(detail::kLibraryVersionKey), DISTRIBUTE_VERSION_STRING}};
+    if (path.has_parent_path()) {
+      std::error_code ec;
+      std::filesystem::create_directories(path.parent_path(), ec);
+      if (ec) {
+        throw CheckpointError(fmt::format("cannot create the directory '{}' for checkpoint '{}': {}",
+                                          path.parent_path().string(), path.string(), ec.message()));
+      }
+    }
+    safetensors::write(path, tensors, metadata, safetensors::WriteOptions{options_.durable, options_.on_progress});
+  }
+
+  std::map<std::string, std::unique_ptr<detail::Trackable>, std::less<>> items_;
+  std::int64_t save_counter_ = 0;
+  CheckpointOptions options_;
+};
+
+DISTRIBUTE_END_NAMESPACE

@@ -1,0 +1,747 @@
+// safetensors files: read, write, validate.
+//
+// Layout (https://github.com/huggingface/safetensors):
+//   8 bytes   N, little-endian u64
+//   N bytes   JSON header: {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+//                           "__metadata__": {"key": "value", ...}}
+//             padded with spaces so that the payload starts 8-byte aligned
+//   payload   the tensors' bytes, row-major, little-endian; offsets are relative to the payload
+//
+// What distribute adds, inside __metadata__ (so any safetensors reader still reads the file):
+//   "distribute.format": "1"
+//   "distribute.crc32.<tensor>": CRC-32 (IEEE, as zlib.crc32) of that tensor's bytes, 8 hex digits
+//   "distribute.header_crc32": CRC-32 of a canonical form of the header (see detail::header_digest),
+//                              so that a corrupted shape, offset, name or metadata value is caught too
+// A file carrying any of these must carry all of them. Files without them (written by Python's
+// safetensors, say) are read with the structural checks only.
+//
+// Every problem is a ds::CheckpointError naming the file and, where there is one, the tensor.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <charconv>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <boost/crc.hpp>
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+#include <distribute/checkpoint/detail/posix_file.hpp>
+#include <distribute/core/dtype.hpp>
+#include <distribute/core/error.hpp>
+#include <distribute/core/shape.hpp>
+#include <distribute/core/tensor.hpp>
+#include <distribute/core/tensor_traits.hpp>
+
+static_assert(std::endian::native == std::endian::little,
+              "distribute/checkpoint: safetensors payloads are little-endian; big-endian hosts are not supported");
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace safetensors {
+
+/// The element types of a safetensors file, spelled as in the file. F16 and BF16 have no C++
+/// arithmetic type here: they are carried as raw 2-byte values (float16 / bfloat16 below).
+enum class Dtype : std::uint8_t { F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool };
+
+inline constexpr std::array<Dtype, 13> all_dtypes = {Dtype::F16, Dtype::BF16, Dtype::F32, Dtype::F64, Dtype::I8,
+                                                     Dtype::I16, Dtype::I32,  Dtype::I64, Dtype::U8,  Dtype::U16,
+                                                     Dtype::U32, Dtype::U64,  Dtype::Bool};
+
+/// "F32", "BOOL", ... as written in the header.
+constexpr std::string_view to_string(Dtype d) noexcept {
+  switch (d) {
+    case Dtype::F16: return "F16";
+    case Dtype::BF16: return "BF16";
+    case Dtype::F32: return "F32";
+    case Dtype::F64: return "F64";
+    case Dtype::I8: return "I8";
+    case Dtype::I16: return "I16";
+    case Dtype::I32: return "I32";
+    case Dtype::I64: return "I64";
+    case Dtype::U8: return "U8";
+    case Dtype::U16: return "U16";
+    case Dtype::U32: return "U32";
+    case Dtype::U64: return "U64";
+    case Dtype::Bool: return "BOOL";
+  }
+  return "?";
+}
+
+constexpr std::size_t size_of(Dtype d) noexcept {
+  switch (d) {
+    case Dtype::I8: case Dtype::U8: case Dtype::Bool: return 1;
+    case Dtype::F16: case Dtype::BF16: case Dtype::I16: case Dtype::U16: return 2;
+    case Dtype::F32: case Dtype::I32: case Dtype::U32: return 4;
+    case Dtype::F64: case Dtype::I64: case Dtype::U64: return 8;
+  }
+  return 0;
+}
+
+constexpr std::optional<Dtype> parse_dtype(std::string_view s) noexcept {
+  for (Dtype d : all_dtypes) {
+    if (to_string(d) == s) return d;
+  }
+  return std::nullopt;
+}
+
+/// The file dtype of a library element type.
+constexpr Dtype from_dtype(DType d) noexcept {
+  switch (d) {
+    case DType::F32: return Dtype::F32;
+    case DType::F64: return Dtype::F64;
+    case DType::I8: return Dtype::I8;
+    case DType::I16: return Dtype::I16;
+    case DType::I32: return Dtype::I32;
+    case DType::I64: return Dtype::I64;
+    case DType::U8: return Dtype::U8;
+    case DType::U16: return Dtype::U16;
+    case DType::U32: return Dtype::U32;
+    case DType::U64: return Dtype::U64;
+    case DType::Bool: return Dtype::Bool;
+  }
+  return Dtype::F32;
+}
+
+/// The library element type of a file dtype; none for F16/BF16.
+constexpr std::optional<DType> to_dtype(Dtype d) noexcept {
+  switch (d) {
+    case Dtype::F16: case Dtype::BF16: return std::nullopt;
+    case Dtype::F32: return DType::F32;
+    case Dtype::F64: return DType::F64;
+    case Dtype::I8: return DType::I8;
+    case Dtype::I16: return DType::I16;
+    case Dtype::I32: return DType::I32;
+    case Dtype::I64: return DType::I64;
+    case Dtype::U8: return DType::U8;
+    case Dtype::U16: return DType::U16;
+    case Dtype::U32: return DType::U32;
+    case Dtype::U64: return DType::U64;
+    case Dtype::Bool: return DType::Bool;
+  }
+  return std::nullopt;
+}
+
+/// "F32 (float32)"; "F16" for the types with no library counterpart.
+inline std::string describe(Dtype d) {
+  auto lib = to_dtype(d);
+  return lib ? fmt::format("{} ({})", to_string(d), distribute::to_string(*lib)) : std::string(to_string(d));
+}
+
+/// IEEE half precision, stored as its bit pattern. No arithmetic, no implicit conversion:
+/// distribute moves these values, it does not compute with them.
+struct float16 {
+  std::uint16_t bits = 0;
+  friend constexpr bool operator==(float16, float16) = default;
+};
+/// bfloat16 (the upper half of an IEEE float32), stored as its bit pattern.
+struct bfloat16 {
+  std::uint16_t bits = 0;
+  friend constexpr bool operator==(bfloat16, bfloat16) = default;
+};
+
+/// An element type a safetensors tensor can be read as or written from.
+template <class T>
+concept StorableElement = Element<T> || std::same_as<T, float16> || std::same_as<T, bfloat16>;
+
+template <StorableElement T>
+constexpr Dtype dtype_for() noexcept {
+  if constexpr (std::same_as<T, float16>) return Dtype::F16;
+  else if constexpr (std::same_as<T, bfloat16>) return Dtype::BF16;
+  else return from_dtype(dtype_of<T>());
+}
+
+/// Borrowed bytes of one tensor to write: the caller keeps them alive during the write.
+struct TensorView {
+  Dtype dtype = Dtype::F32;
+  Shape shape;
+  std::span<const std::byte> bytes;
+
+  /// A view of `data` (row-major) as a tensor of `shape`; the element count must match.
+  template <StorableElement T>
+  static TensorView of(Shape shape, std::span<const T> data) {
+    for (auto d : shape) {
+      if (d < 0) throw InvalidArgument(fmt::format("safetensors: negative dimension in shape {}", shape_string(shape)));
+    }
+    if (num_elements(shape) != static_cast<std::int64_t>(data.size())) {
+      throw InvalidArgument(fmt::format("safetensors: shape {} holds {} elements but {} were given",
+                                        shape_string(shape), num_elements(shape), data.size()));
+    }
+    return TensorView{dtype_for<T>(), std::move(shape), std::as_bytes(data)};
+  }
+};
+
+/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type...).
+template <TensorLike U>
+TensorView view_of(const U& value) {
+  static_assert(memory_space_v<U> == MemorySpace::host,
+                "safetensors::view_of: the value lives in device memory; copy it to the host first");
+  using E = element_t<U>;
+  return TensorView{dtype_for<E>(), shape_of(value),
+                    std::as_bytes(std::span<const E>(tensor_traits<U>::data(value), element_count(value)))};
+}
+
+/// One tensor read from a file (owns its bytes).
+struct StoredTensor {
+  std::string name;
+  Dtype dtype = Dtype::F32;
+  Shape shape;
+  std::vector<std::byte> bytes;
+
+  std::int64_t num_elements() const { return distribute::num_elements(shape); }
+  TensorView view() const { return TensorView{dtype, shape, bytes}; }
+
+  /// The elements as T, which must be exactly the stored dtype: F16 is not read as float, nor
+  /// I32 as I64 (a silent conversion would hide a mismatch between a file and its reader).
+  template <StorableElement T>
+  std::vector<T> values() const {
+    check_dtype(dtype_for<T>());
+    const std::size_t n = bytes.size() / sizeof(T);
+    if constexpr (std::is_same_v<T, bool>) {
+      std::vector<bool> out(n);
+      for (std::size_t i = 0; i < n; ++i) out[i] = bytes[i] != std::byte{0};
+      return out;
+    } else {
+      std::vector<T> out(n);
+      if (n) std::memcpy(out.data(), bytes.data(), bytes.size());
+      return out;
+    }
+  }
+
+  /// The tensor as a ds::Tensor<T> (T exactly the stored dtype).
+  template <Element T>
+    requires(!std::is_same_v<T, bool>)
+  Tensor<T> to_tensor() const {
+    return Tensor<T>(shape, values<T>());
+  }
+
+  void check_dtype(Dtype wanted) const {
+    if (wanted != dtype) {
+      throw CheckpointError(fmt::format("tensor '{}' has dtype {} and cannot be read as {}; distribute does not "
+                                        "convert between element types",
+                                        name, describe(dtype), describe(wanted)));
+    }
+  }
+};
+
+using Metadata = std::map<std::string, std::string, std::less<>>;
+
+/// The contents of a safetensors file.
+struct File {
+  /// The path it was read from, or the name given to parse().
+  std::string origin;
+  /// In payload order.
+  std::vector<StoredTensor> tensors;
+  Metadata metadata;
+
+  const StoredTensor* find(std::string_view name) const {
+    for (const auto& t : tensors) {
+      if (t.name == name) return &t;
+    }
+    return nullptr;
+  }
+  const StoredTensor& at(std::string_view name) const {
+    if (const StoredTensor* t = find(name)) return *t;
+    std::string names;
+    for (std::size_t i = 0; i < tensors.size() && i < 20; ++i) names += fmt::format("{}'{}'", i ? ", " : "", tensors[i].name);
+    if (tensors.size() > 20) names += fmt::format(", ... ({} in all)", tensors.size());
+    throw CheckpointError(fmt::format("'{}' has no tensor '{}' (it has: {})", origin, name,
+                                      tensors.empty() ? std::string("none") : names));
+  }
+};
+
+/// Tensors to write, by name.
+using TensorMap = std::map<std::string, TensorView, std::less<>>;
+
+struct WriteOptions {
+  /// fsync the file and its directory before returning (off only for scratch files).
+  bool durable = true;
+  /// Called after each chunk written: (bytes written so far, total bytes).
+  std::function<void(std::uint64_t, std::uint64_t)> on_progress;
+};
+
+struct ReadOptions {
+  /// Verify distribute's CRC-32s when the file has them.
+  bool verify_checksums = true;
+};
+
+namespace detail {
+
+inline constexpr std::string_view kFormatKey = "distribute.format";
+inline constexpr std::string_view kFormatVersion = "1";
+inline constexpr std::string_view kHeaderCrcKey = "distribute.header_crc32";
+inline constexpr std::string_view kTensorCrcPrefix = "distribute.crc32.";
+inline constexpr std::string_view kMetadataKey = "__metadata__";
+// The Rust reference implementation refuses larger headers too; it bounds what a corrupted
+// length prefix can make us allocate.
+inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+inline constexpr std::size_t kWriteChunk = std::size_t{4} << 20;
+
+inline std::uint32_t crc32(std::span<const std::byte> bytes) {
+  boost::crc_32_type crc;
+  crc.process_bytes(bytes.data(), bytes.size());
+  return crc.checksum();
+}
+inline std::string crc_hex(std::uint32_t crc) { return fmt::format("{:08x}", crc); }
+
+inline bool is_reserved_key(std::string_view key) {
+  return key == kFormatKey || key == kHeaderCrcKey || key.substr(0, kTensorCrcPrefix.size()) == kTensorCrcPrefix;
+}
+
+struct Entry {
+  std::string name;
+  Dtype dtype = Dtype::F32;
+  Shape shape;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+};
+
+// The header's meaning in a canonical form: tensors by name, then metadata by key (without the
+// header checksum itself). The JSON text is not hashed, so formatting and key order are free.
+//   "T" name NUL dtype NUL dims,joined,by,commas NUL begin NUL end "\n"
+//   "M" key NUL value "\n"
+inline std::uint32_t header_digest(std::vector<const Entry*> entries, const Metadata& metadata) {
+  std::sort(entries.begin(), entries.end(), [](const Entry* a, const Entry* b) { return a->name < b->name; });
+  std::string text;
+  for (const Entry* e : entries) {
+    text += 'T';
+    text += e->name;
+    text += '\0';
+    text += to_string(e->dtype);
+    text += '\0';
+    text += fmt::format("{}", fmt::join(e->shape, ","));
+    text += '\0';
+    text += fmt::format("{}", e->begin);
+    text += '\0';
+    text += fmt::format("{}\n", e->end);
+  }
+  for (const auto& [key, value] : metadata) {
+    if (key == kHeaderCrcKey) continue;
+    text += 'M';
+    text += key;
+    text += '\0';
+    text += value;
+    text += '\n';
+  }
+  return crc32(std::as_bytes(std::span(text.data(), text.size())));
+}
+
+inline std::uint64_t checked_size(const std::string& origin, const Entry& e) {
+  std::uint64_t n = size_of(e.dtype);
+  for (auto d : e.shape) {
+    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' has shape {}, whose byte size overflows 64 bits", origin,
+                                        e.name, shape_string(e.shape)));
+    }
+  }
+  return n;
+}
+
+inline std::uint64_t json_unsigned(const boost::json::value& v, const std::string& origin, const std::string& name,
+                                   const char* field) {
+  if (v.is_uint64()) return v.get_uint64();
+  if (v.is_int64() && v.get_int64() >= 0) return static_cast<std::uint64_t>(v.get_int64());
+  throw CheckpointError(fmt::format("'{}': tensor '{}': {} must hold non-negative integers, not {}", origin, name, field,
+                                    boost::json::serialize(v)));
+}
+
+// A parsed and validated header: entries in payload order, the metadata, and whether the file
+// carries distribute's checksums.
+struct Header {
+  std::vector<Entry> entries;  // in payload order
+  Metadata metadata;
+  bool has_checksums = false;
+};
+
+inline Header parse_header(std::string_view json, std::uint64_t payload_size, const std::string& origin) {
+  if (json.empty() || json.front() != '{') {
+    throw CheckpointError(fmt::format("'{}': the header does not start with '{{': not a safetensors file, or a "
+                                      "corrupted one",
+                                      origin));
+  }
+  boost::system::error_code ec;
+  boost::json::value root = boost::json::parse(json, ec);
+  if (ec) {
+    throw CheckpointError(fmt::format("'{}': the JSON header ({} bytes) is invalid: {}", origin, json.size(),
+                                      ec.message()));
+  }
+  if (!root.is_object()) throw CheckpointError(fmt::format("'{}': the JSON header is not an object", origin));
+
+  Header h;
+  for (const auto& kv : root.get_object()) {
+    const std::string name(kv.key());
+    const boost::json::value& v = kv.value();
+    if (name == kMetadataKey) {
+      if (!v.is_object()) {
+        throw CheckpointError(fmt::format("'{}': __metadata__ must be an object of strings, not {}", origin,
+                                          boost::json::serialize(v)));
+      }
+      for (const auto& m : v.get_object()) {
+        if (!m.value().is_string()) {
+          throw CheckpointError(fmt::format("'{}': __metadata__ value of '{}' must be a string, not {}", origin,
+                                            std::string_view(m.key()), boost::json::serialize(m.value())));
+        }
+        h.metadata.emplace(std::string(m.key()), std::string(m.value().get_string()));
+      }
+      continue;
+    }
+    if (!v.is_object()) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' must be described by an object, not {}", origin, name,
+                                        boost::json::serialize(v)));
+    }
+    const auto& obj = v.get_object();
+    Entry e;
+    e.name = name;
+    const boost::json::value* dtype = obj.if_contains("dtype");
+    const boost::json::value* shape = obj.if_contains("shape");
+    const boost::json::value* offsets = obj.if_contains("data_offsets");
+    if (!dtype || !shape || !offsets) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' lacks {}", origin, name,
+                                        !dtype ? "\"dtype\"" : !shape ? "\"shape\"" : "\"data_offsets\""));
+    }
+    for (const auto& field : obj) {
+      if (field.key() != "dtype" && field.key() != "shape" && field.key() != "data_offsets") {
+        throw CheckpointError(fmt::format("'{}': tensor '{}' has an unknown field \"{}\"", origin, name,
+                                          std::string_view(field.key())));
+      }
+    }
+    if (!dtype->is_string()) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}': dtype must be a string, not {}", origin, name,
+                                        boost::json::serialize(*dtype)));
+    }
+    auto d = parse_dtype(dtype->get_string());
+    if (!d) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' has dtype \"{}\", which distribute does not know (known: "
+                                        "F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, BOOL)",
+                                        origin, name, std::string_view(dtype->get_string())));
+    }
+    e.dtype = *d;
+    if (!shape->is_array()) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}': shape must be an array, not {}", origin, name,
+                                        boost::json::serialize(*shape)));
+    }
+    for (const auto& dim : shape->get_array()) {
+      const std::uint64_t u = json_unsigned(dim, origin, name, "shape");
+      if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        throw CheckpointError(fmt::format("'{}': tensor '{}': dimension {} is too large", origin, name, u));
+      }
+      e.shape.push_back(static_cast<std::int64_t>(u));
+    }
+    if (!offsets->is_array() || offsets->get_array().size() != 2) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}': data_offsets must be [begin, end], not {}", origin, name,
+                                        boost::json::serialize(*offsets)));
+    }
+    e.begin = json_unsigned(offsets->get_array()[0], origin, name, "data_offsets");
+    e.end = json_unsigned(offsets->get_array()[1], origin, name, "data_offsets");
+    if (e.begin > e.end) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' has data_offsets [{}, {}]: begin is after end", origin,
+                                        name, e.begin, e.end));
+    }
+    const std::uint64_t expected = checked_size(origin, e);
+    if (e.end - e.begin != expected) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' of dtype {} and shape {} needs {} bytes, but its "
+                                        "data_offsets [{}, {}] span {}",
+                                        origin, name, to_string(e.dtype), shape_string(e.shape), expected, e.begin,
+                                        e.end, e.end - e.begin));
+    }
+    if (e.end > payload_size) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' has data_offsets [{}, {}] but the payload holds only {} "
+                                        "bytes: the file is truncated or the offsets are corrupted",
+                                        origin, name, e.begin, e.end, payload_size));
+    }
+    h.entries.push_back(std::move(e));
+  }
+
+  // The tensors must tile the payload exactly: no overlap (two tensors aliasing bytes), no gap
+  // (bytes nobody owns), nothing after the last one.
+  std::sort(h.entries.begin(), h.entries.end(),
+            [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  std::uint64_t cursor = 0;
+  const Entry* previous = nullptr;
+  for (const Entry& e : h.entries) {
+    if (e.begin != cursor) {
+      if (previous) {
+        throw CheckpointError(fmt::format("'{}': tensor '{}' (data_offsets [{}, {}]) {} tensor '{}' (data_offsets "
+                                          "[{}, {}]); tensors must be contiguous and must not overlap",
+                                          origin, e.name, e.begin, e.end,
+                                          e.begin < cursor ? "overlaps" : "leaves a gap after", previous->name,
+                                          previous->begin, previous->end));
+      }
+      throw CheckpointError(fmt::format("'{}': the first tensor '{}' starts at payload byte {}, not 0", origin, e.name,
+                                        e.begin));
+    }
+    cursor = e.end;
+    previous = &e;
+  }
+  if (cursor != payload_size) {
+    throw CheckpointError(fmt::format("'{}': the tensors cover {} bytes but the payload has {}: the file has "
+                                      "trailing bytes or its header length is corrupted",
+                                      origin, cursor, payload_size));
+  }
+
+  // distribute's checksums: all or nothing, so that corrupting one key cannot switch them off.
+  bool any = false;
+  for (const auto& [key, value] : h.metadata) any = any || is_reserved_key(key);
+  h.has_checksums = any;
+  if (any) {
+    auto need = [&](std::string_view key) -> const std::string& {
+      auto it = h.metadata.find(key);
+      if (it == h.metadata.end()) {
+        throw CheckpointError(fmt::format("'{}': __metadata__ has distribute checksums but lacks \"{}\": the header "
+                                          "is corrupted",
+                                          origin, key));
+      }
+      return it->second;
+    };
+    if (need(kFormatKey) != kFormatVersion) {
+      throw CheckpointError(fmt::format("'{}': distribute.format is \"{}\"; this version reads format {}", origin,
+                                        need(kFormatKey), kFormatVersion));
+    }
+    std::vector<const Entry*> all;
+    for (const Entry& e : h.entries) {
+      all.push_back(&e);
+      need(fmt::format("{}{}", kTensorCrcPrefix, e.name));
+    }
+    for (const auto& [key, value] : h.metadata) {
+      if (key.rfind(kTensorCrcPrefix, 0) == 0) {
+        const std::string tensor = key.substr(kTensorCrcPrefix.size());
+        if (std::none_of(h.entries.begin(), h.entries.end(), [&](const Entry& e) { return e.name == tensor; })) {
+          throw CheckpointError(fmt::format("'{}': __metadata__ has a checksum for tensor '{}', which the header "
+                                            "does not list: the header is corrupted",
+                                            origin, tensor));
+        }
+      }
+    }
+    const std::string stored = need(kHeaderCrcKey);
+    const std::string computed = crc_hex(header_digest(std::move(all), h.metadata));
+    if (stored != computed) {
+      throw CheckpointError(fmt::format("'{}': header checksum mismatch (stored {}, computed {}): the header is "
+                                        "corrupted",
+                                        origin, stored, computed));
+    }
+  }
+  return h;
+}
+
+// After the bytes are in: BOOL must be 0/1 (anything else is not a bool in C++), and the CRC.
+inline void check_tensor_bytes(const Header& h, const StoredTensor& t, const std::string& origin,
+                               const ReadOptions& options) {
+  if (t.dtype == Dtype::Bool) {
+    for (std::size_t i = 0; i < t.bytes.size(); ++i) {
+      if (static_cast<unsigned>(t.bytes[i]) > 1) {
+        throw CheckpointError(fmt::format("'{}': BOOL tensor '{}' holds byte {} at element {}; only 0 and 1 are "
+                                          "booleans",
+                                          origin, t.name, static_cast<unsigned>(t.bytes[i]), i));
+      }
+    }
+  }
+  if (!h.has_checksums || !options.verify_checksums) return;
+  const std::string& stored = h.metadata.find(fmt::format("{}{}", kTensorCrcPrefix, t.name))->second;
+  const std::string computed = crc_hex(crc32(t.bytes));
+  if (stored != computed) {
+    throw CheckpointError(fmt::format("'{}': tensor '{}' is corrupted: the CRC-32 of its {} bytes is {}, the file "
+                                      "recorded {}",
+                                      origin, t.name, t.bytes.size(), computed, stored));
+  }
+}
+
+inline std::uint64_t read_le64(const std::byte* p) {
+  std::uint64_t v = 0;
+  std::memcpy(&v, p, 8);
+  return v;  // little-endian host (static_assert above)
+}
+
+inline void check_prefix(std::uint64_t file_size, const std::string& origin) {
+  if (file_size < 8) {
+    throw CheckpointError(fmt::format("'{}' is {} bytes long, too short for the 8-byte header length of a "
+                                      "safetensors file: truncated, or not a safetensors file",
+                                      origin, file_size));
+  }
+}
+inline void check_header_length(std::uint64_t n, std::uint64_t file_size, const std::string& origin) {
+  if (n > file_size - 8) {
+    throw CheckpointError(fmt::format("'{}': the header length {} runs past the end of the file ({} bytes follow "
+                                      "the length): truncated or corrupted",
+                                      origin, n, file_size - 8));
+  }
+  if (n > kMaxHeaderBytes) {
+    throw CheckpointError(fmt::format("'{}': the header length {} exceeds the limit of {} bytes: corrupted", origin, n,
+                                      kMaxHeaderBytes));
+  }
+}
+
+// The header JSON (padded) and the payload order, shared by serialize() and write().
+struct Layout {
+  std::string header;  // includes the 8-byte length prefix and the padding
+  std::vector<std::pair<const std::string*, const TensorView*>> order;
+  std::uint64_t payload_size = 0;
+};
+
+inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
+  Layout layout;
+  for (const auto& [key, value] : user_metadata) {
+    if (is_reserved_key(key)) {
+      throw InvalidArgument(fmt::format("safetensors: metadata key '{}' is reserved; distribute computes it", key));
+    }
+  }
+  for (const auto& [name, view] : tensors) {
+    if (name.empty() || name == kMetadataKey) {
+      throw InvalidArgument(fmt::format("safetensors: '{}' cannot be a tensor name", name));
+    }
+    for (auto d : view.shape) {
+      if (d < 0) {
+        throw InvalidArgument(fmt::format("safetensors: tensor '{}' has a negative dimension in shape {}", name,
+                                          shape_string(view.shape)));
+      }
+    }
+    const std::uint64_t want = static_cast<std::uint64_t>(num_elements(view.shape)) * size_of(view.dtype);
+    if (view.bytes.size() != want) {
+      throw InvalidArgument(fmt::format("safetensors: tensor '{}' of dtype {} and shape {} needs {} bytes, but {} "
+                                        "were given",
+                                        name, to_string(view.dtype), shape_string(view.shape), want,
+                                        view.bytes.size()));
+    }
+    layout.order.emplace_back(&name, &view);
+  }
+  // Widest elements first: with an 8-aligned payload every tensor then starts at a multiple of
+  // its element size, so a reader may map the file and use the data in place (as Python's does).
+  std::stable_sort(layout.order.begin(), layout.order.end(),
+                   [](const auto& a, const auto& b) { return size_of(a.second->dtype) > size_of(b.second->dtype); });
+
+  std::vector<Entry> entries;
+  entries.reserve(layout.order.size());
+  Metadata metadata = user_metadata;
+  std::uint64_t offset = 0;
+  for (const auto& [name, view] : layout.order) {
+    entries.push_back(Entry{*name, view->dtype, view->shape, offset, offset + view->bytes.size()});
+    offset += view->bytes.size();
+    metadata.emplace(fmt::format("{}{}", kTensorCrcPrefix, *name), crc_hex(crc32(view->bytes)));
+  }
+  layout.payload_size = offset;
+  metadata.emplace(std::string(kFormatKey), std::string(kFormatVersion));
+  std::vector<const Entry*> pointers;
+  for (const auto& e : entries) pointers.push_back(&e);
+  metadata.emplace(std::string(kHeaderCrcKey), crc_hex(header_digest(std::move(pointers), metadata)));
+
+  boost::json::object root;
+  boost::json::object meta;
+  for (const auto& [key, value] : metadata) meta[key] = value;
+  root[kMetadataKey] = std::move(meta);
+  for (const Entry& e : entries) {
+    boost::json::array shape;
+    for (auto d : e.shape) shape.push_back(d);
+    root[e.name] = boost::json::object{
+        {"dtype", to_string(e.dtype)}, {"shape", std::move(shape)}, {"data_offsets", boost::json::array{e.begin, e.end}}};
+  }
+  std::string json = boost::json::serialize(root);
+  json.append((8 - json.size() % 8) % 8, ' ');
+  const std::uint64_t n = json.size();
+  layout.header.resize(8);
+  std::memcpy(layout.header.data(), &n, 8);
+  layout.header += json;
+  return layout;
+}
+
+}  // namespace detail
+
+/// The bytes of a safetensors file holding `tensors` and `metadata` (with distribute's checksums).
+inline std::vector<std::byte> serialize(const TensorMap& tensors, const Metadata& metadata = {}) {
+  const detail::Layout layout = detail::plan(tensors, metadata);
+  std::vector<std::byte> out;
+  out.reserve(layout.header.size() + layout.payload_size);
+  const auto* h = reinterpret_cast<const std::byte*>(layout.header.data());
+  out.insert(out.end(), h, h + layout.header.size());
+  for (const auto& [name, view] : layout.order) out.insert(out.end(), view->bytes.begin(), view->bytes.end());
+  return out;
+}
+
+/// Writes `path` atomically: it holds either its previous contents or the complete new file,
+/// whatever happens during the write (see detail::AtomicFile).
+inline void write(const std::filesystem::path& path, const TensorMap& tensors, const Metadata& metadata = {},
+                  const WriteOptions& options = {}) {
+  const detail::Layout layout = detail::plan(tensors, metadata);
+  const std::uint64_t total = layout.header.size() + layout.payload_size;
+  std::uint64_t written = 0;
+  distribute::detail::AtomicFile file(path, options.durable);
+  auto put = [&](std::span<const std::byte> bytes) {
+    file.write(bytes);
+    written += bytes.size();
+    if (options.on_progress) options.on_progress(written, total);
+  };
+  put(std::as_bytes(std::span(layout.header.data(), layout.header.size())));
+  for (const auto& [name, view] : layout.order) {
+    for (std::size_t at = 0; at < view->bytes.size(); at += detail::kWriteChunk) {
+      put(view->bytes.subspan(at, std::min(detail::kWriteChunk, view->bytes.size() - at)));
+    }
+  }
+  file.commit();
+}
+
+/// Parses and validates a whole file held in memory; `origin` names it in errors.
+inline File parse(std::span<const std::byte> bytes, std::string origin = "<memory>", const ReadOptions& options = {}) {
+  detail::check_prefix(bytes.size(), origin);
+  const std::uint64_t n = detail::read_le64(bytes.data());
+  detail::check_header_length(n, bytes.size(), origin);
+  const std::string_view json(reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<std::size_t>(n));
+  const std::uint64_t payload_start = 8 + n;
+  detail::Header h = detail::parse_header(json, bytes.size() - payload_start, origin);
+  File file;
+  file.origin = std::move(origin);
+  for (auto& e : h.entries) {
+    StoredTensor t{e.name, e.dtype, e.shape, {}};
+    auto src = bytes.subspan(static_cast<std::size_t>(payload_start + e.begin), static_cast<std::size_t>(e.end - e.begin));
+    t.bytes.assign(src.begin(), src.end());
+    detail::check_tensor_bytes(h, t, file.origin, options);
+    file.tensors.push_back(std::move(t));
+  }
+  file.metadata = std::move(h.metadata);
+  return file;
+}
+
+/// Reads and validates a safetensors file; every problem is a CheckpointError naming the file.
+inline File read(const std::filesystem::path& path, const ReadOptions& options = {}) {
+  const std::string origin = path.string();
+  auto fd = distribute::detail::open_for_reading(path);
+  const std::uint64_t size = distribute::detail::file_size(fd, path);
+  detail::check_prefix(size, origin);
+  std::array<std::byte, 8> prefix{};
+  distribute::detail::read_exact(fd, prefix, 0, path, "the header length");
+  const std::uint64_t n = detail::read_le64(prefix.data());
+  detail::check_header_length(n, size, origin);
+  std::string json(static_cast<std::size_t>(n), '\0');
+  distribute::detail::read_exact(fd, std::as_writable_bytes(std::span(json.data(), json.size())), 8, path,
+                                 "the JSON header");
+  const std::uint64_t payload_start = 8 + n;
+  detail::Header h = detail::parse_header(json, size - payload_start, origin);
+  File file;
+  file.origin = origin;
+  for (auto& e : h.entries) {
+    StoredTensor t{e.name, e.dtype, e.shape, std::vector<std::byte>(static_cast<std::size_t>(e.end - e.begin))};
+    distribute::detail::read_exact(fd, t.bytes, payload_start + e.begin, path, fmt::format("tensor '{}'", e.name));
+    detail::check_tensor_bytes(h, t, origin, options);
+    file.tensors.push_back(std::move(t));
+  }
+  file.metadata = std::move(h.metadata);
+  return file;
+}
+
+}  // namespace safetensors
+
+DISTRIBUTE_END_NAMESPACE
