@@ -14,11 +14,6 @@
 #include <distribute/core/context.hpp>
 #include <distribute/core/variable.hpp>
 
-#include <distribute/data/options.hpp>
-#include <distribute/data/record_file.hpp>
-#include <distribute/data/dataset.hpp>
-#include <distribute/data/input_context.hpp>
-#include <distribute/data/distributed_dataset.hpp>
 
 #include <distribute/backends/host/host.hpp>
 #include <distribute/backends/host/replica_threads.hpp>
