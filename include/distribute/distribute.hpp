@@ -34,3 +34,13 @@
 #include <distribute/checkpoint/checkpoint.hpp>
 #include <distribute/checkpoint/checkpoint_manager.hpp>
 #endif
+
+// cluster/ (needs Boost.JSON)
+#if __has_include(<boost/json.hpp>)
+#include <distribute/cluster/address.hpp>
+#include <distribute/cluster/cluster_spec.hpp>
+#include <distribute/cluster/cluster_resolver.hpp>
+#include <distribute/cluster/tf_config.hpp>
+#include <distribute/cluster/slurm.hpp>
+#include <distribute/cluster/launcher.hpp>
+#endif

@@ -7872,4 +7872,5923 @@ DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_CHECKPOINT_MANAGER_HPP
 // ---- end <distribute/checkpoint/checkpoint_manager.hpp> ----
 #endif
+
+// cluster/ (needs Boost.JSON)
+#if __has_include(<boost/json.hpp>)
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format(
+            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
+            cluster_name));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/tf_config.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+// TFConfigClusterResolver: the cluster from the TF_CONFIG environment variable, fully validated.
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format(
+            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
+            cluster_name));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Explicit values that take precedence over TF_CONFIG's, as TF's constructor arguments do.
+/// Set the fields you need (`ds::TFConfigOptions o; o.task_id = 1;`); designated initializers
+/// that leave fields out trip GCC 12's -Wmissing-field-initializers.
+struct TFConfigOptions {
+  std::optional<std::string> task_type;
+  std::optional<int> task_id;
+  std::optional<std::string> rpc_layer;
+  std::optional<std::string> environment;
+  /// Reported by num_accelerators(); TF_CONFIG itself says nothing about devices.
+  AcceleratorCounts num_accelerators;
+};
+
+namespace detail {
+
+inline constexpr std::array<std::string_view, 4> kTFConfigTaskTypes = {"chief", "worker", "ps", "evaluator"};
+
+inline bool is_tf_config_task_type(std::string_view type) {
+  return std::find(kTFConfigTaskTypes.begin(), kTFConfigTaskTypes.end(), type) != kTFConfigTaskTypes.end();
+}
+
+inline bool tf_config_is_blank(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
+}
+
+/// A member that TF reads with dict.get(): absent and null both mean "not given".
+inline const boost::json::value* tf_config_member(const boost::json::object& obj, std::string_view key) {
+  const auto* v = obj.if_contains(key);
+  return v == nullptr || v->is_null() ? nullptr : v;
+}
+
+inline std::string tf_config_string(const boost::json::object& obj, std::string_view key, std::string_view field) {
+  const auto* v = tf_config_member(obj, key);
+  if (v == nullptr) return {};
+  if (!v->is_string()) {
+    throw ClusterConfigError(fmt::format("TF_CONFIG: {} must be a string, got {}", field, cluster_json_describe(*v)));
+  }
+  return std::string(v->get_string());
+}
+
+}  // namespace detail
+
+/// Reads the cluster from TF_CONFIG, TF's schema:
+///
+///     {"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"],
+///                  "ps": {"0": "host3:2222"}},
+///      "task": {"type": "worker", "index": 1},
+///      "rpc_layer": "grpc", "environment": "cloud"}
+///
+/// Jobs are lists (dense) or objects of "index" → address (sparse). Everything is checked at
+/// construction and ClusterConfigError names the field that is wrong: JSON syntax (with
+/// Boost.JSON's message), the types of `cluster`, `task`, `task.type`, `task.index`,
+/// `rpc_layer`, `environment`; job names (chief, worker, ps, evaluator); at most one chief and
+/// one evaluator; every address host:port and used once; the task's job present (an evaluator
+/// may be absent, as in TF) and its index in range. Unknown top-level keys are ignored, as TF
+/// does; `task.index` may also be a string of digits, which TF's int() accepts.
+///
+/// TF_CONFIG unset or blank (or `{}`) means local mode: an empty spec, task worker 0.
+class TFConfigClusterResolver : public ClusterResolver {
+ public:
+  /// Reads the TF_CONFIG environment variable.
+  TFConfigClusterResolver() : TFConfigClusterResolver(TFConfigOptions{}) {}
+  explicit TFConfigClusterResolver(const TFConfigOptions& options) { init(detail::EnvReader{}.get("TF_CONFIG"), options); }
+  /// Reads TF_CONFIG from `env` instead of the process environment.
+  explicit TFConfigClusterResolver(const EnvVars& env, const TFConfigOptions& options = {}) {
+    init(detail::EnvReader{&env}.get("TF_CONFIG"), options);
+  }
+  /// Parses `tf_config` as the value of TF_CONFIG (blank text: as if it were unset).
+  explicit TFConfigClusterResolver(std::string_view tf_config, const TFConfigOptions& options = {}) {
+    init(std::string(tf_config), options);
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+  /// False in local mode because TF_CONFIG was unset or blank.
+  bool has_tf_config() const { return has_tf_config_; }
+
+ private:
+  void init(const std::optional<std::string>& text, const TFConfigOptions& options) {
+    accelerators_ = options.num_accelerators;
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("TFConfigClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+    has_tf_config_ = text && !detail::tf_config_is_blank(*text);
+    std::optional<std::string> type;
+    std::optional<std::int64_t> index;
+    if (has_tf_config_) parse(*text, type, index);
+
+    // Explicit options win over TF_CONFIG; the labels say where a bad value came from.
+    std::string type_label = "TF_CONFIG: task.type";
+    std::string id_label = "TF_CONFIG: task.index";
+    if (options.task_type) {
+      type = options.task_type;
+      type_label = "TFConfigClusterResolver: task_type";
+    }
+    if (options.task_id) {
+      index = *options.task_id;
+      id_label = "TFConfigClusterResolver: task_id";
+    }
+    if (options.rpc_layer) rpc_layer_ = *options.rpc_layer;
+    if (options.environment) environment_ = *options.environment;
+
+    if (spec_.empty()) {
+      // Local mode: one process. A task, if one is named, must be that process.
+      task_type_ = type.value_or("worker");
+      std::int64_t id = index.value_or(0);
+      if (!detail::is_tf_config_task_type(task_type_)) {
+        throw ClusterConfigError(fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator",
+                                             type_label, task_type_));
+      }
+      if (task_type_ == "ps") {
+        throw ClusterConfigError(fmt::format("{} 'ps' has no job in cluster: cluster is empty (local mode: one worker)", type_label));
+      }
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range: cluster is empty, so the only task is {} 0", id_label, id,
+                                             task_type_));
+      }
+      task_id_ = 0;
+      return;
+    }
+    if (!type && !has_task_) {
+      throw ClusterConfigError("TF_CONFIG: task is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!type) {
+      throw ClusterConfigError("TF_CONFIG: task.type is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!index) {
+      throw ClusterConfigError("TF_CONFIG: task.index is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!detail::is_tf_config_task_type(*type)) {
+      throw ClusterConfigError(
+          fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator", type_label, *type));
+    }
+    detail::check_task_in_cluster(spec_, *type, *index, type_label, id_label, "cluster");
+    task_type_ = *type;
+    task_id_ = static_cast<int>(*index);
+  }
+
+  void parse(const std::string& text, std::optional<std::string>& type, std::optional<std::int64_t>& index) {
+    auto doc = detail::cluster_parse_json(text, "TF_CONFIG");
+    const auto* top = doc.if_object();
+    if (top == nullptr) {
+      throw ClusterConfigError(fmt::format("TF_CONFIG: the top level must be an object with cluster and task, got {}",
+                                           detail::cluster_json_describe(doc)));
+    }
+    if (const auto* cluster = detail::tf_config_member(*top, "cluster")) {
+      auto jobs = detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
+      for (const auto& entry : jobs) {
+        if (!detail::is_tf_config_task_type(entry.first)) {
+          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster has job '{}'; jobs must be chief, worker, ps or evaluator",
+                                               entry.first));
+        }
+      }
+      detail::validate_cluster_jobs(jobs, "TF_CONFIG", "cluster");
+      for (std::string_view single : {"chief", "evaluator"}) {
+        auto it = jobs.find(std::string(single));
+        if (it != jobs.end() && it->second.size() > 1) {
+          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster.{} has {} tasks; there can be at most one {}", single,
+                                               it->second.size(), single));
+        }
+      }
+      spec_ = ClusterSpec::from_sparse(std::move(jobs));
+    }
+    if (const auto* task_value = detail::tf_config_member(*top, "task")) {
+      has_task_ = true;
+      const auto* task = task_value->if_object();
+      if (task == nullptr) {
+        throw ClusterConfigError(fmt::format("TF_CONFIG: task must be an object with type and index, got {}",
+                                             detail::cluster_json_describe(*task_value)));
+      }
+      if (const auto* t = detail::tf_config_member(*task, "type")) {
+        if (!t->is_string()) {
+          throw ClusterConfigError(
+              fmt::format("TF_CONFIG: task.type must be a string, got {}", detail::cluster_json_describe(*t)));
+        }
+        type = std::string(t->get_string());
+      }
+      if (const auto* i = detail::tf_config_member(*task, "index")) index = parse_index(*i);
+    }
+    rpc_layer_ = detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
+    environment_ = detail::tf_config_string(*top, "environment", "environment");
+  }
+
+  static std::int64_t parse_index(const boost::json::value& v) {
+    if (auto i = detail::cluster_json_integer(v)) return *i;
+    if (v.is_string()) {
+      std::string_view s = v.get_string();
+      if (auto i = detail::parse_env_integer(s)) return *i;
+    }
+    throw ClusterConfigError(fmt::format("TF_CONFIG: task.index must be an integer, got {}", detail::cluster_json_describe(v)));
+  }
+
+  ClusterSpec spec_;
+  std::string task_type_ = "worker";
+  int task_id_ = 0;
+  std::string rpc_layer_;
+  std::string environment_;
+  AcceleratorCounts accelerators_;
+  bool has_tf_config_ = false;
+  bool has_task_ = false;  // TF_CONFIG has a "task" member
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+// ---- end <distribute/cluster/tf_config.hpp> ----
+// ---- begin <distribute/cluster/slurm.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_SLURM_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_SLURM_HPP
+// SlurmClusterResolver: the cluster of a Slurm job step (srun), as TF's SlurmClusterResolver.
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format(
+            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
+            cluster_name));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// What SlurmClusterResolver builds from the step. Defaults match TF's.
+struct SlurmOptions {
+  /// Job name → number of tasks, filled in name order by SLURM_PROCID (TF sorts the jobs):
+  /// {{"ps", 1}, {"worker", 3}} makes rank 0 the ps and ranks 1..3 workers 0..2. The counts
+  /// must add up to the step's tasks. Empty: every task is a worker.
+  std::map<std::string, int> jobs;
+  /// Task k on a node listens on port_base + k.
+  int port_base = 8888;
+  /// GPUs on each node. Unset: counted from SLURM_STEP_GPUS, else SLURM_JOB_GPUS, else 0.
+  std::optional<int> gpus_per_node;
+  /// GPUs for each task. Unset: gpus_per_node / (most tasks on one node).
+  std::optional<int> gpus_per_task;
+  std::string rpc_layer = "grpc";
+};
+
+namespace detail {
+
+/// Slurm's numbers are at most this: large enough for any real cluster, small enough that a
+/// typo such as "node[1-99999999]" is an error and not an out-of-memory.
+inline constexpr std::int64_t kSlurmMaxCount = 1'000'000;
+
+/// "0-3" → {0, 3, 1} (low, high, digits of low): one item of a hostlist range.
+struct SlurmRangeItem {
+  std::int64_t low = 0;
+  std::int64_t high = 0;
+  std::size_t width = 0;
+};
+
+inline std::optional<std::int64_t> slurm_number(std::string_view s) {
+  if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  return parse_env_integer(s);
+}
+
+/// Expands Slurm's compressed host list: "node[01-03,07]", "a,b[1-2]", "rack[1-2]-n[1-2]".
+/// Zero padding follows the low end of each range ("[08-10]" → 08, 09, 10); several ranges in
+/// one name expand left to right, the leftmost varying slowest. `label` starts every message.
+inline std::vector<std::string> slurm_expand_hostlist(std::string_view text, std::string_view label) {
+  auto fail = [&](const std::string& why) -> std::vector<std::string> {
+    throw ClusterConfigError(fmt::format("{} '{}' is not a valid hostlist: {}", label, text, why));
+  };
+  if (text.empty()) return fail("it is empty");
+  std::vector<std::string> hosts;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    // One comma-separated element (commas inside brackets separate range items, not hosts).
+    std::size_t end = pos;
+    bool in_brackets = false;
+    for (; end < text.size(); ++end) {
+      char c = text[end];
+      if (c == '[') {
+        if (in_brackets) return fail(fmt::format("'[' at offset {} is nested in another '['", end));
+        in_brackets = true;
+      } else if (c == ']') {
+        if (!in_brackets) return fail(fmt::format("']' at offset {} has no matching '['", end));
+        in_brackets = false;
+      } else if (c == ',' && !in_brackets) {
+        break;
+      }
+    }
+    if (in_brackets) return fail("a '[' is never closed");
+    std::string_view element = text.substr(pos, end - pos);
+    if (element.empty()) return fail(fmt::format("empty host name at offset {}", pos));
+
+    std::vector<std::string> names{""};
+    std::size_t i = 0;
+    while (i < element.size()) {
+      if (element[i] != '[') {
+        std::size_t j = element.find('[', i);
+        std::string_view literal = element.substr(i, j == std::string_view::npos ? std::string_view::npos : j - i);
+        if (auto bad = std::find_if_not(literal.begin(), literal.end(), is_hostname_char); bad != literal.end()) {
+          return fail(fmt::format("host name '{}' has the invalid character '{}'", element, *bad));
+        }
+        for (auto& n : names) n += literal;
+        i += literal.size();
+        continue;
+      }
+      std::size_t close = element.find(']', i);
+      std::string_view range = element.substr(i + 1, close - i - 1);
+      if (range.empty()) return fail(fmt::format("'{}' has an empty range '[]'", element));
+      std::vector<SlurmRangeItem> items;
+      std::int64_t count = 0;
+      std::size_t start = 0;
+      while (start <= range.size()) {
+        std::size_t comma = std::min(range.find(',', start), range.size());
+        std::string_view item = range.substr(start, comma - start);
+        std::size_t dash = item.find('-');
+        std::string_view lo = item.substr(0, dash);
+        std::string_view hi = dash == std::string_view::npos ? lo : item.substr(dash + 1);
+        auto l = slurm_number(lo);
+        auto h = slurm_number(hi);
+        if (!l || !h) return fail(fmt::format("range item '{}' in '{}' is not N or N-M with decimal numbers", item, element));
+        if (*h < *l) return fail(fmt::format("range item '{}' in '{}' goes down", item, element));
+        items.push_back({*l, *h, lo.size()});
+        count += *h - *l + 1;
+        if (count > kSlurmMaxCount) return fail(fmt::format("'{}' names more than {} hosts", element, kSlurmMaxCount));
+        start = comma + 1;
+      }
+      if (static_cast<std::int64_t>(names.size()) * count > kSlurmMaxCount) {
+        return fail(fmt::format("'{}' names more than {} hosts", element, kSlurmMaxCount));
+      }
+      std::vector<std::string> next;
+      next.reserve(names.size() * static_cast<std::size_t>(count));
+      for (const auto& n : names) {
+        for (const auto& it : items) {
+          for (std::int64_t v = it.low; v <= it.high; ++v) next.push_back(fmt::format("{}{:0{}}", n, v, it.width));
+        }
+      }
+      names = std::move(next);
+      i = close + 1;
+    }
+    hosts.insert(hosts.end(), names.begin(), names.end());
+    if (static_cast<std::int64_t>(hosts.size()) > kSlurmMaxCount) return fail(fmt::format("it names more than {} hosts", kSlurmMaxCount));
+    if (end == text.size()) break;
+    pos = end + 1;
+    if (pos == text.size()) return fail("it ends with ','");
+  }
+  return hosts;
+}
+
+/// Expands Slurm's tasks-per-node list: "2(x3),1" → 2, 2, 2, 1.
+inline std::vector<int> slurm_expand_tasks_per_node(std::string_view text, std::string_view label) {
+  auto fail = [&](const std::string& why) -> std::vector<int> {
+    throw ClusterConfigError(fmt::format("{} '{}' is not a valid tasks-per-node list: {}", label, text, why));
+  };
+  if (text.empty()) return fail("it is empty");
+  std::vector<int> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t comma = std::min(text.find(',', start), text.size());
+    std::string_view part = text.substr(start, comma - start);
+    std::string_view count_text = part;
+    std::int64_t repeat = 1;
+    if (auto paren = part.find('('); paren != std::string_view::npos) {
+      count_text = part.substr(0, paren);
+      std::string_view rep = part.substr(paren);
+      auto r = rep.size() > 3 && rep.substr(0, 2) == "(x" && rep.back() == ')' ? slurm_number(rep.substr(2, rep.size() - 3))
+                                                                                 : std::nullopt;
+      if (!r || *r < 1) return fail(fmt::format("'{}' is not N or N(xR) with R >= 1", part));
+      repeat = *r;
+    }
+    auto n = slurm_number(count_text);
+    if (!n) return fail(fmt::format("'{}' is not N or N(xR) with decimal numbers", part));
+    if (static_cast<std::int64_t>(out.size()) + repeat > kSlurmMaxCount || *n > kSlurmMaxCount) {
+      return fail(fmt::format("it names more than {} nodes or tasks", kSlurmMaxCount));
+    }
+    out.insert(out.end(), static_cast<std::size_t>(repeat), static_cast<int>(*n));
+    start = comma + 1;
+  }
+  return out;
+}
+
+/// The number of GPU ids in a list such as "0,1,3" or "0-3" (SLURM_STEP_GPUS, SLURM_JOB_GPUS).
+inline int slurm_count_gpus(std::string_view text, std::string_view label) {
+  if (text.empty()) return 0;
+  std::int64_t count = 0;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t comma = std::min(text.find(',', start), text.size());
+    std::string_view item = text.substr(start, comma - start);
+    std::size_t dash = item.find('-');
+    auto lo = slurm_number(item.substr(0, dash));
+    auto hi = dash == std::string_view::npos ? lo : slurm_number(item.substr(dash + 1));
+    if (!lo || !hi || *hi < *lo) {
+      throw ClusterConfigError(fmt::format("{}='{}' is not a list of GPU ids: item '{}'", label, text, item));
+    }
+    count += *hi - *lo + 1;
+    if (count > kSlurmMaxCount) throw ClusterConfigError(fmt::format("{}='{}' names too many GPUs", label, text));
+    start = comma + 1;
+  }
+  return static_cast<int>(count);
+}
+
+}  // namespace detail
+
+/// Builds the cluster of a Slurm job step from the variables srun sets in every task:
+/// SLURM_PROCID (this task's rank), SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST (e.g.
+/// "node[01-03,07]") and SLURM_STEP_TASKS_PER_NODE (e.g. "2(x3),1"). As in TF, ranks are laid
+/// out node by node in node-list order (Slurm's default block distribution): the k-th task on
+/// host h gets address h:(port_base + k), and the ranks fill the jobs in name order.
+///
+/// Missing or malformed variables, counts that disagree, or ports past 65535 throw
+/// ClusterConfigError naming the variable. Unlike TF, this does not set CUDA_VISIBLE_DEVICES
+/// (changing the environment of a running process is unsafe); gpu_allocation() says which GPU
+/// ids this task should use.
+class SlurmClusterResolver : public ClusterResolver {
+ public:
+  /// Every task a worker, ports from 8888, the process environment.
+  SlurmClusterResolver() : SlurmClusterResolver(SlurmOptions{}) {}
+  /// TF's positional form: `SlurmClusterResolver({{"ps", 1}, {"worker", 3}}, 9000)`.
+  explicit SlurmClusterResolver(std::map<std::string, int> jobs, int port_base = 8888) {
+    SlurmOptions options;
+    options.jobs = std::move(jobs);
+    options.port_base = port_base;
+    init(std::move(options), detail::EnvReader{});
+  }
+  explicit SlurmClusterResolver(SlurmOptions options) { init(std::move(options), detail::EnvReader{}); }
+  /// Reads the variables from `env` instead of the process environment.
+  SlurmClusterResolver(SlurmOptions options, const EnvVars& env) { init(std::move(options), detail::EnvReader{&env}); }
+
+  /// "node[01-03,07]" → node01, node02, node03, node07; "a,b[1-2]" → a, b1, b2. Zero padding
+  /// follows the low end of a range. ClusterConfigError on malformed lists.
+  static std::vector<std::string> expand_hostlist(std::string_view hostlist) {
+    return detail::slurm_expand_hostlist(hostlist, "hostlist");
+  }
+  /// "2(x3),1" → 2, 2, 2, 1. ClusterConfigError on malformed lists.
+  static std::vector<int> expand_tasks_per_node(std::string_view tasks_per_node) {
+    return detail::slurm_expand_tasks_per_node(tasks_per_node, "tasks-per-node list");
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  /// {"GPU": gpus per task}, or {} without GPUs.
+  AcceleratorCounts num_accelerators() const override {
+    return gpus_per_task_ > 0 ? AcceleratorCounts{{"GPU", gpus_per_task_}} : AcceleratorCounts{};
+  }
+
+  /// SLURM_PROCID.
+  int rank() const { return rank_; }
+  /// The step's nodes, expanded, in order, and how many tasks each runs.
+  const std::vector<std::string>& hosts() const { return hosts_; }
+  const std::vector<int>& tasks_per_node() const { return tasks_per_node_; }
+  /// This task's GPU ids on its node ("2,3"), what TF would put in CUDA_VISIBLE_DEVICES; empty
+  /// without GPUs.
+  const std::string& gpu_allocation() const { return gpu_allocation_; }
+
+ private:
+  void init(SlurmOptions options, const detail::EnvReader& env) {
+    constexpr std::string_view who = "SlurmClusterResolver";
+    constexpr std::string_view hint = " (is this process a task of a Slurm step, started by srun?)";
+    rpc_layer_ = std::move(options.rpc_layer);
+    rank_ = detail::require_env_int(env, who, "SLURM_PROCID", 0, INT_MAX, hint);
+    const int num_tasks = detail::require_env_int(env, who, "SLURM_STEP_NUM_TASKS", 1, detail::kSlurmMaxCount, hint);
+    auto require = [&](std::string_view name) {
+      auto v = env.get(name);
+      if (!v) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+      return *v;
+    };
+    const std::string nodelist = require("SLURM_STEP_NODELIST");
+    const std::string tasks_text = require("SLURM_STEP_TASKS_PER_NODE");
+    hosts_ = detail::slurm_expand_hostlist(nodelist, "SlurmClusterResolver: SLURM_STEP_NODELIST");
+    tasks_per_node_ = detail::slurm_expand_tasks_per_node(tasks_text, "SlurmClusterResolver: SLURM_STEP_TASKS_PER_NODE");
+
+    if (hosts_.size() != tasks_per_node_.size()) {
+      throw ClusterConfigError(fmt::format(
+          "{}: SLURM_STEP_TASKS_PER_NODE='{}' describes {} nodes but SLURM_STEP_NODELIST='{}' has {}", who, tasks_text,
+          tasks_per_node_.size(), nodelist, hosts_.size()));
+    }
+    const std::int64_t listed = std::accumulate(tasks_per_node_.begin(), tasks_per_node_.end(), std::int64_t{0});
+    if (listed != num_tasks) {
+      throw ClusterConfigError(fmt::format("{}: SLURM_STEP_TASKS_PER_NODE='{}' adds up to {} tasks but SLURM_STEP_NUM_TASKS={}",
+                                           who, tasks_text, listed, num_tasks));
+    }
+    if (rank_ >= num_tasks) {
+      throw ClusterConfigError(fmt::format("{}: SLURM_PROCID={} is out of range for SLURM_STEP_NUM_TASKS={}", who, rank_, num_tasks));
+    }
+
+    auto jobs = options.jobs.empty() ? std::map<std::string, int>{{"worker", num_tasks}} : std::move(options.jobs);
+    std::int64_t asked = 0;
+    for (const auto& [job, count] : jobs) {
+      if (count < 0) throw ClusterConfigError(fmt::format("{}: jobs['{}'] is {}, negative", who, job, count));
+      asked += count;
+    }
+    if (asked != num_tasks) {
+      std::vector<std::string> parts;
+      for (const auto& [job, count] : jobs) parts.push_back(fmt::format("{}: {}", job, count));
+      throw ClusterConfigError(fmt::format("{}: jobs ask for {} tasks ({}) but the Slurm step has SLURM_STEP_NUM_TASKS={}", who,
+                                           asked, fmt::join(parts, ", "), num_tasks));
+    }
+
+    const int max_per_node = *std::max_element(tasks_per_node_.begin(), tasks_per_node_.end());
+    if (options.port_base < 1 || options.port_base > 65535 ||
+        static_cast<std::int64_t>(options.port_base) + std::max(max_per_node, 1) - 1 > 65535) {
+      throw ClusterConfigError(fmt::format("{}: port_base {} with up to {} tasks on a node gives ports outside [1, 65535]", who,
+                                           options.port_base, max_per_node));
+    }
+
+    // GPUs: each task on a node gets its own consecutive block of gpus_per_task ids.
+    int gpus_per_node = 0;
+    if (options.gpus_per_node) {
+      gpus_per_node = *options.gpus_per_node;
+    } else if (auto step = env.get("SLURM_STEP_GPUS")) {
+      gpus_per_node = detail::slurm_count_gpus(*step, "SlurmClusterResolver: SLURM_STEP_GPUS");
+    } else if (auto job = env.get("SLURM_JOB_GPUS")) {
+      gpus_per_node = detail::slurm_count_gpus(*job, "SlurmClusterResolver: SLURM_JOB_GPUS");
+    }
+    if (gpus_per_node < 0) throw ClusterConfigError(fmt::format("{}: gpus_per_node {} is negative", who, gpus_per_node));
+    gpus_per_task_ = options.gpus_per_task.value_or(max_per_node > 0 ? gpus_per_node / max_per_node : 0);
+    if (gpus_per_task_ < 0) throw ClusterConfigError(fmt::format("{}: gpus_per_task {} is negative", who, gpus_per_task_));
+    if (static_cast<std::int64_t>(gpus_per_task_) * max_per_node > gpus_per_node) {
+      throw ClusterConfigError(fmt::format("{}: {} GPUs per task for up to {} tasks on a node need {} GPUs but nodes have {}", who,
+                                           gpus_per_task_, max_per_node,
+                                           static_cast<std::int64_t>(gpus_per_task_) * max_per_node, gpus_per_node));
+    }
+
+    // Addresses in rank order: node by node, port_base + k for the k-th task on a node.
+    std::vector<std::string> addresses;
+    int local_offset = 0;
+    for (std::size_t h = 0; h < hosts_.size(); ++h) {
+      for (int k = 0; k < tasks_per_node_[h]; ++k) {
+        if (static_cast<int>(addresses.size()) == rank_) local_offset = k;
+        addresses.push_back(HostPort{hosts_[h], options.port_base + k}.to_string());
+      }
+    }
+    std::vector<std::string> ids;
+    for (int g = 0; g < gpus_per_task_; ++g) ids.push_back(std::to_string(local_offset * gpus_per_task_ + g));
+    gpu_allocation_ = fmt::format("{}", fmt::join(ids, ","));
+
+    detail::ClusterJobs cluster;
+    int first = 0;
+    for (const auto& [job, count] : jobs) {
+      auto& tasks = cluster[job];
+      for (int i = 0; i < count; ++i) tasks[i] = addresses[static_cast<std::size_t>(first + i)];
+      if (rank_ >= first && rank_ < first + count) {
+        task_type_ = job;
+        task_id_ = rank_ - first;
+      }
+      first += count;
+    }
+    // Bad job names in `jobs`, or a node listed twice, are reported as ours, not ClusterSpec's.
+    detail::validate_cluster_jobs(cluster, who, "");
+    spec_ = ClusterSpec::from_sparse(std::move(cluster));
+  }
+
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_ = 0;
+  std::string rpc_layer_;
+  int rank_ = 0;
+  std::vector<std::string> hosts_;
+  std::vector<int> tasks_per_node_;
+  int gpus_per_task_ = 0;
+  std::string gpu_allocation_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_SLURM_HPP
+// ---- end <distribute/cluster/slurm.hpp> ----
+// ---- begin <distribute/cluster/launcher.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_LAUNCHER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_LAUNCHER_HPP
+// LauncherClusterResolver: the cluster from the variables mpirun / torchrun-style launchers set.
+
+#include <array>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format(
+            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
+            cluster_name));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Fallbacks and extras for LauncherClusterResolver. The environment wins where it sets a value.
+struct LauncherOptions {
+  /// Used when MASTER_ADDR is unset (mpirun sets no address; `mpirun -x MASTER_ADDR=...` does).
+  std::optional<std::string> master_addr;
+  /// Used when MASTER_PORT is unset.
+  std::optional<int> master_port;
+  /// Task i's port is MASTER_PORT + port_offset + i. torchrun's agent already listens on
+  /// MASTER_PORT itself, so under torchrun use 1 or more.
+  int port_offset = 0;
+  std::string rpc_layer = "grpc";
+  AcceleratorCounts num_accelerators;
+};
+
+namespace detail {
+
+/// The variables of one launcher family: rank, world size, rank on this host.
+struct LauncherVars {
+  std::string_view rank;
+  std::string_view size;
+  std::string_view local_rank;
+  std::string_view launcher;
+};
+
+// In this order: a process started by mpirun inside a torchrun job (or the reverse) reads the
+// launcher closest to it, and MPI's variables are only ever set by MPI.
+inline constexpr std::array<LauncherVars, 3> kLauncherVars = {{
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "Open MPI mpirun"},
+    {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "PMI (MPICH / Intel MPI mpiexec)"},
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun"},
+}};
+
+inline const LauncherVars* find_launcher(const EnvReader& env) {
+  for (const auto& vars : kLauncherVars) {
+    if (env.has(vars.rank)) return &vars;
+  }
+  return nullptr;
+}
+
+}  // namespace detail
+
+/// Resolves the cluster of processes started by a launcher that hands each one a rank and the
+/// world size: Open MPI's mpirun (OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE), PMI launchers
+/// such as MPICH's and Intel MPI's mpiexec (PMI_RANK / PMI_SIZE), or torchrun (RANK /
+/// WORLD_SIZE), checked in that order. The rendezvous point comes from MASTER_ADDR and
+/// MASTER_PORT (or LauncherOptions when unset).
+///
+/// These launchers say nothing about the other tasks' addresses, so by convention every task
+/// is a worker and task i's address is MASTER_ADDR:(MASTER_PORT + port_offset + i): worker 0
+/// (the chief) is reachable at the rendezvous address, and on one host every task has a port of
+/// its own. Across hosts only the chief's entry is a real address of that task; transports
+/// should rendezvous through master_address() and exchange real addresses there.
+///
+/// With one task and no MASTER_ADDR/MASTER_PORT the result is local mode (an empty spec, worker
+/// 0). No launcher variables at all, a rank outside [0, size), a missing size, address or port
+/// throw ClusterConfigError naming the variable.
+class LauncherClusterResolver : public ClusterResolver {
+ public:
+  LauncherClusterResolver() : LauncherClusterResolver(LauncherOptions{}) {}
+  explicit LauncherClusterResolver(LauncherOptions options) { init(std::move(options), detail::EnvReader{}); }
+  /// Reads the variables from `env` instead of the process environment.
+  LauncherClusterResolver(LauncherOptions options, const EnvVars& env) { init(std::move(options), detail::EnvReader{&env}); }
+
+  /// True when the process environment (or `env`) has a launcher's rank variable.
+  static bool detected() { return detail::find_launcher(detail::EnvReader{}) != nullptr; }
+  static bool detected(const EnvVars& env) { return detail::find_launcher(detail::EnvReader{&env}) != nullptr; }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return "worker"; }
+  int task_id() const override { return rank_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  /// This process's rank on its host, when the launcher says (OMPI_COMM_WORLD_LOCAL_RANK,
+  /// MPI_LOCALRANKID, LOCAL_RANK): handy to pick a GPU.
+  std::optional<int> local_rank() const { return local_rank_; }
+  /// The variable the rank came from: "OMPI_COMM_WORLD_RANK", "PMI_RANK" or "RANK".
+  std::string_view rank_variable() const { return vars_->rank; }
+
+ private:
+  void init(LauncherOptions options, const detail::EnvReader& env) {
+    constexpr std::string_view who = "LauncherClusterResolver";
+    rpc_layer_ = std::move(options.rpc_layer);
+    accelerators_ = std::move(options.num_accelerators);
+    vars_ = detail::find_launcher(env);
+    if (vars_ == nullptr) {
+      throw ClusterConfigError(fmt::format(
+          "{}: no launcher environment: none of OMPI_COMM_WORLD_RANK (mpirun), PMI_RANK (mpiexec) or RANK (torchrun) is "
+          "set", who));
+    }
+    const std::string hint = fmt::format(" ({} sets it together with {}, which is set)", vars_->launcher, vars_->rank);
+    world_size_ = detail::require_env_int(env, who, vars_->size, 1, 1'000'000, hint);
+    rank_ = detail::require_env_int(env, who, vars_->rank, 0, INT_MAX);
+    if (rank_ >= world_size_) {
+      throw ClusterConfigError(fmt::format("{}: {}={} is out of range for {}={}", who, vars_->rank, rank_, vars_->size, world_size_));
+    }
+    if (env.has(vars_->local_rank)) local_rank_ = detail::require_env_int(env, who, vars_->local_rank, 0, INT_MAX);
+
+    auto addr = env.get("MASTER_ADDR");
+    if (!addr) addr = options.master_addr;
+    std::optional<int> port;
+    if (env.has("MASTER_PORT")) {
+      port = detail::require_env_int(env, who, "MASTER_PORT", 1, 65535);
+    } else if (options.master_port) {
+      port = *options.master_port;
+      if (*port < 1 || *port > 65535) {
+        throw ClusterConfigError(fmt::format("{}: master_port {} is out of range [1, 65535]", who, *port));
+      }
+    }
+    if (world_size_ == 1 && !addr && !port) return;  // one process and nobody to meet: local mode
+    auto missing = [&](std::string_view name) {
+      return ClusterConfigError(fmt::format(
+          "{}: {} is not set; {} tasks ({}={}) need the chief's address in MASTER_ADDR and MASTER_PORT (mpirun: -x {}=...)",
+          who, name, world_size_, vars_->size, world_size_, name));
+    };
+    if (!addr) throw missing("MASTER_ADDR");
+    if (!port) throw missing("MASTER_PORT");
+    if (options.port_offset < 0) throw ClusterConfigError(fmt::format("{}: port_offset {} is negative", who, options.port_offset));
+    const std::int64_t last = static_cast<std::int64_t>(*port) + options.port_offset + world_size_ - 1;
+    if (last > 65535) {
+      throw ClusterConfigError(fmt::format("{}: MASTER_PORT={} + port_offset {} leaves no room for {} tasks: port {} is past 65535",
+                                           who, *port, options.port_offset, world_size_, last));
+    }
+    std::string why;
+    // MASTER_ADDR is a bare host; IPv6 hosts come without brackets, so HostPort adds them.
+    const std::string master = HostPort{*addr, *port + options.port_offset}.to_string();
+    if (addr->empty() || addr->front() == '[' || !detail::split_host_port(master, why)) {
+      throw ClusterConfigError(fmt::format("{}: MASTER_ADDR='{}' is not a host name or IP address", who, *addr));
+    }
+    std::map<int, std::string> workers;
+    for (int i = 0; i < world_size_; ++i) workers[i] = HostPort{*addr, *port + options.port_offset + i}.to_string();
+    spec_ = ClusterSpec::from_sparse({{"worker", std::move(workers)}});
+  }
+
+  ClusterSpec spec_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::optional<int> local_rank_;
+  const detail::LauncherVars* vars_ = nullptr;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_LAUNCHER_HPP
+// ---- end <distribute/cluster/launcher.hpp> ----
+#endif
 // ---- end <distribute/distribute.hpp> ----
