@@ -1,17 +1,25 @@
 #!/usr/bin/env python3
-"""Builds a tiny downstream program against distribute the three ways a user would.
+"""Builds a tiny downstream program against distribute the four ways a user would.
 
   subproject      a meson project using dependency('distribute') with this repository as
                   subprojects/distribute (a symlink to the repo root)
   single_include  <cxx> -std=c++20 -I single_include main.cpp -lfmt -pthread
-  install         `meson install` of the repository into a temporary prefix, then
-                  compile main.cpp with `pkg-config --cflags --libs distribute`
+  install         `meson install` of the repository into a temporary prefix (checking the
+                  installed file list), then compile main.cpp with
+                  `pkg-config --cflags --libs distribute`
+  cmake           the same `meson install`, the prefix moved elsewhere (the CMake package is
+                  relocatable), then tests/consumer/cmake_project configured with
+                  `cmake -DCMAKE_PREFIX_PATH=<prefix>` (find_package(distribute) and
+                  distribute::distribute) and built with `cmake --build`; skipped without cmake
 
 Each check runs the program and expects exit status 0 and "distribute <version>" on stdout,
 with <version> read from include/distribute/version.hpp. Everything happens in a fresh
 temporary directory (kept on failure, or with --keep); no network is needed.
 
-Usage: run_consumer_tests.py --root REPO --cxx 'g++' [subproject|single_include|install|all]...
+Exit status: 0 when every check passed (skipped ones aside), 1 when one failed, 77 (meson's
+"skipped") when every check was skipped.
+
+Usage: run_consumer_tests.py --root REPO --cxx 'g++' [subproject|single_include|install|cmake|all]...
 """
 
 from __future__ import annotations
@@ -27,12 +35,29 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CHECKS = ("subproject", "single_include", "install")
+CHECKS = ("subproject", "single_include", "install", "cmake")
 VERSION_RE = re.compile(r'^\s*#\s*define\s+DISTRIBUTE_VERSION_STRING\s+"([^"]*)"', re.M)
 
 
 class CheckFailed(Exception):
     pass
+
+
+class CheckSkipped(Exception):
+    pass
+
+
+EXIT_SKIPPED = 77  # meson's exit status for a skipped test
+
+# What `meson install` may put outside include/ (paths relative to the prefix; the project is
+# configured with the default datadir, share). Every one of these must be installed ...
+EXPECTED_EXTRA_FILES = frozenset({
+    "share/pkgconfig/distribute.pc",
+    "share/cmake/distribute/distributeConfig.cmake",
+    "share/cmake/distribute/distributeConfigVersion.cmake",
+})
+# ... and besides them only programs under these directories (tools/: distribute-launch).
+ALLOWED_EXTRA_DIRS = ("bin",)
 
 
 class Runner:
@@ -104,31 +129,52 @@ class Runner:
                 f"{what}: compile")
         self.run_program(exe, what)
 
-    def check_install(self) -> None:
-        what = "installed-headers consumer"
-        base = self.work / "install"
+    def meson_install(self, what: str, base: Path) -> Path:
+        """`meson install` of the repository into base/prefix; returns the prefix."""
         build, prefix = base / "build", base / "prefix"
         self.sh([*self.meson, "setup", str(build), str(self.root), f"--prefix={prefix}",
                  "-Dtests=false", "-Dexamples=false", "-Dbench=false"],
                 f"{what}: meson setup", env=self.meson_env())
         self.sh([*self.meson, "install", "-C", str(build), "--quiet"], f"{what}: meson install")
+        return prefix
 
-        pcs = sorted(prefix.rglob("distribute.pc"))
-        if len(pcs) != 1:
-            raise CheckFailed(f"{what}: expected one distribute.pc under {prefix}, found {pcs}")
-        pc_dir = pcs[0].parent
-        print(f"  installed {pcs[0].relative_to(prefix)}")
-
-        # Every header of include/ is installed, and nothing else under include/distribute.
+    def check_installed_files(self, what: str, prefix: Path) -> None:
+        """Under include/: exactly the headers of include/. Elsewhere: the pkg-config file and
+        the CMake package files (EXPECTED_EXTRA_FILES), and programs in ALLOWED_EXTRA_DIRS."""
         src = {p.relative_to(self.root / "include") for p in (self.root / "include").rglob("*")
                if p.is_file()}
         dst = {p.relative_to(prefix / "include") for p in (prefix / "include").rglob("*")
-               if p.is_file()}
+               if p.is_file() or p.is_symlink()}
         if src != dst:
             raise CheckFailed(f"{what}: installed headers differ from include/: "
                               f"missing {sorted(map(str, src - dst))}, "
                               f"extra {sorted(map(str, dst - src))}")
         print(f"  installed {len(dst)} headers under {prefix / 'include'}")
+
+        others = {p.relative_to(prefix).as_posix() for p in prefix.rglob("*")
+                  if (p.is_file() or p.is_symlink())
+                  and not p.relative_to(prefix).as_posix().startswith("include/")}
+        missing = EXPECTED_EXTRA_FILES - others
+        programs = {f for f in others - EXPECTED_EXTRA_FILES
+                    if f.split("/", 1)[0] in ALLOWED_EXTRA_DIRS}
+        extra = others - EXPECTED_EXTRA_FILES - programs
+        if missing or extra:
+            raise CheckFailed(f"{what}: unexpected files outside include/ under {prefix}: "
+                              f"missing {sorted(missing)}, extra {sorted(extra)} "
+                              f"(the list is EXPECTED_EXTRA_FILES in {Path(__file__).name})")
+        for f in sorted(EXPECTED_EXTRA_FILES) + sorted(programs):
+            print(f"  installed {f}")
+
+    def check_install(self) -> None:
+        what = "installed-headers consumer"
+        base = self.work / "install"
+        prefix = self.meson_install(what, base)
+        self.check_installed_files(what, prefix)
+
+        pcs = sorted(prefix.rglob("distribute.pc"))
+        if len(pcs) != 1:
+            raise CheckFailed(f"{what}: expected one distribute.pc under {prefix}, found {pcs}")
+        pc_dir = pcs[0].parent
 
         env = {"PKG_CONFIG_PATH": str(pc_dir)}
         version = self.sh(["pkg-config", "--modversion", "distribute"],
@@ -146,6 +192,71 @@ class Runner:
                  *flags], f"{what}: compile")
         self.run_program(exe, what)
 
+    def cmake_compiler_args(self) -> list[str]:
+        """The --cxx command as CMake cache entries: a leading ccache/sccache becomes the
+        compiler launcher, the next word the compiler, the rest CMAKE_CXX_FLAGS."""
+        words = list(self.cxx)
+        args = []
+        if len(words) > 1 and Path(words[0]).name in ("ccache", "sccache"):
+            args.append(f"-DCMAKE_CXX_COMPILER_LAUNCHER={words.pop(0)}")
+        args.append(f"-DCMAKE_CXX_COMPILER={words[0]}")
+        if words[1:]:
+            args.append(f"-DCMAKE_CXX_FLAGS={shlex.join(words[1:])}")
+        return args
+
+    def check_cmake(self) -> None:
+        what = "CMake find_package consumer"
+        cmake = shutil.which("cmake")
+        if cmake is None:
+            raise CheckSkipped(f"{what}: cmake is not installed (not on PATH); install cmake "
+                               f">= 3.14 to run this check")
+        print(f"  {self.sh([cmake, '--version'], f'{what}: cmake --version').splitlines()[0]}")
+        base = self.work / "cmake"
+        installed = self.meson_install(what, base)
+        self.check_installed_files(what, installed)
+        # The package config finds the headers relative to itself: prove it by moving the prefix.
+        prefix = base / "relocated-prefix"
+        installed.rename(prefix)
+        print(f"  moved the install prefix {installed} to {prefix}")
+
+        project = HERE / "cmake_project"
+        common = [f"-DCMAKE_PREFIX_PATH={prefix}", "-DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF",
+                  *self.cmake_compiler_args()]
+        # An incompatible version request must fail (the version file is installed and works).
+        major = int(self.version.split(".")[0])
+        try:
+            self.sh([cmake, "-S", str(project), "-B", str(base / "build-wrong-version"), *common,
+                     f"-DDISTRIBUTE_FIND_ARGS={major + 1}.0"],
+                    f"{what}: cmake configure asking for distribute {major + 1}.0")
+        except CheckFailed as e:
+            if f'compatible with requested version "{major + 1}.0"' not in str(e):
+                raise CheckFailed(f"{what}: find_package(distribute {major + 1}.0) failed for "
+                                  f"another reason than the version:\n{e}") from None
+            print(f"  find_package(distribute {major + 1}.0) is refused, as it should be")
+        else:
+            raise CheckFailed(f"{what}: find_package(distribute {major + 1}.0) accepted "
+                              f"distribute {self.version}")
+
+        build = base / "build"
+        out = self.sh([cmake, "-S", str(project), "-B", str(build), *common,
+                       f"-DDISTRIBUTE_FIND_ARGS={self.version};EXACT"],
+                      f"{what}: cmake configure")
+        # CMakeLists.txt prints "-- distribute_DIR=..." and the like, one line each.
+        found = dict(re.findall(r"^-- (distribute[^=\n]*)=(.*)$", out, re.M))
+        for key, value in found.items():
+            print(f"  {key} = {value}")
+        if found.get("distribute_VERSION") != self.version:
+            raise CheckFailed(f"{what}: distribute_VERSION is {found.get('distribute_VERSION')!r}, "
+                              f"expected {self.version!r}:\n{out}")
+        for key, path in (("distribute_DIR", prefix / "share" / "cmake" / "distribute"),
+                          ("distribute::distribute INTERFACE_INCLUDE_DIRECTORIES",
+                           prefix / "include")):
+            got = found.get(key)
+            if got is None or Path(got).resolve() != path.resolve():
+                raise CheckFailed(f"{what}: {key} is {got!r}, expected {str(path)!r}:\n{out}")
+        self.sh([cmake, "--build", str(build)], f"{what}: cmake --build")
+        self.run_program(build / "consumer", what)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -162,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root.resolve()
     work = Path(tempfile.mkdtemp(prefix="distribute-consumer-"))
     failed: list[str] = []
+    skipped: list[str] = []
     try:
         runner = Runner(root, shlex.split(args.cxx), shlex.split(args.meson), work)
         for check in checks:
@@ -169,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 getattr(runner, f"check_{check}")()
                 print(f"PASS  {check}", flush=True)
+            except CheckSkipped as e:
+                print(f"SKIP  {check}: {e}", flush=True)
+                skipped.append(check)
             except CheckFailed as e:
                 print(f"FAIL  {check}: {e}", flush=True)
                 failed.append(check)
@@ -183,9 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"consumer checks failed: {', '.join(failed)}")
         return 1
-    print(f"all consumer checks passed: {', '.join(checks)}")
+    if skipped and len(skipped) == len(checks):
+        print(f"consumer checks skipped: {', '.join(skipped)}")
+        return EXIT_SKIPPED
+    passed = [c for c in checks if c not in skipped]
+    print(f"all consumer checks passed: {', '.join(passed)}"
+          + (f" (skipped: {', '.join(skipped)})" if skipped else ""))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

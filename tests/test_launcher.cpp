@@ -1,0 +1,750 @@
+// Tests of tools/distribute-launch with real processes. The launcher and the task program
+// (tests/launcher_child.cpp) are found through the environment variables DISTRIBUTE_LAUNCH and
+// LAUNCHER_CHILD, which tests/meson.build sets. Every launcher run is bounded in time: past its
+// limit the launcher is SIGKILLed (its tasks die with it through PR_SET_PDEATHSIG) and the test fails.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <regex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string env_path(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) throw std::runtime_error(fmt::format("{} is not set (run the tests through meson)", name));
+  return v;
+}
+std::string launcher() { return env_path("DISTRIBUTE_LAUNCH"); }
+std::string child() { return env_path("LAUNCHER_CHILD"); }
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// ------------------------------------------------------------------------------------------------
+// Running the launcher
+
+struct Result {
+  int code = -1;  // exit status, or 128+signal
+  std::string out, err;
+  double seconds = 0;
+  bool timed_out = false;
+};
+
+class Job {
+ public:
+  explicit Job(std::vector<std::string> args) {
+    args.insert(args.begin(), launcher());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
+    start_ = Clock::now();
+    pid_ = ::fork();
+    if (pid_ < 0) throw std::runtime_error("fork");
+    if (pid_ == 0) {
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      ::execv(argv[0], argv.data());
+      ::_exit(126);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    out_fd_ = out[0];
+    err_fd_ = err[0];
+  }
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+  ~Job() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    for (int fd : {out_fd_, err_fd_})
+      if (fd >= 0) ::close(fd);
+  }
+
+  // Collects output until pred(result so far) holds (true) or `seconds` pass (false).
+  bool wait_for(const std::function<bool(const Result&)>& pred, double seconds) {
+    const auto deadline = Clock::now() + to_duration(seconds);
+    while (!pred(r_)) {
+      if (Clock::now() >= deadline || (out_fd_ < 0 && err_fd_ < 0)) return pred(r_);
+      pump(deadline);
+    }
+    return true;
+  }
+
+  void signal(int sig) { ::kill(pid_, sig); }
+
+  // Waits for the launcher to exit and close its output; SIGKILLs it after `seconds`.
+  Result finish(double seconds = 30) {
+    const auto deadline = Clock::now() + to_duration(seconds);
+    while (out_fd_ >= 0 || err_fd_ >= 0) {
+      if (Clock::now() >= deadline) {
+        r_.timed_out = true;
+        ::kill(pid_, SIGKILL);
+        break;
+      }
+      pump(deadline);
+    }
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    r_.seconds = since(start_);
+    r_.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    while (out_fd_ >= 0 || err_fd_ >= 0) pump(Clock::now() + std::chrono::seconds(2));
+    return r_;
+  }
+
+ private:
+  static Clock::duration to_duration(double s) {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  }
+
+  void pump(Clock::time_point deadline) {
+    pollfd fds[2] = {{out_fd_, POLLIN, 0}, {err_fd_, POLLIN, 0}};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    const int n = ::poll(fds, 2, static_cast<int>(std::clamp<long long>(left, 0, 1000)));
+    if (n <= 0) {
+      if (Clock::now() >= deadline) {  // finish() callers drain after SIGKILL: give up on the fds
+        for (int* fd : {&out_fd_, &err_fd_})
+          if (*fd >= 0 && r_.timed_out) {
+            ::close(*fd);
+            *fd = -1;
+          }
+      }
+      return;
+    }
+    read_from(fds[0], out_fd_, r_.out);
+    read_from(fds[1], err_fd_, r_.err);
+  }
+
+  static void read_from(const pollfd& p, int& fd, std::string& into) {
+    if (fd < 0 || !(p.revents & (POLLIN | POLLHUP | POLLERR))) return;
+    char buf[8192];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) {
+      into.append(buf, static_cast<std::size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1, err_fd_ = -1;
+  Clock::time_point start_;
+  Result r_;
+};
+
+Result run(std::vector<std::string> args, double seconds = 30) {
+  Job job(std::move(args));
+  return job.finish(seconds);
+}
+
+// A fresh empty directory for the children's `barrier` command.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "distribute-launch-test-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp");
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string str() const { return path.string(); }
+};
+
+// A process that no longer runs (gone, or a zombie waiting for init to reap it).
+bool process_gone(int pid, double wait_seconds = 3) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int>(wait_seconds * 1000));
+  for (;;) {
+    std::ifstream f(fmt::format("/proc/{}/stat", pid));
+    std::string stat;
+    if (!f || !std::getline(f, stat)) return true;
+    const auto paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size()) return true;
+    const char state = stat[paren + 2];
+    if (state == 'Z' || state == 'X') return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> v;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const auto nl = text.find('\n', start);
+    if (nl == std::string::npos) {
+      v.push_back(text.substr(start));
+      break;
+    }
+    v.push_back(text.substr(start, nl - start));
+    start = nl + 1;
+  }
+  return v;
+}
+
+bool contains(const std::string& haystack, std::string_view needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+std::size_t count(const std::string& haystack, std::string_view needle) {
+  std::size_t n = 0;
+  for (auto p = haystack.find(needle); p != std::string::npos; p = haystack.find(needle, p + 1)) ++n;
+  return n;
+}
+
+// ------------------------------------------------------------------------------------------------
+// A minimal JSON reader, enough to check TF_CONFIG.
+
+struct Json {
+  enum class Kind { Null, Bool, Number, String, Array, Object } kind = Kind::Null;
+  bool boolean = false;
+  double number = 0;
+  std::string string;
+  std::vector<Json> array;
+  std::vector<std::pair<std::string, Json>> object;
+
+  const Json* find(std::string_view key) const {
+    for (const auto& [k, v] : object)
+      if (k == key) return &v;
+    return nullptr;
+  }
+  const Json& operator[](std::string_view key) const {
+    if (kind != Kind::Object) throw std::runtime_error(fmt::format("not an object looking up '{}'", key));
+    if (const Json* v = find(key)) return *v;
+    throw std::runtime_error(fmt::format("no key '{}'", key));
+  }
+  std::vector<std::string> keys() const {
+    std::vector<std::string> k;
+    for (const auto& kv : object) k.push_back(kv.first);
+    return k;
+  }
+  std::vector<std::string> strings() const {
+    if (kind != Kind::Array) throw std::runtime_error("not an array");
+    std::vector<std::string> s;
+    for (const auto& v : array) {
+      if (v.kind != Kind::String) throw std::runtime_error("not a string");
+      s.push_back(v.string);
+    }
+    return s;
+  }
+};
+
+class JsonReader {
+ public:
+  explicit JsonReader(std::string_view text) : s_(text) {}
+  Json parse() {
+    Json v = value();
+    ws();
+    if (pos_ != s_.size()) fail("trailing characters");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail(const char* what) const {
+    throw std::runtime_error(fmt::format("JSON: {} at offset {} in {}", what, pos_, s_));
+  }
+  void ws() {
+    while (pos_ < s_.size() && std::strchr(" \t\r\n", s_[pos_])) ++pos_;
+  }
+  bool eat(char c) {
+    ws();
+    if (pos_ < s_.size() && s_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c) {
+    if (!eat(c)) fail(fmt::format("expected '{}'", c).c_str());
+  }
+  Json value() {
+    ws();
+    if (pos_ >= s_.size()) fail("unexpected end");
+    Json v;
+    const char c = s_[pos_];
+    if (c == '{') {
+      ++pos_;
+      v.kind = Json::Kind::Object;
+      if (eat('}')) return v;
+      do {
+        ws();
+        std::string key = str();
+        expect(':');
+        v.object.emplace_back(std::move(key), value());
+      } while (eat(','));
+      expect('}');
+    } else if (c == '[') {
+      ++pos_;
+      v.kind = Json::Kind::Array;
+      if (eat(']')) return v;
+      do v.array.push_back(value());
+      while (eat(','));
+      expect(']');
+    } else if (c == '"') {
+      v.kind = Json::Kind::String;
+      v.string = str();
+    } else if (s_.substr(pos_, 4) == "true" || s_.substr(pos_, 5) == "false") {
+      v.kind = Json::Kind::Bool;
+      v.boolean = c == 't';
+      pos_ += v.boolean ? 4 : 5;
+    } else if (s_.substr(pos_, 4) == "null") {
+      pos_ += 4;
+    } else {
+      const std::size_t start = pos_;
+      while (pos_ < s_.size() && std::strchr("+-.0123456789eE", s_[pos_])) ++pos_;
+      if (start == pos_) fail("unexpected character");
+      v.kind = Json::Kind::Number;
+      v.number = std::stod(std::string(s_.substr(start, pos_ - start)));
+    }
+    return v;
+  }
+  std::string str() {
+    if (pos_ >= s_.size() || s_[pos_] != '"') fail("expected a string");
+    ++pos_;
+    std::string out;
+    while (pos_ < s_.size() && s_[pos_] != '"') {
+      char c = s_[pos_++];
+      if (c == '\\') {
+        if (pos_ >= s_.size()) fail("bad escape");
+        const char e = s_[pos_++];
+        switch (e) {
+          case 'n': c = '\n'; break;
+          case 't': c = '\t'; break;
+          case 'r': c = '\r'; break;
+          case 'b': c = '\b'; break;
+          case 'f': c = '\f'; break;
+          case 'u':
+            if (pos_ + 4 > s_.size()) fail("bad \\u escape");
+            c = static_cast<char>(std::stoi(std::string(s_.substr(pos_, 4)), nullptr, 16));
+            pos_ += 4;
+            break;
+          default: c = e;
+        }
+      }
+      out += c;
+    }
+    if (pos_ >= s_.size()) fail("unterminated string");
+    ++pos_;
+    return out;
+  }
+
+  std::string_view s_;
+  std::size_t pos_ = 0;
+};
+
+// ------------------------------------------------------------------------------------------------
+// What the children print with `info`: "[T:I] INFO task=T:I pid=P tf_config=JSON".
+
+struct TaskInfo {
+  std::string prefix_task;  // from the launcher's "[T:I] " prefix
+  std::string env_task;     // DISTRIBUTE_LAUNCH_TASK as the child saw it
+  int pid = 0;
+  std::string raw;
+  Json tf;
+};
+
+std::map<std::string, TaskInfo> task_infos(const std::string& out) {
+  static const std::regex re(R"(^\[([a-z]+:[0-9]+)\] INFO task=(\S*) pid=([0-9]+) tf_config=(.*)$)");
+  std::map<std::string, TaskInfo> infos;
+  for (const auto& line : lines(out)) {
+    std::smatch m;
+    if (!std::regex_match(line, m, re)) continue;
+    TaskInfo t;
+    t.prefix_task = m[1];
+    t.env_task = m[2];
+    t.pid = std::stoi(m[3]);
+    t.raw = m[4];
+    t.tf = JsonReader(t.raw).parse();
+    infos[t.prefix_task] = std::move(t);
+  }
+  return infos;
+}
+
+int port_of(const std::string& address) {
+  const auto colon = address.rfind(':');
+  REQUIRE(colon != std::string::npos);
+  CHECK(address.substr(0, colon) == "127.0.0.1");
+  return std::stoi(address.substr(colon + 1));
+}
+
+// Checks that every task saw the same cluster, with the expected job sizes and distinct ports,
+// and its own type and index. Returns the cluster.
+Json check_cluster(const std::map<std::string, TaskInfo>& infos, const std::map<std::string, int>& jobs) {
+  int total = 0;
+  for (const auto& [job, n] : jobs) total += n;
+  REQUIRE(static_cast<int>(infos.size()) == total);
+  const Json& cluster = infos.begin()->second.tf["cluster"];
+  std::vector<std::string> expected_keys;
+  for (const char* job : {"chief", "worker", "ps"})
+    if (jobs.count(job) && jobs.at(job) > 0) expected_keys.push_back(job);
+  CHECK(cluster.keys() == expected_keys);
+  std::set<int> ports;
+  for (const auto& [job, n] : jobs) {
+    const auto addresses = cluster[job].strings();
+    CHECK(static_cast<int>(addresses.size()) == n);
+    for (const auto& a : addresses) ports.insert(port_of(a));
+  }
+  CHECK(static_cast<int>(ports.size()) == total);  // all distinct
+  for (int p : ports) CHECK((p > 0 && p < 65536));
+
+  const std::string cluster_text = [&] {
+    const auto& raw = infos.begin()->second.raw;
+    return raw.substr(0, raw.find("\"task\""));
+  }();
+  for (const auto& [name, t] : infos) {
+    INFO("task ", name, ": ", t.raw);
+    CHECK(t.env_task == name);
+    CHECK(t.raw.substr(0, t.raw.find("\"task\"")) == cluster_text);  // the same cluster everywhere
+    const Json& task = t.tf["task"];
+    CHECK(fmt::format("{}:{}", task["type"].string, static_cast<int>(task["index"].number)) == name);
+    CHECK(task["index"].kind == Json::Kind::Number);
+    CHECK(jobs.count(task["type"].string) == 1);
+  }
+  return cluster;
+}
+
+void check_all_gone(const std::map<std::string, TaskInfo>& infos) {
+  for (const auto& [name, t] : infos) {
+    INFO("task ", name, " pid ", t.pid);
+    CHECK(process_gone(t.pid));
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+
+TEST_SUITE("launcher") {
+
+TEST_CASE("-n 3 gives each worker its own index and the same cluster of 3 distinct ports") {
+  const Result r = run({"-n", "3", "--", child(), "info", "exit", "0"});
+  INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.code == 0);
+  const auto infos = task_infos(r.out);
+  CHECK(infos.count("worker:0") == 1);
+  CHECK(infos.count("worker:1") == 1);
+  CHECK(infos.count("worker:2") == 1);
+  check_cluster(infos, {{"worker", 3}});
+  CHECK_FALSE(contains(r.err, "distribute-launch:"));
+  check_all_gone(infos);
+}
+
+TEST_CASE("output lines are forwarded with a task prefix, stderr to stderr") {
+  const Result r = run({"-n", "2", "--", child(), "print", "first line", "eprint", "to stderr", "print",
+                        "second line", "partial", "no newline"});
+  INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.code == 0);
+  for (const char* w : {"worker:0", "worker:1"}) {
+    const auto first = r.out.find(fmt::format("[{}] first line\n", w));
+    const auto second = r.out.find(fmt::format("[{}] second line\n", w));
+    CHECK(first != std::string::npos);
+    CHECK(second != std::string::npos);
+    CHECK(first < second);
+    CHECK(contains(r.out, fmt::format("[{}] no newline\n", w)));  // partial last line flushed
+    CHECK(contains(r.err, fmt::format("[{}] to stderr\n", w)));
+  }
+  CHECK_FALSE(contains(r.out, "to stderr"));
+  CHECK_FALSE(contains(r.err, "line"));
+  for (const auto& line : lines(r.out)) CHECK((line.rfind("[worker:0] ", 0) == 0 || line.rfind("[worker:1] ", 0) == 0));
+  CHECK(r.out.back() == '\n');
+}
+
+TEST_CASE("a task failing with status 3 stops the others and the launcher exits 3") {
+  TempDir dir;
+  const Result r = run({"-n", "3", "--", child(), "info", "barrier", dir.str(), "3", "@worker:1", "sleep", "100",
+                        "exit", "3", "@all", "sleep", "60000", "print", "not stopped"});
+  INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.code == 3);
+  CHECK(contains(r.err, "distribute-launch: worker:1 exited with status 3; stopping the other tasks"));
+  CHECK(r.seconds < 20);  // the sleepers (60 s) were terminated
+  CHECK_FALSE(contains(r.out, "not stopped"));
+  const auto infos = task_infos(r.out);
+  CHECK(infos.size() == 3);
+  check_all_gone(infos);
+}
+
+TEST_CASE("a task that ignores SIGTERM is SIGKILLed after the grace period") {
+  TempDir dir;
+  const Result r = run({"--grace", "1", "-n", "2", "--", child(), "ignore-term", "info", "barrier", dir.str(),
+                        "2", "@worker:1", "exit", "4", "@all", "sleep", "60000"});
+  INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.code == 4);
+  CHECK(contains(r.err, "worker:1 exited with status 4; stopping the other tasks"));
+  CHECK(contains(r.err, "worker:0 did not stop within 1 s; sending SIGKILL"));
+  CHECK(r.seconds >= 0.9);
+  CHECK(r.seconds < 15);
+  check_all_gone(task_infos(r.out));
+}
+
+TEST_CASE("a task killed by SIGKILL makes the launcher fail and report it") {
+  TempDir dir;
+  const Result r = run({"-n", "2", "--", child(), "info", "barrier", dir.str(), "2", "@worker:0", "kill-self", "9",
+                        "@all", "sleep", "60000"});
+  INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.code == 128 + 9);
+  CHECK(contains(r.err, "distribute-launch: worker:0 was killed by signal 9"));
+  CHECK(contains(r.err, "stopping the other tasks"));
+  CHECK(r.seconds < 20);
+  check_all_gone(task_infos(r.out));
+}
+
+TEST_CASE("signals sent to the launcher are forwarded to every task") {
+  SUBCASE("SIGTERM") {
+    Job job({"-n", "3", "--", child(), "trap-term", "info", "print", "ready", "sleep", "60000"});
+    REQUIRE(job.wait_for([](const Result& r) { return count(r.out, "] ready\n") == 3; }, 20));
+    const auto sent = Clock::now();
+    job.signal(SIGTERM);
+    const Result r = job.finish();
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(since(sent) < 8);  // well before the 10 s grace period: the tasks exited on SIGTERM
+    CHECK(r.code == 128 + SIGTERM);
+    CHECK(contains(r.err, "received SIGTERM; forwarding it to the tasks"));
+    for (int k = 0; k < 3; ++k) CHECK(contains(r.out, fmt::format("[worker:{}] caught SIGTERM\n", k)));
+    check_all_gone(task_infos(r.out));
+  }
+  SUBCASE("SIGINT") {
+    Job job({"-n", "2", "--", child(), "info", "print", "ready", "sleep", "60000"});
+    REQUIRE(job.wait_for([](const Result& r) { return count(r.out, "] ready\n") == 2; }, 20));
+    job.signal(SIGINT);
+    const Result r = job.finish();
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.code == 128 + SIGINT);
+    CHECK(contains(r.err, "received SIGINT"));
+    CHECK_FALSE(contains(r.err, "stopping the other tasks"));  // tasks we stopped are not failures
+    check_all_gone(task_infos(r.out));
+  }
+  SUBCASE("a second SIGTERM kills tasks that ignore the first") {
+    Job job({"--grace", "60", "-n", "2", "--", child(), "ignore-term", "info", "print", "ready", "sleep", "60000"});
+    REQUIRE(job.wait_for([](const Result& r) { return count(r.out, "] ready\n") == 2; }, 20));
+    job.signal(SIGTERM);
+    REQUIRE(job.wait_for([](const Result& r) { return contains(r.err, "received SIGTERM"); }, 10));
+    const auto sent = Clock::now();
+    job.signal(SIGTERM);
+    const Result r = job.finish();
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(since(sent) < 10);
+    CHECK(r.code == 128 + SIGTERM);
+    CHECK(contains(r.err, "received SIGTERM again; killing all tasks"));
+    check_all_gone(task_infos(r.out));
+  }
+}
+
+TEST_CASE("the tasks die with a launcher that is SIGKILLed (PR_SET_PDEATHSIG)") {
+  Job job({"-n", "2", "--", child(), "ignore-term", "info", "print", "ready", "sleep", "60000"});
+  REQUIRE(job.wait_for([](const Result& r) { return count(r.out, "] ready\n") == 2; }, 20));
+  job.signal(SIGKILL);
+  const Result r = job.finish();
+  INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+  CHECK(r.code == 128 + SIGKILL);
+  const auto infos = task_infos(r.out);
+  CHECK(infos.size() == 2);
+  check_all_gone(infos);
+}
+
+TEST_CASE("ps mode: chief, 2 ps and 3 workers; done when chief and workers are, ps tasks stopped") {
+  TempDir dir;
+  const Result r = run({"--ps", "2", "--workers", "3", "--", child(), "info", "barrier", dir.str(), "6", "@ps",
+                        "sleep", "600000", "@all", "exit", "0"});
+  INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.code == 0);
+  CHECK(r.seconds < 20);
+  const auto infos = task_infos(r.out);
+  for (const char* t : {"chief:0", "ps:0", "ps:1", "worker:0", "worker:1", "worker:2"}) CHECK(infos.count(t) == 1);
+  check_cluster(infos, {{"chief", 1}, {"ps", 2}, {"worker", 3}});
+  CHECK_FALSE(contains(r.err, "stopping the other tasks"));
+  CHECK(contains(r.err, "distribute-launch: the chief and worker tasks are done; stopping the ps tasks"));
+  CHECK_FALSE(contains(r.err, "SIGKILL"));
+  check_all_gone(infos);
+}
+
+TEST_CASE("ps mode variants") {
+  TempDir dir;
+  SUBCASE("--no-chief") {
+    const Result r = run({"--ps", "1", "--workers", "2", "--no-chief", "--", child(), "info", "barrier", dir.str(),
+                          "3", "@ps", "sleep", "600000"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.code == 0);
+    check_cluster(task_infos(r.out), {{"ps", 1}, {"worker", 2}});
+  }
+  SUBCASE("-n with --chief") {
+    const Result r = run({"-n", "2", "--chief", "--", child(), "info"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.code == 0);
+    check_cluster(task_infos(r.out), {{"chief", 1}, {"worker", 2}});
+  }
+  SUBCASE("a failing ps task stops the job") {
+    const Result r = run({"--ps", "1", "--workers", "1", "--", child(), "info", "barrier", dir.str(), "3", "@ps",
+                          "exit", "5", "@all", "sleep", "60000"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.code == 5);
+    CHECK(contains(r.err, "ps:0 exited with status 5; stopping the other tasks"));
+    CHECK(r.seconds < 20);
+    check_all_gone(task_infos(r.out));
+  }
+  SUBCASE("a failing worker fails the job") {
+    const Result r = run({"--ps", "1", "--workers", "2", "--", child(), "info", "barrier", dir.str(), "4", "@ps",
+                          "sleep", "60000", "@worker:1", "exit", "6"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.code == 6);
+    CHECK(contains(r.err, "worker:1 exited with status 6; stopping the other tasks"));
+    check_all_gone(task_infos(r.out));
+  }
+}
+
+TEST_CASE("--keep-going lets the other tasks finish and still fails") {
+  const Result r = run({"--keep-going", "-n", "3", "--", child(), "@worker:1", "exit", "3", "@all", "sleep", "300",
+                        "print", "done"});
+  INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.code == 3);
+  CHECK(contains(r.err, "worker:1 exited with status 3; the other tasks go on (--keep-going)"));
+  CHECK(contains(r.out, "[worker:0] done\n"));
+  CHECK(contains(r.out, "[worker:2] done\n"));
+  CHECK_FALSE(contains(r.out, "[worker:1] done"));
+}
+
+TEST_CASE("--timeout stops a job that runs too long") {
+  const Result r = run({"--timeout", "1", "-n", "2", "--", child(), "info", "sleep", "60000"});
+  INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.code == 124);
+  CHECK(r.seconds >= 0.9);
+  CHECK(r.seconds < 15);
+  CHECK(contains(r.err, "--timeout"));
+  check_all_gone(task_infos(r.out));
+}
+
+TEST_CASE("--env, --token and DISTRIBUTE_LAUNCH_TASK reach every task") {
+  SUBCASE("--token auto") {
+    const Result r = run({"--env", "FOO=bar", "--env", "FOO=baz", "--env", "EMPTY=", "--token", "auto", "-n", "2",
+                          "--", child(), "env", "FOO", "env", "EMPTY", "env", "DISTRIBUTE_CLUSTER_TOKEN", "env",
+                          "DISTRIBUTE_LAUNCH_TASK"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.code == 0);
+    std::set<std::string> tokens;
+    static const std::regex tok(R"(^\[worker:[01]\] ENV DISTRIBUTE_CLUSTER_TOKEN=([0-9a-f]{32})$)");
+    for (const auto& line : lines(r.out)) {
+      std::smatch m;
+      if (std::regex_match(line, m, tok)) tokens.insert(m[1]);
+    }
+    CHECK(tokens.size() == 1);  // 32 hex digits, the same for both tasks
+    CHECK(count(r.out, "ENV DISTRIBUTE_CLUSTER_TOKEN=") == 2);
+    for (int k = 0; k < 2; ++k) {
+      CHECK(contains(r.out, fmt::format("[worker:{}] ENV FOO=baz\n", k)));  // the last --env wins
+      CHECK(contains(r.out, fmt::format("[worker:{}] ENV EMPTY=\n", k)));
+      CHECK(contains(r.out, fmt::format("[worker:{0}] ENV DISTRIBUTE_LAUNCH_TASK=worker:{0}\n", k)));
+    }
+  }
+  SUBCASE("--token VALUE") {
+    const Result r = run({"--token", "s3cret", "-n", "1", "--", child(), "env", "DISTRIBUTE_CLUSTER_TOKEN"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    CHECK(r.code == 0);
+    CHECK(contains(r.out, "[worker:0] ENV DISTRIBUTE_CLUSTER_TOKEN=s3cret\n"));
+  }
+}
+
+TEST_CASE("what a task leaves behind in its process group is killed when it exits") {
+  const Result r = run({"-n", "1", "--", child(), "grandchild", "exit", "0"});
+  INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.code == 0);
+  CHECK(r.seconds < 15);  // did not wait for the grandchild's 60 s
+  static const std::regex re(R"(\[worker:0\] GRANDCHILD pid=([0-9]+))");
+  std::smatch m;
+  REQUIRE(std::regex_search(r.out, m, re));
+  CHECK(process_gone(std::stoi(m[1])));
+}
+
+TEST_CASE("a program that cannot be started fails the job with 127") {
+  const Result r = run({"-n", "2", "--", "/nonexistent/distribute-launch-test-program"});
+  INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.code == 127);
+  // Whichever task fails first: its own message comes before the launcher's note about it.
+  static const std::regex note(R"(distribute-launch: (worker:[01]) exited with status 127; stopping the other tasks\n)");
+  std::smatch m;
+  REQUIRE(std::regex_search(r.err, m, note));
+  const auto own = r.err.find(fmt::format(
+      "[{}] distribute-launch: cannot run '/nonexistent/distribute-launch-test-program': No such file or directory\n",
+      m[1].str()));
+  CHECK(own != std::string::npos);
+  CHECK(own < static_cast<std::size_t>(m.position(0)));
+}
+
+TEST_CASE("usage errors exit 2 and print the usage") {
+  const std::string c = child();
+  const std::vector<std::vector<std::string>> bad = {
+      {},
+      {"-n", "2", c},                       // missing --
+      {"-n", "2", "--"},                    // no program
+      {"-n", "0", "--", c},                 // N < 1
+      {"-n", "-1", "--", c},
+      {"-n", "two", "--", c},
+      {"-n"},                               // missing value
+      {"--bogus", "-n", "1", "--", c},      // unknown option
+      {"--", c},                            // no -n
+      {"--ps", "2", "--", c},               // --ps without --workers
+      {"--ps", "0", "--workers", "1", "--", c},
+      {"--env", "NOEQUALS", "-n", "1", "--", c},
+      {"--env", "TF_CONFIG={}", "-n", "1", "--", c},
+      {"--timeout", "soon", "-n", "1", "--", c},
+      {"--keep-going=yes", "-n", "1", "--", c},
+  };
+  for (const auto& args : bad) {
+    std::string joined;
+    for (const auto& a : args) joined += " " + a;
+    const Result r = run(args);
+    INFO("args:", joined, "\nstdout:\n", r.out, "\nstderr:\n", r.err);
+    CHECK(r.code == 2);
+    CHECK(contains(r.err, "usage: distribute-launch"));
+    CHECK(r.out.empty());
+  }
+  const Result help = run({"--help"});
+  CHECK(help.code == 0);
+  CHECK(contains(help.out, "usage: distribute-launch"));
+}
+
+}  // TEST_SUITE

@@ -1,0 +1,848 @@
+// distribute-launch: start a local multi-process job with a correct TF_CONFIG per task.
+//
+//   distribute-launch -n N [options] -- prog args...
+//       N "worker" tasks (index 0..N-1); with --chief also one "chief" task.
+//   distribute-launch --ps N --workers M [--chief|--no-chief] [options] -- prog args...
+//       a parameter-server cluster: one chief (on by default in this mode), N "ps", M "worker".
+//
+// Every task gets the whole cluster in TF_CONFIG (TF's schema: {"cluster": {"chief": [...],
+// "worker": [...], "ps": [...]}, "task": {"type": T, "index": I}}), DISTRIBUTE_LAUNCH_TASK=T:I and,
+// with --token, DISTRIBUTE_CLUSTER_TOKEN. Output lines are forwarded with a "[T:I] " prefix.
+//
+// Design notes (also in the usage text):
+//  * Ports: for every task the launcher binds a socket to port 0 on --host, reads the port the
+//    kernel picked, and closes all the sockets only after every port is picked (so they are
+//    distinct). Between that close and the task binding the port, another process could take it:
+//    a small race that the launcher does not retry.
+//  * Process groups: every task runs in its own process group (its pid is the group id), so a
+//    Ctrl-C at the terminal reaches only the launcher, which forwards it exactly once, to each
+//    task's whole group (the task and anything it spawned). When a task's main process exits, the
+//    launcher SIGKILLs whatever is left in its group before reaping it (race-free: the zombie
+//    still holds the group id), so no orphans stay behind. On Linux each task also gets
+//    PR_SET_PDEATHSIG=SIGKILL, so the tasks die even if the launcher itself is SIGKILLed.
+//    Tasks read stdin from /dev/null (a background process group reading the terminal would stop).
+//  * Signals: the first SIGINT/SIGTERM/SIGHUP is forwarded to every task, which then get --grace
+//    seconds (default 10) before SIGKILL; a second one SIGKILLs everything at once. The launcher
+//    then exits with 128+signal.
+//  * Failure: the first task that exits non-zero or is killed by a signal stops the job (SIGTERM to
+//    the others, SIGKILL after the grace period) unless --keep-going; the launcher exits with that
+//    task's status (128+signal for a signal). --timeout expiry exits 124. Usage errors exit 2.
+//  * ps tasks serve until stopped: in a cluster with ps tasks the job is done when every chief and
+//    worker task has exited; the launcher then SIGTERMs the ps tasks and exits 0 if all of those
+//    exited 0.
+//  * Output: lines are forwarded whole (one write each, so tasks never interleave mid-line); a
+//    last line without a newline is flushed with one when the stream closes. Tasks write to
+//    pipes, so their stdio is block-buffered unless they flush or set line buffering.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kExitUsage = 2;
+constexpr int kExitTimeout = 124;
+constexpr int kMaxTasks = 1024;
+constexpr std::size_t kMaxLine = 64 * 1024;  // longer lines are forwarded in pieces
+
+constexpr const char* kUsage = R"(usage: distribute-launch -n N [options] -- PROGRAM [ARGS...]
+       distribute-launch --ps N --workers M [--chief|--no-chief] [options] -- PROGRAM [ARGS...]
+
+Starts a local multi-process job: every task runs PROGRAM with TF_CONFIG describing the whole
+cluster (on free loopback ports) and its own task type and index.
+
+  -n N, --workers N   number of "worker" tasks (index 0..N-1), N >= 1
+  --ps N              parameter-server cluster with N "ps" tasks (N >= 1); a chief is added
+                      unless --no-chief
+  --chief, --no-chief add (or not) one "chief" task; default: on with --ps, off otherwise
+  --host ADDR         address put in TF_CONFIG and used to pick free ports (default 127.0.0.1)
+  --env K=V           extra environment variable for every task (repeatable)
+  --token auto|VALUE  set DISTRIBUTE_CLUSTER_TOKEN for every task; "auto" makes a random
+                      128-bit hex token from /dev/urandom
+  --timeout SECONDS   stop every task and exit 124 if the job runs longer
+  --grace SECONDS     time between SIGTERM and SIGKILL when stopping tasks (default 10)
+  --keep-going        a failing task does not stop the others (exit status: the first failure)
+  -h, --help          show this help
+
+Each task also gets DISTRIBUTE_LAUNCH_TASK=TYPE:INDEX. Its stdout and stderr lines are forwarded
+to the launcher's stdout and stderr with a "[TYPE:INDEX] " prefix.
+
+Exit status: 0 when every task succeeded (ps tasks are stopped once the chief and all workers are
+done); otherwise the status of the first task that failed (128+N if killed by signal N); 128+N
+when the launcher got signal N (forwarded to the tasks); 124 on --timeout; 2 on usage errors.
+Tasks run in their own process groups: SIGINT/SIGTERM/SIGHUP sent to the launcher are forwarded
+once to each task group; the tasks get --grace seconds, then SIGKILL. A second signal SIGKILLs
+them at once. Ports are picked by binding port 0 and closing; another process could take one
+before the task binds it (not retried).
+)";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ------------------------------------------------------------------------------------------------
+// Options
+
+struct Options {
+  int workers = 0;
+  bool workers_given = false;
+  int ps = 0;
+  bool ps_given = false;
+  std::optional<bool> chief;
+  std::string host = "127.0.0.1";
+  std::vector<std::pair<std::string, std::string>> env;
+  std::optional<std::string> token;
+  double timeout = 0;  // 0: none
+  double grace = 10;
+  bool keep_going = false;
+  bool help = false;
+  std::vector<std::string> command;
+};
+
+int parse_count(std::string_view opt, std::string_view text, int min) {
+  int value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size())
+    throw UsageError(fmt::format("{} expects an integer, got '{}'", opt, text));
+  if (value < min || value > kMaxTasks)
+    throw UsageError(fmt::format("{} must be between {} and {}, got {}", opt, min, kMaxTasks, value));
+  return value;
+}
+
+double parse_seconds(std::string_view opt, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || errno != 0 || end != text.c_str() + text.size() || !std::isfinite(value) ||
+      value < 0 || value > 1e9)
+    throw UsageError(fmt::format("{} expects a non-negative number of seconds, got '{}'", opt, text));
+  return value;
+}
+
+bool is_reserved_env(std::string_view key) {
+  return key == "TF_CONFIG" || key == "DISTRIBUTE_LAUNCH_TASK";
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  bool saw_separator = false;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      saw_separator = true;
+      ++i;
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      o.help = true;
+      return o;
+    }
+    // Accept "--opt=value", "--opt value", "-nN" and "-n N".
+    std::string name = arg;
+    std::optional<std::string> inline_value;
+    if (arg.rfind("--", 0) == 0) {
+      if (auto eq = arg.find('='); eq != std::string::npos) {
+        name = arg.substr(0, eq);
+        inline_value = arg.substr(eq + 1);
+      }
+    } else if (arg.rfind("-n", 0) == 0 && arg.size() > 2) {
+      name = "-n";
+      inline_value = arg.substr(2);
+    }
+    auto value = [&]() -> std::string {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= argc) throw UsageError(fmt::format("{} needs a value", name));
+      return argv[++i];
+    };
+    auto flag = [&] {
+      if (inline_value) throw UsageError(fmt::format("{} takes no value", name));
+    };
+    if (name == "-n" || name == "--workers") {
+      o.workers = parse_count(name, value(), 1);
+      o.workers_given = true;
+    } else if (name == "--ps") {
+      o.ps = parse_count(name, value(), 1);
+      o.ps_given = true;
+    } else if (name == "--chief") {
+      flag();
+      o.chief = true;
+    } else if (name == "--no-chief") {
+      flag();
+      o.chief = false;
+    } else if (name == "--host") {
+      o.host = value();
+      if (o.host.empty()) throw UsageError("--host must not be empty");
+    } else if (name == "--env") {
+      const std::string kv = value();
+      const auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0)
+        throw UsageError(fmt::format("--env expects K=V, got '{}'", kv));
+      std::string key = kv.substr(0, eq);
+      if (is_reserved_env(key))
+        throw UsageError(fmt::format("--env cannot set {}: the launcher sets it for each task", key));
+      o.env.emplace_back(std::move(key), kv.substr(eq + 1));
+    } else if (name == "--token") {
+      o.token = value();
+      if (o.token->empty()) throw UsageError("--token must be 'auto' or a non-empty value");
+    } else if (name == "--timeout") {
+      o.timeout = parse_seconds(name, value());
+      if (o.timeout <= 0) throw UsageError("--timeout must be positive");
+    } else if (name == "--grace") {
+      o.grace = parse_seconds(name, value());
+    } else if (name == "--keep-going") {
+      flag();
+      o.keep_going = true;
+    } else {
+      if (!arg.empty() && arg[0] == '-') throw UsageError(fmt::format("unknown option '{}'", arg));
+      throw UsageError(fmt::format("unexpected argument '{}' (put the program after '--')", arg));
+    }
+  }
+  if (!saw_separator) throw UsageError("missing '--' before the program to run");
+  for (; i < argc; ++i) o.command.emplace_back(argv[i]);
+  if (o.command.empty() || o.command[0].empty()) throw UsageError("no program given after '--'");
+  if (!o.workers_given)
+    throw UsageError(o.ps_given ? "--ps needs --workers M" : "the number of workers (-n N) is required");
+  return o;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Small POSIX helpers
+
+void write_all(int fd, std::string_view data) {
+  static bool broken[3] = {false, false, false};
+  if (fd >= 0 && fd < 3 && broken[fd]) return;
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n > 0) {
+      data.remove_prefix(static_cast<std::size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 1000);
+    } else {
+      if (fd >= 0 && fd < 3) broken[fd] = true;  // e.g. EPIPE: drop further output there
+      return;
+    }
+  }
+}
+
+template <typename... Args>
+void note(fmt::format_string<Args...> f, Args&&... args) {
+  write_all(2, "distribute-launch: " + fmt::format(f, std::forward<Args>(args)...) + "\n");
+}
+
+std::string json_escape(std::string_view s) {
+  std::string out;
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20)
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+        else
+          out += c;
+    }
+  }
+  return out;
+}
+
+// Picks `n` distinct free TCP ports on `host` (see the race note at the top of the file).
+std::vector<int> pick_free_ports(const std::string& host, int n) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), "0", &hints, &res); rc != 0 || res == nullptr)
+    throw std::runtime_error(fmt::format("cannot resolve --host '{}': {}", host, ::gai_strerror(rc)));
+  std::vector<int> fds;
+  std::vector<int> ports;
+  std::string error;
+  for (int k = 0; k < n && error.empty(); ++k) {
+    const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      error = fmt::format("socket: {}", std::strerror(errno));
+      break;
+    }
+    fds.push_back(fd);
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0) {
+      error = fmt::format("cannot bind a port on '{}': {}", host, std::strerror(errno));
+    } else if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      error = fmt::format("getsockname: {}", std::strerror(errno));
+    } else {
+      const int port = addr.ss_family == AF_INET6
+                           ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                           : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+      ports.push_back(port);
+    }
+  }
+  for (const int fd : fds) ::close(fd);
+  ::freeaddrinfo(res);
+  if (!error.empty()) throw std::runtime_error(error);
+  return ports;
+}
+
+std::string random_token() {
+  unsigned char bytes[16];
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot open /dev/urandom: {}", std::strerror(errno)));
+  std::size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = ::read(fd, bytes + got, sizeof bytes - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      throw std::runtime_error("cannot read /dev/urandom");
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  std::string hex;
+  for (const unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = ::strsignal(sig);
+    return fmt::format("was killed by signal {} ({})", sig, name ? name : "?");
+  }
+  return fmt::format("ended with wait status {:#x}", status);
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGKILL: return "SIGKILL";
+    default: return "signal";
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Signals: a self-pipe wakes the poll loop.
+
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &b, 1);
+  errno = saved;
+}
+
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+void install_signal_handlers() {
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+    throw std::runtime_error(fmt::format("pipe: {}", std::strerror(errno)));
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (const int sig : kForwardedSignals) ::sigaction(sig, &sa, nullptr);
+  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  ::sigaction(SIGCHLD, &sa, nullptr);
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  ::sigaction(SIGPIPE, &ign, nullptr);  // a closed stdout must not kill the launcher
+}
+
+// ------------------------------------------------------------------------------------------------
+// Tasks
+
+struct Stream {
+  int fd = -1;
+  int dest = 1;  // launcher fd it is forwarded to
+  std::string buf;
+};
+
+struct Task {
+  std::string type;
+  int index = 0;
+  std::string name;  // "worker:0"
+  std::string prefix;  // "[worker:0] "
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+  Stream out, err;
+};
+
+void forward_lines(const Task& t, Stream& s, bool final) {
+  std::size_t start = 0;
+  std::string chunk;
+  for (;;) {
+    const auto nl = s.buf.find('\n', start);
+    if (nl == std::string::npos) break;
+    chunk.append(t.prefix).append(s.buf, start, nl - start + 1);
+    start = nl + 1;
+  }
+  s.buf.erase(0, start);
+  while (s.buf.size() >= kMaxLine) {  // an overlong line: forward it in pieces
+    chunk.append(t.prefix).append(s.buf, 0, kMaxLine).append("\n");
+    s.buf.erase(0, kMaxLine);
+  }
+  if (final && !s.buf.empty()) {
+    chunk.append(t.prefix).append(s.buf).append("\n");
+    s.buf.clear();
+  }
+  if (!chunk.empty()) write_all(s.dest, chunk);
+}
+
+void close_stream(const Task& t, Stream& s) {
+  if (s.fd < 0) return;
+  forward_lines(t, s, /*final=*/true);
+  ::close(s.fd);
+  s.fd = -1;
+}
+
+// Reads what is available; closes the stream at EOF or on error.
+void drain(const Task& t, Stream& s) {
+  char buf[64 * 1024];
+  for (;;) {
+    const ssize_t n = ::read(s.fd, buf, sizeof buf);
+    if (n > 0) {
+      s.buf.append(buf, static_cast<std::size_t>(n));
+      forward_lines(t, s, false);
+      if (static_cast<std::size_t>(n) < sizeof buf) return;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    close_stream(t, s);  // EOF or error
+    return;
+  }
+}
+
+class Launcher {
+ public:
+  explicit Launcher(Options o) : opt_(std::move(o)) {}
+
+  int run() {
+    build_tasks();
+    install_signal_handlers();
+    if (opt_.timeout > 0)
+      job_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                         std::chrono::duration<double>(opt_.timeout));
+    spawn_all();
+    loop();
+    return exit_code_.value_or(0);
+  }
+
+ private:
+  void build_tasks() {
+    const bool with_chief = opt_.chief.value_or(opt_.ps_given);
+    auto add = [&](const char* type, int count) {
+      for (int k = 0; k < count; ++k) {
+        Task t;
+        t.type = type;
+        t.index = k;
+        t.name = fmt::format("{}:{}", type, k);
+        t.prefix = fmt::format("[{}] ", t.name);
+        t.out.dest = 1;
+        t.err.dest = 2;
+        tasks_.push_back(std::move(t));
+      }
+    };
+    add("chief", with_chief ? 1 : 0);
+    add("worker", opt_.workers);
+    add("ps", opt_.ps_given ? opt_.ps : 0);
+
+    const auto ports = pick_free_ports(opt_.host, static_cast<int>(tasks_.size()));
+    const bool v6 = opt_.host.find(':') != std::string::npos;
+    std::string cluster = "{";
+    std::size_t k = 0;
+    for (const char* type : {"chief", "worker", "ps"}) {
+      std::string list;
+      for (const auto& t : tasks_) {
+        if (t.type != type) continue;
+        if (!list.empty()) list += ", ";
+        list += fmt::format("\"{}\"", json_escape(v6 ? fmt::format("[{}]:{}", opt_.host, ports[k])
+                                                     : fmt::format("{}:{}", opt_.host, ports[k])));
+        ++k;
+      }
+      if (list.empty()) continue;
+      if (cluster.size() > 1) cluster += ", ";
+      cluster += fmt::format("\"{}\": [{}]", type, list);
+    }
+    cluster += "}";
+    cluster_json_ = cluster;
+
+    if (opt_.token) token_ = *opt_.token == "auto" ? random_token() : *opt_.token;
+  }
+
+  std::vector<std::string> environment_for(const Task& t) const {
+    std::set<std::string> overridden{"TF_CONFIG", "DISTRIBUTE_LAUNCH_TASK"};
+    if (token_) overridden.insert("DISTRIBUTE_CLUSTER_TOKEN");
+    // --env entries, the last one of a key wins; the launcher's own variables win over --env.
+    std::vector<std::pair<std::string, std::string>> extra;
+    std::set<std::string> seen;
+    for (auto it = opt_.env.rbegin(); it != opt_.env.rend(); ++it)
+      if (!overridden.count(it->first) && seen.insert(it->first).second) extra.push_back(*it);
+    std::reverse(extra.begin(), extra.end());
+    for (const auto& key : seen) overridden.insert(key);
+    std::vector<std::string> env;
+    for (char** e = environ; e && *e; ++e) {
+      std::string_view kv(*e);
+      const auto eq = kv.find('=');
+      if (overridden.count(std::string(kv.substr(0, eq)))) continue;
+      env.emplace_back(kv);
+    }
+    for (const auto& [key, value] : extra) env.push_back(key + "=" + value);
+    env.push_back(fmt::format(R"(TF_CONFIG={{"cluster": {}, "task": {{"type": "{}", "index": {}}}}})",
+                              cluster_json_, t.type, t.index));
+    env.push_back(fmt::format("DISTRIBUTE_LAUNCH_TASK={}", t.name));
+    if (token_) env.push_back("DISTRIBUTE_CLUSTER_TOKEN=" + *token_);
+    return env;
+  }
+
+  void spawn_all() {
+    const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (devnull < 0) throw std::runtime_error(fmt::format("cannot open /dev/null: {}", std::strerror(errno)));
+    std::vector<char*> argv;
+    for (auto& a : opt_.command) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t self = ::getpid();
+
+    // Block signals around fork so that a signal arriving in a child before exec does not run the
+    // launcher's handler there (which would write to the launcher's self-pipe).
+    sigset_t all, old;
+    sigfillset(&all);
+    ::sigprocmask(SIG_SETMASK, &all, &old);
+    std::string spawn_error;
+    for (auto& t : tasks_) {
+      std::vector<std::string> env = environment_for(t);
+      std::vector<char*> envp;
+      for (auto& e : env) envp.push_back(e.data());
+      envp.push_back(nullptr);
+      const std::string exec_error_prefix = fmt::format("distribute-launch: cannot run '{}': ", opt_.command[0]);
+
+      int out[2], err[2];
+      if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+        spawn_error = fmt::format("pipe: {}", std::strerror(errno));
+        break;
+      }
+      const pid_t pid = ::fork();
+      if (pid < 0) {
+        spawn_error = fmt::format("fork: {}", std::strerror(errno));
+        for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+        break;
+      }
+      if (pid == 0) {
+        // Child. The launcher is single-threaded, so the calls below are safe after fork.
+        ::setpgid(0, 0);
+#ifdef __linux__
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != self) ::_exit(1);  // the launcher is already gone
+#endif
+        struct sigaction dfl {};
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        for (const int sig : kForwardedSignals) ::sigaction(sig, &dfl, nullptr);
+        ::sigaction(SIGCHLD, &dfl, nullptr);
+        ::sigaction(SIGPIPE, &dfl, nullptr);
+        ::dup2(devnull, 0);
+        ::dup2(out[1], 1);
+        ::dup2(err[1], 2);
+        sigset_t none;
+        sigemptyset(&none);
+        ::sigprocmask(SIG_SETMASK, &none, nullptr);
+        ::execvpe(argv[0], argv.data(), envp.data());
+        const int e = errno;
+        const std::string msg = exec_error_prefix + std::strerror(e) + "\n";
+        [[maybe_unused]] const ssize_t n = ::write(2, msg.data(), msg.size());
+        ::_exit(e == ENOENT ? 127 : 126);
+      }
+      ::setpgid(pid, pid);  // also in the parent, so the group exists before we signal it
+      ::close(out[1]);
+      ::close(err[1]);
+      ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+      ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+      t.pid = pid;
+      t.running = true;
+      t.out.fd = out[0];
+      t.err.fd = err[0];
+    }
+    ::sigprocmask(SIG_SETMASK, &old, nullptr);
+    ::close(devnull);
+    if (!spawn_error.empty()) {
+      note("{}; stopping the tasks already started", spawn_error);
+      exit_code_ = 1;
+      for (auto& t : tasks_)
+        if (t.pid < 0) t.running = false;  // never started
+      begin_stop(SIGTERM);
+    }
+  }
+
+  bool any_running() const {
+    return std::any_of(tasks_.begin(), tasks_.end(), [](const Task& t) { return t.running; });
+  }
+
+  void signal_task(Task& t, int sig) {
+    if (!t.running) return;
+    if (::kill(-t.pid, sig) != 0) ::kill(t.pid, sig);
+  }
+
+  // Asks every running task to stop with `sig`; SIGKILL follows after the grace period.
+  void begin_stop(int sig) {
+    for (auto& t : tasks_) signal_task(t, sig);
+    if (!stopping_) {
+      stopping_ = true;
+      kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(opt_.grace));
+    }
+  }
+
+  void kill_all() {
+    for (auto& t : tasks_) signal_task(t, SIGKILL);
+  }
+
+  void handle_signals() {
+    unsigned char buf[64];
+    for (;;) {
+      const ssize_t n = ::read(g_signal_pipe[0], buf, sizeof buf);
+      if (n <= 0) break;
+      for (ssize_t k = 0; k < n; ++k) {
+        const int sig = buf[k];
+        if (sig == SIGCHLD) continue;
+        ++signals_received_;
+        if (signals_received_ == 1) {
+          if (any_running()) note("received {}; forwarding it to the tasks", signal_name(sig));
+          if (!exit_code_) exit_code_ = 128 + sig;
+          begin_stop(sig);
+        } else {
+          if (any_running()) note("received {} again; killing all tasks", signal_name(sig));
+          if (!exit_code_) exit_code_ = 128 + sig;
+          kill_all();
+          stopping_ = true;
+        }
+      }
+    }
+  }
+
+  Task* find(pid_t pid) {
+    for (auto& t : tasks_)
+      if (t.pid == pid && t.running) return &t;
+    return nullptr;
+  }
+
+  void reap() {
+    for (;;) {
+      siginfo_t info{};
+      // WNOWAIT: look at the exited child without reaping it, so that its pid (= its process
+      // group id) cannot be reused while we kill whatever it left behind in its group.
+      if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0) return;  // ECHILD etc.
+      if (info.si_pid == 0) return;
+      const pid_t pid = info.si_pid;
+      Task* t = find(pid);
+      if (t) ::kill(-pid, SIGKILL);  // leftovers in the task's group; ESRCH when there are none
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      if (!t) continue;
+      t->running = false;
+      t->status = status;
+      // Forward what it wrote before it exited ahead of any note about its exit.
+      for (Stream* s : {&t->out, &t->err})
+        if (s->fd >= 0) drain(*t, *s);
+      on_exit(*t);
+    }
+  }
+
+  void on_exit(Task& t) {
+    const bool ok = succeeded(t.status);
+    if (!stopping_) {
+      if (!ok) {
+        if (!exit_code_) exit_code_ = exit_code_of(t.status);
+        if (opt_.keep_going) {
+          note("{} {}; the other tasks go on (--keep-going)", t.name, describe_status(t.status));
+        } else if (any_running()) {
+          note("{} {}; stopping the other tasks", t.name, describe_status(t.status));
+          begin_stop(SIGTERM);
+          return;
+        } else {
+          note("{} {}", t.name, describe_status(t.status));
+          return;
+        }
+      } else if (t.type == "ps") {
+        note("{} exited with status 0 before the job was done", t.name);
+      }
+      // The job is done when every chief/worker task has exited; ps tasks are then stopped.
+      const bool workers_done = std::none_of(tasks_.begin(), tasks_.end(), [](const Task& x) {
+        return x.running && x.type != "ps";
+      });
+      if (workers_done && any_running()) {
+        note("the chief and worker tasks are done; stopping the ps tasks");
+        begin_stop(SIGTERM);
+      }
+    }
+  }
+
+  void on_deadlines() {
+    const auto now = Clock::now();
+    if (job_deadline_ && now >= *job_deadline_) {
+      job_deadline_.reset();
+      if (any_running() && !stopping_) {  // when already stopping, the grace period bounds it
+        note("the job ran longer than --timeout {} s; stopping all tasks", opt_.timeout);
+        if (!exit_code_) exit_code_ = kExitTimeout;
+        begin_stop(SIGTERM);
+      }
+    }
+    if (stopping_ && kill_deadline_ && now >= *kill_deadline_) {
+      kill_deadline_.reset();
+      for (auto& t : tasks_) {
+        if (!t.running) continue;
+        note("{} did not stop within {} s; sending SIGKILL", t.name, opt_.grace);
+        signal_task(t, SIGKILL);
+      }
+    }
+  }
+
+  void loop() {
+    std::optional<Clock::time_point> drain_deadline;
+    std::vector<pollfd> fds;
+    std::vector<Stream*> streams;
+    std::vector<Task*> owners;
+    for (;;) {
+      handle_signals();
+      reap();
+      on_deadlines();
+
+      fds.clear();
+      streams.clear();
+      owners.clear();
+      fds.push_back({g_signal_pipe[0], POLLIN, 0});
+      for (auto& t : tasks_) {
+        for (Stream* s : {&t.out, &t.err}) {
+          if (s->fd < 0) continue;
+          fds.push_back({s->fd, POLLIN, 0});
+          streams.push_back(s);
+          owners.push_back(&t);
+        }
+      }
+      if (!any_running()) {
+        // Every task is reaped. Their groups were SIGKILLed, so the pipes close right away unless
+        // something escaped to another process group; do not wait for that for long.
+        if (streams.empty()) break;
+        if (!drain_deadline) drain_deadline = Clock::now() + std::chrono::seconds(2);
+        if (Clock::now() >= *drain_deadline) {
+          for (std::size_t k = 0; k < streams.size(); ++k) close_stream(*owners[k], *streams[k]);
+          break;
+        }
+      }
+
+      std::optional<Clock::time_point> next;
+      for (const auto& d : {job_deadline_, kill_deadline_, drain_deadline})
+        if (d && (!next || *d < *next)) next = d;
+      int timeout_ms = -1;
+      if (next) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Clock::now()).count();
+        timeout_ms = static_cast<int>(std::clamp<long long>(left + 1, 0, 60'000));
+      }
+      const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw std::runtime_error(fmt::format("poll: {}", std::strerror(errno)));
+      }
+      for (std::size_t k = 1; k < fds.size(); ++k) {
+        if (fds[k].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) drain(*owners[k - 1], *streams[k - 1]);
+      }
+    }
+  }
+
+  Options opt_;
+  std::vector<Task> tasks_;
+  std::string cluster_json_;
+  std::optional<std::string> token_;
+  std::optional<int> exit_code_;
+  bool stopping_ = false;
+  int signals_received_ = 0;
+  std::optional<Clock::time_point> job_deadline_;
+  std::optional<Clock::time_point> kill_deadline_;
+};
+
+// fds 0-2 must be open, or pipes created later could land on them.
+void ensure_std_fds() {
+  for (int fd = 0; fd < 3; ++fd) {
+    if (::fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+      const int n = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (n >= 0 && n != fd) {
+        ::dup2(n, fd);
+        ::close(n);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ensure_std_fds();
+  Options opt;
+  try {
+    opt = parse_args(argc, argv);
+  } catch (const UsageError& e) {
+    write_all(2, fmt::format("distribute-launch: {}\n\n{}", e.what(), kUsage));
+    return kExitUsage;
+  }
+  if (opt.help) {
+    write_all(1, kUsage);
+    return 0;
+  }
+  try {
+    return Launcher(std::move(opt)).run();
+  } catch (const std::exception& e) {
+    note("{}", e.what());
+    return 1;
+  }
+}
