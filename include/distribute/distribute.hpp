@@ -44,3 +44,9 @@
 #include <distribute/cluster/slurm.hpp>
 #include <distribute/cluster/launcher.hpp>
 #endif
+
+// net/ (needs Boost.Asio and OpenSSL) and the strategies built on it
+#if __has_include(<boost/asio.hpp>) && __has_include(<openssl/hmac.h>) && __has_include(<boost/json.hpp>)
+#include <distribute/net/communicator.hpp>
+#include <distribute/strategy/multi_worker_mirrored.hpp>
+#endif

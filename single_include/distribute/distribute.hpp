@@ -13791,4 +13791,12473 @@ DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_LAUNCHER_HPP
 // ---- end <distribute/cluster/launcher.hpp> ----
 #endif
+
+// net/ (needs Boost.Asio and OpenSSL) and the strategies built on it
+#if __has_include(<boost/asio.hpp>) && __has_include(<openssl/hmac.h>) && __has_include(<boost/json.hpp>)
+// ---- begin <distribute/net/communicator.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_COMMUNICATOR_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_COMMUNICATOR_HPP
+// Communicator: collectives and point-to-point messages among the processes of a cluster, over TCP.
+//
+//   ds::net::Communicator comm({"127.0.0.1:5000", "127.0.0.1:5001"}, rank, {}, {"worker:0", "worker:1"});
+//   comm.all_reduce(std::span<float>(grads), ds::ReduceOp::Mean);
+//
+// Calls are synchronous and every rank must make the same collective calls in the same order
+// (with matching counts, dtypes, ops and roots); a mismatch throws InvalidArgument on every rank.
+// A lost or stalled peer throws PeerFailure or CollectiveTimeout on every survivor, and from then
+// on the communicator is poisoned: every call throws that error again.
+
+#include <cstddef>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/collectives.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_COLLECTIVES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_COLLECTIVES_HPP
+// The collective algorithms over the transport: a chunked, pipelined ring all-reduce, a one-hop
+// all-reduce for small buffers, a pipelined chain broadcast, and an all-gather of uneven sizes.
+// Each runs inside one Transport::Op, whose descriptor exchange checks that every rank is doing
+// the same thing.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <utility>
+#include <vector>
+
+// ---- begin <distribute/net/detail/transport.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
+// The TCP transport under the Communicator: one authenticated socket per peer (a full mesh, so every
+// rank hears at once when any rank dies), an Asio io_context on a background thread doing all
+// socket I/O, and a calling thread that posts sends and receives and waits for them.
+//
+// Sends are zero-copy: a frame's header and the caller's memory go out in one scatter-gather write.
+// Receives are matched by (type, sequence, tag): a frame whose receive is already posted is read
+// straight into the caller's buffer; an early one is buffered until its receive is posted. Every
+// socket is always being read, so EOF, resets and heartbeats are seen whatever the caller does.
+//
+// The first failure (a peer lost, a timeout, mismatched collectives) poisons the transport: it is
+// sent to every peer in an Abort frame, and every later operation throws it.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// "host:port" strings as they appear in cluster specs ("127.0.0.1:2222", "worker0:2222",
+// "[::1]:2222").
+
+#include <cctype>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+struct HostPort {
+  std::string host;
+  std::string port;  // decimal, 1..65535
+};
+
+inline HostPort parse_host_port(std::string_view address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    throw InvalidArgument(fmt::format("address '{}' is not of the form host:port", address));
+  }
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') {
+      throw InvalidArgument(fmt::format("address '{}' has an unterminated [IPv6] host", address));
+    }
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned long value = 0;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c)) || port.size() > 5) {
+      throw InvalidArgument(fmt::format("address '{}' has an invalid port '{}'", address, port));
+    }
+    value = value * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (value == 0 || value > 65535) {
+    throw InvalidArgument(fmt::format("address '{}' has port {} outside 1..65535", address, value));
+  }
+  return HostPort{std::string(host), std::string(port)};
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// ---- end <distribute/net/detail/address.hpp> ----
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/detail/protocol.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
+// Payloads of the control frames: the handshake (hello, challenge, response, reject), abort, and
+// the collective descriptor. Parsers check sizes and ranges and throw FrameError, like the header
+// decoder, so a peer's bytes are never trusted.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/frame.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+//
+//   offset  size  field
+//        0     4  magic "DSNT"
+//        4     1  protocol version (kProtocolVersion)
+//        5     1  FrameType
+//        6     2  reserved, must be zero
+//        8     8  payload length
+//       16     8  sequence number (collective number, point-to-point message number)
+//       24     8  tag (chunk within a collective)
+//
+// Integers are little-endian whatever the host. Decoding is a pure function of the bytes, so it can
+// be fuzzed: anything malformed throws FrameError and is never read past its end.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+/// Bytes that are not a well-formed frame (bad magic, version, type, reserved bits or length).
+/// The transport answers it by closing the connection.
+class FrameError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 32;
+/// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
+/// configured limit, so a stranger cannot make a peer allocate much.
+inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+
+enum class FrameType : std::uint8_t {
+  Hello = 1,         // connector → acceptor: who I am, my nonce
+  Challenge = 2,     // acceptor → connector: who I am, my nonce, my proof of the token
+  Response = 3,      // connector → acceptor: my proof of the token
+  Welcome = 4,       // acceptor → connector: accepted
+  Reject = 5,        // either way, during the handshake: refused, with a reason
+  Heartbeat = 6,     // keeps an idle connection known to be alive
+  Goodbye = 7,       // clean shutdown: the sender sends nothing more
+  Abort = 8,         // the sender's communicator failed; payload says why
+  Descriptor = 9,    // announces a collective (seq = collective number)
+  Data = 10,         // a piece of a collective's data (seq, tag)
+  PointToPoint = 11  // one send() message (seq = message number to this peer)
+};
+
+constexpr std::string_view to_string(FrameType t) noexcept {
+  switch (t) {
+    case FrameType::Hello: return "hello";
+    case FrameType::Challenge: return "challenge";
+    case FrameType::Response: return "response";
+    case FrameType::Welcome: return "welcome";
+    case FrameType::Reject: return "reject";
+    case FrameType::Heartbeat: return "heartbeat";
+    case FrameType::Goodbye: return "goodbye";
+    case FrameType::Abort: return "abort";
+    case FrameType::Descriptor: return "descriptor";
+    case FrameType::Data: return "data";
+    case FrameType::PointToPoint: return "point-to-point";
+  }
+  return "?";
+}
+
+struct FrameHeader {
+  FrameType type = FrameType::Heartbeat;
+  std::uint64_t length = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+using HeaderBytes = std::array<std::byte, kFrameHeaderBytes>;
+
+namespace detail {
+
+inline void store_le(std::byte* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr bool known_frame_type(std::uint8_t t) noexcept {
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+}
+
+}  // namespace detail
+
+inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
+  HeaderBytes out{};
+  detail::store_le(out.data(), kFrameMagic, 4);
+  out[4] = static_cast<std::byte>(kProtocolVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  detail::store_le(out.data() + 8, h.length, 8);
+  detail::store_le(out.data() + 16, h.seq, 8);
+  detail::store_le(out.data() + 24, h.tag, 8);
+  return out;
+}
+
+/// Decodes and validates a header; `max_payload_bytes` bounds Data/PointToPoint payloads
+/// (other types are bounded by kMaxControlPayload, or to zero when they carry nothing).
+inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  if (bytes.size() < kFrameHeaderBytes) {
+    throw FrameError(fmt::format("truncated frame header: {} of {} bytes", bytes.size(), kFrameHeaderBytes));
+  }
+  const auto magic = static_cast<std::uint32_t>(detail::load_le(bytes.data(), 4));
+  if (magic != kFrameMagic) {
+    throw FrameError(fmt::format("bad frame magic 0x{:08x} (expected 0x{:08x}): not a distribute peer", magic, kFrameMagic));
+  }
+  const auto version = static_cast<std::uint8_t>(bytes[4]);
+  if (version != kProtocolVersion) {
+    throw FrameError(fmt::format("unsupported protocol version {} (this build speaks version {})", version, kProtocolVersion));
+  }
+  const auto type = static_cast<std::uint8_t>(bytes[5]);
+  if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
+  const auto reserved = detail::load_le(bytes.data() + 6, 2);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.length = detail::load_le(bytes.data() + 8, 8);
+  h.seq = detail::load_le(bytes.data() + 16, 8);
+  h.tag = detail::load_le(bytes.data() + 24, 8);
+  std::uint64_t limit = kMaxControlPayload;
+  switch (h.type) {
+    case FrameType::Data:
+    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::Welcome:
+    case FrameType::Heartbeat:
+    case FrameType::Goodbye: limit = 0; break;
+    default: limit = std::min(limit, max_payload_bytes); break;
+  }
+  if (h.length > limit) {
+    throw FrameError(fmt::format("{} frame payload of {} bytes exceeds the limit of {} bytes", to_string(h.type),
+                                 h.length, limit));
+  }
+  return h;
+}
+
+/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
+  h.length = payload.size();
+  const HeaderBytes head = encode_header(h);
+  std::vector<std::byte> out(head.begin(), head.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+};
+
+/// Incremental decoder over a byte stream cut anywhere. Malformed input throws FrameError, after
+/// which the decoder stays failed (a stream cannot be resynchronised once framing is lost).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::uint64_t max_payload_bytes) : max_payload_(max_payload_bytes) {}
+
+  /// Consumes `bytes`; returns the frames they complete, in order.
+  std::vector<Frame> feed(std::span<const std::byte> bytes) {
+    if (failed_) throw FrameError("frame decoder already failed on malformed input");
+    std::vector<Frame> out;
+    try {
+      while (!bytes.empty()) {
+        if (!have_header_) {
+          const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, bytes.size());
+          std::copy_n(bytes.begin(), take, header_.begin() + static_cast<std::ptrdiff_t>(header_fill_));
+          header_fill_ += take;
+          bytes = bytes.subspan(take);
+          if (header_fill_ < kFrameHeaderBytes) break;
+          current_.header = decode_header(header_, max_payload_);
+          current_.payload.clear();
+          have_header_ = true;
+        }
+        // Grow with the bytes that actually arrive, not with the length the header claims.
+        const std::uint64_t missing = current_.header.length - current_.payload.size();
+        const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
+        current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+        bytes = bytes.subspan(take);
+        if (current_.payload.size() == current_.header.length) {
+          out.push_back(std::move(current_));
+          current_ = Frame{};
+          have_header_ = false;
+          header_fill_ = 0;
+        }
+      }
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+    return out;
+  }
+
+  /// Bytes of an unfinished frame held so far.
+  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  std::uint64_t max_payload_;
+  HeaderBytes header_{};
+  std::size_t header_fill_ = 0;
+  bool have_header_ = false;
+  bool failed_ = false;
+  Frame current_;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// ---- end <distribute/net/frame.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// Handshake frames are tiny; this bounds what an unauthenticated socket may make us read.
+inline constexpr std::uint64_t kMaxHandshakePayload = 1024;
+
+class Writer {
+ public:
+  Writer& u8(std::uint8_t v) { return put(v, 1); }
+  Writer& u32(std::uint32_t v) { return put(v, 4); }
+  Writer& u64(std::uint64_t v) { return put(v, 8); }
+  Writer& bytes(std::span<const std::byte> b) {
+    out_.insert(out_.end(), b.begin(), b.end());
+    return *this;
+  }
+  Writer& text(std::string_view s) { return bytes(std::as_bytes(std::span<const char>(s.data(), s.size()))); }
+  std::vector<std::byte> take() { return std::move(out_); }
+
+ private:
+  Writer& put(std::uint64_t v, std::size_t n) {
+    const std::size_t at = out_.size();
+    out_.resize(at + n);
+    store_le(out_.data() + at, v, n);
+    return *this;
+  }
+  std::vector<std::byte> out_;
+};
+
+class Reader {
+ public:
+  Reader(std::span<const std::byte> in, std::string_view what) : in_(in), what_(what) {}
+  std::uint8_t u8() { return static_cast<std::uint8_t>(get(1)); }
+  std::uint32_t u32() { return static_cast<std::uint32_t>(get(4)); }
+  std::uint64_t u64() { return get(8); }
+  template <std::size_t N>
+  std::array<std::byte, N> array() {
+    need(N);
+    std::array<std::byte, N> out{};
+    std::copy_n(in_.begin(), N, out.begin());
+    in_ = in_.subspan(N);
+    return out;
+  }
+  std::string rest_text() {
+    std::string s(reinterpret_cast<const char*>(in_.data()), in_.size());
+    in_ = {};
+    return s;
+  }
+  void done() const {
+    if (!in_.empty()) throw FrameError(fmt::format("{} payload has {} trailing bytes", what_, in_.size()));
+  }
+
+ private:
+  void need(std::size_t n) const {
+    if (in_.size() < n) throw FrameError(fmt::format("{} payload is truncated", what_));
+  }
+  std::uint64_t get(std::size_t n) {
+    need(n);
+    const std::uint64_t v = load_le(in_.data(), n);
+    in_ = in_.subspan(n);
+    return v;
+  }
+  std::span<const std::byte> in_;
+  std::string_view what_;
+};
+
+// ---- handshake ---------------------------------------------------------------------------
+
+struct Hello {
+  std::uint32_t size = 0;       // cluster size the connector believes in
+  std::uint32_t from_rank = 0;  // the connector
+  std::uint32_t to_rank = 0;    // whom it believes it is calling
+  bool has_token = false;
+  Nonce nonce{};
+};
+
+struct Challenge {
+  std::uint32_t size = 0;
+  std::uint32_t rank = 0;       // the acceptor
+  std::uint32_t peer_rank = 0;  // echo of Hello::from_rank
+  bool has_token = false;
+  Nonce nonce{};
+  Mac proof{};  // HMAC(token, acceptor label, nonces, ranks); zero without a token
+};
+
+inline std::vector<std::byte> encode(const Hello& h) {
+  return Writer().u32(h.size).u32(h.from_rank).u32(h.to_rank).u32(h.has_token ? 1 : 0).bytes(h.nonce).take();
+}
+
+inline Hello decode_hello(std::span<const std::byte> in) {
+  Reader r(in, "hello");
+  Hello h;
+  h.size = r.u32();
+  h.from_rank = r.u32();
+  h.to_rank = r.u32();
+  const std::uint32_t flags = r.u32();
+  if (flags > 1) throw FrameError(fmt::format("hello has unknown flags 0x{:x}", flags));
+  h.has_token = flags == 1;
+  h.nonce = r.array<kNonceBytes>();
+  r.done();
+  return h;
+}
+
+inline std::vector<std::byte> encode(const Challenge& c) {
+  return Writer()
+      .u32(c.size)
+      .u32(c.rank)
+      .u32(c.peer_rank)
+      .u32(c.has_token ? 1 : 0)
+      .bytes(c.nonce)
+      .bytes(c.proof)
+      .take();
+}
+
+inline Challenge decode_challenge(std::span<const std::byte> in) {
+  Reader r(in, "challenge");
+  Challenge c;
+  c.size = r.u32();
+  c.rank = r.u32();
+  c.peer_rank = r.u32();
+  const std::uint32_t flags = r.u32();
+  if (flags > 1) throw FrameError(fmt::format("challenge has unknown flags 0x{:x}", flags));
+  c.has_token = flags == 1;
+  c.nonce = r.array<kNonceBytes>();
+  c.proof = r.array<kMacBytes>();
+  r.done();
+  return c;
+}
+
+inline Mac decode_response(std::span<const std::byte> in) {
+  Reader r(in, "response");
+  const Mac m = r.array<kMacBytes>();
+  r.done();
+  return m;
+}
+
+/// The proof each side sends: distinct labels for the two directions so that one side's proof
+/// can never be replayed as the other's, and both nonces and both ranks bound in.
+inline Mac handshake_proof(std::string_view token, bool from_acceptor, const Nonce& connector_nonce,
+                           const Nonce& acceptor_nonce, std::uint32_t size, std::uint32_t acceptor_rank,
+                           std::uint32_t connector_rank) {
+  Writer w;
+  w.text(from_acceptor ? "distribute.net/v1 acceptor proof" : "distribute.net/v1 connector proof");
+  w.bytes(connector_nonce).bytes(acceptor_nonce).u32(size).u32(acceptor_rank).u32(connector_rank);
+  const auto msg = w.take();
+  return hmac_sha256(token, msg);
+}
+
+inline std::string decode_text(std::span<const std::byte> in) {
+  return std::string(reinterpret_cast<const char*>(in.data()), in.size());
+}
+
+// ---- abort -------------------------------------------------------------------------------
+
+/// Why a communicator failed; travels in Abort frames so every peer throws the same kind.
+enum class FailureKind : std::uint8_t { Peer = 1, Timeout = 2, Mismatch = 3, Config = 4 };
+
+struct Failure {
+  FailureKind kind = FailureKind::Peer;
+  std::string message;
+};
+
+inline std::vector<std::byte> encode(const Failure& f) {
+  const std::string_view msg = std::string_view(f.message).substr(0, kMaxControlPayload - 1);
+  return Writer().u8(static_cast<std::uint8_t>(f.kind)).text(msg).take();
+}
+
+inline Failure decode_abort(std::span<const std::byte> in) {
+  Reader r(in, "abort");
+  const std::uint8_t kind = r.u8();
+  if (kind < 1 || kind > 4) throw FrameError(fmt::format("abort frame has unknown failure kind {}", kind));
+  return Failure{static_cast<FailureKind>(kind), r.rest_text()};
+}
+
+/// Throws the library error that matches `kind`.
+[[noreturn]] inline void raise(FailureKind kind, const std::string& message) {
+  switch (kind) {
+    case FailureKind::Peer: throw PeerFailure(message);
+    case FailureKind::Timeout: throw CollectiveTimeout(message);
+    case FailureKind::Mismatch: throw InvalidArgument(message);
+    case FailureKind::Config: throw ClusterConfigError(message);
+  }
+  throw Error(message);
+}
+
+// ---- collective descriptor -----------------------------------------------------------------
+
+enum class CollectiveKind : std::uint8_t { AllReduce = 1, AllGather = 2, Broadcast = 3, Barrier = 4 };
+
+constexpr std::string_view to_string(CollectiveKind k) noexcept {
+  switch (k) {
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::Broadcast: return "broadcast";
+    case CollectiveKind::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+/// What a rank says it is doing in collective number `seq`; every rank checks every other's.
+struct Descriptor {
+  CollectiveKind kind = CollectiveKind::Barrier;
+  DType dtype = DType::U8;
+  ReduceOp op = ReduceOp::Sum;
+  std::uint32_t root = 0;
+  std::uint64_t count = 0;  // all_reduce: elements; broadcast, all_gather: bytes
+};
+
+inline constexpr std::size_t kDescriptorBytes = 16;
+
+inline std::string describe(const Descriptor& d) {
+  switch (d.kind) {
+    case CollectiveKind::AllReduce:
+      return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+    case CollectiveKind::AllGather: return fmt::format("all_gather(bytes={})", d.count);
+    case CollectiveKind::Broadcast: return fmt::format("broadcast(bytes={}, root={})", d.count, d.root);
+    case CollectiveKind::Barrier: return "barrier()";
+  }
+  return "?";
+}
+
+/// Whether two ranks' calls can form one collective (all_gather sizes may differ by design).
+inline bool compatible(const Descriptor& a, const Descriptor& b) noexcept {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op;
+    case CollectiveKind::Broadcast: return a.count == b.count && a.root == b.root;
+    case CollectiveKind::AllGather:
+    case CollectiveKind::Barrier: return true;
+  }
+  return false;
+}
+
+inline std::vector<std::byte> encode(const Descriptor& d) {
+  return Writer()
+      .u8(static_cast<std::uint8_t>(d.kind))
+      .u8(static_cast<std::uint8_t>(d.dtype))
+      .u8(static_cast<std::uint8_t>(d.op))
+      .u8(0)
+      .u32(d.root)
+      .u64(d.count)
+      .take();
+}
+
+inline Descriptor decode_descriptor(std::span<const std::byte> in) {
+  Reader r(in, "descriptor");
+  const std::uint8_t kind = r.u8(), dtype = r.u8(), op = r.u8(), pad = r.u8();
+  if (kind < 1 || kind > 4) throw FrameError(fmt::format("descriptor has unknown collective kind {}", kind));
+  if (dtype > static_cast<std::uint8_t>(DType::Bool)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
+  if (op > static_cast<std::uint8_t>(ReduceOp::Product)) throw FrameError(fmt::format("descriptor has unknown reduce op {}", op));
+  if (pad != 0) throw FrameError("descriptor has a non-zero reserved byte");
+  Descriptor d;
+  d.kind = static_cast<CollectiveKind>(kind);
+  d.dtype = static_cast<DType>(dtype);
+  d.op = static_cast<ReduceOp>(op);
+  d.root = r.u32();
+  d.count = r.u64();
+  r.done();
+  return d;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
+// ---- end <distribute/net/detail/protocol.hpp> ----
+// ---- begin <distribute/net/frame.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+//
+//   offset  size  field
+//        0     4  magic "DSNT"
+//        4     1  protocol version (kProtocolVersion)
+//        5     1  FrameType
+//        6     2  reserved, must be zero
+//        8     8  payload length
+//       16     8  sequence number (collective number, point-to-point message number)
+//       24     8  tag (chunk within a collective)
+//
+// Integers are little-endian whatever the host. Decoding is a pure function of the bytes, so it can
+// be fuzzed: anything malformed throws FrameError and is never read past its end.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+/// Bytes that are not a well-formed frame (bad magic, version, type, reserved bits or length).
+/// The transport answers it by closing the connection.
+class FrameError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 32;
+/// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
+/// configured limit, so a stranger cannot make a peer allocate much.
+inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+
+enum class FrameType : std::uint8_t {
+  Hello = 1,         // connector → acceptor: who I am, my nonce
+  Challenge = 2,     // acceptor → connector: who I am, my nonce, my proof of the token
+  Response = 3,      // connector → acceptor: my proof of the token
+  Welcome = 4,       // acceptor → connector: accepted
+  Reject = 5,        // either way, during the handshake: refused, with a reason
+  Heartbeat = 6,     // keeps an idle connection known to be alive
+  Goodbye = 7,       // clean shutdown: the sender sends nothing more
+  Abort = 8,         // the sender's communicator failed; payload says why
+  Descriptor = 9,    // announces a collective (seq = collective number)
+  Data = 10,         // a piece of a collective's data (seq, tag)
+  PointToPoint = 11  // one send() message (seq = message number to this peer)
+};
+
+constexpr std::string_view to_string(FrameType t) noexcept {
+  switch (t) {
+    case FrameType::Hello: return "hello";
+    case FrameType::Challenge: return "challenge";
+    case FrameType::Response: return "response";
+    case FrameType::Welcome: return "welcome";
+    case FrameType::Reject: return "reject";
+    case FrameType::Heartbeat: return "heartbeat";
+    case FrameType::Goodbye: return "goodbye";
+    case FrameType::Abort: return "abort";
+    case FrameType::Descriptor: return "descriptor";
+    case FrameType::Data: return "data";
+    case FrameType::PointToPoint: return "point-to-point";
+  }
+  return "?";
+}
+
+struct FrameHeader {
+  FrameType type = FrameType::Heartbeat;
+  std::uint64_t length = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+using HeaderBytes = std::array<std::byte, kFrameHeaderBytes>;
+
+namespace detail {
+
+inline void store_le(std::byte* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr bool known_frame_type(std::uint8_t t) noexcept {
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+}
+
+}  // namespace detail
+
+inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
+  HeaderBytes out{};
+  detail::store_le(out.data(), kFrameMagic, 4);
+  out[4] = static_cast<std::byte>(kProtocolVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  detail::store_le(out.data() + 8, h.length, 8);
+  detail::store_le(out.data() + 16, h.seq, 8);
+  detail::store_le(out.data() + 24, h.tag, 8);
+  return out;
+}
+
+/// Decodes and validates a header; `max_payload_bytes` bounds Data/PointToPoint payloads
+/// (other types are bounded by kMaxControlPayload, or to zero when they carry nothing).
+inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  if (bytes.size() < kFrameHeaderBytes) {
+    throw FrameError(fmt::format("truncated frame header: {} of {} bytes", bytes.size(), kFrameHeaderBytes));
+  }
+  const auto magic = static_cast<std::uint32_t>(detail::load_le(bytes.data(), 4));
+  if (magic != kFrameMagic) {
+    throw FrameError(fmt::format("bad frame magic 0x{:08x} (expected 0x{:08x}): not a distribute peer", magic, kFrameMagic));
+  }
+  const auto version = static_cast<std::uint8_t>(bytes[4]);
+  if (version != kProtocolVersion) {
+    throw FrameError(fmt::format("unsupported protocol version {} (this build speaks version {})", version, kProtocolVersion));
+  }
+  const auto type = static_cast<std::uint8_t>(bytes[5]);
+  if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
+  const auto reserved = detail::load_le(bytes.data() + 6, 2);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.length = detail::load_le(bytes.data() + 8, 8);
+  h.seq = detail::load_le(bytes.data() + 16, 8);
+  h.tag = detail::load_le(bytes.data() + 24, 8);
+  std::uint64_t limit = kMaxControlPayload;
+  switch (h.type) {
+    case FrameType::Data:
+    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::Welcome:
+    case FrameType::Heartbeat:
+    case FrameType::Goodbye: limit = 0; break;
+    default: limit = std::min(limit, max_payload_bytes); break;
+  }
+  if (h.length > limit) {
+    throw FrameError(fmt::format("{} frame payload of {} bytes exceeds the limit of {} bytes", to_string(h.type),
+                                 h.length, limit));
+  }
+  return h;
+}
+
+/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
+  h.length = payload.size();
+  const HeaderBytes head = encode_header(h);
+  std::vector<std::byte> out(head.begin(), head.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+};
+
+/// Incremental decoder over a byte stream cut anywhere. Malformed input throws FrameError, after
+/// which the decoder stays failed (a stream cannot be resynchronised once framing is lost).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::uint64_t max_payload_bytes) : max_payload_(max_payload_bytes) {}
+
+  /// Consumes `bytes`; returns the frames they complete, in order.
+  std::vector<Frame> feed(std::span<const std::byte> bytes) {
+    if (failed_) throw FrameError("frame decoder already failed on malformed input");
+    std::vector<Frame> out;
+    try {
+      while (!bytes.empty()) {
+        if (!have_header_) {
+          const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, bytes.size());
+          std::copy_n(bytes.begin(), take, header_.begin() + static_cast<std::ptrdiff_t>(header_fill_));
+          header_fill_ += take;
+          bytes = bytes.subspan(take);
+          if (header_fill_ < kFrameHeaderBytes) break;
+          current_.header = decode_header(header_, max_payload_);
+          current_.payload.clear();
+          have_header_ = true;
+        }
+        // Grow with the bytes that actually arrive, not with the length the header claims.
+        const std::uint64_t missing = current_.header.length - current_.payload.size();
+        const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
+        current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+        bytes = bytes.subspan(take);
+        if (current_.payload.size() == current_.header.length) {
+          out.push_back(std::move(current_));
+          current_ = Frame{};
+          have_header_ = false;
+          header_fill_ = 0;
+        }
+      }
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+    return out;
+  }
+
+  /// Bytes of an unfinished frame held so far.
+  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  std::uint64_t max_payload_;
+  HeaderBytes header_{};
+  std::size_t header_fill_ = 0;
+  bool have_header_ = false;
+  bool failed_ = false;
+  Frame current_;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// ---- end <distribute/net/frame.hpp> ----
+// ---- begin <distribute/net/options.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+// Tuning and security knobs of the TCP communicator.
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+struct CommunicatorOptions {
+  /// Total time the constructor waits for every peer to appear; connects are retried with
+  /// exponential back-off (50 ms doubling to 1 s) until then, because peers start in any order.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// One handshake (hello, challenge, response, welcome) must finish within this; it also bounds
+  /// how long a stranger that connects and says nothing holds a socket.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// An otherwise idle connection carries a heartbeat this often.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  /// A peer that sent nothing for this long is declared lost (PeerFailure). Zero disables it.
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  /// Deadline of one collective or point-to-point call; expiry throws CollectiveTimeout here and
+  /// aborts the peers. Unset: no deadline (a dead peer is still found by EOF or heartbeat).
+  std::optional<std::chrono::milliseconds> operation_timeout;
+  /// Shared secret every peer must prove it holds (HMAC-SHA256 challenge-response, both ways)
+  /// before any data. Unset: the environment variable DISTRIBUTE_CLUSTER_TOKEN, if non-empty.
+  /// Set to "": no authentication even when the variable is set.
+  std::optional<std::string> cluster_token;
+  /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
+  std::size_t max_frame_bytes = std::size_t{1} << 31;
+  /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
+  /// sending, receiving and reducing overlap.
+  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
+  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// Where refused connections are reported; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+// ---- end <distribute/net/options.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+/// How incoming frames find their receive.
+struct MsgKey {
+  FrameType type = FrameType::Data;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend auto operator<=>(const MsgKey&, const MsgKey&) = default;
+};
+
+/// A buffer for a frame that arrived before its receive was posted (not zero-filled: it is
+/// overwritten by the read at once).
+struct Blob {
+  std::unique_ptr<std::byte[]> data;
+  std::size_t size = 0;
+};
+
+/// One send or receive; shared between the calling thread and the io thread, guarded by the
+/// transport's mutex.
+struct Transfer {
+  enum class State : std::uint8_t {
+    Queued,  // send: in the peer's queue; receive: posted, nothing arrived yet
+    Active,  // the io thread is writing from / reading into the caller's memory
+    Done,
+    Failed
+  };
+  State state = State::Queued;
+  bool is_send = false;
+  int peer = -1;
+  MsgKey key{};
+  std::byte* dst = nullptr;  // receive destination
+  std::size_t size = 0;
+  Failure error;  // when Failed
+};
+using TransferPtr = std::shared_ptr<Transfer>;
+
+struct OutFrame {
+  HeaderBytes header{};
+  const std::byte* payload = nullptr;
+  std::size_t size = 0;
+  std::vector<std::byte> owned;  // control payloads travel with their frame
+  TransferPtr transfer;          // null for control frames
+  bool half_close_after = false;  // goodbye: shut our sending side once it is written
+};
+
+struct Peer {
+  enum class State : std::uint8_t { Connecting, Open, Closed, Failed };
+  int rank = -1;
+  std::string name;
+  std::string address;
+  HostPort endpoint;
+  State state = State::Connecting;
+  bool claimed = false;  // an accepted handshake is completing for this rank
+  std::optional<tcp::socket> socket;
+  bool socket_done = false;  // closed, or its read side reached EOF
+  // Connecting to ranks below ours.
+  std::optional<asio::steady_timer> retry_timer;
+  std::chrono::milliseconds backoff{50};
+  std::string last_error = "no attempt yet";
+  // Writing.
+  std::deque<OutFrame> queue;
+  std::vector<OutFrame> batch;
+  std::vector<asio::const_buffer> buffers;
+  bool writing = false;
+  bool half_close_pending = false;
+  // Reading (io thread only).
+  HeaderBytes rx_header{};
+  FrameHeader rx{};
+  std::vector<std::byte> rx_control;
+  TransferPtr rx_transfer;
+  Blob rx_blob;
+  bool rx_keep = false;
+  std::byte* rx_dst = nullptr;
+  std::size_t rx_done = 0;
+  // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
+  std::atomic<Clock::rep> last_rx{0};
+  Clock::time_point last_tx{};
+
+  void heard_now() noexcept { last_rx.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
+  Clock::duration silence(Clock::time_point now) const noexcept {
+    return now - Clock::time_point(Clock::duration(last_rx.load(std::memory_order_relaxed)));
+  }
+  // Matching (guarded by the mutex).
+  std::map<MsgKey, std::deque<TransferPtr>> posted;
+  std::map<MsgKey, std::deque<Blob>> unexpected;
+  std::map<std::uint64_t, Descriptor> descriptors;
+  std::uint64_t p2p_sent = 0;
+  std::uint64_t p2p_received = 0;
+};
+
+struct Handshake {
+  explicit Handshake(asio::io_context& io) : socket(io), timer(io) {}
+  explicit Handshake(tcp::socket s) : socket(std::move(s)), timer(socket.get_executor()) {}
+  tcp::socket socket;
+  asio::steady_timer timer;
+  HeaderBytes header{};
+  std::vector<std::byte> in;
+  std::vector<std::byte> out;
+  Nonce nonce{};
+  Nonce peer_nonce{};
+  int peer = -1;
+  std::string remote;
+  bool timed_out = false;
+  bool finished = false;
+};
+
+// A payload larger than this is read in pieces so that a long frame still counts as traffic.
+inline constexpr std::size_t kReadPiece = std::size_t{4} << 20;
+// One scatter-gather write carries at most this many frames / bytes.
+inline constexpr std::size_t kBatchFrames = 64;
+inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
+// After an error, how long in-flight I/O on the caller's memory may finish before its socket is cut.
+inline constexpr std::chrono::milliseconds kAbandonGrace{500};
+// How long a clean shutdown waits for goodbyes to be written and answered.
+inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
+
+class Transport {
+ public:
+  class Op;
+
+  Transport(std::vector<std::string> addresses, int rank, CommunicatorOptions options,
+            std::vector<std::string> task_names)
+      : options_(std::move(options)), rank_(rank), size_(static_cast<int>(addresses.size())) {
+    if (addresses.empty()) throw InvalidArgument("Communicator: the address list is empty");
+    if (rank < 0 || rank >= size_) {
+      throw InvalidArgument(fmt::format("Communicator: rank {} is out of range for {} addresses", rank, size_));
+    }
+    if (!task_names.empty() && task_names.size() != addresses.size()) {
+      throw InvalidArgument(fmt::format("Communicator: {} task names given for {} addresses", task_names.size(),
+                                        addresses.size()));
+    }
+    if (options_.chunk_bytes == 0) throw InvalidArgument("Communicator: chunk_bytes must be positive, got 0");
+    if (options_.max_frame_bytes < 4096) {
+      throw InvalidArgument(fmt::format("Communicator: max_frame_bytes must be at least 4096, got {}", options_.max_frame_bytes));
+    }
+    if (options_.heartbeat_interval.count() <= 0) {
+      throw InvalidArgument(fmt::format("Communicator: heartbeat_interval must be positive, got {} ms",
+                                        options_.heartbeat_interval.count()));
+    }
+    chunk_bytes_ = std::min(options_.chunk_bytes, options_.max_frame_bytes);
+    token_ = effective_cluster_token(options_.cluster_token);
+    for (int i = 0; i < size_; ++i) {
+      auto p = std::make_unique<Peer>();
+      p->rank = i;
+      p->name = task_names.empty() ? fmt::format("rank {}", i) : task_names[static_cast<std::size_t>(i)];
+      p->address = addresses[static_cast<std::size_t>(i)];
+      p->endpoint = parse_host_port(p->address);
+      for (int j = 0; j < i; ++j) {
+        if (peers_[static_cast<std::size_t>(j)]->address == p->address) {
+          throw InvalidArgument(fmt::format("Communicator: ranks {} and {} have the same address '{}'", j, i, p->address));
+        }
+      }
+      if (i != rank_) p->retry_timer.emplace(io_);
+      peers_.push_back(std::move(p));
+    }
+    if (size_ == 1) return;
+
+    listen();
+    work_.emplace(io_.get_executor());
+    io_thread_ = std::thread([this] { run_io(); });
+    asio::post(io_, [this] {
+      do_accept();
+      for (int j = 0; j < rank_; ++j) start_connect(j);
+      // Heartbeats start now, not once the cluster has formed: peers that connected early must
+      // keep hearing from us while a late one is still awaited.
+      heartbeat_tick();
+    });
+
+    std::unique_lock lk(mu_);
+    const auto deadline = Clock::now() + options_.connect_timeout;
+    const bool formed = cv_.wait_until(lk, deadline, [&] { return open_count_ == size_ - 1 || setup_failure_ || failure_; });
+    if (!formed || setup_failure_ || failure_ || open_count_ != size_ - 1) {
+      Failure f = setup_failure_ ? *setup_failure_ : failure_ ? *failure_ : Failure{FailureKind::Peer, missing_peers_locked()};
+      lk.unlock();
+      shutdown();
+      raise(f.kind, f.message);
+    }
+  }
+
+  ~Transport() { shutdown(); }
+
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const std::string& task_name(int r) const { return peer_at(r).name; }
+  const std::string& address(int r) const { return peer_at(r).address; }
+  const CommunicatorOptions& options() const noexcept { return options_; }
+  std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
+
+  std::optional<Failure> failure() const {
+    std::lock_guard lk(mu_);
+    return failure_;
+  }
+
+ private:
+  const Peer& peer_at(int r) const {
+    if (r < 0 || r >= size_) throw InvalidArgument(fmt::format("rank {} is out of range for a cluster of {}", r, size_));
+    return *peers_[static_cast<std::size_t>(r)];
+  }
+  Peer& peer(int r) { return *peers_[static_cast<std::size_t>(r)]; }
+  const std::string& me() const { return peers_[static_cast<std::size_t>(rank_)]->name; }
+
+  void log(const std::string& line) const {
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      fmt::print(stderr, "distribute.net: {}\n", line);
+    }
+  }
+
+  void run_io() {
+    for (;;) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        // A handler must not take the process down; the transport is unusable afterwards.
+        std::lock_guard lk(mu_);
+        fail_locked(Failure{FailureKind::Peer, fmt::format("internal error in the network thread of {}: {}", me(), e.what())},
+                    true);
+      }
+    }
+  }
+
+  // ---- set-up ------------------------------------------------------------------------------
+
+  void listen() {
+    const Peer& self = peer(rank_);
+    boost::system::error_code ec;
+    tcp::resolver resolver(io_);
+    const auto results = resolver.resolve(self.endpoint.host, self.endpoint.port, ec);
+    if (ec) {
+      throw Unavailable(fmt::format("{} cannot resolve its own address '{}': {}", self.name, self.address, ec.message()));
+    }
+    for (const auto& entry : results) {
+      acceptor_.emplace(io_);
+      acceptor_->open(entry.endpoint().protocol(), ec);
+      if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
+      if (!ec) acceptor_->bind(entry.endpoint(), ec);
+      if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+      if (!ec) return;
+      acceptor_.reset();
+    }
+    throw Unavailable(fmt::format("{} cannot listen on {}: {}", self.name, self.address,
+                                  ec ? ec.message() : std::string("the host resolves to no address")));
+  }
+
+  std::string missing_peers_locked() const {
+    std::string out;
+    for (const auto& p : peers_) {
+      if (p->rank == rank_ || p->state == Peer::State::Open) continue;
+      if (!out.empty()) out += "; ";
+      if (p->rank < rank_) {
+        out += fmt::format("could not connect to {} at {} (last error: {})", p->name, p->address, p->last_error);
+      } else {
+        out += fmt::format("{} ({}) never connected", p->name, p->address);
+      }
+    }
+    return fmt::format("{}: the cluster of {} did not form within {} ms: {}", me(), size_, options_.connect_timeout.count(),
+                       out);
+  }
+
+  void setup_fail(FailureKind kind, std::string message) {
+    std::lock_guard lk(mu_);
+    if (!setup_failure_) setup_failure_ = Failure{kind, std::move(message)};
+    cv_.notify_all();
+  }
+
+  static std::string describe_error(const boost::system::error_code& ec) {
+    if (ec == asio::error::eof) return "connection closed without a goodbye (the process exited or was killed)";
+    if (ec == asio::error::connection_reset) return "connection reset by peer";
+    if (ec == asio::error::broken_pipe) return "broken pipe (the peer closed its socket)";
+    return ec.message();
+  }
+
+  std::string handshake_error(const Handshake& h, const boost::system::error_code& ec) const {
+    if (h.timed_out) return fmt::format("handshake timed out after {} ms", options_.handshake_timeout.count());
+    if (ec == asio::error::eof) return "connection closed during the handshake";
+    return describe_error(ec);
+  }
+
+  void arm_handshake_timer(const std::shared_ptr<Handshake>& h) {
+    h->timer.expires_after(options_.handshake_timeout);
+    h->timer.async_wait([h](const boost::system::error_code& ec) {
+      if (!ec && !h->finished) {
+        h->timed_out = true;
+        boost::system::error_code ignored;
+        h->socket.close(ignored);
+      }
+    });
+  }
+
+  using HandshakeRead = std::function<void(const std::string& error, const FrameHeader& header)>;
+
+  // Reads one handshake frame; handshake payloads are tiny, so a stranger cannot make us allocate.
+  void handshake_read(const std::shared_ptr<Handshake>& h, HandshakeRead done) {
+    asio::async_read(h->socket, asio::buffer(h->header),
+                     [this, h, done = std::move(done)](const boost::system::error_code& ec, std::size_t) {
+                       if (ec) return done(handshake_error(*h, ec), FrameHeader{});
+                       FrameHeader fh;
+                       try {
+                         fh = decode_header(h->header, kMaxHandshakePayload);
+                       } catch (const FrameError& e) {
+                         return done(e.what(), FrameHeader{});
+                       }
+                       h->in.resize(static_cast<std::size_t>(fh.length));
+                       asio::async_read(h->socket, asio::buffer(h->in),
+                                        [this, h, done, fh](const boost::system::error_code& ec2, std::size_t) {
+                                          if (ec2) return done(handshake_error(*h, ec2), FrameHeader{});
+                                          done(std::string(), fh);
+                                        });
+                     });
+  }
+
+  void handshake_write(const std::shared_ptr<Handshake>& h, FrameType type, std::span<const std::byte> payload,
+                       std::function<void(const std::string&)> done) {
+    h->out = encode_frame(FrameHeader{type, 0, 0, 0}, payload);
+    asio::async_write(h->socket, asio::buffer(h->out),
+                      [this, h, done = std::move(done)](const boost::system::error_code& ec, std::size_t) {
+                        done(ec ? handshake_error(*h, ec) : std::string());
+                      });
+  }
+
+  // Connector side: ranks connect to every lower rank, retrying while it is not up yet.
+  void start_connect(int j) {
+    {
+      std::lock_guard lk(mu_);
+      if (closing_ || peer(j).state != Peer::State::Connecting) return;
+    }
+    auto resolver = std::make_shared<tcp::resolver>(io_);
+    const HostPort& ep = peer(j).endpoint;
+    resolver->async_resolve(ep.host, ep.port,
+                            [this, j, resolver](const boost::system::error_code& ec, tcp::resolver::results_type results) {
+                              if (ec) return retry_connect(j, ec.message());
+                              auto h = std::make_shared<Handshake>(io_);
+                              h->peer = j;
+                              asio::async_connect(h->socket, results,
+                                                  [this, j, h](const boost::system::error_code& ec2, const tcp::endpoint&) {
+                                                    if (ec2) return retry_connect(j, describe_error(ec2));
+                                                    client_handshake(h);
+                                                  });
+                            });
+  }
+
+  void retry_connect(int j, std::string reason) {
+    std::lock_guard lk(mu_);
+    Peer& p = peer(j);
+    if (closing_ || p.state != Peer::State::Connecting) return;
+    p.last_error = std::move(reason);
+    const auto delay = p.backoff;
+    p.backoff = std::min(p.backoff * 2, std::chrono::milliseconds(1000));
+    p.retry_timer->expires_after(delay);
+    p.retry_timer->async_wait([this, j](const boost::system::error_code& ec) {
+      if (!ec) start_connect(j);
+    });
+  }
+
+  void client_handshake(const std::shared_ptr<Handshake>& h) {
+    const int j = h->peer;
+    arm_handshake_timer(h);
+    h->nonce = random_nonce();
+    const Hello hello{static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(j),
+                      token_.has_value(), h->nonce};
+    handshake_write(h, FrameType::Hello, encode(hello), [this, h, j](const std::string& err) {
+      if (!err.empty()) return retry_connect(j, err);
+      handshake_read(h, [this, h, j](const std::string& err2, const FrameHeader& fh) {
+        if (!err2.empty()) return retry_connect(j, err2);
+        const Peer& p = peer(j);
+        if (fh.type == FrameType::Reject) {
+          return setup_fail(FailureKind::Config,
+                            fmt::format("{} at {} refused {}: {}", p.name, p.address, me(), decode_text(h->in)));
+        }
+        if (fh.type != FrameType::Challenge) {
+          return retry_connect(j, fmt::format("{} answered with a {} frame instead of a challenge", p.address, to_string(fh.type)));
+        }
+        Challenge c;
+        try {
+          c = decode_challenge(h->in);
+        } catch (const FrameError& e) {
+          return retry_connect(j, fmt::format("{} sent a malformed challenge: {}", p.address, e.what()));
+        }
+        if (c.size != static_cast<std::uint32_t>(size_) || c.rank != static_cast<std::uint32_t>(j) ||
+            c.peer_rank != static_cast<std::uint32_t>(rank_)) {
+          return setup_fail(FailureKind::Config,
+                            fmt::format("{} answered as rank {} of a {}-rank cluster, but {} (rank {} of {}) lists it as {} "
+                                        "(rank {}): the processes were given different cluster specs",
+                                        p.address, c.rank, c.size, me(), rank_, size_, p.name, j));
+        }
+        if (c.has_token != token_.has_value()) {
+          return setup_fail(FailureKind::Config,
+                            token_ ? fmt::format("{} at {} uses no cluster token but {} does", p.name, p.address, me())
+                                   : fmt::format("{} at {} requires a cluster token (DISTRIBUTE_CLUSTER_TOKEN) but {} has none",
+                                                 p.name, p.address, me()));
+        }
+        Mac proof{};
+        if (token_) {
+          const Mac expected = handshake_proof(*token_, true, h->nonce, c.nonce, c.size, c.rank, c.peer_rank);
+          if (!macs_equal(expected, c.proof)) {
+            const std::string why = "authentication failed: the acceptor's proof of the cluster token is wrong";
+            handshake_write(h, FrameType::Reject, std::as_bytes(std::span(why.data(), why.size())), [](const std::string&) {});
+            return setup_fail(FailureKind::Config,
+                              fmt::format("{} at {} failed to prove it holds the cluster token (the tokens differ)",
+                                          p.name, p.address));
+          }
+          proof = handshake_proof(*token_, false, h->nonce, c.nonce, c.size, c.rank, c.peer_rank);
+        }
+        handshake_write(h, FrameType::Response, proof, [this, h, j](const std::string& err3) {
+          if (!err3.empty()) return retry_connect(j, err3);
+          handshake_read(h, [this, h, j](const std::string& err4, const FrameHeader& fh2) {
+            if (!err4.empty()) return retry_connect(j, err4);
+            const Peer& p2 = peer(j);
+            if (fh2.type == FrameType::Reject) {
+              return setup_fail(FailureKind::Config,
+                                fmt::format("{} at {} refused {}: {}", p2.name, p2.address, me(), decode_text(h->in)));
+            }
+            if (fh2.type != FrameType::Welcome) {
+              return retry_connect(j, fmt::format("{} answered with a {} frame instead of a welcome", p2.address,
+                                                  to_string(fh2.type)));
+            }
+            h->finished = true;
+            h->timer.cancel();
+            register_peer(j, std::move(h->socket));
+          });
+        });
+      });
+    });
+  }
+
+  // Acceptor side: anyone may connect; only a peer that proves the token and a valid rank joins.
+  void do_accept() {
+    acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted) return;
+      {
+        std::lock_guard lk(mu_);
+        if (closing_) return;
+      }
+      if (!ec) {
+        auto h = std::make_shared<Handshake>(std::move(socket));
+        server_handshake(h);
+        do_accept();
+      } else {
+        // E.g. out of descriptors: back off instead of spinning on the error.
+        auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
+        timer->async_wait([this, timer](const boost::system::error_code& e) {
+          if (!e) do_accept();
+        });
+      }
+    });
+  }
+
+  void refuse(const std::shared_ptr<Handshake>& h, const std::string& reason, bool reply) {
+    const std::string who = h->peer >= 0 ? fmt::format(" (claiming to be {})", peer(h->peer).name) : std::string();
+    log(fmt::format("{}: refused connection from {}{}: {}", me(), h->remote, who, reason));
+    h->finished = true;
+    h->timer.cancel();
+    if (reply) {
+      handshake_write(h, FrameType::Reject, std::as_bytes(std::span(reason.data(), reason.size())), [h](const std::string&) {
+        boost::system::error_code ignored;
+        h->socket.close(ignored);
+      });
+    } else {
+      boost::system::error_code ignored;
+      h->socket.close(ignored);
+    }
+  }
+
+  void server_handshake(const std::shared_ptr<Handshake>& h) {
+    boost::system::error_code ec;
+    const auto remote = h->socket.remote_endpoint(ec);
+    h->remote = ec ? std::string("an unknown address") : fmt::format("{}:{}", remote.address().to_string(), remote.port());
+    arm_handshake_timer(h);
+    handshake_read(h, [this, h](const std::string& err, const FrameHeader& fh) {
+      if (!err.empty()) return refuse(h, err, false);
+      if (fh.type != FrameType::Hello) {
+        return refuse(h, fmt::format("expected a hello frame, got a {} frame", to_string(fh.type)), false);
+      }
+      Hello hello;
+      try {
+        hello = decode_hello(h->in);
+      } catch (const FrameError& e) {
+        return refuse(h, e.what(), false);
+      }
+      if (hello.size != static_cast<std::uint32_t>(size_) || hello.to_rank != static_cast<std::uint32_t>(rank_)) {
+        return refuse(h,
+                      fmt::format("it believes in a {}-rank cluster and called rank {}, but this is rank {} of {}", hello.size,
+                                  hello.to_rank, rank_, size_),
+                      true);
+      }
+      if (hello.from_rank <= static_cast<std::uint32_t>(rank_) || hello.from_rank >= static_cast<std::uint32_t>(size_)) {
+        return refuse(h,
+                      fmt::format("it claims rank {}, but only ranks {}..{} connect to rank {}", hello.from_rank, rank_ + 1,
+                                  size_ - 1, rank_),
+                      true);
+      }
+      h->peer = static_cast<int>(hello.from_rank);
+      if (hello.has_token != token_.has_value()) {
+        return refuse(h,
+                      token_ ? std::string("it presented no cluster token, and this cluster requires one")
+                             : std::string("it presented a cluster token, and this rank has none"),
+                      true);
+      }
+      h->peer_nonce = hello.nonce;
+      h->nonce = random_nonce();
+      Challenge c{static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(rank_), hello.from_rank, token_.has_value(),
+                  h->nonce, Mac{}};
+      if (token_) c.proof = handshake_proof(*token_, true, hello.nonce, h->nonce, c.size, c.rank, c.peer_rank);
+      handshake_write(h, FrameType::Challenge, encode(c), [this, h](const std::string& err2) {
+        if (!err2.empty()) return refuse(h, err2, false);
+        handshake_read(h, [this, h](const std::string& err3, const FrameHeader& fh2) {
+          if (!err3.empty()) return refuse(h, err3, false);
+          if (fh2.type == FrameType::Reject) {
+            return refuse(h, fmt::format("it refused this rank's proof of the cluster token: {}", decode_text(h->in)), false);
+          }
+          if (fh2.type != FrameType::Response) {
+            return refuse(h, fmt::format("expected a response frame, got a {} frame", to_string(fh2.type)), false);
+          }
+          Mac proof{};
+          try {
+            proof = decode_response(h->in);
+          } catch (const FrameError& e) {
+            return refuse(h, e.what(), false);
+          }
+          if (token_) {
+            const Mac expected = handshake_proof(*token_, false, h->peer_nonce, h->nonce, static_cast<std::uint32_t>(size_),
+                                                 static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(h->peer));
+            if (!macs_equal(expected, proof)) {
+              return refuse(h, "authentication failed: its proof of the cluster token is wrong (the tokens differ)", true);
+            }
+          }
+          bool duplicate = false;
+          {
+            std::lock_guard lk(mu_);
+            Peer& p = peer(h->peer);
+            duplicate = closing_ || p.state != Peer::State::Connecting || p.claimed;
+            if (!duplicate) p.claimed = true;
+          }
+          if (duplicate) return refuse(h, fmt::format("{} is already connected", peer(h->peer).name), true);
+          handshake_write(h, FrameType::Welcome, {}, [this, h](const std::string& err4) {
+            if (!err4.empty()) {
+              {
+                std::lock_guard lk(mu_);
+                peer(h->peer).claimed = false;
+              }
+              return refuse(h, err4, false);
+            }
+            h->finished = true;
+            h->timer.cancel();
+            register_peer(h->peer, std::move(h->socket));
+          });
+        });
+      });
+    });
+  }
+
+  void register_peer(int j, tcp::socket socket) {
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    std::unique_lock lk(mu_);
+    Peer& p = peer(j);
+    if (closing_ || p.state != Peer::State::Connecting) {
+      socket.close(ignored);
+      return;
+    }
+    p.socket.emplace(std::move(socket));
+    p.state = Peer::State::Open;
+    p.claimed = false;
+    p.last_tx = Clock::now();
+    p.heard_now();
+    ++open_count_;
+    cv_.notify_all();
+    lk.unlock();
+    read_header(p);
+  }
+
+  // ---- steady state: reading ----------------------------------------------------------------
+
+  void read_header(Peer& p) {
+    asio::async_read(*p.socket, asio::buffer(p.rx_header),
+                     [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
+  }
+
+  void on_header(Peer& p, const boost::system::error_code& ec) {
+    if (ec) return on_read_error(p, ec);
+    p.heard_now();
+    try {
+      p.rx = decode_header(p.rx_header, options_.max_frame_bytes);
+    } catch (const FrameError& e) {
+      return protocol_error(p, e.what());
+    }
+    switch (p.rx.type) {
+      case FrameType::Heartbeat: return read_header(p);
+      case FrameType::Goodbye: {
+        std::lock_guard lk(mu_);
+        on_goodbye_locked(p);
+      }
+        return read_header(p);
+      case FrameType::Abort:
+      case FrameType::Descriptor:
+        p.rx_control.resize(static_cast<std::size_t>(p.rx.length));
+        asio::async_read(*p.socket, asio::buffer(p.rx_control),
+                         [this, &p](const boost::system::error_code& ec2, std::size_t) { on_control(p, ec2); });
+        return;
+      case FrameType::Data:
+      case FrameType::PointToPoint: return start_payload(p);
+      default: return protocol_error(p, fmt::format("unexpected {} frame after the handshake", to_string(p.rx.type)));
+    }
+  }
+
+  void on_control(Peer& p, const boost::system::error_code& ec) {
+    if (ec) return on_read_error(p, ec);
+    p.heard_now();
+    try {
+      if (p.rx.type == FrameType::Abort) {
+        Failure f = decode_abort(p.rx_control);
+        std::lock_guard lk(mu_);
+        if (!closing_) {
+          if (f.message.find(" (reported by ") == std::string::npos) f.message += fmt::format(" (reported by {})", p.name);
+          // Relayed before anything else we send: a peer that hears our goodbye later must have
+          // heard why first, or it would blame our departure instead of the real loss.
+          fail_locked(std::move(f), true);
+        }
+      } else {
+        const Descriptor d = decode_descriptor(p.rx_control);
+        std::lock_guard lk(mu_);
+        if (!p.descriptors.emplace(p.rx.seq, d).second) {
+          throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
+        }
+        cv_.notify_all();
+      }
+    } catch (const FrameError& e) {
+      return protocol_error(p, e.what());
+    }
+    read_header(p);
+  }
+
+  void start_payload(Peer& p) {
+    const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
+    const auto length = static_cast<std::size_t>(p.rx.length);
+    bool keep = true;
+    {
+      std::lock_guard lk(mu_);
+      p.rx_transfer.reset();
+      auto it = p.posted.find(key);
+      if (it != p.posted.end()) {
+        TransferPtr t = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.posted.erase(it);
+        if (t->size == length) {
+          t->state = Transfer::State::Active;
+          p.rx_dst = t->dst;
+          p.rx_transfer = std::move(t);
+        } else {
+          t->state = Transfer::State::Failed;
+          t->error = Failure{FailureKind::Mismatch, size_mismatch(p, length, t->size, key)};
+          keep = false;  // read and drop it: the stream stays in step
+          cv_.notify_all();
+        }
+      }
+    }
+    if (!p.rx_transfer) {
+      try {
+        p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length};
+      } catch (const std::bad_alloc&) {
+        return protocol_error(p, fmt::format("cannot buffer a frame of {} bytes: out of memory", length));
+      }
+      p.rx_dst = p.rx_blob.data.get();
+      p.rx_keep = keep;
+    }
+    p.rx_done = 0;
+    read_payload(p);
+  }
+
+  void read_payload(Peer& p) {
+    const auto length = static_cast<std::size_t>(p.rx.length);
+    if (p.rx_done == length) return finish_payload(p);
+    const std::size_t n = std::min(kReadPiece, length - p.rx_done);
+    asio::async_read(*p.socket, asio::buffer(p.rx_dst + p.rx_done, n),
+                     [this, &p](const boost::system::error_code& ec, std::size_t got) {
+                       if (ec) return on_read_error(p, ec);
+                       p.heard_now();
+                       p.rx_done += got;
+                       read_payload(p);
+                     });
+  }
+
+  void finish_payload(Peer& p) {
+    std::unique_lock lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Done;
+      p.rx_transfer.reset();
+    } else if (p.rx_keep) {
+      // Its receive may have been posted while the frame was arriving: hand it over now.
+      const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
+      auto it = p.posted.find(key);
+      if (it == p.posted.end()) {
+        p.unexpected[key].push_back(std::move(p.rx_blob));
+      } else {
+        TransferPtr t = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.posted.erase(it);
+        if (t->size == p.rx_blob.size) {
+          t->state = Transfer::State::Active;
+          lk.unlock();
+          if (t->size > 0) std::memcpy(t->dst, p.rx_blob.data.get(), t->size);
+          lk.lock();
+          t->state = Transfer::State::Done;
+        } else {
+          t->state = Transfer::State::Failed;
+          t->error = Failure{FailureKind::Mismatch, size_mismatch(p, p.rx_blob.size, t->size, key)};
+        }
+      }
+    }
+    p.rx_blob = Blob{};
+    cv_.notify_all();
+    lk.unlock();
+    read_header(p);
+  }
+
+  std::string size_mismatch(const Peer& p, std::size_t got, std::size_t want, const MsgKey& key) const {
+    std::string msg = fmt::format("{} sent {} bytes where {} expected {}", p.name, got, me(), want);
+    if (key.type == FrameType::Data) msg += fmt::format(" (collective #{}, piece {})", key.seq, key.tag);
+    return msg;
+  }
+
+  void on_read_error(Peer& p, const boost::system::error_code& ec) {
+    std::lock_guard lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Failed;
+      p.rx_transfer->error = loss_locked(p, describe_error(ec));
+      p.rx_transfer.reset();
+    }
+    p.rx_blob = Blob{};
+    peer_down_locked(p, describe_error(ec));
+  }
+
+  void protocol_error(Peer& p, const std::string& what) {
+    std::lock_guard lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Failed;
+      p.rx_transfer->error = loss_locked(p, what);
+      p.rx_transfer.reset();
+    }
+    peer_down_locked(p, fmt::format("it sent a malformed frame: {}", what));
+  }
+
+  // ---- steady state: writing ----------------------------------------------------------------
+
+  void enqueue_locked(Peer& p, OutFrame f) {
+    if (p.state != Peer::State::Open) {
+      if (f.transfer) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = closed_failure_locked(p);
+      }
+      return;
+    }
+    p.queue.push_back(std::move(f));
+    if (!p.writing) {
+      p.writing = true;
+      asio::post(io_, [this, &p] {
+        std::lock_guard lk(mu_);
+        write_next_locked(p);
+      });
+    }
+  }
+
+  void enqueue_control_locked(Peer& p, FrameType type, std::uint64_t seq, std::vector<std::byte> payload,
+                              bool half_close_after = false) {
+    OutFrame f;
+    f.header = encode_header(FrameHeader{type, payload.size(), seq, 0});
+    f.owned = std::move(payload);
+    f.payload = f.owned.data();
+    f.size = f.owned.size();
+    f.half_close_after = half_close_after;
+    enqueue_locked(p, std::move(f));
+  }
+
+  void write_next_locked(Peer& p) {
+    if (p.state != Peer::State::Open || p.queue.empty() || !p.socket) {
+      p.writing = false;
+      return;
+    }
+    p.batch.clear();
+    p.buffers.clear();
+    std::size_t bytes = 0;
+    while (!p.queue.empty() && p.batch.size() < kBatchFrames && (p.batch.empty() || bytes < kBatchBytes)) {
+      bytes += p.queue.front().size + kFrameHeaderBytes;
+      p.batch.push_back(std::move(p.queue.front()));
+      p.queue.pop_front();
+    }
+    for (OutFrame& f : p.batch) {
+      if (f.transfer) f.transfer->state = Transfer::State::Active;
+      // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
+      if (!f.owned.empty()) f.payload = f.owned.data();
+      p.buffers.push_back(asio::buffer(f.header));
+      if (f.size > 0) p.buffers.push_back(asio::buffer(f.payload, f.size));
+    }
+    p.last_tx = Clock::now();
+    asio::async_write(*p.socket, p.buffers,
+                      [this, &p](const boost::system::error_code& ec, std::size_t) { on_written(p, ec); });
+  }
+
+  void on_written(Peer& p, const boost::system::error_code& ec) {
+    std::lock_guard lk(mu_);
+    bool half_close = false;
+    for (OutFrame& f : p.batch) {
+      half_close = half_close || f.half_close_after;
+      if (!f.transfer) continue;
+      if (ec) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = loss_locked(p, describe_error(ec));
+      } else {
+        f.transfer->state = Transfer::State::Done;
+      }
+    }
+    p.batch.clear();
+    cv_.notify_all();
+    if (ec) {
+      p.writing = false;
+      peer_down_locked(p, describe_error(ec));
+      return;
+    }
+    if (half_close || p.half_close_pending) {
+      p.half_close_pending = false;
+      p.writing = false;
+      shutdown_send(p);
+      return;
+    }
+    write_next_locked(p);
+  }
+
+  // ---- failure handling -------------------------------------------------------------------
+
+  Failure loss_locked(const Peer& p, const std::string& reason) const {
+    if (p.state == Peer::State::Failed && failure_) return *failure_;
+    if (p.state == Peer::State::Closed) return closed_failure_locked(p);
+    return Failure{FailureKind::Peer, fmt::format("lost task {} ({}): {}", p.name, p.address, reason)};
+  }
+
+  Failure closed_failure_locked(const Peer& p) const {
+    if (p.state == Peer::State::Failed && failure_) return *failure_;
+    return Failure{FailureKind::Peer, fmt::format("{} ({}) has closed its communicator", p.name, p.address)};
+  }
+
+  /// Records the first failure; `broadcast`: tell every peer (found here, or relayed).
+  void fail_locked(Failure f, bool broadcast) {
+    if (failure_) return;
+    failure_ = f;
+    if (broadcast) {
+      const auto payload = encode(f);
+      for (auto& p : peers_) {
+        if (p->rank != rank_ && p->state == Peer::State::Open) enqueue_control_locked(*p, FrameType::Abort, 0, payload);
+      }
+    }
+    cv_.notify_all();
+  }
+
+  // Fails what waits on `p` and cannot complete any more (posted receives, queued sends).
+  void fail_pending_locked(Peer& p, const Failure& f) {
+    for (auto& [key, list] : p.posted) {
+      for (auto& t : list) {
+        t->state = Transfer::State::Failed;
+        t->error = f;
+      }
+    }
+    p.posted.clear();
+    for (OutFrame& frame : p.queue) {
+      if (frame.transfer) {
+        frame.transfer->state = Transfer::State::Failed;
+        frame.transfer->error = f;
+      }
+    }
+    p.queue.clear();
+  }
+
+  void shutdown_send(Peer& p) {
+    boost::system::error_code ignored;
+    if (p.socket && p.socket->is_open()) p.socket->shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  void close_socket(Peer& p) {
+    boost::system::error_code ignored;
+    if (p.socket && p.socket->is_open()) {
+      p.socket->shutdown(tcp::socket::shutdown_both, ignored);
+      p.socket->close(ignored);
+    }
+    p.socket_done = true;
+  }
+
+  void on_goodbye_locked(Peer& p) {
+    if (p.state != Peer::State::Open) return;
+    p.state = Peer::State::Closed;
+    fail_pending_locked(p, closed_failure_locked(p));
+    // It sends nothing more; end our side too once what is being written is out, so that both
+    // ends close with empty receive buffers (a close with unread data would reset the stream).
+    if (p.writing) {
+      p.half_close_pending = true;
+    } else {
+      shutdown_send(p);
+    }
+    cv_.notify_all();
+  }
+
+  void peer_down_locked(Peer& p, const std::string& reason) {
+    if (p.state == Peer::State::Closed || p.state == Peer::State::Failed) {
+      close_socket(p);
+      cv_.notify_all();
+      return;
+    }
+    const bool expected = closing_;  // during our own shutdown every error is expected
+    const Failure loss = loss_locked(p, reason);
+    p.state = expected ? Peer::State::Closed : Peer::State::Failed;
+    close_socket(p);
+    fail_pending_locked(p, loss);
+    if (!expected) fail_locked(loss, true);
+    cv_.notify_all();
+  }
+
+  void heartbeat_tick() {
+    if (!heartbeat_timer_) heartbeat_timer_.emplace(io_);
+    heartbeat_timer_->expires_after(options_.heartbeat_interval);
+    heartbeat_timer_->async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      on_heartbeat();
+      heartbeat_tick();
+    });
+  }
+
+  void on_heartbeat() {
+    std::lock_guard lk(mu_);
+    if (closing_) return;
+    const auto now = Clock::now();
+    for (auto& pp : peers_) {
+      Peer& p = *pp;
+      if (p.rank == rank_ || p.state != Peer::State::Open) continue;
+      const auto silent = p.silence(now);
+      if (options_.heartbeat_timeout.count() > 0 && silent > options_.heartbeat_timeout) {
+        // Bytes waiting in the kernel mean it is alive and this thread is behind.
+        boost::system::error_code ec;
+        if (p.socket->available(ec) > 0 && !ec) continue;
+        peer_down_locked(p, fmt::format("no heartbeat for {:.1f} s",
+                                        std::chrono::duration<double>(silent).count()));
+        continue;
+      }
+      if (!p.writing && p.queue.empty() && now - p.last_tx >= options_.heartbeat_interval / 2) {
+        enqueue_control_locked(p, FrameType::Heartbeat, 0, {});
+      }
+    }
+  }
+
+  // ---- shutdown -----------------------------------------------------------------------------
+
+  void shutdown() noexcept {
+    if (!io_thread_.joinable()) return;
+    try {
+      {
+        std::unique_lock lk(mu_);
+        closing_ = true;
+        for (auto& p : peers_) {
+          if (p->rank != rank_ && p->state == Peer::State::Open) enqueue_control_locked(*p, FrameType::Goodbye, 0, {}, true);
+        }
+        // A poisoned transport has told its peers already; a stopped peer would only delay us.
+        cv_.wait_for(lk, failure_ ? kShutdownGrace / 4 : kShutdownGrace, [&] {
+          return std::all_of(peers_.begin(), peers_.end(), [](const auto& p) { return !p->socket || p->socket_done; });
+        });
+      }
+      std::promise<void> closed;
+      asio::post(io_, [this, &closed] {
+        boost::system::error_code ignored;
+        if (acceptor_) acceptor_->close(ignored);
+        if (heartbeat_timer_) heartbeat_timer_->cancel();
+        std::lock_guard lk(mu_);
+        for (auto& p : peers_) {
+          if (p->retry_timer) p->retry_timer->cancel();
+          close_socket(*p);
+        }
+        closed.set_value();
+      });
+      closed.get_future().wait_for(kShutdownGrace);
+    } catch (...) {
+      // Shutting down must not throw; stopping the io_context below releases everything anyway.
+    }
+    work_.reset();
+    io_.stop();
+    io_thread_.join();
+  }
+
+  // Members. io_ comes first so that it outlives every socket and timer that uses it.
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  CommunicatorOptions options_;
+  int rank_;
+  int size_;
+  std::size_t chunk_bytes_ = 0;
+  std::optional<std::string> token_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::optional<tcp::acceptor> acceptor_;
+  std::optional<asio::steady_timer> heartbeat_timer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int open_count_ = 0;
+  bool closing_ = false;
+  std::optional<Failure> failure_;
+  std::optional<Failure> setup_failure_;
+  std::uint64_t next_seq_ = 0;
+  std::thread io_thread_;
+};
+
+/// One call on the transport (a collective, or a point-to-point send/recv): it owns the transfers
+/// it starts. If it ends by an exception, its destructor makes sure the io thread no longer
+/// touches the caller's memory before the caller's frame unwinds.
+class Transport::Op {
+ public:
+  /// A collective: takes the next collective number and announces `desc` to every peer.
+  Op(Transport& t, const Descriptor& desc) : t_(t), collective_(true), mine_(desc) {
+    std::unique_lock lk(t_.mu_);
+    label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_seq_);
+    if (t_.failure_) raise_failure_locked();
+    seq_ = t_.next_seq_++;
+    start();
+    const auto payload = encode(desc);
+    for (auto& p : t_.peers_) {
+      if (p->rank != t_.rank_) t_.enqueue_control_locked(*p, FrameType::Descriptor, seq_, payload);
+    }
+  }
+
+  /// Point-to-point with `peer`.
+  Op(Transport& t, std::string label, int peer) : t_(t), collective_(false), label_(std::move(label)) {
+    if (peer < 0 || peer >= t_.size_ || peer == t_.rank_) {
+      throw InvalidArgument(fmt::format("{}: peer {} is not another rank of this cluster of {} (this is rank {})", label_,
+                                        peer, t_.size_, t_.rank_));
+    }
+    std::unique_lock lk(t_.mu_);
+    if (t_.failure_) raise_failure_locked();
+    start();
+  }
+
+  ~Op() {
+    if (!finished_) abandon();
+  }
+
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+  std::uint64_t seq() const noexcept { return seq_; }
+
+  /// Sends `data` (kept alive and unchanged by the caller until finish()) as a Data frame.
+  TransferPtr send(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+    return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data);
+  }
+
+  /// Posts a receive of exactly `dst.size()` bytes.
+  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst) {
+    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false);
+  }
+
+  TransferPtr send_p2p(int peer, std::span<const std::byte> data) {
+    std::uint64_t n = 0;
+    {
+      std::lock_guard lk(t_.mu_);
+      n = t_.peer(peer).p2p_sent++;
+    }
+    return send_frame(peer, MsgKey{FrameType::PointToPoint, n, 0}, data);
+  }
+
+  TransferPtr recv_p2p(int peer, std::span<std::byte> dst) {
+    return recv_frame(peer, MsgKey{FrameType::PointToPoint, 0, 0}, dst, true);
+  }
+
+  /// Waits until `t` is done; throws the communicator's failure, a timeout, or a mismatch.
+  void wait(const TransferPtr& t) {
+    std::unique_lock lk(t_.mu_);
+    block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
+  }
+
+  /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
+  const std::vector<Descriptor>& descriptors() {
+    std::unique_lock lk(t_.mu_);
+    block(lk, [&] { return descs_ok_; }, -1, "");
+    return all_;
+  }
+
+  /// Waits for every transfer and, for a collective, every peer's agreeing descriptor. After it
+  /// the transport holds no reference to the caller's memory.
+  void finish() {
+    std::unique_lock lk(t_.mu_);
+    for (const auto& t : transfers_) {
+      block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
+    }
+    if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
+    transfers_.clear();
+    finished_ = true;
+  }
+
+ private:
+  void start() {
+    if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
+  }
+
+  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data) {
+    if (data.size() > t_.options_.max_frame_bytes) {
+      throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, data.size(),
+                                        t_.options_.max_frame_bytes));
+    }
+    auto t = std::make_shared<Transfer>();
+    t->is_send = true;
+    t->peer = peer;
+    t->key = key;
+    t->size = data.size();
+    OutFrame f;
+    f.header = encode_header(FrameHeader{key.type, data.size(), key.seq, key.tag});
+    f.payload = data.data();
+    f.size = data.size();
+    f.transfer = t;
+    std::lock_guard lk(t_.mu_);
+    transfers_.push_back(t);
+    t_.enqueue_locked(t_.peer(peer), std::move(f));
+    return t;
+  }
+
+  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p) {
+    if (dst.size() > t_.options_.max_frame_bytes) {
+      throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, dst.size(),
+                                        t_.options_.max_frame_bytes));
+    }
+    auto t = std::make_shared<Transfer>();
+    t->peer = peer;
+    t->dst = dst.data();
+    t->size = dst.size();
+    Blob early;
+    {
+      std::lock_guard lk(t_.mu_);
+      Peer& p = t_.peer(peer);
+      if (p2p) key.seq = p.p2p_received++;
+      t->key = key;
+      transfers_.push_back(t);
+      if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
+        early = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.unexpected.erase(it);
+      } else if (p.state != Peer::State::Open) {
+        t->state = Transfer::State::Failed;
+        t->error = t_.closed_failure_locked(p);
+        return t;
+      } else {
+        p.posted[key].push_back(t);
+        return t;
+      }
+    }
+    // It arrived before this receive was posted: copy it out of its buffer (outside the lock).
+    if (early.size == dst.size()) {
+      if (early.size > 0) std::memcpy(dst.data(), early.data.get(), early.size);
+      std::lock_guard lk(t_.mu_);
+      t->state = Transfer::State::Done;
+    } else {
+      std::lock_guard lk(t_.mu_);
+      t->state = Transfer::State::Failed;
+      t->error = Failure{FailureKind::Mismatch, t_.size_mismatch(t_.peer(peer), early.size, dst.size(), t->key)};
+    }
+    return t;
+  }
+
+  [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
+
+  bool settled_locked(const Transfer& t) {
+    switch (t.state) {
+      case Transfer::State::Done: return true;
+      case Transfer::State::Failed:
+        if (t.error.kind == FailureKind::Mismatch) {
+          // A point-to-point size mismatch consumed the message: the streams are still in step.
+          if (!collective_) raise(FailureKind::Mismatch, fmt::format("{}: {}", label_, t.error.message));
+          // In a collective the descriptors (sent ahead of the data) say precisely what differs.
+          if (!mismatch_) mismatch_ = t.error;
+          return false;
+        }
+        t_.fail_locked(t.error, true);
+        raise_failure_locked();
+      default: return false;
+    }
+  }
+
+  template <class Done>
+  void block(std::unique_lock<std::mutex>& lk, Done&& done, int waiting_on, std::string_view what) {
+    for (;;) {
+      if (done()) return;
+      if (t_.failure_) raise_failure_locked();
+      if (collective_) {
+        poll_descriptors_locked();
+        if (descs_ok_ && mismatch_) {
+          t_.fail_locked(*mismatch_, true);
+          raise_failure_locked();
+        }
+        if (done()) return;  // the poll may have been what it waited for
+      }
+      if (!deadline_) {
+        t_.cv_.wait(lk);
+        continue;
+      }
+      if (Clock::now() >= *deadline_) {
+        const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
+        t_.fail_locked(Failure{FailureKind::Timeout,
+                               fmt::format("did not complete within {} ms ({} was waiting for {}{})",
+                                           t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
+                       true);
+        raise_failure_locked();
+      }
+      t_.cv_.wait_until(lk, *deadline_);
+    }
+  }
+
+  // Peers quiet for longer than two heartbeat intervals: the likely culprits of a stall, which
+  // need not be the peer this rank waits on (in a ring, everyone waits behind a stopped rank).
+  std::string silent_peers_locked() const {
+    std::string out;
+    const auto now = Clock::now();
+    for (const auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->state != Peer::State::Open) continue;
+      const auto quiet = p->silence(now);
+      if (quiet > 2 * t_.options_.heartbeat_interval) {
+        out += fmt::format("; {} has sent nothing for {:.1f} s", p->name, std::chrono::duration<double>(quiet).count());
+      }
+    }
+    return out;
+  }
+
+  // Who has not announced this collective yet (for timeout messages).
+  std::string missing_locked() const {
+    if (descs_ok_) return "the other ranks";
+    std::string names;
+    for (const auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->descriptors.count(seq_) != 0) continue;
+      names += (names.empty() ? "" : ", ") + p->name;
+    }
+    return names.empty() ? std::string("the other ranks") : fmt::format("{} to join", names);
+  }
+
+  void poll_descriptors_locked() {
+    if (descs_ok_) return;
+    for (auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->descriptors.count(seq_) != 0) continue;
+      if (p->state != Peer::State::Open) {
+        t_.fail_locked(Failure{FailureKind::Peer, fmt::format("{} ({}) closed its communicator before joining collective #{}",
+                                                              p->name, p->address, seq_)},
+                       true);
+        raise_failure_locked();
+      }
+      return;
+    }
+    all_.assign(static_cast<std::size_t>(t_.size_), Descriptor{});
+    for (auto& p : t_.peers_) {
+      if (p->rank == t_.rank_) {
+        all_[static_cast<std::size_t>(p->rank)] = mine_;
+      } else {
+        auto it = p->descriptors.find(seq_);
+        all_[static_cast<std::size_t>(p->rank)] = it->second;
+        p->descriptors.erase(it);
+      }
+    }
+    descs_ok_ = true;
+    // Every rank compares every rank against rank 0 in rank order, so all report the same pair.
+    for (std::size_t r = 1; r < all_.size(); ++r) {
+      if (!compatible(all_[0], all_[r])) {
+        t_.fail_locked(Failure{FailureKind::Mismatch,
+                               fmt::format("mismatched collectives at collective #{}: {} called {} but {} called {}", seq_,
+                                           t_.peer(0).name, describe(all_[0]), t_.peer(static_cast<int>(r)).name,
+                                           describe(all_[r]))},
+                       true);
+        raise_failure_locked();
+      }
+    }
+  }
+
+  void abandon() noexcept {
+    try {
+      std::unique_lock lk(t_.mu_);
+      for (const auto& t : transfers_) {
+        if (t->state != Transfer::State::Queued) continue;
+        Peer& p = t_.peer(t->peer);
+        if (t->is_send) {
+          std::erase_if(p.queue, [&](const OutFrame& f) { return f.transfer == t; });
+        } else if (auto it = p.posted.find(t->key); it != p.posted.end()) {
+          std::erase(it->second, t);
+          if (it->second.empty()) p.posted.erase(it);
+        }
+        t->state = Transfer::State::Failed;
+      }
+      auto busy = [&] {
+        return std::any_of(transfers_.begin(), transfers_.end(),
+                           [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
+      };
+      if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
+        // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
+        std::set<int> stuck;
+        for (const auto& t : transfers_) {
+          if (t->state == Transfer::State::Active) stuck.insert(t->peer);
+        }
+        for (int r : stuck) {
+          asio::post(t_.io_, [tr = &t_, r] {
+            std::lock_guard g(tr->mu_);
+            tr->peer_down_locked(tr->peer(r), "connection cut: it stopped exchanging data");
+          });
+        }
+        t_.cv_.wait(lk, [&] { return !busy(); });
+      }
+      transfers_.clear();
+    } catch (...) {
+      // Only allocation can throw here; nothing better to do than carry on unwinding.
+    }
+  }
+
+  Transport& t_;
+  bool collective_;
+  Descriptor mine_{};
+  std::string label_;
+  std::uint64_t seq_ = 0;
+  std::optional<Clock::time_point> deadline_;
+  std::vector<TransferPtr> transfers_;
+  std::vector<Descriptor> all_;
+  bool descs_ok_ = false;
+  std::optional<Failure> mismatch_;
+  bool finished_ = false;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
+// ---- end <distribute/net/detail/transport.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std::size_t n, ReduceOp op) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+inline void divide_bytes(DType dtype, std::byte* acc, std::size_t n, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::divide(reinterpret_cast<T*>(acc), n, divisor);
+  });
+}
+
+/// How the ring cuts `count` elements: n segments (sizes differ by at most one element), each cut
+/// into the same number of chunks so that chunk c of every step forms one pipeline.
+struct RingGeometry {
+  RingGeometry(std::size_t count, int ranks, std::size_t chunk_elems)
+      : n(static_cast<std::size_t>(ranks)), base(count / n), rem(count % n), max_seg(base + (rem > 0 ? 1 : 0)) {
+    nchunks = std::max<std::size_t>(1, (max_seg + chunk_elems - 1) / chunk_elems);
+    max_chunk = (max_seg + nchunks - 1) / nchunks;
+  }
+  std::size_t seg_begin(int s) const {
+    const auto u = static_cast<std::size_t>(s);
+    return u * base + std::min(u, rem);
+  }
+  std::size_t seg_len(int s) const { return base + (static_cast<std::size_t>(s) < rem ? 1 : 0); }
+  /// [first element, length) of chunk c of segment s.
+  std::pair<std::size_t, std::size_t> chunk(int s, std::size_t c) const {
+    const std::size_t len = seg_len(s), b = seg_begin(s);
+    const std::size_t lo = c * len / nchunks, hi = (c + 1) * len / nchunks;
+    return {b + lo, hi - lo};
+  }
+
+  std::size_t n, base, rem, max_seg;
+  std::size_t nchunks = 1;
+  std::size_t max_chunk = 0;
+};
+
+/// Ring all-reduce: n-1 reduce-scatter steps then n-1 all-gather steps, each step's segment cut in
+/// chunks. Chunk c moves on as soon as it is reduced, so while this thread reduces chunk c the io
+/// thread is sending chunk c-1 onwards and receiving chunk c+1. Every segment is reduced along one
+/// chain and then copied, so all ranks end with bitwise identical results.
+inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
+                            ReduceOp rop, std::vector<std::byte>& scratch) {
+  const int n = tr.size(), r = tr.rank();
+  const std::size_t es = size_of(dtype);
+  const RingGeometry g(count, n, std::max<std::size_t>(1, tr.chunk_bytes() / es));
+  const int left = (r - 1 + n) % n, right = (r + 1) % n;
+  const int steps = 2 * (n - 1);
+  // Reduce-scatter receives land in scratch: two step slots (step t+2 is posted as step t drains),
+  // each with a fixed region per chunk index so no posted region overlaps an unconsumed one.
+  const std::size_t slot_bytes = g.nchunks * g.max_chunk * es;
+  const std::size_t slots = std::min<std::size_t>(2, static_cast<std::size_t>(n - 1));
+  if (scratch.size() < slots * slot_bytes) scratch.resize(slots * slot_bytes);
+
+  auto mod = [n](int x) { return ((x % n) + n) % n; };
+  auto send_seg = [&](int t) { return t < n - 1 ? mod(r - t) : mod(r + 1 - (t - (n - 1))); };
+  auto recv_seg = [&](int t) { return t < n - 1 ? mod(r - t - 1) : mod(r - (t - (n - 1))); };
+  auto tag = [&](int t, std::size_t c) { return static_cast<std::uint64_t>(t) * g.nchunks + c; };
+  auto scratch_at = [&](int t, std::size_t c) {
+    return scratch.data() + static_cast<std::size_t>(t % 2) * slot_bytes + c * g.max_chunk * es;
+  };
+
+  std::vector<TransferPtr> recvs(static_cast<std::size_t>(steps) * g.nchunks);
+  auto post = [&](int t, std::size_t c) {
+    const auto [b, len] = g.chunk(recv_seg(t), c);
+    std::byte* dst = t < n - 1 ? scratch_at(t, c) : data + b * es;
+    recvs[tag(t, c)] = op.recv(left, tag(t, c), std::span<std::byte>(dst, len * es));
+  };
+  auto send = [&](int t, std::size_t c) {
+    const auto [b, len] = g.chunk(send_seg(t), c);
+    op.send(right, tag(t, c), std::span<const std::byte>(data + b * es, len * es));
+  };
+
+  for (std::size_t c = 0; c < g.nchunks; ++c) send(0, c);
+  for (int t = 0; t < std::min(2, steps); ++t) {
+    for (std::size_t c = 0; c < g.nchunks; ++c) post(t, c);
+  }
+  for (int t = 0; t < steps; ++t) {
+    for (std::size_t c = 0; c < g.nchunks; ++c) {
+      TransferPtr& in = recvs[tag(t, c)];
+      op.wait(in);
+      in.reset();
+      if (t < n - 1) {
+        const auto [b, len] = g.chunk(recv_seg(t), c);
+        reduce_bytes(dtype, data + b * es, scratch_at(t, c), len, rop);
+        if (t == n - 2 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, n);
+      }
+      if (t + 1 < steps) send(t + 1, c);
+      if (t + 2 < steps) post(t + 2, c);
+    }
+  }
+  op.finish();
+}
+
+/// Small buffers: every rank sends its buffer to every other and reduces all n in rank order, so
+/// the result is bitwise identical everywhere and costs one hop instead of 2(n-1).
+inline void direct_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
+                              ReduceOp rop, std::vector<std::byte>& scratch) {
+  const int n = tr.size(), r = tr.rank();
+  const std::size_t bytes = count * size_of(dtype);
+  if (scratch.size() < static_cast<std::size_t>(n - 1) * bytes) scratch.resize(static_cast<std::size_t>(n - 1) * bytes);
+  auto slot = [&](int k) { return scratch.data() + static_cast<std::size_t>(k < r ? k : k - 1) * bytes; };
+  for (int k = 0; k < n; ++k) {
+    if (k != r) op.recv(k, 0, std::span<std::byte>(slot(k), bytes));
+  }
+  for (int k = 0; k < n; ++k) {
+    if (k != r) op.send(k, 0, std::span<const std::byte>(data, bytes));
+  }
+  op.finish();  // also: our buffer is no longer being sent, so it may be overwritten
+  if (r == 0) {
+    for (int k = 1; k < n; ++k) reduce_bytes(dtype, data, slot(k), count, rop);
+  } else {
+    std::byte* acc = slot(0);
+    for (int k = 1; k < n; ++k) reduce_bytes(dtype, acc, k == r ? data : slot(k), count, rop);
+    std::memcpy(data, acc, bytes);
+  }
+  if (rop == ReduceOp::Mean) divide_bytes(dtype, data, count, n);
+}
+
+/// Broadcast: small payloads go from the root to everyone directly; large ones flow down the chain
+/// root → root+1 → … in chunks, each rank forwarding a chunk as soon as it has it.
+inline void chain_broadcast(Transport& tr, Transport::Op& op, std::byte* data, std::size_t bytes, int root) {
+  const int n = tr.size(), r = tr.rank();
+  if (bytes == 0 || n == 1) return op.finish();
+  if (bytes <= std::min(tr.options().direct_max_bytes, tr.options().max_frame_bytes)) {
+    if (r == root) {
+      for (int k = 0; k < n; ++k) {
+        if (k != r) op.send(k, 0, std::span<const std::byte>(data, bytes));
+      }
+    } else {
+      op.recv(root, 0, std::span<std::byte>(data, bytes));
+    }
+    return op.finish();
+  }
+  const std::size_t chunk = tr.chunk_bytes();
+  const std::size_t nch = (bytes + chunk - 1) / chunk;
+  const int pos = (r - root + n) % n, prev = (r - 1 + n) % n, next = (r + 1) % n;
+  auto piece = [&](std::size_t c) { return std::span<std::byte>(data + c * chunk, std::min(chunk, bytes - c * chunk)); };
+  if (pos == 0) {
+    for (std::size_t c = 0; c < nch; ++c) op.send(next, c, piece(c));
+  } else {
+    std::vector<TransferPtr> recvs(nch);
+    for (std::size_t c = 0; c < nch; ++c) recvs[c] = op.recv(prev, c, piece(c));
+    for (std::size_t c = 0; c < nch; ++c) {
+      op.wait(recvs[c]);
+      if (pos < n - 1) op.send(next, c, piece(c));
+    }
+  }
+  op.finish();
+}
+
+/// All-gather of uneven sizes: each rank sends its block to every other; the sizes come with the
+/// descriptors, so no extra round is needed to learn them.
+inline void direct_all_gather(Transport& tr, Transport::Op& op, const std::byte* data, std::size_t bytes,
+                              std::vector<std::byte>& out, std::vector<std::size_t>& sizes) {
+  const int n = tr.size(), r = tr.rank();
+  const std::size_t chunk = tr.chunk_bytes();
+  auto pieces = [&](std::size_t total) { return (total + chunk - 1) / chunk; };
+  for (int k = 0; k < n; ++k) {
+    if (k == r) continue;
+    for (std::size_t c = 0; c < pieces(bytes); ++c) {
+      op.send(k, c, std::span<const std::byte>(data + c * chunk, std::min(chunk, bytes - c * chunk)));
+    }
+  }
+  const auto& all = op.descriptors();
+  sizes.assign(static_cast<std::size_t>(n), 0);
+  std::size_t total = 0;
+  for (int k = 0; k < n; ++k) {
+    sizes[static_cast<std::size_t>(k)] = static_cast<std::size_t>(all[static_cast<std::size_t>(k)].count);
+    total += sizes[static_cast<std::size_t>(k)];
+  }
+  out.resize(total);
+  std::size_t offset = 0;
+  for (int k = 0; k < n; ++k) {
+    const std::size_t size = sizes[static_cast<std::size_t>(k)];
+    if (k == r) {
+      if (size > 0) std::memcpy(out.data() + offset, data, size);
+    } else {
+      for (std::size_t c = 0; c < pieces(size); ++c) {
+        op.recv(k, c, std::span<std::byte>(out.data() + offset + c * chunk, std::min(chunk, size - c * chunk)));
+      }
+    }
+    offset += size;
+  }
+  op.finish();
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_COLLECTIVES_HPP
+// ---- end <distribute/net/detail/collectives.hpp> ----
+// ---- begin <distribute/net/detail/transport.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
+// The TCP transport under the Communicator: one authenticated socket per peer (a full mesh, so every
+// rank hears at once when any rank dies), an Asio io_context on a background thread doing all
+// socket I/O, and a calling thread that posts sends and receives and waits for them.
+//
+// Sends are zero-copy: a frame's header and the caller's memory go out in one scatter-gather write.
+// Receives are matched by (type, sequence, tag): a frame whose receive is already posted is read
+// straight into the caller's buffer; an early one is buffered until its receive is posted. Every
+// socket is always being read, so EOF, resets and heartbeats are seen whatever the caller does.
+//
+// The first failure (a peer lost, a timeout, mismatched collectives) poisons the transport: it is
+// sent to every peer in an Abort frame, and every later operation throws it.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// "host:port" strings as they appear in cluster specs ("127.0.0.1:2222", "worker0:2222",
+// "[::1]:2222").
+
+#include <cctype>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+struct HostPort {
+  std::string host;
+  std::string port;  // decimal, 1..65535
+};
+
+inline HostPort parse_host_port(std::string_view address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    throw InvalidArgument(fmt::format("address '{}' is not of the form host:port", address));
+  }
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') {
+      throw InvalidArgument(fmt::format("address '{}' has an unterminated [IPv6] host", address));
+    }
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned long value = 0;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c)) || port.size() > 5) {
+      throw InvalidArgument(fmt::format("address '{}' has an invalid port '{}'", address, port));
+    }
+    value = value * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (value == 0 || value > 65535) {
+    throw InvalidArgument(fmt::format("address '{}' has port {} outside 1..65535", address, value));
+  }
+  return HostPort{std::string(host), std::string(port)};
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// ---- end <distribute/net/detail/address.hpp> ----
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/detail/protocol.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
+// Payloads of the control frames: the handshake (hello, challenge, response, reject), abort, and
+// the collective descriptor. Parsers check sizes and ranges and throw FrameError, like the header
+// decoder, so a peer's bytes are never trusted.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/frame.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+//
+//   offset  size  field
+//        0     4  magic "DSNT"
+//        4     1  protocol version (kProtocolVersion)
+//        5     1  FrameType
+//        6     2  reserved, must be zero
+//        8     8  payload length
+//       16     8  sequence number (collective number, point-to-point message number)
+//       24     8  tag (chunk within a collective)
+//
+// Integers are little-endian whatever the host. Decoding is a pure function of the bytes, so it can
+// be fuzzed: anything malformed throws FrameError and is never read past its end.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+/// Bytes that are not a well-formed frame (bad magic, version, type, reserved bits or length).
+/// The transport answers it by closing the connection.
+class FrameError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 32;
+/// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
+/// configured limit, so a stranger cannot make a peer allocate much.
+inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+
+enum class FrameType : std::uint8_t {
+  Hello = 1,         // connector → acceptor: who I am, my nonce
+  Challenge = 2,     // acceptor → connector: who I am, my nonce, my proof of the token
+  Response = 3,      // connector → acceptor: my proof of the token
+  Welcome = 4,       // acceptor → connector: accepted
+  Reject = 5,        // either way, during the handshake: refused, with a reason
+  Heartbeat = 6,     // keeps an idle connection known to be alive
+  Goodbye = 7,       // clean shutdown: the sender sends nothing more
+  Abort = 8,         // the sender's communicator failed; payload says why
+  Descriptor = 9,    // announces a collective (seq = collective number)
+  Data = 10,         // a piece of a collective's data (seq, tag)
+  PointToPoint = 11  // one send() message (seq = message number to this peer)
+};
+
+constexpr std::string_view to_string(FrameType t) noexcept {
+  switch (t) {
+    case FrameType::Hello: return "hello";
+    case FrameType::Challenge: return "challenge";
+    case FrameType::Response: return "response";
+    case FrameType::Welcome: return "welcome";
+    case FrameType::Reject: return "reject";
+    case FrameType::Heartbeat: return "heartbeat";
+    case FrameType::Goodbye: return "goodbye";
+    case FrameType::Abort: return "abort";
+    case FrameType::Descriptor: return "descriptor";
+    case FrameType::Data: return "data";
+    case FrameType::PointToPoint: return "point-to-point";
+  }
+  return "?";
+}
+
+struct FrameHeader {
+  FrameType type = FrameType::Heartbeat;
+  std::uint64_t length = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+using HeaderBytes = std::array<std::byte, kFrameHeaderBytes>;
+
+namespace detail {
+
+inline void store_le(std::byte* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr bool known_frame_type(std::uint8_t t) noexcept {
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+}
+
+}  // namespace detail
+
+inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
+  HeaderBytes out{};
+  detail::store_le(out.data(), kFrameMagic, 4);
+  out[4] = static_cast<std::byte>(kProtocolVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  detail::store_le(out.data() + 8, h.length, 8);
+  detail::store_le(out.data() + 16, h.seq, 8);
+  detail::store_le(out.data() + 24, h.tag, 8);
+  return out;
+}
+
+/// Decodes and validates a header; `max_payload_bytes` bounds Data/PointToPoint payloads
+/// (other types are bounded by kMaxControlPayload, or to zero when they carry nothing).
+inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  if (bytes.size() < kFrameHeaderBytes) {
+    throw FrameError(fmt::format("truncated frame header: {} of {} bytes", bytes.size(), kFrameHeaderBytes));
+  }
+  const auto magic = static_cast<std::uint32_t>(detail::load_le(bytes.data(), 4));
+  if (magic != kFrameMagic) {
+    throw FrameError(fmt::format("bad frame magic 0x{:08x} (expected 0x{:08x}): not a distribute peer", magic, kFrameMagic));
+  }
+  const auto version = static_cast<std::uint8_t>(bytes[4]);
+  if (version != kProtocolVersion) {
+    throw FrameError(fmt::format("unsupported protocol version {} (this build speaks version {})", version, kProtocolVersion));
+  }
+  const auto type = static_cast<std::uint8_t>(bytes[5]);
+  if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
+  const auto reserved = detail::load_le(bytes.data() + 6, 2);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.length = detail::load_le(bytes.data() + 8, 8);
+  h.seq = detail::load_le(bytes.data() + 16, 8);
+  h.tag = detail::load_le(bytes.data() + 24, 8);
+  std::uint64_t limit = kMaxControlPayload;
+  switch (h.type) {
+    case FrameType::Data:
+    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::Welcome:
+    case FrameType::Heartbeat:
+    case FrameType::Goodbye: limit = 0; break;
+    default: limit = std::min(limit, max_payload_bytes); break;
+  }
+  if (h.length > limit) {
+    throw FrameError(fmt::format("{} frame payload of {} bytes exceeds the limit of {} bytes", to_string(h.type),
+                                 h.length, limit));
+  }
+  return h;
+}
+
+/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
+  h.length = payload.size();
+  const HeaderBytes head = encode_header(h);
+  std::vector<std::byte> out(head.begin(), head.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+};
+
+/// Incremental decoder over a byte stream cut anywhere. Malformed input throws FrameError, after
+/// which the decoder stays failed (a stream cannot be resynchronised once framing is lost).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::uint64_t max_payload_bytes) : max_payload_(max_payload_bytes) {}
+
+  /// Consumes `bytes`; returns the frames they complete, in order.
+  std::vector<Frame> feed(std::span<const std::byte> bytes) {
+    if (failed_) throw FrameError("frame decoder already failed on malformed input");
+    std::vector<Frame> out;
+    try {
+      while (!bytes.empty()) {
+        if (!have_header_) {
+          const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, bytes.size());
+          std::copy_n(bytes.begin(), take, header_.begin() + static_cast<std::ptrdiff_t>(header_fill_));
+          header_fill_ += take;
+          bytes = bytes.subspan(take);
+          if (header_fill_ < kFrameHeaderBytes) break;
+          current_.header = decode_header(header_, max_payload_);
+          current_.payload.clear();
+          have_header_ = true;
+        }
+        // Grow with the bytes that actually arrive, not with the length the header claims.
+        const std::uint64_t missing = current_.header.length - current_.payload.size();
+        const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
+        current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+        bytes = bytes.subspan(take);
+        if (current_.payload.size() == current_.header.length) {
+          out.push_back(std::move(current_));
+          current_ = Frame{};
+          have_header_ = false;
+          header_fill_ = 0;
+        }
+      }
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+    return out;
+  }
+
+  /// Bytes of an unfinished frame held so far.
+  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  std::uint64_t max_payload_;
+  HeaderBytes header_{};
+  std::size_t header_fill_ = 0;
+  bool have_header_ = false;
+  bool failed_ = false;
+  Frame current_;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// ---- end <distribute/net/frame.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// Handshake frames are tiny; this bounds what an unauthenticated socket may make us read.
+inline constexpr std::uint64_t kMaxHandshakePayload = 1024;
+
+class Writer {
+ public:
+  Writer& u8(std::uint8_t v) { return put(v, 1); }
+  Writer& u32(std::uint32_t v) { return put(v, 4); }
+  Writer& u64(std::uint64_t v) { return put(v, 8); }
+  Writer& bytes(std::span<const std::byte> b) {
+    out_.insert(out_.end(), b.begin(), b.end());
+    return *this;
+  }
+  Writer& text(std::string_view s) { return bytes(std::as_bytes(std::span<const char>(s.data(), s.size()))); }
+  std::vector<std::byte> take() { return std::move(out_); }
+
+ private:
+  Writer& put(std::uint64_t v, std::size_t n) {
+    const std::size_t at = out_.size();
+    out_.resize(at + n);
+    store_le(out_.data() + at, v, n);
+    return *this;
+  }
+  std::vector<std::byte> out_;
+};
+
+class Reader {
+ public:
+  Reader(std::span<const std::byte> in, std::string_view what) : in_(in), what_(what) {}
+  std::uint8_t u8() { return static_cast<std::uint8_t>(get(1)); }
+  std::uint32_t u32() { return static_cast<std::uint32_t>(get(4)); }
+  std::uint64_t u64() { return get(8); }
+  template <std::size_t N>
+  std::array<std::byte, N> array() {
+    need(N);
+    std::array<std::byte, N> out{};
+    std::copy_n(in_.begin(), N, out.begin());
+    in_ = in_.subspan(N);
+    return out;
+  }
+  std::string rest_text() {
+    std::string s(reinterpret_cast<const char*>(in_.data()), in_.size());
+    in_ = {};
+    return s;
+  }
+  void done() const {
+    if (!in_.empty()) throw FrameError(fmt::format("{} payload has {} trailing bytes", what_, in_.size()));
+  }
+
+ private:
+  void need(std::size_t n) const {
+    if (in_.size() < n) throw FrameError(fmt::format("{} payload is truncated", what_));
+  }
+  std::uint64_t get(std::size_t n) {
+    need(n);
+    const std::uint64_t v = load_le(in_.data(), n);
+    in_ = in_.subspan(n);
+    return v;
+  }
+  std::span<const std::byte> in_;
+  std::string_view what_;
+};
+
+// ---- handshake ---------------------------------------------------------------------------
+
+struct Hello {
+  std::uint32_t size = 0;       // cluster size the connector believes in
+  std::uint32_t from_rank = 0;  // the connector
+  std::uint32_t to_rank = 0;    // whom it believes it is calling
+  bool has_token = false;
+  Nonce nonce{};
+};
+
+struct Challenge {
+  std::uint32_t size = 0;
+  std::uint32_t rank = 0;       // the acceptor
+  std::uint32_t peer_rank = 0;  // echo of Hello::from_rank
+  bool has_token = false;
+  Nonce nonce{};
+  Mac proof{};  // HMAC(token, acceptor label, nonces, ranks); zero without a token
+};
+
+inline std::vector<std::byte> encode(const Hello& h) {
+  return Writer().u32(h.size).u32(h.from_rank).u32(h.to_rank).u32(h.has_token ? 1 : 0).bytes(h.nonce).take();
+}
+
+inline Hello decode_hello(std::span<const std::byte> in) {
+  Reader r(in, "hello");
+  Hello h;
+  h.size = r.u32();
+  h.from_rank = r.u32();
+  h.to_rank = r.u32();
+  const std::uint32_t flags = r.u32();
+  if (flags > 1) throw FrameError(fmt::format("hello has unknown flags 0x{:x}", flags));
+  h.has_token = flags == 1;
+  h.nonce = r.array<kNonceBytes>();
+  r.done();
+  return h;
+}
+
+inline std::vector<std::byte> encode(const Challenge& c) {
+  return Writer()
+      .u32(c.size)
+      .u32(c.rank)
+      .u32(c.peer_rank)
+      .u32(c.has_token ? 1 : 0)
+      .bytes(c.nonce)
+      .bytes(c.proof)
+      .take();
+}
+
+inline Challenge decode_challenge(std::span<const std::byte> in) {
+  Reader r(in, "challenge");
+  Challenge c;
+  c.size = r.u32();
+  c.rank = r.u32();
+  c.peer_rank = r.u32();
+  const std::uint32_t flags = r.u32();
+  if (flags > 1) throw FrameError(fmt::format("challenge has unknown flags 0x{:x}", flags));
+  c.has_token = flags == 1;
+  c.nonce = r.array<kNonceBytes>();
+  c.proof = r.array<kMacBytes>();
+  r.done();
+  return c;
+}
+
+inline Mac decode_response(std::span<const std::byte> in) {
+  Reader r(in, "response");
+  const Mac m = r.array<kMacBytes>();
+  r.done();
+  return m;
+}
+
+/// The proof each side sends: distinct labels for the two directions so that one side's proof
+/// can never be replayed as the other's, and both nonces and both ranks bound in.
+inline Mac handshake_proof(std::string_view token, bool from_acceptor, const Nonce& connector_nonce,
+                           const Nonce& acceptor_nonce, std::uint32_t size, std::uint32_t acceptor_rank,
+                           std::uint32_t connector_rank) {
+  Writer w;
+  w.text(from_acceptor ? "distribute.net/v1 acceptor proof" : "distribute.net/v1 connector proof");
+  w.bytes(connector_nonce).bytes(acceptor_nonce).u32(size).u32(acceptor_rank).u32(connector_rank);
+  const auto msg = w.take();
+  return hmac_sha256(token, msg);
+}
+
+inline std::string decode_text(std::span<const std::byte> in) {
+  return std::string(reinterpret_cast<const char*>(in.data()), in.size());
+}
+
+// ---- abort -------------------------------------------------------------------------------
+
+/// Why a communicator failed; travels in Abort frames so every peer throws the same kind.
+enum class FailureKind : std::uint8_t { Peer = 1, Timeout = 2, Mismatch = 3, Config = 4 };
+
+struct Failure {
+  FailureKind kind = FailureKind::Peer;
+  std::string message;
+};
+
+inline std::vector<std::byte> encode(const Failure& f) {
+  const std::string_view msg = std::string_view(f.message).substr(0, kMaxControlPayload - 1);
+  return Writer().u8(static_cast<std::uint8_t>(f.kind)).text(msg).take();
+}
+
+inline Failure decode_abort(std::span<const std::byte> in) {
+  Reader r(in, "abort");
+  const std::uint8_t kind = r.u8();
+  if (kind < 1 || kind > 4) throw FrameError(fmt::format("abort frame has unknown failure kind {}", kind));
+  return Failure{static_cast<FailureKind>(kind), r.rest_text()};
+}
+
+/// Throws the library error that matches `kind`.
+[[noreturn]] inline void raise(FailureKind kind, const std::string& message) {
+  switch (kind) {
+    case FailureKind::Peer: throw PeerFailure(message);
+    case FailureKind::Timeout: throw CollectiveTimeout(message);
+    case FailureKind::Mismatch: throw InvalidArgument(message);
+    case FailureKind::Config: throw ClusterConfigError(message);
+  }
+  throw Error(message);
+}
+
+// ---- collective descriptor -----------------------------------------------------------------
+
+enum class CollectiveKind : std::uint8_t { AllReduce = 1, AllGather = 2, Broadcast = 3, Barrier = 4 };
+
+constexpr std::string_view to_string(CollectiveKind k) noexcept {
+  switch (k) {
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::Broadcast: return "broadcast";
+    case CollectiveKind::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+/// What a rank says it is doing in collective number `seq`; every rank checks every other's.
+struct Descriptor {
+  CollectiveKind kind = CollectiveKind::Barrier;
+  DType dtype = DType::U8;
+  ReduceOp op = ReduceOp::Sum;
+  std::uint32_t root = 0;
+  std::uint64_t count = 0;  // all_reduce: elements; broadcast, all_gather: bytes
+};
+
+inline constexpr std::size_t kDescriptorBytes = 16;
+
+inline std::string describe(const Descriptor& d) {
+  switch (d.kind) {
+    case CollectiveKind::AllReduce:
+      return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+    case CollectiveKind::AllGather: return fmt::format("all_gather(bytes={})", d.count);
+    case CollectiveKind::Broadcast: return fmt::format("broadcast(bytes={}, root={})", d.count, d.root);
+    case CollectiveKind::Barrier: return "barrier()";
+  }
+  return "?";
+}
+
+/// Whether two ranks' calls can form one collective (all_gather sizes may differ by design).
+inline bool compatible(const Descriptor& a, const Descriptor& b) noexcept {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op;
+    case CollectiveKind::Broadcast: return a.count == b.count && a.root == b.root;
+    case CollectiveKind::AllGather:
+    case CollectiveKind::Barrier: return true;
+  }
+  return false;
+}
+
+inline std::vector<std::byte> encode(const Descriptor& d) {
+  return Writer()
+      .u8(static_cast<std::uint8_t>(d.kind))
+      .u8(static_cast<std::uint8_t>(d.dtype))
+      .u8(static_cast<std::uint8_t>(d.op))
+      .u8(0)
+      .u32(d.root)
+      .u64(d.count)
+      .take();
+}
+
+inline Descriptor decode_descriptor(std::span<const std::byte> in) {
+  Reader r(in, "descriptor");
+  const std::uint8_t kind = r.u8(), dtype = r.u8(), op = r.u8(), pad = r.u8();
+  if (kind < 1 || kind > 4) throw FrameError(fmt::format("descriptor has unknown collective kind {}", kind));
+  if (dtype > static_cast<std::uint8_t>(DType::Bool)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
+  if (op > static_cast<std::uint8_t>(ReduceOp::Product)) throw FrameError(fmt::format("descriptor has unknown reduce op {}", op));
+  if (pad != 0) throw FrameError("descriptor has a non-zero reserved byte");
+  Descriptor d;
+  d.kind = static_cast<CollectiveKind>(kind);
+  d.dtype = static_cast<DType>(dtype);
+  d.op = static_cast<ReduceOp>(op);
+  d.root = r.u32();
+  d.count = r.u64();
+  r.done();
+  return d;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
+// ---- end <distribute/net/detail/protocol.hpp> ----
+// ---- begin <distribute/net/frame.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+//
+//   offset  size  field
+//        0     4  magic "DSNT"
+//        4     1  protocol version (kProtocolVersion)
+//        5     1  FrameType
+//        6     2  reserved, must be zero
+//        8     8  payload length
+//       16     8  sequence number (collective number, point-to-point message number)
+//       24     8  tag (chunk within a collective)
+//
+// Integers are little-endian whatever the host. Decoding is a pure function of the bytes, so it can
+// be fuzzed: anything malformed throws FrameError and is never read past its end.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+/// Bytes that are not a well-formed frame (bad magic, version, type, reserved bits or length).
+/// The transport answers it by closing the connection.
+class FrameError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 32;
+/// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
+/// configured limit, so a stranger cannot make a peer allocate much.
+inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+
+enum class FrameType : std::uint8_t {
+  Hello = 1,         // connector → acceptor: who I am, my nonce
+  Challenge = 2,     // acceptor → connector: who I am, my nonce, my proof of the token
+  Response = 3,      // connector → acceptor: my proof of the token
+  Welcome = 4,       // acceptor → connector: accepted
+  Reject = 5,        // either way, during the handshake: refused, with a reason
+  Heartbeat = 6,     // keeps an idle connection known to be alive
+  Goodbye = 7,       // clean shutdown: the sender sends nothing more
+  Abort = 8,         // the sender's communicator failed; payload says why
+  Descriptor = 9,    // announces a collective (seq = collective number)
+  Data = 10,         // a piece of a collective's data (seq, tag)
+  PointToPoint = 11  // one send() message (seq = message number to this peer)
+};
+
+constexpr std::string_view to_string(FrameType t) noexcept {
+  switch (t) {
+    case FrameType::Hello: return "hello";
+    case FrameType::Challenge: return "challenge";
+    case FrameType::Response: return "response";
+    case FrameType::Welcome: return "welcome";
+    case FrameType::Reject: return "reject";
+    case FrameType::Heartbeat: return "heartbeat";
+    case FrameType::Goodbye: return "goodbye";
+    case FrameType::Abort: return "abort";
+    case FrameType::Descriptor: return "descriptor";
+    case FrameType::Data: return "data";
+    case FrameType::PointToPoint: return "point-to-point";
+  }
+  return "?";
+}
+
+struct FrameHeader {
+  FrameType type = FrameType::Heartbeat;
+  std::uint64_t length = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+using HeaderBytes = std::array<std::byte, kFrameHeaderBytes>;
+
+namespace detail {
+
+inline void store_le(std::byte* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr bool known_frame_type(std::uint8_t t) noexcept {
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+}
+
+}  // namespace detail
+
+inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
+  HeaderBytes out{};
+  detail::store_le(out.data(), kFrameMagic, 4);
+  out[4] = static_cast<std::byte>(kProtocolVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  detail::store_le(out.data() + 8, h.length, 8);
+  detail::store_le(out.data() + 16, h.seq, 8);
+  detail::store_le(out.data() + 24, h.tag, 8);
+  return out;
+}
+
+/// Decodes and validates a header; `max_payload_bytes` bounds Data/PointToPoint payloads
+/// (other types are bounded by kMaxControlPayload, or to zero when they carry nothing).
+inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  if (bytes.size() < kFrameHeaderBytes) {
+    throw FrameError(fmt::format("truncated frame header: {} of {} bytes", bytes.size(), kFrameHeaderBytes));
+  }
+  const auto magic = static_cast<std::uint32_t>(detail::load_le(bytes.data(), 4));
+  if (magic != kFrameMagic) {
+    throw FrameError(fmt::format("bad frame magic 0x{:08x} (expected 0x{:08x}): not a distribute peer", magic, kFrameMagic));
+  }
+  const auto version = static_cast<std::uint8_t>(bytes[4]);
+  if (version != kProtocolVersion) {
+    throw FrameError(fmt::format("unsupported protocol version {} (this build speaks version {})", version, kProtocolVersion));
+  }
+  const auto type = static_cast<std::uint8_t>(bytes[5]);
+  if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
+  const auto reserved = detail::load_le(bytes.data() + 6, 2);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.length = detail::load_le(bytes.data() + 8, 8);
+  h.seq = detail::load_le(bytes.data() + 16, 8);
+  h.tag = detail::load_le(bytes.data() + 24, 8);
+  std::uint64_t limit = kMaxControlPayload;
+  switch (h.type) {
+    case FrameType::Data:
+    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::Welcome:
+    case FrameType::Heartbeat:
+    case FrameType::Goodbye: limit = 0; break;
+    default: limit = std::min(limit, max_payload_bytes); break;
+  }
+  if (h.length > limit) {
+    throw FrameError(fmt::format("{} frame payload of {} bytes exceeds the limit of {} bytes", to_string(h.type),
+                                 h.length, limit));
+  }
+  return h;
+}
+
+/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
+  h.length = payload.size();
+  const HeaderBytes head = encode_header(h);
+  std::vector<std::byte> out(head.begin(), head.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+};
+
+/// Incremental decoder over a byte stream cut anywhere. Malformed input throws FrameError, after
+/// which the decoder stays failed (a stream cannot be resynchronised once framing is lost).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::uint64_t max_payload_bytes) : max_payload_(max_payload_bytes) {}
+
+  /// Consumes `bytes`; returns the frames they complete, in order.
+  std::vector<Frame> feed(std::span<const std::byte> bytes) {
+    if (failed_) throw FrameError("frame decoder already failed on malformed input");
+    std::vector<Frame> out;
+    try {
+      while (!bytes.empty()) {
+        if (!have_header_) {
+          const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, bytes.size());
+          std::copy_n(bytes.begin(), take, header_.begin() + static_cast<std::ptrdiff_t>(header_fill_));
+          header_fill_ += take;
+          bytes = bytes.subspan(take);
+          if (header_fill_ < kFrameHeaderBytes) break;
+          current_.header = decode_header(header_, max_payload_);
+          current_.payload.clear();
+          have_header_ = true;
+        }
+        // Grow with the bytes that actually arrive, not with the length the header claims.
+        const std::uint64_t missing = current_.header.length - current_.payload.size();
+        const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
+        current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+        bytes = bytes.subspan(take);
+        if (current_.payload.size() == current_.header.length) {
+          out.push_back(std::move(current_));
+          current_ = Frame{};
+          have_header_ = false;
+          header_fill_ = 0;
+        }
+      }
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+    return out;
+  }
+
+  /// Bytes of an unfinished frame held so far.
+  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  std::uint64_t max_payload_;
+  HeaderBytes header_{};
+  std::size_t header_fill_ = 0;
+  bool have_header_ = false;
+  bool failed_ = false;
+  Frame current_;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// ---- end <distribute/net/frame.hpp> ----
+// ---- begin <distribute/net/options.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+// Tuning and security knobs of the TCP communicator.
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+struct CommunicatorOptions {
+  /// Total time the constructor waits for every peer to appear; connects are retried with
+  /// exponential back-off (50 ms doubling to 1 s) until then, because peers start in any order.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// One handshake (hello, challenge, response, welcome) must finish within this; it also bounds
+  /// how long a stranger that connects and says nothing holds a socket.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// An otherwise idle connection carries a heartbeat this often.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  /// A peer that sent nothing for this long is declared lost (PeerFailure). Zero disables it.
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  /// Deadline of one collective or point-to-point call; expiry throws CollectiveTimeout here and
+  /// aborts the peers. Unset: no deadline (a dead peer is still found by EOF or heartbeat).
+  std::optional<std::chrono::milliseconds> operation_timeout;
+  /// Shared secret every peer must prove it holds (HMAC-SHA256 challenge-response, both ways)
+  /// before any data. Unset: the environment variable DISTRIBUTE_CLUSTER_TOKEN, if non-empty.
+  /// Set to "": no authentication even when the variable is set.
+  std::optional<std::string> cluster_token;
+  /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
+  std::size_t max_frame_bytes = std::size_t{1} << 31;
+  /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
+  /// sending, receiving and reducing overlap.
+  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
+  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// Where refused connections are reported; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+// ---- end <distribute/net/options.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+/// How incoming frames find their receive.
+struct MsgKey {
+  FrameType type = FrameType::Data;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend auto operator<=>(const MsgKey&, const MsgKey&) = default;
+};
+
+/// A buffer for a frame that arrived before its receive was posted (not zero-filled: it is
+/// overwritten by the read at once).
+struct Blob {
+  std::unique_ptr<std::byte[]> data;
+  std::size_t size = 0;
+};
+
+/// One send or receive; shared between the calling thread and the io thread, guarded by the
+/// transport's mutex.
+struct Transfer {
+  enum class State : std::uint8_t {
+    Queued,  // send: in the peer's queue; receive: posted, nothing arrived yet
+    Active,  // the io thread is writing from / reading into the caller's memory
+    Done,
+    Failed
+  };
+  State state = State::Queued;
+  bool is_send = false;
+  int peer = -1;
+  MsgKey key{};
+  std::byte* dst = nullptr;  // receive destination
+  std::size_t size = 0;
+  Failure error;  // when Failed
+};
+using TransferPtr = std::shared_ptr<Transfer>;
+
+struct OutFrame {
+  HeaderBytes header{};
+  const std::byte* payload = nullptr;
+  std::size_t size = 0;
+  std::vector<std::byte> owned;  // control payloads travel with their frame
+  TransferPtr transfer;          // null for control frames
+  bool half_close_after = false;  // goodbye: shut our sending side once it is written
+};
+
+struct Peer {
+  enum class State : std::uint8_t { Connecting, Open, Closed, Failed };
+  int rank = -1;
+  std::string name;
+  std::string address;
+  HostPort endpoint;
+  State state = State::Connecting;
+  bool claimed = false;  // an accepted handshake is completing for this rank
+  std::optional<tcp::socket> socket;
+  bool socket_done = false;  // closed, or its read side reached EOF
+  // Connecting to ranks below ours.
+  std::optional<asio::steady_timer> retry_timer;
+  std::chrono::milliseconds backoff{50};
+  std::string last_error = "no attempt yet";
+  // Writing.
+  std::deque<OutFrame> queue;
+  std::vector<OutFrame> batch;
+  std::vector<asio::const_buffer> buffers;
+  bool writing = false;
+  bool half_close_pending = false;
+  // Reading (io thread only).
+  HeaderBytes rx_header{};
+  FrameHeader rx{};
+  std::vector<std::byte> rx_control;
+  TransferPtr rx_transfer;
+  Blob rx_blob;
+  bool rx_keep = false;
+  std::byte* rx_dst = nullptr;
+  std::size_t rx_done = 0;
+  // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
+  std::atomic<Clock::rep> last_rx{0};
+  Clock::time_point last_tx{};
+
+  void heard_now() noexcept { last_rx.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
+  Clock::duration silence(Clock::time_point now) const noexcept {
+    return now - Clock::time_point(Clock::duration(last_rx.load(std::memory_order_relaxed)));
+  }
+  // Matching (guarded by the mutex).
+  std::map<MsgKey, std::deque<TransferPtr>> posted;
+  std::map<MsgKey, std::deque<Blob>> unexpected;
+  std::map<std::uint64_t, Descriptor> descriptors;
+  std::uint64_t p2p_sent = 0;
+  std::uint64_t p2p_received = 0;
+};
+
+struct Handshake {
+  explicit Handshake(asio::io_context& io) : socket(io), timer(io) {}
+  explicit Handshake(tcp::socket s) : socket(std::move(s)), timer(socket.get_executor()) {}
+  tcp::socket socket;
+  asio::steady_timer timer;
+  HeaderBytes header{};
+  std::vector<std::byte> in;
+  std::vector<std::byte> out;
+  Nonce nonce{};
+  Nonce peer_nonce{};
+  int peer = -1;
+  std::string remote;
+  bool timed_out = false;
+  bool finished = false;
+};
+
+// A payload larger than this is read in pieces so that a long frame still counts as traffic.
+inline constexpr std::size_t kReadPiece = std::size_t{4} << 20;
+// One scatter-gather write carries at most this many frames / bytes.
+inline constexpr std::size_t kBatchFrames = 64;
+inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
+// After an error, how long in-flight I/O on the caller's memory may finish before its socket is cut.
+inline constexpr std::chrono::milliseconds kAbandonGrace{500};
+// How long a clean shutdown waits for goodbyes to be written and answered.
+inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
+
+class Transport {
+ public:
+  class Op;
+
+  Transport(std::vector<std::string> addresses, int rank, CommunicatorOptions options,
+            std::vector<std::string> task_names)
+      : options_(std::move(options)), rank_(rank), size_(static_cast<int>(addresses.size())) {
+    if (addresses.empty()) throw InvalidArgument("Communicator: the address list is empty");
+    if (rank < 0 || rank >= size_) {
+      throw InvalidArgument(fmt::format("Communicator: rank {} is out of range for {} addresses", rank, size_));
+    }
+    if (!task_names.empty() && task_names.size() != addresses.size()) {
+      throw InvalidArgument(fmt::format("Communicator: {} task names given for {} addresses", task_names.size(),
+                                        addresses.size()));
+    }
+    if (options_.chunk_bytes == 0) throw InvalidArgument("Communicator: chunk_bytes must be positive, got 0");
+    if (options_.max_frame_bytes < 4096) {
+      throw InvalidArgument(fmt::format("Communicator: max_frame_bytes must be at least 4096, got {}", options_.max_frame_bytes));
+    }
+    if (options_.heartbeat_interval.count() <= 0) {
+      throw InvalidArgument(fmt::format("Communicator: heartbeat_interval must be positive, got {} ms",
+                                        options_.heartbeat_interval.count()));
+    }
+    chunk_bytes_ = std::min(options_.chunk_bytes, options_.max_frame_bytes);
+    token_ = effective_cluster_token(options_.cluster_token);
+    for (int i = 0; i < size_; ++i) {
+      auto p = std::make_unique<Peer>();
+      p->rank = i;
+      p->name = task_names.empty() ? fmt::format("rank {}", i) : task_names[static_cast<std::size_t>(i)];
+      p->address = addresses[static_cast<std::size_t>(i)];
+      p->endpoint = parse_host_port(p->address);
+      for (int j = 0; j < i; ++j) {
+        if (peers_[static_cast<std::size_t>(j)]->address == p->address) {
+          throw InvalidArgument(fmt::format("Communicator: ranks {} and {} have the same address '{}'", j, i, p->address));
+        }
+      }
+      if (i != rank_) p->retry_timer.emplace(io_);
+      peers_.push_back(std::move(p));
+    }
+    if (size_ == 1) return;
+
+    listen();
+    work_.emplace(io_.get_executor());
+    io_thread_ = std::thread([this] { run_io(); });
+    asio::post(io_, [this] {
+      do_accept();
+      for (int j = 0; j < rank_; ++j) start_connect(j);
+      // Heartbeats start now, not once the cluster has formed: peers that connected early must
+      // keep hearing from us while a late one is still awaited.
+      heartbeat_tick();
+    });
+
+    std::unique_lock lk(mu_);
+    const auto deadline = Clock::now() + options_.connect_timeout;
+    const bool formed = cv_.wait_until(lk, deadline, [&] { return open_count_ == size_ - 1 || setup_failure_ || failure_; });
+    if (!formed || setup_failure_ || failure_ || open_count_ != size_ - 1) {
+      Failure f = setup_failure_ ? *setup_failure_ : failure_ ? *failure_ : Failure{FailureKind::Peer, missing_peers_locked()};
+      lk.unlock();
+      shutdown();
+      raise(f.kind, f.message);
+    }
+  }
+
+  ~Transport() { shutdown(); }
+
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const std::string& task_name(int r) const { return peer_at(r).name; }
+  const std::string& address(int r) const { return peer_at(r).address; }
+  const CommunicatorOptions& options() const noexcept { return options_; }
+  std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
+
+  std::optional<Failure> failure() const {
+    std::lock_guard lk(mu_);
+    return failure_;
+  }
+
+ private:
+  const Peer& peer_at(int r) const {
+    if (r < 0 || r >= size_) throw InvalidArgument(fmt::format("rank {} is out of range for a cluster of {}", r, size_));
+    return *peers_[static_cast<std::size_t>(r)];
+  }
+  Peer& peer(int r) { return *peers_[static_cast<std::size_t>(r)]; }
+  const std::string& me() const { return peers_[static_cast<std::size_t>(rank_)]->name; }
+
+  void log(const std::string& line) const {
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      fmt::print(stderr, "distribute.net: {}\n", line);
+    }
+  }
+
+  void run_io() {
+    for (;;) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        // A handler must not take the process down; the transport is unusable afterwards.
+        std::lock_guard lk(mu_);
+        fail_locked(Failure{FailureKind::Peer, fmt::format("internal error in the network thread of {}: {}", me(), e.what())},
+                    true);
+      }
+    }
+  }
+
+  // ---- set-up ------------------------------------------------------------------------------
+
+  void listen() {
+    const Peer& self = peer(rank_);
+    boost::system::error_code ec;
+    tcp::resolver resolver(io_);
+    const auto results = resolver.resolve(self.endpoint.host, self.endpoint.port, ec);
+    if (ec) {
+      throw Unavailable(fmt::format("{} cannot resolve its own address '{}': {}", self.name, self.address, ec.message()));
+    }
+    for (const auto& entry : results) {
+      acceptor_.emplace(io_);
+      acceptor_->open(entry.endpoint().protocol(), ec);
+      if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
+      if (!ec) acceptor_->bind(entry.endpoint(), ec);
+      if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+      if (!ec) return;
+      acceptor_.reset();
+    }
+    throw Unavailable(fmt::format("{} cannot listen on {}: {}", self.name, self.address,
+                                  ec ? ec.message() : std::string("the host resolves to no address")));
+  }
+
+  std::string missing_peers_locked() const {
+    std::string out;
+    for (const auto& p : peers_) {
+      if (p->rank == rank_ || p->state == Peer::State::Open) continue;
+      if (!out.empty()) out += "; ";
+      if (p->rank < rank_) {
+        out += fmt::format("could not connect to {} at {} (last error: {})", p->name, p->address, p->last_error);
+      } else {
+        out += fmt::format("{} ({}) never connected", p->name, p->address);
+      }
+    }
+    return fmt::format("{}: the cluster of {} did not form within {} ms: {}", me(), size_, options_.connect_timeout.count(),
+                       out);
+  }
+
+  void setup_fail(FailureKind kind, std::string message) {
+    std::lock_guard lk(mu_);
+    if (!setup_failure_) setup_failure_ = Failure{kind, std::move(message)};
+    cv_.notify_all();
+  }
+
+  static std::string describe_error(const boost::system::error_code& ec) {
+    if (ec == asio::error::eof) return "connection closed without a goodbye (the process exited or was killed)";
+    if (ec == asio::error::connection_reset) return "connection reset by peer";
+    if (ec == asio::error::broken_pipe) return "broken pipe (the peer closed its socket)";
+    return ec.message();
+  }
+
+  std::string handshake_error(const Handshake& h, const boost::system::error_code& ec) const {
+    if (h.timed_out) return fmt::format("handshake timed out after {} ms", options_.handshake_timeout.count());
+    if (ec == asio::error::eof) return "connection closed during the handshake";
+    return describe_error(ec);
+  }
+
+  void arm_handshake_timer(const std::shared_ptr<Handshake>& h) {
+    h->timer.expires_after(options_.handshake_timeout);
+    h->timer.async_wait([h](const boost::system::error_code& ec) {
+      if (!ec && !h->finished) {
+        h->timed_out = true;
+        boost::system::error_code ignored;
+        h->socket.close(ignored);
+      }
+    });
+  }
+
+  using HandshakeRead = std::function<void(const std::string& error, const FrameHeader& header)>;
+
+  // Reads one handshake frame; handshake payloads are tiny, so a stranger cannot make us allocate.
+  void handshake_read(const std::shared_ptr<Handshake>& h, HandshakeRead done) {
+    asio::async_read(h->socket, asio::buffer(h->header),
+                     [this, h, done = std::move(done)](const boost::system::error_code& ec, std::size_t) {
+                       if (ec) return done(handshake_error(*h, ec), FrameHeader{});
+                       FrameHeader fh;
+                       try {
+                         fh = decode_header(h->header, kMaxHandshakePayload);
+                       } catch (const FrameError& e) {
+                         return done(e.what(), FrameHeader{});
+                       }
+                       h->in.resize(static_cast<std::size_t>(fh.length));
+                       asio::async_read(h->socket, asio::buffer(h->in),
+                                        [this, h, done, fh](const boost::system::error_code& ec2, std::size_t) {
+                                          if (ec2) return done(handshake_error(*h, ec2), FrameHeader{});
+                                          done(std::string(), fh);
+                                        });
+                     });
+  }
+
+  void handshake_write(const std::shared_ptr<Handshake>& h, FrameType type, std::span<const std::byte> payload,
+                       std::function<void(const std::string&)> done) {
+    h->out = encode_frame(FrameHeader{type, 0, 0, 0}, payload);
+    asio::async_write(h->socket, asio::buffer(h->out),
+                      [this, h, done = std::move(done)](const boost::system::error_code& ec, std::size_t) {
+                        done(ec ? handshake_error(*h, ec) : std::string());
+                      });
+  }
+
+  // Connector side: ranks connect to every lower rank, retrying while it is not up yet.
+  void start_connect(int j) {
+    {
+      std::lock_guard lk(mu_);
+      if (closing_ || peer(j).state != Peer::State::Connecting) return;
+    }
+    auto resolver = std::make_shared<tcp::resolver>(io_);
+    const HostPort& ep = peer(j).endpoint;
+    resolver->async_resolve(ep.host, ep.port,
+                            [this, j, resolver](const boost::system::error_code& ec, tcp::resolver::results_type results) {
+                              if (ec) return retry_connect(j, ec.message());
+                              auto h = std::make_shared<Handshake>(io_);
+                              h->peer = j;
+                              asio::async_connect(h->socket, results,
+                                                  [this, j, h](const boost::system::error_code& ec2, const tcp::endpoint&) {
+                                                    if (ec2) return retry_connect(j, describe_error(ec2));
+                                                    client_handshake(h);
+                                                  });
+                            });
+  }
+
+  void retry_connect(int j, std::string reason) {
+    std::lock_guard lk(mu_);
+    Peer& p = peer(j);
+    if (closing_ || p.state != Peer::State::Connecting) return;
+    p.last_error = std::move(reason);
+    const auto delay = p.backoff;
+    p.backoff = std::min(p.backoff * 2, std::chrono::milliseconds(1000));
+    p.retry_timer->expires_after(delay);
+    p.retry_timer->async_wait([this, j](const boost::system::error_code& ec) {
+      if (!ec) start_connect(j);
+    });
+  }
+
+  void client_handshake(const std::shared_ptr<Handshake>& h) {
+    const int j = h->peer;
+    arm_handshake_timer(h);
+    h->nonce = random_nonce();
+    const Hello hello{static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(j),
+                      token_.has_value(), h->nonce};
+    handshake_write(h, FrameType::Hello, encode(hello), [this, h, j](const std::string& err) {
+      if (!err.empty()) return retry_connect(j, err);
+      handshake_read(h, [this, h, j](const std::string& err2, const FrameHeader& fh) {
+        if (!err2.empty()) return retry_connect(j, err2);
+        const Peer& p = peer(j);
+        if (fh.type == FrameType::Reject) {
+          return setup_fail(FailureKind::Config,
+                            fmt::format("{} at {} refused {}: {}", p.name, p.address, me(), decode_text(h->in)));
+        }
+        if (fh.type != FrameType::Challenge) {
+          return retry_connect(j, fmt::format("{} answered with a {} frame instead of a challenge", p.address, to_string(fh.type)));
+        }
+        Challenge c;
+        try {
+          c = decode_challenge(h->in);
+        } catch (const FrameError& e) {
+          return retry_connect(j, fmt::format("{} sent a malformed challenge: {}", p.address, e.what()));
+        }
+        if (c.size != static_cast<std::uint32_t>(size_) || c.rank != static_cast<std::uint32_t>(j) ||
+            c.peer_rank != static_cast<std::uint32_t>(rank_)) {
+          return setup_fail(FailureKind::Config,
+                            fmt::format("{} answered as rank {} of a {}-rank cluster, but {} (rank {} of {}) lists it as {} "
+                                        "(rank {}): the processes were given different cluster specs",
+                                        p.address, c.rank, c.size, me(), rank_, size_, p.name, j));
+        }
+        if (c.has_token != token_.has_value()) {
+          return setup_fail(FailureKind::Config,
+                            token_ ? fmt::format("{} at {} uses no cluster token but {} does", p.name, p.address, me())
+                                   : fmt::format("{} at {} requires a cluster token (DISTRIBUTE_CLUSTER_TOKEN) but {} has none",
+                                                 p.name, p.address, me()));
+        }
+        Mac proof{};
+        if (token_) {
+          const Mac expected = handshake_proof(*token_, true, h->nonce, c.nonce, c.size, c.rank, c.peer_rank);
+          if (!macs_equal(expected, c.proof)) {
+            const std::string why = "authentication failed: the acceptor's proof of the cluster token is wrong";
+            handshake_write(h, FrameType::Reject, std::as_bytes(std::span(why.data(), why.size())), [](const std::string&) {});
+            return setup_fail(FailureKind::Config,
+                              fmt::format("{} at {} failed to prove it holds the cluster token (the tokens differ)",
+                                          p.name, p.address));
+          }
+          proof = handshake_proof(*token_, false, h->nonce, c.nonce, c.size, c.rank, c.peer_rank);
+        }
+        handshake_write(h, FrameType::Response, proof, [this, h, j](const std::string& err3) {
+          if (!err3.empty()) return retry_connect(j, err3);
+          handshake_read(h, [this, h, j](const std::string& err4, const FrameHeader& fh2) {
+            if (!err4.empty()) return retry_connect(j, err4);
+            const Peer& p2 = peer(j);
+            if (fh2.type == FrameType::Reject) {
+              return setup_fail(FailureKind::Config,
+                                fmt::format("{} at {} refused {}: {}", p2.name, p2.address, me(), decode_text(h->in)));
+            }
+            if (fh2.type != FrameType::Welcome) {
+              return retry_connect(j, fmt::format("{} answered with a {} frame instead of a welcome", p2.address,
+                                                  to_string(fh2.type)));
+            }
+            h->finished = true;
+            h->timer.cancel();
+            register_peer(j, std::move(h->socket));
+          });
+        });
+      });
+    });
+  }
+
+  // Acceptor side: anyone may connect; only a peer that proves the token and a valid rank joins.
+  void do_accept() {
+    acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted) return;
+      {
+        std::lock_guard lk(mu_);
+        if (closing_) return;
+      }
+      if (!ec) {
+        auto h = std::make_shared<Handshake>(std::move(socket));
+        server_handshake(h);
+        do_accept();
+      } else {
+        // E.g. out of descriptors: back off instead of spinning on the error.
+        auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
+        timer->async_wait([this, timer](const boost::system::error_code& e) {
+          if (!e) do_accept();
+        });
+      }
+    });
+  }
+
+  void refuse(const std::shared_ptr<Handshake>& h, const std::string& reason, bool reply) {
+    const std::string who = h->peer >= 0 ? fmt::format(" (claiming to be {})", peer(h->peer).name) : std::string();
+    log(fmt::format("{}: refused connection from {}{}: {}", me(), h->remote, who, reason));
+    h->finished = true;
+    h->timer.cancel();
+    if (reply) {
+      handshake_write(h, FrameType::Reject, std::as_bytes(std::span(reason.data(), reason.size())), [h](const std::string&) {
+        boost::system::error_code ignored;
+        h->socket.close(ignored);
+      });
+    } else {
+      boost::system::error_code ignored;
+      h->socket.close(ignored);
+    }
+  }
+
+  void server_handshake(const std::shared_ptr<Handshake>& h) {
+    boost::system::error_code ec;
+    const auto remote = h->socket.remote_endpoint(ec);
+    h->remote = ec ? std::string("an unknown address") : fmt::format("{}:{}", remote.address().to_string(), remote.port());
+    arm_handshake_timer(h);
+    handshake_read(h, [this, h](const std::string& err, const FrameHeader& fh) {
+      if (!err.empty()) return refuse(h, err, false);
+      if (fh.type != FrameType::Hello) {
+        return refuse(h, fmt::format("expected a hello frame, got a {} frame", to_string(fh.type)), false);
+      }
+      Hello hello;
+      try {
+        hello = decode_hello(h->in);
+      } catch (const FrameError& e) {
+        return refuse(h, e.what(), false);
+      }
+      if (hello.size != static_cast<std::uint32_t>(size_) || hello.to_rank != static_cast<std::uint32_t>(rank_)) {
+        return refuse(h,
+                      fmt::format("it believes in a {}-rank cluster and called rank {}, but this is rank {} of {}", hello.size,
+                                  hello.to_rank, rank_, size_),
+                      true);
+      }
+      if (hello.from_rank <= static_cast<std::uint32_t>(rank_) || hello.from_rank >= static_cast<std::uint32_t>(size_)) {
+        return refuse(h,
+                      fmt::format("it claims rank {}, but only ranks {}..{} connect to rank {}", hello.from_rank, rank_ + 1,
+                                  size_ - 1, rank_),
+                      true);
+      }
+      h->peer = static_cast<int>(hello.from_rank);
+      if (hello.has_token != token_.has_value()) {
+        return refuse(h,
+                      token_ ? std::string("it presented no cluster token, and this cluster requires one")
+                             : std::string("it presented a cluster token, and this rank has none"),
+                      true);
+      }
+      h->peer_nonce = hello.nonce;
+      h->nonce = random_nonce();
+      Challenge c{static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(rank_), hello.from_rank, token_.has_value(),
+                  h->nonce, Mac{}};
+      if (token_) c.proof = handshake_proof(*token_, true, hello.nonce, h->nonce, c.size, c.rank, c.peer_rank);
+      handshake_write(h, FrameType::Challenge, encode(c), [this, h](const std::string& err2) {
+        if (!err2.empty()) return refuse(h, err2, false);
+        handshake_read(h, [this, h](const std::string& err3, const FrameHeader& fh2) {
+          if (!err3.empty()) return refuse(h, err3, false);
+          if (fh2.type == FrameType::Reject) {
+            return refuse(h, fmt::format("it refused this rank's proof of the cluster token: {}", decode_text(h->in)), false);
+          }
+          if (fh2.type != FrameType::Response) {
+            return refuse(h, fmt::format("expected a response frame, got a {} frame", to_string(fh2.type)), false);
+          }
+          Mac proof{};
+          try {
+            proof = decode_response(h->in);
+          } catch (const FrameError& e) {
+            return refuse(h, e.what(), false);
+          }
+          if (token_) {
+            const Mac expected = handshake_proof(*token_, false, h->peer_nonce, h->nonce, static_cast<std::uint32_t>(size_),
+                                                 static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(h->peer));
+            if (!macs_equal(expected, proof)) {
+              return refuse(h, "authentication failed: its proof of the cluster token is wrong (the tokens differ)", true);
+            }
+          }
+          bool duplicate = false;
+          {
+            std::lock_guard lk(mu_);
+            Peer& p = peer(h->peer);
+            duplicate = closing_ || p.state != Peer::State::Connecting || p.claimed;
+            if (!duplicate) p.claimed = true;
+          }
+          if (duplicate) return refuse(h, fmt::format("{} is already connected", peer(h->peer).name), true);
+          handshake_write(h, FrameType::Welcome, {}, [this, h](const std::string& err4) {
+            if (!err4.empty()) {
+              {
+                std::lock_guard lk(mu_);
+                peer(h->peer).claimed = false;
+              }
+              return refuse(h, err4, false);
+            }
+            h->finished = true;
+            h->timer.cancel();
+            register_peer(h->peer, std::move(h->socket));
+          });
+        });
+      });
+    });
+  }
+
+  void register_peer(int j, tcp::socket socket) {
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    std::unique_lock lk(mu_);
+    Peer& p = peer(j);
+    if (closing_ || p.state != Peer::State::Connecting) {
+      socket.close(ignored);
+      return;
+    }
+    p.socket.emplace(std::move(socket));
+    p.state = Peer::State::Open;
+    p.claimed = false;
+    p.last_tx = Clock::now();
+    p.heard_now();
+    ++open_count_;
+    cv_.notify_all();
+    lk.unlock();
+    read_header(p);
+  }
+
+  // ---- steady state: reading ----------------------------------------------------------------
+
+  void read_header(Peer& p) {
+    asio::async_read(*p.socket, asio::buffer(p.rx_header),
+                     [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
+  }
+
+  void on_header(Peer& p, const boost::system::error_code& ec) {
+    if (ec) return on_read_error(p, ec);
+    p.heard_now();
+    try {
+      p.rx = decode_header(p.rx_header, options_.max_frame_bytes);
+    } catch (const FrameError& e) {
+      return protocol_error(p, e.what());
+    }
+    switch (p.rx.type) {
+      case FrameType::Heartbeat: return read_header(p);
+      case FrameType::Goodbye: {
+        std::lock_guard lk(mu_);
+        on_goodbye_locked(p);
+      }
+        return read_header(p);
+      case FrameType::Abort:
+      case FrameType::Descriptor:
+        p.rx_control.resize(static_cast<std::size_t>(p.rx.length));
+        asio::async_read(*p.socket, asio::buffer(p.rx_control),
+                         [this, &p](const boost::system::error_code& ec2, std::size_t) { on_control(p, ec2); });
+        return;
+      case FrameType::Data:
+      case FrameType::PointToPoint: return start_payload(p);
+      default: return protocol_error(p, fmt::format("unexpected {} frame after the handshake", to_string(p.rx.type)));
+    }
+  }
+
+  void on_control(Peer& p, const boost::system::error_code& ec) {
+    if (ec) return on_read_error(p, ec);
+    p.heard_now();
+    try {
+      if (p.rx.type == FrameType::Abort) {
+        Failure f = decode_abort(p.rx_control);
+        std::lock_guard lk(mu_);
+        if (!closing_) {
+          if (f.message.find(" (reported by ") == std::string::npos) f.message += fmt::format(" (reported by {})", p.name);
+          // Relayed before anything else we send: a peer that hears our goodbye later must have
+          // heard why first, or it would blame our departure instead of the real loss.
+          fail_locked(std::move(f), true);
+        }
+      } else {
+        const Descriptor d = decode_descriptor(p.rx_control);
+        std::lock_guard lk(mu_);
+        if (!p.descriptors.emplace(p.rx.seq, d).second) {
+          throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
+        }
+        cv_.notify_all();
+      }
+    } catch (const FrameError& e) {
+      return protocol_error(p, e.what());
+    }
+    read_header(p);
+  }
+
+  void start_payload(Peer& p) {
+    const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
+    const auto length = static_cast<std::size_t>(p.rx.length);
+    bool keep = true;
+    {
+      std::lock_guard lk(mu_);
+      p.rx_transfer.reset();
+      auto it = p.posted.find(key);
+      if (it != p.posted.end()) {
+        TransferPtr t = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.posted.erase(it);
+        if (t->size == length) {
+          t->state = Transfer::State::Active;
+          p.rx_dst = t->dst;
+          p.rx_transfer = std::move(t);
+        } else {
+          t->state = Transfer::State::Failed;
+          t->error = Failure{FailureKind::Mismatch, size_mismatch(p, length, t->size, key)};
+          keep = false;  // read and drop it: the stream stays in step
+          cv_.notify_all();
+        }
+      }
+    }
+    if (!p.rx_transfer) {
+      try {
+        p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length};
+      } catch (const std::bad_alloc&) {
+        return protocol_error(p, fmt::format("cannot buffer a frame of {} bytes: out of memory", length));
+      }
+      p.rx_dst = p.rx_blob.data.get();
+      p.rx_keep = keep;
+    }
+    p.rx_done = 0;
+    read_payload(p);
+  }
+
+  void read_payload(Peer& p) {
+    const auto length = static_cast<std::size_t>(p.rx.length);
+    if (p.rx_done == length) return finish_payload(p);
+    const std::size_t n = std::min(kReadPiece, length - p.rx_done);
+    asio::async_read(*p.socket, asio::buffer(p.rx_dst + p.rx_done, n),
+                     [this, &p](const boost::system::error_code& ec, std::size_t got) {
+                       if (ec) return on_read_error(p, ec);
+                       p.heard_now();
+                       p.rx_done += got;
+                       read_payload(p);
+                     });
+  }
+
+  void finish_payload(Peer& p) {
+    std::unique_lock lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Done;
+      p.rx_transfer.reset();
+    } else if (p.rx_keep) {
+      // Its receive may have been posted while the frame was arriving: hand it over now.
+      const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
+      auto it = p.posted.find(key);
+      if (it == p.posted.end()) {
+        p.unexpected[key].push_back(std::move(p.rx_blob));
+      } else {
+        TransferPtr t = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.posted.erase(it);
+        if (t->size == p.rx_blob.size) {
+          t->state = Transfer::State::Active;
+          lk.unlock();
+          if (t->size > 0) std::memcpy(t->dst, p.rx_blob.data.get(), t->size);
+          lk.lock();
+          t->state = Transfer::State::Done;
+        } else {
+          t->state = Transfer::State::Failed;
+          t->error = Failure{FailureKind::Mismatch, size_mismatch(p, p.rx_blob.size, t->size, key)};
+        }
+      }
+    }
+    p.rx_blob = Blob{};
+    cv_.notify_all();
+    lk.unlock();
+    read_header(p);
+  }
+
+  std::string size_mismatch(const Peer& p, std::size_t got, std::size_t want, const MsgKey& key) const {
+    std::string msg = fmt::format("{} sent {} bytes where {} expected {}", p.name, got, me(), want);
+    if (key.type == FrameType::Data) msg += fmt::format(" (collective #{}, piece {})", key.seq, key.tag);
+    return msg;
+  }
+
+  void on_read_error(Peer& p, const boost::system::error_code& ec) {
+    std::lock_guard lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Failed;
+      p.rx_transfer->error = loss_locked(p, describe_error(ec));
+      p.rx_transfer.reset();
+    }
+    p.rx_blob = Blob{};
+    peer_down_locked(p, describe_error(ec));
+  }
+
+  void protocol_error(Peer& p, const std::string& what) {
+    std::lock_guard lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Failed;
+      p.rx_transfer->error = loss_locked(p, what);
+      p.rx_transfer.reset();
+    }
+    peer_down_locked(p, fmt::format("it sent a malformed frame: {}", what));
+  }
+
+  // ---- steady state: writing ----------------------------------------------------------------
+
+  void enqueue_locked(Peer& p, OutFrame f) {
+    if (p.state != Peer::State::Open) {
+      if (f.transfer) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = closed_failure_locked(p);
+      }
+      return;
+    }
+    p.queue.push_back(std::move(f));
+    if (!p.writing) {
+      p.writing = true;
+      asio::post(io_, [this, &p] {
+        std::lock_guard lk(mu_);
+        write_next_locked(p);
+      });
+    }
+  }
+
+  void enqueue_control_locked(Peer& p, FrameType type, std::uint64_t seq, std::vector<std::byte> payload,
+                              bool half_close_after = false) {
+    OutFrame f;
+    f.header = encode_header(FrameHeader{type, payload.size(), seq, 0});
+    f.owned = std::move(payload);
+    f.payload = f.owned.data();
+    f.size = f.owned.size();
+    f.half_close_after = half_close_after;
+    enqueue_locked(p, std::move(f));
+  }
+
+  void write_next_locked(Peer& p) {
+    if (p.state != Peer::State::Open || p.queue.empty() || !p.socket) {
+      p.writing = false;
+      return;
+    }
+    p.batch.clear();
+    p.buffers.clear();
+    std::size_t bytes = 0;
+    while (!p.queue.empty() && p.batch.size() < kBatchFrames && (p.batch.empty() || bytes < kBatchBytes)) {
+      bytes += p.queue.front().size + kFrameHeaderBytes;
+      p.batch.push_back(std::move(p.queue.front()));
+      p.queue.pop_front();
+    }
+    for (OutFrame& f : p.batch) {
+      if (f.transfer) f.transfer->state = Transfer::State::Active;
+      // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
+      if (!f.owned.empty()) f.payload = f.owned.data();
+      p.buffers.push_back(asio::buffer(f.header));
+      if (f.size > 0) p.buffers.push_back(asio::buffer(f.payload, f.size));
+    }
+    p.last_tx = Clock::now();
+    asio::async_write(*p.socket, p.buffers,
+                      [this, &p](const boost::system::error_code& ec, std::size_t) { on_written(p, ec); });
+  }
+
+  void on_written(Peer& p, const boost::system::error_code& ec) {
+    std::lock_guard lk(mu_);
+    bool half_close = false;
+    for (OutFrame& f : p.batch) {
+      half_close = half_close || f.half_close_after;
+      if (!f.transfer) continue;
+      if (ec) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = loss_locked(p, describe_error(ec));
+      } else {
+        f.transfer->state = Transfer::State::Done;
+      }
+    }
+    p.batch.clear();
+    cv_.notify_all();
+    if (ec) {
+      p.writing = false;
+      peer_down_locked(p, describe_error(ec));
+      return;
+    }
+    if (half_close || p.half_close_pending) {
+      p.half_close_pending = false;
+      p.writing = false;
+      shutdown_send(p);
+      return;
+    }
+    write_next_locked(p);
+  }
+
+  // ---- failure handling -------------------------------------------------------------------
+
+  Failure loss_locked(const Peer& p, const std::string& reason) const {
+    if (p.state == Peer::State::Failed && failure_) return *failure_;
+    if (p.state == Peer::State::Closed) return closed_failure_locked(p);
+    return Failure{FailureKind::Peer, fmt::format("lost task {} ({}): {}", p.name, p.address, reason)};
+  }
+
+  Failure closed_failure_locked(const Peer& p) const {
+    if (p.state == Peer::State::Failed && failure_) return *failure_;
+    return Failure{FailureKind::Peer, fmt::format("{} ({}) has closed its communicator", p.name, p.address)};
+  }
+
+  /// Records the first failure; `broadcast`: tell every peer (found here, or relayed).
+  void fail_locked(Failure f, bool broadcast) {
+    if (failure_) return;
+    failure_ = f;
+    if (broadcast) {
+      const auto payload = encode(f);
+      for (auto& p : peers_) {
+        if (p->rank != rank_ && p->state == Peer::State::Open) enqueue_control_locked(*p, FrameType::Abort, 0, payload);
+      }
+    }
+    cv_.notify_all();
+  }
+
+  // Fails what waits on `p` and cannot complete any more (posted receives, queued sends).
+  void fail_pending_locked(Peer& p, const Failure& f) {
+    for (auto& [key, list] : p.posted) {
+      for (auto& t : list) {
+        t->state = Transfer::State::Failed;
+        t->error = f;
+      }
+    }
+    p.posted.clear();
+    for (OutFrame& frame : p.queue) {
+      if (frame.transfer) {
+        frame.transfer->state = Transfer::State::Failed;
+        frame.transfer->error = f;
+      }
+    }
+    p.queue.clear();
+  }
+
+  void shutdown_send(Peer& p) {
+    boost::system::error_code ignored;
+    if (p.socket && p.socket->is_open()) p.socket->shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  void close_socket(Peer& p) {
+    boost::system::error_code ignored;
+    if (p.socket && p.socket->is_open()) {
+      p.socket->shutdown(tcp::socket::shutdown_both, ignored);
+      p.socket->close(ignored);
+    }
+    p.socket_done = true;
+  }
+
+  void on_goodbye_locked(Peer& p) {
+    if (p.state != Peer::State::Open) return;
+    p.state = Peer::State::Closed;
+    fail_pending_locked(p, closed_failure_locked(p));
+    // It sends nothing more; end our side too once what is being written is out, so that both
+    // ends close with empty receive buffers (a close with unread data would reset the stream).
+    if (p.writing) {
+      p.half_close_pending = true;
+    } else {
+      shutdown_send(p);
+    }
+    cv_.notify_all();
+  }
+
+  void peer_down_locked(Peer& p, const std::string& reason) {
+    if (p.state == Peer::State::Closed || p.state == Peer::State::Failed) {
+      close_socket(p);
+      cv_.notify_all();
+      return;
+    }
+    const bool expected = closing_;  // during our own shutdown every error is expected
+    const Failure loss = loss_locked(p, reason);
+    p.state = expected ? Peer::State::Closed : Peer::State::Failed;
+    close_socket(p);
+    fail_pending_locked(p, loss);
+    if (!expected) fail_locked(loss, true);
+    cv_.notify_all();
+  }
+
+  void heartbeat_tick() {
+    if (!heartbeat_timer_) heartbeat_timer_.emplace(io_);
+    heartbeat_timer_->expires_after(options_.heartbeat_interval);
+    heartbeat_timer_->async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      on_heartbeat();
+      heartbeat_tick();
+    });
+  }
+
+  void on_heartbeat() {
+    std::lock_guard lk(mu_);
+    if (closing_) return;
+    const auto now = Clock::now();
+    for (auto& pp : peers_) {
+      Peer& p = *pp;
+      if (p.rank == rank_ || p.state != Peer::State::Open) continue;
+      const auto silent = p.silence(now);
+      if (options_.heartbeat_timeout.count() > 0 && silent > options_.heartbeat_timeout) {
+        // Bytes waiting in the kernel mean it is alive and this thread is behind.
+        boost::system::error_code ec;
+        if (p.socket->available(ec) > 0 && !ec) continue;
+        peer_down_locked(p, fmt::format("no heartbeat for {:.1f} s",
+                                        std::chrono::duration<double>(silent).count()));
+        continue;
+      }
+      if (!p.writing && p.queue.empty() && now - p.last_tx >= options_.heartbeat_interval / 2) {
+        enqueue_control_locked(p, FrameType::Heartbeat, 0, {});
+      }
+    }
+  }
+
+  // ---- shutdown -----------------------------------------------------------------------------
+
+  void shutdown() noexcept {
+    if (!io_thread_.joinable()) return;
+    try {
+      {
+        std::unique_lock lk(mu_);
+        closing_ = true;
+        for (auto& p : peers_) {
+          if (p->rank != rank_ && p->state == Peer::State::Open) enqueue_control_locked(*p, FrameType::Goodbye, 0, {}, true);
+        }
+        // A poisoned transport has told its peers already; a stopped peer would only delay us.
+        cv_.wait_for(lk, failure_ ? kShutdownGrace / 4 : kShutdownGrace, [&] {
+          return std::all_of(peers_.begin(), peers_.end(), [](const auto& p) { return !p->socket || p->socket_done; });
+        });
+      }
+      std::promise<void> closed;
+      asio::post(io_, [this, &closed] {
+        boost::system::error_code ignored;
+        if (acceptor_) acceptor_->close(ignored);
+        if (heartbeat_timer_) heartbeat_timer_->cancel();
+        std::lock_guard lk(mu_);
+        for (auto& p : peers_) {
+          if (p->retry_timer) p->retry_timer->cancel();
+          close_socket(*p);
+        }
+        closed.set_value();
+      });
+      closed.get_future().wait_for(kShutdownGrace);
+    } catch (...) {
+      // Shutting down must not throw; stopping the io_context below releases everything anyway.
+    }
+    work_.reset();
+    io_.stop();
+    io_thread_.join();
+  }
+
+  // Members. io_ comes first so that it outlives every socket and timer that uses it.
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  CommunicatorOptions options_;
+  int rank_;
+  int size_;
+  std::size_t chunk_bytes_ = 0;
+  std::optional<std::string> token_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::optional<tcp::acceptor> acceptor_;
+  std::optional<asio::steady_timer> heartbeat_timer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int open_count_ = 0;
+  bool closing_ = false;
+  std::optional<Failure> failure_;
+  std::optional<Failure> setup_failure_;
+  std::uint64_t next_seq_ = 0;
+  std::thread io_thread_;
+};
+
+/// One call on the transport (a collective, or a point-to-point send/recv): it owns the transfers
+/// it starts. If it ends by an exception, its destructor makes sure the io thread no longer
+/// touches the caller's memory before the caller's frame unwinds.
+class Transport::Op {
+ public:
+  /// A collective: takes the next collective number and announces `desc` to every peer.
+  Op(Transport& t, const Descriptor& desc) : t_(t), collective_(true), mine_(desc) {
+    std::unique_lock lk(t_.mu_);
+    label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_seq_);
+    if (t_.failure_) raise_failure_locked();
+    seq_ = t_.next_seq_++;
+    start();
+    const auto payload = encode(desc);
+    for (auto& p : t_.peers_) {
+      if (p->rank != t_.rank_) t_.enqueue_control_locked(*p, FrameType::Descriptor, seq_, payload);
+    }
+  }
+
+  /// Point-to-point with `peer`.
+  Op(Transport& t, std::string label, int peer) : t_(t), collective_(false), label_(std::move(label)) {
+    if (peer < 0 || peer >= t_.size_ || peer == t_.rank_) {
+      throw InvalidArgument(fmt::format("{}: peer {} is not another rank of this cluster of {} (this is rank {})", label_,
+                                        peer, t_.size_, t_.rank_));
+    }
+    std::unique_lock lk(t_.mu_);
+    if (t_.failure_) raise_failure_locked();
+    start();
+  }
+
+  ~Op() {
+    if (!finished_) abandon();
+  }
+
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+  std::uint64_t seq() const noexcept { return seq_; }
+
+  /// Sends `data` (kept alive and unchanged by the caller until finish()) as a Data frame.
+  TransferPtr send(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+    return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data);
+  }
+
+  /// Posts a receive of exactly `dst.size()` bytes.
+  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst) {
+    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false);
+  }
+
+  TransferPtr send_p2p(int peer, std::span<const std::byte> data) {
+    std::uint64_t n = 0;
+    {
+      std::lock_guard lk(t_.mu_);
+      n = t_.peer(peer).p2p_sent++;
+    }
+    return send_frame(peer, MsgKey{FrameType::PointToPoint, n, 0}, data);
+  }
+
+  TransferPtr recv_p2p(int peer, std::span<std::byte> dst) {
+    return recv_frame(peer, MsgKey{FrameType::PointToPoint, 0, 0}, dst, true);
+  }
+
+  /// Waits until `t` is done; throws the communicator's failure, a timeout, or a mismatch.
+  void wait(const TransferPtr& t) {
+    std::unique_lock lk(t_.mu_);
+    block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
+  }
+
+  /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
+  const std::vector<Descriptor>& descriptors() {
+    std::unique_lock lk(t_.mu_);
+    block(lk, [&] { return descs_ok_; }, -1, "");
+    return all_;
+  }
+
+  /// Waits for every transfer and, for a collective, every peer's agreeing descriptor. After it
+  /// the transport holds no reference to the caller's memory.
+  void finish() {
+    std::unique_lock lk(t_.mu_);
+    for (const auto& t : transfers_) {
+      block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
+    }
+    if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
+    transfers_.clear();
+    finished_ = true;
+  }
+
+ private:
+  void start() {
+    if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
+  }
+
+  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data) {
+    if (data.size() > t_.options_.max_frame_bytes) {
+      throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, data.size(),
+                                        t_.options_.max_frame_bytes));
+    }
+    auto t = std::make_shared<Transfer>();
+    t->is_send = true;
+    t->peer = peer;
+    t->key = key;
+    t->size = data.size();
+    OutFrame f;
+    f.header = encode_header(FrameHeader{key.type, data.size(), key.seq, key.tag});
+    f.payload = data.data();
+    f.size = data.size();
+    f.transfer = t;
+    std::lock_guard lk(t_.mu_);
+    transfers_.push_back(t);
+    t_.enqueue_locked(t_.peer(peer), std::move(f));
+    return t;
+  }
+
+  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p) {
+    if (dst.size() > t_.options_.max_frame_bytes) {
+      throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, dst.size(),
+                                        t_.options_.max_frame_bytes));
+    }
+    auto t = std::make_shared<Transfer>();
+    t->peer = peer;
+    t->dst = dst.data();
+    t->size = dst.size();
+    Blob early;
+    {
+      std::lock_guard lk(t_.mu_);
+      Peer& p = t_.peer(peer);
+      if (p2p) key.seq = p.p2p_received++;
+      t->key = key;
+      transfers_.push_back(t);
+      if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
+        early = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.unexpected.erase(it);
+      } else if (p.state != Peer::State::Open) {
+        t->state = Transfer::State::Failed;
+        t->error = t_.closed_failure_locked(p);
+        return t;
+      } else {
+        p.posted[key].push_back(t);
+        return t;
+      }
+    }
+    // It arrived before this receive was posted: copy it out of its buffer (outside the lock).
+    if (early.size == dst.size()) {
+      if (early.size > 0) std::memcpy(dst.data(), early.data.get(), early.size);
+      std::lock_guard lk(t_.mu_);
+      t->state = Transfer::State::Done;
+    } else {
+      std::lock_guard lk(t_.mu_);
+      t->state = Transfer::State::Failed;
+      t->error = Failure{FailureKind::Mismatch, t_.size_mismatch(t_.peer(peer), early.size, dst.size(), t->key)};
+    }
+    return t;
+  }
+
+  [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
+
+  bool settled_locked(const Transfer& t) {
+    switch (t.state) {
+      case Transfer::State::Done: return true;
+      case Transfer::State::Failed:
+        if (t.error.kind == FailureKind::Mismatch) {
+          // A point-to-point size mismatch consumed the message: the streams are still in step.
+          if (!collective_) raise(FailureKind::Mismatch, fmt::format("{}: {}", label_, t.error.message));
+          // In a collective the descriptors (sent ahead of the data) say precisely what differs.
+          if (!mismatch_) mismatch_ = t.error;
+          return false;
+        }
+        t_.fail_locked(t.error, true);
+        raise_failure_locked();
+      default: return false;
+    }
+  }
+
+  template <class Done>
+  void block(std::unique_lock<std::mutex>& lk, Done&& done, int waiting_on, std::string_view what) {
+    for (;;) {
+      if (done()) return;
+      if (t_.failure_) raise_failure_locked();
+      if (collective_) {
+        poll_descriptors_locked();
+        if (descs_ok_ && mismatch_) {
+          t_.fail_locked(*mismatch_, true);
+          raise_failure_locked();
+        }
+        if (done()) return;  // the poll may have been what it waited for
+      }
+      if (!deadline_) {
+        t_.cv_.wait(lk);
+        continue;
+      }
+      if (Clock::now() >= *deadline_) {
+        const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
+        t_.fail_locked(Failure{FailureKind::Timeout,
+                               fmt::format("did not complete within {} ms ({} was waiting for {}{})",
+                                           t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
+                       true);
+        raise_failure_locked();
+      }
+      t_.cv_.wait_until(lk, *deadline_);
+    }
+  }
+
+  // Peers quiet for longer than two heartbeat intervals: the likely culprits of a stall, which
+  // need not be the peer this rank waits on (in a ring, everyone waits behind a stopped rank).
+  std::string silent_peers_locked() const {
+    std::string out;
+    const auto now = Clock::now();
+    for (const auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->state != Peer::State::Open) continue;
+      const auto quiet = p->silence(now);
+      if (quiet > 2 * t_.options_.heartbeat_interval) {
+        out += fmt::format("; {} has sent nothing for {:.1f} s", p->name, std::chrono::duration<double>(quiet).count());
+      }
+    }
+    return out;
+  }
+
+  // Who has not announced this collective yet (for timeout messages).
+  std::string missing_locked() const {
+    if (descs_ok_) return "the other ranks";
+    std::string names;
+    for (const auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->descriptors.count(seq_) != 0) continue;
+      names += (names.empty() ? "" : ", ") + p->name;
+    }
+    return names.empty() ? std::string("the other ranks") : fmt::format("{} to join", names);
+  }
+
+  void poll_descriptors_locked() {
+    if (descs_ok_) return;
+    for (auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->descriptors.count(seq_) != 0) continue;
+      if (p->state != Peer::State::Open) {
+        t_.fail_locked(Failure{FailureKind::Peer, fmt::format("{} ({}) closed its communicator before joining collective #{}",
+                                                              p->name, p->address, seq_)},
+                       true);
+        raise_failure_locked();
+      }
+      return;
+    }
+    all_.assign(static_cast<std::size_t>(t_.size_), Descriptor{});
+    for (auto& p : t_.peers_) {
+      if (p->rank == t_.rank_) {
+        all_[static_cast<std::size_t>(p->rank)] = mine_;
+      } else {
+        auto it = p->descriptors.find(seq_);
+        all_[static_cast<std::size_t>(p->rank)] = it->second;
+        p->descriptors.erase(it);
+      }
+    }
+    descs_ok_ = true;
+    // Every rank compares every rank against rank 0 in rank order, so all report the same pair.
+    for (std::size_t r = 1; r < all_.size(); ++r) {
+      if (!compatible(all_[0], all_[r])) {
+        t_.fail_locked(Failure{FailureKind::Mismatch,
+                               fmt::format("mismatched collectives at collective #{}: {} called {} but {} called {}", seq_,
+                                           t_.peer(0).name, describe(all_[0]), t_.peer(static_cast<int>(r)).name,
+                                           describe(all_[r]))},
+                       true);
+        raise_failure_locked();
+      }
+    }
+  }
+
+  void abandon() noexcept {
+    try {
+      std::unique_lock lk(t_.mu_);
+      for (const auto& t : transfers_) {
+        if (t->state != Transfer::State::Queued) continue;
+        Peer& p = t_.peer(t->peer);
+        if (t->is_send) {
+          std::erase_if(p.queue, [&](const OutFrame& f) { return f.transfer == t; });
+        } else if (auto it = p.posted.find(t->key); it != p.posted.end()) {
+          std::erase(it->second, t);
+          if (it->second.empty()) p.posted.erase(it);
+        }
+        t->state = Transfer::State::Failed;
+      }
+      auto busy = [&] {
+        return std::any_of(transfers_.begin(), transfers_.end(),
+                           [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
+      };
+      if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
+        // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
+        std::set<int> stuck;
+        for (const auto& t : transfers_) {
+          if (t->state == Transfer::State::Active) stuck.insert(t->peer);
+        }
+        for (int r : stuck) {
+          asio::post(t_.io_, [tr = &t_, r] {
+            std::lock_guard g(tr->mu_);
+            tr->peer_down_locked(tr->peer(r), "connection cut: it stopped exchanging data");
+          });
+        }
+        t_.cv_.wait(lk, [&] { return !busy(); });
+      }
+      transfers_.clear();
+    } catch (...) {
+      // Only allocation can throw here; nothing better to do than carry on unwinding.
+    }
+  }
+
+  Transport& t_;
+  bool collective_;
+  Descriptor mine_{};
+  std::string label_;
+  std::uint64_t seq_ = 0;
+  std::optional<Clock::time_point> deadline_;
+  std::vector<TransferPtr> transfers_;
+  std::vector<Descriptor> all_;
+  bool descs_ok_ = false;
+  std::optional<Failure> mismatch_;
+  bool finished_ = false;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
+// ---- end <distribute/net/detail/transport.hpp> ----
+// ---- begin <distribute/net/options.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+// Tuning and security knobs of the TCP communicator.
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+struct CommunicatorOptions {
+  /// Total time the constructor waits for every peer to appear; connects are retried with
+  /// exponential back-off (50 ms doubling to 1 s) until then, because peers start in any order.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// One handshake (hello, challenge, response, welcome) must finish within this; it also bounds
+  /// how long a stranger that connects and says nothing holds a socket.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// An otherwise idle connection carries a heartbeat this often.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  /// A peer that sent nothing for this long is declared lost (PeerFailure). Zero disables it.
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  /// Deadline of one collective or point-to-point call; expiry throws CollectiveTimeout here and
+  /// aborts the peers. Unset: no deadline (a dead peer is still found by EOF or heartbeat).
+  std::optional<std::chrono::milliseconds> operation_timeout;
+  /// Shared secret every peer must prove it holds (HMAC-SHA256 challenge-response, both ways)
+  /// before any data. Unset: the environment variable DISTRIBUTE_CLUSTER_TOKEN, if non-empty.
+  /// Set to "": no authentication even when the variable is set.
+  std::optional<std::string> cluster_token;
+  /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
+  std::size_t max_frame_bytes = std::size_t{1} << 31;
+  /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
+  /// sending, receiving and reducing overlap.
+  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
+  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// Where refused connections are reported; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+// ---- end <distribute/net/options.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+class Communicator {
+ public:
+  /// Joins the cluster: listens on addresses[rank], connects to the lower ranks (retrying with
+  /// back-off until options.connect_timeout) and accepts the higher ones, authenticating each with
+  /// the cluster token when one is set. `task_names[i]` (e.g. "worker:2") names rank i in errors;
+  /// default "rank i". Throws InvalidArgument (bad arguments), Unavailable (cannot listen),
+  /// PeerFailure (a peer never appeared) or ClusterConfigError (token or cluster spec disagree).
+  Communicator(std::vector<std::string> addresses, int rank, CommunicatorOptions options = {},
+               std::vector<std::string> task_names = {})
+      : transport_(std::make_unique<detail::Transport>(std::move(addresses), rank, std::move(options),
+                                                       std::move(task_names))) {}
+
+  /// Clean shutdown: says goodbye to every peer, waits (at most 2 s) for the goodbyes to be
+  /// written and answered, closes the sockets and joins the network thread. Never throws.
+  ~Communicator() = default;
+
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const noexcept { return transport_->rank(); }
+  int size() const noexcept { return transport_->size(); }
+  const std::string& task_name(int rank) const { return transport_->task_name(rank); }
+  const std::string& address(int rank) const { return transport_->address(rank); }
+  const CommunicatorOptions& options() const noexcept { return transport_->options(); }
+
+  /// The message of the error that poisoned this communicator, if one did.
+  std::optional<std::string> failure() const {
+    auto f = transport_->failure();
+    return f ? std::optional<std::string>(f->message) : std::nullopt;
+  }
+
+  /// In place: every rank ends with the element-wise reduction of all ranks' buffers (bitwise
+  /// identical on every rank). MEAN divides by size() (integers truncate).
+  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
+    if (data == nullptr && count > 0) {
+      throw InvalidArgument(fmt::format("all_reduce: data is null but count is {}", count));
+    }
+    ::distribute::detail::check_op_for_dtype(op, dtype, "all_reduce");
+    const std::size_t es = size_of(dtype);
+    if (count > std::numeric_limits<std::size_t>::max() / es) {
+      throw InvalidArgument(fmt::format("all_reduce: count {} of {} overflows the address space", count, to_string(dtype)));
+    }
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, 0, count});
+    auto* bytes = static_cast<std::byte*>(data);
+    const std::size_t total = count * es;
+    if (size() == 1 || count == 0) return call.finish();
+    if (total <= std::min(options().direct_max_bytes, options().max_frame_bytes)) {
+      detail::direct_all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
+    } else {
+      detail::ring_all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
+    }
+  }
+
+  template <Element T>
+  void all_reduce(std::span<T> data, ReduceOp op) {
+    all_reduce(data.data(), data.size(), dtype_of<T>(), op);
+  }
+
+  /// Every rank contributes `bytes` (they may differ); `out` receives all contributions in rank
+  /// order and `sizes[i]` the byte count of rank i. `data` must not point into `out`.
+  void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out, std::vector<std::size_t>& sizes) {
+    if (data == nullptr && bytes > 0) throw InvalidArgument(fmt::format("all_gather: data is null but bytes is {}", bytes));
+    const auto* src = static_cast<const std::byte*>(data);
+    if (bytes > 0 && !out.empty() && src < out.data() + out.size() && out.data() < src + bytes) {
+      throw InvalidArgument("all_gather: the input buffer lies inside the output vector");
+    }
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllGather, DType::U8, ReduceOp::Sum, 0, bytes});
+    detail::direct_all_gather(*transport_, call, src, bytes, out, sizes);
+  }
+
+  /// Copies `bytes` bytes from rank `root`'s buffer into every other rank's.
+  void broadcast(void* data, std::size_t bytes, int root) {
+    if (root < 0 || root >= size()) {
+      throw InvalidArgument(fmt::format("broadcast: root {} is out of range for a cluster of {}", root, size()));
+    }
+    if (data == nullptr && bytes > 0) throw InvalidArgument(fmt::format("broadcast: data is null but bytes is {}", bytes));
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::Broadcast, DType::U8, ReduceOp::Sum,
+                                                               static_cast<std::uint32_t>(root), bytes});
+    detail::chain_broadcast(*transport_, call, static_cast<std::byte*>(data), bytes, root);
+  }
+
+  /// Returns once every rank has entered the barrier.
+  void barrier() {
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, 0, 0});
+    call.finish();
+  }
+
+  /// Sends one message to `peer`; returns once it is handed to the kernel (`data` may then be
+  /// reused). Messages between two ranks arrive in order; at most options().max_frame_bytes.
+  void send(int peer, std::span<const std::byte> data) {
+    detail::Transport::Op call(*transport_, fmt::format("send to {}", peer_label(peer)), peer);
+    call.send_p2p(peer, data);
+    call.finish();
+  }
+
+  /// Receives the next message from `peer`, which must be exactly `data.size()` bytes (otherwise
+  /// InvalidArgument; the message is consumed and the communicator stays usable).
+  void recv(int peer, std::span<std::byte> data) {
+    detail::Transport::Op call(*transport_, fmt::format("recv from {}", peer_label(peer)), peer);
+    call.recv_p2p(peer, data);
+    call.finish();
+  }
+
+ private:
+  std::string peer_label(int peer) const {
+    return peer >= 0 && peer < size() ? task_name(peer) : fmt::format("rank {}", peer);
+  }
+
+  std::unique_ptr<detail::Transport> transport_;
+  std::vector<std::byte> scratch_;  // kept between calls: reduce-scatter landing area
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_COMMUNICATOR_HPP
+// ---- end <distribute/net/communicator.hpp> ----
+// ---- begin <distribute/strategy/multi_worker_mirrored.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_MULTI_WORKER_MIRRORED_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_MULTI_WORKER_MIRRORED_HPP
+// MultiWorkerMirroredStrategy: synchronous data parallelism over the local devices of several
+// worker processes (replicas = local devices × workers). An all-reduce is a local reduce, one
+// cross-worker collective per pack over TCP (net::Communicator), and a local copy back out;
+// variables are mirrored everywhere and start from the chief's initial values.
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format(
+            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
+            cluster_name));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/tf_config.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+// TFConfigClusterResolver: the cluster from the TF_CONFIG environment variable, fully validated.
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format(
+            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
+            cluster_name));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Explicit values that take precedence over TF_CONFIG's, as TF's constructor arguments do.
+/// Set the fields you need (`ds::TFConfigOptions o; o.task_id = 1;`); designated initializers
+/// that leave fields out trip GCC 12's -Wmissing-field-initializers.
+struct TFConfigOptions {
+  std::optional<std::string> task_type;
+  std::optional<int> task_id;
+  std::optional<std::string> rpc_layer;
+  std::optional<std::string> environment;
+  /// Reported by num_accelerators(); TF_CONFIG itself says nothing about devices.
+  AcceleratorCounts num_accelerators;
+};
+
+namespace detail {
+
+inline constexpr std::array<std::string_view, 4> kTFConfigTaskTypes = {"chief", "worker", "ps", "evaluator"};
+
+inline bool is_tf_config_task_type(std::string_view type) {
+  return std::find(kTFConfigTaskTypes.begin(), kTFConfigTaskTypes.end(), type) != kTFConfigTaskTypes.end();
+}
+
+inline bool tf_config_is_blank(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
+}
+
+/// A member that TF reads with dict.get(): absent and null both mean "not given".
+inline const boost::json::value* tf_config_member(const boost::json::object& obj, std::string_view key) {
+  const auto* v = obj.if_contains(key);
+  return v == nullptr || v->is_null() ? nullptr : v;
+}
+
+inline std::string tf_config_string(const boost::json::object& obj, std::string_view key, std::string_view field) {
+  const auto* v = tf_config_member(obj, key);
+  if (v == nullptr) return {};
+  if (!v->is_string()) {
+    throw ClusterConfigError(fmt::format("TF_CONFIG: {} must be a string, got {}", field, cluster_json_describe(*v)));
+  }
+  return std::string(v->get_string());
+}
+
+}  // namespace detail
+
+/// Reads the cluster from TF_CONFIG, TF's schema:
+///
+///     {"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"],
+///                  "ps": {"0": "host3:2222"}},
+///      "task": {"type": "worker", "index": 1},
+///      "rpc_layer": "grpc", "environment": "cloud"}
+///
+/// Jobs are lists (dense) or objects of "index" → address (sparse). Everything is checked at
+/// construction and ClusterConfigError names the field that is wrong: JSON syntax (with
+/// Boost.JSON's message), the types of `cluster`, `task`, `task.type`, `task.index`,
+/// `rpc_layer`, `environment`; job names (chief, worker, ps, evaluator); at most one chief and
+/// one evaluator; every address host:port and used once; the task's job present (an evaluator
+/// may be absent, as in TF) and its index in range. Unknown top-level keys are ignored, as TF
+/// does; `task.index` may also be a string of digits, which TF's int() accepts.
+///
+/// TF_CONFIG unset or blank (or `{}`) means local mode: an empty spec, task worker 0.
+class TFConfigClusterResolver : public ClusterResolver {
+ public:
+  /// Reads the TF_CONFIG environment variable.
+  TFConfigClusterResolver() : TFConfigClusterResolver(TFConfigOptions{}) {}
+  explicit TFConfigClusterResolver(const TFConfigOptions& options) { init(detail::EnvReader{}.get("TF_CONFIG"), options); }
+  /// Reads TF_CONFIG from `env` instead of the process environment.
+  explicit TFConfigClusterResolver(const EnvVars& env, const TFConfigOptions& options = {}) {
+    init(detail::EnvReader{&env}.get("TF_CONFIG"), options);
+  }
+  /// Parses `tf_config` as the value of TF_CONFIG (blank text: as if it were unset).
+  explicit TFConfigClusterResolver(std::string_view tf_config, const TFConfigOptions& options = {}) {
+    init(std::string(tf_config), options);
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+  /// False in local mode because TF_CONFIG was unset or blank.
+  bool has_tf_config() const { return has_tf_config_; }
+
+ private:
+  void init(const std::optional<std::string>& text, const TFConfigOptions& options) {
+    accelerators_ = options.num_accelerators;
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("TFConfigClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+    has_tf_config_ = text && !detail::tf_config_is_blank(*text);
+    std::optional<std::string> type;
+    std::optional<std::int64_t> index;
+    if (has_tf_config_) parse(*text, type, index);
+
+    // Explicit options win over TF_CONFIG; the labels say where a bad value came from.
+    std::string type_label = "TF_CONFIG: task.type";
+    std::string id_label = "TF_CONFIG: task.index";
+    if (options.task_type) {
+      type = options.task_type;
+      type_label = "TFConfigClusterResolver: task_type";
+    }
+    if (options.task_id) {
+      index = *options.task_id;
+      id_label = "TFConfigClusterResolver: task_id";
+    }
+    if (options.rpc_layer) rpc_layer_ = *options.rpc_layer;
+    if (options.environment) environment_ = *options.environment;
+
+    if (spec_.empty()) {
+      // Local mode: one process. A task, if one is named, must be that process.
+      task_type_ = type.value_or("worker");
+      std::int64_t id = index.value_or(0);
+      if (!detail::is_tf_config_task_type(task_type_)) {
+        throw ClusterConfigError(fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator",
+                                             type_label, task_type_));
+      }
+      if (task_type_ == "ps") {
+        throw ClusterConfigError(fmt::format("{} 'ps' has no job in cluster: cluster is empty (local mode: one worker)", type_label));
+      }
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range: cluster is empty, so the only task is {} 0", id_label, id,
+                                             task_type_));
+      }
+      task_id_ = 0;
+      return;
+    }
+    if (!type && !has_task_) {
+      throw ClusterConfigError("TF_CONFIG: task is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!type) {
+      throw ClusterConfigError("TF_CONFIG: task.type is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!index) {
+      throw ClusterConfigError("TF_CONFIG: task.index is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!detail::is_tf_config_task_type(*type)) {
+      throw ClusterConfigError(
+          fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator", type_label, *type));
+    }
+    detail::check_task_in_cluster(spec_, *type, *index, type_label, id_label, "cluster");
+    task_type_ = *type;
+    task_id_ = static_cast<int>(*index);
+  }
+
+  void parse(const std::string& text, std::optional<std::string>& type, std::optional<std::int64_t>& index) {
+    auto doc = detail::cluster_parse_json(text, "TF_CONFIG");
+    const auto* top = doc.if_object();
+    if (top == nullptr) {
+      throw ClusterConfigError(fmt::format("TF_CONFIG: the top level must be an object with cluster and task, got {}",
+                                           detail::cluster_json_describe(doc)));
+    }
+    if (const auto* cluster = detail::tf_config_member(*top, "cluster")) {
+      auto jobs = detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
+      for (const auto& entry : jobs) {
+        if (!detail::is_tf_config_task_type(entry.first)) {
+          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster has job '{}'; jobs must be chief, worker, ps or evaluator",
+                                               entry.first));
+        }
+      }
+      detail::validate_cluster_jobs(jobs, "TF_CONFIG", "cluster");
+      for (std::string_view single : {"chief", "evaluator"}) {
+        auto it = jobs.find(std::string(single));
+        if (it != jobs.end() && it->second.size() > 1) {
+          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster.{} has {} tasks; there can be at most one {}", single,
+                                               it->second.size(), single));
+        }
+      }
+      spec_ = ClusterSpec::from_sparse(std::move(jobs));
+    }
+    if (const auto* task_value = detail::tf_config_member(*top, "task")) {
+      has_task_ = true;
+      const auto* task = task_value->if_object();
+      if (task == nullptr) {
+        throw ClusterConfigError(fmt::format("TF_CONFIG: task must be an object with type and index, got {}",
+                                             detail::cluster_json_describe(*task_value)));
+      }
+      if (const auto* t = detail::tf_config_member(*task, "type")) {
+        if (!t->is_string()) {
+          throw ClusterConfigError(
+              fmt::format("TF_CONFIG: task.type must be a string, got {}", detail::cluster_json_describe(*t)));
+        }
+        type = std::string(t->get_string());
+      }
+      if (const auto* i = detail::tf_config_member(*task, "index")) index = parse_index(*i);
+    }
+    rpc_layer_ = detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
+    environment_ = detail::tf_config_string(*top, "environment", "environment");
+  }
+
+  static std::int64_t parse_index(const boost::json::value& v) {
+    if (auto i = detail::cluster_json_integer(v)) return *i;
+    if (v.is_string()) {
+      std::string_view s = v.get_string();
+      if (auto i = detail::parse_env_integer(s)) return *i;
+    }
+    throw ClusterConfigError(fmt::format("TF_CONFIG: task.index must be an integer, got {}", detail::cluster_json_describe(v)));
+  }
+
+  ClusterSpec spec_;
+  std::string task_type_ = "worker";
+  int task_id_ = 0;
+  std::string rpc_layer_;
+  std::string environment_;
+  AcceleratorCounts accelerators_;
+  bool has_tf_config_ = false;
+  bool has_task_ = false;  // TF_CONFIG has a "task" member
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+// ---- end <distribute/cluster/tf_config.hpp> ----
+// ---- begin <distribute/net/communicator.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_COMMUNICATOR_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_COMMUNICATOR_HPP
+// Communicator: collectives and point-to-point messages among the processes of a cluster, over TCP.
+//
+//   ds::net::Communicator comm({"127.0.0.1:5000", "127.0.0.1:5001"}, rank, {}, {"worker:0", "worker:1"});
+//   comm.all_reduce(std::span<float>(grads), ds::ReduceOp::Mean);
+//
+// Calls are synchronous and every rank must make the same collective calls in the same order
+// (with matching counts, dtypes, ops and roots); a mismatch throws InvalidArgument on every rank.
+// A lost or stalled peer throws PeerFailure or CollectiveTimeout on every survivor, and from then
+// on the communicator is poisoned: every call throws that error again.
+
+#include <cstddef>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/collectives.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_COLLECTIVES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_COLLECTIVES_HPP
+// The collective algorithms over the transport: a chunked, pipelined ring all-reduce, a one-hop
+// all-reduce for small buffers, a pipelined chain broadcast, and an all-gather of uneven sizes.
+// Each runs inside one Transport::Op, whose descriptor exchange checks that every rank is doing
+// the same thing.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <utility>
+#include <vector>
+
+// ---- begin <distribute/net/detail/transport.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
+// The TCP transport under the Communicator: one authenticated socket per peer (a full mesh, so every
+// rank hears at once when any rank dies), an Asio io_context on a background thread doing all
+// socket I/O, and a calling thread that posts sends and receives and waits for them.
+//
+// Sends are zero-copy: a frame's header and the caller's memory go out in one scatter-gather write.
+// Receives are matched by (type, sequence, tag): a frame whose receive is already posted is read
+// straight into the caller's buffer; an early one is buffered until its receive is posted. Every
+// socket is always being read, so EOF, resets and heartbeats are seen whatever the caller does.
+//
+// The first failure (a peer lost, a timeout, mismatched collectives) poisons the transport: it is
+// sent to every peer in an Abort frame, and every later operation throws it.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// "host:port" strings as they appear in cluster specs ("127.0.0.1:2222", "worker0:2222",
+// "[::1]:2222").
+
+#include <cctype>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+struct HostPort {
+  std::string host;
+  std::string port;  // decimal, 1..65535
+};
+
+inline HostPort parse_host_port(std::string_view address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    throw InvalidArgument(fmt::format("address '{}' is not of the form host:port", address));
+  }
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') {
+      throw InvalidArgument(fmt::format("address '{}' has an unterminated [IPv6] host", address));
+    }
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned long value = 0;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c)) || port.size() > 5) {
+      throw InvalidArgument(fmt::format("address '{}' has an invalid port '{}'", address, port));
+    }
+    value = value * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (value == 0 || value > 65535) {
+    throw InvalidArgument(fmt::format("address '{}' has port {} outside 1..65535", address, value));
+  }
+  return HostPort{std::string(host), std::string(port)};
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// ---- end <distribute/net/detail/address.hpp> ----
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/detail/protocol.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
+// Payloads of the control frames: the handshake (hello, challenge, response, reject), abort, and
+// the collective descriptor. Parsers check sizes and ranges and throw FrameError, like the header
+// decoder, so a peer's bytes are never trusted.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/frame.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+//
+//   offset  size  field
+//        0     4  magic "DSNT"
+//        4     1  protocol version (kProtocolVersion)
+//        5     1  FrameType
+//        6     2  reserved, must be zero
+//        8     8  payload length
+//       16     8  sequence number (collective number, point-to-point message number)
+//       24     8  tag (chunk within a collective)
+//
+// Integers are little-endian whatever the host. Decoding is a pure function of the bytes, so it can
+// be fuzzed: anything malformed throws FrameError and is never read past its end.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+/// Bytes that are not a well-formed frame (bad magic, version, type, reserved bits or length).
+/// The transport answers it by closing the connection.
+class FrameError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 32;
+/// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
+/// configured limit, so a stranger cannot make a peer allocate much.
+inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+
+enum class FrameType : std::uint8_t {
+  Hello = 1,         // connector → acceptor: who I am, my nonce
+  Challenge = 2,     // acceptor → connector: who I am, my nonce, my proof of the token
+  Response = 3,      // connector → acceptor: my proof of the token
+  Welcome = 4,       // acceptor → connector: accepted
+  Reject = 5,        // either way, during the handshake: refused, with a reason
+  Heartbeat = 6,     // keeps an idle connection known to be alive
+  Goodbye = 7,       // clean shutdown: the sender sends nothing more
+  Abort = 8,         // the sender's communicator failed; payload says why
+  Descriptor = 9,    // announces a collective (seq = collective number)
+  Data = 10,         // a piece of a collective's data (seq, tag)
+  PointToPoint = 11  // one send() message (seq = message number to this peer)
+};
+
+constexpr std::string_view to_string(FrameType t) noexcept {
+  switch (t) {
+    case FrameType::Hello: return "hello";
+    case FrameType::Challenge: return "challenge";
+    case FrameType::Response: return "response";
+    case FrameType::Welcome: return "welcome";
+    case FrameType::Reject: return "reject";
+    case FrameType::Heartbeat: return "heartbeat";
+    case FrameType::Goodbye: return "goodbye";
+    case FrameType::Abort: return "abort";
+    case FrameType::Descriptor: return "descriptor";
+    case FrameType::Data: return "data";
+    case FrameType::PointToPoint: return "point-to-point";
+  }
+  return "?";
+}
+
+struct FrameHeader {
+  FrameType type = FrameType::Heartbeat;
+  std::uint64_t length = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+using HeaderBytes = std::array<std::byte, kFrameHeaderBytes>;
+
+namespace detail {
+
+inline void store_le(std::byte* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr bool known_frame_type(std::uint8_t t) noexcept {
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+}
+
+}  // namespace detail
+
+inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
+  HeaderBytes out{};
+  detail::store_le(out.data(), kFrameMagic, 4);
+  out[4] = static_cast<std::byte>(kProtocolVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  detail::store_le(out.data() + 8, h.length, 8);
+  detail::store_le(out.data() + 16, h.seq, 8);
+  detail::store_le(out.data() + 24, h.tag, 8);
+  return out;
+}
+
+/// Decodes and validates a header; `max_payload_bytes` bounds Data/PointToPoint payloads
+/// (other types are bounded by kMaxControlPayload, or to zero when they carry nothing).
+inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  if (bytes.size() < kFrameHeaderBytes) {
+    throw FrameError(fmt::format("truncated frame header: {} of {} bytes", bytes.size(), kFrameHeaderBytes));
+  }
+  const auto magic = static_cast<std::uint32_t>(detail::load_le(bytes.data(), 4));
+  if (magic != kFrameMagic) {
+    throw FrameError(fmt::format("bad frame magic 0x{:08x} (expected 0x{:08x}): not a distribute peer", magic, kFrameMagic));
+  }
+  const auto version = static_cast<std::uint8_t>(bytes[4]);
+  if (version != kProtocolVersion) {
+    throw FrameError(fmt::format("unsupported protocol version {} (this build speaks version {})", version, kProtocolVersion));
+  }
+  const auto type = static_cast<std::uint8_t>(bytes[5]);
+  if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
+  const auto reserved = detail::load_le(bytes.data() + 6, 2);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.length = detail::load_le(bytes.data() + 8, 8);
+  h.seq = detail::load_le(bytes.data() + 16, 8);
+  h.tag = detail::load_le(bytes.data() + 24, 8);
+  std::uint64_t limit = kMaxControlPayload;
+  switch (h.type) {
+    case FrameType::Data:
+    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::Welcome:
+    case FrameType::Heartbeat:
+    case FrameType::Goodbye: limit = 0; break;
+    default: limit = std::min(limit, max_payload_bytes); break;
+  }
+  if (h.length > limit) {
+    throw FrameError(fmt::format("{} frame payload of {} bytes exceeds the limit of {} bytes", to_string(h.type),
+                                 h.length, limit));
+  }
+  return h;
+}
+
+/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
+  h.length = payload.size();
+  const HeaderBytes head = encode_header(h);
+  std::vector<std::byte> out(head.begin(), head.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+};
+
+/// Incremental decoder over a byte stream cut anywhere. Malformed input throws FrameError, after
+/// which the decoder stays failed (a stream cannot be resynchronised once framing is lost).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::uint64_t max_payload_bytes) : max_payload_(max_payload_bytes) {}
+
+  /// Consumes `bytes`; returns the frames they complete, in order.
+  std::vector<Frame> feed(std::span<const std::byte> bytes) {
+    if (failed_) throw FrameError("frame decoder already failed on malformed input");
+    std::vector<Frame> out;
+    try {
+      while (!bytes.empty()) {
+        if (!have_header_) {
+          const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, bytes.size());
+          std::copy_n(bytes.begin(), take, header_.begin() + static_cast<std::ptrdiff_t>(header_fill_));
+          header_fill_ += take;
+          bytes = bytes.subspan(take);
+          if (header_fill_ < kFrameHeaderBytes) break;
+          current_.header = decode_header(header_, max_payload_);
+          current_.payload.clear();
+          have_header_ = true;
+        }
+        // Grow with the bytes that actually arrive, not with the length the header claims.
+        const std::uint64_t missing = current_.header.length - current_.payload.size();
+        const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
+        current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+        bytes = bytes.subspan(take);
+        if (current_.payload.size() == current_.header.length) {
+          out.push_back(std::move(current_));
+          current_ = Frame{};
+          have_header_ = false;
+          header_fill_ = 0;
+        }
+      }
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+    return out;
+  }
+
+  /// Bytes of an unfinished frame held so far.
+  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  std::uint64_t max_payload_;
+  HeaderBytes header_{};
+  std::size_t header_fill_ = 0;
+  bool have_header_ = false;
+  bool failed_ = false;
+  Frame current_;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// ---- end <distribute/net/frame.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// Handshake frames are tiny; this bounds what an unauthenticated socket may make us read.
+inline constexpr std::uint64_t kMaxHandshakePayload = 1024;
+
+class Writer {
+ public:
+  Writer& u8(std::uint8_t v) { return put(v, 1); }
+  Writer& u32(std::uint32_t v) { return put(v, 4); }
+  Writer& u64(std::uint64_t v) { return put(v, 8); }
+  Writer& bytes(std::span<const std::byte> b) {
+    out_.insert(out_.end(), b.begin(), b.end());
+    return *this;
+  }
+  Writer& text(std::string_view s) { return bytes(std::as_bytes(std::span<const char>(s.data(), s.size()))); }
+  std::vector<std::byte> take() { return std::move(out_); }
+
+ private:
+  Writer& put(std::uint64_t v, std::size_t n) {
+    const std::size_t at = out_.size();
+    out_.resize(at + n);
+    store_le(out_.data() + at, v, n);
+    return *this;
+  }
+  std::vector<std::byte> out_;
+};
+
+class Reader {
+ public:
+  Reader(std::span<const std::byte> in, std::string_view what) : in_(in), what_(what) {}
+  std::uint8_t u8() { return static_cast<std::uint8_t>(get(1)); }
+  std::uint32_t u32() { return static_cast<std::uint32_t>(get(4)); }
+  std::uint64_t u64() { return get(8); }
+  template <std::size_t N>
+  std::array<std::byte, N> array() {
+    need(N);
+    std::array<std::byte, N> out{};
+    std::copy_n(in_.begin(), N, out.begin());
+    in_ = in_.subspan(N);
+    return out;
+  }
+  std::string rest_text() {
+    std::string s(reinterpret_cast<const char*>(in_.data()), in_.size());
+    in_ = {};
+    return s;
+  }
+  void done() const {
+    if (!in_.empty()) throw FrameError(fmt::format("{} payload has {} trailing bytes", what_, in_.size()));
+  }
+
+ private:
+  void need(std::size_t n) const {
+    if (in_.size() < n) throw FrameError(fmt::format("{} payload is truncated", what_));
+  }
+  std::uint64_t get(std::size_t n) {
+    need(n);
+    const std::uint64_t v = load_le(in_.data(), n);
+    in_ = in_.subspan(n);
+    return v;
+  }
+  std::span<const std::byte> in_;
+  std::string_view what_;
+};
+
+// ---- handshake ---------------------------------------------------------------------------
+
+struct Hello {
+  std::uint32_t size = 0;       // cluster size the connector believes in
+  std::uint32_t from_rank = 0;  // the connector
+  std::uint32_t to_rank = 0;    // whom it believes it is calling
+  bool has_token = false;
+  Nonce nonce{};
+};
+
+struct Challenge {
+  std::uint32_t size = 0;
+  std::uint32_t rank = 0;       // the acceptor
+  std::uint32_t peer_rank = 0;  // echo of Hello::from_rank
+  bool has_token = false;
+  Nonce nonce{};
+  Mac proof{};  // HMAC(token, acceptor label, nonces, ranks); zero without a token
+};
+
+inline std::vector<std::byte> encode(const Hello& h) {
+  return Writer().u32(h.size).u32(h.from_rank).u32(h.to_rank).u32(h.has_token ? 1 : 0).bytes(h.nonce).take();
+}
+
+inline Hello decode_hello(std::span<const std::byte> in) {
+  Reader r(in, "hello");
+  Hello h;
+  h.size = r.u32();
+  h.from_rank = r.u32();
+  h.to_rank = r.u32();
+  const std::uint32_t flags = r.u32();
+  if (flags > 1) throw FrameError(fmt::format("hello has unknown flags 0x{:x}", flags));
+  h.has_token = flags == 1;
+  h.nonce = r.array<kNonceBytes>();
+  r.done();
+  return h;
+}
+
+inline std::vector<std::byte> encode(const Challenge& c) {
+  return Writer()
+      .u32(c.size)
+      .u32(c.rank)
+      .u32(c.peer_rank)
+      .u32(c.has_token ? 1 : 0)
+      .bytes(c.nonce)
+      .bytes(c.proof)
+      .take();
+}
+
+inline Challenge decode_challenge(std::span<const std::byte> in) {
+  Reader r(in, "challenge");
+  Challenge c;
+  c.size = r.u32();
+  c.rank = r.u32();
+  c.peer_rank = r.u32();
+  const std::uint32_t flags = r.u32();
+  if (flags > 1) throw FrameError(fmt::format("challenge has unknown flags 0x{:x}", flags));
+  c.has_token = flags == 1;
+  c.nonce = r.array<kNonceBytes>();
+  c.proof = r.array<kMacBytes>();
+  r.done();
+  return c;
+}
+
+inline Mac decode_response(std::span<const std::byte> in) {
+  Reader r(in, "response");
+  const Mac m = r.array<kMacBytes>();
+  r.done();
+  return m;
+}
+
+/// The proof each side sends: distinct labels for the two directions so that one side's proof
+/// can never be replayed as the other's, and both nonces and both ranks bound in.
+inline Mac handshake_proof(std::string_view token, bool from_acceptor, const Nonce& connector_nonce,
+                           const Nonce& acceptor_nonce, std::uint32_t size, std::uint32_t acceptor_rank,
+                           std::uint32_t connector_rank) {
+  Writer w;
+  w.text(from_acceptor ? "distribute.net/v1 acceptor proof" : "distribute.net/v1 connector proof");
+  w.bytes(connector_nonce).bytes(acceptor_nonce).u32(size).u32(acceptor_rank).u32(connector_rank);
+  const auto msg = w.take();
+  return hmac_sha256(token, msg);
+}
+
+inline std::string decode_text(std::span<const std::byte> in) {
+  return std::string(reinterpret_cast<const char*>(in.data()), in.size());
+}
+
+// ---- abort -------------------------------------------------------------------------------
+
+/// Why a communicator failed; travels in Abort frames so every peer throws the same kind.
+enum class FailureKind : std::uint8_t { Peer = 1, Timeout = 2, Mismatch = 3, Config = 4 };
+
+struct Failure {
+  FailureKind kind = FailureKind::Peer;
+  std::string message;
+};
+
+inline std::vector<std::byte> encode(const Failure& f) {
+  const std::string_view msg = std::string_view(f.message).substr(0, kMaxControlPayload - 1);
+  return Writer().u8(static_cast<std::uint8_t>(f.kind)).text(msg).take();
+}
+
+inline Failure decode_abort(std::span<const std::byte> in) {
+  Reader r(in, "abort");
+  const std::uint8_t kind = r.u8();
+  if (kind < 1 || kind > 4) throw FrameError(fmt::format("abort frame has unknown failure kind {}", kind));
+  return Failure{static_cast<FailureKind>(kind), r.rest_text()};
+}
+
+/// Throws the library error that matches `kind`.
+[[noreturn]] inline void raise(FailureKind kind, const std::string& message) {
+  switch (kind) {
+    case FailureKind::Peer: throw PeerFailure(message);
+    case FailureKind::Timeout: throw CollectiveTimeout(message);
+    case FailureKind::Mismatch: throw InvalidArgument(message);
+    case FailureKind::Config: throw ClusterConfigError(message);
+  }
+  throw Error(message);
+}
+
+// ---- collective descriptor -----------------------------------------------------------------
+
+enum class CollectiveKind : std::uint8_t { AllReduce = 1, AllGather = 2, Broadcast = 3, Barrier = 4 };
+
+constexpr std::string_view to_string(CollectiveKind k) noexcept {
+  switch (k) {
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::Broadcast: return "broadcast";
+    case CollectiveKind::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+/// What a rank says it is doing in collective number `seq`; every rank checks every other's.
+struct Descriptor {
+  CollectiveKind kind = CollectiveKind::Barrier;
+  DType dtype = DType::U8;
+  ReduceOp op = ReduceOp::Sum;
+  std::uint32_t root = 0;
+  std::uint64_t count = 0;  // all_reduce: elements; broadcast, all_gather: bytes
+};
+
+inline constexpr std::size_t kDescriptorBytes = 16;
+
+inline std::string describe(const Descriptor& d) {
+  switch (d.kind) {
+    case CollectiveKind::AllReduce:
+      return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+    case CollectiveKind::AllGather: return fmt::format("all_gather(bytes={})", d.count);
+    case CollectiveKind::Broadcast: return fmt::format("broadcast(bytes={}, root={})", d.count, d.root);
+    case CollectiveKind::Barrier: return "barrier()";
+  }
+  return "?";
+}
+
+/// Whether two ranks' calls can form one collective (all_gather sizes may differ by design).
+inline bool compatible(const Descriptor& a, const Descriptor& b) noexcept {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op;
+    case CollectiveKind::Broadcast: return a.count == b.count && a.root == b.root;
+    case CollectiveKind::AllGather:
+    case CollectiveKind::Barrier: return true;
+  }
+  return false;
+}
+
+inline std::vector<std::byte> encode(const Descriptor& d) {
+  return Writer()
+      .u8(static_cast<std::uint8_t>(d.kind))
+      .u8(static_cast<std::uint8_t>(d.dtype))
+      .u8(static_cast<std::uint8_t>(d.op))
+      .u8(0)
+      .u32(d.root)
+      .u64(d.count)
+      .take();
+}
+
+inline Descriptor decode_descriptor(std::span<const std::byte> in) {
+  Reader r(in, "descriptor");
+  const std::uint8_t kind = r.u8(), dtype = r.u8(), op = r.u8(), pad = r.u8();
+  if (kind < 1 || kind > 4) throw FrameError(fmt::format("descriptor has unknown collective kind {}", kind));
+  if (dtype > static_cast<std::uint8_t>(DType::Bool)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
+  if (op > static_cast<std::uint8_t>(ReduceOp::Product)) throw FrameError(fmt::format("descriptor has unknown reduce op {}", op));
+  if (pad != 0) throw FrameError("descriptor has a non-zero reserved byte");
+  Descriptor d;
+  d.kind = static_cast<CollectiveKind>(kind);
+  d.dtype = static_cast<DType>(dtype);
+  d.op = static_cast<ReduceOp>(op);
+  d.root = r.u32();
+  d.count = r.u64();
+  r.done();
+  return d;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
+// ---- end <distribute/net/detail/protocol.hpp> ----
+// ---- begin <distribute/net/frame.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+//
+//   offset  size  field
+//        0     4  magic "DSNT"
+//        4     1  protocol version (kProtocolVersion)
+//        5     1  FrameType
+//        6     2  reserved, must be zero
+//        8     8  payload length
+//       16     8  sequence number (collective number, point-to-point message number)
+//       24     8  tag (chunk within a collective)
+//
+// Integers are little-endian whatever the host. Decoding is a pure function of the bytes, so it can
+// be fuzzed: anything malformed throws FrameError and is never read past its end.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+/// Bytes that are not a well-formed frame (bad magic, version, type, reserved bits or length).
+/// The transport answers it by closing the connection.
+class FrameError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 32;
+/// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
+/// configured limit, so a stranger cannot make a peer allocate much.
+inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+
+enum class FrameType : std::uint8_t {
+  Hello = 1,         // connector → acceptor: who I am, my nonce
+  Challenge = 2,     // acceptor → connector: who I am, my nonce, my proof of the token
+  Response = 3,      // connector → acceptor: my proof of the token
+  Welcome = 4,       // acceptor → connector: accepted
+  Reject = 5,        // either way, during the handshake: refused, with a reason
+  Heartbeat = 6,     // keeps an idle connection known to be alive
+  Goodbye = 7,       // clean shutdown: the sender sends nothing more
+  Abort = 8,         // the sender's communicator failed; payload says why
+  Descriptor = 9,    // announces a collective (seq = collective number)
+  Data = 10,         // a piece of a collective's data (seq, tag)
+  PointToPoint = 11  // one send() message (seq = message number to this peer)
+};
+
+constexpr std::string_view to_string(FrameType t) noexcept {
+  switch (t) {
+    case FrameType::Hello: return "hello";
+    case FrameType::Challenge: return "challenge";
+    case FrameType::Response: return "response";
+    case FrameType::Welcome: return "welcome";
+    case FrameType::Reject: return "reject";
+    case FrameType::Heartbeat: return "heartbeat";
+    case FrameType::Goodbye: return "goodbye";
+    case FrameType::Abort: return "abort";
+    case FrameType::Descriptor: return "descriptor";
+    case FrameType::Data: return "data";
+    case FrameType::PointToPoint: return "point-to-point";
+  }
+  return "?";
+}
+
+struct FrameHeader {
+  FrameType type = FrameType::Heartbeat;
+  std::uint64_t length = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+using HeaderBytes = std::array<std::byte, kFrameHeaderBytes>;
+
+namespace detail {
+
+inline void store_le(std::byte* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr bool known_frame_type(std::uint8_t t) noexcept {
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+}
+
+}  // namespace detail
+
+inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
+  HeaderBytes out{};
+  detail::store_le(out.data(), kFrameMagic, 4);
+  out[4] = static_cast<std::byte>(kProtocolVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  detail::store_le(out.data() + 8, h.length, 8);
+  detail::store_le(out.data() + 16, h.seq, 8);
+  detail::store_le(out.data() + 24, h.tag, 8);
+  return out;
+}
+
+/// Decodes and validates a header; `max_payload_bytes` bounds Data/PointToPoint payloads
+/// (other types are bounded by kMaxControlPayload, or to zero when they carry nothing).
+inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  if (bytes.size() < kFrameHeaderBytes) {
+    throw FrameError(fmt::format("truncated frame header: {} of {} bytes", bytes.size(), kFrameHeaderBytes));
+  }
+  const auto magic = static_cast<std::uint32_t>(detail::load_le(bytes.data(), 4));
+  if (magic != kFrameMagic) {
+    throw FrameError(fmt::format("bad frame magic 0x{:08x} (expected 0x{:08x}): not a distribute peer", magic, kFrameMagic));
+  }
+  const auto version = static_cast<std::uint8_t>(bytes[4]);
+  if (version != kProtocolVersion) {
+    throw FrameError(fmt::format("unsupported protocol version {} (this build speaks version {})", version, kProtocolVersion));
+  }
+  const auto type = static_cast<std::uint8_t>(bytes[5]);
+  if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
+  const auto reserved = detail::load_le(bytes.data() + 6, 2);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.length = detail::load_le(bytes.data() + 8, 8);
+  h.seq = detail::load_le(bytes.data() + 16, 8);
+  h.tag = detail::load_le(bytes.data() + 24, 8);
+  std::uint64_t limit = kMaxControlPayload;
+  switch (h.type) {
+    case FrameType::Data:
+    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::Welcome:
+    case FrameType::Heartbeat:
+    case FrameType::Goodbye: limit = 0; break;
+    default: limit = std::min(limit, max_payload_bytes); break;
+  }
+  if (h.length > limit) {
+    throw FrameError(fmt::format("{} frame payload of {} bytes exceeds the limit of {} bytes", to_string(h.type),
+                                 h.length, limit));
+  }
+  return h;
+}
+
+/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
+  h.length = payload.size();
+  const HeaderBytes head = encode_header(h);
+  std::vector<std::byte> out(head.begin(), head.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+};
+
+/// Incremental decoder over a byte stream cut anywhere. Malformed input throws FrameError, after
+/// which the decoder stays failed (a stream cannot be resynchronised once framing is lost).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::uint64_t max_payload_bytes) : max_payload_(max_payload_bytes) {}
+
+  /// Consumes `bytes`; returns the frames they complete, in order.
+  std::vector<Frame> feed(std::span<const std::byte> bytes) {
+    if (failed_) throw FrameError("frame decoder already failed on malformed input");
+    std::vector<Frame> out;
+    try {
+      while (!bytes.empty()) {
+        if (!have_header_) {
+          const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, bytes.size());
+          std::copy_n(bytes.begin(), take, header_.begin() + static_cast<std::ptrdiff_t>(header_fill_));
+          header_fill_ += take;
+          bytes = bytes.subspan(take);
+          if (header_fill_ < kFrameHeaderBytes) break;
+          current_.header = decode_header(header_, max_payload_);
+          current_.payload.clear();
+          have_header_ = true;
+        }
+        // Grow with the bytes that actually arrive, not with the length the header claims.
+        const std::uint64_t missing = current_.header.length - current_.payload.size();
+        const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
+        current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+        bytes = bytes.subspan(take);
+        if (current_.payload.size() == current_.header.length) {
+          out.push_back(std::move(current_));
+          current_ = Frame{};
+          have_header_ = false;
+          header_fill_ = 0;
+        }
+      }
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+    return out;
+  }
+
+  /// Bytes of an unfinished frame held so far.
+  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  std::uint64_t max_payload_;
+  HeaderBytes header_{};
+  std::size_t header_fill_ = 0;
+  bool have_header_ = false;
+  bool failed_ = false;
+  Frame current_;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// ---- end <distribute/net/frame.hpp> ----
+// ---- begin <distribute/net/options.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+// Tuning and security knobs of the TCP communicator.
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+struct CommunicatorOptions {
+  /// Total time the constructor waits for every peer to appear; connects are retried with
+  /// exponential back-off (50 ms doubling to 1 s) until then, because peers start in any order.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// One handshake (hello, challenge, response, welcome) must finish within this; it also bounds
+  /// how long a stranger that connects and says nothing holds a socket.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// An otherwise idle connection carries a heartbeat this often.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  /// A peer that sent nothing for this long is declared lost (PeerFailure). Zero disables it.
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  /// Deadline of one collective or point-to-point call; expiry throws CollectiveTimeout here and
+  /// aborts the peers. Unset: no deadline (a dead peer is still found by EOF or heartbeat).
+  std::optional<std::chrono::milliseconds> operation_timeout;
+  /// Shared secret every peer must prove it holds (HMAC-SHA256 challenge-response, both ways)
+  /// before any data. Unset: the environment variable DISTRIBUTE_CLUSTER_TOKEN, if non-empty.
+  /// Set to "": no authentication even when the variable is set.
+  std::optional<std::string> cluster_token;
+  /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
+  std::size_t max_frame_bytes = std::size_t{1} << 31;
+  /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
+  /// sending, receiving and reducing overlap.
+  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
+  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// Where refused connections are reported; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+// ---- end <distribute/net/options.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+/// How incoming frames find their receive.
+struct MsgKey {
+  FrameType type = FrameType::Data;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend auto operator<=>(const MsgKey&, const MsgKey&) = default;
+};
+
+/// A buffer for a frame that arrived before its receive was posted (not zero-filled: it is
+/// overwritten by the read at once).
+struct Blob {
+  std::unique_ptr<std::byte[]> data;
+  std::size_t size = 0;
+};
+
+/// One send or receive; shared between the calling thread and the io thread, guarded by the
+/// transport's mutex.
+struct Transfer {
+  enum class State : std::uint8_t {
+    Queued,  // send: in the peer's queue; receive: posted, nothing arrived yet
+    Active,  // the io thread is writing from / reading into the caller's memory
+    Done,
+    Failed
+  };
+  State state = State::Queued;
+  bool is_send = false;
+  int peer = -1;
+  MsgKey key{};
+  std::byte* dst = nullptr;  // receive destination
+  std::size_t size = 0;
+  Failure error;  // when Failed
+};
+using TransferPtr = std::shared_ptr<Transfer>;
+
+struct OutFrame {
+  HeaderBytes header{};
+  const std::byte* payload = nullptr;
+  std::size_t size = 0;
+  std::vector<std::byte> owned;  // control payloads travel with their frame
+  TransferPtr transfer;          // null for control frames
+  bool half_close_after = false;  // goodbye: shut our sending side once it is written
+};
+
+struct Peer {
+  enum class State : std::uint8_t { Connecting, Open, Closed, Failed };
+  int rank = -1;
+  std::string name;
+  std::string address;
+  HostPort endpoint;
+  State state = State::Connecting;
+  bool claimed = false;  // an accepted handshake is completing for this rank
+  std::optional<tcp::socket> socket;
+  bool socket_done = false;  // closed, or its read side reached EOF
+  // Connecting to ranks below ours.
+  std::optional<asio::steady_timer> retry_timer;
+  std::chrono::milliseconds backoff{50};
+  std::string last_error = "no attempt yet";
+  // Writing.
+  std::deque<OutFrame> queue;
+  std::vector<OutFrame> batch;
+  std::vector<asio::const_buffer> buffers;
+  bool writing = false;
+  bool half_close_pending = false;
+  // Reading (io thread only).
+  HeaderBytes rx_header{};
+  FrameHeader rx{};
+  std::vector<std::byte> rx_control;
+  TransferPtr rx_transfer;
+  Blob rx_blob;
+  bool rx_keep = false;
+  std::byte* rx_dst = nullptr;
+  std::size_t rx_done = 0;
+  // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
+  std::atomic<Clock::rep> last_rx{0};
+  Clock::time_point last_tx{};
+
+  void heard_now() noexcept { last_rx.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
+  Clock::duration silence(Clock::time_point now) const noexcept {
+    return now - Clock::time_point(Clock::duration(last_rx.load(std::memory_order_relaxed)));
+  }
+  // Matching (guarded by the mutex).
+  std::map<MsgKey, std::deque<TransferPtr>> posted;
+  std::map<MsgKey, std::deque<Blob>> unexpected;
+  std::map<std::uint64_t, Descriptor> descriptors;
+  std::uint64_t p2p_sent = 0;
+  std::uint64_t p2p_received = 0;
+};
+
+struct Handshake {
+  explicit Handshake(asio::io_context& io) : socket(io), timer(io) {}
+  explicit Handshake(tcp::socket s) : socket(std::move(s)), timer(socket.get_executor()) {}
+  tcp::socket socket;
+  asio::steady_timer timer;
+  HeaderBytes header{};
+  std::vector<std::byte> in;
+  std::vector<std::byte> out;
+  Nonce nonce{};
+  Nonce peer_nonce{};
+  int peer = -1;
+  std::string remote;
+  bool timed_out = false;
+  bool finished = false;
+};
+
+// A payload larger than this is read in pieces so that a long frame still counts as traffic.
+inline constexpr std::size_t kReadPiece = std::size_t{4} << 20;
+// One scatter-gather write carries at most this many frames / bytes.
+inline constexpr std::size_t kBatchFrames = 64;
+inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
+// After an error, how long in-flight I/O on the caller's memory may finish before its socket is cut.
+inline constexpr std::chrono::milliseconds kAbandonGrace{500};
+// How long a clean shutdown waits for goodbyes to be written and answered.
+inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
+
+class Transport {
+ public:
+  class Op;
+
+  Transport(std::vector<std::string> addresses, int rank, CommunicatorOptions options,
+            std::vector<std::string> task_names)
+      : options_(std::move(options)), rank_(rank), size_(static_cast<int>(addresses.size())) {
+    if (addresses.empty()) throw InvalidArgument("Communicator: the address list is empty");
+    if (rank < 0 || rank >= size_) {
+      throw InvalidArgument(fmt::format("Communicator: rank {} is out of range for {} addresses", rank, size_));
+    }
+    if (!task_names.empty() && task_names.size() != addresses.size()) {
+      throw InvalidArgument(fmt::format("Communicator: {} task names given for {} addresses", task_names.size(),
+                                        addresses.size()));
+    }
+    if (options_.chunk_bytes == 0) throw InvalidArgument("Communicator: chunk_bytes must be positive, got 0");
+    if (options_.max_frame_bytes < 4096) {
+      throw InvalidArgument(fmt::format("Communicator: max_frame_bytes must be at least 4096, got {}", options_.max_frame_bytes));
+    }
+    if (options_.heartbeat_interval.count() <= 0) {
+      throw InvalidArgument(fmt::format("Communicator: heartbeat_interval must be positive, got {} ms",
+                                        options_.heartbeat_interval.count()));
+    }
+    chunk_bytes_ = std::min(options_.chunk_bytes, options_.max_frame_bytes);
+    token_ = effective_cluster_token(options_.cluster_token);
+    for (int i = 0; i < size_; ++i) {
+      auto p = std::make_unique<Peer>();
+      p->rank = i;
+      p->name = task_names.empty() ? fmt::format("rank {}", i) : task_names[static_cast<std::size_t>(i)];
+      p->address = addresses[static_cast<std::size_t>(i)];
+      p->endpoint = parse_host_port(p->address);
+      for (int j = 0; j < i; ++j) {
+        if (peers_[static_cast<std::size_t>(j)]->address == p->address) {
+          throw InvalidArgument(fmt::format("Communicator: ranks {} and {} have the same address '{}'", j, i, p->address));
+        }
+      }
+      if (i != rank_) p->retry_timer.emplace(io_);
+      peers_.push_back(std::move(p));
+    }
+    if (size_ == 1) return;
+
+    listen();
+    work_.emplace(io_.get_executor());
+    io_thread_ = std::thread([this] { run_io(); });
+    asio::post(io_, [this] {
+      do_accept();
+      for (int j = 0; j < rank_; ++j) start_connect(j);
+      // Heartbeats start now, not once the cluster has formed: peers that connected early must
+      // keep hearing from us while a late one is still awaited.
+      heartbeat_tick();
+    });
+
+    std::unique_lock lk(mu_);
+    const auto deadline = Clock::now() + options_.connect_timeout;
+    const bool formed = cv_.wait_until(lk, deadline, [&] { return open_count_ == size_ - 1 || setup_failure_ || failure_; });
+    if (!formed || setup_failure_ || failure_ || open_count_ != size_ - 1) {
+      Failure f = setup_failure_ ? *setup_failure_ : failure_ ? *failure_ : Failure{FailureKind::Peer, missing_peers_locked()};
+      lk.unlock();
+      shutdown();
+      raise(f.kind, f.message);
+    }
+  }
+
+  ~Transport() { shutdown(); }
+
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const std::string& task_name(int r) const { return peer_at(r).name; }
+  const std::string& address(int r) const { return peer_at(r).address; }
+  const CommunicatorOptions& options() const noexcept { return options_; }
+  std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
+
+  std::optional<Failure> failure() const {
+    std::lock_guard lk(mu_);
+    return failure_;
+  }
+
+ private:
+  const Peer& peer_at(int r) const {
+    if (r < 0 || r >= size_) throw InvalidArgument(fmt::format("rank {} is out of range for a cluster of {}", r, size_));
+    return *peers_[static_cast<std::size_t>(r)];
+  }
+  Peer& peer(int r) { return *peers_[static_cast<std::size_t>(r)]; }
+  const std::string& me() const { return peers_[static_cast<std::size_t>(rank_)]->name; }
+
+  void log(const std::string& line) const {
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      fmt::print(stderr, "distribute.net: {}\n", line);
+    }
+  }
+
+  void run_io() {
+    for (;;) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        // A handler must not take the process down; the transport is unusable afterwards.
+        std::lock_guard lk(mu_);
+        fail_locked(Failure{FailureKind::Peer, fmt::format("internal error in the network thread of {}: {}", me(), e.what())},
+                    true);
+      }
+    }
+  }
+
+  // ---- set-up ------------------------------------------------------------------------------
+
+  void listen() {
+    const Peer& self = peer(rank_);
+    boost::system::error_code ec;
+    tcp::resolver resolver(io_);
+    const auto results = resolver.resolve(self.endpoint.host, self.endpoint.port, ec);
+    if (ec) {
+      throw Unavailable(fmt::format("{} cannot resolve its own address '{}': {}", self.name, self.address, ec.message()));
+    }
+    for (const auto& entry : results) {
+      acceptor_.emplace(io_);
+      acceptor_->open(entry.endpoint().protocol(), ec);
+      if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
+      if (!ec) acceptor_->bind(entry.endpoint(), ec);
+      if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+      if (!ec) return;
+      acceptor_.reset();
+    }
+    throw Unavailable(fmt::format("{} cannot listen on {}: {}", self.name, self.address,
+                                  ec ? ec.message() : std::string("the host resolves to no address")));
+  }
+
+  std::string missing_peers_locked() const {
+    std::string out;
+    for (const auto& p : peers_) {
+      if (p->rank == rank_ || p->state == Peer::State::Open) continue;
+      if (!out.empty()) out += "; ";
+      if (p->rank < rank_) {
+        out += fmt::format("could not connect to {} at {} (last error: {})", p->name, p->address, p->last_error);
+      } else {
+        out += fmt::format("{} ({}) never connected", p->name, p->address);
+      }
+    }
+    return fmt::format("{}: the cluster of {} did not form within {} ms: {}", me(), size_, options_.connect_timeout.count(),
+                       out);
+  }
+
+  void setup_fail(FailureKind kind, std::string message) {
+    std::lock_guard lk(mu_);
+    if (!setup_failure_) setup_failure_ = Failure{kind, std::move(message)};
+    cv_.notify_all();
+  }
+
+  static std::string describe_error(const boost::system::error_code& ec) {
+    if (ec == asio::error::eof) return "connection closed without a goodbye (the process exited or was killed)";
+    if (ec == asio::error::connection_reset) return "connection reset by peer";
+    if (ec == asio::error::broken_pipe) return "broken pipe (the peer closed its socket)";
+    return ec.message();
+  }
+
+  std::string handshake_error(const Handshake& h, const boost::system::error_code& ec) const {
+    if (h.timed_out) return fmt::format("handshake timed out after {} ms", options_.handshake_timeout.count());
+    if (ec == asio::error::eof) return "connection closed during the handshake";
+    return describe_error(ec);
+  }
+
+  void arm_handshake_timer(const std::shared_ptr<Handshake>& h) {
+    h->timer.expires_after(options_.handshake_timeout);
+    h->timer.async_wait([h](const boost::system::error_code& ec) {
+      if (!ec && !h->finished) {
+        h->timed_out = true;
+        boost::system::error_code ignored;
+        h->socket.close(ignored);
+      }
+    });
+  }
+
+  using HandshakeRead = std::function<void(const std::string& error, const FrameHeader& header)>;
+
+  // Reads one handshake frame; handshake payloads are tiny, so a stranger cannot make us allocate.
+  void handshake_read(const std::shared_ptr<Handshake>& h, HandshakeRead done) {
+    asio::async_read(h->socket, asio::buffer(h->header),
+                     [this, h, done = std::move(done)](const boost::system::error_code& ec, std::size_t) {
+                       if (ec) return done(handshake_error(*h, ec), FrameHeader{});
+                       FrameHeader fh;
+                       try {
+                         fh = decode_header(h->header, kMaxHandshakePayload);
+                       } catch (const FrameError& e) {
+                         return done(e.what(), FrameHeader{});
+                       }
+                       h->in.resize(static_cast<std::size_t>(fh.length));
+                       asio::async_read(h->socket, asio::buffer(h->in),
+                                        [this, h, done, fh](const boost::system::error_code& ec2, std::size_t) {
+                                          if (ec2) return done(handshake_error(*h, ec2), FrameHeader{});
+                                          done(std::string(), fh);
+                                        });
+                     });
+  }
+
+  void handshake_write(const std::shared_ptr<Handshake>& h, FrameType type, std::span<const std::byte> payload,
+                       std::function<void(const std::string&)> done) {
+    h->out = encode_frame(FrameHeader{type, 0, 0, 0}, payload);
+    asio::async_write(h->socket, asio::buffer(h->out),
+                      [this, h, done = std::move(done)](const boost::system::error_code& ec, std::size_t) {
+                        done(ec ? handshake_error(*h, ec) : std::string());
+                      });
+  }
+
+  // Connector side: ranks connect to every lower rank, retrying while it is not up yet.
+  void start_connect(int j) {
+    {
+      std::lock_guard lk(mu_);
+      if (closing_ || peer(j).state != Peer::State::Connecting) return;
+    }
+    auto resolver = std::make_shared<tcp::resolver>(io_);
+    const HostPort& ep = peer(j).endpoint;
+    resolver->async_resolve(ep.host, ep.port,
+                            [this, j, resolver](const boost::system::error_code& ec, tcp::resolver::results_type results) {
+                              if (ec) return retry_connect(j, ec.message());
+                              auto h = std::make_shared<Handshake>(io_);
+                              h->peer = j;
+                              asio::async_connect(h->socket, results,
+                                                  [this, j, h](const boost::system::error_code& ec2, const tcp::endpoint&) {
+                                                    if (ec2) return retry_connect(j, describe_error(ec2));
+                                                    client_handshake(h);
+                                                  });
+                            });
+  }
+
+  void retry_connect(int j, std::string reason) {
+    std::lock_guard lk(mu_);
+    Peer& p = peer(j);
+    if (closing_ || p.state != Peer::State::Connecting) return;
+    p.last_error = std::move(reason);
+    const auto delay = p.backoff;
+    p.backoff = std::min(p.backoff * 2, std::chrono::milliseconds(1000));
+    p.retry_timer->expires_after(delay);
+    p.retry_timer->async_wait([this, j](const boost::system::error_code& ec) {
+      if (!ec) start_connect(j);
+    });
+  }
+
+  void client_handshake(const std::shared_ptr<Handshake>& h) {
+    const int j = h->peer;
+    arm_handshake_timer(h);
+    h->nonce = random_nonce();
+    const Hello hello{static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(j),
+                      token_.has_value(), h->nonce};
+    handshake_write(h, FrameType::Hello, encode(hello), [this, h, j](const std::string& err) {
+      if (!err.empty()) return retry_connect(j, err);
+      handshake_read(h, [this, h, j](const std::string& err2, const FrameHeader& fh) {
+        if (!err2.empty()) return retry_connect(j, err2);
+        const Peer& p = peer(j);
+        if (fh.type == FrameType::Reject) {
+          return setup_fail(FailureKind::Config,
+                            fmt::format("{} at {} refused {}: {}", p.name, p.address, me(), decode_text(h->in)));
+        }
+        if (fh.type != FrameType::Challenge) {
+          return retry_connect(j, fmt::format("{} answered with a {} frame instead of a challenge", p.address, to_string(fh.type)));
+        }
+        Challenge c;
+        try {
+          c = decode_challenge(h->in);
+        } catch (const FrameError& e) {
+          return retry_connect(j, fmt::format("{} sent a malformed challenge: {}", p.address, e.what()));
+        }
+        if (c.size != static_cast<std::uint32_t>(size_) || c.rank != static_cast<std::uint32_t>(j) ||
+            c.peer_rank != static_cast<std::uint32_t>(rank_)) {
+          return setup_fail(FailureKind::Config,
+                            fmt::format("{} answered as rank {} of a {}-rank cluster, but {} (rank {} of {}) lists it as {} "
+                                        "(rank {}): the processes were given different cluster specs",
+                                        p.address, c.rank, c.size, me(), rank_, size_, p.name, j));
+        }
+        if (c.has_token != token_.has_value()) {
+          return setup_fail(FailureKind::Config,
+                            token_ ? fmt::format("{} at {} uses no cluster token but {} does", p.name, p.address, me())
+                                   : fmt::format("{} at {} requires a cluster token (DISTRIBUTE_CLUSTER_TOKEN) but {} has none",
+                                                 p.name, p.address, me()));
+        }
+        Mac proof{};
+        if (token_) {
+          const Mac expected = handshake_proof(*token_, true, h->nonce, c.nonce, c.size, c.rank, c.peer_rank);
+          if (!macs_equal(expected, c.proof)) {
+            const std::string why = "authentication failed: the acceptor's proof of the cluster token is wrong";
+            handshake_write(h, FrameType::Reject, std::as_bytes(std::span(why.data(), why.size())), [](const std::string&) {});
+            return setup_fail(FailureKind::Config,
+                              fmt::format("{} at {} failed to prove it holds the cluster token (the tokens differ)",
+                                          p.name, p.address));
+          }
+          proof = handshake_proof(*token_, false, h->nonce, c.nonce, c.size, c.rank, c.peer_rank);
+        }
+        handshake_write(h, FrameType::Response, proof, [this, h, j](const std::string& err3) {
+          if (!err3.empty()) return retry_connect(j, err3);
+          handshake_read(h, [this, h, j](const std::string& err4, const FrameHeader& fh2) {
+            if (!err4.empty()) return retry_connect(j, err4);
+            const Peer& p2 = peer(j);
+            if (fh2.type == FrameType::Reject) {
+              return setup_fail(FailureKind::Config,
+                                fmt::format("{} at {} refused {}: {}", p2.name, p2.address, me(), decode_text(h->in)));
+            }
+            if (fh2.type != FrameType::Welcome) {
+              return retry_connect(j, fmt::format("{} answered with a {} frame instead of a welcome", p2.address,
+                                                  to_string(fh2.type)));
+            }
+            h->finished = true;
+            h->timer.cancel();
+            register_peer(j, std::move(h->socket));
+          });
+        });
+      });
+    });
+  }
+
+  // Acceptor side: anyone may connect; only a peer that proves the token and a valid rank joins.
+  void do_accept() {
+    acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted) return;
+      {
+        std::lock_guard lk(mu_);
+        if (closing_) return;
+      }
+      if (!ec) {
+        auto h = std::make_shared<Handshake>(std::move(socket));
+        server_handshake(h);
+        do_accept();
+      } else {
+        // E.g. out of descriptors: back off instead of spinning on the error.
+        auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
+        timer->async_wait([this, timer](const boost::system::error_code& e) {
+          if (!e) do_accept();
+        });
+      }
+    });
+  }
+
+  void refuse(const std::shared_ptr<Handshake>& h, const std::string& reason, bool reply) {
+    const std::string who = h->peer >= 0 ? fmt::format(" (claiming to be {})", peer(h->peer).name) : std::string();
+    log(fmt::format("{}: refused connection from {}{}: {}", me(), h->remote, who, reason));
+    h->finished = true;
+    h->timer.cancel();
+    if (reply) {
+      handshake_write(h, FrameType::Reject, std::as_bytes(std::span(reason.data(), reason.size())), [h](const std::string&) {
+        boost::system::error_code ignored;
+        h->socket.close(ignored);
+      });
+    } else {
+      boost::system::error_code ignored;
+      h->socket.close(ignored);
+    }
+  }
+
+  void server_handshake(const std::shared_ptr<Handshake>& h) {
+    boost::system::error_code ec;
+    const auto remote = h->socket.remote_endpoint(ec);
+    h->remote = ec ? std::string("an unknown address") : fmt::format("{}:{}", remote.address().to_string(), remote.port());
+    arm_handshake_timer(h);
+    handshake_read(h, [this, h](const std::string& err, const FrameHeader& fh) {
+      if (!err.empty()) return refuse(h, err, false);
+      if (fh.type != FrameType::Hello) {
+        return refuse(h, fmt::format("expected a hello frame, got a {} frame", to_string(fh.type)), false);
+      }
+      Hello hello;
+      try {
+        hello = decode_hello(h->in);
+      } catch (const FrameError& e) {
+        return refuse(h, e.what(), false);
+      }
+      if (hello.size != static_cast<std::uint32_t>(size_) || hello.to_rank != static_cast<std::uint32_t>(rank_)) {
+        return refuse(h,
+                      fmt::format("it believes in a {}-rank cluster and called rank {}, but this is rank {} of {}", hello.size,
+                                  hello.to_rank, rank_, size_),
+                      true);
+      }
+      if (hello.from_rank <= static_cast<std::uint32_t>(rank_) || hello.from_rank >= static_cast<std::uint32_t>(size_)) {
+        return refuse(h,
+                      fmt::format("it claims rank {}, but only ranks {}..{} connect to rank {}", hello.from_rank, rank_ + 1,
+                                  size_ - 1, rank_),
+                      true);
+      }
+      h->peer = static_cast<int>(hello.from_rank);
+      if (hello.has_token != token_.has_value()) {
+        return refuse(h,
+                      token_ ? std::string("it presented no cluster token, and this cluster requires one")
+                             : std::string("it presented a cluster token, and this rank has none"),
+                      true);
+      }
+      h->peer_nonce = hello.nonce;
+      h->nonce = random_nonce();
+      Challenge c{static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(rank_), hello.from_rank, token_.has_value(),
+                  h->nonce, Mac{}};
+      if (token_) c.proof = handshake_proof(*token_, true, hello.nonce, h->nonce, c.size, c.rank, c.peer_rank);
+      handshake_write(h, FrameType::Challenge, encode(c), [this, h](const std::string& err2) {
+        if (!err2.empty()) return refuse(h, err2, false);
+        handshake_read(h, [this, h](const std::string& err3, const FrameHeader& fh2) {
+          if (!err3.empty()) return refuse(h, err3, false);
+          if (fh2.type == FrameType::Reject) {
+            return refuse(h, fmt::format("it refused this rank's proof of the cluster token: {}", decode_text(h->in)), false);
+          }
+          if (fh2.type != FrameType::Response) {
+            return refuse(h, fmt::format("expected a response frame, got a {} frame", to_string(fh2.type)), false);
+          }
+          Mac proof{};
+          try {
+            proof = decode_response(h->in);
+          } catch (const FrameError& e) {
+            return refuse(h, e.what(), false);
+          }
+          if (token_) {
+            const Mac expected = handshake_proof(*token_, false, h->peer_nonce, h->nonce, static_cast<std::uint32_t>(size_),
+                                                 static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(h->peer));
+            if (!macs_equal(expected, proof)) {
+              return refuse(h, "authentication failed: its proof of the cluster token is wrong (the tokens differ)", true);
+            }
+          }
+          bool duplicate = false;
+          {
+            std::lock_guard lk(mu_);
+            Peer& p = peer(h->peer);
+            duplicate = closing_ || p.state != Peer::State::Connecting || p.claimed;
+            if (!duplicate) p.claimed = true;
+          }
+          if (duplicate) return refuse(h, fmt::format("{} is already connected", peer(h->peer).name), true);
+          handshake_write(h, FrameType::Welcome, {}, [this, h](const std::string& err4) {
+            if (!err4.empty()) {
+              {
+                std::lock_guard lk(mu_);
+                peer(h->peer).claimed = false;
+              }
+              return refuse(h, err4, false);
+            }
+            h->finished = true;
+            h->timer.cancel();
+            register_peer(h->peer, std::move(h->socket));
+          });
+        });
+      });
+    });
+  }
+
+  void register_peer(int j, tcp::socket socket) {
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    std::unique_lock lk(mu_);
+    Peer& p = peer(j);
+    if (closing_ || p.state != Peer::State::Connecting) {
+      socket.close(ignored);
+      return;
+    }
+    p.socket.emplace(std::move(socket));
+    p.state = Peer::State::Open;
+    p.claimed = false;
+    p.last_tx = Clock::now();
+    p.heard_now();
+    ++open_count_;
+    cv_.notify_all();
+    lk.unlock();
+    read_header(p);
+  }
+
+  // ---- steady state: reading ----------------------------------------------------------------
+
+  void read_header(Peer& p) {
+    asio::async_read(*p.socket, asio::buffer(p.rx_header),
+                     [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
+  }
+
+  void on_header(Peer& p, const boost::system::error_code& ec) {
+    if (ec) return on_read_error(p, ec);
+    p.heard_now();
+    try {
+      p.rx = decode_header(p.rx_header, options_.max_frame_bytes);
+    } catch (const FrameError& e) {
+      return protocol_error(p, e.what());
+    }
+    switch (p.rx.type) {
+      case FrameType::Heartbeat: return read_header(p);
+      case FrameType::Goodbye: {
+        std::lock_guard lk(mu_);
+        on_goodbye_locked(p);
+      }
+        return read_header(p);
+      case FrameType::Abort:
+      case FrameType::Descriptor:
+        p.rx_control.resize(static_cast<std::size_t>(p.rx.length));
+        asio::async_read(*p.socket, asio::buffer(p.rx_control),
+                         [this, &p](const boost::system::error_code& ec2, std::size_t) { on_control(p, ec2); });
+        return;
+      case FrameType::Data:
+      case FrameType::PointToPoint: return start_payload(p);
+      default: return protocol_error(p, fmt::format("unexpected {} frame after the handshake", to_string(p.rx.type)));
+    }
+  }
+
+  void on_control(Peer& p, const boost::system::error_code& ec) {
+    if (ec) return on_read_error(p, ec);
+    p.heard_now();
+    try {
+      if (p.rx.type == FrameType::Abort) {
+        Failure f = decode_abort(p.rx_control);
+        std::lock_guard lk(mu_);
+        if (!closing_) {
+          if (f.message.find(" (reported by ") == std::string::npos) f.message += fmt::format(" (reported by {})", p.name);
+          // Relayed before anything else we send: a peer that hears our goodbye later must have
+          // heard why first, or it would blame our departure instead of the real loss.
+          fail_locked(std::move(f), true);
+        }
+      } else {
+        const Descriptor d = decode_descriptor(p.rx_control);
+        std::lock_guard lk(mu_);
+        if (!p.descriptors.emplace(p.rx.seq, d).second) {
+          throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
+        }
+        cv_.notify_all();
+      }
+    } catch (const FrameError& e) {
+      return protocol_error(p, e.what());
+    }
+    read_header(p);
+  }
+
+  void start_payload(Peer& p) {
+    const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
+    const auto length = static_cast<std::size_t>(p.rx.length);
+    bool keep = true;
+    {
+      std::lock_guard lk(mu_);
+      p.rx_transfer.reset();
+      auto it = p.posted.find(key);
+      if (it != p.posted.end()) {
+        TransferPtr t = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.posted.erase(it);
+        if (t->size == length) {
+          t->state = Transfer::State::Active;
+          p.rx_dst = t->dst;
+          p.rx_transfer = std::move(t);
+        } else {
+          t->state = Transfer::State::Failed;
+          t->error = Failure{FailureKind::Mismatch, size_mismatch(p, length, t->size, key)};
+          keep = false;  // read and drop it: the stream stays in step
+          cv_.notify_all();
+        }
+      }
+    }
+    if (!p.rx_transfer) {
+      try {
+        p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length};
+      } catch (const std::bad_alloc&) {
+        return protocol_error(p, fmt::format("cannot buffer a frame of {} bytes: out of memory", length));
+      }
+      p.rx_dst = p.rx_blob.data.get();
+      p.rx_keep = keep;
+    }
+    p.rx_done = 0;
+    read_payload(p);
+  }
+
+  void read_payload(Peer& p) {
+    const auto length = static_cast<std::size_t>(p.rx.length);
+    if (p.rx_done == length) return finish_payload(p);
+    const std::size_t n = std::min(kReadPiece, length - p.rx_done);
+    asio::async_read(*p.socket, asio::buffer(p.rx_dst + p.rx_done, n),
+                     [this, &p](const boost::system::error_code& ec, std::size_t got) {
+                       if (ec) return on_read_error(p, ec);
+                       p.heard_now();
+                       p.rx_done += got;
+                       read_payload(p);
+                     });
+  }
+
+  void finish_payload(Peer& p) {
+    std::unique_lock lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Done;
+      p.rx_transfer.reset();
+    } else if (p.rx_keep) {
+      // Its receive may have been posted while the frame was arriving: hand it over now.
+      const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
+      auto it = p.posted.find(key);
+      if (it == p.posted.end()) {
+        p.unexpected[key].push_back(std::move(p.rx_blob));
+      } else {
+        TransferPtr t = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.posted.erase(it);
+        if (t->size == p.rx_blob.size) {
+          t->state = Transfer::State::Active;
+          lk.unlock();
+          if (t->size > 0) std::memcpy(t->dst, p.rx_blob.data.get(), t->size);
+          lk.lock();
+          t->state = Transfer::State::Done;
+        } else {
+          t->state = Transfer::State::Failed;
+          t->error = Failure{FailureKind::Mismatch, size_mismatch(p, p.rx_blob.size, t->size, key)};
+        }
+      }
+    }
+    p.rx_blob = Blob{};
+    cv_.notify_all();
+    lk.unlock();
+    read_header(p);
+  }
+
+  std::string size_mismatch(const Peer& p, std::size_t got, std::size_t want, const MsgKey& key) const {
+    std::string msg = fmt::format("{} sent {} bytes where {} expected {}", p.name, got, me(), want);
+    if (key.type == FrameType::Data) msg += fmt::format(" (collective #{}, piece {})", key.seq, key.tag);
+    return msg;
+  }
+
+  void on_read_error(Peer& p, const boost::system::error_code& ec) {
+    std::lock_guard lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Failed;
+      p.rx_transfer->error = loss_locked(p, describe_error(ec));
+      p.rx_transfer.reset();
+    }
+    p.rx_blob = Blob{};
+    peer_down_locked(p, describe_error(ec));
+  }
+
+  void protocol_error(Peer& p, const std::string& what) {
+    std::lock_guard lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Failed;
+      p.rx_transfer->error = loss_locked(p, what);
+      p.rx_transfer.reset();
+    }
+    peer_down_locked(p, fmt::format("it sent a malformed frame: {}", what));
+  }
+
+  // ---- steady state: writing ----------------------------------------------------------------
+
+  void enqueue_locked(Peer& p, OutFrame f) {
+    if (p.state != Peer::State::Open) {
+      if (f.transfer) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = closed_failure_locked(p);
+      }
+      return;
+    }
+    p.queue.push_back(std::move(f));
+    if (!p.writing) {
+      p.writing = true;
+      asio::post(io_, [this, &p] {
+        std::lock_guard lk(mu_);
+        write_next_locked(p);
+      });
+    }
+  }
+
+  void enqueue_control_locked(Peer& p, FrameType type, std::uint64_t seq, std::vector<std::byte> payload,
+                              bool half_close_after = false) {
+    OutFrame f;
+    f.header = encode_header(FrameHeader{type, payload.size(), seq, 0});
+    f.owned = std::move(payload);
+    f.payload = f.owned.data();
+    f.size = f.owned.size();
+    f.half_close_after = half_close_after;
+    enqueue_locked(p, std::move(f));
+  }
+
+  void write_next_locked(Peer& p) {
+    if (p.state != Peer::State::Open || p.queue.empty() || !p.socket) {
+      p.writing = false;
+      return;
+    }
+    p.batch.clear();
+    p.buffers.clear();
+    std::size_t bytes = 0;
+    while (!p.queue.empty() && p.batch.size() < kBatchFrames && (p.batch.empty() || bytes < kBatchBytes)) {
+      bytes += p.queue.front().size + kFrameHeaderBytes;
+      p.batch.push_back(std::move(p.queue.front()));
+      p.queue.pop_front();
+    }
+    for (OutFrame& f : p.batch) {
+      if (f.transfer) f.transfer->state = Transfer::State::Active;
+      // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
+      if (!f.owned.empty()) f.payload = f.owned.data();
+      p.buffers.push_back(asio::buffer(f.header));
+      if (f.size > 0) p.buffers.push_back(asio::buffer(f.payload, f.size));
+    }
+    p.last_tx = Clock::now();
+    asio::async_write(*p.socket, p.buffers,
+                      [this, &p](const boost::system::error_code& ec, std::size_t) { on_written(p, ec); });
+  }
+
+  void on_written(Peer& p, const boost::system::error_code& ec) {
+    std::lock_guard lk(mu_);
+    bool half_close = false;
+    for (OutFrame& f : p.batch) {
+      half_close = half_close || f.half_close_after;
+      if (!f.transfer) continue;
+      if (ec) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = loss_locked(p, describe_error(ec));
+      } else {
+        f.transfer->state = Transfer::State::Done;
+      }
+    }
+    p.batch.clear();
+    cv_.notify_all();
+    if (ec) {
+      p.writing = false;
+      peer_down_locked(p, describe_error(ec));
+      return;
+    }
+    if (half_close || p.half_close_pending) {
+      p.half_close_pending = false;
+      p.writing = false;
+      shutdown_send(p);
+      return;
+    }
+    write_next_locked(p);
+  }
+
+  // ---- failure handling -------------------------------------------------------------------
+
+  Failure loss_locked(const Peer& p, const std::string& reason) const {
+    if (p.state == Peer::State::Failed && failure_) return *failure_;
+    if (p.state == Peer::State::Closed) return closed_failure_locked(p);
+    return Failure{FailureKind::Peer, fmt::format("lost task {} ({}): {}", p.name, p.address, reason)};
+  }
+
+  Failure closed_failure_locked(const Peer& p) const {
+    if (p.state == Peer::State::Failed && failure_) return *failure_;
+    return Failure{FailureKind::Peer, fmt::format("{} ({}) has closed its communicator", p.name, p.address)};
+  }
+
+  /// Records the first failure; `broadcast`: tell every peer (found here, or relayed).
+  void fail_locked(Failure f, bool broadcast) {
+    if (failure_) return;
+    failure_ = f;
+    if (broadcast) {
+      const auto payload = encode(f);
+      for (auto& p : peers_) {
+        if (p->rank != rank_ && p->state == Peer::State::Open) enqueue_control_locked(*p, FrameType::Abort, 0, payload);
+      }
+    }
+    cv_.notify_all();
+  }
+
+  // Fails what waits on `p` and cannot complete any more (posted receives, queued sends).
+  void fail_pending_locked(Peer& p, const Failure& f) {
+    for (auto& [key, list] : p.posted) {
+      for (auto& t : list) {
+        t->state = Transfer::State::Failed;
+        t->error = f;
+      }
+    }
+    p.posted.clear();
+    for (OutFrame& frame : p.queue) {
+      if (frame.transfer) {
+        frame.transfer->state = Transfer::State::Failed;
+        frame.transfer->error = f;
+      }
+    }
+    p.queue.clear();
+  }
+
+  void shutdown_send(Peer& p) {
+    boost::system::error_code ignored;
+    if (p.socket && p.socket->is_open()) p.socket->shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  void close_socket(Peer& p) {
+    boost::system::error_code ignored;
+    if (p.socket && p.socket->is_open()) {
+      p.socket->shutdown(tcp::socket::shutdown_both, ignored);
+      p.socket->close(ignored);
+    }
+    p.socket_done = true;
+  }
+
+  void on_goodbye_locked(Peer& p) {
+    if (p.state != Peer::State::Open) return;
+    p.state = Peer::State::Closed;
+    fail_pending_locked(p, closed_failure_locked(p));
+    // It sends nothing more; end our side too once what is being written is out, so that both
+    // ends close with empty receive buffers (a close with unread data would reset the stream).
+    if (p.writing) {
+      p.half_close_pending = true;
+    } else {
+      shutdown_send(p);
+    }
+    cv_.notify_all();
+  }
+
+  void peer_down_locked(Peer& p, const std::string& reason) {
+    if (p.state == Peer::State::Closed || p.state == Peer::State::Failed) {
+      close_socket(p);
+      cv_.notify_all();
+      return;
+    }
+    const bool expected = closing_;  // during our own shutdown every error is expected
+    const Failure loss = loss_locked(p, reason);
+    p.state = expected ? Peer::State::Closed : Peer::State::Failed;
+    close_socket(p);
+    fail_pending_locked(p, loss);
+    if (!expected) fail_locked(loss, true);
+    cv_.notify_all();
+  }
+
+  void heartbeat_tick() {
+    if (!heartbeat_timer_) heartbeat_timer_.emplace(io_);
+    heartbeat_timer_->expires_after(options_.heartbeat_interval);
+    heartbeat_timer_->async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      on_heartbeat();
+      heartbeat_tick();
+    });
+  }
+
+  void on_heartbeat() {
+    std::lock_guard lk(mu_);
+    if (closing_) return;
+    const auto now = Clock::now();
+    for (auto& pp : peers_) {
+      Peer& p = *pp;
+      if (p.rank == rank_ || p.state != Peer::State::Open) continue;
+      const auto silent = p.silence(now);
+      if (options_.heartbeat_timeout.count() > 0 && silent > options_.heartbeat_timeout) {
+        // Bytes waiting in the kernel mean it is alive and this thread is behind.
+        boost::system::error_code ec;
+        if (p.socket->available(ec) > 0 && !ec) continue;
+        peer_down_locked(p, fmt::format("no heartbeat for {:.1f} s",
+                                        std::chrono::duration<double>(silent).count()));
+        continue;
+      }
+      if (!p.writing && p.queue.empty() && now - p.last_tx >= options_.heartbeat_interval / 2) {
+        enqueue_control_locked(p, FrameType::Heartbeat, 0, {});
+      }
+    }
+  }
+
+  // ---- shutdown -----------------------------------------------------------------------------
+
+  void shutdown() noexcept {
+    if (!io_thread_.joinable()) return;
+    try {
+      {
+        std::unique_lock lk(mu_);
+        closing_ = true;
+        for (auto& p : peers_) {
+          if (p->rank != rank_ && p->state == Peer::State::Open) enqueue_control_locked(*p, FrameType::Goodbye, 0, {}, true);
+        }
+        // A poisoned transport has told its peers already; a stopped peer would only delay us.
+        cv_.wait_for(lk, failure_ ? kShutdownGrace / 4 : kShutdownGrace, [&] {
+          return std::all_of(peers_.begin(), peers_.end(), [](const auto& p) { return !p->socket || p->socket_done; });
+        });
+      }
+      std::promise<void> closed;
+      asio::post(io_, [this, &closed] {
+        boost::system::error_code ignored;
+        if (acceptor_) acceptor_->close(ignored);
+        if (heartbeat_timer_) heartbeat_timer_->cancel();
+        std::lock_guard lk(mu_);
+        for (auto& p : peers_) {
+          if (p->retry_timer) p->retry_timer->cancel();
+          close_socket(*p);
+        }
+        closed.set_value();
+      });
+      closed.get_future().wait_for(kShutdownGrace);
+    } catch (...) {
+      // Shutting down must not throw; stopping the io_context below releases everything anyway.
+    }
+    work_.reset();
+    io_.stop();
+    io_thread_.join();
+  }
+
+  // Members. io_ comes first so that it outlives every socket and timer that uses it.
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  CommunicatorOptions options_;
+  int rank_;
+  int size_;
+  std::size_t chunk_bytes_ = 0;
+  std::optional<std::string> token_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::optional<tcp::acceptor> acceptor_;
+  std::optional<asio::steady_timer> heartbeat_timer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int open_count_ = 0;
+  bool closing_ = false;
+  std::optional<Failure> failure_;
+  std::optional<Failure> setup_failure_;
+  std::uint64_t next_seq_ = 0;
+  std::thread io_thread_;
+};
+
+/// One call on the transport (a collective, or a point-to-point send/recv): it owns the transfers
+/// it starts. If it ends by an exception, its destructor makes sure the io thread no longer
+/// touches the caller's memory before the caller's frame unwinds.
+class Transport::Op {
+ public:
+  /// A collective: takes the next collective number and announces `desc` to every peer.
+  Op(Transport& t, const Descriptor& desc) : t_(t), collective_(true), mine_(desc) {
+    std::unique_lock lk(t_.mu_);
+    label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_seq_);
+    if (t_.failure_) raise_failure_locked();
+    seq_ = t_.next_seq_++;
+    start();
+    const auto payload = encode(desc);
+    for (auto& p : t_.peers_) {
+      if (p->rank != t_.rank_) t_.enqueue_control_locked(*p, FrameType::Descriptor, seq_, payload);
+    }
+  }
+
+  /// Point-to-point with `peer`.
+  Op(Transport& t, std::string label, int peer) : t_(t), collective_(false), label_(std::move(label)) {
+    if (peer < 0 || peer >= t_.size_ || peer == t_.rank_) {
+      throw InvalidArgument(fmt::format("{}: peer {} is not another rank of this cluster of {} (this is rank {})", label_,
+                                        peer, t_.size_, t_.rank_));
+    }
+    std::unique_lock lk(t_.mu_);
+    if (t_.failure_) raise_failure_locked();
+    start();
+  }
+
+  ~Op() {
+    if (!finished_) abandon();
+  }
+
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+  std::uint64_t seq() const noexcept { return seq_; }
+
+  /// Sends `data` (kept alive and unchanged by the caller until finish()) as a Data frame.
+  TransferPtr send(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+    return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data);
+  }
+
+  /// Posts a receive of exactly `dst.size()` bytes.
+  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst) {
+    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false);
+  }
+
+  TransferPtr send_p2p(int peer, std::span<const std::byte> data) {
+    std::uint64_t n = 0;
+    {
+      std::lock_guard lk(t_.mu_);
+      n = t_.peer(peer).p2p_sent++;
+    }
+    return send_frame(peer, MsgKey{FrameType::PointToPoint, n, 0}, data);
+  }
+
+  TransferPtr recv_p2p(int peer, std::span<std::byte> dst) {
+    return recv_frame(peer, MsgKey{FrameType::PointToPoint, 0, 0}, dst, true);
+  }
+
+  /// Waits until `t` is done; throws the communicator's failure, a timeout, or a mismatch.
+  void wait(const TransferPtr& t) {
+    std::unique_lock lk(t_.mu_);
+    block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
+  }
+
+  /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
+  const std::vector<Descriptor>& descriptors() {
+    std::unique_lock lk(t_.mu_);
+    block(lk, [&] { return descs_ok_; }, -1, "");
+    return all_;
+  }
+
+  /// Waits for every transfer and, for a collective, every peer's agreeing descriptor. After it
+  /// the transport holds no reference to the caller's memory.
+  void finish() {
+    std::unique_lock lk(t_.mu_);
+    for (const auto& t : transfers_) {
+      block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
+    }
+    if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
+    transfers_.clear();
+    finished_ = true;
+  }
+
+ private:
+  void start() {
+    if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
+  }
+
+  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data) {
+    if (data.size() > t_.options_.max_frame_bytes) {
+      throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, data.size(),
+                                        t_.options_.max_frame_bytes));
+    }
+    auto t = std::make_shared<Transfer>();
+    t->is_send = true;
+    t->peer = peer;
+    t->key = key;
+    t->size = data.size();
+    OutFrame f;
+    f.header = encode_header(FrameHeader{key.type, data.size(), key.seq, key.tag});
+    f.payload = data.data();
+    f.size = data.size();
+    f.transfer = t;
+    std::lock_guard lk(t_.mu_);
+    transfers_.push_back(t);
+    t_.enqueue_locked(t_.peer(peer), std::move(f));
+    return t;
+  }
+
+  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p) {
+    if (dst.size() > t_.options_.max_frame_bytes) {
+      throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, dst.size(),
+                                        t_.options_.max_frame_bytes));
+    }
+    auto t = std::make_shared<Transfer>();
+    t->peer = peer;
+    t->dst = dst.data();
+    t->size = dst.size();
+    Blob early;
+    {
+      std::lock_guard lk(t_.mu_);
+      Peer& p = t_.peer(peer);
+      if (p2p) key.seq = p.p2p_received++;
+      t->key = key;
+      transfers_.push_back(t);
+      if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
+        early = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.unexpected.erase(it);
+      } else if (p.state != Peer::State::Open) {
+        t->state = Transfer::State::Failed;
+        t->error = t_.closed_failure_locked(p);
+        return t;
+      } else {
+        p.posted[key].push_back(t);
+        return t;
+      }
+    }
+    // It arrived before this receive was posted: copy it out of its buffer (outside the lock).
+    if (early.size == dst.size()) {
+      if (early.size > 0) std::memcpy(dst.data(), early.data.get(), early.size);
+      std::lock_guard lk(t_.mu_);
+      t->state = Transfer::State::Done;
+    } else {
+      std::lock_guard lk(t_.mu_);
+      t->state = Transfer::State::Failed;
+      t->error = Failure{FailureKind::Mismatch, t_.size_mismatch(t_.peer(peer), early.size, dst.size(), t->key)};
+    }
+    return t;
+  }
+
+  [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
+
+  bool settled_locked(const Transfer& t) {
+    switch (t.state) {
+      case Transfer::State::Done: return true;
+      case Transfer::State::Failed:
+        if (t.error.kind == FailureKind::Mismatch) {
+          // A point-to-point size mismatch consumed the message: the streams are still in step.
+          if (!collective_) raise(FailureKind::Mismatch, fmt::format("{}: {}", label_, t.error.message));
+          // In a collective the descriptors (sent ahead of the data) say precisely what differs.
+          if (!mismatch_) mismatch_ = t.error;
+          return false;
+        }
+        t_.fail_locked(t.error, true);
+        raise_failure_locked();
+      default: return false;
+    }
+  }
+
+  template <class Done>
+  void block(std::unique_lock<std::mutex>& lk, Done&& done, int waiting_on, std::string_view what) {
+    for (;;) {
+      if (done()) return;
+      if (t_.failure_) raise_failure_locked();
+      if (collective_) {
+        poll_descriptors_locked();
+        if (descs_ok_ && mismatch_) {
+          t_.fail_locked(*mismatch_, true);
+          raise_failure_locked();
+        }
+        if (done()) return;  // the poll may have been what it waited for
+      }
+      if (!deadline_) {
+        t_.cv_.wait(lk);
+        continue;
+      }
+      if (Clock::now() >= *deadline_) {
+        const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
+        t_.fail_locked(Failure{FailureKind::Timeout,
+                               fmt::format("did not complete within {} ms ({} was waiting for {}{})",
+                                           t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
+                       true);
+        raise_failure_locked();
+      }
+      t_.cv_.wait_until(lk, *deadline_);
+    }
+  }
+
+  // Peers quiet for longer than two heartbeat intervals: the likely culprits of a stall, which
+  // need not be the peer this rank waits on (in a ring, everyone waits behind a stopped rank).
+  std::string silent_peers_locked() const {
+    std::string out;
+    const auto now = Clock::now();
+    for (const auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->state != Peer::State::Open) continue;
+      const auto quiet = p->silence(now);
+      if (quiet > 2 * t_.options_.heartbeat_interval) {
+        out += fmt::format("; {} has sent nothing for {:.1f} s", p->name, std::chrono::duration<double>(quiet).count());
+      }
+    }
+    return out;
+  }
+
+  // Who has not announced this collective yet (for timeout messages).
+  std::string missing_locked() const {
+    if (descs_ok_) return "the other ranks";
+    std::string names;
+    for (const auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->descriptors.count(seq_) != 0) continue;
+      names += (names.empty() ? "" : ", ") + p->name;
+    }
+    return names.empty() ? std::string("the other ranks") : fmt::format("{} to join", names);
+  }
+
+  void poll_descriptors_locked() {
+    if (descs_ok_) return;
+    for (auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->descriptors.count(seq_) != 0) continue;
+      if (p->state != Peer::State::Open) {
+        t_.fail_locked(Failure{FailureKind::Peer, fmt::format("{} ({}) closed its communicator before joining collective #{}",
+                                                              p->name, p->address, seq_)},
+                       true);
+        raise_failure_locked();
+      }
+      return;
+    }
+    all_.assign(static_cast<std::size_t>(t_.size_), Descriptor{});
+    for (auto& p : t_.peers_) {
+      if (p->rank == t_.rank_) {
+        all_[static_cast<std::size_t>(p->rank)] = mine_;
+      } else {
+        auto it = p->descriptors.find(seq_);
+        all_[static_cast<std::size_t>(p->rank)] = it->second;
+        p->descriptors.erase(it);
+      }
+    }
+    descs_ok_ = true;
+    // Every rank compares every rank against rank 0 in rank order, so all report the same pair.
+    for (std::size_t r = 1; r < all_.size(); ++r) {
+      if (!compatible(all_[0], all_[r])) {
+        t_.fail_locked(Failure{FailureKind::Mismatch,
+                               fmt::format("mismatched collectives at collective #{}: {} called {} but {} called {}", seq_,
+                                           t_.peer(0).name, describe(all_[0]), t_.peer(static_cast<int>(r)).name,
+                                           describe(all_[r]))},
+                       true);
+        raise_failure_locked();
+      }
+    }
+  }
+
+  void abandon() noexcept {
+    try {
+      std::unique_lock lk(t_.mu_);
+      for (const auto& t : transfers_) {
+        if (t->state != Transfer::State::Queued) continue;
+        Peer& p = t_.peer(t->peer);
+        if (t->is_send) {
+          std::erase_if(p.queue, [&](const OutFrame& f) { return f.transfer == t; });
+        } else if (auto it = p.posted.find(t->key); it != p.posted.end()) {
+          std::erase(it->second, t);
+          if (it->second.empty()) p.posted.erase(it);
+        }
+        t->state = Transfer::State::Failed;
+      }
+      auto busy = [&] {
+        return std::any_of(transfers_.begin(), transfers_.end(),
+                           [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
+      };
+      if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
+        // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
+        std::set<int> stuck;
+        for (const auto& t : transfers_) {
+          if (t->state == Transfer::State::Active) stuck.insert(t->peer);
+        }
+        for (int r : stuck) {
+          asio::post(t_.io_, [tr = &t_, r] {
+            std::lock_guard g(tr->mu_);
+            tr->peer_down_locked(tr->peer(r), "connection cut: it stopped exchanging data");
+          });
+        }
+        t_.cv_.wait(lk, [&] { return !busy(); });
+      }
+      transfers_.clear();
+    } catch (...) {
+      // Only allocation can throw here; nothing better to do than carry on unwinding.
+    }
+  }
+
+  Transport& t_;
+  bool collective_;
+  Descriptor mine_{};
+  std::string label_;
+  std::uint64_t seq_ = 0;
+  std::optional<Clock::time_point> deadline_;
+  std::vector<TransferPtr> transfers_;
+  std::vector<Descriptor> all_;
+  bool descs_ok_ = false;
+  std::optional<Failure> mismatch_;
+  bool finished_ = false;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
+// ---- end <distribute/net/detail/transport.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std::size_t n, ReduceOp op) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+inline void divide_bytes(DType dtype, std::byte* acc, std::size_t n, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::divide(reinterpret_cast<T*>(acc), n, divisor);
+  });
+}
+
+/// How the ring cuts `count` elements: n segments (sizes differ by at most one element), each cut
+/// into the same number of chunks so that chunk c of every step forms one pipeline.
+struct RingGeometry {
+  RingGeometry(std::size_t count, int ranks, std::size_t chunk_elems)
+      : n(static_cast<std::size_t>(ranks)), base(count / n), rem(count % n), max_seg(base + (rem > 0 ? 1 : 0)) {
+    nchunks = std::max<std::size_t>(1, (max_seg + chunk_elems - 1) / chunk_elems);
+    max_chunk = (max_seg + nchunks - 1) / nchunks;
+  }
+  std::size_t seg_begin(int s) const {
+    const auto u = static_cast<std::size_t>(s);
+    return u * base + std::min(u, rem);
+  }
+  std::size_t seg_len(int s) const { return base + (static_cast<std::size_t>(s) < rem ? 1 : 0); }
+  /// [first element, length) of chunk c of segment s.
+  std::pair<std::size_t, std::size_t> chunk(int s, std::size_t c) const {
+    const std::size_t len = seg_len(s), b = seg_begin(s);
+    const std::size_t lo = c * len / nchunks, hi = (c + 1) * len / nchunks;
+    return {b + lo, hi - lo};
+  }
+
+  std::size_t n, base, rem, max_seg;
+  std::size_t nchunks = 1;
+  std::size_t max_chunk = 0;
+};
+
+/// Ring all-reduce: n-1 reduce-scatter steps then n-1 all-gather steps, each step's segment cut in
+/// chunks. Chunk c moves on as soon as it is reduced, so while this thread reduces chunk c the io
+/// thread is sending chunk c-1 onwards and receiving chunk c+1. Every segment is reduced along one
+/// chain and then copied, so all ranks end with bitwise identical results.
+inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
+                            ReduceOp rop, std::vector<std::byte>& scratch) {
+  const int n = tr.size(), r = tr.rank();
+  const std::size_t es = size_of(dtype);
+  const RingGeometry g(count, n, std::max<std::size_t>(1, tr.chunk_bytes() / es));
+  const int left = (r - 1 + n) % n, right = (r + 1) % n;
+  const int steps = 2 * (n - 1);
+  // Reduce-scatter receives land in scratch: two step slots (step t+2 is posted as step t drains),
+  // each with a fixed region per chunk index so no posted region overlaps an unconsumed one.
+  const std::size_t slot_bytes = g.nchunks * g.max_chunk * es;
+  const std::size_t slots = std::min<std::size_t>(2, static_cast<std::size_t>(n - 1));
+  if (scratch.size() < slots * slot_bytes) scratch.resize(slots * slot_bytes);
+
+  auto mod = [n](int x) { return ((x % n) + n) % n; };
+  auto send_seg = [&](int t) { return t < n - 1 ? mod(r - t) : mod(r + 1 - (t - (n - 1))); };
+  auto recv_seg = [&](int t) { return t < n - 1 ? mod(r - t - 1) : mod(r - (t - (n - 1))); };
+  auto tag = [&](int t, std::size_t c) { return static_cast<std::uint64_t>(t) * g.nchunks + c; };
+  auto scratch_at = [&](int t, std::size_t c) {
+    return scratch.data() + static_cast<std::size_t>(t % 2) * slot_bytes + c * g.max_chunk * es;
+  };
+
+  std::vector<TransferPtr> recvs(static_cast<std::size_t>(steps) * g.nchunks);
+  auto post = [&](int t, std::size_t c) {
+    const auto [b, len] = g.chunk(recv_seg(t), c);
+    std::byte* dst = t < n - 1 ? scratch_at(t, c) : data + b * es;
+    recvs[tag(t, c)] = op.recv(left, tag(t, c), std::span<std::byte>(dst, len * es));
+  };
+  auto send = [&](int t, std::size_t c) {
+    const auto [b, len] = g.chunk(send_seg(t), c);
+    op.send(right, tag(t, c), std::span<const std::byte>(data + b * es, len * es));
+  };
+
+  for (std::size_t c = 0; c < g.nchunks; ++c) send(0, c);
+  for (int t = 0; t < std::min(2, steps); ++t) {
+    for (std::size_t c = 0; c < g.nchunks; ++c) post(t, c);
+  }
+  for (int t = 0; t < steps; ++t) {
+    for (std::size_t c = 0; c < g.nchunks; ++c) {
+      TransferPtr& in = recvs[tag(t, c)];
+      op.wait(in);
+      in.reset();
+      if (t < n - 1) {
+        const auto [b, len] = g.chunk(recv_seg(t), c);
+        reduce_bytes(dtype, data + b * es, scratch_at(t, c), len, rop);
+        if (t == n - 2 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, n);
+      }
+      if (t + 1 < steps) send(t + 1, c);
+      if (t + 2 < steps) post(t + 2, c);
+    }
+  }
+  op.finish();
+}
+
+/// Small buffers: every rank sends its buffer to every other and reduces all n in rank order, so
+/// the result is bitwise identical everywhere and costs one hop instead of 2(n-1).
+inline void direct_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
+                              ReduceOp rop, std::vector<std::byte>& scratch) {
+  const int n = tr.size(), r = tr.rank();
+  const std::size_t bytes = count * size_of(dtype);
+  if (scratch.size() < static_cast<std::size_t>(n - 1) * bytes) scratch.resize(static_cast<std::size_t>(n - 1) * bytes);
+  auto slot = [&](int k) { return scratch.data() + static_cast<std::size_t>(k < r ? k : k - 1) * bytes; };
+  for (int k = 0; k < n; ++k) {
+    if (k != r) op.recv(k, 0, std::span<std::byte>(slot(k), bytes));
+  }
+  for (int k = 0; k < n; ++k) {
+    if (k != r) op.send(k, 0, std::span<const std::byte>(data, bytes));
+  }
+  op.finish();  // also: our buffer is no longer being sent, so it may be overwritten
+  if (r == 0) {
+    for (int k = 1; k < n; ++k) reduce_bytes(dtype, data, slot(k), count, rop);
+  } else {
+    std::byte* acc = slot(0);
+    for (int k = 1; k < n; ++k) reduce_bytes(dtype, acc, k == r ? data : slot(k), count, rop);
+    std::memcpy(data, acc, bytes);
+  }
+  if (rop == ReduceOp::Mean) divide_bytes(dtype, data, count, n);
+}
+
+/// Broadcast: small payloads go from the root to everyone directly; large ones flow down the chain
+/// root → root+1 → … in chunks, each rank forwarding a chunk as soon as it has it.
+inline void chain_broadcast(Transport& tr, Transport::Op& op, std::byte* data, std::size_t bytes, int root) {
+  const int n = tr.size(), r = tr.rank();
+  if (bytes == 0 || n == 1) return op.finish();
+  if (bytes <= std::min(tr.options().direct_max_bytes, tr.options().max_frame_bytes)) {
+    if (r == root) {
+      for (int k = 0; k < n; ++k) {
+        if (k != r) op.send(k, 0, std::span<const std::byte>(data, bytes));
+      }
+    } else {
+      op.recv(root, 0, std::span<std::byte>(data, bytes));
+    }
+    return op.finish();
+  }
+  const std::size_t chunk = tr.chunk_bytes();
+  const std::size_t nch = (bytes + chunk - 1) / chunk;
+  const int pos = (r - root + n) % n, prev = (r - 1 + n) % n, next = (r + 1) % n;
+  auto piece = [&](std::size_t c) { return std::span<std::byte>(data + c * chunk, std::min(chunk, bytes - c * chunk)); };
+  if (pos == 0) {
+    for (std::size_t c = 0; c < nch; ++c) op.send(next, c, piece(c));
+  } else {
+    std::vector<TransferPtr> recvs(nch);
+    for (std::size_t c = 0; c < nch; ++c) recvs[c] = op.recv(prev, c, piece(c));
+    for (std::size_t c = 0; c < nch; ++c) {
+      op.wait(recvs[c]);
+      if (pos < n - 1) op.send(next, c, piece(c));
+    }
+  }
+  op.finish();
+}
+
+/// All-gather of uneven sizes: each rank sends its block to every other; the sizes come with the
+/// descriptors, so no extra round is needed to learn them.
+inline void direct_all_gather(Transport& tr, Transport::Op& op, const std::byte* data, std::size_t bytes,
+                              std::vector<std::byte>& out, std::vector<std::size_t>& sizes) {
+  const int n = tr.size(), r = tr.rank();
+  const std::size_t chunk = tr.chunk_bytes();
+  auto pieces = [&](std::size_t total) { return (total + chunk - 1) / chunk; };
+  for (int k = 0; k < n; ++k) {
+    if (k == r) continue;
+    for (std::size_t c = 0; c < pieces(bytes); ++c) {
+      op.send(k, c, std::span<const std::byte>(data + c * chunk, std::min(chunk, bytes - c * chunk)));
+    }
+  }
+  const auto& all = op.descriptors();
+  sizes.assign(static_cast<std::size_t>(n), 0);
+  std::size_t total = 0;
+  for (int k = 0; k < n; ++k) {
+    sizes[static_cast<std::size_t>(k)] = static_cast<std::size_t>(all[static_cast<std::size_t>(k)].count);
+    total += sizes[static_cast<std::size_t>(k)];
+  }
+  out.resize(total);
+  std::size_t offset = 0;
+  for (int k = 0; k < n; ++k) {
+    const std::size_t size = sizes[static_cast<std::size_t>(k)];
+    if (k == r) {
+      if (size > 0) std::memcpy(out.data() + offset, data, size);
+    } else {
+      for (std::size_t c = 0; c < pieces(size); ++c) {
+        op.recv(k, c, std::span<std::byte>(out.data() + offset + c * chunk, std::min(chunk, size - c * chunk)));
+      }
+    }
+    offset += size;
+  }
+  op.finish();
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_COLLECTIVES_HPP
+// ---- end <distribute/net/detail/collectives.hpp> ----
+// ---- begin <distribute/net/detail/transport.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
+// The TCP transport under the Communicator: one authenticated socket per peer (a full mesh, so every
+// rank hears at once when any rank dies), an Asio io_context on a background thread doing all
+// socket I/O, and a calling thread that posts sends and receives and waits for them.
+//
+// Sends are zero-copy: a frame's header and the caller's memory go out in one scatter-gather write.
+// Receives are matched by (type, sequence, tag): a frame whose receive is already posted is read
+// straight into the caller's buffer; an early one is buffered until its receive is posted. Every
+// socket is always being read, so EOF, resets and heartbeats are seen whatever the caller does.
+//
+// The first failure (a peer lost, a timeout, mismatched collectives) poisons the transport: it is
+// sent to every peer in an Abort frame, and every later operation throws it.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// "host:port" strings as they appear in cluster specs ("127.0.0.1:2222", "worker0:2222",
+// "[::1]:2222").
+
+#include <cctype>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+struct HostPort {
+  std::string host;
+  std::string port;  // decimal, 1..65535
+};
+
+inline HostPort parse_host_port(std::string_view address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    throw InvalidArgument(fmt::format("address '{}' is not of the form host:port", address));
+  }
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') {
+      throw InvalidArgument(fmt::format("address '{}' has an unterminated [IPv6] host", address));
+    }
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned long value = 0;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c)) || port.size() > 5) {
+      throw InvalidArgument(fmt::format("address '{}' has an invalid port '{}'", address, port));
+    }
+    value = value * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (value == 0 || value > 65535) {
+    throw InvalidArgument(fmt::format("address '{}' has port {} outside 1..65535", address, value));
+  }
+  return HostPort{std::string(host), std::string(port)};
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// ---- end <distribute/net/detail/address.hpp> ----
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/detail/protocol.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
+// Payloads of the control frames: the handshake (hello, challenge, response, reject), abort, and
+// the collective descriptor. Parsers check sizes and ranges and throw FrameError, like the header
+// decoder, so a peer's bytes are never trusted.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/frame.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+//
+//   offset  size  field
+//        0     4  magic "DSNT"
+//        4     1  protocol version (kProtocolVersion)
+//        5     1  FrameType
+//        6     2  reserved, must be zero
+//        8     8  payload length
+//       16     8  sequence number (collective number, point-to-point message number)
+//       24     8  tag (chunk within a collective)
+//
+// Integers are little-endian whatever the host. Decoding is a pure function of the bytes, so it can
+// be fuzzed: anything malformed throws FrameError and is never read past its end.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+/// Bytes that are not a well-formed frame (bad magic, version, type, reserved bits or length).
+/// The transport answers it by closing the connection.
+class FrameError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 32;
+/// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
+/// configured limit, so a stranger cannot make a peer allocate much.
+inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+
+enum class FrameType : std::uint8_t {
+  Hello = 1,         // connector → acceptor: who I am, my nonce
+  Challenge = 2,     // acceptor → connector: who I am, my nonce, my proof of the token
+  Response = 3,      // connector → acceptor: my proof of the token
+  Welcome = 4,       // acceptor → connector: accepted
+  Reject = 5,        // either way, during the handshake: refused, with a reason
+  Heartbeat = 6,     // keeps an idle connection known to be alive
+  Goodbye = 7,       // clean shutdown: the sender sends nothing more
+  Abort = 8,         // the sender's communicator failed; payload says why
+  Descriptor = 9,    // announces a collective (seq = collective number)
+  Data = 10,         // a piece of a collective's data (seq, tag)
+  PointToPoint = 11  // one send() message (seq = message number to this peer)
+};
+
+constexpr std::string_view to_string(FrameType t) noexcept {
+  switch (t) {
+    case FrameType::Hello: return "hello";
+    case FrameType::Challenge: return "challenge";
+    case FrameType::Response: return "response";
+    case FrameType::Welcome: return "welcome";
+    case FrameType::Reject: return "reject";
+    case FrameType::Heartbeat: return "heartbeat";
+    case FrameType::Goodbye: return "goodbye";
+    case FrameType::Abort: return "abort";
+    case FrameType::Descriptor: return "descriptor";
+    case FrameType::Data: return "data";
+    case FrameType::PointToPoint: return "point-to-point";
+  }
+  return "?";
+}
+
+struct FrameHeader {
+  FrameType type = FrameType::Heartbeat;
+  std::uint64_t length = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+using HeaderBytes = std::array<std::byte, kFrameHeaderBytes>;
+
+namespace detail {
+
+inline void store_le(std::byte* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr bool known_frame_type(std::uint8_t t) noexcept {
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+}
+
+}  // namespace detail
+
+inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
+  HeaderBytes out{};
+  detail::store_le(out.data(), kFrameMagic, 4);
+  out[4] = static_cast<std::byte>(kProtocolVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  detail::store_le(out.data() + 8, h.length, 8);
+  detail::store_le(out.data() + 16, h.seq, 8);
+  detail::store_le(out.data() + 24, h.tag, 8);
+  return out;
+}
+
+/// Decodes and validates a header; `max_payload_bytes` bounds Data/PointToPoint payloads
+/// (other types are bounded by kMaxControlPayload, or to zero when they carry nothing).
+inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  if (bytes.size() < kFrameHeaderBytes) {
+    throw FrameError(fmt::format("truncated frame header: {} of {} bytes", bytes.size(), kFrameHeaderBytes));
+  }
+  const auto magic = static_cast<std::uint32_t>(detail::load_le(bytes.data(), 4));
+  if (magic != kFrameMagic) {
+    throw FrameError(fmt::format("bad frame magic 0x{:08x} (expected 0x{:08x}): not a distribute peer", magic, kFrameMagic));
+  }
+  const auto version = static_cast<std::uint8_t>(bytes[4]);
+  if (version != kProtocolVersion) {
+    throw FrameError(fmt::format("unsupported protocol version {} (this build speaks version {})", version, kProtocolVersion));
+  }
+  const auto type = static_cast<std::uint8_t>(bytes[5]);
+  if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
+  const auto reserved = detail::load_le(bytes.data() + 6, 2);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.length = detail::load_le(bytes.data() + 8, 8);
+  h.seq = detail::load_le(bytes.data() + 16, 8);
+  h.tag = detail::load_le(bytes.data() + 24, 8);
+  std::uint64_t limit = kMaxControlPayload;
+  switch (h.type) {
+    case FrameType::Data:
+    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::Welcome:
+    case FrameType::Heartbeat:
+    case FrameType::Goodbye: limit = 0; break;
+    default: limit = std::min(limit, max_payload_bytes); break;
+  }
+  if (h.length > limit) {
+    throw FrameError(fmt::format("{} frame payload of {} bytes exceeds the limit of {} bytes", to_string(h.type),
+                                 h.length, limit));
+  }
+  return h;
+}
+
+/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
+  h.length = payload.size();
+  const HeaderBytes head = encode_header(h);
+  std::vector<std::byte> out(head.begin(), head.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+};
+
+/// Incremental decoder over a byte stream cut anywhere. Malformed input throws FrameError, after
+/// which the decoder stays failed (a stream cannot be resynchronised once framing is lost).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::uint64_t max_payload_bytes) : max_payload_(max_payload_bytes) {}
+
+  /// Consumes `bytes`; returns the frames they complete, in order.
+  std::vector<Frame> feed(std::span<const std::byte> bytes) {
+    if (failed_) throw FrameError("frame decoder already failed on malformed input");
+    std::vector<Frame> out;
+    try {
+      while (!bytes.empty()) {
+        if (!have_header_) {
+          const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, bytes.size());
+          std::copy_n(bytes.begin(), take, header_.begin() + static_cast<std::ptrdiff_t>(header_fill_));
+          header_fill_ += take;
+          bytes = bytes.subspan(take);
+          if (header_fill_ < kFrameHeaderBytes) break;
+          current_.header = decode_header(header_, max_payload_);
+          current_.payload.clear();
+          have_header_ = true;
+        }
+        // Grow with the bytes that actually arrive, not with the length the header claims.
+        const std::uint64_t missing = current_.header.length - current_.payload.size();
+        const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
+        current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+        bytes = bytes.subspan(take);
+        if (current_.payload.size() == current_.header.length) {
+          out.push_back(std::move(current_));
+          current_ = Frame{};
+          have_header_ = false;
+          header_fill_ = 0;
+        }
+      }
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+    return out;
+  }
+
+  /// Bytes of an unfinished frame held so far.
+  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  std::uint64_t max_payload_;
+  HeaderBytes header_{};
+  std::size_t header_fill_ = 0;
+  bool have_header_ = false;
+  bool failed_ = false;
+  Frame current_;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// ---- end <distribute/net/frame.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// Handshake frames are tiny; this bounds what an unauthenticated socket may make us read.
+inline constexpr std::uint64_t kMaxHandshakePayload = 1024;
+
+class Writer {
+ public:
+  Writer& u8(std::uint8_t v) { return put(v, 1); }
+  Writer& u32(std::uint32_t v) { return put(v, 4); }
+  Writer& u64(std::uint64_t v) { return put(v, 8); }
+  Writer& bytes(std::span<const std::byte> b) {
+    out_.insert(out_.end(), b.begin(), b.end());
+    return *this;
+  }
+  Writer& text(std::string_view s) { return bytes(std::as_bytes(std::span<const char>(s.data(), s.size()))); }
+  std::vector<std::byte> take() { return std::move(out_); }
+
+ private:
+  Writer& put(std::uint64_t v, std::size_t n) {
+    const std::size_t at = out_.size();
+    out_.resize(at + n);
+    store_le(out_.data() + at, v, n);
+    return *this;
+  }
+  std::vector<std::byte> out_;
+};
+
+class Reader {
+ public:
+  Reader(std::span<const std::byte> in, std::string_view what) : in_(in), what_(what) {}
+  std::uint8_t u8() { return static_cast<std::uint8_t>(get(1)); }
+  std::uint32_t u32() { return static_cast<std::uint32_t>(get(4)); }
+  std::uint64_t u64() { return get(8); }
+  template <std::size_t N>
+  std::array<std::byte, N> array() {
+    need(N);
+    std::array<std::byte, N> out{};
+    std::copy_n(in_.begin(), N, out.begin());
+    in_ = in_.subspan(N);
+    return out;
+  }
+  std::string rest_text() {
+    std::string s(reinterpret_cast<const char*>(in_.data()), in_.size());
+    in_ = {};
+    return s;
+  }
+  void done() const {
+    if (!in_.empty()) throw FrameError(fmt::format("{} payload has {} trailing bytes", what_, in_.size()));
+  }
+
+ private:
+  void need(std::size_t n) const {
+    if (in_.size() < n) throw FrameError(fmt::format("{} payload is truncated", what_));
+  }
+  std::uint64_t get(std::size_t n) {
+    need(n);
+    const std::uint64_t v = load_le(in_.data(), n);
+    in_ = in_.subspan(n);
+    return v;
+  }
+  std::span<const std::byte> in_;
+  std::string_view what_;
+};
+
+// ---- handshake ---------------------------------------------------------------------------
+
+struct Hello {
+  std::uint32_t size = 0;       // cluster size the connector believes in
+  std::uint32_t from_rank = 0;  // the connector
+  std::uint32_t to_rank = 0;    // whom it believes it is calling
+  bool has_token = false;
+  Nonce nonce{};
+};
+
+struct Challenge {
+  std::uint32_t size = 0;
+  std::uint32_t rank = 0;       // the acceptor
+  std::uint32_t peer_rank = 0;  // echo of Hello::from_rank
+  bool has_token = false;
+  Nonce nonce{};
+  Mac proof{};  // HMAC(token, acceptor label, nonces, ranks); zero without a token
+};
+
+inline std::vector<std::byte> encode(const Hello& h) {
+  return Writer().u32(h.size).u32(h.from_rank).u32(h.to_rank).u32(h.has_token ? 1 : 0).bytes(h.nonce).take();
+}
+
+inline Hello decode_hello(std::span<const std::byte> in) {
+  Reader r(in, "hello");
+  Hello h;
+  h.size = r.u32();
+  h.from_rank = r.u32();
+  h.to_rank = r.u32();
+  const std::uint32_t flags = r.u32();
+  if (flags > 1) throw FrameError(fmt::format("hello has unknown flags 0x{:x}", flags));
+  h.has_token = flags == 1;
+  h.nonce = r.array<kNonceBytes>();
+  r.done();
+  return h;
+}
+
+inline std::vector<std::byte> encode(const Challenge& c) {
+  return Writer()
+      .u32(c.size)
+      .u32(c.rank)
+      .u32(c.peer_rank)
+      .u32(c.has_token ? 1 : 0)
+      .bytes(c.nonce)
+      .bytes(c.proof)
+      .take();
+}
+
+inline Challenge decode_challenge(std::span<const std::byte> in) {
+  Reader r(in, "challenge");
+  Challenge c;
+  c.size = r.u32();
+  c.rank = r.u32();
+  c.peer_rank = r.u32();
+  const std::uint32_t flags = r.u32();
+  if (flags > 1) throw FrameError(fmt::format("challenge has unknown flags 0x{:x}", flags));
+  c.has_token = flags == 1;
+  c.nonce = r.array<kNonceBytes>();
+  c.proof = r.array<kMacBytes>();
+  r.done();
+  return c;
+}
+
+inline Mac decode_response(std::span<const std::byte> in) {
+  Reader r(in, "response");
+  const Mac m = r.array<kMacBytes>();
+  r.done();
+  return m;
+}
+
+/// The proof each side sends: distinct labels for the two directions so that one side's proof
+/// can never be replayed as the other's, and both nonces and both ranks bound in.
+inline Mac handshake_proof(std::string_view token, bool from_acceptor, const Nonce& connector_nonce,
+                           const Nonce& acceptor_nonce, std::uint32_t size, std::uint32_t acceptor_rank,
+                           std::uint32_t connector_rank) {
+  Writer w;
+  w.text(from_acceptor ? "distribute.net/v1 acceptor proof" : "distribute.net/v1 connector proof");
+  w.bytes(connector_nonce).bytes(acceptor_nonce).u32(size).u32(acceptor_rank).u32(connector_rank);
+  const auto msg = w.take();
+  return hmac_sha256(token, msg);
+}
+
+inline std::string decode_text(std::span<const std::byte> in) {
+  return std::string(reinterpret_cast<const char*>(in.data()), in.size());
+}
+
+// ---- abort -------------------------------------------------------------------------------
+
+/// Why a communicator failed; travels in Abort frames so every peer throws the same kind.
+enum class FailureKind : std::uint8_t { Peer = 1, Timeout = 2, Mismatch = 3, Config = 4 };
+
+struct Failure {
+  FailureKind kind = FailureKind::Peer;
+  std::string message;
+};
+
+inline std::vector<std::byte> encode(const Failure& f) {
+  const std::string_view msg = std::string_view(f.message).substr(0, kMaxControlPayload - 1);
+  return Writer().u8(static_cast<std::uint8_t>(f.kind)).text(msg).take();
+}
+
+inline Failure decode_abort(std::span<const std::byte> in) {
+  Reader r(in, "abort");
+  const std::uint8_t kind = r.u8();
+  if (kind < 1 || kind > 4) throw FrameError(fmt::format("abort frame has unknown failure kind {}", kind));
+  return Failure{static_cast<FailureKind>(kind), r.rest_text()};
+}
+
+/// Throws the library error that matches `kind`.
+[[noreturn]] inline void raise(FailureKind kind, const std::string& message) {
+  switch (kind) {
+    case FailureKind::Peer: throw PeerFailure(message);
+    case FailureKind::Timeout: throw CollectiveTimeout(message);
+    case FailureKind::Mismatch: throw InvalidArgument(message);
+    case FailureKind::Config: throw ClusterConfigError(message);
+  }
+  throw Error(message);
+}
+
+// ---- collective descriptor -----------------------------------------------------------------
+
+enum class CollectiveKind : std::uint8_t { AllReduce = 1, AllGather = 2, Broadcast = 3, Barrier = 4 };
+
+constexpr std::string_view to_string(CollectiveKind k) noexcept {
+  switch (k) {
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::Broadcast: return "broadcast";
+    case CollectiveKind::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+/// What a rank says it is doing in collective number `seq`; every rank checks every other's.
+struct Descriptor {
+  CollectiveKind kind = CollectiveKind::Barrier;
+  DType dtype = DType::U8;
+  ReduceOp op = ReduceOp::Sum;
+  std::uint32_t root = 0;
+  std::uint64_t count = 0;  // all_reduce: elements; broadcast, all_gather: bytes
+};
+
+inline constexpr std::size_t kDescriptorBytes = 16;
+
+inline std::string describe(const Descriptor& d) {
+  switch (d.kind) {
+    case CollectiveKind::AllReduce:
+      return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+    case CollectiveKind::AllGather: return fmt::format("all_gather(bytes={})", d.count);
+    case CollectiveKind::Broadcast: return fmt::format("broadcast(bytes={}, root={})", d.count, d.root);
+    case CollectiveKind::Barrier: return "barrier()";
+  }
+  return "?";
+}
+
+/// Whether two ranks' calls can form one collective (all_gather sizes may differ by design).
+inline bool compatible(const Descriptor& a, const Descriptor& b) noexcept {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op;
+    case CollectiveKind::Broadcast: return a.count == b.count && a.root == b.root;
+    case CollectiveKind::AllGather:
+    case CollectiveKind::Barrier: return true;
+  }
+  return false;
+}
+
+inline std::vector<std::byte> encode(const Descriptor& d) {
+  return Writer()
+      .u8(static_cast<std::uint8_t>(d.kind))
+      .u8(static_cast<std::uint8_t>(d.dtype))
+      .u8(static_cast<std::uint8_t>(d.op))
+      .u8(0)
+      .u32(d.root)
+      .u64(d.count)
+      .take();
+}
+
+inline Descriptor decode_descriptor(std::span<const std::byte> in) {
+  Reader r(in, "descriptor");
+  const std::uint8_t kind = r.u8(), dtype = r.u8(), op = r.u8(), pad = r.u8();
+  if (kind < 1 || kind > 4) throw FrameError(fmt::format("descriptor has unknown collective kind {}", kind));
+  if (dtype > static_cast<std::uint8_t>(DType::Bool)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
+  if (op > static_cast<std::uint8_t>(ReduceOp::Product)) throw FrameError(fmt::format("descriptor has unknown reduce op {}", op));
+  if (pad != 0) throw FrameError("descriptor has a non-zero reserved byte");
+  Descriptor d;
+  d.kind = static_cast<CollectiveKind>(kind);
+  d.dtype = static_cast<DType>(dtype);
+  d.op = static_cast<ReduceOp>(op);
+  d.root = r.u32();
+  d.count = r.u64();
+  r.done();
+  return d;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
+// ---- end <distribute/net/detail/protocol.hpp> ----
+// ---- begin <distribute/net/frame.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+//
+//   offset  size  field
+//        0     4  magic "DSNT"
+//        4     1  protocol version (kProtocolVersion)
+//        5     1  FrameType
+//        6     2  reserved, must be zero
+//        8     8  payload length
+//       16     8  sequence number (collective number, point-to-point message number)
+//       24     8  tag (chunk within a collective)
+//
+// Integers are little-endian whatever the host. Decoding is a pure function of the bytes, so it can
+// be fuzzed: anything malformed throws FrameError and is never read past its end.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+/// Bytes that are not a well-formed frame (bad magic, version, type, reserved bits or length).
+/// The transport answers it by closing the connection.
+class FrameError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 32;
+/// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
+/// configured limit, so a stranger cannot make a peer allocate much.
+inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+
+enum class FrameType : std::uint8_t {
+  Hello = 1,         // connector → acceptor: who I am, my nonce
+  Challenge = 2,     // acceptor → connector: who I am, my nonce, my proof of the token
+  Response = 3,      // connector → acceptor: my proof of the token
+  Welcome = 4,       // acceptor → connector: accepted
+  Reject = 5,        // either way, during the handshake: refused, with a reason
+  Heartbeat = 6,     // keeps an idle connection known to be alive
+  Goodbye = 7,       // clean shutdown: the sender sends nothing more
+  Abort = 8,         // the sender's communicator failed; payload says why
+  Descriptor = 9,    // announces a collective (seq = collective number)
+  Data = 10,         // a piece of a collective's data (seq, tag)
+  PointToPoint = 11  // one send() message (seq = message number to this peer)
+};
+
+constexpr std::string_view to_string(FrameType t) noexcept {
+  switch (t) {
+    case FrameType::Hello: return "hello";
+    case FrameType::Challenge: return "challenge";
+    case FrameType::Response: return "response";
+    case FrameType::Welcome: return "welcome";
+    case FrameType::Reject: return "reject";
+    case FrameType::Heartbeat: return "heartbeat";
+    case FrameType::Goodbye: return "goodbye";
+    case FrameType::Abort: return "abort";
+    case FrameType::Descriptor: return "descriptor";
+    case FrameType::Data: return "data";
+    case FrameType::PointToPoint: return "point-to-point";
+  }
+  return "?";
+}
+
+struct FrameHeader {
+  FrameType type = FrameType::Heartbeat;
+  std::uint64_t length = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+using HeaderBytes = std::array<std::byte, kFrameHeaderBytes>;
+
+namespace detail {
+
+inline void store_le(std::byte* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr bool known_frame_type(std::uint8_t t) noexcept {
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+}
+
+}  // namespace detail
+
+inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
+  HeaderBytes out{};
+  detail::store_le(out.data(), kFrameMagic, 4);
+  out[4] = static_cast<std::byte>(kProtocolVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  detail::store_le(out.data() + 8, h.length, 8);
+  detail::store_le(out.data() + 16, h.seq, 8);
+  detail::store_le(out.data() + 24, h.tag, 8);
+  return out;
+}
+
+/// Decodes and validates a header; `max_payload_bytes` bounds Data/PointToPoint payloads
+/// (other types are bounded by kMaxControlPayload, or to zero when they carry nothing).
+inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  if (bytes.size() < kFrameHeaderBytes) {
+    throw FrameError(fmt::format("truncated frame header: {} of {} bytes", bytes.size(), kFrameHeaderBytes));
+  }
+  const auto magic = static_cast<std::uint32_t>(detail::load_le(bytes.data(), 4));
+  if (magic != kFrameMagic) {
+    throw FrameError(fmt::format("bad frame magic 0x{:08x} (expected 0x{:08x}): not a distribute peer", magic, kFrameMagic));
+  }
+  const auto version = static_cast<std::uint8_t>(bytes[4]);
+  if (version != kProtocolVersion) {
+    throw FrameError(fmt::format("unsupported protocol version {} (this build speaks version {})", version, kProtocolVersion));
+  }
+  const auto type = static_cast<std::uint8_t>(bytes[5]);
+  if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
+  const auto reserved = detail::load_le(bytes.data() + 6, 2);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.length = detail::load_le(bytes.data() + 8, 8);
+  h.seq = detail::load_le(bytes.data() + 16, 8);
+  h.tag = detail::load_le(bytes.data() + 24, 8);
+  std::uint64_t limit = kMaxControlPayload;
+  switch (h.type) {
+    case FrameType::Data:
+    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::Welcome:
+    case FrameType::Heartbeat:
+    case FrameType::Goodbye: limit = 0; break;
+    default: limit = std::min(limit, max_payload_bytes); break;
+  }
+  if (h.length > limit) {
+    throw FrameError(fmt::format("{} frame payload of {} bytes exceeds the limit of {} bytes", to_string(h.type),
+                                 h.length, limit));
+  }
+  return h;
+}
+
+/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
+  h.length = payload.size();
+  const HeaderBytes head = encode_header(h);
+  std::vector<std::byte> out(head.begin(), head.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+};
+
+/// Incremental decoder over a byte stream cut anywhere. Malformed input throws FrameError, after
+/// which the decoder stays failed (a stream cannot be resynchronised once framing is lost).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::uint64_t max_payload_bytes) : max_payload_(max_payload_bytes) {}
+
+  /// Consumes `bytes`; returns the frames they complete, in order.
+  std::vector<Frame> feed(std::span<const std::byte> bytes) {
+    if (failed_) throw FrameError("frame decoder already failed on malformed input");
+    std::vector<Frame> out;
+    try {
+      while (!bytes.empty()) {
+        if (!have_header_) {
+          const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, bytes.size());
+          std::copy_n(bytes.begin(), take, header_.begin() + static_cast<std::ptrdiff_t>(header_fill_));
+          header_fill_ += take;
+          bytes = bytes.subspan(take);
+          if (header_fill_ < kFrameHeaderBytes) break;
+          current_.header = decode_header(header_, max_payload_);
+          current_.payload.clear();
+          have_header_ = true;
+        }
+        // Grow with the bytes that actually arrive, not with the length the header claims.
+        const std::uint64_t missing = current_.header.length - current_.payload.size();
+        const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
+        current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+        bytes = bytes.subspan(take);
+        if (current_.payload.size() == current_.header.length) {
+          out.push_back(std::move(current_));
+          current_ = Frame{};
+          have_header_ = false;
+          header_fill_ = 0;
+        }
+      }
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+    return out;
+  }
+
+  /// Bytes of an unfinished frame held so far.
+  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  std::uint64_t max_payload_;
+  HeaderBytes header_{};
+  std::size_t header_fill_ = 0;
+  bool have_header_ = false;
+  bool failed_ = false;
+  Frame current_;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// ---- end <distribute/net/frame.hpp> ----
+// ---- begin <distribute/net/options.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+// Tuning and security knobs of the TCP communicator.
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+struct CommunicatorOptions {
+  /// Total time the constructor waits for every peer to appear; connects are retried with
+  /// exponential back-off (50 ms doubling to 1 s) until then, because peers start in any order.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// One handshake (hello, challenge, response, welcome) must finish within this; it also bounds
+  /// how long a stranger that connects and says nothing holds a socket.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// An otherwise idle connection carries a heartbeat this often.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  /// A peer that sent nothing for this long is declared lost (PeerFailure). Zero disables it.
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  /// Deadline of one collective or point-to-point call; expiry throws CollectiveTimeout here and
+  /// aborts the peers. Unset: no deadline (a dead peer is still found by EOF or heartbeat).
+  std::optional<std::chrono::milliseconds> operation_timeout;
+  /// Shared secret every peer must prove it holds (HMAC-SHA256 challenge-response, both ways)
+  /// before any data. Unset: the environment variable DISTRIBUTE_CLUSTER_TOKEN, if non-empty.
+  /// Set to "": no authentication even when the variable is set.
+  std::optional<std::string> cluster_token;
+  /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
+  std::size_t max_frame_bytes = std::size_t{1} << 31;
+  /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
+  /// sending, receiving and reducing overlap.
+  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
+  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// Where refused connections are reported; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+// ---- end <distribute/net/options.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+/// How incoming frames find their receive.
+struct MsgKey {
+  FrameType type = FrameType::Data;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend auto operator<=>(const MsgKey&, const MsgKey&) = default;
+};
+
+/// A buffer for a frame that arrived before its receive was posted (not zero-filled: it is
+/// overwritten by the read at once).
+struct Blob {
+  std::unique_ptr<std::byte[]> data;
+  std::size_t size = 0;
+};
+
+/// One send or receive; shared between the calling thread and the io thread, guarded by the
+/// transport's mutex.
+struct Transfer {
+  enum class State : std::uint8_t {
+    Queued,  // send: in the peer's queue; receive: posted, nothing arrived yet
+    Active,  // the io thread is writing from / reading into the caller's memory
+    Done,
+    Failed
+  };
+  State state = State::Queued;
+  bool is_send = false;
+  int peer = -1;
+  MsgKey key{};
+  std::byte* dst = nullptr;  // receive destination
+  std::size_t size = 0;
+  Failure error;  // when Failed
+};
+using TransferPtr = std::shared_ptr<Transfer>;
+
+struct OutFrame {
+  HeaderBytes header{};
+  const std::byte* payload = nullptr;
+  std::size_t size = 0;
+  std::vector<std::byte> owned;  // control payloads travel with their frame
+  TransferPtr transfer;          // null for control frames
+  bool half_close_after = false;  // goodbye: shut our sending side once it is written
+};
+
+struct Peer {
+  enum class State : std::uint8_t { Connecting, Open, Closed, Failed };
+  int rank = -1;
+  std::string name;
+  std::string address;
+  HostPort endpoint;
+  State state = State::Connecting;
+  bool claimed = false;  // an accepted handshake is completing for this rank
+  std::optional<tcp::socket> socket;
+  bool socket_done = false;  // closed, or its read side reached EOF
+  // Connecting to ranks below ours.
+  std::optional<asio::steady_timer> retry_timer;
+  std::chrono::milliseconds backoff{50};
+  std::string last_error = "no attempt yet";
+  // Writing.
+  std::deque<OutFrame> queue;
+  std::vector<OutFrame> batch;
+  std::vector<asio::const_buffer> buffers;
+  bool writing = false;
+  bool half_close_pending = false;
+  // Reading (io thread only).
+  HeaderBytes rx_header{};
+  FrameHeader rx{};
+  std::vector<std::byte> rx_control;
+  TransferPtr rx_transfer;
+  Blob rx_blob;
+  bool rx_keep = false;
+  std::byte* rx_dst = nullptr;
+  std::size_t rx_done = 0;
+  // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
+  std::atomic<Clock::rep> last_rx{0};
+  Clock::time_point last_tx{};
+
+  void heard_now() noexcept { last_rx.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
+  Clock::duration silence(Clock::time_point now) const noexcept {
+    return now - Clock::time_point(Clock::duration(last_rx.load(std::memory_order_relaxed)));
+  }
+  // Matching (guarded by the mutex).
+  std::map<MsgKey, std::deque<TransferPtr>> posted;
+  std::map<MsgKey, std::deque<Blob>> unexpected;
+  std::map<std::uint64_t, Descriptor> descriptors;
+  std::uint64_t p2p_sent = 0;
+  std::uint64_t p2p_received = 0;
+};
+
+struct Handshake {
+  explicit Handshake(asio::io_context& io) : socket(io), timer(io) {}
+  explicit Handshake(tcp::socket s) : socket(std::move(s)), timer(socket.get_executor()) {}
+  tcp::socket socket;
+  asio::steady_timer timer;
+  HeaderBytes header{};
+  std::vector<std::byte> in;
+  std::vector<std::byte> out;
+  Nonce nonce{};
+  Nonce peer_nonce{};
+  int peer = -1;
+  std::string remote;
+  bool timed_out = false;
+  bool finished = false;
+};
+
+// A payload larger than this is read in pieces so that a long frame still counts as traffic.
+inline constexpr std::size_t kReadPiece = std::size_t{4} << 20;
+// One scatter-gather write carries at most this many frames / bytes.
+inline constexpr std::size_t kBatchFrames = 64;
+inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
+// After an error, how long in-flight I/O on the caller's memory may finish before its socket is cut.
+inline constexpr std::chrono::milliseconds kAbandonGrace{500};
+// How long a clean shutdown waits for goodbyes to be written and answered.
+inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
+
+class Transport {
+ public:
+  class Op;
+
+  Transport(std::vector<std::string> addresses, int rank, CommunicatorOptions options,
+            std::vector<std::string> task_names)
+      : options_(std::move(options)), rank_(rank), size_(static_cast<int>(addresses.size())) {
+    if (addresses.empty()) throw InvalidArgument("Communicator: the address list is empty");
+    if (rank < 0 || rank >= size_) {
+      throw InvalidArgument(fmt::format("Communicator: rank {} is out of range for {} addresses", rank, size_));
+    }
+    if (!task_names.empty() && task_names.size() != addresses.size()) {
+      throw InvalidArgument(fmt::format("Communicator: {} task names given for {} addresses", task_names.size(),
+                                        addresses.size()));
+    }
+    if (options_.chunk_bytes == 0) throw InvalidArgument("Communicator: chunk_bytes must be positive, got 0");
+    if (options_.max_frame_bytes < 4096) {
+      throw InvalidArgument(fmt::format("Communicator: max_frame_bytes must be at least 4096, got {}", options_.max_frame_bytes));
+    }
+    if (options_.heartbeat_interval.count() <= 0) {
+      throw InvalidArgument(fmt::format("Communicator: heartbeat_interval must be positive, got {} ms",
+                                        options_.heartbeat_interval.count()));
+    }
+    chunk_bytes_ = std::min(options_.chunk_bytes, options_.max_frame_bytes);
+    token_ = effective_cluster_token(options_.cluster_token);
+    for (int i = 0; i < size_; ++i) {
+      auto p = std::make_unique<Peer>();
+      p->rank = i;
+      p->name = task_names.empty() ? fmt::format("rank {}", i) : task_names[static_cast<std::size_t>(i)];
+      p->address = addresses[static_cast<std::size_t>(i)];
+      p->endpoint = parse_host_port(p->address);
+      for (int j = 0; j < i; ++j) {
+        if (peers_[static_cast<std::size_t>(j)]->address == p->address) {
+          throw InvalidArgument(fmt::format("Communicator: ranks {} and {} have the same address '{}'", j, i, p->address));
+        }
+      }
+      if (i != rank_) p->retry_timer.emplace(io_);
+      peers_.push_back(std::move(p));
+    }
+    if (size_ == 1) return;
+
+    listen();
+    work_.emplace(io_.get_executor());
+    io_thread_ = std::thread([this] { run_io(); });
+    asio::post(io_, [this] {
+      do_accept();
+      for (int j = 0; j < rank_; ++j) start_connect(j);
+      // Heartbeats start now, not once the cluster has formed: peers that connected early must
+      // keep hearing from us while a late one is still awaited.
+      heartbeat_tick();
+    });
+
+    std::unique_lock lk(mu_);
+    const auto deadline = Clock::now() + options_.connect_timeout;
+    const bool formed = cv_.wait_until(lk, deadline, [&] { return open_count_ == size_ - 1 || setup_failure_ || failure_; });
+    if (!formed || setup_failure_ || failure_ || open_count_ != size_ - 1) {
+      Failure f = setup_failure_ ? *setup_failure_ : failure_ ? *failure_ : Failure{FailureKind::Peer, missing_peers_locked()};
+      lk.unlock();
+      shutdown();
+      raise(f.kind, f.message);
+    }
+  }
+
+  ~Transport() { shutdown(); }
+
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const std::string& task_name(int r) const { return peer_at(r).name; }
+  const std::string& address(int r) const { return peer_at(r).address; }
+  const CommunicatorOptions& options() const noexcept { return options_; }
+  std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
+
+  std::optional<Failure> failure() const {
+    std::lock_guard lk(mu_);
+    return failure_;
+  }
+
+ private:
+  const Peer& peer_at(int r) const {
+    if (r < 0 || r >= size_) throw InvalidArgument(fmt::format("rank {} is out of range for a cluster of {}", r, size_));
+    return *peers_[static_cast<std::size_t>(r)];
+  }
+  Peer& peer(int r) { return *peers_[static_cast<std::size_t>(r)]; }
+  const std::string& me() const { return peers_[static_cast<std::size_t>(rank_)]->name; }
+
+  void log(const std::string& line) const {
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      fmt::print(stderr, "distribute.net: {}\n", line);
+    }
+  }
+
+  void run_io() {
+    for (;;) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        // A handler must not take the process down; the transport is unusable afterwards.
+        std::lock_guard lk(mu_);
+        fail_locked(Failure{FailureKind::Peer, fmt::format("internal error in the network thread of {}: {}", me(), e.what())},
+                    true);
+      }
+    }
+  }
+
+  // ---- set-up ------------------------------------------------------------------------------
+
+  void listen() {
+    const Peer& self = peer(rank_);
+    boost::system::error_code ec;
+    tcp::resolver resolver(io_);
+    const auto results = resolver.resolve(self.endpoint.host, self.endpoint.port, ec);
+    if (ec) {
+      throw Unavailable(fmt::format("{} cannot resolve its own address '{}': {}", self.name, self.address, ec.message()));
+    }
+    for (const auto& entry : results) {
+      acceptor_.emplace(io_);
+      acceptor_->open(entry.endpoint().protocol(), ec);
+      if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
+      if (!ec) acceptor_->bind(entry.endpoint(), ec);
+      if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+      if (!ec) return;
+      acceptor_.reset();
+    }
+    throw Unavailable(fmt::format("{} cannot listen on {}: {}", self.name, self.address,
+                                  ec ? ec.message() : std::string("the host resolves to no address")));
+  }
+
+  std::string missing_peers_locked() const {
+    std::string out;
+    for (const auto& p : peers_) {
+      if (p->rank == rank_ || p->state == Peer::State::Open) continue;
+      if (!out.empty()) out += "; ";
+      if (p->rank < rank_) {
+        out += fmt::format("could not connect to {} at {} (last error: {})", p->name, p->address, p->last_error);
+      } else {
+        out += fmt::format("{} ({}) never connected", p->name, p->address);
+      }
+    }
+    return fmt::format("{}: the cluster of {} did not form within {} ms: {}", me(), size_, options_.connect_timeout.count(),
+                       out);
+  }
+
+  void setup_fail(FailureKind kind, std::string message) {
+    std::lock_guard lk(mu_);
+    if (!setup_failure_) setup_failure_ = Failure{kind, std::move(message)};
+    cv_.notify_all();
+  }
+
+  static std::string describe_error(const boost::system::error_code& ec) {
+    if (ec == asio::error::eof) return "connection closed without a goodbye (the process exited or was killed)";
+    if (ec == asio::error::connection_reset) return "connection reset by peer";
+    if (ec == asio::error::broken_pipe) return "broken pipe (the peer closed its socket)";
+    return ec.message();
+  }
+
+  std::string handshake_error(const Handshake& h, const boost::system::error_code& ec) const {
+    if (h.timed_out) return fmt::format("handshake timed out after {} ms", options_.handshake_timeout.count());
+    if (ec == asio::error::eof) return "connection closed during the handshake";
+    return describe_error(ec);
+  }
+
+  void arm_handshake_timer(const std::shared_ptr<Handshake>& h) {
+    h->timer.expires_after(options_.handshake_timeout);
+    h->timer.async_wait([h](const boost::system::error_code& ec) {
+      if (!ec && !h->finished) {
+        h->timed_out = true;
+        boost::system::error_code ignored;
+        h->socket.close(ignored);
+      }
+    });
+  }
+
+  using HandshakeRead = std::function<void(const std::string& error, const FrameHeader& header)>;
+
+  // Reads one handshake frame; handshake payloads are tiny, so a stranger cannot make us allocate.
+  void handshake_read(const std::shared_ptr<Handshake>& h, HandshakeRead done) {
+    asio::async_read(h->socket, asio::buffer(h->header),
+                     [this, h, done = std::move(done)](const boost::system::error_code& ec, std::size_t) {
+                       if (ec) return done(handshake_error(*h, ec), FrameHeader{});
+                       FrameHeader fh;
+                       try {
+                         fh = decode_header(h->header, kMaxHandshakePayload);
+                       } catch (const FrameError& e) {
+                         return done(e.what(), FrameHeader{});
+                       }
+                       h->in.resize(static_cast<std::size_t>(fh.length));
+                       asio::async_read(h->socket, asio::buffer(h->in),
+                                        [this, h, done, fh](const boost::system::error_code& ec2, std::size_t) {
+                                          if (ec2) return done(handshake_error(*h, ec2), FrameHeader{});
+                                          done(std::string(), fh);
+                                        });
+                     });
+  }
+
+  void handshake_write(const std::shared_ptr<Handshake>& h, FrameType type, std::span<const std::byte> payload,
+                       std::function<void(const std::string&)> done) {
+    h->out = encode_frame(FrameHeader{type, 0, 0, 0}, payload);
+    asio::async_write(h->socket, asio::buffer(h->out),
+                      [this, h, done = std::move(done)](const boost::system::error_code& ec, std::size_t) {
+                        done(ec ? handshake_error(*h, ec) : std::string());
+                      });
+  }
+
+  // Connector side: ranks connect to every lower rank, retrying while it is not up yet.
+  void start_connect(int j) {
+    {
+      std::lock_guard lk(mu_);
+      if (closing_ || peer(j).state != Peer::State::Connecting) return;
+    }
+    auto resolver = std::make_shared<tcp::resolver>(io_);
+    const HostPort& ep = peer(j).endpoint;
+    resolver->async_resolve(ep.host, ep.port,
+                            [this, j, resolver](const boost::system::error_code& ec, tcp::resolver::results_type results) {
+                              if (ec) return retry_connect(j, ec.message());
+                              auto h = std::make_shared<Handshake>(io_);
+                              h->peer = j;
+                              asio::async_connect(h->socket, results,
+                                                  [this, j, h](const boost::system::error_code& ec2, const tcp::endpoint&) {
+                                                    if (ec2) return retry_connect(j, describe_error(ec2));
+                                                    client_handshake(h);
+                                                  });
+                            });
+  }
+
+  void retry_connect(int j, std::string reason) {
+    std::lock_guard lk(mu_);
+    Peer& p = peer(j);
+    if (closing_ || p.state != Peer::State::Connecting) return;
+    p.last_error = std::move(reason);
+    const auto delay = p.backoff;
+    p.backoff = std::min(p.backoff * 2, std::chrono::milliseconds(1000));
+    p.retry_timer->expires_after(delay);
+    p.retry_timer->async_wait([this, j](const boost::system::error_code& ec) {
+      if (!ec) start_connect(j);
+    });
+  }
+
+  void client_handshake(const std::shared_ptr<Handshake>& h) {
+    const int j = h->peer;
+    arm_handshake_timer(h);
+    h->nonce = random_nonce();
+    const Hello hello{static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(j),
+                      token_.has_value(), h->nonce};
+    handshake_write(h, FrameType::Hello, encode(hello), [this, h, j](const std::string& err) {
+      if (!err.empty()) return retry_connect(j, err);
+      handshake_read(h, [this, h, j](const std::string& err2, const FrameHeader& fh) {
+        if (!err2.empty()) return retry_connect(j, err2);
+        const Peer& p = peer(j);
+        if (fh.type == FrameType::Reject) {
+          return setup_fail(FailureKind::Config,
+                            fmt::format("{} at {} refused {}: {}", p.name, p.address, me(), decode_text(h->in)));
+        }
+        if (fh.type != FrameType::Challenge) {
+          return retry_connect(j, fmt::format("{} answered with a {} frame instead of a challenge", p.address, to_string(fh.type)));
+        }
+        Challenge c;
+        try {
+          c = decode_challenge(h->in);
+        } catch (const FrameError& e) {
+          return retry_connect(j, fmt::format("{} sent a malformed challenge: {}", p.address, e.what()));
+        }
+        if (c.size != static_cast<std::uint32_t>(size_) || c.rank != static_cast<std::uint32_t>(j) ||
+            c.peer_rank != static_cast<std::uint32_t>(rank_)) {
+          return setup_fail(FailureKind::Config,
+                            fmt::format("{} answered as rank {} of a {}-rank cluster, but {} (rank {} of {}) lists it as {} "
+                                        "(rank {}): the processes were given different cluster specs",
+                                        p.address, c.rank, c.size, me(), rank_, size_, p.name, j));
+        }
+        if (c.has_token != token_.has_value()) {
+          return setup_fail(FailureKind::Config,
+                            token_ ? fmt::format("{} at {} uses no cluster token but {} does", p.name, p.address, me())
+                                   : fmt::format("{} at {} requires a cluster token (DISTRIBUTE_CLUSTER_TOKEN) but {} has none",
+                                                 p.name, p.address, me()));
+        }
+        Mac proof{};
+        if (token_) {
+          const Mac expected = handshake_proof(*token_, true, h->nonce, c.nonce, c.size, c.rank, c.peer_rank);
+          if (!macs_equal(expected, c.proof)) {
+            const std::string why = "authentication failed: the acceptor's proof of the cluster token is wrong";
+            handshake_write(h, FrameType::Reject, std::as_bytes(std::span(why.data(), why.size())), [](const std::string&) {});
+            return setup_fail(FailureKind::Config,
+                              fmt::format("{} at {} failed to prove it holds the cluster token (the tokens differ)",
+                                          p.name, p.address));
+          }
+          proof = handshake_proof(*token_, false, h->nonce, c.nonce, c.size, c.rank, c.peer_rank);
+        }
+        handshake_write(h, FrameType::Response, proof, [this, h, j](const std::string& err3) {
+          if (!err3.empty()) return retry_connect(j, err3);
+          handshake_read(h, [this, h, j](const std::string& err4, const FrameHeader& fh2) {
+            if (!err4.empty()) return retry_connect(j, err4);
+            const Peer& p2 = peer(j);
+            if (fh2.type == FrameType::Reject) {
+              return setup_fail(FailureKind::Config,
+                                fmt::format("{} at {} refused {}: {}", p2.name, p2.address, me(), decode_text(h->in)));
+            }
+            if (fh2.type != FrameType::Welcome) {
+              return retry_connect(j, fmt::format("{} answered with a {} frame instead of a welcome", p2.address,
+                                                  to_string(fh2.type)));
+            }
+            h->finished = true;
+            h->timer.cancel();
+            register_peer(j, std::move(h->socket));
+          });
+        });
+      });
+    });
+  }
+
+  // Acceptor side: anyone may connect; only a peer that proves the token and a valid rank joins.
+  void do_accept() {
+    acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted) return;
+      {
+        std::lock_guard lk(mu_);
+        if (closing_) return;
+      }
+      if (!ec) {
+        auto h = std::make_shared<Handshake>(std::move(socket));
+        server_handshake(h);
+        do_accept();
+      } else {
+        // E.g. out of descriptors: back off instead of spinning on the error.
+        auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
+        timer->async_wait([this, timer](const boost::system::error_code& e) {
+          if (!e) do_accept();
+        });
+      }
+    });
+  }
+
+  void refuse(const std::shared_ptr<Handshake>& h, const std::string& reason, bool reply) {
+    const std::string who = h->peer >= 0 ? fmt::format(" (claiming to be {})", peer(h->peer).name) : std::string();
+    log(fmt::format("{}: refused connection from {}{}: {}", me(), h->remote, who, reason));
+    h->finished = true;
+    h->timer.cancel();
+    if (reply) {
+      handshake_write(h, FrameType::Reject, std::as_bytes(std::span(reason.data(), reason.size())), [h](const std::string&) {
+        boost::system::error_code ignored;
+        h->socket.close(ignored);
+      });
+    } else {
+      boost::system::error_code ignored;
+      h->socket.close(ignored);
+    }
+  }
+
+  void server_handshake(const std::shared_ptr<Handshake>& h) {
+    boost::system::error_code ec;
+    const auto remote = h->socket.remote_endpoint(ec);
+    h->remote = ec ? std::string("an unknown address") : fmt::format("{}:{}", remote.address().to_string(), remote.port());
+    arm_handshake_timer(h);
+    handshake_read(h, [this, h](const std::string& err, const FrameHeader& fh) {
+      if (!err.empty()) return refuse(h, err, false);
+      if (fh.type != FrameType::Hello) {
+        return refuse(h, fmt::format("expected a hello frame, got a {} frame", to_string(fh.type)), false);
+      }
+      Hello hello;
+      try {
+        hello = decode_hello(h->in);
+      } catch (const FrameError& e) {
+        return refuse(h, e.what(), false);
+      }
+      if (hello.size != static_cast<std::uint32_t>(size_) || hello.to_rank != static_cast<std::uint32_t>(rank_)) {
+        return refuse(h,
+                      fmt::format("it believes in a {}-rank cluster and called rank {}, but this is rank {} of {}", hello.size,
+                                  hello.to_rank, rank_, size_),
+                      true);
+      }
+      if (hello.from_rank <= static_cast<std::uint32_t>(rank_) || hello.from_rank >= static_cast<std::uint32_t>(size_)) {
+        return refuse(h,
+                      fmt::format("it claims rank {}, but only ranks {}..{} connect to rank {}", hello.from_rank, rank_ + 1,
+                                  size_ - 1, rank_),
+                      true);
+      }
+      h->peer = static_cast<int>(hello.from_rank);
+      if (hello.has_token != token_.has_value()) {
+        return refuse(h,
+                      token_ ? std::string("it presented no cluster token, and this cluster requires one")
+                             : std::string("it presented a cluster token, and this rank has none"),
+                      true);
+      }
+      h->peer_nonce = hello.nonce;
+      h->nonce = random_nonce();
+      Challenge c{static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(rank_), hello.from_rank, token_.has_value(),
+                  h->nonce, Mac{}};
+      if (token_) c.proof = handshake_proof(*token_, true, hello.nonce, h->nonce, c.size, c.rank, c.peer_rank);
+      handshake_write(h, FrameType::Challenge, encode(c), [this, h](const std::string& err2) {
+        if (!err2.empty()) return refuse(h, err2, false);
+        handshake_read(h, [this, h](const std::string& err3, const FrameHeader& fh2) {
+          if (!err3.empty()) return refuse(h, err3, false);
+          if (fh2.type == FrameType::Reject) {
+            return refuse(h, fmt::format("it refused this rank's proof of the cluster token: {}", decode_text(h->in)), false);
+          }
+          if (fh2.type != FrameType::Response) {
+            return refuse(h, fmt::format("expected a response frame, got a {} frame", to_string(fh2.type)), false);
+          }
+          Mac proof{};
+          try {
+            proof = decode_response(h->in);
+          } catch (const FrameError& e) {
+            return refuse(h, e.what(), false);
+          }
+          if (token_) {
+            const Mac expected = handshake_proof(*token_, false, h->peer_nonce, h->nonce, static_cast<std::uint32_t>(size_),
+                                                 static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(h->peer));
+            if (!macs_equal(expected, proof)) {
+              return refuse(h, "authentication failed: its proof of the cluster token is wrong (the tokens differ)", true);
+            }
+          }
+          bool duplicate = false;
+          {
+            std::lock_guard lk(mu_);
+            Peer& p = peer(h->peer);
+            duplicate = closing_ || p.state != Peer::State::Connecting || p.claimed;
+            if (!duplicate) p.claimed = true;
+          }
+          if (duplicate) return refuse(h, fmt::format("{} is already connected", peer(h->peer).name), true);
+          handshake_write(h, FrameType::Welcome, {}, [this, h](const std::string& err4) {
+            if (!err4.empty()) {
+              {
+                std::lock_guard lk(mu_);
+                peer(h->peer).claimed = false;
+              }
+              return refuse(h, err4, false);
+            }
+            h->finished = true;
+            h->timer.cancel();
+            register_peer(h->peer, std::move(h->socket));
+          });
+        });
+      });
+    });
+  }
+
+  void register_peer(int j, tcp::socket socket) {
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    std::unique_lock lk(mu_);
+    Peer& p = peer(j);
+    if (closing_ || p.state != Peer::State::Connecting) {
+      socket.close(ignored);
+      return;
+    }
+    p.socket.emplace(std::move(socket));
+    p.state = Peer::State::Open;
+    p.claimed = false;
+    p.last_tx = Clock::now();
+    p.heard_now();
+    ++open_count_;
+    cv_.notify_all();
+    lk.unlock();
+    read_header(p);
+  }
+
+  // ---- steady state: reading ----------------------------------------------------------------
+
+  void read_header(Peer& p) {
+    asio::async_read(*p.socket, asio::buffer(p.rx_header),
+                     [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
+  }
+
+  void on_header(Peer& p, const boost::system::error_code& ec) {
+    if (ec) return on_read_error(p, ec);
+    p.heard_now();
+    try {
+      p.rx = decode_header(p.rx_header, options_.max_frame_bytes);
+    } catch (const FrameError& e) {
+      return protocol_error(p, e.what());
+    }
+    switch (p.rx.type) {
+      case FrameType::Heartbeat: return read_header(p);
+      case FrameType::Goodbye: {
+        std::lock_guard lk(mu_);
+        on_goodbye_locked(p);
+      }
+        return read_header(p);
+      case FrameType::Abort:
+      case FrameType::Descriptor:
+        p.rx_control.resize(static_cast<std::size_t>(p.rx.length));
+        asio::async_read(*p.socket, asio::buffer(p.rx_control),
+                         [this, &p](const boost::system::error_code& ec2, std::size_t) { on_control(p, ec2); });
+        return;
+      case FrameType::Data:
+      case FrameType::PointToPoint: return start_payload(p);
+      default: return protocol_error(p, fmt::format("unexpected {} frame after the handshake", to_string(p.rx.type)));
+    }
+  }
+
+  void on_control(Peer& p, const boost::system::error_code& ec) {
+    if (ec) return on_read_error(p, ec);
+    p.heard_now();
+    try {
+      if (p.rx.type == FrameType::Abort) {
+        Failure f = decode_abort(p.rx_control);
+        std::lock_guard lk(mu_);
+        if (!closing_) {
+          if (f.message.find(" (reported by ") == std::string::npos) f.message += fmt::format(" (reported by {})", p.name);
+          // Relayed before anything else we send: a peer that hears our goodbye later must have
+          // heard why first, or it would blame our departure instead of the real loss.
+          fail_locked(std::move(f), true);
+        }
+      } else {
+        const Descriptor d = decode_descriptor(p.rx_control);
+        std::lock_guard lk(mu_);
+        if (!p.descriptors.emplace(p.rx.seq, d).second) {
+          throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
+        }
+        cv_.notify_all();
+      }
+    } catch (const FrameError& e) {
+      return protocol_error(p, e.what());
+    }
+    read_header(p);
+  }
+
+  void start_payload(Peer& p) {
+    const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
+    const auto length = static_cast<std::size_t>(p.rx.length);
+    bool keep = true;
+    {
+      std::lock_guard lk(mu_);
+      p.rx_transfer.reset();
+      auto it = p.posted.find(key);
+      if (it != p.posted.end()) {
+        TransferPtr t = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.posted.erase(it);
+        if (t->size == length) {
+          t->state = Transfer::State::Active;
+          p.rx_dst = t->dst;
+          p.rx_transfer = std::move(t);
+        } else {
+          t->state = Transfer::State::Failed;
+          t->error = Failure{FailureKind::Mismatch, size_mismatch(p, length, t->size, key)};
+          keep = false;  // read and drop it: the stream stays in step
+          cv_.notify_all();
+        }
+      }
+    }
+    if (!p.rx_transfer) {
+      try {
+        p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length};
+      } catch (const std::bad_alloc&) {
+        return protocol_error(p, fmt::format("cannot buffer a frame of {} bytes: out of memory", length));
+      }
+      p.rx_dst = p.rx_blob.data.get();
+      p.rx_keep = keep;
+    }
+    p.rx_done = 0;
+    read_payload(p);
+  }
+
+  void read_payload(Peer& p) {
+    const auto length = static_cast<std::size_t>(p.rx.length);
+    if (p.rx_done == length) return finish_payload(p);
+    const std::size_t n = std::min(kReadPiece, length - p.rx_done);
+    asio::async_read(*p.socket, asio::buffer(p.rx_dst + p.rx_done, n),
+                     [this, &p](const boost::system::error_code& ec, std::size_t got) {
+                       if (ec) return on_read_error(p, ec);
+                       p.heard_now();
+                       p.rx_done += got;
+                       read_payload(p);
+                     });
+  }
+
+  void finish_payload(Peer& p) {
+    std::unique_lock lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Done;
+      p.rx_transfer.reset();
+    } else if (p.rx_keep) {
+      // Its receive may have been posted while the frame was arriving: hand it over now.
+      const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
+      auto it = p.posted.find(key);
+      if (it == p.posted.end()) {
+        p.unexpected[key].push_back(std::move(p.rx_blob));
+      } else {
+        TransferPtr t = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.posted.erase(it);
+        if (t->size == p.rx_blob.size) {
+          t->state = Transfer::State::Active;
+          lk.unlock();
+          if (t->size > 0) std::memcpy(t->dst, p.rx_blob.data.get(), t->size);
+          lk.lock();
+          t->state = Transfer::State::Done;
+        } else {
+          t->state = Transfer::State::Failed;
+          t->error = Failure{FailureKind::Mismatch, size_mismatch(p, p.rx_blob.size, t->size, key)};
+        }
+      }
+    }
+    p.rx_blob = Blob{};
+    cv_.notify_all();
+    lk.unlock();
+    read_header(p);
+  }
+
+  std::string size_mismatch(const Peer& p, std::size_t got, std::size_t want, const MsgKey& key) const {
+    std::string msg = fmt::format("{} sent {} bytes where {} expected {}", p.name, got, me(), want);
+    if (key.type == FrameType::Data) msg += fmt::format(" (collective #{}, piece {})", key.seq, key.tag);
+    return msg;
+  }
+
+  void on_read_error(Peer& p, const boost::system::error_code& ec) {
+    std::lock_guard lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Failed;
+      p.rx_transfer->error = loss_locked(p, describe_error(ec));
+      p.rx_transfer.reset();
+    }
+    p.rx_blob = Blob{};
+    peer_down_locked(p, describe_error(ec));
+  }
+
+  void protocol_error(Peer& p, const std::string& what) {
+    std::lock_guard lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Failed;
+      p.rx_transfer->error = loss_locked(p, what);
+      p.rx_transfer.reset();
+    }
+    peer_down_locked(p, fmt::format("it sent a malformed frame: {}", what));
+  }
+
+  // ---- steady state: writing ----------------------------------------------------------------
+
+  void enqueue_locked(Peer& p, OutFrame f) {
+    if (p.state != Peer::State::Open) {
+      if (f.transfer) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = closed_failure_locked(p);
+      }
+      return;
+    }
+    p.queue.push_back(std::move(f));
+    if (!p.writing) {
+      p.writing = true;
+      asio::post(io_, [this, &p] {
+        std::lock_guard lk(mu_);
+        write_next_locked(p);
+      });
+    }
+  }
+
+  void enqueue_control_locked(Peer& p, FrameType type, std::uint64_t seq, std::vector<std::byte> payload,
+                              bool half_close_after = false) {
+    OutFrame f;
+    f.header = encode_header(FrameHeader{type, payload.size(), seq, 0});
+    f.owned = std::move(payload);
+    f.payload = f.owned.data();
+    f.size = f.owned.size();
+    f.half_close_after = half_close_after;
+    enqueue_locked(p, std::move(f));
+  }
+
+  void write_next_locked(Peer& p) {
+    if (p.state != Peer::State::Open || p.queue.empty() || !p.socket) {
+      p.writing = false;
+      return;
+    }
+    p.batch.clear();
+    p.buffers.clear();
+    std::size_t bytes = 0;
+    while (!p.queue.empty() && p.batch.size() < kBatchFrames && (p.batch.empty() || bytes < kBatchBytes)) {
+      bytes += p.queue.front().size + kFrameHeaderBytes;
+      p.batch.push_back(std::move(p.queue.front()));
+      p.queue.pop_front();
+    }
+    for (OutFrame& f : p.batch) {
+      if (f.transfer) f.transfer->state = Transfer::State::Active;
+      // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
+      if (!f.owned.empty()) f.payload = f.owned.data();
+      p.buffers.push_back(asio::buffer(f.header));
+      if (f.size > 0) p.buffers.push_back(asio::buffer(f.payload, f.size));
+    }
+    p.last_tx = Clock::now();
+    asio::async_write(*p.socket, p.buffers,
+                      [this, &p](const boost::system::error_code& ec, std::size_t) { on_written(p, ec); });
+  }
+
+  void on_written(Peer& p, const boost::system::error_code& ec) {
+    std::lock_guard lk(mu_);
+    bool half_close = false;
+    for (OutFrame& f : p.batch) {
+      half_close = half_close || f.half_close_after;
+      if (!f.transfer) continue;
+      if (ec) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = loss_locked(p, describe_error(ec));
+      } else {
+        f.transfer->state = Transfer::State::Done;
+      }
+    }
+    p.batch.clear();
+    cv_.notify_all();
+    if (ec) {
+      p.writing = false;
+      peer_down_locked(p, describe_error(ec));
+      return;
+    }
+    if (half_close || p.half_close_pending) {
+      p.half_close_pending = false;
+      p.writing = false;
+      shutdown_send(p);
+      return;
+    }
+    write_next_locked(p);
+  }
+
+  // ---- failure handling -------------------------------------------------------------------
+
+  Failure loss_locked(const Peer& p, const std::string& reason) const {
+    if (p.state == Peer::State::Failed && failure_) return *failure_;
+    if (p.state == Peer::State::Closed) return closed_failure_locked(p);
+    return Failure{FailureKind::Peer, fmt::format("lost task {} ({}): {}", p.name, p.address, reason)};
+  }
+
+  Failure closed_failure_locked(const Peer& p) const {
+    if (p.state == Peer::State::Failed && failure_) return *failure_;
+    return Failure{FailureKind::Peer, fmt::format("{} ({}) has closed its communicator", p.name, p.address)};
+  }
+
+  /// Records the first failure; `broadcast`: tell every peer (found here, or relayed).
+  void fail_locked(Failure f, bool broadcast) {
+    if (failure_) return;
+    failure_ = f;
+    if (broadcast) {
+      const auto payload = encode(f);
+      for (auto& p : peers_) {
+        if (p->rank != rank_ && p->state == Peer::State::Open) enqueue_control_locked(*p, FrameType::Abort, 0, payload);
+      }
+    }
+    cv_.notify_all();
+  }
+
+  // Fails what waits on `p` and cannot complete any more (posted receives, queued sends).
+  void fail_pending_locked(Peer& p, const Failure& f) {
+    for (auto& [key, list] : p.posted) {
+      for (auto& t : list) {
+        t->state = Transfer::State::Failed;
+        t->error = f;
+      }
+    }
+    p.posted.clear();
+    for (OutFrame& frame : p.queue) {
+      if (frame.transfer) {
+        frame.transfer->state = Transfer::State::Failed;
+        frame.transfer->error = f;
+      }
+    }
+    p.queue.clear();
+  }
+
+  void shutdown_send(Peer& p) {
+    boost::system::error_code ignored;
+    if (p.socket && p.socket->is_open()) p.socket->shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  void close_socket(Peer& p) {
+    boost::system::error_code ignored;
+    if (p.socket && p.socket->is_open()) {
+      p.socket->shutdown(tcp::socket::shutdown_both, ignored);
+      p.socket->close(ignored);
+    }
+    p.socket_done = true;
+  }
+
+  void on_goodbye_locked(Peer& p) {
+    if (p.state != Peer::State::Open) return;
+    p.state = Peer::State::Closed;
+    fail_pending_locked(p, closed_failure_locked(p));
+    // It sends nothing more; end our side too once what is being written is out, so that both
+    // ends close with empty receive buffers (a close with unread data would reset the stream).
+    if (p.writing) {
+      p.half_close_pending = true;
+    } else {
+      shutdown_send(p);
+    }
+    cv_.notify_all();
+  }
+
+  void peer_down_locked(Peer& p, const std::string& reason) {
+    if (p.state == Peer::State::Closed || p.state == Peer::State::Failed) {
+      close_socket(p);
+      cv_.notify_all();
+      return;
+    }
+    const bool expected = closing_;  // during our own shutdown every error is expected
+    const Failure loss = loss_locked(p, reason);
+    p.state = expected ? Peer::State::Closed : Peer::State::Failed;
+    close_socket(p);
+    fail_pending_locked(p, loss);
+    if (!expected) fail_locked(loss, true);
+    cv_.notify_all();
+  }
+
+  void heartbeat_tick() {
+    if (!heartbeat_timer_) heartbeat_timer_.emplace(io_);
+    heartbeat_timer_->expires_after(options_.heartbeat_interval);
+    heartbeat_timer_->async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      on_heartbeat();
+      heartbeat_tick();
+    });
+  }
+
+  void on_heartbeat() {
+    std::lock_guard lk(mu_);
+    if (closing_) return;
+    const auto now = Clock::now();
+    for (auto& pp : peers_) {
+      Peer& p = *pp;
+      if (p.rank == rank_ || p.state != Peer::State::Open) continue;
+      const auto silent = p.silence(now);
+      if (options_.heartbeat_timeout.count() > 0 && silent > options_.heartbeat_timeout) {
+        // Bytes waiting in the kernel mean it is alive and this thread is behind.
+        boost::system::error_code ec;
+        if (p.socket->available(ec) > 0 && !ec) continue;
+        peer_down_locked(p, fmt::format("no heartbeat for {:.1f} s",
+                                        std::chrono::duration<double>(silent).count()));
+        continue;
+      }
+      if (!p.writing && p.queue.empty() && now - p.last_tx >= options_.heartbeat_interval / 2) {
+        enqueue_control_locked(p, FrameType::Heartbeat, 0, {});
+      }
+    }
+  }
+
+  // ---- shutdown -----------------------------------------------------------------------------
+
+  void shutdown() noexcept {
+    if (!io_thread_.joinable()) return;
+    try {
+      {
+        std::unique_lock lk(mu_);
+        closing_ = true;
+        for (auto& p : peers_) {
+          if (p->rank != rank_ && p->state == Peer::State::Open) enqueue_control_locked(*p, FrameType::Goodbye, 0, {}, true);
+        }
+        // A poisoned transport has told its peers already; a stopped peer would only delay us.
+        cv_.wait_for(lk, failure_ ? kShutdownGrace / 4 : kShutdownGrace, [&] {
+          return std::all_of(peers_.begin(), peers_.end(), [](const auto& p) { return !p->socket || p->socket_done; });
+        });
+      }
+      std::promise<void> closed;
+      asio::post(io_, [this, &closed] {
+        boost::system::error_code ignored;
+        if (acceptor_) acceptor_->close(ignored);
+        if (heartbeat_timer_) heartbeat_timer_->cancel();
+        std::lock_guard lk(mu_);
+        for (auto& p : peers_) {
+          if (p->retry_timer) p->retry_timer->cancel();
+          close_socket(*p);
+        }
+        closed.set_value();
+      });
+      closed.get_future().wait_for(kShutdownGrace);
+    } catch (...) {
+      // Shutting down must not throw; stopping the io_context below releases everything anyway.
+    }
+    work_.reset();
+    io_.stop();
+    io_thread_.join();
+  }
+
+  // Members. io_ comes first so that it outlives every socket and timer that uses it.
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  CommunicatorOptions options_;
+  int rank_;
+  int size_;
+  std::size_t chunk_bytes_ = 0;
+  std::optional<std::string> token_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::optional<tcp::acceptor> acceptor_;
+  std::optional<asio::steady_timer> heartbeat_timer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int open_count_ = 0;
+  bool closing_ = false;
+  std::optional<Failure> failure_;
+  std::optional<Failure> setup_failure_;
+  std::uint64_t next_seq_ = 0;
+  std::thread io_thread_;
+};
+
+/// One call on the transport (a collective, or a point-to-point send/recv): it owns the transfers
+/// it starts. If it ends by an exception, its destructor makes sure the io thread no longer
+/// touches the caller's memory before the caller's frame unwinds.
+class Transport::Op {
+ public:
+  /// A collective: takes the next collective number and announces `desc` to every peer.
+  Op(Transport& t, const Descriptor& desc) : t_(t), collective_(true), mine_(desc) {
+    std::unique_lock lk(t_.mu_);
+    label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_seq_);
+    if (t_.failure_) raise_failure_locked();
+    seq_ = t_.next_seq_++;
+    start();
+    const auto payload = encode(desc);
+    for (auto& p : t_.peers_) {
+      if (p->rank != t_.rank_) t_.enqueue_control_locked(*p, FrameType::Descriptor, seq_, payload);
+    }
+  }
+
+  /// Point-to-point with `peer`.
+  Op(Transport& t, std::string label, int peer) : t_(t), collective_(false), label_(std::move(label)) {
+    if (peer < 0 || peer >= t_.size_ || peer == t_.rank_) {
+      throw InvalidArgument(fmt::format("{}: peer {} is not another rank of this cluster of {} (this is rank {})", label_,
+                                        peer, t_.size_, t_.rank_));
+    }
+    std::unique_lock lk(t_.mu_);
+    if (t_.failure_) raise_failure_locked();
+    start();
+  }
+
+  ~Op() {
+    if (!finished_) abandon();
+  }
+
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+  std::uint64_t seq() const noexcept { return seq_; }
+
+  /// Sends `data` (kept alive and unchanged by the caller until finish()) as a Data frame.
+  TransferPtr send(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+    return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data);
+  }
+
+  /// Posts a receive of exactly `dst.size()` bytes.
+  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst) {
+    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false);
+  }
+
+  TransferPtr send_p2p(int peer, std::span<const std::byte> data) {
+    std::uint64_t n = 0;
+    {
+      std::lock_guard lk(t_.mu_);
+      n = t_.peer(peer).p2p_sent++;
+    }
+    return send_frame(peer, MsgKey{FrameType::PointToPoint, n, 0}, data);
+  }
+
+  TransferPtr recv_p2p(int peer, std::span<std::byte> dst) {
+    return recv_frame(peer, MsgKey{FrameType::PointToPoint, 0, 0}, dst, true);
+  }
+
+  /// Waits until `t` is done; throws the communicator's failure, a timeout, or a mismatch.
+  void wait(const TransferPtr& t) {
+    std::unique_lock lk(t_.mu_);
+    block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
+  }
+
+  /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
+  const std::vector<Descriptor>& descriptors() {
+    std::unique_lock lk(t_.mu_);
+    block(lk, [&] { return descs_ok_; }, -1, "");
+    return all_;
+  }
+
+  /// Waits for every transfer and, for a collective, every peer's agreeing descriptor. After it
+  /// the transport holds no reference to the caller's memory.
+  void finish() {
+    std::unique_lock lk(t_.mu_);
+    for (const auto& t : transfers_) {
+      block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
+    }
+    if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
+    transfers_.clear();
+    finished_ = true;
+  }
+
+ private:
+  void start() {
+    if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
+  }
+
+  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data) {
+    if (data.size() > t_.options_.max_frame_bytes) {
+      throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, data.size(),
+                                        t_.options_.max_frame_bytes));
+    }
+    auto t = std::make_shared<Transfer>();
+    t->is_send = true;
+    t->peer = peer;
+    t->key = key;
+    t->size = data.size();
+    OutFrame f;
+    f.header = encode_header(FrameHeader{key.type, data.size(), key.seq, key.tag});
+    f.payload = data.data();
+    f.size = data.size();
+    f.transfer = t;
+    std::lock_guard lk(t_.mu_);
+    transfers_.push_back(t);
+    t_.enqueue_locked(t_.peer(peer), std::move(f));
+    return t;
+  }
+
+  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p) {
+    if (dst.size() > t_.options_.max_frame_bytes) {
+      throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, dst.size(),
+                                        t_.options_.max_frame_bytes));
+    }
+    auto t = std::make_shared<Transfer>();
+    t->peer = peer;
+    t->dst = dst.data();
+    t->size = dst.size();
+    Blob early;
+    {
+      std::lock_guard lk(t_.mu_);
+      Peer& p = t_.peer(peer);
+      if (p2p) key.seq = p.p2p_received++;
+      t->key = key;
+      transfers_.push_back(t);
+      if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
+        early = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.unexpected.erase(it);
+      } else if (p.state != Peer::State::Open) {
+        t->state = Transfer::State::Failed;
+        t->error = t_.closed_failure_locked(p);
+        return t;
+      } else {
+        p.posted[key].push_back(t);
+        return t;
+      }
+    }
+    // It arrived before this receive was posted: copy it out of its buffer (outside the lock).
+    if (early.size == dst.size()) {
+      if (early.size > 0) std::memcpy(dst.data(), early.data.get(), early.size);
+      std::lock_guard lk(t_.mu_);
+      t->state = Transfer::State::Done;
+    } else {
+      std::lock_guard lk(t_.mu_);
+      t->state = Transfer::State::Failed;
+      t->error = Failure{FailureKind::Mismatch, t_.size_mismatch(t_.peer(peer), early.size, dst.size(), t->key)};
+    }
+    return t;
+  }
+
+  [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
+
+  bool settled_locked(const Transfer& t) {
+    switch (t.state) {
+      case Transfer::State::Done: return true;
+      case Transfer::State::Failed:
+        if (t.error.kind == FailureKind::Mismatch) {
+          // A point-to-point size mismatch consumed the message: the streams are still in step.
+          if (!collective_) raise(FailureKind::Mismatch, fmt::format("{}: {}", label_, t.error.message));
+          // In a collective the descriptors (sent ahead of the data) say precisely what differs.
+          if (!mismatch_) mismatch_ = t.error;
+          return false;
+        }
+        t_.fail_locked(t.error, true);
+        raise_failure_locked();
+      default: return false;
+    }
+  }
+
+  template <class Done>
+  void block(std::unique_lock<std::mutex>& lk, Done&& done, int waiting_on, std::string_view what) {
+    for (;;) {
+      if (done()) return;
+      if (t_.failure_) raise_failure_locked();
+      if (collective_) {
+        poll_descriptors_locked();
+        if (descs_ok_ && mismatch_) {
+          t_.fail_locked(*mismatch_, true);
+          raise_failure_locked();
+        }
+        if (done()) return;  // the poll may have been what it waited for
+      }
+      if (!deadline_) {
+        t_.cv_.wait(lk);
+        continue;
+      }
+      if (Clock::now() >= *deadline_) {
+        const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
+        t_.fail_locked(Failure{FailureKind::Timeout,
+                               fmt::format("did not complete within {} ms ({} was waiting for {}{})",
+                                           t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
+                       true);
+        raise_failure_locked();
+      }
+      t_.cv_.wait_until(lk, *deadline_);
+    }
+  }
+
+  // Peers quiet for longer than two heartbeat intervals: the likely culprits of a stall, which
+  // need not be the peer this rank waits on (in a ring, everyone waits behind a stopped rank).
+  std::string silent_peers_locked() const {
+    std::string out;
+    const auto now = Clock::now();
+    for (const auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->state != Peer::State::Open) continue;
+      const auto quiet = p->silence(now);
+      if (quiet > 2 * t_.options_.heartbeat_interval) {
+        out += fmt::format("; {} has sent nothing for {:.1f} s", p->name, std::chrono::duration<double>(quiet).count());
+      }
+    }
+    return out;
+  }
+
+  // Who has not announced this collective yet (for timeout messages).
+  std::string missing_locked() const {
+    if (descs_ok_) return "the other ranks";
+    std::string names;
+    for (const auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->descriptors.count(seq_) != 0) continue;
+      names += (names.empty() ? "" : ", ") + p->name;
+    }
+    return names.empty() ? std::string("the other ranks") : fmt::format("{} to join", names);
+  }
+
+  void poll_descriptors_locked() {
+    if (descs_ok_) return;
+    for (auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->descriptors.count(seq_) != 0) continue;
+      if (p->state != Peer::State::Open) {
+        t_.fail_locked(Failure{FailureKind::Peer, fmt::format("{} ({}) closed its communicator before joining collective #{}",
+                                                              p->name, p->address, seq_)},
+                       true);
+        raise_failure_locked();
+      }
+      return;
+    }
+    all_.assign(static_cast<std::size_t>(t_.size_), Descriptor{});
+    for (auto& p : t_.peers_) {
+      if (p->rank == t_.rank_) {
+        all_[static_cast<std::size_t>(p->rank)] = mine_;
+      } else {
+        auto it = p->descriptors.find(seq_);
+        all_[static_cast<std::size_t>(p->rank)] = it->second;
+        p->descriptors.erase(it);
+      }
+    }
+    descs_ok_ = true;
+    // Every rank compares every rank against rank 0 in rank order, so all report the same pair.
+    for (std::size_t r = 1; r < all_.size(); ++r) {
+      if (!compatible(all_[0], all_[r])) {
+        t_.fail_locked(Failure{FailureKind::Mismatch,
+                               fmt::format("mismatched collectives at collective #{}: {} called {} but {} called {}", seq_,
+                                           t_.peer(0).name, describe(all_[0]), t_.peer(static_cast<int>(r)).name,
+                                           describe(all_[r]))},
+                       true);
+        raise_failure_locked();
+      }
+    }
+  }
+
+  void abandon() noexcept {
+    try {
+      std::unique_lock lk(t_.mu_);
+      for (const auto& t : transfers_) {
+        if (t->state != Transfer::State::Queued) continue;
+        Peer& p = t_.peer(t->peer);
+        if (t->is_send) {
+          std::erase_if(p.queue, [&](const OutFrame& f) { return f.transfer == t; });
+        } else if (auto it = p.posted.find(t->key); it != p.posted.end()) {
+          std::erase(it->second, t);
+          if (it->second.empty()) p.posted.erase(it);
+        }
+        t->state = Transfer::State::Failed;
+      }
+      auto busy = [&] {
+        return std::any_of(transfers_.begin(), transfers_.end(),
+                           [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
+      };
+      if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
+        // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
+        std::set<int> stuck;
+        for (const auto& t : transfers_) {
+          if (t->state == Transfer::State::Active) stuck.insert(t->peer);
+        }
+        for (int r : stuck) {
+          asio::post(t_.io_, [tr = &t_, r] {
+            std::lock_guard g(tr->mu_);
+            tr->peer_down_locked(tr->peer(r), "connection cut: it stopped exchanging data");
+          });
+        }
+        t_.cv_.wait(lk, [&] { return !busy(); });
+      }
+      transfers_.clear();
+    } catch (...) {
+      // Only allocation can throw here; nothing better to do than carry on unwinding.
+    }
+  }
+
+  Transport& t_;
+  bool collective_;
+  Descriptor mine_{};
+  std::string label_;
+  std::uint64_t seq_ = 0;
+  std::optional<Clock::time_point> deadline_;
+  std::vector<TransferPtr> transfers_;
+  std::vector<Descriptor> all_;
+  bool descs_ok_ = false;
+  std::optional<Failure> mismatch_;
+  bool finished_ = false;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
+// ---- end <distribute/net/detail/transport.hpp> ----
+// ---- begin <distribute/net/options.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+// Tuning and security knobs of the TCP communicator.
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+struct CommunicatorOptions {
+  /// Total time the constructor waits for every peer to appear; connects are retried with
+  /// exponential back-off (50 ms doubling to 1 s) until then, because peers start in any order.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// One handshake (hello, challenge, response, welcome) must finish within this; it also bounds
+  /// how long a stranger that connects and says nothing holds a socket.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// An otherwise idle connection carries a heartbeat this often.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  /// A peer that sent nothing for this long is declared lost (PeerFailure). Zero disables it.
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  /// Deadline of one collective or point-to-point call; expiry throws CollectiveTimeout here and
+  /// aborts the peers. Unset: no deadline (a dead peer is still found by EOF or heartbeat).
+  std::optional<std::chrono::milliseconds> operation_timeout;
+  /// Shared secret every peer must prove it holds (HMAC-SHA256 challenge-response, both ways)
+  /// before any data. Unset: the environment variable DISTRIBUTE_CLUSTER_TOKEN, if non-empty.
+  /// Set to "": no authentication even when the variable is set.
+  std::optional<std::string> cluster_token;
+  /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
+  std::size_t max_frame_bytes = std::size_t{1} << 31;
+  /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
+  /// sending, receiving and reducing overlap.
+  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
+  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// Where refused connections are reported; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
+// ---- end <distribute/net/options.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+class Communicator {
+ public:
+  /// Joins the cluster: listens on addresses[rank], connects to the lower ranks (retrying with
+  /// back-off until options.connect_timeout) and accepts the higher ones, authenticating each with
+  /// the cluster token when one is set. `task_names[i]` (e.g. "worker:2") names rank i in errors;
+  /// default "rank i". Throws InvalidArgument (bad arguments), Unavailable (cannot listen),
+  /// PeerFailure (a peer never appeared) or ClusterConfigError (token or cluster spec disagree).
+  Communicator(std::vector<std::string> addresses, int rank, CommunicatorOptions options = {},
+               std::vector<std::string> task_names = {})
+      : transport_(std::make_unique<detail::Transport>(std::move(addresses), rank, std::move(options),
+                                                       std::move(task_names))) {}
+
+  /// Clean shutdown: says goodbye to every peer, waits (at most 2 s) for the goodbyes to be
+  /// written and answered, closes the sockets and joins the network thread. Never throws.
+  ~Communicator() = default;
+
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const noexcept { return transport_->rank(); }
+  int size() const noexcept { return transport_->size(); }
+  const std::string& task_name(int rank) const { return transport_->task_name(rank); }
+  const std::string& address(int rank) const { return transport_->address(rank); }
+  const CommunicatorOptions& options() const noexcept { return transport_->options(); }
+
+  /// The message of the error that poisoned this communicator, if one did.
+  std::optional<std::string> failure() const {
+    auto f = transport_->failure();
+    return f ? std::optional<std::string>(f->message) : std::nullopt;
+  }
+
+  /// In place: every rank ends with the element-wise reduction of all ranks' buffers (bitwise
+  /// identical on every rank). MEAN divides by size() (integers truncate).
+  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
+    if (data == nullptr && count > 0) {
+      throw InvalidArgument(fmt::format("all_reduce: data is null but count is {}", count));
+    }
+    ::distribute::detail::check_op_for_dtype(op, dtype, "all_reduce");
+    const std::size_t es = size_of(dtype);
+    if (count > std::numeric_limits<std::size_t>::max() / es) {
+      throw InvalidArgument(fmt::format("all_reduce: count {} of {} overflows the address space", count, to_string(dtype)));
+    }
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, 0, count});
+    auto* bytes = static_cast<std::byte*>(data);
+    const std::size_t total = count * es;
+    if (size() == 1 || count == 0) return call.finish();
+    if (total <= std::min(options().direct_max_bytes, options().max_frame_bytes)) {
+      detail::direct_all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
+    } else {
+      detail::ring_all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
+    }
+  }
+
+  template <Element T>
+  void all_reduce(std::span<T> data, ReduceOp op) {
+    all_reduce(data.data(), data.size(), dtype_of<T>(), op);
+  }
+
+  /// Every rank contributes `bytes` (they may differ); `out` receives all contributions in rank
+  /// order and `sizes[i]` the byte count of rank i. `data` must not point into `out`.
+  void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out, std::vector<std::size_t>& sizes) {
+    if (data == nullptr && bytes > 0) throw InvalidArgument(fmt::format("all_gather: data is null but bytes is {}", bytes));
+    const auto* src = static_cast<const std::byte*>(data);
+    if (bytes > 0 && !out.empty() && src < out.data() + out.size() && out.data() < src + bytes) {
+      throw InvalidArgument("all_gather: the input buffer lies inside the output vector");
+    }
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllGather, DType::U8, ReduceOp::Sum, 0, bytes});
+    detail::direct_all_gather(*transport_, call, src, bytes, out, sizes);
+  }
+
+  /// Copies `bytes` bytes from rank `root`'s buffer into every other rank's.
+  void broadcast(void* data, std::size_t bytes, int root) {
+    if (root < 0 || root >= size()) {
+      throw InvalidArgument(fmt::format("broadcast: root {} is out of range for a cluster of {}", root, size()));
+    }
+    if (data == nullptr && bytes > 0) throw InvalidArgument(fmt::format("broadcast: data is null but bytes is {}", bytes));
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::Broadcast, DType::U8, ReduceOp::Sum,
+                                                               static_cast<std::uint32_t>(root), bytes});
+    detail::chain_broadcast(*transport_, call, static_cast<std::byte*>(data), bytes, root);
+  }
+
+  /// Returns once every rank has entered the barrier.
+  void barrier() {
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, 0, 0});
+    call.finish();
+  }
+
+  /// Sends one message to `peer`; returns once it is handed to the kernel (`data` may then be
+  /// reused). Messages between two ranks arrive in order; at most options().max_frame_bytes.
+  void send(int peer, std::span<const std::byte> data) {
+    detail::Transport::Op call(*transport_, fmt::format("send to {}", peer_label(peer)), peer);
+    call.send_p2p(peer, data);
+    call.finish();
+  }
+
+  /// Receives the next message from `peer`, which must be exactly `data.size()` bytes (otherwise
+  /// InvalidArgument; the message is consumed and the communicator stays usable).
+  void recv(int peer, std::span<std::byte> data) {
+    detail::Transport::Op call(*transport_, fmt::format("recv from {}", peer_label(peer)), peer);
+    call.recv_p2p(peer, data);
+    call.finish();
+  }
+
+ private:
+  std::string peer_label(int peer) const {
+    return peer >= 0 && peer < size() ? task_name(peer) : fmt::format("rank {}", peer);
+  }
+
+  std::unique_ptr<detail::Transport> transport_;
+  std::vector<std::byte> scratch_;  // kept between calls: reduce-scatter landing area
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_COMMUNICATOR_HPP
+// ---- end <distribute/net/communicator.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// net::Communicator seen as the strategy layer's CrossWorkerLink.
+class CommunicatorLink final : public CrossWorkerLink {
+ public:
+  explicit CommunicatorLink(std::unique_ptr<net::Communicator> comm) : comm_(std::move(comm)) {}
+  int num_workers() const noexcept override { return comm_->size(); }
+  int worker_index() const noexcept override { return comm_->rank(); }
+  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op) override {
+    comm_->all_reduce(data, count, dtype, op);
+  }
+  void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out,
+                  std::vector<std::size_t>& sizes) override {
+    comm_->all_gather(data, bytes, out, sizes);
+  }
+  void broadcast(void* data, std::size_t bytes, int root) override { comm_->broadcast(data, bytes, root); }
+  void barrier() override { comm_->barrier(); }
+  net::Communicator& communicator() noexcept { return *comm_; }
+
+ private:
+  std::unique_ptr<net::Communicator> comm_;
+};
+
+/// Built before the strategy's SyncStrategy base (which needs the link): the resolver and, for
+/// a cluster of more than one worker, the communicator connected to every other worker.
+struct MultiWorkerSetup {
+  std::shared_ptr<ClusterResolver> resolver;
+  std::unique_ptr<CommunicatorLink> link;
+
+  template <class Backend>
+  static MultiWorkerSetup make(const CommunicationOptions& options, std::shared_ptr<ClusterResolver> resolver) {
+    if (!resolver) resolver = std::make_shared<TFConfigClusterResolver>();
+    if (options.implementation == CommunicationImplementation::Nccl && Backend::name == std::string_view("host")) {
+      throw InvalidArgument(
+          "MultiWorkerMirroredStrategy: CommunicationImplementation NCCL needs the cuda backend; the host backend "
+          "communicates with RING (or AUTO)");
+    }
+    if (options.timeout_seconds && !(*options.timeout_seconds > 0)) {
+      throw InvalidArgument(fmt::format("MultiWorkerMirroredStrategy: timeout_seconds must be positive, got {}",
+                                        *options.timeout_seconds));
+    }
+    MultiWorkerSetup setup;
+    setup.resolver = resolver;
+    const ClusterSpec& spec = resolver->cluster_spec();
+    const std::string type = resolver->task_type();
+    if (spec.empty()) return setup;  // a single-worker cluster: no communication
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(fmt::format(
+          "MultiWorkerMirroredStrategy runs on chief and worker tasks; this task is '{}' (task.type)", type));
+    }
+    // Ranks follow TF's id_in_cluster: the chief first, then the workers by index.
+    std::vector<std::string> addresses, names;
+    for (const char* job : {"chief", "worker"}) {
+      if (!spec.has_job(job)) continue;
+      for (int index = 0; index < spec.num_tasks(job); ++index) {
+        addresses.push_back(spec.task_address(job, index));
+        names.push_back(fmt::format("{}:{}", job, index));
+      }
+    }
+    if (addresses.size() <= 1) return setup;
+    net::CommunicatorOptions comm_options;
+    if (options.timeout_seconds) {
+      comm_options.operation_timeout =
+          std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
+    }
+    setup.link = std::make_unique<CommunicatorLink>(std::make_unique<net::Communicator>(
+        std::move(addresses), resolver->id_in_cluster(), comm_options, std::move(names)));
+    return setup;
+  }
+};
+
+}  // namespace detail
+
+template <class Backend = host>
+class MultiWorkerMirroredStrategy
+    : private detail::MultiWorkerSetup,
+      public SyncStrategy<MultiWorkerMirroredStrategy<Backend>, Backend, default_cross_device_ops_t<Backend>> {
+  using Base = SyncStrategy<MultiWorkerMirroredStrategy<Backend>, Backend, default_cross_device_ops_t<Backend>>;
+
+ public:
+  /// `resolver` defaults to TFConfigClusterResolver (the TF_CONFIG environment variable; without
+  /// it, a single-worker cluster). `local_replicas`: replicas per worker (host: threads).
+  explicit MultiWorkerMirroredStrategy(CommunicationOptions options = {},
+                                       std::shared_ptr<ClusterResolver> resolver = nullptr, int local_replicas = 1)
+      : detail::MultiWorkerSetup(detail::MultiWorkerSetup::make<Backend>(options, std::move(resolver))),
+        Base(Backend::devices(local_replicas, "MultiWorkerMirroredStrategy"), options, link.get()) {}
+
+  std::string_view name() const noexcept override { return "MultiWorkerMirroredStrategy"; }
+
+  /// The cluster this strategy runs in.
+  const ClusterResolver* cluster_resolver() const noexcept { return resolver.get(); }
+  /// True on the worker that writes checkpoints and summaries (the chief, else worker 0).
+  bool is_chief() const { return this->worker_index() == 0; }
+  /// Waits until every worker reaches this point.
+  void barrier() {
+    if (link) link->barrier();
+  }
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_MULTI_WORKER_MIRRORED_HPP
+// ---- end <distribute/strategy/multi_worker_mirrored.hpp> ----
+#endif
 // ---- end <distribute/distribute.hpp> ----

@@ -1,0 +1,146 @@
+// Communicator: collectives and point-to-point messages among the processes of a cluster, over TCP.
+//
+//   ds::net::Communicator comm({"127.0.0.1:5000", "127.0.0.1:5001"}, rank, {}, {"worker:0", "worker:1"});
+//   comm.all_reduce(std::span<float>(grads), ds::ReduceOp::Mean);
+//
+// Calls are synchronous and every rank must make the same collective calls in the same order
+// (with matching counts, dtypes, ops and roots); a mismatch throws InvalidArgument on every rank.
+// A lost or stalled peer throws PeerFailure or CollectiveTimeout on every survivor, and from then
+// on the communicator is poisoned: every call throws that error again.
+#pragma once
+
+#include <cstddef>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <distribute/core/detail/elementwise.hpp>
+#include <distribute/core/dtype.hpp>
+#include <distribute/core/error.hpp>
+#include <distribute/core/reduce_op.hpp>
+#include <distribute/net/detail/collectives.hpp>
+#include <distribute/net/detail/transport.hpp>
+#include <distribute/net/options.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+class Communicator {
+ public:
+  /// Joins the cluster: listens on addresses[rank], connects to the lower ranks (retrying with
+  /// back-off until options.connect_timeout) and accepts the higher ones, authenticating each with
+  /// the cluster token when one is set. `task_names[i]` (e.g. "worker:2") names rank i in errors;
+  /// default "rank i". Throws InvalidArgument (bad arguments), Unavailable (cannot listen),
+  /// PeerFailure (a peer never appeared) or ClusterConfigError (token or cluster spec disagree).
+  Communicator(std::vector<std::string> addresses, int rank, CommunicatorOptions options = {},
+               std::vector<std::string> task_names = {})
+      : transport_(std::make_unique<detail::Transport>(std::move(addresses), rank, std::move(options),
+                                                       std::move(task_names))) {}
+
+  /// Clean shutdown: says goodbye to every peer, waits (at most 2 s) for the goodbyes to be
+  /// written and answered, closes the sockets and joins the network thread. Never throws.
+  ~Communicator() = default;
+
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const noexcept { return transport_->rank(); }
+  int size() const noexcept { return transport_->size(); }
+  const std::string& task_name(int rank) const { return transport_->task_name(rank); }
+  const std::string& address(int rank) const { return transport_->address(rank); }
+  const CommunicatorOptions& options() const noexcept { return transport_->options(); }
+
+  /// The message of the error that poisoned this communicator, if one did.
+  std::optional<std::string> failure() const {
+    auto f = transport_->failure();
+    return f ? std::optional<std::string>(f->message) : std::nullopt;
+  }
+
+  /// In place: every rank ends with the element-wise reduction of all ranks' buffers (bitwise
+  /// identical on every rank). MEAN divides by size() (integers truncate).
+  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
+    if (data == nullptr && count > 0) {
+      throw InvalidArgument(fmt::format("all_reduce: data is null but count is {}", count));
+    }
+    ::distribute::detail::check_op_for_dtype(op, dtype, "all_reduce");
+    const std::size_t es = size_of(dtype);
+    if (count > std::numeric_limits<std::size_t>::max() / es) {
+      throw InvalidArgument(fmt::format("all_reduce: count {} of {} overflows the address space", count, to_string(dtype)));
+    }
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, 0, count});
+    auto* bytes = static_cast<std::byte*>(data);
+    const std::size_t total = count * es;
+    if (size() == 1 || count == 0) return call.finish();
+    if (total <= std::min(options().direct_max_bytes, options().max_frame_bytes)) {
+      detail::direct_all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
+    } else {
+      detail::ring_all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
+    }
+  }
+
+  template <Element T>
+  void all_reduce(std::span<T> data, ReduceOp op) {
+    all_reduce(data.data(), data.size(), dtype_of<T>(), op);
+  }
+
+  /// Every rank contributes `bytes` (they may differ); `out` receives all contributions in rank
+  /// order and `sizes[i]` the byte count of rank i. `data` must not point into `out`.
+  void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out, std::vector<std::size_t>& sizes) {
+    if (data == nullptr && bytes > 0) throw InvalidArgument(fmt::format("all_gather: data is null but bytes is {}", bytes));
+    const auto* src = static_cast<const std::byte*>(data);
+    if (bytes > 0 && !out.empty() && src < out.data() + out.size() && out.data() < src + bytes) {
+      throw InvalidArgument("all_gather: the input buffer lies inside the output vector");
+    }
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllGather, DType::U8, ReduceOp::Sum, 0, bytes});
+    detail::direct_all_gather(*transport_, call, src, bytes, out, sizes);
+  }
+
+  /// Copies `bytes` bytes from rank `root`'s buffer into every other rank's.
+  void broadcast(void* data, std::size_t bytes, int root) {
+    if (root < 0 || root >= size()) {
+      throw InvalidArgument(fmt::format("broadcast: root {} is out of range for a cluster of {}", root, size()));
+    }
+    if (data == nullptr && bytes > 0) throw InvalidArgument(fmt::format("broadcast: data is null but bytes is {}", bytes));
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::Broadcast, DType::U8, ReduceOp::Sum,
+                                                               static_cast<std::uint32_t>(root), bytes});
+    detail::chain_broadcast(*transport_, call, static_cast<std::byte*>(data), bytes, root);
+  }
+
+  /// Returns once every rank has entered the barrier.
+  void barrier() {
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, 0, 0});
+    call.finish();
+  }
+
+  /// Sends one message to `peer`; returns once it is handed to the kernel (`data` may then be
+  /// reused). Messages between two ranks arrive in order; at most options().max_frame_bytes.
+  void send(int peer, std::span<const std::byte> data) {
+    detail::Transport::Op call(*transport_, fmt::format("send to {}", peer_label(peer)), peer);
+    call.send_p2p(peer, data);
+    call.finish();
+  }
+
+  /// Receives the next message from `peer`, which must be exactly `data.size()` bytes (otherwise
+  /// InvalidArgument; the message is consumed and the communicator stays usable).
+  void recv(int peer, std::span<std::byte> data) {
+    detail::Transport::Op call(*transport_, fmt::format("recv from {}", peer_label(peer)), peer);
+    call.recv_p2p(peer, data);
+    call.finish();
+  }
+
+ private:
+  std::string peer_label(int peer) const {
+    return peer >= 0 && peer < size() ? task_name(peer) : fmt::format("rank {}", peer);
+  }
+
+  std::unique_ptr<detail::Transport> transport_;
+  std::vector<std::byte> scratch_;  // kept between calls: reduce-scatter landing area
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE

@@ -1,0 +1,48 @@
+// "host:port" strings as they appear in cluster specs ("127.0.0.1:2222", "worker0:2222",
+// "[::1]:2222").
+#pragma once
+
+#include <cctype>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include <distribute/core/error.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+struct HostPort {
+  std::string host;
+  std::string port;  // decimal, 1..65535
+};
+
+inline HostPort parse_host_port(std::string_view address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    throw InvalidArgument(fmt::format("address '{}' is not of the form host:port", address));
+  }
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') {
+      throw InvalidArgument(fmt::format("address '{}' has an unterminated [IPv6] host", address));
+    }
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned long value = 0;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c)) || port.size() > 5) {
+      throw InvalidArgument(fmt::format("address '{}' has an invalid port '{}'", address, port));
+    }
+    value = value * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (value == 0 || value > 65535) {
+    throw InvalidArgument(fmt::format("address '{}' has port {} outside 1..65535", address, value));
+  }
+  return HostPort{std::string(host), std::string(port)};
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE

@@ -1,0 +1,57 @@
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <distribute/core/error.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE

@@ -1,0 +1,1377 @@
+// The TCP transport under the Communicator: one authenticated socket per peer (a full mesh, so every
+// rank hears at once when any rank dies), an Asio io_context on a background thread doing all
+// socket I/O, and a calling thread that posts sends and receives and waits for them.
+//
+// Sends are zero-copy: a frame's header and the caller's memory go out in one scatter-gather write.
+// Receives are matched by (type, sequence, tag): a frame whose receive is already posted is read
+// straight into the caller's buffer; an early one is buffered until its receive is posted. Every
+// socket is always being read, so EOF, resets and heartbeats are seen whatever the caller does.
+//
+// The first failure (a peer lost, a timeout, mismatched collectives) poisons the transport: it is
+// sent to every peer in an Abort frame, and every later operation throws it.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <fmt/format.h>
+
+#include <distribute/core/error.hpp>
+#include <distribute/net/detail/address.hpp>
+#include <distribute/net/detail/auth.hpp>
+#include <distribute/net/detail/protocol.hpp>
+#include <distribute/net/frame.hpp>
+#include <distribute/net/options.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+/// How incoming frames find their receive.
+struct MsgKey {
+  FrameType type = FrameType::Data;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend auto operator<=>(const MsgKey&, const MsgKey&) = default;
+};
+
+/// A buffer for a frame that arrived before its receive was posted (not zero-filled: it is
+/// overwritten by the read at once).
+struct Blob {
+  std::unique_ptr<std::byte[]> data;
+  std::size_t size = 0;
+};
+
+/// One send or receive; shared between the calling thread and the io thread, guarded by the
+/// transport's mutex.
+struct Transfer {
+  enum class State : std::uint8_t {
+    Queued,  // send: in the peer's queue; receive: posted, nothing arrived yet
+    Active,  // the io thread is writing from / reading into the caller's memory
+    Done,
+    Failed
+  };
+  State state = State::Queued;
+  bool is_send = false;
+  int peer = -1;
+  MsgKey key{};
+  std::byte* dst = nullptr;  // receive destination
+  std::size_t size = 0;
+  Failure error;  // when Failed
+};
+using TransferPtr = std::shared_ptr<Transfer>;
+
+struct OutFrame {
+  HeaderBytes header{};
+  const std::byte* payload = nullptr;
+  std::size_t size = 0;
+  std::vector<std::byte> owned;  // control payloads travel with their frame
+  TransferPtr transfer;          // null for control frames
+  bool half_close_after = false;  // goodbye: shut our sending side once it is written
+};
+
+struct Peer {
+  enum class State : std::uint8_t { Connecting, Open, Closed, Failed };
+  int rank = -1;
+  std::string name;
+  std::string address;
+  HostPort endpoint;
+  State state = State::Connecting;
+  bool claimed = false;  // an accepted handshake is completing for this rank
+  std::optional<tcp::socket> socket;
+  bool socket_done = false;  // closed, or its read side reached EOF
+  // Connecting to ranks below ours.
+  std::optional<asio::steady_timer> retry_timer;
+  std::chrono::milliseconds backoff{50};
+  std::string last_error = "no attempt yet";
+  // Writing.
+  std::deque<OutFrame> queue;
+  std::vector<OutFrame> batch;
+  std::vector<asio::const_buffer> buffers;
+  bool writing = false;
+  bool half_close_pending = false;
+  // Reading (io thread only).
+  HeaderBytes rx_header{};
+  FrameHeader rx{};
+  std::vector<std::byte> rx_control;
+  TransferPtr rx_transfer;
+  Blob rx_blob;
+  bool rx_keep = false;
+  std::byte* rx_dst = nullptr;
+  std::size_t rx_done = 0;
+  // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
+  std::atomic<Clock::rep> last_rx{0};
+  Clock::time_point last_tx{};
+
+  void heard_now() noexcept { last_rx.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
+  Clock::duration silence(Clock::time_point now) const noexcept {
+    return now - Clock::time_point(Clock::duration(last_rx.load(std::memory_order_relaxed)));
+  }
+  // Matching (guarded by the mutex).
+  std::map<MsgKey, std::deque<TransferPtr>> posted;
+  std::map<MsgKey, std::deque<Blob>> unexpected;
+  std::map<std::uint64_t, Descriptor> descriptors;
+  std::uint64_t p2p_sent = 0;
+  std::uint64_t p2p_received = 0;
+};
+
+struct Handshake {
+  explicit Handshake(asio::io_context& io) : socket(io), timer(io) {}
+  explicit Handshake(tcp::socket s) : socket(std::move(s)), timer(socket.get_executor()) {}
+  tcp::socket socket;
+  asio::steady_timer timer;
+  HeaderBytes header{};
+  std::vector<std::byte> in;
+  std::vector<std::byte> out;
+  Nonce nonce{};
+  Nonce peer_nonce{};
+  int peer = -1;
+  std::string remote;
+  bool timed_out = false;
+  bool finished = false;
+};
+
+// A payload larger than this is read in pieces so that a long frame still counts as traffic.
+inline constexpr std::size_t kReadPiece = std::size_t{4} << 20;
+// One scatter-gather write carries at most this many frames / bytes.
+inline constexpr std::size_t kBatchFrames = 64;
+inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
+// After an error, how long in-flight I/O on the caller's memory may finish before its socket is cut.
+inline constexpr std::chrono::milliseconds kAbandonGrace{500};
+// How long a clean shutdown waits for goodbyes to be written and answered.
+inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
+
+class Transport {
+ public:
+  class Op;
+
+  Transport(std::vector<std::string> addresses, int rank, CommunicatorOptions options,
+            std::vector<std::string> task_names)
+      : options_(std::move(options)), rank_(rank), size_(static_cast<int>(addresses.size())) {
+    if (addresses.empty()) throw InvalidArgument("Communicator: the address list is empty");
+    if (rank < 0 || rank >= size_) {
+      throw InvalidArgument(fmt::format("Communicator: rank {} is out of range for {} addresses", rank, size_));
+    }
+    if (!task_names.empty() && task_names.size() != addresses.size()) {
+      throw InvalidArgument(fmt::format("Communicator: {} task names given for {} addresses", task_names.size(),
+                                        addresses.size()));
+    }
+    if (options_.chunk_bytes == 0) throw InvalidArgument("Communicator: chunk_bytes must be positive, got 0");
+    if (options_.max_frame_bytes < 4096) {
+      throw InvalidArgument(fmt::format("Communicator: max_frame_bytes must be at least 4096, got {}", options_.max_frame_bytes));
+    }
+    if (options_.heartbeat_interval.count() <= 0) {
+      throw InvalidArgument(fmt::format("Communicator: heartbeat_interval must be positive, got {} ms",
+                                        options_.heartbeat_interval.count()));
+    }
+    chunk_bytes_ = std::min(options_.chunk_bytes, options_.max_frame_bytes);
+    token_ = effective_cluster_token(options_.cluster_token);
+    for (int i = 0; i < size_; ++i) {
+      auto p = std::make_unique<Peer>();
+      p->rank = i;
+      p->name = task_names.empty() ? fmt::format("rank {}", i) : task_names[static_cast<std::size_t>(i)];
+      p->address = addresses[static_cast<std::size_t>(i)];
+      p->endpoint = parse_host_port(p->address);
+      for (int j = 0; j < i; ++j) {
+        if (peers_[static_cast<std::size_t>(j)]->address == p->address) {
+          throw InvalidArgument(fmt::format("Communicator: ranks {} and {} have the same address '{}'", j, i, p->address));
+        }
+      }
+      if (i != rank_) p->retry_timer.emplace(io_);
+      peers_.push_back(std::move(p));
+    }
+    if (size_ == 1) return;
+
+    listen();
+    work_.emplace(io_.get_executor());
+    io_thread_ = std::thread([this] { run_io(); });
+    asio::post(io_, [this] {
+      do_accept();
+      for (int j = 0; j < rank_; ++j) start_connect(j);
+      // Heartbeats start now, not once the cluster has formed: peers that connected early must
+      // keep hearing from us while a late one is still awaited.
+      heartbeat_tick();
+    });
+
+    std::unique_lock lk(mu_);
+    const auto deadline = Clock::now() + options_.connect_timeout;
+    const bool formed = cv_.wait_until(lk, deadline, [&] { return open_count_ == size_ - 1 || setup_failure_ || failure_; });
+    if (!formed || setup_failure_ || failure_ || open_count_ != size_ - 1) {
+      Failure f = setup_failure_ ? *setup_failure_ : failure_ ? *failure_ : Failure{FailureKind::Peer, missing_peers_locked()};
+      lk.unlock();
+      shutdown();
+      raise(f.kind, f.message);
+    }
+  }
+
+  ~Transport() { shutdown(); }
+
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const std::string& task_name(int r) const { return peer_at(r).name; }
+  const std::string& address(int r) const { return peer_at(r).address; }
+  const CommunicatorOptions& options() const noexcept { return options_; }
+  std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
+
+  std::optional<Failure> failure() const {
+    std::lock_guard lk(mu_);
+    return failure_;
+  }
+
+ private:
+  const Peer& peer_at(int r) const {
+    if (r < 0 || r >= size_) throw InvalidArgument(fmt::format("rank {} is out of range for a cluster of {}", r, size_));
+    return *peers_[static_cast<std::size_t>(r)];
+  }
+  Peer& peer(int r) { return *peers_[static_cast<std::size_t>(r)]; }
+  const std::string& me() const { return peers_[static_cast<std::size_t>(rank_)]->name; }
+
+  void log(const std::string& line) const {
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      fmt::print(stderr, "distribute.net: {}\n", line);
+    }
+  }
+
+  void run_io() {
+    for (;;) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        // A handler must not take the process down; the transport is unusable afterwards.
+        std::lock_guard lk(mu_);
+        fail_locked(Failure{FailureKind::Peer, fmt::format("internal error in the network thread of {}: {}", me(), e.what())},
+                    true);
+      }
+    }
+  }
+
+  // ---- set-up ------------------------------------------------------------------------------
+
+  void listen() {
+    const Peer& self = peer(rank_);
+    boost::system::error_code ec;
+    tcp::resolver resolver(io_);
+    const auto results = resolver.resolve(self.endpoint.host, self.endpoint.port, ec);
+    if (ec) {
+      throw Unavailable(fmt::format("{} cannot resolve its own address '{}': {}", self.name, self.address, ec.message()));
+    }
+    for (const auto& entry : results) {
+      acceptor_.emplace(io_);
+      acceptor_->open(entry.endpoint().protocol(), ec);
+      if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
+      if (!ec) acceptor_->bind(entry.endpoint(), ec);
+      if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+      if (!ec) return;
+      acceptor_.reset();
+    }
+    throw Unavailable(fmt::format("{} cannot listen on {}: {}", self.name, self.address,
+                                  ec ? ec.message() : std::string("the host resolves to no address")));
+  }
+
+  std::string missing_peers_locked() const {
+    std::string out;
+    for (const auto& p : peers_) {
+      if (p->rank == rank_ || p->state == Peer::State::Open) continue;
+      if (!out.empty()) out += "; ";
+      if (p->rank < rank_) {
+        out += fmt::format("could not connect to {} at {} (last error: {})", p->name, p->address, p->last_error);
+      } else {
+        out += fmt::format("{} ({}) never connected", p->name, p->address);
+      }
+    }
+    return fmt::format("{}: the cluster of {} did not form within {} ms: {}", me(), size_, options_.connect_timeout.count(),
+                       out);
+  }
+
+  void setup_fail(FailureKind kind, std::string message) {
+    std::lock_guard lk(mu_);
+    if (!setup_failure_) setup_failure_ = Failure{kind, std::move(message)};
+    cv_.notify_all();
+  }
+
+  static std::string describe_error(const boost::system::error_code& ec) {
+    if (ec == asio::error::eof) return "connection closed without a goodbye (the process exited or was killed)";
+    if (ec == asio::error::connection_reset) return "connection reset by peer";
+    if (ec == asio::error::broken_pipe) return "broken pipe (the peer closed its socket)";
+    return ec.message();
+  }
+
+  std::string handshake_error(const Handshake& h, const boost::system::error_code& ec) const {
+    if (h.timed_out) return fmt::format("handshake timed out after {} ms", options_.handshake_timeout.count());
+    if (ec == asio::error::eof) return "connection closed during the handshake";
+    return describe_error(ec);
+  }
+
+  void arm_handshake_timer(const std::shared_ptr<Handshake>& h) {
+    h->timer.expires_after(options_.handshake_timeout);
+    h->timer.async_wait([h](const boost::system::error_code& ec) {
+      if (!ec && !h->finished) {
+        h->timed_out = true;
+        boost::system::error_code ignored;
+        h->socket.close(ignored);
+      }
+    });
+  }
+
+  using HandshakeRead = std::function<void(const std::string& error, const FrameHeader& header)>;
+
+  // Reads one handshake frame; handshake payloads are tiny, so a stranger cannot make us allocate.
+  void handshake_read(const std::shared_ptr<Handshake>& h, HandshakeRead done) {
+    asio::async_read(h->socket, asio::buffer(h->header),
+                     [this, h, done = std::move(done)](const boost::system::error_code& ec, std::size_t) {
+                       if (ec) return done(handshake_error(*h, ec), FrameHeader{});
+                       FrameHeader fh;
+                       try {
+                         fh = decode_header(h->header, kMaxHandshakePayload);
+                       } catch (const FrameError& e) {
+                         return done(e.what(), FrameHeader{});
+                       }
+                       h->in.resize(static_cast<std::size_t>(fh.length));
+                       asio::async_read(h->socket, asio::buffer(h->in),
+                                        [this, h, done, fh](const boost::system::error_code& ec2, std::size_t) {
+                                          if (ec2) return done(handshake_error(*h, ec2), FrameHeader{});
+                                          done(std::string(), fh);
+                                        });
+                     });
+  }
+
+  void handshake_write(const std::shared_ptr<Handshake>& h, FrameType type, std::span<const std::byte> payload,
+                       std::function<void(const std::string&)> done) {
+    h->out = encode_frame(FrameHeader{type, 0, 0, 0}, payload);
+    asio::async_write(h->socket, asio::buffer(h->out),
+                      [this, h, done = std::move(done)](const boost::system::error_code& ec, std::size_t) {
+                        done(ec ? handshake_error(*h, ec) : std::string());
+                      });
+  }
+
+  // Connector side: ranks connect to every lower rank, retrying while it is not up yet.
+  void start_connect(int j) {
+    {
+      std::lock_guard lk(mu_);
+      if (closing_ || peer(j).state != Peer::State::Connecting) return;
+    }
+    auto resolver = std::make_shared<tcp::resolver>(io_);
+    const HostPort& ep = peer(j).endpoint;
+    resolver->async_resolve(ep.host, ep.port,
+                            [this, j, resolver](const boost::system::error_code& ec, tcp::resolver::results_type results) {
+                              if (ec) return retry_connect(j, ec.message());
+                              auto h = std::make_shared<Handshake>(io_);
+                              h->peer = j;
+                              asio::async_connect(h->socket, results,
+                                                  [this, j, h](const boost::system::error_code& ec2, const tcp::endpoint&) {
+                                                    if (ec2) return retry_connect(j, describe_error(ec2));
+                                                    client_handshake(h);
+                                                  });
+                            });
+  }
+
+  void retry_connect(int j, std::string reason) {
+    std::lock_guard lk(mu_);
+    Peer& p = peer(j);
+    if (closing_ || p.state != Peer::State::Connecting) return;
+    p.last_error = std::move(reason);
+    const auto delay = p.backoff;
+    p.backoff = std::min(p.backoff * 2, std::chrono::milliseconds(1000));
+    p.retry_timer->expires_after(delay);
+    p.retry_timer->async_wait([this, j](const boost::system::error_code& ec) {
+      if (!ec) start_connect(j);
+    });
+  }
+
+  void client_handshake(const std::shared_ptr<Handshake>& h) {
+    const int j = h->peer;
+    arm_handshake_timer(h);
+    h->nonce = random_nonce();
+    const Hello hello{static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(j),
+                      token_.has_value(), h->nonce};
+    handshake_write(h, FrameType::Hello, encode(hello), [this, h, j](const std::string& err) {
+      if (!err.empty()) return retry_connect(j, err);
+      handshake_read(h, [this, h, j](const std::string& err2, const FrameHeader& fh) {
+        if (!err2.empty()) return retry_connect(j, err2);
+        const Peer& p = peer(j);
+        if (fh.type == FrameType::Reject) {
+          return setup_fail(FailureKind::Config,
+                            fmt::format("{} at {} refused {}: {}", p.name, p.address, me(), decode_text(h->in)));
+        }
+        if (fh.type != FrameType::Challenge) {
+          return retry_connect(j, fmt::format("{} answered with a {} frame instead of a challenge", p.address, to_string(fh.type)));
+        }
+        Challenge c;
+        try {
+          c = decode_challenge(h->in);
+        } catch (const FrameError& e) {
+          return retry_connect(j, fmt::format("{} sent a malformed challenge: {}", p.address, e.what()));
+        }
+        if (c.size != static_cast<std::uint32_t>(size_) || c.rank != static_cast<std::uint32_t>(j) ||
+            c.peer_rank != static_cast<std::uint32_t>(rank_)) {
+          return setup_fail(FailureKind::Config,
+                            fmt::format("{} answered as rank {} of a {}-rank cluster, but {} (rank {} of {}) lists it as {} "
+                                        "(rank {}): the processes were given different cluster specs",
+                                        p.address, c.rank, c.size, me(), rank_, size_, p.name, j));
+        }
+        if (c.has_token != token_.has_value()) {
+          return setup_fail(FailureKind::Config,
+                            token_ ? fmt::format("{} at {} uses no cluster token but {} does", p.name, p.address, me())
+                                   : fmt::format("{} at {} requires a cluster token (DISTRIBUTE_CLUSTER_TOKEN) but {} has none",
+                                                 p.name, p.address, me()));
+        }
+        Mac proof{};
+        if (token_) {
+          const Mac expected = handshake_proof(*token_, true, h->nonce, c.nonce, c.size, c.rank, c.peer_rank);
+          if (!macs_equal(expected, c.proof)) {
+            const std::string why = "authentication failed: the acceptor's proof of the cluster token is wrong";
+            handshake_write(h, FrameType::Reject, std::as_bytes(std::span(why.data(), why.size())), [](const std::string&) {});
+            return setup_fail(FailureKind::Config,
+                              fmt::format("{} at {} failed to prove it holds the cluster token (the tokens differ)",
+                                          p.name, p.address));
+          }
+          proof = handshake_proof(*token_, false, h->nonce, c.nonce, c.size, c.rank, c.peer_rank);
+        }
+        handshake_write(h, FrameType::Response, proof, [this, h, j](const std::string& err3) {
+          if (!err3.empty()) return retry_connect(j, err3);
+          handshake_read(h, [this, h, j](const std::string& err4, const FrameHeader& fh2) {
+            if (!err4.empty()) return retry_connect(j, err4);
+            const Peer& p2 = peer(j);
+            if (fh2.type == FrameType::Reject) {
+              return setup_fail(FailureKind::Config,
+                                fmt::format("{} at {} refused {}: {}", p2.name, p2.address, me(), decode_text(h->in)));
+            }
+            if (fh2.type != FrameType::Welcome) {
+              return retry_connect(j, fmt::format("{} answered with a {} frame instead of a welcome", p2.address,
+                                                  to_string(fh2.type)));
+            }
+            h->finished = true;
+            h->timer.cancel();
+            register_peer(j, std::move(h->socket));
+          });
+        });
+      });
+    });
+  }
+
+  // Acceptor side: anyone may connect; only a peer that proves the token and a valid rank joins.
+  void do_accept() {
+    acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted) return;
+      {
+        std::lock_guard lk(mu_);
+        if (closing_) return;
+      }
+      if (!ec) {
+        auto h = std::make_shared<Handshake>(std::move(socket));
+        server_handshake(h);
+        do_accept();
+      } else {
+        // E.g. out of descriptors: back off instead of spinning on the error.
+        auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
+        timer->async_wait([this, timer](const boost::system::error_code& e) {
+          if (!e) do_accept();
+        });
+      }
+    });
+  }
+
+  void refuse(const std::shared_ptr<Handshake>& h, const std::string& reason, bool reply) {
+    const std::string who = h->peer >= 0 ? fmt::format(" (claiming to be {})", peer(h->peer).name) : std::string();
+    log(fmt::format("{}: refused connection from {}{}: {}", me(), h->remote, who, reason));
+    h->finished = true;
+    h->timer.cancel();
+    if (reply) {
+      handshake_write(h, FrameType::Reject, std::as_bytes(std::span(reason.data(), reason.size())), [h](const std::string&) {
+        boost::system::error_code ignored;
+        h->socket.close(ignored);
+      });
+    } else {
+      boost::system::error_code ignored;
+      h->socket.close(ignored);
+    }
+  }
+
+  void server_handshake(const std::shared_ptr<Handshake>& h) {
+    boost::system::error_code ec;
+    const auto remote = h->socket.remote_endpoint(ec);
+    h->remote = ec ? std::string("an unknown address") : fmt::format("{}:{}", remote.address().to_string(), remote.port());
+    arm_handshake_timer(h);
+    handshake_read(h, [this, h](const std::string& err, const FrameHeader& fh) {
+      if (!err.empty()) return refuse(h, err, false);
+      if (fh.type != FrameType::Hello) {
+        return refuse(h, fmt::format("expected a hello frame, got a {} frame", to_string(fh.type)), false);
+      }
+      Hello hello;
+      try {
+        hello = decode_hello(h->in);
+      } catch (const FrameError& e) {
+        return refuse(h, e.what(), false);
+      }
+      if (hello.size != static_cast<std::uint32_t>(size_) || hello.to_rank != static_cast<std::uint32_t>(rank_)) {
+        return refuse(h,
+                      fmt::format("it believes in a {}-rank cluster and called rank {}, but this is rank {} of {}", hello.size,
+                                  hello.to_rank, rank_, size_),
+                      true);
+      }
+      if (hello.from_rank <= static_cast<std::uint32_t>(rank_) || hello.from_rank >= static_cast<std::uint32_t>(size_)) {
+        return refuse(h,
+                      fmt::format("it claims rank {}, but only ranks {}..{} connect to rank {}", hello.from_rank, rank_ + 1,
+                                  size_ - 1, rank_),
+                      true);
+      }
+      h->peer = static_cast<int>(hello.from_rank);
+      if (hello.has_token != token_.has_value()) {
+        return refuse(h,
+                      token_ ? std::string("it presented no cluster token, and this cluster requires one")
+                             : std::string("it presented a cluster token, and this rank has none"),
+                      true);
+      }
+      h->peer_nonce = hello.nonce;
+      h->nonce = random_nonce();
+      Challenge c{static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(rank_), hello.from_rank, token_.has_value(),
+                  h->nonce, Mac{}};
+      if (token_) c.proof = handshake_proof(*token_, true, hello.nonce, h->nonce, c.size, c.rank, c.peer_rank);
+      handshake_write(h, FrameType::Challenge, encode(c), [this, h](const std::string& err2) {
+        if (!err2.empty()) return refuse(h, err2, false);
+        handshake_read(h, [this, h](const std::string& err3, const FrameHeader& fh2) {
+          if (!err3.empty()) return refuse(h, err3, false);
+          if (fh2.type == FrameType::Reject) {
+            return refuse(h, fmt::format("it refused this rank's proof of the cluster token: {}", decode_text(h->in)), false);
+          }
+          if (fh2.type != FrameType::Response) {
+            return refuse(h, fmt::format("expected a response frame, got a {} frame", to_string(fh2.type)), false);
+          }
+          Mac proof{};
+          try {
+            proof = decode_response(h->in);
+          } catch (const FrameError& e) {
+            return refuse(h, e.what(), false);
+          }
+          if (token_) {
+            const Mac expected = handshake_proof(*token_, false, h->peer_nonce, h->nonce, static_cast<std::uint32_t>(size_),
+                                                 static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(h->peer));
+            if (!macs_equal(expected, proof)) {
+              return refuse(h, "authentication failed: its proof of the cluster token is wrong (the tokens differ)", true);
+            }
+          }
+          bool duplicate = false;
+          {
+            std::lock_guard lk(mu_);
+            Peer& p = peer(h->peer);
+            duplicate = closing_ || p.state != Peer::State::Connecting || p.claimed;
+            if (!duplicate) p.claimed = true;
+          }
+          if (duplicate) return refuse(h, fmt::format("{} is already connected", peer(h->peer).name), true);
+          handshake_write(h, FrameType::Welcome, {}, [this, h](const std::string& err4) {
+            if (!err4.empty()) {
+              {
+                std::lock_guard lk(mu_);
+                peer(h->peer).claimed = false;
+              }
+              return refuse(h, err4, false);
+            }
+            h->finished = true;
+            h->timer.cancel();
+            register_peer(h->peer, std::move(h->socket));
+          });
+        });
+      });
+    });
+  }
+
+  void register_peer(int j, tcp::socket socket) {
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    std::unique_lock lk(mu_);
+    Peer& p = peer(j);
+    if (closing_ || p.state != Peer::State::Connecting) {
+      socket.close(ignored);
+      return;
+    }
+    p.socket.emplace(std::move(socket));
+    p.state = Peer::State::Open;
+    p.claimed = false;
+    p.last_tx = Clock::now();
+    p.heard_now();
+    ++open_count_;
+    cv_.notify_all();
+    lk.unlock();
+    read_header(p);
+  }
+
+  // ---- steady state: reading ----------------------------------------------------------------
+
+  void read_header(Peer& p) {
+    asio::async_read(*p.socket, asio::buffer(p.rx_header),
+                     [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
+  }
+
+  void on_header(Peer& p, const boost::system::error_code& ec) {
+    if (ec) return on_read_error(p, ec);
+    p.heard_now();
+    try {
+      p.rx = decode_header(p.rx_header, options_.max_frame_bytes);
+    } catch (const FrameError& e) {
+      return protocol_error(p, e.what());
+    }
+    switch (p.rx.type) {
+      case FrameType::Heartbeat: return read_header(p);
+      case FrameType::Goodbye: {
+        std::lock_guard lk(mu_);
+        on_goodbye_locked(p);
+      }
+        return read_header(p);
+      case FrameType::Abort:
+      case FrameType::Descriptor:
+        p.rx_control.resize(static_cast<std::size_t>(p.rx.length));
+        asio::async_read(*p.socket, asio::buffer(p.rx_control),
+                         [this, &p](const boost::system::error_code& ec2, std::size_t) { on_control(p, ec2); });
+        return;
+      case FrameType::Data:
+      case FrameType::PointToPoint: return start_payload(p);
+      default: return protocol_error(p, fmt::format("unexpected {} frame after the handshake", to_string(p.rx.type)));
+    }
+  }
+
+  void on_control(Peer& p, const boost::system::error_code& ec) {
+    if (ec) return on_read_error(p, ec);
+    p.heard_now();
+    try {
+      if (p.rx.type == FrameType::Abort) {
+        Failure f = decode_abort(p.rx_control);
+        std::lock_guard lk(mu_);
+        if (!closing_) {
+          if (f.message.find(" (reported by ") == std::string::npos) f.message += fmt::format(" (reported by {})", p.name);
+          // Relayed before anything else we send: a peer that hears our goodbye later must have
+          // heard why first, or it would blame our departure instead of the real loss.
+          fail_locked(std::move(f), true);
+        }
+      } else {
+        const Descriptor d = decode_descriptor(p.rx_control);
+        std::lock_guard lk(mu_);
+        if (!p.descriptors.emplace(p.rx.seq, d).second) {
+          throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
+        }
+        cv_.notify_all();
+      }
+    } catch (const FrameError& e) {
+      return protocol_error(p, e.what());
+    }
+    read_header(p);
+  }
+
+  void start_payload(Peer& p) {
+    const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
+    const auto length = static_cast<std::size_t>(p.rx.length);
+    bool keep = true;
+    {
+      std::lock_guard lk(mu_);
+      p.rx_transfer.reset();
+      auto it = p.posted.find(key);
+      if (it != p.posted.end()) {
+        TransferPtr t = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.posted.erase(it);
+        if (t->size == length) {
+          t->state = Transfer::State::Active;
+          p.rx_dst = t->dst;
+          p.rx_transfer = std::move(t);
+        } else {
+          t->state = Transfer::State::Failed;
+          t->error = Failure{FailureKind::Mismatch, size_mismatch(p, length, t->size, key)};
+          keep = false;  // read and drop it: the stream stays in step
+          cv_.notify_all();
+        }
+      }
+    }
+    if (!p.rx_transfer) {
+      try {
+        p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length};
+      } catch (const std::bad_alloc&) {
+        return protocol_error(p, fmt::format("cannot buffer a frame of {} bytes: out of memory", length));
+      }
+      p.rx_dst = p.rx_blob.data.get();
+      p.rx_keep = keep;
+    }
+    p.rx_done = 0;
+    read_payload(p);
+  }
+
+  void read_payload(Peer& p) {
+    const auto length = static_cast<std::size_t>(p.rx.length);
+    if (p.rx_done == length) return finish_payload(p);
+    const std::size_t n = std::min(kReadPiece, length - p.rx_done);
+    asio::async_read(*p.socket, asio::buffer(p.rx_dst + p.rx_done, n),
+                     [this, &p](const boost::system::error_code& ec, std::size_t got) {
+                       if (ec) return on_read_error(p, ec);
+                       p.heard_now();
+                       p.rx_done += got;
+                       read_payload(p);
+                     });
+  }
+
+  void finish_payload(Peer& p) {
+    std::unique_lock lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Done;
+      p.rx_transfer.reset();
+    } else if (p.rx_keep) {
+      // Its receive may have been posted while the frame was arriving: hand it over now.
+      const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
+      auto it = p.posted.find(key);
+      if (it == p.posted.end()) {
+        p.unexpected[key].push_back(std::move(p.rx_blob));
+      } else {
+        TransferPtr t = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.posted.erase(it);
+        if (t->size == p.rx_blob.size) {
+          t->state = Transfer::State::Active;
+          lk.unlock();
+          if (t->size > 0) std::memcpy(t->dst, p.rx_blob.data.get(), t->size);
+          lk.lock();
+          t->state = Transfer::State::Done;
+        } else {
+          t->state = Transfer::State::Failed;
+          t->error = Failure{FailureKind::Mismatch, size_mismatch(p, p.rx_blob.size, t->size, key)};
+        }
+      }
+    }
+    p.rx_blob = Blob{};
+    cv_.notify_all();
+    lk.unlock();
+    read_header(p);
+  }
+
+  std::string size_mismatch(const Peer& p, std::size_t got, std::size_t want, const MsgKey& key) const {
+    std::string msg = fmt::format("{} sent {} bytes where {} expected {}", p.name, got, me(), want);
+    if (key.type == FrameType::Data) msg += fmt::format(" (collective #{}, piece {})", key.seq, key.tag);
+    return msg;
+  }
+
+  void on_read_error(Peer& p, const boost::system::error_code& ec) {
+    std::lock_guard lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Failed;
+      p.rx_transfer->error = loss_locked(p, describe_error(ec));
+      p.rx_transfer.reset();
+    }
+    p.rx_blob = Blob{};
+    peer_down_locked(p, describe_error(ec));
+  }
+
+  void protocol_error(Peer& p, const std::string& what) {
+    std::lock_guard lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Failed;
+      p.rx_transfer->error = loss_locked(p, what);
+      p.rx_transfer.reset();
+    }
+    peer_down_locked(p, fmt::format("it sent a malformed frame: {}", what));
+  }
+
+  // ---- steady state: writing ----------------------------------------------------------------
+
+  void enqueue_locked(Peer& p, OutFrame f) {
+    if (p.state != Peer::State::Open) {
+      if (f.transfer) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = closed_failure_locked(p);
+      }
+      return;
+    }
+    p.queue.push_back(std::move(f));
+    if (!p.writing) {
+      p.writing = true;
+      asio::post(io_, [this, &p] {
+        std::lock_guard lk(mu_);
+        write_next_locked(p);
+      });
+    }
+  }
+
+  void enqueue_control_locked(Peer& p, FrameType type, std::uint64_t seq, std::vector<std::byte> payload,
+                              bool half_close_after = false) {
+    OutFrame f;
+    f.header = encode_header(FrameHeader{type, payload.size(), seq, 0});
+    f.owned = std::move(payload);
+    f.payload = f.owned.data();
+    f.size = f.owned.size();
+    f.half_close_after = half_close_after;
+    enqueue_locked(p, std::move(f));
+  }
+
+  void write_next_locked(Peer& p) {
+    if (p.state != Peer::State::Open || p.queue.empty() || !p.socket) {
+      p.writing = false;
+      return;
+    }
+    p.batch.clear();
+    p.buffers.clear();
+    std::size_t bytes = 0;
+    while (!p.queue.empty() && p.batch.size() < kBatchFrames && (p.batch.empty() || bytes < kBatchBytes)) {
+      bytes += p.queue.front().size + kFrameHeaderBytes;
+      p.batch.push_back(std::move(p.queue.front()));
+      p.queue.pop_front();
+    }
+    for (OutFrame& f : p.batch) {
+      if (f.transfer) f.transfer->state = Transfer::State::Active;
+      // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
+      if (!f.owned.empty()) f.payload = f.owned.data();
+      p.buffers.push_back(asio::buffer(f.header));
+      if (f.size > 0) p.buffers.push_back(asio::buffer(f.payload, f.size));
+    }
+    p.last_tx = Clock::now();
+    asio::async_write(*p.socket, p.buffers,
+                      [this, &p](const boost::system::error_code& ec, std::size_t) { on_written(p, ec); });
+  }
+
+  void on_written(Peer& p, const boost::system::error_code& ec) {
+    std::lock_guard lk(mu_);
+    bool half_close = false;
+    for (OutFrame& f : p.batch) {
+      half_close = half_close || f.half_close_after;
+      if (!f.transfer) continue;
+      if (ec) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = loss_locked(p, describe_error(ec));
+      } else {
+        f.transfer->state = Transfer::State::Done;
+      }
+    }
+    p.batch.clear();
+    cv_.notify_all();
+    if (ec) {
+      p.writing = false;
+      peer_down_locked(p, describe_error(ec));
+      return;
+    }
+    if (half_close || p.half_close_pending) {
+      p.half_close_pending = false;
+      p.writing = false;
+      shutdown_send(p);
+      return;
+    }
+    write_next_locked(p);
+  }
+
+  // ---- failure handling -------------------------------------------------------------------
+
+  Failure loss_locked(const Peer& p, const std::string& reason) const {
+    if (p.state == Peer::State::Failed && failure_) return *failure_;
+    if (p.state == Peer::State::Closed) return closed_failure_locked(p);
+    return Failure{FailureKind::Peer, fmt::format("lost task {} ({}): {}", p.name, p.address, reason)};
+  }
+
+  Failure closed_failure_locked(const Peer& p) const {
+    if (p.state == Peer::State::Failed && failure_) return *failure_;
+    return Failure{FailureKind::Peer, fmt::format("{} ({}) has closed its communicator", p.name, p.address)};
+  }
+
+  /// Records the first failure; `broadcast`: tell every peer (found here, or relayed).
+  void fail_locked(Failure f, bool broadcast) {
+    if (failure_) return;
+    failure_ = f;
+    if (broadcast) {
+      const auto payload = encode(f);
+      for (auto& p : peers_) {
+        if (p->rank != rank_ && p->state == Peer::State::Open) enqueue_control_locked(*p, FrameType::Abort, 0, payload);
+      }
+    }
+    cv_.notify_all();
+  }
+
+  // Fails what waits on `p` and cannot complete any more (posted receives, queued sends).
+  void fail_pending_locked(Peer& p, const Failure& f) {
+    for (auto& [key, list] : p.posted) {
+      for (auto& t : list) {
+        t->state = Transfer::State::Failed;
+        t->error = f;
+      }
+    }
+    p.posted.clear();
+    for (OutFrame& frame : p.queue) {
+      if (frame.transfer) {
+        frame.transfer->state = Transfer::State::Failed;
+        frame.transfer->error = f;
+      }
+    }
+    p.queue.clear();
+  }
+
+  void shutdown_send(Peer& p) {
+    boost::system::error_code ignored;
+    if (p.socket && p.socket->is_open()) p.socket->shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  void close_socket(Peer& p) {
+    boost::system::error_code ignored;
+    if (p.socket && p.socket->is_open()) {
+      p.socket->shutdown(tcp::socket::shutdown_both, ignored);
+      p.socket->close(ignored);
+    }
+    p.socket_done = true;
+  }
+
+  void on_goodbye_locked(Peer& p) {
+    if (p.state != Peer::State::Open) return;
+    p.state = Peer::State::Closed;
+    fail_pending_locked(p, closed_failure_locked(p));
+    // It sends nothing more; end our side too once what is being written is out, so that both
+    // ends close with empty receive buffers (a close with unread data would reset the stream).
+    if (p.writing) {
+      p.half_close_pending = true;
+    } else {
+      shutdown_send(p);
+    }
+    cv_.notify_all();
+  }
+
+  void peer_down_locked(Peer& p, const std::string& reason) {
+    if (p.state == Peer::State::Closed || p.state == Peer::State::Failed) {
+      close_socket(p);
+      cv_.notify_all();
+      return;
+    }
+    const bool expected = closing_;  // during our own shutdown every error is expected
+    const Failure loss = loss_locked(p, reason);
+    p.state = expected ? Peer::State::Closed : Peer::State::Failed;
+    close_socket(p);
+    fail_pending_locked(p, loss);
+    if (!expected) fail_locked(loss, true);
+    cv_.notify_all();
+  }
+
+  void heartbeat_tick() {
+    if (!heartbeat_timer_) heartbeat_timer_.emplace(io_);
+    heartbeat_timer_->expires_after(options_.heartbeat_interval);
+    heartbeat_timer_->async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      on_heartbeat();
+      heartbeat_tick();
+    });
+  }
+
+  void on_heartbeat() {
+    std::lock_guard lk(mu_);
+    if (closing_) return;
+    const auto now = Clock::now();
+    for (auto& pp : peers_) {
+      Peer& p = *pp;
+      if (p.rank == rank_ || p.state != Peer::State::Open) continue;
+      const auto silent = p.silence(now);
+      if (options_.heartbeat_timeout.count() > 0 && silent > options_.heartbeat_timeout) {
+        // Bytes waiting in the kernel mean it is alive and this thread is behind.
+        boost::system::error_code ec;
+        if (p.socket->available(ec) > 0 && !ec) continue;
+        peer_down_locked(p, fmt::format("no heartbeat for {:.1f} s",
+                                        std::chrono::duration<double>(silent).count()));
+        continue;
+      }
+      if (!p.writing && p.queue.empty() && now - p.last_tx >= options_.heartbeat_interval / 2) {
+        enqueue_control_locked(p, FrameType::Heartbeat, 0, {});
+      }
+    }
+  }
+
+  // ---- shutdown -----------------------------------------------------------------------------
+
+  void shutdown() noexcept {
+    if (!io_thread_.joinable()) return;
+    try {
+      {
+        std::unique_lock lk(mu_);
+        closing_ = true;
+        for (auto& p : peers_) {
+          if (p->rank != rank_ && p->state == Peer::State::Open) enqueue_control_locked(*p, FrameType::Goodbye, 0, {}, true);
+        }
+        // A poisoned transport has told its peers already; a stopped peer would only delay us.
+        cv_.wait_for(lk, failure_ ? kShutdownGrace / 4 : kShutdownGrace, [&] {
+          return std::all_of(peers_.begin(), peers_.end(), [](const auto& p) { return !p->socket || p->socket_done; });
+        });
+      }
+      std::promise<void> closed;
+      asio::post(io_, [this, &closed] {
+        boost::system::error_code ignored;
+        if (acceptor_) acceptor_->close(ignored);
+        if (heartbeat_timer_) heartbeat_timer_->cancel();
+        std::lock_guard lk(mu_);
+        for (auto& p : peers_) {
+          if (p->retry_timer) p->retry_timer->cancel();
+          close_socket(*p);
+        }
+        closed.set_value();
+      });
+      closed.get_future().wait_for(kShutdownGrace);
+    } catch (...) {
+      // Shutting down must not throw; stopping the io_context below releases everything anyway.
+    }
+    work_.reset();
+    io_.stop();
+    io_thread_.join();
+  }
+
+  // Members. io_ comes first so that it outlives every socket and timer that uses it.
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  CommunicatorOptions options_;
+  int rank_;
+  int size_;
+  std::size_t chunk_bytes_ = 0;
+  std::optional<std::string> token_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::optional<tcp::acceptor> acceptor_;
+  std::optional<asio::steady_timer> heartbeat_timer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int open_count_ = 0;
+  bool closing_ = false;
+  std::optional<Failure> failure_;
+  std::optional<Failure> setup_failure_;
+  std::uint64_t next_seq_ = 0;
+  std::thread io_thread_;
+};
+
+/// One call on the transport (a collective, or a point-to-point send/recv): it owns the transfers
+/// it starts. If it ends by an exception, its destructor makes sure the io thread no longer
+/// touches the caller's memory before the caller's frame unwinds.
+class Transport::Op {
+ public:
+  /// A collective: takes the next collective number and announces `desc` to every peer.
+  Op(Transport& t, const Descriptor& desc) : t_(t), collective_(true), mine_(desc) {
+    std::unique_lock lk(t_.mu_);
+    label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_seq_);
+    if (t_.failure_) raise_failure_locked();
+    seq_ = t_.next_seq_++;
+    start();
+    const auto payload = encode(desc);
+    for (auto& p : t_.peers_) {
+      if (p->rank != t_.rank_) t_.enqueue_control_locked(*p, FrameType::Descriptor, seq_, payload);
+    }
+  }
+
+  /// Point-to-point with `peer`.
+  Op(Transport& t, std::string label, int peer) : t_(t), collective_(false), label_(std::move(label)) {
+    if (peer < 0 || peer >= t_.size_ || peer == t_.rank_) {
+      throw InvalidArgument(fmt::format("{}: peer {} is not another rank of this cluster of {} (this is rank {})", label_,
+                                        peer, t_.size_, t_.rank_));
+    }
+    std::unique_lock lk(t_.mu_);
+    if (t_.failure_) raise_failure_locked();
+    start();
+  }
+
+  ~Op() {
+    if (!finished_) abandon();
+  }
+
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+  std::uint64_t seq() const noexcept { return seq_; }
+
+  /// Sends `data` (kept alive and unchanged by the caller until finish()) as a Data frame.
+  TransferPtr send(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+    return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data);
+  }
+
+  /// Posts a receive of exactly `dst.size()` bytes.
+  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst) {
+    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false);
+  }
+
+  TransferPtr send_p2p(int peer, std::span<const std::byte> data) {
+    std::uint64_t n = 0;
+    {
+      std::lock_guard lk(t_.mu_);
+      n = t_.peer(peer).p2p_sent++;
+    }
+    return send_frame(peer, MsgKey{FrameType::PointToPoint, n, 0}, data);
+  }
+
+  TransferPtr recv_p2p(int peer, std::span<std::byte> dst) {
+    return recv_frame(peer, MsgKey{FrameType::PointToPoint, 0, 0}, dst, true);
+  }
+
+  /// Waits until `t` is done; throws the communicator's failure, a timeout, or a mismatch.
+  void wait(const TransferPtr& t) {
+    std::unique_lock lk(t_.mu_);
+    block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
+  }
+
+  /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
+  const std::vector<Descriptor>& descriptors() {
+    std::unique_lock lk(t_.mu_);
+    block(lk, [&] { return descs_ok_; }, -1, "");
+    return all_;
+  }
+
+  /// Waits for every transfer and, for a collective, every peer's agreeing descriptor. After it
+  /// the transport holds no reference to the caller's memory.
+  void finish() {
+    std::unique_lock lk(t_.mu_);
+    for (const auto& t : transfers_) {
+      block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
+    }
+    if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
+    transfers_.clear();
+    finished_ = true;
+  }
+
+ private:
+  void start() {
+    if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
+  }
+
+  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data) {
+    if (data.size() > t_.options_.max_frame_bytes) {
+      throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, data.size(),
+                                        t_.options_.max_frame_bytes));
+    }
+    auto t = std::make_shared<Transfer>();
+    t->is_send = true;
+    t->peer = peer;
+    t->key = key;
+    t->size = data.size();
+    OutFrame f;
+    f.header = encode_header(FrameHeader{key.type, data.size(), key.seq, key.tag});
+    f.payload = data.data();
+    f.size = data.size();
+    f.transfer = t;
+    std::lock_guard lk(t_.mu_);
+    transfers_.push_back(t);
+    t_.enqueue_locked(t_.peer(peer), std::move(f));
+    return t;
+  }
+
+  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p) {
+    if (dst.size() > t_.options_.max_frame_bytes) {
+      throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, dst.size(),
+                                        t_.options_.max_frame_bytes));
+    }
+    auto t = std::make_shared<Transfer>();
+    t->peer = peer;
+    t->dst = dst.data();
+    t->size = dst.size();
+    Blob early;
+    {
+      std::lock_guard lk(t_.mu_);
+      Peer& p = t_.peer(peer);
+      if (p2p) key.seq = p.p2p_received++;
+      t->key = key;
+      transfers_.push_back(t);
+      if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
+        early = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) p.unexpected.erase(it);
+      } else if (p.state != Peer::State::Open) {
+        t->state = Transfer::State::Failed;
+        t->error = t_.closed_failure_locked(p);
+        return t;
+      } else {
+        p.posted[key].push_back(t);
+        return t;
+      }
+    }
+    // It arrived before this receive was posted: copy it out of its buffer (outside the lock).
+    if (early.size == dst.size()) {
+      if (early.size > 0) std::memcpy(dst.data(), early.data.get(), early.size);
+      std::lock_guard lk(t_.mu_);
+      t->state = Transfer::State::Done;
+    } else {
+      std::lock_guard lk(t_.mu_);
+      t->state = Transfer::State::Failed;
+      t->error = Failure{FailureKind::Mismatch, t_.size_mismatch(t_.peer(peer), early.size, dst.size(), t->key)};
+    }
+    return t;
+  }
+
+  [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
+
+  bool settled_locked(const Transfer& t) {
+    switch (t.state) {
+      case Transfer::State::Done: return true;
+      case Transfer::State::Failed:
+        if (t.error.kind == FailureKind::Mismatch) {
+          // A point-to-point size mismatch consumed the message: the streams are still in step.
+          if (!collective_) raise(FailureKind::Mismatch, fmt::format("{}: {}", label_, t.error.message));
+          // In a collective the descriptors (sent ahead of the data) say precisely what differs.
+          if (!mismatch_) mismatch_ = t.error;
+          return false;
+        }
+        t_.fail_locked(t.error, true);
+        raise_failure_locked();
+      default: return false;
+    }
+  }
+
+  template <class Done>
+  void block(std::unique_lock<std::mutex>& lk, Done&& done, int waiting_on, std::string_view what) {
+    for (;;) {
+      if (done()) return;
+      if (t_.failure_) raise_failure_locked();
+      if (collective_) {
+        poll_descriptors_locked();
+        if (descs_ok_ && mismatch_) {
+          t_.fail_locked(*mismatch_, true);
+          raise_failure_locked();
+        }
+        if (done()) return;  // the poll may have been what it waited for
+      }
+      if (!deadline_) {
+        t_.cv_.wait(lk);
+        continue;
+      }
+      if (Clock::now() >= *deadline_) {
+        const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
+        t_.fail_locked(Failure{FailureKind::Timeout,
+                               fmt::format("did not complete within {} ms ({} was waiting for {}{})",
+                                           t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
+                       true);
+        raise_failure_locked();
+      }
+      t_.cv_.wait_until(lk, *deadline_);
+    }
+  }
+
+  // Peers quiet for longer than two heartbeat intervals: the likely culprits of a stall, which
+  // need not be the peer this rank waits on (in a ring, everyone waits behind a stopped rank).
+  std::string silent_peers_locked() const {
+    std::string out;
+    const auto now = Clock::now();
+    for (const auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->state != Peer::State::Open) continue;
+      const auto quiet = p->silence(now);
+      if (quiet > 2 * t_.options_.heartbeat_interval) {
+        out += fmt::format("; {} has sent nothing for {:.1f} s", p->name, std::chrono::duration<double>(quiet).count());
+      }
+    }
+    return out;
+  }
+
+  // Who has not announced this collective yet (for timeout messages).
+  std::string missing_locked() const {
+    if (descs_ok_) return "the other ranks";
+    std::string names;
+    for (const auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->descriptors.count(seq_) != 0) continue;
+      names += (names.empty() ? "" : ", ") + p->name;
+    }
+    return names.empty() ? std::string("the other ranks") : fmt::format("{} to join", names);
+  }
+
+  void poll_descriptors_locked() {
+    if (descs_ok_) return;
+    for (auto& p : t_.peers_) {
+      if (p->rank == t_.rank_ || p->descriptors.count(seq_) != 0) continue;
+      if (p->state != Peer::State::Open) {
+        t_.fail_locked(Failure{FailureKind::Peer, fmt::format("{} ({}) closed its communicator before joining collective #{}",
+                                                              p->name, p->address, seq_)},
+                       true);
+        raise_failure_locked();
+      }
+      return;
+    }
+    all_.assign(static_cast<std::size_t>(t_.size_), Descriptor{});
+    for (auto& p : t_.peers_) {
+      if (p->rank == t_.rank_) {
+        all_[static_cast<std::size_t>(p->rank)] = mine_;
+      } else {
+        auto it = p->descriptors.find(seq_);
+        all_[static_cast<std::size_t>(p->rank)] = it->second;
+        p->descriptors.erase(it);
+      }
+    }
+    descs_ok_ = true;
+    // Every rank compares every rank against rank 0 in rank order, so all report the same pair.
+    for (std::size_t r = 1; r < all_.size(); ++r) {
+      if (!compatible(all_[0], all_[r])) {
+        t_.fail_locked(Failure{FailureKind::Mismatch,
+                               fmt::format("mismatched collectives at collective #{}: {} called {} but {} called {}", seq_,
+                                           t_.peer(0).name, describe(all_[0]), t_.peer(static_cast<int>(r)).name,
+                                           describe(all_[r]))},
+                       true);
+        raise_failure_locked();
+      }
+    }
+  }
+
+  void abandon() noexcept {
+    try {
+      std::unique_lock lk(t_.mu_);
+      for (const auto& t : transfers_) {
+        if (t->state != Transfer::State::Queued) continue;
+        Peer& p = t_.peer(t->peer);
+        if (t->is_send) {
+          std::erase_if(p.queue, [&](const OutFrame& f) { return f.transfer == t; });
+        } else if (auto it = p.posted.find(t->key); it != p.posted.end()) {
+          std::erase(it->second, t);
+          if (it->second.empty()) p.posted.erase(it);
+        }
+        t->state = Transfer::State::Failed;
+      }
+      auto busy = [&] {
+        return std::any_of(transfers_.begin(), transfers_.end(),
+                           [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
+      };
+      if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
+        // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
+        std::set<int> stuck;
+        for (const auto& t : transfers_) {
+          if (t->state == Transfer::State::Active) stuck.insert(t->peer);
+        }
+        for (int r : stuck) {
+          asio::post(t_.io_, [tr = &t_, r] {
+            std::lock_guard g(tr->mu_);
+            tr->peer_down_locked(tr->peer(r), "connection cut: it stopped exchanging data");
+          });
+        }
+        t_.cv_.wait(lk, [&] { return !busy(); });
+      }
+      transfers_.clear();
+    } catch (...) {
+      // Only allocation can throw here; nothing better to do than carry on unwinding.
+    }
+  }
+
+  Transport& t_;
+  bool collective_;
+  Descriptor mine_{};
+  std::string label_;
+  std::uint64_t seq_ = 0;
+  std::optional<Clock::time_point> deadline_;
+  std::vector<TransferPtr> transfers_;
+  std::vector<Descriptor> all_;
+  bool descs_ok_ = false;
+  std::optional<Failure> mismatch_;
+  bool finished_ = false;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE

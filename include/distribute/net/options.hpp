@@ -1,0 +1,47 @@
+// Tuning and security knobs of the TCP communicator.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <distribute/version.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+struct CommunicatorOptions {
+  /// Total time the constructor waits for every peer to appear; connects are retried with
+  /// exponential back-off (50 ms doubling to 1 s) until then, because peers start in any order.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// One handshake (hello, challenge, response, welcome) must finish within this; it also bounds
+  /// how long a stranger that connects and says nothing holds a socket.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// An otherwise idle connection carries a heartbeat this often.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  /// A peer that sent nothing for this long is declared lost (PeerFailure). Zero disables it.
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  /// Deadline of one collective or point-to-point call; expiry throws CollectiveTimeout here and
+  /// aborts the peers. Unset: no deadline (a dead peer is still found by EOF or heartbeat).
+  std::optional<std::chrono::milliseconds> operation_timeout;
+  /// Shared secret every peer must prove it holds (HMAC-SHA256 challenge-response, both ways)
+  /// before any data. Unset: the environment variable DISTRIBUTE_CLUSTER_TOKEN, if non-empty.
+  /// Set to "": no authentication even when the variable is set.
+  std::optional<std::string> cluster_token;
+  /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
+  std::size_t max_frame_bytes = std::size_t{1} << 31;
+  /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
+  /// sending, receiving and reducing overlap.
+  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
+  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// Where refused connections are reported; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE

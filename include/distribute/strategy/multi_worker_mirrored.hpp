@@ -1,0 +1,124 @@
+// MultiWorkerMirroredStrategy: synchronous data parallelism over the local devices of several
+// worker processes (replicas = local devices × workers). An all-reduce is a local reduce, one
+// cross-worker collective per pack over TCP (net::Communicator), and a local copy back out;
+// variables are mirrored everywhere and start from the chief's initial values.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <distribute/backends/host/host.hpp>
+#include <distribute/cluster/cluster_resolver.hpp>
+#include <distribute/cluster/tf_config.hpp>
+#include <distribute/collective/communication_options.hpp>
+#include <distribute/core/detail/cross_worker.hpp>
+#include <distribute/net/communicator.hpp>
+#include <distribute/strategy/detail/sync_strategy.hpp>
+#include <distribute/strategy/mirrored.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// net::Communicator seen as the strategy layer's CrossWorkerLink.
+class CommunicatorLink final : public CrossWorkerLink {
+ public:
+  explicit CommunicatorLink(std::unique_ptr<net::Communicator> comm) : comm_(std::move(comm)) {}
+  int num_workers() const noexcept override { return comm_->size(); }
+  int worker_index() const noexcept override { return comm_->rank(); }
+  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op) override {
+    comm_->all_reduce(data, count, dtype, op);
+  }
+  void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out,
+                  std::vector<std::size_t>& sizes) override {
+    comm_->all_gather(data, bytes, out, sizes);
+  }
+  void broadcast(void* data, std::size_t bytes, int root) override { comm_->broadcast(data, bytes, root); }
+  void barrier() override { comm_->barrier(); }
+  net::Communicator& communicator() noexcept { return *comm_; }
+
+ private:
+  std::unique_ptr<net::Communicator> comm_;
+};
+
+/// Built before the strategy's SyncStrategy base (which needs the link): the resolver and, for
+/// a cluster of more than one worker, the communicator connected to every other worker.
+struct MultiWorkerSetup {
+  std::shared_ptr<ClusterResolver> resolver;
+  std::unique_ptr<CommunicatorLink> link;
+
+  template <class Backend>
+  static MultiWorkerSetup make(const CommunicationOptions& options, std::shared_ptr<ClusterResolver> resolver) {
+    if (!resolver) resolver = std::make_shared<TFConfigClusterResolver>();
+    if (options.implementation == CommunicationImplementation::Nccl && Backend::name == std::string_view("host")) {
+      throw InvalidArgument(
+          "MultiWorkerMirroredStrategy: CommunicationImplementation NCCL needs the cuda backend; the host backend "
+          "communicates with RING (or AUTO)");
+    }
+    if (options.timeout_seconds && !(*options.timeout_seconds > 0)) {
+      throw InvalidArgument(fmt::format("MultiWorkerMirroredStrategy: timeout_seconds must be positive, got {}",
+                                        *options.timeout_seconds));
+    }
+    MultiWorkerSetup setup;
+    setup.resolver = resolver;
+    const ClusterSpec& spec = resolver->cluster_spec();
+    const std::string type = resolver->task_type();
+    if (spec.empty()) return setup;  // a single-worker cluster: no communication
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(fmt::format(
+          "MultiWorkerMirroredStrategy runs on chief and worker tasks; this task is '{}' (task.type)", type));
+    }
+    // Ranks follow TF's id_in_cluster: the chief first, then the workers by index.
+    std::vector<std::string> addresses, names;
+    for (const char* job : {"chief", "worker"}) {
+      if (!spec.has_job(job)) continue;
+      for (int index = 0; index < spec.num_tasks(job); ++index) {
+        addresses.push_back(spec.task_address(job, index));
+        names.push_back(fmt::format("{}:{}", job, index));
+      }
+    }
+    if (addresses.size() <= 1) return setup;
+    net::CommunicatorOptions comm_options;
+    if (options.timeout_seconds) {
+      comm_options.operation_timeout =
+          std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
+    }
+    setup.link = std::make_unique<CommunicatorLink>(std::make_unique<net::Communicator>(
+        std::move(addresses), resolver->id_in_cluster(), comm_options, std::move(names)));
+    return setup;
+  }
+};
+
+}  // namespace detail
+
+template <class Backend = host>
+class MultiWorkerMirroredStrategy
+    : private detail::MultiWorkerSetup,
+      public SyncStrategy<MultiWorkerMirroredStrategy<Backend>, Backend, default_cross_device_ops_t<Backend>> {
+  using Base = SyncStrategy<MultiWorkerMirroredStrategy<Backend>, Backend, default_cross_device_ops_t<Backend>>;
+
+ public:
+  /// `resolver` defaults to TFConfigClusterResolver (the TF_CONFIG environment variable; without
+  /// it, a single-worker cluster). `local_replicas`: replicas per worker (host: threads).
+  explicit MultiWorkerMirroredStrategy(CommunicationOptions options = {},
+                                       std::shared_ptr<ClusterResolver> resolver = nullptr, int local_replicas = 1)
+      : detail::MultiWorkerSetup(detail::MultiWorkerSetup::make<Backend>(options, std::move(resolver))),
+        Base(Backend::devices(local_replicas, "MultiWorkerMirroredStrategy"), options, link.get()) {}
+
+  std::string_view name() const noexcept override { return "MultiWorkerMirroredStrategy"; }
+
+  /// The cluster this strategy runs in.
+  const ClusterResolver* cluster_resolver() const noexcept { return resolver.get(); }
+  /// True on the worker that writes checkpoints and summaries (the chief, else worker 0).
+  bool is_chief() const { return this->worker_index() == 0; }
+  /// Waits until every worker reaches this point.
+  void barrier() {
+    if (link) link->barrier();
+  }
+};
+
+DISTRIBUTE_END_NAMESPACE

@@ -1,0 +1,144 @@
+// One worker process of the multi-worker tests. Reads TF_CONFIG like a user's program, runs a
+// scenario, checks its own results against exact expected values and prints what it saw.
+//   multi_worker_helper SCENARIO LOCAL_REPLICAS
+// Exit codes: 0 ok, 1 wrong result, 3 PeerFailure/CollectiveTimeout, 4 InvalidArgument, 5 other error.
+#include <distribute/distribute.hpp>
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../examples/common/logistic_model.hpp"
+
+namespace ds = distribute;
+using Strategy = ds::MultiWorkerMirroredStrategy<ds::host>;
+
+namespace {
+int failures = 0;
+template <class A, class B>
+void expect_eq(const A& got, const B& want, std::string_view what) {
+  if (!(got == want)) {
+    fmt::print("MISMATCH {}: got {} want {}\n", what, got, want);
+    ++failures;
+  }
+}
+
+void collectives(Strategy& s) {
+  const int n = s.num_replicas_in_sync();
+  const long tri = static_cast<long>(n) * (n - 1) / 2;  // sum of replica ids
+  auto out = s.run([&](ds::ReplicaContext& ctx) {
+    const int r = ctx.replica_id_in_sync_group();
+    std::vector<std::int64_t> v{r, 1, 2 * r};
+    std::vector<double> big(100003);
+    for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<double>(i % 13) * (r + 1);
+    auto [sum, sum_big] = ctx.all_reduce("sum", v, big);
+    auto mx = ctx.all_reduce("max", v);
+    auto mn = ctx.all_reduce("min", v);
+    auto prod = ctx.all_reduce("product", std::vector<std::int64_t>{r + 1});
+    auto mean = ctx.all_reduce("mean", std::vector<double>{double(r)});
+    // Uneven all_gather: replica r contributes r+1 rows of 2.
+    ds::Tensor<int> rows({r + 1, 2}, std::vector<int>(static_cast<std::size_t>(2 * (r + 1)), r));
+    auto gathered = ctx.all_gather(rows, 0);
+    auto from_last = ctx.broadcast(std::vector<int>{r * 10}, n - 1);
+    return std::make_tuple(sum, sum_big, mx, mn, prod, mean, gathered, from_last);
+  });
+  long fact = 1;
+  for (int k = 1; k <= n; ++k) fact *= k;
+  std::vector<int> rows_want;
+  for (int r = 0; r < n; ++r) rows_want.insert(rows_want.end(), static_cast<std::size_t>(2 * (r + 1)), r);
+  for (std::size_t i = 0; i < std::get<0>(out).size(); ++i) {
+    expect_eq(std::get<0>(out)[i], std::vector<std::int64_t>{tri, n, 2 * tri}, "sum");
+    bool big_ok = true;
+    for (std::size_t k = 0; k < std::get<1>(out)[i].size(); ++k) {
+      big_ok = big_ok && std::get<1>(out)[i][k] == static_cast<double>(k % 13) * (n * (n + 1) / 2);
+    }
+    expect_eq(big_ok, true, "sum of 100003 doubles");
+    expect_eq(std::get<2>(out)[i], std::vector<std::int64_t>{n - 1, 1, 2 * (n - 1)}, "max");
+    expect_eq(std::get<3>(out)[i], std::vector<std::int64_t>{0, 1, 0}, "min");
+    expect_eq(std::get<4>(out)[i], std::vector<std::int64_t>{fact}, "product");
+    expect_eq(std::get<5>(out)[i], std::vector<double>{double(tri) / n}, "mean");
+    expect_eq(std::get<6>(out)[i].values(), rows_want, "all_gather uneven");
+    expect_eq(std::get<6>(out)[i].shape(), ds::Shape{static_cast<std::int64_t>(rows_want.size() / 2), 2}, "all_gather shape");
+    expect_eq(std::get<7>(out)[i], std::vector<int>{(n - 1) * 10}, "broadcast");
+  }
+  // Cross-replica reduce and gather through the strategy see every worker's replicas.
+  auto ids = s.run([](ds::ReplicaContext& ctx) { return ctx.replica_id_in_sync_group(); });
+  expect_eq(s.reduce("sum", ids), static_cast<int>(tri), "strategy.reduce sum");
+  expect_eq(s.reduce("max", ids), n - 1, "strategy.reduce max");
+  auto batches = s.run([](ds::ReplicaContext& ctx) {
+    const int r = ctx.replica_id_in_sync_group();
+    return std::vector<double>(static_cast<std::size_t>(r % 2 ? 1 : 3), double(r));  // uneven last batch
+  });
+  double total = 0, count = 0;
+  for (int r = 0; r < n; ++r) total += (r % 2 ? 1 : 3) * double(r), count += (r % 2 ? 1 : 3);
+  expect_eq(s.reduce("mean", batches, 0)[0], total / count, "strategy.reduce mean axis 0");
+  std::vector<int> all_ids(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) all_ids[static_cast<std::size_t>(r)] = r;
+  auto as_vec = s.run([](ds::ReplicaContext& ctx) { return std::vector<int>{ctx.replica_id_in_sync_group()}; });
+  expect_eq(s.gather(as_vec, 0), all_ids, "strategy.gather");
+  // Variables start from the chief's value on every worker.
+  auto scope = s.scope();
+  ds::Variable<std::vector<float>> w(std::vector<float>{float(s.worker_index()) + 1, 7}, {.name = "w"});
+  for (const auto& copy : w.values()) expect_eq(copy, std::vector<float>{1, 7}, "variable initial value from the chief");
+  ds::Variable<float> metric(0.0f, {.name = "metric", .synchronization = ds::VariableSynchronization::OnRead,
+                                    .aggregation = ds::VariableAggregation::Sum});
+  s.run([&](ds::ReplicaContext& ctx) { metric.assign_add(float(ctx.replica_id_in_sync_group())); });
+  expect_eq(metric.read_value(), float(tri), "sync-on-read across workers");
+  ds::Variable<float> agg(0.0f, {.name = "agg", .aggregation = ds::VariableAggregation::Sum});
+  s.run([&](ds::ReplicaContext& ctx) { agg.assign_add(float(ctx.replica_id_in_sync_group())); });
+  expect_eq(agg.read_value(), float(tri), "SUM aggregation across workers");
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "collectives";
+  const int local = argc > 2 ? std::atoi(argv[2]) : 1;
+  try {
+    ds::CommunicationOptions options;
+    if (const char* t = std::getenv("TEST_TIMEOUT_SECONDS")) options.timeout_seconds = std::atof(t);
+    if (const char* p = std::getenv("TEST_BYTES_PER_PACK")) options.bytes_per_pack = std::strtoull(p, nullptr, 10);
+    Strategy s(options, nullptr, local);
+    fmt::print("worker {} of {}: {} replicas in sync\n", s.worker_index(), s.num_workers(), s.num_replicas_in_sync());
+    if (scenario == "collectives") {
+      collectives(s);
+    } else if (scenario == "kill") {
+      // Large all-reduces until a peer dies; the test SIGKILLs one worker in the middle.
+      for (int i = 0; i < 100000; ++i) {
+        s.run([](ds::ReplicaContext& ctx) { return ctx.all_reduce("sum", std::vector<float>(1 << 20, 1.0f)).size(); });
+        if (i == 0) fmt::print("first all-reduce done\n");
+        std::fflush(stdout);
+      }
+    } else if (scenario == "mismatch") {
+      s.run([&](ds::ReplicaContext& ctx) {
+        const auto size = s.worker_index() == 1 ? 5u : 3u;
+        return ctx.all_reduce("sum", std::vector<float>(size, 1.0f));
+      });
+    } else if (scenario == "demo") {
+      const auto data = demo::make_data(1000, 8, 7);
+      demo::TrainConfig config{.epochs = 3, .global_batch = 64, .learning_rate = 0.5f};
+      auto w = demo::train(s, data, config);
+      fmt::print("weights {}\n", fmt::join(w, " "));
+    } else {
+      fmt::print("unknown scenario {}\n", scenario);
+      return 5;
+    }
+  } catch (const ds::PeerFailure& e) {
+    fmt::print("PeerFailure: {}\n", e.what());
+    return 3;
+  } catch (const ds::CollectiveTimeout& e) {
+    fmt::print("CollectiveTimeout: {}\n", e.what());
+    return 3;
+  } catch (const ds::InvalidArgument& e) {
+    fmt::print("InvalidArgument: {}\n", e.what());
+    return 4;
+  } catch (const std::exception& e) {
+    fmt::print("error: {}\n", e.what());
+    return 5;
+  }
+  if (failures) fmt::print("FAILED {}\n", failures); else fmt::print("OK\n");
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,404 @@
+// One rank of a test cluster for tests/test_net.cpp, run as a real process on 127.0.0.1.
+//
+//   net_helper MODE --rank R --ports P0,P1,... [--token T] [--op-timeout MS] [--hb-timeout MS]
+//              [--connect-timeout MS] [--variant V] [--count N] [--iters N]
+//
+// Prints "READY" once the cluster has formed and done one collective, "OK ..." on success, and
+// "EXC <error type>: <message>" when a library error escapes. The exit code says which error:
+// 0 ok, 1 wrong result, 2 usage, 3 PeerFailure, 4 CollectiveTimeout, 5 InvalidArgument,
+// 6 ClusterConfigError, 7 Unavailable (e.g. the port was taken: the test retries), 8 other.
+#include <distribute/distribute.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace ds = distribute;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  std::string mode;
+  int rank = -1;
+  std::vector<std::string> addresses;
+  std::vector<std::string> names;
+  ds::net::CommunicatorOptions options;
+  std::string variant;
+  std::size_t count = 1 << 20;
+  int iters = 1000000;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  fmt::print(stderr, "net_helper: {}\n", why);
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  if (argc < 2) usage("missing mode");
+  a.mode = argv[1];
+  for (int i = 2; i < argc; i += 2) {
+    if (i + 1 >= argc) usage(fmt::format("option {} needs a value", argv[i]));
+    const std::string key = argv[i], value = argv[i + 1];
+    if (key == "--rank") {
+      a.rank = std::stoi(value);
+    } else if (key == "--ports") {
+      std::size_t at = 0;
+      while (at <= value.size()) {
+        const auto comma = value.find(',', at);
+        const std::string port = value.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+        a.names.push_back(fmt::format("worker:{}", a.addresses.size()));
+        a.addresses.push_back("127.0.0.1:" + port);
+        if (comma == std::string::npos) break;
+        at = comma + 1;
+      }
+    } else if (key == "--token") {
+      a.options.cluster_token = value;
+    } else if (key == "--op-timeout") {
+      a.options.operation_timeout = std::chrono::milliseconds(std::stoll(value));
+    } else if (key == "--hb-timeout") {
+      a.options.heartbeat_timeout = std::chrono::milliseconds(std::stoll(value));
+    } else if (key == "--hb-interval") {
+      a.options.heartbeat_interval = std::chrono::milliseconds(std::stoll(value));
+    } else if (key == "--connect-timeout") {
+      a.options.connect_timeout = std::chrono::milliseconds(std::stoll(value));
+    } else if (key == "--variant") {
+      a.variant = value;
+    } else if (key == "--count") {
+      a.count = std::stoull(value);
+    } else if (key == "--iters") {
+      a.iters = std::stoi(value);
+    } else {
+      usage("unknown option " + key);
+    }
+  }
+  if (a.rank < 0 || a.addresses.empty()) usage("--rank and --ports are required");
+  return a;
+}
+
+void say(const std::string& line) {
+  std::fputs((line + "\n").c_str(), stdout);
+  std::fflush(stdout);
+}
+
+int failures = 0;
+
+template <class... T>
+void check(bool ok, fmt::format_string<T...> f, T&&... args) {
+  if (ok) return;
+  ++failures;
+  if (failures <= 20) say("WRONG " + fmt::format(f, std::forward<T>(args)...));
+}
+
+// ---- all_reduce with exact expected values --------------------------------------------------
+
+template <class T>
+T value_of(ds::ReduceOp op, int r, std::size_t i) {
+  switch (op) {
+    case ds::ReduceOp::Sum:
+    case ds::ReduceOp::Mean: return static_cast<T>(static_cast<long long>(r + 1) * static_cast<long long>(i % 13 + 1));
+    case ds::ReduceOp::Min:
+    case ds::ReduceOp::Max: return static_cast<T>(static_cast<long long>((i * 7 + static_cast<std::size_t>(r) * 13) % 101) - 50);
+    case ds::ReduceOp::Product: {
+      const bool hit = (i + static_cast<std::size_t>(r)) % 3 == 0;
+      if constexpr (std::is_signed_v<T>) return static_cast<T>(hit ? -2 : 1);
+      return static_cast<T>(hit ? 2 : 1);
+    }
+  }
+  return T{};
+}
+
+template <class T>
+T expected_of(ds::ReduceOp op, int n, std::size_t i) {
+  T acc = value_of<T>(op, 0, i);
+  for (int r = 1; r < n; ++r) {
+    const T v = value_of<T>(op, r, i);
+    switch (op) {
+      case ds::ReduceOp::Sum:
+      case ds::ReduceOp::Mean: acc = static_cast<T>(acc + v); break;
+      case ds::ReduceOp::Min: acc = std::min(acc, v); break;
+      case ds::ReduceOp::Max: acc = std::max(acc, v); break;
+      case ds::ReduceOp::Product: acc = static_cast<T>(acc * v); break;
+    }
+  }
+  if (op == ds::ReduceOp::Mean) acc = static_cast<T>(acc / static_cast<T>(n));
+  return acc;
+}
+
+template <class T>
+void all_reduce_case(ds::net::Communicator& comm, ds::ReduceOp op, std::size_t count) {
+  std::vector<T> data(count);
+  for (std::size_t i = 0; i < count; ++i) data[i] = value_of<T>(op, comm.rank(), i);
+  comm.all_reduce(std::span<T>(data), op);
+  for (std::size_t i = 0; i < count; ++i) {
+    const T want = expected_of<T>(op, comm.size(), i);
+    if (data[i] != want) {
+      check(false, "all_reduce {} {} count {}: element {} is {} but should be {}", ds::to_string(ds::dtype_of<T>()),
+            ds::to_string(op), count, i, data[i], want);
+      return;
+    }
+  }
+}
+
+std::byte pattern(int r, std::size_t i) { return static_cast<std::byte>((r * 31 + static_cast<int>(i % 251)) & 0xFF); }
+
+void run_collectives(ds::net::Communicator& comm) {
+  const int n = comm.size(), me = comm.rank();
+  say("READY");
+  const std::size_t big_f32 = (std::size_t{1} << 20) / 4 + 3;  // 1 MiB of float32 + 3 elements
+  const std::size_t big_i64 = (std::size_t{1} << 20) / 8 + 3;
+  for (auto op : {ds::ReduceOp::Sum, ds::ReduceOp::Mean, ds::ReduceOp::Min, ds::ReduceOp::Max, ds::ReduceOp::Product}) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{5001}, big_f32}) {
+      all_reduce_case<float>(comm, op, count);
+    }
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{3001}, big_i64}) {
+      all_reduce_case<std::int64_t>(comm, op, count);
+    }
+  }
+  // Fewer elements than ranks (empty ring segments) and a buffer that spans many chunks.
+  all_reduce_case<float>(comm, ds::ReduceOp::Sum, static_cast<std::size_t>(n - 1));
+  all_reduce_case<double>(comm, ds::ReduceOp::Sum, 3 * (std::size_t{1} << 20) + 1);
+  {
+    std::vector<std::uint8_t> flags(100, 0);
+    if (me == n - 1) flags[42] = 1;
+    comm.all_reduce(flags.data(), flags.size(), ds::DType::Bool, ds::ReduceOp::Max);
+    check(flags[42] == 1 && flags[41] == 0, "bool all_reduce MAX (any)");
+  }
+
+  // all_gather with uneven sizes, one rank contributing nothing, one spanning many chunks.
+  for (int round = 0; round < 2; ++round) {
+    const std::size_t mine = round == 0 ? static_cast<std::size_t>(me) * 1000 + 3
+                                        : (me == 0 ? 0 : me == n - 1 ? std::size_t{700} * 1024 + 5 : 17);
+    std::vector<std::byte> in(mine);
+    for (std::size_t i = 0; i < mine; ++i) in[i] = pattern(me, i);
+    std::vector<std::byte> out;
+    std::vector<std::size_t> sizes;
+    comm.all_gather(in.data(), in.size(), out, sizes);
+    std::size_t offset = 0;
+    check(sizes.size() == static_cast<std::size_t>(n), "all_gather returned {} sizes", sizes.size());
+    for (int r = 0; r < n && sizes.size() == static_cast<std::size_t>(n); ++r) {
+      const std::size_t want = round == 0 ? static_cast<std::size_t>(r) * 1000 + 3
+                                          : (r == 0 ? 0 : r == n - 1 ? std::size_t{700} * 1024 + 5 : 17);
+      check(sizes[static_cast<std::size_t>(r)] == want, "all_gather size of rank {} is {}, want {}", r,
+            sizes[static_cast<std::size_t>(r)], want);
+      for (std::size_t i = 0; i < want && offset + i < out.size(); ++i) {
+        if (out[offset + i] != pattern(r, i)) {
+          check(false, "all_gather round {} byte {} of rank {} differs", round, i, r);
+          break;
+        }
+      }
+      offset += want;
+    }
+    check(out.size() == offset, "all_gather output has {} bytes, want {}", out.size(), offset);
+  }
+
+  // broadcast from every root: empty, direct, chained over many chunks.
+  for (int root = 0; root < n; ++root) {
+    for (std::size_t bytes : {std::size_t{0}, std::size_t{5}, std::size_t{100000}, (std::size_t{1} << 20) + 1}) {
+      std::vector<std::byte> buf(bytes, std::byte{0});
+      if (me == root) {
+        for (std::size_t i = 0; i < bytes; ++i) buf[i] = pattern(root + 7, i);
+      }
+      comm.broadcast(buf.data(), bytes, root);
+      for (std::size_t i = 0; i < bytes; ++i) {
+        if (buf[i] != pattern(root + 7, i)) {
+          check(false, "broadcast of {} bytes from root {}: byte {} differs", bytes, root, i);
+          break;
+        }
+      }
+    }
+  }
+
+  // barrier: nobody leaves before the last one arrives.
+  const auto before = Clock::now();
+  if (me == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  comm.barrier();
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - before).count();
+  check(waited >= 250, "barrier returned after {} ms although rank 0 arrived after 300 ms", waited);
+  comm.barrier();
+
+  // point-to-point around the ring, small and larger than a socket buffer, in order.
+  for (std::size_t bytes : {std::size_t{4}, std::size_t{3} << 20}) {
+    std::vector<std::byte> out(bytes), in(bytes);
+    for (std::size_t i = 0; i < bytes; ++i) out[i] = pattern(me, i);
+    comm.send((me + 1) % n, out);
+    comm.send((me + 1) % n, std::span<const std::byte>(out).first(1));
+    comm.recv((me - 1 + n) % n, in);
+    std::byte one{};
+    comm.recv((me - 1 + n) % n, std::span<std::byte>(&one, 1));
+    const int from = (me - 1 + n) % n;
+    for (std::size_t i = 0; i < bytes; ++i) {
+      if (in[i] != pattern(from, i)) {
+        check(false, "recv of {} bytes from rank {}: byte {} differs", bytes, from, i);
+        break;
+      }
+    }
+    check(one == pattern(from, 0), "second message from rank {} differs", from);
+  }
+  // A receive of the wrong size throws InvalidArgument and leaves the communicator usable.
+  if (me == 0) {
+    const std::uint32_t v = 7;
+    comm.send(1, std::as_bytes(std::span(&v, 1)));
+  } else if (me == 1) {
+    std::uint64_t w = 0;
+    bool threw = false;
+    try {
+      comm.recv(0, std::as_writable_bytes(std::span(&w, 1)));
+    } catch (const ds::InvalidArgument& e) {
+      threw = std::string(e.what()).find("sent 4 bytes") != std::string::npos;
+    }
+    check(threw, "recv of the wrong size did not throw InvalidArgument naming the sizes");
+  }
+  comm.barrier();
+  check(!comm.failure().has_value(), "communicator poisoned after the battery");
+}
+
+// ---- mismatched collectives ---------------------------------------------------------------
+
+void run_mismatch(ds::net::Communicator& comm, const std::string& variant) {
+  const int n = comm.size(), me = comm.rank();
+  const bool odd = me == n - 1;
+  comm.barrier();
+  say("READY");
+  std::vector<float> f(odd && variant == "count" ? 11 : 10, 1.0f);
+  std::vector<float> big((std::size_t{1} << 20) + (odd && variant == "ring-count" ? 1 : 0), 1.0f);
+  std::vector<std::int32_t> i32(10, 1);
+  try {
+    if (variant == "count") {
+      comm.all_reduce(std::span<float>(f), ds::ReduceOp::Sum);
+    } else if (variant == "ring-count") {
+      comm.all_reduce(std::span<float>(big), ds::ReduceOp::Sum);
+    } else if (variant == "op") {
+      comm.all_reduce(std::span<float>(f), odd ? ds::ReduceOp::Max : ds::ReduceOp::Sum);
+    } else if (variant == "dtype") {
+      if (odd) {
+        comm.all_reduce(std::span<std::int32_t>(i32), ds::ReduceOp::Sum);
+      } else {
+        comm.all_reduce(std::span<float>(f), ds::ReduceOp::Sum);
+      }
+    } else if (variant == "kind") {
+      if (odd) {
+        comm.broadcast(f.data(), f.size() * sizeof(float), 0);
+      } else {
+        comm.all_reduce(std::span<float>(f), ds::ReduceOp::Sum);
+      }
+    } else if (variant == "root") {
+      comm.broadcast(big.data(), big.size() * sizeof(float), odd ? 1 : 0);
+    } else if (variant == "order") {
+      if (odd) {
+        comm.barrier();
+        comm.all_reduce(std::span<float>(f), ds::ReduceOp::Sum);
+      } else {
+        comm.all_reduce(std::span<float>(f), ds::ReduceOp::Sum);
+        comm.barrier();
+      }
+    } else {
+      usage("unknown variant " + variant);
+    }
+    say("WRONG the mismatched collective returned normally");
+    std::exit(1);
+  } catch (const ds::InvalidArgument& e) {
+    say(fmt::format("OK InvalidArgument: {}", e.what()));
+  }
+  // Poisoned: the next call fails the same way, at once.
+  const auto t0 = Clock::now();
+  try {
+    comm.barrier();
+    say("WRONG a poisoned communicator accepted a barrier");
+    std::exit(1);
+  } catch (const ds::InvalidArgument& e) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    check(ms < 1000, "the poisoned barrier took {} ms to throw", ms);
+    say(fmt::format("OK poisoned: {}", e.what()));
+  }
+}
+
+// ---- endless all-reduce, to be killed or stopped -----------------------------------------
+
+void run_loop(ds::net::Communicator& comm, std::size_t count, int iters) {
+  std::vector<float> data(count);
+  for (int it = 0; it < iters; ++it) {
+    std::fill(data.begin(), data.end(), 1.0f);
+    comm.all_reduce(std::span<float>(data), ds::ReduceOp::Sum);
+    check(data.empty() || data.back() == static_cast<float>(comm.size()), "loop: wrong sum {}", data.empty() ? 0.f : data.back());
+    if (it == 0) say("READY");
+  }
+  say("OK loop");
+}
+
+// ---- a cluster with a token that keeps working while strangers knock ------------------------
+
+void run_auth(ds::net::Communicator& comm, int iters) {
+  say("READY");
+  for (int it = 0; it < iters; ++it) {
+    std::vector<std::int64_t> v(1000, comm.rank());
+    comm.all_reduce(std::span<std::int64_t>(v), ds::ReduceOp::Sum);
+    check(v[999] == static_cast<std::int64_t>(comm.size()) * (comm.size() - 1) / 2, "auth loop: wrong sum {}", v[999]);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  comm.barrier();
+  say("OK auth");
+}
+
+int run(const Args& a, std::unique_ptr<ds::net::Communicator>& comm) {
+  comm = std::make_unique<ds::net::Communicator>(a.addresses, a.rank, a.options, a.names);
+  if (a.mode == "collectives") {
+    run_collectives(*comm);
+  } else if (a.mode == "mismatch") {
+    run_mismatch(*comm, a.variant);
+  } else if (a.mode == "loop") {
+    run_loop(*comm, a.count, a.iters);
+  } else if (a.mode == "auth") {
+    run_auth(*comm, a.iters);
+  } else if (a.mode == "join") {
+    // Only joining is tested (an impostor); succeeding is the wrong outcome for it.
+    say("OK joined");
+  } else {
+    usage("unknown mode " + a.mode);
+  }
+  return failures > 0 ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  // The communicator outlives the report, so the time of the EXC line is the time of the error,
+  // not of the clean shutdown that follows it.
+  std::unique_ptr<ds::net::Communicator> comm;
+  int code = 0;
+  try {
+    code = run(a, comm);
+  } catch (const ds::PeerFailure& e) {
+    say(fmt::format("EXC PeerFailure: {}", e.what()));
+    code = 3;
+  } catch (const ds::CollectiveTimeout& e) {
+    say(fmt::format("EXC CollectiveTimeout: {}", e.what()));
+    code = 4;
+  } catch (const ds::InvalidArgument& e) {
+    say(fmt::format("EXC InvalidArgument: {}", e.what()));
+    code = 5;
+  } catch (const ds::ClusterConfigError& e) {
+    say(fmt::format("EXC ClusterConfigError: {}", e.what()));
+    code = 6;
+  } catch (const ds::Unavailable& e) {
+    say(fmt::format("EXC Unavailable: {}", e.what()));
+    code = 7;
+  } catch (const std::exception& e) {
+    say(fmt::format("EXC other: {}", e.what()));
+    code = 8;
+  }
+  comm.reset();
+  if (failures > 0) say(fmt::format("FAILED {} checks", failures));
+  return code;
+}
