@@ -150,3 +150,30 @@ TEST_CASE("configuration errors") {
   CHECK_THROWS_WITH_AS(ds::MultiWorkerMirroredStrategy<>({.implementation = ds::CommunicationImplementation::Nccl}),
                        doctest::Contains("NCCL needs the cuda backend"), ds::InvalidArgument);
 }
+
+TEST_CASE("the demo under distribute-launch -n 3 ends with the same weights as on one device") {
+  const char* launcher = std::getenv("DISTRIBUTE_LAUNCH");
+  REQUIRE_MESSAGE(launcher != nullptr, "DISTRIBUTE_LAUNCH is not set (run through meson test)");
+  std::vector<test_support::Child> run;
+  run.push_back(test_support::spawn({launcher, "-n", "3", "--timeout", "120", "--", helper_path(), "demo", "1"}, {}));
+  CHECK(test_support::wait_all(run, 150s));
+  INFO(run[0].output);
+  REQUIRE(run[0].status == 0);
+  const auto data = demo::make_data(1000, 8, 7);
+  demo::TrainConfig config{.epochs = 3, .global_batch = 64, .learning_rate = 0.5f};
+  ds::OneDeviceStrategy<> one;
+  const auto reference = demo::train(one, data, config);
+  for (int worker = 0; worker < 3; ++worker) {
+    const std::string prefix = fmt::format("[worker:{}] weights ", worker);
+    auto at = run[0].output.find(prefix);
+    REQUIRE(at != std::string::npos);
+    std::istringstream in(run[0].output.substr(at + prefix.size()));
+    std::vector<float> w;
+    float x;
+    while (w.size() < reference.size() && in >> x) w.push_back(x);
+    REQUIRE(w.size() == reference.size());
+    float max_diff = 0;
+    for (std::size_t k = 0; k < w.size(); ++k) max_diff = std::max(max_diff, std::abs(w[k] - reference[k]));
+    CHECK(max_diff <= 1e-5f);
+  }
+}
