@@ -1,0 +1,47 @@
+// distribute's TCP Communicator all-reduce across N processes on loopback.
+//   ours RANK SIZE BASE_PORT   (rank r listens on 127.0.0.1:BASE_PORT+r)
+// Rank 0 prints one CSV line per size (see common.hpp).
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <distribute/net/communicator.hpp>
+
+#include "common.hpp"
+
+namespace ds = distribute;
+
+int main(int argc, char** argv) {
+  if (argc < 4) { std::fprintf(stderr, "usage: ours RANK SIZE BASE_PORT\n"); return 2; }
+  const int rank = std::atoi(argv[1]), size = std::atoi(argv[2]), base = std::atoi(argv[3]);
+  std::vector<std::string> addrs, names;
+  for (int i = 0; i < size; ++i) {
+    addrs.push_back("127.0.0.1:" + std::to_string(base + i));
+    names.push_back("worker:" + std::to_string(i));
+  }
+  ds::net::CommunicatorOptions opt;
+  opt.cluster_token = "";  // no authentication (the peers have none either)
+  ds::net::Communicator comm(addrs, rank, opt, names);
+
+  for (std::size_t bytes : mw::kSizes) {
+    const std::size_t count = bytes / sizeof(float);
+    std::vector<float> buf(count);
+    mw::fill(buf, rank);
+    comm.all_reduce(buf.data(), count, ds::DType::F32, ds::ReduceOp::Sum);
+    if (!mw::check(buf, size)) { std::fprintf(stderr, "ours: wrong result at %zu bytes\n", bytes); return 1; }
+    for (int w = 0; w < mw::warmup_for(bytes); ++w) comm.all_reduce(buf.data(), count, ds::DType::F32, ds::ReduceOp::Sum);
+    const int iters = mw::iters_for(bytes);
+    std::vector<double> t(iters);
+    for (int i = 0; i < iters; ++i) {
+      comm.barrier();
+      const double t0 = mw::now_s();
+      comm.all_reduce(buf.data(), count, ds::DType::F32, ds::ReduceOp::Sum);
+      t[i] = mw::now_s() - t0;
+    }
+    comm.all_reduce(t.data(), t.size(), ds::DType::F64, ds::ReduceOp::Max);
+    if (rank == 0) mw::print_row("ours", size, bytes, t);
+  }
+  comm.barrier();
+  return 0;
+}

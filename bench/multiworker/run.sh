@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Multi-worker float32 SUM all-reduce on loopback: distribute's TCP Communicator vs gloo
+# (libgloo-dev) and OpenMPI MPI_Allreduce (libopenmpi-dev), same script, one after the other.
+#
+#   bench/multiworker/run.sh            # from the repository root
+#   NPS="2 4" REPS=2 BUILD=/tmp/mw-build bench/multiworker/run.sh
+#
+# Needs: apt-get install -y libgloo-dev openmpi-bin libopenmpi-dev
+# For each np, each pass runs: ours, gloo ring (gloo::allreduce), gloo halving-doubling,
+# OpenMPI over TCP loopback (ob1/tcp on lo: the like-for-like peer), OpenMPI shared memory
+# (vader: reference only). Each driver times every iteration after a barrier, takes the max over
+# ranks and prints the median (see common.hpp). With REPS>1 the lowest median over passes is kept,
+# for every implementation alike. Prints one markdown table; raw CSV goes to $BUILD/results.csv.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+SRC=$ROOT/bench/multiworker
+BUILD=${BUILD:-/tmp/distribute-multiworker}
+NPS=${NPS:-"2 4"}
+REPS=${REPS:-2}
+PORT=${PORT:-31700}
+mkdir -p "$BUILD"
+
+echo "building in $BUILD ..." >&2
+g++ -std=c++20 -O2 -DNDEBUG -I"$ROOT/include" "$SRC/ours.cpp" -o "$BUILD/ours" -lfmt -lboost_json -lssl -lcrypto -pthread &
+g++ -std=c++17 -O2 -DNDEBUG "$SRC/gloo_allreduce.cpp" -o "$BUILD/gloo_allreduce" -lgloo -pthread
+mpicxx -std=c++17 -O2 -DNDEBUG "$SRC/mpi_allreduce.cpp" -o "$BUILD/mpi_allreduce"
+wait
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPIRUN=(mpirun --oversubscribe --mca mpi_yield_when_idle 1)
+CSV=$BUILD/results.csv
+: > "$CSV"
+
+run_ours() {  # np
+  local np=$1 pids=() r
+  PORT=$((PORT + 16))
+  for ((r = 1; r < np; r++)); do "$BUILD/ours" $r $np $PORT > /dev/null & pids+=($!); done
+  "$BUILD/ours" 0 $np $PORT >> "$CSV"
+  for p in "${pids[@]}"; do wait "$p"; done
+}
+run_gloo() {  # np algo
+  local np=$1 algo=$2 pids=() r dir
+  dir=$(mktemp -d)
+  for ((r = 1; r < np; r++)); do "$BUILD/gloo_allreduce" $r $np "$dir" $algo > /dev/null & pids+=($!); done
+  "$BUILD/gloo_allreduce" 0 $np "$dir" $algo >> "$CSV"
+  for p in "${pids[@]}"; do wait "$p"; done
+  rm -rf "$dir"
+}
+run_mpi_tcp() {
+  "${MPIRUN[@]}" -np $1 --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo "$BUILD/mpi_allreduce" mpi_tcp >> "$CSV"
+}
+run_mpi_vader() {
+  "${MPIRUN[@]}" -np $1 --mca pml ob1 --mca btl vader,self "$BUILD/mpi_allreduce" mpi_vader >> "$CSV"
+}
+
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+for np in $NPS; do
+  for ((pass = 1; pass <= REPS; pass++)); do
+    echo "np=$np pass $pass/$REPS ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg))" >&2
+    run_ours $np
+    run_gloo $np ring
+    run_gloo $np hd
+    run_mpi_tcp $np
+    run_mpi_vader $np
+  done
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+
+python3 - "$CSV" <<'PY'
+import csv, sys
+best = {}
+for impl, np_, b, iters, med, mn in csv.reader(open(sys.argv[1])):
+    k = (impl, int(np_), int(b))
+    best[k] = min(best.get(k, float("inf")), float(med))
+def size(b):
+    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
+def bw(b, ms, n):
+    alg = b / (ms * 1e-3) / 1e9
+    return alg, alg * 2 * (n - 1) / n
+print("| np | size | ours ms | ours algbw | ours busbw | gloo ring ms | gloo hd ms | gloo best busbw | MPI-TCP ms | MPI-TCP busbw | MPI vader ms (ref) | ours vs gloo best | ours vs MPI-TCP |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+for n in sorted({k[1] for k in best}):
+    for b in sorted({k[2] for k in best if k[1] == n}):
+        g = lambda i: best.get((i, n, b), float("nan"))
+        o, gr, gh, mt, mv = g("ours"), g("gloo_ring"), g("gloo_hd"), g("mpi_tcp"), g("mpi_vader")
+        gb = min(gr, gh)
+        oa, ob = bw(b, o, n)
+        _, gbb = bw(b, gb, n)
+        _, mtb = bw(b, mt, n)
+        print(f"| {n} | {size(b)} | {o:.3f} | {oa:.2f} | {ob:.2f} | {gr:.3f} | {gh:.3f} | {gbb:.2f} | {mt:.3f} | {mtb:.2f} | {mv:.3f} | {gb / o:.2f}× | {mt / o:.2f}× |")
+print()
+print("algbw/busbw in GB/s (1e9); 'ours vs X' = X's time / ours (> 1: ours faster).")
+PY
