@@ -671,6 +671,25 @@ TEST_CASE("a sharded variable is saved as one tensor and restores into 1, 2 or 3
   }
 }
 
+TEST_CASE("a ShardedVariable is tracked as one tensor and restores into another number of shards") {
+  TempDir dir;
+  std::vector<float> values(13 * 3);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
+  const ds::Tensor<float> full({13, 3}, values);
+  ds::ShardedVariable<ds::Tensor<float>> five(full, 5, {.name = "table"});  // rows 3,3,3,2,2
+  ds::Checkpoint saver;
+  saver.track("table", five);
+  const auto path = saver.save(dir / "ckpt");
+  CHECK(st::read(path).at("table").to_tensor<float>() == full);
+
+  ds::ShardedVariable<ds::Tensor<float>> two(ds::Tensor<float>::zeros({13, 3}), 2, {.name = "table"});
+  ds::Checkpoint loader;
+  loader.track("table", two);
+  loader.restore(path);
+  CHECK(two.variables().size() == 2);
+  CHECK(two.to_tensor() == full);
+}
+
 // ---- atomic writes -----------------------------------------------------------------------------
 
 TEST_CASE("a process killed (SIGKILL) while saving leaves the previous checkpoint loadable") {

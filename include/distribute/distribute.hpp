@@ -14,6 +14,11 @@
 #include <distribute/core/context.hpp>
 #include <distribute/core/variable.hpp>
 
+#include <distribute/data/options.hpp>
+#include <distribute/data/record_file.hpp>
+#include <distribute/data/dataset.hpp>
+#include <distribute/data/input_context.hpp>
+#include <distribute/data/distributed_dataset.hpp>
 
 #include <distribute/backends/host/host.hpp>
 #include <distribute/backends/host/replica_threads.hpp>
@@ -45,8 +50,30 @@
 #include <distribute/cluster/launcher.hpp>
 #endif
 
+// ps/: partitioners, round-robin ps placement, sharded variables; ParameterServerStrategy also
+// needs cluster/ (Boost.JSON)
+#include <distribute/ps/partitioner.hpp>
+#include <distribute/ps/placement.hpp>
+#include <distribute/ps/sharded_variable.hpp>
+#if __has_include(<boost/json.hpp>)
+#include <distribute/strategy/parameter_server.hpp>
+#endif
+
 // net/ (needs Boost.Asio and OpenSSL) and the strategies built on it
 #if __has_include(<boost/asio.hpp>) && __has_include(<openssl/hmac.h>) && __has_include(<boost/json.hpp>)
 #include <distribute/net/communicator.hpp>
 #include <distribute/strategy/multi_worker_mirrored.hpp>
+#endif
+
+// GPU parts (backends/cuda, collective/nccl.hpp). Device values (ds::DeviceTensor,
+// thrust::device_vector) under a CUDA compiler, or in a CPU build that chose a Thrust device
+// system (-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP or _CPP, CCCL on the include path).
+// The ds::cuda backend and NcclAllReduce under a CUDA compiler; in a host-compiled file define
+// DISTRIBUTE_WITH_CUDA for the backend tag alone (links libcudart).
+#if defined(__CUDACC__) || (defined(THRUST_DEVICE_SYSTEM) && __has_include(<thrust/device_vector.h>))
+#include <distribute/backends/cuda/device_tensor.hpp>
+#endif
+#if defined(__CUDACC__) || defined(DISTRIBUTE_WITH_CUDA)
+#include <distribute/backends/cuda/cuda.hpp>
+#include <distribute/collective/nccl.hpp>
 #endif

@@ -6,6 +6,14 @@
 #define DISTRIBUTE_VERSION_PATCH 0
 #define DISTRIBUTE_VERSION_STRING "0.1.0"
 
+// nvcc: fmt (9) switches its constexpr code off under __NVCC__, and nvcc's front end then rejects
+// the compile-time format-string checks of every fmt::format call in our headers. nvcc 12+
+// handles that code, so turn it back on when a distribute header comes before fmt (the CUDA
+// targets also pass -DFMT_USE_CONSTEXPR=1 for files that include fmt first).
+#if defined(__NVCC__) && !defined(FMT_USE_CONSTEXPR) && !defined(FMT_CORE_H_) && !defined(FMT_BASE_H_)
+#define FMT_USE_CONSTEXPR 1
+#endif
+
 // Every public name lives in distribute::v0 so that two incompatible builds of the
 // library linked into one program fail to link instead of silently mixing layouts.
 #define DISTRIBUTE_BEGIN_NAMESPACE \

@@ -17,6 +17,14 @@
 #define DISTRIBUTE_VERSION_PATCH 0
 #define DISTRIBUTE_VERSION_STRING "0.1.0"
 
+// nvcc: fmt (9) switches its constexpr code off under __NVCC__, and nvcc's front end then rejects
+// the compile-time format-string checks of every fmt::format call in our headers. nvcc 12+
+// handles that code, so turn it back on when a distribute header comes before fmt (the CUDA
+// targets also pass -DFMT_USE_CONSTEXPR=1 for files that include fmt first).
+#if defined(__NVCC__) && !defined(FMT_USE_CONSTEXPR) && !defined(FMT_CORE_H_) && !defined(FMT_BASE_H_)
+#define FMT_USE_CONSTEXPR 1
+#endif
+
 // Every public name lives in distribute::v0 so that two incompatible builds of the
 // library linked into one program fail to link instead of silently mixing layouts.
 #define DISTRIBUTE_BEGIN_NAMESPACE \
@@ -1814,6 +1822,1548 @@ class Variable {
 DISTRIBUTE_END_NAMESPACE
 // ---- end <distribute/core/variable.hpp> ----
 
+// ---- begin <distribute/data/options.hpp> ----
+// Dataset options: how strategy.distribute_dataset shards a dataset across worker processes.
+
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace data {
+
+/// How distribute_dataset splits the input across workers (TF's tf.data.experimental.AutoShardPolicy).
+/// It only matters with more than one worker; inside one process the global batch is always split
+/// among the local replicas.
+enum class AutoShardPolicy {
+  /// File when the dataset reads files and there are at least as many files as workers, else Data.
+  Auto,
+  /// Worker w reads the files i with i % num_workers == w (each file is read by one worker only).
+  /// InvalidArgument when the dataset reads no files or fewer files than there are workers.
+  File,
+  /// Every worker reads the whole dataset and keeps its replicas' slices of each global batch.
+  Data,
+  /// No sharding: every worker reads (and trains on) everything.
+  Off,
+};
+
+constexpr std::string_view to_string(AutoShardPolicy p) noexcept {
+  switch (p) {
+    case AutoShardPolicy::Auto: return "AUTO";
+    case AutoShardPolicy::File: return "FILE";
+    case AutoShardPolicy::Data: return "DATA";
+    case AutoShardPolicy::Off: return "OFF";
+  }
+  return "?";
+}
+
+/// What Dataset::with_options attaches to a dataset; transformations keep the options of the
+/// dataset they start from.
+struct Options {
+  AutoShardPolicy auto_shard_policy = AutoShardPolicy::Auto;
+
+  friend bool operator==(const Options&, const Options&) = default;
+};
+
+}  // namespace data
+DISTRIBUTE_END_NAMESPACE
+
+template <>
+struct fmt::formatter<distribute::data::AutoShardPolicy> : fmt::formatter<std::string_view> {
+  template <class Ctx>
+  auto format(distribute::data::AutoShardPolicy p, Ctx& ctx) const {
+    return fmt::formatter<std::string_view>::format(distribute::data::to_string(p), ctx);
+  }
+};
+// ---- end <distribute/data/options.hpp> ----
+// ---- begin <distribute/data/record_file.hpp> ----
+// Record files: TensorFlow's TFRecord format (a length-prefixed record per entry, each length
+// and payload guarded by a masked CRC-32C), so that files written here are read by
+// tf.data.TFRecordDataset and the other way round. Read with data::from_record_files.
+
+#include <array>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace data {
+
+/// A record file is truncated or its checksums do not match (TF's DataLossError).
+class DataLossError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+
+/// CRC-32C (Castagnoli), the checksum of the TFRecord format; crc32c("123456789") == 0xE3069283.
+inline std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t crc = 0) noexcept {
+  static constexpr auto table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (std::size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
+  return ~crc;
+}
+
+/// TFRecord stores CRCs masked, so that a CRC of data that itself holds CRCs stays robust.
+inline std::uint32_t masked_crc32c(const void* data, std::size_t size) noexcept {
+  const std::uint32_t crc = crc32c(data, size);
+  return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
+}
+
+// The format is little-endian whatever the host's byte order.
+inline void store_le(unsigned char* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline std::uint64_t load_le(const unsigned char* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+inline std::string open_error(std::string_view what, const std::string& path) {
+  return fmt::format("{}: cannot open '{}' ({})", what, path, std::strerror(errno));
+}
+
+/// Reads one record file front to back.
+class RecordReader {
+ public:
+  explicit RecordReader(std::string path) : path_(std::move(path)), in_(path_, std::ios::binary) {
+    if (!in_) throw InvalidArgument(open_error("from_record_files", path_));
+  }
+
+  /// The next record, nullopt at a clean end of file; DataLossError on a truncated or corrupted one.
+  std::optional<std::string> next() {
+    unsigned char header[12];
+    in_.read(reinterpret_cast<char*>(header), sizeof header);
+    const auto got = static_cast<std::size_t>(in_.gcount());
+    if (got == 0) return std::nullopt;
+    if (got < sizeof header) fail("truncated record header");
+    if (load_le(header + 8, 4) != masked_crc32c(header, 8)) fail("corrupted record length (checksum mismatch)");
+    const std::uint64_t length = load_le(header, 8);
+    std::string payload(static_cast<std::size_t>(length), '\0');
+    unsigned char footer[4];
+    in_.read(payload.data(), static_cast<std::streamsize>(length));
+    if (static_cast<std::uint64_t>(in_.gcount()) != length) fail(fmt::format("truncated record of {} bytes", length));
+    in_.read(reinterpret_cast<char*>(footer), sizeof footer);
+    if (static_cast<std::size_t>(in_.gcount()) != sizeof footer) fail("truncated record checksum");
+    if (load_le(footer, 4) != masked_crc32c(payload.data(), payload.size())) {
+      fail("corrupted record data (checksum mismatch)");
+    }
+    offset_ += sizeof header + length + sizeof footer;
+    return payload;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) const {
+    throw DataLossError(fmt::format("record file '{}': {} at byte offset {}", path_, why, offset_));
+  }
+
+  std::string path_;
+  std::ifstream in_;
+  std::uint64_t offset_ = 0;
+};
+
+}  // namespace detail
+
+/// Writes a record file (TFRecord format) record by record; close() or the destructor flushes it.
+class RecordWriter {
+ public:
+  explicit RecordWriter(std::string path) : path_(std::move(path)), out_(path_, std::ios::binary | std::ios::trunc) {
+    if (!out_) throw InvalidArgument(detail::open_error("RecordWriter", path_));
+  }
+
+  void write(std::string_view record) {
+    unsigned char header[12];
+    detail::store_le(header, record.size(), 8);
+    detail::store_le(header + 8, detail::masked_crc32c(header, 8), 4);
+    unsigned char footer[4];
+    detail::store_le(footer, detail::masked_crc32c(record.data(), record.size()), 4);
+    out_.write(reinterpret_cast<const char*>(header), sizeof header);
+    out_.write(record.data(), static_cast<std::streamsize>(record.size()));
+    out_.write(reinterpret_cast<const char*>(footer), sizeof footer);
+    if (!out_) throw Error(fmt::format("RecordWriter: writing '{}' failed ({})", path_, std::strerror(errno)));
+  }
+
+  void close() {
+    out_.close();
+    if (out_.fail()) throw Error(fmt::format("RecordWriter: closing '{}' failed ({})", path_, std::strerror(errno)));
+  }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+/// Writes `records` to a new record file at `path`.
+inline void write_record_file(const std::string& path, const std::vector<std::string>& records) {
+  RecordWriter writer(path);
+  for (const auto& r : records) writer.write(r);
+  writer.close();
+}
+
+}  // namespace data
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/data/record_file.hpp> ----
+// ---- begin <distribute/data/dataset.hpp> ----
+// Dataset<T>: a lazy, composable, re-iterable input pipeline, as tf.data.Dataset.
+//
+//   auto ds = data::from_text_files(files)                       // sources
+//                 .map([](const std::string& line) { ... })      // transformations
+//                 .shuffle(1024, 42).batch(64).prefetch(2);
+//   for (const auto& batch : ds) { ... }                         // each loop is a fresh pass
+//
+// A Dataset is a small value (a shared pointer to an immutable node); a transformation returns
+// a new dataset whose node refers to the old one. Nothing runs until the dataset is iterated:
+// every range-for builds a fresh chain of iterators from the nodes (see detail/iterator.hpp).
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/data/detail/batching.hpp> ----
+// How elements stack into batches (Dataset::batch), how a batch splits into row ranges
+// (rebatching for the replicas) and how a tensor splits into its rows (from_tensor_slices).
+//
+//   element                         batch of n
+//   arithmetic scalar T             Tensor<T> of shape (n,)
+//   Tensor<T> of shape s            Tensor<T> of shape (n, s...)   every element must have shape s
+//   std::vector<T>, std::array<T,k> Tensor<T> of shape (n, k)      (arithmetic T, not bool)
+//   std::pair / std::tuple          the pair / tuple of the components' batches
+//   anything else U (std::string)   std::vector<U>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace data::detail {
+
+template <class T>
+concept NumericElement = Element<T> && !std::is_same_v<T, bool>;
+
+// ---- stacking: n elements → one batch ------------------------------------------------------
+
+/// Primary template: elements that are not tensors are collected into a std::vector.
+template <class T>
+struct batch_traits {
+  using type = std::vector<T>;
+  static type stack(std::vector<T>&& elements, std::string_view) { return std::move(elements); }
+};
+
+template <class T>
+using batch_t = typename batch_traits<T>::type;
+
+/// Stacks equally shaped rows (each given as shape + contiguous data) along a new axis 0.
+template <class E, class Row>
+Tensor<E> stack_rows(const std::vector<Row>& rows, std::string_view what, auto&& shape_of_row, auto&& data_of_row) {
+  if (rows.empty()) return Tensor<E>(Shape{0}, {});
+  const Shape first = shape_of_row(rows.front());
+  const auto row_size = static_cast<std::size_t>(num_elements(first));
+  std::vector<E> out;
+  out.reserve(row_size * rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (i > 0) {
+      Shape s = shape_of_row(rows[i]);
+      if (s != first) {
+        throw InvalidArgument(fmt::format("{}: element 0 of the batch has shape {} but element {} has shape {}; a batch "
+                                          "stacks elements of one shape",
+                                          what, shape_string(first), i, shape_string(s)));
+      }
+    }
+    const E* p = data_of_row(rows[i]);
+    out.insert(out.end(), p, p + row_size);
+  }
+  Shape shape{static_cast<std::int64_t>(rows.size())};
+  shape.insert(shape.end(), first.begin(), first.end());
+  return Tensor<E>(std::move(shape), std::move(out));
+}
+
+template <NumericElement T>
+struct batch_traits<T> {
+  using type = Tensor<T>;
+  static type stack(std::vector<T>&& elements, std::string_view) {
+    const auto n = static_cast<std::int64_t>(elements.size());
+    return Tensor<T>(Shape{n}, std::move(elements));
+  }
+};
+
+template <class E>
+struct batch_traits<Tensor<E>> {
+  using type = Tensor<E>;
+  static type stack(std::vector<Tensor<E>>&& elements, std::string_view what) {
+    return stack_rows<E>(
+        elements, what, [](const Tensor<E>& t) { return t.shape(); }, [](const Tensor<E>& t) { return t.data(); });
+  }
+};
+
+template <NumericElement E>
+struct batch_traits<std::vector<E>> {
+  using type = Tensor<E>;
+  static type stack(std::vector<std::vector<E>>&& elements, std::string_view what) {
+    return stack_rows<E>(
+        elements, what, [](const std::vector<E>& v) { return Shape{static_cast<std::int64_t>(v.size())}; },
+        [](const std::vector<E>& v) { return v.data(); });
+  }
+};
+
+template <NumericElement E, std::size_t N>
+struct batch_traits<std::array<E, N>> {
+  using type = Tensor<E>;
+  static type stack(std::vector<std::array<E, N>>&& elements, std::string_view what) {
+    return stack_rows<E>(
+        elements, what, [](const std::array<E, N>&) { return Shape{static_cast<std::int64_t>(N)}; },
+        [](const std::array<E, N>& v) { return v.data(); });
+  }
+};
+
+// Tuples and pairs batch component by component; a component's shape error names it.
+template <class Tuple, class Out, std::size_t... I>
+Out stack_components(std::vector<Tuple>&& elements, std::string_view what, std::index_sequence<I...>) {
+  auto column = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
+    using C = std::tuple_element_t<K, Tuple>;
+    std::vector<C> values;
+    values.reserve(elements.size());
+    for (auto& e : elements) values.push_back(std::move(std::get<K>(e)));
+    return batch_traits<C>::stack(std::move(values), fmt::format("{} (component {})", what, K));
+  };
+  return Out(column(std::integral_constant<std::size_t, I>{})...);
+}
+
+template <class A, class B>
+struct batch_traits<std::pair<A, B>> {
+  using type = std::pair<batch_t<A>, batch_t<B>>;
+  static type stack(std::vector<std::pair<A, B>>&& elements, std::string_view what) {
+    return stack_components<std::pair<A, B>, type>(std::move(elements), what, std::index_sequence<0, 1>{});
+  }
+};
+
+template <class... C>
+struct batch_traits<std::tuple<C...>> {
+  using type = std::tuple<batch_t<C>...>;
+  static type stack(std::vector<std::tuple<C...>>&& elements, std::string_view what) {
+    return stack_components<std::tuple<C...>, type>(std::move(elements), what, std::index_sequence_for<C...>{});
+  }
+};
+
+// ---- slicing: a batch → rows [begin, end) of it ----------------------------------------------
+
+/// Primary template: not a batch (no axis 0 to split along).
+template <class B>
+struct slice_traits {};
+
+/// A batch: something with rows along axis 0 that can be cut into row ranges.
+template <class B>
+concept Sliceable = requires(const B& b, std::int64_t i) {
+  { slice_traits<B>::rows(b, std::string_view{}) } -> std::same_as<std::int64_t>;
+  { slice_traits<B>::slice(b, i, i) } -> std::same_as<B>;
+};
+
+template <class E>
+struct slice_traits<Tensor<E>> {
+  static std::int64_t rows(const Tensor<E>& t, std::string_view what) {
+    if (t.rank() == 0) {
+      throw InvalidArgument(fmt::format("{}: a tensor of shape () has no axis 0 to split", what));
+    }
+    return t.shape()[0];
+  }
+  static Tensor<E> slice(const Tensor<E>& t, std::int64_t begin, std::int64_t end) {
+    Shape shape = t.shape();
+    const std::int64_t stride = num_elements(Shape(shape.begin() + 1, shape.end()));
+    shape[0] = end - begin;
+    return Tensor<E>(std::move(shape), std::vector<E>(t.data() + begin * stride, t.data() + end * stride));
+  }
+};
+
+template <class U>
+struct slice_traits<std::vector<U>> {
+  static std::int64_t rows(const std::vector<U>& v, std::string_view) { return static_cast<std::int64_t>(v.size()); }
+  static std::vector<U> slice(const std::vector<U>& v, std::int64_t begin, std::int64_t end) {
+    return std::vector<U>(v.begin() + begin, v.begin() + end);
+  }
+};
+
+template <class Tuple, std::size_t... I>
+std::int64_t common_rows(const Tuple& t, std::string_view what, std::index_sequence<I...>) {
+  const std::int64_t rows[] = {slice_traits<std::tuple_element_t<I, Tuple>>::rows(std::get<I>(t), what)...};
+  for (std::size_t k = 1; k < sizeof...(I); ++k) {
+    if (rows[k] != rows[0]) {
+      throw InvalidArgument(fmt::format("{}: component 0 has {} rows but component {} has {}; the components of an "
+                                        "element must agree along axis 0",
+                                        what, rows[0], k, rows[k]));
+    }
+  }
+  return rows[0];
+}
+
+template <class A, class B>
+  requires(Sliceable<A> && Sliceable<B>)
+struct slice_traits<std::pair<A, B>> {
+  static std::int64_t rows(const std::pair<A, B>& p, std::string_view what) {
+    return common_rows(p, what, std::index_sequence<0, 1>{});
+  }
+  static std::pair<A, B> slice(const std::pair<A, B>& p, std::int64_t begin, std::int64_t end) {
+    return {slice_traits<A>::slice(p.first, begin, end), slice_traits<B>::slice(p.second, begin, end)};
+  }
+};
+
+template <class... C>
+  requires(Sliceable<C> && ...)
+struct slice_traits<std::tuple<C...>> {
+  static std::int64_t rows(const std::tuple<C...>& t, std::string_view what) {
+    return common_rows(t, what, std::index_sequence_for<C...>{});
+  }
+  static std::tuple<C...> slice(const std::tuple<C...>& t, std::int64_t begin, std::int64_t end) {
+    return std::apply([&](const auto&... c) { return std::tuple<C...>(slice_traits<C>::slice(c, begin, end)...); }, t);
+  }
+};
+
+/// A batch with no rows and the same inner shape as `b` (what a replica without data gets).
+template <Sliceable B>
+B empty_like(const B& b) {
+  return slice_traits<B>::slice(b, 0, 0);
+}
+
+// ---- unstacking: a tensor → its rows (from_tensor_slices) ------------------------------------
+
+template <class C>
+struct unstack_traits {};
+
+template <class E>
+struct unstack_traits<Tensor<E>> {
+  using element_type = Tensor<E>;
+  static element_type row(const Tensor<E>& t, std::int64_t i) {
+    Shape rest(t.shape().begin() + 1, t.shape().end());
+    const std::int64_t stride = num_elements(rest);
+    return Tensor<E>(std::move(rest), std::vector<E>(t.data() + i * stride, t.data() + (i + 1) * stride));
+  }
+};
+
+template <class U>
+struct unstack_traits<std::vector<U>> {
+  using element_type = U;
+  static element_type row(const std::vector<U>& v, std::int64_t i) { return v[static_cast<std::size_t>(i)]; }
+};
+
+template <class A, class B>
+struct unstack_traits<std::pair<A, B>> {
+  using element_type = std::pair<typename unstack_traits<A>::element_type, typename unstack_traits<B>::element_type>;
+  static element_type row(const std::pair<A, B>& p, std::int64_t i) {
+    return {unstack_traits<A>::row(p.first, i), unstack_traits<B>::row(p.second, i)};
+  }
+};
+
+template <class... C>
+struct unstack_traits<std::tuple<C...>> {
+  using element_type = std::tuple<typename unstack_traits<C>::element_type...>;
+  static element_type row(const std::tuple<C...>& t, std::int64_t i) {
+    return std::apply([&](const auto&... c) { return element_type(unstack_traits<C>::row(c, i)...); }, t);
+  }
+};
+
+}  // namespace data::detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/data/detail/batching.hpp> ----
+// ---- begin <distribute/data/detail/file_source.hpp> ----
+// The file sources under from_text_files / from_record_files: read the files in order, one
+// reader at a time, and only this worker's files when distribute_dataset shards by file.
+
+#include <cstddef>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/data/detail/iterator.hpp> ----
+// The type-erased pipeline under Dataset<T>: every stage is an ElementIterator<T> that pulls from
+// the stage before it, made by a factory each time the dataset is iterated (so a Dataset is a
+// cheap, re-iterable value, as a tf.data.Dataset is).
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <utility>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace data::detail {
+
+/// What the code iterating a dataset tells its sources. distribute_dataset sets the file shard
+/// so that a file source reads only this worker's files (AutoShardPolicy::File); everything else
+/// passes the context through unchanged.
+struct PipelineContext {
+  std::size_t file_shards = 1;
+  std::size_t file_shard_index = 0;
+};
+
+/// One stage of a pipeline, pulled from the consumer's side.
+template <class T>
+class ElementIterator {
+ public:
+  virtual ~ElementIterator() = default;
+  /// The next element, or nullopt once the stage is exhausted (and on every call after that).
+  virtual std::optional<T> next() = 0;
+};
+
+template <class T>
+using IteratorPtr = std::unique_ptr<ElementIterator<T>>;
+
+template <class T>
+using IteratorFactory = std::function<IteratorPtr<T>(const PipelineContext&)>;
+
+/// A stage written as a lambda: next() calls `fn()`. Keeps the stages in dataset.hpp short.
+template <class T, class F>
+class LambdaIterator final : public ElementIterator<T> {
+ public:
+  explicit LambdaIterator(F fn) : fn_(std::move(fn)) {}
+  std::optional<T> next() override { return fn_(); }
+
+ private:
+  F fn_;
+};
+
+template <class T, class F>
+IteratorPtr<T> make_iterator(F fn) {
+  return std::make_unique<LambdaIterator<T, F>>(std::move(fn));
+}
+
+}  // namespace data::detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/data/detail/iterator.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace data::detail {
+
+/// One text file's lines, without their line ends ("\n" or "\r\n").
+class TextLineReader {
+ public:
+  explicit TextLineReader(std::string path) : path_(std::move(path)), in_(path_) {
+    if (!in_) throw InvalidArgument(open_error("from_text_files", path_));
+  }
+  std::optional<std::string> next() {
+    std::string line;
+    if (!std::getline(in_, line)) {
+      if (in_.bad()) throw Error(fmt::format("from_text_files: reading '{}' failed", path_));
+      return std::nullopt;
+    }
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return line;
+  }
+
+ private:
+  std::string path_;
+  std::ifstream in_;
+};
+
+/// The records of files i with i % file_shards == file_shard_index, file after file. A file is
+/// opened when the previous one is finished, so at most one is open at a time.
+template <class Reader>
+class FileSourceIterator final : public ElementIterator<std::string> {
+ public:
+  FileSourceIterator(std::shared_ptr<const std::vector<std::string>> files, const PipelineContext& ctx)
+      : files_(std::move(files)), step_(ctx.file_shards), next_file_(ctx.file_shard_index) {}
+
+  std::optional<std::string> next() override {
+    for (;;) {
+      if (!reader_) {
+        if (next_file_ >= files_->size()) return std::nullopt;
+        reader_.emplace((*files_)[next_file_]);
+        next_file_ += step_;
+      }
+      if (auto record = reader_->next()) return record;
+      reader_.reset();
+    }
+  }
+
+ private:
+  std::shared_ptr<const std::vector<std::string>> files_;
+  std::size_t step_;
+  std::size_t next_file_;
+  std::optional<Reader> reader_;
+};
+
+}  // namespace data::detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/data/detail/file_source.hpp> ----
+// ---- begin <distribute/data/detail/prefetch.hpp> ----
+// Dataset::prefetch: a background thread that runs the stages before it and keeps up to
+// `capacity` elements ready, so that producing the next batch overlaps the consumer's step.
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace data::detail {
+
+template <class T>
+class PrefetchIterator final : public ElementIterator<T> {
+ public:
+  PrefetchIterator(IteratorPtr<T> upstream, std::size_t capacity)
+      : upstream_(std::move(upstream)), capacity_(capacity) {
+    // Started last, once every member it touches exists.
+    producer_ = std::thread([this] { produce(); });
+  }
+
+  /// Stops the producer and waits for it. It is woken at once if it waits for room in the
+  /// buffer; if it is inside an upstream stage (a slow map), that one element is finished first,
+  /// so destruction takes at most one element's production time.
+  ~PrefetchIterator() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    not_full_.notify_all();
+    producer_.join();
+  }
+
+  PrefetchIterator(const PrefetchIterator&) = delete;
+  PrefetchIterator& operator=(const PrefetchIterator&) = delete;
+
+  /// The buffered elements in order; then the producer's exception (once), if it failed;
+  /// then the end.
+  std::optional<T> next() override {
+    std::unique_lock lock(mutex_);
+    not_empty_.wait(lock, [&] { return !buffer_.empty() || done_; });
+    if (!buffer_.empty()) {
+      std::optional<T> out(std::move(buffer_.front()));
+      buffer_.pop_front();
+      lock.unlock();
+      not_full_.notify_one();
+      return out;
+    }
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    return std::nullopt;
+  }
+
+ private:
+  void produce() {
+    std::exception_ptr error;
+    try {
+      for (;;) {
+        {
+          std::unique_lock lock(mutex_);
+          not_full_.wait(lock, [&] { return stop_ || buffer_.size() < capacity_; });
+          if (stop_) break;
+        }
+        std::optional<T> value = upstream_->next();  // outside the lock: this is the slow part
+        if (!value) break;
+        {
+          std::lock_guard lock(mutex_);
+          buffer_.push_back(std::move(*value));
+        }
+        not_empty_.notify_one();
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mutex_);
+      error_ = error;
+      done_ = true;
+    }
+    not_empty_.notify_all();
+  }
+
+  IteratorPtr<T> upstream_;  // used by the producer thread only, destroyed after it has joined
+  const std::size_t capacity_;
+  std::mutex mutex_;
+  std::condition_variable not_empty_, not_full_;
+  std::deque<T> buffer_;
+  std::exception_ptr error_;
+  bool done_ = false;
+  bool stop_ = false;
+  std::thread producer_;
+};
+
+}  // namespace data::detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/data/detail/prefetch.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace data {
+
+template <class T>
+class Dataset;
+
+namespace detail {
+
+/// What a dataset knows about itself besides how to iterate it.
+struct Metadata {
+  Options options;
+  /// Set when the pipeline's source reads files: how many (AutoShardPolicy::File shards them).
+  std::optional<std::size_t> num_files;
+};
+
+template <class T>
+struct Node {
+  IteratorFactory<T> factory;
+  Metadata metadata;
+};
+
+/// The way into a Dataset's node for the sources below and for DistributedDataset.
+struct DatasetAccess {
+  template <class T>
+  static Dataset<T> make(IteratorFactory<T> factory, Metadata metadata) {
+    return Dataset<T>(std::make_shared<const Node<T>>(Node<T>{std::move(factory), std::move(metadata)}));
+  }
+  template <class T>
+  static IteratorPtr<T> make_iterator(const Dataset<T>& d, const PipelineContext& ctx) {
+    return d.factory()(ctx);
+  }
+  template <class T>
+  static Metadata metadata(const Dataset<T>& d) {
+    return d.node_ ? d.node_->metadata : Metadata{};
+  }
+};
+
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+
+template <class T>
+struct is_tuple_like : std::false_type {};
+template <class A, class B>
+struct is_tuple_like<std::pair<A, B>> : std::true_type {};
+template <class... C>
+struct is_tuple_like<std::tuple<C...>> : std::true_type {};
+
+template <class F, class T>
+constexpr bool map_takes_element = std::is_invocable_v<F&, T&&>;
+template <class F, class T>
+constexpr bool map_takes_components = [] {
+  if constexpr (is_tuple_like<T>::value) {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return std::is_invocable_v<F&, std::tuple_element_t<I, T>&&...>;
+    }(std::make_index_sequence<std::tuple_size_v<T>>{});
+  } else {
+    return false;
+  }
+}();
+
+/// map's function takes the element, or (for pairs and tuples) its components, as TF unpacks them.
+template <class F, class T>
+decltype(auto) invoke_map(F& fn, T&& element) {
+  if constexpr (map_takes_element<F, T>) return fn(std::move(element));
+  else return std::apply(fn, std::move(element));
+}
+
+// Not std::uniform_int_distribution: its output differs between standard libraries, and a
+// seeded shuffle must give the same order on every worker whatever it was built with.
+inline std::size_t uniform_index(std::mt19937_64& rng, std::size_t n) { return static_cast<std::size_t>(rng() % n); }
+
+inline std::uint64_t splitmix64(std::uint64_t x) noexcept {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+struct ShuffleState {
+  std::uint64_t seed;
+  bool reshuffle_each_iteration;
+  std::atomic<std::uint64_t> iterations{0};
+};
+
+inline std::size_t reserve_hint(std::int64_t n) { return static_cast<std::size_t>(std::min<std::int64_t>(n, 4096)); }
+
+}  // namespace detail
+
+/// A lazy sequence of elements of type T; see the top of this file.
+template <class T>
+class Dataset {
+ public:
+  using element_type = T;
+  /// What batch() makes of n elements (see detail/batching.hpp).
+  using batch_type = detail::batch_t<T>;
+
+  /// An input iterator over one pass of the dataset. An element is pulled from the pipeline when
+  /// it is first looked at (compared with end() or dereferenced), not when the iterator is made.
+  class iterator {
+   public:
+    using value_type = T;
+    using difference_type = std::ptrdiff_t;
+    using iterator_concept = std::input_iterator_tag;
+
+    iterator() = default;
+
+    T& operator*() const {
+      fill();
+      if (!state_->current) throw InvalidArgument("Dataset iterator: dereferenced past the end of the dataset");
+      return *state_->current;
+    }
+    T* operator->() const { return &**this; }
+    iterator& operator++() {
+      fill();
+      state_->current.reset();
+      state_->fetched = false;
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const iterator& it, std::default_sentinel_t) {
+      if (!it.state_) return true;
+      it.fill();
+      return !it.state_->current;
+    }
+
+   private:
+    friend class Dataset;
+    struct State {
+      detail::IteratorPtr<T> source;
+      std::optional<T> current;
+      bool fetched = false;
+    };
+    explicit iterator(detail::IteratorPtr<T> source) : state_(std::make_unique<State>()) {
+      state_->source = std::move(source);
+    }
+    void fill() const {
+      if (!state_->fetched) {
+        state_->current = state_->source->next();
+        state_->fetched = true;
+      }
+    }
+    std::unique_ptr<State> state_;  // behind a pointer: the iterator is a cheap move-only handle
+  };
+
+  /// An empty dataset.
+  Dataset() = default;
+
+  /// A fresh pass over the dataset: sources reopen, shuffles reshuffle, prefetch threads start.
+  iterator begin() const { return iterator(detail::DatasetAccess::make_iterator(*this, {})); }
+  std::default_sentinel_t end() const noexcept { return {}; }
+
+  /// All elements of one pass (for small datasets and tests).
+  std::vector<T> to_vector() const {
+    std::vector<T> out;
+    for (auto& e : *this) out.push_back(std::move(e));
+    return out;
+  }
+
+  /// Stacks `batch_size` consecutive elements into one batch (a new axis 0; tuples and pairs
+  /// component-wise). The last batch may be smaller, unless `drop_remainder` drops it. Elements
+  /// of different shapes in one batch are an InvalidArgument naming both shapes.
+  Dataset<batch_type> batch(std::int64_t batch_size, bool drop_remainder = false) const {
+    if (batch_size < 1) throw InvalidArgument(fmt::format("batch: batch_size must be at least 1, got {}", batch_size));
+    return derive<batch_type>([batch_size, drop_remainder](detail::IteratorPtr<T> up) {
+      return [up = std::move(up), batch_size, drop_remainder]() mutable -> std::optional<batch_type> {
+        std::vector<T> items;
+        items.reserve(detail::reserve_hint(batch_size));
+        while (static_cast<std::int64_t>(items.size()) < batch_size) {
+          auto v = up->next();
+          if (!v) break;
+          items.push_back(std::move(*v));
+        }
+        if (items.empty() || (drop_remainder && static_cast<std::int64_t>(items.size()) < batch_size)) {
+          return std::nullopt;
+        }
+        return detail::batch_traits<T>::stack(std::move(items), "batch");
+      };
+    });
+  }
+
+  /// Every `num_shards`-th element, starting at element `index` (TF's shard).
+  Dataset shard(std::int64_t num_shards, std::int64_t index) const {
+    if (num_shards < 1) throw InvalidArgument(fmt::format("shard: num_shards must be at least 1, got {}", num_shards));
+    if (index < 0 || index >= num_shards) {
+      throw InvalidArgument(fmt::format("shard: index {} is out of range for {} shards (valid: [0, {}))", index,
+                                        num_shards, num_shards));
+    }
+    return derive<T>([num_shards, index](detail::IteratorPtr<T> up) {
+      return [up = std::move(up), num_shards, index, position = std::int64_t{0}]() mutable -> std::optional<T> {
+        while (auto v = up->next()) {
+          if (position++ % num_shards == index) return v;
+        }
+        return std::nullopt;
+      };
+    });
+  }
+
+  /// The dataset `count` times over (count < 0: forever). Each repetition is a fresh pass, so a
+  /// shuffle before it reshuffles. A pass that yields nothing ends the repetition, so an empty
+  /// dataset repeated forever is empty instead of a hang.
+  Dataset repeat(std::int64_t count = -1) const {
+    auto parent = factory();
+    return with_factory<T>([parent, count](const detail::PipelineContext& ctx) {
+      return detail::make_iterator<T>([parent, ctx, count, pass = std::int64_t{0}, up = detail::IteratorPtr<T>{},
+                                       pass_had_elements = false, done = false]() mutable -> std::optional<T> {
+        while (!done) {
+          if (!up) {
+            if (count >= 0 && pass >= count) break;
+            up = parent(ctx);
+            pass_had_elements = false;
+          }
+          if (auto v = up->next()) {
+            pass_had_elements = true;
+            return v;
+          }
+          up.reset();
+          ++pass;
+          if (!pass_had_elements) break;
+        }
+        done = true;
+        return std::nullopt;
+      });
+    });
+  }
+
+  /// Shuffles with a buffer of `buffer_size` elements: each output is drawn uniformly from the
+  /// next `buffer_size` inputs (buffer_size ≥ the dataset's size gives a uniform permutation).
+  /// The order is a function of `seed` alone (the same on every machine and standard library);
+  /// with `reshuffle_each_iteration` each pass of the dataset (each repeat, each range-for) uses
+  /// the next order of the seed's sequence. Without a seed, a random one. A multi-worker
+  /// distribute_dataset with AutoShardPolicy::Data needs a seed, so that every worker draws the
+  /// same order (as in TF).
+  Dataset shuffle(std::int64_t buffer_size, std::optional<std::uint64_t> seed = std::nullopt,
+                  bool reshuffle_each_iteration = true) const {
+    if (buffer_size < 1) {
+      throw InvalidArgument(fmt::format("shuffle: buffer_size must be at least 1, got {}", buffer_size));
+    }
+    auto state = std::make_shared<detail::ShuffleState>();
+    state->seed = seed ? *seed : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+    state->reshuffle_each_iteration = reshuffle_each_iteration;
+    return derive<T>([state, buffer_size](detail::IteratorPtr<T> up) {
+      const std::uint64_t pass = state->reshuffle_each_iteration ? state->iterations.fetch_add(1) : 0;
+      std::mt19937_64 rng(detail::splitmix64(state->seed ^ detail::splitmix64(pass)));
+      std::vector<T> buffer;
+      buffer.reserve(detail::reserve_hint(buffer_size));
+      return [up = std::move(up), buffer_size, rng, buffer = std::move(buffer),
+              upstream_done = false]() mutable -> std::optional<T> {
+        while (!upstream_done && static_cast<std::int64_t>(buffer.size()) < buffer_size) {
+          auto v = up->next();
+          if (!v) {
+            upstream_done = true;
+            break;
+          }
+          buffer.push_back(std::move(*v));
+        }
+        if (buffer.empty()) return std::nullopt;
+        std::swap(buffer[detail::uniform_index(rng, buffer.size())], buffer.back());
+        std::optional<T> out(std::move(buffer.back()));
+        buffer.pop_back();
+        return out;
+      };
+    });
+  }
+
+  /// fn(element) for each element; for a pair or tuple element, fn may take its components
+  /// (fn(features, label)) as TF unpacks them. Each pass works on its own copy of fn.
+  template <class F>
+  auto map(F fn) const {
+    constexpr bool callable = detail::map_takes_element<F, T> || detail::map_takes_components<F, T>;
+    static_assert(callable, "Dataset::map(fn): fn is not callable with the element (or, for a pair or tuple, with "
+                            "its components)");
+    if constexpr (callable) {
+      using R = std::decay_t<decltype(detail::invoke_map(fn, std::declval<T>()))>;
+      static_assert(!std::is_void_v<R>, "Dataset::map(fn): fn must return the new element");
+      return derive<R>([fn](detail::IteratorPtr<T> up) {
+        return [up = std::move(up), fn]() mutable -> std::optional<R> {
+          auto v = up->next();
+          if (!v) return std::nullopt;
+          return std::optional<R>(detail::invoke_map(fn, std::move(*v)));
+        };
+      });
+    }
+  }
+
+  /// The first `count` elements (count < 0: all of them).
+  Dataset take(std::int64_t count) const {
+    return derive<T>([count](detail::IteratorPtr<T> up) {
+      return [up = std::move(up), count, taken = std::int64_t{0}]() mutable -> std::optional<T> {
+        if (count >= 0 && taken >= count) return std::nullopt;
+        auto v = up->next();
+        if (v) ++taken;
+        return v;
+      };
+    });
+  }
+
+  /// Runs the pipeline so far on a background thread that keeps up to `buffer_size` elements
+  /// ready. An exception in the pipeline reaches the consumer after the elements before it;
+  /// destroying the iterator (or leaving the loop) stops the thread.
+  Dataset prefetch(std::int64_t buffer_size) const {
+    if (buffer_size < 1) {
+      throw InvalidArgument(fmt::format("prefetch: buffer_size must be at least 1, got {}", buffer_size));
+    }
+    auto parent = factory();
+    return with_factory<T>([parent, buffer_size](const detail::PipelineContext& ctx) -> detail::IteratorPtr<T> {
+      return std::make_unique<detail::PrefetchIterator<T>>(parent(ctx), static_cast<std::size_t>(buffer_size));
+    });
+  }
+
+  /// The same dataset carrying `options` (e.g. the AutoShardPolicy distribute_dataset uses).
+  Dataset with_options(Options options) const {
+    detail::Metadata m = detail::DatasetAccess::metadata(*this);
+    m.options = options;
+    return detail::DatasetAccess::make<T>(factory(), std::move(m));
+  }
+
+  Options options() const { return detail::DatasetAccess::metadata(*this).options; }
+
+ private:
+  friend struct detail::DatasetAccess;
+  template <class U>
+  friend class Dataset;
+
+  explicit Dataset(std::shared_ptr<const detail::Node<T>> node) : node_(std::move(node)) {}
+
+  /// Makes this dataset's iterator chain (an empty one for the default-constructed dataset).
+  detail::IteratorFactory<T> factory() const {
+    if (node_) return node_->factory;
+    return [](const detail::PipelineContext&) { return detail::make_iterator<T>([] { return std::optional<T>(); }); };
+  }
+
+  /// A dataset with this one's metadata and another factory.
+  template <class U, class F>
+  Dataset<U> with_factory(F factory) const {
+    return detail::DatasetAccess::make<U>(detail::IteratorFactory<U>(std::move(factory)),
+                                          detail::DatasetAccess::metadata(*this));
+  }
+
+  /// A one-input stage: `stage(upstream)` returns the next() of the new stage as a lambda.
+  template <class U, class Stage>
+  Dataset<U> derive(Stage stage) const {
+    auto parent = factory();
+    return with_factory<U>([parent, stage](const detail::PipelineContext& ctx) {
+      return detail::make_iterator<U>(stage(parent(ctx)));
+    });
+  }
+
+  std::shared_ptr<const detail::Node<T>> node_;
+};
+
+// ---- sources ---------------------------------------------------------------------------------
+
+/// The elements of `values`, in order.
+template <class T>
+Dataset<T> from_vector(std::vector<T> values) {
+  auto shared = std::make_shared<const std::vector<T>>(std::move(values));
+  return detail::DatasetAccess::make<T>(
+      [shared](const detail::PipelineContext&) {
+        return detail::make_iterator<T>([shared, i = std::size_t{0}]() mutable -> std::optional<T> {
+          if (i >= shared->size()) return std::nullopt;
+          return (*shared)[i++];
+        });
+      },
+      {});
+}
+
+/// start, start + step, ... up to (not including) stop, as int64 like TF's range.
+inline Dataset<std::int64_t> range(std::int64_t start, std::int64_t stop, std::int64_t step = 1) {
+  if (step == 0) throw InvalidArgument("range: step must not be 0");
+  return detail::DatasetAccess::make<std::int64_t>(
+      [start, stop, step](const detail::PipelineContext&) {
+        return detail::make_iterator<std::int64_t>([i = start, stop, step]() mutable -> std::optional<std::int64_t> {
+          if (step > 0 ? i >= stop : i <= stop) return std::nullopt;
+          const std::int64_t v = i;
+          i += step;
+          return v;
+        });
+      },
+      {});
+}
+
+/// 0, 1, ..., stop - 1.
+inline Dataset<std::int64_t> range(std::int64_t stop) { return range(0, stop, 1); }
+
+/// The rows of `value` along axis 0: a Tensor<T> of shape (n, s...) gives n tensors of shape s;
+/// a std::vector<T> its elements; a pair or tuple of those the pairs / tuples of their rows (every
+/// component must have the same number of rows).
+template <class C>
+  requires requires { typename detail::unstack_traits<std::decay_t<C>>::element_type; }
+auto from_tensor_slices(C&& value) {
+  using V = std::decay_t<C>;
+  using E = typename detail::unstack_traits<V>::element_type;
+  auto shared = std::make_shared<const V>(std::forward<C>(value));
+  std::int64_t rows = 0;
+  if constexpr (detail::is_tuple_like<V>::value) {
+    rows = detail::common_rows(*shared, "from_tensor_slices", std::make_index_sequence<std::tuple_size_v<V>>{});
+  } else {
+    rows = detail::slice_traits<V>::rows(*shared, "from_tensor_slices");
+  }
+  return detail::DatasetAccess::make<E>(
+      [shared, rows](const detail::PipelineContext&) {
+        return detail::make_iterator<E>([shared, rows, i = std::int64_t{0}]() mutable -> std::optional<E> {
+          if (i >= rows) return std::nullopt;
+          return detail::unstack_traits<V>::row(*shared, i++);
+        });
+      },
+      {});
+}
+
+/// The elements a generator yields: `gen` is called until it returns std::nullopt. Each pass
+/// calls its own copy of `gen`, so keep the generator's state in its captures to make the
+/// dataset re-iterable.
+template <class G>
+auto from_generator(G gen) {
+  using R = std::remove_cvref_t<std::invoke_result_t<G&>>;
+  static_assert(detail::is_optional<R>::value,
+                "from_generator(gen): gen() must return std::optional<T> (std::nullopt ends the dataset)");
+  using T = typename R::value_type;
+  return detail::DatasetAccess::make<T>(
+      [gen](const detail::PipelineContext&) {
+        return detail::make_iterator<T>([g = gen, done = false]() mutable -> std::optional<T> {
+          if (done) return std::nullopt;
+          std::optional<T> v = g();
+          done = !v;
+          return v;
+        });
+      },
+      {});
+}
+
+/// The lines of text files (CSV, JSON lines, ...) without their line ends, file after file
+/// (TF's TextLineDataset). A file source: AutoShardPolicy::File can give each worker its files.
+inline Dataset<std::string> from_text_files(std::vector<std::string> files) {
+  auto shared = std::make_shared<const std::vector<std::string>>(std::move(files));
+  return detail::DatasetAccess::make<std::string>(
+      [shared](const detail::PipelineContext& ctx) -> detail::IteratorPtr<std::string> {
+        return std::make_unique<detail::FileSourceIterator<detail::TextLineReader>>(shared, ctx);
+      },
+      {.options = {}, .num_files = shared->size()});
+}
+
+/// The records of record files (TFRecord format, see record_file.hpp), file after file (TF's
+/// TFRecordDataset). A truncated or corrupted record is a DataLossError. A file source.
+inline Dataset<std::string> from_record_files(std::vector<std::string> files) {
+  auto shared = std::make_shared<const std::vector<std::string>>(std::move(files));
+  return detail::DatasetAccess::make<std::string>(
+      [shared](const detail::PipelineContext& ctx) -> detail::IteratorPtr<std::string> {
+        return std::make_unique<detail::FileSourceIterator<detail::RecordReader>>(shared, ctx);
+      },
+      {.options = {}, .num_files = shared->size()});
+}
+
+}  // namespace data
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/data/dataset.hpp> ----
+// ---- begin <distribute/data/input_context.hpp> ----
+// InputContext: what distribute_datasets_from_function tells the function that builds one input
+// pipeline (TF's tf.distribute.InputContext).
+
+#include <cstdint>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// One input pipeline's place among all of them: there is one pipeline per worker, and the
+/// pipeline's dataset should be batched per replica and sharded by the function itself.
+struct InputContext {
+  /// How many input pipelines (workers) there are.
+  int num_input_pipelines = 1;
+  /// Which one this is, in [0, num_input_pipelines).
+  int input_pipeline_id = 0;
+  /// Replicas over all workers whose gradients are aggregated each step.
+  int num_replicas_in_sync = 1;
+
+  /// The batch each replica should get for a global batch of `global_batch_size`; throws
+  /// InvalidArgument unless the replicas divide it evenly.
+  std::int64_t get_per_replica_batch_size(std::int64_t global_batch_size) const {
+    if (num_replicas_in_sync < 1 || global_batch_size % num_replicas_in_sync != 0) {
+      throw InvalidArgument(fmt::format(
+          "InputContext::get_per_replica_batch_size: the global batch size {} is not divisible by "
+          "num_replicas_in_sync {}",
+          global_batch_size, num_replicas_in_sync));
+    }
+    return global_batch_size / num_replicas_in_sync;
+  }
+
+  friend bool operator==(const InputContext&, const InputContext&) = default;
+};
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/data/input_context.hpp> ----
+// ---- begin <distribute/data/distributed_dataset.hpp> ----
+// DistributedDataset: what strategy.distribute_dataset and strategy.distribute_datasets_from_function
+// return. Iterating it yields one PerReplica batch per step (a batch for each local replica),
+// which strategy.run hands to the replicas.
+//
+// distribute_dataset(dataset) — the dataset yields *global* batches:
+//
+//  * Rebatching (TF's rule). A global batch of n rows is cut into num_replicas_in_sync pieces of
+//    b = ceil(n / num_replicas_in_sync) rows: replica i gets rows [i*b, min((i+1)*b, n)), empty
+//    when i*b >= n. range(8).batch(4) on 3 replicas: [0,1] [2,3] [] then [4,5] [6,7] [];
+//    range(6).batch(4) on 2 replicas: [0,1] [2,3] then [4] [5]. No row goes to two replicas and
+//    none is lost, so reduce(Mean, per_replica, 0) over a step is the mean of the global batch.
+//  * Autosharding across workers, by the dataset's AutoShardPolicy (a no-op with one worker):
+//    - Data: every worker runs the whole pipeline, cuts every global batch into the pieces above
+//      and keeps the pieces of its own replicas (global replica ids w*L .. w*L+L-1). This is how
+//      TF shards DATA (after rebatching, on the per-replica pieces), and it means a step on W
+//      workers sees exactly the global batch a single worker would: training is the same as on
+//      one worker with as many replicas. The price: each worker reads and maps everything. The
+//      pipeline must be deterministic (seed the shuffle).
+//    - File: worker w reads only the files i with i % W == w, batches them itself, and its replicas
+//      take the pieces of its own global batches L at a time (W steps per global batch, as each
+//      piece is 1/W of what the worker's global batch would give one replica). InvalidArgument
+//      when the dataset has no file source or fewer files than workers.
+//    - Auto: File when the source is files and there are at least as many files as workers,
+//      else Data (as TF falls back).
+//    - Off: every worker reads everything, as File does with all the files: every element is
+//      seen once per worker.
+//  * Prefetch: num_local_replicas pieces (one step) are prepared on a background thread.
+//
+// distribute_datasets_from_function(fn) — fn(InputContext) builds this worker's pipeline, already
+// sharded and batched per replica; each local replica takes the next batch each step.
+//
+// The end of the data (both): a step goes ahead as long as *any* replica of any worker has a
+// batch. Each step the workers all-reduce how many of their replicas got one (TF's agreement);
+// a replica without data that step gets an empty batch (no rows; inner shape of the last real
+// batch, else a default-constructed batch), so every worker runs the same steps and the same
+// collectives, and none waits for a peer that has run out. When the sum is 0 the iteration ends
+// everywhere. If a worker's pipeline throws, that worker rethrows its error and every other
+// worker throws PeerFailure at the same step.
+//
+// A DistributedDataset refers to its strategy's link to the other workers: iterate it only while
+// the strategy lives, and on every worker the same way.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace data {
+
+namespace detail {
+
+/// Where this process's input goes: its replicas and the workers beside it.
+struct InputPlacement {
+  int num_workers = 1;
+  int worker_index = 0;
+  int num_local_replicas = 1;
+  int num_replicas_in_sync = 1;
+};
+
+/// Cuts each global batch into `num_pieces` per-replica pieces (the rule at the top of this
+/// file) and passes on pieces [keep_begin, keep_end) of each, in order.
+template <Sliceable B>
+class RebatchIterator final : public ElementIterator<B> {
+ public:
+  RebatchIterator(IteratorPtr<B> upstream, std::int64_t num_pieces, std::int64_t keep_begin, std::int64_t keep_end)
+      : upstream_(std::move(upstream)), num_pieces_(num_pieces), keep_begin_(keep_begin), keep_end_(keep_end) {}
+
+  std::optional<B> next() override {
+    while (pending_.empty()) {
+      std::optional<B> global = upstream_->next();
+      if (!global) return std::nullopt;
+      const std::int64_t n =
+          slice_traits<B>::rows(*global, "distribute_dataset (its elements must be global batches: dataset.batch(n))");
+      const std::int64_t b = (n + num_pieces_ - 1) / num_pieces_;
+      for (std::int64_t i = keep_begin_; i < keep_end_; ++i) {
+        pending_.push_back(slice_traits<B>::slice(*global, std::min(i * b, n), std::min((i + 1) * b, n)));
+      }
+    }
+    std::optional<B> out(std::move(pending_.front()));
+    pending_.pop_front();
+    return out;
+  }
+
+ private:
+  IteratorPtr<B> upstream_;
+  std::int64_t num_pieces_, keep_begin_, keep_end_;
+  std::deque<B> pending_;
+};
+
+template <class T>
+struct is_dataset : std::false_type {};
+template <class T>
+struct is_dataset<Dataset<T>> : std::true_type {};
+
+struct DistributedAccess;
+
+}  // namespace detail
+
+/// A dataset distributed over a strategy's replicas; see the top of this file.
+template <class Batch, class S>
+class DistributedDataset {
+  static_assert(detail::Sliceable<Batch>, "DistributedDataset: the elements must be batches");
+
+ public:
+  using value_type = PerReplica<Batch, S>;
+
+  /// An input iterator over one pass: each step's PerReplica batch. A step (and, with several
+  /// workers, its agreement collective) happens when the iterator is first looked at after ++.
+  class iterator {
+   public:
+    using value_type = PerReplica<Batch, S>;
+    using difference_type = std::ptrdiff_t;
+    using iterator_concept = std::input_iterator_tag;
+
+    iterator() = default;
+
+    value_type& operator*() const {
+      fill();
+      if (!state_->current) throw InvalidArgument("DistributedDataset iterator: dereferenced past the end");
+      return *state_->current;
+    }
+    value_type* operator->() const { return &**this; }
+    iterator& operator++() {
+      fill();
+      state_->current.reset();
+      state_->fetched = false;
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const iterator& it, std::default_sentinel_t) {
+      if (!it.state_) return true;
+      it.fill();
+      return !it.state_->current;
+    }
+
+    /// The next step's batches, or nullopt at the end (TF's get_next_as_optional).
+    std::optional<value_type> get_next_as_optional() {
+      if (!state_) return std::nullopt;
+      fill();
+      std::optional<value_type> out = std::move(state_->current);
+      state_->current.reset();
+      state_->fetched = false;
+      return out;
+    }
+
+   private:
+    friend class DistributedDataset;
+    struct State {
+      detail::IteratorPtr<Batch> source;
+      detail::InputPlacement placement;
+      distribute::detail::CrossWorkerLink* link = nullptr;
+      std::optional<value_type> current;
+      std::optional<Batch> empty;  // what a replica without data gets: no rows, the last real inner shape
+      bool fetched = false;
+      bool finished = false;
+    };
+
+    iterator(detail::IteratorPtr<Batch> source, const detail::InputPlacement& placement,
+             distribute::detail::CrossWorkerLink* link)
+        : state_(std::make_unique<State>()) {
+      state_->source = std::move(source);
+      state_->placement = placement;
+      state_->link = link;
+    }
+
+    void fill() const {
+      if (state_->fetched) return;
+      state_->fetched = true;  // set first: a step that throws is not retried
+      state_->current = next_step(*state_);
+    }
+
+    // A worker that fails sends this instead of its count, so the sum turns negative everywhere.
+    static constexpr std::int64_t failed_worker = -(std::int64_t{1} << 40);
+
+    static std::optional<value_type> next_step(State& st) {
+      if (st.finished) return std::nullopt;
+      const auto local = static_cast<std::size_t>(st.placement.num_local_replicas);
+      std::vector<Batch> batches;
+      batches.reserve(local);
+      std::exception_ptr error;
+      try {
+        while (batches.size() < local) {
+          std::optional<Batch> b = st.source->next();
+          if (!b) break;
+          batches.push_back(std::move(*b));
+        }
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::int64_t replicas_with_data = error ? failed_worker : static_cast<std::int64_t>(batches.size());
+      if (st.link && st.placement.num_workers > 1) {
+        // Every worker takes part in this agreement every step, also the one whose input failed
+        // or ran out, so the others never wait for it in a later collective.
+        st.link->all_reduce(&replicas_with_data, 1, DType::I64, ReduceOp::Sum);
+      }
+      if (error) {
+        st.finished = true;
+        std::rethrow_exception(error);
+      }
+      if (replicas_with_data < 0) {
+        st.finished = true;
+        throw PeerFailure(fmt::format("distribute_dataset: the input pipeline of another worker failed at this step "
+                                      "(worker {} of {} is stopping too; the error is reported on that worker)",
+                                      st.placement.worker_index, st.placement.num_workers));
+      }
+      if (replicas_with_data == 0) {
+        st.finished = true;
+        return std::nullopt;
+      }
+      if (!batches.empty()) st.empty = detail::empty_like(batches.back());
+      while (batches.size() < local) batches.push_back(st.empty ? *st.empty : Batch{});
+      return value_type(std::move(batches));
+    }
+
+    std::unique_ptr<State> state_;
+  };
+
+  /// A fresh pass: the pipeline restarts (and its prefetch thread starts).
+  iterator begin() const {
+    return iterator(detail::DatasetAccess::make_iterator(per_replica_, context_), placement_, link_);
+  }
+  std::default_sentinel_t end() const noexcept { return {}; }
+
+  int num_replicas_in_sync() const noexcept { return placement_.num_replicas_in_sync; }
+  /// How this worker's share was chosen (Auto resolved to File or Data; Off with one worker).
+  AutoShardPolicy auto_shard_policy() const noexcept { return policy_; }
+
+ private:
+  friend struct detail::DistributedAccess;
+
+  DistributedDataset(Dataset<Batch> per_replica, detail::PipelineContext context, detail::InputPlacement placement,
+                     distribute::detail::CrossWorkerLink* link, AutoShardPolicy policy)
+      : per_replica_(std::move(per_replica)),
+        context_(context),
+        placement_(placement),
+        link_(link),
+        policy_(policy) {}
+
+  Dataset<Batch> per_replica_;  // this worker's per-replica batches, in replica order, step after step
+  detail::PipelineContext context_;
+  detail::InputPlacement placement_;
+  distribute::detail::CrossWorkerLink* link_;
+  AutoShardPolicy policy_;
+};
+
+namespace detail {
+
+struct DistributedAccess {
+  template <class S, class T>
+  static DistributedDataset<T, S> make(Dataset<T> per_replica, PipelineContext context, InputPlacement placement,
+                                       distribute::detail::CrossWorkerLink* link, AutoShardPolicy policy) {
+    return DistributedDataset<T, S>(std::move(per_replica), context, placement, link, policy);
+  }
+};
+
+/// strategy.distribute_dataset: rebatch, autoshard, prefetch (see the top of this file).
+template <class S, class T>
+DistributedDataset<T, S> distribute_dataset(const Dataset<T>& dataset, const InputPlacement& placement,
+                                            distribute::detail::CrossWorkerLink* link) {
+  static_assert(Sliceable<T>,
+                "distribute_dataset: the dataset's elements are not batches (a Tensor, a std::vector, or a pair or "
+                "tuple of them); call .batch(global_batch_size) first: distribute_dataset splits each global "
+                "batch among the replicas");
+  const Metadata metadata = DatasetAccess::metadata(dataset);
+  const int workers = placement.num_workers, worker = placement.worker_index;
+  const int local = placement.num_local_replicas, in_sync = placement.num_replicas_in_sync;
+  AutoShardPolicy policy = metadata.options.auto_shard_policy;
+  if (policy == AutoShardPolicy::Auto) {
+    const bool enough_files = metadata.num_files && *metadata.num_files >= static_cast<std::size_t>(workers);
+    policy = enough_files ? AutoShardPolicy::File : AutoShardPolicy::Data;
+  }
+  PipelineContext context;
+  std::int64_t keep_begin = 0, keep_end = in_sync;
+  if (workers <= 1) {
+    policy = AutoShardPolicy::Off;  // nothing to shard; the local replicas split every global batch
+  } else if (policy == AutoShardPolicy::File) {
+    if (!metadata.num_files) {
+      throw InvalidArgument(
+          "distribute_dataset: AutoShardPolicy::File needs a dataset read from files (from_text_files, "
+          "from_record_files); this one has no file source. Use AutoShardPolicy::Data");
+    }
+    if (*metadata.num_files < static_cast<std::size_t>(workers)) {
+      throw InvalidArgument(fmt::format(
+          "distribute_dataset: AutoShardPolicy::File: the dataset reads {} file(s) but there are {} workers; every "
+          "worker needs at least one file. Use more files or AutoShardPolicy::Data",
+          *metadata.num_files, workers));
+    }
+    context.file_shards = static_cast<std::size_t>(workers);
+    context.file_shard_index = static_cast<std::size_t>(worker);
+  } else if (policy == AutoShardPolicy::Data) {
+    keep_begin = static_cast<std::int64_t>(worker) * local;
+    keep_end = keep_begin + local;
+  }
+  auto upstream = dataset;
+  Dataset<T> pieces = DatasetAccess::make<T>(
+      [upstream, in_sync, keep_begin, keep_end](const PipelineContext& ctx) -> IteratorPtr<T> {
+        return std::make_unique<RebatchIterator<T>>(DatasetAccess::make_iterator(upstream, ctx), in_sync, keep_begin,
+                                                    keep_end);
+      },
+      metadata);
+  return DistributedAccess::make<S>(pieces.prefetch(local), context, placement, link, policy);
+}
+
+/// strategy.distribute_datasets_from_function: fn(InputContext) once, for this worker's pipeline.
+template <class S, class F>
+auto distribute_datasets_from_function(F&& fn, const InputPlacement& placement,
+                                       distribute::detail::CrossWorkerLink* link) {
+  static_assert(std::is_invocable_v<F&, const InputContext&>,
+                "distribute_datasets_from_function(fn): fn must take a ds::InputContext");
+  using D = std::remove_cvref_t<std::invoke_result_t<F&, const InputContext&>>;
+  static_assert(is_dataset<D>::value, "distribute_datasets_from_function(fn): fn must return a ds::data::Dataset");
+  static_assert(Sliceable<typename D::element_type>,
+                "distribute_datasets_from_function(fn): the dataset must yield per-replica batches (a Tensor, a "
+                "std::vector, or a pair or tuple of them): call .batch(ctx.get_per_replica_batch_size(global)). A "
+                "replica left without data at the end gets an empty batch, which only a batch type can express");
+  const InputContext context{placement.num_workers, placement.worker_index, placement.num_replicas_in_sync};
+  D dataset = fn(context);
+  return DistributedAccess::make<S>(dataset.prefetch(placement.num_local_replicas), PipelineContext{}, placement, link,
+                                    AutoShardPolicy::Off);
+}
+
+}  // namespace detail
+}  // namespace data
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/data/distributed_dataset.hpp> ----
 
 // ---- begin <distribute/backends/host/host.hpp> ----
 // The host backend: replicas are threads on logical CPU devices "/cpu:0".."/cpu:N-1".
@@ -3246,6 +4796,23 @@ class SyncStrategy : public AnyStrategy {
       values.push_back(fn(ValueContext{contexts_[i]->replica_id_in_sync_group(), num_replicas_in_sync()}));
     }
     return PerReplica<R, Derived>(std::move(values));
+  }
+
+  /// Splits each global batch of `dataset` into per-replica batches (TF's rule), shards the input
+  /// across workers by the dataset's AutoShardPolicy and prefetches; iterating the result yields
+  /// PerReplica batches for run(). See data/distributed_dataset.hpp.
+  template <class T>
+  data::DistributedDataset<T, Derived> distribute_dataset(const data::Dataset<T>& dataset) {
+    return data::detail::distribute_dataset<Derived>(
+        dataset, {num_workers_, worker_index_, num_local_replicas(), num_replicas_in_sync()}, link_);
+  }
+
+  /// fn(ds::InputContext) once for this worker's input pipeline; fn returns a Dataset already
+  /// sharded and batched per replica, and each local replica takes one batch of it per step.
+  template <class F>
+  auto distribute_datasets_from_function(F&& fn) {
+    return data::detail::distribute_datasets_from_function<Derived>(
+        std::forward<F>(fn), {num_workers_, worker_index_, num_local_replicas(), num_replicas_in_sync()}, link_);
   }
 
   StrategyExtended<Derived> extended() noexcept { return StrategyExtended<Derived>(self()); }
@@ -5696,6 +7263,552 @@ inline File read(const std::filesystem::path& path, const ReadOptions& options =
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_SAFETENSORS_HPP
 // ---- end <distribute/checkpoint/safetensors.hpp> ----
+// ---- begin <distribute/ps/sharded_variable.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+// ShardedVariable<T>: one logical variable stored as several Variable<T> shards split along
+// axis 0 (TF's ShardedVariable, what ParameterServerStrategy makes of a partitioned variable).
+//
+// Why a class of its own rather than core/values.hpp's Sharded<Variable<T>, S>: Sharded<T, S> is
+// an immutable value tied to the strategy type S that produced it, and its shape()/to_tensor()
+// need T to be a tensor. A sharded variable is state: a handle (copies share the shards, as with
+// Variable), updated in place, whose shards are placed one by one by whatever scope is current
+// (round-robin on ps tasks inside ParameterServerStrategy), and which looks rows up shard by shard.
+// Sharded<T, S> stays what it is for values.
+//
+// Shards follow the "div" rule when this class splits a value (ps/partitioner.hpp), but any
+// shards that stack along axis 0 can be wrapped. Call the updating members in cross-replica
+// context (the coordinator); each shard update goes through Variable's own rules.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <future>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/ps/partitioner.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+// Variable partitioners (TF's tf.distribute.experimental.partitioners) and the "div" rule that
+// turns a shard count into row ranges.
+//
+// A partitioner looks at a variable's shape and dtype and answers, as TF does, with one entry per
+// dimension: how many shards along that axis (only axis 0 is ever split by
+// ParameterServerStrategy). The three built-in ones follow TF's algorithms:
+//
+//   FixedShardsPartitioner(n)      min(n, rows)
+//   MinSizePartitioner(min, max)   as many shards as keep each >= min bytes, at most max (and rows)
+//   MaxSizePartitioner(max, cap)   as few shards as keep each <= max bytes, at most cap (0: no cap)
+//
+// Two deliberate differences: a scalar (rank 0) has no axis to split and gets an empty list, and
+// an axis of size 0 gets 1 shard (TF would return 0 or divide by zero there).
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Shards per axis, one entry per dimension of the partitioned shape (TF's partition list).
+using Partitions = std::vector<std::int64_t>;
+
+/// Any callable `(shape, dtype) -> Partitions`: the built-in partitioners or a user's own.
+using VariablePartitioner = std::function<Partitions(const Shape&, DType)>;
+
+namespace detail {
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+inline void check_positive(std::int64_t value, const char* partitioner, const char* argument) {
+  if (value < 1) {
+    throw InvalidArgument(fmt::format("{}: {} must be positive, got {}", partitioner, argument, value));
+  }
+}
+
+/// TF reports shapes of partially known rank here; ours are always known, but negative sizes are
+/// still a caller error.
+inline void check_partitionable(const Shape& shape, std::size_t axis, const char* partitioner) {
+  for (auto d : shape) {
+    if (d < 0) throw InvalidArgument(fmt::format("{}: shape {} has a negative dimension", partitioner, shape_string(shape)));
+  }
+  if (axis >= shape.size()) {
+    throw InvalidArgument(fmt::format("{}: axis {} is out of range for shape {} (rank {})", partitioner, axis,
+                                      shape_string(shape), shape.size()));
+  }
+}
+
+/// One shard on every axis but `axis`, which gets `shards`.
+inline Partitions partitions_on_axis(const Shape& shape, std::size_t axis, std::int64_t shards) {
+  Partitions p(shape.size(), 1);
+  p[axis] = shards;
+  return p;
+}
+
+}  // namespace detail
+
+/// A fixed number of shards along `axis`, but never more shards than rows.
+class FixedShardsPartitioner {
+ public:
+  explicit FixedShardsPartitioner(std::int64_t num_shards) : num_shards_(num_shards) {
+    detail::check_positive(num_shards, "FixedShardsPartitioner", "num_shards");
+  }
+
+  Partitions operator()(const Shape& shape, DType /*dtype*/, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "FixedShardsPartitioner");
+    return detail::partitions_on_axis(shape, axis, std::max<std::int64_t>(1, std::min(num_shards_, shape[axis])));
+  }
+
+  std::int64_t num_shards() const noexcept { return num_shards_; }
+
+ private:
+  std::int64_t num_shards_;
+};
+
+/// Shards of at least `min_shard_bytes` each, as many as that allows, at most `max_shards` (TF's
+/// min_max_variable_partitioner). `bytes_per_string` is TF's size estimate for string elements;
+/// kept for the same signature, and used once the library has string tensors.
+class MinSizePartitioner {
+ public:
+  explicit MinSizePartitioner(std::int64_t min_shard_bytes = 256 << 10, std::int64_t max_shards = 1,
+                              std::int64_t bytes_per_string = 16)
+      : min_shard_bytes_(min_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
+    detail::check_positive(min_shard_bytes, "MinSizePartitioner", "min_shard_bytes");
+    detail::check_positive(max_shards, "MinSizePartitioner", "max_shards");
+    detail::check_positive(bytes_per_string, "MinSizePartitioner", "bytes_per_string");
+  }
+
+  Partitions operator()(const Shape& shape, DType dtype, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "MinSizePartitioner");
+    const std::int64_t total_bytes = num_elements(shape) * static_cast<std::int64_t>(size_of(dtype));
+    // ceil(total / min) shards keep each at least min bytes; the axis and max_shards cap it.
+    const std::int64_t by_size = detail::ceil_div(total_bytes, min_shard_bytes_);
+    const std::int64_t shards = std::max<std::int64_t>(1, std::min({shape[axis], max_shards_, by_size}));
+    return detail::partitions_on_axis(shape, axis, shards);
+  }
+
+  std::int64_t min_shard_bytes() const noexcept { return min_shard_bytes_; }
+  std::int64_t max_shards() const noexcept { return max_shards_; }
+  std::int64_t bytes_per_string() const noexcept { return bytes_per_string_; }
+
+ private:
+  std::int64_t min_shard_bytes_;
+  std::int64_t max_shards_;
+  std::int64_t bytes_per_string_;
+};
+
+/// Shards of at most `max_shard_bytes` each, as few as that allows (TF's
+/// variable_axis_size_partitioner). A single row larger than the limit still gets its own shard.
+/// `max_shards` (0: no limit) takes precedence over the byte limit.
+class MaxSizePartitioner {
+ public:
+  explicit MaxSizePartitioner(std::int64_t max_shard_bytes, std::int64_t max_shards = 0, std::int64_t bytes_per_string = 16)
+      : max_shard_bytes_(max_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
+    detail::check_positive(max_shard_bytes, "MaxSizePartitioner", "max_shard_bytes");
+    if (max_shards < 0) {
+      throw InvalidArgument(
+          fmt::format("MaxSizePartitioner: max_shards must be positive (or 0 for no limit), got {}", max_shards));
+    }
+    detail::check_positive(bytes_per_string, "MaxSizePartitioner", "bytes_per_string");
+  }
+
+  Partitions operator()(const Shape& shape, DType dtype, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "MaxSizePartitioner");
+    const std::int64_t rows = shape[axis];
+    if (rows == 0) return detail::partitions_on_axis(shape, axis, 1);
+    const std::int64_t bytes_per_row = num_elements(shape) / rows * static_cast<std::int64_t>(size_of(dtype));
+    // How many rows fit in one shard (at least one), then how many shards hold all rows.
+    const std::int64_t rows_per_shard = bytes_per_row == 0 ? rows : std::max<std::int64_t>(1, max_shard_bytes_ / bytes_per_row);
+    std::int64_t shards = detail::ceil_div(rows, rows_per_shard);
+    if (max_shards_ > 0) shards = std::min(shards, max_shards_);
+    return detail::partitions_on_axis(shape, axis, shards);
+  }
+
+  std::int64_t max_shard_bytes() const noexcept { return max_shard_bytes_; }
+  std::int64_t max_shards() const noexcept { return max_shards_; }
+  std::int64_t bytes_per_string() const noexcept { return bytes_per_string_; }
+
+ private:
+  std::int64_t max_shard_bytes_;
+  std::int64_t max_shards_;
+  std::int64_t bytes_per_string_;
+};
+
+/// The number of axis-0 shards a partitioner's answer asks for, checked as ParameterServerStrategy
+/// does: one entry per dimension, every entry but the first 1, the first positive. Clamped to the
+/// number of rows; a scalar is never split (1).
+inline std::int64_t shards_along_first_axis(const Partitions& partitions, const Shape& shape) {
+  if (shape.empty()) return 1;
+  const bool well_formed = partitions.size() == shape.size() && partitions[0] >= 1 &&
+                           std::all_of(partitions.begin() + 1, partitions.end(), [](std::int64_t p) { return p == 1; });
+  if (!well_formed) {
+    throw InvalidArgument(fmt::format(
+        "variable partitioner returned [{}] for shape {}; it must return one entry per dimension, a positive first "
+        "entry and 1 for every other axis (only axis 0 can be partitioned)",
+        fmt::join(partitions, ", "), shape_string(shape)));
+  }
+  return std::max<std::int64_t>(1, std::min(partitions[0], shape[0]));
+}
+
+/// The "div" rule: rows are split into contiguous shards as even as possible, the first
+/// rows % shards shards taking one row more. 13 rows over 5 shards: 3, 3, 3, 2, 2.
+inline std::vector<std::int64_t> shard_row_counts(std::int64_t rows, std::int64_t shards) {
+  if (rows < 0) throw InvalidArgument(fmt::format("shard_row_counts: rows must not be negative, got {}", rows));
+  if (shards < 1) throw InvalidArgument(fmt::format("shard_row_counts: shards must be positive, got {}", shards));
+  if (shards > std::max<std::int64_t>(rows, 1)) {
+    throw InvalidArgument(fmt::format("shard_row_counts: cannot split {} rows into {} shards; every shard needs a row",
+                                      rows, shards));
+  }
+  const std::int64_t base = rows / shards;
+  const std::int64_t extra = rows % shards;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(shards), base);
+  for (std::int64_t i = 0; i < extra; ++i) ++counts[static_cast<std::size_t>(i)];
+  return counts;
+}
+
+/// Where each shard starts under the div rule, plus `rows` at the end: 13 over 5 gives
+/// 0, 3, 6, 9, 11, 13 (shard i holds rows [offsets[i], offsets[i + 1])).
+inline std::vector<std::int64_t> shard_row_offsets(std::int64_t rows, std::int64_t shards) {
+  const auto counts = shard_row_counts(rows, shards);
+  std::vector<std::int64_t> offsets{0};
+  for (auto c : counts) offsets.push_back(offsets.back() + c);
+  return offsets;
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+// ---- end <distribute/ps/partitioner.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+/// Implemented by strategies that partition the variables created in their scope
+/// (ParameterServerStrategy with a partitioner). ShardedVariable finds it on the current strategy
+/// by a cross-cast, so core/ needs no partitioning hook.
+class PartitionsVariables {
+ public:
+  virtual ~PartitionsVariables() = default;
+  /// How many axis-0 shards a variable of this shape and dtype gets (1: not partitioned).
+  virtual std::int64_t num_shards_for(const Shape& shape, DType dtype) const = 0;
+};
+
+/// The partitioning strategy whose scope is current on this thread, if any.
+inline const PartitionsVariables* current_partitioning() noexcept {
+  AnyStrategy* s = current_strategy_or_null();
+  return s ? dynamic_cast<const PartitionsVariables*>(s) : nullptr;
+}
+}  // namespace detail
+
+template <class T>
+class ShardedVariable {
+  static_assert(TensorLike<T>, "ds::ShardedVariable<T>: T needs a ds::tensor_traits specialisation (see TensorLike)");
+  static_assert(memory_space_v<T> == MemorySpace::host, "ds::ShardedVariable<T>: T must live in host memory");
+
+ public:
+  using value_type = T;
+  using element_type = element_t<T>;
+
+  /// Wraps existing shards, in row order (TF's ShardedVariable(variables)). They must agree on
+  /// every dimension but the first; InvalidArgument otherwise, or when there are none.
+  explicit ShardedVariable(std::vector<Variable<T>> shards, std::string name = "ShardedVariable")
+      : state_(std::make_shared<State>()) {
+    state_->name = std::move(name);
+    state_->shards = std::move(shards);
+    index_shards();
+  }
+
+  /// Splits `initial_value` into `num_shards` shards by the div rule (at most one per row). Each
+  /// shard is a Variable<T> named "<name>/part_<i>", created, and so placed, by the scope current
+  /// on this thread.
+  ShardedVariable(const T& initial_value, std::int64_t num_shards, VariableOptions options = {})
+      : state_(std::make_shared<State>()) {
+    create_shards(initial_value, num_shards, std::move(options));
+  }
+
+  /// Inside the scope of a partitioning strategy, splits `initial_value` as its partitioner says;
+  /// elsewhere, or when the partitioner says 1, one shard.
+  explicit ShardedVariable(const T& initial_value, VariableOptions options = {}) : state_(std::make_shared<State>()) {
+    const auto* partitioning = detail::current_partitioning();
+    const std::int64_t shards =
+        partitioning ? partitioning->num_shards_for(shape_of(initial_value), dtype_of<element_type>()) : 1;
+    create_shards(initial_value, shards, std::move(options));
+  }
+
+  const std::string& name() const noexcept { return state_->name; }
+  /// The shards, in row order.
+  const std::vector<Variable<T>>& variables() const noexcept { return state_->shards; }
+  std::size_t num_shards() const noexcept { return state_->shards.size(); }
+  /// The full shape: the shards' rows added up.
+  const Shape& shape() const noexcept { return state_->shape; }
+  DType dtype() const noexcept { return dtype_of<element_type>(); }
+  /// Where each shard starts along axis 0, plus the row count at the end.
+  const std::vector<std::int64_t>& row_offsets() const noexcept { return state_->offsets; }
+  /// Each shard's device ("/job:ps/replica:0/task:1/device:CPU:0" under ParameterServerStrategy).
+  std::vector<std::string> devices() const {
+    std::vector<std::string> out;
+    for (const auto& v : state_->shards) out.push_back(v.device());
+    return out;
+  }
+
+  /// The shards concatenated along axis 0 (TF's convert_to_tensor: reads every shard).
+  Tensor<element_type> to_tensor() const {
+    std::vector<element_type> out(static_cast<std::size_t>(num_elements(shape())));
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      const T piece = state_->shards[i].read_value();
+      copy_elements(tensor_traits<T>::data(piece), element_count(piece), out.data() + row_begin(i));
+    }
+    return Tensor<element_type>(shape(), std::move(out));
+  }
+
+  /// The whole value as a T (for T = std::vector<float>, a vector of every row).
+  T read_value() const {
+    T out = tensor_traits<T>::make(shape());
+    const Tensor<element_type> all = to_tensor();
+    copy_elements(all.data(), all.size(), tensor_traits<T>::data(out));
+    return out;
+  }
+
+  /// Assigns (adds, subtracts) a value of the full shape, each shard its rows.
+  template <TensorLike U>
+  void assign(const U& value) { update_all(value, "assign", [](Variable<T>& v, const T& p) { v.assign(p); }); }
+  template <TensorLike U>
+  void assign_add(const U& delta) { update_all(delta, "assign_add", [](Variable<T>& v, const T& p) { v.assign_add(p); }); }
+  template <TensorLike U>
+  void assign_sub(const U& delta) { update_all(delta, "assign_sub", [](Variable<T>& v, const T& p) { v.assign_sub(p); }); }
+
+  /// Overwrites rows [row_offset, row_offset + rows) with `rows` (its first dimension says how many
+  /// rows; the others must match the variable's). A shard only partly covered is read, patched and
+  /// written back, so concurrent writers of the same shard may lose updates.
+  template <TensorLike U>
+  void assign_rows(std::int64_t row_offset, const U& rows) {
+    static_assert(std::is_same_v<element_t<U>, element_type>, "assign_rows: the rows must have the variable's element type");
+    require_rows("assign_rows");
+    const Shape s = shape_of(rows);
+    if (s.size() != shape().size() || !std::equal(s.begin() + 1, s.end(), shape().begin() + 1)) {
+      throw InvalidArgument(fmt::format("assign_rows: rows of shape {} do not fit sharded variable '{}' of shape {}; "
+                                        "all dimensions but the first must match",
+                                        shape_string(s), name(), shape_string(shape())));
+    }
+    const std::int64_t count = s[0];
+    if (row_offset < 0 || row_offset + count > shape()[0]) {
+      throw InvalidArgument(fmt::format("assign_rows: rows [{}, {}) are out of range for sharded variable '{}' with "
+                                        "{} rows",
+                                        row_offset, row_offset + count, name(), shape()[0]));
+    }
+    const element_type* src = tensor_traits<U>::data(rows);
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      const std::int64_t first = std::max(row_offset, offset(i));
+      const std::int64_t last = std::min(row_offset + count, offset(i + 1));
+      if (first >= last) continue;
+      Variable<T>& shard = state_->shards[i];
+      T piece = first == offset(i) && last == offset(i + 1) ? tensor_traits<T>::make(shard.shape()) : shard.read_value();
+      copy_elements(src + (first - row_offset) * row_size(), static_cast<std::size_t>((last - first) * row_size()),
+                    tensor_traits<T>::data(piece) + (first - offset(i)) * row_size());
+      shard.assign(piece);
+    }
+  }
+
+  /// The rows `ids` name, in the ids' order: shape ids.shape + shape[1:] (TF's
+  /// tf.nn.embedding_lookup on a sharded variable). Each shard is read once, in parallel, and
+  /// only the rows asked for are copied. An id outside [0, rows) is InvalidArgument naming it.
+  template <TensorLike I>
+    requires std::is_integral_v<element_t<I>>
+  Tensor<element_type> embedding_lookup(const I& ids) const {
+    require_rows("embedding_lookup");
+    const Shape ids_shape = shape_of(ids);
+    const auto* id = tensor_traits<I>::data(ids);
+    const std::size_t n = element_count(ids);
+    // Which positions each shard serves, with the row inside that shard.
+    std::vector<std::vector<std::pair<std::size_t, std::int64_t>>> wanted(num_shards());
+    const auto& offsets = state_->offsets;
+    for (std::size_t p = 0; p < n; ++p) {
+      const auto row = static_cast<std::int64_t>(id[p]);
+      if (row < 0 || row >= shape()[0]) {
+        throw InvalidArgument(fmt::format("embedding_lookup: id {} (at position {}) is out of range for sharded "
+                                          "variable '{}' with {} rows",
+                                          row, p, name(), shape()[0]));
+      }
+      const auto shard = static_cast<std::size_t>(std::upper_bound(offsets.begin(), offsets.end(), row) - offsets.begin() - 1);
+      wanted[shard].emplace_back(p, row - offsets[shard]);
+    }
+    Shape out_shape = ids_shape;
+    out_shape.insert(out_shape.end(), shape().begin() + 1, shape().end());
+    std::vector<element_type> out(static_cast<std::size_t>(num_elements(out_shape)));
+    const auto width = static_cast<std::size_t>(row_size());
+    // Each task writes only its own positions of `out`, so the tasks share nothing.
+    auto gather_from = [&](std::size_t shard) {
+      Variable<T> v = state_->shards[shard];
+      auto copy_rows = [&](const T& copy) {
+        const element_type* rows = tensor_traits<T>::data(copy);
+        for (const auto& [pos, local] : wanted[shard]) {
+          copy_elements(rows + static_cast<std::size_t>(local) * width, width, out.data() + pos * width);
+        }
+      };
+      if (v.is_sync_on_read()) {
+        copy_rows(v.read_value());  // its cross-replica value is an aggregate of the copies
+        return;
+      }
+      bool done = false;  // in cross-replica context this visits every copy; one is enough
+      v.apply_to_copies([&](T& copy, int) {
+        if (!done) copy_rows(copy);
+        done = true;
+      });
+    };
+    std::vector<std::size_t> busy;
+    for (std::size_t s = 0; s < num_shards(); ++s) {
+      if (!wanted[s].empty()) busy.push_back(s);
+    }
+    if (busy.size() <= 1) {
+      for (auto s : busy) gather_from(s);
+      return Tensor<element_type>(std::move(out_shape), std::move(out));
+    }
+    std::vector<std::future<void>> pending;
+    for (std::size_t k = 1; k < busy.size(); ++k) pending.push_back(std::async(std::launch::async, gather_from, busy[k]));
+    std::exception_ptr error;
+    try {
+      gather_from(busy.front());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    for (auto& f : pending) {  // wait for every task before `out` goes away, keep the first error
+      try {
+        f.get();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    return Tensor<element_type>(std::move(out_shape), std::move(out));
+  }
+
+  /// Handles to the same shards compare equal.
+  friend bool operator==(const ShardedVariable& a, const ShardedVariable& b) noexcept { return a.state_ == b.state_; }
+
+ private:
+  struct State {
+    std::string name;
+    std::vector<Variable<T>> shards;
+    Shape shape;
+    std::vector<std::int64_t> offsets;
+    std::int64_t row_size = 1;  // elements per row
+  };
+
+  std::int64_t offset(std::size_t i) const { return state_->offsets[i]; }
+  std::int64_t row_size() const { return state_->row_size; }
+  std::size_t row_begin(std::size_t shard) const { return static_cast<std::size_t>(offset(shard) * row_size()); }
+
+  void require_rows(const char* what) const {
+    if (shape().empty()) {
+      throw InvalidArgument(fmt::format("{}: sharded variable '{}' is a scalar and has no rows", what, name()));
+    }
+  }
+
+  static void copy_elements(const element_type* src, std::size_t count, element_type* dst) {
+    if (count != 0) std::memcpy(dst, src, count * sizeof(element_type));
+  }
+
+  void create_shards(const T& initial_value, std::int64_t num_shards, VariableOptions options) {
+    state_->name = options.name;
+    const Shape full = shape_of(initial_value);
+    if (num_shards < 1) {
+      throw InvalidArgument(fmt::format("ShardedVariable '{}': num_shards must be positive, got {}", options.name, num_shards));
+    }
+    if (full.empty()) {
+      if (num_shards > 1) {
+        throw InvalidArgument(fmt::format("ShardedVariable '{}': a scalar cannot be split into {} shards", options.name,
+                                          num_shards));
+      }
+      state_->shards.emplace_back(initial_value, std::move(options));
+      index_shards();
+      return;
+    }
+    // As TF does: never more shards than rows (a 0-row value stays in one shard).
+    const std::int64_t shards = std::max<std::int64_t>(1, std::min(num_shards, full[0]));
+    if (shards == 1) {
+      state_->shards.emplace_back(initial_value, std::move(options));
+      index_shards();
+      return;
+    }
+    const auto offsets = shard_row_offsets(full[0], shards);
+    const std::int64_t width = num_elements(full) / full[0];
+    const element_type* src = tensor_traits<T>::data(initial_value);
+    for (std::int64_t i = 0; i < shards; ++i) {
+      const auto idx = static_cast<std::size_t>(i);
+      Shape piece_shape = full;
+      piece_shape[0] = offsets[idx + 1] - offsets[idx];
+      T piece = tensor_traits<T>::make(piece_shape);
+      copy_elements(src + offsets[idx] * width, static_cast<std::size_t>(piece_shape[0] * width), tensor_traits<T>::data(piece));
+      VariableOptions shard_options = options;
+      shard_options.name = fmt::format("{}/part_{}", options.name, i);
+      state_->shards.emplace_back(std::move(piece), std::move(shard_options));
+    }
+    index_shards();
+  }
+
+  // Checks the shards stack along axis 0 and records the full shape and row offsets.
+  void index_shards() {
+    auto& s = *state_;
+    if (s.shards.empty()) throw InvalidArgument(fmt::format("ShardedVariable '{}': needs at least one shard", s.name));
+    const Shape first = s.shards.front().shape();
+    if (first.empty() && s.shards.size() > 1) {
+      throw InvalidArgument(fmt::format("ShardedVariable '{}': scalar shards cannot be stacked along axis 0", s.name));
+    }
+    s.shape = first;
+    s.offsets = {0};
+    for (std::size_t i = 0; i < s.shards.size(); ++i) {
+      const Shape si = s.shards[i].shape();
+      if (si.size() != first.size() || (!si.empty() && !std::equal(si.begin() + 1, si.end(), first.begin() + 1))) {
+        throw InvalidArgument(fmt::format("ShardedVariable '{}': shard {} has shape {} which does not stack with shard "
+                                          "0's {}; all dimensions but the first must match",
+                                          s.name, i, shape_string(si), shape_string(first)));
+      }
+      if (!si.empty()) s.offsets.push_back(s.offsets.back() + si[0]);
+    }
+    if (first.empty()) {
+      s.offsets.push_back(1);  // a scalar reads as one "row"
+      s.row_size = 1;
+      return;
+    }
+    s.shape[0] = s.offsets.back();
+    s.row_size = num_elements(Shape(first.begin() + 1, first.end()));
+  }
+
+  template <class U, class F>
+  void update_all(const U& value, const char* what, F&& apply) {
+    static_assert(std::is_same_v<element_t<U>, element_type>, "the value must have the variable's element type");
+    if (shape_of(value) != shape()) {
+      throw InvalidArgument(fmt::format("{}: value of shape {} does not match sharded variable '{}' of shape {}", what,
+                                        shape_string(shape_of(value)), name(), shape_string(shape())));
+    }
+    const element_type* src = tensor_traits<U>::data(value);
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      Variable<T>& shard = state_->shards[i];
+      T piece = tensor_traits<T>::make(shard.shape());
+      copy_elements(src + row_begin(i), element_count(piece), tensor_traits<T>::data(piece));
+      apply(shard, piece);
+    }
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+// ---- end <distribute/ps/sharded_variable.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -5874,13 +7987,11 @@ class Checkpoint {
     return add(std::move(name), std::make_unique<detail::TrackedVariable<T>>(variable));
   }
 
-  /// Tracks a sharded variable as one tensor: its shards concatenated along axis 0.
-  /// (Usable once Sharded<Variable<T>, S> can be instantiated: core/values.hpp's to_tensor()
-  /// names element_t<T> in its return type, which a Variable does not have. Until then use
-  /// track_sharded with the shard variables.)
-  template <class T, class S>
-  Checkpoint& track(std::string name, const Sharded<Variable<T>, S>& variable) {
-    return track_sharded(std::move(name), variable.shards());
+  /// Tracks a sharded variable as one tensor: its shards concatenated along axis 0, so that it
+  /// can be restored into a different number of shards.
+  template <class T>
+  Checkpoint& track(std::string name, const ShardedVariable<T>& variable) {
+    return track_sharded(std::move(name), variable.variables());
   }
 
   /// Tracks shard variables (in row order) as one tensor, concatenated along axis 0. They must
@@ -7087,6 +9198,552 @@ inline File read(const std::filesystem::path& path, const ReadOptions& options =
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_SAFETENSORS_HPP
 // ---- end <distribute/checkpoint/safetensors.hpp> ----
+// ---- begin <distribute/ps/sharded_variable.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+// ShardedVariable<T>: one logical variable stored as several Variable<T> shards split along
+// axis 0 (TF's ShardedVariable, what ParameterServerStrategy makes of a partitioned variable).
+//
+// Why a class of its own rather than core/values.hpp's Sharded<Variable<T>, S>: Sharded<T, S> is
+// an immutable value tied to the strategy type S that produced it, and its shape()/to_tensor()
+// need T to be a tensor. A sharded variable is state: a handle (copies share the shards, as with
+// Variable), updated in place, whose shards are placed one by one by whatever scope is current
+// (round-robin on ps tasks inside ParameterServerStrategy), and which looks rows up shard by shard.
+// Sharded<T, S> stays what it is for values.
+//
+// Shards follow the "div" rule when this class splits a value (ps/partitioner.hpp), but any
+// shards that stack along axis 0 can be wrapped. Call the updating members in cross-replica
+// context (the coordinator); each shard update goes through Variable's own rules.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <future>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/ps/partitioner.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+// Variable partitioners (TF's tf.distribute.experimental.partitioners) and the "div" rule that
+// turns a shard count into row ranges.
+//
+// A partitioner looks at a variable's shape and dtype and answers, as TF does, with one entry per
+// dimension: how many shards along that axis (only axis 0 is ever split by
+// ParameterServerStrategy). The three built-in ones follow TF's algorithms:
+//
+//   FixedShardsPartitioner(n)      min(n, rows)
+//   MinSizePartitioner(min, max)   as many shards as keep each >= min bytes, at most max (and rows)
+//   MaxSizePartitioner(max, cap)   as few shards as keep each <= max bytes, at most cap (0: no cap)
+//
+// Two deliberate differences: a scalar (rank 0) has no axis to split and gets an empty list, and
+// an axis of size 0 gets 1 shard (TF would return 0 or divide by zero there).
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Shards per axis, one entry per dimension of the partitioned shape (TF's partition list).
+using Partitions = std::vector<std::int64_t>;
+
+/// Any callable `(shape, dtype) -> Partitions`: the built-in partitioners or a user's own.
+using VariablePartitioner = std::function<Partitions(const Shape&, DType)>;
+
+namespace detail {
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+inline void check_positive(std::int64_t value, const char* partitioner, const char* argument) {
+  if (value < 1) {
+    throw InvalidArgument(fmt::format("{}: {} must be positive, got {}", partitioner, argument, value));
+  }
+}
+
+/// TF reports shapes of partially known rank here; ours are always known, but negative sizes are
+/// still a caller error.
+inline void check_partitionable(const Shape& shape, std::size_t axis, const char* partitioner) {
+  for (auto d : shape) {
+    if (d < 0) throw InvalidArgument(fmt::format("{}: shape {} has a negative dimension", partitioner, shape_string(shape)));
+  }
+  if (axis >= shape.size()) {
+    throw InvalidArgument(fmt::format("{}: axis {} is out of range for shape {} (rank {})", partitioner, axis,
+                                      shape_string(shape), shape.size()));
+  }
+}
+
+/// One shard on every axis but `axis`, which gets `shards`.
+inline Partitions partitions_on_axis(const Shape& shape, std::size_t axis, std::int64_t shards) {
+  Partitions p(shape.size(), 1);
+  p[axis] = shards;
+  return p;
+}
+
+}  // namespace detail
+
+/// A fixed number of shards along `axis`, but never more shards than rows.
+class FixedShardsPartitioner {
+ public:
+  explicit FixedShardsPartitioner(std::int64_t num_shards) : num_shards_(num_shards) {
+    detail::check_positive(num_shards, "FixedShardsPartitioner", "num_shards");
+  }
+
+  Partitions operator()(const Shape& shape, DType /*dtype*/, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "FixedShardsPartitioner");
+    return detail::partitions_on_axis(shape, axis, std::max<std::int64_t>(1, std::min(num_shards_, shape[axis])));
+  }
+
+  std::int64_t num_shards() const noexcept { return num_shards_; }
+
+ private:
+  std::int64_t num_shards_;
+};
+
+/// Shards of at least `min_shard_bytes` each, as many as that allows, at most `max_shards` (TF's
+/// min_max_variable_partitioner). `bytes_per_string` is TF's size estimate for string elements;
+/// kept for the same signature, and used once the library has string tensors.
+class MinSizePartitioner {
+ public:
+  explicit MinSizePartitioner(std::int64_t min_shard_bytes = 256 << 10, std::int64_t max_shards = 1,
+                              std::int64_t bytes_per_string = 16)
+      : min_shard_bytes_(min_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
+    detail::check_positive(min_shard_bytes, "MinSizePartitioner", "min_shard_bytes");
+    detail::check_positive(max_shards, "MinSizePartitioner", "max_shards");
+    detail::check_positive(bytes_per_string, "MinSizePartitioner", "bytes_per_string");
+  }
+
+  Partitions operator()(const Shape& shape, DType dtype, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "MinSizePartitioner");
+    const std::int64_t total_bytes = num_elements(shape) * static_cast<std::int64_t>(size_of(dtype));
+    // ceil(total / min) shards keep each at least min bytes; the axis and max_shards cap it.
+    const std::int64_t by_size = detail::ceil_div(total_bytes, min_shard_bytes_);
+    const std::int64_t shards = std::max<std::int64_t>(1, std::min({shape[axis], max_shards_, by_size}));
+    return detail::partitions_on_axis(shape, axis, shards);
+  }
+
+  std::int64_t min_shard_bytes() const noexcept { return min_shard_bytes_; }
+  std::int64_t max_shards() const noexcept { return max_shards_; }
+  std::int64_t bytes_per_string() const noexcept { return bytes_per_string_; }
+
+ private:
+  std::int64_t min_shard_bytes_;
+  std::int64_t max_shards_;
+  std::int64_t bytes_per_string_;
+};
+
+/// Shards of at most `max_shard_bytes` each, as few as that allows (TF's
+/// variable_axis_size_partitioner). A single row larger than the limit still gets its own shard.
+/// `max_shards` (0: no limit) takes precedence over the byte limit.
+class MaxSizePartitioner {
+ public:
+  explicit MaxSizePartitioner(std::int64_t max_shard_bytes, std::int64_t max_shards = 0, std::int64_t bytes_per_string = 16)
+      : max_shard_bytes_(max_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
+    detail::check_positive(max_shard_bytes, "MaxSizePartitioner", "max_shard_bytes");
+    if (max_shards < 0) {
+      throw InvalidArgument(
+          fmt::format("MaxSizePartitioner: max_shards must be positive (or 0 for no limit), got {}", max_shards));
+    }
+    detail::check_positive(bytes_per_string, "MaxSizePartitioner", "bytes_per_string");
+  }
+
+  Partitions operator()(const Shape& shape, DType dtype, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "MaxSizePartitioner");
+    const std::int64_t rows = shape[axis];
+    if (rows == 0) return detail::partitions_on_axis(shape, axis, 1);
+    const std::int64_t bytes_per_row = num_elements(shape) / rows * static_cast<std::int64_t>(size_of(dtype));
+    // How many rows fit in one shard (at least one), then how many shards hold all rows.
+    const std::int64_t rows_per_shard = bytes_per_row == 0 ? rows : std::max<std::int64_t>(1, max_shard_bytes_ / bytes_per_row);
+    std::int64_t shards = detail::ceil_div(rows, rows_per_shard);
+    if (max_shards_ > 0) shards = std::min(shards, max_shards_);
+    return detail::partitions_on_axis(shape, axis, shards);
+  }
+
+  std::int64_t max_shard_bytes() const noexcept { return max_shard_bytes_; }
+  std::int64_t max_shards() const noexcept { return max_shards_; }
+  std::int64_t bytes_per_string() const noexcept { return bytes_per_string_; }
+
+ private:
+  std::int64_t max_shard_bytes_;
+  std::int64_t max_shards_;
+  std::int64_t bytes_per_string_;
+};
+
+/// The number of axis-0 shards a partitioner's answer asks for, checked as ParameterServerStrategy
+/// does: one entry per dimension, every entry but the first 1, the first positive. Clamped to the
+/// number of rows; a scalar is never split (1).
+inline std::int64_t shards_along_first_axis(const Partitions& partitions, const Shape& shape) {
+  if (shape.empty()) return 1;
+  const bool well_formed = partitions.size() == shape.size() && partitions[0] >= 1 &&
+                           std::all_of(partitions.begin() + 1, partitions.end(), [](std::int64_t p) { return p == 1; });
+  if (!well_formed) {
+    throw InvalidArgument(fmt::format(
+        "variable partitioner returned [{}] for shape {}; it must return one entry per dimension, a positive first "
+        "entry and 1 for every other axis (only axis 0 can be partitioned)",
+        fmt::join(partitions, ", "), shape_string(shape)));
+  }
+  return std::max<std::int64_t>(1, std::min(partitions[0], shape[0]));
+}
+
+/// The "div" rule: rows are split into contiguous shards as even as possible, the first
+/// rows % shards shards taking one row more. 13 rows over 5 shards: 3, 3, 3, 2, 2.
+inline std::vector<std::int64_t> shard_row_counts(std::int64_t rows, std::int64_t shards) {
+  if (rows < 0) throw InvalidArgument(fmt::format("shard_row_counts: rows must not be negative, got {}", rows));
+  if (shards < 1) throw InvalidArgument(fmt::format("shard_row_counts: shards must be positive, got {}", shards));
+  if (shards > std::max<std::int64_t>(rows, 1)) {
+    throw InvalidArgument(fmt::format("shard_row_counts: cannot split {} rows into {} shards; every shard needs a row",
+                                      rows, shards));
+  }
+  const std::int64_t base = rows / shards;
+  const std::int64_t extra = rows % shards;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(shards), base);
+  for (std::int64_t i = 0; i < extra; ++i) ++counts[static_cast<std::size_t>(i)];
+  return counts;
+}
+
+/// Where each shard starts under the div rule, plus `rows` at the end: 13 over 5 gives
+/// 0, 3, 6, 9, 11, 13 (shard i holds rows [offsets[i], offsets[i + 1])).
+inline std::vector<std::int64_t> shard_row_offsets(std::int64_t rows, std::int64_t shards) {
+  const auto counts = shard_row_counts(rows, shards);
+  std::vector<std::int64_t> offsets{0};
+  for (auto c : counts) offsets.push_back(offsets.back() + c);
+  return offsets;
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+// ---- end <distribute/ps/partitioner.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+/// Implemented by strategies that partition the variables created in their scope
+/// (ParameterServerStrategy with a partitioner). ShardedVariable finds it on the current strategy
+/// by a cross-cast, so core/ needs no partitioning hook.
+class PartitionsVariables {
+ public:
+  virtual ~PartitionsVariables() = default;
+  /// How many axis-0 shards a variable of this shape and dtype gets (1: not partitioned).
+  virtual std::int64_t num_shards_for(const Shape& shape, DType dtype) const = 0;
+};
+
+/// The partitioning strategy whose scope is current on this thread, if any.
+inline const PartitionsVariables* current_partitioning() noexcept {
+  AnyStrategy* s = current_strategy_or_null();
+  return s ? dynamic_cast<const PartitionsVariables*>(s) : nullptr;
+}
+}  // namespace detail
+
+template <class T>
+class ShardedVariable {
+  static_assert(TensorLike<T>, "ds::ShardedVariable<T>: T needs a ds::tensor_traits specialisation (see TensorLike)");
+  static_assert(memory_space_v<T> == MemorySpace::host, "ds::ShardedVariable<T>: T must live in host memory");
+
+ public:
+  using value_type = T;
+  using element_type = element_t<T>;
+
+  /// Wraps existing shards, in row order (TF's ShardedVariable(variables)). They must agree on
+  /// every dimension but the first; InvalidArgument otherwise, or when there are none.
+  explicit ShardedVariable(std::vector<Variable<T>> shards, std::string name = "ShardedVariable")
+      : state_(std::make_shared<State>()) {
+    state_->name = std::move(name);
+    state_->shards = std::move(shards);
+    index_shards();
+  }
+
+  /// Splits `initial_value` into `num_shards` shards by the div rule (at most one per row). Each
+  /// shard is a Variable<T> named "<name>/part_<i>", created, and so placed, by the scope current
+  /// on this thread.
+  ShardedVariable(const T& initial_value, std::int64_t num_shards, VariableOptions options = {})
+      : state_(std::make_shared<State>()) {
+    create_shards(initial_value, num_shards, std::move(options));
+  }
+
+  /// Inside the scope of a partitioning strategy, splits `initial_value` as its partitioner says;
+  /// elsewhere, or when the partitioner says 1, one shard.
+  explicit ShardedVariable(const T& initial_value, VariableOptions options = {}) : state_(std::make_shared<State>()) {
+    const auto* partitioning = detail::current_partitioning();
+    const std::int64_t shards =
+        partitioning ? partitioning->num_shards_for(shape_of(initial_value), dtype_of<element_type>()) : 1;
+    create_shards(initial_value, shards, std::move(options));
+  }
+
+  const std::string& name() const noexcept { return state_->name; }
+  /// The shards, in row order.
+  const std::vector<Variable<T>>& variables() const noexcept { return state_->shards; }
+  std::size_t num_shards() const noexcept { return state_->shards.size(); }
+  /// The full shape: the shards' rows added up.
+  const Shape& shape() const noexcept { return state_->shape; }
+  DType dtype() const noexcept { return dtype_of<element_type>(); }
+  /// Where each shard starts along axis 0, plus the row count at the end.
+  const std::vector<std::int64_t>& row_offsets() const noexcept { return state_->offsets; }
+  /// Each shard's device ("/job:ps/replica:0/task:1/device:CPU:0" under ParameterServerStrategy).
+  std::vector<std::string> devices() const {
+    std::vector<std::string> out;
+    for (const auto& v : state_->shards) out.push_back(v.device());
+    return out;
+  }
+
+  /// The shards concatenated along axis 0 (TF's convert_to_tensor: reads every shard).
+  Tensor<element_type> to_tensor() const {
+    std::vector<element_type> out(static_cast<std::size_t>(num_elements(shape())));
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      const T piece = state_->shards[i].read_value();
+      copy_elements(tensor_traits<T>::data(piece), element_count(piece), out.data() + row_begin(i));
+    }
+    return Tensor<element_type>(shape(), std::move(out));
+  }
+
+  /// The whole value as a T (for T = std::vector<float>, a vector of every row).
+  T read_value() const {
+    T out = tensor_traits<T>::make(shape());
+    const Tensor<element_type> all = to_tensor();
+    copy_elements(all.data(), all.size(), tensor_traits<T>::data(out));
+    return out;
+  }
+
+  /// Assigns (adds, subtracts) a value of the full shape, each shard its rows.
+  template <TensorLike U>
+  void assign(const U& value) { update_all(value, "assign", [](Variable<T>& v, const T& p) { v.assign(p); }); }
+  template <TensorLike U>
+  void assign_add(const U& delta) { update_all(delta, "assign_add", [](Variable<T>& v, const T& p) { v.assign_add(p); }); }
+  template <TensorLike U>
+  void assign_sub(const U& delta) { update_all(delta, "assign_sub", [](Variable<T>& v, const T& p) { v.assign_sub(p); }); }
+
+  /// Overwrites rows [row_offset, row_offset + rows) with `rows` (its first dimension says how many
+  /// rows; the others must match the variable's). A shard only partly covered is read, patched and
+  /// written back, so concurrent writers of the same shard may lose updates.
+  template <TensorLike U>
+  void assign_rows(std::int64_t row_offset, const U& rows) {
+    static_assert(std::is_same_v<element_t<U>, element_type>, "assign_rows: the rows must have the variable's element type");
+    require_rows("assign_rows");
+    const Shape s = shape_of(rows);
+    if (s.size() != shape().size() || !std::equal(s.begin() + 1, s.end(), shape().begin() + 1)) {
+      throw InvalidArgument(fmt::format("assign_rows: rows of shape {} do not fit sharded variable '{}' of shape {}; "
+                                        "all dimensions but the first must match",
+                                        shape_string(s), name(), shape_string(shape())));
+    }
+    const std::int64_t count = s[0];
+    if (row_offset < 0 || row_offset + count > shape()[0]) {
+      throw InvalidArgument(fmt::format("assign_rows: rows [{}, {}) are out of range for sharded variable '{}' with "
+                                        "{} rows",
+                                        row_offset, row_offset + count, name(), shape()[0]));
+    }
+    const element_type* src = tensor_traits<U>::data(rows);
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      const std::int64_t first = std::max(row_offset, offset(i));
+      const std::int64_t last = std::min(row_offset + count, offset(i + 1));
+      if (first >= last) continue;
+      Variable<T>& shard = state_->shards[i];
+      T piece = first == offset(i) && last == offset(i + 1) ? tensor_traits<T>::make(shard.shape()) : shard.read_value();
+      copy_elements(src + (first - row_offset) * row_size(), static_cast<std::size_t>((last - first) * row_size()),
+                    tensor_traits<T>::data(piece) + (first - offset(i)) * row_size());
+      shard.assign(piece);
+    }
+  }
+
+  /// The rows `ids` name, in the ids' order: shape ids.shape + shape[1:] (TF's
+  /// tf.nn.embedding_lookup on a sharded variable). Each shard is read once, in parallel, and
+  /// only the rows asked for are copied. An id outside [0, rows) is InvalidArgument naming it.
+  template <TensorLike I>
+    requires std::is_integral_v<element_t<I>>
+  Tensor<element_type> embedding_lookup(const I& ids) const {
+    require_rows("embedding_lookup");
+    const Shape ids_shape = shape_of(ids);
+    const auto* id = tensor_traits<I>::data(ids);
+    const std::size_t n = element_count(ids);
+    // Which positions each shard serves, with the row inside that shard.
+    std::vector<std::vector<std::pair<std::size_t, std::int64_t>>> wanted(num_shards());
+    const auto& offsets = state_->offsets;
+    for (std::size_t p = 0; p < n; ++p) {
+      const auto row = static_cast<std::int64_t>(id[p]);
+      if (row < 0 || row >= shape()[0]) {
+        throw InvalidArgument(fmt::format("embedding_lookup: id {} (at position {}) is out of range for sharded "
+                                          "variable '{}' with {} rows",
+                                          row, p, name(), shape()[0]));
+      }
+      const auto shard = static_cast<std::size_t>(std::upper_bound(offsets.begin(), offsets.end(), row) - offsets.begin() - 1);
+      wanted[shard].emplace_back(p, row - offsets[shard]);
+    }
+    Shape out_shape = ids_shape;
+    out_shape.insert(out_shape.end(), shape().begin() + 1, shape().end());
+    std::vector<element_type> out(static_cast<std::size_t>(num_elements(out_shape)));
+    const auto width = static_cast<std::size_t>(row_size());
+    // Each task writes only its own positions of `out`, so the tasks share nothing.
+    auto gather_from = [&](std::size_t shard) {
+      Variable<T> v = state_->shards[shard];
+      auto copy_rows = [&](const T& copy) {
+        const element_type* rows = tensor_traits<T>::data(copy);
+        for (const auto& [pos, local] : wanted[shard]) {
+          copy_elements(rows + static_cast<std::size_t>(local) * width, width, out.data() + pos * width);
+        }
+      };
+      if (v.is_sync_on_read()) {
+        copy_rows(v.read_value());  // its cross-replica value is an aggregate of the copies
+        return;
+      }
+      bool done = false;  // in cross-replica context this visits every copy; one is enough
+      v.apply_to_copies([&](T& copy, int) {
+        if (!done) copy_rows(copy);
+        done = true;
+      });
+    };
+    std::vector<std::size_t> busy;
+    for (std::size_t s = 0; s < num_shards(); ++s) {
+      if (!wanted[s].empty()) busy.push_back(s);
+    }
+    if (busy.size() <= 1) {
+      for (auto s : busy) gather_from(s);
+      return Tensor<element_type>(std::move(out_shape), std::move(out));
+    }
+    std::vector<std::future<void>> pending;
+    for (std::size_t k = 1; k < busy.size(); ++k) pending.push_back(std::async(std::launch::async, gather_from, busy[k]));
+    std::exception_ptr error;
+    try {
+      gather_from(busy.front());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    for (auto& f : pending) {  // wait for every task before `out` goes away, keep the first error
+      try {
+        f.get();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    return Tensor<element_type>(std::move(out_shape), std::move(out));
+  }
+
+  /// Handles to the same shards compare equal.
+  friend bool operator==(const ShardedVariable& a, const ShardedVariable& b) noexcept { return a.state_ == b.state_; }
+
+ private:
+  struct State {
+    std::string name;
+    std::vector<Variable<T>> shards;
+    Shape shape;
+    std::vector<std::int64_t> offsets;
+    std::int64_t row_size = 1;  // elements per row
+  };
+
+  std::int64_t offset(std::size_t i) const { return state_->offsets[i]; }
+  std::int64_t row_size() const { return state_->row_size; }
+  std::size_t row_begin(std::size_t shard) const { return static_cast<std::size_t>(offset(shard) * row_size()); }
+
+  void require_rows(const char* what) const {
+    if (shape().empty()) {
+      throw InvalidArgument(fmt::format("{}: sharded variable '{}' is a scalar and has no rows", what, name()));
+    }
+  }
+
+  static void copy_elements(const element_type* src, std::size_t count, element_type* dst) {
+    if (count != 0) std::memcpy(dst, src, count * sizeof(element_type));
+  }
+
+  void create_shards(const T& initial_value, std::int64_t num_shards, VariableOptions options) {
+    state_->name = options.name;
+    const Shape full = shape_of(initial_value);
+    if (num_shards < 1) {
+      throw InvalidArgument(fmt::format("ShardedVariable '{}': num_shards must be positive, got {}", options.name, num_shards));
+    }
+    if (full.empty()) {
+      if (num_shards > 1) {
+        throw InvalidArgument(fmt::format("ShardedVariable '{}': a scalar cannot be split into {} shards", options.name,
+                                          num_shards));
+      }
+      state_->shards.emplace_back(initial_value, std::move(options));
+      index_shards();
+      return;
+    }
+    // As TF does: never more shards than rows (a 0-row value stays in one shard).
+    const std::int64_t shards = std::max<std::int64_t>(1, std::min(num_shards, full[0]));
+    if (shards == 1) {
+      state_->shards.emplace_back(initial_value, std::move(options));
+      index_shards();
+      return;
+    }
+    const auto offsets = shard_row_offsets(full[0], shards);
+    const std::int64_t width = num_elements(full) / full[0];
+    const element_type* src = tensor_traits<T>::data(initial_value);
+    for (std::int64_t i = 0; i < shards; ++i) {
+      const auto idx = static_cast<std::size_t>(i);
+      Shape piece_shape = full;
+      piece_shape[0] = offsets[idx + 1] - offsets[idx];
+      T piece = tensor_traits<T>::make(piece_shape);
+      copy_elements(src + offsets[idx] * width, static_cast<std::size_t>(piece_shape[0] * width), tensor_traits<T>::data(piece));
+      VariableOptions shard_options = options;
+      shard_options.name = fmt::format("{}/part_{}", options.name, i);
+      state_->shards.emplace_back(std::move(piece), std::move(shard_options));
+    }
+    index_shards();
+  }
+
+  // Checks the shards stack along axis 0 and records the full shape and row offsets.
+  void index_shards() {
+    auto& s = *state_;
+    if (s.shards.empty()) throw InvalidArgument(fmt::format("ShardedVariable '{}': needs at least one shard", s.name));
+    const Shape first = s.shards.front().shape();
+    if (first.empty() && s.shards.size() > 1) {
+      throw InvalidArgument(fmt::format("ShardedVariable '{}': scalar shards cannot be stacked along axis 0", s.name));
+    }
+    s.shape = first;
+    s.offsets = {0};
+    for (std::size_t i = 0; i < s.shards.size(); ++i) {
+      const Shape si = s.shards[i].shape();
+      if (si.size() != first.size() || (!si.empty() && !std::equal(si.begin() + 1, si.end(), first.begin() + 1))) {
+        throw InvalidArgument(fmt::format("ShardedVariable '{}': shard {} has shape {} which does not stack with shard "
+                                          "0's {}; all dimensions but the first must match",
+                                          s.name, i, shape_string(si), shape_string(first)));
+      }
+      if (!si.empty()) s.offsets.push_back(s.offsets.back() + si[0]);
+    }
+    if (first.empty()) {
+      s.offsets.push_back(1);  // a scalar reads as one "row"
+      s.row_size = 1;
+      return;
+    }
+    s.shape[0] = s.offsets.back();
+    s.row_size = num_elements(Shape(first.begin() + 1, first.end()));
+  }
+
+  template <class U, class F>
+  void update_all(const U& value, const char* what, F&& apply) {
+    static_assert(std::is_same_v<element_t<U>, element_type>, "the value must have the variable's element type");
+    if (shape_of(value) != shape()) {
+      throw InvalidArgument(fmt::format("{}: value of shape {} does not match sharded variable '{}' of shape {}", what,
+                                        shape_string(shape_of(value)), name(), shape_string(shape())));
+    }
+    const element_type* src = tensor_traits<U>::data(value);
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      Variable<T>& shard = state_->shards[i];
+      T piece = tensor_traits<T>::make(shard.shape());
+      copy_elements(src + row_begin(i), element_count(piece), tensor_traits<T>::data(piece));
+      apply(shard, piece);
+    }
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+// ---- end <distribute/ps/sharded_variable.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -7265,13 +9922,11 @@ class Checkpoint {
     return add(std::move(name), std::make_unique<detail::TrackedVariable<T>>(variable));
   }
 
-  /// Tracks a sharded variable as one tensor: its shards concatenated along axis 0.
-  /// (Usable once Sharded<Variable<T>, S> can be instantiated: core/values.hpp's to_tensor()
-  /// names element_t<T> in its return type, which a Variable does not have. Until then use
-  /// track_sharded with the shard variables.)
-  template <class T, class S>
-  Checkpoint& track(std::string name, const Sharded<Variable<T>, S>& variable) {
-    return track_sharded(std::move(name), variable.shards());
+  /// Tracks a sharded variable as one tensor: its shards concatenated along axis 0, so that it
+  /// can be restored into a different number of shards.
+  template <class T>
+  Checkpoint& track(std::string name, const ShardedVariable<T>& variable) {
+    return track_sharded(std::move(name), variable.variables());
   }
 
   /// Tracks shard variables (in row order) as one tensor, concatenated along axis 0. They must
@@ -13790,6 +16445,2933 @@ class LauncherClusterResolver : public ClusterResolver {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_LAUNCHER_HPP
 // ---- end <distribute/cluster/launcher.hpp> ----
+#endif
+
+// ps/: partitioners, round-robin ps placement, sharded variables; ParameterServerStrategy also
+// needs cluster/ (Boost.JSON)
+// ---- begin <distribute/ps/partitioner.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+// Variable partitioners (TF's tf.distribute.experimental.partitioners) and the "div" rule that
+// turns a shard count into row ranges.
+//
+// A partitioner looks at a variable's shape and dtype and answers, as TF does, with one entry per
+// dimension: how many shards along that axis (only axis 0 is ever split by
+// ParameterServerStrategy). The three built-in ones follow TF's algorithms:
+//
+//   FixedShardsPartitioner(n)      min(n, rows)
+//   MinSizePartitioner(min, max)   as many shards as keep each >= min bytes, at most max (and rows)
+//   MaxSizePartitioner(max, cap)   as few shards as keep each <= max bytes, at most cap (0: no cap)
+//
+// Two deliberate differences: a scalar (rank 0) has no axis to split and gets an empty list, and
+// an axis of size 0 gets 1 shard (TF would return 0 or divide by zero there).
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Shards per axis, one entry per dimension of the partitioned shape (TF's partition list).
+using Partitions = std::vector<std::int64_t>;
+
+/// Any callable `(shape, dtype) -> Partitions`: the built-in partitioners or a user's own.
+using VariablePartitioner = std::function<Partitions(const Shape&, DType)>;
+
+namespace detail {
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+inline void check_positive(std::int64_t value, const char* partitioner, const char* argument) {
+  if (value < 1) {
+    throw InvalidArgument(fmt::format("{}: {} must be positive, got {}", partitioner, argument, value));
+  }
+}
+
+/// TF reports shapes of partially known rank here; ours are always known, but negative sizes are
+/// still a caller error.
+inline void check_partitionable(const Shape& shape, std::size_t axis, const char* partitioner) {
+  for (auto d : shape) {
+    if (d < 0) throw InvalidArgument(fmt::format("{}: shape {} has a negative dimension", partitioner, shape_string(shape)));
+  }
+  if (axis >= shape.size()) {
+    throw InvalidArgument(fmt::format("{}: axis {} is out of range for shape {} (rank {})", partitioner, axis,
+                                      shape_string(shape), shape.size()));
+  }
+}
+
+/// One shard on every axis but `axis`, which gets `shards`.
+inline Partitions partitions_on_axis(const Shape& shape, std::size_t axis, std::int64_t shards) {
+  Partitions p(shape.size(), 1);
+  p[axis] = shards;
+  return p;
+}
+
+}  // namespace detail
+
+/// A fixed number of shards along `axis`, but never more shards than rows.
+class FixedShardsPartitioner {
+ public:
+  explicit FixedShardsPartitioner(std::int64_t num_shards) : num_shards_(num_shards) {
+    detail::check_positive(num_shards, "FixedShardsPartitioner", "num_shards");
+  }
+
+  Partitions operator()(const Shape& shape, DType /*dtype*/, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "FixedShardsPartitioner");
+    return detail::partitions_on_axis(shape, axis, std::max<std::int64_t>(1, std::min(num_shards_, shape[axis])));
+  }
+
+  std::int64_t num_shards() const noexcept { return num_shards_; }
+
+ private:
+  std::int64_t num_shards_;
+};
+
+/// Shards of at least `min_shard_bytes` each, as many as that allows, at most `max_shards` (TF's
+/// min_max_variable_partitioner). `bytes_per_string` is TF's size estimate for string elements;
+/// kept for the same signature, and used once the library has string tensors.
+class MinSizePartitioner {
+ public:
+  explicit MinSizePartitioner(std::int64_t min_shard_bytes = 256 << 10, std::int64_t max_shards = 1,
+                              std::int64_t bytes_per_string = 16)
+      : min_shard_bytes_(min_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
+    detail::check_positive(min_shard_bytes, "MinSizePartitioner", "min_shard_bytes");
+    detail::check_positive(max_shards, "MinSizePartitioner", "max_shards");
+    detail::check_positive(bytes_per_string, "MinSizePartitioner", "bytes_per_string");
+  }
+
+  Partitions operator()(const Shape& shape, DType dtype, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "MinSizePartitioner");
+    const std::int64_t total_bytes = num_elements(shape) * static_cast<std::int64_t>(size_of(dtype));
+    // ceil(total / min) shards keep each at least min bytes; the axis and max_shards cap it.
+    const std::int64_t by_size = detail::ceil_div(total_bytes, min_shard_bytes_);
+    const std::int64_t shards = std::max<std::int64_t>(1, std::min({shape[axis], max_shards_, by_size}));
+    return detail::partitions_on_axis(shape, axis, shards);
+  }
+
+  std::int64_t min_shard_bytes() const noexcept { return min_shard_bytes_; }
+  std::int64_t max_shards() const noexcept { return max_shards_; }
+  std::int64_t bytes_per_string() const noexcept { return bytes_per_string_; }
+
+ private:
+  std::int64_t min_shard_bytes_;
+  std::int64_t max_shards_;
+  std::int64_t bytes_per_string_;
+};
+
+/// Shards of at most `max_shard_bytes` each, as few as that allows (TF's
+/// variable_axis_size_partitioner). A single row larger than the limit still gets its own shard.
+/// `max_shards` (0: no limit) takes precedence over the byte limit.
+class MaxSizePartitioner {
+ public:
+  explicit MaxSizePartitioner(std::int64_t max_shard_bytes, std::int64_t max_shards = 0, std::int64_t bytes_per_string = 16)
+      : max_shard_bytes_(max_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
+    detail::check_positive(max_shard_bytes, "MaxSizePartitioner", "max_shard_bytes");
+    if (max_shards < 0) {
+      throw InvalidArgument(
+          fmt::format("MaxSizePartitioner: max_shards must be positive (or 0 for no limit), got {}", max_shards));
+    }
+    detail::check_positive(bytes_per_string, "MaxSizePartitioner", "bytes_per_string");
+  }
+
+  Partitions operator()(const Shape& shape, DType dtype, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "MaxSizePartitioner");
+    const std::int64_t rows = shape[axis];
+    if (rows == 0) return detail::partitions_on_axis(shape, axis, 1);
+    const std::int64_t bytes_per_row = num_elements(shape) / rows * static_cast<std::int64_t>(size_of(dtype));
+    // How many rows fit in one shard (at least one), then how many shards hold all rows.
+    const std::int64_t rows_per_shard = bytes_per_row == 0 ? rows : std::max<std::int64_t>(1, max_shard_bytes_ / bytes_per_row);
+    std::int64_t shards = detail::ceil_div(rows, rows_per_shard);
+    if (max_shards_ > 0) shards = std::min(shards, max_shards_);
+    return detail::partitions_on_axis(shape, axis, shards);
+  }
+
+  std::int64_t max_shard_bytes() const noexcept { return max_shard_bytes_; }
+  std::int64_t max_shards() const noexcept { return max_shards_; }
+  std::int64_t bytes_per_string() const noexcept { return bytes_per_string_; }
+
+ private:
+  std::int64_t max_shard_bytes_;
+  std::int64_t max_shards_;
+  std::int64_t bytes_per_string_;
+};
+
+/// The number of axis-0 shards a partitioner's answer asks for, checked as ParameterServerStrategy
+/// does: one entry per dimension, every entry but the first 1, the first positive. Clamped to the
+/// number of rows; a scalar is never split (1).
+inline std::int64_t shards_along_first_axis(const Partitions& partitions, const Shape& shape) {
+  if (shape.empty()) return 1;
+  const bool well_formed = partitions.size() == shape.size() && partitions[0] >= 1 &&
+                           std::all_of(partitions.begin() + 1, partitions.end(), [](std::int64_t p) { return p == 1; });
+  if (!well_formed) {
+    throw InvalidArgument(fmt::format(
+        "variable partitioner returned [{}] for shape {}; it must return one entry per dimension, a positive first "
+        "entry and 1 for every other axis (only axis 0 can be partitioned)",
+        fmt::join(partitions, ", "), shape_string(shape)));
+  }
+  return std::max<std::int64_t>(1, std::min(partitions[0], shape[0]));
+}
+
+/// The "div" rule: rows are split into contiguous shards as even as possible, the first
+/// rows % shards shards taking one row more. 13 rows over 5 shards: 3, 3, 3, 2, 2.
+inline std::vector<std::int64_t> shard_row_counts(std::int64_t rows, std::int64_t shards) {
+  if (rows < 0) throw InvalidArgument(fmt::format("shard_row_counts: rows must not be negative, got {}", rows));
+  if (shards < 1) throw InvalidArgument(fmt::format("shard_row_counts: shards must be positive, got {}", shards));
+  if (shards > std::max<std::int64_t>(rows, 1)) {
+    throw InvalidArgument(fmt::format("shard_row_counts: cannot split {} rows into {} shards; every shard needs a row",
+                                      rows, shards));
+  }
+  const std::int64_t base = rows / shards;
+  const std::int64_t extra = rows % shards;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(shards), base);
+  for (std::int64_t i = 0; i < extra; ++i) ++counts[static_cast<std::size_t>(i)];
+  return counts;
+}
+
+/// Where each shard starts under the div rule, plus `rows` at the end: 13 over 5 gives
+/// 0, 3, 6, 9, 11, 13 (shard i holds rows [offsets[i], offsets[i + 1])).
+inline std::vector<std::int64_t> shard_row_offsets(std::int64_t rows, std::int64_t shards) {
+  const auto counts = shard_row_counts(rows, shards);
+  std::vector<std::int64_t> offsets{0};
+  for (auto c : counts) offsets.push_back(offsets.back() + c);
+  return offsets;
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+// ---- end <distribute/ps/partitioner.hpp> ----
+// ---- begin <distribute/ps/placement.hpp> ----
+// Where parameter-server variables live: ps tasks handed out round-robin, as TF's
+// ParameterServerStrategy does. Every variable, and every shard of a sharded variable, takes the
+// next task: with 3 ps tasks the 1st..4th go to tasks 0, 1, 2, 0.
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// "/job:ps/replica:0/task:<task>/device:CPU:0": the device of a variable on ps task `task`.
+inline std::string ps_device_string(int task) {
+  if (task < 0) throw InvalidArgument(fmt::format("ps_device_string: task {} is negative", task));
+  return DeviceSpec{"ps", 0, task, "CPU", 0}.to_string();
+}
+
+/// Hands out ps tasks in round-robin order. Thread-safe: concurrent callers get distinct turns.
+class RoundRobinPlacement {
+ public:
+  explicit RoundRobinPlacement(int num_ps) : num_ps_(num_ps) {
+    if (num_ps < 1) {
+      throw InvalidArgument(fmt::format("RoundRobinPlacement: needs at least one ps task, got {}", num_ps));
+    }
+  }
+  RoundRobinPlacement(const RoundRobinPlacement&) = delete;
+  RoundRobinPlacement& operator=(const RoundRobinPlacement&) = delete;
+
+  /// The task of the next variable placed.
+  int next_task() noexcept { return static_cast<int>(placed_.fetch_add(1, std::memory_order_relaxed) % num_ps_); }
+  /// The device string of the next variable placed.
+  std::string next_device() { return ps_device_string(next_task()); }
+
+  int num_ps() const noexcept { return num_ps_; }
+  /// How many variables (shards count one each) have been placed so far.
+  std::int64_t variables_placed() const noexcept { return placed_.load(std::memory_order_relaxed); }
+
+ private:
+  int num_ps_;
+  std::atomic<std::int64_t> placed_{0};
+};
+
+/// The devices of `num_variables` variables placed round-robin over `num_ps` ps tasks.
+inline std::vector<std::string> round_robin_ps_devices(std::int64_t num_variables, int num_ps) {
+  if (num_variables < 0) {
+    throw InvalidArgument(fmt::format("round_robin_ps_devices: num_variables {} is negative", num_variables));
+  }
+  RoundRobinPlacement placement(num_ps);
+  std::vector<std::string> devices;
+  devices.reserve(static_cast<std::size_t>(num_variables));
+  for (std::int64_t i = 0; i < num_variables; ++i) devices.push_back(placement.next_device());
+  return devices;
+}
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/ps/placement.hpp> ----
+// ---- begin <distribute/ps/sharded_variable.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+// ShardedVariable<T>: one logical variable stored as several Variable<T> shards split along
+// axis 0 (TF's ShardedVariable, what ParameterServerStrategy makes of a partitioned variable).
+//
+// Why a class of its own rather than core/values.hpp's Sharded<Variable<T>, S>: Sharded<T, S> is
+// an immutable value tied to the strategy type S that produced it, and its shape()/to_tensor()
+// need T to be a tensor. A sharded variable is state: a handle (copies share the shards, as with
+// Variable), updated in place, whose shards are placed one by one by whatever scope is current
+// (round-robin on ps tasks inside ParameterServerStrategy), and which looks rows up shard by shard.
+// Sharded<T, S> stays what it is for values.
+//
+// Shards follow the "div" rule when this class splits a value (ps/partitioner.hpp), but any
+// shards that stack along axis 0 can be wrapped. Call the updating members in cross-replica
+// context (the coordinator); each shard update goes through Variable's own rules.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <future>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+/// Implemented by strategies that partition the variables created in their scope
+/// (ParameterServerStrategy with a partitioner). ShardedVariable finds it on the current strategy
+/// by a cross-cast, so core/ needs no partitioning hook.
+class PartitionsVariables {
+ public:
+  virtual ~PartitionsVariables() = default;
+  /// How many axis-0 shards a variable of this shape and dtype gets (1: not partitioned).
+  virtual std::int64_t num_shards_for(const Shape& shape, DType dtype) const = 0;
+};
+
+/// The partitioning strategy whose scope is current on this thread, if any.
+inline const PartitionsVariables* current_partitioning() noexcept {
+  AnyStrategy* s = current_strategy_or_null();
+  return s ? dynamic_cast<const PartitionsVariables*>(s) : nullptr;
+}
+}  // namespace detail
+
+template <class T>
+class ShardedVariable {
+  static_assert(TensorLike<T>, "ds::ShardedVariable<T>: T needs a ds::tensor_traits specialisation (see TensorLike)");
+  static_assert(memory_space_v<T> == MemorySpace::host, "ds::ShardedVariable<T>: T must live in host memory");
+
+ public:
+  using value_type = T;
+  using element_type = element_t<T>;
+
+  /// Wraps existing shards, in row order (TF's ShardedVariable(variables)). They must agree on
+  /// every dimension but the first; InvalidArgument otherwise, or when there are none.
+  explicit ShardedVariable(std::vector<Variable<T>> shards, std::string name = "ShardedVariable")
+      : state_(std::make_shared<State>()) {
+    state_->name = std::move(name);
+    state_->shards = std::move(shards);
+    index_shards();
+  }
+
+  /// Splits `initial_value` into `num_shards` shards by the div rule (at most one per row). Each
+  /// shard is a Variable<T> named "<name>/part_<i>", created, and so placed, by the scope current
+  /// on this thread.
+  ShardedVariable(const T& initial_value, std::int64_t num_shards, VariableOptions options = {})
+      : state_(std::make_shared<State>()) {
+    create_shards(initial_value, num_shards, std::move(options));
+  }
+
+  /// Inside the scope of a partitioning strategy, splits `initial_value` as its partitioner says;
+  /// elsewhere, or when the partitioner says 1, one shard.
+  explicit ShardedVariable(const T& initial_value, VariableOptions options = {}) : state_(std::make_shared<State>()) {
+    const auto* partitioning = detail::current_partitioning();
+    const std::int64_t shards =
+        partitioning ? partitioning->num_shards_for(shape_of(initial_value), dtype_of<element_type>()) : 1;
+    create_shards(initial_value, shards, std::move(options));
+  }
+
+  const std::string& name() const noexcept { return state_->name; }
+  /// The shards, in row order.
+  const std::vector<Variable<T>>& variables() const noexcept { return state_->shards; }
+  std::size_t num_shards() const noexcept { return state_->shards.size(); }
+  /// The full shape: the shards' rows added up.
+  const Shape& shape() const noexcept { return state_->shape; }
+  DType dtype() const noexcept { return dtype_of<element_type>(); }
+  /// Where each shard starts along axis 0, plus the row count at the end.
+  const std::vector<std::int64_t>& row_offsets() const noexcept { return state_->offsets; }
+  /// Each shard's device ("/job:ps/replica:0/task:1/device:CPU:0" under ParameterServerStrategy).
+  std::vector<std::string> devices() const {
+    std::vector<std::string> out;
+    for (const auto& v : state_->shards) out.push_back(v.device());
+    return out;
+  }
+
+  /// The shards concatenated along axis 0 (TF's convert_to_tensor: reads every shard).
+  Tensor<element_type> to_tensor() const {
+    std::vector<element_type> out(static_cast<std::size_t>(num_elements(shape())));
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      const T piece = state_->shards[i].read_value();
+      copy_elements(tensor_traits<T>::data(piece), element_count(piece), out.data() + row_begin(i));
+    }
+    return Tensor<element_type>(shape(), std::move(out));
+  }
+
+  /// The whole value as a T (for T = std::vector<float>, a vector of every row).
+  T read_value() const {
+    T out = tensor_traits<T>::make(shape());
+    const Tensor<element_type> all = to_tensor();
+    copy_elements(all.data(), all.size(), tensor_traits<T>::data(out));
+    return out;
+  }
+
+  /// Assigns (adds, subtracts) a value of the full shape, each shard its rows.
+  template <TensorLike U>
+  void assign(const U& value) { update_all(value, "assign", [](Variable<T>& v, const T& p) { v.assign(p); }); }
+  template <TensorLike U>
+  void assign_add(const U& delta) { update_all(delta, "assign_add", [](Variable<T>& v, const T& p) { v.assign_add(p); }); }
+  template <TensorLike U>
+  void assign_sub(const U& delta) { update_all(delta, "assign_sub", [](Variable<T>& v, const T& p) { v.assign_sub(p); }); }
+
+  /// Overwrites rows [row_offset, row_offset + rows) with `rows` (its first dimension says how many
+  /// rows; the others must match the variable's). A shard only partly covered is read, patched and
+  /// written back, so concurrent writers of the same shard may lose updates.
+  template <TensorLike U>
+  void assign_rows(std::int64_t row_offset, const U& rows) {
+    static_assert(std::is_same_v<element_t<U>, element_type>, "assign_rows: the rows must have the variable's element type");
+    require_rows("assign_rows");
+    const Shape s = shape_of(rows);
+    if (s.size() != shape().size() || !std::equal(s.begin() + 1, s.end(), shape().begin() + 1)) {
+      throw InvalidArgument(fmt::format("assign_rows: rows of shape {} do not fit sharded variable '{}' of shape {}; "
+                                        "all dimensions but the first must match",
+                                        shape_string(s), name(), shape_string(shape())));
+    }
+    const std::int64_t count = s[0];
+    if (row_offset < 0 || row_offset + count > shape()[0]) {
+      throw InvalidArgument(fmt::format("assign_rows: rows [{}, {}) are out of range for sharded variable '{}' with "
+                                        "{} rows",
+                                        row_offset, row_offset + count, name(), shape()[0]));
+    }
+    const element_type* src = tensor_traits<U>::data(rows);
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      const std::int64_t first = std::max(row_offset, offset(i));
+      const std::int64_t last = std::min(row_offset + count, offset(i + 1));
+      if (first >= last) continue;
+      Variable<T>& shard = state_->shards[i];
+      T piece = first == offset(i) && last == offset(i + 1) ? tensor_traits<T>::make(shard.shape()) : shard.read_value();
+      copy_elements(src + (first - row_offset) * row_size(), static_cast<std::size_t>((last - first) * row_size()),
+                    tensor_traits<T>::data(piece) + (first - offset(i)) * row_size());
+      shard.assign(piece);
+    }
+  }
+
+  /// The rows `ids` name, in the ids' order: shape ids.shape + shape[1:] (TF's
+  /// tf.nn.embedding_lookup on a sharded variable). Each shard is read once, in parallel, and
+  /// only the rows asked for are copied. An id outside [0, rows) is InvalidArgument naming it.
+  template <TensorLike I>
+    requires std::is_integral_v<element_t<I>>
+  Tensor<element_type> embedding_lookup(const I& ids) const {
+    require_rows("embedding_lookup");
+    const Shape ids_shape = shape_of(ids);
+    const auto* id = tensor_traits<I>::data(ids);
+    const std::size_t n = element_count(ids);
+    // Which positions each shard serves, with the row inside that shard.
+    std::vector<std::vector<std::pair<std::size_t, std::int64_t>>> wanted(num_shards());
+    const auto& offsets = state_->offsets;
+    for (std::size_t p = 0; p < n; ++p) {
+      const auto row = static_cast<std::int64_t>(id[p]);
+      if (row < 0 || row >= shape()[0]) {
+        throw InvalidArgument(fmt::format("embedding_lookup: id {} (at position {}) is out of range for sharded "
+                                          "variable '{}' with {} rows",
+                                          row, p, name(), shape()[0]));
+      }
+      const auto shard = static_cast<std::size_t>(std::upper_bound(offsets.begin(), offsets.end(), row) - offsets.begin() - 1);
+      wanted[shard].emplace_back(p, row - offsets[shard]);
+    }
+    Shape out_shape = ids_shape;
+    out_shape.insert(out_shape.end(), shape().begin() + 1, shape().end());
+    std::vector<element_type> out(static_cast<std::size_t>(num_elements(out_shape)));
+    const auto width = static_cast<std::size_t>(row_size());
+    // Each task writes only its own positions of `out`, so the tasks share nothing.
+    auto gather_from = [&](std::size_t shard) {
+      Variable<T> v = state_->shards[shard];
+      auto copy_rows = [&](const T& copy) {
+        const element_type* rows = tensor_traits<T>::data(copy);
+        for (const auto& [pos, local] : wanted[shard]) {
+          copy_elements(rows + static_cast<std::size_t>(local) * width, width, out.data() + pos * width);
+        }
+      };
+      if (v.is_sync_on_read()) {
+        copy_rows(v.read_value());  // its cross-replica value is an aggregate of the copies
+        return;
+      }
+      bool done = false;  // in cross-replica context this visits every copy; one is enough
+      v.apply_to_copies([&](T& copy, int) {
+        if (!done) copy_rows(copy);
+        done = true;
+      });
+    };
+    std::vector<std::size_t> busy;
+    for (std::size_t s = 0; s < num_shards(); ++s) {
+      if (!wanted[s].empty()) busy.push_back(s);
+    }
+    if (busy.size() <= 1) {
+      for (auto s : busy) gather_from(s);
+      return Tensor<element_type>(std::move(out_shape), std::move(out));
+    }
+    std::vector<std::future<void>> pending;
+    for (std::size_t k = 1; k < busy.size(); ++k) pending.push_back(std::async(std::launch::async, gather_from, busy[k]));
+    std::exception_ptr error;
+    try {
+      gather_from(busy.front());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    for (auto& f : pending) {  // wait for every task before `out` goes away, keep the first error
+      try {
+        f.get();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    return Tensor<element_type>(std::move(out_shape), std::move(out));
+  }
+
+  /// Handles to the same shards compare equal.
+  friend bool operator==(const ShardedVariable& a, const ShardedVariable& b) noexcept { return a.state_ == b.state_; }
+
+ private:
+  struct State {
+    std::string name;
+    std::vector<Variable<T>> shards;
+    Shape shape;
+    std::vector<std::int64_t> offsets;
+    std::int64_t row_size = 1;  // elements per row
+  };
+
+  std::int64_t offset(std::size_t i) const { return state_->offsets[i]; }
+  std::int64_t row_size() const { return state_->row_size; }
+  std::size_t row_begin(std::size_t shard) const { return static_cast<std::size_t>(offset(shard) * row_size()); }
+
+  void require_rows(const char* what) const {
+    if (shape().empty()) {
+      throw InvalidArgument(fmt::format("{}: sharded variable '{}' is a scalar and has no rows", what, name()));
+    }
+  }
+
+  static void copy_elements(const element_type* src, std::size_t count, element_type* dst) {
+    if (count != 0) std::memcpy(dst, src, count * sizeof(element_type));
+  }
+
+  void create_shards(const T& initial_value, std::int64_t num_shards, VariableOptions options) {
+    state_->name = options.name;
+    const Shape full = shape_of(initial_value);
+    if (num_shards < 1) {
+      throw InvalidArgument(fmt::format("ShardedVariable '{}': num_shards must be positive, got {}", options.name, num_shards));
+    }
+    if (full.empty()) {
+      if (num_shards > 1) {
+        throw InvalidArgument(fmt::format("ShardedVariable '{}': a scalar cannot be split into {} shards", options.name,
+                                          num_shards));
+      }
+      state_->shards.emplace_back(initial_value, std::move(options));
+      index_shards();
+      return;
+    }
+    // As TF does: never more shards than rows (a 0-row value stays in one shard).
+    const std::int64_t shards = std::max<std::int64_t>(1, std::min(num_shards, full[0]));
+    if (shards == 1) {
+      state_->shards.emplace_back(initial_value, std::move(options));
+      index_shards();
+      return;
+    }
+    const auto offsets = shard_row_offsets(full[0], shards);
+    const std::int64_t width = num_elements(full) / full[0];
+    const element_type* src = tensor_traits<T>::data(initial_value);
+    for (std::int64_t i = 0; i < shards; ++i) {
+      const auto idx = static_cast<std::size_t>(i);
+      Shape piece_shape = full;
+      piece_shape[0] = offsets[idx + 1] - offsets[idx];
+      T piece = tensor_traits<T>::make(piece_shape);
+      copy_elements(src + offsets[idx] * width, static_cast<std::size_t>(piece_shape[0] * width), tensor_traits<T>::data(piece));
+      VariableOptions shard_options = options;
+      shard_options.name = fmt::format("{}/part_{}", options.name, i);
+      state_->shards.emplace_back(std::move(piece), std::move(shard_options));
+    }
+    index_shards();
+  }
+
+  // Checks the shards stack along axis 0 and records the full shape and row offsets.
+  void index_shards() {
+    auto& s = *state_;
+    if (s.shards.empty()) throw InvalidArgument(fmt::format("ShardedVariable '{}': needs at least one shard", s.name));
+    const Shape first = s.shards.front().shape();
+    if (first.empty() && s.shards.size() > 1) {
+      throw InvalidArgument(fmt::format("ShardedVariable '{}': scalar shards cannot be stacked along axis 0", s.name));
+    }
+    s.shape = first;
+    s.offsets = {0};
+    for (std::size_t i = 0; i < s.shards.size(); ++i) {
+      const Shape si = s.shards[i].shape();
+      if (si.size() != first.size() || (!si.empty() && !std::equal(si.begin() + 1, si.end(), first.begin() + 1))) {
+        throw InvalidArgument(fmt::format("ShardedVariable '{}': shard {} has shape {} which does not stack with shard "
+                                          "0's {}; all dimensions but the first must match",
+                                          s.name, i, shape_string(si), shape_string(first)));
+      }
+      if (!si.empty()) s.offsets.push_back(s.offsets.back() + si[0]);
+    }
+    if (first.empty()) {
+      s.offsets.push_back(1);  // a scalar reads as one "row"
+      s.row_size = 1;
+      return;
+    }
+    s.shape[0] = s.offsets.back();
+    s.row_size = num_elements(Shape(first.begin() + 1, first.end()));
+  }
+
+  template <class U, class F>
+  void update_all(const U& value, const char* what, F&& apply) {
+    static_assert(std::is_same_v<element_t<U>, element_type>, "the value must have the variable's element type");
+    if (shape_of(value) != shape()) {
+      throw InvalidArgument(fmt::format("{}: value of shape {} does not match sharded variable '{}' of shape {}", what,
+                                        shape_string(shape_of(value)), name(), shape_string(shape())));
+    }
+    const element_type* src = tensor_traits<U>::data(value);
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      Variable<T>& shard = state_->shards[i];
+      T piece = tensor_traits<T>::make(shard.shape());
+      copy_elements(src + row_begin(i), element_count(piece), tensor_traits<T>::data(piece));
+      apply(shard, piece);
+    }
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+// ---- end <distribute/ps/sharded_variable.hpp> ----
+#if __has_include(<boost/json.hpp>)
+// ---- begin <distribute/strategy/parameter_server.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_PARAMETER_SERVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_PARAMETER_SERVER_HPP
+// ParameterServerStrategy (the in-process part): validates a parameter-server cluster and places
+// the variables created in its scope on ps tasks, round-robin, optionally partitioned into
+// ShardedVariables by a partitioner.
+//
+// What is not here yet: the variables are stored in this (the coordinator's) process, with device
+// strings that name their ps task; the ps variable service, ClusterCoordinator and remote
+// functions come next (docs/parameter-server.md).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format(
+            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
+            cluster_name));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/tf_config.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+// TFConfigClusterResolver: the cluster from the TF_CONFIG environment variable, fully validated.
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format(
+            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
+            cluster_name));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Explicit values that take precedence over TF_CONFIG's, as TF's constructor arguments do.
+/// Set the fields you need (`ds::TFConfigOptions o; o.task_id = 1;`); designated initializers
+/// that leave fields out trip GCC 12's -Wmissing-field-initializers.
+struct TFConfigOptions {
+  std::optional<std::string> task_type;
+  std::optional<int> task_id;
+  std::optional<std::string> rpc_layer;
+  std::optional<std::string> environment;
+  /// Reported by num_accelerators(); TF_CONFIG itself says nothing about devices.
+  AcceleratorCounts num_accelerators;
+};
+
+namespace detail {
+
+inline constexpr std::array<std::string_view, 4> kTFConfigTaskTypes = {"chief", "worker", "ps", "evaluator"};
+
+inline bool is_tf_config_task_type(std::string_view type) {
+  return std::find(kTFConfigTaskTypes.begin(), kTFConfigTaskTypes.end(), type) != kTFConfigTaskTypes.end();
+}
+
+inline bool tf_config_is_blank(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
+}
+
+/// A member that TF reads with dict.get(): absent and null both mean "not given".
+inline const boost::json::value* tf_config_member(const boost::json::object& obj, std::string_view key) {
+  const auto* v = obj.if_contains(key);
+  return v == nullptr || v->is_null() ? nullptr : v;
+}
+
+inline std::string tf_config_string(const boost::json::object& obj, std::string_view key, std::string_view field) {
+  const auto* v = tf_config_member(obj, key);
+  if (v == nullptr) return {};
+  if (!v->is_string()) {
+    throw ClusterConfigError(fmt::format("TF_CONFIG: {} must be a string, got {}", field, cluster_json_describe(*v)));
+  }
+  return std::string(v->get_string());
+}
+
+}  // namespace detail
+
+/// Reads the cluster from TF_CONFIG, TF's schema:
+///
+///     {"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"],
+///                  "ps": {"0": "host3:2222"}},
+///      "task": {"type": "worker", "index": 1},
+///      "rpc_layer": "grpc", "environment": "cloud"}
+///
+/// Jobs are lists (dense) or objects of "index" → address (sparse). Everything is checked at
+/// construction and ClusterConfigError names the field that is wrong: JSON syntax (with
+/// Boost.JSON's message), the types of `cluster`, `task`, `task.type`, `task.index`,
+/// `rpc_layer`, `environment`; job names (chief, worker, ps, evaluator); at most one chief and
+/// one evaluator; every address host:port and used once; the task's job present (an evaluator
+/// may be absent, as in TF) and its index in range. Unknown top-level keys are ignored, as TF
+/// does; `task.index` may also be a string of digits, which TF's int() accepts.
+///
+/// TF_CONFIG unset or blank (or `{}`) means local mode: an empty spec, task worker 0.
+class TFConfigClusterResolver : public ClusterResolver {
+ public:
+  /// Reads the TF_CONFIG environment variable.
+  TFConfigClusterResolver() : TFConfigClusterResolver(TFConfigOptions{}) {}
+  explicit TFConfigClusterResolver(const TFConfigOptions& options) { init(detail::EnvReader{}.get("TF_CONFIG"), options); }
+  /// Reads TF_CONFIG from `env` instead of the process environment.
+  explicit TFConfigClusterResolver(const EnvVars& env, const TFConfigOptions& options = {}) {
+    init(detail::EnvReader{&env}.get("TF_CONFIG"), options);
+  }
+  /// Parses `tf_config` as the value of TF_CONFIG (blank text: as if it were unset).
+  explicit TFConfigClusterResolver(std::string_view tf_config, const TFConfigOptions& options = {}) {
+    init(std::string(tf_config), options);
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+  /// False in local mode because TF_CONFIG was unset or blank.
+  bool has_tf_config() const { return has_tf_config_; }
+
+ private:
+  void init(const std::optional<std::string>& text, const TFConfigOptions& options) {
+    accelerators_ = options.num_accelerators;
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("TFConfigClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+    has_tf_config_ = text && !detail::tf_config_is_blank(*text);
+    std::optional<std::string> type;
+    std::optional<std::int64_t> index;
+    if (has_tf_config_) parse(*text, type, index);
+
+    // Explicit options win over TF_CONFIG; the labels say where a bad value came from.
+    std::string type_label = "TF_CONFIG: task.type";
+    std::string id_label = "TF_CONFIG: task.index";
+    if (options.task_type) {
+      type = options.task_type;
+      type_label = "TFConfigClusterResolver: task_type";
+    }
+    if (options.task_id) {
+      index = *options.task_id;
+      id_label = "TFConfigClusterResolver: task_id";
+    }
+    if (options.rpc_layer) rpc_layer_ = *options.rpc_layer;
+    if (options.environment) environment_ = *options.environment;
+
+    if (spec_.empty()) {
+      // Local mode: one process. A task, if one is named, must be that process.
+      task_type_ = type.value_or("worker");
+      std::int64_t id = index.value_or(0);
+      if (!detail::is_tf_config_task_type(task_type_)) {
+        throw ClusterConfigError(fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator",
+                                             type_label, task_type_));
+      }
+      if (task_type_ == "ps") {
+        throw ClusterConfigError(fmt::format("{} 'ps' has no job in cluster: cluster is empty (local mode: one worker)", type_label));
+      }
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range: cluster is empty, so the only task is {} 0", id_label, id,
+                                             task_type_));
+      }
+      task_id_ = 0;
+      return;
+    }
+    if (!type && !has_task_) {
+      throw ClusterConfigError("TF_CONFIG: task is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!type) {
+      throw ClusterConfigError("TF_CONFIG: task.type is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!index) {
+      throw ClusterConfigError("TF_CONFIG: task.index is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!detail::is_tf_config_task_type(*type)) {
+      throw ClusterConfigError(
+          fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator", type_label, *type));
+    }
+    detail::check_task_in_cluster(spec_, *type, *index, type_label, id_label, "cluster");
+    task_type_ = *type;
+    task_id_ = static_cast<int>(*index);
+  }
+
+  void parse(const std::string& text, std::optional<std::string>& type, std::optional<std::int64_t>& index) {
+    auto doc = detail::cluster_parse_json(text, "TF_CONFIG");
+    const auto* top = doc.if_object();
+    if (top == nullptr) {
+      throw ClusterConfigError(fmt::format("TF_CONFIG: the top level must be an object with cluster and task, got {}",
+                                           detail::cluster_json_describe(doc)));
+    }
+    if (const auto* cluster = detail::tf_config_member(*top, "cluster")) {
+      auto jobs = detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
+      for (const auto& entry : jobs) {
+        if (!detail::is_tf_config_task_type(entry.first)) {
+          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster has job '{}'; jobs must be chief, worker, ps or evaluator",
+                                               entry.first));
+        }
+      }
+      detail::validate_cluster_jobs(jobs, "TF_CONFIG", "cluster");
+      for (std::string_view single : {"chief", "evaluator"}) {
+        auto it = jobs.find(std::string(single));
+        if (it != jobs.end() && it->second.size() > 1) {
+          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster.{} has {} tasks; there can be at most one {}", single,
+                                               it->second.size(), single));
+        }
+      }
+      spec_ = ClusterSpec::from_sparse(std::move(jobs));
+    }
+    if (const auto* task_value = detail::tf_config_member(*top, "task")) {
+      has_task_ = true;
+      const auto* task = task_value->if_object();
+      if (task == nullptr) {
+        throw ClusterConfigError(fmt::format("TF_CONFIG: task must be an object with type and index, got {}",
+                                             detail::cluster_json_describe(*task_value)));
+      }
+      if (const auto* t = detail::tf_config_member(*task, "type")) {
+        if (!t->is_string()) {
+          throw ClusterConfigError(
+              fmt::format("TF_CONFIG: task.type must be a string, got {}", detail::cluster_json_describe(*t)));
+        }
+        type = std::string(t->get_string());
+      }
+      if (const auto* i = detail::tf_config_member(*task, "index")) index = parse_index(*i);
+    }
+    rpc_layer_ = detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
+    environment_ = detail::tf_config_string(*top, "environment", "environment");
+  }
+
+  static std::int64_t parse_index(const boost::json::value& v) {
+    if (auto i = detail::cluster_json_integer(v)) return *i;
+    if (v.is_string()) {
+      std::string_view s = v.get_string();
+      if (auto i = detail::parse_env_integer(s)) return *i;
+    }
+    throw ClusterConfigError(fmt::format("TF_CONFIG: task.index must be an integer, got {}", detail::cluster_json_describe(v)));
+  }
+
+  ClusterSpec spec_;
+  std::string task_type_ = "worker";
+  int task_id_ = 0;
+  std::string rpc_layer_;
+  std::string environment_;
+  AcceleratorCounts accelerators_;
+  bool has_tf_config_ = false;
+  bool has_task_ = false;  // TF_CONFIG has a "task" member
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+// ---- end <distribute/cluster/tf_config.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Checks the cluster has what parameter-server training needs: one chief (the coordinator), at
+/// least one ps and one worker, and no job besides those and an evaluator. Returns the ps count.
+inline int check_parameter_server_cluster(const ClusterSpec& spec) {
+  constexpr std::string_view what = "ParameterServerStrategy";
+  if (spec.empty()) {
+    throw ClusterConfigError(fmt::format("{}: the cluster spec is empty; parameter-server training needs a 'chief' "
+                                         "(the coordinator), at least one 'ps' and at least one 'worker' task",
+                                         what));
+  }
+  const auto jobs = fmt::format("{}", fmt::join(spec.jobs(), ", "));
+  for (const auto& job : spec.jobs()) {
+    if (job != "chief" && job != "ps" && job != "worker" && job != "evaluator") {
+      throw ClusterConfigError(fmt::format("{}: the cluster has a job '{}'; the allowed jobs are 'chief', 'ps', 'worker' "
+                                           "and 'evaluator'",
+                                           what, job));
+    }
+  }
+  if (cluster_job_size(spec, "ps") < 1) {
+    throw ClusterConfigError(fmt::format("{}: the cluster (jobs: {}) has no 'ps' task; there must be at least one "
+                                         "parameter server",
+                                         what, jobs));
+  }
+  if (cluster_job_size(spec, "worker") < 1) {
+    throw ClusterConfigError(
+        fmt::format("{}: the cluster (jobs: {}) has no 'worker' task; there must be at least one worker", what, jobs));
+  }
+  const int chiefs = cluster_job_size(spec, "chief");
+  if (chiefs != 1) {
+    throw ClusterConfigError(fmt::format("{}: the cluster (jobs: {}) has {} 'chief' tasks; it needs exactly one, the "
+                                         "coordinator",
+                                         what, jobs, chiefs));
+  }
+  return cluster_job_size(spec, "ps");
+}
+
+}  // namespace detail
+
+class ParameterServerStrategy final : public AnyStrategy, public detail::PartitionsVariables {
+ public:
+  /// `resolver` defaults to TFConfigClusterResolver (the TF_CONFIG environment variable). Without
+  /// a `partitioner` variables are never split. ClusterConfigError when the cluster lacks a chief,
+  /// a ps or a worker task.
+  explicit ParameterServerStrategy(std::shared_ptr<ClusterResolver> resolver = nullptr,
+                                   VariablePartitioner partitioner = {})
+      : resolver_(resolver ? std::move(resolver) : std::make_shared<TFConfigClusterResolver>()),
+        partitioner_(std::move(partitioner)),
+        placement_(detail::check_parameter_server_cluster(resolver_->cluster_spec())) {}
+
+  std::string_view name() const noexcept override { return "ParameterServerStrategy"; }
+  /// One replica per worker, and workers do not synchronise (asynchronous training).
+  int num_replicas_in_sync() const noexcept override { return 1; }
+  int num_local_replicas() const noexcept override { return 1; }
+  /// As in TF: the worker's device, without job and task (a function runs on whichever worker the
+  /// coordinator picks).
+  std::vector<std::string> worker_devices() const override { return {"/device:CPU:0"}; }
+
+  /// Makes the strategy current: variables created under the guard go to ps tasks round-robin,
+  /// and ShardedVariables are split by the partitioner.
+  [[nodiscard]] ScopeGuard scope() { return ScopeGuard(*this); }
+
+  const ClusterResolver* cluster_resolver() const noexcept { return resolver_.get(); }
+  const VariablePartitioner& variable_partitioner() const noexcept { return partitioner_; }
+  int num_ps() const noexcept { return placement_.num_ps(); }
+  int num_workers() const { return resolver_->cluster_spec().num_tasks("worker"); }
+
+  /// The next ps task in turn. One copy, held here for now and reported on its ps task. It uses
+  /// the one-copy (central storage) placement core/ knows: in cross-replica context, which is
+  /// where the coordinator works, reads and updates go to that copy.
+  detail::VariablePlacement variable_placement() const override {
+    std::string device = placement_.next_device();
+    return {detail::PlacementKind::CentralStorage, {device}, 1, id(), {device}};
+  }
+
+  /// Shards for a ShardedVariable created in scope: what the partitioner says on axis 0, 1 without
+  /// a partitioner or for a scalar (TF never partitions those).
+  std::int64_t num_shards_for(const Shape& shape, DType dtype) const override {
+    if (!partitioner_ || shape.empty()) return 1;
+    return shards_along_first_axis(partitioner_(shape, dtype), shape);
+  }
+
+ private:
+  std::shared_ptr<ClusterResolver> resolver_;
+  VariablePartitioner partitioner_;
+  mutable RoundRobinPlacement placement_;  // placing a variable takes the next turn
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_PARAMETER_SERVER_HPP
+// ---- end <distribute/strategy/parameter_server.hpp> ----
 #endif
 
 // net/ (needs Boost.Asio and OpenSSL) and the strategies built on it
@@ -26259,5 +31841,3568 @@ class MultiWorkerMirroredStrategy
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_MULTI_WORKER_MIRRORED_HPP
 // ---- end <distribute/strategy/multi_worker_mirrored.hpp> ----
+#endif
+
+// GPU parts (backends/cuda, collective/nccl.hpp). Device values (ds::DeviceTensor,
+// thrust::device_vector) under a CUDA compiler, or in a CPU build that chose a Thrust device
+// system (-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP or _CPP, CCCL on the include path).
+// The ds::cuda backend and NcclAllReduce under a CUDA compiler; in a host-compiled file define
+// DISTRIBUTE_WITH_CUDA for the backend tag alone (links libcudart).
+#if defined(__CUDACC__) || (defined(THRUST_DEVICE_SYSTEM) && __has_include(<thrust/device_vector.h>))
+// ---- begin <distribute/backends/cuda/device_tensor.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DEVICE_TENSOR_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DEVICE_TENSOR_HPP
+// Values in device memory: ds::DeviceTensor<T> (a shape over a thrust::device_vector<T>) and
+// tensor_traits for thrust::device_vector<T>. Their memory space is MemorySpace::device, the
+// Thrust device system's memory: GPU memory under nvcc, host memory in an OpenMP/CPP CPU build
+// (-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP or _CPP), where the same code runs without a GPU.
+//
+// Under CUDA a device value lives on the GPU that was current when it was made: a replica's
+// values on its replica's GPU, the values returned by strategy.reduce/gather on the caller's.
+
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <thrust/copy.h>
+#include <thrust/device_vector.h>
+#include <thrust/equal.h>
+
+// ---- begin <distribute/backends/cuda/detail/device_ops.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_DEVICE_OPS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_DEVICE_OPS_HPP
+// detail::device_ops<U>: what host-generic code (strategy reduce/gather, Variable updates, the
+// shared-memory collective) does with a value whose elements live in device memory. One Thrust
+// implementation for every device system: CUDA under nvcc, OpenMP/CPP in CPU builds.
+//
+// The kernels are element-wise Thrust transforms whose functors spell exactly the expressions of
+// the host kernels in core/detail/elementwise.hpp (Min is std::min's `b < a ? b : a`, not
+// thrust::minimum's `a < b ? a : b`), so a device reduction is bit-identical to the host one,
+// NaN and signed zero included.
+
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <thrust/device_vector.h>
+#include <thrust/execution_policy.h>
+#include <thrust/system_error.h>
+#include <thrust/transform.h>
+
+// ---- begin <distribute/backends/cuda/detail/thrust_system.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_THRUST_SYSTEM_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_THRUST_SYSTEM_HPP
+// Which Thrust device system this translation unit compiles for, and the macros the device code
+// of the library needs in every system.
+//
+// The device system is Thrust's compile-time choice (THRUST_DEVICE_SYSTEM): CUDA under nvcc,
+// or OpenMP / sequential C++ in a CPU build, where "device memory" is host memory and the same
+// device-shaped code runs without a GPU (that is how the CPU tests exercise it).
+
+
+#include <thrust/detail/config.h>
+
+
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA && !defined(__CUDACC__)
+#error "distribute: Thrust's device system is CUDA, which needs nvcc (or clang in CUDA mode). Compile this file " \
+       "with nvcc, or choose a CPU device system for the device-shaped code: " \
+       "-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -fopenmp, or -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP."
+#endif
+
+/// 1 when device memory is CUDA memory (pointers need cudaMemcpy, kernels run on a current GPU).
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+#define DISTRIBUTE_THRUST_CUDA 1
+#else
+#define DISTRIBUTE_THRUST_CUDA 0
+#endif
+
+/// Functors that Thrust calls on the device are host-and-device functions under a CUDA compiler.
+#if defined(__CUDACC__)
+#define DISTRIBUTE_HOST_DEVICE __host__ __device__
+#else
+#define DISTRIBUTE_HOST_DEVICE
+#endif
+
+// nvcc: fmt 9 turns its constexpr code off under __NVCC__ and nvcc's front end then rejects fmt's
+// compile-time format-string checks in every fmt::format call. <distribute/version.hpp> turns it
+// back on when a distribute header comes before fmt; if fmt came first, ask for the flag.
+#if defined(__NVCC__) && defined(FMT_VERSION) && FMT_VERSION < 100000 && !FMT_USE_CONSTEXPR
+#error "distribute: compile with -DFMT_USE_CONSTEXPR=1 under nvcc (fmt 9 disables its constexpr paths for nvcc, " \
+       "and its compile-time format checks then fail), or include a distribute header before any fmt header."
+#endif
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_THRUST_SYSTEM_HPP
+// ---- end <distribute/backends/cuda/detail/thrust_system.hpp> ----
+
+#if DISTRIBUTE_THRUST_CUDA
+// ---- begin <distribute/backends/cuda/detail/runtime.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+// The CUDA runtime pieces of the cuda backend: the visible devices, a scoped current device, the
+// device a pointer lives on, and the state of a replica thread (its GPU and its stream).
+// Needs only the CUDA runtime API (cuda_runtime.h, libcudart), not nvcc.
+
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+// ---- begin <distribute/backends/cuda/error.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// CudaError: a CUDA runtime call failed. Every CUDA call of the library goes through
+// detail::cuda_check, so a failure is an exception carrying the call, the error's name and
+// CUDA's own message, never a crash or an ignored status.
+
+
+#include <string>
+#include <string_view>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A CUDA runtime call failed (out of memory, a kernel fault, a lost device...). "No GPU visible"
+/// is ds::Unavailable instead: that is a property of the machine, not a failure of a call.
+class CudaError : public Error {
+ public:
+  CudaError(int code, const std::string& message) : Error(message), code_(code) {}
+  /// The cudaError_t value.
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+namespace detail {
+
+/// "cudaErrorNoDevice (100): no CUDA-capable device is detected".
+inline std::string cuda_error_text(cudaError_t e) {
+  return fmt::format("{} ({}): {}", cudaGetErrorName(e), static_cast<int>(e), cudaGetErrorString(e));
+}
+
+/// Throws CudaError naming `call` and `context` unless `e` is cudaSuccess. Clears CUDA's sticky
+/// last-error slot so a later, unrelated check does not report this failure again.
+inline void cuda_check(cudaError_t e, std::string_view call, std::string_view context = {}) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw CudaError(static_cast<int>(e), context.empty()
+                                           ? fmt::format("{} failed: {}", call, cuda_error_text(e))
+                                           : fmt::format("{}: {} failed: {}", context, call, cuda_error_text(e)));
+}
+
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// ---- end <distribute/backends/cuda/error.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// The number of GPUs this process sees (CUDA_VISIBLE_DEVICES applies). None, or no usable
+/// driver, is Unavailable with what cudaGetDeviceCount said.
+inline int visible_cuda_devices(const char* who) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Unavailable(fmt::format("{}: no CUDA device visible: cudaGetDeviceCount failed with {}", who,
+                                  cuda_error_text(e)));
+  }
+  if (count < 1) {
+    throw Unavailable(fmt::format("{}: no CUDA device visible: cudaGetDeviceCount reported 0 devices", who));
+  }
+  return count;
+}
+
+/// Makes `device` current on this thread for the guard's lifetime (no-op for device < 0).
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int device) {
+    if (device < 0) return;
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) cuda_check(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device));
+  }
+  ~CudaDeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);  // restoring cannot sensibly fail or throw here
+  }
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+/// The GPU whose memory `p` points into, or -1 for host memory (pageable or pinned) and null.
+inline int cuda_device_of(const void* p) {
+  if (!p) return -1;
+  cudaPointerAttributes attributes{};
+  cuda_check(cudaPointerGetAttributes(&attributes, p), "cudaPointerGetAttributes");
+  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) return attributes.device;
+  return -1;
+}
+
+/// A replica thread's binding: its GPU and its stream. Set once by ds::cuda::enter_replica_thread;
+/// the stream is destroyed when the thread ends.
+struct CudaReplicaThread {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  std::string error;  // why binding the thread failed; reported by the first use of the stream
+  int error_code = 0;  // its cudaError_t
+
+  CudaReplicaThread() = default;
+  CudaReplicaThread(const CudaReplicaThread&) = delete;
+  CudaReplicaThread& operator=(const CudaReplicaThread&) = delete;
+  ~CudaReplicaThread() {
+    // At process exit the runtime may already be unloading; nothing useful can be done on failure.
+    if (stream) (void)cudaStreamDestroy(stream);
+  }
+};
+
+inline CudaReplicaThread& cuda_replica_thread() noexcept {
+  static thread_local CudaReplicaThread state;
+  return state;
+}
+
+/// The stream of this replica thread; the default stream (0) on any other thread. Throws the
+/// error that binding this replica thread to its GPU met, if any.
+inline cudaStream_t cuda_replica_stream() {
+  const auto& state = cuda_replica_thread();
+  if (!state.error.empty()) throw CudaError(state.error_code, state.error);
+  return state.stream;
+}
+
+/// Device memory owned by one allocation (cudaMalloc on the current device).
+class CudaBuffer {
+ public:
+  CudaBuffer() = default;
+  explicit CudaBuffer(std::size_t bytes) {
+    if (bytes) cuda_check(cudaMalloc(&data_, bytes), fmt::format("cudaMalloc({} bytes)", bytes));
+  }
+  CudaBuffer(CudaBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)) {}
+  CudaBuffer& operator=(CudaBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    return *this;
+  }
+  ~CudaBuffer() {
+    if (data_) (void)cudaFree(data_);
+  }
+  void* data() const noexcept { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+// ---- end <distribute/backends/cuda/detail/runtime.hpp> ----
+#endif
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+namespace device_kernels {
+
+// ---- functors: the host kernels' expressions, callable on the device ----------------------
+template <class T>
+struct sum_fn {
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return static_cast<T>(a + b); }
+};
+template <class T>
+struct difference_fn {
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return static_cast<T>(a - b); }
+};
+template <class T>
+struct product_fn {
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return static_cast<T>(a * b); }
+};
+template <class T>
+struct min_fn {  // std::min(a, b)
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return b < a ? b : a; }
+};
+template <class T>
+struct max_fn {  // std::max(a, b)
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return a < b ? b : a; }
+};
+struct or_fn {
+  DISTRIBUTE_HOST_DEVICE bool operator()(bool a, bool b) const { return a || b; }
+};
+struct and_fn {
+  DISTRIBUTE_HOST_DEVICE bool operator()(bool a, bool b) const { return a && b; }
+};
+template <class T>
+struct divide_by_fn {
+  T divisor;
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a) const { return static_cast<T>(a / divisor); }
+};
+
+/// Runs a Thrust algorithm and turns a device-system failure into a library error naming `what`.
+template <class F>
+void run(const char* what, F&& f) {
+  try {
+    f();
+  } catch (const thrust::system_error& e) {
+#if DISTRIBUTE_THRUST_CUDA
+    throw CudaError(e.code().value(), fmt::format("{}: {}", what, e.what()));
+#else
+    throw Error(fmt::format("{}: {}", what, e.what()));
+#endif
+  }
+}
+
+template <class T, class F>
+void binary(T* acc, const T* src, std::size_t n, F f) {
+  run("device kernel", [&] { thrust::transform(thrust::device, acc, acc + n, src, acc, f); });
+}
+
+/// acc[i] = acc[i] (op) src[i] on the device, as detail::combine does on the host; Mean
+/// accumulates as Sum. Both pointers must be on the current device.
+template <class T>
+void combine(T* acc, const T* src, std::size_t n, ReduceOp op) {
+  if (n == 0) return;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::Mean) binary(acc, src, n, or_fn{});
+    else binary(acc, src, n, and_fn{});
+  } else {
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Mean: binary(acc, src, n, sum_fn<T>{}); break;
+      case ReduceOp::Min: binary(acc, src, n, min_fn<T>{}); break;
+      case ReduceOp::Max: binary(acc, src, n, max_fn<T>{}); break;
+      case ReduceOp::Product: binary(acc, src, n, product_fn<T>{}); break;
+    }
+  }
+}
+
+/// acc[i] /= divisor on the device (integers truncate, as detail::divide); bool is left alone.
+template <class T>
+void divide(T* acc, std::size_t n, std::int64_t divisor) {
+  if constexpr (!std::is_same_v<T, bool>) {
+    if (n == 0) return;
+    const divide_by_fn<T> f{static_cast<T>(divisor)};
+    run("device kernel", [&] { thrust::transform(thrust::device, acc, acc + n, acc, f); });
+  }
+}
+
+/// divide() for a buffer known only by its dtype (the NCCL collective's integer MEAN).
+inline void divide(void* acc, DType dtype, std::size_t n, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto t) { divide(static_cast<decltype(t)*>(acc), n, divisor); });
+}
+
+}  // namespace device_kernels
+
+/// Copies bytes between any two of host memory and device memory.
+inline void device_copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+#if DISTRIBUTE_THRUST_CUDA
+  // With unified addressing CUDA tells host, this GPU and other GPUs apart by the pointers.
+  cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+#else
+  std::memcpy(dst, src, bytes);  // the OpenMP and CPP device systems keep "device" memory on the host
+#endif
+}
+
+/// What a BufferRef in device memory carries for the collectives.
+inline constexpr DeviceMemoryAccess thrust_device_access{&device_copy_bytes};
+
+#if DISTRIBUTE_THRUST_CUDA
+/// Makes the GPU that `p` points into current for the guard's lifetime (kernels run on the
+/// current GPU); host memory leaves the current device alone.
+class OnDeviceOf {
+ public:
+  explicit OnDeviceOf(const void* p) : device_(cuda_device_of(p)), guard_(device_) {}
+  int device() const noexcept { return device_; }
+
+ private:
+  int device_;
+  CudaDeviceGuard guard_;
+};
+
+/// Under CUDA a kernel may not read another GPU's memory (peer access is not enabled). This
+/// makes the destination's GPU current and, if the source lives on another GPU, copies it next
+/// to the destination first.
+template <class T>
+class SameDeviceOperand {
+ public:
+  SameDeviceOperand(const T* dst, const T* src, std::size_t n) : on_(dst), src_(src) {
+    if (n == 0 || on_.device() < 0 || cuda_device_of(src) == on_.device()) return;
+    staged_ = CudaBuffer(n * sizeof(T));
+    device_copy_bytes(staged_.data(), src, n * sizeof(T));
+    src_ = static_cast<const T*>(staged_.data());
+  }
+  const T* get() const noexcept { return src_; }
+
+ private:
+  OnDeviceOf on_;
+  CudaBuffer staged_;
+  const T* src_;
+};
+#else
+class OnDeviceOf {  // one memory, no devices to switch
+ public:
+  explicit OnDeviceOf(const void*) noexcept {}
+};
+
+template <class T>
+class SameDeviceOperand {
+ public:
+  SameDeviceOperand(const T*, const T* src, std::size_t) noexcept : src_(src) {}
+  const T* get() const noexcept { return src_; }
+
+ private:
+  const T* src_;
+};
+#endif
+
+/// The GPU index named by a TF device string ("/job:localhost/.../device:GPU:1" → 1), or -1.
+inline int gpu_index_of(const std::string& device) {
+  if (device.empty()) return -1;
+  const DeviceSpec d = DeviceSpec::parse(device);
+  return d.device_type == std::string("GPU") && d.device_index ? *d.device_index : -1;
+}
+
+/// Host copies of device values, for code that only works on the host (reduce along an axis).
+template <class E>
+struct HostCopies {
+  std::vector<Tensor<E>> tensors;
+  std::vector<const Tensor<E>*> pointers() const {
+    std::vector<const Tensor<E>*> out;
+    out.reserve(tensors.size());
+    for (const auto& t : tensors) out.push_back(&t);
+    return out;
+  }
+};
+
+template <class U>
+struct device_ops {
+  using E = element_t<U>;
+  using traits = tensor_traits<U>;
+
+  /// For the BufferRef of a device value (ReplicaContext::buffer_ref).
+  static constexpr const DeviceMemoryAccess* access() noexcept { return &thrust_device_access; }
+
+  /// acc (op)= src, element-wise; src may live on another GPU than acc.
+  static void combine(U& acc, const U& src, ReduceOp op) {
+    const std::size_t n = element_count(acc);
+    SameDeviceOperand<E> s(traits::data(acc), traits::data(src), n);
+    device_kernels::combine(traits::data(acc), s.get(), n, op);
+  }
+  static void divide(U& acc, std::int64_t divisor) {
+    const OnDeviceOf on(traits::data(acc));
+    device_kernels::divide(traits::data(acc), element_count(acc), divisor);
+  }
+  /// Variable updates: dst = src, dst += src, dst -= src (src may live on another GPU).
+  static void assign(U& dst, const U& src) {
+    device_copy_bytes(traits::data(dst), traits::data(src), element_count(dst) * sizeof(E));
+  }
+  static void add(U& dst, const U& src) { binary(dst, src, device_kernels::sum_fn<E>{}); }
+  static void sub(U& dst, const U& src) { binary(dst, src, device_kernels::difference_fn<E>{}); }
+
+  /// strategy.reduce of device components: `out` (a copy of parts[0]) combined with the other
+  /// parts, then with the other workers' through `link` (host memory travels, so a host copy),
+  /// then divided for Mean by the number of components in all.
+  template <class Link>
+  static U reduce(U out, const std::vector<const U*>& parts, ReduceOp op, Link* link) {
+    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    for (std::size_t r = 1; r < parts.size(); ++r) combine(out, *parts[r], combine_op);
+    auto components = static_cast<std::int64_t>(parts.size());
+    if (link) {
+      const std::size_t n = element_count(out);
+      on_host(out, [&](void* p) { link->all_reduce(p, n, dtype_of<E>(), combine_op); });
+      components *= link->num_workers();
+    }
+    if (op == ReduceOp::Mean) divide(out, components);
+    return out;
+  }
+
+  /// The same over a variable's copies (a cross-replica read of a sync-on-read variable).
+  template <class Link>
+  static U reduce(U out, const std::vector<U>& copies, ReduceOp op, Link* link) {
+    std::vector<const U*> parts;
+    parts.reserve(copies.size());
+    for (const auto& c : copies) parts.push_back(&c);
+    return reduce(std::move(out), parts, op, link);
+  }
+
+  /// A variable's copies: `copies` of `initial`, copy c on devices[c] (its replica's GPU under
+  /// CUDA, not the GPU current on the creating thread). With a link every worker starts from
+  /// the chief's value, as for host variables.
+  template <class Link>
+  static std::vector<U> place_copies(U& initial, std::size_t copies, const std::vector<std::string>& devices,
+                                     Link* link) {
+    if (link) {
+      const std::size_t bytes = element_count(initial) * sizeof(E);
+      on_host(initial, [&](void* p) { link->broadcast(p, bytes, 0); });
+    }
+    std::vector<U> out;
+    out.reserve(copies);
+    for (std::size_t c = 0; c < copies; ++c) out.push_back(copy_to(initial, c < devices.size() ? devices[c] : std::string()));
+    return out;
+  }
+
+  /// A host Tensor with v's shape and elements.
+  static Tensor<E> to_host(const U& v) {
+    Tensor<E> out = Tensor<E>::zeros(shape_of(v));
+    device_copy_bytes(out.data(), traits::data(v), out.size() * sizeof(E));
+    return out;
+  }
+  /// A G (allocated on the current device) holding the host tensor's shape and elements.
+  template <class G>
+  static G from_host(const Tensor<E>& host) {
+    G out = tensor_traits<G>::make(host.shape());
+    device_copy_bytes(tensor_traits<G>::data(out), host.data(), host.size() * sizeof(E));
+    return out;
+  }
+  static HostCopies<E> host_copies(const std::vector<const U*>& parts) {
+    HostCopies<E> out;
+    out.tensors.reserve(parts.size());
+    for (const U* p : parts) out.tensors.push_back(to_host(*p));
+    return out;
+  }
+
+  /// Runs f(void* host_elements) on a host copy of v's elements and copies them back (for the
+  /// cross-worker links, which send host memory).
+  template <class F>
+  static void on_host(U& v, F&& f) {
+    const std::size_t bytes = element_count(v) * sizeof(E);
+    std::vector<std::byte> host(bytes);
+    device_copy_bytes(host.data(), traits::data(v), bytes);
+    f(static_cast<void*>(host.data()));
+    device_copy_bytes(traits::data(v), host.data(), bytes);
+  }
+
+  /// A copy of v placed on `device` (a TF device string; a GPU under CUDA, else where v is).
+  static U copy_to(const U& v, const std::string& device) {
+#if DISTRIBUTE_THRUST_CUDA
+    CudaDeviceGuard on(gpu_index_of(device));
+    U out = traits::make(shape_of(v));
+    device_copy_bytes(traits::data(out), traits::data(v), element_count(v) * sizeof(E));
+    return out;
+#else
+    (void)device;
+    return v;
+#endif
+  }
+
+  /// The concatenation of `parts` along `axis` as a new G (allocated on the current device).
+  template <class G>
+  static G concat(const std::vector<const BufferRef*>& parts, std::size_t axis) {
+    Shape out_shape = parts.front()->shape;
+    out_shape[axis] = 0;
+    for (const auto* p : parts) out_shape[axis] += p->shape[axis];
+    G out = tensor_traits<G>::make(out_shape);
+    concat_into(parts, axis, out_shape, tensor_traits<G>::data(out));
+    return out;
+  }
+
+ private:
+  template <class F>
+  static void binary(U& dst, const U& src, F f) {
+    const std::size_t n = element_count(dst);
+    SameDeviceOperand<E> s(traits::data(dst), traits::data(src), n);
+    device_kernels::binary(traits::data(dst), s.get(), n, f);
+  }
+
+  static void concat_into(const std::vector<const BufferRef*>& parts, std::size_t axis, const Shape& out_shape,
+                          void* out) {
+    const std::size_t elem = size_of(parts.front()->dtype);
+    std::size_t outer = 1, inner = 1;
+    for (std::size_t d = 0; d < axis; ++d) outer *= static_cast<std::size_t>(out_shape[d]);
+    for (std::size_t d = axis + 1; d < out_shape.size(); ++d) inner *= static_cast<std::size_t>(out_shape[d]);
+    const std::size_t row = static_cast<std::size_t>(out_shape[axis]) * inner * elem;  // one outer row of out
+    std::size_t column = 0;
+    for (const auto* p : parts) {
+      const std::size_t run = static_cast<std::size_t>(p->shape[axis]) * inner * elem;
+      if (run != 0 && outer != 0) {
+#if DISTRIBUTE_THRUST_CUDA
+        // One strided copy per part: `outer` runs of `run` bytes, `row` bytes apart in out.
+        cuda_check(cudaMemcpy2D(static_cast<std::byte*>(out) + column, row, p->data, run, run, outer,
+                                cudaMemcpyDefault),
+                   "cudaMemcpy2D");
+#else
+        for (std::size_t o = 0; o < outer; ++o) {
+          device_copy_bytes(static_cast<std::byte*>(out) + o * row + column,
+                            static_cast<const std::byte*>(p->data) + o * run, run);
+        }
+#endif
+      }
+      column += run;
+    }
+  }
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_DEVICE_OPS_HPP
+// ---- end <distribute/backends/cuda/detail/device_ops.hpp> ----
+// ---- begin <distribute/backends/cuda/detail/thrust_system.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_THRUST_SYSTEM_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_THRUST_SYSTEM_HPP
+// Which Thrust device system this translation unit compiles for, and the macros the device code
+// of the library needs in every system.
+//
+// The device system is Thrust's compile-time choice (THRUST_DEVICE_SYSTEM): CUDA under nvcc,
+// or OpenMP / sequential C++ in a CPU build, where "device memory" is host memory and the same
+// device-shaped code runs without a GPU (that is how the CPU tests exercise it).
+
+
+#include <thrust/detail/config.h>
+
+
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA && !defined(__CUDACC__)
+#error "distribute: Thrust's device system is CUDA, which needs nvcc (or clang in CUDA mode). Compile this file " \
+       "with nvcc, or choose a CPU device system for the device-shaped code: " \
+       "-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -fopenmp, or -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP."
+#endif
+
+/// 1 when device memory is CUDA memory (pointers need cudaMemcpy, kernels run on a current GPU).
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+#define DISTRIBUTE_THRUST_CUDA 1
+#else
+#define DISTRIBUTE_THRUST_CUDA 0
+#endif
+
+/// Functors that Thrust calls on the device are host-and-device functions under a CUDA compiler.
+#if defined(__CUDACC__)
+#define DISTRIBUTE_HOST_DEVICE __host__ __device__
+#else
+#define DISTRIBUTE_HOST_DEVICE
+#endif
+
+// nvcc: fmt 9 turns its constexpr code off under __NVCC__ and nvcc's front end then rejects fmt's
+// compile-time format-string checks in every fmt::format call. <distribute/version.hpp> turns it
+// back on when a distribute header comes before fmt; if fmt came first, ask for the flag.
+#if defined(__NVCC__) && defined(FMT_VERSION) && FMT_VERSION < 100000 && !FMT_USE_CONSTEXPR
+#error "distribute: compile with -DFMT_USE_CONSTEXPR=1 under nvcc (fmt 9 disables its constexpr paths for nvcc, " \
+       "and its compile-time format checks then fail), or include a distribute header before any fmt header."
+#endif
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_THRUST_SYSTEM_HPP
+// ---- end <distribute/backends/cuda/detail/thrust_system.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A dense row-major array in device memory with a shape; the device counterpart of ds::Tensor.
+/// Element access goes through the host (to_host(), or storage() with Thrust algorithms).
+template <class T>
+class DeviceTensor {
+  static_assert(Element<T>, "ds::DeviceTensor<T>: T must be an arithmetic element type (float, int32_t, ...)");
+
+ public:
+  using value_type = T;
+
+  /// An empty rank-1 tensor of shape (0,).
+  DeviceTensor() : shape_{0} {}
+  /// Zeros of `shape`.
+  explicit DeviceTensor(Shape shape) : shape_(checked(std::move(shape))), data_(count(shape_)) {}
+  /// `shape` holding the host `values` (row-major); the sizes must agree.
+  DeviceTensor(Shape shape, const std::vector<T>& values) : shape_(checked(std::move(shape))) {
+    if (count(shape_) != values.size()) {
+      throw InvalidArgument(fmt::format("DeviceTensor: shape {} holds {} elements but {} values were given",
+                                        shape_string(shape_), count(shape_), values.size()));
+    }
+    data_ = thrust::device_vector<T>(values.begin(), values.end());
+  }
+  static DeviceTensor zeros(Shape shape) { return DeviceTensor(std::move(shape)); }
+  /// A device copy of a host tensor. (A named function: a constructor from Tensor<T> would make
+  /// DeviceTensor<T>({2, 3}) ambiguous, since Tensor<T> takes a list of values.)
+  static DeviceTensor from_host(const Tensor<T>& host) {
+    DeviceTensor out;
+    out.shape_ = host.shape();
+    out.data_ = thrust::device_vector<T>(host.data(), host.data() + host.size());
+    return out;
+  }
+
+  const Shape& shape() const noexcept { return shape_; }
+  std::size_t rank() const noexcept { return shape_.size(); }
+  std::size_t size() const noexcept { return data_.size(); }
+  bool empty() const noexcept { return data_.empty(); }
+
+  /// Raw device pointers (for kernels, cuBLAS, NCCL...).
+  T* data() noexcept { return thrust::raw_pointer_cast(data_.data()); }
+  const T* data() const noexcept { return thrust::raw_pointer_cast(data_.data()); }
+  thrust::device_vector<T>& storage() noexcept { return data_; }
+  const thrust::device_vector<T>& storage() const noexcept { return data_; }
+
+  /// The elements copied to the host.
+  Tensor<T> to_host() const {
+    std::vector<T> values(data_.size());
+    thrust::copy(data_.begin(), data_.end(), values.begin());
+    return Tensor<T>(shape_, std::move(values));
+  }
+
+  friend bool operator==(const DeviceTensor& a, const DeviceTensor& b) {
+    return a.shape_ == b.shape_ && thrust::equal(a.data_.begin(), a.data_.end(), b.data_.begin());
+  }
+
+ private:
+  static Shape checked(Shape shape) {
+    for (auto d : shape) {
+      if (d < 0) throw InvalidArgument(fmt::format("DeviceTensor: negative dimension in shape {}", shape_string(shape)));
+    }
+    return shape;
+  }
+  static std::size_t count(const Shape& shape) { return static_cast<std::size_t>(num_elements(shape)); }
+
+  Shape shape_;
+  thrust::device_vector<T> data_;
+};
+
+/// thrust::device_vector<T> is a rank-1 tensor in device memory; gathering gives a device_vector.
+template <class T>
+  requires Element<T>
+struct tensor_traits<thrust::device_vector<T>> {
+  using value_type = T;
+  using gathered_type = thrust::device_vector<T>;
+  static constexpr MemorySpace memory = MemorySpace::device;
+  static Shape shape(const thrust::device_vector<T>& v) { return {static_cast<std::int64_t>(v.size())}; }
+  static const T* data(const thrust::device_vector<T>& v) { return thrust::raw_pointer_cast(v.data()); }
+  static T* data(thrust::device_vector<T>& v) { return thrust::raw_pointer_cast(v.data()); }
+  static thrust::device_vector<T> make(const Shape& s) {
+    if (s.size() != 1) {
+      throw InvalidArgument(fmt::format(
+          "cannot hold shape {} in a thrust::device_vector (rank 1); use ds::DeviceTensor", shape_string(s)));
+    }
+    return thrust::device_vector<T>(static_cast<std::size_t>(s[0]));
+  }
+};
+
+template <class T>
+struct tensor_traits<DeviceTensor<T>> {
+  using value_type = T;
+  using gathered_type = DeviceTensor<T>;
+  static constexpr MemorySpace memory = MemorySpace::device;
+  static Shape shape(const DeviceTensor<T>& t) { return t.shape(); }
+  static const T* data(const DeviceTensor<T>& t) { return t.data(); }
+  static T* data(DeviceTensor<T>& t) { return t.data(); }
+  static DeviceTensor<T> make(const Shape& s) { return DeviceTensor<T>(s); }
+};
+
+DISTRIBUTE_END_NAMESPACE
+
+/// fmt::format("{}", t) → "DeviceTensor<float32>(shape=(2,), [1, 2])" (copies to the host to print).
+template <class T>
+struct fmt::formatter<distribute::DeviceTensor<T>> {
+  constexpr auto parse(format_parse_context& ctx) { return ctx.begin(); }
+  template <class Ctx>
+  auto format(const distribute::DeviceTensor<T>& t, Ctx& ctx) const {
+    auto out = fmt::format_to(ctx.out(), "DeviceTensor<{}>(shape={}, ", distribute::to_string(distribute::dtype_of<T>()),
+                              distribute::shape_string(t.shape()));
+    if constexpr (std::is_same_v<T, bool>) {
+      out = fmt::format_to(out, "...");
+    } else {
+      const auto host = t.to_host();
+      if (host.size() == 0 && host.rank() > 0) out = fmt::format_to(out, "[]");
+      else out = distribute::detail::format_tensor_data(out, host.data(), host.shape(), 0);
+    }
+    return fmt::format_to(out, ")");
+  }
+};
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DEVICE_TENSOR_HPP
+// ---- end <distribute/backends/cuda/device_tensor.hpp> ----
+#endif
+#if defined(__CUDACC__) || defined(DISTRIBUTE_WITH_CUDA)
+// ---- begin <distribute/backends/cuda/cuda.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_CUDA_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_CUDA_HPP
+// The cuda backend: replicas are the visible GPUs ("/gpu:0".."/gpu:N-1", or an explicit list),
+// each driven by its own long-lived host thread that is bound to its GPU and owns a stream.
+//
+//   ds::MirroredStrategy<ds::cuda> strategy;            // every visible GPU, NCCL all-reduce
+//   ds::MirroredStrategy<ds::cuda> two({"/gpu:0", "GPU:1"});
+//   ds::OneDeviceStrategy<ds::cuda> one("/gpu:1");
+//
+// The tag needs only the CUDA runtime (cuda_runtime.h, libcudart), so host-valued strategies on
+// GPU-bound threads also build with a host compiler. Device values (ds::DeviceTensor,
+// thrust::device_vector) and NCCL need nvcc: <distribute/backends/cuda/device_tensor.hpp> and
+// <distribute/collective/nccl.hpp>. With nvcc and NCCL, MirroredStrategy<ds::cuda> defaults to
+// NcclAllReduce, otherwise to SharedMemoryAllReduce (device buffers through host copies); use
+// the same compiler for every file that names MirroredStrategy<ds::cuda> without its Ops.
+
+
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+// ---- begin <distribute/backends/cuda/detail/runtime.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+// The CUDA runtime pieces of the cuda backend: the visible devices, a scoped current device, the
+// device a pointer lives on, and the state of a replica thread (its GPU and its stream).
+// Needs only the CUDA runtime API (cuda_runtime.h, libcudart), not nvcc.
+
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+// ---- begin <distribute/backends/cuda/error.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// CudaError: a CUDA runtime call failed. Every CUDA call of the library goes through
+// detail::cuda_check, so a failure is an exception carrying the call, the error's name and
+// CUDA's own message, never a crash or an ignored status.
+
+
+#include <string>
+#include <string_view>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A CUDA runtime call failed (out of memory, a kernel fault, a lost device...). "No GPU visible"
+/// is ds::Unavailable instead: that is a property of the machine, not a failure of a call.
+class CudaError : public Error {
+ public:
+  CudaError(int code, const std::string& message) : Error(message), code_(code) {}
+  /// The cudaError_t value.
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+namespace detail {
+
+/// "cudaErrorNoDevice (100): no CUDA-capable device is detected".
+inline std::string cuda_error_text(cudaError_t e) {
+  return fmt::format("{} ({}): {}", cudaGetErrorName(e), static_cast<int>(e), cudaGetErrorString(e));
+}
+
+/// Throws CudaError naming `call` and `context` unless `e` is cudaSuccess. Clears CUDA's sticky
+/// last-error slot so a later, unrelated check does not report this failure again.
+inline void cuda_check(cudaError_t e, std::string_view call, std::string_view context = {}) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw CudaError(static_cast<int>(e), context.empty()
+                                           ? fmt::format("{} failed: {}", call, cuda_error_text(e))
+                                           : fmt::format("{}: {} failed: {}", context, call, cuda_error_text(e)));
+}
+
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// ---- end <distribute/backends/cuda/error.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// The number of GPUs this process sees (CUDA_VISIBLE_DEVICES applies). None, or no usable
+/// driver, is Unavailable with what cudaGetDeviceCount said.
+inline int visible_cuda_devices(const char* who) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Unavailable(fmt::format("{}: no CUDA device visible: cudaGetDeviceCount failed with {}", who,
+                                  cuda_error_text(e)));
+  }
+  if (count < 1) {
+    throw Unavailable(fmt::format("{}: no CUDA device visible: cudaGetDeviceCount reported 0 devices", who));
+  }
+  return count;
+}
+
+/// Makes `device` current on this thread for the guard's lifetime (no-op for device < 0).
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int device) {
+    if (device < 0) return;
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) cuda_check(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device));
+  }
+  ~CudaDeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);  // restoring cannot sensibly fail or throw here
+  }
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+/// The GPU whose memory `p` points into, or -1 for host memory (pageable or pinned) and null.
+inline int cuda_device_of(const void* p) {
+  if (!p) return -1;
+  cudaPointerAttributes attributes{};
+  cuda_check(cudaPointerGetAttributes(&attributes, p), "cudaPointerGetAttributes");
+  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) return attributes.device;
+  return -1;
+}
+
+/// A replica thread's binding: its GPU and its stream. Set once by ds::cuda::enter_replica_thread;
+/// the stream is destroyed when the thread ends.
+struct CudaReplicaThread {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  std::string error;  // why binding the thread failed; reported by the first use of the stream
+  int error_code = 0;  // its cudaError_t
+
+  CudaReplicaThread() = default;
+  CudaReplicaThread(const CudaReplicaThread&) = delete;
+  CudaReplicaThread& operator=(const CudaReplicaThread&) = delete;
+  ~CudaReplicaThread() {
+    // At process exit the runtime may already be unloading; nothing useful can be done on failure.
+    if (stream) (void)cudaStreamDestroy(stream);
+  }
+};
+
+inline CudaReplicaThread& cuda_replica_thread() noexcept {
+  static thread_local CudaReplicaThread state;
+  return state;
+}
+
+/// The stream of this replica thread; the default stream (0) on any other thread. Throws the
+/// error that binding this replica thread to its GPU met, if any.
+inline cudaStream_t cuda_replica_stream() {
+  const auto& state = cuda_replica_thread();
+  if (!state.error.empty()) throw CudaError(state.error_code, state.error);
+  return state.stream;
+}
+
+/// Device memory owned by one allocation (cudaMalloc on the current device).
+class CudaBuffer {
+ public:
+  CudaBuffer() = default;
+  explicit CudaBuffer(std::size_t bytes) {
+    if (bytes) cuda_check(cudaMalloc(&data_, bytes), fmt::format("cudaMalloc({} bytes)", bytes));
+  }
+  CudaBuffer(CudaBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)) {}
+  CudaBuffer& operator=(CudaBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    return *this;
+  }
+  ~CudaBuffer() {
+    if (data_) (void)cudaFree(data_);
+  }
+  void* data() const noexcept { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+// ---- end <distribute/backends/cuda/detail/runtime.hpp> ----
+// ---- begin <distribute/backends/cuda/error.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// CudaError: a CUDA runtime call failed. Every CUDA call of the library goes through
+// detail::cuda_check, so a failure is an exception carrying the call, the error's name and
+// CUDA's own message, never a crash or an ignored status.
+
+
+#include <string>
+#include <string_view>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A CUDA runtime call failed (out of memory, a kernel fault, a lost device...). "No GPU visible"
+/// is ds::Unavailable instead: that is a property of the machine, not a failure of a call.
+class CudaError : public Error {
+ public:
+  CudaError(int code, const std::string& message) : Error(message), code_(code) {}
+  /// The cudaError_t value.
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+namespace detail {
+
+/// "cudaErrorNoDevice (100): no CUDA-capable device is detected".
+inline std::string cuda_error_text(cudaError_t e) {
+  return fmt::format("{} ({}): {}", cudaGetErrorName(e), static_cast<int>(e), cudaGetErrorString(e));
+}
+
+/// Throws CudaError naming `call` and `context` unless `e` is cudaSuccess. Clears CUDA's sticky
+/// last-error slot so a later, unrelated check does not report this failure again.
+inline void cuda_check(cudaError_t e, std::string_view call, std::string_view context = {}) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw CudaError(static_cast<int>(e), context.empty()
+                                           ? fmt::format("{} failed: {}", call, cuda_error_text(e))
+                                           : fmt::format("{}: {} failed: {}", context, call, cuda_error_text(e)));
+}
+
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// ---- end <distribute/backends/cuda/error.hpp> ----
+// ---- begin <distribute/collective/nccl.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_COLLECTIVE_NCCL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_COLLECTIVE_NCCL_HPP
+// NcclAllReduce: the cuda backend's cross-device ops (TF's tf.distribute.NcclAllReduce). One NCCL
+// communicator per local GPU, made once per strategy with ncclCommInitAll; each replica thread
+// issues its NCCL calls on its own communicator and its own stream (ds::cuda::current_stream()).
+//
+// Compiled in only where it can work: under a CUDA compiler (__CUDACC__), with <nccl.h> on the
+// include path, and with Thrust's device system left at CUDA, so that device values are CUDA
+// memory. g++ may well see <nccl.h> (it often sits in /usr/local/include) but compiles no device
+// code, and under an OpenMP/CPP Thrust system "device" memory is host memory that NCCL cannot
+// take. Elsewhere this header defines DISTRIBUTE_HAS_NCCL to 0 and nothing else; define
+// DISTRIBUTE_NO_NCCL to leave NCCL out on purpose. Link with -lnccl (meson: nccl_dep).
+//
+// Buffers NCCL cannot take (host memory, int16/uint16 reductions) fall back, on every replica
+// alike, to the shared-memory algorithm, device buffers through host copies.
+
+
+#if defined(__CUDACC__) && __has_include(<nccl.h>) && !defined(DISTRIBUTE_NO_NCCL)
+#include <thrust/detail/config.h>
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+#define DISTRIBUTE_HAS_NCCL 1
+#endif
+#endif
+#ifndef DISTRIBUTE_HAS_NCCL
+#define DISTRIBUTE_HAS_NCCL 0
+#endif
+
+#if DISTRIBUTE_HAS_NCCL
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nccl.h>
+#include <thrust/execution_policy.h>
+#include <thrust/transform.h>
+
+// ---- begin <distribute/backends/cuda/detail/device_ops.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_DEVICE_OPS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_DEVICE_OPS_HPP
+// detail::device_ops<U>: what host-generic code (strategy reduce/gather, Variable updates, the
+// shared-memory collective) does with a value whose elements live in device memory. One Thrust
+// implementation for every device system: CUDA under nvcc, OpenMP/CPP in CPU builds.
+//
+// The kernels are element-wise Thrust transforms whose functors spell exactly the expressions of
+// the host kernels in core/detail/elementwise.hpp (Min is std::min's `b < a ? b : a`, not
+// thrust::minimum's `a < b ? a : b`), so a device reduction is bit-identical to the host one,
+// NaN and signed zero included.
+
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <thrust/device_vector.h>
+#include <thrust/execution_policy.h>
+#include <thrust/system_error.h>
+#include <thrust/transform.h>
+
+// ---- begin <distribute/backends/cuda/detail/thrust_system.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_THRUST_SYSTEM_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_THRUST_SYSTEM_HPP
+// Which Thrust device system this translation unit compiles for, and the macros the device code
+// of the library needs in every system.
+//
+// The device system is Thrust's compile-time choice (THRUST_DEVICE_SYSTEM): CUDA under nvcc,
+// or OpenMP / sequential C++ in a CPU build, where "device memory" is host memory and the same
+// device-shaped code runs without a GPU (that is how the CPU tests exercise it).
+
+
+#include <thrust/detail/config.h>
+
+
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA && !defined(__CUDACC__)
+#error "distribute: Thrust's device system is CUDA, which needs nvcc (or clang in CUDA mode). Compile this file " \
+       "with nvcc, or choose a CPU device system for the device-shaped code: " \
+       "-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -fopenmp, or -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP."
+#endif
+
+/// 1 when device memory is CUDA memory (pointers need cudaMemcpy, kernels run on a current GPU).
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+#define DISTRIBUTE_THRUST_CUDA 1
+#else
+#define DISTRIBUTE_THRUST_CUDA 0
+#endif
+
+/// Functors that Thrust calls on the device are host-and-device functions under a CUDA compiler.
+#if defined(__CUDACC__)
+#define DISTRIBUTE_HOST_DEVICE __host__ __device__
+#else
+#define DISTRIBUTE_HOST_DEVICE
+#endif
+
+// nvcc: fmt 9 turns its constexpr code off under __NVCC__ and nvcc's front end then rejects fmt's
+// compile-time format-string checks in every fmt::format call. <distribute/version.hpp> turns it
+// back on when a distribute header comes before fmt; if fmt came first, ask for the flag.
+#if defined(__NVCC__) && defined(FMT_VERSION) && FMT_VERSION < 100000 && !FMT_USE_CONSTEXPR
+#error "distribute: compile with -DFMT_USE_CONSTEXPR=1 under nvcc (fmt 9 disables its constexpr paths for nvcc, " \
+       "and its compile-time format checks then fail), or include a distribute header before any fmt header."
+#endif
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_THRUST_SYSTEM_HPP
+// ---- end <distribute/backends/cuda/detail/thrust_system.hpp> ----
+
+#if DISTRIBUTE_THRUST_CUDA
+// ---- begin <distribute/backends/cuda/detail/runtime.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+// The CUDA runtime pieces of the cuda backend: the visible devices, a scoped current device, the
+// device a pointer lives on, and the state of a replica thread (its GPU and its stream).
+// Needs only the CUDA runtime API (cuda_runtime.h, libcudart), not nvcc.
+
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+// ---- begin <distribute/backends/cuda/error.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// CudaError: a CUDA runtime call failed. Every CUDA call of the library goes through
+// detail::cuda_check, so a failure is an exception carrying the call, the error's name and
+// CUDA's own message, never a crash or an ignored status.
+
+
+#include <string>
+#include <string_view>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A CUDA runtime call failed (out of memory, a kernel fault, a lost device...). "No GPU visible"
+/// is ds::Unavailable instead: that is a property of the machine, not a failure of a call.
+class CudaError : public Error {
+ public:
+  CudaError(int code, const std::string& message) : Error(message), code_(code) {}
+  /// The cudaError_t value.
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+namespace detail {
+
+/// "cudaErrorNoDevice (100): no CUDA-capable device is detected".
+inline std::string cuda_error_text(cudaError_t e) {
+  return fmt::format("{} ({}): {}", cudaGetErrorName(e), static_cast<int>(e), cudaGetErrorString(e));
+}
+
+/// Throws CudaError naming `call` and `context` unless `e` is cudaSuccess. Clears CUDA's sticky
+/// last-error slot so a later, unrelated check does not report this failure again.
+inline void cuda_check(cudaError_t e, std::string_view call, std::string_view context = {}) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw CudaError(static_cast<int>(e), context.empty()
+                                           ? fmt::format("{} failed: {}", call, cuda_error_text(e))
+                                           : fmt::format("{}: {} failed: {}", context, call, cuda_error_text(e)));
+}
+
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// ---- end <distribute/backends/cuda/error.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// The number of GPUs this process sees (CUDA_VISIBLE_DEVICES applies). None, or no usable
+/// driver, is Unavailable with what cudaGetDeviceCount said.
+inline int visible_cuda_devices(const char* who) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Unavailable(fmt::format("{}: no CUDA device visible: cudaGetDeviceCount failed with {}", who,
+                                  cuda_error_text(e)));
+  }
+  if (count < 1) {
+    throw Unavailable(fmt::format("{}: no CUDA device visible: cudaGetDeviceCount reported 0 devices", who));
+  }
+  return count;
+}
+
+/// Makes `device` current on this thread for the guard's lifetime (no-op for device < 0).
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int device) {
+    if (device < 0) return;
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) cuda_check(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device));
+  }
+  ~CudaDeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);  // restoring cannot sensibly fail or throw here
+  }
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+/// The GPU whose memory `p` points into, or -1 for host memory (pageable or pinned) and null.
+inline int cuda_device_of(const void* p) {
+  if (!p) return -1;
+  cudaPointerAttributes attributes{};
+  cuda_check(cudaPointerGetAttributes(&attributes, p), "cudaPointerGetAttributes");
+  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) return attributes.device;
+  return -1;
+}
+
+/// A replica thread's binding: its GPU and its stream. Set once by ds::cuda::enter_replica_thread;
+/// the stream is destroyed when the thread ends.
+struct CudaReplicaThread {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  std::string error;  // why binding the thread failed; reported by the first use of the stream
+  int error_code = 0;  // its cudaError_t
+
+  CudaReplicaThread() = default;
+  CudaReplicaThread(const CudaReplicaThread&) = delete;
+  CudaReplicaThread& operator=(const CudaReplicaThread&) = delete;
+  ~CudaReplicaThread() {
+    // At process exit the runtime may already be unloading; nothing useful can be done on failure.
+    if (stream) (void)cudaStreamDestroy(stream);
+  }
+};
+
+inline CudaReplicaThread& cuda_replica_thread() noexcept {
+  static thread_local CudaReplicaThread state;
+  return state;
+}
+
+/// The stream of this replica thread; the default stream (0) on any other thread. Throws the
+/// error that binding this replica thread to its GPU met, if any.
+inline cudaStream_t cuda_replica_stream() {
+  const auto& state = cuda_replica_thread();
+  if (!state.error.empty()) throw CudaError(state.error_code, state.error);
+  return state.stream;
+}
+
+/// Device memory owned by one allocation (cudaMalloc on the current device).
+class CudaBuffer {
+ public:
+  CudaBuffer() = default;
+  explicit CudaBuffer(std::size_t bytes) {
+    if (bytes) cuda_check(cudaMalloc(&data_, bytes), fmt::format("cudaMalloc({} bytes)", bytes));
+  }
+  CudaBuffer(CudaBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)) {}
+  CudaBuffer& operator=(CudaBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    return *this;
+  }
+  ~CudaBuffer() {
+    if (data_) (void)cudaFree(data_);
+  }
+  void* data() const noexcept { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+// ---- end <distribute/backends/cuda/detail/runtime.hpp> ----
+#endif
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+namespace device_kernels {
+
+// ---- functors: the host kernels' expressions, callable on the device ----------------------
+template <class T>
+struct sum_fn {
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return static_cast<T>(a + b); }
+};
+template <class T>
+struct difference_fn {
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return static_cast<T>(a - b); }
+};
+template <class T>
+struct product_fn {
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return static_cast<T>(a * b); }
+};
+template <class T>
+struct min_fn {  // std::min(a, b)
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return b < a ? b : a; }
+};
+template <class T>
+struct max_fn {  // std::max(a, b)
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return a < b ? b : a; }
+};
+struct or_fn {
+  DISTRIBUTE_HOST_DEVICE bool operator()(bool a, bool b) const { return a || b; }
+};
+struct and_fn {
+  DISTRIBUTE_HOST_DEVICE bool operator()(bool a, bool b) const { return a && b; }
+};
+template <class T>
+struct divide_by_fn {
+  T divisor;
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a) const { return static_cast<T>(a / divisor); }
+};
+
+/// Runs a Thrust algorithm and turns a device-system failure into a library error naming `what`.
+template <class F>
+void run(const char* what, F&& f) {
+  try {
+    f();
+  } catch (const thrust::system_error& e) {
+#if DISTRIBUTE_THRUST_CUDA
+    throw CudaError(e.code().value(), fmt::format("{}: {}", what, e.what()));
+#else
+    throw Error(fmt::format("{}: {}", what, e.what()));
+#endif
+  }
+}
+
+template <class T, class F>
+void binary(T* acc, const T* src, std::size_t n, F f) {
+  run("device kernel", [&] { thrust::transform(thrust::device, acc, acc + n, src, acc, f); });
+}
+
+/// acc[i] = acc[i] (op) src[i] on the device, as detail::combine does on the host; Mean
+/// accumulates as Sum. Both pointers must be on the current device.
+template <class T>
+void combine(T* acc, const T* src, std::size_t n, ReduceOp op) {
+  if (n == 0) return;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::Mean) binary(acc, src, n, or_fn{});
+    else binary(acc, src, n, and_fn{});
+  } else {
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Mean: binary(acc, src, n, sum_fn<T>{}); break;
+      case ReduceOp::Min: binary(acc, src, n, min_fn<T>{}); break;
+      case ReduceOp::Max: binary(acc, src, n, max_fn<T>{}); break;
+      case ReduceOp::Product: binary(acc, src, n, product_fn<T>{}); break;
+    }
+  }
+}
+
+/// acc[i] /= divisor on the device (integers truncate, as detail::divide); bool is left alone.
+template <class T>
+void divide(T* acc, std::size_t n, std::int64_t divisor) {
+  if constexpr (!std::is_same_v<T, bool>) {
+    if (n == 0) return;
+    const divide_by_fn<T> f{static_cast<T>(divisor)};
+    run("device kernel", [&] { thrust::transform(thrust::device, acc, acc + n, acc, f); });
+  }
+}
+
+/// divide() for a buffer known only by its dtype (the NCCL collective's integer MEAN).
+inline void divide(void* acc, DType dtype, std::size_t n, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto t) { divide(static_cast<decltype(t)*>(acc), n, divisor); });
+}
+
+}  // namespace device_kernels
+
+/// Copies bytes between any two of host memory and device memory.
+inline void device_copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+#if DISTRIBUTE_THRUST_CUDA
+  // With unified addressing CUDA tells host, this GPU and other GPUs apart by the pointers.
+  cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+#else
+  std::memcpy(dst, src, bytes);  // the OpenMP and CPP device systems keep "device" memory on the host
+#endif
+}
+
+/// What a BufferRef in device memory carries for the collectives.
+inline constexpr DeviceMemoryAccess thrust_device_access{&device_copy_bytes};
+
+#if DISTRIBUTE_THRUST_CUDA
+/// Makes the GPU that `p` points into current for the guard's lifetime (kernels run on the
+/// current GPU); host memory leaves the current device alone.
+class OnDeviceOf {
+ public:
+  explicit OnDeviceOf(const void* p) : device_(cuda_device_of(p)), guard_(device_) {}
+  int device() const noexcept { return device_; }
+
+ private:
+  int device_;
+  CudaDeviceGuard guard_;
+};
+
+/// Under CUDA a kernel may not read another GPU's memory (peer access is not enabled). This
+/// makes the destination's GPU current and, if the source lives on another GPU, copies it next
+/// to the destination first.
+template <class T>
+class SameDeviceOperand {
+ public:
+  SameDeviceOperand(const T* dst, const T* src, std::size_t n) : on_(dst), src_(src) {
+    if (n == 0 || on_.device() < 0 || cuda_device_of(src) == on_.device()) return;
+    staged_ = CudaBuffer(n * sizeof(T));
+    device_copy_bytes(staged_.data(), src, n * sizeof(T));
+    src_ = static_cast<const T*>(staged_.data());
+  }
+  const T* get() const noexcept { return src_; }
+
+ private:
+  OnDeviceOf on_;
+  CudaBuffer staged_;
+  const T* src_;
+};
+#else
+class OnDeviceOf {  // one memory, no devices to switch
+ public:
+  explicit OnDeviceOf(const void*) noexcept {}
+};
+
+template <class T>
+class SameDeviceOperand {
+ public:
+  SameDeviceOperand(const T*, const T* src, std::size_t) noexcept : src_(src) {}
+  const T* get() const noexcept { return src_; }
+
+ private:
+  const T* src_;
+};
+#endif
+
+/// The GPU index named by a TF device string ("/job:localhost/.../device:GPU:1" → 1), or -1.
+inline int gpu_index_of(const std::string& device) {
+  if (device.empty()) return -1;
+  const DeviceSpec d = DeviceSpec::parse(device);
+  return d.device_type == std::string("GPU") && d.device_index ? *d.device_index : -1;
+}
+
+/// Host copies of device values, for code that only works on the host (reduce along an axis).
+template <class E>
+struct HostCopies {
+  std::vector<Tensor<E>> tensors;
+  std::vector<const Tensor<E>*> pointers() const {
+    std::vector<const Tensor<E>*> out;
+    out.reserve(tensors.size());
+    for (const auto& t : tensors) out.push_back(&t);
+    return out;
+  }
+};
+
+template <class U>
+struct device_ops {
+  using E = element_t<U>;
+  using traits = tensor_traits<U>;
+
+  /// For the BufferRef of a device value (ReplicaContext::buffer_ref).
+  static constexpr const DeviceMemoryAccess* access() noexcept { return &thrust_device_access; }
+
+  /// acc (op)= src, element-wise; src may live on another GPU than acc.
+  static void combine(U& acc, const U& src, ReduceOp op) {
+    const std::size_t n = element_count(acc);
+    SameDeviceOperand<E> s(traits::data(acc), traits::data(src), n);
+    device_kernels::combine(traits::data(acc), s.get(), n, op);
+  }
+  static void divide(U& acc, std::int64_t divisor) {
+    const OnDeviceOf on(traits::data(acc));
+    device_kernels::divide(traits::data(acc), element_count(acc), divisor);
+  }
+  /// Variable updates: dst = src, dst += src, dst -= src (src may live on another GPU).
+  static void assign(U& dst, const U& src) {
+    device_copy_bytes(traits::data(dst), traits::data(src), element_count(dst) * sizeof(E));
+  }
+  static void add(U& dst, const U& src) { binary(dst, src, device_kernels::sum_fn<E>{}); }
+  static void sub(U& dst, const U& src) { binary(dst, src, device_kernels::difference_fn<E>{}); }
+
+  /// strategy.reduce of device components: `out` (a copy of parts[0]) combined with the other
+  /// parts, then with the other workers' through `link` (host memory travels, so a host copy),
+  /// then divided for Mean by the number of components in all.
+  template <class Link>
+  static U reduce(U out, const std::vector<const U*>& parts, ReduceOp op, Link* link) {
+    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    for (std::size_t r = 1; r < parts.size(); ++r) combine(out, *parts[r], combine_op);
+    auto components = static_cast<std::int64_t>(parts.size());
+    if (link) {
+      const std::size_t n = element_count(out);
+      on_host(out, [&](void* p) { link->all_reduce(p, n, dtype_of<E>(), combine_op); });
+      components *= link->num_workers();
+    }
+    if (op == ReduceOp::Mean) divide(out, components);
+    return out;
+  }
+
+  /// The same over a variable's copies (a cross-replica read of a sync-on-read variable).
+  template <class Link>
+  static U reduce(U out, const std::vector<U>& copies, ReduceOp op, Link* link) {
+    std::vector<const U*> parts;
+    parts.reserve(copies.size());
+    for (const auto& c : copies) parts.push_back(&c);
+    return reduce(std::move(out), parts, op, link);
+  }
+
+  /// A variable's copies: `copies` of `initial`, copy c on devices[c] (its replica's GPU under
+  /// CUDA, not the GPU current on the creating thread). With a link every worker starts from
+  /// the chief's value, as for host variables.
+  template <class Link>
+  static std::vector<U> place_copies(U& initial, std::size_t copies, const std::vector<std::string>& devices,
+                                     Link* link) {
+    if (link) {
+      const std::size_t bytes = element_count(initial) * sizeof(E);
+      on_host(initial, [&](void* p) { link->broadcast(p, bytes, 0); });
+    }
+    std::vector<U> out;
+    out.reserve(copies);
+    for (std::size_t c = 0; c < copies; ++c) out.push_back(copy_to(initial, c < devices.size() ? devices[c] : std::string()));
+    return out;
+  }
+
+  /// A host Tensor with v's shape and elements.
+  static Tensor<E> to_host(const U& v) {
+    Tensor<E> out = Tensor<E>::zeros(shape_of(v));
+    device_copy_bytes(out.data(), traits::data(v), out.size() * sizeof(E));
+    return out;
+  }
+  /// A G (allocated on the current device) holding the host tensor's shape and elements.
+  template <class G>
+  static G from_host(const Tensor<E>& host) {
+    G out = tensor_traits<G>::make(host.shape());
+    device_copy_bytes(tensor_traits<G>::data(out), host.data(), host.size() * sizeof(E));
+    return out;
+  }
+  static HostCopies<E> host_copies(const std::vector<const U*>& parts) {
+    HostCopies<E> out;
+    out.tensors.reserve(parts.size());
+    for (const U* p : parts) out.tensors.push_back(to_host(*p));
+    return out;
+  }
+
+  /// Runs f(void* host_elements) on a host copy of v's elements and copies them back (for the
+  /// cross-worker links, which send host memory).
+  template <class F>
+  static void on_host(U& v, F&& f) {
+    const std::size_t bytes = element_count(v) * sizeof(E);
+    std::vector<std::byte> host(bytes);
+    device_copy_bytes(host.data(), traits::data(v), bytes);
+    f(static_cast<void*>(host.data()));
+    device_copy_bytes(traits::data(v), host.data(), bytes);
+  }
+
+  /// A copy of v placed on `device` (a TF device string; a GPU under CUDA, else where v is).
+  static U copy_to(const U& v, const std::string& device) {
+#if DISTRIBUTE_THRUST_CUDA
+    CudaDeviceGuard on(gpu_index_of(device));
+    U out = traits::make(shape_of(v));
+    device_copy_bytes(traits::data(out), traits::data(v), element_count(v) * sizeof(E));
+    return out;
+#else
+    (void)device;
+    return v;
+#endif
+  }
+
+  /// The concatenation of `parts` along `axis` as a new G (allocated on the current device).
+  template <class G>
+  static G concat(const std::vector<const BufferRef*>& parts, std::size_t axis) {
+    Shape out_shape = parts.front()->shape;
+    out_shape[axis] = 0;
+    for (const auto* p : parts) out_shape[axis] += p->shape[axis];
+    G out = tensor_traits<G>::make(out_shape);
+    concat_into(parts, axis, out_shape, tensor_traits<G>::data(out));
+    return out;
+  }
+
+ private:
+  template <class F>
+  static void binary(U& dst, const U& src, F f) {
+    const std::size_t n = element_count(dst);
+    SameDeviceOperand<E> s(traits::data(dst), traits::data(src), n);
+    device_kernels::binary(traits::data(dst), s.get(), n, f);
+  }
+
+  static void concat_into(const std::vector<const BufferRef*>& parts, std::size_t axis, const Shape& out_shape,
+                          void* out) {
+    const std::size_t elem = size_of(parts.front()->dtype);
+    std::size_t outer = 1, inner = 1;
+    for (std::size_t d = 0; d < axis; ++d) outer *= static_cast<std::size_t>(out_shape[d]);
+    for (std::size_t d = axis + 1; d < out_shape.size(); ++d) inner *= static_cast<std::size_t>(out_shape[d]);
+    const std::size_t row = static_cast<std::size_t>(out_shape[axis]) * inner * elem;  // one outer row of out
+    std::size_t column = 0;
+    for (const auto* p : parts) {
+      const std::size_t run = static_cast<std::size_t>(p->shape[axis]) * inner * elem;
+      if (run != 0 && outer != 0) {
+#if DISTRIBUTE_THRUST_CUDA
+        // One strided copy per part: `outer` runs of `run` bytes, `row` bytes apart in out.
+        cuda_check(cudaMemcpy2D(static_cast<std::byte*>(out) + column, row, p->data, run, run, outer,
+                                cudaMemcpyDefault),
+                   "cudaMemcpy2D");
+#else
+        for (std::size_t o = 0; o < outer; ++o) {
+          device_copy_bytes(static_cast<std::byte*>(out) + o * row + column,
+                            static_cast<const std::byte*>(p->data) + o * run, run);
+        }
+#endif
+      }
+      column += run;
+    }
+  }
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_DEVICE_OPS_HPP
+// ---- end <distribute/backends/cuda/detail/device_ops.hpp> ----
+// ---- begin <distribute/backends/cuda/detail/runtime.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+// The CUDA runtime pieces of the cuda backend: the visible devices, a scoped current device, the
+// device a pointer lives on, and the state of a replica thread (its GPU and its stream).
+// Needs only the CUDA runtime API (cuda_runtime.h, libcudart), not nvcc.
+
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+// ---- begin <distribute/backends/cuda/error.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// CudaError: a CUDA runtime call failed. Every CUDA call of the library goes through
+// detail::cuda_check, so a failure is an exception carrying the call, the error's name and
+// CUDA's own message, never a crash or an ignored status.
+
+
+#include <string>
+#include <string_view>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A CUDA runtime call failed (out of memory, a kernel fault, a lost device...). "No GPU visible"
+/// is ds::Unavailable instead: that is a property of the machine, not a failure of a call.
+class CudaError : public Error {
+ public:
+  CudaError(int code, const std::string& message) : Error(message), code_(code) {}
+  /// The cudaError_t value.
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+namespace detail {
+
+/// "cudaErrorNoDevice (100): no CUDA-capable device is detected".
+inline std::string cuda_error_text(cudaError_t e) {
+  return fmt::format("{} ({}): {}", cudaGetErrorName(e), static_cast<int>(e), cudaGetErrorString(e));
+}
+
+/// Throws CudaError naming `call` and `context` unless `e` is cudaSuccess. Clears CUDA's sticky
+/// last-error slot so a later, unrelated check does not report this failure again.
+inline void cuda_check(cudaError_t e, std::string_view call, std::string_view context = {}) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw CudaError(static_cast<int>(e), context.empty()
+                                           ? fmt::format("{} failed: {}", call, cuda_error_text(e))
+                                           : fmt::format("{}: {} failed: {}", context, call, cuda_error_text(e)));
+}
+
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// ---- end <distribute/backends/cuda/error.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// The number of GPUs this process sees (CUDA_VISIBLE_DEVICES applies). None, or no usable
+/// driver, is Unavailable with what cudaGetDeviceCount said.
+inline int visible_cuda_devices(const char* who) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Unavailable(fmt::format("{}: no CUDA device visible: cudaGetDeviceCount failed with {}", who,
+                                  cuda_error_text(e)));
+  }
+  if (count < 1) {
+    throw Unavailable(fmt::format("{}: no CUDA device visible: cudaGetDeviceCount reported 0 devices", who));
+  }
+  return count;
+}
+
+/// Makes `device` current on this thread for the guard's lifetime (no-op for device < 0).
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int device) {
+    if (device < 0) return;
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) cuda_check(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device));
+  }
+  ~CudaDeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);  // restoring cannot sensibly fail or throw here
+  }
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+/// The GPU whose memory `p` points into, or -1 for host memory (pageable or pinned) and null.
+inline int cuda_device_of(const void* p) {
+  if (!p) return -1;
+  cudaPointerAttributes attributes{};
+  cuda_check(cudaPointerGetAttributes(&attributes, p), "cudaPointerGetAttributes");
+  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) return attributes.device;
+  return -1;
+}
+
+/// A replica thread's binding: its GPU and its stream. Set once by ds::cuda::enter_replica_thread;
+/// the stream is destroyed when the thread ends.
+struct CudaReplicaThread {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  std::string error;  // why binding the thread failed; reported by the first use of the stream
+  int error_code = 0;  // its cudaError_t
+
+  CudaReplicaThread() = default;
+  CudaReplicaThread(const CudaReplicaThread&) = delete;
+  CudaReplicaThread& operator=(const CudaReplicaThread&) = delete;
+  ~CudaReplicaThread() {
+    // At process exit the runtime may already be unloading; nothing useful can be done on failure.
+    if (stream) (void)cudaStreamDestroy(stream);
+  }
+};
+
+inline CudaReplicaThread& cuda_replica_thread() noexcept {
+  static thread_local CudaReplicaThread state;
+  return state;
+}
+
+/// The stream of this replica thread; the default stream (0) on any other thread. Throws the
+/// error that binding this replica thread to its GPU met, if any.
+inline cudaStream_t cuda_replica_stream() {
+  const auto& state = cuda_replica_thread();
+  if (!state.error.empty()) throw CudaError(state.error_code, state.error);
+  return state.stream;
+}
+
+/// Device memory owned by one allocation (cudaMalloc on the current device).
+class CudaBuffer {
+ public:
+  CudaBuffer() = default;
+  explicit CudaBuffer(std::size_t bytes) {
+    if (bytes) cuda_check(cudaMalloc(&data_, bytes), fmt::format("cudaMalloc({} bytes)", bytes));
+  }
+  CudaBuffer(CudaBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)) {}
+  CudaBuffer& operator=(CudaBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    return *this;
+  }
+  ~CudaBuffer() {
+    if (data_) (void)cudaFree(data_);
+  }
+  void* data() const noexcept { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+// ---- end <distribute/backends/cuda/detail/runtime.hpp> ----
+// ---- begin <distribute/backends/cuda/error.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// CudaError: a CUDA runtime call failed. Every CUDA call of the library goes through
+// detail::cuda_check, so a failure is an exception carrying the call, the error's name and
+// CUDA's own message, never a crash or an ignored status.
+
+
+#include <string>
+#include <string_view>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A CUDA runtime call failed (out of memory, a kernel fault, a lost device...). "No GPU visible"
+/// is ds::Unavailable instead: that is a property of the machine, not a failure of a call.
+class CudaError : public Error {
+ public:
+  CudaError(int code, const std::string& message) : Error(message), code_(code) {}
+  /// The cudaError_t value.
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+namespace detail {
+
+/// "cudaErrorNoDevice (100): no CUDA-capable device is detected".
+inline std::string cuda_error_text(cudaError_t e) {
+  return fmt::format("{} ({}): {}", cudaGetErrorName(e), static_cast<int>(e), cudaGetErrorString(e));
+}
+
+/// Throws CudaError naming `call` and `context` unless `e` is cudaSuccess. Clears CUDA's sticky
+/// last-error slot so a later, unrelated check does not report this failure again.
+inline void cuda_check(cudaError_t e, std::string_view call, std::string_view context = {}) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw CudaError(static_cast<int>(e), context.empty()
+                                           ? fmt::format("{} failed: {}", call, cuda_error_text(e))
+                                           : fmt::format("{}: {} failed: {}", context, call, cuda_error_text(e)));
+}
+
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// ---- end <distribute/backends/cuda/error.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// An NCCL call failed. Carries the ncclResult_t and NCCL's own description of the failure.
+class NcclError : public Error {
+ public:
+  NcclError(int code, const std::string& message) : Error(message), code_(code) {}
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+namespace detail {
+
+/// Throws NcclError naming `call` unless `r` is ncclSuccess (or, for group calls, in progress).
+inline void nccl_check(ncclResult_t r, std::string_view call, ncclComm_t comm = nullptr) {
+  if (r == ncclSuccess) return;
+  std::string message = fmt::format("{} failed: {} ({})", call, ncclGetErrorString(r), static_cast<int>(r));
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+  if (const char* last = ncclGetLastError(comm); last && *last) message += fmt::format("; NCCL says: {}", last);
+#else
+  (void)comm;
+#endif
+  throw NcclError(static_cast<int>(r), message);
+}
+
+/// NCCL's element type for a dtype; none for 16-bit integers, which NCCL does not reduce.
+inline std::optional<ncclDataType_t> nccl_type(DType d) noexcept {
+  switch (d) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::I8: return ncclInt8;
+    case DType::U8: return ncclUint8;
+    case DType::Bool: return ncclUint8;  // 0/1 bytes: OR is Max, AND is Min
+    case DType::I32: return ncclInt32;
+    case DType::U32: return ncclUint32;
+    case DType::I64: return ncclInt64;
+    case DType::U64: return ncclUint64;
+    case DType::I16:
+    case DType::U16: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+/// The NCCL reduction for `op` on `dtype`. MEAN becomes ncclAvg where that matches our MEAN
+/// (floats, dividing by the local replicas, NCCL >= 2.10); otherwise a SUM, divided afterwards
+/// so that integer MEAN truncates exactly as the host kernels do.
+struct NcclReduction {
+  ncclRedOp_t op = ncclSum;
+  bool divide_after = false;
+};
+inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, std::int64_t mean_divisor, int ranks) noexcept {
+  if (dtype == DType::Bool) {
+    const bool any = op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::Mean;
+    return {any ? ncclMax : ncclMin, false};
+  }
+  switch (op) {
+    case ReduceOp::Sum: return {ncclSum, false};
+    case ReduceOp::Min: return {ncclMin, false};
+    case ReduceOp::Max: return {ncclMax, false};
+    case ReduceOp::Product: return {ncclProd, false};
+    case ReduceOp::Mean:
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+      if ((dtype == DType::F32 || dtype == DType::F64) && mean_divisor == ranks) return {ncclAvg, false};
+#endif
+      return {ncclSum, mean_divisor > 1};
+  }
+  return {ncclSum, false};
+}
+
+class NcclCollectives final : public ReplicaCollectives {
+ public:
+  explicit NcclCollectives(const CollectivesConfig& config)
+      : mean_divisor_(config.num_replicas_in_sync),
+        fallback_(with_device_staging(std::make_unique<SharedMemoryCollectives>(config.num_replicas_in_sync))) {
+    for (const auto& device : config.devices) {
+      const DeviceSpec spec = DeviceSpec::parse(device);
+      if (spec.device_type != std::string("GPU") || !spec.device_index) {
+        throw InvalidArgument(fmt::format(
+            "NcclAllReduce: device '{}' is not a GPU; NCCL runs between GPUs (use MirroredStrategy<ds::cuda>)", device));
+      }
+      gpus_.push_back(*spec.device_index);
+    }
+    comms_.assign(gpus_.size(), nullptr);
+    int current = 0;
+    cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");
+    CudaDeviceGuard restore(current);  // ncclCommInitAll visits every device
+    nccl_check(ncclCommInitAll(comms_.data(), static_cast<int>(gpus_.size()), gpus_.data()),
+               fmt::format("ncclCommInitAll over GPUs {}", fmt::join(gpus_, ", ")));
+  }
+  NcclCollectives(const NcclCollectives&) = delete;
+  NcclCollectives& operator=(const NcclCollectives&) = delete;
+
+  ~NcclCollectives() override {
+    // The replica threads have been joined (the strategy destroys them first).
+    for (ncclComm_t c : comms_) {
+      if (!c) continue;
+      if (aborted_.load()) (void)ncclCommAbort(c);
+      else (void)ncclCommDestroy(c);
+    }
+  }
+
+  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
+    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+    bool nccl = false;
+    cudaStream_t stream = nullptr;
+    issue_in_exchange(group, replica, call, [&](bool& issuing) {
+      nccl = takes(group, /*reduction=*/true);
+      if (!nccl) return;
+      stream = cuda_replica_stream();
+      issuing = true;
+      enqueue_all_reduce(replica, buffers, op, group.size(), stream);
+    });
+    if (!nccl) return fallback_->all_reduce(group, replica, buffers, op);
+    wait(group, replica, stream, CollectiveKind::AllReduce);
+  }
+
+  void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+                  const std::function<void*(const Shape&)>& allocate) override {
+    BufferRef in = input;
+    const CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
+    bool nccl = false;
+    std::vector<Shape> shapes;  // every replica's input shape, read while the exchange holds them
+    exchange(group, replica, call, [&] {
+      nccl = takes(group, /*reduction=*/false);
+      if (!nccl) return;
+      for (int r = 0; r < group.size(); ++r) shapes.push_back(group.slot(r).buffers[0].shape);
+    });
+    if (!nccl) return fallback_->all_gather(group, replica, input, axis, allocate);
+    gather_with_broadcasts(group, replica, in, static_cast<std::size_t>(axis), shapes, allocate);
+  }
+
+  void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
+    const CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
+    bool nccl = false;
+    cudaStream_t stream = nullptr;
+    issue_in_exchange(group, replica, call, [&](bool& issuing) {
+      nccl = root < group.size() && takes(group, /*reduction=*/false);
+      if (!nccl || buffer.bytes() == 0) return;
+      stream = cuda_replica_stream();
+      const ncclComm_t comm = comm_of(replica);
+      issuing = true;
+      nccl_check(ncclBroadcast(buffer.data, buffer.data, buffer.bytes(), ncclInt8, root, comm, stream), "ncclBroadcast",
+                 comm);
+    });
+    if (!nccl) return fallback_->broadcast(group, replica, buffer, root);
+    if (stream) wait(group, replica, stream, CollectiveKind::Broadcast);
+  }
+
+ private:
+  ncclComm_t comm_of(int replica) const { return comms_[static_cast<std::size_t>(replica)]; }
+
+  // Runs issue(issuing) inside the exchange, after the calls are validated on every replica;
+  // `issue` sets `issuing` just before it enqueues NCCL work. If the exchange then fails on any
+  // replica, that work can never complete (a peer never issued its part): abort the
+  // communicator, which ends the NCCL kernel, rather than leave the GPU spinning in it.
+  template <class Issue>
+  void issue_in_exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Issue&& issue) {
+    bool issuing = false;
+    try {
+      exchange(group, replica, call, [&] { issue(issuing); });
+    } catch (...) {
+      if (issuing) abort_communicator(replica);
+      throw;
+    }
+  }
+
+  // Whether NCCL runs this call. Decided from the published calls, so every replica decides alike.
+  bool takes(const ReplicaGroup& group, bool reduction) const {
+    if (aborted_.load(std::memory_order_acquire)) {
+      throw Unavailable("NcclAllReduce: the NCCL communicators were aborted after a failed step; create a new strategy");
+    }
+    if (group.size() != static_cast<int>(comms_.size())) return false;
+    for (int r = 0; r < group.size(); ++r) {
+      for (const BufferRef& b : group.slot(r).buffers) {
+        if (b.memory != MemorySpace::device) return false;
+        if (reduction && !nccl_type(b.dtype)) return false;
+      }
+    }
+    return true;
+  }
+
+  void enqueue_all_reduce(int replica, std::span<BufferRef> buffers, ReduceOp op, int ranks, cudaStream_t stream) {
+    const ncclComm_t comm = comm_of(replica);
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+    // Our stream only waits for the legacy default stream by itself; the step's work may be on
+    // this thread's default stream instead.
+    order_after_default_stream(stream);
+#endif
+    // Several values of one all_reduce: one group, so NCCL launches them together.
+    nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
+    ncclResult_t issued = ncclSuccess;
+    const char* failed = nullptr;
+    for (const BufferRef& b : buffers) {
+      if (b.count() == 0) continue;
+      const NcclReduction how = nccl_reduction(op, b.dtype, mean_divisor_, ranks);
+      issued = ncclAllReduce(b.data, b.data, b.count(), *nccl_type(b.dtype), how.op, comm, stream);
+      if (issued != ncclSuccess) {
+        failed = "ncclAllReduce";
+        break;
+      }
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    if (failed) nccl_check(issued, failed, comm);
+    nccl_check(ended, "ncclGroupEnd", comm);
+    for (const BufferRef& b : buffers) {
+      if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks).divide_after) continue;
+      visit_dtype(b.dtype, [&](auto t) {
+        using T = decltype(t);
+        if constexpr (!std::is_same_v<T, bool>) {
+          auto* p = static_cast<T*>(b.data);
+          device_kernels::run("MEAN division after ncclAllReduce", [&] {
+            thrust::transform(thrust::cuda::par_nosync.on(stream), p, p + b.count(), p,
+                              device_kernels::divide_by_fn<T>{static_cast<T>(mean_divisor_)});
+          });
+        }
+      });
+    }
+  }
+
+  // Every replica's input lands at its offset by one ncclBroadcast from that replica (NCCL has
+  // no all-gather of uneven sizes); along axis 0 straight into the result, along another axis
+  // into a staging buffer that strided copies then interleave.
+  void gather_with_broadcasts(ReplicaGroup& group, int replica, const BufferRef& in, std::size_t axis,
+                              const std::vector<Shape>& shapes, const std::function<void*(const Shape&)>& allocate) {
+    const std::size_t elem = size_of(in.dtype);
+    Shape out_shape = shapes.front();
+    out_shape[axis] = 0;
+    for (const auto& s : shapes) out_shape[axis] += s[axis];
+    std::size_t outer = 1, inner = 1;
+    for (std::size_t d = 0; d < axis; ++d) outer *= static_cast<std::size_t>(out_shape[d]);
+    for (std::size_t d = axis + 1; d < out_shape.size(); ++d) inner *= static_cast<std::size_t>(out_shape[d]);
+    std::vector<std::size_t> bytes, offsets;
+    std::size_t total = 0;
+    for (const auto& s : shapes) {
+      offsets.push_back(total);
+      bytes.push_back(static_cast<std::size_t>(num_elements(s)) * elem);
+      total += bytes.back();
+    }
+    auto* out = static_cast<std::byte*>(allocate(out_shape));
+    if (total == 0) return;
+    const cudaStream_t stream = cuda_replica_stream();
+    const ncclComm_t comm = comm_of(replica);
+    const bool direct = (axis == 0 || outer == 1) && cuda_device_of(out) == gpus_[static_cast<std::size_t>(replica)];
+    CudaBuffer staging(direct ? 0 : total);
+    auto* dst = direct ? out : static_cast<std::byte*>(staging.data());
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+    order_after_default_stream(stream);
+#endif
+    nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
+    ncclResult_t issued = ncclSuccess;
+    for (int r = 0; r < group.size() && issued == ncclSuccess; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      if (bytes[i] == 0) continue;
+      const void* send = r == replica ? in.data : dst + offsets[i];
+      issued = ncclBroadcast(send, dst + offsets[i], bytes[i], ncclInt8, r, comm, stream);
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    nccl_check(issued, "ncclBroadcast", comm);
+    nccl_check(ended, "ncclGroupEnd", comm);
+    if (!direct) {
+      // Part r holds `outer` runs of run_r bytes; in the result they sit `row` bytes apart.
+      const std::size_t row = static_cast<std::size_t>(out_shape[axis]) * inner * elem;
+      std::size_t column = 0;
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        const std::size_t run = static_cast<std::size_t>(shapes[i][axis]) * inner * elem;
+        if (run && outer) {
+          cuda_check(cudaMemcpy2DAsync(out + column, row, dst + offsets[i], run, run, outer, cudaMemcpyDefault, stream),
+                     "cudaMemcpy2DAsync", "all_gather");
+        }
+        column += run;
+      }
+    }
+    wait(group, replica, stream, CollectiveKind::AllGather);
+  }
+
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+  static void order_after_default_stream(cudaStream_t stream) {
+    cudaEvent_t ready = nullptr;
+    cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    const cudaError_t recorded = cudaEventRecord(ready, cudaStreamPerThread);
+    const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(stream, ready, 0) : recorded;
+    (void)cudaEventDestroy(ready);
+    cuda_check(waited, "cudaStreamWaitEvent");
+  }
+#endif
+
+  // Waits for this replica's stream. Polls rather than blocks so that a step another replica
+  // abandoned (its NCCL call never comes) ends in an error instead of a hang: the communicators
+  // are then aborted, which releases the NCCL kernels of every replica.
+  void wait(ReplicaGroup& group, int replica, cudaStream_t stream, CollectiveKind what) {
+    const ncclComm_t comm = comm_of(replica);
+    for (unsigned spins = 0;; ++spins) {
+      const cudaError_t e = cudaStreamQuery(stream);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) {
+        abort_communicator(replica);
+        cuda_check(e, "cudaStreamQuery", to_string(what));
+      }
+      ncclResult_t async = ncclSuccess;
+      nccl_check(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError", comm);
+      if (failed(async)) {
+        abort_communicator(replica);
+        nccl_check(async, fmt::format("{} (asynchronous error on replica {})", to_string(what), replica), comm);
+      }
+      if (group.aborted()) {
+        abort_communicator(replica);
+        throw Cancelled(fmt::format("replica {} left {}: another replica of this step failed", replica, to_string(what)));
+      }
+      if (spins < 2000) cpu_relax();
+      else std::this_thread::yield();
+    }
+  }
+
+  static bool failed(ncclResult_t r) noexcept {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+    if (r == ncclInProgress) return false;
+#endif
+    return r != ncclSuccess;
+  }
+
+  // Each replica aborts its own communicator (another thread may be polling the others); that
+  // ends its NCCL kernels. The strategy's later collectives then report Unavailable.
+  void abort_communicator(int replica) noexcept {
+    aborted_.store(true, std::memory_order_release);
+    auto& c = comms_[static_cast<std::size_t>(replica)];
+    if (c) (void)ncclCommAbort(c);
+    c = nullptr;
+  }
+
+  std::int64_t mean_divisor_;
+  std::unique_ptr<ReplicaCollectives> fallback_;
+  std::vector<int> gpus_;
+  std::vector<ncclComm_t> comms_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace detail
+
+/// Cross-device ops policy: NCCL all-reduce, all-gather and broadcast between the local GPUs
+/// (the default of MirroredStrategy<ds::cuda> where NCCL is compiled in).
+struct NcclAllReduce {
+  static constexpr std::string_view name = "NcclAllReduce";
+  /// The collectives take device buffers themselves (see collective/detail/device_staging.hpp).
+  static constexpr bool device_buffers = true;
+  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
+    return std::make_unique<detail::NcclCollectives>(config);
+  }
+};
+
+DISTRIBUTE_END_NAMESPACE
+
+#endif  // DISTRIBUTE_HAS_NCCL
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_COLLECTIVE_NCCL_HPP
+// ---- end <distribute/collective/nccl.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Creates each GPU's context now, so that a GPU that cannot be used (exclusive-process mode
+/// held by another process, a fault) fails the strategy's constructor, not a replica thread.
+inline void open_cuda_devices(const std::vector<int>& gpus, const char* strategy) {
+  int current = 0;
+  cuda_check(cudaGetDevice(&current), "cudaGetDevice", strategy);
+  CudaDeviceGuard restore(current);
+  for (int gpu : gpus) {
+    cudaError_t e = cudaSetDevice(gpu);
+    if (e == cudaSuccess) e = cudaFree(nullptr);  // the customary way to initialise the context
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw Unavailable(fmt::format("{}: GPU {} cannot be used: {}", strategy, gpu, cuda_error_text(e)));
+    }
+  }
+}
+
+inline std::vector<std::string> cuda_device_names(const std::vector<int>& gpus, const char* strategy) {
+  open_cuda_devices(gpus, strategy);
+  std::vector<std::string> out;
+  for (int gpu : gpus) out.push_back(local_device_string("GPU", gpu));
+  return out;
+}
+
+inline std::vector<std::string> cuda_devices(int count, const char* strategy) {
+  if (count < 1) {
+    throw InvalidArgument(fmt::format("{}: the number of replicas must be at least 1, got {}", strategy, count));
+  }
+  const int visible = visible_cuda_devices(strategy);
+  if (count > visible) {
+    throw InvalidArgument(fmt::format("{}: {} GPUs were asked for but {} {} visible", strategy, count, visible,
+                                      visible == 1 ? "is" : "are"));
+  }
+  std::vector<int> gpus;
+  for (int i = 0; i < count; ++i) gpus.push_back(i);
+  return cuda_device_names(gpus, strategy);
+}
+
+/// Parses a user's device list for the cuda backend: GPUs of this process, no duplicates, each
+/// one visible. Spelling errors are reported before the machine is asked about its GPUs.
+inline std::vector<std::string> cuda_devices(const std::vector<std::string>& names, const char* strategy) {
+  if (names.empty()) throw InvalidArgument(fmt::format("{}: the device list is empty", strategy));
+  std::vector<int> gpus;
+  std::set<int> seen;
+  for (const auto& name : names) {
+    const DeviceSpec d = DeviceSpec::parse(name);
+    if (d.device_type != std::string("GPU")) {
+      throw InvalidArgument(fmt::format("{}: device '{}' is not a GPU; the cuda backend runs on GPUs (\"/gpu:0\", "
+                                        "\"GPU:1\", ...)",
+                                        strategy, name));
+    }
+    if (!d.device_index) throw InvalidArgument(fmt::format("{}: device '{}' names no device index", strategy, name));
+    if ((d.job && *d.job != "localhost") || (d.task && *d.task != 0) || (d.replica && *d.replica != 0)) {
+      throw InvalidArgument(fmt::format("{}: device '{}' is not a device of this process (job localhost, task 0)",
+                                        strategy, name));
+    }
+    if (!seen.insert(*d.device_index).second) {
+      throw InvalidArgument(fmt::format("{}: device '{}' is listed twice", strategy, name));
+    }
+    gpus.push_back(*d.device_index);
+  }
+  const int visible = visible_cuda_devices(strategy);
+  for (std::size_t i = 0; i < gpus.size(); ++i) {
+    if (gpus[i] >= visible) {
+      throw InvalidArgument(fmt::format("{}: device '{}' does not exist: {} GPU{} visible (GPU:0..GPU:{})", strategy,
+                                        names[i], visible, visible == 1 ? " is" : "s are", visible - 1));
+    }
+  }
+  return cuda_device_names(gpus, strategy);
+}
+
+}  // namespace detail
+
+/// Backend tag: replicas are the GPUs of this process, one host thread per GPU.
+struct cuda {
+  static constexpr std::string_view name = "cuda";
+  static constexpr std::string_view device_type = "GPU";
+  /// Even one replica gets its own thread: the caller's thread keeps its current device.
+  static constexpr bool single_replica_on_caller_thread = false;
+#if DISTRIBUTE_HAS_NCCL
+  using default_cross_device_ops = NcclAllReduce;
+#else
+  using default_cross_device_ops = SharedMemoryAllReduce;
+#endif
+
+  /// The GPUs this process sees (CUDA_VISIBLE_DEVICES applies); Unavailable when there are none.
+  static int device_count() { return detail::visible_cuda_devices("ds::cuda"); }
+
+  /// Every visible GPU; Unavailable (with what cudaGetDeviceCount said) when there is none.
+  static std::vector<std::string> default_devices(const char* strategy) {
+    return detail::cuda_devices(detail::visible_cuda_devices(strategy), strategy);
+  }
+  /// The first `count` GPUs.
+  static std::vector<std::string> devices(int count, const char* strategy) { return detail::cuda_devices(count, strategy); }
+  /// The listed GPUs ("/gpu:0", "GPU:1", "/job:localhost/replica:0/task:0/device:GPU:2").
+  static std::vector<std::string> devices(const std::vector<std::string>& names, const char* strategy) {
+    return detail::cuda_devices(names, strategy);
+  }
+
+  /// Called once on each replica thread before its first step: makes the replica's GPU current
+  /// and creates its stream. Must not throw (it runs at the top of the thread); a failure is kept
+  /// and thrown by the first current_stream() of that replica, e.g. in its first collective.
+  static void enter_replica_thread(int local_replica, const std::string& device) noexcept {
+    auto& state = detail::cuda_replica_thread();
+    try {
+      const int gpu = *DeviceSpec::parse(device).device_index;
+      cudaError_t e = cudaSetDevice(gpu);
+      // A blocking stream: it waits for work on the legacy default stream (where Thrust's
+      // algorithms run by default) and that stream waits for it, so the step's kernels and the
+      // collectives on this stream stay in program order.
+      if (e == cudaSuccess) e = cudaStreamCreate(&state.stream);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        state.error_code = static_cast<int>(e);
+        state.error = fmt::format("replica {} could not be bound to {}: {}", local_replica, device,
+                                  detail::cuda_error_text(e));
+        return;
+      }
+      state.device = gpu;
+    } catch (const std::exception& e) {
+      state.error_code = static_cast<int>(cudaErrorUnknown);
+      state.error = fmt::format("replica {} could not be bound to {}: {}", local_replica, device, e.what());
+    } catch (...) {
+      state.error_code = static_cast<int>(cudaErrorUnknown);
+      state.error = fmt::format("replica {} could not be bound to {}", local_replica, device);
+    }
+  }
+
+  /// This replica's stream (inside a step of a cuda strategy); the default stream (0) elsewhere.
+  /// Work a step puts on it is ordered with the replica's collectives.
+  static cudaStream_t current_stream() { return detail::cuda_replica_stream(); }
+  /// This replica's GPU index (inside a step of a cuda strategy), else -1.
+  static int current_device() noexcept { return detail::cuda_replica_thread().device; }
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_CUDA_HPP
+// ---- end <distribute/backends/cuda/cuda.hpp> ----
+// ---- begin <distribute/collective/nccl.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_COLLECTIVE_NCCL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_COLLECTIVE_NCCL_HPP
+// NcclAllReduce: the cuda backend's cross-device ops (TF's tf.distribute.NcclAllReduce). One NCCL
+// communicator per local GPU, made once per strategy with ncclCommInitAll; each replica thread
+// issues its NCCL calls on its own communicator and its own stream (ds::cuda::current_stream()).
+//
+// Compiled in only where it can work: under a CUDA compiler (__CUDACC__), with <nccl.h> on the
+// include path, and with Thrust's device system left at CUDA, so that device values are CUDA
+// memory. g++ may well see <nccl.h> (it often sits in /usr/local/include) but compiles no device
+// code, and under an OpenMP/CPP Thrust system "device" memory is host memory that NCCL cannot
+// take. Elsewhere this header defines DISTRIBUTE_HAS_NCCL to 0 and nothing else; define
+// DISTRIBUTE_NO_NCCL to leave NCCL out on purpose. Link with -lnccl (meson: nccl_dep).
+//
+// Buffers NCCL cannot take (host memory, int16/uint16 reductions) fall back, on every replica
+// alike, to the shared-memory algorithm, device buffers through host copies.
+
+
+#if defined(__CUDACC__) && __has_include(<nccl.h>) && !defined(DISTRIBUTE_NO_NCCL)
+#include <thrust/detail/config.h>
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+#define DISTRIBUTE_HAS_NCCL 1
+#endif
+#endif
+#ifndef DISTRIBUTE_HAS_NCCL
+#define DISTRIBUTE_HAS_NCCL 0
+#endif
+
+#if DISTRIBUTE_HAS_NCCL
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nccl.h>
+#include <thrust/execution_policy.h>
+#include <thrust/transform.h>
+
+// ---- begin <distribute/backends/cuda/detail/device_ops.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_DEVICE_OPS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_DEVICE_OPS_HPP
+// detail::device_ops<U>: what host-generic code (strategy reduce/gather, Variable updates, the
+// shared-memory collective) does with a value whose elements live in device memory. One Thrust
+// implementation for every device system: CUDA under nvcc, OpenMP/CPP in CPU builds.
+//
+// The kernels are element-wise Thrust transforms whose functors spell exactly the expressions of
+// the host kernels in core/detail/elementwise.hpp (Min is std::min's `b < a ? b : a`, not
+// thrust::minimum's `a < b ? a : b`), so a device reduction is bit-identical to the host one,
+// NaN and signed zero included.
+
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <thrust/device_vector.h>
+#include <thrust/execution_policy.h>
+#include <thrust/system_error.h>
+#include <thrust/transform.h>
+
+// ---- begin <distribute/backends/cuda/detail/thrust_system.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_THRUST_SYSTEM_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_THRUST_SYSTEM_HPP
+// Which Thrust device system this translation unit compiles for, and the macros the device code
+// of the library needs in every system.
+//
+// The device system is Thrust's compile-time choice (THRUST_DEVICE_SYSTEM): CUDA under nvcc,
+// or OpenMP / sequential C++ in a CPU build, where "device memory" is host memory and the same
+// device-shaped code runs without a GPU (that is how the CPU tests exercise it).
+
+
+#include <thrust/detail/config.h>
+
+
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA && !defined(__CUDACC__)
+#error "distribute: Thrust's device system is CUDA, which needs nvcc (or clang in CUDA mode). Compile this file " \
+       "with nvcc, or choose a CPU device system for the device-shaped code: " \
+       "-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -fopenmp, or -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP."
+#endif
+
+/// 1 when device memory is CUDA memory (pointers need cudaMemcpy, kernels run on a current GPU).
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+#define DISTRIBUTE_THRUST_CUDA 1
+#else
+#define DISTRIBUTE_THRUST_CUDA 0
+#endif
+
+/// Functors that Thrust calls on the device are host-and-device functions under a CUDA compiler.
+#if defined(__CUDACC__)
+#define DISTRIBUTE_HOST_DEVICE __host__ __device__
+#else
+#define DISTRIBUTE_HOST_DEVICE
+#endif
+
+// nvcc: fmt 9 turns its constexpr code off under __NVCC__ and nvcc's front end then rejects fmt's
+// compile-time format-string checks in every fmt::format call. <distribute/version.hpp> turns it
+// back on when a distribute header comes before fmt; if fmt came first, ask for the flag.
+#if defined(__NVCC__) && defined(FMT_VERSION) && FMT_VERSION < 100000 && !FMT_USE_CONSTEXPR
+#error "distribute: compile with -DFMT_USE_CONSTEXPR=1 under nvcc (fmt 9 disables its constexpr paths for nvcc, " \
+       "and its compile-time format checks then fail), or include a distribute header before any fmt header."
+#endif
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_THRUST_SYSTEM_HPP
+// ---- end <distribute/backends/cuda/detail/thrust_system.hpp> ----
+
+#if DISTRIBUTE_THRUST_CUDA
+// ---- begin <distribute/backends/cuda/detail/runtime.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+// The CUDA runtime pieces of the cuda backend: the visible devices, a scoped current device, the
+// device a pointer lives on, and the state of a replica thread (its GPU and its stream).
+// Needs only the CUDA runtime API (cuda_runtime.h, libcudart), not nvcc.
+
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+// ---- begin <distribute/backends/cuda/error.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// CudaError: a CUDA runtime call failed. Every CUDA call of the library goes through
+// detail::cuda_check, so a failure is an exception carrying the call, the error's name and
+// CUDA's own message, never a crash or an ignored status.
+
+
+#include <string>
+#include <string_view>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A CUDA runtime call failed (out of memory, a kernel fault, a lost device...). "No GPU visible"
+/// is ds::Unavailable instead: that is a property of the machine, not a failure of a call.
+class CudaError : public Error {
+ public:
+  CudaError(int code, const std::string& message) : Error(message), code_(code) {}
+  /// The cudaError_t value.
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+namespace detail {
+
+/// "cudaErrorNoDevice (100): no CUDA-capable device is detected".
+inline std::string cuda_error_text(cudaError_t e) {
+  return fmt::format("{} ({}): {}", cudaGetErrorName(e), static_cast<int>(e), cudaGetErrorString(e));
+}
+
+/// Throws CudaError naming `call` and `context` unless `e` is cudaSuccess. Clears CUDA's sticky
+/// last-error slot so a later, unrelated check does not report this failure again.
+inline void cuda_check(cudaError_t e, std::string_view call, std::string_view context = {}) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw CudaError(static_cast<int>(e), context.empty()
+                                           ? fmt::format("{} failed: {}", call, cuda_error_text(e))
+                                           : fmt::format("{}: {} failed: {}", context, call, cuda_error_text(e)));
+}
+
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// ---- end <distribute/backends/cuda/error.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// The number of GPUs this process sees (CUDA_VISIBLE_DEVICES applies). None, or no usable
+/// driver, is Unavailable with what cudaGetDeviceCount said.
+inline int visible_cuda_devices(const char* who) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Unavailable(fmt::format("{}: no CUDA device visible: cudaGetDeviceCount failed with {}", who,
+                                  cuda_error_text(e)));
+  }
+  if (count < 1) {
+    throw Unavailable(fmt::format("{}: no CUDA device visible: cudaGetDeviceCount reported 0 devices", who));
+  }
+  return count;
+}
+
+/// Makes `device` current on this thread for the guard's lifetime (no-op for device < 0).
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int device) {
+    if (device < 0) return;
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) cuda_check(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device));
+  }
+  ~CudaDeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);  // restoring cannot sensibly fail or throw here
+  }
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+/// The GPU whose memory `p` points into, or -1 for host memory (pageable or pinned) and null.
+inline int cuda_device_of(const void* p) {
+  if (!p) return -1;
+  cudaPointerAttributes attributes{};
+  cuda_check(cudaPointerGetAttributes(&attributes, p), "cudaPointerGetAttributes");
+  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) return attributes.device;
+  return -1;
+}
+
+/// A replica thread's binding: its GPU and its stream. Set once by ds::cuda::enter_replica_thread;
+/// the stream is destroyed when the thread ends.
+struct CudaReplicaThread {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  std::string error;  // why binding the thread failed; reported by the first use of the stream
+  int error_code = 0;  // its cudaError_t
+
+  CudaReplicaThread() = default;
+  CudaReplicaThread(const CudaReplicaThread&) = delete;
+  CudaReplicaThread& operator=(const CudaReplicaThread&) = delete;
+  ~CudaReplicaThread() {
+    // At process exit the runtime may already be unloading; nothing useful can be done on failure.
+    if (stream) (void)cudaStreamDestroy(stream);
+  }
+};
+
+inline CudaReplicaThread& cuda_replica_thread() noexcept {
+  static thread_local CudaReplicaThread state;
+  return state;
+}
+
+/// The stream of this replica thread; the default stream (0) on any other thread. Throws the
+/// error that binding this replica thread to its GPU met, if any.
+inline cudaStream_t cuda_replica_stream() {
+  const auto& state = cuda_replica_thread();
+  if (!state.error.empty()) throw CudaError(state.error_code, state.error);
+  return state.stream;
+}
+
+/// Device memory owned by one allocation (cudaMalloc on the current device).
+class CudaBuffer {
+ public:
+  CudaBuffer() = default;
+  explicit CudaBuffer(std::size_t bytes) {
+    if (bytes) cuda_check(cudaMalloc(&data_, bytes), fmt::format("cudaMalloc({} bytes)", bytes));
+  }
+  CudaBuffer(CudaBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)) {}
+  CudaBuffer& operator=(CudaBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    return *this;
+  }
+  ~CudaBuffer() {
+    if (data_) (void)cudaFree(data_);
+  }
+  void* data() const noexcept { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+// ---- end <distribute/backends/cuda/detail/runtime.hpp> ----
+#endif
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+namespace device_kernels {
+
+// ---- functors: the host kernels' expressions, callable on the device ----------------------
+template <class T>
+struct sum_fn {
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return static_cast<T>(a + b); }
+};
+template <class T>
+struct difference_fn {
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return static_cast<T>(a - b); }
+};
+template <class T>
+struct product_fn {
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return static_cast<T>(a * b); }
+};
+template <class T>
+struct min_fn {  // std::min(a, b)
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return b < a ? b : a; }
+};
+template <class T>
+struct max_fn {  // std::max(a, b)
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return a < b ? b : a; }
+};
+struct or_fn {
+  DISTRIBUTE_HOST_DEVICE bool operator()(bool a, bool b) const { return a || b; }
+};
+struct and_fn {
+  DISTRIBUTE_HOST_DEVICE bool operator()(bool a, bool b) const { return a && b; }
+};
+template <class T>
+struct divide_by_fn {
+  T divisor;
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a) const { return static_cast<T>(a / divisor); }
+};
+
+/// Runs a Thrust algorithm and turns a device-system failure into a library error naming `what`.
+template <class F>
+void run(const char* what, F&& f) {
+  try {
+    f();
+  } catch (const thrust::system_error& e) {
+#if DISTRIBUTE_THRUST_CUDA
+    throw CudaError(e.code().value(), fmt::format("{}: {}", what, e.what()));
+#else
+    throw Error(fmt::format("{}: {}", what, e.what()));
+#endif
+  }
+}
+
+template <class T, class F>
+void binary(T* acc, const T* src, std::size_t n, F f) {
+  run("device kernel", [&] { thrust::transform(thrust::device, acc, acc + n, src, acc, f); });
+}
+
+/// acc[i] = acc[i] (op) src[i] on the device, as detail::combine does on the host; Mean
+/// accumulates as Sum. Both pointers must be on the current device.
+template <class T>
+void combine(T* acc, const T* src, std::size_t n, ReduceOp op) {
+  if (n == 0) return;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::Mean) binary(acc, src, n, or_fn{});
+    else binary(acc, src, n, and_fn{});
+  } else {
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Mean: binary(acc, src, n, sum_fn<T>{}); break;
+      case ReduceOp::Min: binary(acc, src, n, min_fn<T>{}); break;
+      case ReduceOp::Max: binary(acc, src, n, max_fn<T>{}); break;
+      case ReduceOp::Product: binary(acc, src, n, product_fn<T>{}); break;
+    }
+  }
+}
+
+/// acc[i] /= divisor on the device (integers truncate, as detail::divide); bool is left alone.
+template <class T>
+void divide(T* acc, std::size_t n, std::int64_t divisor) {
+  if constexpr (!std::is_same_v<T, bool>) {
+    if (n == 0) return;
+    const divide_by_fn<T> f{static_cast<T>(divisor)};
+    run("device kernel", [&] { thrust::transform(thrust::device, acc, acc + n, acc, f); });
+  }
+}
+
+/// divide() for a buffer known only by its dtype (the NCCL collective's integer MEAN).
+inline void divide(void* acc, DType dtype, std::size_t n, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto t) { divide(static_cast<decltype(t)*>(acc), n, divisor); });
+}
+
+}  // namespace device_kernels
+
+/// Copies bytes between any two of host memory and device memory.
+inline void device_copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+#if DISTRIBUTE_THRUST_CUDA
+  // With unified addressing CUDA tells host, this GPU and other GPUs apart by the pointers.
+  cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+#else
+  std::memcpy(dst, src, bytes);  // the OpenMP and CPP device systems keep "device" memory on the host
+#endif
+}
+
+/// What a BufferRef in device memory carries for the collectives.
+inline constexpr DeviceMemoryAccess thrust_device_access{&device_copy_bytes};
+
+#if DISTRIBUTE_THRUST_CUDA
+/// Makes the GPU that `p` points into current for the guard's lifetime (kernels run on the
+/// current GPU); host memory leaves the current device alone.
+class OnDeviceOf {
+ public:
+  explicit OnDeviceOf(const void* p) : device_(cuda_device_of(p)), guard_(device_) {}
+  int device() const noexcept { return device_; }
+
+ private:
+  int device_;
+  CudaDeviceGuard guard_;
+};
+
+/// Under CUDA a kernel may not read another GPU's memory (peer access is not enabled). This
+/// makes the destination's GPU current and, if the source lives on another GPU, copies it next
+/// to the destination first.
+template <class T>
+class SameDeviceOperand {
+ public:
+  SameDeviceOperand(const T* dst, const T* src, std::size_t n) : on_(dst), src_(src) {
+    if (n == 0 || on_.device() < 0 || cuda_device_of(src) == on_.device()) return;
+    staged_ = CudaBuffer(n * sizeof(T));
+    device_copy_bytes(staged_.data(), src, n * sizeof(T));
+    src_ = static_cast<const T*>(staged_.data());
+  }
+  const T* get() const noexcept { return src_; }
+
+ private:
+  OnDeviceOf on_;
+  CudaBuffer staged_;
+  const T* src_;
+};
+#else
+class OnDeviceOf {  // one memory, no devices to switch
+ public:
+  explicit OnDeviceOf(const void*) noexcept {}
+};
+
+template <class T>
+class SameDeviceOperand {
+ public:
+  SameDeviceOperand(const T*, const T* src, std::size_t) noexcept : src_(src) {}
+  const T* get() const noexcept { return src_; }
+
+ private:
+  const T* src_;
+};
+#endif
+
+/// The GPU index named by a TF device string ("/job:localhost/.../device:GPU:1" → 1), or -1.
+inline int gpu_index_of(const std::string& device) {
+  if (device.empty()) return -1;
+  const DeviceSpec d = DeviceSpec::parse(device);
+  return d.device_type == std::string("GPU") && d.device_index ? *d.device_index : -1;
+}
+
+/// Host copies of device values, for code that only works on the host (reduce along an axis).
+template <class E>
+struct HostCopies {
+  std::vector<Tensor<E>> tensors;
+  std::vector<const Tensor<E>*> pointers() const {
+    std::vector<const Tensor<E>*> out;
+    out.reserve(tensors.size());
+    for (const auto& t : tensors) out.push_back(&t);
+    return out;
+  }
+};
+
+template <class U>
+struct device_ops {
+  using E = element_t<U>;
+  using traits = tensor_traits<U>;
+
+  /// For the BufferRef of a device value (ReplicaContext::buffer_ref).
+  static constexpr const DeviceMemoryAccess* access() noexcept { return &thrust_device_access; }
+
+  /// acc (op)= src, element-wise; src may live on another GPU than acc.
+  static void combine(U& acc, const U& src, ReduceOp op) {
+    const std::size_t n = element_count(acc);
+    SameDeviceOperand<E> s(traits::data(acc), traits::data(src), n);
+    device_kernels::combine(traits::data(acc), s.get(), n, op);
+  }
+  static void divide(U& acc, std::int64_t divisor) {
+    const OnDeviceOf on(traits::data(acc));
+    device_kernels::divide(traits::data(acc), element_count(acc), divisor);
+  }
+  /// Variable updates: dst = src, dst += src, dst -= src (src may live on another GPU).
+  static void assign(U& dst, const U& src) {
+    device_copy_bytes(traits::data(dst), traits::data(src), element_count(dst) * sizeof(E));
+  }
+  static void add(U& dst, const U& src) { binary(dst, src, device_kernels::sum_fn<E>{}); }
+  static void sub(U& dst, const U& src) { binary(dst, src, device_kernels::difference_fn<E>{}); }
+
+  /// strategy.reduce of device components: `out` (a copy of parts[0]) combined with the other
+  /// parts, then with the other workers' through `link` (host memory travels, so a host copy),
+  /// then divided for Mean by the number of components in all.
+  template <class Link>
+  static U reduce(U out, const std::vector<const U*>& parts, ReduceOp op, Link* link) {
+    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    for (std::size_t r = 1; r < parts.size(); ++r) combine(out, *parts[r], combine_op);
+    auto components = static_cast<std::int64_t>(parts.size());
+    if (link) {
+      const std::size_t n = element_count(out);
+      on_host(out, [&](void* p) { link->all_reduce(p, n, dtype_of<E>(), combine_op); });
+      components *= link->num_workers();
+    }
+    if (op == ReduceOp::Mean) divide(out, components);
+    return out;
+  }
+
+  /// The same over a variable's copies (a cross-replica read of a sync-on-read variable).
+  template <class Link>
+  static U reduce(U out, const std::vector<U>& copies, ReduceOp op, Link* link) {
+    std::vector<const U*> parts;
+    parts.reserve(copies.size());
+    for (const auto& c : copies) parts.push_back(&c);
+    return reduce(std::move(out), parts, op, link);
+  }
+
+  /// A variable's copies: `copies` of `initial`, copy c on devices[c] (its replica's GPU under
+  /// CUDA, not the GPU current on the creating thread). With a link every worker starts from
+  /// the chief's value, as for host variables.
+  template <class Link>
+  static std::vector<U> place_copies(U& initial, std::size_t copies, const std::vector<std::string>& devices,
+                                     Link* link) {
+    if (link) {
+      const std::size_t bytes = element_count(initial) * sizeof(E);
+      on_host(initial, [&](void* p) { link->broadcast(p, bytes, 0); });
+    }
+    std::vector<U> out;
+    out.reserve(copies);
+    for (std::size_t c = 0; c < copies; ++c) out.push_back(copy_to(initial, c < devices.size() ? devices[c] : std::string()));
+    return out;
+  }
+
+  /// A host Tensor with v's shape and elements.
+  static Tensor<E> to_host(const U& v) {
+    Tensor<E> out = Tensor<E>::zeros(shape_of(v));
+    device_copy_bytes(out.data(), traits::data(v), out.size() * sizeof(E));
+    return out;
+  }
+  /// A G (allocated on the current device) holding the host tensor's shape and elements.
+  template <class G>
+  static G from_host(const Tensor<E>& host) {
+    G out = tensor_traits<G>::make(host.shape());
+    device_copy_bytes(tensor_traits<G>::data(out), host.data(), host.size() * sizeof(E));
+    return out;
+  }
+  static HostCopies<E> host_copies(const std::vector<const U*>& parts) {
+    HostCopies<E> out;
+    out.tensors.reserve(parts.size());
+    for (const U* p : parts) out.tensors.push_back(to_host(*p));
+    return out;
+  }
+
+  /// Runs f(void* host_elements) on a host copy of v's elements and copies them back (for the
+  /// cross-worker links, which send host memory).
+  template <class F>
+  static void on_host(U& v, F&& f) {
+    const std::size_t bytes = element_count(v) * sizeof(E);
+    std::vector<std::byte> host(bytes);
+    device_copy_bytes(host.data(), traits::data(v), bytes);
+    f(static_cast<void*>(host.data()));
+    device_copy_bytes(traits::data(v), host.data(), bytes);
+  }
+
+  /// A copy of v placed on `device` (a TF device string; a GPU under CUDA, else where v is).
+  static U copy_to(const U& v, const std::string& device) {
+#if DISTRIBUTE_THRUST_CUDA
+    CudaDeviceGuard on(gpu_index_of(device));
+    U out = traits::make(shape_of(v));
+    device_copy_bytes(traits::data(out), traits::data(v), element_count(v) * sizeof(E));
+    return out;
+#else
+    (void)device;
+    return v;
+#endif
+  }
+
+  /// The concatenation of `parts` along `axis` as a new G (allocated on the current device).
+  template <class G>
+  static G concat(const std::vector<const BufferRef*>& parts, std::size_t axis) {
+    Shape out_shape = parts.front()->shape;
+    out_shape[axis] = 0;
+    for (const auto* p : parts) out_shape[axis] += p->shape[axis];
+    G out = tensor_traits<G>::make(out_shape);
+    concat_into(parts, axis, out_shape, tensor_traits<G>::data(out));
+    return out;
+  }
+
+ private:
+  template <class F>
+  static void binary(U& dst, const U& src, F f) {
+    const std::size_t n = element_count(dst);
+    SameDeviceOperand<E> s(traits::data(dst), traits::data(src), n);
+    device_kernels::binary(traits::data(dst), s.get(), n, f);
+  }
+
+  static void concat_into(const std::vector<const BufferRef*>& parts, std::size_t axis, const Shape& out_shape,
+                          void* out) {
+    const std::size_t elem = size_of(parts.front()->dtype);
+    std::size_t outer = 1, inner = 1;
+    for (std::size_t d = 0; d < axis; ++d) outer *= static_cast<std::size_t>(out_shape[d]);
+    for (std::size_t d = axis + 1; d < out_shape.size(); ++d) inner *= static_cast<std::size_t>(out_shape[d]);
+    const std::size_t row = static_cast<std::size_t>(out_shape[axis]) * inner * elem;  // one outer row of out
+    std::size_t column = 0;
+    for (const auto* p : parts) {
+      const std::size_t run = static_cast<std::size_t>(p->shape[axis]) * inner * elem;
+      if (run != 0 && outer != 0) {
+#if DISTRIBUTE_THRUST_CUDA
+        // One strided copy per part: `outer` runs of `run` bytes, `row` bytes apart in out.
+        cuda_check(cudaMemcpy2D(static_cast<std::byte*>(out) + column, row, p->data, run, run, outer,
+                                cudaMemcpyDefault),
+                   "cudaMemcpy2D");
+#else
+        for (std::size_t o = 0; o < outer; ++o) {
+          device_copy_bytes(static_cast<std::byte*>(out) + o * row + column,
+                            static_cast<const std::byte*>(p->data) + o * run, run);
+        }
+#endif
+      }
+      column += run;
+    }
+  }
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_DEVICE_OPS_HPP
+// ---- end <distribute/backends/cuda/detail/device_ops.hpp> ----
+// ---- begin <distribute/backends/cuda/detail/runtime.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+// The CUDA runtime pieces of the cuda backend: the visible devices, a scoped current device, the
+// device a pointer lives on, and the state of a replica thread (its GPU and its stream).
+// Needs only the CUDA runtime API (cuda_runtime.h, libcudart), not nvcc.
+
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+// ---- begin <distribute/backends/cuda/error.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// CudaError: a CUDA runtime call failed. Every CUDA call of the library goes through
+// detail::cuda_check, so a failure is an exception carrying the call, the error's name and
+// CUDA's own message, never a crash or an ignored status.
+
+
+#include <string>
+#include <string_view>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A CUDA runtime call failed (out of memory, a kernel fault, a lost device...). "No GPU visible"
+/// is ds::Unavailable instead: that is a property of the machine, not a failure of a call.
+class CudaError : public Error {
+ public:
+  CudaError(int code, const std::string& message) : Error(message), code_(code) {}
+  /// The cudaError_t value.
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+namespace detail {
+
+/// "cudaErrorNoDevice (100): no CUDA-capable device is detected".
+inline std::string cuda_error_text(cudaError_t e) {
+  return fmt::format("{} ({}): {}", cudaGetErrorName(e), static_cast<int>(e), cudaGetErrorString(e));
+}
+
+/// Throws CudaError naming `call` and `context` unless `e` is cudaSuccess. Clears CUDA's sticky
+/// last-error slot so a later, unrelated check does not report this failure again.
+inline void cuda_check(cudaError_t e, std::string_view call, std::string_view context = {}) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw CudaError(static_cast<int>(e), context.empty()
+                                           ? fmt::format("{} failed: {}", call, cuda_error_text(e))
+                                           : fmt::format("{}: {} failed: {}", context, call, cuda_error_text(e)));
+}
+
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// ---- end <distribute/backends/cuda/error.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// The number of GPUs this process sees (CUDA_VISIBLE_DEVICES applies). None, or no usable
+/// driver, is Unavailable with what cudaGetDeviceCount said.
+inline int visible_cuda_devices(const char* who) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Unavailable(fmt::format("{}: no CUDA device visible: cudaGetDeviceCount failed with {}", who,
+                                  cuda_error_text(e)));
+  }
+  if (count < 1) {
+    throw Unavailable(fmt::format("{}: no CUDA device visible: cudaGetDeviceCount reported 0 devices", who));
+  }
+  return count;
+}
+
+/// Makes `device` current on this thread for the guard's lifetime (no-op for device < 0).
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int device) {
+    if (device < 0) return;
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) cuda_check(cudaSetDevice(device), fmt::format("cudaSetDevice({})", device));
+  }
+  ~CudaDeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);  // restoring cannot sensibly fail or throw here
+  }
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+/// The GPU whose memory `p` points into, or -1 for host memory (pageable or pinned) and null.
+inline int cuda_device_of(const void* p) {
+  if (!p) return -1;
+  cudaPointerAttributes attributes{};
+  cuda_check(cudaPointerGetAttributes(&attributes, p), "cudaPointerGetAttributes");
+  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) return attributes.device;
+  return -1;
+}
+
+/// A replica thread's binding: its GPU and its stream. Set once by ds::cuda::enter_replica_thread;
+/// the stream is destroyed when the thread ends.
+struct CudaReplicaThread {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  std::string error;  // why binding the thread failed; reported by the first use of the stream
+  int error_code = 0;  // its cudaError_t
+
+  CudaReplicaThread() = default;
+  CudaReplicaThread(const CudaReplicaThread&) = delete;
+  CudaReplicaThread& operator=(const CudaReplicaThread&) = delete;
+  ~CudaReplicaThread() {
+    // At process exit the runtime may already be unloading; nothing useful can be done on failure.
+    if (stream) (void)cudaStreamDestroy(stream);
+  }
+};
+
+inline CudaReplicaThread& cuda_replica_thread() noexcept {
+  static thread_local CudaReplicaThread state;
+  return state;
+}
+
+/// The stream of this replica thread; the default stream (0) on any other thread. Throws the
+/// error that binding this replica thread to its GPU met, if any.
+inline cudaStream_t cuda_replica_stream() {
+  const auto& state = cuda_replica_thread();
+  if (!state.error.empty()) throw CudaError(state.error_code, state.error);
+  return state.stream;
+}
+
+/// Device memory owned by one allocation (cudaMalloc on the current device).
+class CudaBuffer {
+ public:
+  CudaBuffer() = default;
+  explicit CudaBuffer(std::size_t bytes) {
+    if (bytes) cuda_check(cudaMalloc(&data_, bytes), fmt::format("cudaMalloc({} bytes)", bytes));
+  }
+  CudaBuffer(CudaBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)) {}
+  CudaBuffer& operator=(CudaBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    return *this;
+  }
+  ~CudaBuffer() {
+    if (data_) (void)cudaFree(data_);
+  }
+  void* data() const noexcept { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_DETAIL_RUNTIME_HPP
+// ---- end <distribute/backends/cuda/detail/runtime.hpp> ----
+// ---- begin <distribute/backends/cuda/error.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// CudaError: a CUDA runtime call failed. Every CUDA call of the library goes through
+// detail::cuda_check, so a failure is an exception carrying the call, the error's name and
+// CUDA's own message, never a crash or an ignored status.
+
+
+#include <string>
+#include <string_view>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A CUDA runtime call failed (out of memory, a kernel fault, a lost device...). "No GPU visible"
+/// is ds::Unavailable instead: that is a property of the machine, not a failure of a call.
+class CudaError : public Error {
+ public:
+  CudaError(int code, const std::string& message) : Error(message), code_(code) {}
+  /// The cudaError_t value.
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+namespace detail {
+
+/// "cudaErrorNoDevice (100): no CUDA-capable device is detected".
+inline std::string cuda_error_text(cudaError_t e) {
+  return fmt::format("{} ({}): {}", cudaGetErrorName(e), static_cast<int>(e), cudaGetErrorString(e));
+}
+
+/// Throws CudaError naming `call` and `context` unless `e` is cudaSuccess. Clears CUDA's sticky
+/// last-error slot so a later, unrelated check does not report this failure again.
+inline void cuda_check(cudaError_t e, std::string_view call, std::string_view context = {}) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw CudaError(static_cast<int>(e), context.empty()
+                                           ? fmt::format("{} failed: {}", call, cuda_error_text(e))
+                                           : fmt::format("{}: {} failed: {}", context, call, cuda_error_text(e)));
+}
+
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
+// ---- end <distribute/backends/cuda/error.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// An NCCL call failed. Carries the ncclResult_t and NCCL's own description of the failure.
+class NcclError : public Error {
+ public:
+  NcclError(int code, const std::string& message) : Error(message), code_(code) {}
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+namespace detail {
+
+/// Throws NcclError naming `call` unless `r` is ncclSuccess (or, for group calls, in progress).
+inline void nccl_check(ncclResult_t r, std::string_view call, ncclComm_t comm = nullptr) {
+  if (r == ncclSuccess) return;
+  std::string message = fmt::format("{} failed: {} ({})", call, ncclGetErrorString(r), static_cast<int>(r));
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+  if (const char* last = ncclGetLastError(comm); last && *last) message += fmt::format("; NCCL says: {}", last);
+#else
+  (void)comm;
+#endif
+  throw NcclError(static_cast<int>(r), message);
+}
+
+/// NCCL's element type for a dtype; none for 16-bit integers, which NCCL does not reduce.
+inline std::optional<ncclDataType_t> nccl_type(DType d) noexcept {
+  switch (d) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::I8: return ncclInt8;
+    case DType::U8: return ncclUint8;
+    case DType::Bool: return ncclUint8;  // 0/1 bytes: OR is Max, AND is Min
+    case DType::I32: return ncclInt32;
+    case DType::U32: return ncclUint32;
+    case DType::I64: return ncclInt64;
+    case DType::U64: return ncclUint64;
+    case DType::I16:
+    case DType::U16: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+/// The NCCL reduction for `op` on `dtype`. MEAN becomes ncclAvg where that matches our MEAN
+/// (floats, dividing by the local replicas, NCCL >= 2.10); otherwise a SUM, divided afterwards
+/// so that integer MEAN truncates exactly as the host kernels do.
+struct NcclReduction {
+  ncclRedOp_t op = ncclSum;
+  bool divide_after = false;
+};
+inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, std::int64_t mean_divisor, int ranks) noexcept {
+  if (dtype == DType::Bool) {
+    const bool any = op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::Mean;
+    return {any ? ncclMax : ncclMin, false};
+  }
+  switch (op) {
+    case ReduceOp::Sum: return {ncclSum, false};
+    case ReduceOp::Min: return {ncclMin, false};
+    case ReduceOp::Max: return {ncclMax, false};
+    case ReduceOp::Product: return {ncclProd, false};
+    case ReduceOp::Mean:
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+      if ((dtype == DType::F32 || dtype == DType::F64) && mean_divisor == ranks) return {ncclAvg, false};
+#endif
+      return {ncclSum, mean_divisor > 1};
+  }
+  return {ncclSum, false};
+}
+
+class NcclCollectives final : public ReplicaCollectives {
+ public:
+  explicit NcclCollectives(const CollectivesConfig& config)
+      : mean_divisor_(config.num_replicas_in_sync),
+        fallback_(with_device_staging(std::make_unique<SharedMemoryCollectives>(config.num_replicas_in_sync))) {
+    for (const auto& device : config.devices) {
+      const DeviceSpec spec = DeviceSpec::parse(device);
+      if (spec.device_type != std::string("GPU") || !spec.device_index) {
+        throw InvalidArgument(fmt::format(
+            "NcclAllReduce: device '{}' is not a GPU; NCCL runs between GPUs (use MirroredStrategy<ds::cuda>)", device));
+      }
+      gpus_.push_back(*spec.device_index);
+    }
+    comms_.assign(gpus_.size(), nullptr);
+    int current = 0;
+    cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");
+    CudaDeviceGuard restore(current);  // ncclCommInitAll visits every device
+    nccl_check(ncclCommInitAll(comms_.data(), static_cast<int>(gpus_.size()), gpus_.data()),
+               fmt::format("ncclCommInitAll over GPUs {}", fmt::join(gpus_, ", ")));
+  }
+  NcclCollectives(const NcclCollectives&) = delete;
+  NcclCollectives& operator=(const NcclCollectives&) = delete;
+
+  ~NcclCollectives() override {
+    // The replica threads have been joined (the strategy destroys them first).
+    for (ncclComm_t c : comms_) {
+      if (!c) continue;
+      if (aborted_.load()) (void)ncclCommAbort(c);
+      else (void)ncclCommDestroy(c);
+    }
+  }
+
+  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
+    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+    bool nccl = false;
+    cudaStream_t stream = nullptr;
+    issue_in_exchange(group, replica, call, [&](bool& issuing) {
+      nccl = takes(group, /*reduction=*/true);
+      if (!nccl) return;
+      stream = cuda_replica_stream();
+      issuing = true;
+      enqueue_all_reduce(replica, buffers, op, group.size(), stream);
+    });
+    if (!nccl) return fallback_->all_reduce(group, replica, buffers, op);
+    wait(group, replica, stream, CollectiveKind::AllReduce);
+  }
+
+  void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+                  const std::function<void*(const Shape&)>& allocate) override {
+    BufferRef in = input;
+    const CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
+    bool nccl = false;
+    std::vector<Shape> shapes;  // every replica's input shape, read while the exchange holds them
+    exchange(group, replica, call, [&] {
+      nccl = takes(group, /*reduction=*/false);
+      if (!nccl) return;
+      for (int r = 0; r < group.size(); ++r) shapes.push_back(group.slot(r).buffers[0].shape);
+    });
+    if (!nccl) return fallback_->all_gather(group, replica, input, axis, allocate);
+    gather_with_broadcasts(group, replica, in, static_cast<std::size_t>(axis), shapes, allocate);
+  }
+
+  void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
+    const CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
+    bool nccl = false;
+    cudaStream_t stream = nullptr;
+    issue_in_exchange(group, replica, call, [&](bool& issuing) {
+      nccl = root < group.size() && takes(group, /*reduction=*/false);
+      if (!nccl || buffer.bytes() == 0) return;
+      stream = cuda_replica_stream();
+      const ncclComm_t comm = comm_of(replica);
+      issuing = true;
+      nccl_check(ncclBroadcast(buffer.data, buffer.data, buffer.bytes(), ncclInt8, root, comm, stream), "ncclBroadcast",
+                 comm);
+    });
+    if (!nccl) return fallback_->broadcast(group, replica, buffer, root);
+    if (stream) wait(group, replica, stream, CollectiveKind::Broadcast);
+  }
+
+ private:
+  ncclComm_t comm_of(int replica) const { return comms_[static_cast<std::size_t>(replica)]; }
+
+  // Runs issue(issuing) inside the exchange, after the calls are validated on every replica;
+  // `issue` sets `issuing` just before it enqueues NCCL work. If the exchange then fails on any
+  // replica, that work can never complete (a peer never issued its part): abort the
+  // communicator, which ends the NCCL kernel, rather than leave the GPU spinning in it.
+  template <class Issue>
+  void issue_in_exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Issue&& issue) {
+    bool issuing = false;
+    try {
+      exchange(group, replica, call, [&] { issue(issuing); });
+    } catch (...) {
+      if (issuing) abort_communicator(replica);
+      throw;
+    }
+  }
+
+  // Whether NCCL runs this call. Decided from the published calls, so every replica decides alike.
+  bool takes(const ReplicaGroup& group, bool reduction) const {
+    if (aborted_.load(std::memory_order_acquire)) {
+      throw Unavailable("NcclAllReduce: the NCCL communicators were aborted after a failed step; create a new strategy");
+    }
+    if (group.size() != static_cast<int>(comms_.size())) return false;
+    for (int r = 0; r < group.size(); ++r) {
+      for (const BufferRef& b : group.slot(r).buffers) {
+        if (b.memory != MemorySpace::device) return false;
+        if (reduction && !nccl_type(b.dtype)) return false;
+      }
+    }
+    return true;
+  }
+
+  void enqueue_all_reduce(int replica, std::span<BufferRef> buffers, ReduceOp op, int ranks, cudaStream_t stream) {
+    const ncclComm_t comm = comm_of(replica);
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+    // Our stream only waits for the legacy default stream by itself; the step's work may be on
+    // this thread's default stream instead.
+    order_after_default_stream(stream);
+#endif
+    // Several values of one all_reduce: one group, so NCCL launches them together.
+    nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
+    ncclResult_t issued = ncclSuccess;
+    const char* failed = nullptr;
+    for (const BufferRef& b : buffers) {
+      if (b.count() == 0) continue;
+      const NcclReduction how = nccl_reduction(op, b.dtype, mean_divisor_, ranks);
+      issued = ncclAllReduce(b.data, b.data, b.count(), *nccl_type(b.dtype), how.op, comm, stream);
+      if (issued != ncclSuccess) {
+        failed = "ncclAllReduce";
+        break;
+      }
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    if (failed) nccl_check(issued, failed, comm);
+    nccl_check(ended, "ncclGroupEnd", comm);
+    for (const BufferRef& b : buffers) {
+      if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks).divide_after) continue;
+      visit_dtype(b.dtype, [&](auto t) {
+        using T = decltype(t);
+        if constexpr (!std::is_same_v<T, bool>) {
+          auto* p = static_cast<T*>(b.data);
+          device_kernels::run("MEAN division after ncclAllReduce", [&] {
+            thrust::transform(thrust::cuda::par_nosync.on(stream), p, p + b.count(), p,
+                              device_kernels::divide_by_fn<T>{static_cast<T>(mean_divisor_)});
+          });
+        }
+      });
+    }
+  }
+
+  // Every replica's input lands at its offset by one ncclBroadcast from that replica (NCCL has
+  // no all-gather of uneven sizes); along axis 0 straight into the result, along another axis
+  // into a staging buffer that strided copies then interleave.
+  void gather_with_broadcasts(ReplicaGroup& group, int replica, const BufferRef& in, std::size_t axis,
+                              const std::vector<Shape>& shapes, const std::function<void*(const Shape&)>& allocate) {
+    const std::size_t elem = size_of(in.dtype);
+    Shape out_shape = shapes.front();
+    out_shape[axis] = 0;
+    for (const auto& s : shapes) out_shape[axis] += s[axis];
+    std::size_t outer = 1, inner = 1;
+    for (std::size_t d = 0; d < axis; ++d) outer *= static_cast<std::size_t>(out_shape[d]);
+    for (std::size_t d = axis + 1; d < out_shape.size(); ++d) inner *= static_cast<std::size_t>(out_shape[d]);
+    std::vector<std::size_t> bytes, offsets;
+    std::size_t total = 0;
+    for (const auto& s : shapes) {
+      offsets.push_back(total);
+      bytes.push_back(static_cast<std::size_t>(num_elements(s)) * elem);
+      total += bytes.back();
+    }
+    auto* out = static_cast<std::byte*>(allocate(out_shape));
+    if (total == 0) return;
+    const cudaStream_t stream = cuda_replica_stream();
+    const ncclComm_t comm = comm_of(replica);
+    const bool direct = (axis == 0 || outer == 1) && cuda_device_of(out) == gpus_[static_cast<std::size_t>(replica)];
+    CudaBuffer staging(direct ? 0 : total);
+    auto* dst = direct ? out : static_cast<std::byte*>(staging.data());
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+    order_after_default_stream(stream);
+#endif
+    nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
+    ncclResult_t issued = ncclSuccess;
+    for (int r = 0; r < group.size() && issued == ncclSuccess; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      if (bytes[i] == 0) continue;
+      const void* send = r == replica ? in.data : dst + offsets[i];
+      issued = ncclBroadcast(send, dst + offsets[i], bytes[i], ncclInt8, r, comm, stream);
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    nccl_check(issued, "ncclBroadcast", comm);
+    nccl_check(ended, "ncclGroupEnd", comm);
+    if (!direct) {
+      // Part r holds `outer` runs of run_r bytes; in the result they sit `row` bytes apart.
+      const std::size_t row = static_cast<std::size_t>(out_shape[axis]) * inner * elem;
+      std::size_t column = 0;
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        const std::size_t run = static_cast<std::size_t>(shapes[i][axis]) * inner * elem;
+        if (run && outer) {
+          cuda_check(cudaMemcpy2DAsync(out + column, row, dst + offsets[i], run, run, outer, cudaMemcpyDefault, stream),
+                     "cudaMemcpy2DAsync", "all_gather");
+        }
+        column += run;
+      }
+    }
+    wait(group, replica, stream, CollectiveKind::AllGather);
+  }
+
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+  static void order_after_default_stream(cudaStream_t stream) {
+    cudaEvent_t ready = nullptr;
+    cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    const cudaError_t recorded = cudaEventRecord(ready, cudaStreamPerThread);
+    const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(stream, ready, 0) : recorded;
+    (void)cudaEventDestroy(ready);
+    cuda_check(waited, "cudaStreamWaitEvent");
+  }
+#endif
+
+  // Waits for this replica's stream. Polls rather than blocks so that a step another replica
+  // abandoned (its NCCL call never comes) ends in an error instead of a hang: the communicators
+  // are then aborted, which releases the NCCL kernels of every replica.
+  void wait(ReplicaGroup& group, int replica, cudaStream_t stream, CollectiveKind what) {
+    const ncclComm_t comm = comm_of(replica);
+    for (unsigned spins = 0;; ++spins) {
+      const cudaError_t e = cudaStreamQuery(stream);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) {
+        abort_communicator(replica);
+        cuda_check(e, "cudaStreamQuery", to_string(what));
+      }
+      ncclResult_t async = ncclSuccess;
+      nccl_check(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError", comm);
+      if (failed(async)) {
+        abort_communicator(replica);
+        nccl_check(async, fmt::format("{} (asynchronous error on replica {})", to_string(what), replica), comm);
+      }
+      if (group.aborted()) {
+        abort_communicator(replica);
+        throw Cancelled(fmt::format("replica {} left {}: another replica of this step failed", replica, to_string(what)));
+      }
+      if (spins < 2000) cpu_relax();
+      else std::this_thread::yield();
+    }
+  }
+
+  static bool failed(ncclResult_t r) noexcept {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+    if (r == ncclInProgress) return false;
+#endif
+    return r != ncclSuccess;
+  }
+
+  // Each replica aborts its own communicator (another thread may be polling the others); that
+  // ends its NCCL kernels. The strategy's later collectives then report Unavailable.
+  void abort_communicator(int replica) noexcept {
+    aborted_.store(true, std::memory_order_release);
+    auto& c = comms_[static_cast<std::size_t>(replica)];
+    if (c) (void)ncclCommAbort(c);
+    c = nullptr;
+  }
+
+  std::int64_t mean_divisor_;
+  std::unique_ptr<ReplicaCollectives> fallback_;
+  std::vector<int> gpus_;
+  std::vector<ncclComm_t> comms_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace detail
+
+/// Cross-device ops policy: NCCL all-reduce, all-gather and broadcast between the local GPUs
+/// (the default of MirroredStrategy<ds::cuda> where NCCL is compiled in).
+struct NcclAllReduce {
+  static constexpr std::string_view name = "NcclAllReduce";
+  /// The collectives take device buffers themselves (see collective/detail/device_staging.hpp).
+  static constexpr bool device_buffers = true;
+  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
+    return std::make_unique<detail::NcclCollectives>(config);
+  }
+};
+
+DISTRIBUTE_END_NAMESPACE
+
+#endif  // DISTRIBUTE_HAS_NCCL
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_COLLECTIVE_NCCL_HPP
+// ---- end <distribute/collective/nccl.hpp> ----
 #endif
 // ---- end <distribute/distribute.hpp> ----

@@ -1,6 +1,7 @@
 // expect-ok
 // The control for the two snippets above: the same program with matching strategy types.
-#include <distribute/distribute.hpp>
+#include <distribute/strategy/mirrored.hpp>
+#include <distribute/strategy/one_device.hpp>
 
 namespace ds = distribute;
 

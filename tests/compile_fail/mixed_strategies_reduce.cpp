@@ -1,6 +1,7 @@
 // expect-error: reduce: this distributed value was made by a strategy of another type
 // A PerReplica produced by OneDeviceStrategy cannot be reduced by a MirroredStrategy.
-#include <distribute/distribute.hpp>
+#include <distribute/strategy/mirrored.hpp>
+#include <distribute/strategy/one_device.hpp>
 
 namespace ds = distribute;
 

@@ -1,6 +1,7 @@
 // expect-error: a distributed value made by one strategy type was passed to a strategy of another type
 // A PerReplica produced by MirroredStrategy cannot be fed to OneDeviceStrategy::run.
-#include <distribute/distribute.hpp>
+#include <distribute/strategy/mirrored.hpp>
+#include <distribute/strategy/one_device.hpp>
 
 namespace ds = distribute;
 

@@ -1,6 +1,7 @@
 // expect-error: (?s)constraints not satisfied.*TensorLike
 // A type without a ds::tensor_traits specialisation is rejected by the TensorLike concept.
-#include <distribute/distribute.hpp>
+#include <distribute/strategy/mirrored.hpp>
+#include <distribute/strategy/one_device.hpp>
 
 namespace ds = distribute;
 

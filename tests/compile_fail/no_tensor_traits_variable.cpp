@@ -1,6 +1,7 @@
 // expect-error: ds::Variable<T>: T needs a ds::tensor_traits specialisation \(see TensorLike\)
 // Variables hold TensorLike values only.
-#include <distribute/distribute.hpp>
+#include <distribute/strategy/mirrored.hpp>
+#include <distribute/strategy/one_device.hpp>
 
 struct Opaque {
   int secret = 0;

@@ -1,6 +1,6 @@
 // expect-ok
 // Control for the compile-fail suite: correct use of the same API must compile.
-#include <distribute/distribute.hpp>
+#include <distribute/core/reduce_op.hpp>
 
 int main() {
   distribute::ReduceOp op = distribute::parse_reduce_op("sum");

@@ -40,6 +40,7 @@
 #include <distribute/core/tensor_traits.hpp>
 #include <distribute/core/values.hpp>
 #include <distribute/core/variable.hpp>
+#include <distribute/ps/sharded_variable.hpp>
 #include <distribute/version.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -219,13 +220,11 @@ class Checkpoint {
     return add(std::move(name), std::make_unique<detail::TrackedVariable<T>>(variable));
   }
 
-  /// Tracks a sharded variable as one tensor: its shards concatenated along axis 0.
-  /// (Usable once Sharded<Variable<T>, S> can be instantiated: core/values.hpp's to_tensor()
-  /// names element_t<T> in its return type, which a Variable does not have. Until then use
-  /// track_sharded with the shard variables.)
-  template <class T, class S>
-  Checkpoint& track(std::string name, const Sharded<Variable<T>, S>& variable) {
-    return track_sharded(std::move(name), variable.shards());
+  /// Tracks a sharded variable as one tensor: its shards concatenated along axis 0, so that it
+  /// can be restored into a different number of shards.
+  template <class T>
+  Checkpoint& track(std::string name, const ShardedVariable<T>& variable) {
+    return track_sharded(std::move(name), variable.variables());
   }
 
   /// Tracks shard variables (in row order) as one tensor, concatenated along axis 0. They must

@@ -30,6 +30,7 @@
 #include <distribute/core/device.hpp>
 #include <distribute/core/values.hpp>
 #include <distribute/core/variable.hpp>
+#include <distribute/data/distributed_dataset.hpp>
 #include <distribute/strategy/detail/reduce_values.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -312,6 +313,23 @@ class SyncStrategy : public AnyStrategy {
       values.push_back(fn(ValueContext{contexts_[i]->replica_id_in_sync_group(), num_replicas_in_sync()}));
     }
     return PerReplica<R, Derived>(std::move(values));
+  }
+
+  /// Splits each global batch of `dataset` into per-replica batches (TF's rule), shards the input
+  /// across workers by the dataset's AutoShardPolicy and prefetches; iterating the result yields
+  /// PerReplica batches for run(). See data/distributed_dataset.hpp.
+  template <class T>
+  data::DistributedDataset<T, Derived> distribute_dataset(const data::Dataset<T>& dataset) {
+    return data::detail::distribute_dataset<Derived>(
+        dataset, {num_workers_, worker_index_, num_local_replicas(), num_replicas_in_sync()}, link_);
+  }
+
+  /// fn(ds::InputContext) once for this worker's input pipeline; fn returns a Dataset already
+  /// sharded and batched per replica, and each local replica takes one batch of it per step.
+  template <class F>
+  auto distribute_datasets_from_function(F&& fn) {
+    return data::detail::distribute_datasets_from_function<Derived>(
+        std::forward<F>(fn), {num_workers_, worker_index_, num_local_replicas(), num_replicas_in_sync()}, link_);
   }
 
   StrategyExtended<Derived> extended() noexcept { return StrategyExtended<Derived>(self()); }

@@ -1,0 +1,207 @@
+// Demo: an MLP classifier on the UCI optical handwritten digits (8x8 images), trained data-parallel.
+//
+//   digits [--strategy one_device|mirrored|multi_worker] [--replicas N] [--epochs E] [--batch B]
+//          [--hidden H] [--learning-rate LR] [--seed S] [--data PATH] [--out DIR]
+//   distribute-launch -n 3 -- digits --strategy multi_worker
+//
+// Prints one line per epoch and a final line, writes DIR/metrics-<strategy>.csv and
+// DIR/loss-<strategy>.svg (in multi_worker mode only the chief writes them). Exit status: 0 when the
+// final test accuracy reaches 0.95, 1 when it does not, 2 for a usage error, 3 for any other error
+// (a missing or malformed data file, a cluster error).
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "common/digits_mlp.hpp"
+#include "common/training_report.hpp"
+
+// meson passes the source tree's examples/data; a plain compiler build run from the repository
+// root finds it relative to the working directory.
+#ifndef DISTRIBUTE_EXAMPLES_DATA_DIR
+#define DISTRIBUTE_EXAMPLES_DATA_DIR "examples/data"
+#endif
+
+// MultiWorkerMirroredStrategy needs Boost.Asio, Boost.JSON and OpenSSL; the umbrella header includes
+// it only when their headers are there. meson says whether they were found; without meson, the same
+// rule as the umbrella header.
+#ifndef DIGITS_WITH_MULTI_WORKER
+#if __has_include(<boost/asio.hpp>) && __has_include(<openssl/hmac.h>) && __has_include(<boost/json.hpp>)
+#define DIGITS_WITH_MULTI_WORKER 1
+#else
+#define DIGITS_WITH_MULTI_WORKER 0
+#endif
+#endif
+
+namespace ds = distribute;
+
+namespace {
+
+constexpr double kTargetAccuracy = 0.95;
+constexpr int kExitBelowTarget = 1, kExitUsage = 2, kExitError = 3;
+
+constexpr const char* kUsage =
+    "usage: digits [--strategy one_device|mirrored|multi_worker] [--replicas N] [--epochs E] [--batch B]\n"
+    "              [--hidden H] [--learning-rate LR] [--seed S] [--data PATH] [--out DIR]\n"
+    "       digits --strategies   (lists the strategies this build has)\n"
+    "  --strategy    mirrored (default; --replicas host replicas, default 4), one_device, or multi_worker\n"
+    "                (one process of a cluster, e.g. under `distribute-launch -n 3 --`; --replicas per worker,\n"
+    "                default 1)\n"
+    "  --data        the digits CSV (default: " DISTRIBUTE_EXAMPLES_DATA_DIR "/digits.csv)\n"
+    "  --out         where metrics-<strategy>.csv and loss-<strategy>.svg go (default: digits-out)\n";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  std::string strategy = "mirrored";
+  int replicas = 0;  // 0: the strategy's default
+  digits::TrainConfig config;
+  std::string data = DISTRIBUTE_EXAMPLES_DATA_DIR "/digits.csv";
+  std::string out = "digits-out";
+  bool list_strategies = false;
+};
+
+template <class T>
+T parse_number(std::string_view flag, const std::string& text) {
+  try {
+    std::size_t used = 0;
+    T value{};
+    if constexpr (std::is_floating_point_v<T>) value = static_cast<T>(std::stod(text, &used));
+    else value = static_cast<T>(std::stoll(text, &used));
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(fmt::format("{}: '{}' is not a number", flag, text));
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw UsageError(fmt::format("{} needs a value", flag));
+      return argv[++i];
+    };
+    if (flag == "--strategy") o.strategy = value();
+    else if (flag == "--replicas") o.replicas = parse_number<int>(flag, value());
+    else if (flag == "--epochs") o.config.epochs = parse_number<int>(flag, value());
+    else if (flag == "--batch") o.config.global_batch = parse_number<std::int64_t>(flag, value());
+    else if (flag == "--hidden") o.config.hidden = parse_number<int>(flag, value());
+    else if (flag == "--learning-rate") o.config.learning_rate = parse_number<float>(flag, value());
+    else if (flag == "--seed") o.config.seed = parse_number<std::uint64_t>(flag, value());
+    else if (flag == "--data") o.data = value();
+    else if (flag == "--out") o.out = value();
+    else if (flag == "--strategies") o.list_strategies = true;
+    else if (flag == "--help" || flag == "-h") throw UsageError("");
+    else throw UsageError(fmt::format("unknown argument '{}'", flag));
+  }
+  if (o.strategy != "one_device" && o.strategy != "mirrored" && o.strategy != "multi_worker") {
+    throw UsageError(fmt::format("--strategy: '{}' is not one_device, mirrored or multi_worker", o.strategy));
+  }
+  if (o.strategy == "one_device" && o.replicas > 1) throw UsageError("--replicas: one_device has one replica");
+  if (o.replicas < 0) throw UsageError(fmt::format("--replicas: {} is negative", o.replicas));
+  return o;
+}
+
+/// Trains with `strategy`, prints progress (on the chief), writes the files (on the chief) and
+/// returns the exit status. `description` names the strategy and its replicas for the header line.
+template <class Strategy>
+int train_and_report(Strategy& strategy, const Options& options, const digits::TrainTestSplit& data, bool is_chief,
+                     const std::string& description) {
+  const auto& config = options.config;
+  if (is_chief) {
+    fmt::print("digits: {}; {} training / {} test examples, global batch {}, MLP 64-{}-10, lr {}, momentum {}\n",
+               description, data.train.size(), data.test.size(), config.global_batch, config.hidden,
+               config.learning_rate, config.momentum);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = digits::train(strategy, data, config, [&](const digits::EpochMetrics& m) {
+    if (!is_chief) return;
+    fmt::print("epoch {:>2}/{}  loss {:.4f}  accuracy {:.4f}  test accuracy {:.4f}  {:>9.0f} examples/s\n", m.epoch,
+               config.epochs, m.loss, m.train_accuracy, m.test_accuracy, m.examples_per_second);
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const digits::EpochMetrics& last = result.history.back();
+
+  if (is_chief) {
+    const std::filesystem::path out(options.out);
+    const auto csv_path = out / fmt::format("metrics-{}.csv", options.strategy);
+    const auto svg_path = out / fmt::format("loss-{}.svg", options.strategy);
+    std::vector<double> losses;
+    for (const auto& m : result.history) losses.push_back(m.loss);
+    report::write_file(csv_path, report::metrics_csv(result.history));
+    report::write_file(svg_path, report::loss_plot_svg(losses, fmt::format("digits MLP, {}: training loss", description)));
+    fmt::print("wrote {} and {}\n", csv_path.string(), svg_path.string());
+  }
+  // Every worker prints the final line (they hold identical models); tools and tests parse it.
+  fmt::print("final  test accuracy {:.4f}  loss {:.6f}  ({}, {} epochs, {:.1f} s)\n", last.test_accuracy, last.loss,
+             options.strategy, config.epochs, seconds);
+  if (last.test_accuracy < kTargetAccuracy) {
+    fmt::print(stderr, "digits: final test accuracy {:.4f} is below the target {}\n", last.test_accuracy,
+               kTargetAccuracy);
+    return kExitBelowTarget;
+  }
+  return 0;
+}
+
+int run(const Options& options) {
+  const auto data = digits::split_train_test(digits::load_csv(options.data), 0.2, /*seed=*/20240607);
+  if (options.strategy == "one_device") {
+    ds::OneDeviceStrategy<ds::host> strategy("/cpu:0");
+    return train_and_report(strategy, options, data, true, "OneDeviceStrategy<host> on /cpu:0");
+  }
+  if (options.strategy == "mirrored") {
+    const int replicas = options.replicas ? options.replicas : 4;
+    ds::MirroredStrategy<ds::host> strategy(replicas);
+    return train_and_report(strategy, options, data, true,
+                            fmt::format("MirroredStrategy<host> with {} replicas", strategy.num_replicas_in_sync()));
+  }
+#if DIGITS_WITH_MULTI_WORKER
+  // The cluster comes from TF_CONFIG (distribute-launch sets it); without it, a one-worker cluster.
+  ds::CommunicationOptions communication;
+  communication.timeout_seconds = 120;  // a lost peer ends the run with an error instead of a hang
+  ds::MultiWorkerMirroredStrategy<ds::host> strategy(communication, nullptr, options.replicas ? options.replicas : 1);
+  const std::string description =
+      fmt::format("MultiWorkerMirroredStrategy<host>, {} workers x {} = {} replicas in sync", strategy.num_workers(),
+                  strategy.num_replicas_in_sync() / strategy.num_workers(), strategy.num_replicas_in_sync());
+  return train_and_report(strategy, options, data, strategy.is_chief(), description);
+#else
+  throw UsageError("--strategy multi_worker: this build has no MultiWorkerMirroredStrategy (it needs Boost.Asio, "
+                   "Boost.JSON and OpenSSL)");
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Line-buffered: under distribute-launch stdout is a pipe, and progress should show as it happens.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  try {
+    const Options options = parse_args(argc, argv);
+    if (options.list_strategies) {
+      fmt::print("one_device\nmirrored\n{}", DIGITS_WITH_MULTI_WORKER ? "multi_worker\n" : "");
+      return 0;
+    }
+    return run(options);
+  } catch (const UsageError& e) {
+    if (!*e.what()) {  // --help
+      fmt::print("{}", kUsage);
+      return 0;
+    }
+    fmt::print(stderr, "digits: {}\n{}", e.what(), kUsage);
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "digits: error: {}\n", e.what());
+    return kExitError;
+  }
+}

@@ -1,0 +1,413 @@
+// NcclAllReduce: the cuda backend's cross-device ops (TF's tf.distribute.NcclAllReduce). One NCCL
+// communicator per local GPU, made once per strategy with ncclCommInitAll; each replica thread
+// issues its NCCL calls on its own communicator and its own stream (ds::cuda::current_stream()).
+//
+// Compiled in only where it can work: under a CUDA compiler (__CUDACC__), with <nccl.h> on the
+// include path, and with Thrust's device system left at CUDA, so that device values are CUDA
+// memory. g++ may well see <nccl.h> (it often sits in /usr/local/include) but compiles no device
+// code, and under an OpenMP/CPP Thrust system "device" memory is host memory that NCCL cannot
+// take. Elsewhere this header defines DISTRIBUTE_HAS_NCCL to 0 and nothing else; define
+// DISTRIBUTE_NO_NCCL to leave NCCL out on purpose. Link with -lnccl (meson: nccl_dep).
+//
+// Buffers NCCL cannot take (host memory, int16/uint16 reductions) fall back, on every replica
+// alike, to the shared-memory algorithm, device buffers through host copies.
+#pragma once
+
+#include <distribute/version.hpp>
+
+#if defined(__CUDACC__) && __has_include(<nccl.h>) && !defined(DISTRIBUTE_NO_NCCL)
+#include <thrust/detail/config.h>
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+#define DISTRIBUTE_HAS_NCCL 1
+#endif
+#endif
+#ifndef DISTRIBUTE_HAS_NCCL
+#define DISTRIBUTE_HAS_NCCL 0
+#endif
+
+#if DISTRIBUTE_HAS_NCCL
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nccl.h>
+#include <thrust/execution_policy.h>
+#include <thrust/transform.h>
+
+#include <distribute/backends/cuda/detail/device_ops.hpp>
+#include <distribute/backends/cuda/detail/runtime.hpp>
+#include <distribute/backends/cuda/error.hpp>
+#include <distribute/collective/communication_options.hpp>
+#include <distribute/collective/detail/device_staging.hpp>
+#include <distribute/collective/detail/validate.hpp>
+#include <distribute/collective/shared_memory.hpp>
+#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/core/device.hpp>
+#include <distribute/core/error.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// An NCCL call failed. Carries the ncclResult_t and NCCL's own description of the failure.
+class NcclError : public Error {
+ public:
+  NcclError(int code, const std::string& message) : Error(message), code_(code) {}
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+namespace detail {
+
+/// Throws NcclError naming `call` unless `r` is ncclSuccess (or, for group calls, in progress).
+inline void nccl_check(ncclResult_t r, std::string_view call, ncclComm_t comm = nullptr) {
+  if (r == ncclSuccess) return;
+  std::string message = fmt::format("{} failed: {} ({})", call, ncclGetErrorString(r), static_cast<int>(r));
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+  if (const char* last = ncclGetLastError(comm); last && *last) message += fmt::format("; NCCL says: {}", last);
+#else
+  (void)comm;
+#endif
+  throw NcclError(static_cast<int>(r), message);
+}
+
+/// NCCL's element type for a dtype; none for 16-bit integers, which NCCL does not reduce.
+inline std::optional<ncclDataType_t> nccl_type(DType d) noexcept {
+  switch (d) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::I8: return ncclInt8;
+    case DType::U8: return ncclUint8;
+    case DType::Bool: return ncclUint8;  // 0/1 bytes: OR is Max, AND is Min
+    case DType::I32: return ncclInt32;
+    case DType::U32: return ncclUint32;
+    case DType::I64: return ncclInt64;
+    case DType::U64: return ncclUint64;
+    case DType::I16:
+    case DType::U16: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+/// The NCCL reduction for `op` on `dtype`. MEAN becomes ncclAvg where that matches our MEAN
+/// (floats, dividing by the local replicas, NCCL >= 2.10); otherwise a SUM, divided afterwards
+/// so that integer MEAN truncates exactly as the host kernels do.
+struct NcclReduction {
+  ncclRedOp_t op = ncclSum;
+  bool divide_after = false;
+};
+inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, std::int64_t mean_divisor, int ranks) noexcept {
+  if (dtype == DType::Bool) {
+    const bool any = op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::Mean;
+    return {any ? ncclMax : ncclMin, false};
+  }
+  switch (op) {
+    case ReduceOp::Sum: return {ncclSum, false};
+    case ReduceOp::Min: return {ncclMin, false};
+    case ReduceOp::Max: return {ncclMax, false};
+    case ReduceOp::Product: return {ncclProd, false};
+    case ReduceOp::Mean:
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+      if ((dtype == DType::F32 || dtype == DType::F64) && mean_divisor == ranks) return {ncclAvg, false};
+#endif
+      return {ncclSum, mean_divisor > 1};
+  }
+  return {ncclSum, false};
+}
+
+class NcclCollectives final : public ReplicaCollectives {
+ public:
+  explicit NcclCollectives(const CollectivesConfig& config)
+      : mean_divisor_(config.num_replicas_in_sync),
+        fallback_(with_device_staging(std::make_unique<SharedMemoryCollectives>(config.num_replicas_in_sync))) {
+    for (const auto& device : config.devices) {
+      const DeviceSpec spec = DeviceSpec::parse(device);
+      if (spec.device_type != std::string("GPU") || !spec.device_index) {
+        throw InvalidArgument(fmt::format(
+            "NcclAllReduce: device '{}' is not a GPU; NCCL runs between GPUs (use MirroredStrategy<ds::cuda>)", device));
+      }
+      gpus_.push_back(*spec.device_index);
+    }
+    comms_.assign(gpus_.size(), nullptr);
+    int current = 0;
+    cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");
+    CudaDeviceGuard restore(current);  // ncclCommInitAll visits every device
+    nccl_check(ncclCommInitAll(comms_.data(), static_cast<int>(gpus_.size()), gpus_.data()),
+               fmt::format("ncclCommInitAll over GPUs {}", fmt::join(gpus_, ", ")));
+  }
+  NcclCollectives(const NcclCollectives&) = delete;
+  NcclCollectives& operator=(const NcclCollectives&) = delete;
+
+  ~NcclCollectives() override {
+    // The replica threads have been joined (the strategy destroys them first).
+    for (ncclComm_t c : comms_) {
+      if (!c) continue;
+      if (aborted_.load()) (void)ncclCommAbort(c);
+      else (void)ncclCommDestroy(c);
+    }
+  }
+
+  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
+    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+    bool nccl = false;
+    cudaStream_t stream = nullptr;
+    issue_in_exchange(group, replica, call, [&](bool& issuing) {
+      nccl = takes(group, /*reduction=*/true);
+      if (!nccl) return;
+      stream = cuda_replica_stream();
+      issuing = true;
+      enqueue_all_reduce(replica, buffers, op, group.size(), stream);
+    });
+    if (!nccl) return fallback_->all_reduce(group, replica, buffers, op);
+    wait(group, replica, stream, CollectiveKind::AllReduce);
+  }
+
+  void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+                  const std::function<void*(const Shape&)>& allocate) override {
+    BufferRef in = input;
+    const CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
+    bool nccl = false;
+    std::vector<Shape> shapes;  // every replica's input shape, read while the exchange holds them
+    exchange(group, replica, call, [&] {
+      nccl = takes(group, /*reduction=*/false);
+      if (!nccl) return;
+      for (int r = 0; r < group.size(); ++r) shapes.push_back(group.slot(r).buffers[0].shape);
+    });
+    if (!nccl) return fallback_->all_gather(group, replica, input, axis, allocate);
+    gather_with_broadcasts(group, replica, in, static_cast<std::size_t>(axis), shapes, allocate);
+  }
+
+  void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
+    const CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
+    bool nccl = false;
+    cudaStream_t stream = nullptr;
+    issue_in_exchange(group, replica, call, [&](bool& issuing) {
+      nccl = root < group.size() && takes(group, /*reduction=*/false);
+      if (!nccl || buffer.bytes() == 0) return;
+      stream = cuda_replica_stream();
+      const ncclComm_t comm = comm_of(replica);
+      issuing = true;
+      nccl_check(ncclBroadcast(buffer.data, buffer.data, buffer.bytes(), ncclInt8, root, comm, stream), "ncclBroadcast",
+                 comm);
+    });
+    if (!nccl) return fallback_->broadcast(group, replica, buffer, root);
+    if (stream) wait(group, replica, stream, CollectiveKind::Broadcast);
+  }
+
+ private:
+  ncclComm_t comm_of(int replica) const { return comms_[static_cast<std::size_t>(replica)]; }
+
+  // Runs issue(issuing) inside the exchange, after the calls are validated on every replica;
+  // `issue` sets `issuing` just before it enqueues NCCL work. If the exchange then fails on any
+  // replica, that work can never complete (a peer never issued its part): abort the
+  // communicator, which ends the NCCL kernel, rather than leave the GPU spinning in it.
+  template <class Issue>
+  void issue_in_exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Issue&& issue) {
+    bool issuing = false;
+    try {
+      exchange(group, replica, call, [&] { issue(issuing); });
+    } catch (...) {
+      if (issuing) abort_communicator(replica);
+      throw;
+    }
+  }
+
+  // Whether NCCL runs this call. Decided from the published calls, so every replica decides alike.
+  bool takes(const ReplicaGroup& group, bool reduction) const {
+    if (aborted_.load(std::memory_order_acquire)) {
+      throw Unavailable("NcclAllReduce: the NCCL communicators were aborted after a failed step; create a new strategy");
+    }
+    if (group.size() != static_cast<int>(comms_.size())) return false;
+    for (int r = 0; r < group.size(); ++r) {
+      for (const BufferRef& b : group.slot(r).buffers) {
+        if (b.memory != MemorySpace::device) return false;
+        if (reduction && !nccl_type(b.dtype)) return false;
+      }
+    }
+    return true;
+  }
+
+  void enqueue_all_reduce(int replica, std::span<BufferRef> buffers, ReduceOp op, int ranks, cudaStream_t stream) {
+    const ncclComm_t comm = comm_of(replica);
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+    // Our stream only waits for the legacy default stream by itself; the step's work may be on
+    // this thread's default stream instead.
+    order_after_default_stream(stream);
+#endif
+    // Several values of one all_reduce: one group, so NCCL launches them together.
+    nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
+    ncclResult_t issued = ncclSuccess;
+    const char* failed = nullptr;
+    for (const BufferRef& b : buffers) {
+      if (b.count() == 0) continue;
+      const NcclReduction how = nccl_reduction(op, b.dtype, mean_divisor_, ranks);
+      issued = ncclAllReduce(b.data, b.data, b.count(), *nccl_type(b.dtype), how.op, comm, stream);
+      if (issued != ncclSuccess) {
+        failed = "ncclAllReduce";
+        break;
+      }
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    if (failed) nccl_check(issued, failed, comm);
+    nccl_check(ended, "ncclGroupEnd", comm);
+    for (const BufferRef& b : buffers) {
+      if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks).divide_after) continue;
+      visit_dtype(b.dtype, [&](auto t) {
+        using T = decltype(t);
+        if constexpr (!std::is_same_v<T, bool>) {
+          auto* p = static_cast<T*>(b.data);
+          device_kernels::run("MEAN division after ncclAllReduce", [&] {
+            thrust::transform(thrust::cuda::par_nosync.on(stream), p, p + b.count(), p,
+                              device_kernels::divide_by_fn<T>{static_cast<T>(mean_divisor_)});
+          });
+        }
+      });
+    }
+  }
+
+  // Every replica's input lands at its offset by one ncclBroadcast from that replica (NCCL has
+  // no all-gather of uneven sizes); along axis 0 straight into the result, along another axis
+  // into a staging buffer that strided copies then interleave.
+  void gather_with_broadcasts(ReplicaGroup& group, int replica, const BufferRef& in, std::size_t axis,
+                              const std::vector<Shape>& shapes, const std::function<void*(const Shape&)>& allocate) {
+    const std::size_t elem = size_of(in.dtype);
+    Shape out_shape = shapes.front();
+    out_shape[axis] = 0;
+    for (const auto& s : shapes) out_shape[axis] += s[axis];
+    std::size_t outer = 1, inner = 1;
+    for (std::size_t d = 0; d < axis; ++d) outer *= static_cast<std::size_t>(out_shape[d]);
+    for (std::size_t d = axis + 1; d < out_shape.size(); ++d) inner *= static_cast<std::size_t>(out_shape[d]);
+    std::vector<std::size_t> bytes, offsets;
+    std::size_t total = 0;
+    for (const auto& s : shapes) {
+      offsets.push_back(total);
+      bytes.push_back(static_cast<std::size_t>(num_elements(s)) * elem);
+      total += bytes.back();
+    }
+    auto* out = static_cast<std::byte*>(allocate(out_shape));
+    if (total == 0) return;
+    const cudaStream_t stream = cuda_replica_stream();
+    const ncclComm_t comm = comm_of(replica);
+    const bool direct = (axis == 0 || outer == 1) && cuda_device_of(out) == gpus_[static_cast<std::size_t>(replica)];
+    CudaBuffer staging(direct ? 0 : total);
+    auto* dst = direct ? out : static_cast<std::byte*>(staging.data());
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+    order_after_default_stream(stream);
+#endif
+    nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
+    ncclResult_t issued = ncclSuccess;
+    for (int r = 0; r < group.size() && issued == ncclSuccess; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      if (bytes[i] == 0) continue;
+      const void* send = r == replica ? in.data : dst + offsets[i];
+      issued = ncclBroadcast(send, dst + offsets[i], bytes[i], ncclInt8, r, comm, stream);
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    nccl_check(issued, "ncclBroadcast", comm);
+    nccl_check(ended, "ncclGroupEnd", comm);
+    if (!direct) {
+      // Part r holds `outer` runs of run_r bytes; in the result they sit `row` bytes apart.
+      const std::size_t row = static_cast<std::size_t>(out_shape[axis]) * inner * elem;
+      std::size_t column = 0;
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        const std::size_t run = static_cast<std::size_t>(shapes[i][axis]) * inner * elem;
+        if (run && outer) {
+          cuda_check(cudaMemcpy2DAsync(out + column, row, dst + offsets[i], run, run, outer, cudaMemcpyDefault, stream),
+                     "cudaMemcpy2DAsync", "all_gather");
+        }
+        column += run;
+      }
+    }
+    wait(group, replica, stream, CollectiveKind::AllGather);
+  }
+
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+  static void order_after_default_stream(cudaStream_t stream) {
+    cudaEvent_t ready = nullptr;
+    cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    const cudaError_t recorded = cudaEventRecord(ready, cudaStreamPerThread);
+    const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(stream, ready, 0) : recorded;
+    (void)cudaEventDestroy(ready);
+    cuda_check(waited, "cudaStreamWaitEvent");
+  }
+#endif
+
+  // Waits for this replica's stream. Polls rather than blocks so that a step another replica
+  // abandoned (its NCCL call never comes) ends in an error instead of a hang: the communicators
+  // are then aborted, which releases the NCCL kernels of every replica.
+  void wait(ReplicaGroup& group, int replica, cudaStream_t stream, CollectiveKind what) {
+    const ncclComm_t comm = comm_of(replica);
+    for (unsigned spins = 0;; ++spins) {
+      const cudaError_t e = cudaStreamQuery(stream);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) {
+        abort_communicator(replica);
+        cuda_check(e, "cudaStreamQuery", to_string(what));
+      }
+      ncclResult_t async = ncclSuccess;
+      nccl_check(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError", comm);
+      if (failed(async)) {
+        abort_communicator(replica);
+        nccl_check(async, fmt::format("{} (asynchronous error on replica {})", to_string(what), replica), comm);
+      }
+      if (group.aborted()) {
+        abort_communicator(replica);
+        throw Cancelled(fmt::format("replica {} left {}: another replica of this step failed", replica, to_string(what)));
+      }
+      if (spins < 2000) cpu_relax();
+      else std::this_thread::yield();
+    }
+  }
+
+  static bool failed(ncclResult_t r) noexcept {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+    if (r == ncclInProgress) return false;
+#endif
+    return r != ncclSuccess;
+  }
+
+  // Each replica aborts its own communicator (another thread may be polling the others); that
+  // ends its NCCL kernels. The strategy's later collectives then report Unavailable.
+  void abort_communicator(int replica) noexcept {
+    aborted_.store(true, std::memory_order_release);
+    auto& c = comms_[static_cast<std::size_t>(replica)];
+    if (c) (void)ncclCommAbort(c);
+    c = nullptr;
+  }
+
+  std::int64_t mean_divisor_;
+  std::unique_ptr<ReplicaCollectives> fallback_;
+  std::vector<int> gpus_;
+  std::vector<ncclComm_t> comms_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace detail
+
+/// Cross-device ops policy: NCCL all-reduce, all-gather and broadcast between the local GPUs
+/// (the default of MirroredStrategy<ds::cuda> where NCCL is compiled in).
+struct NcclAllReduce {
+  static constexpr std::string_view name = "NcclAllReduce";
+  /// The collectives take device buffers themselves (see collective/detail/device_staging.hpp).
+  static constexpr bool device_buffers = true;
+  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
+    return std::make_unique<detail::NcclCollectives>(config);
+  }
+};
+
+DISTRIBUTE_END_NAMESPACE
+
+#endif  // DISTRIBUTE_HAS_NCCL

@@ -1,0 +1,328 @@
+// MirroredStrategy<ds::cuda> end to end on the visible GPUs, NCCL against host results, and the
+// cuda backend's errors. Compiled by nvcc. Two modes (tests/meson.build registers both):
+//
+//   test_cuda --no-gpu-checks   run with CUDA_VISIBLE_DEVICES=-1: a cuda strategy must throw
+//                               Unavailable (with CUDA's reason) and bad device lists
+//                               InvalidArgument; runs on every machine, GPU or not.
+//   test_cuda                   the GPU tests; with no GPU visible prints "skipped: no GPU" and
+//                               exits 77, which meson reports as SKIP, not as a pass.
+#include <distribute/backends/cuda/cuda.hpp>  // first: configures fmt for nvcc
+
+#include <distribute/backends/cuda/device_tensor.hpp>
+#include <distribute/collective/nccl.hpp>
+#include <distribute/core/variable.hpp>
+#include <distribute/strategy/mirrored.hpp>
+#include <distribute/strategy/one_device.hpp>
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <thrust/device_vector.h>
+#include <thrust/host_vector.h>
+
+namespace ds = distribute;
+
+namespace {
+
+template <class T>
+using dvec = thrust::device_vector<T>;
+
+template <class T>
+std::vector<T> host_of(const dvec<T>& v) {
+  const thrust::host_vector<T> h(v);
+  return std::vector<T>(h.begin(), h.end());
+}
+
+// Every element within `tolerance` of `value`.
+template <class T>
+bool all_near(const std::vector<T>& v, double value, double tolerance = 1e-6) {
+  for (const T& x : v) {
+    if (std::abs(double(x) - value) > tolerance) return false;
+  }
+  return true;
+}
+
+template <class T>
+std::vector<T> input(int replica, std::size_t size) {
+  std::vector<T> v(size);
+  std::mt19937 rng(static_cast<unsigned>(replica) * 7919u + 17u);
+  for (std::size_t i = 0; i < size; ++i) {
+    if constexpr (std::is_floating_point_v<T>) v[i] = static_cast<T>(std::uniform_real_distribution<double>(-1, 1)(rng));
+    else v[i] = static_cast<T>(static_cast<int>(rng() % 2001) - 1000);
+  }
+  return v;
+}
+
+// What every replica must hold after all_reduce(op), computed on the host.
+template <class T>
+std::vector<T> host_all_reduce(int replicas, std::size_t size, ds::ReduceOp op) {
+  std::vector<T> acc = input<T>(0, size);
+  for (int r = 1; r < replicas; ++r) {
+    const auto src = input<T>(r, size);
+    ds::detail::combine(acc.data(), src.data(), size, op);
+  }
+  if (op == ds::ReduceOp::Mean) ds::detail::divide(acc.data(), size, replicas);
+  return acc;
+}
+
+int visible_gpus() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+// ---- no GPU visible (CUDA_VISIBLE_DEVICES=-1, or no GPU at all) ------------------------------
+
+TEST_CASE("no_gpu: a cuda strategy without a visible GPU is Unavailable, naming CUDA's reason" *
+          doctest::test_suite("no_gpu")) {
+  using Mirrored = ds::MirroredStrategy<ds::cuda>;
+  CHECK_THROWS_WITH_AS(Mirrored(), doctest::Contains("MirroredStrategy: no CUDA device visible: cudaGetDeviceCount"),
+                       ds::Unavailable);
+  CHECK_THROWS_AS(Mirrored(2), ds::Unavailable);
+  CHECK_THROWS_AS(ds::OneDeviceStrategy<ds::cuda>(), ds::Unavailable);
+  CHECK_THROWS_AS(ds::cuda::device_count(), ds::Unavailable);
+  try {
+    Mirrored strategy;
+  } catch (const ds::Unavailable& e) {
+    MESSAGE("the error a user sees: " << std::string(e.what()));
+  }
+  // An unknown GPU: nothing is visible, so Unavailable (InvalidArgument where GPUs exist).
+  CHECK_THROWS_AS(Mirrored(std::vector<std::string>{"/gpu:99"}), ds::Unavailable);
+  // Spelling errors are found before the machine is asked about GPUs.
+  CHECK_THROWS_WITH_AS(Mirrored(std::vector<std::string>{"/cpu:0"}), doctest::Contains("device '/cpu:0' is not a GPU"),
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(Mirrored(std::vector<std::string>{"/gpu:0", "GPU:0"}),
+                       "MirroredStrategy: device 'GPU:0' is listed twice", ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(Mirrored(std::vector<std::string>{"/device:GPU:*"}), doctest::Contains("names no device index"),
+                       ds::InvalidArgument);
+  CHECK_THROWS_AS(Mirrored(std::vector<std::string>{}), ds::InvalidArgument);
+  CHECK_THROWS_AS(Mirrored(0), ds::InvalidArgument);
+  CHECK(ds::cuda::current_stream() == nullptr);  // not a replica thread: the default stream
+  CHECK(ds::cuda::current_device() == -1);
+}
+
+TEST_CASE("no_gpu: the cuda backend's compile-time choices" * doctest::test_suite("no_gpu")) {
+#if DISTRIBUTE_HAS_NCCL
+  static_assert(std::is_same_v<ds::MirroredStrategy<ds::cuda>::cross_device_ops, ds::NcclAllReduce>);
+#else
+  static_assert(std::is_same_v<ds::MirroredStrategy<ds::cuda>::cross_device_ops, ds::SharedMemoryAllReduce>);
+#endif
+  static_assert(std::is_same_v<ds::MirroredStrategy<>::cross_device_ops, ds::SharedMemoryAllReduce>);
+  static_assert(ds::memory_space_v<dvec<float>> == ds::MemorySpace::device);
+  static_assert(!ds::cuda::single_replica_on_caller_thread);
+  CHECK(DISTRIBUTE_THRUST_CUDA == 1);
+}
+
+// ---- on GPUs -------------------------------------------------------------------------------
+
+TEST_CASE("gpu: replicas are bound to their GPUs and own a stream" * doctest::test_suite("gpu")) {
+  const int gpus = ds::cuda::device_count();
+  ds::MirroredStrategy<ds::cuda> strategy;
+  CHECK(strategy.num_replicas_in_sync() == gpus);
+  CHECK(strategy.extended().worker_devices().front() == "/job:localhost/replica:0/task:0/device:GPU:0");
+  auto seen = strategy.run([](ds::ReplicaContext& ctx) {
+    int device = -1;
+    ds::detail::cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    CHECK(ds::cuda::current_stream() != nullptr);
+    CHECK(ds::cuda::current_device() == device);
+    return device == ctx.replica_id_in_sync_group();
+  });
+  for (bool ok : seen.values()) CHECK(ok);
+
+  CHECK_THROWS_WITH_AS(ds::MirroredStrategy<ds::cuda>(std::vector<std::string>{"/gpu:99"}),
+                       doctest::Contains("device '/gpu:99' does not exist"), ds::InvalidArgument);
+  CHECK_THROWS_AS(ds::MirroredStrategy<ds::cuda>(gpus + 1), ds::InvalidArgument);
+  ds::OneDeviceStrategy<ds::cuda> one("/gpu:" + std::to_string(gpus - 1));
+  auto where = one.run([] { return ds::cuda::current_device(); });
+  CHECK(where[0] == gpus - 1);
+}
+
+TEST_CASE("gpu: NCCL all-reduce matches the host kernels, 1..N GPUs, sizes 0 .. 1 MiB + 3" *
+          doctest::test_suite("gpu")) {
+  const int gpus = ds::cuda::device_count();
+  const std::size_t sizes[] = {0, 1, 1001, (std::size_t{1} << 18) + 3};  // the last: 1 MiB + 12 bytes of int32/float32
+  for (int n = 1; n <= gpus; ++n) {
+    ds::MirroredStrategy<ds::cuda> strategy(n);
+    for (std::size_t size : sizes) {
+      CAPTURE(n);
+      CAPTURE(size);
+      for (auto op : {ds::ReduceOp::Sum, ds::ReduceOp::Min, ds::ReduceOp::Max}) {
+        CAPTURE(op);
+        auto out = strategy.run([&](ds::ReplicaContext& ctx) {
+          const auto in = input<std::int32_t>(ctx.replica_id_in_sync_group(), size);
+          return ctx.all_reduce(op, dvec<std::int32_t>(in.begin(), in.end()));
+        });
+        const auto expect = host_all_reduce<std::int32_t>(n, size, op);
+        for (const auto& v : out.values()) CHECK(host_of(v) == expect);  // integers: exact
+      }
+      for (auto op : {ds::ReduceOp::Sum, ds::ReduceOp::Mean}) {
+        CAPTURE(op);
+        auto out = strategy.run([&](ds::ReplicaContext& ctx) {
+          const auto in = input<float>(ctx.replica_id_in_sync_group(), size);
+          return ctx.all_reduce(op, dvec<float>(in.begin(), in.end()));
+        });
+        const auto expect = host_all_reduce<float>(n, size, op);
+        const auto first = host_of(out[0]);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < size; ++i) {
+          // NCCL sums in its own order (and MEAN may pre-scale): n ulps of magnitude n.
+          if (std::abs(double(first[i]) - double(expect[i])) > 4.0 * n * std::numeric_limits<float>::epsilon() * n) ++bad;
+        }
+        CHECK(bad == 0);
+        for (const auto& v : out.values()) CHECK(host_of(v) == first);  // every replica holds the same bits
+      }
+    }
+    // Integer MEAN truncates as on the host; several values travel in one NCCL group.
+    auto [mean, flags, shorts] = strategy.run([&](ds::ReplicaContext& ctx) {
+      const int id = ctx.replica_id_in_sync_group();
+      return ctx.all_reduce(ds::ReduceOp::Mean, dvec<std::int64_t>(5, 2 * id + 1), dvec<double>(3, double(id)),
+                            dvec<std::int16_t>(4, static_cast<std::int16_t>(id)));  // int16: not NCCL's, host fallback
+    });
+    CHECK(host_of(mean[0]) == std::vector<std::int64_t>(5, static_cast<std::int64_t>(n * n) / n));
+    CHECK(all_near(host_of(flags[0]), (n - 1) / 2.0, 1e-12));  // ncclAvg may pre-scale
+    CHECK(host_of(shorts[0]) == std::vector<std::int16_t>(4, static_cast<std::int16_t>(n * (n - 1) / 2 / n)));
+    auto any = strategy.run([&](ds::ReplicaContext& ctx) {
+      return ctx.all_reduce(ds::ReduceOp::Max, dvec<bool>(2, ctx.replica_id_in_sync_group() == n - 1));
+    });
+    CHECK(host_of(any[0]) == std::vector<bool>{true, true});
+    // Host values under the NCCL policy take the shared-memory path.
+    auto host = strategy.run([](ds::ReplicaContext& ctx) {
+      return ctx.all_reduce(ds::ReduceOp::Sum, std::vector<int>{ctx.replica_id_in_sync_group(), 1});
+    });
+    CHECK(host[0] == std::vector<int>{n * (n - 1) / 2, n});
+  }
+}
+
+TEST_CASE("gpu: all_gather (uneven, axis 0 and 1), broadcast, reduce and gather across GPUs" *
+          doctest::test_suite("gpu")) {
+  const int n = ds::cuda::device_count();
+  ds::MirroredStrategy<ds::cuda> strategy;
+  auto rows = strategy.distribute_values_from_function([](const ds::ValueContext& ctx) {
+    const std::int64_t r = ctx.replica_id_in_sync_group + 1;
+    std::vector<float> v(static_cast<std::size_t>(r * 3));
+    for (std::size_t k = 0; k < v.size(); ++k) v[k] = static_cast<float>(100 * ctx.replica_id_in_sync_group + k);
+    return ds::DeviceTensor<float>({r, 3}, v);  // made on the calling thread: strategy.gather copes
+  });
+  auto host_rows = strategy.distribute_values_from_function(
+      [&](const ds::ValueContext& ctx) { return rows[static_cast<std::size_t>(ctx.replica_id_in_sync_group)].to_host(); });
+  ds::MirroredStrategy<ds::host> reference(n);
+  auto reference_rows = reference.distribute_values_from_function(
+      [&](const ds::ValueContext& ctx) { return host_rows[static_cast<std::size_t>(ctx.replica_id_in_sync_group)]; });
+  const auto expect_gather = reference.gather(reference_rows, 0);
+
+  auto gathered = strategy.run([](ds::ReplicaContext& ctx, const ds::Tensor<float>& mine) {
+    return ctx.all_gather(ds::DeviceTensor<float>::from_host(mine), 0);
+  }, host_rows);
+  for (const auto& g : gathered.values()) CHECK(g.to_host() == expect_gather);
+
+  auto columns = strategy.run([](ds::ReplicaContext& ctx) {
+    const int id = ctx.replica_id_in_sync_group();
+    return ctx.all_gather(ds::DeviceTensor<int>({2, id + 1}, std::vector<int>(static_cast<std::size_t>(2 * (id + 1)), id)), 1);
+  });
+  std::vector<int> row;
+  for (int id = 0; id < n; ++id) row.insert(row.end(), static_cast<std::size_t>(id + 1), id);
+  std::vector<int> both = row;
+  both.insert(both.end(), row.begin(), row.end());
+  for (const auto& c : columns.values()) {
+    CHECK(c.shape() == ds::Shape{2, n * (n + 1) / 2});
+    CHECK(c.to_host().values() == both);
+  }
+
+  auto from_last = strategy.run([n](ds::ReplicaContext& ctx) {
+    return ctx.broadcast(dvec<double>(7, ctx.replica_id_in_sync_group() + 0.5), n - 1);
+  });
+  for (const auto& v : from_last.values()) CHECK(host_of(v) == std::vector<double>(7, n - 0.5));
+
+  // Cross-replica: components on different GPUs, results on the caller's.
+  auto per_replica = strategy.run([](ds::ReplicaContext& ctx) { return dvec<int>(6, ctx.replica_id_in_sync_group() + 1); });
+  CHECK(host_of(strategy.reduce(ds::ReduceOp::Sum, per_replica)) == std::vector<int>(6, n * (n + 1) / 2));
+  CHECK(host_of(strategy.reduce(ds::ReduceOp::Max, per_replica)) == std::vector<int>(6, n));
+  CHECK(strategy.reduce(ds::ReduceOp::Sum, per_replica, 0) == ds::Tensor<int>::scalar(6 * n * (n + 1) / 2));
+  CHECK(host_of(strategy.gather(per_replica, 0)).size() == static_cast<std::size_t>(6 * n));
+  CHECK(strategy.gather(rows, 0).to_host() == expect_gather);
+}
+
+TEST_CASE("gpu: variables are mirrored on every GPU and updated through NCCL" * doctest::test_suite("gpu")) {
+  const int n = ds::cuda::device_count();
+  ds::MirroredStrategy<ds::cuda> strategy;
+  auto scope = strategy.scope();
+  ds::Variable<dvec<float>> w(dvec<float>(1000, 1.0f), {.name = "w", .aggregation = ds::VariableAggregation::Mean});
+  REQUIRE(w.values().size() == static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    CHECK(ds::detail::cuda_device_of(thrust::raw_pointer_cast(w.values()[static_cast<std::size_t>(r)].data())) == r);
+  }
+  strategy.run([&](ds::ReplicaContext& ctx) { w.assign_sub(dvec<float>(1000, float(ctx.replica_id_in_sync_group()))); });
+  for (const auto& copy : w.values()) CHECK(all_near(host_of(copy), 1.0 - (n - 1) / 2.0));
+  w.assign(dvec<float>(1000, 3.0f));  // cross-replica: from this thread's GPU to every copy
+  for (const auto& copy : w.values()) CHECK(host_of(copy) == std::vector<float>(1000, 3.0f));
+
+  ds::Variable<dvec<int>> seen(dvec<int>(1, 0), {.name = "seen",
+                                                 .synchronization = ds::VariableSynchronization::OnRead,
+                                                 .aggregation = ds::VariableAggregation::Sum});
+  strategy.run([&] { seen.assign_add(dvec<int>(1, 2)); });
+  CHECK(host_of(seen.read_value()) == std::vector<int>{2 * n});
+}
+
+TEST_CASE("gpu: a failing replica does not leave the others in NCCL; the strategy stays usable" *
+          doctest::test_suite("gpu")) {
+  const int n = ds::cuda::device_count();
+  ds::MirroredStrategy<ds::cuda> strategy;
+  CHECK_THROWS_WITH(strategy.run([](ds::ReplicaContext& ctx) {
+    if (ctx.replica_id_in_sync_group() == 0) throw std::runtime_error("replica 0 failed");
+    return ctx.all_reduce(ds::ReduceOp::Sum, dvec<float>(16, 1.0f));
+  }),
+                    "replica 0 failed");
+  auto ok = strategy.run([](ds::ReplicaContext& ctx) { return ctx.all_reduce(ds::ReduceOp::Sum, dvec<float>(16, 1.0f)); });
+  CHECK(host_of(ok[0]) == std::vector<float>(16, float(n)));
+  // Mismatched shapes are rejected on every replica before any NCCL call.
+  if (n > 1) {
+    CHECK_THROWS_WITH_AS(strategy.run([](ds::ReplicaContext& ctx) {
+      return ctx.all_reduce(ds::ReduceOp::Sum, dvec<float>(static_cast<std::size_t>(ctx.replica_id_in_sync_group() + 1)));
+    }),
+                         doctest::Contains("all_reduce: value 0 is float32 of shape"), ds::InvalidArgument);
+  }
+}
+
+int main(int argc, char** argv) {
+  bool no_gpu_checks = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--no-gpu-checks") == 0) no_gpu_checks = true;
+    else args.push_back(argv[i]);
+  }
+  doctest::Context context(static_cast<int>(args.size()), args.data());
+  if (no_gpu_checks) {
+    if (visible_gpus() > 0) {
+      std::printf("the --no-gpu-checks tests need no visible GPU: run them with CUDA_VISIBLE_DEVICES=-1\n");
+      return 1;
+    }
+    context.addFilter("test-suite", "no_gpu");
+  } else {
+    if (visible_gpus() == 0) {
+      int count = 0;
+      const cudaError_t e = cudaGetDeviceCount(&count);
+      std::printf("skipped: no GPU (cudaGetDeviceCount: %s)\n",
+                  e == cudaSuccess ? "0 devices" : ds::detail::cuda_error_text(e).c_str());
+      return 77;
+    }
+    context.addFilter("test-suite", "gpu");
+  }
+  return context.run();
+}
