@@ -38,6 +38,7 @@
 #include <distribute/checkpoint/safetensors.hpp>
 #include <distribute/checkpoint/checkpoint.hpp>
 #include <distribute/checkpoint/checkpoint_manager.hpp>
+#include <distribute/checkpoint/preemption.hpp>
 #endif
 
 // cluster/ (needs Boost.JSON)

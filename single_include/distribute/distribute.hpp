@@ -938,6 +938,9 @@ class CrossWorkerLink {
   /// Worker `root`'s bytes into everyone's `data`.
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
   virtual void barrier() = 0;
+  /// Leaves the cluster cleanly before the process exits without unwinding (the preemption
+  /// handler): the peers see a goodbye, not a lost task. Nothing may use the link afterwards.
+  virtual void close() noexcept {}
 };
 
 }  // namespace detail
@@ -10526,6 +10529,4660 @@ class CheckpointManager {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_CHECKPOINT_MANAGER_HPP
 // ---- end <distribute/checkpoint/checkpoint_manager.hpp> ----
+// ---- begin <distribute/checkpoint/preemption.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_PREEMPTION_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_PREEMPTION_HPP
+// PreemptionCheckpointHandler: save at an agreed step and exit when a worker gets SIGTERM
+// (tf.distribute.experimental.PreemptionCheckpointHandler).
+//
+//   ds::MultiWorkerMirroredStrategy<> strategy;
+//   auto scope = strategy.scope();
+//   ds::Variable<std::vector<float>> w(...);
+//   ds::Checkpoint ckpt;
+//   ckpt.track("w", w);
+//   ds::PreemptionCheckpointHandler handler(strategy, ckpt, "/shared/ckpts");  // restores, if it can
+//   for (std::int64_t step = handler.total_run_calls(); step < num_steps; ++step) {
+//     handler.run([&] { train_step(step); });
+//   }
+//
+// A SIGTERM to any worker only sets a flag. Before each step, run() all-reduces that flag (MAX)
+// over every worker, so all of them see the same answer at the same step; when someone was
+// signalled, every worker saves (the chief the real checkpoint, the others a temporary one that is
+// removed, TF's rule), waits for the others to finish saving and exits with kPreemptionExitCode
+// (or throws ds::Preempted). The number of completed steps, total_run_calls(), is saved in the
+// checkpoint, so the restarted job restores it and continues with the next step.
+//
+// Cost: one all-reduce of three int64 per step (options.check_interval steps) on a multi-worker
+// strategy, nothing on a single-worker one; one extra small all-reduce when saving.
+
+#include <signal.h>
+
+#include <atomic>
+#include <cerrno>
+#include <concepts>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/checkpoint/checkpoint.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_CHECKPOINT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_CHECKPOINT_HPP
+// Checkpoint: named variables saved to, and restored from, one safetensors file.
+//
+//   ds::Checkpoint ckpt;
+//   ckpt.track("dense/kernel", w).track("step", step);
+//   auto path = ckpt.save("/tmp/run/ckpt");     // /tmp/run/ckpt-1.safetensors
+//   ckpt.restore(path);
+//
+// What is saved for each kind of variable (TF's rules):
+//   plain / mirrored (ON_WRITE)   one tensor, the primary copy; restored into every copy
+//   sync-on-read (ON_READ)        the cross-replica aggregate (SUM/MEAN/ONLY_FIRST_REPLICA);
+//                                 restored with a cross-replica assign (SUM: split over the copies)
+//   sharded (track_sharded)       one tensor, the shards concatenated along axis 0; restorable into
+//                                 any number of shards whose rows add up to the saved rows
+// Saving and restoring happen in cross-replica context (outside strategy.run()). A Checkpoint is
+// not thread-safe: one thread saves or restores at a time.
+
+#include <algorithm>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/checkpoint/safetensors.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_SAFETENSORS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_SAFETENSORS_HPP
+// safetensors files: read, write, validate.
+//
+// Layout (https://github.com/huggingface/safetensors):
+//   8 bytes   N, little-endian u64
+//   N bytes   JSON header: {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+//                           "__metadata__": {"key": "value", ...}}
+//             padded with spaces so that the payload starts 8-byte aligned
+//   payload   the tensors' bytes, row-major, little-endian; offsets are relative to the payload
+//
+// What distribute adds, inside __metadata__ (so any safetensors reader still reads the file):
+//   "distribute.format": "1"
+//   "distribute.crc32.<tensor>": CRC-32 (IEEE, as zlib.crc32) of that tensor's bytes, 8 hex digits
+//   "distribute.header_crc32": CRC-32 of a canonical form of the header (see detail::header_digest),
+//                              so that a corrupted shape, offset, name or metadata value is caught too
+// A file carrying any of these must carry all of them. Files without them (written by Python's
+// safetensors, say) are read with the structural checks only.
+//
+// Every problem is a ds::CheckpointError naming the file and, where there is one, the tensor.
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <charconv>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <boost/crc.hpp>
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/checkpoint/detail/posix_file.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_DETAIL_POSIX_FILE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_DETAIL_POSIX_FILE_HPP
+// POSIX file primitives for checkpoints: reads and writes that retry short counts and EINTR, and
+// AtomicFile, the replace-on-commit protocol that keeps a crash from ever exposing a partial file:
+//   write a temp file in the target's directory → fsync it → rename it over the target → fsync
+//   the directory (so the rename itself survives a power loss).
+// rename(2) within one directory is atomic, so a reader sees the old file or the new one, never a mix.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+inline std::string errno_message(int err) { return std::system_category().message(err); }
+
+/// An owned file descriptor; closes on destruction (errors there are ignored: use close()).
+class FileDescriptor {
+ public:
+  FileDescriptor() = default;
+  explicit FileDescriptor(int fd) noexcept : fd_(fd) {}
+  FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FileDescriptor& operator=(FileDescriptor&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() { reset(); }
+
+  int get() const noexcept { return fd_; }
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+
+  /// Closes and reports the error: on NFS a failed write may only surface here.
+  void close(const std::filesystem::path& path) {
+    if (fd_ < 0) return;
+    const int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0 && errno != EINTR) {
+      throw CheckpointError(fmt::format("closing '{}' failed: {}", path.string(), errno_message(errno)));
+    }
+  }
+
+ private:
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int fd_ = -1;
+};
+
+inline FileDescriptor open_for_reading(const std::filesystem::path& path) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    throw CheckpointError(fmt::format("cannot open checkpoint file '{}': {}", path.string(), errno_message(errno)));
+  }
+  return FileDescriptor(fd);
+}
+
+inline std::uint64_t file_size(const FileDescriptor& fd, const std::filesystem::path& path) {
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    throw CheckpointError(fmt::format("cannot stat '{}': {}", path.string(), errno_message(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) throw CheckpointError(fmt::format("'{}' is not a regular file", path.string()));
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+/// Reads exactly `out.size()` bytes at `offset`; a short file is a CheckpointError naming `what`.
+inline void read_exact(const FileDescriptor& fd, std::span<std::byte> out, std::uint64_t offset,
+                       const std::filesystem::path& path, std::string_view what) {
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::pread(fd.get(), out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw CheckpointError(fmt::format("reading {} from '{}' failed: {}", what, path.string(), errno_message(errno)));
+    }
+    if (n == 0) {
+      throw CheckpointError(fmt::format("'{}' ended after {} of the {} bytes of {}: the file is truncated",
+                                        path.string(), done, out.size(), what));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+inline void write_all(const FileDescriptor& fd, std::span<const std::byte> bytes, const std::filesystem::path& path) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw CheckpointError(fmt::format("writing '{}' failed after {} bytes: {}", path.string(), done,
+                                        errno_message(errno)));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+inline void fsync_or_throw(const FileDescriptor& fd, const std::filesystem::path& path) {
+  while (::fsync(fd.get()) != 0) {
+    if (errno == EINTR) continue;
+    throw CheckpointError(fmt::format("fsync of '{}' failed: {}", path.string(), errno_message(errno)));
+  }
+}
+
+/// Makes a rename or unlink in `dir` durable. Some filesystems cannot fsync a directory (EINVAL);
+/// there is nothing more to do on those.
+inline void fsync_directory(const std::filesystem::path& dir) {
+  const std::filesystem::path d = dir.empty() ? std::filesystem::path(".") : dir;
+  FileDescriptor fd(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) throw CheckpointError(fmt::format("cannot open directory '{}': {}", d.string(), errno_message(errno)));
+  while (::fsync(fd.get()) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EINVAL || errno == EROFS) return;
+    throw CheckpointError(fmt::format("fsync of directory '{}' failed: {}", d.string(), errno_message(errno)));
+  }
+}
+
+inline const std::string& host_name() {
+  static const std::string name = [] {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0) return std::string("localhost");
+    std::string s(buf);
+    for (char& c : s) {
+      if (c == '/' || c == ' ') c = '_';
+    }
+    return s.empty() ? std::string("localhost") : s;
+  }();
+  return name;
+}
+
+// Temp files are named ".<target>.tmp.<host>.<pid>.<seq>": hidden, next to the target (rename
+// must not cross filesystems), and attributable, so that leftovers of a killed writer can be
+// recognised and removed without touching a live writer's file.
+inline std::string temp_prefix(const std::filesystem::path& target) {
+  return "." + target.filename().string() + ".tmp.";
+}
+
+
+/// The file name a temp file was made for, when `name` is a temp file of a writer on this host
+/// whose process no longer exists (killed mid-save); nothing otherwise.
+inline std::optional<std::string> stale_temp_target(const std::string& name) {
+  // .<target>.tmp.<host>.<pid>.<seq>; the host and the target may contain dots, so match from the right.
+  const std::string marker = ".tmp." + host_name() + ".";
+  const auto seq_dot = name.rfind('.');
+  if (name.size() < 2 || name.front() != '.' || seq_dot == std::string::npos || seq_dot == 0) return std::nullopt;
+  const auto pid_dot = name.rfind('.', seq_dot - 1);
+  if (pid_dot == std::string::npos || pid_dot + 1 < marker.size()) return std::nullopt;
+  const auto marker_at = pid_dot + 1 - marker.size();
+  if (marker_at < 1 || name.compare(marker_at, marker.size(), marker) != 0) return std::nullopt;
+  long long pid = 0;
+  const char* first = name.data() + pid_dot + 1;
+  const char* last = name.data() + seq_dot;
+  auto [ptr, err] = std::from_chars(first, last, pid);
+  if (err != std::errc{} || ptr != last || pid <= 0) return std::nullopt;
+  if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) return std::nullopt;  // alive (or not ours to judge)
+  return name.substr(1, marker_at - 1);
+}
+
+/// Removes, from `dir`, the temp files of dead writers on this host whose target satisfies
+/// `is_target`. Best effort: a file that cannot be removed is left alone.
+template <class Pred>
+void remove_stale_temp_files(const std::filesystem::path& dir, Pred&& is_target) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::directory_iterator it(dir.empty() ? fs::path(".") : dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    if (auto target = stale_temp_target(it->path().filename().string()); target && is_target(*target)) {
+      std::error_code ignored;
+      fs::remove(it->path(), ignored);
+    }
+  }
+}
+
+/// A file that appears at `target` only on commit(), complete and durable; destroyed without a
+/// commit (an exception, an early return) it removes its temp file and leaves `target` as it was.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path target, bool durable = true)
+      : target_(std::move(target)), durable_(durable) {
+    const std::string filename = target_.filename().string();
+    remove_stale_temp_files(target_.parent_path(), [&](const std::string& t) { return t == filename; });
+    static std::atomic<std::uint64_t> sequence{0};
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      temp_ = target_.parent_path() / fmt::format("{}{}.{}.{}", temp_prefix(target_), host_name(),
+                                                  static_cast<long long>(::getpid()), sequence.fetch_add(1));
+      int fd;
+      do {
+        fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      } while (fd < 0 && errno == EINTR);
+      if (fd >= 0) {
+        fd_ = FileDescriptor(fd);
+        return;
+      }
+      if (errno != EEXIST) {
+        throw CheckpointError(fmt::format("cannot create a temporary file next to '{}' ({}): {}", target_.string(),
+                                          temp_.string(), errno_message(errno)));
+      }
+    }
+    throw CheckpointError(fmt::format("cannot create a unique temporary file next to '{}'", target_.string()));
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile() {
+    if (!committed_) {
+      fd_ = FileDescriptor();
+      ::unlink(temp_.c_str());
+    }
+  }
+
+  void write(std::span<const std::byte> bytes) { write_all(fd_, bytes, temp_); }
+
+  /// fsync → close → rename over the target → fsync the directory.
+  void commit() {
+    if (durable_) fsync_or_throw(fd_, temp_);
+    fd_.close(temp_);
+    if (::rename(temp_.c_str(), target_.c_str()) != 0) {
+      throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", temp_.string(), target_.string(),
+                                        errno_message(errno)));
+    }
+    committed_ = true;
+    if (durable_) fsync_directory(target_.parent_path());
+  }
+
+  const std::filesystem::path& temp_path() const noexcept { return temp_; }
+
+ private:
+  std::filesystem::path target_;
+  std::filesystem::path temp_;
+  FileDescriptor fd_;
+  bool durable_;
+  bool committed_ = false;
+};
+
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_DETAIL_POSIX_FILE_HPP
+// ---- end <distribute/checkpoint/detail/posix_file.hpp> ----
+
+static_assert(std::endian::native == std::endian::little,
+              "distribute/checkpoint: safetensors payloads are little-endian; big-endian hosts are not supported");
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace safetensors {
+
+/// The element types of a safetensors file, spelled as in the file. F16 and BF16 have no C++
+/// arithmetic type here: they are carried as raw 2-byte values (float16 / bfloat16 below).
+enum class Dtype : std::uint8_t { F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool };
+
+inline constexpr std::array<Dtype, 13> all_dtypes = {Dtype::F16, Dtype::BF16, Dtype::F32, Dtype::F64, Dtype::I8,
+                                                     Dtype::I16, Dtype::I32,  Dtype::I64, Dtype::U8,  Dtype::U16,
+                                                     Dtype::U32, Dtype::U64,  Dtype::Bool};
+
+/// "F32", "BOOL", ... as written in the header.
+constexpr std::string_view to_string(Dtype d) noexcept {
+  switch (d) {
+    case Dtype::F16: return "F16";
+    case Dtype::BF16: return "BF16";
+    case Dtype::F32: return "F32";
+    case Dtype::F64: return "F64";
+    case Dtype::I8: return "I8";
+    case Dtype::I16: return "I16";
+    case Dtype::I32: return "I32";
+    case Dtype::I64: return "I64";
+    case Dtype::U8: return "U8";
+    case Dtype::U16: return "U16";
+    case Dtype::U32: return "U32";
+    case Dtype::U64: return "U64";
+    case Dtype::Bool: return "BOOL";
+  }
+  return "?";
+}
+
+constexpr std::size_t size_of(Dtype d) noexcept {
+  switch (d) {
+    case Dtype::I8: case Dtype::U8: case Dtype::Bool: return 1;
+    case Dtype::F16: case Dtype::BF16: case Dtype::I16: case Dtype::U16: return 2;
+    case Dtype::F32: case Dtype::I32: case Dtype::U32: return 4;
+    case Dtype::F64: case Dtype::I64: case Dtype::U64: return 8;
+  }
+  return 0;
+}
+
+constexpr std::optional<Dtype> parse_dtype(std::string_view s) noexcept {
+  for (Dtype d : all_dtypes) {
+    if (to_string(d) == s) return d;
+  }
+  return std::nullopt;
+}
+
+/// The file dtype of a library element type.
+constexpr Dtype from_dtype(DType d) noexcept {
+  switch (d) {
+    case DType::F32: return Dtype::F32;
+    case DType::F64: return Dtype::F64;
+    case DType::I8: return Dtype::I8;
+    case DType::I16: return Dtype::I16;
+    case DType::I32: return Dtype::I32;
+    case DType::I64: return Dtype::I64;
+    case DType::U8: return Dtype::U8;
+    case DType::U16: return Dtype::U16;
+    case DType::U32: return Dtype::U32;
+    case DType::U64: return Dtype::U64;
+    case DType::Bool: return Dtype::Bool;
+  }
+  return Dtype::F32;
+}
+
+/// The library element type of a file dtype; none for F16/BF16.
+constexpr std::optional<DType> to_dtype(Dtype d) noexcept {
+  switch (d) {
+    case Dtype::F16: case Dtype::BF16: return std::nullopt;
+    case Dtype::F32: return DType::F32;
+    case Dtype::F64: return DType::F64;
+    case Dtype::I8: return DType::I8;
+    case Dtype::I16: return DType::I16;
+    case Dtype::I32: return DType::I32;
+    case Dtype::I64: return DType::I64;
+    case Dtype::U8: return DType::U8;
+    case Dtype::U16: return DType::U16;
+    case Dtype::U32: return DType::U32;
+    case Dtype::U64: return DType::U64;
+    case Dtype::Bool: return DType::Bool;
+  }
+  return std::nullopt;
+}
+
+/// "F32 (float32)"; "F16" for the types with no library counterpart.
+inline std::string describe(Dtype d) {
+  auto lib = to_dtype(d);
+  return lib ? fmt::format("{} ({})", to_string(d), distribute::to_string(*lib)) : std::string(to_string(d));
+}
+
+/// IEEE half precision, stored as its bit pattern. No arithmetic, no implicit conversion:
+/// distribute moves these values, it does not compute with them.
+struct float16 {
+  std::uint16_t bits = 0;
+  friend constexpr bool operator==(float16, float16) = default;
+};
+/// bfloat16 (the upper half of an IEEE float32), stored as its bit pattern.
+struct bfloat16 {
+  std::uint16_t bits = 0;
+  friend constexpr bool operator==(bfloat16, bfloat16) = default;
+};
+
+/// An element type a safetensors tensor can be read as or written from.
+template <class T>
+concept StorableElement = Element<T> || std::same_as<T, float16> || std::same_as<T, bfloat16>;
+
+template <StorableElement T>
+constexpr Dtype dtype_for() noexcept {
+  if constexpr (std::same_as<T, float16>) return Dtype::F16;
+  else if constexpr (std::same_as<T, bfloat16>) return Dtype::BF16;
+  else return from_dtype(dtype_of<T>());
+}
+
+/// Borrowed bytes of one tensor to write: the caller keeps them alive during the write.
+struct TensorView {
+  Dtype dtype = Dtype::F32;
+  Shape shape;
+  std::span<const std::byte> bytes;
+
+  /// A view of `data` (row-major) as a tensor of `shape`; the element count must match.
+  template <StorableElement T>
+  static TensorView of(Shape shape, std::span<const T> data) {
+    for (auto d : shape) {
+      if (d < 0) throw InvalidArgument(fmt::format("safetensors: negative dimension in shape {}", shape_string(shape)));
+    }
+    if (num_elements(shape) != static_cast<std::int64_t>(data.size())) {
+      throw InvalidArgument(fmt::format("safetensors: shape {} holds {} elements but {} were given",
+                                        shape_string(shape), num_elements(shape), data.size()));
+    }
+    return TensorView{dtype_for<T>(), std::move(shape), std::as_bytes(data)};
+  }
+};
+
+/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type...).
+template <TensorLike U>
+TensorView view_of(const U& value) {
+  static_assert(memory_space_v<U> == MemorySpace::host,
+                "safetensors::view_of: the value lives in device memory; copy it to the host first");
+  using E = element_t<U>;
+  return TensorView{dtype_for<E>(), shape_of(value),
+                    std::as_bytes(std::span<const E>(tensor_traits<U>::data(value), element_count(value)))};
+}
+
+/// One tensor read from a file (owns its bytes).
+struct StoredTensor {
+  std::string name;
+  Dtype dtype = Dtype::F32;
+  Shape shape;
+  std::vector<std::byte> bytes;
+
+  std::int64_t num_elements() const { return distribute::num_elements(shape); }
+  TensorView view() const { return TensorView{dtype, shape, bytes}; }
+
+  /// The elements as T, which must be exactly the stored dtype: F16 is not read as float, nor
+  /// I32 as I64 (a silent conversion would hide a mismatch between a file and its reader).
+  template <StorableElement T>
+  std::vector<T> values() const {
+    check_dtype(dtype_for<T>());
+    const std::size_t n = bytes.size() / sizeof(T);
+    if constexpr (std::is_same_v<T, bool>) {
+      std::vector<bool> out(n);
+      for (std::size_t i = 0; i < n; ++i) out[i] = bytes[i] != std::byte{0};
+      return out;
+    } else {
+      std::vector<T> out(n);
+      if (n) std::memcpy(out.data(), bytes.data(), bytes.size());
+      return out;
+    }
+  }
+
+  /// The tensor as a ds::Tensor<T> (T exactly the stored dtype).
+  template <Element T>
+    requires(!std::is_same_v<T, bool>)
+  Tensor<T> to_tensor() const {
+    return Tensor<T>(shape, values<T>());
+  }
+
+  void check_dtype(Dtype wanted) const {
+    if (wanted != dtype) {
+      throw CheckpointError(fmt::format("tensor '{}' has dtype {} and cannot be read as {}; distribute does not "
+                                        "convert between element types",
+                                        name, describe(dtype), describe(wanted)));
+    }
+  }
+};
+
+using Metadata = std::map<std::string, std::string, std::less<>>;
+
+/// The contents of a safetensors file.
+struct File {
+  /// The path it was read from, or the name given to parse().
+  std::string origin;
+  /// In payload order.
+  std::vector<StoredTensor> tensors;
+  Metadata metadata;
+
+  const StoredTensor* find(std::string_view name) const {
+    for (const auto& t : tensors) {
+      if (t.name == name) return &t;
+    }
+    return nullptr;
+  }
+  const StoredTensor& at(std::string_view name) const {
+    if (const StoredTensor* t = find(name)) return *t;
+    std::string names;
+    for (std::size_t i = 0; i < tensors.size() && i < 20; ++i) names += fmt::format("{}'{}'", i ? ", " : "", tensors[i].name);
+    if (tensors.size() > 20) names += fmt::format(", ... ({} in all)", tensors.size());
+    throw CheckpointError(fmt::format("'{}' has no tensor '{}' (it has: {})", origin, name,
+                                      tensors.empty() ? std::string("none") : names));
+  }
+};
+
+/// Tensors to write, by name.
+using TensorMap = std::map<std::string, TensorView, std::less<>>;
+
+struct WriteOptions {
+  /// fsync the file and its directory before returning (off only for scratch files).
+  bool durable = true;
+  /// Called after each chunk written: (bytes written so far, total bytes).
+  std::function<void(std::uint64_t, std::uint64_t)> on_progress;
+};
+
+struct ReadOptions {
+  /// Verify distribute's CRC-32s when the file has them.
+  bool verify_checksums = true;
+};
+
+namespace detail {
+
+inline constexpr std::string_view kFormatKey = "distribute.format";
+inline constexpr std::string_view kFormatVersion = "1";
+inline constexpr std::string_view kHeaderCrcKey = "distribute.header_crc32";
+inline constexpr std::string_view kTensorCrcPrefix = "distribute.crc32.";
+inline constexpr std::string_view kMetadataKey = "__metadata__";
+// The Rust reference implementation refuses larger headers too; it bounds what a corrupted
+// length prefix can make us allocate.
+inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+inline constexpr std::size_t kWriteChunk = std::size_t{4} << 20;
+
+inline std::uint32_t crc32(std::span<const std::byte> bytes) {
+  boost::crc_32_type crc;
+  crc.process_bytes(bytes.data(), bytes.size());
+  return crc.checksum();
+}
+inline std::string crc_hex(std::uint32_t crc) { return fmt::format("{:08x}", crc); }
+
+inline bool is_reserved_key(std::string_view key) {
+  return key == kFormatKey || key == kHeaderCrcKey || key.substr(0, kTensorCrcPrefix.size()) == kTensorCrcPrefix;
+}
+
+struct Entry {
+  std::string name;
+  Dtype dtype = Dtype::F32;
+  Shape shape;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+};
+
+// The header's meaning in a canonical form: tensors by name, then metadata by key (without the
+// header checksum itself). The JSON text is not hashed, so formatting and key order are free.
+//   "T" name NUL dtype NUL dims,joined,by,commas NUL begin NUL end "\n"
+//   "M" key NUL value "\n"
+inline std::uint32_t header_digest(std::vector<const Entry*> entries, const Metadata& metadata) {
+  std::sort(entries.begin(), entries.end(), [](const Entry* a, const Entry* b) { return a->name < b->name; });
+  std::string text;
+  for (const Entry* e : entries) {
+    text += 'T';
+    text += e->name;
+    text += '\0';
+    text += to_string(e->dtype);
+    text += '\0';
+    text += fmt::format("{}", fmt::join(e->shape, ","));
+    text += '\0';
+    text += fmt::format("{}", e->begin);
+    text += '\0';
+    text += fmt::format("{}\n", e->end);
+  }
+  for (const auto& [key, value] : metadata) {
+    if (key == kHeaderCrcKey) continue;
+    text += 'M';
+    text += key;
+    text += '\0';
+    text += value;
+    text += '\n';
+  }
+  return crc32(std::as_bytes(std::span(text.data(), text.size())));
+}
+
+inline std::uint64_t checked_size(const std::string& origin, const Entry& e) {
+  std::uint64_t n = size_of(e.dtype);
+  for (auto d : e.shape) {
+    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' has shape {}, whose byte size overflows 64 bits", origin,
+                                        e.name, shape_string(e.shape)));
+    }
+  }
+  return n;
+}
+
+inline std::uint64_t json_unsigned(const boost::json::value& v, const std::string& origin, const std::string& name,
+                                   const char* field) {
+  if (v.is_uint64()) return v.get_uint64();
+  if (v.is_int64() && v.get_int64() >= 0) return static_cast<std::uint64_t>(v.get_int64());
+  throw CheckpointError(fmt::format("'{}': tensor '{}': {} must hold non-negative integers, not {}", origin, name, field,
+                                    boost::json::serialize(v)));
+}
+
+// A parsed and validated header: entries in payload order, the metadata, and whether the file
+// carries distribute's checksums.
+struct Header {
+  std::vector<Entry> entries;  // in payload order
+  Metadata metadata;
+  bool has_checksums = false;
+};
+
+inline Header parse_header(std::string_view json, std::uint64_t payload_size, const std::string& origin) {
+  if (json.empty() || json.front() != '{') {
+    throw CheckpointError(fmt::format("'{}': the header does not start with '{{': not a safetensors file, or a "
+                                      "corrupted one",
+                                      origin));
+  }
+  boost::system::error_code ec;
+  boost::json::value root = boost::json::parse(json, ec);
+  if (ec) {
+    throw CheckpointError(fmt::format("'{}': the JSON header ({} bytes) is invalid: {}", origin, json.size(),
+                                      ec.message()));
+  }
+  if (!root.is_object()) throw CheckpointError(fmt::format("'{}': the JSON header is not an object", origin));
+
+  Header h;
+  for (const auto& kv : root.get_object()) {
+    const std::string name(kv.key());
+    const boost::json::value& v = kv.value();
+    if (name == kMetadataKey) {
+      if (!v.is_object()) {
+        throw CheckpointError(fmt::format("'{}': __metadata__ must be an object of strings, not {}", origin,
+                                          boost::json::serialize(v)));
+      }
+      for (const auto& m : v.get_object()) {
+        if (!m.value().is_string()) {
+          throw CheckpointError(fmt::format("'{}': __metadata__ value of '{}' must be a string, not {}", origin,
+                                            std::string_view(m.key()), boost::json::serialize(m.value())));
+        }
+        h.metadata.emplace(std::string(m.key()), std::string(m.value().get_string()));
+      }
+      continue;
+    }
+    if (!v.is_object()) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' must be described by an object, not {}", origin, name,
+                                        boost::json::serialize(v)));
+    }
+    const auto& obj = v.get_object();
+    Entry e;
+    e.name = name;
+    const boost::json::value* dtype = obj.if_contains("dtype");
+    const boost::json::value* shape = obj.if_contains("shape");
+    const boost::json::value* offsets = obj.if_contains("data_offsets");
+    if (!dtype || !shape || !offsets) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' lacks {}", origin, name,
+                                        !dtype ? "\"dtype\"" : !shape ? "\"shape\"" : "\"data_offsets\""));
+    }
+    for (const auto& field : obj) {
+      if (field.key() != "dtype" && field.key() != "shape" && field.key() != "data_offsets") {
+        throw CheckpointError(fmt::format("'{}': tensor '{}' has an unknown field \"{}\"", origin, name,
+                                          std::string_view(field.key())));
+      }
+    }
+    if (!dtype->is_string()) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}': dtype must be a string, not {}", origin, name,
+                                        boost::json::serialize(*dtype)));
+    }
+    auto d = parse_dtype(dtype->get_string());
+    if (!d) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' has dtype \"{}\", which distribute does not know (known: "
+                                        "F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, BOOL)",
+                                        origin, name, std::string_view(dtype->get_string())));
+    }
+    e.dtype = *d;
+    if (!shape->is_array()) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}': shape must be an array, not {}", origin, name,
+                                        boost::json::serialize(*shape)));
+    }
+    for (const auto& dim : shape->get_array()) {
+      const std::uint64_t u = json_unsigned(dim, origin, name, "shape");
+      if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        throw CheckpointError(fmt::format("'{}': tensor '{}': dimension {} is too large", origin, name, u));
+      }
+      e.shape.push_back(static_cast<std::int64_t>(u));
+    }
+    if (!offsets->is_array() || offsets->get_array().size() != 2) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}': data_offsets must be [begin, end], not {}", origin, name,
+                                        boost::json::serialize(*offsets)));
+    }
+    e.begin = json_unsigned(offsets->get_array()[0], origin, name, "data_offsets");
+    e.end = json_unsigned(offsets->get_array()[1], origin, name, "data_offsets");
+    if (e.begin > e.end) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' has data_offsets [{}, {}]: begin is after end", origin,
+                                        name, e.begin, e.end));
+    }
+    const std::uint64_t expected = checked_size(origin, e);
+    if (e.end - e.begin != expected) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' of dtype {} and shape {} needs {} bytes, but its "
+                                        "data_offsets [{}, {}] span {}",
+                                        origin, name, to_string(e.dtype), shape_string(e.shape), expected, e.begin,
+                                        e.end, e.end - e.begin));
+    }
+    if (e.end > payload_size) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' has data_offsets [{}, {}] but the payload holds only {} "
+                                        "bytes: the file is truncated or the offsets are corrupted",
+                                        origin, name, e.begin, e.end, payload_size));
+    }
+    h.entries.push_back(std::move(e));
+  }
+
+  // The tensors must tile the payload exactly: no overlap (two tensors aliasing bytes), no gap
+  // (bytes nobody owns), nothing after the last one.
+  std::sort(h.entries.begin(), h.entries.end(),
+            [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  std::uint64_t cursor = 0;
+  const Entry* previous = nullptr;
+  for (const Entry& e : h.entries) {
+    if (e.begin != cursor) {
+      if (previous) {
+        throw CheckpointError(fmt::format("'{}': tensor '{}' (data_offsets [{}, {}]) {} tensor '{}' (data_offsets "
+                                          "[{}, {}]); tensors must be contiguous and must not overlap",
+                                          origin, e.name, e.begin, e.end,
+                                          e.begin < cursor ? "overlaps" : "leaves a gap after", previous->name,
+                                          previous->begin, previous->end));
+      }
+      throw CheckpointError(fmt::format("'{}': the first tensor '{}' starts at payload byte {}, not 0", origin, e.name,
+                                        e.begin));
+    }
+    cursor = e.end;
+    previous = &e;
+  }
+  if (cursor != payload_size) {
+    throw CheckpointError(fmt::format("'{}': the tensors cover {} bytes but the payload has {}: the file has "
+                                      "trailing bytes or its header length is corrupted",
+                                      origin, cursor, payload_size));
+  }
+
+  // distribute's checksums: all or nothing, so that corrupting one key cannot switch them off.
+  bool any = false;
+  for (const auto& [key, value] : h.metadata) any = any || is_reserved_key(key);
+  h.has_checksums = any;
+  if (any) {
+    auto need = [&](std::string_view key) -> const std::string& {
+      auto it = h.metadata.find(key);
+      if (it == h.metadata.end()) {
+        throw CheckpointError(fmt::format("'{}': __metadata__ has distribute checksums but lacks \"{}\": the header "
+                                          "is corrupted",
+                                          origin, key));
+      }
+      return it->second;
+    };
+    if (need(kFormatKey) != kFormatVersion) {
+      throw CheckpointError(fmt::format("'{}': distribute.format is \"{}\"; this version reads format {}", origin,
+                                        need(kFormatKey), kFormatVersion));
+    }
+    std::vector<const Entry*> all;
+    for (const Entry& e : h.entries) {
+      all.push_back(&e);
+      need(fmt::format("{}{}", kTensorCrcPrefix, e.name));
+    }
+    for (const auto& [key, value] : h.metadata) {
+      if (key.rfind(kTensorCrcPrefix, 0) == 0) {
+        const std::string tensor = key.substr(kTensorCrcPrefix.size());
+        if (std::none_of(h.entries.begin(), h.entries.end(), [&](const Entry& e) { return e.name == tensor; })) {
+          throw CheckpointError(fmt::format("'{}': __metadata__ has a checksum for tensor '{}', which the header "
+                                            "does not list: the header is corrupted",
+                                            origin, tensor));
+        }
+      }
+    }
+    const std::string stored = need(kHeaderCrcKey);
+    const std::string computed = crc_hex(header_digest(std::move(all), h.metadata));
+    if (stored != computed) {
+      throw CheckpointError(fmt::format("'{}': header checksum mismatch (stored {}, computed {}): the header is "
+                                        "corrupted",
+                                        origin, stored, computed));
+    }
+  }
+  return h;
+}
+
+// After the bytes are in: BOOL must be 0/1 (anything else is not a bool in C++), and the CRC.
+inline void check_tensor_bytes(const Header& h, const StoredTensor& t, const std::string& origin,
+                               const ReadOptions& options) {
+  if (t.dtype == Dtype::Bool) {
+    for (std::size_t i = 0; i < t.bytes.size(); ++i) {
+      if (static_cast<unsigned>(t.bytes[i]) > 1) {
+        throw CheckpointError(fmt::format("'{}': BOOL tensor '{}' holds byte {} at element {}; only 0 and 1 are "
+                                          "booleans",
+                                          origin, t.name, static_cast<unsigned>(t.bytes[i]), i));
+      }
+    }
+  }
+  if (!h.has_checksums || !options.verify_checksums) return;
+  const std::string& stored = h.metadata.find(fmt::format("{}{}", kTensorCrcPrefix, t.name))->second;
+  const std::string computed = crc_hex(crc32(t.bytes));
+  if (stored != computed) {
+    throw CheckpointError(fmt::format("'{}': tensor '{}' is corrupted: the CRC-32 of its {} bytes is {}, the file "
+                                      "recorded {}",
+                                      origin, t.name, t.bytes.size(), computed, stored));
+  }
+}
+
+inline std::uint64_t read_le64(const std::byte* p) {
+  std::uint64_t v = 0;
+  std::memcpy(&v, p, 8);
+  return v;  // little-endian host (static_assert above)
+}
+
+inline void check_prefix(std::uint64_t file_size, const std::string& origin) {
+  if (file_size < 8) {
+    throw CheckpointError(fmt::format("'{}' is {} bytes long, too short for the 8-byte header length of a "
+                                      "safetensors file: truncated, or not a safetensors file",
+                                      origin, file_size));
+  }
+}
+inline void check_header_length(std::uint64_t n, std::uint64_t file_size, const std::string& origin) {
+  if (n > file_size - 8) {
+    throw CheckpointError(fmt::format("'{}': the header length {} runs past the end of the file ({} bytes follow "
+                                      "the length): truncated or corrupted",
+                                      origin, n, file_size - 8));
+  }
+  if (n > kMaxHeaderBytes) {
+    throw CheckpointError(fmt::format("'{}': the header length {} exceeds the limit of {} bytes: corrupted", origin, n,
+                                      kMaxHeaderBytes));
+  }
+}
+
+// The header JSON (padded) and the payload order, shared by serialize() and write().
+struct Layout {
+  std::string header;  // includes the 8-byte length prefix and the padding
+  std::vector<std::pair<const std::string*, const TensorView*>> order;
+  std::uint64_t payload_size = 0;
+};
+
+inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
+  Layout layout;
+  for (const auto& [key, value] : user_metadata) {
+    if (is_reserved_key(key)) {
+      throw InvalidArgument(fmt::format("safetensors: metadata key '{}' is reserved; distribute computes it", key));
+    }
+  }
+  for (const auto& [name, view] : tensors) {
+    if (name.empty() || name == kMetadataKey) {
+      throw InvalidArgument(fmt::format("safetensors: '{}' cannot be a tensor name", name));
+    }
+    for (auto d : view.shape) {
+      if (d < 0) {
+        throw InvalidArgument(fmt::format("safetensors: tensor '{}' has a negative dimension in shape {}", name,
+                                          shape_string(view.shape)));
+      }
+    }
+    const std::uint64_t want = static_cast<std::uint64_t>(num_elements(view.shape)) * size_of(view.dtype);
+    if (view.bytes.size() != want) {
+      throw InvalidArgument(fmt::format("safetensors: tensor '{}' of dtype {} and shape {} needs {} bytes, but {} "
+                                        "were given",
+                                        name, to_string(view.dtype), shape_string(view.shape), want,
+                                        view.bytes.size()));
+    }
+    layout.order.emplace_back(&name, &view);
+  }
+  // Widest elements first: with an 8-aligned payload every tensor then starts at a multiple of
+  // its element size, so a reader may map the file and use the data in place (as Python's does).
+  std::stable_sort(layout.order.begin(), layout.order.end(),
+                   [](const auto& a, const auto& b) { return size_of(a.second->dtype) > size_of(b.second->dtype); });
+
+  std::vector<Entry> entries;
+  entries.reserve(layout.order.size());
+  Metadata metadata = user_metadata;
+  std::uint64_t offset = 0;
+  for (const auto& [name, view] : layout.order) {
+    entries.push_back(Entry{*name, view->dtype, view->shape, offset, offset + view->bytes.size()});
+    offset += view->bytes.size();
+    metadata.emplace(fmt::format("{}{}", kTensorCrcPrefix, *name), crc_hex(crc32(view->bytes)));
+  }
+  layout.payload_size = offset;
+  metadata.emplace(std::string(kFormatKey), std::string(kFormatVersion));
+  std::vector<const Entry*> pointers;
+  for (const auto& e : entries) pointers.push_back(&e);
+  metadata.emplace(std::string(kHeaderCrcKey), crc_hex(header_digest(std::move(pointers), metadata)));
+
+  boost::json::object root;
+  boost::json::object meta;
+  for (const auto& [key, value] : metadata) meta[key] = value;
+  root[kMetadataKey] = std::move(meta);
+  for (const Entry& e : entries) {
+    boost::json::array shape;
+    for (auto d : e.shape) shape.push_back(d);
+    root[e.name] = boost::json::object{
+        {"dtype", to_string(e.dtype)}, {"shape", std::move(shape)}, {"data_offsets", boost::json::array{e.begin, e.end}}};
+  }
+  std::string json = boost::json::serialize(root);
+  json.append((8 - json.size() % 8) % 8, ' ');
+  const std::uint64_t n = json.size();
+  layout.header.resize(8);
+  std::memcpy(layout.header.data(), &n, 8);
+  layout.header += json;
+  return layout;
+}
+
+}  // namespace detail
+
+/// The bytes of a safetensors file holding `tensors` and `metadata` (with distribute's checksums).
+inline std::vector<std::byte> serialize(const TensorMap& tensors, const Metadata& metadata = {}) {
+  const detail::Layout layout = detail::plan(tensors, metadata);
+  std::vector<std::byte> out;
+  out.reserve(layout.header.size() + layout.payload_size);
+  const auto* h = reinterpret_cast<const std::byte*>(layout.header.data());
+  out.insert(out.end(), h, h + layout.header.size());
+  for (const auto& [name, view] : layout.order) out.insert(out.end(), view->bytes.begin(), view->bytes.end());
+  return out;
+}
+
+/// Writes `path` atomically: it holds either its previous contents or the complete new file,
+/// whatever happens during the write (see detail::AtomicFile).
+inline void write(const std::filesystem::path& path, const TensorMap& tensors, const Metadata& metadata = {},
+                  const WriteOptions& options = {}) {
+  const detail::Layout layout = detail::plan(tensors, metadata);
+  const std::uint64_t total = layout.header.size() + layout.payload_size;
+  std::uint64_t written = 0;
+  distribute::detail::AtomicFile file(path, options.durable);
+  auto put = [&](std::span<const std::byte> bytes) {
+    file.write(bytes);
+    written += bytes.size();
+    if (options.on_progress) options.on_progress(written, total);
+  };
+  put(std::as_bytes(std::span(layout.header.data(), layout.header.size())));
+  for (const auto& [name, view] : layout.order) {
+    for (std::size_t at = 0; at < view->bytes.size(); at += detail::kWriteChunk) {
+      put(view->bytes.subspan(at, std::min(detail::kWriteChunk, view->bytes.size() - at)));
+    }
+  }
+  file.commit();
+}
+
+/// Parses and validates a whole file held in memory; `origin` names it in errors.
+inline File parse(std::span<const std::byte> bytes, std::string origin = "<memory>", const ReadOptions& options = {}) {
+  detail::check_prefix(bytes.size(), origin);
+  const std::uint64_t n = detail::read_le64(bytes.data());
+  detail::check_header_length(n, bytes.size(), origin);
+  const std::string_view json(reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<std::size_t>(n));
+  const std::uint64_t payload_start = 8 + n;
+  detail::Header h = detail::parse_header(json, bytes.size() - payload_start, origin);
+  File file;
+  file.origin = std::move(origin);
+  for (auto& e : h.entries) {
+    StoredTensor t{e.name, e.dtype, e.shape, {}};
+    auto src = bytes.subspan(static_cast<std::size_t>(payload_start + e.begin), static_cast<std::size_t>(e.end - e.begin));
+    t.bytes.assign(src.begin(), src.end());
+    detail::check_tensor_bytes(h, t, file.origin, options);
+    file.tensors.push_back(std::move(t));
+  }
+  file.metadata = std::move(h.metadata);
+  return file;
+}
+
+/// Reads and validates a safetensors file; every problem is a CheckpointError naming the file.
+inline File read(const std::filesystem::path& path, const ReadOptions& options = {}) {
+  const std::string origin = path.string();
+  auto fd = distribute::detail::open_for_reading(path);
+  const std::uint64_t size = distribute::detail::file_size(fd, path);
+  detail::check_prefix(size, origin);
+  std::array<std::byte, 8> prefix{};
+  distribute::detail::read_exact(fd, prefix, 0, path, "the header length");
+  const std::uint64_t n = detail::read_le64(prefix.data());
+  detail::check_header_length(n, size, origin);
+  std::string json(static_cast<std::size_t>(n), '\0');
+  distribute::detail::read_exact(fd, std::as_writable_bytes(std::span(json.data(), json.size())), 8, path,
+                                 "the JSON header");
+  const std::uint64_t payload_start = 8 + n;
+  detail::Header h = detail::parse_header(json, size - payload_start, origin);
+  File file;
+  file.origin = origin;
+  for (auto& e : h.entries) {
+    StoredTensor t{e.name, e.dtype, e.shape, std::vector<std::byte>(static_cast<std::size_t>(e.end - e.begin))};
+    distribute::detail::read_exact(fd, t.bytes, payload_start + e.begin, path, fmt::format("tensor '{}'", e.name));
+    detail::check_tensor_bytes(h, t, origin, options);
+    file.tensors.push_back(std::move(t));
+  }
+  file.metadata = std::move(h.metadata);
+  return file;
+}
+
+}  // namespace safetensors
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_SAFETENSORS_HPP
+// ---- end <distribute/checkpoint/safetensors.hpp> ----
+// ---- begin <distribute/ps/sharded_variable.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+// ShardedVariable<T>: one logical variable stored as several Variable<T> shards split along
+// axis 0 (TF's ShardedVariable, what ParameterServerStrategy makes of a partitioned variable).
+//
+// Why a class of its own rather than core/values.hpp's Sharded<Variable<T>, S>: Sharded<T, S> is
+// an immutable value tied to the strategy type S that produced it, and its shape()/to_tensor()
+// need T to be a tensor. A sharded variable is state: a handle (copies share the shards, as with
+// Variable), updated in place, whose shards are placed one by one by whatever scope is current
+// (round-robin on ps tasks inside ParameterServerStrategy), and which looks rows up shard by shard.
+// Sharded<T, S> stays what it is for values.
+//
+// Shards follow the "div" rule when this class splits a value (ps/partitioner.hpp), but any
+// shards that stack along axis 0 can be wrapped. Call the updating members in cross-replica
+// context (the coordinator); each shard update goes through Variable's own rules.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <future>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/ps/partitioner.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+// Variable partitioners (TF's tf.distribute.experimental.partitioners) and the "div" rule that
+// turns a shard count into row ranges.
+//
+// A partitioner looks at a variable's shape and dtype and answers, as TF does, with one entry per
+// dimension: how many shards along that axis (only axis 0 is ever split by
+// ParameterServerStrategy). The three built-in ones follow TF's algorithms:
+//
+//   FixedShardsPartitioner(n)      min(n, rows)
+//   MinSizePartitioner(min, max)   as many shards as keep each >= min bytes, at most max (and rows)
+//   MaxSizePartitioner(max, cap)   as few shards as keep each <= max bytes, at most cap (0: no cap)
+//
+// Two deliberate differences: a scalar (rank 0) has no axis to split and gets an empty list, and
+// an axis of size 0 gets 1 shard (TF would return 0 or divide by zero there).
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Shards per axis, one entry per dimension of the partitioned shape (TF's partition list).
+using Partitions = std::vector<std::int64_t>;
+
+/// Any callable `(shape, dtype) -> Partitions`: the built-in partitioners or a user's own.
+using VariablePartitioner = std::function<Partitions(const Shape&, DType)>;
+
+namespace detail {
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+inline void check_positive(std::int64_t value, const char* partitioner, const char* argument) {
+  if (value < 1) {
+    throw InvalidArgument(fmt::format("{}: {} must be positive, got {}", partitioner, argument, value));
+  }
+}
+
+/// TF reports shapes of partially known rank here; ours are always known, but negative sizes are
+/// still a caller error.
+inline void check_partitionable(const Shape& shape, std::size_t axis, const char* partitioner) {
+  for (auto d : shape) {
+    if (d < 0) throw InvalidArgument(fmt::format("{}: shape {} has a negative dimension", partitioner, shape_string(shape)));
+  }
+  if (axis >= shape.size()) {
+    throw InvalidArgument(fmt::format("{}: axis {} is out of range for shape {} (rank {})", partitioner, axis,
+                                      shape_string(shape), shape.size()));
+  }
+}
+
+/// One shard on every axis but `axis`, which gets `shards`.
+inline Partitions partitions_on_axis(const Shape& shape, std::size_t axis, std::int64_t shards) {
+  Partitions p(shape.size(), 1);
+  p[axis] = shards;
+  return p;
+}
+
+}  // namespace detail
+
+/// A fixed number of shards along `axis`, but never more shards than rows.
+class FixedShardsPartitioner {
+ public:
+  explicit FixedShardsPartitioner(std::int64_t num_shards) : num_shards_(num_shards) {
+    detail::check_positive(num_shards, "FixedShardsPartitioner", "num_shards");
+  }
+
+  Partitions operator()(const Shape& shape, DType /*dtype*/, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "FixedShardsPartitioner");
+    return detail::partitions_on_axis(shape, axis, std::max<std::int64_t>(1, std::min(num_shards_, shape[axis])));
+  }
+
+  std::int64_t num_shards() const noexcept { return num_shards_; }
+
+ private:
+  std::int64_t num_shards_;
+};
+
+/// Shards of at least `min_shard_bytes` each, as many as that allows, at most `max_shards` (TF's
+/// min_max_variable_partitioner). `bytes_per_string` is TF's size estimate for string elements;
+/// kept for the same signature, and used once the library has string tensors.
+class MinSizePartitioner {
+ public:
+  explicit MinSizePartitioner(std::int64_t min_shard_bytes = 256 << 10, std::int64_t max_shards = 1,
+                              std::int64_t bytes_per_string = 16)
+      : min_shard_bytes_(min_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
+    detail::check_positive(min_shard_bytes, "MinSizePartitioner", "min_shard_bytes");
+    detail::check_positive(max_shards, "MinSizePartitioner", "max_shards");
+    detail::check_positive(bytes_per_string, "MinSizePartitioner", "bytes_per_string");
+  }
+
+  Partitions operator()(const Shape& shape, DType dtype, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "MinSizePartitioner");
+    const std::int64_t total_bytes = num_elements(shape) * static_cast<std::int64_t>(size_of(dtype));
+    // ceil(total / min) shards keep each at least min bytes; the axis and max_shards cap it.
+    const std::int64_t by_size = detail::ceil_div(total_bytes, min_shard_bytes_);
+    const std::int64_t shards = std::max<std::int64_t>(1, std::min({shape[axis], max_shards_, by_size}));
+    return detail::partitions_on_axis(shape, axis, shards);
+  }
+
+  std::int64_t min_shard_bytes() const noexcept { return min_shard_bytes_; }
+  std::int64_t max_shards() const noexcept { return max_shards_; }
+  std::int64_t bytes_per_string() const noexcept { return bytes_per_string_; }
+
+ private:
+  std::int64_t min_shard_bytes_;
+  std::int64_t max_shards_;
+  std::int64_t bytes_per_string_;
+};
+
+/// Shards of at most `max_shard_bytes` each, as few as that allows (TF's
+/// variable_axis_size_partitioner). A single row larger than the limit still gets its own shard.
+/// `max_shards` (0: no limit) takes precedence over the byte limit.
+class MaxSizePartitioner {
+ public:
+  explicit MaxSizePartitioner(std::int64_t max_shard_bytes, std::int64_t max_shards = 0, std::int64_t bytes_per_string = 16)
+      : max_shard_bytes_(max_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
+    detail::check_positive(max_shard_bytes, "MaxSizePartitioner", "max_shard_bytes");
+    if (max_shards < 0) {
+      throw InvalidArgument(
+          fmt::format("MaxSizePartitioner: max_shards must be positive (or 0 for no limit), got {}", max_shards));
+    }
+    detail::check_positive(bytes_per_string, "MaxSizePartitioner", "bytes_per_string");
+  }
+
+  Partitions operator()(const Shape& shape, DType dtype, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "MaxSizePartitioner");
+    const std::int64_t rows = shape[axis];
+    if (rows == 0) return detail::partitions_on_axis(shape, axis, 1);
+    const std::int64_t bytes_per_row = num_elements(shape) / rows * static_cast<std::int64_t>(size_of(dtype));
+    // How many rows fit in one shard (at least one), then how many shards hold all rows.
+    const std::int64_t rows_per_shard = bytes_per_row == 0 ? rows : std::max<std::int64_t>(1, max_shard_bytes_ / bytes_per_row);
+    std::int64_t shards = detail::ceil_div(rows, rows_per_shard);
+    if (max_shards_ > 0) shards = std::min(shards, max_shards_);
+    return detail::partitions_on_axis(shape, axis, shards);
+  }
+
+  std::int64_t max_shard_bytes() const noexcept { return max_shard_bytes_; }
+  std::int64_t max_shards() const noexcept { return max_shards_; }
+  std::int64_t bytes_per_string() const noexcept { return bytes_per_string_; }
+
+ private:
+  std::int64_t max_shard_bytes_;
+  std::int64_t max_shards_;
+  std::int64_t bytes_per_string_;
+};
+
+/// The number of axis-0 shards a partitioner's answer asks for, checked as ParameterServerStrategy
+/// does: one entry per dimension, every entry but the first 1, the first positive. Clamped to the
+/// number of rows; a scalar is never split (1).
+inline std::int64_t shards_along_first_axis(const Partitions& partitions, const Shape& shape) {
+  if (shape.empty()) return 1;
+  const bool well_formed = partitions.size() == shape.size() && partitions[0] >= 1 &&
+                           std::all_of(partitions.begin() + 1, partitions.end(), [](std::int64_t p) { return p == 1; });
+  if (!well_formed) {
+    throw InvalidArgument(fmt::format(
+        "variable partitioner returned [{}] for shape {}; it must return one entry per dimension, a positive first "
+        "entry and 1 for every other axis (only axis 0 can be partitioned)",
+        fmt::join(partitions, ", "), shape_string(shape)));
+  }
+  return std::max<std::int64_t>(1, std::min(partitions[0], shape[0]));
+}
+
+/// The "div" rule: rows are split into contiguous shards as even as possible, the first
+/// rows % shards shards taking one row more. 13 rows over 5 shards: 3, 3, 3, 2, 2.
+inline std::vector<std::int64_t> shard_row_counts(std::int64_t rows, std::int64_t shards) {
+  if (rows < 0) throw InvalidArgument(fmt::format("shard_row_counts: rows must not be negative, got {}", rows));
+  if (shards < 1) throw InvalidArgument(fmt::format("shard_row_counts: shards must be positive, got {}", shards));
+  if (shards > std::max<std::int64_t>(rows, 1)) {
+    throw InvalidArgument(fmt::format("shard_row_counts: cannot split {} rows into {} shards; every shard needs a row",
+                                      rows, shards));
+  }
+  const std::int64_t base = rows / shards;
+  const std::int64_t extra = rows % shards;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(shards), base);
+  for (std::int64_t i = 0; i < extra; ++i) ++counts[static_cast<std::size_t>(i)];
+  return counts;
+}
+
+/// Where each shard starts under the div rule, plus `rows` at the end: 13 over 5 gives
+/// 0, 3, 6, 9, 11, 13 (shard i holds rows [offsets[i], offsets[i + 1])).
+inline std::vector<std::int64_t> shard_row_offsets(std::int64_t rows, std::int64_t shards) {
+  const auto counts = shard_row_counts(rows, shards);
+  std::vector<std::int64_t> offsets{0};
+  for (auto c : counts) offsets.push_back(offsets.back() + c);
+  return offsets;
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+// ---- end <distribute/ps/partitioner.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+/// Implemented by strategies that partition the variables created in their scope
+/// (ParameterServerStrategy with a partitioner). ShardedVariable finds it on the current strategy
+/// by a cross-cast, so core/ needs no partitioning hook.
+class PartitionsVariables {
+ public:
+  virtual ~PartitionsVariables() = default;
+  /// How many axis-0 shards a variable of this shape and dtype gets (1: not partitioned).
+  virtual std::int64_t num_shards_for(const Shape& shape, DType dtype) const = 0;
+};
+
+/// The partitioning strategy whose scope is current on this thread, if any.
+inline const PartitionsVariables* current_partitioning() noexcept {
+  AnyStrategy* s = current_strategy_or_null();
+  return s ? dynamic_cast<const PartitionsVariables*>(s) : nullptr;
+}
+}  // namespace detail
+
+template <class T>
+class ShardedVariable {
+  static_assert(TensorLike<T>, "ds::ShardedVariable<T>: T needs a ds::tensor_traits specialisation (see TensorLike)");
+  static_assert(memory_space_v<T> == MemorySpace::host, "ds::ShardedVariable<T>: T must live in host memory");
+
+ public:
+  using value_type = T;
+  using element_type = element_t<T>;
+
+  /// Wraps existing shards, in row order (TF's ShardedVariable(variables)). They must agree on
+  /// every dimension but the first; InvalidArgument otherwise, or when there are none.
+  explicit ShardedVariable(std::vector<Variable<T>> shards, std::string name = "ShardedVariable")
+      : state_(std::make_shared<State>()) {
+    state_->name = std::move(name);
+    state_->shards = std::move(shards);
+    index_shards();
+  }
+
+  /// Splits `initial_value` into `num_shards` shards by the div rule (at most one per row). Each
+  /// shard is a Variable<T> named "<name>/part_<i>", created, and so placed, by the scope current
+  /// on this thread.
+  ShardedVariable(const T& initial_value, std::int64_t num_shards, VariableOptions options = {})
+      : state_(std::make_shared<State>()) {
+    create_shards(initial_value, num_shards, std::move(options));
+  }
+
+  /// Inside the scope of a partitioning strategy, splits `initial_value` as its partitioner says;
+  /// elsewhere, or when the partitioner says 1, one shard.
+  explicit ShardedVariable(const T& initial_value, VariableOptions options = {}) : state_(std::make_shared<State>()) {
+    const auto* partitioning = detail::current_partitioning();
+    const std::int64_t shards =
+        partitioning ? partitioning->num_shards_for(shape_of(initial_value), dtype_of<element_type>()) : 1;
+    create_shards(initial_value, shards, std::move(options));
+  }
+
+  const std::string& name() const noexcept { return state_->name; }
+  /// The shards, in row order.
+  const std::vector<Variable<T>>& variables() const noexcept { return state_->shards; }
+  std::size_t num_shards() const noexcept { return state_->shards.size(); }
+  /// The full shape: the shards' rows added up.
+  const Shape& shape() const noexcept { return state_->shape; }
+  DType dtype() const noexcept { return dtype_of<element_type>(); }
+  /// Where each shard starts along axis 0, plus the row count at the end.
+  const std::vector<std::int64_t>& row_offsets() const noexcept { return state_->offsets; }
+  /// Each shard's device ("/job:ps/replica:0/task:1/device:CPU:0" under ParameterServerStrategy).
+  std::vector<std::string> devices() const {
+    std::vector<std::string> out;
+    for (const auto& v : state_->shards) out.push_back(v.device());
+    return out;
+  }
+
+  /// The shards concatenated along axis 0 (TF's convert_to_tensor: reads every shard).
+  Tensor<element_type> to_tensor() const {
+    std::vector<element_type> out(static_cast<std::size_t>(num_elements(shape())));
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      const T piece = state_->shards[i].read_value();
+      copy_elements(tensor_traits<T>::data(piece), element_count(piece), out.data() + row_begin(i));
+    }
+    return Tensor<element_type>(shape(), std::move(out));
+  }
+
+  /// The whole value as a T (for T = std::vector<float>, a vector of every row).
+  T read_value() const {
+    T out = tensor_traits<T>::make(shape());
+    const Tensor<element_type> all = to_tensor();
+    copy_elements(all.data(), all.size(), tensor_traits<T>::data(out));
+    return out;
+  }
+
+  /// Assigns (adds, subtracts) a value of the full shape, each shard its rows.
+  template <TensorLike U>
+  void assign(const U& value) { update_all(value, "assign", [](Variable<T>& v, const T& p) { v.assign(p); }); }
+  template <TensorLike U>
+  void assign_add(const U& delta) { update_all(delta, "assign_add", [](Variable<T>& v, const T& p) { v.assign_add(p); }); }
+  template <TensorLike U>
+  void assign_sub(const U& delta) { update_all(delta, "assign_sub", [](Variable<T>& v, const T& p) { v.assign_sub(p); }); }
+
+  /// Overwrites rows [row_offset, row_offset + rows) with `rows` (its first dimension says how many
+  /// rows; the others must match the variable's). A shard only partly covered is read, patched and
+  /// written back, so concurrent writers of the same shard may lose updates.
+  template <TensorLike U>
+  void assign_rows(std::int64_t row_offset, const U& rows) {
+    static_assert(std::is_same_v<element_t<U>, element_type>, "assign_rows: the rows must have the variable's element type");
+    require_rows("assign_rows");
+    const Shape s = shape_of(rows);
+    if (s.size() != shape().size() || !std::equal(s.begin() + 1, s.end(), shape().begin() + 1)) {
+      throw InvalidArgument(fmt::format("assign_rows: rows of shape {} do not fit sharded variable '{}' of shape {}; "
+                                        "all dimensions but the first must match",
+                                        shape_string(s), name(), shape_string(shape())));
+    }
+    const std::int64_t count = s[0];
+    if (row_offset < 0 || row_offset + count > shape()[0]) {
+      throw InvalidArgument(fmt::format("assign_rows: rows [{}, {}) are out of range for sharded variable '{}' with "
+                                        "{} rows",
+                                        row_offset, row_offset + count, name(), shape()[0]));
+    }
+    const element_type* src = tensor_traits<U>::data(rows);
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      const std::int64_t first = std::max(row_offset, offset(i));
+      const std::int64_t last = std::min(row_offset + count, offset(i + 1));
+      if (first >= last) continue;
+      Variable<T>& shard = state_->shards[i];
+      T piece = first == offset(i) && last == offset(i + 1) ? tensor_traits<T>::make(shard.shape()) : shard.read_value();
+      copy_elements(src + (first - row_offset) * row_size(), static_cast<std::size_t>((last - first) * row_size()),
+                    tensor_traits<T>::data(piece) + (first - offset(i)) * row_size());
+      shard.assign(piece);
+    }
+  }
+
+  /// The rows `ids` name, in the ids' order: shape ids.shape + shape[1:] (TF's
+  /// tf.nn.embedding_lookup on a sharded variable). Each shard is read once, in parallel, and
+  /// only the rows asked for are copied. An id outside [0, rows) is InvalidArgument naming it.
+  template <TensorLike I>
+    requires std::is_integral_v<element_t<I>>
+  Tensor<element_type> embedding_lookup(const I& ids) const {
+    require_rows("embedding_lookup");
+    const Shape ids_shape = shape_of(ids);
+    const auto* id = tensor_traits<I>::data(ids);
+    const std::size_t n = element_count(ids);
+    // Which positions each shard serves, with the row inside that shard.
+    std::vector<std::vector<std::pair<std::size_t, std::int64_t>>> wanted(num_shards());
+    const auto& offsets = state_->offsets;
+    for (std::size_t p = 0; p < n; ++p) {
+      const auto row = static_cast<std::int64_t>(id[p]);
+      if (row < 0 || row >= shape()[0]) {
+        throw InvalidArgument(fmt::format("embedding_lookup: id {} (at position {}) is out of range for sharded "
+                                          "variable '{}' with {} rows",
+                                          row, p, name(), shape()[0]));
+      }
+      const auto shard = static_cast<std::size_t>(std::upper_bound(offsets.begin(), offsets.end(), row) - offsets.begin() - 1);
+      wanted[shard].emplace_back(p, row - offsets[shard]);
+    }
+    Shape out_shape = ids_shape;
+    out_shape.insert(out_shape.end(), shape().begin() + 1, shape().end());
+    std::vector<element_type> out(static_cast<std::size_t>(num_elements(out_shape)));
+    const auto width = static_cast<std::size_t>(row_size());
+    // Each task writes only its own positions of `out`, so the tasks share nothing.
+    auto gather_from = [&](std::size_t shard) {
+      Variable<T> v = state_->shards[shard];
+      auto copy_rows = [&](const T& copy) {
+        const element_type* rows = tensor_traits<T>::data(copy);
+        for (const auto& [pos, local] : wanted[shard]) {
+          copy_elements(rows + static_cast<std::size_t>(local) * width, width, out.data() + pos * width);
+        }
+      };
+      if (v.is_sync_on_read()) {
+        copy_rows(v.read_value());  // its cross-replica value is an aggregate of the copies
+        return;
+      }
+      bool done = false;  // in cross-replica context this visits every copy; one is enough
+      v.apply_to_copies([&](T& copy, int) {
+        if (!done) copy_rows(copy);
+        done = true;
+      });
+    };
+    std::vector<std::size_t> busy;
+    for (std::size_t s = 0; s < num_shards(); ++s) {
+      if (!wanted[s].empty()) busy.push_back(s);
+    }
+    if (busy.size() <= 1) {
+      for (auto s : busy) gather_from(s);
+      return Tensor<element_type>(std::move(out_shape), std::move(out));
+    }
+    std::vector<std::future<void>> pending;
+    for (std::size_t k = 1; k < busy.size(); ++k) pending.push_back(std::async(std::launch::async, gather_from, busy[k]));
+    std::exception_ptr error;
+    try {
+      gather_from(busy.front());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    for (auto& f : pending) {  // wait for every task before `out` goes away, keep the first error
+      try {
+        f.get();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    return Tensor<element_type>(std::move(out_shape), std::move(out));
+  }
+
+  /// Handles to the same shards compare equal.
+  friend bool operator==(const ShardedVariable& a, const ShardedVariable& b) noexcept { return a.state_ == b.state_; }
+
+ private:
+  struct State {
+    std::string name;
+    std::vector<Variable<T>> shards;
+    Shape shape;
+    std::vector<std::int64_t> offsets;
+    std::int64_t row_size = 1;  // elements per row
+  };
+
+  std::int64_t offset(std::size_t i) const { return state_->offsets[i]; }
+  std::int64_t row_size() const { return state_->row_size; }
+  std::size_t row_begin(std::size_t shard) const { return static_cast<std::size_t>(offset(shard) * row_size()); }
+
+  void require_rows(const char* what) const {
+    if (shape().empty()) {
+      throw InvalidArgument(fmt::format("{}: sharded variable '{}' is a scalar and has no rows", what, name()));
+    }
+  }
+
+  static void copy_elements(const element_type* src, std::size_t count, element_type* dst) {
+    if (count != 0) std::memcpy(dst, src, count * sizeof(element_type));
+  }
+
+  void create_shards(const T& initial_value, std::int64_t num_shards, VariableOptions options) {
+    state_->name = options.name;
+    const Shape full = shape_of(initial_value);
+    if (num_shards < 1) {
+      throw InvalidArgument(fmt::format("ShardedVariable '{}': num_shards must be positive, got {}", options.name, num_shards));
+    }
+    if (full.empty()) {
+      if (num_shards > 1) {
+        throw InvalidArgument(fmt::format("ShardedVariable '{}': a scalar cannot be split into {} shards", options.name,
+                                          num_shards));
+      }
+      state_->shards.emplace_back(initial_value, std::move(options));
+      index_shards();
+      return;
+    }
+    // As TF does: never more shards than rows (a 0-row value stays in one shard).
+    const std::int64_t shards = std::max<std::int64_t>(1, std::min(num_shards, full[0]));
+    if (shards == 1) {
+      state_->shards.emplace_back(initial_value, std::move(options));
+      index_shards();
+      return;
+    }
+    const auto offsets = shard_row_offsets(full[0], shards);
+    const std::int64_t width = num_elements(full) / full[0];
+    const element_type* src = tensor_traits<T>::data(initial_value);
+    for (std::int64_t i = 0; i < shards; ++i) {
+      const auto idx = static_cast<std::size_t>(i);
+      Shape piece_shape = full;
+      piece_shape[0] = offsets[idx + 1] - offsets[idx];
+      T piece = tensor_traits<T>::make(piece_shape);
+      copy_elements(src + offsets[idx] * width, static_cast<std::size_t>(piece_shape[0] * width), tensor_traits<T>::data(piece));
+      VariableOptions shard_options = options;
+      shard_options.name = fmt::format("{}/part_{}", options.name, i);
+      state_->shards.emplace_back(std::move(piece), std::move(shard_options));
+    }
+    index_shards();
+  }
+
+  // Checks the shards stack along axis 0 and records the full shape and row offsets.
+  void index_shards() {
+    auto& s = *state_;
+    if (s.shards.empty()) throw InvalidArgument(fmt::format("ShardedVariable '{}': needs at least one shard", s.name));
+    const Shape first = s.shards.front().shape();
+    if (first.empty() && s.shards.size() > 1) {
+      throw InvalidArgument(fmt::format("ShardedVariable '{}': scalar shards cannot be stacked along axis 0", s.name));
+    }
+    s.shape = first;
+    s.offsets = {0};
+    for (std::size_t i = 0; i < s.shards.size(); ++i) {
+      const Shape si = s.shards[i].shape();
+      if (si.size() != first.size() || (!si.empty() && !std::equal(si.begin() + 1, si.end(), first.begin() + 1))) {
+        throw InvalidArgument(fmt::format("ShardedVariable '{}': shard {} has shape {} which does not stack with shard "
+                                          "0's {}; all dimensions but the first must match",
+                                          s.name, i, shape_string(si), shape_string(first)));
+      }
+      if (!si.empty()) s.offsets.push_back(s.offsets.back() + si[0]);
+    }
+    if (first.empty()) {
+      s.offsets.push_back(1);  // a scalar reads as one "row"
+      s.row_size = 1;
+      return;
+    }
+    s.shape[0] = s.offsets.back();
+    s.row_size = num_elements(Shape(first.begin() + 1, first.end()));
+  }
+
+  template <class U, class F>
+  void update_all(const U& value, const char* what, F&& apply) {
+    static_assert(std::is_same_v<element_t<U>, element_type>, "the value must have the variable's element type");
+    if (shape_of(value) != shape()) {
+      throw InvalidArgument(fmt::format("{}: value of shape {} does not match sharded variable '{}' of shape {}", what,
+                                        shape_string(shape_of(value)), name(), shape_string(shape())));
+    }
+    const element_type* src = tensor_traits<U>::data(value);
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      Variable<T>& shard = state_->shards[i];
+      T piece = tensor_traits<T>::make(shard.shape());
+      copy_elements(src + row_begin(i), element_count(piece), tensor_traits<T>::data(piece));
+      apply(shard, piece);
+    }
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+// ---- end <distribute/ps/sharded_variable.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+struct CheckpointOptions {
+  /// fsync each file and its directory before save() returns, so that the checkpoint survives a
+  /// power loss, not only a crash of the process. Off only for scratch checkpoints.
+  bool durable = true;
+  /// Called while a file is written: (bytes written so far, total bytes).
+  std::function<void(std::uint64_t, std::uint64_t)> on_progress;
+};
+
+namespace detail {
+
+inline constexpr std::string_view kSaveCounterKey = "distribute.save_counter";
+inline constexpr std::string_view kLibraryVersionKey = "distribute.library_version";
+
+/// A copy of a tracked value taken at save time, viewed as bytes; `owner` keeps the copy alive.
+struct CheckpointSnapshot {
+  std::shared_ptr<const void> owner;
+  safetensors::TensorView view;
+};
+
+/// What Checkpoint knows about a tracked object: its dtype and logical shape, how to copy it out
+/// and how to write a (validated) tensor back in.
+class Trackable {
+ public:
+  virtual ~Trackable() = default;
+  virtual safetensors::Dtype dtype() const = 0;
+  virtual Shape shape() const = 0;
+  /// For messages: "variable 'w'", "sharded variable (2 shards: (4, 2), (3, 2))".
+  virtual std::string describe() const = 0;
+  virtual CheckpointSnapshot snapshot(const std::string& name) const = 0;
+  /// `tensor` has already been checked to have dtype() and shape().
+  virtual void restore(const safetensors::StoredTensor& tensor) = 0;
+};
+
+template <class T>
+void check_host_memory() {
+  static_assert(memory_space_v<T> == MemorySpace::host,
+                "ds::Checkpoint: variables whose values live in device memory cannot be checkpointed yet");
+}
+
+// Reads a variable's checkpoint value: the primary copy, or the aggregate of a sync-on-read one.
+template <class T>
+T checkpoint_value(const Variable<T>& var, const std::string& name) {
+  try {
+    return var.read_value();
+  } catch (const InvalidArgument& e) {
+    throw CheckpointError(fmt::format("cannot save tensor '{}': {}", name, e.what()));
+  }
+}
+
+// Writes `shape`'s worth of elements from `data` into every copy of `var`.
+template <class T>
+void restore_variable(Variable<T>& var, const Shape& shape, const std::byte* data) {
+  using E = element_t<T>;
+  T value = tensor_traits<T>::make(shape);
+  const std::size_t n = static_cast<std::size_t>(num_elements(shape));
+  if (n) std::memcpy(tensor_traits<T>::data(value), data, n * sizeof(E));
+  if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>) {
+    // A SUM sync-on-read integer split as value/N per copy would lose the remainder (7 over 3
+    // copies reads back 6); give it to copy 0 so that the sum reads back exactly.
+    const std::size_t copies = var.values().size();
+    if (var.is_sync_on_read() && var.aggregation() == VariableAggregation::Sum && copies > 1) {
+      const E* src = tensor_traits<T>::data(value);
+      var.apply_to_copies([&](T& copy, int index) {
+        E* dst = tensor_traits<T>::data(copy);
+        for (std::size_t i = 0; i < n; ++i) {
+          const E share = static_cast<E>(src[i] / static_cast<E>(copies));
+          dst[i] = index == 0 ? static_cast<E>(src[i] - share * static_cast<E>(copies - 1)) : share;
+        }
+      });
+      return;
+    }
+  }
+  var.assign(value);
+}
+
+template <class T>
+class TrackedVariable final : public Trackable {
+ public:
+  explicit TrackedVariable(Variable<T> var) : var_(std::move(var)) {}
+  safetensors::Dtype dtype() const override { return safetensors::dtype_for<element_t<T>>(); }
+  Shape shape() const override { return var_.shape(); }
+  std::string describe() const override { return fmt::format("variable '{}'", var_.name()); }
+  CheckpointSnapshot snapshot(const std::string& name) const override {
+    auto copy = std::make_shared<const T>(checkpoint_value(var_, name));
+    return CheckpointSnapshot{copy, safetensors::view_of(*copy)};
+  }
+  void restore(const safetensors::StoredTensor& tensor) override {
+    restore_variable(var_, tensor.shape, tensor.bytes.data());
+  }
+
+ private:
+  Variable<T> var_;
+};
+
+template <class T>
+class TrackedShards final : public Trackable {
+  using E = element_t<T>;
+
+ public:
+  TrackedShards(std::vector<Variable<T>> shards, const std::string& name) : shards_(std::move(shards)) {
+    if (shards_.empty()) throw InvalidArgument(fmt::format("Checkpoint: sharded variable '{}' has no shards", name));
+    const Shape first = shards_.front().shape();
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      const Shape s = shards_[i].shape();
+      if (s.empty() || s.size() != first.size() || !std::equal(s.begin() + 1, s.end(), first.begin() + 1)) {
+        throw InvalidArgument(fmt::format("Checkpoint: shard {} ('{}') of '{}' has shape {}, which does not stack "
+                                          "along axis 0 with shard 0's {}",
+                                          i, shards_[i].name(), name, shape_string(s), shape_string(first)));
+      }
+    }
+  }
+  safetensors::Dtype dtype() const override { return safetensors::dtype_for<E>(); }
+  Shape shape() const override {
+    Shape s = shards_.front().shape();
+    s[0] = 0;
+    for (const auto& shard : shards_) s[0] += shard.shape()[0];
+    return s;
+  }
+  std::string describe() const override {
+    std::string shapes;
+    for (std::size_t i = 0; i < shards_.size(); ++i) shapes += (i ? ", " : "") + shape_string(shards_[i].shape());
+    return fmt::format("sharded variable ({} shard{}: {})", shards_.size(), shards_.size() == 1 ? "" : "s", shapes);
+  }
+  CheckpointSnapshot snapshot(const std::string& name) const override {
+    auto bytes = std::make_shared<std::vector<std::byte>>();
+    bytes->reserve(static_cast<std::size_t>(num_elements(shape())) * sizeof(E));
+    for (const auto& shard : shards_) {
+      const T value = checkpoint_value(shard, name);
+      const auto* p = reinterpret_cast<const std::byte*>(tensor_traits<T>::data(value));
+      bytes->insert(bytes->end(), p, p + element_count(value) * sizeof(E));
+    }
+    return CheckpointSnapshot{bytes, safetensors::TensorView{dtype(), shape(), *bytes}};
+  }
+  void restore(const safetensors::StoredTensor& tensor) override {
+    const std::byte* data = tensor.bytes.data();
+    // Split by rows: each shard takes as many rows as its own shape has, so the saved layout
+    // (how many shards, which sizes) does not matter.
+    for (auto& shard : shards_) {
+      const Shape s = shard.shape();
+      restore_variable(shard, s, data);
+      data += static_cast<std::size_t>(num_elements(s)) * sizeof(E);
+    }
+  }
+
+ private:
+  std::vector<Variable<T>> shards_;
+};
+
+/// Checkpoints are saved and restored in cross-replica context: inside a step function each
+/// replica would read its own copy, and N replicas would all write the same file.
+inline void check_cross_replica(const char* what) {
+  if (ReplicaContext* ctx = thread_context().replica; ctx && ctx->strategy().num_local_replicas() > 1) {
+    throw InvalidArgument(fmt::format("{} was called inside a step function of {} (replica {}); call it in "
+                                      "cross-replica context, outside strategy.run()",
+                                      what, ctx->strategy().name(), ctx->replica_id_in_sync_group()));
+  }
+}
+
+}  // namespace detail
+
+class Checkpoint {
+ public:
+  explicit Checkpoint(CheckpointOptions options = {}) : options_(std::move(options)) {}
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
+  Checkpoint(Checkpoint&&) = default;
+  Checkpoint& operator=(Checkpoint&&) = default;
+
+  /// Tracks a variable (plain, mirrored or sync-on-read) under `name`, the tensor's name in the file.
+  template <class T>
+  Checkpoint& track(std::string name, const Variable<T>& variable) {
+    detail::check_host_memory<T>();
+    return add(std::move(name), std::make_unique<detail::TrackedVariable<T>>(variable));
+  }
+
+  /// Tracks a sharded variable as one tensor: its shards concatenated along axis 0, so that it
+  /// can be restored into a different number of shards.
+  template <class T>
+  Checkpoint& track(std::string name, const ShardedVariable<T>& variable) {
+    return track_sharded(std::move(name), variable.variables());
+  }
+
+  /// Tracks shard variables (in row order) as one tensor, concatenated along axis 0. They must
+  /// agree on every dimension but the first.
+  template <class T>
+  Checkpoint& track_sharded(std::string name, std::vector<Variable<T>> shards) {
+    detail::check_host_memory<T>();
+    auto tracked = std::make_unique<detail::TrackedShards<T>>(std::move(shards), name);
+    return add(std::move(name), std::move(tracked));
+  }
+
+  bool is_tracking(std::string_view name) const { return items_.find(name) != items_.end(); }
+  std::vector<std::string> tracked_names() const {
+    std::vector<std::string> names;
+    for (const auto& [name, item] : items_) names.push_back(name);
+    return names;
+  }
+
+  /// How many times save() has succeeded (restored from the file by restore()).
+  std::int64_t save_counter() const noexcept { return save_counter_; }
+  const CheckpointOptions& options() const noexcept { return options_; }
+
+  /// Increments the save counter and writes `<prefix>-<counter>.safetensors` (TF: ckpt-1, ckpt-2,
+  /// ...), creating missing directories. Returns the path written.
+  std::filesystem::path save(const std::filesystem::path& prefix) {
+    detail::check_cross_replica("Checkpoint::save");
+    const std::int64_t n = save_counter_ + 1;
+    std::filesystem::path path(prefix.string() + fmt::format("-{}.safetensors", n));
+    write_file(path, n);
+    save_counter_ = n;
+    return path;
+  }
+
+  /// Writes exactly `path`, leaving the save counter as it is (TF's Checkpoint.write).
+  std::filesystem::path write(const std::filesystem::path& path) {
+    detail::check_cross_replica("Checkpoint::write");
+    write_file(path, save_counter_);
+    return path;
+  }
+
+  /// Restores every tracked variable from `path`. Each must be in the file with the same dtype and
+  /// shape (a sharded one: the concatenated shape); tensors the file has beyond those are ignored.
+  /// Nothing is assigned unless everything matches.
+  void restore(const std::filesystem::path& path) {
+    detail::check_cross_replica("Checkpoint::restore");
+    restore(safetensors::read(path));
+  }
+
+  /// Restores from a file already read (or parsed from memory).
+  void restore(const safetensors::File& file) {
+    detail::check_cross_replica("Checkpoint::restore");
+    std::vector<std::string> problems;
+    std::vector<std::pair<detail::Trackable*, const safetensors::StoredTensor*>> plan;
+    for (const auto& [name, item] : items_) {
+      const safetensors::StoredTensor* t = file.find(name);
+      if (!t) {
+        problems.push_back(fmt::format("tensor '{}' (for {}) is not in the file", name, item->describe()));
+        continue;
+      }
+      const Shape want = item->shape();
+      if (t->dtype != item->dtype() || t->shape != want) {
+        problems.push_back(fmt::format("tensor '{}' is {} with shape {} in the file, but the tracked {} is {} with "
+                                       "shape {}",
+                                       name, safetensors::describe(t->dtype), shape_string(t->shape), item->describe(),
+                                       safetensors::describe(item->dtype()), shape_string(want)));
+        continue;
+      }
+      plan.emplace_back(item.get(), t);
+    }
+    std::int64_t counter = save_counter_;
+    if (auto it = file.metadata.find(detail::kSaveCounterKey); it != file.metadata.end()) {
+      const std::string& s = it->second;
+      auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), counter);
+      if (ec != std::errc{} || ptr != s.data() + s.size() || counter < 0) {
+        problems.push_back(fmt::format("{} is \"{}\", not a non-negative integer", detail::kSaveCounterKey, s));
+      }
+    }
+    if (!problems.empty()) {
+      throw CheckpointError(fmt::format("cannot restore from '{}': {}", file.origin, fmt::join(problems, "; ")));
+    }
+    for (auto& [item, tensor] : plan) item->restore(*tensor);
+    save_counter_ = counter;
+  }
+
+ private:
+  friend class CheckpointManager;
+
+  Checkpoint& add(std::string name, std::unique_ptr<detail::Trackable> item) {
+    if (name.empty() || name == "__metadata__") {
+      throw InvalidArgument(fmt::format("Checkpoint::track: '{}' cannot name a tensor", name));
+    }
+    if (items_.count(name)) {
+      throw InvalidArgument(fmt::format("Checkpoint::track: '{}' is already tracked; each name holds one tensor", name));
+    }
+    items_.emplace(std::move(name), std::move(item));
+    return *this;
+  }
+
+  void write_file(const std::filesystem::path& path, std::int64_t counter) {
+    // Every value is copied out first so that the file is one consistent snapshot.
+    std::vector<detail::CheckpointSnapshot> snapshots;
+    safetensors::TensorMap tensors;
+    for (const auto& [name, item] : items_) {
+      snapshots.push_back(item->snapshot(name));
+      tensors.emplace(name, snapshots.back().view);
+    }
+    safetensors::Metadata metadata{{std::string(detail::kSaveCounterKey), fmt::format("{}", counter)},
+                                   {std::string(detail::kLibraryVersionKey), DISTRIBUTE_VERSION_STRING}};
+    if (path.has_parent_path()) {
+      std::error_code ec;
+      std::filesystem::create_directories(path.parent_path(), ec);
+      if (ec) {
+        throw CheckpointError(fmt::format("cannot create the directory '{}' for checkpoint '{}': {}",
+                                          path.parent_path().string(), path.string(), ec.message()));
+      }
+    }
+    safetensors::write(path, tensors, metadata, safetensors::WriteOptions{options_.durable, options_.on_progress});
+  }
+
+  std::map<std::string, std::unique_ptr<detail::Trackable>, std::less<>> items_;
+  std::int64_t save_counter_ = 0;
+  CheckpointOptions options_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_CHECKPOINT_HPP
+// ---- end <distribute/checkpoint/checkpoint.hpp> ----
+// ---- begin <distribute/checkpoint/checkpoint_manager.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_CHECKPOINT_MANAGER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_CHECKPOINT_MANAGER_HPP
+// CheckpointManager: numbered checkpoints in one directory, keeping the newest few.
+//
+//   ds::CheckpointManager manager(ckpt, "/tmp/run", 3);
+//   manager.restore_or_initialize();               // resume if the directory has a checkpoint
+//   for (...) { train(); manager.save(); }         // ckpt-1.safetensors, ckpt-2, ... newest 3 kept
+//
+// The directory holds `<name>-<N>.safetensors` files and a small TF-style index file named
+// `checkpoint` (model_checkpoint_path / all_model_checkpoint_paths, written atomically). The
+// files themselves are the truth: latest_checkpoint() is the highest N present, so a crash between
+// writing a checkpoint and updating the index loses nothing. Numbers only grow within a directory
+// (save() continues after the highest N present), which is what makes "highest" mean "newest".
+
+#include <algorithm>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/checkpoint/checkpoint.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_CHECKPOINT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_CHECKPOINT_HPP
+// Checkpoint: named variables saved to, and restored from, one safetensors file.
+//
+//   ds::Checkpoint ckpt;
+//   ckpt.track("dense/kernel", w).track("step", step);
+//   auto path = ckpt.save("/tmp/run/ckpt");     // /tmp/run/ckpt-1.safetensors
+//   ckpt.restore(path);
+//
+// What is saved for each kind of variable (TF's rules):
+//   plain / mirrored (ON_WRITE)   one tensor, the primary copy; restored into every copy
+//   sync-on-read (ON_READ)        the cross-replica aggregate (SUM/MEAN/ONLY_FIRST_REPLICA);
+//                                 restored with a cross-replica assign (SUM: split over the copies)
+//   sharded (track_sharded)       one tensor, the shards concatenated along axis 0; restorable into
+//                                 any number of shards whose rows add up to the saved rows
+// Saving and restoring happen in cross-replica context (outside strategy.run()). A Checkpoint is
+// not thread-safe: one thread saves or restores at a time.
+
+#include <algorithm>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/checkpoint/safetensors.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_SAFETENSORS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_SAFETENSORS_HPP
+// safetensors files: read, write, validate.
+//
+// Layout (https://github.com/huggingface/safetensors):
+//   8 bytes   N, little-endian u64
+//   N bytes   JSON header: {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+//                           "__metadata__": {"key": "value", ...}}
+//             padded with spaces so that the payload starts 8-byte aligned
+//   payload   the tensors' bytes, row-major, little-endian; offsets are relative to the payload
+//
+// What distribute adds, inside __metadata__ (so any safetensors reader still reads the file):
+//   "distribute.format": "1"
+//   "distribute.crc32.<tensor>": CRC-32 (IEEE, as zlib.crc32) of that tensor's bytes, 8 hex digits
+//   "distribute.header_crc32": CRC-32 of a canonical form of the header (see detail::header_digest),
+//                              so that a corrupted shape, offset, name or metadata value is caught too
+// A file carrying any of these must carry all of them. Files without them (written by Python's
+// safetensors, say) are read with the structural checks only.
+//
+// Every problem is a ds::CheckpointError naming the file and, where there is one, the tensor.
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <charconv>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <boost/crc.hpp>
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/checkpoint/detail/posix_file.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_DETAIL_POSIX_FILE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_DETAIL_POSIX_FILE_HPP
+// POSIX file primitives for checkpoints: reads and writes that retry short counts and EINTR, and
+// AtomicFile, the replace-on-commit protocol that keeps a crash from ever exposing a partial file:
+//   write a temp file in the target's directory → fsync it → rename it over the target → fsync
+//   the directory (so the rename itself survives a power loss).
+// rename(2) within one directory is atomic, so a reader sees the old file or the new one, never a mix.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+inline std::string errno_message(int err) { return std::system_category().message(err); }
+
+/// An owned file descriptor; closes on destruction (errors there are ignored: use close()).
+class FileDescriptor {
+ public:
+  FileDescriptor() = default;
+  explicit FileDescriptor(int fd) noexcept : fd_(fd) {}
+  FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FileDescriptor& operator=(FileDescriptor&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() { reset(); }
+
+  int get() const noexcept { return fd_; }
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+
+  /// Closes and reports the error: on NFS a failed write may only surface here.
+  void close(const std::filesystem::path& path) {
+    if (fd_ < 0) return;
+    const int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0 && errno != EINTR) {
+      throw CheckpointError(fmt::format("closing '{}' failed: {}", path.string(), errno_message(errno)));
+    }
+  }
+
+ private:
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int fd_ = -1;
+};
+
+inline FileDescriptor open_for_reading(const std::filesystem::path& path) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    throw CheckpointError(fmt::format("cannot open checkpoint file '{}': {}", path.string(), errno_message(errno)));
+  }
+  return FileDescriptor(fd);
+}
+
+inline std::uint64_t file_size(const FileDescriptor& fd, const std::filesystem::path& path) {
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    throw CheckpointError(fmt::format("cannot stat '{}': {}", path.string(), errno_message(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) throw CheckpointError(fmt::format("'{}' is not a regular file", path.string()));
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+/// Reads exactly `out.size()` bytes at `offset`; a short file is a CheckpointError naming `what`.
+inline void read_exact(const FileDescriptor& fd, std::span<std::byte> out, std::uint64_t offset,
+                       const std::filesystem::path& path, std::string_view what) {
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::pread(fd.get(), out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw CheckpointError(fmt::format("reading {} from '{}' failed: {}", what, path.string(), errno_message(errno)));
+    }
+    if (n == 0) {
+      throw CheckpointError(fmt::format("'{}' ended after {} of the {} bytes of {}: the file is truncated",
+                                        path.string(), done, out.size(), what));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+inline void write_all(const FileDescriptor& fd, std::span<const std::byte> bytes, const std::filesystem::path& path) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw CheckpointError(fmt::format("writing '{}' failed after {} bytes: {}", path.string(), done,
+                                        errno_message(errno)));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+inline void fsync_or_throw(const FileDescriptor& fd, const std::filesystem::path& path) {
+  while (::fsync(fd.get()) != 0) {
+    if (errno == EINTR) continue;
+    throw CheckpointError(fmt::format("fsync of '{}' failed: {}", path.string(), errno_message(errno)));
+  }
+}
+
+/// Makes a rename or unlink in `dir` durable. Some filesystems cannot fsync a directory (EINVAL);
+/// there is nothing more to do on those.
+inline void fsync_directory(const std::filesystem::path& dir) {
+  const std::filesystem::path d = dir.empty() ? std::filesystem::path(".") : dir;
+  FileDescriptor fd(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) throw CheckpointError(fmt::format("cannot open directory '{}': {}", d.string(), errno_message(errno)));
+  while (::fsync(fd.get()) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EINVAL || errno == EROFS) return;
+    throw CheckpointError(fmt::format("fsync of directory '{}' failed: {}", d.string(), errno_message(errno)));
+  }
+}
+
+inline const std::string& host_name() {
+  static const std::string name = [] {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0) return std::string("localhost");
+    std::string s(buf);
+    for (char& c : s) {
+      if (c == '/' || c == ' ') c = '_';
+    }
+    return s.empty() ? std::string("localhost") : s;
+  }();
+  return name;
+}
+
+// Temp files are named ".<target>.tmp.<host>.<pid>.<seq>": hidden, next to the target (rename
+// must not cross filesystems), and attributable, so that leftovers of a killed writer can be
+// recognised and removed without touching a live writer's file.
+inline std::string temp_prefix(const std::filesystem::path& target) {
+  return "." + target.filename().string() + ".tmp.";
+}
+
+
+/// The file name a temp file was made for, when `name` is a temp file of a writer on this host
+/// whose process no longer exists (killed mid-save); nothing otherwise.
+inline std::optional<std::string> stale_temp_target(const std::string& name) {
+  // .<target>.tmp.<host>.<pid>.<seq>; the host and the target may contain dots, so match from the right.
+  const std::string marker = ".tmp." + host_name() + ".";
+  const auto seq_dot = name.rfind('.');
+  if (name.size() < 2 || name.front() != '.' || seq_dot == std::string::npos || seq_dot == 0) return std::nullopt;
+  const auto pid_dot = name.rfind('.', seq_dot - 1);
+  if (pid_dot == std::string::npos || pid_dot + 1 < marker.size()) return std::nullopt;
+  const auto marker_at = pid_dot + 1 - marker.size();
+  if (marker_at < 1 || name.compare(marker_at, marker.size(), marker) != 0) return std::nullopt;
+  long long pid = 0;
+  const char* first = name.data() + pid_dot + 1;
+  const char* last = name.data() + seq_dot;
+  auto [ptr, err] = std::from_chars(first, last, pid);
+  if (err != std::errc{} || ptr != last || pid <= 0) return std::nullopt;
+  if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) return std::nullopt;  // alive (or not ours to judge)
+  return name.substr(1, marker_at - 1);
+}
+
+/// Removes, from `dir`, the temp files of dead writers on this host whose target satisfies
+/// `is_target`. Best effort: a file that cannot be removed is left alone.
+template <class Pred>
+void remove_stale_temp_files(const std::filesystem::path& dir, Pred&& is_target) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::directory_iterator it(dir.empty() ? fs::path(".") : dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    if (auto target = stale_temp_target(it->path().filename().string()); target && is_target(*target)) {
+      std::error_code ignored;
+      fs::remove(it->path(), ignored);
+    }
+  }
+}
+
+/// A file that appears at `target` only on commit(), complete and durable; destroyed without a
+/// commit (an exception, an early return) it removes its temp file and leaves `target` as it was.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path target, bool durable = true)
+      : target_(std::move(target)), durable_(durable) {
+    const std::string filename = target_.filename().string();
+    remove_stale_temp_files(target_.parent_path(), [&](const std::string& t) { return t == filename; });
+    static std::atomic<std::uint64_t> sequence{0};
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      temp_ = target_.parent_path() / fmt::format("{}{}.{}.{}", temp_prefix(target_), host_name(),
+                                                  static_cast<long long>(::getpid()), sequence.fetch_add(1));
+      int fd;
+      do {
+        fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      } while (fd < 0 && errno == EINTR);
+      if (fd >= 0) {
+        fd_ = FileDescriptor(fd);
+        return;
+      }
+      if (errno != EEXIST) {
+        throw CheckpointError(fmt::format("cannot create a temporary file next to '{}' ({}): {}", target_.string(),
+                                          temp_.string(), errno_message(errno)));
+      }
+    }
+    throw CheckpointError(fmt::format("cannot create a unique temporary file next to '{}'", target_.string()));
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile() {
+    if (!committed_) {
+      fd_ = FileDescriptor();
+      ::unlink(temp_.c_str());
+    }
+  }
+
+  void write(std::span<const std::byte> bytes) { write_all(fd_, bytes, temp_); }
+
+  /// fsync → close → rename over the target → fsync the directory.
+  void commit() {
+    if (durable_) fsync_or_throw(fd_, temp_);
+    fd_.close(temp_);
+    if (::rename(temp_.c_str(), target_.c_str()) != 0) {
+      throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", temp_.string(), target_.string(),
+                                        errno_message(errno)));
+    }
+    committed_ = true;
+    if (durable_) fsync_directory(target_.parent_path());
+  }
+
+  const std::filesystem::path& temp_path() const noexcept { return temp_; }
+
+ private:
+  std::filesystem::path target_;
+  std::filesystem::path temp_;
+  FileDescriptor fd_;
+  bool durable_;
+  bool committed_ = false;
+};
+
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_DETAIL_POSIX_FILE_HPP
+// ---- end <distribute/checkpoint/detail/posix_file.hpp> ----
+
+static_assert(std::endian::native == std::endian::little,
+              "distribute/checkpoint: safetensors payloads are little-endian; big-endian hosts are not supported");
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace safetensors {
+
+/// The element types of a safetensors file, spelled as in the file. F16 and BF16 have no C++
+/// arithmetic type here: they are carried as raw 2-byte values (float16 / bfloat16 below).
+enum class Dtype : std::uint8_t { F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool };
+
+inline constexpr std::array<Dtype, 13> all_dtypes = {Dtype::F16, Dtype::BF16, Dtype::F32, Dtype::F64, Dtype::I8,
+                                                     Dtype::I16, Dtype::I32,  Dtype::I64, Dtype::U8,  Dtype::U16,
+                                                     Dtype::U32, Dtype::U64,  Dtype::Bool};
+
+/// "F32", "BOOL", ... as written in the header.
+constexpr std::string_view to_string(Dtype d) noexcept {
+  switch (d) {
+    case Dtype::F16: return "F16";
+    case Dtype::BF16: return "BF16";
+    case Dtype::F32: return "F32";
+    case Dtype::F64: return "F64";
+    case Dtype::I8: return "I8";
+    case Dtype::I16: return "I16";
+    case Dtype::I32: return "I32";
+    case Dtype::I64: return "I64";
+    case Dtype::U8: return "U8";
+    case Dtype::U16: return "U16";
+    case Dtype::U32: return "U32";
+    case Dtype::U64: return "U64";
+    case Dtype::Bool: return "BOOL";
+  }
+  return "?";
+}
+
+constexpr std::size_t size_of(Dtype d) noexcept {
+  switch (d) {
+    case Dtype::I8: case Dtype::U8: case Dtype::Bool: return 1;
+    case Dtype::F16: case Dtype::BF16: case Dtype::I16: case Dtype::U16: return 2;
+    case Dtype::F32: case Dtype::I32: case Dtype::U32: return 4;
+    case Dtype::F64: case Dtype::I64: case Dtype::U64: return 8;
+  }
+  return 0;
+}
+
+constexpr std::optional<Dtype> parse_dtype(std::string_view s) noexcept {
+  for (Dtype d : all_dtypes) {
+    if (to_string(d) == s) return d;
+  }
+  return std::nullopt;
+}
+
+/// The file dtype of a library element type.
+constexpr Dtype from_dtype(DType d) noexcept {
+  switch (d) {
+    case DType::F32: return Dtype::F32;
+    case DType::F64: return Dtype::F64;
+    case DType::I8: return Dtype::I8;
+    case DType::I16: return Dtype::I16;
+    case DType::I32: return Dtype::I32;
+    case DType::I64: return Dtype::I64;
+    case DType::U8: return Dtype::U8;
+    case DType::U16: return Dtype::U16;
+    case DType::U32: return Dtype::U32;
+    case DType::U64: return Dtype::U64;
+    case DType::Bool: return Dtype::Bool;
+  }
+  return Dtype::F32;
+}
+
+/// The library element type of a file dtype; none for F16/BF16.
+constexpr std::optional<DType> to_dtype(Dtype d) noexcept {
+  switch (d) {
+    case Dtype::F16: case Dtype::BF16: return std::nullopt;
+    case Dtype::F32: return DType::F32;
+    case Dtype::F64: return DType::F64;
+    case Dtype::I8: return DType::I8;
+    case Dtype::I16: return DType::I16;
+    case Dtype::I32: return DType::I32;
+    case Dtype::I64: return DType::I64;
+    case Dtype::U8: return DType::U8;
+    case Dtype::U16: return DType::U16;
+    case Dtype::U32: return DType::U32;
+    case Dtype::U64: return DType::U64;
+    case Dtype::Bool: return DType::Bool;
+  }
+  return std::nullopt;
+}
+
+/// "F32 (float32)"; "F16" for the types with no library counterpart.
+inline std::string describe(Dtype d) {
+  auto lib = to_dtype(d);
+  return lib ? fmt::format("{} ({})", to_string(d), distribute::to_string(*lib)) : std::string(to_string(d));
+}
+
+/// IEEE half precision, stored as its bit pattern. No arithmetic, no implicit conversion:
+/// distribute moves these values, it does not compute with them.
+struct float16 {
+  std::uint16_t bits = 0;
+  friend constexpr bool operator==(float16, float16) = default;
+};
+/// bfloat16 (the upper half of an IEEE float32), stored as its bit pattern.
+struct bfloat16 {
+  std::uint16_t bits = 0;
+  friend constexpr bool operator==(bfloat16, bfloat16) = default;
+};
+
+/// An element type a safetensors tensor can be read as or written from.
+template <class T>
+concept StorableElement = Element<T> || std::same_as<T, float16> || std::same_as<T, bfloat16>;
+
+template <StorableElement T>
+constexpr Dtype dtype_for() noexcept {
+  if constexpr (std::same_as<T, float16>) return Dtype::F16;
+  else if constexpr (std::same_as<T, bfloat16>) return Dtype::BF16;
+  else return from_dtype(dtype_of<T>());
+}
+
+/// Borrowed bytes of one tensor to write: the caller keeps them alive during the write.
+struct TensorView {
+  Dtype dtype = Dtype::F32;
+  Shape shape;
+  std::span<const std::byte> bytes;
+
+  /// A view of `data` (row-major) as a tensor of `shape`; the element count must match.
+  template <StorableElement T>
+  static TensorView of(Shape shape, std::span<const T> data) {
+    for (auto d : shape) {
+      if (d < 0) throw InvalidArgument(fmt::format("safetensors: negative dimension in shape {}", shape_string(shape)));
+    }
+    if (num_elements(shape) != static_cast<std::int64_t>(data.size())) {
+      throw InvalidArgument(fmt::format("safetensors: shape {} holds {} elements but {} were given",
+                                        shape_string(shape), num_elements(shape), data.size()));
+    }
+    return TensorView{dtype_for<T>(), std::move(shape), std::as_bytes(data)};
+  }
+};
+
+/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type...).
+template <TensorLike U>
+TensorView view_of(const U& value) {
+  static_assert(memory_space_v<U> == MemorySpace::host,
+                "safetensors::view_of: the value lives in device memory; copy it to the host first");
+  using E = element_t<U>;
+  return TensorView{dtype_for<E>(), shape_of(value),
+                    std::as_bytes(std::span<const E>(tensor_traits<U>::data(value), element_count(value)))};
+}
+
+/// One tensor read from a file (owns its bytes).
+struct StoredTensor {
+  std::string name;
+  Dtype dtype = Dtype::F32;
+  Shape shape;
+  std::vector<std::byte> bytes;
+
+  std::int64_t num_elements() const { return distribute::num_elements(shape); }
+  TensorView view() const { return TensorView{dtype, shape, bytes}; }
+
+  /// The elements as T, which must be exactly the stored dtype: F16 is not read as float, nor
+  /// I32 as I64 (a silent conversion would hide a mismatch between a file and its reader).
+  template <StorableElement T>
+  std::vector<T> values() const {
+    check_dtype(dtype_for<T>());
+    const std::size_t n = bytes.size() / sizeof(T);
+    if constexpr (std::is_same_v<T, bool>) {
+      std::vector<bool> out(n);
+      for (std::size_t i = 0; i < n; ++i) out[i] = bytes[i] != std::byte{0};
+      return out;
+    } else {
+      std::vector<T> out(n);
+      if (n) std::memcpy(out.data(), bytes.data(), bytes.size());
+      return out;
+    }
+  }
+
+  /// The tensor as a ds::Tensor<T> (T exactly the stored dtype).
+  template <Element T>
+    requires(!std::is_same_v<T, bool>)
+  Tensor<T> to_tensor() const {
+    return Tensor<T>(shape, values<T>());
+  }
+
+  void check_dtype(Dtype wanted) const {
+    if (wanted != dtype) {
+      throw CheckpointError(fmt::format("tensor '{}' has dtype {} and cannot be read as {}; distribute does not "
+                                        "convert between element types",
+                                        name, describe(dtype), describe(wanted)));
+    }
+  }
+};
+
+using Metadata = std::map<std::string, std::string, std::less<>>;
+
+/// The contents of a safetensors file.
+struct File {
+  /// The path it was read from, or the name given to parse().
+  std::string origin;
+  /// In payload order.
+  std::vector<StoredTensor> tensors;
+  Metadata metadata;
+
+  const StoredTensor* find(std::string_view name) const {
+    for (const auto& t : tensors) {
+      if (t.name == name) return &t;
+    }
+    return nullptr;
+  }
+  const StoredTensor& at(std::string_view name) const {
+    if (const StoredTensor* t = find(name)) return *t;
+    std::string names;
+    for (std::size_t i = 0; i < tensors.size() && i < 20; ++i) names += fmt::format("{}'{}'", i ? ", " : "", tensors[i].name);
+    if (tensors.size() > 20) names += fmt::format(", ... ({} in all)", tensors.size());
+    throw CheckpointError(fmt::format("'{}' has no tensor '{}' (it has: {})", origin, name,
+                                      tensors.empty() ? std::string("none") : names));
+  }
+};
+
+/// Tensors to write, by name.
+using TensorMap = std::map<std::string, TensorView, std::less<>>;
+
+struct WriteOptions {
+  /// fsync the file and its directory before returning (off only for scratch files).
+  bool durable = true;
+  /// Called after each chunk written: (bytes written so far, total bytes).
+  std::function<void(std::uint64_t, std::uint64_t)> on_progress;
+};
+
+struct ReadOptions {
+  /// Verify distribute's CRC-32s when the file has them.
+  bool verify_checksums = true;
+};
+
+namespace detail {
+
+inline constexpr std::string_view kFormatKey = "distribute.format";
+inline constexpr std::string_view kFormatVersion = "1";
+inline constexpr std::string_view kHeaderCrcKey = "distribute.header_crc32";
+inline constexpr std::string_view kTensorCrcPrefix = "distribute.crc32.";
+inline constexpr std::string_view kMetadataKey = "__metadata__";
+// The Rust reference implementation refuses larger headers too; it bounds what a corrupted
+// length prefix can make us allocate.
+inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+inline constexpr std::size_t kWriteChunk = std::size_t{4} << 20;
+
+inline std::uint32_t crc32(std::span<const std::byte> bytes) {
+  boost::crc_32_type crc;
+  crc.process_bytes(bytes.data(), bytes.size());
+  return crc.checksum();
+}
+inline std::string crc_hex(std::uint32_t crc) { return fmt::format("{:08x}", crc); }
+
+inline bool is_reserved_key(std::string_view key) {
+  return key == kFormatKey || key == kHeaderCrcKey || key.substr(0, kTensorCrcPrefix.size()) == kTensorCrcPrefix;
+}
+
+struct Entry {
+  std::string name;
+  Dtype dtype = Dtype::F32;
+  Shape shape;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+};
+
+// The header's meaning in a canonical form: tensors by name, then metadata by key (without the
+// header checksum itself). The JSON text is not hashed, so formatting and key order are free.
+//   "T" name NUL dtype NUL dims,joined,by,commas NUL begin NUL end "\n"
+//   "M" key NUL value "\n"
+inline std::uint32_t header_digest(std::vector<const Entry*> entries, const Metadata& metadata) {
+  std::sort(entries.begin(), entries.end(), [](const Entry* a, const Entry* b) { return a->name < b->name; });
+  std::string text;
+  for (const Entry* e : entries) {
+    text += 'T';
+    text += e->name;
+    text += '\0';
+    text += to_string(e->dtype);
+    text += '\0';
+    text += fmt::format("{}", fmt::join(e->shape, ","));
+    text += '\0';
+    text += fmt::format("{}", e->begin);
+    text += '\0';
+    text += fmt::format("{}\n", e->end);
+  }
+  for (const auto& [key, value] : metadata) {
+    if (key == kHeaderCrcKey) continue;
+    text += 'M';
+    text += key;
+    text += '\0';
+    text += value;
+    text += '\n';
+  }
+  return crc32(std::as_bytes(std::span(text.data(), text.size())));
+}
+
+inline std::uint64_t checked_size(const std::string& origin, const Entry& e) {
+  std::uint64_t n = size_of(e.dtype);
+  for (auto d : e.shape) {
+    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' has shape {}, whose byte size overflows 64 bits", origin,
+                                        e.name, shape_string(e.shape)));
+    }
+  }
+  return n;
+}
+
+inline std::uint64_t json_unsigned(const boost::json::value& v, const std::string& origin, const std::string& name,
+                                   const char* field) {
+  if (v.is_uint64()) return v.get_uint64();
+  if (v.is_int64() && v.get_int64() >= 0) return static_cast<std::uint64_t>(v.get_int64());
+  throw CheckpointError(fmt::format("'{}': tensor '{}': {} must hold non-negative integers, not {}", origin, name, field,
+                                    boost::json::serialize(v)));
+}
+
+// A parsed and validated header: entries in payload order, the metadata, and whether the file
+// carries distribute's checksums.
+struct Header {
+  std::vector<Entry> entries;  // in payload order
+  Metadata metadata;
+  bool has_checksums = false;
+};
+
+inline Header parse_header(std::string_view json, std::uint64_t payload_size, const std::string& origin) {
+  if (json.empty() || json.front() != '{') {
+    throw CheckpointError(fmt::format("'{}': the header does not start with '{{': not a safetensors file, or a "
+                                      "corrupted one",
+                                      origin));
+  }
+  boost::system::error_code ec;
+  boost::json::value root = boost::json::parse(json, ec);
+  if (ec) {
+    throw CheckpointError(fmt::format("'{}': the JSON header ({} bytes) is invalid: {}", origin, json.size(),
+                                      ec.message()));
+  }
+  if (!root.is_object()) throw CheckpointError(fmt::format("'{}': the JSON header is not an object", origin));
+
+  Header h;
+  for (const auto& kv : root.get_object()) {
+    const std::string name(kv.key());
+    const boost::json::value& v = kv.value();
+    if (name == kMetadataKey) {
+      if (!v.is_object()) {
+        throw CheckpointError(fmt::format("'{}': __metadata__ must be an object of strings, not {}", origin,
+                                          boost::json::serialize(v)));
+      }
+      for (const auto& m : v.get_object()) {
+        if (!m.value().is_string()) {
+          throw CheckpointError(fmt::format("'{}': __metadata__ value of '{}' must be a string, not {}", origin,
+                                            std::string_view(m.key()), boost::json::serialize(m.value())));
+        }
+        h.metadata.emplace(std::string(m.key()), std::string(m.value().get_string()));
+      }
+      continue;
+    }
+    if (!v.is_object()) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' must be described by an object, not {}", origin, name,
+                                        boost::json::serialize(v)));
+    }
+    const auto& obj = v.get_object();
+    Entry e;
+    e.name = name;
+    const boost::json::value* dtype = obj.if_contains("dtype");
+    const boost::json::value* shape = obj.if_contains("shape");
+    const boost::json::value* offsets = obj.if_contains("data_offsets");
+    if (!dtype || !shape || !offsets) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' lacks {}", origin, name,
+                                        !dtype ? "\"dtype\"" : !shape ? "\"shape\"" : "\"data_offsets\""));
+    }
+    for (const auto& field : obj) {
+      if (field.key() != "dtype" && field.key() != "shape" && field.key() != "data_offsets") {
+        throw CheckpointError(fmt::format("'{}': tensor '{}' has an unknown field \"{}\"", origin, name,
+                                          std::string_view(field.key())));
+      }
+    }
+    if (!dtype->is_string()) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}': dtype must be a string, not {}", origin, name,
+                                        boost::json::serialize(*dtype)));
+    }
+    auto d = parse_dtype(dtype->get_string());
+    if (!d) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' has dtype \"{}\", which distribute does not know (known: "
+                                        "F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, BOOL)",
+                                        origin, name, std::string_view(dtype->get_string())));
+    }
+    e.dtype = *d;
+    if (!shape->is_array()) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}': shape must be an array, not {}", origin, name,
+                                        boost::json::serialize(*shape)));
+    }
+    for (const auto& dim : shape->get_array()) {
+      const std::uint64_t u = json_unsigned(dim, origin, name, "shape");
+      if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        throw CheckpointError(fmt::format("'{}': tensor '{}': dimension {} is too large", origin, name, u));
+      }
+      e.shape.push_back(static_cast<std::int64_t>(u));
+    }
+    if (!offsets->is_array() || offsets->get_array().size() != 2) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}': data_offsets must be [begin, end], not {}", origin, name,
+                                        boost::json::serialize(*offsets)));
+    }
+    e.begin = json_unsigned(offsets->get_array()[0], origin, name, "data_offsets");
+    e.end = json_unsigned(offsets->get_array()[1], origin, name, "data_offsets");
+    if (e.begin > e.end) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' has data_offsets [{}, {}]: begin is after end", origin,
+                                        name, e.begin, e.end));
+    }
+    const std::uint64_t expected = checked_size(origin, e);
+    if (e.end - e.begin != expected) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' of dtype {} and shape {} needs {} bytes, but its "
+                                        "data_offsets [{}, {}] span {}",
+                                        origin, name, to_string(e.dtype), shape_string(e.shape), expected, e.begin,
+                                        e.end, e.end - e.begin));
+    }
+    if (e.end > payload_size) {
+      throw CheckpointError(fmt::format("'{}': tensor '{}' has data_offsets [{}, {}] but the payload holds only {} "
+                                        "bytes: the file is truncated or the offsets are corrupted",
+                                        origin, name, e.begin, e.end, payload_size));
+    }
+    h.entries.push_back(std::move(e));
+  }
+
+  // The tensors must tile the payload exactly: no overlap (two tensors aliasing bytes), no gap
+  // (bytes nobody owns), nothing after the last one.
+  std::sort(h.entries.begin(), h.entries.end(),
+            [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  std::uint64_t cursor = 0;
+  const Entry* previous = nullptr;
+  for (const Entry& e : h.entries) {
+    if (e.begin != cursor) {
+      if (previous) {
+        throw CheckpointError(fmt::format("'{}': tensor '{}' (data_offsets [{}, {}]) {} tensor '{}' (data_offsets "
+                                          "[{}, {}]); tensors must be contiguous and must not overlap",
+                                          origin, e.name, e.begin, e.end,
+                                          e.begin < cursor ? "overlaps" : "leaves a gap after", previous->name,
+                                          previous->begin, previous->end));
+      }
+      throw CheckpointError(fmt::format("'{}': the first tensor '{}' starts at payload byte {}, not 0", origin, e.name,
+                                        e.begin));
+    }
+    cursor = e.end;
+    previous = &e;
+  }
+  if (cursor != payload_size) {
+    throw CheckpointError(fmt::format("'{}': the tensors cover {} bytes but the payload has {}: the file has "
+                                      "trailing bytes or its header length is corrupted",
+                                      origin, cursor, payload_size));
+  }
+
+  // distribute's checksums: all or nothing, so that corrupting one key cannot switch them off.
+  bool any = false;
+  for (const auto& [key, value] : h.metadata) any = any || is_reserved_key(key);
+  h.has_checksums = any;
+  if (any) {
+    auto need = [&](std::string_view key) -> const std::string& {
+      auto it = h.metadata.find(key);
+      if (it == h.metadata.end()) {
+        throw CheckpointError(fmt::format("'{}': __metadata__ has distribute checksums but lacks \"{}\": the header "
+                                          "is corrupted",
+                                          origin, key));
+      }
+      return it->second;
+    };
+    if (need(kFormatKey) != kFormatVersion) {
+      throw CheckpointError(fmt::format("'{}': distribute.format is \"{}\"; this version reads format {}", origin,
+                                        need(kFormatKey), kFormatVersion));
+    }
+    std::vector<const Entry*> all;
+    for (const Entry& e : h.entries) {
+      all.push_back(&e);
+      need(fmt::format("{}{}", kTensorCrcPrefix, e.name));
+    }
+    for (const auto& [key, value] : h.metadata) {
+      if (key.rfind(kTensorCrcPrefix, 0) == 0) {
+        const std::string tensor = key.substr(kTensorCrcPrefix.size());
+        if (std::none_of(h.entries.begin(), h.entries.end(), [&](const Entry& e) { return e.name == tensor; })) {
+          throw CheckpointError(fmt::format("'{}': __metadata__ has a checksum for tensor '{}', which the header "
+                                            "does not list: the header is corrupted",
+                                            origin, tensor));
+        }
+      }
+    }
+    const std::string stored = need(kHeaderCrcKey);
+    const std::string computed = crc_hex(header_digest(std::move(all), h.metadata));
+    if (stored != computed) {
+      throw CheckpointError(fmt::format("'{}': header checksum mismatch (stored {}, computed {}): the header is "
+                                        "corrupted",
+                                        origin, stored, computed));
+    }
+  }
+  return h;
+}
+
+// After the bytes are in: BOOL must be 0/1 (anything else is not a bool in C++), and the CRC.
+inline void check_tensor_bytes(const Header& h, const StoredTensor& t, const std::string& origin,
+                               const ReadOptions& options) {
+  if (t.dtype == Dtype::Bool) {
+    for (std::size_t i = 0; i < t.bytes.size(); ++i) {
+      if (static_cast<unsigned>(t.bytes[i]) > 1) {
+        throw CheckpointError(fmt::format("'{}': BOOL tensor '{}' holds byte {} at element {}; only 0 and 1 are "
+                                          "booleans",
+                                          origin, t.name, static_cast<unsigned>(t.bytes[i]), i));
+      }
+    }
+  }
+  if (!h.has_checksums || !options.verify_checksums) return;
+  const std::string& stored = h.metadata.find(fmt::format("{}{}", kTensorCrcPrefix, t.name))->second;
+  const std::string computed = crc_hex(crc32(t.bytes));
+  if (stored != computed) {
+    throw CheckpointError(fmt::format("'{}': tensor '{}' is corrupted: the CRC-32 of its {} bytes is {}, the file "
+                                      "recorded {}",
+                                      origin, t.name, t.bytes.size(), computed, stored));
+  }
+}
+
+inline std::uint64_t read_le64(const std::byte* p) {
+  std::uint64_t v = 0;
+  std::memcpy(&v, p, 8);
+  return v;  // little-endian host (static_assert above)
+}
+
+inline void check_prefix(std::uint64_t file_size, const std::string& origin) {
+  if (file_size < 8) {
+    throw CheckpointError(fmt::format("'{}' is {} bytes long, too short for the 8-byte header length of a "
+                                      "safetensors file: truncated, or not a safetensors file",
+                                      origin, file_size));
+  }
+}
+inline void check_header_length(std::uint64_t n, std::uint64_t file_size, const std::string& origin) {
+  if (n > file_size - 8) {
+    throw CheckpointError(fmt::format("'{}': the header length {} runs past the end of the file ({} bytes follow "
+                                      "the length): truncated or corrupted",
+                                      origin, n, file_size - 8));
+  }
+  if (n > kMaxHeaderBytes) {
+    throw CheckpointError(fmt::format("'{}': the header length {} exceeds the limit of {} bytes: corrupted", origin, n,
+                                      kMaxHeaderBytes));
+  }
+}
+
+// The header JSON (padded) and the payload order, shared by serialize() and write().
+struct Layout {
+  std::string header;  // includes the 8-byte length prefix and the padding
+  std::vector<std::pair<const std::string*, const TensorView*>> order;
+  std::uint64_t payload_size = 0;
+};
+
+inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
+  Layout layout;
+  for (const auto& [key, value] : user_metadata) {
+    if (is_reserved_key(key)) {
+      throw InvalidArgument(fmt::format("safetensors: metadata key '{}' is reserved; distribute computes it", key));
+    }
+  }
+  for (const auto& [name, view] : tensors) {
+    if (name.empty() || name == kMetadataKey) {
+      throw InvalidArgument(fmt::format("safetensors: '{}' cannot be a tensor name", name));
+    }
+    for (auto d : view.shape) {
+      if (d < 0) {
+        throw InvalidArgument(fmt::format("safetensors: tensor '{}' has a negative dimension in shape {}", name,
+                                          shape_string(view.shape)));
+      }
+    }
+    const std::uint64_t want = static_cast<std::uint64_t>(num_elements(view.shape)) * size_of(view.dtype);
+    if (view.bytes.size() != want) {
+      throw InvalidArgument(fmt::format("safetensors: tensor '{}' of dtype {} and shape {} needs {} bytes, but {} "
+                                        "were given",
+                                        name, to_string(view.dtype), shape_string(view.shape), want,
+                                        view.bytes.size()));
+    }
+    layout.order.emplace_back(&name, &view);
+  }
+  // Widest elements first: with an 8-aligned payload every tensor then starts at a multiple of
+  // its element size, so a reader may map the file and use the data in place (as Python's does).
+  std::stable_sort(layout.order.begin(), layout.order.end(),
+                   [](const auto& a, const auto& b) { return size_of(a.second->dtype) > size_of(b.second->dtype); });
+
+  std::vector<Entry> entries;
+  entries.reserve(layout.order.size());
+  Metadata metadata = user_metadata;
+  std::uint64_t offset = 0;
+  for (const auto& [name, view] : layout.order) {
+    entries.push_back(Entry{*name, view->dtype, view->shape, offset, offset + view->bytes.size()});
+    offset += view->bytes.size();
+    metadata.emplace(fmt::format("{}{}", kTensorCrcPrefix, *name), crc_hex(crc32(view->bytes)));
+  }
+  layout.payload_size = offset;
+  metadata.emplace(std::string(kFormatKey), std::string(kFormatVersion));
+  std::vector<const Entry*> pointers;
+  for (const auto& e : entries) pointers.push_back(&e);
+  metadata.emplace(std::string(kHeaderCrcKey), crc_hex(header_digest(std::move(pointers), metadata)));
+
+  boost::json::object root;
+  boost::json::object meta;
+  for (const auto& [key, value] : metadata) meta[key] = value;
+  root[kMetadataKey] = std::move(meta);
+  for (const Entry& e : entries) {
+    boost::json::array shape;
+    for (auto d : e.shape) shape.push_back(d);
+    root[e.name] = boost::json::object{
+        {"dtype", to_string(e.dtype)}, {"shape", std::move(shape)}, {"data_offsets", boost::json::array{e.begin, e.end}}};
+  }
+  std::string json = boost::json::serialize(root);
+  json.append((8 - json.size() % 8) % 8, ' ');
+  const std::uint64_t n = json.size();
+  layout.header.resize(8);
+  std::memcpy(layout.header.data(), &n, 8);
+  layout.header += json;
+  return layout;
+}
+
+}  // namespace detail
+
+/// The bytes of a safetensors file holding `tensors` and `metadata` (with distribute's checksums).
+inline std::vector<std::byte> serialize(const TensorMap& tensors, const Metadata& metadata = {}) {
+  const detail::Layout layout = detail::plan(tensors, metadata);
+  std::vector<std::byte> out;
+  out.reserve(layout.header.size() + layout.payload_size);
+  const auto* h = reinterpret_cast<const std::byte*>(layout.header.data());
+  out.insert(out.end(), h, h + layout.header.size());
+  for (const auto& [name, view] : layout.order) out.insert(out.end(), view->bytes.begin(), view->bytes.end());
+  return out;
+}
+
+/// Writes `path` atomically: it holds either its previous contents or the complete new file,
+/// whatever happens during the write (see detail::AtomicFile).
+inline void write(const std::filesystem::path& path, const TensorMap& tensors, const Metadata& metadata = {},
+                  const WriteOptions& options = {}) {
+  const detail::Layout layout = detail::plan(tensors, metadata);
+  const std::uint64_t total = layout.header.size() + layout.payload_size;
+  std::uint64_t written = 0;
+  distribute::detail::AtomicFile file(path, options.durable);
+  auto put = [&](std::span<const std::byte> bytes) {
+    file.write(bytes);
+    written += bytes.size();
+    if (options.on_progress) options.on_progress(written, total);
+  };
+  put(std::as_bytes(std::span(layout.header.data(), layout.header.size())));
+  for (const auto& [name, view] : layout.order) {
+    for (std::size_t at = 0; at < view->bytes.size(); at += detail::kWriteChunk) {
+      put(view->bytes.subspan(at, std::min(detail::kWriteChunk, view->bytes.size() - at)));
+    }
+  }
+  file.commit();
+}
+
+/// Parses and validates a whole file held in memory; `origin` names it in errors.
+inline File parse(std::span<const std::byte> bytes, std::string origin = "<memory>", const ReadOptions& options = {}) {
+  detail::check_prefix(bytes.size(), origin);
+  const std::uint64_t n = detail::read_le64(bytes.data());
+  detail::check_header_length(n, bytes.size(), origin);
+  const std::string_view json(reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<std::size_t>(n));
+  const std::uint64_t payload_start = 8 + n;
+  detail::Header h = detail::parse_header(json, bytes.size() - payload_start, origin);
+  File file;
+  file.origin = std::move(origin);
+  for (auto& e : h.entries) {
+    StoredTensor t{e.name, e.dtype, e.shape, {}};
+    auto src = bytes.subspan(static_cast<std::size_t>(payload_start + e.begin), static_cast<std::size_t>(e.end - e.begin));
+    t.bytes.assign(src.begin(), src.end());
+    detail::check_tensor_bytes(h, t, file.origin, options);
+    file.tensors.push_back(std::move(t));
+  }
+  file.metadata = std::move(h.metadata);
+  return file;
+}
+
+/// Reads and validates a safetensors file; every problem is a CheckpointError naming the file.
+inline File read(const std::filesystem::path& path, const ReadOptions& options = {}) {
+  const std::string origin = path.string();
+  auto fd = distribute::detail::open_for_reading(path);
+  const std::uint64_t size = distribute::detail::file_size(fd, path);
+  detail::check_prefix(size, origin);
+  std::array<std::byte, 8> prefix{};
+  distribute::detail::read_exact(fd, prefix, 0, path, "the header length");
+  const std::uint64_t n = detail::read_le64(prefix.data());
+  detail::check_header_length(n, size, origin);
+  std::string json(static_cast<std::size_t>(n), '\0');
+  distribute::detail::read_exact(fd, std::as_writable_bytes(std::span(json.data(), json.size())), 8, path,
+                                 "the JSON header");
+  const std::uint64_t payload_start = 8 + n;
+  detail::Header h = detail::parse_header(json, size - payload_start, origin);
+  File file;
+  file.origin = origin;
+  for (auto& e : h.entries) {
+    StoredTensor t{e.name, e.dtype, e.shape, std::vector<std::byte>(static_cast<std::size_t>(e.end - e.begin))};
+    distribute::detail::read_exact(fd, t.bytes, payload_start + e.begin, path, fmt::format("tensor '{}'", e.name));
+    detail::check_tensor_bytes(h, t, origin, options);
+    file.tensors.push_back(std::move(t));
+  }
+  file.metadata = std::move(h.metadata);
+  return file;
+}
+
+}  // namespace safetensors
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_SAFETENSORS_HPP
+// ---- end <distribute/checkpoint/safetensors.hpp> ----
+// ---- begin <distribute/ps/sharded_variable.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+// ShardedVariable<T>: one logical variable stored as several Variable<T> shards split along
+// axis 0 (TF's ShardedVariable, what ParameterServerStrategy makes of a partitioned variable).
+//
+// Why a class of its own rather than core/values.hpp's Sharded<Variable<T>, S>: Sharded<T, S> is
+// an immutable value tied to the strategy type S that produced it, and its shape()/to_tensor()
+// need T to be a tensor. A sharded variable is state: a handle (copies share the shards, as with
+// Variable), updated in place, whose shards are placed one by one by whatever scope is current
+// (round-robin on ps tasks inside ParameterServerStrategy), and which looks rows up shard by shard.
+// Sharded<T, S> stays what it is for values.
+//
+// Shards follow the "div" rule when this class splits a value (ps/partitioner.hpp), but any
+// shards that stack along axis 0 can be wrapped. Call the updating members in cross-replica
+// context (the coordinator); each shard update goes through Variable's own rules.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <future>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/ps/partitioner.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+// Variable partitioners (TF's tf.distribute.experimental.partitioners) and the "div" rule that
+// turns a shard count into row ranges.
+//
+// A partitioner looks at a variable's shape and dtype and answers, as TF does, with one entry per
+// dimension: how many shards along that axis (only axis 0 is ever split by
+// ParameterServerStrategy). The three built-in ones follow TF's algorithms:
+//
+//   FixedShardsPartitioner(n)      min(n, rows)
+//   MinSizePartitioner(min, max)   as many shards as keep each >= min bytes, at most max (and rows)
+//   MaxSizePartitioner(max, cap)   as few shards as keep each <= max bytes, at most cap (0: no cap)
+//
+// Two deliberate differences: a scalar (rank 0) has no axis to split and gets an empty list, and
+// an axis of size 0 gets 1 shard (TF would return 0 or divide by zero there).
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Shards per axis, one entry per dimension of the partitioned shape (TF's partition list).
+using Partitions = std::vector<std::int64_t>;
+
+/// Any callable `(shape, dtype) -> Partitions`: the built-in partitioners or a user's own.
+using VariablePartitioner = std::function<Partitions(const Shape&, DType)>;
+
+namespace detail {
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+inline void check_positive(std::int64_t value, const char* partitioner, const char* argument) {
+  if (value < 1) {
+    throw InvalidArgument(fmt::format("{}: {} must be positive, got {}", partitioner, argument, value));
+  }
+}
+
+/// TF reports shapes of partially known rank here; ours are always known, but negative sizes are
+/// still a caller error.
+inline void check_partitionable(const Shape& shape, std::size_t axis, const char* partitioner) {
+  for (auto d : shape) {
+    if (d < 0) throw InvalidArgument(fmt::format("{}: shape {} has a negative dimension", partitioner, shape_string(shape)));
+  }
+  if (axis >= shape.size()) {
+    throw InvalidArgument(fmt::format("{}: axis {} is out of range for shape {} (rank {})", partitioner, axis,
+                                      shape_string(shape), shape.size()));
+  }
+}
+
+/// One shard on every axis but `axis`, which gets `shards`.
+inline Partitions partitions_on_axis(const Shape& shape, std::size_t axis, std::int64_t shards) {
+  Partitions p(shape.size(), 1);
+  p[axis] = shards;
+  return p;
+}
+
+}  // namespace detail
+
+/// A fixed number of shards along `axis`, but never more shards than rows.
+class FixedShardsPartitioner {
+ public:
+  explicit FixedShardsPartitioner(std::int64_t num_shards) : num_shards_(num_shards) {
+    detail::check_positive(num_shards, "FixedShardsPartitioner", "num_shards");
+  }
+
+  Partitions operator()(const Shape& shape, DType /*dtype*/, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "FixedShardsPartitioner");
+    return detail::partitions_on_axis(shape, axis, std::max<std::int64_t>(1, std::min(num_shards_, shape[axis])));
+  }
+
+  std::int64_t num_shards() const noexcept { return num_shards_; }
+
+ private:
+  std::int64_t num_shards_;
+};
+
+/// Shards of at least `min_shard_bytes` each, as many as that allows, at most `max_shards` (TF's
+/// min_max_variable_partitioner). `bytes_per_string` is TF's size estimate for string elements;
+/// kept for the same signature, and used once the library has string tensors.
+class MinSizePartitioner {
+ public:
+  explicit MinSizePartitioner(std::int64_t min_shard_bytes = 256 << 10, std::int64_t max_shards = 1,
+                              std::int64_t bytes_per_string = 16)
+      : min_shard_bytes_(min_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
+    detail::check_positive(min_shard_bytes, "MinSizePartitioner", "min_shard_bytes");
+    detail::check_positive(max_shards, "MinSizePartitioner", "max_shards");
+    detail::check_positive(bytes_per_string, "MinSizePartitioner", "bytes_per_string");
+  }
+
+  Partitions operator()(const Shape& shape, DType dtype, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "MinSizePartitioner");
+    const std::int64_t total_bytes = num_elements(shape) * static_cast<std::int64_t>(size_of(dtype));
+    // ceil(total / min) shards keep each at least min bytes; the axis and max_shards cap it.
+    const std::int64_t by_size = detail::ceil_div(total_bytes, min_shard_bytes_);
+    const std::int64_t shards = std::max<std::int64_t>(1, std::min({shape[axis], max_shards_, by_size}));
+    return detail::partitions_on_axis(shape, axis, shards);
+  }
+
+  std::int64_t min_shard_bytes() const noexcept { return min_shard_bytes_; }
+  std::int64_t max_shards() const noexcept { return max_shards_; }
+  std::int64_t bytes_per_string() const noexcept { return bytes_per_string_; }
+
+ private:
+  std::int64_t min_shard_bytes_;
+  std::int64_t max_shards_;
+  std::int64_t bytes_per_string_;
+};
+
+/// Shards of at most `max_shard_bytes` each, as few as that allows (TF's
+/// variable_axis_size_partitioner). A single row larger than the limit still gets its own shard.
+/// `max_shards` (0: no limit) takes precedence over the byte limit.
+class MaxSizePartitioner {
+ public:
+  explicit MaxSizePartitioner(std::int64_t max_shard_bytes, std::int64_t max_shards = 0, std::int64_t bytes_per_string = 16)
+      : max_shard_bytes_(max_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
+    detail::check_positive(max_shard_bytes, "MaxSizePartitioner", "max_shard_bytes");
+    if (max_shards < 0) {
+      throw InvalidArgument(
+          fmt::format("MaxSizePartitioner: max_shards must be positive (or 0 for no limit), got {}", max_shards));
+    }
+    detail::check_positive(bytes_per_string, "MaxSizePartitioner", "bytes_per_string");
+  }
+
+  Partitions operator()(const Shape& shape, DType dtype, std::size_t axis = 0) const {
+    if (shape.empty()) return {};
+    detail::check_partitionable(shape, axis, "MaxSizePartitioner");
+    const std::int64_t rows = shape[axis];
+    if (rows == 0) return detail::partitions_on_axis(shape, axis, 1);
+    const std::int64_t bytes_per_row = num_elements(shape) / rows * static_cast<std::int64_t>(size_of(dtype));
+    // How many rows fit in one shard (at least one), then how many shards hold all rows.
+    const std::int64_t rows_per_shard = bytes_per_row == 0 ? rows : std::max<std::int64_t>(1, max_shard_bytes_ / bytes_per_row);
+    std::int64_t shards = detail::ceil_div(rows, rows_per_shard);
+    if (max_shards_ > 0) shards = std::min(shards, max_shards_);
+    return detail::partitions_on_axis(shape, axis, shards);
+  }
+
+  std::int64_t max_shard_bytes() const noexcept { return max_shard_bytes_; }
+  std::int64_t max_shards() const noexcept { return max_shards_; }
+  std::int64_t bytes_per_string() const noexcept { return bytes_per_string_; }
+
+ private:
+  std::int64_t max_shard_bytes_;
+  std::int64_t max_shards_;
+  std::int64_t bytes_per_string_;
+};
+
+/// The number of axis-0 shards a partitioner's answer asks for, checked as ParameterServerStrategy
+/// does: one entry per dimension, every entry but the first 1, the first positive. Clamped to the
+/// number of rows; a scalar is never split (1).
+inline std::int64_t shards_along_first_axis(const Partitions& partitions, const Shape& shape) {
+  if (shape.empty()) return 1;
+  const bool well_formed = partitions.size() == shape.size() && partitions[0] >= 1 &&
+                           std::all_of(partitions.begin() + 1, partitions.end(), [](std::int64_t p) { return p == 1; });
+  if (!well_formed) {
+    throw InvalidArgument(fmt::format(
+        "variable partitioner returned [{}] for shape {}; it must return one entry per dimension, a positive first "
+        "entry and 1 for every other axis (only axis 0 can be partitioned)",
+        fmt::join(partitions, ", "), shape_string(shape)));
+  }
+  return std::max<std::int64_t>(1, std::min(partitions[0], shape[0]));
+}
+
+/// The "div" rule: rows are split into contiguous shards as even as possible, the first
+/// rows % shards shards taking one row more. 13 rows over 5 shards: 3, 3, 3, 2, 2.
+inline std::vector<std::int64_t> shard_row_counts(std::int64_t rows, std::int64_t shards) {
+  if (rows < 0) throw InvalidArgument(fmt::format("shard_row_counts: rows must not be negative, got {}", rows));
+  if (shards < 1) throw InvalidArgument(fmt::format("shard_row_counts: shards must be positive, got {}", shards));
+  if (shards > std::max<std::int64_t>(rows, 1)) {
+    throw InvalidArgument(fmt::format("shard_row_counts: cannot split {} rows into {} shards; every shard needs a row",
+                                      rows, shards));
+  }
+  const std::int64_t base = rows / shards;
+  const std::int64_t extra = rows % shards;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(shards), base);
+  for (std::int64_t i = 0; i < extra; ++i) ++counts[static_cast<std::size_t>(i)];
+  return counts;
+}
+
+/// Where each shard starts under the div rule, plus `rows` at the end: 13 over 5 gives
+/// 0, 3, 6, 9, 11, 13 (shard i holds rows [offsets[i], offsets[i + 1])).
+inline std::vector<std::int64_t> shard_row_offsets(std::int64_t rows, std::int64_t shards) {
+  const auto counts = shard_row_counts(rows, shards);
+  std::vector<std::int64_t> offsets{0};
+  for (auto c : counts) offsets.push_back(offsets.back() + c);
+  return offsets;
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_PARTITIONER_HPP
+// ---- end <distribute/ps/partitioner.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+/// Implemented by strategies that partition the variables created in their scope
+/// (ParameterServerStrategy with a partitioner). ShardedVariable finds it on the current strategy
+/// by a cross-cast, so core/ needs no partitioning hook.
+class PartitionsVariables {
+ public:
+  virtual ~PartitionsVariables() = default;
+  /// How many axis-0 shards a variable of this shape and dtype gets (1: not partitioned).
+  virtual std::int64_t num_shards_for(const Shape& shape, DType dtype) const = 0;
+};
+
+/// The partitioning strategy whose scope is current on this thread, if any.
+inline const PartitionsVariables* current_partitioning() noexcept {
+  AnyStrategy* s = current_strategy_or_null();
+  return s ? dynamic_cast<const PartitionsVariables*>(s) : nullptr;
+}
+}  // namespace detail
+
+template <class T>
+class ShardedVariable {
+  static_assert(TensorLike<T>, "ds::ShardedVariable<T>: T needs a ds::tensor_traits specialisation (see TensorLike)");
+  static_assert(memory_space_v<T> == MemorySpace::host, "ds::ShardedVariable<T>: T must live in host memory");
+
+ public:
+  using value_type = T;
+  using element_type = element_t<T>;
+
+  /// Wraps existing shards, in row order (TF's ShardedVariable(variables)). They must agree on
+  /// every dimension but the first; InvalidArgument otherwise, or when there are none.
+  explicit ShardedVariable(std::vector<Variable<T>> shards, std::string name = "ShardedVariable")
+      : state_(std::make_shared<State>()) {
+    state_->name = std::move(name);
+    state_->shards = std::move(shards);
+    index_shards();
+  }
+
+  /// Splits `initial_value` into `num_shards` shards by the div rule (at most one per row). Each
+  /// shard is a Variable<T> named "<name>/part_<i>", created, and so placed, by the scope current
+  /// on this thread.
+  ShardedVariable(const T& initial_value, std::int64_t num_shards, VariableOptions options = {})
+      : state_(std::make_shared<State>()) {
+    create_shards(initial_value, num_shards, std::move(options));
+  }
+
+  /// Inside the scope of a partitioning strategy, splits `initial_value` as its partitioner says;
+  /// elsewhere, or when the partitioner says 1, one shard.
+  explicit ShardedVariable(const T& initial_value, VariableOptions options = {}) : state_(std::make_shared<State>()) {
+    const auto* partitioning = detail::current_partitioning();
+    const std::int64_t shards =
+        partitioning ? partitioning->num_shards_for(shape_of(initial_value), dtype_of<element_type>()) : 1;
+    create_shards(initial_value, shards, std::move(options));
+  }
+
+  const std::string& name() const noexcept { return state_->name; }
+  /// The shards, in row order.
+  const std::vector<Variable<T>>& variables() const noexcept { return state_->shards; }
+  std::size_t num_shards() const noexcept { return state_->shards.size(); }
+  /// The full shape: the shards' rows added up.
+  const Shape& shape() const noexcept { return state_->shape; }
+  DType dtype() const noexcept { return dtype_of<element_type>(); }
+  /// Where each shard starts along axis 0, plus the row count at the end.
+  const std::vector<std::int64_t>& row_offsets() const noexcept { return state_->offsets; }
+  /// Each shard's device ("/job:ps/replica:0/task:1/device:CPU:0" under ParameterServerStrategy).
+  std::vector<std::string> devices() const {
+    std::vector<std::string> out;
+    for (const auto& v : state_->shards) out.push_back(v.device());
+    return out;
+  }
+
+  /// The shards concatenated along axis 0 (TF's convert_to_tensor: reads every shard).
+  Tensor<element_type> to_tensor() const {
+    std::vector<element_type> out(static_cast<std::size_t>(num_elements(shape())));
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      const T piece = state_->shards[i].read_value();
+      copy_elements(tensor_traits<T>::data(piece), element_count(piece), out.data() + row_begin(i));
+    }
+    return Tensor<element_type>(shape(), std::move(out));
+  }
+
+  /// The whole value as a T (for T = std::vector<float>, a vector of every row).
+  T read_value() const {
+    T out = tensor_traits<T>::make(shape());
+    const Tensor<element_type> all = to_tensor();
+    copy_elements(all.data(), all.size(), tensor_traits<T>::data(out));
+    return out;
+  }
+
+  /// Assigns (adds, subtracts) a value of the full shape, each shard its rows.
+  template <TensorLike U>
+  void assign(const U& value) { update_all(value, "assign", [](Variable<T>& v, const T& p) { v.assign(p); }); }
+  template <TensorLike U>
+  void assign_add(const U& delta) { update_all(delta, "assign_add", [](Variable<T>& v, const T& p) { v.assign_add(p); }); }
+  template <TensorLike U>
+  void assign_sub(const U& delta) { update_all(delta, "assign_sub", [](Variable<T>& v, const T& p) { v.assign_sub(p); }); }
+
+  /// Overwrites rows [row_offset, row_offset + rows) with `rows` (its first dimension says how many
+  /// rows; the others must match the variable's). A shard only partly covered is read, patched and
+  /// written back, so concurrent writers of the same shard may lose updates.
+  template <TensorLike U>
+  void assign_rows(std::int64_t row_offset, const U& rows) {
+    static_assert(std::is_same_v<element_t<U>, element_type>, "assign_rows: the rows must have the variable's element type");
+    require_rows("assign_rows");
+    const Shape s = shape_of(rows);
+    if (s.size() != shape().size() || !std::equal(s.begin() + 1, s.end(), shape().begin() + 1)) {
+      throw InvalidArgument(fmt::format("assign_rows: rows of shape {} do not fit sharded variable '{}' of shape {}; "
+                                        "all dimensions but the first must match",
+                                        shape_string(s), name(), shape_string(shape())));
+    }
+    const std::int64_t count = s[0];
+    if (row_offset < 0 || row_offset + count > shape()[0]) {
+      throw InvalidArgument(fmt::format("assign_rows: rows [{}, {}) are out of range for sharded variable '{}' with "
+                                        "{} rows",
+                                        row_offset, row_offset + count, name(), shape()[0]));
+    }
+    const element_type* src = tensor_traits<U>::data(rows);
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      const std::int64_t first = std::max(row_offset, offset(i));
+      const std::int64_t last = std::min(row_offset + count, offset(i + 1));
+      if (first >= last) continue;
+      Variable<T>& shard = state_->shards[i];
+      T piece = first == offset(i) && last == offset(i + 1) ? tensor_traits<T>::make(shard.shape()) : shard.read_value();
+      copy_elements(src + (first - row_offset) * row_size(), static_cast<std::size_t>((last - first) * row_size()),
+                    tensor_traits<T>::data(piece) + (first - offset(i)) * row_size());
+      shard.assign(piece);
+    }
+  }
+
+  /// The rows `ids` name, in the ids' order: shape ids.shape + shape[1:] (TF's
+  /// tf.nn.embedding_lookup on a sharded variable). Each shard is read once, in parallel, and
+  /// only the rows asked for are copied. An id outside [0, rows) is InvalidArgument naming it.
+  template <TensorLike I>
+    requires std::is_integral_v<element_t<I>>
+  Tensor<element_type> embedding_lookup(const I& ids) const {
+    require_rows("embedding_lookup");
+    const Shape ids_shape = shape_of(ids);
+    const auto* id = tensor_traits<I>::data(ids);
+    const std::size_t n = element_count(ids);
+    // Which positions each shard serves, with the row inside that shard.
+    std::vector<std::vector<std::pair<std::size_t, std::int64_t>>> wanted(num_shards());
+    const auto& offsets = state_->offsets;
+    for (std::size_t p = 0; p < n; ++p) {
+      const auto row = static_cast<std::int64_t>(id[p]);
+      if (row < 0 || row >= shape()[0]) {
+        throw InvalidArgument(fmt::format("embedding_lookup: id {} (at position {}) is out of range for sharded "
+                                          "variable '{}' with {} rows",
+                                          row, p, name(), shape()[0]));
+      }
+      const auto shard = static_cast<std::size_t>(std::upper_bound(offsets.begin(), offsets.end(), row) - offsets.begin() - 1);
+      wanted[shard].emplace_back(p, row - offsets[shard]);
+    }
+    Shape out_shape = ids_shape;
+    out_shape.insert(out_shape.end(), shape().begin() + 1, shape().end());
+    std::vector<element_type> out(static_cast<std::size_t>(num_elements(out_shape)));
+    const auto width = static_cast<std::size_t>(row_size());
+    // Each task writes only its own positions of `out`, so the tasks share nothing.
+    auto gather_from = [&](std::size_t shard) {
+      Variable<T> v = state_->shards[shard];
+      auto copy_rows = [&](const T& copy) {
+        const element_type* rows = tensor_traits<T>::data(copy);
+        for (const auto& [pos, local] : wanted[shard]) {
+          copy_elements(rows + static_cast<std::size_t>(local) * width, width, out.data() + pos * width);
+        }
+      };
+      if (v.is_sync_on_read()) {
+        copy_rows(v.read_value());  // its cross-replica value is an aggregate of the copies
+        return;
+      }
+      bool done = false;  // in cross-replica context this visits every copy; one is enough
+      v.apply_to_copies([&](T& copy, int) {
+        if (!done) copy_rows(copy);
+        done = true;
+      });
+    };
+    std::vector<std::size_t> busy;
+    for (std::size_t s = 0; s < num_shards(); ++s) {
+      if (!wanted[s].empty()) busy.push_back(s);
+    }
+    if (busy.size() <= 1) {
+      for (auto s : busy) gather_from(s);
+      return Tensor<element_type>(std::move(out_shape), std::move(out));
+    }
+    std::vector<std::future<void>> pending;
+    for (std::size_t k = 1; k < busy.size(); ++k) pending.push_back(std::async(std::launch::async, gather_from, busy[k]));
+    std::exception_ptr error;
+    try {
+      gather_from(busy.front());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    for (auto& f : pending) {  // wait for every task before `out` goes away, keep the first error
+      try {
+        f.get();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    return Tensor<element_type>(std::move(out_shape), std::move(out));
+  }
+
+  /// Handles to the same shards compare equal.
+  friend bool operator==(const ShardedVariable& a, const ShardedVariable& b) noexcept { return a.state_ == b.state_; }
+
+ private:
+  struct State {
+    std::string name;
+    std::vector<Variable<T>> shards;
+    Shape shape;
+    std::vector<std::int64_t> offsets;
+    std::int64_t row_size = 1;  // elements per row
+  };
+
+  std::int64_t offset(std::size_t i) const { return state_->offsets[i]; }
+  std::int64_t row_size() const { return state_->row_size; }
+  std::size_t row_begin(std::size_t shard) const { return static_cast<std::size_t>(offset(shard) * row_size()); }
+
+  void require_rows(const char* what) const {
+    if (shape().empty()) {
+      throw InvalidArgument(fmt::format("{}: sharded variable '{}' is a scalar and has no rows", what, name()));
+    }
+  }
+
+  static void copy_elements(const element_type* src, std::size_t count, element_type* dst) {
+    if (count != 0) std::memcpy(dst, src, count * sizeof(element_type));
+  }
+
+  void create_shards(const T& initial_value, std::int64_t num_shards, VariableOptions options) {
+    state_->name = options.name;
+    const Shape full = shape_of(initial_value);
+    if (num_shards < 1) {
+      throw InvalidArgument(fmt::format("ShardedVariable '{}': num_shards must be positive, got {}", options.name, num_shards));
+    }
+    if (full.empty()) {
+      if (num_shards > 1) {
+        throw InvalidArgument(fmt::format("ShardedVariable '{}': a scalar cannot be split into {} shards", options.name,
+                                          num_shards));
+      }
+      state_->shards.emplace_back(initial_value, std::move(options));
+      index_shards();
+      return;
+    }
+    // As TF does: never more shards than rows (a 0-row value stays in one shard).
+    const std::int64_t shards = std::max<std::int64_t>(1, std::min(num_shards, full[0]));
+    if (shards == 1) {
+      state_->shards.emplace_back(initial_value, std::move(options));
+      index_shards();
+      return;
+    }
+    const auto offsets = shard_row_offsets(full[0], shards);
+    const std::int64_t width = num_elements(full) / full[0];
+    const element_type* src = tensor_traits<T>::data(initial_value);
+    for (std::int64_t i = 0; i < shards; ++i) {
+      const auto idx = static_cast<std::size_t>(i);
+      Shape piece_shape = full;
+      piece_shape[0] = offsets[idx + 1] - offsets[idx];
+      T piece = tensor_traits<T>::make(piece_shape);
+      copy_elements(src + offsets[idx] * width, static_cast<std::size_t>(piece_shape[0] * width), tensor_traits<T>::data(piece));
+      VariableOptions shard_options = options;
+      shard_options.name = fmt::format("{}/part_{}", options.name, i);
+      state_->shards.emplace_back(std::move(piece), std::move(shard_options));
+    }
+    index_shards();
+  }
+
+  // Checks the shards stack along axis 0 and records the full shape and row offsets.
+  void index_shards() {
+    auto& s = *state_;
+    if (s.shards.empty()) throw InvalidArgument(fmt::format("ShardedVariable '{}': needs at least one shard", s.name));
+    const Shape first = s.shards.front().shape();
+    if (first.empty() && s.shards.size() > 1) {
+      throw InvalidArgument(fmt::format("ShardedVariable '{}': scalar shards cannot be stacked along axis 0", s.name));
+    }
+    s.shape = first;
+    s.offsets = {0};
+    for (std::size_t i = 0; i < s.shards.size(); ++i) {
+      const Shape si = s.shards[i].shape();
+      if (si.size() != first.size() || (!si.empty() && !std::equal(si.begin() + 1, si.end(), first.begin() + 1))) {
+        throw InvalidArgument(fmt::format("ShardedVariable '{}': shard {} has shape {} which does not stack with shard "
+                                          "0's {}; all dimensions but the first must match",
+                                          s.name, i, shape_string(si), shape_string(first)));
+      }
+      if (!si.empty()) s.offsets.push_back(s.offsets.back() + si[0]);
+    }
+    if (first.empty()) {
+      s.offsets.push_back(1);  // a scalar reads as one "row"
+      s.row_size = 1;
+      return;
+    }
+    s.shape[0] = s.offsets.back();
+    s.row_size = num_elements(Shape(first.begin() + 1, first.end()));
+  }
+
+  template <class U, class F>
+  void update_all(const U& value, const char* what, F&& apply) {
+    static_assert(std::is_same_v<element_t<U>, element_type>, "the value must have the variable's element type");
+    if (shape_of(value) != shape()) {
+      throw InvalidArgument(fmt::format("{}: value of shape {} does not match sharded variable '{}' of shape {}", what,
+                                        shape_string(shape_of(value)), name(), shape_string(shape())));
+    }
+    const element_type* src = tensor_traits<U>::data(value);
+    for (std::size_t i = 0; i < num_shards(); ++i) {
+      Variable<T>& shard = state_->shards[i];
+      T piece = tensor_traits<T>::make(shard.shape());
+      copy_elements(src + row_begin(i), element_count(piece), tensor_traits<T>::data(piece));
+      apply(shard, piece);
+    }
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
+// ---- end <distribute/ps/sharded_variable.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+struct CheckpointOptions {
+  /// fsync each file and its directory before save() returns, so that the checkpoint survives a
+  /// power loss, not only a crash of the process. Off only for scratch checkpoints.
+  bool durable = true;
+  /// Called while a file is written: (bytes written so far, total bytes).
+  std::function<void(std::uint64_t, std::uint64_t)> on_progress;
+};
+
+namespace detail {
+
+inline constexpr std::string_view kSaveCounterKey = "distribute.save_counter";
+inline constexpr std::string_view kLibraryVersionKey = "distribute.library_version";
+
+/// A copy of a tracked value taken at save time, viewed as bytes; `owner` keeps the copy alive.
+struct CheckpointSnapshot {
+  std::shared_ptr<const void> owner;
+  safetensors::TensorView view;
+};
+
+/// What Checkpoint knows about a tracked object: its dtype and logical shape, how to copy it out
+/// and how to write a (validated) tensor back in.
+class Trackable {
+ public:
+  virtual ~Trackable() = default;
+  virtual safetensors::Dtype dtype() const = 0;
+  virtual Shape shape() const = 0;
+  /// For messages: "variable 'w'", "sharded variable (2 shards: (4, 2), (3, 2))".
+  virtual std::string describe() const = 0;
+  virtual CheckpointSnapshot snapshot(const std::string& name) const = 0;
+  /// `tensor` has already been checked to have dtype() and shape().
+  virtual void restore(const safetensors::StoredTensor& tensor) = 0;
+};
+
+template <class T>
+void check_host_memory() {
+  static_assert(memory_space_v<T> == MemorySpace::host,
+                "ds::Checkpoint: variables whose values live in device memory cannot be checkpointed yet");
+}
+
+// Reads a variable's checkpoint value: the primary copy, or the aggregate of a sync-on-read one.
+template <class T>
+T checkpoint_value(const Variable<T>& var, const std::string& name) {
+  try {
+    return var.read_value();
+  } catch (const InvalidArgument& e) {
+    throw CheckpointError(fmt::format("cannot save tensor '{}': {}", name, e.what()));
+  }
+}
+
+// Writes `shape`'s worth of elements from `data` into every copy of `var`.
+template <class T>
+void restore_variable(Variable<T>& var, const Shape& shape, const std::byte* data) {
+  using E = element_t<T>;
+  T value = tensor_traits<T>::make(shape);
+  const std::size_t n = static_cast<std::size_t>(num_elements(shape));
+  if (n) std::memcpy(tensor_traits<T>::data(value), data, n * sizeof(E));
+  if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>) {
+    // A SUM sync-on-read integer split as value/N per copy would lose the remainder (7 over 3
+    // copies reads back 6); give it to copy 0 so that the sum reads back exactly.
+    const std::size_t copies = var.values().size();
+    if (var.is_sync_on_read() && var.aggregation() == VariableAggregation::Sum && copies > 1) {
+      const E* src = tensor_traits<T>::data(value);
+      var.apply_to_copies([&](T& copy, int index) {
+        E* dst = tensor_traits<T>::data(copy);
+        for (std::size_t i = 0; i < n; ++i) {
+          const E share = static_cast<E>(src[i] / static_cast<E>(copies));
+          dst[i] = index == 0 ? static_cast<E>(src[i] - share * static_cast<E>(copies - 1)) : share;
+        }
+      });
+      return;
+    }
+  }
+  var.assign(value);
+}
+
+template <class T>
+class TrackedVariable final : public Trackable {
+ public:
+  explicit TrackedVariable(Variable<T> var) : var_(std::move(var)) {}
+  safetensors::Dtype dtype() const override { return safetensors::dtype_for<element_t<T>>(); }
+  Shape shape() const override { return var_.shape(); }
+  std::string describe() const override { return fmt::format("variable '{}'", var_.name()); }
+  CheckpointSnapshot snapshot(const std::string& name) const override {
+    auto copy = std::make_shared<const T>(checkpoint_value(var_, name));
+    return CheckpointSnapshot{copy, safetensors::view_of(*copy)};
+  }
+  void restore(const safetensors::StoredTensor& tensor) override {
+    restore_variable(var_, tensor.shape, tensor.bytes.data());
+  }
+
+ private:
+  Variable<T> var_;
+};
+
+template <class T>
+class TrackedShards final : public Trackable {
+  using E = element_t<T>;
+
+ public:
+  TrackedShards(std::vector<Variable<T>> shards, const std::string& name) : shards_(std::move(shards)) {
+    if (shards_.empty()) throw InvalidArgument(fmt::format("Checkpoint: sharded variable '{}' has no shards", name));
+    const Shape first = shards_.front().shape();
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      const Shape s = shards_[i].shape();
+      if (s.empty() || s.size() != first.size() || !std::equal(s.begin() + 1, s.end(), first.begin() + 1)) {
+        throw InvalidArgument(fmt::format("Checkpoint: shard {} ('{}') of '{}' has shape {}, which does not stack "
+                                          "along axis 0 with shard 0's {}",
+                                          i, shards_[i].name(), name, shape_string(s), shape_string(first)));
+      }
+    }
+  }
+  safetensors::Dtype dtype() const override { return safetensors::dtype_for<E>(); }
+  Shape shape() const override {
+    Shape s = shards_.front().shape();
+    s[0] = 0;
+    for (const auto& shard : shards_) s[0] += shard.shape()[0];
+    return s;
+  }
+  std::string describe() const override {
+    std::string shapes;
+    for (std::size_t i = 0; i < shards_.size(); ++i) shapes += (i ? ", " : "") + shape_string(shards_[i].shape());
+    return fmt::format("sharded variable ({} shard{}: {})", shards_.size(), shards_.size() == 1 ? "" : "s", shapes);
+  }
+  CheckpointSnapshot snapshot(const std::string& name) const override {
+    auto bytes = std::make_shared<std::vector<std::byte>>();
+    bytes->reserve(static_cast<std::size_t>(num_elements(shape())) * sizeof(E));
+    for (const auto& shard : shards_) {
+      const T value = checkpoint_value(shard, name);
+      const auto* p = reinterpret_cast<const std::byte*>(tensor_traits<T>::data(value));
+      bytes->insert(bytes->end(), p, p + element_count(value) * sizeof(E));
+    }
+    return CheckpointSnapshot{bytes, safetensors::TensorView{dtype(), shape(), *bytes}};
+  }
+  void restore(const safetensors::StoredTensor& tensor) override {
+    const std::byte* data = tensor.bytes.data();
+    // Split by rows: each shard takes as many rows as its own shape has, so the saved layout
+    // (how many shards, which sizes) does not matter.
+    for (auto& shard : shards_) {
+      const Shape s = shard.shape();
+      restore_variable(shard, s, data);
+      data += static_cast<std::size_t>(num_elements(s)) * sizeof(E);
+    }
+  }
+
+ private:
+  std::vector<Variable<T>> shards_;
+};
+
+/// Checkpoints are saved and restored in cross-replica context: inside a step function each
+/// replica would read its own copy, and N replicas would all write the same file.
+inline void check_cross_replica(const char* what) {
+  if (ReplicaContext* ctx = thread_context().replica; ctx && ctx->strategy().num_local_replicas() > 1) {
+    throw InvalidArgument(fmt::format("{} was called inside a step function of {} (replica {}); call it in "
+                                      "cross-replica context, outside strategy.run()",
+                                      what, ctx->strategy().name(), ctx->replica_id_in_sync_group()));
+  }
+}
+
+}  // namespace detail
+
+class Checkpoint {
+ public:
+  explicit Checkpoint(CheckpointOptions options = {}) : options_(std::move(options)) {}
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
+  Checkpoint(Checkpoint&&) = default;
+  Checkpoint& operator=(Checkpoint&&) = default;
+
+  /// Tracks a variable (plain, mirrored or sync-on-read) under `name`, the tensor's name in the file.
+  template <class T>
+  Checkpoint& track(std::string name, const Variable<T>& variable) {
+    detail::check_host_memory<T>();
+    return add(std::move(name), std::make_unique<detail::TrackedVariable<T>>(variable));
+  }
+
+  /// Tracks a sharded variable as one tensor: its shards concatenated along axis 0, so that it
+  /// can be restored into a different number of shards.
+  template <class T>
+  Checkpoint& track(std::string name, const ShardedVariable<T>& variable) {
+    return track_sharded(std::move(name), variable.variables());
+  }
+
+  /// Tracks shard variables (in row order) as one tensor, concatenated along axis 0. They must
+  /// agree on every dimension but the first.
+  template <class T>
+  Checkpoint& track_sharded(std::string name, std::vector<Variable<T>> shards) {
+    detail::check_host_memory<T>();
+    auto tracked = std::make_unique<detail::TrackedShards<T>>(std::move(shards), name);
+    return add(std::move(name), std::move(tracked));
+  }
+
+  bool is_tracking(std::string_view name) const { return items_.find(name) != items_.end(); }
+  std::vector<std::string> tracked_names() const {
+    std::vector<std::string> names;
+    for (const auto& [name, item] : items_) names.push_back(name);
+    return names;
+  }
+
+  /// How many times save() has succeeded (restored from the file by restore()).
+  std::int64_t save_counter() const noexcept { return save_counter_; }
+  const CheckpointOptions& options() const noexcept { return options_; }
+
+  /// Increments the save counter and writes `<prefix>-<counter>.safetensors` (TF: ckpt-1, ckpt-2,
+  /// ...), creating missing directories. Returns the path written.
+  std::filesystem::path save(const std::filesystem::path& prefix) {
+    detail::check_cross_replica("Checkpoint::save");
+    const std::int64_t n = save_counter_ + 1;
+    std::filesystem::path path(prefix.string() + fmt::format("-{}.safetensors", n));
+    write_file(path, n);
+    save_counter_ = n;
+    return path;
+  }
+
+  /// Writes exactly `path`, leaving the save counter as it is (TF's Checkpoint.write).
+  std::filesystem::path write(const std::filesystem::path& path) {
+    detail::check_cross_replica("Checkpoint::write");
+    write_file(path, save_counter_);
+    return path;
+  }
+
+  /// Restores every tracked variable from `path`. Each must be in the file with the same dtype and
+  /// shape (a sharded one: the concatenated shape); tensors the file has beyond those are ignored.
+  /// Nothing is assigned unless everything matches.
+  void restore(const std::filesystem::path& path) {
+    detail::check_cross_replica("Checkpoint::restore");
+    restore(safetensors::read(path));
+  }
+
+  /// Restores from a file already read (or parsed from memory).
+  void restore(const safetensors::File& file) {
+    detail::check_cross_replica("Checkpoint::restore");
+    std::vector<std::string> problems;
+    std::vector<std::pair<detail::Trackable*, const safetensors::StoredTensor*>> plan;
+    for (const auto& [name, item] : items_) {
+      const safetensors::StoredTensor* t = file.find(name);
+      if (!t) {
+        problems.push_back(fmt::format("tensor '{}' (for {}) is not in the file", name, item->describe()));
+        continue;
+      }
+      const Shape want = item->shape();
+      if (t->dtype != item->dtype() || t->shape != want) {
+        problems.push_back(fmt::format("tensor '{}' is {} with shape {} in the file, but the tracked {} is {} with "
+                                       "shape {}",
+                                       name, safetensors::describe(t->dtype), shape_string(t->shape), item->describe(),
+                                       safetensors::describe(item->dtype()), shape_string(want)));
+        continue;
+      }
+      plan.emplace_back(item.get(), t);
+    }
+    std::int64_t counter = save_counter_;
+    if (auto it = file.metadata.find(detail::kSaveCounterKey); it != file.metadata.end()) {
+      const std::string& s = it->second;
+      auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), counter);
+      if (ec != std::errc{} || ptr != s.data() + s.size() || counter < 0) {
+        problems.push_back(fmt::format("{} is \"{}\", not a non-negative integer", detail::kSaveCounterKey, s));
+      }
+    }
+    if (!problems.empty()) {
+      throw CheckpointError(fmt::format("cannot restore from '{}': {}", file.origin, fmt::join(problems, "; ")));
+    }
+    for (auto& [item, tensor] : plan) item->restore(*tensor);
+    save_counter_ = counter;
+  }
+
+ private:
+  friend class CheckpointManager;
+
+  Checkpoint& add(std::string name, std::unique_ptr<detail::Trackable> item) {
+    if (name.empty() || name == "__metadata__") {
+      throw InvalidArgument(fmt::format("Checkpoint::track: '{}' cannot name a tensor", name));
+    }
+    if (items_.count(name)) {
+      throw InvalidArgument(fmt::format("Checkpoint::track: '{}' is already tracked; each name holds one tensor", name));
+    }
+    items_.emplace(std::move(name), std::move(item));
+    return *this;
+  }
+
+  void write_file(const std::filesystem::path& path, std::int64_t counter) {
+    // Every value is copied out first so that the file is one consistent snapshot.
+    std::vector<detail::CheckpointSnapshot> snapshots;
+    safetensors::TensorMap tensors;
+    for (const auto& [name, item] : items_) {
+      snapshots.push_back(item->snapshot(name));
+      tensors.emplace(name, snapshots.back().view);
+    }
+    safetensors::Metadata metadata{{std::string(detail::kSaveCounterKey), fmt::format("{}", counter)},
+                                   {std::string(detail::kLibraryVersionKey), DISTRIBUTE_VERSION_STRING}};
+    if (path.has_parent_path()) {
+      std::error_code ec;
+      std::filesystem::create_directories(path.parent_path(), ec);
+      if (ec) {
+        throw CheckpointError(fmt::format("cannot create the directory '{}' for checkpoint '{}': {}",
+                                          path.parent_path().string(), path.string(), ec.message()));
+      }
+    }
+    safetensors::write(path, tensors, metadata, safetensors::WriteOptions{options_.durable, options_.on_progress});
+  }
+
+  std::map<std::string, std::unique_ptr<detail::Trackable>, std::less<>> items_;
+  std::int64_t save_counter_ = 0;
+  CheckpointOptions options_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_CHECKPOINT_HPP
+// ---- end <distribute/checkpoint/checkpoint.hpp> ----
+// ---- begin <distribute/checkpoint/detail/posix_file.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_DETAIL_POSIX_FILE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_DETAIL_POSIX_FILE_HPP
+// POSIX file primitives for checkpoints: reads and writes that retry short counts and EINTR, and
+// AtomicFile, the replace-on-commit protocol that keeps a crash from ever exposing a partial file:
+//   write a temp file in the target's directory → fsync it → rename it over the target → fsync
+//   the directory (so the rename itself survives a power loss).
+// rename(2) within one directory is atomic, so a reader sees the old file or the new one, never a mix.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+inline std::string errno_message(int err) { return std::system_category().message(err); }
+
+/// An owned file descriptor; closes on destruction (errors there are ignored: use close()).
+class FileDescriptor {
+ public:
+  FileDescriptor() = default;
+  explicit FileDescriptor(int fd) noexcept : fd_(fd) {}
+  FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FileDescriptor& operator=(FileDescriptor&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() { reset(); }
+
+  int get() const noexcept { return fd_; }
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+
+  /// Closes and reports the error: on NFS a failed write may only surface here.
+  void close(const std::filesystem::path& path) {
+    if (fd_ < 0) return;
+    const int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0 && errno != EINTR) {
+      throw CheckpointError(fmt::format("closing '{}' failed: {}", path.string(), errno_message(errno)));
+    }
+  }
+
+ private:
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int fd_ = -1;
+};
+
+inline FileDescriptor open_for_reading(const std::filesystem::path& path) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    throw CheckpointError(fmt::format("cannot open checkpoint file '{}': {}", path.string(), errno_message(errno)));
+  }
+  return FileDescriptor(fd);
+}
+
+inline std::uint64_t file_size(const FileDescriptor& fd, const std::filesystem::path& path) {
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    throw CheckpointError(fmt::format("cannot stat '{}': {}", path.string(), errno_message(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) throw CheckpointError(fmt::format("'{}' is not a regular file", path.string()));
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+/// Reads exactly `out.size()` bytes at `offset`; a short file is a CheckpointError naming `what`.
+inline void read_exact(const FileDescriptor& fd, std::span<std::byte> out, std::uint64_t offset,
+                       const std::filesystem::path& path, std::string_view what) {
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::pread(fd.get(), out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw CheckpointError(fmt::format("reading {} from '{}' failed: {}", what, path.string(), errno_message(errno)));
+    }
+    if (n == 0) {
+      throw CheckpointError(fmt::format("'{}' ended after {} of the {} bytes of {}: the file is truncated",
+                                        path.string(), done, out.size(), what));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+inline void write_all(const FileDescriptor& fd, std::span<const std::byte> bytes, const std::filesystem::path& path) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw CheckpointError(fmt::format("writing '{}' failed after {} bytes: {}", path.string(), done,
+                                        errno_message(errno)));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+inline void fsync_or_throw(const FileDescriptor& fd, const std::filesystem::path& path) {
+  while (::fsync(fd.get()) != 0) {
+    if (errno == EINTR) continue;
+    throw CheckpointError(fmt::format("fsync of '{}' failed: {}", path.string(), errno_message(errno)));
+  }
+}
+
+/// Makes a rename or unlink in `dir` durable. Some filesystems cannot fsync a directory (EINVAL);
+/// there is nothing more to do on those.
+inline void fsync_directory(const std::filesystem::path& dir) {
+  const std::filesystem::path d = dir.empty() ? std::filesystem::path(".") : dir;
+  FileDescriptor fd(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) throw CheckpointError(fmt::format("cannot open directory '{}': {}", d.string(), errno_message(errno)));
+  while (::fsync(fd.get()) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EINVAL || errno == EROFS) return;
+    throw CheckpointError(fmt::format("fsync of directory '{}' failed: {}", d.string(), errno_message(errno)));
+  }
+}
+
+inline const std::string& host_name() {
+  static const std::string name = [] {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0) return std::string("localhost");
+    std::string s(buf);
+    for (char& c : s) {
+      if (c == '/' || c == ' ') c = '_';
+    }
+    return s.empty() ? std::string("localhost") : s;
+  }();
+  return name;
+}
+
+// Temp files are named ".<target>.tmp.<host>.<pid>.<seq>": hidden, next to the target (rename
+// must not cross filesystems), and attributable, so that leftovers of a killed writer can be
+// recognised and removed without touching a live writer's file.
+inline std::string temp_prefix(const std::filesystem::path& target) {
+  return "." + target.filename().string() + ".tmp.";
+}
+
+
+/// The file name a temp file was made for, when `name` is a temp file of a writer on this host
+/// whose process no longer exists (killed mid-save); nothing otherwise.
+inline std::optional<std::string> stale_temp_target(const std::string& name) {
+  // .<target>.tmp.<host>.<pid>.<seq>; the host and the target may contain dots, so match from the right.
+  const std::string marker = ".tmp." + host_name() + ".";
+  const auto seq_dot = name.rfind('.');
+  if (name.size() < 2 || name.front() != '.' || seq_dot == std::string::npos || seq_dot == 0) return std::nullopt;
+  const auto pid_dot = name.rfind('.', seq_dot - 1);
+  if (pid_dot == std::string::npos || pid_dot + 1 < marker.size()) return std::nullopt;
+  const auto marker_at = pid_dot + 1 - marker.size();
+  if (marker_at < 1 || name.compare(marker_at, marker.size(), marker) != 0) return std::nullopt;
+  long long pid = 0;
+  const char* first = name.data() + pid_dot + 1;
+  const char* last = name.data() + seq_dot;
+  auto [ptr, err] = std::from_chars(first, last, pid);
+  if (err != std::errc{} || ptr != last || pid <= 0) return std::nullopt;
+  if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) return std::nullopt;  // alive (or not ours to judge)
+  return name.substr(1, marker_at - 1);
+}
+
+/// Removes, from `dir`, the temp files of dead writers on this host whose target satisfies
+/// `is_target`. Best effort: a file that cannot be removed is left alone.
+template <class Pred>
+void remove_stale_temp_files(const std::filesystem::path& dir, Pred&& is_target) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::directory_iterator it(dir.empty() ? fs::path(".") : dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    if (auto target = stale_temp_target(it->path().filename().string()); target && is_target(*target)) {
+      std::error_code ignored;
+      fs::remove(it->path(), ignored);
+    }
+  }
+}
+
+/// A file that appears at `target` only on commit(), complete and durable; destroyed without a
+/// commit (an exception, an early return) it removes its temp file and leaves `target` as it was.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path target, bool durable = true)
+      : target_(std::move(target)), durable_(durable) {
+    const std::string filename = target_.filename().string();
+    remove_stale_temp_files(target_.parent_path(), [&](const std::string& t) { return t == filename; });
+    static std::atomic<std::uint64_t> sequence{0};
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      temp_ = target_.parent_path() / fmt::format("{}{}.{}.{}", temp_prefix(target_), host_name(),
+                                                  static_cast<long long>(::getpid()), sequence.fetch_add(1));
+      int fd;
+      do {
+        fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      } while (fd < 0 && errno == EINTR);
+      if (fd >= 0) {
+        fd_ = FileDescriptor(fd);
+        return;
+      }
+      if (errno != EEXIST) {
+        throw CheckpointError(fmt::format("cannot create a temporary file next to '{}' ({}): {}", target_.string(),
+                                          temp_.string(), errno_message(errno)));
+      }
+    }
+    throw CheckpointError(fmt::format("cannot create a unique temporary file next to '{}'", target_.string()));
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile() {
+    if (!committed_) {
+      fd_ = FileDescriptor();
+      ::unlink(temp_.c_str());
+    }
+  }
+
+  void write(std::span<const std::byte> bytes) { write_all(fd_, bytes, temp_); }
+
+  /// fsync → close → rename over the target → fsync the directory.
+  void commit() {
+    if (durable_) fsync_or_throw(fd_, temp_);
+    fd_.close(temp_);
+    if (::rename(temp_.c_str(), target_.c_str()) != 0) {
+      throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", temp_.string(), target_.string(),
+                                        errno_message(errno)));
+    }
+    committed_ = true;
+    if (durable_) fsync_directory(target_.parent_path());
+  }
+
+  const std::filesystem::path& temp_path() const noexcept { return temp_; }
+
+ private:
+  std::filesystem::path target_;
+  std::filesystem::path temp_;
+  FileDescriptor fd_;
+  bool durable_;
+  bool committed_ = false;
+};
+
+}  // namespace detail
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_DETAIL_POSIX_FILE_HPP
+// ---- end <distribute/checkpoint/detail/posix_file.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+struct CheckpointManagerOptions {
+  /// Files are `<checkpoint_name>-<N>.safetensors`.
+  std::string checkpoint_name = "ckpt";
+  /// Multi-worker hook (TF's convention). Every worker calls save(), because saving can take
+  /// collectives in which all workers must join (aggregating sync-on-read variables). Only the
+  /// chief's file is kept: another worker writes into `<directory>/workertemp_<task_id>/`, which
+  /// save() removes again, and it neither deletes old checkpoints nor writes the index. Nothing
+  /// here talks to other workers; the cluster layer sets these from its resolver.
+  bool is_chief = true;
+  int task_id = 0;
+};
+
+namespace detail {
+
+struct NumberedCheckpoint {
+  std::int64_t number;
+  std::filesystem::path path;
+};
+
+inline constexpr std::string_view kCheckpointSuffix = ".safetensors";
+inline constexpr std::string_view kIndexFileName = "checkpoint";
+
+/// N when `filename` is `<name>-<N>.safetensors` (N decimal, no sign).
+inline std::optional<std::int64_t> checkpoint_number(std::string_view filename, std::string_view name) {
+  if (filename.size() <= name.size() + 1 + kCheckpointSuffix.size()) return std::nullopt;
+  if (filename.substr(0, name.size()) != name || filename[name.size()] != '-') return std::nullopt;
+  if (filename.substr(filename.size() - kCheckpointSuffix.size()) != kCheckpointSuffix) return std::nullopt;
+  const std::string_view digits =
+      filename.substr(name.size() + 1, filename.size() - name.size() - 1 - kCheckpointSuffix.size());
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  std::int64_t n = 0;
+  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  if (ec != std::errc{} || ptr != digits.data() + digits.size()) return std::nullopt;
+  return n;
+}
+
+/// The checkpoints in `directory`, oldest (lowest N) first; none when it does not exist.
+inline std::vector<NumberedCheckpoint> list_checkpoints(const std::filesystem::path& directory, std::string_view name) {
+  std::vector<NumberedCheckpoint> out;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(directory, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    std::error_code type_ec;
+    if (!it->is_regular_file(type_ec)) continue;
+    if (auto n = checkpoint_number(it->path().filename().string(), name)) out.push_back({*n, it->path()});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.number < b.number; });
+  return out;
+}
+
+}  // namespace detail
+
+/// The newest checkpoint in `directory` (tf.train.latest_checkpoint): the highest-numbered
+/// `<checkpoint_name>-<N>.safetensors`, or nothing.
+inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory,
+                                                              std::string_view checkpoint_name = "ckpt") {
+  auto all = detail::list_checkpoints(directory, checkpoint_name);
+  if (all.empty()) return std::nullopt;
+  return all.back().path;
+}
+
+class CheckpointManager {
+ public:
+  /// `max_to_keep`: how many checkpoints to keep (older ones are deleted after each save);
+  /// std::nullopt keeps all. Checkpoints already in the directory count.
+  CheckpointManager(Checkpoint& checkpoint, std::filesystem::path directory, std::optional<std::size_t> max_to_keep,
+                    CheckpointManagerOptions options = {})
+      : checkpoint_(&checkpoint),
+        directory_(std::move(directory)),
+        max_to_keep_(max_to_keep),
+        options_(std::move(options)) {
+    if (max_to_keep_ && *max_to_keep_ == 0) {
+      throw InvalidArgument(fmt::format("CheckpointManager('{}'): max_to_keep must be at least 1, or std::nullopt to "
+                                        "keep every checkpoint",
+                                        directory_.string()));
+    }
+    const std::string& name = options_.checkpoint_name;
+    if (name.empty() || name.find('/') != std::string::npos || name == detail::kIndexFileName) {
+      throw InvalidArgument(fmt::format("CheckpointManager('{}'): '{}' cannot be a checkpoint name",
+                                        directory_.string(), name));
+    }
+  }
+
+  /// Saves the tracked variables as `<directory>/<name>-<N>.safetensors` and returns that path.
+  /// N is `checkpoint_number` if given (e.g. the global step; it may not be lower than the newest
+  /// present), else one more than both the save counter and the newest present. On the chief, then
+  /// records it in the index and deletes the oldest checkpoints beyond max_to_keep.
+  std::filesystem::path save(std::optional<std::int64_t> checkpoint_number = std::nullopt) {
+    detail::check_cross_replica("CheckpointManager::save");
+    const auto existing = checkpoints_with_numbers();
+    const std::int64_t newest = existing.empty() ? -1 : existing.back().number;
+    std::int64_t counter = checkpoint_->save_counter() + 1;
+    std::int64_t number = counter;
+    if (checkpoint_number) {
+      if (*checkpoint_number < 0) {
+        throw InvalidArgument(fmt::format("CheckpointManager::save: checkpoint number {} is negative",
+                                          *checkpoint_number));
+      }
+      if (*checkpoint_number < newest) {
+        throw InvalidArgument(fmt::format("CheckpointManager::save: checkpoint number {} is older than {}-{} already "
+                                          "in '{}'; numbers must not go back, so that latest_checkpoint() finds the "
+                                          "newest",
+                                          *checkpoint_number, options_.checkpoint_name, newest, directory_.string()));
+      }
+      number = *checkpoint_number;
+    } else if (newest >= number) {
+      // A fresh Checkpoint (not restored) in a directory of older runs: continue after them
+      // instead of overwriting ckpt-1 and leaving an older ckpt-5 to look newest.
+      number = counter = newest + 1;
+    }
+    const std::string filename = fmt::format("{}-{}{}", options_.checkpoint_name, number, detail::kCheckpointSuffix);
+
+    if (!options_.is_chief) {
+      const std::filesystem::path temp_dir = directory_ / fmt::format("workertemp_{}", options_.task_id);
+      const std::filesystem::path path = temp_dir / filename;
+      checkpoint_->write_file(path, counter);
+      checkpoint_->save_counter_ = counter;
+      std::error_code ignored;
+      std::filesystem::remove_all(temp_dir, ignored);
+      return path;
+    }
+
+    const std::filesystem::path path = directory_ / filename;
+    checkpoint_->write_file(path, counter);
+    checkpoint_->save_counter_ = counter;
+
+    // Index first, deletions last: a crash in between leaves extra files, never an index that
+    // names deleted ones.
+    auto kept = checkpoints_with_numbers();
+    std::vector<detail::NumberedCheckpoint> doomed;
+    if (max_to_keep_ && kept.size() > *max_to_keep_) {
+      const auto cut = kept.size() - *max_to_keep_;
+      doomed.assign(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(cut));
+      kept.erase(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(cut));
+    }
+    write_index(path, kept);
+    for (const auto& old : doomed) {
+      std::error_code ignored;  // an undeletable old checkpoint is not worth failing a save for
+      std::filesystem::remove(old.path, ignored);
+    }
+    const std::string prefix = options_.checkpoint_name + "-";
+    detail::remove_stale_temp_files(directory_, [&](const std::string& target) {
+      return target.rfind(prefix, 0) == 0 || target == detail::kIndexFileName;
+    });
+    return path;
+  }
+
+  /// The newest checkpoint in the directory, if any.
+  std::optional<std::filesystem::path> latest_checkpoint() const {
+    return distribute::latest_checkpoint(directory_, options_.checkpoint_name);
+  }
+
+  /// The checkpoints in the directory, oldest first.
+  std::vector<std::filesystem::path> checkpoints() const {
+    std::vector<std::filesystem::path> out;
+    for (auto& c : checkpoints_with_numbers()) out.push_back(std::move(c.path));
+    return out;
+  }
+
+  /// Restores the latest checkpoint and returns its path; with none, calls `initialize` (if
+  /// given) and returns nothing. A latest checkpoint that fails to restore is an error, not a
+  /// reason to start over.
+  std::optional<std::filesystem::path> restore_or_initialize(const std::function<void()>& initialize = {}) {
+    if (auto latest = latest_checkpoint()) {
+      checkpoint_->restore(*latest);
+      return latest;
+    }
+    if (initialize) initialize();
+    return std::nullopt;
+  }
+
+  Checkpoint& checkpoint() const noexcept { return *checkpoint_; }
+  const std::filesystem::path& directory() const noexcept { return directory_; }
+  std::optional<std::size_t> max_to_keep() const noexcept { return max_to_keep_; }
+  const CheckpointManagerOptions& options() const noexcept { return options_; }
+  /// The index file (TF's `checkpoint` state file).
+  std::filesystem::path index_path() const { return directory_ / detail::kIndexFileName; }
+
+ private:
+  std::vector<detail::NumberedCheckpoint> checkpoints_with_numbers() const {
+    return detail::list_checkpoints(directory_, options_.checkpoint_name);
+  }
+
+  // TF's CheckpointState text format, with paths relative to the directory.
+  void write_index(const std::filesystem::path& latest, const std::vector<detail::NumberedCheckpoint>& kept) const {
+    std::string text = fmt::format("model_checkpoint_path: \"{}\"\n", latest.filename().string());
+    for (const auto& c : kept) text += fmt::format("all_model_checkpoint_paths: \"{}\"\n", c.path.filename().string());
+    distribute::detail::AtomicFile file(index_path(), checkpoint_->options().durable);
+    file.write(std::as_bytes(std::span(text.data(), text.size())));
+    file.commit();
+  }
+
+  Checkpoint* checkpoint_;
+  std::filesystem::path directory_;
+  std::optional<std::size_t> max_to_keep_;
+  CheckpointManagerOptions options_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_CHECKPOINT_MANAGER_HPP
+// ---- end <distribute/checkpoint/checkpoint_manager.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// The exit code of a process that saved after a preemption signal (TF's default, 42): a job
+/// scheduler restarts tasks that exit with it.
+inline constexpr int kPreemptionExitCode = 42;
+
+/// Thrown (with PreemptionAction::Throw) once every worker has saved after a preemption signal.
+class Preempted : public Error {
+ public:
+  Preempted(const std::string& message, std::int64_t step, int exit_code, std::filesystem::path checkpoint)
+      : Error(message), step_(step), exit_code_(exit_code), checkpoint_(std::move(checkpoint)) {}
+  /// total_run_calls() at the save: the restarted job continues with this step.
+  std::int64_t step() const noexcept { return step_; }
+  /// What the process should exit with (PreemptionOptions::exit_code).
+  int exit_code() const noexcept { return exit_code_; }
+  /// The checkpoint written (on a non-chief: the temporary file, already removed).
+  const std::filesystem::path& checkpoint_path() const noexcept { return checkpoint_; }
+
+ private:
+  std::int64_t step_;
+  int exit_code_;
+  std::filesystem::path checkpoint_;
+};
+
+enum class PreemptionAction {
+  /// Flush stdio and std::_Exit(exit_code). Destructors and atexit handlers do not run (other
+  /// threads, e.g. the communicator's, are still live); the checkpoint is already durable.
+  Exit,
+  /// Throw ds::Preempted, so that the program unwinds and returns e.exit_code() from main.
+  Throw,
+};
+
+struct PreemptionOptions {
+  PreemptionAction action = PreemptionAction::Exit;
+  int exit_code = kPreemptionExitCode;
+  /// The signals that mean "about to be preempted".
+  std::vector<int> signals{SIGTERM};
+  /// Agree (and possibly save) every this many steps: fewer collectives, a longer delay between
+  /// the signal and the save.
+  std::int64_t check_interval = 1;
+  /// Only for the (checkpoint, directory) form, which makes its own CheckpointManager.
+  std::optional<std::size_t> max_to_keep = 1;
+  std::string checkpoint_name = "ckpt";
+};
+
+/// A strategy that knows which worker process this is (every synchronous strategy does).
+template <class S>
+concept WorkerAwareStrategy = requires(const S& s) {
+  { s.worker_index() } -> std::convertible_to<int>;
+  { s.num_workers() } -> std::convertible_to<int>;
+};
+
+/// CheckpointManagerOptions for this worker of `strategy`: worker 0 is the chief (writes the real
+/// checkpoint), every other worker writes `workertemp_<worker_index>/`, which is removed again.
+template <WorkerAwareStrategy S>
+CheckpointManagerOptions checkpoint_manager_options(const S& strategy, std::string checkpoint_name = "ckpt") {
+  CheckpointManagerOptions options;
+  options.checkpoint_name = std::move(checkpoint_name);
+  options.is_chief = strategy.worker_index() == 0;
+  options.task_id = strategy.worker_index();
+  return options;
+}
+
+namespace detail {
+
+// Written by the signal handler, read by the training thread. A lock-free atomic is
+// async-signal-safe; nothing else is done in the handler.
+static_assert(std::atomic<int>::is_always_lock_free);
+inline std::atomic<int> preemption_signals_received{0};
+inline std::atomic<bool> preemption_handler_installed{false};
+
+inline void on_preemption_signal(int) noexcept { preemption_signals_received.fetch_add(1, std::memory_order_relaxed); }
+
+/// Installs on_preemption_signal for `signals` (one installation per process at a time); the
+/// destructor puts the previous dispositions back.
+class PreemptionSignals {
+ public:
+  explicit PreemptionSignals(const std::vector<int>& signals) {
+    if (signals.empty()) throw InvalidArgument("PreemptionCheckpointHandler: options.signals is empty");
+    for (int sig : signals) {
+      if (sig <= 0 || sig == SIGKILL || sig == SIGSTOP || sig >= NSIG) {
+        throw InvalidArgument(fmt::format("PreemptionCheckpointHandler: signal {} cannot be caught", sig));
+      }
+    }
+    if (preemption_handler_installed.exchange(true)) {
+      throw InvalidArgument(
+          "PreemptionCheckpointHandler: another handler is alive in this process; one at a time (destroy the "
+          "first)");
+    }
+    preemption_signals_received.store(0);
+    for (int sig : signals) {
+      struct sigaction action {};
+      action.sa_handler = &on_preemption_signal;
+      sigemptyset(&action.sa_mask);
+      action.sa_flags = SA_RESTART;  // blocking calls carry on; we look at the flag between steps
+      struct sigaction previous {};
+      if (sigaction(sig, &action, &previous) != 0) {
+        const int err = errno;
+        restore();
+        throw InvalidArgument(fmt::format("PreemptionCheckpointHandler: cannot handle signal {}: {}", sig,
+                                          std::strerror(err)));
+      }
+      installed_.push_back({sig, previous});
+    }
+  }
+  ~PreemptionSignals() { restore(); }
+  PreemptionSignals(const PreemptionSignals&) = delete;
+  PreemptionSignals& operator=(const PreemptionSignals&) = delete;
+
+  /// True once a preemption signal arrived since installation.
+  static bool received() noexcept { return preemption_signals_received.load(std::memory_order_relaxed) > 0; }
+
+ private:
+  void restore() noexcept {
+    for (auto it = installed_.rbegin(); it != installed_.rend(); ++it) sigaction(it->first, &it->second, nullptr);
+    installed_.clear();
+    preemption_handler_installed.store(false);
+  }
+
+  std::vector<std::pair<int, struct sigaction>> installed_;
+};
+
+/// Creates a plain (unplaced) variable even inside a strategy's scope: the step counter is
+/// host bookkeeping, not a model variable, and must not take a collective to create.
+template <class T>
+Variable<T> make_plain_variable(T value, std::string name) {
+  auto& scopes = thread_context().scopes;
+  std::vector<AnyStrategy*> saved;
+  saved.swap(scopes);
+  try {
+    Variable<T> v(std::move(value), {.name = std::move(name), .trainable = false});
+    saved.swap(scopes);
+    return v;
+  } catch (...) {
+    saved.swap(scopes);
+    throw;
+  }
+}
+
+}  // namespace detail
+
+template <WorkerAwareStrategy Strategy>
+class PreemptionCheckpointHandler {
+ public:
+  /// The tensor under which total_run_calls() is saved in the checkpoint.
+  static constexpr const char* kTotalRunCallsName = "distribute.total_run_calls";
+
+  /// Uses `manager` (whose options must say is_chief / task_id for this worker: build them with
+  /// ds::checkpoint_manager_options(strategy)). Tracks the step counter in its checkpoint and
+  /// restores the latest checkpoint if there is one. Create the model's variables and track them
+  /// first. The strategy and manager must outlive the handler.
+  PreemptionCheckpointHandler(Strategy& strategy, CheckpointManager& manager, PreemptionOptions options = {})
+      : options_(check(std::move(options))), signals_(options_.signals), strategy_(&strategy), manager_(&manager) {
+    const CheckpointManagerOptions& mo = manager.options();
+    const int worker = strategy.worker_index();
+    if (mo.is_chief != (worker == 0) || (!mo.is_chief && mo.task_id != worker)) {
+      throw InvalidArgument(fmt::format(
+          "PreemptionCheckpointHandler: the CheckpointManager says is_chief={}, task_id={} but this is worker {} of "
+          "{}; build its options with ds::checkpoint_manager_options(strategy)",
+          mo.is_chief, mo.task_id, worker, strategy.num_workers()));
+    }
+    start();
+  }
+
+  /// Makes its own CheckpointManager over `directory` (options.max_to_keep, options.checkpoint_name,
+  /// chief/non-chief from the strategy). `checkpoint` must outlive the handler.
+  PreemptionCheckpointHandler(Strategy& strategy, Checkpoint& checkpoint, std::filesystem::path directory,
+                              PreemptionOptions options = {})
+      : options_(check(std::move(options))),
+        signals_(options_.signals),
+        strategy_(&strategy),
+        owned_manager_(std::make_unique<CheckpointManager>(
+            checkpoint, std::move(directory), options_.max_to_keep,
+            checkpoint_manager_options(strategy, options_.checkpoint_name))),
+        manager_(owned_manager_.get()) {
+    start();
+  }
+
+  PreemptionCheckpointHandler(const PreemptionCheckpointHandler&) = delete;
+  PreemptionCheckpointHandler& operator=(const PreemptionCheckpointHandler&) = delete;
+
+  /// One training step: first, on every worker together, saves and exits if any worker was
+  /// signalled; then calls fn(args...) and counts it. Call it in cross-replica context (fn usually
+  /// calls strategy.run), the same number of times on every worker.
+  template <class F, class... A>
+  std::invoke_result_t<F, A...> run(F&& fn, A&&... args) {
+    detail::check_cross_replica("PreemptionCheckpointHandler::run");
+    if (total_run_calls_ % options_.check_interval == 0) save_and_exit_if_preempted();
+    if constexpr (std::is_void_v<std::invoke_result_t<F, A...>>) {
+      std::invoke(std::forward<F>(fn), std::forward<A>(args)...);
+      count_step();
+    } else {
+      auto&& result = std::invoke(std::forward<F>(fn), std::forward<A>(args)...);
+      count_step();
+      return std::forward<decltype(result)>(result);
+    }
+  }
+
+  /// For loops that do not wrap their step in run(): call it once after each step. Counts the
+  /// step, then saves and exits like run() if any worker was signalled.
+  void save_checkpoint_if_preempted() {
+    detail::check_cross_replica("PreemptionCheckpointHandler::save_checkpoint_if_preempted");
+    count_step();
+    if (total_run_calls_ % options_.check_interval == 0) save_and_exit_if_preempted();
+  }
+
+  /// Steps completed, including those before a restart (restored from the checkpoint).
+  std::int64_t total_run_calls() const noexcept { return total_run_calls_; }
+  /// True once this process got a preemption signal (the others may not know yet).
+  bool preemption_received() const noexcept { return detail::PreemptionSignals::received(); }
+  /// The checkpoint restored at construction, if any.
+  const std::optional<std::filesystem::path>& restored_from() const noexcept { return restored_from_; }
+  CheckpointManager& checkpoint_manager() const noexcept { return *manager_; }
+  const PreemptionOptions& options() const noexcept { return options_; }
+
+ private:
+  static PreemptionOptions check(PreemptionOptions options) {
+    if (options.check_interval < 1) {
+      throw InvalidArgument(fmt::format("PreemptionCheckpointHandler: check_interval must be at least 1, got {}",
+                                        options.check_interval));
+    }
+    if (options.exit_code < 0 || options.exit_code > 255) {
+      throw InvalidArgument(fmt::format("PreemptionCheckpointHandler: exit_code {} is not in [0, 255]", options.exit_code));
+    }
+    return options;
+  }
+
+  void start() {
+    detail::check_cross_replica("PreemptionCheckpointHandler");
+    Checkpoint& ckpt = manager_->checkpoint();
+    if (ckpt.is_tracking(kTotalRunCallsName)) {
+      throw InvalidArgument(fmt::format("PreemptionCheckpointHandler: the checkpoint already tracks '{}' (from "
+                                        "another handler?); give each handler a Checkpoint of its own",
+                                        kTotalRunCallsName));
+    }
+    ckpt.track(kTotalRunCallsName, counter_);
+    restored_from_ = manager_->restore_or_initialize();
+    total_run_calls_ = counter_.read_value();
+  }
+
+  void count_step() {
+    ++total_run_calls_;
+    counter_.assign(total_run_calls_);  // current for the user's own saves too
+  }
+
+  // One MAX all-reduce of {signalled, step, -step} over every replica: all workers get the same
+  // answer, and a worker at another step (restored from another checkpoint) is caught.
+  std::vector<std::int64_t> all_reduce_max(std::int64_t flag) {
+    const std::vector<std::int64_t> mine{flag, total_run_calls_, -total_run_calls_};
+    if (strategy_->num_workers() <= 1) return mine;
+    auto values = strategy_->distribute_values_from_function([&](const auto&) { return mine; });
+    std::vector<std::int64_t> all = strategy_->reduce(ReduceOp::Max, values);
+    if (all[1] != -all[2]) {
+      throw InvalidArgument(fmt::format(
+          "PreemptionCheckpointHandler: the workers are at different steps (total_run_calls from {} to {}); every "
+          "worker must restore the same checkpoint and call run() once per step",
+          -all[2], all[1]));
+    }
+    return all;
+  }
+
+  void save_and_exit_if_preempted() {
+    if (all_reduce_max(detail::PreemptionSignals::received() ? 1 : 0)[0] == 0) return;
+    // Everyone is here, at the same step. Save together (saving may take collectives), then wait
+    // until every worker has saved, so that nobody leaves while another still writes.
+    const std::filesystem::path path = manager_->save();
+    all_reduce_max(0);
+    const std::string message = fmt::format(
+        "distribute: preemption: worker {} of {} saved '{}' at step {} (total_run_calls); {} with code {}",
+        strategy_->worker_index(), strategy_->num_workers(), path.string(), total_run_calls_,
+        options_.action == PreemptionAction::Exit ? "exiting" : "stopping", options_.exit_code);
+    if (options_.action == PreemptionAction::Throw) throw Preempted(message, total_run_calls_, options_.exit_code, path);
+    // Leave the cluster with a goodbye: a worker that just vanished would make a peer still
+    // finishing the last all-reduce fail it ("lost task"), since nothing here unwinds to the
+    // strategy's destructor.
+    if constexpr (requires { strategy_->variable_placement().link; }) {
+      if (detail::CrossWorkerLink* link = strategy_->variable_placement().link) link->close();
+    }
+    std::fprintf(stderr, "%s\n", message.c_str());
+    std::fflush(nullptr);
+    std::_Exit(options_.exit_code);
+  }
+
+  PreemptionOptions options_;
+  detail::PreemptionSignals signals_;  // installed first, removed last
+  Strategy* strategy_;
+  std::unique_ptr<CheckpointManager> owned_manager_;
+  CheckpointManager* manager_;
+  Variable<std::int64_t> counter_ = detail::make_plain_variable<std::int64_t>(0, kTotalRunCallsName);
+  std::int64_t total_run_calls_ = 0;
+  std::optional<std::filesystem::path> restored_from_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CHECKPOINT_PREEMPTION_HPP
+// ---- end <distribute/checkpoint/preemption.hpp> ----
 #endif
 
 // cluster/ (needs Boost.JSON)
@@ -31756,6 +36413,7 @@ class CommunicatorLink final : public CrossWorkerLink {
   }
   void broadcast(void* data, std::size_t bytes, int root) override { comm_->broadcast(data, bytes, root); }
   void barrier() override { comm_->barrier(); }
+  void close() noexcept override { comm_.reset(); }  // ~Communicator says goodbye
   net::Communicator& communicator() noexcept { return *comm_; }
 
  private:

@@ -39,6 +39,7 @@ class CommunicatorLink final : public CrossWorkerLink {
   }
   void broadcast(void* data, std::size_t bytes, int root) override { comm_->broadcast(data, bytes, root); }
   void barrier() override { comm_->barrier(); }
+  void close() noexcept override { comm_.reset(); }  // ~Communicator says goodbye
   net::Communicator& communicator() noexcept { return *comm_; }
 
  private:

@@ -26,6 +26,9 @@ class CrossWorkerLink {
   /// Worker `root`'s bytes into everyone's `data`.
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
   virtual void barrier() = 0;
+  /// Leaves the cluster cleanly before the process exits without unwinding (the preemption
+  /// handler): the peers see a goodbye, not a lost task. Nothing may use the link afterwards.
+  virtual void close() noexcept {}
 };
 
 }  // namespace detail
