@@ -2329,6 +2329,7 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <cstddef>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -2375,6 +2376,66 @@ template <class T, class F>
 IteratorPtr<T> make_iterator(F fn) {
   return std::make_unique<LambdaIterator<T, F>>(std::move(fn));
 }
+
+/// The input iterator over one pass that Dataset and DistributedDataset hand out. It pulls
+/// `source.next()` (an optional<T>, nullopt at the end) lazily: when the iterator is first looked
+/// at (compared with end() or dereferenced) after it was made or advanced, not before. A `next()`
+/// that throws is called again on the next look. `Source::past_the_end` is the message of a
+/// dereference at the end.
+template <class T, class Source>
+class PullIterator {
+ public:
+  using value_type = T;
+  using difference_type = std::ptrdiff_t;
+  using iterator_concept = std::input_iterator_tag;
+
+  PullIterator() = default;
+  explicit PullIterator(Source source) : state_(std::make_unique<State>(std::move(source))) {}
+
+  T& operator*() const {
+    fill();
+    if (!state_->current) throw InvalidArgument(Source::past_the_end);
+    return *state_->current;
+  }
+  T* operator->() const { return &**this; }
+  PullIterator& operator++() {
+    fill();
+    state_->current.reset();
+    state_->fetched = false;
+    return *this;
+  }
+  void operator++(int) { ++*this; }
+  friend bool operator==(const PullIterator& it, std::default_sentinel_t) {
+    if (!it.state_) return true;
+    it.fill();
+    return !it.state_->current;
+  }
+
+  /// The next element, or nullopt at the end (TF's get_next_as_optional).
+  std::optional<T> get_next_as_optional() {
+    if (!state_) return std::nullopt;
+    fill();
+    std::optional<T> out = std::move(state_->current);
+    state_->current.reset();
+    state_->fetched = false;
+    return out;
+  }
+
+ private:
+  struct State {
+    explicit State(Source s) : source(std::move(s)) {}
+    Source source;
+    std::optional<T> current;
+    bool fetched = false;
+  };
+  void fill() const {
+    if (!state_->fetched) {
+      state_->current = state_->source.next();
+      state_->fetched = true;
+    }
+  }
+  std::unique_ptr<State> state_;  // behind a pointer: the iterator is a cheap move-only handle
+};
 
 }  // namespace data::detail
 DISTRIBUTE_END_NAMESPACE
@@ -2635,57 +2696,18 @@ class Dataset {
 
   /// An input iterator over one pass of the dataset. An element is pulled from the pipeline when
   /// it is first looked at (compared with end() or dereferenced), not when the iterator is made.
-  class iterator {
-   public:
-    using value_type = T;
-    using difference_type = std::ptrdiff_t;
-    using iterator_concept = std::input_iterator_tag;
-
-    iterator() = default;
-
-    T& operator*() const {
-      fill();
-      if (!state_->current) throw InvalidArgument("Dataset iterator: dereferenced past the end of the dataset");
-      return *state_->current;
-    }
-    T* operator->() const { return &**this; }
-    iterator& operator++() {
-      fill();
-      state_->current.reset();
-      state_->fetched = false;
-      return *this;
-    }
-    void operator++(int) { ++*this; }
-    friend bool operator==(const iterator& it, std::default_sentinel_t) {
-      if (!it.state_) return true;
-      it.fill();
-      return !it.state_->current;
-    }
-
-   private:
-    friend class Dataset;
-    struct State {
-      detail::IteratorPtr<T> source;
-      std::optional<T> current;
-      bool fetched = false;
-    };
-    explicit iterator(detail::IteratorPtr<T> source) : state_(std::make_unique<State>()) {
-      state_->source = std::move(source);
-    }
-    void fill() const {
-      if (!state_->fetched) {
-        state_->current = state_->source->next();
-        state_->fetched = true;
-      }
-    }
-    std::unique_ptr<State> state_;  // behind a pointer: the iterator is a cheap move-only handle
+  struct PassSource {
+    static constexpr const char* past_the_end = "Dataset iterator: dereferenced past the end of the dataset";
+    detail::IteratorPtr<T> stages;
+    std::optional<T> next() { return stages->next(); }
   };
+  using iterator = detail::PullIterator<T, PassSource>;
 
   /// An empty dataset.
   Dataset() = default;
 
   /// A fresh pass over the dataset: sources reopen, shuffles reshuffle, prefetch threads start.
-  iterator begin() const { return iterator(detail::DatasetAccess::make_iterator(*this, {})); }
+  iterator begin() const { return iterator(PassSource{detail::DatasetAccess::make_iterator(*this, {})}); }
   std::default_sentinel_t end() const noexcept { return {}; }
 
   /// All elements of one pass (for small datasets and tests).
@@ -2967,26 +2989,32 @@ auto from_generator(G gen) {
       {});
 }
 
+namespace detail {
+
+/// A dataset of the units `Reader` reads from `files`, file after file; a file source, so
+/// AutoShardPolicy::File can give each worker its files.
+template <class Reader>
+Dataset<std::string> file_source(std::vector<std::string> files) {
+  auto shared = std::make_shared<const std::vector<std::string>>(std::move(files));
+  return DatasetAccess::make<std::string>(
+      [shared](const PipelineContext& ctx) -> IteratorPtr<std::string> {
+        return std::make_unique<FileSourceIterator<Reader>>(shared, ctx);
+      },
+      {.options = {}, .num_files = shared->size()});
+}
+
+}  // namespace detail
+
 /// The lines of text files (CSV, JSON lines, ...) without their line ends, file after file
 /// (TF's TextLineDataset). A file source: AutoShardPolicy::File can give each worker its files.
 inline Dataset<std::string> from_text_files(std::vector<std::string> files) {
-  auto shared = std::make_shared<const std::vector<std::string>>(std::move(files));
-  return detail::DatasetAccess::make<std::string>(
-      [shared](const detail::PipelineContext& ctx) -> detail::IteratorPtr<std::string> {
-        return std::make_unique<detail::FileSourceIterator<detail::TextLineReader>>(shared, ctx);
-      },
-      {.options = {}, .num_files = shared->size()});
+  return detail::file_source<detail::TextLineReader>(std::move(files));
 }
 
 /// The records of record files (TFRecord format, see record_file.hpp), file after file (TF's
 /// TFRecordDataset). A truncated or corrupted record is a DataLossError. A file source.
 inline Dataset<std::string> from_record_files(std::vector<std::string> files) {
-  auto shared = std::make_shared<const std::vector<std::string>>(std::move(files));
-  return detail::DatasetAccess::make<std::string>(
-      [shared](const detail::PipelineContext& ctx) -> detail::IteratorPtr<std::string> {
-        return std::make_unique<detail::FileSourceIterator<detail::RecordReader>>(shared, ctx);
-      },
-      {.options = {}, .num_files = shared->size()});
+  return detail::file_source<detail::RecordReader>(std::move(files));
 }
 
 }  // namespace data
@@ -3149,82 +3177,30 @@ class DistributedDataset {
   using value_type = PerReplica<Batch, S>;
 
   /// An input iterator over one pass: each step's PerReplica batch. A step (and, with several
-  /// workers, its agreement collective) happens when the iterator is first looked at after ++.
-  class iterator {
-   public:
+  /// workers, its agreement collective) happens when the iterator is first looked at after ++;
+  /// get_next_as_optional() is TF's.
+  struct StepSource {
     using value_type = PerReplica<Batch, S>;
-    using difference_type = std::ptrdiff_t;
-    using iterator_concept = std::input_iterator_tag;
+    static constexpr const char* past_the_end = "DistributedDataset iterator: dereferenced past the end";
 
-    iterator() = default;
-
-    value_type& operator*() const {
-      fill();
-      if (!state_->current) throw InvalidArgument("DistributedDataset iterator: dereferenced past the end");
-      return *state_->current;
-    }
-    value_type* operator->() const { return &**this; }
-    iterator& operator++() {
-      fill();
-      state_->current.reset();
-      state_->fetched = false;
-      return *this;
-    }
-    void operator++(int) { ++*this; }
-    friend bool operator==(const iterator& it, std::default_sentinel_t) {
-      if (!it.state_) return true;
-      it.fill();
-      return !it.state_->current;
-    }
-
-    /// The next step's batches, or nullopt at the end (TF's get_next_as_optional).
-    std::optional<value_type> get_next_as_optional() {
-      if (!state_) return std::nullopt;
-      fill();
-      std::optional<value_type> out = std::move(state_->current);
-      state_->current.reset();
-      state_->fetched = false;
-      return out;
-    }
-
-   private:
-    friend class DistributedDataset;
-    struct State {
-      detail::IteratorPtr<Batch> source;
-      detail::InputPlacement placement;
-      distribute::detail::CrossWorkerLink* link = nullptr;
-      std::optional<value_type> current;
-      std::optional<Batch> empty;  // what a replica without data gets: no rows, the last real inner shape
-      bool fetched = false;
-      bool finished = false;
-    };
-
-    iterator(detail::IteratorPtr<Batch> source, const detail::InputPlacement& placement,
-             distribute::detail::CrossWorkerLink* link)
-        : state_(std::make_unique<State>()) {
-      state_->source = std::move(source);
-      state_->placement = placement;
-      state_->link = link;
-    }
-
-    void fill() const {
-      if (state_->fetched) return;
-      state_->fetched = true;  // set first: a step that throws is not retried
-      state_->current = next_step(*state_);
-    }
+    detail::IteratorPtr<Batch> source;
+    detail::InputPlacement placement;
+    distribute::detail::CrossWorkerLink* link = nullptr;
+    std::optional<Batch> empty;  // what a replica without data gets: no rows, the last real inner shape
+    bool finished = false;       // set on the end and on an error: a step that threw is not retried
 
     // A worker that fails sends this instead of its count, so the sum turns negative everywhere.
     static constexpr std::int64_t failed_worker = -(std::int64_t{1} << 40);
 
-    static std::optional<value_type> next_step(State& st) {
-      if (st.finished) return std::nullopt;
-      const auto local = static_cast<std::size_t>(st.placement.num_local_replicas);
+    std::optional<value_type> next() {
+      if (finished) return std::nullopt;
+      const auto local = static_cast<std::size_t>(placement.num_local_replicas);
       std::vector<Batch> batches;
       batches.reserve(local);
       std::exception_ptr error;
       try {
         while (batches.size() < local) {
-          std::optional<Batch> b = st.source->next();
+          std::optional<Batch> b = source->next();
           if (!b) break;
           batches.push_back(std::move(*b));
         }
@@ -3232,36 +3208,36 @@ class DistributedDataset {
         error = std::current_exception();
       }
       std::int64_t replicas_with_data = error ? failed_worker : static_cast<std::int64_t>(batches.size());
-      if (st.link && st.placement.num_workers > 1) {
+      if (link && placement.num_workers > 1) {
         // Every worker takes part in this agreement every step, also the one whose input failed
         // or ran out, so the others never wait for it in a later collective.
-        st.link->all_reduce(&replicas_with_data, 1, DType::I64, ReduceOp::Sum);
+        link->all_reduce(&replicas_with_data, 1, DType::I64, ReduceOp::Sum);
       }
       if (error) {
-        st.finished = true;
+        finished = true;
         std::rethrow_exception(error);
       }
       if (replicas_with_data < 0) {
-        st.finished = true;
+        finished = true;
         throw PeerFailure(fmt::format("distribute_dataset: the input pipeline of another worker failed at this step "
                                       "(worker {} of {} is stopping too; the error is reported on that worker)",
-                                      st.placement.worker_index, st.placement.num_workers));
+                                      placement.worker_index, placement.num_workers));
       }
       if (replicas_with_data == 0) {
-        st.finished = true;
+        finished = true;
         return std::nullopt;
       }
-      if (!batches.empty()) st.empty = detail::empty_like(batches.back());
-      while (batches.size() < local) batches.push_back(st.empty ? *st.empty : Batch{});
+      if (!batches.empty()) empty = detail::empty_like(batches.back());
+      while (batches.size() < local) batches.push_back(empty ? *empty : Batch{});
       return value_type(std::move(batches));
     }
-
-    std::unique_ptr<State> state_;
   };
+  using iterator = detail::PullIterator<typename StepSource::value_type, StepSource>;
 
   /// A fresh pass: the pipeline restarts (and its prefetch thread starts).
   iterator begin() const {
-    return iterator(detail::DatasetAccess::make_iterator(per_replica_, context_), placement_, link_);
+    return iterator(StepSource{detail::DatasetAccess::make_iterator(per_replica_, context_), placement_, link_,
+                               std::nullopt, false});
   }
   std::default_sentinel_t end() const noexcept { return {}; }
 

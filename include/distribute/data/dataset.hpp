@@ -136,57 +136,18 @@ class Dataset {
 
   /// An input iterator over one pass of the dataset. An element is pulled from the pipeline when
   /// it is first looked at (compared with end() or dereferenced), not when the iterator is made.
-  class iterator {
-   public:
-    using value_type = T;
-    using difference_type = std::ptrdiff_t;
-    using iterator_concept = std::input_iterator_tag;
-
-    iterator() = default;
-
-    T& operator*() const {
-      fill();
-      if (!state_->current) throw InvalidArgument("Dataset iterator: dereferenced past the end of the dataset");
-      return *state_->current;
-    }
-    T* operator->() const { return &**this; }
-    iterator& operator++() {
-      fill();
-      state_->current.reset();
-      state_->fetched = false;
-      return *this;
-    }
-    void operator++(int) { ++*this; }
-    friend bool operator==(const iterator& it, std::default_sentinel_t) {
-      if (!it.state_) return true;
-      it.fill();
-      return !it.state_->current;
-    }
-
-   private:
-    friend class Dataset;
-    struct State {
-      detail::IteratorPtr<T> source;
-      std::optional<T> current;
-      bool fetched = false;
-    };
-    explicit iterator(detail::IteratorPtr<T> source) : state_(std::make_unique<State>()) {
-      state_->source = std::move(source);
-    }
-    void fill() const {
-      if (!state_->fetched) {
-        state_->current = state_->source->next();
-        state_->fetched = true;
-      }
-    }
-    std::unique_ptr<State> state_;  // behind a pointer: the iterator is a cheap move-only handle
+  struct PassSource {
+    static constexpr const char* past_the_end = "Dataset iterator: dereferenced past the end of the dataset";
+    detail::IteratorPtr<T> stages;
+    std::optional<T> next() { return stages->next(); }
   };
+  using iterator = detail::PullIterator<T, PassSource>;
 
   /// An empty dataset.
   Dataset() = default;
 
   /// A fresh pass over the dataset: sources reopen, shuffles reshuffle, prefetch threads start.
-  iterator begin() const { return iterator(detail::DatasetAccess::make_iterator(*this, {})); }
+  iterator begin() const { return iterator(PassSource{detail::DatasetAccess::make_iterator(*this, {})}); }
   std::default_sentinel_t end() const noexcept { return {}; }
 
   /// All elements of one pass (for small datasets and tests).
@@ -468,26 +429,32 @@ auto from_generator(G gen) {
       {});
 }
 
+namespace detail {
+
+/// A dataset of the units `Reader` reads from `files`, file after file; a file source, so
+/// AutoShardPolicy::File can give each worker its files.
+template <class Reader>
+Dataset<std::string> file_source(std::vector<std::string> files) {
+  auto shared = std::make_shared<const std::vector<std::string>>(std::move(files));
+  return DatasetAccess::make<std::string>(
+      [shared](const PipelineContext& ctx) -> IteratorPtr<std::string> {
+        return std::make_unique<FileSourceIterator<Reader>>(shared, ctx);
+      },
+      {.options = {}, .num_files = shared->size()});
+}
+
+}  // namespace detail
+
 /// The lines of text files (CSV, JSON lines, ...) without their line ends, file after file
 /// (TF's TextLineDataset). A file source: AutoShardPolicy::File can give each worker its files.
 inline Dataset<std::string> from_text_files(std::vector<std::string> files) {
-  auto shared = std::make_shared<const std::vector<std::string>>(std::move(files));
-  return detail::DatasetAccess::make<std::string>(
-      [shared](const detail::PipelineContext& ctx) -> detail::IteratorPtr<std::string> {
-        return std::make_unique<detail::FileSourceIterator<detail::TextLineReader>>(shared, ctx);
-      },
-      {.options = {}, .num_files = shared->size()});
+  return detail::file_source<detail::TextLineReader>(std::move(files));
 }
 
 /// The records of record files (TFRecord format, see record_file.hpp), file after file (TF's
 /// TFRecordDataset). A truncated or corrupted record is a DataLossError. A file source.
 inline Dataset<std::string> from_record_files(std::vector<std::string> files) {
-  auto shared = std::make_shared<const std::vector<std::string>>(std::move(files));
-  return detail::DatasetAccess::make<std::string>(
-      [shared](const detail::PipelineContext& ctx) -> detail::IteratorPtr<std::string> {
-        return std::make_unique<detail::FileSourceIterator<detail::RecordReader>>(shared, ctx);
-      },
-      {.options = {}, .num_files = shared->size()});
+  return detail::file_source<detail::RecordReader>(std::move(files));
 }
 
 }  // namespace data

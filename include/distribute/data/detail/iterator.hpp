@@ -5,10 +5,12 @@
 
 #include <cstddef>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <utility>
 
+#include <distribute/core/error.hpp>
 #include <distribute/version.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -52,6 +54,66 @@ template <class T, class F>
 IteratorPtr<T> make_iterator(F fn) {
   return std::make_unique<LambdaIterator<T, F>>(std::move(fn));
 }
+
+/// The input iterator over one pass that Dataset and DistributedDataset hand out. It pulls
+/// `source.next()` (an optional<T>, nullopt at the end) lazily: when the iterator is first looked
+/// at (compared with end() or dereferenced) after it was made or advanced, not before. A `next()`
+/// that throws is called again on the next look. `Source::past_the_end` is the message of a
+/// dereference at the end.
+template <class T, class Source>
+class PullIterator {
+ public:
+  using value_type = T;
+  using difference_type = std::ptrdiff_t;
+  using iterator_concept = std::input_iterator_tag;
+
+  PullIterator() = default;
+  explicit PullIterator(Source source) : state_(std::make_unique<State>(std::move(source))) {}
+
+  T& operator*() const {
+    fill();
+    if (!state_->current) throw InvalidArgument(Source::past_the_end);
+    return *state_->current;
+  }
+  T* operator->() const { return &**this; }
+  PullIterator& operator++() {
+    fill();
+    state_->current.reset();
+    state_->fetched = false;
+    return *this;
+  }
+  void operator++(int) { ++*this; }
+  friend bool operator==(const PullIterator& it, std::default_sentinel_t) {
+    if (!it.state_) return true;
+    it.fill();
+    return !it.state_->current;
+  }
+
+  /// The next element, or nullopt at the end (TF's get_next_as_optional).
+  std::optional<T> get_next_as_optional() {
+    if (!state_) return std::nullopt;
+    fill();
+    std::optional<T> out = std::move(state_->current);
+    state_->current.reset();
+    state_->fetched = false;
+    return out;
+  }
+
+ private:
+  struct State {
+    explicit State(Source s) : source(std::move(s)) {}
+    Source source;
+    std::optional<T> current;
+    bool fetched = false;
+  };
+  void fill() const {
+    if (!state_->fetched) {
+      state_->current = state_->source.next();
+      state_->fetched = true;
+    }
+  }
+  std::unique_ptr<State> state_;  // behind a pointer: the iterator is a cheap move-only handle
+};
 
 }  // namespace data::detail
 DISTRIBUTE_END_NAMESPACE
