@@ -5,7 +5,7 @@ set -euo pipefail
 
 # Boost >= 1.75 for Boost.JSON (bookworm's default libboost-dev is 1.74, so name 1.81 explicitly).
 PACKAGES=(g++ meson ninja-build pkg-config cmake libfmt-dev doctest-dev libboost1.81-dev libboost-json1.81-dev
-          libbenchmark-dev libssl-dev python3)
+          libbenchmark-dev libssl-dev libcereal-dev python3)
 
 missing=()
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -20,7 +20,8 @@ has_header() {
     [ -f "/usr/include/$1" ]
   fi
 }
-for header in fmt/format.h doctest/doctest.h boost/json.hpp boost/asio.hpp benchmark/benchmark.h openssl/hmac.h; do
+for header in fmt/format.h doctest/doctest.h boost/json.hpp boost/asio.hpp benchmark/benchmark.h openssl/hmac.h \
+              cereal/cereal.hpp; do
   has_header "$header" || missing+=("<$header>")
 done
 

@@ -30,6 +30,9 @@ using ds::DType;
 using ds::Partitions;
 using ds::Shape;
 
+// These tests look at placement and partitioning only: no ps task runs, values stay here.
+const ds::ParameterServerOptions kPlacementOnly{.connect = false};
+
 /// A (rows, cols) float tensor holding 0, 1, 2, ... in row-major order.
 ds::Tensor<float> iota_table(std::int64_t rows, std::int64_t cols) {
   std::vector<float> data(static_cast<std::size_t>(rows * cols));
@@ -421,7 +424,7 @@ TEST_CASE("ps tasks are handed out round-robin with TF's device strings") {
 // ParameterServerStrategy (in-process skeleton)
 
 TEST_CASE("ParameterServerStrategy places variables created in scope on ps tasks round-robin") {
-  ds::ParameterServerStrategy strategy(ps_cluster(3, 2));
+  ds::ParameterServerStrategy strategy(ps_cluster(3, 2), {}, kPlacementOnly);
   CHECK(strategy.name() == "ParameterServerStrategy");
   CHECK(strategy.num_ps() == 3);
   CHECK(strategy.num_workers() == 2);
@@ -454,7 +457,7 @@ TEST_CASE("ParameterServerStrategy places variables created in scope on ps tasks
 }
 
 TEST_CASE("ParameterServerStrategy partitions variables created in scope: the seed's embedding") {
-  ds::ParameterServerStrategy strategy(ps_cluster(3, 1), ds::MinSizePartitioner(256 << 10, 2));
+  ds::ParameterServerStrategy strategy(ps_cluster(3, 1), ds::MinSizePartitioner(256 << 10, 2), kPlacementOnly);
   auto scope = strategy.scope();
   ds::ShardedVariable<ds::Tensor<float>> embedding(ds::Tensor<float>::zeros({1024, 1024}), {.name = "embedding"});
   REQUIRE(embedding.variables().size() == 2);
@@ -474,7 +477,7 @@ TEST_CASE("ParameterServerStrategy partitions variables created in scope: the se
 }
 
 TEST_CASE("ParameterServerStrategy with FixedShardsPartitioner: 13 rows over 5 shards, each shard its own turn") {
-  ds::ParameterServerStrategy strategy(ps_cluster(3, 2), ds::FixedShardsPartitioner(5));
+  ds::ParameterServerStrategy strategy(ps_cluster(3, 2), ds::FixedShardsPartitioner(5), kPlacementOnly);
   const auto table = iota_table(13, 3);
   std::optional<ds::ShardedVariable<ds::Tensor<float>>> emb;
   {
@@ -502,7 +505,7 @@ TEST_CASE("ParameterServerStrategy with FixedShardsPartitioner: 13 rows over 5 s
 TEST_CASE("ParameterServerStrategy rejects a partitioner that splits another axis") {
   ds::ParameterServerStrategy strategy(ps_cluster(2, 1), [](const Shape& shape, DType) {
     return Partitions(shape.size(), 2);
-  });
+  }, kPlacementOnly);
   auto scope = strategy.scope();
   CHECK_THROWS_WITH_AS(ds::ShardedVariable<ds::Tensor<float>>(iota_table(4, 4), {.name = "w"}),
                        "variable partitioner returned [2, 2] for shape (4, 4); it must return one entry per dimension, "
@@ -513,7 +516,8 @@ TEST_CASE("ParameterServerStrategy rejects a partitioner that splits another axi
 TEST_CASE("ParameterServerStrategy needs a chief, a ps and a worker task") {
   using Jobs = ds::ClusterSpec::DenseJobs;
   auto make = [](const Jobs& jobs, const char* type) {
-    return ds::ParameterServerStrategy(std::make_shared<ds::SimpleClusterResolver>(ds::ClusterSpec(jobs), type, 0));
+    return ds::ParameterServerStrategy(std::make_shared<ds::SimpleClusterResolver>(ds::ClusterSpec(jobs), type, 0), ds::VariablePartitioner{},
+                                      kPlacementOnly);
   };
   CHECK_THROWS_WITH_AS(make({{"chief", {"h:1"}}, {"worker", {"h:2"}}}, "chief"),
                        "ParameterServerStrategy: the cluster (jobs: chief, worker) has no 'ps' task; there must be at "

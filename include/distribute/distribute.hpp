@@ -56,14 +56,21 @@
 #include <distribute/ps/partitioner.hpp>
 #include <distribute/ps/placement.hpp>
 #include <distribute/ps/sharded_variable.hpp>
-#if __has_include(<boost/json.hpp>)
-#include <distribute/strategy/parameter_server.hpp>
-#endif
 
 // net/ (needs Boost.Asio and OpenSSL) and the strategies built on it
 #if __has_include(<boost/asio.hpp>) && __has_include(<openssl/hmac.h>) && __has_include(<boost/json.hpp>)
 #include <distribute/net/communicator.hpp>
 #include <distribute/strategy/multi_worker_mirrored.hpp>
+#endif
+
+// Parameter-server training: the strategy, ds::Server, ClusterCoordinator and remote functions
+// (needs Boost.Asio/Beast/JSON, OpenSSL and cereal)
+#if __has_include(<boost/asio.hpp>) && __has_include(<openssl/hmac.h>) && __has_include(<boost/json.hpp>) && \
+    __has_include(<cereal/cereal.hpp>)
+#include <distribute/strategy/parameter_server.hpp>
+#include <distribute/ps/remote_function.hpp>
+#include <distribute/ps/server.hpp>
+#include <distribute/ps/cluster_coordinator.hpp>
 #endif
 
 // GPU parts (backends/cuda, collective/nccl.hpp). Device values (ds::DeviceTensor,

@@ -20,6 +20,7 @@
 #include <distribute/core/detail/cross_worker.hpp>
 #include <distribute/core/detail/replica_group.hpp>
 #include <distribute/core/detail/elementwise.hpp>
+#include <distribute/core/detail/remote_store.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
 #include <distribute/core/tensor_traits.hpp>
@@ -30,7 +31,8 @@ class ReplicaContext;
 
 namespace detail {
 /// How a strategy places the variables created in its scope.
-enum class PlacementKind { Plain, Replicated, CentralStorage };
+/// Remote: one copy, held by a ps task (ParameterServerStrategy connected to its cluster).
+enum class PlacementKind { Plain, Replicated, CentralStorage, Remote };
 
 struct VariablePlacement {
   PlacementKind kind = PlacementKind::Plain;
@@ -39,6 +41,7 @@ struct VariablePlacement {
   std::uint64_t strategy_id = 0;
   std::vector<std::string> replica_devices = {};  // CentralStorage: where the replicas compute
   CrossWorkerLink* link = nullptr;                 // multi-worker: the other workers' copies
+  RemoteHandle remote = {};                        // Remote: where the value lives
 };
 
 inline std::uint64_t next_strategy_id() noexcept {

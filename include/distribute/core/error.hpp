@@ -50,6 +50,13 @@ class Unavailable : public Error {
   using Error::Error;
 };
 
+/// The end of a sequence was reached (TF's OutOfRangeError): a per-worker iterator read past the
+/// end of its dataset inside a scheduled function.
+class OutOfRange : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A replica was released from a collective because another replica of the same step failed.
 /// `run` never rethrows this one when the original error is known; it rethrows the original.
 class Cancelled : public Error {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -19,6 +20,7 @@
 
 #include <distribute/core/context.hpp>
 #include <distribute/core/detail/elementwise.hpp>
+#include <distribute/core/device.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/memory_space.hpp>
 #include <distribute/core/tensor_traits.hpp>
@@ -103,6 +105,10 @@ class Variable {
           "variable '{}': synchronization NONE is not supported inside the scope of {}; use AUTO, ON_WRITE or ON_READ",
           s.name, s.strategy_name));
     }
+    if (s.placement.kind == detail::PlacementKind::Remote) {
+      create_remote(std::move(initial_value));
+      return;
+    }
     const std::size_t copies =
         s.placement.kind == detail::PlacementKind::Replicated ? s.placement.devices.size() : std::size_t{1};
     if constexpr (memory_space_v<T> == MemorySpace::device) {  // each copy on its replica's device (backends/cuda)
@@ -115,6 +121,27 @@ class Variable {
       s.placement.link->broadcast(p, element_count(initial_value) * sizeof(element_t<T>), 0);
     }
     s.copies.assign(copies, initial_value);
+  }
+
+  /// A handle to a variable that already lives on a ps task (what a worker gets when a scheduled
+  /// function receives a variable as an argument). `shape_template` gives the shape; its values
+  /// are not used. Used by ps/; programs create variables with the other constructor.
+  static Variable attach_remote(std::string name, T shape_template, detail::RemoteHandle handle) {
+    static_assert(memory_space_v<T> == MemorySpace::host, "ps variables hold host memory");
+    Variable v;
+    auto& s = *v.state_;
+    s.name = std::move(name);
+    s.strategy_name = "ParameterServerStrategy";
+    s.placement.kind = detail::PlacementKind::Remote;
+    s.placement.devices = {DeviceSpec{"ps", 0, handle.task, "CPU", 0}.to_string()};
+    s.placement.remote = std::move(handle);
+    s.copies = {std::move(shape_template)};
+    return v;
+  }
+
+  /// Where a ps variable lives (nullptr for every other placement).
+  const detail::RemoteHandle* remote_handle() const noexcept {
+    return state_->placement.kind == detail::PlacementKind::Remote ? &state_->placement.remote : nullptr;
   }
 
   const std::string& name() const noexcept { return state_->name; }
@@ -142,6 +169,7 @@ class Variable {
   /// the aggregate of all copies (ON_READ).
   T read_value() const {
     auto& s = *state_;
+    if (s.placement.kind == detail::PlacementKind::Remote) return read_remote();
     int i = local_index();
     if (i == kPlain) {
       std::lock_guard lock(s.mutex);
@@ -161,6 +189,12 @@ class Variable {
   template <class F>
   void apply_to_copies(F&& fn) {
     auto& s = *state_;
+    if (s.placement.kind == detail::PlacementKind::Remote) {  // read, change, write back
+      T value = read_remote();
+      fn(value, 0);
+      update(Update::Assign, value);
+      return;
+    }
     int i = local_index();
     if (i == kPlain) {
       std::lock_guard lock(s.mutex);
@@ -178,6 +212,38 @@ class Variable {
   enum class Update { Assign, Add, Sub };
   static constexpr int kCrossReplica = -1;
   static constexpr int kPlain = -2;
+
+  Variable() : state_(std::make_shared<State>()) {}
+
+  void create_remote(T initial_value) {
+    if constexpr (memory_space_v<T> != MemorySpace::host) {
+      throw InvalidArgument(fmt::format("variable '{}': ps variables hold host memory; create a host-valued variable "
+                                        "(std::vector, ds::Tensor, a scalar) in ParameterServerStrategy's scope",
+                                        state_->name));
+    } else {
+      auto& s = *state_;
+      auto& r = s.placement.remote;
+      r.key += "/" + s.name;  // the strategy's unique prefix, and the name for messages
+      r.store->create(r.task, r.key, dtype_of<element_t<T>>(), shape_of(initial_value), bytes_of(initial_value));
+      s.copies = {std::move(initial_value)};  // kept for its shape only: the value lives on the ps
+    }
+  }
+
+  static std::span<const std::byte> bytes_of(const T& v) {
+    return {reinterpret_cast<const std::byte*>(tensor_traits<T>::data(v)), element_count(v) * sizeof(element_t<T>)};
+  }
+
+  T read_remote() const {
+    if constexpr (memory_space_v<T> == MemorySpace::host) {
+      const auto& r = state_->placement.remote;
+      T out = tensor_traits<T>::make(shape());
+      r.store->read(r.task, r.key, dtype_of<element_t<T>>(),
+                    {reinterpret_cast<std::byte*>(tensor_traits<T>::data(out)), element_count(out) * sizeof(element_t<T>)});
+      return out;
+    } else {
+      throw InvalidArgument("ps variables hold host memory");
+    }
+  }
 
   struct State {
     std::string name;
@@ -242,6 +308,13 @@ class Variable {
     const char* what = names[static_cast<int>(kind)];
     check_shape(value, what);
     auto& s = *state_;
+    if (s.placement.kind == detail::PlacementKind::Remote) {
+      if constexpr (memory_space_v<T> == MemorySpace::host) {
+        const auto& r = s.placement.remote;
+        r.store->update(r.task, r.key, static_cast<detail::RemoteUpdate>(kind), dtype_of<element_t<T>>(), bytes_of(value));
+      }
+      return;
+    }
     const int i = local_index();
     if (i == kPlain) {
       std::lock_guard lock(s.mutex);

@@ -53,7 +53,9 @@ enum class FrameType : std::uint8_t {
   Abort = 8,         // the sender's communicator failed; payload says why
   Descriptor = 9,    // announces a collective (seq = collective number)
   Data = 10,         // a piece of a collective's data (seq, tag)
-  PointToPoint = 11  // one send() message (seq = message number to this peer)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
 };
 
 constexpr std::string_view to_string(FrameType t) noexcept {
@@ -69,6 +71,8 @@ constexpr std::string_view to_string(FrameType t) noexcept {
     case FrameType::Descriptor: return "descriptor";
     case FrameType::Data: return "data";
     case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
   }
   return "?";
 }
@@ -96,7 +100,7 @@ inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
 }
 
 constexpr bool known_frame_type(std::uint8_t t) noexcept {
-  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
 }  // namespace detail
@@ -139,7 +143,9 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   std::uint64_t limit = kMaxControlPayload;
   switch (h.type) {
     case FrameType::Data:
-    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
     case FrameType::Welcome:
     case FrameType::Heartbeat:
     case FrameType::Goodbye: limit = 0; break;

@@ -199,6 +199,20 @@ class ShardedVariable {
           copy_elements(rows + static_cast<std::size_t>(local) * width, width, out.data() + pos * width);
         }
       };
+      if (const auto* remote = v.remote_handle()) {  // on a ps task: fetch only the rows asked for
+        if constexpr (memory_space_v<T> == MemorySpace::host) {
+          std::vector<std::int64_t> rows;
+          rows.reserve(wanted[shard].size());
+          for (const auto& [pos, local] : wanted[shard]) rows.push_back(local);
+          std::vector<element_type> got(rows.size() * width);
+          remote->store->read_rows(remote->task, remote->key, dtype_of<element_type>(), rows, width * sizeof(element_type),
+                                   {reinterpret_cast<std::byte*>(got.data()), got.size() * sizeof(element_type)});
+          for (std::size_t k = 0; k < rows.size(); ++k) {
+            copy_elements(got.data() + k * width, width, out.data() + wanted[shard][k].first * width);
+          }
+        }
+        return;
+      }
       if (v.is_sync_on_read()) {
         copy_rows(v.read_value());  // its cross-replica value is an aggregate of the copies
         return;

@@ -1,14 +1,15 @@
-// ParameterServerStrategy (the in-process part): validates a parameter-server cluster and places
-// the variables created in its scope on ps tasks, round-robin, optionally partitioned into
-// ShardedVariables by a partitioner.
-//
-// What is not here yet: the variables are stored in this (the coordinator's) process, with device
-// strings that name their ps task; the ps variable service, ClusterCoordinator and remote
-// functions come next (docs/parameter-server.md).
+// ParameterServerStrategy: validates a parameter-server cluster, connects to its ps tasks, and
+// places the variables created in its scope on them, round-robin, optionally partitioned into
+// ShardedVariables by a partitioner. Functions run on workers through a ClusterCoordinator
+// (ps/cluster_coordinator.hpp).
 #pragma once
 
 #include <cstdint>
+#include <atomic>
+#include <chrono>
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -21,6 +22,7 @@
 #include <distribute/cluster/tf_config.hpp>
 #include <distribute/core/context.hpp>
 #include <distribute/core/error.hpp>
+#include <distribute/ps/detail/ps_client.hpp>
 #include <distribute/ps/partitioner.hpp>
 #include <distribute/ps/placement.hpp>
 #include <distribute/ps/sharded_variable.hpp>
@@ -28,6 +30,11 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 
 namespace detail {
+
+inline std::uint64_t random_session_id() {
+  std::random_device rd;
+  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+}
 
 /// Checks the cluster has what parameter-server training needs: one chief (the coordinator), at
 /// least one ps and one worker, and no job besides those and an evaluator. Returns the ps count.
@@ -66,16 +73,38 @@ inline int check_parameter_server_cluster(const ClusterSpec& spec) {
 
 }  // namespace detail
 
+struct ParameterServerOptions {
+  /// Connect to the ps tasks, which then hold the variables. false: placement only, the values
+  /// stay in this process (unit tests and single-process debugging; no coordinator).
+  bool connect = true;
+  /// How long the constructor waits for every ps task to answer (they may still be starting).
+  std::chrono::milliseconds connect_timeout{60000};
+  /// Shared secret (see net::CommunicatorOptions::cluster_token).
+  std::optional<std::string> cluster_token;
+};
+
 class ParameterServerStrategy final : public AnyStrategy, public detail::PartitionsVariables {
  public:
   /// `resolver` defaults to TFConfigClusterResolver (the TF_CONFIG environment variable). Without
   /// a `partitioner` variables are never split. ClusterConfigError when the cluster lacks a chief,
   /// a ps or a worker task.
+  /// With `options.connect` (the default) the constructor waits until every ps task answers, and
+  /// throws PeerFailure naming the one that did not within `options.connect_timeout`.
   explicit ParameterServerStrategy(std::shared_ptr<ClusterResolver> resolver = nullptr,
-                                   VariablePartitioner partitioner = {})
+                                   VariablePartitioner partitioner = {}, ParameterServerOptions options = {})
       : resolver_(resolver ? std::move(resolver) : std::make_shared<TFConfigClusterResolver>()),
         partitioner_(std::move(partitioner)),
-        placement_(detail::check_parameter_server_cluster(resolver_->cluster_spec())) {}
+        options_(std::move(options)),
+        placement_(detail::check_parameter_server_cluster(resolver_->cluster_spec())),
+        session_(detail::random_session_id()) {
+    if (options_.connect) {
+      detail::RpcOptions rpc;
+      rpc.cluster_token = options_.cluster_token;
+      rpc.connect_timeout = options_.connect_timeout;
+      store_ = std::make_shared<detail::PsClientStore>(resolver_->cluster_spec(), rpc);
+      store_->connect_all(options_.connect_timeout);
+    }
+  }
 
   std::string_view name() const noexcept override { return "ParameterServerStrategy"; }
   /// One replica per worker, and workers do not synchronise (asynchronous training).
@@ -94,13 +123,24 @@ class ParameterServerStrategy final : public AnyStrategy, public detail::Partiti
   int num_ps() const noexcept { return placement_.num_ps(); }
   int num_workers() const { return resolver_->cluster_spec().num_tasks("worker"); }
 
-  /// The next ps task in turn. One copy, held here for now and reported on its ps task. It uses
-  /// the one-copy (central storage) placement core/ knows: in cross-replica context, which is
-  /// where the coordinator works, reads and updates go to that copy.
+  /// The next ps task in turn. Connected: the value lives on that ps task (reads and updates are
+  /// calls to it). Not connected: one copy held here, reported on its ps task.
   detail::VariablePlacement variable_placement() const override {
-    std::string device = placement_.next_device();
-    return {detail::PlacementKind::CentralStorage, {device}, 1, id(), {device}};
+    const int task = placement_.next_task();
+    std::string device = ps_device_string(task);
+    if (!store_) return {detail::PlacementKind::CentralStorage, {device}, 1, id(), {device}};
+    detail::VariablePlacement p{detail::PlacementKind::Remote, {device}, 1, id(), {device}};
+    p.remote = {store_, task, fmt::format("{:016x}.{}", session_, ++variables_created_)};
+    return p;
   }
+
+  /// True when the variables live on the ps tasks (options.connect).
+  bool connected() const noexcept { return store_ != nullptr; }
+  const ParameterServerOptions& options() const noexcept { return options_; }
+  /// Ids this coordinator's closures are committed under (differs per strategy object).
+  std::uint64_t session_id() const noexcept { return session_; }
+  /// The ps tasks' client (connected strategies only): used by the ClusterCoordinator.
+  const std::shared_ptr<detail::PsClientStore>& ps_store() const noexcept { return store_; }
 
   /// Shards for a ShardedVariable created in scope: what the partitioner says on axis 0, 1 without
   /// a partitioner or for a scalar (TF never partitions those).
@@ -112,7 +152,11 @@ class ParameterServerStrategy final : public AnyStrategy, public detail::Partiti
  private:
   std::shared_ptr<ClusterResolver> resolver_;
   VariablePartitioner partitioner_;
+  ParameterServerOptions options_;
   mutable RoundRobinPlacement placement_;  // placing a variable takes the next turn
+  std::uint64_t session_;
+  mutable std::atomic<std::uint64_t> variables_created_{0};
+  std::shared_ptr<detail::PsClientStore> store_;
 };
 
 DISTRIBUTE_END_NAMESPACE

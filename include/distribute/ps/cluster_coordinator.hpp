@@ -1,0 +1,529 @@
+// ds::ClusterCoordinator: schedules functions on the workers of a parameter-server cluster
+// (TF's tf.distribute.experimental.coordinator.ClusterCoordinator).
+//
+// Closures wait in a bounded queue; one dispatcher thread per worker takes the next closure, runs it
+// there and fulfils its RemoteValue. A worker that dies or stops answering heartbeats loses its
+// closure to the queue (retried elsewhere under the same closure id, so the ps tasks apply its
+// updates once) and is reconnected, with its per-worker datasets rebuilt, when it comes back. The
+// first error a closure raises cancels the queued closures and is rethrown, once, by join() or
+// schedule(). A lost ps task is fatal: schedule/join/done throw PeerFailure naming it.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <distribute/core/error.hpp>
+#include <distribute/ps/detail/messages.hpp>
+#include <distribute/ps/detail/rpc.hpp>
+#include <distribute/ps/remote_function.hpp>
+#include <distribute/strategy/parameter_server.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+struct CoordinatorOptions {
+  /// schedule() blocks while this many closures wait.
+  std::size_t max_queued_closures = 256;
+  /// Workers and ps tasks are pinged this often...
+  std::chrono::milliseconds heartbeat_interval{250};
+  /// ...and a worker or ps that does not answer within this is lost.
+  std::chrono::milliseconds heartbeat_timeout{3000};
+  /// How often a lost worker is tried again.
+  std::chrono::milliseconds reconnect_interval{250};
+  /// How long the constructor waits for every worker to come up.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// Lost and returning workers are reported here; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+namespace detail {
+
+struct ClosureState {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool finished = false;
+  std::string result;
+  std::exception_ptr error;
+
+  void finish(std::string r) {
+    std::lock_guard lock(mutex);
+    result = std::move(r);
+    finished = true;
+    cv.notify_all();
+  }
+  void fail(std::exception_ptr e) {
+    std::lock_guard lock(mutex);
+    error = std::move(e);
+    finished = true;
+    cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock lock(mutex);
+    cv.wait(lock, [&] { return finished; });
+  }
+};
+
+struct Closure {
+  std::uint64_t id = 0;
+  std::uint32_t attempt = 0;
+  std::string function;
+  std::string signature;
+  std::string args;
+  std::shared_ptr<ClosureState> state;
+};
+
+}  // namespace detail
+
+/// The result of a scheduled function (TF's RemoteValue): get() waits for it.
+template <class R>
+class RemoteValue {
+ public:
+  explicit RemoteValue(std::shared_ptr<detail::ClosureState> state) : state_(std::move(state)) {}
+
+  /// Waits for the closure; returns its result or rethrows its error (Cancelled when an earlier
+  /// closure's error cancelled it).
+  R get() const {
+    state_->wait();
+    if (state_->error) std::rethrow_exception(state_->error);
+    if constexpr (!std::is_void_v<R>) return std::get<0>(detail::load_values<R>(state_->result, "closure result"));
+  }
+  /// The same as get() (TF's fetch).
+  R fetch() const { return get(); }
+  /// True once the closure finished, with a result or an error.
+  bool ready() const {
+    std::lock_guard lock(state_->mutex);
+    return state_->finished;
+  }
+
+ private:
+  std::shared_ptr<detail::ClosureState> state_;
+};
+
+class ClusterCoordinator {
+ public:
+  /// Connects to every worker (waiting up to options.connect_timeout while they start). The
+  /// strategy must be connected to its ps tasks (ParameterServerOptions::connect).
+  explicit ClusterCoordinator(ParameterServerStrategy& strategy, CoordinatorOptions options = {})
+      : strategy_(strategy), options_(std::move(options)), session_(detail::random_session_id()) {
+    if (!strategy.connected()) {
+      throw InvalidArgument("ClusterCoordinator: the strategy was built with ParameterServerOptions{.connect = false}; "
+                            "a coordinator needs the ps tasks");
+    }
+    const ClusterSpec& spec = strategy.cluster_resolver()->cluster_spec();
+    detail::RpcOptions rpc;
+    rpc.cluster_token = strategy.options().cluster_token;
+    rpc.connect_timeout = options_.connect_timeout;
+    for (int t = 0; t < spec.num_tasks("ps"); ++t) {
+      ps_pings_.push_back(std::make_unique<detail::RpcClient>(spec.task_address("ps", t), ps_device_string(t), rpc));
+    }
+    const int n = spec.num_tasks("worker");
+    for (int i = 0; i < n; ++i) {
+      auto w = std::make_unique<Worker>();
+      w->index = i;
+      w->device = DeviceSpec{"worker", 0, i, "CPU", 0}.to_string();
+      w->run = std::make_unique<detail::RpcClient>(spec.task_address("worker", i), w->device, rpc);
+      w->ping = std::make_unique<detail::RpcClient>(spec.task_address("worker", i), w->device, rpc);
+      workers_.push_back(std::move(w));
+    }
+    for (auto& w : workers_) {
+      try {
+        w->run->connect(options_.connect_timeout);
+      } catch (const detail::ConnectionLost& e) {
+        throw PeerFailure(fmt::format("ClusterCoordinator: {}", e.what()));
+      }
+      w->up = true;
+    }
+    for (auto& w : workers_) w->thread = std::thread([this, p = w.get()] { dispatch(*p); });
+    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  }
+
+  ClusterCoordinator(const ClusterCoordinator&) = delete;
+  ClusterCoordinator& operator=(const ClusterCoordinator&) = delete;
+
+  /// Stops dispatching; closures still queued fail with Cancelled. The servers keep running
+  /// (shutdown_cluster() stops them).
+  ~ClusterCoordinator() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+      cancel_queued_locked("the ClusterCoordinator was destroyed");
+    }
+    work_cv_.notify_all();
+    space_cv_.notify_all();
+    idle_cv_.notify_all();
+    for (auto& w : workers_) w->run->abort();
+    for (auto& w : workers_) {
+      if (w->thread.joinable()) w->thread.join();
+    }
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
+  /// Schedules `fn(args...)` on some worker; returns at once (blocking only while the queue is
+  /// full). `fn` must be registered (DISTRIBUTE_REMOTE_FUNCTION); arguments convert to its
+  /// parameter types here. Rethrows, once, the error of an earlier failed closure.
+  template <class R, class... P, class... A>
+  RemoteValue<R> schedule(R (*fn)(P...), A&&... args) {
+    static_assert(sizeof...(P) == sizeof...(A), "ClusterCoordinator::schedule: wrong number of arguments for fn");
+    const auto* entry = detail::RemoteFunctionRegistry::instance().find(reinterpret_cast<const void*>(fn));
+    if (!entry) {
+      throw InvalidArgument("ClusterCoordinator::schedule: the function is not registered; register it with "
+                            "DISTRIBUTE_REMOTE_FUNCTION(name) (or ds::register_remote_function) in every process");
+    }
+    std::tuple<std::decay_t<P>...> converted(std::forward<A>(args)...);
+    std::string bytes = std::apply([](const auto&... v) { return detail::save_values(v...); }, converted);
+    return RemoteValue<R>(enqueue(*entry, std::move(bytes)));
+  }
+
+  /// Schedules the function registered as `name`; the argument types must be its parameter types
+  /// (after decay) and R its result type, else InvalidArgument saying what it takes.
+  template <class R = void, class... A>
+  RemoteValue<R> schedule(std::string_view name, A&&... args) {
+    const auto* entry = detail::RemoteFunctionRegistry::instance().find(name);
+    if (!entry) {
+      throw InvalidArgument(fmt::format("ClusterCoordinator::schedule: no function is registered as '{}' (register it "
+                                        "with DISTRIBUTE_REMOTE_FUNCTION in every process)",
+                                        name));
+    }
+    if (*entry->params != typeid(std::tuple<std::decay_t<A>...>)) {
+      throw InvalidArgument(fmt::format("ClusterCoordinator::schedule: function '{}' takes {} but was given {}", name,
+                                        detail::parameter_list(*entry->params),
+                                        detail::parameter_list(typeid(std::tuple<std::decay_t<A>...>))));
+    }
+    if (*entry->result != typeid(R)) {
+      throw InvalidArgument(fmt::format("ClusterCoordinator::schedule: function '{}' returns {}, not {}", name,
+                                        detail::type_name(*entry->result), detail::type_name(typeid(R))));
+    }
+    std::string bytes = detail::save_values(static_cast<const std::decay_t<A>&>(args)...);
+    return RemoteValue<R>(enqueue(*entry, std::move(bytes)));
+  }
+
+  /// Waits until every scheduled closure has finished. Rethrows the first closure error (once;
+  /// then the coordinator is usable again), or PeerFailure when a ps task is lost.
+  void join() {
+    std::unique_lock lock(mutex_);
+    idle_cv_.wait(lock, [&] { return outstanding_ == 0 || error_ || fatal_; });
+    throw_pending_locked();
+  }
+
+  /// True when nothing is queued or running. Rethrows like join().
+  bool done() {
+    std::lock_guard lock(mutex_);
+    throw_pending_locked();
+    return outstanding_ == 0;
+  }
+
+  /// Has every worker build its own dataset from the registered function `fn` (which takes
+  /// nothing or a ds::InputContext naming the worker); pass `ds::iter(result)` to scheduled
+  /// functions. A worker that comes back after a failure builds it again.
+  template <class T, class... P>
+  PerWorkerDataset<T> create_per_worker_dataset(data::Dataset<T> (*fn)(P...)) {
+    const auto* entry = detail::RemoteFunctionRegistry::instance().find(reinterpret_cast<const void*>(fn));
+    if (!entry) {
+      throw InvalidArgument("create_per_worker_dataset: the dataset function is not registered; register it with "
+                            "DISTRIBUTE_REMOTE_FUNCTION(name) in every process");
+    }
+    DatasetRecipe recipe{0, entry->name, entry->signature};
+    {
+      std::lock_guard lock(mutex_);
+      recipe.id = ++dataset_ids_;
+      datasets_.push_back(recipe);
+    }
+    for (auto& w : workers_) {
+      if (!is_up(*w)) continue;  // built when it comes back
+      try {
+        make_dataset(*w, recipe);
+      } catch (const detail::ConnectionLost& e) {
+        mark_down(*w, e.what());
+      }
+    }
+    return PerWorkerDataset<T>(recipe.id);
+  }
+
+  /// Asks every worker and ps task to stop serving (their Server::join() returns). Best effort.
+  void shutdown_cluster() {
+    for (auto& w : workers_) {
+      try {
+        w->ping->call(detail::RpcOp::Stop, {}, std::chrono::milliseconds(5000));
+      } catch (const std::exception&) {
+      }
+    }
+    strategy_.ps_store()->stop_all();
+  }
+
+  ParameterServerStrategy& strategy() noexcept { return strategy_; }
+  int num_workers() const noexcept { return static_cast<int>(workers_.size()); }
+  /// Workers currently in use (not lost).
+  int num_workers_up() {
+    std::lock_guard lock(mutex_);
+    int n = 0;
+    for (auto& w : workers_) n += w->up ? 1 : 0;
+    return n;
+  }
+  /// How many closure attempts were lost with their worker and retried.
+  std::uint64_t closures_retried() {
+    std::lock_guard lock(mutex_);
+    return retried_;
+  }
+  /// How many closures each worker completed (index = worker task).
+  std::vector<std::uint64_t> closures_completed_per_worker() {
+    std::lock_guard lock(mutex_);
+    std::vector<std::uint64_t> out;
+    for (auto& w : workers_) out.push_back(w->completed);
+    return out;
+  }
+
+ private:
+  struct Worker {
+    int index = 0;
+    std::string device;
+    std::unique_ptr<detail::RpcClient> run;   // closures and datasets
+    std::unique_ptr<detail::RpcClient> ping;  // heartbeats, answered while a closure runs
+    bool up = false;                          // guarded by mutex_
+    std::uint64_t completed = 0;              // guarded by mutex_
+    std::thread thread;
+  };
+  struct DatasetRecipe {
+    std::uint64_t id = 0;
+    std::string function;
+    std::string signature;
+  };
+
+  void log(const std::string& line) const {
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      std::fputs(("distribute: " + line + "\n").c_str(), stderr);
+    }
+  }
+
+  bool is_up(Worker& w) {
+    std::lock_guard lock(mutex_);
+    return w.up;
+  }
+
+  std::shared_ptr<detail::ClosureState> enqueue(const detail::RemoteFunctionEntry& entry, std::string args) {
+    auto state = std::make_shared<detail::ClosureState>();
+    std::unique_lock lock(mutex_);
+    throw_pending_locked();
+    space_cv_.wait(lock, [&] { return queue_.size() < options_.max_queued_closures || error_ || fatal_ || stopping_; });
+    throw_pending_locked();
+    queue_.push_back(detail::Closure{++closure_ids_, 0, entry.name, entry.signature, std::move(args), state});
+    ++outstanding_;
+    work_cv_.notify_all();  // not notify_one: the heartbeat thread waits on this condition too
+    return state;
+  }
+
+  void throw_pending_locked() {
+    if (fatal_) std::rethrow_exception(fatal_);  // a lost ps task: stays
+    if (error_) {
+      auto e = std::exchange(error_, nullptr);
+      std::rethrow_exception(e);
+    }
+  }
+
+  void cancel_queued_locked(const std::string& why) {
+    for (auto& c : queue_) {
+      c.state->fail(std::make_exception_ptr(Cancelled(fmt::format("closure #{} ({}) was cancelled: {}", c.id, c.function, why))));
+      --outstanding_;
+    }
+    queue_.clear();
+    space_cv_.notify_all();
+    idle_cv_.notify_all();
+  }
+
+  void closure_done_locked() {
+    --outstanding_;
+    if (outstanding_ == 0) idle_cv_.notify_all();
+  }
+
+  void mark_down(Worker& w, const std::string& reason) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!w.up) return;
+      w.up = false;
+    }
+    w.run->abort();
+    w.ping->abort();
+    log(fmt::format("lost worker {} ({}): {}; its closures go to the other workers", w.index, w.run->address(), reason));
+  }
+
+  void lose_ps(const std::string& what) {
+    std::lock_guard lock(mutex_);
+    if (fatal_) return;
+    fatal_ = std::make_exception_ptr(PeerFailure(what));
+    cancel_queued_locked(what);
+    work_cv_.notify_all();
+  }
+
+  void make_dataset(Worker& w, const DatasetRecipe& d) {
+    detail::MakeDatasetMsg m{d.id, d.function, d.signature, num_workers(), w.index};
+    try {
+      w.run->call(detail::RpcOp::MakeDataset, detail::encode_message(m));
+    } catch (const detail::RemoteError& e) {
+      detail::throw_as_kind(e.kind(), e.what());
+    }
+  }
+
+  bool reconnect(Worker& w) {
+    try {
+      w.run->connect(std::chrono::milliseconds(500));
+      std::vector<DatasetRecipe> recipes;
+      {
+        std::lock_guard lock(mutex_);
+        recipes = datasets_;
+      }
+      for (const auto& d : recipes) make_dataset(w, d);
+      w.ping->disconnect();  // it may hold a connection to the worker's previous process
+    } catch (const std::exception&) {
+      w.run->disconnect();
+      return false;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      w.up = true;
+    }
+    log(fmt::format("worker {} ({}) is back; it receives closures again", w.index, w.run->address()));
+    work_cv_.notify_all();
+    return true;
+  }
+
+  void dispatch(Worker& w) {
+    for (;;) {
+      bool up;
+      {
+        std::lock_guard lock(mutex_);
+        if (stopping_) return;
+        up = w.up;
+      }
+      if (!up) {
+        if (!reconnect(w)) {
+          std::unique_lock lock(mutex_);
+          work_cv_.wait_for(lock, options_.reconnect_interval, [&] { return stopping_; });
+        }
+        continue;
+      }
+      detail::Closure c;
+      {
+        std::unique_lock lock(mutex_);
+        work_cv_.wait(lock, [&] { return stopping_ || !w.up || !queue_.empty(); });
+        if (stopping_) return;
+        if (!w.up || queue_.empty()) continue;
+        c = std::move(queue_.front());
+        queue_.pop_front();
+        space_cv_.notify_one();
+      }
+      run_closure(w, std::move(c));
+    }
+  }
+
+  void run_closure(Worker& w, detail::Closure c) {
+    detail::RunClosureMsg m{session_, c.id, c.attempt, c.function, c.signature, c.args};
+    try {
+      auto reply = w.run->call(detail::RpcOp::RunClosure, detail::encode_message(m));
+      c.state->finish(std::string(detail::as_chars(reply)));
+      std::lock_guard lock(mutex_);
+      ++w.completed;
+      closure_done_locked();
+    } catch (const detail::ConnectionLost& e) {
+      mark_down(w, e.what());
+      std::lock_guard lock(mutex_);
+      if (stopping_ || fatal_) {
+        c.state->fail(std::make_exception_ptr(Cancelled(fmt::format("closure #{} ({}) was cancelled: {}", c.id,
+                                                                    c.function, fatal_ ? "a ps task was lost" : "shutdown"))));
+        closure_done_locked();
+        return;
+      }
+      ++c.attempt;
+      ++retried_;
+      queue_.push_front(std::move(c));  // first in line: it was scheduled earliest
+      work_cv_.notify_all();
+    } catch (const detail::RemoteError& e) {
+      std::exception_ptr error;
+      try {
+        detail::throw_as_kind(e.kind(), e.what());
+      } catch (...) {
+        error = std::current_exception();
+      }
+      c.state->fail(error);
+      if (e.kind() == "PeerFailure") {  // the worker lost a ps task: nothing can go on
+        lose_ps(fmt::format("closure #{} ({}) on worker {}: {}", c.id, c.function, w.index, e.what()));
+        std::lock_guard lock(mutex_);
+        closure_done_locked();
+        return;
+      }
+      std::lock_guard lock(mutex_);
+      if (!error_) {
+        error_ = error;
+        cancel_queued_locked(fmt::format("closure #{} ({}) failed on worker {}: {}", c.id, c.function, w.index, e.what()));
+      }
+      closure_done_locked();
+    }
+  }
+
+  void heartbeat_loop() {
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        work_cv_.wait_for(lock, options_.heartbeat_interval, [&] { return stopping_; });
+        if (stopping_) return;
+      }
+      for (std::size_t t = 0; t < ps_pings_.size(); ++t) {
+        try {
+          ps_pings_[t]->call(detail::RpcOp::Ping, {}, options_.heartbeat_timeout);
+        } catch (const std::exception& e) {
+          lose_ps(fmt::format("lost ps task {} ({}): {}", ps_device_string(static_cast<int>(t)), ps_pings_[t]->address(),
+                              e.what()));
+          ps_pings_[t]->disconnect();
+        }
+      }
+      for (auto& w : workers_) {
+        if (!is_up(*w)) continue;
+        try {
+          w->ping->call(detail::RpcOp::Ping, {}, options_.heartbeat_timeout);
+        } catch (const std::exception& e) {
+          w->ping->disconnect();
+          mark_down(*w, fmt::format("no heartbeat: {}", e.what()));
+        }
+      }
+    }
+  }
+
+  ParameterServerStrategy& strategy_;
+  CoordinatorOptions options_;
+  std::uint64_t session_;
+  std::vector<std::unique_ptr<detail::RpcClient>> ps_pings_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::thread heartbeat_;
+
+  std::mutex mutex_;
+  std::condition_variable work_cv_;   // a closure queued, a worker up or down, stopping
+  std::condition_variable space_cv_;  // room in the queue
+  std::condition_variable idle_cv_;   // nothing outstanding, or an error
+  std::deque<detail::Closure> queue_;
+  std::size_t outstanding_ = 0;  // queued + running
+  std::uint64_t closure_ids_ = 0;
+  std::uint64_t dataset_ids_ = 0;
+  std::uint64_t retried_ = 0;
+  std::vector<DatasetRecipe> datasets_;
+  std::exception_ptr error_;  // the first closure error, until rethrown
+  std::exception_ptr fatal_;  // a lost ps task
+  bool stopping_ = false;
+};
+
+DISTRIBUTE_END_NAMESPACE

@@ -1,0 +1,124 @@
+// The parameter-server service's messages, serialised with cereal's binary archives (every process
+// of a cluster runs the same binary, so layout and endianness agree). Tensor values travel as raw
+// bytes in a std::string, which cereal writes as one block.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <fmt/format.h>
+
+#include <distribute/core/error.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+struct PingReply {
+  std::string job;
+  int task = 0;
+  std::uint64_t incarnation = 0;  // differs after a restart
+  template <class A>
+  void serialize(A& a) { a(job, task, incarnation); }
+};
+
+struct CreateVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> shape;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, shape, bytes); }
+};
+
+struct ReadVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::uint64_t nbytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, nbytes); }
+};
+
+struct ReadRowsMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> rows;
+  std::uint64_t row_bytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, rows, row_bytes); }
+};
+
+struct UpdateVarMsg {
+  std::string key;
+  std::uint8_t kind = 0;  // RemoteUpdate
+  std::uint8_t dtype = 0;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, kind, dtype, bytes); }
+};
+
+/// A closure's updates to one ps task, applied together and at most once per (session, closure).
+struct CommitMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::vector<UpdateVarMsg> updates;
+  template <class A>
+  void serialize(A& a) { a(session, closure, updates); }
+};
+
+struct RunClosureMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::uint32_t attempt = 0;
+  std::string function;
+  std::string signature;
+  std::string args;
+  template <class A>
+  void serialize(A& a) { a(session, closure, attempt, function, signature, args); }
+};
+
+struct MakeDatasetMsg {
+  std::uint64_t dataset = 0;
+  std::string function;
+  std::string signature;
+  int num_workers = 1;
+  int worker_index = 0;
+  template <class A>
+  void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
+};
+
+template <class M>
+std::vector<std::byte> encode_message(const M& m) {
+  std::ostringstream out(std::ios::binary);
+  {
+    cereal::BinaryOutputArchive ar(out);
+    ar(m);
+  }
+  const std::string s = std::move(out).str();
+  std::vector<std::byte> bytes(s.size());
+  if (!s.empty()) std::memcpy(bytes.data(), s.data(), s.size());
+  return bytes;
+}
+
+/// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
+template <class M>
+M decode_message(std::span<const std::byte> bytes, const char* what) {
+  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), std::ios::binary);
+  M m;
+  try {
+    cereal::BinaryInputArchive ar(in);
+    ar(m);
+  } catch (const std::exception& e) {  // cereal::Exception, or a bad_alloc from a bogus size
+    throw InvalidArgument(fmt::format("malformed {} message ({} bytes): {}", what, bytes.size(), e.what()));
+  }
+  return m;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE

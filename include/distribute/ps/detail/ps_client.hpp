@@ -1,0 +1,189 @@
+// The client side of the ps tasks' variable service: what a Variable placed on a ps task calls
+// (RemoteVariableStore). The coordinator's updates go straight to the ps; a worker running a closure
+// records the closure's updates in a transaction instead, reads through it (a closure sees its own
+// writes), and commits it at the end, so that the ps applies each closure's updates exactly once
+// even when the closure is retried on another worker.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <distribute/cluster/cluster_spec.hpp>
+#include <distribute/core/detail/remote_store.hpp>
+#include <distribute/core/dtype.hpp>
+#include <distribute/core/error.hpp>
+#include <distribute/ps/detail/messages.hpp>
+#include <distribute/ps/detail/rpc.hpp>
+#include <distribute/ps/placement.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// dst op= src elementwise, for `dtype` (bytes of equal size).
+inline void apply_update_bytes(DType dtype, RemoteUpdate kind, std::span<std::byte> dst, std::span<const std::byte> src) {
+  if (kind == RemoteUpdate::Assign) {
+    if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size());
+    return;
+  }
+  visit_dtype(dtype, [&](auto zero) {
+    using E = decltype(zero);
+    const std::size_t n = dst.size() / sizeof(E);
+    for (std::size_t i = 0; i < n; ++i) {
+      E a, b;
+      std::memcpy(&a, dst.data() + i * sizeof(E), sizeof(E));
+      std::memcpy(&b, src.data() + i * sizeof(E), sizeof(E));
+      const E r = kind == RemoteUpdate::Add ? static_cast<E>(a + b) : static_cast<E>(a - b);
+      std::memcpy(dst.data() + i * sizeof(E), &r, sizeof(E));
+    }
+  });
+}
+
+/// The updates a closure made so far, per ps task, in order.
+struct ClosureTransaction {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::map<int, std::vector<UpdateVarMsg>> updates;
+};
+
+/// The transaction of the closure running on this thread (workers only), else nullptr.
+inline ClosureTransaction*& current_transaction() {
+  thread_local ClosureTransaction* txn = nullptr;
+  return txn;
+}
+
+class PsClientStore final : public RemoteVariableStore {
+ public:
+  PsClientStore(const ClusterSpec& spec, RpcOptions options) {
+    const int n = spec.num_tasks("ps");
+    for (int t = 0; t < n; ++t) {
+      clients_.push_back(std::make_unique<RpcClient>(spec.task_address("ps", t), ps_device_string(t), options));
+    }
+  }
+
+  int num_ps() const noexcept { return static_cast<int>(clients_.size()); }
+
+  /// Waits until every ps task answers (they may still be starting), at most `timeout` in all.
+  void connect_all(std::chrono::milliseconds timeout) {
+    for (int t = 0; t < num_ps(); ++t) {
+      guarded(t, [&] { clients_[static_cast<std::size_t>(t)]->connect(timeout); });
+    }
+  }
+
+  void create(int task, const std::string& key, DType dtype, const Shape& shape, std::span<const std::byte> value) override {
+    CreateVarMsg m{key, static_cast<std::uint8_t>(dtype), shape, std::string(as_chars(value))};
+    call(task, RpcOp::CreateVar, encode_message(m));
+  }
+
+  void read(int task, const std::string& key, DType dtype, std::span<std::byte> out) override {
+    auto bytes = call(task, RpcOp::ReadVar, encode_message(ReadVarMsg{key, static_cast<std::uint8_t>(dtype), out.size()}));
+    if (bytes.size() != out.size()) {
+      throw InvalidArgument(fmt::format("ps task {} returned {} bytes for variable '{}', expected {}", task, bytes.size(),
+                                        key, out.size()));
+    }
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    if (ClosureTransaction* txn = current_transaction()) {  // replay this closure's own writes
+      auto it = txn->updates.find(task);
+      if (it == txn->updates.end()) return;
+      for (const auto& u : it->second) {
+        if (u.key == key) {
+          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out,
+                             {reinterpret_cast<const std::byte*>(u.bytes.data()), u.bytes.size()});
+        }
+      }
+    }
+  }
+
+  void read_rows(int task, const std::string& key, DType dtype, std::span<const std::int64_t> rows, std::size_t row_bytes,
+                 std::span<std::byte> out) override {
+    ReadRowsMsg m{key, static_cast<std::uint8_t>(dtype), std::vector<std::int64_t>(rows.begin(), rows.end()), row_bytes};
+    auto bytes = call(task, RpcOp::ReadRows, encode_message(m));
+    if (bytes.size() != out.size()) {
+      throw InvalidArgument(fmt::format("ps task {} returned {} bytes of rows of '{}', expected {}", task, bytes.size(), key,
+                                        out.size()));
+    }
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    if (ClosureTransaction* txn = current_transaction()) {  // this closure's own writes, row by row
+      auto it = txn->updates.find(task);
+      if (it == txn->updates.end()) return;
+      for (const auto& u : it->second) {
+        if (u.key != key) continue;
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+          const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
+          if (from + row_bytes > u.bytes.size()) continue;  // the ps already checked the ids
+          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out.subspan(i * row_bytes, row_bytes),
+                             {reinterpret_cast<const std::byte*>(u.bytes.data()) + from, row_bytes});
+        }
+      }
+    }
+  }
+
+  void update(int task, const std::string& key, RemoteUpdate kind, DType dtype, std::span<const std::byte> value) override {
+    UpdateVarMsg m{key, static_cast<std::uint8_t>(kind), static_cast<std::uint8_t>(dtype), std::string(as_chars(value))};
+    if (ClosureTransaction* txn = current_transaction()) {
+      txn->updates[task].push_back(std::move(m));
+      return;
+    }
+    call(task, RpcOp::UpdateVar, encode_message(m));
+  }
+
+  /// Sends a finished closure's updates, each ps task's together; a ps that already has this
+  /// closure's updates (an earlier attempt got there) ignores them.
+  void commit(const ClosureTransaction& txn) {
+    for (const auto& [task, updates] : txn.updates) {
+      CommitMsg m{txn.session, txn.closure, updates};
+      call(task, RpcOp::Commit, encode_message(m));
+    }
+  }
+
+  /// Asks ps task `task` whether it is alive; ConnectionLost/PeerFailure when not.
+  PingReply ping(int task, std::chrono::milliseconds timeout) {
+    auto bytes = call(task, RpcOp::Ping, {}, timeout);
+    return decode_message<PingReply>(bytes, "ping reply");
+  }
+
+  /// Asks every ps task to stop serving (best effort: a dead one is skipped).
+  void stop_all() {
+    for (int t = 0; t < num_ps(); ++t) {
+      try {
+        clients_[static_cast<std::size_t>(t)]->call(RpcOp::Stop, {}, std::chrono::milliseconds(5000));
+      } catch (const std::exception&) {
+      }
+    }
+  }
+
+  /// The ps side of an error: a lost connection names the ps task.
+  std::vector<std::byte> call(int task, RpcOp op, std::span<const std::byte> payload,
+                              std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    if (task < 0 || task >= num_ps()) {
+      throw InvalidArgument(fmt::format("ps task {} does not exist (the cluster has {} ps tasks)", task, num_ps()));
+    }
+    std::vector<std::byte> out;
+    guarded(task, [&] { out = clients_[static_cast<std::size_t>(task)]->call(op, payload, timeout); });
+    return out;
+  }
+
+ private:
+  template <class F>
+  void guarded(int task, F&& f) {
+    try {
+      f();
+    } catch (const ConnectionLost& e) {
+      throw PeerFailure(fmt::format("lost ps task {}: {}", ps_device_string(task), e.what()));
+    } catch (const RemoteError& e) {
+      throw_as_kind(e.kind(), e.what());
+    }
+  }
+
+  std::vector<std::unique_ptr<RpcClient>> clients_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE

@@ -1,0 +1,416 @@
+// ds::Server: what a ps or worker task of a parameter-server cluster runs (TF's tf.distribute.Server).
+//   ps task      serves the variables placed on it: create, read, assign/add/sub, row lookups, and
+//                closures' commits (applied atomically, at most once per closure).
+//   worker task  runs the functions the coordinator schedules, with the arguments it sends, and
+//                builds the per-worker datasets it asks for.
+// Both answer GET /healthz and GET /metrics (Prometheus text) on the same port.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <distribute/cluster/cluster_spec.hpp>
+#include <distribute/core/device.hpp>
+#include <distribute/core/dtype.hpp>
+#include <distribute/core/error.hpp>
+#include <distribute/ps/detail/messages.hpp>
+#include <distribute/ps/detail/ps_client.hpp>
+#include <distribute/ps/detail/rpc.hpp>
+#include <distribute/ps/remote_function.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+struct ServerOptions {
+  /// Shared secret every peer must prove (see net::CommunicatorOptions::cluster_token).
+  std::optional<std::string> cluster_token;
+  /// A worker's first call to a ps task waits this long for it to come up.
+  std::chrono::milliseconds connect_timeout{60000};
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Refused connections and malformed frames are reported here; default: stderr.
+  std::function<void(std::string_view)> log;
+};
+
+namespace detail {
+
+inline std::uint64_t random_u64() {
+  std::random_device rd;
+  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+}
+
+/// The variables of one ps task. One lock for the table: a commit's updates are applied together,
+/// so no read sees half a closure.
+class VariableTable {
+ public:
+  explicit VariableTable(std::string device) : device_(std::move(device)) {}
+
+  void create(CreateVarMsg m) {
+    const auto dtype = checked_dtype(m.dtype, m.key);
+    for (auto d : m.shape) {
+      if (d < 0) throw InvalidArgument(fmt::format("variable '{}': negative dimension in shape {}", m.key, shape_string(m.shape)));
+    }
+    const auto want = static_cast<std::size_t>(num_elements(m.shape)) * size_of(dtype);
+    if (m.bytes.size() != want) {
+      throw InvalidArgument(fmt::format("variable '{}': {} bytes for shape {} of {} (expected {})", m.key, m.bytes.size(),
+                                        shape_string(m.shape), to_string(dtype), want));
+    }
+    std::unique_lock lock(mutex_);
+    vars_[m.key] = Stored{dtype, std::move(m.shape), std::move(m.bytes)};
+  }
+
+  std::string read(const ReadVarMsg& m) const {
+    std::shared_lock lock(mutex_);
+    const Stored& v = find(m.key, m.dtype);
+    if (m.nbytes != v.bytes.size()) {
+      throw InvalidArgument(fmt::format("variable '{}' on {} holds {} bytes (shape {}), {} were asked for", m.key, device_,
+                                        v.bytes.size(), shape_string(v.shape), m.nbytes));
+    }
+    return v.bytes;
+  }
+
+  std::string read_rows(const ReadRowsMsg& m) const {
+    std::shared_lock lock(mutex_);
+    const Stored& v = find(m.key, m.dtype);
+    const std::int64_t rows = v.shape.empty() ? 0 : v.shape[0];
+    const std::size_t row_bytes = rows ? v.bytes.size() / static_cast<std::size_t>(rows) : 0;
+    if (m.row_bytes != row_bytes) {
+      throw InvalidArgument(fmt::format("variable '{}' on {}: rows of {} bytes asked for, its rows have {}", m.key, device_,
+                                        m.row_bytes, row_bytes));
+    }
+    std::string out(m.rows.size() * row_bytes, '\0');
+    for (std::size_t i = 0; i < m.rows.size(); ++i) {
+      const auto r = m.rows[i];
+      if (r < 0 || r >= rows) {
+        throw InvalidArgument(fmt::format("variable '{}' on {}: row {} is out of range [0, {})", m.key, device_, r, rows));
+      }
+      std::memcpy(out.data() + i * row_bytes, v.bytes.data() + static_cast<std::size_t>(r) * row_bytes, row_bytes);
+    }
+    return out;
+  }
+
+  void update(const UpdateVarMsg& m) {
+    std::unique_lock lock(mutex_);
+    apply_locked(m);
+  }
+
+  /// Applies a closure's updates, unless this closure's updates were applied before (a retry).
+  bool commit(const CommitMsg& m) {
+    std::unique_lock lock(mutex_);
+    if (committed_.count({m.session, m.closure})) return false;
+    for (const auto& u : m.updates) check_locked(u);  // all or nothing
+    for (const auto& u : m.updates) apply_locked(u);
+    committed_.insert({m.session, m.closure});
+    return true;
+  }
+
+  std::size_t size() const {
+    std::shared_lock lock(mutex_);
+    return vars_.size();
+  }
+  std::size_t bytes() const {
+    std::shared_lock lock(mutex_);
+    std::size_t n = 0;
+    for (const auto& [k, v] : vars_) n += v.bytes.size();
+    return n;
+  }
+
+ private:
+  struct Stored {
+    DType dtype;
+    Shape shape;
+    std::string bytes;
+  };
+
+  static DType checked_dtype(std::uint8_t d, const std::string& key) {
+    if (d > static_cast<std::uint8_t>(DType::Bool)) {
+      throw InvalidArgument(fmt::format("variable '{}': unknown dtype code {}", key, d));
+    }
+    return static_cast<DType>(d);
+  }
+
+  const Stored& find(const std::string& key, std::uint8_t dtype) const {
+    auto it = vars_.find(key);
+    if (it == vars_.end()) throw InvalidArgument(fmt::format("no variable '{}' on {}", key, device_));
+    if (static_cast<std::uint8_t>(it->second.dtype) != dtype) {
+      throw InvalidArgument(fmt::format("variable '{}' on {} is {}, not {}", key, device_, to_string(it->second.dtype),
+                                        to_string(checked_dtype(dtype, key))));
+    }
+    return it->second;
+  }
+
+  void check_locked(const UpdateVarMsg& m) const {
+    const Stored& v = find(m.key, m.dtype);
+    if (m.bytes.size() != v.bytes.size()) {
+      throw InvalidArgument(fmt::format("update of variable '{}' on {}: {} bytes for a variable of {} (shape {})", m.key,
+                                        device_, m.bytes.size(), v.bytes.size(), shape_string(v.shape)));
+    }
+    if (m.kind > static_cast<std::uint8_t>(RemoteUpdate::Sub)) {
+      throw InvalidArgument(fmt::format("update of variable '{}': unknown kind {}", m.key, m.kind));
+    }
+  }
+
+  void apply_locked(const UpdateVarMsg& m) {
+    check_locked(m);
+    Stored& v = vars_.find(m.key)->second;
+    apply_update_bytes(v.dtype, static_cast<RemoteUpdate>(m.kind),
+                       {reinterpret_cast<std::byte*>(v.bytes.data()), v.bytes.size()},
+                       {reinterpret_cast<const std::byte*>(m.bytes.data()), m.bytes.size()});
+  }
+
+  std::string device_;
+  mutable std::shared_mutex mutex_;
+  std::unordered_map<std::string, Stored> vars_;
+  std::set<std::pair<std::uint64_t, std::uint64_t>> committed_;  // (session, closure)
+};
+
+}  // namespace detail
+
+class Server {
+ public:
+  /// Starts serving at once on this task's address in `cluster_spec`. `job_name` is "ps" or
+  /// "worker"; `protocol` is "grpc" (TF's name, accepted) or "tcp": both mean this library's
+  /// TCP protocol. InvalidArgument for another job or protocol; Unavailable when the address
+  /// cannot be listened on.
+  Server(ClusterSpec cluster_spec, std::string job_name, int task_index, std::string protocol = "grpc",
+         ServerOptions options = {})
+      : spec_(std::move(cluster_spec)), job_(std::move(job_name)), task_(task_index), protocol_(std::move(protocol)),
+        options_(std::move(options)), incarnation_(detail::random_u64()) {
+    if (job_ != "ps" && job_ != "worker") {
+      throw InvalidArgument(fmt::format("ds::Server: job '{}' has nothing to serve; a Server runs on 'ps' and 'worker' "
+                                        "tasks (the chief runs the ClusterCoordinator)",
+                                        job_));
+    }
+    if (protocol_ != "grpc" && protocol_ != "tcp") {
+      throw InvalidArgument(fmt::format("ds::Server: protocol '{}' is not supported; use \"grpc\" or \"tcp\"", protocol_));
+    }
+    if (!spec_.has_task(job_, task_)) {
+      throw InvalidArgument(fmt::format("ds::Server: the cluster spec has no task {}:{}", job_, task_));
+    }
+    device_ = DeviceSpec{job_, 0, task_, "CPU", 0}.to_string();
+    table_ = std::make_unique<detail::VariableTable>(device_);
+    detail::RpcOptions rpc;
+    rpc.cluster_token = options_.cluster_token;
+    rpc.handshake_timeout = options_.handshake_timeout;
+    rpc.connect_timeout = options_.connect_timeout;
+    rpc.log = options_.log;
+    rpc_options_ = rpc;
+    rpc_ = std::make_unique<detail::RpcServer>(
+        spec_.task_address(job_, task_), device_, rpc,
+        [this](detail::RpcOp op, std::span<const std::byte> payload) { return handle(op, payload); },
+        [this](std::string_view target) { return http(target); });
+  }
+
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+  ~Server() { rpc_->stop(); }
+
+  /// Blocks until stop() is called or the coordinator asks this server to stop.
+  void join() {
+    {
+      std::unique_lock lock(mutex_);
+      stopped_cv_.wait(lock, [&] { return stopped_; });
+    }
+    rpc_->stop();
+  }
+
+  /// Makes join() return; the port closes once join() returns or the Server is destroyed.
+  void stop() {
+    std::lock_guard lock(mutex_);
+    stopped_ = true;
+    stopped_cv_.notify_all();
+  }
+
+  /// "grpc://127.0.0.1:2222": the protocol and this task's address (TF's Server.target).
+  std::string target() const { return fmt::format("{}://{}", protocol_, spec_.task_address(job_, task_)); }
+  std::uint16_t port() const noexcept { return rpc_->port(); }
+  const std::string& job_name() const noexcept { return job_; }
+  int task_index() const noexcept { return task_; }
+
+ private:
+  std::vector<std::byte> handle(detail::RpcOp op, std::span<const std::byte> payload) {
+    using detail::RpcOp;
+    requests_[static_cast<std::size_t>(op) < requests_.size() ? static_cast<std::size_t>(op) : 0].fetch_add(1);
+    switch (op) {
+      case RpcOp::Ping:
+        return detail::encode_message(detail::PingReply{job_, task_, incarnation_});
+      case RpcOp::Stop:
+        stop();
+        return {};
+      default: break;
+    }
+    if (job_ == "ps") return handle_ps(op, payload);
+    return handle_worker(op, payload);
+  }
+
+  std::vector<std::byte> handle_ps(detail::RpcOp op, std::span<const std::byte> payload) {
+    using namespace detail;
+    switch (op) {
+      case RpcOp::CreateVar:
+        table_->create(decode_message<CreateVarMsg>(payload, "create"));
+        return {};
+      case RpcOp::ReadVar: return to_bytes(table_->read(decode_message<ReadVarMsg>(payload, "read")));
+      case RpcOp::ReadRows: return to_bytes(table_->read_rows(decode_message<ReadRowsMsg>(payload, "read-rows")));
+      case RpcOp::UpdateVar:
+        table_->update(decode_message<UpdateVarMsg>(payload, "update"));
+        return {};
+      case RpcOp::Commit: {
+        const bool applied = table_->commit(decode_message<CommitMsg>(payload, "commit"));
+        (applied ? commits_applied_ : commits_duplicate_).fetch_add(1);
+        return {std::byte{applied ? std::uint8_t{1} : std::uint8_t{0}}};
+      }
+      default:
+        throw InvalidArgument(fmt::format("{} is a ps task: it does not run closures or build datasets", device_));
+    }
+  }
+
+  std::shared_ptr<detail::PsClientStore> ps_store() {
+    std::lock_guard lock(mutex_);
+    if (!store_) store_ = std::make_shared<detail::PsClientStore>(spec_, rpc_options_);
+    return store_;
+  }
+
+  std::vector<std::byte> handle_worker(detail::RpcOp op, std::span<const std::byte> payload) {
+    using namespace detail;
+    switch (op) {
+      case RpcOp::RunClosure: return detail::to_bytes(run_closure(decode_message<RunClosureMsg>(payload, "run-closure")));
+      case RpcOp::MakeDataset: {
+        const auto m = decode_message<MakeDatasetMsg>(payload, "make-dataset");
+        const RemoteFunctionEntry& f = registered(m.function, m.signature);
+        if (!f.make_iterator) {
+          throw InvalidArgument(fmt::format("function '{}' does not return a ds::Dataset", m.function));
+        }
+        InputContext ctx{m.num_workers, m.worker_index, 1};
+        auto it = f.make_iterator(ctx);
+        std::lock_guard lock(mutex_);
+        datasets_[m.dataset] = std::move(it);
+        return {};
+      }
+      default:
+        throw InvalidArgument(fmt::format("{} is a worker task: variables live on ps tasks", device_));
+    }
+  }
+
+  const detail::RemoteFunctionEntry& registered(const std::string& name, const std::string& signature) {
+    const auto* f = detail::RemoteFunctionRegistry::instance().find(name);
+    if (!f) {
+      throw InvalidArgument(fmt::format("{}: no function is registered as '{}' in this process (register it with "
+                                        "DISTRIBUTE_REMOTE_FUNCTION in every process of the cluster)",
+                                        device_, name));
+    }
+    if (f->signature != signature) {
+      throw InvalidArgument(fmt::format("{}: function '{}' is registered here as {}, with another signature than the "
+                                        "coordinator's: every process must run the same binary",
+                                        device_, name, f->describe()));
+    }
+    return *f;
+  }
+
+  std::string run_closure(const detail::RunClosureMsg& m) {
+    const detail::RemoteFunctionEntry& f = registered(m.function, m.signature);
+    const auto store = ps_store();
+    detail::WorkerEnvironment env;
+    env.store = store;
+    env.worker_name = device_;
+    env.dataset_iterator = [this](std::uint64_t id) -> std::shared_ptr<void> {
+      std::lock_guard lock(mutex_);
+      auto it = datasets_.find(id);
+      if (it == datasets_.end()) {
+        throw InvalidArgument(fmt::format("{}: per-worker dataset #{} was not created on this worker", device_, id));
+      }
+      return it->second;
+    };
+    detail::ClosureTransaction txn{m.session, m.closure, {}};
+    struct Bind {
+      detail::WorkerEnvironment* old_env;
+      detail::ClosureTransaction* old_txn;
+      ~Bind() {
+        detail::current_worker_environment() = old_env;
+        detail::current_transaction() = old_txn;
+      }
+    } bind{detail::current_worker_environment(), detail::current_transaction()};
+    detail::current_worker_environment() = &env;
+    detail::current_transaction() = &txn;
+    std::string result;
+    try {
+      result = f.invoke(m.args);
+    } catch (...) {
+      closures_failed_.fetch_add(1);
+      throw;
+    }
+    detail::current_transaction() = nullptr;
+    store->commit(txn);
+    closures_run_.fetch_add(1);
+    return result;
+  }
+
+  detail::RpcServer::HttpReply http(std::string_view target) {
+    detail::RpcServer::HttpReply r;
+    if (target == "/healthz") {
+      r.status = 200;
+      r.body = "ok\n";
+    } else if (target == "/metrics") {
+      r.status = 200;
+      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      r.body = metrics();
+    }
+    return r;
+  }
+
+  std::string metrics() const {
+    static constexpr const char* ops[] = {"other",  "ping",   "create",      "read",         "read_rows",
+                                          "update", "commit", "run_closure", "make_dataset", "stop"};
+    const std::string labels = fmt::format("job=\"{}\",task=\"{}\"", job_, task_);
+    std::string out = "# HELP distribute_requests_total Requests served, by operation.\n"
+                      "# TYPE distribute_requests_total counter\n";
+    for (std::size_t i = 0; i < requests_.size(); ++i) {
+      out += fmt::format("distribute_requests_total{{{},op=\"{}\"}} {}\n", labels, ops[i], requests_[i].load());
+    }
+    auto gauge = [&](const char* name, const char* help, const char* type, auto value) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{{{}}} {}\n", name, help, name, type, name, labels, value);
+    };
+    if (job_ == "ps") {
+      gauge("distribute_variables", "Variables held by this ps task.", "gauge", table_->size());
+      gauge("distribute_variable_bytes", "Bytes of variable values held by this ps task.", "gauge", table_->bytes());
+      gauge("distribute_commits_applied_total", "Closure commits applied.", "counter", commits_applied_.load());
+      gauge("distribute_commits_duplicate_total", "Closure commits ignored because a retry's commit was already applied.",
+            "counter", commits_duplicate_.load());
+    } else {
+      gauge("distribute_closures_total", "Closures run to completion on this worker.", "counter", closures_run_.load());
+      gauge("distribute_closures_failed_total", "Closures that raised an error on this worker.", "counter",
+            closures_failed_.load());
+    }
+    return out;
+  }
+
+  ClusterSpec spec_;
+  std::string job_;
+  int task_;
+  std::string protocol_;
+  ServerOptions options_;
+  std::uint64_t incarnation_;
+  std::string device_;
+  detail::RpcOptions rpc_options_;
+  std::unique_ptr<detail::VariableTable> table_;
+  std::array<std::atomic<std::uint64_t>, 10> requests_{};
+  std::atomic<std::uint64_t> commits_applied_{0}, commits_duplicate_{0}, closures_run_{0}, closures_failed_{0};
+  std::mutex mutex_;
+  std::condition_variable stopped_cv_;
+  bool stopped_ = false;
+  std::shared_ptr<detail::PsClientStore> store_;
+  std::map<std::uint64_t, std::shared_ptr<void>> datasets_;
+  std::unique_ptr<detail::RpcServer> rpc_;  // last: stopped (in ~Server) before the rest goes
+};
+
+DISTRIBUTE_END_NAMESPACE

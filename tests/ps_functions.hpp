@@ -1,0 +1,69 @@
+// The remote functions of the parameter-server tests, registered in the test (the coordinator) and
+// in every ps_helper process (ps tasks and workers), as one binary's processes would.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <distribute/distribute.hpp>
+
+namespace ds = distribute;
+
+namespace ps_test {
+
+inline void add_one(ds::Variable<float> counter) { counter.assign_add(1.0f); }
+
+/// Adds 1 after `sleep_ms`: closures that take time, so that a worker dies with some in flight.
+inline void slow_add_one(ds::Variable<float> counter, int sleep_ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+  counter.assign_add(1.0f);
+}
+
+/// Adds `delta` to both variables and returns what the closure then reads back: its own writes.
+inline std::vector<float> add_and_read(ds::Variable<std::vector<float>> v, ds::Variable<float> s, float delta) {
+  v.assign_add(std::vector<float>(v.shape()[0], delta));
+  s.assign_sub(delta);
+  std::vector<float> seen = v.read_value();
+  seen.push_back(s.read_value());
+  return seen;
+}
+
+inline int twice_unless_13(int x) {
+  if (x == 13) throw std::runtime_error("closure 13 fails on purpose");
+  return 2 * x;
+}
+
+inline ds::Tensor<float> lookup(ds::ShardedVariable<ds::Tensor<float>> table, std::vector<std::int64_t> ids) {
+  return table.embedding_lookup(ids);
+}
+
+inline ds::Tensor<double> scale(ds::Tensor<double> t, double factor) {
+  for (auto& x : t) x *= factor;
+  return t;
+}
+
+/// Each worker's dataset: 0..99 (its input context says which worker built it).
+inline ds::data::Dataset<std::int64_t> numbers(const ds::InputContext& ctx) {
+  (void)ctx;
+  return ds::data::range(0, 100);
+}
+
+inline std::int64_t take_next(ds::PerWorkerIterator<std::int64_t> it) { return it.get_next(); }
+
+inline void empty_closure() {}
+
+DISTRIBUTE_REMOTE_FUNCTION(add_one);
+DISTRIBUTE_REMOTE_FUNCTION(slow_add_one);
+DISTRIBUTE_REMOTE_FUNCTION(add_and_read);
+DISTRIBUTE_REMOTE_FUNCTION(twice_unless_13);
+DISTRIBUTE_REMOTE_FUNCTION(lookup);
+DISTRIBUTE_REMOTE_FUNCTION(scale);
+DISTRIBUTE_REMOTE_FUNCTION(numbers);
+DISTRIBUTE_REMOTE_FUNCTION(take_next);
+DISTRIBUTE_REMOTE_FUNCTION(empty_closure);
+
+}  // namespace ps_test
