@@ -423,7 +423,11 @@ TEST_CASE("Checkpoint round trip of plain variables of every dtype and rank") {
   ds::Variable<std::vector<double>> vec(std::vector<double>{1.5, -2.5}, {.name = "vec"});
   ds::Variable<std::array<std::int32_t, 3>> arr(std::array<std::int32_t, 3>{1, 2, 3}, {.name = "arr"});
   ds::Variable<std::int64_t> step(41, {.name = "step"});
-  ckpt.track("vec", vec).track("arr", arr).track("step", step);
+  // bool (safetensors BOOL, one byte per element) in the one container a Variable holds it in,
+  // std::array: ds::Tensor and std::vector refuse bool, and Variable<bool> does not compile (its
+  // copies live in a std::vector<T>).
+  ds::Variable<std::array<bool, 3>> bits(std::array<bool, 3>{true, false, true}, {.name = "bits"});
+  ckpt.track("vec", vec).track("arr", arr).track("step", step).track("bits", bits);
   CHECK(ckpt.is_tracking("vec"));
   CHECK_THROWS_WITH_AS(ckpt.track("vec", vec), doctest::Contains("'vec' is already tracked"), ds::InvalidArgument);
 
@@ -432,13 +436,20 @@ TEST_CASE("Checkpoint round trip of plain variables of every dtype and rank") {
   CHECK(p1 == dir / "run" / "ckpt-1.safetensors");
   CHECK(ckpt.save_counter() == 1);
   CHECK(st::read(p1).metadata.at("distribute.save_counter") == "1");
+  {
+    const auto file = st::read(p1);
+    CHECK(file.at("bits").dtype == st::Dtype::Bool);
+    CHECK(file.at("bits").shape == ds::Shape{3});
+  }
 
   for (auto& f : scramble) f();
   vec.assign(std::vector<double>{0, 0});
   arr.assign(std::array<std::int32_t, 3>{});
   step.assign(0);
+  bits.assign(std::array<bool, 3>{false, true, false});
   ckpt.restore(p1);
   for (auto& f : verify) f();
+  CHECK(bits.read_value() == std::array<bool, 3>{true, false, true});
   CHECK(vec.read_value() == std::vector<double>{1.5, -2.5});
   CHECK(arr.read_value() == std::array<std::int32_t, 3>{1, 2, 3});
   CHECK(step.read_value() == 41);
