@@ -6,7 +6,10 @@
 // SIGTERM_AT K >= 0: worker SIGTERM_WORKER sends itself COUNT (default 1) SIGTERMs during step K;
 // K = -1: right after the handler is made, before the first step; absent: no signal (the test
 // may send one). Environment: PREEMPTION_STEP_SLEEP_MS slows each step down;
-// PREEMPTION_LOCAL_REPLICAS (multi: replicas per worker, default 1); PREEMPTION_CHECK_INTERVAL.
+// PREEMPTION_LOCAL_REPLICAS (multi: replicas per worker, default 1); PREEMPTION_CHECK_INTERVAL;
+// PREEMPTION_MANAGER_FROM_SCOPE=1 (multi: the CheckpointManager form, with a manager made in the
+// strategy's scope without options, which takes chief/non-chief from the strategy; it prints
+// "manager is_chief C task_id T").
 // Prints "resume at step S" once the handler is ready, "step K" after each step, and
 // "final w <hex>..." and "OK" at the end. Exit codes: 0 done, 42 preempted (by the library),
 // 5 error.
@@ -139,8 +142,14 @@ int main(int argc, char** argv) {
       ds::Variable<std::vector<float>> w(initial_weights(), {.name = "w"});
       ds::Checkpoint ckpt;
       ckpt.track("w", w);
-      ds::PreemptionCheckpointHandler handler(s, ckpt, a.dir,
-                                              {.check_interval = env_int("PREEMPTION_CHECK_INTERVAL", 1)});
+      const ds::PreemptionOptions preemption{.check_interval = env_int("PREEMPTION_CHECK_INTERVAL", 1)};
+      if (env_int("PREEMPTION_MANAGER_FROM_SCOPE", 0)) {
+        ds::CheckpointManager manager(ckpt, a.dir, 1);  // no options: from the strategy in scope
+        fmt::print("manager is_chief {} task_id {}\n", manager.options().is_chief ? 1 : 0, manager.options().task_id);
+        ds::PreemptionCheckpointHandler handler(s, manager, preemption);
+        return train(s, w, handler, a);
+      }
+      ds::PreemptionCheckpointHandler handler(s, ckpt, a.dir, preemption);
       return train(s, w, handler, a);
     }
     if (a.mode == "mirrored") {

@@ -423,7 +423,11 @@ TEST_CASE("Checkpoint round trip of plain variables of every dtype and rank") {
   ds::Variable<std::vector<double>> vec(std::vector<double>{1.5, -2.5}, {.name = "vec"});
   ds::Variable<std::array<std::int32_t, 3>> arr(std::array<std::int32_t, 3>{1, 2, 3}, {.name = "arr"});
   ds::Variable<std::int64_t> step(41, {.name = "step"});
-  ckpt.track("vec", vec).track("arr", arr).track("step", step);
+  // bool (safetensors BOOL, one byte per element) in the one container a Variable holds it in,
+  // std::array: ds::Tensor and std::vector refuse bool, and Variable<bool> does not compile (its
+  // copies live in a std::vector<T>).
+  ds::Variable<std::array<bool, 3>> bits(std::array<bool, 3>{true, false, true}, {.name = "bits"});
+  ckpt.track("vec", vec).track("arr", arr).track("step", step).track("bits", bits);
   CHECK(ckpt.is_tracking("vec"));
   CHECK_THROWS_WITH_AS(ckpt.track("vec", vec), doctest::Contains("'vec' is already tracked"), ds::InvalidArgument);
 
@@ -432,13 +436,20 @@ TEST_CASE("Checkpoint round trip of plain variables of every dtype and rank") {
   CHECK(p1 == dir / "run" / "ckpt-1.safetensors");
   CHECK(ckpt.save_counter() == 1);
   CHECK(st::read(p1).metadata.at("distribute.save_counter") == "1");
+  {
+    const auto file = st::read(p1);
+    CHECK(file.at("bits").dtype == st::Dtype::Bool);
+    CHECK(file.at("bits").shape == ds::Shape{3});
+  }
 
   for (auto& f : scramble) f();
   vec.assign(std::vector<double>{0, 0});
   arr.assign(std::array<std::int32_t, 3>{});
   step.assign(0);
+  bits.assign(std::array<bool, 3>{false, true, false});
   ckpt.restore(p1);
   for (auto& f : verify) f();
+  CHECK(bits.read_value() == std::array<bool, 3>{true, false, true});
   CHECK(vec.read_value() == std::vector<double>{1.5, -2.5});
   CHECK(arr.read_value() == std::array<std::int32_t, 3>{1, 2, 3});
   CHECK(step.read_value() == 41);
@@ -881,6 +892,94 @@ TEST_CASE("CheckpointManager on a non-chief worker writes to a temporary directo
   CHECK(!fs::exists(dir / "run" / "workertemp_1"));
   CHECK(worker.checkpoints() == std::vector<fs::path>{dir / "run" / "ckpt-1.safetensors"});
   CHECK(worker.latest_checkpoint() == dir / "run" / "ckpt-1.safetensors");
+}
+
+namespace {
+
+/// A link to other worker processes that is never used: what a multi-worker strategy's placement
+/// tells about this worker (index and count) without a cluster.
+class FakeWorkerLink final : public ds::detail::CrossWorkerLink {
+ public:
+  FakeWorkerLink(int index, int count) : index_(index), count_(count) {}
+  int num_workers() const noexcept override { return count_; }
+  int worker_index() const noexcept override { return index_; }
+  void all_reduce(void*, std::size_t, ds::DType, ds::ReduceOp) override { FAIL("no collective expected"); }
+  void all_gather(const void*, std::size_t, std::vector<std::byte>&, std::vector<std::size_t>&) override {
+    FAIL("no collective expected");
+  }
+  void broadcast(void*, std::size_t, int) override { FAIL("no collective expected"); }
+  void barrier() override { FAIL("no collective expected"); }
+
+ private:
+  int index_, count_;
+};
+
+/// Worker `index` of `count` workers with one replica each, as a MultiWorkerMirroredStrategy
+/// looks to the rest of the library, in one process.
+class FakeMultiWorkerStrategy final : public ds::AnyStrategy {
+ public:
+  FakeMultiWorkerStrategy(int index, int count) : link_(index, count) {}
+  std::string_view name() const noexcept override { return "FakeMultiWorkerStrategy"; }
+  int num_replicas_in_sync() const noexcept override { return link_.num_workers(); }
+  int num_local_replicas() const noexcept override { return 1; }
+  std::vector<std::string> worker_devices() const override {
+    return {fmt::format("/job:worker/replica:0/task:{}/device:CPU:0", link_.worker_index())};
+  }
+  ds::detail::VariablePlacement variable_placement() const override {
+    return {ds::detail::PlacementKind::Replicated, worker_devices(), num_replicas_in_sync(), id(), {},
+            const_cast<FakeWorkerLink*>(&link_)};
+  }
+  [[nodiscard]] ds::ScopeGuard scope() { return ds::ScopeGuard(*this); }
+
+ private:
+  FakeWorkerLink link_;
+};
+
+}  // namespace
+
+TEST_CASE("CheckpointManager without options takes chief/non-chief from the multi-worker strategy in scope") {
+  TempDir dir;
+  ds::Variable<float> x(2.5f, {.name = "x"});  // plain: created outside any scope
+  ds::Checkpoint chief_ckpt, worker_ckpt;
+  chief_ckpt.track("x", x);
+  worker_ckpt.track("x", x);
+
+  SUBCASE("outside any scope, and in a single-process strategy's scope: the chief") {
+    CHECK(ds::CheckpointManager(chief_ckpt, dir / "run", 2).options().is_chief);
+    ds::MirroredStrategy<ds::host> mirrored(2);
+    auto scope = mirrored.scope();
+    const ds::CheckpointManager manager(chief_ckpt, dir / "run", 2);
+    CHECK(manager.options().is_chief);
+    CHECK(manager.options().task_id == 0);
+  }
+
+  SUBCASE("worker 2 of 3 writes workertemp_2/, which is removed; worker 0 of 3 is the chief") {
+    // As in a real run, every worker saves the same step (here one after the other).
+    {
+      FakeMultiWorkerStrategy worker2(2, 3);
+      auto scope = worker2.scope();
+      ds::CheckpointManager manager(worker_ckpt, dir / "run", 2);
+      CHECK_FALSE(manager.options().is_chief);
+      CHECK(manager.options().task_id == 2);
+      CHECK(manager.save() == dir / "run" / "workertemp_2" / "ckpt-1.safetensors");
+      CHECK(!fs::exists(dir / "run" / "workertemp_2"));
+      CHECK(manager.checkpoints().empty());
+      CHECK(!fs::exists(manager.index_path()));
+      CHECK(worker_ckpt.save_counter() == 1);
+
+      // Explicit options win over the scope.
+      ds::CheckpointManager explicit_chief(worker_ckpt, dir / "run", 2, {.is_chief = true});
+      CHECK(explicit_chief.options().is_chief);
+    }
+    FakeMultiWorkerStrategy worker0(0, 3);
+    auto scope = worker0.scope();
+    ds::CheckpointManager manager(chief_ckpt, dir / "run", 2);
+    CHECK(manager.options().is_chief);
+    CHECK(manager.options().task_id == 0);
+    CHECK(manager.save() == dir / "run" / "ckpt-1.safetensors");
+    CHECK(manager.checkpoints() == std::vector<fs::path>{dir / "run" / "ckpt-1.safetensors"});
+    CHECK(fs::exists(manager.index_path()));
+  }
 }
 
 #else

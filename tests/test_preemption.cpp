@@ -12,9 +12,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "support/processes.hpp"
 
@@ -370,6 +373,22 @@ TEST_CASE("3 workers: SIGTERM before the first step saves step 0; two SIGTERMs; 
   for (auto& c : run3) CHECK(resumed_at(c.output) == 41);
   auto run4 = start_workers(3, dir.path);
   CHECK(require_completed(run4, 91) == w);
+}
+
+TEST_CASE("3 workers, a CheckpointManager made in the strategy's scope without options: worker 0 writes, the others "
+          "write workertemp_<i>/ which is removed; the restart equals an uninterrupted run") {
+  const std::string w = uninterrupted_weights();
+  TempDir dir;
+  const std::map<std::string, std::string> env{{"PREEMPTION_MANAGER_FROM_SCOPE", "1"}};
+  auto run1 = start_workers(3, dir.path, {"17", "2"}, env);
+  CHECK(require_preempted(run1, dir.path) == 18);  // also: no workertemp_ directory is left
+  for (std::size_t i = 0; i < run1.size(); ++i) {
+    INFO("worker ", i, " output:\n", run1[i].output);
+    CHECK(line_after(run1[i].output, "manager is_chief ") == fmt::format("{} task_id {}", i == 0 ? 1 : 0, i));
+  }
+  CHECK(directory_entries(dir.path) == std::vector<std::string>{"checkpoint", "ckpt-1.safetensors"});
+  auto run2 = start_workers(3, dir.path, {}, env);
+  CHECK(require_completed(run2, 18) == w);
 }
 
 TEST_CASE("2 workers x 2 local replicas, checking every 4 steps: interrupted and resumed equals uninterrupted") {

@@ -4,6 +4,10 @@
 //   manager.restore_or_initialize();               // resume if the directory has a checkpoint
 //   for (...) { train(); manager.save(); }         // ckpt-1.safetensors, ckpt-2, ... newest 3 kept
 //
+// Made inside the scope of a multi-worker strategy without explicit options, a manager takes the
+// chief/non-chief options from that strategy (as ds::checkpoint_manager_options(strategy) does):
+// worker 0 writes the real checkpoint, every other worker a temporary one that is removed.
+//
 // The directory holds `<name>-<N>.safetensors` files and a small TF-style index file named
 // `checkpoint` (model_checkpoint_path / all_model_checkpoint_paths, written atomically). The
 // files themselves are the truth: latest_checkpoint() is the highest N present, so a crash between
@@ -29,6 +33,8 @@
 
 #include <distribute/checkpoint/checkpoint.hpp>
 #include <distribute/checkpoint/detail/posix_file.hpp>
+#include <distribute/core/context.hpp>
+#include <distribute/core/detail/cross_worker.hpp>
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -40,7 +46,9 @@ struct CheckpointManagerOptions {
   /// collectives in which all workers must join (aggregating sync-on-read variables). Only the
   /// chief's file is kept: another worker writes into `<directory>/workertemp_<task_id>/`, which
   /// save() removes again, and it neither deletes old checkpoints nor writes the index. Nothing
-  /// here talks to other workers; the cluster layer sets these from its resolver.
+  /// here talks to other workers. A CheckpointManager constructed without options takes these
+  /// from the multi-worker strategy in scope (detail::checkpoint_manager_options_from_scope);
+  /// ds::checkpoint_manager_options(strategy) gives the same for a strategy object.
   bool is_chief = true;
   int task_id = 0;
 };
@@ -85,6 +93,26 @@ inline std::vector<NumberedCheckpoint> list_checkpoints(const std::filesystem::p
   return out;
 }
 
+/// The options for a manager made without explicit ones: the defaults (this process is the chief)
+/// unless the strategy current on this thread spans several worker processes, in which case
+/// worker 0 is the chief and worker i > 0 writes `workertemp_<i>/` (TF's rule, and what
+/// ds::checkpoint_manager_options(strategy) says for a synchronous strategy).
+inline CheckpointManagerOptions checkpoint_manager_options_from_scope() {
+  CheckpointManagerOptions options;
+  AnyStrategy* strategy = current_strategy_or_null();
+  // Replicas in other processes: a synchronous multi-worker strategy (whose placement names its
+  // link to the other workers). Asked only then: a parameter-server strategy hands out the next
+  // ps task from variable_placement(), and its coordinator is the one process that saves anyway.
+  if (strategy && strategy->num_replicas_in_sync() > strategy->num_local_replicas()) {
+    const VariablePlacement placement = strategy->variable_placement();
+    if (placement.link && placement.link->num_workers() > 1) {
+      options.task_id = placement.link->worker_index();
+      options.is_chief = options.task_id == 0;
+    }
+  }
+  return options;
+}
+
 }  // namespace detail
 
 /// The newest checkpoint in `directory` (tf.train.latest_checkpoint): the highest-numbered
@@ -99,9 +127,17 @@ inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesys
 class CheckpointManager {
  public:
   /// `max_to_keep`: how many checkpoints to keep (older ones are deleted after each save);
-  /// std::nullopt keeps all. Checkpoints already in the directory count.
+  /// std::nullopt keeps all. Checkpoints already in the directory count. Without `options`, they
+  /// come from the strategy in scope: inside the scope of a multi-worker strategy, worker 0 is the
+  /// chief and the other workers write a temporary checkpoint that is removed; elsewhere the
+  /// defaults (the chief).
+  CheckpointManager(Checkpoint& checkpoint, std::filesystem::path directory, std::optional<std::size_t> max_to_keep)
+      : CheckpointManager(checkpoint, std::move(directory), max_to_keep,
+                          detail::checkpoint_manager_options_from_scope()) {}
+
+  /// With explicit options (e.g. ds::checkpoint_manager_options(strategy, "model")), used as given.
   CheckpointManager(Checkpoint& checkpoint, std::filesystem::path directory, std::optional<std::size_t> max_to_keep,
-                    CheckpointManagerOptions options = {})
+                    CheckpointManagerOptions options)
       : checkpoint_(&checkpoint),
         directory_(std::move(directory)),
         max_to_keep_(max_to_keep),
