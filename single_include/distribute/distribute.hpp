@@ -98,6 +98,13 @@ class Unavailable : public Error {
   using Error::Error;
 };
 
+/// The end of a sequence was reached (TF's OutOfRangeError): a per-worker iterator read past the
+/// end of its dataset inside a scheduled function.
+class OutOfRange : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A replica was released from a collective because another replica of the same step failed.
 /// `run` never rethrows this one when the original error is known; it rethrows the original.
 class Cancelled : public Error {
@@ -1218,6 +1225,49 @@ inline void check_op_for_dtype(ReduceOp op, DType dtype, const char* where) {
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE
 // ---- end <distribute/core/detail/elementwise.hpp> ----
+// ---- begin <distribute/core/detail/remote_store.hpp> ----
+// Where a parameter-server variable's value lives when it is not in this process: the interface a
+// Variable talks to, implemented by ps/ (a client of the ps tasks). core/ only knows the interface,
+// so the core headers need no networking.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+enum class RemoteUpdate : std::uint8_t { Assign = 0, Add = 1, Sub = 2 };
+
+class RemoteVariableStore {
+ public:
+  virtual ~RemoteVariableStore() = default;
+  /// Creates (or overwrites) variable `key` on ps task `task` with `value`.
+  virtual void create(int task, const std::string& key, DType dtype, const Shape& shape,
+                      std::span<const std::byte> value) = 0;
+  /// Reads the whole value into `out` (exactly the variable's byte size).
+  virtual void read(int task, const std::string& key, DType dtype, std::span<std::byte> out) = 0;
+  /// Reads rows `rows` (along axis 0, `row_bytes` each) into `out`, in the order given.
+  virtual void read_rows(int task, const std::string& key, DType dtype, std::span<const std::int64_t> rows,
+                         std::size_t row_bytes, std::span<std::byte> out) = 0;
+  /// Assigns, adds or subtracts `value` (the variable's full size).
+  virtual void update(int task, const std::string& key, RemoteUpdate kind, DType dtype,
+                      std::span<const std::byte> value) = 0;
+};
+
+/// A variable's place on a ps task: which store, which task, which key there.
+struct RemoteHandle {
+  std::shared_ptr<RemoteVariableStore> store;
+  int task = 0;
+  std::string key;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/remote_store.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -1225,7 +1275,8 @@ class ReplicaContext;
 
 namespace detail {
 /// How a strategy places the variables created in its scope.
-enum class PlacementKind { Plain, Replicated, CentralStorage };
+/// Remote: one copy, held by a ps task (ParameterServerStrategy connected to its cluster).
+enum class PlacementKind { Plain, Replicated, CentralStorage, Remote };
 
 struct VariablePlacement {
   PlacementKind kind = PlacementKind::Plain;
@@ -1234,6 +1285,7 @@ struct VariablePlacement {
   std::uint64_t strategy_id = 0;
   std::vector<std::string> replica_devices = {};  // CentralStorage: where the replicas compute
   CrossWorkerLink* link = nullptr;                 // multi-worker: the other workers' copies
+  RemoteHandle remote = {};                        // Remote: where the value lives
 };
 
 inline std::uint64_t next_strategy_id() noexcept {
@@ -1488,6 +1540,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -1576,6 +1629,10 @@ class Variable {
           "variable '{}': synchronization NONE is not supported inside the scope of {}; use AUTO, ON_WRITE or ON_READ",
           s.name, s.strategy_name));
     }
+    if (s.placement.kind == detail::PlacementKind::Remote) {
+      create_remote(std::move(initial_value));
+      return;
+    }
     const std::size_t copies =
         s.placement.kind == detail::PlacementKind::Replicated ? s.placement.devices.size() : std::size_t{1};
     if constexpr (memory_space_v<T> == MemorySpace::device) {  // each copy on its replica's device (backends/cuda)
@@ -1588,6 +1645,27 @@ class Variable {
       s.placement.link->broadcast(p, element_count(initial_value) * sizeof(element_t<T>), 0);
     }
     s.copies.assign(copies, initial_value);
+  }
+
+  /// A handle to a variable that already lives on a ps task (what a worker gets when a scheduled
+  /// function receives a variable as an argument). `shape_template` gives the shape; its values
+  /// are not used. Used by ps/; programs create variables with the other constructor.
+  static Variable attach_remote(std::string name, T shape_template, detail::RemoteHandle handle) {
+    static_assert(memory_space_v<T> == MemorySpace::host, "ps variables hold host memory");
+    Variable v;
+    auto& s = *v.state_;
+    s.name = std::move(name);
+    s.strategy_name = "ParameterServerStrategy";
+    s.placement.kind = detail::PlacementKind::Remote;
+    s.placement.devices = {DeviceSpec{"ps", 0, handle.task, "CPU", 0}.to_string()};
+    s.placement.remote = std::move(handle);
+    s.copies = {std::move(shape_template)};
+    return v;
+  }
+
+  /// Where a ps variable lives (nullptr for every other placement).
+  const detail::RemoteHandle* remote_handle() const noexcept {
+    return state_->placement.kind == detail::PlacementKind::Remote ? &state_->placement.remote : nullptr;
   }
 
   const std::string& name() const noexcept { return state_->name; }
@@ -1615,6 +1693,7 @@ class Variable {
   /// the aggregate of all copies (ON_READ).
   T read_value() const {
     auto& s = *state_;
+    if (s.placement.kind == detail::PlacementKind::Remote) return read_remote();
     int i = local_index();
     if (i == kPlain) {
       std::lock_guard lock(s.mutex);
@@ -1634,6 +1713,12 @@ class Variable {
   template <class F>
   void apply_to_copies(F&& fn) {
     auto& s = *state_;
+    if (s.placement.kind == detail::PlacementKind::Remote) {  // read, change, write back
+      T value = read_remote();
+      fn(value, 0);
+      update(Update::Assign, value);
+      return;
+    }
     int i = local_index();
     if (i == kPlain) {
       std::lock_guard lock(s.mutex);
@@ -1651,6 +1736,38 @@ class Variable {
   enum class Update { Assign, Add, Sub };
   static constexpr int kCrossReplica = -1;
   static constexpr int kPlain = -2;
+
+  Variable() : state_(std::make_shared<State>()) {}
+
+  void create_remote(T initial_value) {
+    if constexpr (memory_space_v<T> != MemorySpace::host) {
+      throw InvalidArgument(fmt::format("variable '{}': ps variables hold host memory; create a host-valued variable "
+                                        "(std::vector, ds::Tensor, a scalar) in ParameterServerStrategy's scope",
+                                        state_->name));
+    } else {
+      auto& s = *state_;
+      auto& r = s.placement.remote;
+      r.key += "/" + s.name;  // the strategy's unique prefix, and the name for messages
+      r.store->create(r.task, r.key, dtype_of<element_t<T>>(), shape_of(initial_value), bytes_of(initial_value));
+      s.copies = {std::move(initial_value)};  // kept for its shape only: the value lives on the ps
+    }
+  }
+
+  static std::span<const std::byte> bytes_of(const T& v) {
+    return {reinterpret_cast<const std::byte*>(tensor_traits<T>::data(v)), element_count(v) * sizeof(element_t<T>)};
+  }
+
+  T read_remote() const {
+    if constexpr (memory_space_v<T> == MemorySpace::host) {
+      const auto& r = state_->placement.remote;
+      T out = tensor_traits<T>::make(shape());
+      r.store->read(r.task, r.key, dtype_of<element_t<T>>(),
+                    {reinterpret_cast<std::byte*>(tensor_traits<T>::data(out)), element_count(out) * sizeof(element_t<T>)});
+      return out;
+    } else {
+      throw InvalidArgument("ps variables hold host memory");
+    }
+  }
 
   struct State {
     std::string name;
@@ -1715,6 +1832,13 @@ class Variable {
     const char* what = names[static_cast<int>(kind)];
     check_shape(value, what);
     auto& s = *state_;
+    if (s.placement.kind == detail::PlacementKind::Remote) {
+      if constexpr (memory_space_v<T> == MemorySpace::host) {
+        const auto& r = s.placement.remote;
+        r.store->update(r.task, r.key, static_cast<detail::RemoteUpdate>(kind), dtype_of<element_t<T>>(), bytes_of(value));
+      }
+      return;
+    }
     const int i = local_index();
     if (i == kPlain) {
       std::lock_guard lock(s.mutex);
@@ -7637,6 +7761,20 @@ class ShardedVariable {
           copy_elements(rows + static_cast<std::size_t>(local) * width, width, out.data() + pos * width);
         }
       };
+      if (const auto* remote = v.remote_handle()) {  // on a ps task: fetch only the rows asked for
+        if constexpr (memory_space_v<T> == MemorySpace::host) {
+          std::vector<std::int64_t> rows;
+          rows.reserve(wanted[shard].size());
+          for (const auto& [pos, local] : wanted[shard]) rows.push_back(local);
+          std::vector<element_type> got(rows.size() * width);
+          remote->store->read_rows(remote->task, remote->key, dtype_of<element_type>(), rows, width * sizeof(element_type),
+                                   {reinterpret_cast<std::byte*>(got.data()), got.size() * sizeof(element_type)});
+          for (std::size_t k = 0; k < rows.size(); ++k) {
+            copy_elements(got.data() + k * width, width, out.data() + wanted[shard][k].first * width);
+          }
+        }
+        return;
+      }
       if (v.is_sync_on_read()) {
         copy_rows(v.read_value());  // its cross-replica value is an aggregate of the copies
         return;
@@ -8106,6 +8244,10 @@ DISTRIBUTE_END_NAMESPACE
 //   ds::CheckpointManager manager(ckpt, "/tmp/run", 3);
 //   manager.restore_or_initialize();               // resume if the directory has a checkpoint
 //   for (...) { train(); manager.save(); }         // ckpt-1.safetensors, ckpt-2, ... newest 3 kept
+//
+// Made inside the scope of a multi-worker strategy without explicit options, a manager takes the
+// chief/non-chief options from that strategy (as ds::checkpoint_manager_options(strategy) does):
+// worker 0 writes the real checkpoint, every other worker a temporary one that is removed.
 //
 // The directory holds `<name>-<N>.safetensors` files and a small TF-style index file named
 // `checkpoint` (model_checkpoint_path / all_model_checkpoint_paths, written atomically). The
@@ -9572,6 +9714,20 @@ class ShardedVariable {
           copy_elements(rows + static_cast<std::size_t>(local) * width, width, out.data() + pos * width);
         }
       };
+      if (const auto* remote = v.remote_handle()) {  // on a ps task: fetch only the rows asked for
+        if constexpr (memory_space_v<T> == MemorySpace::host) {
+          std::vector<std::int64_t> rows;
+          rows.reserve(wanted[shard].size());
+          for (const auto& [pos, local] : wanted[shard]) rows.push_back(local);
+          std::vector<element_type> got(rows.size() * width);
+          remote->store->read_rows(remote->task, remote->key, dtype_of<element_type>(), rows, width * sizeof(element_type),
+                                   {reinterpret_cast<std::byte*>(got.data()), got.size() * sizeof(element_type)});
+          for (std::size_t k = 0; k < rows.size(); ++k) {
+            copy_elements(got.data() + k * width, width, out.data() + wanted[shard][k].first * width);
+          }
+        }
+        return;
+      }
       if (v.is_sync_on_read()) {
         copy_rows(v.read_value());  // its cross-replica value is an aggregate of the copies
         return;
@@ -10309,7 +10465,9 @@ struct CheckpointManagerOptions {
   /// collectives in which all workers must join (aggregating sync-on-read variables). Only the
   /// chief's file is kept: another worker writes into `<directory>/workertemp_<task_id>/`, which
   /// save() removes again, and it neither deletes old checkpoints nor writes the index. Nothing
-  /// here talks to other workers; the cluster layer sets these from its resolver.
+  /// here talks to other workers. A CheckpointManager constructed without options takes these
+  /// from the multi-worker strategy in scope (detail::checkpoint_manager_options_from_scope);
+  /// ds::checkpoint_manager_options(strategy) gives the same for a strategy object.
   bool is_chief = true;
   int task_id = 0;
 };
@@ -10354,6 +10512,26 @@ inline std::vector<NumberedCheckpoint> list_checkpoints(const std::filesystem::p
   return out;
 }
 
+/// The options for a manager made without explicit ones: the defaults (this process is the chief)
+/// unless the strategy current on this thread spans several worker processes, in which case
+/// worker 0 is the chief and worker i > 0 writes `workertemp_<i>/` (TF's rule, and what
+/// ds::checkpoint_manager_options(strategy) says for a synchronous strategy).
+inline CheckpointManagerOptions checkpoint_manager_options_from_scope() {
+  CheckpointManagerOptions options;
+  AnyStrategy* strategy = current_strategy_or_null();
+  // Replicas in other processes: a synchronous multi-worker strategy (whose placement names its
+  // link to the other workers). Asked only then: a parameter-server strategy hands out the next
+  // ps task from variable_placement(), and its coordinator is the one process that saves anyway.
+  if (strategy && strategy->num_replicas_in_sync() > strategy->num_local_replicas()) {
+    const VariablePlacement placement = strategy->variable_placement();
+    if (placement.link && placement.link->num_workers() > 1) {
+      options.task_id = placement.link->worker_index();
+      options.is_chief = options.task_id == 0;
+    }
+  }
+  return options;
+}
+
 }  // namespace detail
 
 /// The newest checkpoint in `directory` (tf.train.latest_checkpoint): the highest-numbered
@@ -10368,9 +10546,17 @@ inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesys
 class CheckpointManager {
  public:
   /// `max_to_keep`: how many checkpoints to keep (older ones are deleted after each save);
-  /// std::nullopt keeps all. Checkpoints already in the directory count.
+  /// std::nullopt keeps all. Checkpoints already in the directory count. Without `options`, they
+  /// come from the strategy in scope: inside the scope of a multi-worker strategy, worker 0 is the
+  /// chief and the other workers write a temporary checkpoint that is removed; elsewhere the
+  /// defaults (the chief).
+  CheckpointManager(Checkpoint& checkpoint, std::filesystem::path directory, std::optional<std::size_t> max_to_keep)
+      : CheckpointManager(checkpoint, std::move(directory), max_to_keep,
+                          detail::checkpoint_manager_options_from_scope()) {}
+
+  /// With explicit options (e.g. ds::checkpoint_manager_options(strategy, "model")), used as given.
   CheckpointManager(Checkpoint& checkpoint, std::filesystem::path directory, std::optional<std::size_t> max_to_keep,
-                    CheckpointManagerOptions options = {})
+                    CheckpointManagerOptions options)
       : checkpoint_(&checkpoint),
         directory_(std::move(directory)),
         max_to_keep_(max_to_keep),
@@ -11994,6 +12180,20 @@ class ShardedVariable {
           copy_elements(rows + static_cast<std::size_t>(local) * width, width, out.data() + pos * width);
         }
       };
+      if (const auto* remote = v.remote_handle()) {  // on a ps task: fetch only the rows asked for
+        if constexpr (memory_space_v<T> == MemorySpace::host) {
+          std::vector<std::int64_t> rows;
+          rows.reserve(wanted[shard].size());
+          for (const auto& [pos, local] : wanted[shard]) rows.push_back(local);
+          std::vector<element_type> got(rows.size() * width);
+          remote->store->read_rows(remote->task, remote->key, dtype_of<element_type>(), rows, width * sizeof(element_type),
+                                   {reinterpret_cast<std::byte*>(got.data()), got.size() * sizeof(element_type)});
+          for (std::size_t k = 0; k < rows.size(); ++k) {
+            copy_elements(got.data() + k * width, width, out.data() + wanted[shard][k].first * width);
+          }
+        }
+        return;
+      }
       if (v.is_sync_on_read()) {
         copy_rows(v.read_value());  // its cross-replica value is an aggregate of the copies
         return;
@@ -12463,6 +12663,10 @@ DISTRIBUTE_END_NAMESPACE
 //   ds::CheckpointManager manager(ckpt, "/tmp/run", 3);
 //   manager.restore_or_initialize();               // resume if the directory has a checkpoint
 //   for (...) { train(); manager.save(); }         // ckpt-1.safetensors, ckpt-2, ... newest 3 kept
+//
+// Made inside the scope of a multi-worker strategy without explicit options, a manager takes the
+// chief/non-chief options from that strategy (as ds::checkpoint_manager_options(strategy) does):
+// worker 0 writes the real checkpoint, every other worker a temporary one that is removed.
 //
 // The directory holds `<name>-<N>.safetensors` files and a small TF-style index file named
 // `checkpoint` (model_checkpoint_path / all_model_checkpoint_paths, written atomically). The
@@ -13929,6 +14133,20 @@ class ShardedVariable {
           copy_elements(rows + static_cast<std::size_t>(local) * width, width, out.data() + pos * width);
         }
       };
+      if (const auto* remote = v.remote_handle()) {  // on a ps task: fetch only the rows asked for
+        if constexpr (memory_space_v<T> == MemorySpace::host) {
+          std::vector<std::int64_t> rows;
+          rows.reserve(wanted[shard].size());
+          for (const auto& [pos, local] : wanted[shard]) rows.push_back(local);
+          std::vector<element_type> got(rows.size() * width);
+          remote->store->read_rows(remote->task, remote->key, dtype_of<element_type>(), rows, width * sizeof(element_type),
+                                   {reinterpret_cast<std::byte*>(got.data()), got.size() * sizeof(element_type)});
+          for (std::size_t k = 0; k < rows.size(); ++k) {
+            copy_elements(got.data() + k * width, width, out.data() + wanted[shard][k].first * width);
+          }
+        }
+        return;
+      }
       if (v.is_sync_on_read()) {
         copy_rows(v.read_value());  // its cross-replica value is an aggregate of the copies
         return;
@@ -14666,7 +14884,9 @@ struct CheckpointManagerOptions {
   /// collectives in which all workers must join (aggregating sync-on-read variables). Only the
   /// chief's file is kept: another worker writes into `<directory>/workertemp_<task_id>/`, which
   /// save() removes again, and it neither deletes old checkpoints nor writes the index. Nothing
-  /// here talks to other workers; the cluster layer sets these from its resolver.
+  /// here talks to other workers. A CheckpointManager constructed without options takes these
+  /// from the multi-worker strategy in scope (detail::checkpoint_manager_options_from_scope);
+  /// ds::checkpoint_manager_options(strategy) gives the same for a strategy object.
   bool is_chief = true;
   int task_id = 0;
 };
@@ -14711,6 +14931,26 @@ inline std::vector<NumberedCheckpoint> list_checkpoints(const std::filesystem::p
   return out;
 }
 
+/// The options for a manager made without explicit ones: the defaults (this process is the chief)
+/// unless the strategy current on this thread spans several worker processes, in which case
+/// worker 0 is the chief and worker i > 0 writes `workertemp_<i>/` (TF's rule, and what
+/// ds::checkpoint_manager_options(strategy) says for a synchronous strategy).
+inline CheckpointManagerOptions checkpoint_manager_options_from_scope() {
+  CheckpointManagerOptions options;
+  AnyStrategy* strategy = current_strategy_or_null();
+  // Replicas in other processes: a synchronous multi-worker strategy (whose placement names its
+  // link to the other workers). Asked only then: a parameter-server strategy hands out the next
+  // ps task from variable_placement(), and its coordinator is the one process that saves anyway.
+  if (strategy && strategy->num_replicas_in_sync() > strategy->num_local_replicas()) {
+    const VariablePlacement placement = strategy->variable_placement();
+    if (placement.link && placement.link->num_workers() > 1) {
+      options.task_id = placement.link->worker_index();
+      options.is_chief = options.task_id == 0;
+    }
+  }
+  return options;
+}
+
 }  // namespace detail
 
 /// The newest checkpoint in `directory` (tf.train.latest_checkpoint): the highest-numbered
@@ -14725,9 +14965,17 @@ inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesys
 class CheckpointManager {
  public:
   /// `max_to_keep`: how many checkpoints to keep (older ones are deleted after each save);
-  /// std::nullopt keeps all. Checkpoints already in the directory count.
+  /// std::nullopt keeps all. Checkpoints already in the directory count. Without `options`, they
+  /// come from the strategy in scope: inside the scope of a multi-worker strategy, worker 0 is the
+  /// chief and the other workers write a temporary checkpoint that is removed; elsewhere the
+  /// defaults (the chief).
+  CheckpointManager(Checkpoint& checkpoint, std::filesystem::path directory, std::optional<std::size_t> max_to_keep)
+      : CheckpointManager(checkpoint, std::move(directory), max_to_keep,
+                          detail::checkpoint_manager_options_from_scope()) {}
+
+  /// With explicit options (e.g. ds::checkpoint_manager_options(strategy, "model")), used as given.
   CheckpointManager(Checkpoint& checkpoint, std::filesystem::path directory, std::optional<std::size_t> max_to_keep,
-                    CheckpointManagerOptions options = {})
+                    CheckpointManagerOptions options)
       : checkpoint_(&checkpoint),
         directory_(std::move(directory)),
         max_to_keep_(max_to_keep),
@@ -21537,6 +21785,20 @@ class ShardedVariable {
           copy_elements(rows + static_cast<std::size_t>(local) * width, width, out.data() + pos * width);
         }
       };
+      if (const auto* remote = v.remote_handle()) {  // on a ps task: fetch only the rows asked for
+        if constexpr (memory_space_v<T> == MemorySpace::host) {
+          std::vector<std::int64_t> rows;
+          rows.reserve(wanted[shard].size());
+          for (const auto& [pos, local] : wanted[shard]) rows.push_back(local);
+          std::vector<element_type> got(rows.size() * width);
+          remote->store->read_rows(remote->task, remote->key, dtype_of<element_type>(), rows, width * sizeof(element_type),
+                                   {reinterpret_cast<std::byte*>(got.data()), got.size() * sizeof(element_type)});
+          for (std::size_t k = 0; k < rows.size(); ++k) {
+            copy_elements(got.data() + k * width, width, out.data() + wanted[shard][k].first * width);
+          }
+        }
+        return;
+      }
       if (v.is_sync_on_read()) {
         copy_rows(v.read_value());  // its cross-replica value is an aggregate of the copies
         return;
@@ -21688,2324 +21950,6 @@ class ShardedVariable {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SHARDED_VARIABLE_HPP
 // ---- end <distribute/ps/sharded_variable.hpp> ----
-#if __has_include(<boost/json.hpp>)
-// ---- begin <distribute/strategy/parameter_server.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_PARAMETER_SERVER_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_PARAMETER_SERVER_HPP
-// ParameterServerStrategy (the in-process part): validates a parameter-server cluster and places
-// the variables created in its scope on ps tasks, round-robin, optionally partitioned into
-// ShardedVariables by a partitioner.
-//
-// What is not here yet: the variables are stored in this (the coordinator's) process, with device
-// strings that name their ps task; the ps variable service, ClusterCoordinator and remote
-// functions come next (docs/parameter-server.md).
-
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
-// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
-// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
-
-#include <algorithm>
-#include <cstdint>
-#include <map>
-#include <string>
-#include <string_view>
-#include <utility>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
-// ---- begin <distribute/cluster/cluster_spec.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
-// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
-
-#include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <cstdint>
-#include <initializer_list>
-#include <map>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-#include <boost/json.hpp>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
-// ---- begin <distribute/cluster/address.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
-// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
-
-#include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <utility>
-
-#include <fmt/format.h>
-
-
-DISTRIBUTE_BEGIN_NAMESPACE
-
-/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
-/// resolver; to_string() puts them back for IPv6 hosts.
-struct HostPort {
-  std::string host;
-  int port = 0;
-
-  std::string to_string() const {
-    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
-  }
-  friend bool operator==(const HostPort&, const HostPort&) = default;
-};
-
-namespace detail {
-
-inline bool is_hostname_char(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
-}
-
-/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
-/// "address 'X' " (so every caller can put its own field name in front).
-inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
-  auto fail = [&](std::string reason) -> std::optional<HostPort> {
-    why = std::move(reason);
-    return std::nullopt;
-  };
-  if (address.empty()) return fail("is empty");
-  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
-    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
-                            address.substr(0, scheme + 3)));
-  }
-  std::string_view host;
-  std::string_view port;
-  if (address.front() == '[') {
-    auto close = address.find(']');
-    if (close == std::string_view::npos) return fail("has an unclosed '['");
-    host = address.substr(1, close - 1);
-    auto rest = address.substr(close + 1);
-    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
-    port = rest.substr(1);
-    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
-    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
-    auto zone = host.find('%');
-    auto ip = host.substr(0, zone);
-    bool ok = ip.find(':') != std::string_view::npos &&
-              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
-    if (zone != std::string_view::npos) {
-      auto z = host.substr(zone + 1);
-      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
-    }
-    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
-  } else {
-    auto colon = address.rfind(':');
-    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
-    host = address.substr(0, colon);
-    port = address.substr(colon + 1);
-    if (host.find(':') != std::string_view::npos) {
-      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
-    }
-    if (host.empty()) return fail("has an empty host; expected host:port");
-    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
-      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
-    }
-  }
-  if (port.empty()) return fail("has an empty port; expected host:port");
-  int p = 0;
-  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
-  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
-    return fail(fmt::format("has port '{}', which is not a number", port));
-  }
-  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
-    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
-  }
-  return HostPort{std::string(host), p};
-}
-
-}  // namespace detail
-
-/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
-/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
-inline HostPort split_host_port(std::string_view address) {
-  std::string why;
-  auto hp = detail::split_host_port(address, why);
-  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
-  return *hp;
-}
-
-/// True when split_host_port(address) would succeed.
-inline bool is_valid_address(std::string_view address) {
-  std::string why;
-  return detail::split_host_port(address, why).has_value();
-}
-
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
-// ---- end <distribute/cluster/address.hpp> ----
-// ---- begin <distribute/cluster/detail/json.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
-// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
-// error position, describing a value in a message, reading integers strictly.
-
-#include <cstdint>
-#include <limits>
-#include <optional>
-#include <string>
-#include <string_view>
-
-#include <boost/json.hpp>
-#include <fmt/format.h>
-
-
-DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
-
-/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
-/// character offset and Boost.JSON's own message.
-inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
-  boost::json::parser parser;
-  boost::system::error_code ec;
-  std::size_t consumed = parser.write(text.data(), text.size(), ec);
-  if (ec) {
-    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
-  }
-  return parser.release();
-}
-
-/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
-/// "bool true"), for "..., got X" in messages.
-inline std::string cluster_json_describe(const boost::json::value& v) {
-  switch (v.kind()) {
-    case boost::json::kind::null: return "null";
-    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
-    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
-    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
-    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
-    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
-    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
-    case boost::json::kind::array: return "array";
-    case boost::json::kind::object: return "object";
-  }
-  return "unknown";
-}
-
-/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
-inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
-  if (v.is_int64()) return v.get_int64();
-  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-    return static_cast<std::int64_t>(v.get_uint64());
-  }
-  return std::nullopt;
-}
-
-}  // namespace detail
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
-// ---- end <distribute/cluster/detail/json.hpp> ----
-
-DISTRIBUTE_BEGIN_NAMESPACE
-
-namespace detail {
-
-/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
-/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
-inline constexpr std::int64_t kMaxTaskIndex = 999'999;
-
-/// job → (task index → address): the one representation of dense and sparse jobs alike.
-using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
-
-/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
-inline std::string cluster_field(std::string_view root, std::string_view job) {
-  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
-}
-
-/// Checks job names, task indices and addresses, and that no two tasks share an address.
-/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
-inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
-  std::map<std::string, std::string> owner;  // address → the field that first used it
-  for (const auto& [job, tasks] : jobs) {
-    // TF device names only allow these in a job name ("/job:<name>/...").
-    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
-                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
-    if (!name_ok) {
-      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
-                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
-    }
-    for (const auto& [index, address] : tasks) {
-      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
-      if (index < 0 || index > kMaxTaskIndex) {
-        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
-      }
-      std::string why;
-      if (!detail::split_host_port(address, why)) {
-        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
-      }
-      auto [it, fresh] = owner.emplace(address, field);
-      if (!fresh) {
-        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
-                                             who, field, address, it->second));
-      }
-    }
-  }
-}
-
-/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
-/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
-inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
-  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
-  const auto* obj = v.if_object();
-  if (obj == nullptr) {
-    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
-                                         cluster_json_describe(v)));
-  }
-  ClusterJobs jobs;
-  for (const auto& [key, tasks] : *obj) {
-    std::string job(key);
-    std::string field = cluster_field(root, job);
-    auto& out = jobs[job];
-    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
-      if (!a.is_string()) {
-        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
-                                             cluster_json_describe(a)));
-      }
-      return std::string(a.get_string());
-    };
-    if (const auto* list = tasks.if_array()) {
-      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
-        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
-      }
-      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
-    } else if (const auto* sparse = tasks.if_object()) {
-      for (const auto& [index_key, address] : *sparse) {
-        std::string_view k = index_key;
-        std::int64_t index = -1;
-        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
-        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
-        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
-          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
-                                               field, k, kMaxTaskIndex));
-        }
-        if (out.count(static_cast<int>(index)) != 0) {
-          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
-        }
-        out[static_cast<int>(index)] = address_of(address, k);
-      }
-    } else {
-      throw ClusterConfigError(fmt::format(
-          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
-          cluster_json_describe(tasks)));
-    }
-  }
-  return jobs;
-}
-
-}  // namespace detail
-
-/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
-/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
-/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
-/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
-/// name order, as TF sorts them.
-class ClusterSpec {
- public:
-  using DenseJobs = std::map<std::string, std::vector<std::string>>;
-  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
-
-  /// An empty cluster: a single process, no peers.
-  ClusterSpec() = default;
-
-  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
-  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
-  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
-  /// from being ambiguous with the copy constructor.
-  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
-  ClusterSpec(const DenseJobs& jobs) {
-    for (const auto& [job, addresses] : jobs) {
-      auto& tasks = jobs_[job];
-      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
-    }
-    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
-  }
-
-  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
-  static ClusterSpec from_sparse(SparseJobs jobs) {
-    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
-    ClusterSpec spec;
-    spec.jobs_ = std::move(jobs);
-    return spec;
-  }
-
-  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
-  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
-  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
-  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
-  static ClusterSpec from_json(const boost::json::value& json) {
-    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
-  }
-  // boost::json::value converts from text too; these say which overload text means.
-  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
-  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
-  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
-
-  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
-  boost::json::object to_json_value() const {
-    boost::json::object out;
-    for (const auto& [job, tasks] : jobs_) {
-      if (is_dense(tasks)) {
-        boost::json::array list;
-        for (const auto& entry : tasks) list.emplace_back(entry.second);
-        out[job] = std::move(list);
-      } else {
-        boost::json::object sparse;
-        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
-        out[job] = std::move(sparse);
-      }
-    }
-    return out;
-  }
-  std::string to_json() const { return boost::json::serialize(to_json_value()); }
-
-  bool empty() const { return jobs_.empty(); }
-  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
-  bool has_task(std::string_view job, int index) const {
-    auto it = find(job);
-    return it != jobs_.end() && it->second.count(index) != 0;
-  }
-
-  /// Job names in order.
-  std::vector<std::string> jobs() const {
-    std::vector<std::string> names;
-    for (const auto& entry : jobs_) names.push_back(entry.first);
-    return names;
-  }
-
-  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
-  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
-
-  /// The task indices of `job`, ascending.
-  std::vector<int> task_indices(std::string_view job) const {
-    std::vector<int> out;
-    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
-    return out;
-  }
-
-  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
-  const std::string& task_address(std::string_view job, int index) const {
-    const auto& tasks = tasks_of(job, "task_address");
-    auto it = tasks.find(index);
-    if (it == tasks.end()) {
-      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
-                                        fmt::join(task_indices(job), ", ")));
-    }
-    return it->second;
-  }
-
-  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
-  /// sparse job that no task fills are empty strings (TF's None).
-  std::vector<std::string> job_tasks(std::string_view job) const {
-    const auto& tasks = tasks_of(job, "job_tasks");
-    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
-    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
-    return out;
-  }
-
-  /// Everything, as job → (index → address).
-  const SparseJobs& as_dict() const { return jobs_; }
-
-  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
-
- private:
-  static bool is_dense(const std::map<int, std::string>& tasks) {
-    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
-  }
-  SparseJobs::const_iterator find(std::string_view job) const {
-    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
-  }
-  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
-    auto it = find(job);
-    if (it == jobs_.end()) {
-      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
-                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
-    }
-    return it->second;
-  }
-
-  SparseJobs jobs_;
-};
-
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
-// ---- end <distribute/cluster/cluster_spec.hpp> ----
-// ---- begin <distribute/cluster/detail/env.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
-// Reading environment variables, from the process or from an injected map (tests).
-
-#include <charconv>
-#include <cstdint>
-#include <cstdlib>
-#include <functional>
-#include <map>
-#include <optional>
-#include <string>
-#include <string_view>
-
-#include <fmt/format.h>
-
-
-DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
-
-/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
-using EnvMap = std::map<std::string, std::string, std::less<>>;
-
-/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
-/// take a map in a constructor overload so tests never have to mutate the real environment
-/// (setenv is not thread-safe and would leak between test cases).
-class EnvReader {
- public:
-  EnvReader() = default;
-  explicit EnvReader(const EnvMap* map) : map_(map) {}
-
-  std::optional<std::string> get(std::string_view name) const {
-    if (map_ != nullptr) {
-      auto it = map_->find(name);
-      if (it == map_->end()) return std::nullopt;
-      return it->second;
-    }
-    // std::getenv needs a NUL-terminated name.
-    const char* v = std::getenv(std::string(name).c_str());
-    if (v == nullptr) return std::nullopt;
-    return std::string(v);
-  }
-
-  bool has(std::string_view name) const { return get(name).has_value(); }
-
- private:
-  const EnvMap* map_ = nullptr;
-};
-
-/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
-inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
-  std::int64_t v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
-/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
-/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
-inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
-                           std::int64_t hi, std::string_view hint = {}) {
-  auto raw = env.get(name);
-  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
-  auto v = parse_env_integer(*raw);
-  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
-  if (*v < lo || *v > hi) {
-    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
-  }
-  return static_cast<int>(*v);
-}
-
-}  // namespace detail
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
-// ---- end <distribute/cluster/detail/env.hpp> ----
-
-DISTRIBUTE_BEGIN_NAMESPACE
-
-/// Environment variables handed to a resolver instead of the process environment (tests, or a
-/// program that computes them). Lookups by string_view do not allocate.
-using EnvVars = detail::EnvMap;
-
-/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
-using AcceleratorCounts = std::map<std::string, int>;
-
-namespace detail {
-
-inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
-
-/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
-/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
-/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
-inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
-                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
-  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
-  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
-  if (!spec.has_job(type)) {
-    if (type == "evaluator") {
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format(
-            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
-            cluster_name));
-      }
-      return;
-    }
-    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
-                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
-  }
-  auto indices = spec.task_indices(type);
-  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
-  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
-    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
-                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
-  }
-  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
-    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
-                                         fmt::join(indices, ", ")));
-  }
-}
-
-inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
-  return spec.has_job(job) ? spec.num_tasks(job) : 0;
-}
-
-}  // namespace detail
-
-/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
-/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
-/// launcher's environment) once, at construction, and validate it there, so the getters are
-/// cheap and cannot fail. Users may derive their own.
-///
-/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
-/// one process, which is worker 0 and the chief.
-class ClusterResolver {
- public:
-  virtual ~ClusterResolver() = default;
-
-  virtual const ClusterSpec& cluster_spec() const = 0;
-  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
-  virtual std::string task_type() const = 0;
-  virtual int task_id() const = 0;
-  /// "grpc" and the like; empty when the configuration names none.
-  virtual std::string rpc_layer() const = 0;
-  virtual AcceleratorCounts num_accelerators() const = 0;
-  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
-  virtual std::string environment() const { return {}; }
-
-  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
-  /// own work, as in TF (it writes its own summaries).
-  bool is_chief() const {
-    const auto type = task_type();
-    if (type == "chief" || type == "evaluator") return true;
-    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
-  }
-
-  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
-  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
-  int worker_count() const {
-    const auto& spec = cluster_spec();
-    const auto type = task_type();
-    if (spec.empty()) return 1;
-    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
-    if (type != "chief" && type != "worker") {
-      throw ClusterConfigError(
-          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
-    }
-    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
-  }
-
-  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
-  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
-  /// evaluator and for ps tasks, which have no replicas.
-  int id_in_cluster() const {
-    const auto& spec = cluster_spec();
-    const auto type = task_type();
-    if (type == "chief") return 0;
-    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
-    if (type == "evaluator") {
-      throw ClusterConfigError(
-          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
-    }
-    throw ClusterConfigError(fmt::format(
-        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
-  }
-
-  /// The global id of local replica `local_id` when every task runs `local_replicas`:
-  /// id_in_cluster() * local_replicas + local_id.
-  int global_replica_id(int local_replicas, int local_id) const {
-    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
-      throw InvalidArgument(fmt::format(
-          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
-          local_replicas));
-    }
-    return id_in_cluster() * local_replicas + local_id;
-  }
-
-  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
-  /// (an empty spec), where there is nobody to connect to.
-  std::string master_address() const {
-    const auto& spec = cluster_spec();
-    if (spec.empty()) return {};
-    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
-    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
-    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
-                                         fmt::join(spec.jobs(), ", ")));
-  }
-
- protected:
-  ClusterResolver() = default;
-  ClusterResolver(const ClusterResolver&) = default;
-  ClusterResolver(ClusterResolver&&) = default;
-  ClusterResolver& operator=(const ClusterResolver&) = default;
-  ClusterResolver& operator=(ClusterResolver&&) = default;
-};
-
-/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
-/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
-class SimpleClusterResolver : public ClusterResolver {
- public:
-  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
-                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
-      : spec_(std::move(cluster_spec)),
-        task_type_(std::move(task_type)),
-        task_id_(task_id),
-        rpc_layer_(std::move(rpc_layer)),
-        accelerators_(std::move(num_accelerators)),
-        environment_(std::move(environment)) {
-    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
-    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
-    if (!spec_.empty()) {
-      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
-                                    "SimpleClusterResolver: task_id", "the cluster spec");
-    }
-    for (const auto& [device, count] : accelerators_) {
-      if (count < 0) {
-        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
-      }
-    }
-  }
-
-  const ClusterSpec& cluster_spec() const override { return spec_; }
-  std::string task_type() const override { return task_type_; }
-  int task_id() const override { return task_id_; }
-  std::string rpc_layer() const override { return rpc_layer_; }
-  AcceleratorCounts num_accelerators() const override { return accelerators_; }
-  std::string environment() const override { return environment_; }
-
- private:
-  ClusterSpec spec_;
-  std::string task_type_;
-  int task_id_;
-  std::string rpc_layer_;
-  AcceleratorCounts accelerators_;
-  std::string environment_;
-};
-
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
-// ---- end <distribute/cluster/cluster_resolver.hpp> ----
-// ---- begin <distribute/cluster/tf_config.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
-// TFConfigClusterResolver: the cluster from the TF_CONFIG environment variable, fully validated.
-
-#include <algorithm>
-#include <array>
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <utility>
-
-#include <boost/json.hpp>
-#include <fmt/format.h>
-
-// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
-// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
-
-#include <algorithm>
-#include <cstdint>
-#include <map>
-#include <string>
-#include <string_view>
-#include <utility>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
-// ---- begin <distribute/cluster/cluster_spec.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
-// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
-
-#include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <cstdint>
-#include <initializer_list>
-#include <map>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-#include <boost/json.hpp>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
-// ---- begin <distribute/cluster/address.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
-// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
-
-#include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <utility>
-
-#include <fmt/format.h>
-
-
-DISTRIBUTE_BEGIN_NAMESPACE
-
-/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
-/// resolver; to_string() puts them back for IPv6 hosts.
-struct HostPort {
-  std::string host;
-  int port = 0;
-
-  std::string to_string() const {
-    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
-  }
-  friend bool operator==(const HostPort&, const HostPort&) = default;
-};
-
-namespace detail {
-
-inline bool is_hostname_char(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
-}
-
-/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
-/// "address 'X' " (so every caller can put its own field name in front).
-inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
-  auto fail = [&](std::string reason) -> std::optional<HostPort> {
-    why = std::move(reason);
-    return std::nullopt;
-  };
-  if (address.empty()) return fail("is empty");
-  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
-    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
-                            address.substr(0, scheme + 3)));
-  }
-  std::string_view host;
-  std::string_view port;
-  if (address.front() == '[') {
-    auto close = address.find(']');
-    if (close == std::string_view::npos) return fail("has an unclosed '['");
-    host = address.substr(1, close - 1);
-    auto rest = address.substr(close + 1);
-    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
-    port = rest.substr(1);
-    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
-    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
-    auto zone = host.find('%');
-    auto ip = host.substr(0, zone);
-    bool ok = ip.find(':') != std::string_view::npos &&
-              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
-    if (zone != std::string_view::npos) {
-      auto z = host.substr(zone + 1);
-      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
-    }
-    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
-  } else {
-    auto colon = address.rfind(':');
-    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
-    host = address.substr(0, colon);
-    port = address.substr(colon + 1);
-    if (host.find(':') != std::string_view::npos) {
-      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
-    }
-    if (host.empty()) return fail("has an empty host; expected host:port");
-    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
-      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
-    }
-  }
-  if (port.empty()) return fail("has an empty port; expected host:port");
-  int p = 0;
-  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
-  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
-    return fail(fmt::format("has port '{}', which is not a number", port));
-  }
-  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
-    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
-  }
-  return HostPort{std::string(host), p};
-}
-
-}  // namespace detail
-
-/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
-/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
-inline HostPort split_host_port(std::string_view address) {
-  std::string why;
-  auto hp = detail::split_host_port(address, why);
-  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
-  return *hp;
-}
-
-/// True when split_host_port(address) would succeed.
-inline bool is_valid_address(std::string_view address) {
-  std::string why;
-  return detail::split_host_port(address, why).has_value();
-}
-
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
-// ---- end <distribute/cluster/address.hpp> ----
-// ---- begin <distribute/cluster/detail/json.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
-// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
-// error position, describing a value in a message, reading integers strictly.
-
-#include <cstdint>
-#include <limits>
-#include <optional>
-#include <string>
-#include <string_view>
-
-#include <boost/json.hpp>
-#include <fmt/format.h>
-
-
-DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
-
-/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
-/// character offset and Boost.JSON's own message.
-inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
-  boost::json::parser parser;
-  boost::system::error_code ec;
-  std::size_t consumed = parser.write(text.data(), text.size(), ec);
-  if (ec) {
-    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
-  }
-  return parser.release();
-}
-
-/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
-/// "bool true"), for "..., got X" in messages.
-inline std::string cluster_json_describe(const boost::json::value& v) {
-  switch (v.kind()) {
-    case boost::json::kind::null: return "null";
-    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
-    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
-    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
-    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
-    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
-    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
-    case boost::json::kind::array: return "array";
-    case boost::json::kind::object: return "object";
-  }
-  return "unknown";
-}
-
-/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
-inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
-  if (v.is_int64()) return v.get_int64();
-  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-    return static_cast<std::int64_t>(v.get_uint64());
-  }
-  return std::nullopt;
-}
-
-}  // namespace detail
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
-// ---- end <distribute/cluster/detail/json.hpp> ----
-
-DISTRIBUTE_BEGIN_NAMESPACE
-
-namespace detail {
-
-/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
-/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
-inline constexpr std::int64_t kMaxTaskIndex = 999'999;
-
-/// job → (task index → address): the one representation of dense and sparse jobs alike.
-using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
-
-/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
-inline std::string cluster_field(std::string_view root, std::string_view job) {
-  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
-}
-
-/// Checks job names, task indices and addresses, and that no two tasks share an address.
-/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
-inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
-  std::map<std::string, std::string> owner;  // address → the field that first used it
-  for (const auto& [job, tasks] : jobs) {
-    // TF device names only allow these in a job name ("/job:<name>/...").
-    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
-                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
-    if (!name_ok) {
-      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
-                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
-    }
-    for (const auto& [index, address] : tasks) {
-      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
-      if (index < 0 || index > kMaxTaskIndex) {
-        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
-      }
-      std::string why;
-      if (!detail::split_host_port(address, why)) {
-        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
-      }
-      auto [it, fresh] = owner.emplace(address, field);
-      if (!fresh) {
-        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
-                                             who, field, address, it->second));
-      }
-    }
-  }
-}
-
-/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
-/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
-inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
-  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
-  const auto* obj = v.if_object();
-  if (obj == nullptr) {
-    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
-                                         cluster_json_describe(v)));
-  }
-  ClusterJobs jobs;
-  for (const auto& [key, tasks] : *obj) {
-    std::string job(key);
-    std::string field = cluster_field(root, job);
-    auto& out = jobs[job];
-    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
-      if (!a.is_string()) {
-        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
-                                             cluster_json_describe(a)));
-      }
-      return std::string(a.get_string());
-    };
-    if (const auto* list = tasks.if_array()) {
-      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
-        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
-      }
-      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
-    } else if (const auto* sparse = tasks.if_object()) {
-      for (const auto& [index_key, address] : *sparse) {
-        std::string_view k = index_key;
-        std::int64_t index = -1;
-        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
-        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
-        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
-          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
-                                               field, k, kMaxTaskIndex));
-        }
-        if (out.count(static_cast<int>(index)) != 0) {
-          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
-        }
-        out[static_cast<int>(index)] = address_of(address, k);
-      }
-    } else {
-      throw ClusterConfigError(fmt::format(
-          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
-          cluster_json_describe(tasks)));
-    }
-  }
-  return jobs;
-}
-
-}  // namespace detail
-
-/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
-/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
-/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
-/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
-/// name order, as TF sorts them.
-class ClusterSpec {
- public:
-  using DenseJobs = std::map<std::string, std::vector<std::string>>;
-  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
-
-  /// An empty cluster: a single process, no peers.
-  ClusterSpec() = default;
-
-  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
-  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
-  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
-  /// from being ambiguous with the copy constructor.
-  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
-  ClusterSpec(const DenseJobs& jobs) {
-    for (const auto& [job, addresses] : jobs) {
-      auto& tasks = jobs_[job];
-      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
-    }
-    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
-  }
-
-  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
-  static ClusterSpec from_sparse(SparseJobs jobs) {
-    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
-    ClusterSpec spec;
-    spec.jobs_ = std::move(jobs);
-    return spec;
-  }
-
-  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
-  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
-  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
-  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
-  static ClusterSpec from_json(const boost::json::value& json) {
-    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
-  }
-  // boost::json::value converts from text too; these say which overload text means.
-  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
-  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
-  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
-
-  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
-  boost::json::object to_json_value() const {
-    boost::json::object out;
-    for (const auto& [job, tasks] : jobs_) {
-      if (is_dense(tasks)) {
-        boost::json::array list;
-        for (const auto& entry : tasks) list.emplace_back(entry.second);
-        out[job] = std::move(list);
-      } else {
-        boost::json::object sparse;
-        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
-        out[job] = std::move(sparse);
-      }
-    }
-    return out;
-  }
-  std::string to_json() const { return boost::json::serialize(to_json_value()); }
-
-  bool empty() const { return jobs_.empty(); }
-  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
-  bool has_task(std::string_view job, int index) const {
-    auto it = find(job);
-    return it != jobs_.end() && it->second.count(index) != 0;
-  }
-
-  /// Job names in order.
-  std::vector<std::string> jobs() const {
-    std::vector<std::string> names;
-    for (const auto& entry : jobs_) names.push_back(entry.first);
-    return names;
-  }
-
-  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
-  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
-
-  /// The task indices of `job`, ascending.
-  std::vector<int> task_indices(std::string_view job) const {
-    std::vector<int> out;
-    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
-    return out;
-  }
-
-  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
-  const std::string& task_address(std::string_view job, int index) const {
-    const auto& tasks = tasks_of(job, "task_address");
-    auto it = tasks.find(index);
-    if (it == tasks.end()) {
-      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
-                                        fmt::join(task_indices(job), ", ")));
-    }
-    return it->second;
-  }
-
-  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
-  /// sparse job that no task fills are empty strings (TF's None).
-  std::vector<std::string> job_tasks(std::string_view job) const {
-    const auto& tasks = tasks_of(job, "job_tasks");
-    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
-    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
-    return out;
-  }
-
-  /// Everything, as job → (index → address).
-  const SparseJobs& as_dict() const { return jobs_; }
-
-  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
-
- private:
-  static bool is_dense(const std::map<int, std::string>& tasks) {
-    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
-  }
-  SparseJobs::const_iterator find(std::string_view job) const {
-    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
-  }
-  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
-    auto it = find(job);
-    if (it == jobs_.end()) {
-      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
-                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
-    }
-    return it->second;
-  }
-
-  SparseJobs jobs_;
-};
-
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
-// ---- end <distribute/cluster/cluster_spec.hpp> ----
-// ---- begin <distribute/cluster/detail/env.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
-// Reading environment variables, from the process or from an injected map (tests).
-
-#include <charconv>
-#include <cstdint>
-#include <cstdlib>
-#include <functional>
-#include <map>
-#include <optional>
-#include <string>
-#include <string_view>
-
-#include <fmt/format.h>
-
-
-DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
-
-/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
-using EnvMap = std::map<std::string, std::string, std::less<>>;
-
-/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
-/// take a map in a constructor overload so tests never have to mutate the real environment
-/// (setenv is not thread-safe and would leak between test cases).
-class EnvReader {
- public:
-  EnvReader() = default;
-  explicit EnvReader(const EnvMap* map) : map_(map) {}
-
-  std::optional<std::string> get(std::string_view name) const {
-    if (map_ != nullptr) {
-      auto it = map_->find(name);
-      if (it == map_->end()) return std::nullopt;
-      return it->second;
-    }
-    // std::getenv needs a NUL-terminated name.
-    const char* v = std::getenv(std::string(name).c_str());
-    if (v == nullptr) return std::nullopt;
-    return std::string(v);
-  }
-
-  bool has(std::string_view name) const { return get(name).has_value(); }
-
- private:
-  const EnvMap* map_ = nullptr;
-};
-
-/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
-inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
-  std::int64_t v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
-/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
-/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
-inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
-                           std::int64_t hi, std::string_view hint = {}) {
-  auto raw = env.get(name);
-  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
-  auto v = parse_env_integer(*raw);
-  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
-  if (*v < lo || *v > hi) {
-    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
-  }
-  return static_cast<int>(*v);
-}
-
-}  // namespace detail
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
-// ---- end <distribute/cluster/detail/env.hpp> ----
-
-DISTRIBUTE_BEGIN_NAMESPACE
-
-/// Environment variables handed to a resolver instead of the process environment (tests, or a
-/// program that computes them). Lookups by string_view do not allocate.
-using EnvVars = detail::EnvMap;
-
-/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
-using AcceleratorCounts = std::map<std::string, int>;
-
-namespace detail {
-
-inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
-
-/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
-/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
-/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
-inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
-                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
-  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
-  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
-  if (!spec.has_job(type)) {
-    if (type == "evaluator") {
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format(
-            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
-            cluster_name));
-      }
-      return;
-    }
-    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
-                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
-  }
-  auto indices = spec.task_indices(type);
-  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
-  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
-    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
-                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
-  }
-  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
-    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
-                                         fmt::join(indices, ", ")));
-  }
-}
-
-inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
-  return spec.has_job(job) ? spec.num_tasks(job) : 0;
-}
-
-}  // namespace detail
-
-/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
-/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
-/// launcher's environment) once, at construction, and validate it there, so the getters are
-/// cheap and cannot fail. Users may derive their own.
-///
-/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
-/// one process, which is worker 0 and the chief.
-class ClusterResolver {
- public:
-  virtual ~ClusterResolver() = default;
-
-  virtual const ClusterSpec& cluster_spec() const = 0;
-  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
-  virtual std::string task_type() const = 0;
-  virtual int task_id() const = 0;
-  /// "grpc" and the like; empty when the configuration names none.
-  virtual std::string rpc_layer() const = 0;
-  virtual AcceleratorCounts num_accelerators() const = 0;
-  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
-  virtual std::string environment() const { return {}; }
-
-  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
-  /// own work, as in TF (it writes its own summaries).
-  bool is_chief() const {
-    const auto type = task_type();
-    if (type == "chief" || type == "evaluator") return true;
-    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
-  }
-
-  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
-  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
-  int worker_count() const {
-    const auto& spec = cluster_spec();
-    const auto type = task_type();
-    if (spec.empty()) return 1;
-    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
-    if (type != "chief" && type != "worker") {
-      throw ClusterConfigError(
-          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
-    }
-    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
-  }
-
-  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
-  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
-  /// evaluator and for ps tasks, which have no replicas.
-  int id_in_cluster() const {
-    const auto& spec = cluster_spec();
-    const auto type = task_type();
-    if (type == "chief") return 0;
-    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
-    if (type == "evaluator") {
-      throw ClusterConfigError(
-          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
-    }
-    throw ClusterConfigError(fmt::format(
-        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
-  }
-
-  /// The global id of local replica `local_id` when every task runs `local_replicas`:
-  /// id_in_cluster() * local_replicas + local_id.
-  int global_replica_id(int local_replicas, int local_id) const {
-    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
-      throw InvalidArgument(fmt::format(
-          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
-          local_replicas));
-    }
-    return id_in_cluster() * local_replicas + local_id;
-  }
-
-  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
-  /// (an empty spec), where there is nobody to connect to.
-  std::string master_address() const {
-    const auto& spec = cluster_spec();
-    if (spec.empty()) return {};
-    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
-    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
-    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
-                                         fmt::join(spec.jobs(), ", ")));
-  }
-
- protected:
-  ClusterResolver() = default;
-  ClusterResolver(const ClusterResolver&) = default;
-  ClusterResolver(ClusterResolver&&) = default;
-  ClusterResolver& operator=(const ClusterResolver&) = default;
-  ClusterResolver& operator=(ClusterResolver&&) = default;
-};
-
-/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
-/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
-class SimpleClusterResolver : public ClusterResolver {
- public:
-  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
-                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
-      : spec_(std::move(cluster_spec)),
-        task_type_(std::move(task_type)),
-        task_id_(task_id),
-        rpc_layer_(std::move(rpc_layer)),
-        accelerators_(std::move(num_accelerators)),
-        environment_(std::move(environment)) {
-    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
-    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
-    if (!spec_.empty()) {
-      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
-                                    "SimpleClusterResolver: task_id", "the cluster spec");
-    }
-    for (const auto& [device, count] : accelerators_) {
-      if (count < 0) {
-        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
-      }
-    }
-  }
-
-  const ClusterSpec& cluster_spec() const override { return spec_; }
-  std::string task_type() const override { return task_type_; }
-  int task_id() const override { return task_id_; }
-  std::string rpc_layer() const override { return rpc_layer_; }
-  AcceleratorCounts num_accelerators() const override { return accelerators_; }
-  std::string environment() const override { return environment_; }
-
- private:
-  ClusterSpec spec_;
-  std::string task_type_;
-  int task_id_;
-  std::string rpc_layer_;
-  AcceleratorCounts accelerators_;
-  std::string environment_;
-};
-
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
-// ---- end <distribute/cluster/cluster_resolver.hpp> ----
-// ---- begin <distribute/cluster/cluster_spec.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
-// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
-
-#include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <cstdint>
-#include <initializer_list>
-#include <map>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-#include <boost/json.hpp>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
-// ---- begin <distribute/cluster/address.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
-// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
-
-#include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <utility>
-
-#include <fmt/format.h>
-
-
-DISTRIBUTE_BEGIN_NAMESPACE
-
-/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
-/// resolver; to_string() puts them back for IPv6 hosts.
-struct HostPort {
-  std::string host;
-  int port = 0;
-
-  std::string to_string() const {
-    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
-  }
-  friend bool operator==(const HostPort&, const HostPort&) = default;
-};
-
-namespace detail {
-
-inline bool is_hostname_char(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
-}
-
-/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
-/// "address 'X' " (so every caller can put its own field name in front).
-inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
-  auto fail = [&](std::string reason) -> std::optional<HostPort> {
-    why = std::move(reason);
-    return std::nullopt;
-  };
-  if (address.empty()) return fail("is empty");
-  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
-    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
-                            address.substr(0, scheme + 3)));
-  }
-  std::string_view host;
-  std::string_view port;
-  if (address.front() == '[') {
-    auto close = address.find(']');
-    if (close == std::string_view::npos) return fail("has an unclosed '['");
-    host = address.substr(1, close - 1);
-    auto rest = address.substr(close + 1);
-    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
-    port = rest.substr(1);
-    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
-    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
-    auto zone = host.find('%');
-    auto ip = host.substr(0, zone);
-    bool ok = ip.find(':') != std::string_view::npos &&
-              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
-    if (zone != std::string_view::npos) {
-      auto z = host.substr(zone + 1);
-      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
-    }
-    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
-  } else {
-    auto colon = address.rfind(':');
-    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
-    host = address.substr(0, colon);
-    port = address.substr(colon + 1);
-    if (host.find(':') != std::string_view::npos) {
-      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
-    }
-    if (host.empty()) return fail("has an empty host; expected host:port");
-    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
-      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
-    }
-  }
-  if (port.empty()) return fail("has an empty port; expected host:port");
-  int p = 0;
-  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
-  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
-    return fail(fmt::format("has port '{}', which is not a number", port));
-  }
-  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
-    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
-  }
-  return HostPort{std::string(host), p};
-}
-
-}  // namespace detail
-
-/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
-/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
-inline HostPort split_host_port(std::string_view address) {
-  std::string why;
-  auto hp = detail::split_host_port(address, why);
-  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
-  return *hp;
-}
-
-/// True when split_host_port(address) would succeed.
-inline bool is_valid_address(std::string_view address) {
-  std::string why;
-  return detail::split_host_port(address, why).has_value();
-}
-
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
-// ---- end <distribute/cluster/address.hpp> ----
-// ---- begin <distribute/cluster/detail/json.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
-// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
-// error position, describing a value in a message, reading integers strictly.
-
-#include <cstdint>
-#include <limits>
-#include <optional>
-#include <string>
-#include <string_view>
-
-#include <boost/json.hpp>
-#include <fmt/format.h>
-
-
-DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
-
-/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
-/// character offset and Boost.JSON's own message.
-inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
-  boost::json::parser parser;
-  boost::system::error_code ec;
-  std::size_t consumed = parser.write(text.data(), text.size(), ec);
-  if (ec) {
-    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
-  }
-  return parser.release();
-}
-
-/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
-/// "bool true"), for "..., got X" in messages.
-inline std::string cluster_json_describe(const boost::json::value& v) {
-  switch (v.kind()) {
-    case boost::json::kind::null: return "null";
-    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
-    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
-    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
-    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
-    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
-    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
-    case boost::json::kind::array: return "array";
-    case boost::json::kind::object: return "object";
-  }
-  return "unknown";
-}
-
-/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
-inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
-  if (v.is_int64()) return v.get_int64();
-  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-    return static_cast<std::int64_t>(v.get_uint64());
-  }
-  return std::nullopt;
-}
-
-}  // namespace detail
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
-// ---- end <distribute/cluster/detail/json.hpp> ----
-
-DISTRIBUTE_BEGIN_NAMESPACE
-
-namespace detail {
-
-/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
-/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
-inline constexpr std::int64_t kMaxTaskIndex = 999'999;
-
-/// job → (task index → address): the one representation of dense and sparse jobs alike.
-using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
-
-/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
-inline std::string cluster_field(std::string_view root, std::string_view job) {
-  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
-}
-
-/// Checks job names, task indices and addresses, and that no two tasks share an address.
-/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
-inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
-  std::map<std::string, std::string> owner;  // address → the field that first used it
-  for (const auto& [job, tasks] : jobs) {
-    // TF device names only allow these in a job name ("/job:<name>/...").
-    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
-                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
-    if (!name_ok) {
-      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
-                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
-    }
-    for (const auto& [index, address] : tasks) {
-      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
-      if (index < 0 || index > kMaxTaskIndex) {
-        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
-      }
-      std::string why;
-      if (!detail::split_host_port(address, why)) {
-        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
-      }
-      auto [it, fresh] = owner.emplace(address, field);
-      if (!fresh) {
-        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
-                                             who, field, address, it->second));
-      }
-    }
-  }
-}
-
-/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
-/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
-inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
-  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
-  const auto* obj = v.if_object();
-  if (obj == nullptr) {
-    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
-                                         cluster_json_describe(v)));
-  }
-  ClusterJobs jobs;
-  for (const auto& [key, tasks] : *obj) {
-    std::string job(key);
-    std::string field = cluster_field(root, job);
-    auto& out = jobs[job];
-    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
-      if (!a.is_string()) {
-        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
-                                             cluster_json_describe(a)));
-      }
-      return std::string(a.get_string());
-    };
-    if (const auto* list = tasks.if_array()) {
-      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
-        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
-      }
-      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
-    } else if (const auto* sparse = tasks.if_object()) {
-      for (const auto& [index_key, address] : *sparse) {
-        std::string_view k = index_key;
-        std::int64_t index = -1;
-        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
-        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
-        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
-          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
-                                               field, k, kMaxTaskIndex));
-        }
-        if (out.count(static_cast<int>(index)) != 0) {
-          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
-        }
-        out[static_cast<int>(index)] = address_of(address, k);
-      }
-    } else {
-      throw ClusterConfigError(fmt::format(
-          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
-          cluster_json_describe(tasks)));
-    }
-  }
-  return jobs;
-}
-
-}  // namespace detail
-
-/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
-/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
-/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
-/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
-/// name order, as TF sorts them.
-class ClusterSpec {
- public:
-  using DenseJobs = std::map<std::string, std::vector<std::string>>;
-  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
-
-  /// An empty cluster: a single process, no peers.
-  ClusterSpec() = default;
-
-  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
-  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
-  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
-  /// from being ambiguous with the copy constructor.
-  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
-  ClusterSpec(const DenseJobs& jobs) {
-    for (const auto& [job, addresses] : jobs) {
-      auto& tasks = jobs_[job];
-      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
-    }
-    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
-  }
-
-  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
-  static ClusterSpec from_sparse(SparseJobs jobs) {
-    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
-    ClusterSpec spec;
-    spec.jobs_ = std::move(jobs);
-    return spec;
-  }
-
-  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
-  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
-  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
-  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
-  static ClusterSpec from_json(const boost::json::value& json) {
-    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
-  }
-  // boost::json::value converts from text too; these say which overload text means.
-  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
-  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
-  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
-
-  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
-  boost::json::object to_json_value() const {
-    boost::json::object out;
-    for (const auto& [job, tasks] : jobs_) {
-      if (is_dense(tasks)) {
-        boost::json::array list;
-        for (const auto& entry : tasks) list.emplace_back(entry.second);
-        out[job] = std::move(list);
-      } else {
-        boost::json::object sparse;
-        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
-        out[job] = std::move(sparse);
-      }
-    }
-    return out;
-  }
-  std::string to_json() const { return boost::json::serialize(to_json_value()); }
-
-  bool empty() const { return jobs_.empty(); }
-  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
-  bool has_task(std::string_view job, int index) const {
-    auto it = find(job);
-    return it != jobs_.end() && it->second.count(index) != 0;
-  }
-
-  /// Job names in order.
-  std::vector<std::string> jobs() const {
-    std::vector<std::string> names;
-    for (const auto& entry : jobs_) names.push_back(entry.first);
-    return names;
-  }
-
-  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
-  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
-
-  /// The task indices of `job`, ascending.
-  std::vector<int> task_indices(std::string_view job) const {
-    std::vector<int> out;
-    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
-    return out;
-  }
-
-  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
-  const std::string& task_address(std::string_view job, int index) const {
-    const auto& tasks = tasks_of(job, "task_address");
-    auto it = tasks.find(index);
-    if (it == tasks.end()) {
-      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
-                                        fmt::join(task_indices(job), ", ")));
-    }
-    return it->second;
-  }
-
-  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
-  /// sparse job that no task fills are empty strings (TF's None).
-  std::vector<std::string> job_tasks(std::string_view job) const {
-    const auto& tasks = tasks_of(job, "job_tasks");
-    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
-    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
-    return out;
-  }
-
-  /// Everything, as job → (index → address).
-  const SparseJobs& as_dict() const { return jobs_; }
-
-  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
-
- private:
-  static bool is_dense(const std::map<int, std::string>& tasks) {
-    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
-  }
-  SparseJobs::const_iterator find(std::string_view job) const {
-    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
-  }
-  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
-    auto it = find(job);
-    if (it == jobs_.end()) {
-      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
-                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
-    }
-    return it->second;
-  }
-
-  SparseJobs jobs_;
-};
-
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
-// ---- end <distribute/cluster/cluster_spec.hpp> ----
-// ---- begin <distribute/cluster/detail/env.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
-// Reading environment variables, from the process or from an injected map (tests).
-
-#include <charconv>
-#include <cstdint>
-#include <cstdlib>
-#include <functional>
-#include <map>
-#include <optional>
-#include <string>
-#include <string_view>
-
-#include <fmt/format.h>
-
-
-DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
-
-/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
-using EnvMap = std::map<std::string, std::string, std::less<>>;
-
-/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
-/// take a map in a constructor overload so tests never have to mutate the real environment
-/// (setenv is not thread-safe and would leak between test cases).
-class EnvReader {
- public:
-  EnvReader() = default;
-  explicit EnvReader(const EnvMap* map) : map_(map) {}
-
-  std::optional<std::string> get(std::string_view name) const {
-    if (map_ != nullptr) {
-      auto it = map_->find(name);
-      if (it == map_->end()) return std::nullopt;
-      return it->second;
-    }
-    // std::getenv needs a NUL-terminated name.
-    const char* v = std::getenv(std::string(name).c_str());
-    if (v == nullptr) return std::nullopt;
-    return std::string(v);
-  }
-
-  bool has(std::string_view name) const { return get(name).has_value(); }
-
- private:
-  const EnvMap* map_ = nullptr;
-};
-
-/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
-inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
-  std::int64_t v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
-/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
-/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
-inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
-                           std::int64_t hi, std::string_view hint = {}) {
-  auto raw = env.get(name);
-  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
-  auto v = parse_env_integer(*raw);
-  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
-  if (*v < lo || *v > hi) {
-    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
-  }
-  return static_cast<int>(*v);
-}
-
-}  // namespace detail
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
-// ---- end <distribute/cluster/detail/env.hpp> ----
-// ---- begin <distribute/cluster/detail/json.hpp> ----
-#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
-#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
-// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
-// error position, describing a value in a message, reading integers strictly.
-
-#include <cstdint>
-#include <limits>
-#include <optional>
-#include <string>
-#include <string_view>
-
-#include <boost/json.hpp>
-#include <fmt/format.h>
-
-
-DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
-
-/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
-/// character offset and Boost.JSON's own message.
-inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
-  boost::json::parser parser;
-  boost::system::error_code ec;
-  std::size_t consumed = parser.write(text.data(), text.size(), ec);
-  if (ec) {
-    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
-  }
-  return parser.release();
-}
-
-/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
-/// "bool true"), for "..., got X" in messages.
-inline std::string cluster_json_describe(const boost::json::value& v) {
-  switch (v.kind()) {
-    case boost::json::kind::null: return "null";
-    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
-    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
-    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
-    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
-    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
-    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
-    case boost::json::kind::array: return "array";
-    case boost::json::kind::object: return "object";
-  }
-  return "unknown";
-}
-
-/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
-inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
-  if (v.is_int64()) return v.get_int64();
-  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-    return static_cast<std::int64_t>(v.get_uint64());
-  }
-  return std::nullopt;
-}
-
-}  // namespace detail
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
-// ---- end <distribute/cluster/detail/json.hpp> ----
-
-DISTRIBUTE_BEGIN_NAMESPACE
-
-/// Explicit values that take precedence over TF_CONFIG's, as TF's constructor arguments do.
-/// Set the fields you need (`ds::TFConfigOptions o; o.task_id = 1;`); designated initializers
-/// that leave fields out trip GCC 12's -Wmissing-field-initializers.
-struct TFConfigOptions {
-  std::optional<std::string> task_type;
-  std::optional<int> task_id;
-  std::optional<std::string> rpc_layer;
-  std::optional<std::string> environment;
-  /// Reported by num_accelerators(); TF_CONFIG itself says nothing about devices.
-  AcceleratorCounts num_accelerators;
-};
-
-namespace detail {
-
-inline constexpr std::array<std::string_view, 4> kTFConfigTaskTypes = {"chief", "worker", "ps", "evaluator"};
-
-inline bool is_tf_config_task_type(std::string_view type) {
-  return std::find(kTFConfigTaskTypes.begin(), kTFConfigTaskTypes.end(), type) != kTFConfigTaskTypes.end();
-}
-
-inline bool tf_config_is_blank(std::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
-}
-
-/// A member that TF reads with dict.get(): absent and null both mean "not given".
-inline const boost::json::value* tf_config_member(const boost::json::object& obj, std::string_view key) {
-  const auto* v = obj.if_contains(key);
-  return v == nullptr || v->is_null() ? nullptr : v;
-}
-
-inline std::string tf_config_string(const boost::json::object& obj, std::string_view key, std::string_view field) {
-  const auto* v = tf_config_member(obj, key);
-  if (v == nullptr) return {};
-  if (!v->is_string()) {
-    throw ClusterConfigError(fmt::format("TF_CONFIG: {} must be a string, got {}", field, cluster_json_describe(*v)));
-  }
-  return std::string(v->get_string());
-}
-
-}  // namespace detail
-
-/// Reads the cluster from TF_CONFIG, TF's schema:
-///
-///     {"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"],
-///                  "ps": {"0": "host3:2222"}},
-///      "task": {"type": "worker", "index": 1},
-///      "rpc_layer": "grpc", "environment": "cloud"}
-///
-/// Jobs are lists (dense) or objects of "index" → address (sparse). Everything is checked at
-/// construction and ClusterConfigError names the field that is wrong: JSON syntax (with
-/// Boost.JSON's message), the types of `cluster`, `task`, `task.type`, `task.index`,
-/// `rpc_layer`, `environment`; job names (chief, worker, ps, evaluator); at most one chief and
-/// one evaluator; every address host:port and used once; the task's job present (an evaluator
-/// may be absent, as in TF) and its index in range. Unknown top-level keys are ignored, as TF
-/// does; `task.index` may also be a string of digits, which TF's int() accepts.
-///
-/// TF_CONFIG unset or blank (or `{}`) means local mode: an empty spec, task worker 0.
-class TFConfigClusterResolver : public ClusterResolver {
- public:
-  /// Reads the TF_CONFIG environment variable.
-  TFConfigClusterResolver() : TFConfigClusterResolver(TFConfigOptions{}) {}
-  explicit TFConfigClusterResolver(const TFConfigOptions& options) { init(detail::EnvReader{}.get("TF_CONFIG"), options); }
-  /// Reads TF_CONFIG from `env` instead of the process environment.
-  explicit TFConfigClusterResolver(const EnvVars& env, const TFConfigOptions& options = {}) {
-    init(detail::EnvReader{&env}.get("TF_CONFIG"), options);
-  }
-  /// Parses `tf_config` as the value of TF_CONFIG (blank text: as if it were unset).
-  explicit TFConfigClusterResolver(std::string_view tf_config, const TFConfigOptions& options = {}) {
-    init(std::string(tf_config), options);
-  }
-
-  const ClusterSpec& cluster_spec() const override { return spec_; }
-  std::string task_type() const override { return task_type_; }
-  int task_id() const override { return task_id_; }
-  std::string rpc_layer() const override { return rpc_layer_; }
-  AcceleratorCounts num_accelerators() const override { return accelerators_; }
-  std::string environment() const override { return environment_; }
-
-  /// False in local mode because TF_CONFIG was unset or blank.
-  bool has_tf_config() const { return has_tf_config_; }
-
- private:
-  void init(const std::optional<std::string>& text, const TFConfigOptions& options) {
-    accelerators_ = options.num_accelerators;
-    for (const auto& [device, count] : accelerators_) {
-      if (count < 0) {
-        throw ClusterConfigError(fmt::format("TFConfigClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
-      }
-    }
-    has_tf_config_ = text && !detail::tf_config_is_blank(*text);
-    std::optional<std::string> type;
-    std::optional<std::int64_t> index;
-    if (has_tf_config_) parse(*text, type, index);
-
-    // Explicit options win over TF_CONFIG; the labels say where a bad value came from.
-    std::string type_label = "TF_CONFIG: task.type";
-    std::string id_label = "TF_CONFIG: task.index";
-    if (options.task_type) {
-      type = options.task_type;
-      type_label = "TFConfigClusterResolver: task_type";
-    }
-    if (options.task_id) {
-      index = *options.task_id;
-      id_label = "TFConfigClusterResolver: task_id";
-    }
-    if (options.rpc_layer) rpc_layer_ = *options.rpc_layer;
-    if (options.environment) environment_ = *options.environment;
-
-    if (spec_.empty()) {
-      // Local mode: one process. A task, if one is named, must be that process.
-      task_type_ = type.value_or("worker");
-      std::int64_t id = index.value_or(0);
-      if (!detail::is_tf_config_task_type(task_type_)) {
-        throw ClusterConfigError(fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator",
-                                             type_label, task_type_));
-      }
-      if (task_type_ == "ps") {
-        throw ClusterConfigError(fmt::format("{} 'ps' has no job in cluster: cluster is empty (local mode: one worker)", type_label));
-      }
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format("{} {} is out of range: cluster is empty, so the only task is {} 0", id_label, id,
-                                             task_type_));
-      }
-      task_id_ = 0;
-      return;
-    }
-    if (!type && !has_task_) {
-      throw ClusterConfigError("TF_CONFIG: task is missing; with a cluster, every process needs task.type and task.index");
-    }
-    if (!type) {
-      throw ClusterConfigError("TF_CONFIG: task.type is missing; with a cluster, every process needs task.type and task.index");
-    }
-    if (!index) {
-      throw ClusterConfigError("TF_CONFIG: task.index is missing; with a cluster, every process needs task.type and task.index");
-    }
-    if (!detail::is_tf_config_task_type(*type)) {
-      throw ClusterConfigError(
-          fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator", type_label, *type));
-    }
-    detail::check_task_in_cluster(spec_, *type, *index, type_label, id_label, "cluster");
-    task_type_ = *type;
-    task_id_ = static_cast<int>(*index);
-  }
-
-  void parse(const std::string& text, std::optional<std::string>& type, std::optional<std::int64_t>& index) {
-    auto doc = detail::cluster_parse_json(text, "TF_CONFIG");
-    const auto* top = doc.if_object();
-    if (top == nullptr) {
-      throw ClusterConfigError(fmt::format("TF_CONFIG: the top level must be an object with cluster and task, got {}",
-                                           detail::cluster_json_describe(doc)));
-    }
-    if (const auto* cluster = detail::tf_config_member(*top, "cluster")) {
-      auto jobs = detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
-      for (const auto& entry : jobs) {
-        if (!detail::is_tf_config_task_type(entry.first)) {
-          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster has job '{}'; jobs must be chief, worker, ps or evaluator",
-                                               entry.first));
-        }
-      }
-      detail::validate_cluster_jobs(jobs, "TF_CONFIG", "cluster");
-      for (std::string_view single : {"chief", "evaluator"}) {
-        auto it = jobs.find(std::string(single));
-        if (it != jobs.end() && it->second.size() > 1) {
-          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster.{} has {} tasks; there can be at most one {}", single,
-                                               it->second.size(), single));
-        }
-      }
-      spec_ = ClusterSpec::from_sparse(std::move(jobs));
-    }
-    if (const auto* task_value = detail::tf_config_member(*top, "task")) {
-      has_task_ = true;
-      const auto* task = task_value->if_object();
-      if (task == nullptr) {
-        throw ClusterConfigError(fmt::format("TF_CONFIG: task must be an object with type and index, got {}",
-                                             detail::cluster_json_describe(*task_value)));
-      }
-      if (const auto* t = detail::tf_config_member(*task, "type")) {
-        if (!t->is_string()) {
-          throw ClusterConfigError(
-              fmt::format("TF_CONFIG: task.type must be a string, got {}", detail::cluster_json_describe(*t)));
-        }
-        type = std::string(t->get_string());
-      }
-      if (const auto* i = detail::tf_config_member(*task, "index")) index = parse_index(*i);
-    }
-    rpc_layer_ = detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
-    environment_ = detail::tf_config_string(*top, "environment", "environment");
-  }
-
-  static std::int64_t parse_index(const boost::json::value& v) {
-    if (auto i = detail::cluster_json_integer(v)) return *i;
-    if (v.is_string()) {
-      std::string_view s = v.get_string();
-      if (auto i = detail::parse_env_integer(s)) return *i;
-    }
-    throw ClusterConfigError(fmt::format("TF_CONFIG: task.index must be an integer, got {}", detail::cluster_json_describe(v)));
-  }
-
-  ClusterSpec spec_;
-  std::string task_type_ = "worker";
-  int task_id_ = 0;
-  std::string rpc_layer_;
-  std::string environment_;
-  AcceleratorCounts accelerators_;
-  bool has_tf_config_ = false;
-  bool has_task_ = false;  // TF_CONFIG has a "task" member
-};
-
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
-// ---- end <distribute/cluster/tf_config.hpp> ----
-
-DISTRIBUTE_BEGIN_NAMESPACE
-
-namespace detail {
-
-/// Checks the cluster has what parameter-server training needs: one chief (the coordinator), at
-/// least one ps and one worker, and no job besides those and an evaluator. Returns the ps count.
-inline int check_parameter_server_cluster(const ClusterSpec& spec) {
-  constexpr std::string_view what = "ParameterServerStrategy";
-  if (spec.empty()) {
-    throw ClusterConfigError(fmt::format("{}: the cluster spec is empty; parameter-server training needs a 'chief' "
-                                         "(the coordinator), at least one 'ps' and at least one 'worker' task",
-                                         what));
-  }
-  const auto jobs = fmt::format("{}", fmt::join(spec.jobs(), ", "));
-  for (const auto& job : spec.jobs()) {
-    if (job != "chief" && job != "ps" && job != "worker" && job != "evaluator") {
-      throw ClusterConfigError(fmt::format("{}: the cluster has a job '{}'; the allowed jobs are 'chief', 'ps', 'worker' "
-                                           "and 'evaluator'",
-                                           what, job));
-    }
-  }
-  if (cluster_job_size(spec, "ps") < 1) {
-    throw ClusterConfigError(fmt::format("{}: the cluster (jobs: {}) has no 'ps' task; there must be at least one "
-                                         "parameter server",
-                                         what, jobs));
-  }
-  if (cluster_job_size(spec, "worker") < 1) {
-    throw ClusterConfigError(
-        fmt::format("{}: the cluster (jobs: {}) has no 'worker' task; there must be at least one worker", what, jobs));
-  }
-  const int chiefs = cluster_job_size(spec, "chief");
-  if (chiefs != 1) {
-    throw ClusterConfigError(fmt::format("{}: the cluster (jobs: {}) has {} 'chief' tasks; it needs exactly one, the "
-                                         "coordinator",
-                                         what, jobs, chiefs));
-  }
-  return cluster_job_size(spec, "ps");
-}
-
-}  // namespace detail
-
-class ParameterServerStrategy final : public AnyStrategy, public detail::PartitionsVariables {
- public:
-  /// `resolver` defaults to TFConfigClusterResolver (the TF_CONFIG environment variable). Without
-  /// a `partitioner` variables are never split. ClusterConfigError when the cluster lacks a chief,
-  /// a ps or a worker task.
-  explicit ParameterServerStrategy(std::shared_ptr<ClusterResolver> resolver = nullptr,
-                                   VariablePartitioner partitioner = {})
-      : resolver_(resolver ? std::move(resolver) : std::make_shared<TFConfigClusterResolver>()),
-        partitioner_(std::move(partitioner)),
-        placement_(detail::check_parameter_server_cluster(resolver_->cluster_spec())) {}
-
-  std::string_view name() const noexcept override { return "ParameterServerStrategy"; }
-  /// One replica per worker, and workers do not synchronise (asynchronous training).
-  int num_replicas_in_sync() const noexcept override { return 1; }
-  int num_local_replicas() const noexcept override { return 1; }
-  /// As in TF: the worker's device, without job and task (a function runs on whichever worker the
-  /// coordinator picks).
-  std::vector<std::string> worker_devices() const override { return {"/device:CPU:0"}; }
-
-  /// Makes the strategy current: variables created under the guard go to ps tasks round-robin,
-  /// and ShardedVariables are split by the partitioner.
-  [[nodiscard]] ScopeGuard scope() { return ScopeGuard(*this); }
-
-  const ClusterResolver* cluster_resolver() const noexcept { return resolver_.get(); }
-  const VariablePartitioner& variable_partitioner() const noexcept { return partitioner_; }
-  int num_ps() const noexcept { return placement_.num_ps(); }
-  int num_workers() const { return resolver_->cluster_spec().num_tasks("worker"); }
-
-  /// The next ps task in turn. One copy, held here for now and reported on its ps task. It uses
-  /// the one-copy (central storage) placement core/ knows: in cross-replica context, which is
-  /// where the coordinator works, reads and updates go to that copy.
-  detail::VariablePlacement variable_placement() const override {
-    std::string device = placement_.next_device();
-    return {detail::PlacementKind::CentralStorage, {device}, 1, id(), {device}};
-  }
-
-  /// Shards for a ShardedVariable created in scope: what the partitioner says on axis 0, 1 without
-  /// a partitioner or for a scalar (TF never partitions those).
-  std::int64_t num_shards_for(const Shape& shape, DType dtype) const override {
-    if (!partitioner_ || shape.empty()) return 1;
-    return shards_along_first_axis(partitioner_(shape, dtype), shape);
-  }
-
- private:
-  std::shared_ptr<ClusterResolver> resolver_;
-  VariablePartitioner partitioner_;
-  mutable RoundRobinPlacement placement_;  // placing a variable takes the next turn
-};
-
-DISTRIBUTE_END_NAMESPACE
-#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_PARAMETER_SERVER_HPP
-// ---- end <distribute/strategy/parameter_server.hpp> ----
-#endif
 
 // net/ (needs Boost.Asio and OpenSSL) and the strategies built on it
 #if __has_include(<boost/asio.hpp>) && __has_include(<openssl/hmac.h>) && __has_include(<boost/json.hpp>)
@@ -24333,7 +22277,9 @@ enum class FrameType : std::uint8_t {
   Abort = 8,         // the sender's communicator failed; payload says why
   Descriptor = 9,    // announces a collective (seq = collective number)
   Data = 10,         // a piece of a collective's data (seq, tag)
-  PointToPoint = 11  // one send() message (seq = message number to this peer)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
 };
 
 constexpr std::string_view to_string(FrameType t) noexcept {
@@ -24349,6 +22295,8 @@ constexpr std::string_view to_string(FrameType t) noexcept {
     case FrameType::Descriptor: return "descriptor";
     case FrameType::Data: return "data";
     case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
   }
   return "?";
 }
@@ -24376,7 +22324,7 @@ inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
 }
 
 constexpr bool known_frame_type(std::uint8_t t) noexcept {
-  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
 }  // namespace detail
@@ -24419,7 +22367,9 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   std::uint64_t limit = kMaxControlPayload;
   switch (h.type) {
     case FrameType::Data:
-    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
     case FrameType::Welcome:
     case FrameType::Heartbeat:
     case FrameType::Goodbye: limit = 0; break;
@@ -24825,7 +22775,9 @@ enum class FrameType : std::uint8_t {
   Abort = 8,         // the sender's communicator failed; payload says why
   Descriptor = 9,    // announces a collective (seq = collective number)
   Data = 10,         // a piece of a collective's data (seq, tag)
-  PointToPoint = 11  // one send() message (seq = message number to this peer)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
 };
 
 constexpr std::string_view to_string(FrameType t) noexcept {
@@ -24841,6 +22793,8 @@ constexpr std::string_view to_string(FrameType t) noexcept {
     case FrameType::Descriptor: return "descriptor";
     case FrameType::Data: return "data";
     case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
   }
   return "?";
 }
@@ -24868,7 +22822,7 @@ inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
 }
 
 constexpr bool known_frame_type(std::uint8_t t) noexcept {
-  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
 }  // namespace detail
@@ -24911,7 +22865,9 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   std::uint64_t limit = kMaxControlPayload;
   switch (h.type) {
     case FrameType::Data:
-    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
     case FrameType::Welcome:
     case FrameType::Heartbeat:
     case FrameType::Goodbye: limit = 0; break;
@@ -26863,7 +24819,9 @@ enum class FrameType : std::uint8_t {
   Abort = 8,         // the sender's communicator failed; payload says why
   Descriptor = 9,    // announces a collective (seq = collective number)
   Data = 10,         // a piece of a collective's data (seq, tag)
-  PointToPoint = 11  // one send() message (seq = message number to this peer)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
 };
 
 constexpr std::string_view to_string(FrameType t) noexcept {
@@ -26879,6 +24837,8 @@ constexpr std::string_view to_string(FrameType t) noexcept {
     case FrameType::Descriptor: return "descriptor";
     case FrameType::Data: return "data";
     case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
   }
   return "?";
 }
@@ -26906,7 +24866,7 @@ inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
 }
 
 constexpr bool known_frame_type(std::uint8_t t) noexcept {
-  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
 }  // namespace detail
@@ -26949,7 +24909,9 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   std::uint64_t limit = kMaxControlPayload;
   switch (h.type) {
     case FrameType::Data:
-    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
     case FrameType::Welcome:
     case FrameType::Heartbeat:
     case FrameType::Goodbye: limit = 0; break;
@@ -27355,7 +25317,9 @@ enum class FrameType : std::uint8_t {
   Abort = 8,         // the sender's communicator failed; payload says why
   Descriptor = 9,    // announces a collective (seq = collective number)
   Data = 10,         // a piece of a collective's data (seq, tag)
-  PointToPoint = 11  // one send() message (seq = message number to this peer)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
 };
 
 constexpr std::string_view to_string(FrameType t) noexcept {
@@ -27371,6 +25335,8 @@ constexpr std::string_view to_string(FrameType t) noexcept {
     case FrameType::Descriptor: return "descriptor";
     case FrameType::Data: return "data";
     case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
   }
   return "?";
 }
@@ -27398,7 +25364,7 @@ inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
 }
 
 constexpr bool known_frame_type(std::uint8_t t) noexcept {
-  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
 }  // namespace detail
@@ -27441,7 +25407,9 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   std::uint64_t limit = kMaxControlPayload;
   switch (h.type) {
     case FrameType::Data:
-    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
     case FrameType::Welcome:
     case FrameType::Heartbeat:
     case FrameType::Goodbye: limit = 0; break;
@@ -31622,7 +29590,9 @@ enum class FrameType : std::uint8_t {
   Abort = 8,         // the sender's communicator failed; payload says why
   Descriptor = 9,    // announces a collective (seq = collective number)
   Data = 10,         // a piece of a collective's data (seq, tag)
-  PointToPoint = 11  // one send() message (seq = message number to this peer)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
 };
 
 constexpr std::string_view to_string(FrameType t) noexcept {
@@ -31638,6 +29608,8 @@ constexpr std::string_view to_string(FrameType t) noexcept {
     case FrameType::Descriptor: return "descriptor";
     case FrameType::Data: return "data";
     case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
   }
   return "?";
 }
@@ -31665,7 +29637,7 @@ inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
 }
 
 constexpr bool known_frame_type(std::uint8_t t) noexcept {
-  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
 }  // namespace detail
@@ -31708,7 +29680,9 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   std::uint64_t limit = kMaxControlPayload;
   switch (h.type) {
     case FrameType::Data:
-    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
     case FrameType::Welcome:
     case FrameType::Heartbeat:
     case FrameType::Goodbye: limit = 0; break;
@@ -32114,7 +30088,9 @@ enum class FrameType : std::uint8_t {
   Abort = 8,         // the sender's communicator failed; payload says why
   Descriptor = 9,    // announces a collective (seq = collective number)
   Data = 10,         // a piece of a collective's data (seq, tag)
-  PointToPoint = 11  // one send() message (seq = message number to this peer)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
 };
 
 constexpr std::string_view to_string(FrameType t) noexcept {
@@ -32130,6 +30106,8 @@ constexpr std::string_view to_string(FrameType t) noexcept {
     case FrameType::Descriptor: return "descriptor";
     case FrameType::Data: return "data";
     case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
   }
   return "?";
 }
@@ -32157,7 +30135,7 @@ inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
 }
 
 constexpr bool known_frame_type(std::uint8_t t) noexcept {
-  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
 }  // namespace detail
@@ -32200,7 +30178,9 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   std::uint64_t limit = kMaxControlPayload;
   switch (h.type) {
     case FrameType::Data:
-    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
     case FrameType::Welcome:
     case FrameType::Heartbeat:
     case FrameType::Goodbye: limit = 0; break;
@@ -34152,7 +32132,9 @@ enum class FrameType : std::uint8_t {
   Abort = 8,         // the sender's communicator failed; payload says why
   Descriptor = 9,    // announces a collective (seq = collective number)
   Data = 10,         // a piece of a collective's data (seq, tag)
-  PointToPoint = 11  // one send() message (seq = message number to this peer)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
 };
 
 constexpr std::string_view to_string(FrameType t) noexcept {
@@ -34168,6 +32150,8 @@ constexpr std::string_view to_string(FrameType t) noexcept {
     case FrameType::Descriptor: return "descriptor";
     case FrameType::Data: return "data";
     case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
   }
   return "?";
 }
@@ -34195,7 +32179,7 @@ inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
 }
 
 constexpr bool known_frame_type(std::uint8_t t) noexcept {
-  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
 }  // namespace detail
@@ -34238,7 +32222,9 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   std::uint64_t limit = kMaxControlPayload;
   switch (h.type) {
     case FrameType::Data:
-    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
     case FrameType::Welcome:
     case FrameType::Heartbeat:
     case FrameType::Goodbye: limit = 0; break;
@@ -34644,7 +32630,9 @@ enum class FrameType : std::uint8_t {
   Abort = 8,         // the sender's communicator failed; payload says why
   Descriptor = 9,    // announces a collective (seq = collective number)
   Data = 10,         // a piece of a collective's data (seq, tag)
-  PointToPoint = 11  // one send() message (seq = message number to this peer)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
 };
 
 constexpr std::string_view to_string(FrameType t) noexcept {
@@ -34660,6 +32648,8 @@ constexpr std::string_view to_string(FrameType t) noexcept {
     case FrameType::Descriptor: return "descriptor";
     case FrameType::Data: return "data";
     case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
   }
   return "?";
 }
@@ -34687,7 +32677,7 @@ inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
 }
 
 constexpr bool known_frame_type(std::uint8_t t) noexcept {
-  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::PointToPoint);
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
 }  // namespace detail
@@ -34730,7 +32720,9 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   std::uint64_t limit = kMaxControlPayload;
   switch (h.type) {
     case FrameType::Data:
-    case FrameType::PointToPoint: limit = max_payload_bytes; break;
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
     case FrameType::Welcome:
     case FrameType::Heartbeat:
     case FrameType::Goodbye: limit = 0; break;
@@ -36475,6 +34467,14500 @@ class MultiWorkerMirroredStrategy
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_MULTI_WORKER_MIRRORED_HPP
 // ---- end <distribute/strategy/multi_worker_mirrored.hpp> ----
+#endif
+
+// Parameter-server training: the strategy, ds::Server, ClusterCoordinator and remote functions
+// (needs Boost.Asio/Beast/JSON, OpenSSL and cereal)
+#if __has_include(<boost/asio.hpp>) && __has_include(<openssl/hmac.h>) && __has_include(<boost/json.hpp>) && \
+    __has_include(<cereal/cereal.hpp>)
+// ---- begin <distribute/strategy/parameter_server.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_PARAMETER_SERVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_PARAMETER_SERVER_HPP
+// ParameterServerStrategy: validates a parameter-server cluster, connects to its ps tasks, and
+// places the variables created in its scope on them, round-robin, optionally partitioned into
+// ShardedVariables by a partitioner. Functions run on workers through a ClusterCoordinator
+// (ps/cluster_coordinator.hpp).
+
+#include <cstdint>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format(
+            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
+            cluster_name));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/tf_config.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+// TFConfigClusterResolver: the cluster from the TF_CONFIG environment variable, fully validated.
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format(
+            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
+            cluster_name));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Explicit values that take precedence over TF_CONFIG's, as TF's constructor arguments do.
+/// Set the fields you need (`ds::TFConfigOptions o; o.task_id = 1;`); designated initializers
+/// that leave fields out trip GCC 12's -Wmissing-field-initializers.
+struct TFConfigOptions {
+  std::optional<std::string> task_type;
+  std::optional<int> task_id;
+  std::optional<std::string> rpc_layer;
+  std::optional<std::string> environment;
+  /// Reported by num_accelerators(); TF_CONFIG itself says nothing about devices.
+  AcceleratorCounts num_accelerators;
+};
+
+namespace detail {
+
+inline constexpr std::array<std::string_view, 4> kTFConfigTaskTypes = {"chief", "worker", "ps", "evaluator"};
+
+inline bool is_tf_config_task_type(std::string_view type) {
+  return std::find(kTFConfigTaskTypes.begin(), kTFConfigTaskTypes.end(), type) != kTFConfigTaskTypes.end();
+}
+
+inline bool tf_config_is_blank(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
+}
+
+/// A member that TF reads with dict.get(): absent and null both mean "not given".
+inline const boost::json::value* tf_config_member(const boost::json::object& obj, std::string_view key) {
+  const auto* v = obj.if_contains(key);
+  return v == nullptr || v->is_null() ? nullptr : v;
+}
+
+inline std::string tf_config_string(const boost::json::object& obj, std::string_view key, std::string_view field) {
+  const auto* v = tf_config_member(obj, key);
+  if (v == nullptr) return {};
+  if (!v->is_string()) {
+    throw ClusterConfigError(fmt::format("TF_CONFIG: {} must be a string, got {}", field, cluster_json_describe(*v)));
+  }
+  return std::string(v->get_string());
+}
+
+}  // namespace detail
+
+/// Reads the cluster from TF_CONFIG, TF's schema:
+///
+///     {"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"],
+///                  "ps": {"0": "host3:2222"}},
+///      "task": {"type": "worker", "index": 1},
+///      "rpc_layer": "grpc", "environment": "cloud"}
+///
+/// Jobs are lists (dense) or objects of "index" → address (sparse). Everything is checked at
+/// construction and ClusterConfigError names the field that is wrong: JSON syntax (with
+/// Boost.JSON's message), the types of `cluster`, `task`, `task.type`, `task.index`,
+/// `rpc_layer`, `environment`; job names (chief, worker, ps, evaluator); at most one chief and
+/// one evaluator; every address host:port and used once; the task's job present (an evaluator
+/// may be absent, as in TF) and its index in range. Unknown top-level keys are ignored, as TF
+/// does; `task.index` may also be a string of digits, which TF's int() accepts.
+///
+/// TF_CONFIG unset or blank (or `{}`) means local mode: an empty spec, task worker 0.
+class TFConfigClusterResolver : public ClusterResolver {
+ public:
+  /// Reads the TF_CONFIG environment variable.
+  TFConfigClusterResolver() : TFConfigClusterResolver(TFConfigOptions{}) {}
+  explicit TFConfigClusterResolver(const TFConfigOptions& options) { init(detail::EnvReader{}.get("TF_CONFIG"), options); }
+  /// Reads TF_CONFIG from `env` instead of the process environment.
+  explicit TFConfigClusterResolver(const EnvVars& env, const TFConfigOptions& options = {}) {
+    init(detail::EnvReader{&env}.get("TF_CONFIG"), options);
+  }
+  /// Parses `tf_config` as the value of TF_CONFIG (blank text: as if it were unset).
+  explicit TFConfigClusterResolver(std::string_view tf_config, const TFConfigOptions& options = {}) {
+    init(std::string(tf_config), options);
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+  /// False in local mode because TF_CONFIG was unset or blank.
+  bool has_tf_config() const { return has_tf_config_; }
+
+ private:
+  void init(const std::optional<std::string>& text, const TFConfigOptions& options) {
+    accelerators_ = options.num_accelerators;
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("TFConfigClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+    has_tf_config_ = text && !detail::tf_config_is_blank(*text);
+    std::optional<std::string> type;
+    std::optional<std::int64_t> index;
+    if (has_tf_config_) parse(*text, type, index);
+
+    // Explicit options win over TF_CONFIG; the labels say where a bad value came from.
+    std::string type_label = "TF_CONFIG: task.type";
+    std::string id_label = "TF_CONFIG: task.index";
+    if (options.task_type) {
+      type = options.task_type;
+      type_label = "TFConfigClusterResolver: task_type";
+    }
+    if (options.task_id) {
+      index = *options.task_id;
+      id_label = "TFConfigClusterResolver: task_id";
+    }
+    if (options.rpc_layer) rpc_layer_ = *options.rpc_layer;
+    if (options.environment) environment_ = *options.environment;
+
+    if (spec_.empty()) {
+      // Local mode: one process. A task, if one is named, must be that process.
+      task_type_ = type.value_or("worker");
+      std::int64_t id = index.value_or(0);
+      if (!detail::is_tf_config_task_type(task_type_)) {
+        throw ClusterConfigError(fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator",
+                                             type_label, task_type_));
+      }
+      if (task_type_ == "ps") {
+        throw ClusterConfigError(fmt::format("{} 'ps' has no job in cluster: cluster is empty (local mode: one worker)", type_label));
+      }
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range: cluster is empty, so the only task is {} 0", id_label, id,
+                                             task_type_));
+      }
+      task_id_ = 0;
+      return;
+    }
+    if (!type && !has_task_) {
+      throw ClusterConfigError("TF_CONFIG: task is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!type) {
+      throw ClusterConfigError("TF_CONFIG: task.type is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!index) {
+      throw ClusterConfigError("TF_CONFIG: task.index is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!detail::is_tf_config_task_type(*type)) {
+      throw ClusterConfigError(
+          fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator", type_label, *type));
+    }
+    detail::check_task_in_cluster(spec_, *type, *index, type_label, id_label, "cluster");
+    task_type_ = *type;
+    task_id_ = static_cast<int>(*index);
+  }
+
+  void parse(const std::string& text, std::optional<std::string>& type, std::optional<std::int64_t>& index) {
+    auto doc = detail::cluster_parse_json(text, "TF_CONFIG");
+    const auto* top = doc.if_object();
+    if (top == nullptr) {
+      throw ClusterConfigError(fmt::format("TF_CONFIG: the top level must be an object with cluster and task, got {}",
+                                           detail::cluster_json_describe(doc)));
+    }
+    if (const auto* cluster = detail::tf_config_member(*top, "cluster")) {
+      auto jobs = detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
+      for (const auto& entry : jobs) {
+        if (!detail::is_tf_config_task_type(entry.first)) {
+          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster has job '{}'; jobs must be chief, worker, ps or evaluator",
+                                               entry.first));
+        }
+      }
+      detail::validate_cluster_jobs(jobs, "TF_CONFIG", "cluster");
+      for (std::string_view single : {"chief", "evaluator"}) {
+        auto it = jobs.find(std::string(single));
+        if (it != jobs.end() && it->second.size() > 1) {
+          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster.{} has {} tasks; there can be at most one {}", single,
+                                               it->second.size(), single));
+        }
+      }
+      spec_ = ClusterSpec::from_sparse(std::move(jobs));
+    }
+    if (const auto* task_value = detail::tf_config_member(*top, "task")) {
+      has_task_ = true;
+      const auto* task = task_value->if_object();
+      if (task == nullptr) {
+        throw ClusterConfigError(fmt::format("TF_CONFIG: task must be an object with type and index, got {}",
+                                             detail::cluster_json_describe(*task_value)));
+      }
+      if (const auto* t = detail::tf_config_member(*task, "type")) {
+        if (!t->is_string()) {
+          throw ClusterConfigError(
+              fmt::format("TF_CONFIG: task.type must be a string, got {}", detail::cluster_json_describe(*t)));
+        }
+        type = std::string(t->get_string());
+      }
+      if (const auto* i = detail::tf_config_member(*task, "index")) index = parse_index(*i);
+    }
+    rpc_layer_ = detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
+    environment_ = detail::tf_config_string(*top, "environment", "environment");
+  }
+
+  static std::int64_t parse_index(const boost::json::value& v) {
+    if (auto i = detail::cluster_json_integer(v)) return *i;
+    if (v.is_string()) {
+      std::string_view s = v.get_string();
+      if (auto i = detail::parse_env_integer(s)) return *i;
+    }
+    throw ClusterConfigError(fmt::format("TF_CONFIG: task.index must be an integer, got {}", detail::cluster_json_describe(v)));
+  }
+
+  ClusterSpec spec_;
+  std::string task_type_ = "worker";
+  int task_id_ = 0;
+  std::string rpc_layer_;
+  std::string environment_;
+  AcceleratorCounts accelerators_;
+  bool has_tf_config_ = false;
+  bool has_task_ = false;  // TF_CONFIG has a "task" member
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+// ---- end <distribute/cluster/tf_config.hpp> ----
+// ---- begin <distribute/ps/detail/ps_client.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_PS_CLIENT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_PS_CLIENT_HPP
+// The client side of the ps tasks' variable service: what a Variable placed on a ps task calls
+// (RemoteVariableStore). The coordinator's updates go straight to the ps; a worker running a closure
+// records the closure's updates in a transaction instead, reads through it (a closure sees its own
+// writes), and commits it at the end, so that the ps applies each closure's updates exactly once
+// even when the closure is retried on another worker.
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/ps/detail/messages.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// The parameter-server service's messages, serialised with cereal's binary archives (every process
+// of a cluster runs the same binary, so layout and endianness agree). Tensor values travel as raw
+// bytes in a std::string, which cereal writes as one block.
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+struct PingReply {
+  std::string job;
+  int task = 0;
+  std::uint64_t incarnation = 0;  // differs after a restart
+  template <class A>
+  void serialize(A& a) { a(job, task, incarnation); }
+};
+
+struct CreateVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> shape;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, shape, bytes); }
+};
+
+struct ReadVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::uint64_t nbytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, nbytes); }
+};
+
+struct ReadRowsMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> rows;
+  std::uint64_t row_bytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, rows, row_bytes); }
+};
+
+struct UpdateVarMsg {
+  std::string key;
+  std::uint8_t kind = 0;  // RemoteUpdate
+  std::uint8_t dtype = 0;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, kind, dtype, bytes); }
+};
+
+/// A closure's updates to one ps task, applied together and at most once per (session, closure).
+struct CommitMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::vector<UpdateVarMsg> updates;
+  template <class A>
+  void serialize(A& a) { a(session, closure, updates); }
+};
+
+struct RunClosureMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::uint32_t attempt = 0;
+  std::string function;
+  std::string signature;
+  std::string args;
+  template <class A>
+  void serialize(A& a) { a(session, closure, attempt, function, signature, args); }
+};
+
+struct MakeDatasetMsg {
+  std::uint64_t dataset = 0;
+  std::string function;
+  std::string signature;
+  int num_workers = 1;
+  int worker_index = 0;
+  template <class A>
+  void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
+};
+
+template <class M>
+std::vector<std::byte> encode_message(const M& m) {
+  std::ostringstream out(std::ios::binary);
+  {
+    cereal::BinaryOutputArchive ar(out);
+    ar(m);
+  }
+  const std::string s = std::move(out).str();
+  std::vector<std::byte> bytes(s.size());
+  if (!s.empty()) std::memcpy(bytes.data(), s.data(), s.size());
+  return bytes;
+}
+
+/// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
+template <class M>
+M decode_message(std::span<const std::byte> bytes, const char* what) {
+  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), std::ios::binary);
+  M m;
+  try {
+    cereal::BinaryInputArchive ar(in);
+    ar(m);
+  } catch (const std::exception& e) {  // cereal::Exception, or a bad_alloc from a bogus size
+    throw InvalidArgument(fmt::format("malformed {} message ({} bytes): {}", what, bytes.size(), e.what()));
+  }
+  return m;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// ---- end <distribute/ps/detail/messages.hpp> ----
+// ---- begin <distribute/ps/detail/rpc.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+// The parameter-server service's wire layer: request/reply calls over TCP (Boost.Asio), framed with
+// net/frame.hpp's versioned header (Request/Reply frames), authenticated with the cluster token by
+// HMAC-SHA256 challenge-response both ways before any call, and every client-side wait bounded by a
+// deadline. The same port answers plain HTTP GETs (/healthz, /metrics) through Boost.Beast, sniffed
+// from the first bytes, so a server needs one address only.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <sys/socket.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// "host:port" strings as they appear in cluster specs ("127.0.0.1:2222", "worker0:2222",
+// "[::1]:2222").
+
+#include <cctype>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+struct HostPort {
+  std::string host;
+  std::string port;  // decimal, 1..65535
+};
+
+inline HostPort parse_host_port(std::string_view address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    throw InvalidArgument(fmt::format("address '{}' is not of the form host:port", address));
+  }
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') {
+      throw InvalidArgument(fmt::format("address '{}' has an unterminated [IPv6] host", address));
+    }
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned long value = 0;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c)) || port.size() > 5) {
+      throw InvalidArgument(fmt::format("address '{}' has an invalid port '{}'", address, port));
+    }
+    value = value * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (value == 0 || value > 65535) {
+    throw InvalidArgument(fmt::format("address '{}' has port {} outside 1..65535", address, value));
+  }
+  return HostPort{std::string(host), std::string(port)};
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// ---- end <distribute/net/detail/address.hpp> ----
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/frame.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+//
+//   offset  size  field
+//        0     4  magic "DSNT"
+//        4     1  protocol version (kProtocolVersion)
+//        5     1  FrameType
+//        6     2  reserved, must be zero
+//        8     8  payload length
+//       16     8  sequence number (collective number, point-to-point message number)
+//       24     8  tag (chunk within a collective)
+//
+// Integers are little-endian whatever the host. Decoding is a pure function of the bytes, so it can
+// be fuzzed: anything malformed throws FrameError and is never read past its end.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+/// Bytes that are not a well-formed frame (bad magic, version, type, reserved bits or length).
+/// The transport answers it by closing the connection.
+class FrameError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 32;
+/// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
+/// configured limit, so a stranger cannot make a peer allocate much.
+inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+
+enum class FrameType : std::uint8_t {
+  Hello = 1,         // connector → acceptor: who I am, my nonce
+  Challenge = 2,     // acceptor → connector: who I am, my nonce, my proof of the token
+  Response = 3,      // connector → acceptor: my proof of the token
+  Welcome = 4,       // acceptor → connector: accepted
+  Reject = 5,        // either way, during the handshake: refused, with a reason
+  Heartbeat = 6,     // keeps an idle connection known to be alive
+  Goodbye = 7,       // clean shutdown: the sender sends nothing more
+  Abort = 8,         // the sender's communicator failed; payload says why
+  Descriptor = 9,    // announces a collective (seq = collective number)
+  Data = 10,         // a piece of a collective's data (seq, tag)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
+};
+
+constexpr std::string_view to_string(FrameType t) noexcept {
+  switch (t) {
+    case FrameType::Hello: return "hello";
+    case FrameType::Challenge: return "challenge";
+    case FrameType::Response: return "response";
+    case FrameType::Welcome: return "welcome";
+    case FrameType::Reject: return "reject";
+    case FrameType::Heartbeat: return "heartbeat";
+    case FrameType::Goodbye: return "goodbye";
+    case FrameType::Abort: return "abort";
+    case FrameType::Descriptor: return "descriptor";
+    case FrameType::Data: return "data";
+    case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
+  }
+  return "?";
+}
+
+struct FrameHeader {
+  FrameType type = FrameType::Heartbeat;
+  std::uint64_t length = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+using HeaderBytes = std::array<std::byte, kFrameHeaderBytes>;
+
+namespace detail {
+
+inline void store_le(std::byte* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr bool known_frame_type(std::uint8_t t) noexcept {
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
+}
+
+}  // namespace detail
+
+inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
+  HeaderBytes out{};
+  detail::store_le(out.data(), kFrameMagic, 4);
+  out[4] = static_cast<std::byte>(kProtocolVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  detail::store_le(out.data() + 8, h.length, 8);
+  detail::store_le(out.data() + 16, h.seq, 8);
+  detail::store_le(out.data() + 24, h.tag, 8);
+  return out;
+}
+
+/// Decodes and validates a header; `max_payload_bytes` bounds Data/PointToPoint payloads
+/// (other types are bounded by kMaxControlPayload, or to zero when they carry nothing).
+inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  if (bytes.size() < kFrameHeaderBytes) {
+    throw FrameError(fmt::format("truncated frame header: {} of {} bytes", bytes.size(), kFrameHeaderBytes));
+  }
+  const auto magic = static_cast<std::uint32_t>(detail::load_le(bytes.data(), 4));
+  if (magic != kFrameMagic) {
+    throw FrameError(fmt::format("bad frame magic 0x{:08x} (expected 0x{:08x}): not a distribute peer", magic, kFrameMagic));
+  }
+  const auto version = static_cast<std::uint8_t>(bytes[4]);
+  if (version != kProtocolVersion) {
+    throw FrameError(fmt::format("unsupported protocol version {} (this build speaks version {})", version, kProtocolVersion));
+  }
+  const auto type = static_cast<std::uint8_t>(bytes[5]);
+  if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
+  const auto reserved = detail::load_le(bytes.data() + 6, 2);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.length = detail::load_le(bytes.data() + 8, 8);
+  h.seq = detail::load_le(bytes.data() + 16, 8);
+  h.tag = detail::load_le(bytes.data() + 24, 8);
+  std::uint64_t limit = kMaxControlPayload;
+  switch (h.type) {
+    case FrameType::Data:
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
+    case FrameType::Welcome:
+    case FrameType::Heartbeat:
+    case FrameType::Goodbye: limit = 0; break;
+    default: limit = std::min(limit, max_payload_bytes); break;
+  }
+  if (h.length > limit) {
+    throw FrameError(fmt::format("{} frame payload of {} bytes exceeds the limit of {} bytes", to_string(h.type),
+                                 h.length, limit));
+  }
+  return h;
+}
+
+/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
+  h.length = payload.size();
+  const HeaderBytes head = encode_header(h);
+  std::vector<std::byte> out(head.begin(), head.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+};
+
+/// Incremental decoder over a byte stream cut anywhere. Malformed input throws FrameError, after
+/// which the decoder stays failed (a stream cannot be resynchronised once framing is lost).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::uint64_t max_payload_bytes) : max_payload_(max_payload_bytes) {}
+
+  /// Consumes `bytes`; returns the frames they complete, in order.
+  std::vector<Frame> feed(std::span<const std::byte> bytes) {
+    if (failed_) throw FrameError("frame decoder already failed on malformed input");
+    std::vector<Frame> out;
+    try {
+      while (!bytes.empty()) {
+        if (!have_header_) {
+          const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, bytes.size());
+          std::copy_n(bytes.begin(), take, header_.begin() + static_cast<std::ptrdiff_t>(header_fill_));
+          header_fill_ += take;
+          bytes = bytes.subspan(take);
+          if (header_fill_ < kFrameHeaderBytes) break;
+          current_.header = decode_header(header_, max_payload_);
+          current_.payload.clear();
+          have_header_ = true;
+        }
+        // Grow with the bytes that actually arrive, not with the length the header claims.
+        const std::uint64_t missing = current_.header.length - current_.payload.size();
+        const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
+        current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+        bytes = bytes.subspan(take);
+        if (current_.payload.size() == current_.header.length) {
+          out.push_back(std::move(current_));
+          current_ = Frame{};
+          have_header_ = false;
+          header_fill_ = 0;
+        }
+      }
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+    return out;
+  }
+
+  /// Bytes of an unfinished frame held so far.
+  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  std::uint64_t max_payload_;
+  HeaderBytes header_{};
+  std::size_t header_fill_ = 0;
+  bool have_header_ = false;
+  bool failed_ = false;
+  Frame current_;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// ---- end <distribute/net/frame.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using RpcClock = std::chrono::steady_clock;
+
+/// The peer could not be reached, or the connection broke or timed out: the peer may be dead.
+class ConnectionLost : public PeerFailure {
+ public:
+  using PeerFailure::PeerFailure;
+};
+
+/// The peer answered a call with an error; `kind` names its exception type ("InvalidArgument"...).
+class RemoteError : public Error {
+ public:
+  RemoteError(std::string kind, const std::string& message) : Error(message), kind_(std::move(kind)) {}
+  const std::string& kind() const noexcept { return kind_; }
+
+ private:
+  std::string kind_;
+};
+
+enum class RpcOp : std::uint64_t {
+  Ping = 1,
+  CreateVar = 2,
+  ReadVar = 3,
+  ReadRows = 4,
+  UpdateVar = 5,
+  Commit = 6,
+  RunClosure = 7,
+  MakeDataset = 8,
+  Stop = 9,
+};
+
+struct RpcOptions {
+  /// How long a first connection retries (with back-off) while the server starts.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// The whole handshake; also how long a silent stranger may hold a socket.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
+  /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
+  std::optional<std::string> cluster_token;
+  std::size_t max_frame_bytes = std::size_t{1} << 31;
+  /// Refused connections are reported here; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+/// The exception type's name, for an error reply.
+inline std::string error_kind(const std::exception& e) {
+  if (dynamic_cast<const ClusterConfigError*>(&e)) return "ClusterConfigError";
+  if (dynamic_cast<const InvalidArgument*>(&e)) return "InvalidArgument";
+  if (dynamic_cast<const OutOfRange*>(&e)) return "OutOfRange";
+  if (dynamic_cast<const PeerFailure*>(&e)) return "PeerFailure";
+  if (dynamic_cast<const CollectiveTimeout*>(&e)) return "CollectiveTimeout";
+  if (dynamic_cast<const CheckpointError*>(&e)) return "CheckpointError";
+  if (dynamic_cast<const Unavailable*>(&e)) return "Unavailable";
+  if (dynamic_cast<const Cancelled*>(&e)) return "Cancelled";
+  return "Error";
+}
+
+/// Rethrows an error reply as the library's exception of that kind.
+[[noreturn]] inline void throw_as_kind(const std::string& kind, const std::string& message) {
+  if (kind == "ClusterConfigError") throw ClusterConfigError(message);
+  if (kind == "InvalidArgument") throw InvalidArgument(message);
+  if (kind == "OutOfRange") throw OutOfRange(message);
+  if (kind == "PeerFailure") throw PeerFailure(message);
+  if (kind == "CollectiveTimeout") throw CollectiveTimeout(message);
+  if (kind == "CheckpointError") throw CheckpointError(message);
+  if (kind == "Unavailable") throw Unavailable(message);
+  if (kind == "Cancelled") throw Cancelled(message);
+  throw Error(message);
+}
+
+inline std::vector<std::byte> to_bytes(std::string_view s) {
+  std::vector<std::byte> out(s.size());
+  if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
+  return out;
+}
+inline std::string_view as_chars(std::span<const std::byte> b) {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+/// One socket with an io_context of its own, so that every operation can run under a deadline:
+/// start it, run the context for at most the time left, and close the socket if it is not done.
+class FramedStream {
+ public:
+  FramedStream() : socket_(io_) {}
+  FramedStream(const FramedStream&) = delete;
+  FramedStream& operator=(const FramedStream&) = delete;
+
+  tcp::socket& socket() noexcept { return socket_; }
+
+  /// Runs what `start(ec)` starts until it completes or `timeout` passes (none: no limit).
+  template <class Start>
+  void run(Start&& start, std::optional<RpcClock::duration> timeout, std::string_view what) {
+    boost::system::error_code ec = asio::error::would_block;
+    start(ec);
+    io_.restart();
+    if (timeout) {
+      io_.run_for(*timeout);
+    } else {
+      io_.run();
+    }
+    if (ec == asio::error::would_block) {
+      close();
+      io_.restart();
+      io_.run();
+      throw ConnectionLost(fmt::format("{}: timed out after {} ms", what,
+                                       std::chrono::duration_cast<std::chrono::milliseconds>(*timeout).count()));
+    }
+    if (ec) throw ConnectionLost(fmt::format("{}: {}", what, describe(ec)));
+  }
+
+  void connect(const tcp::resolver::results_type& endpoints, RpcClock::duration timeout, std::string_view what) {
+    run([&](boost::system::error_code& ec) {
+          asio::async_connect(socket_, endpoints, [&ec](const boost::system::error_code& e, const tcp::endpoint&) { ec = e; });
+        },
+        timeout, what);
+    socket_.set_option(tcp::no_delay(true));
+    fd_.store(socket_.native_handle());
+  }
+
+  void adopt_accepted() {
+    socket_.set_option(tcp::no_delay(true));
+    fd_.store(socket_.native_handle());
+  }
+
+  void write_frame(net::FrameType type, std::uint64_t seq, std::uint64_t tag, std::span<const std::byte> payload,
+                   std::optional<RpcClock::duration> timeout, std::string_view what) {
+    net::FrameHeader h{type, payload.size(), seq, tag};
+    const net::HeaderBytes head = net::encode_header(h);
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(payload.data(), payload.size())};
+    run([&](boost::system::error_code& ec) {
+          asio::async_write(socket_, bufs, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+        },
+        timeout, what);
+  }
+
+  void read_exact(std::span<std::byte> dst, std::optional<RpcClock::duration> timeout, std::string_view what) {
+    if (dst.empty()) return;
+    run([&](boost::system::error_code& ec) {
+          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()),
+                           [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+        },
+        timeout, what);
+  }
+
+  /// Reads one frame whose first `have` header bytes were already read into `head`.
+  net::Frame read_frame(std::size_t max_bytes, std::optional<RpcClock::duration> timeout, std::string_view what,
+                        net::HeaderBytes head = {}, std::size_t have = 0) {
+    read_exact(std::span(head).subspan(have), timeout, what);
+    net::Frame f;
+    f.header = net::decode_header(head, max_bytes);  // FrameError on malformed input
+    f.payload.resize(static_cast<std::size_t>(f.header.length));
+    read_exact(f.payload, timeout, what);
+    return f;
+  }
+
+  /// Thread-safe: makes an operation in flight on another thread fail at once.
+  void abort() noexcept {
+    std::lock_guard lock(fd_mutex_);
+    const int fd = fd_.load();
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  }
+
+  void close() noexcept {
+    std::lock_guard lock(fd_mutex_);
+    fd_.store(-1);
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
+
+  static std::string describe(const boost::system::error_code& ec) {
+    if (ec == asio::error::eof) return "connection closed by the peer";
+    return ec.message();
+  }
+
+ private:
+  asio::io_context io_;
+  tcp::socket socket_;
+  std::atomic<int> fd_{-1};
+  std::mutex fd_mutex_;
+};
+
+// The handshake, the same whatever the token (so that a mismatch is reported, not misread):
+//   client -> Hello     nonce_c
+//   server -> Challenge nonce_s, HMAC(token, "ps-server" nonce_c nonce_s)   (MAC empty: no token)
+//   client -> Response  HMAC(token, "ps-client" nonce_s nonce_c)            (MAC empty: no token)
+//   server -> Welcome | Reject(reason)
+inline net::detail::Mac handshake_mac(std::string_view token, std::string_view role, std::span<const std::byte> a,
+                                      std::span<const std::byte> b) {
+  std::vector<std::byte> msg = to_bytes(role);
+  msg.insert(msg.end(), a.begin(), a.end());
+  msg.insert(msg.end(), b.begin(), b.end());
+  return net::detail::hmac_sha256(token, msg);
+}
+
+/// A client of one server: one connection, calls one at a time (thread-safe), reconnecting on the
+/// next call after a failure. Every failure to reach the server is ConnectionLost naming it.
+class RpcClient {
+ public:
+  RpcClient(std::string address, std::string peer_name, RpcOptions options)
+      : address_(std::move(address)), peer_(std::move(peer_name)), options_(std::move(options)),
+        token_(net::detail::effective_cluster_token(options_.cluster_token)) {}
+
+  const std::string& peer_name() const noexcept { return peer_; }
+  const std::string& address() const noexcept { return address_; }
+
+  /// Connects, retrying with back-off for up to `timeout` while the server is not up yet.
+  void connect(std::chrono::milliseconds timeout) {
+    std::lock_guard lock(mutex_);
+    connect_locked(timeout);
+  }
+
+  /// One call: sends the request and waits for the reply (at most `timeout`, when given).
+  /// Returns the reply's payload; an error reply throws RemoteError.
+  std::vector<std::byte> call(RpcOp op, std::span<const std::byte> payload,
+                              std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    std::lock_guard lock(mutex_);
+    if (!stream_) connect_locked(timeout ? std::min(*timeout, options_.connect_timeout) : options_.connect_timeout);
+    const std::uint64_t seq = ++seq_;
+    net::Frame reply;
+    try {
+      const auto what = fmt::format("call to {} ({})", peer_, address_);
+      stream_->write_frame(net::FrameType::Request, seq, static_cast<std::uint64_t>(op), payload, timeout, what);
+      reply = stream_->read_frame(options_.max_frame_bytes, timeout, what);
+    } catch (const net::FrameError& e) {
+      drop_locked();
+      throw ConnectionLost(fmt::format("{} ({}) sent a malformed reply: {}", peer_, address_, e.what()));
+    } catch (...) {
+      drop_locked();
+      throw;
+    }
+    if (reply.header.type != net::FrameType::Reply || reply.header.seq != seq) {
+      drop_locked();
+      throw ConnectionLost(fmt::format("{} ({}) answered out of turn ({} frame #{}, expected reply #{})", peer_,
+                                       address_, net::to_string(reply.header.type), reply.header.seq, seq));
+    }
+    if (reply.header.tag != 0) {
+      const std::string_view text = as_chars(reply.payload);
+      const auto bar = text.find('|');
+      throw RemoteError(std::string(text.substr(0, bar)),
+                        bar == std::string_view::npos ? std::string(text) : std::string(text.substr(bar + 1)));
+    }
+    return std::move(reply.payload);
+  }
+
+  /// Thread-safe: fails a call in flight (the next call reconnects).
+  void abort() noexcept {
+    std::lock_guard lock(abort_mutex_);
+    if (live_) live_->abort();
+  }
+
+  bool connected() {
+    std::lock_guard lock(mutex_);
+    return stream_ != nullptr;
+  }
+
+  void disconnect() {
+    std::lock_guard lock(mutex_);
+    drop_locked();
+  }
+
+ private:
+  void drop_locked() {
+    std::lock_guard lock(abort_mutex_);
+    if (stream_) stream_->close();
+    stream_.reset();
+    live_.reset();
+  }
+
+  void connect_locked(std::chrono::milliseconds timeout) {
+    const auto deadline = RpcClock::now() + timeout;
+    auto backoff = std::chrono::milliseconds(20);
+    std::string last_error;
+    const auto hp = net::detail::parse_host_port(address_);
+    for (;;) {
+      auto stream = std::make_shared<FramedStream>();
+      {
+        std::lock_guard lock(abort_mutex_);
+        live_ = stream;
+      }
+      try {
+        asio::io_context resolver_io;
+        tcp::resolver resolver(resolver_io);
+        const auto endpoints = resolver.resolve(hp.host, hp.port);
+        const auto left = std::max<RpcClock::duration>(deadline - RpcClock::now(), std::chrono::milliseconds(50));
+        stream->connect(endpoints, std::min<RpcClock::duration>(left, options_.handshake_timeout),
+                        fmt::format("connect to {} ({})", peer_, address_));
+        handshake(*stream);
+        stream_ = std::move(stream);
+        seq_ = 0;
+        return;
+      } catch (const RemoteError& e) {  // refused by the server: retrying will not help
+        stream->close();
+        throw ConnectionLost(fmt::format("{} ({}) refused the connection: {}", peer_, address_, e.what()));
+      } catch (const std::exception& e) {
+        stream->close();
+        last_error = e.what();
+      }
+      {
+        std::lock_guard lock(abort_mutex_);
+        live_.reset();
+      }
+      if (RpcClock::now() + backoff >= deadline) break;
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+    }
+    throw ConnectionLost(fmt::format("cannot reach {} at {} within {} ms: {}", peer_, address_, timeout.count(),
+                                     last_error));
+  }
+
+  void handshake(FramedStream& s) {
+    const auto limit = options_.handshake_timeout;
+    const auto what = fmt::format("handshake with {} ({})", peer_, address_);
+    const net::detail::Nonce mine = net::detail::random_nonce();
+    s.write_frame(net::FrameType::Hello, 0, 0, mine, limit, what);
+    net::Frame challenge = s.read_frame(net::kMaxControlPayload, limit, what);
+    if (challenge.header.type == net::FrameType::Reject) throw RemoteError("Error", std::string(as_chars(challenge.payload)));
+    if (challenge.header.type != net::FrameType::Challenge || challenge.payload.size() < net::detail::kNonceBytes) {
+      throw ConnectionLost(fmt::format("{}: expected a challenge, got a {} frame", what, net::to_string(challenge.header.type)));
+    }
+    const std::span<const std::byte> theirs(challenge.payload.data(), net::detail::kNonceBytes);
+    const auto their_mac = std::span<const std::byte>(challenge.payload).subspan(net::detail::kNonceBytes);
+    std::vector<std::byte> response;
+    if (token_) {
+      const auto want = handshake_mac(*token_, "ps-server", mine, theirs);
+      if (their_mac.size() != want.size() ||
+          !net::detail::macs_equal(want, *reinterpret_cast<const net::detail::Mac*>(their_mac.data()))) {
+        throw RemoteError("Error", fmt::format("{} did not prove the cluster token", peer_));
+      }
+      const auto mac = handshake_mac(*token_, "ps-client", theirs, mine);
+      response.assign(mac.begin(), mac.end());
+    }
+    s.write_frame(net::FrameType::Response, 0, 0, response, limit, what);
+    net::Frame verdict = s.read_frame(net::kMaxControlPayload, limit, what);
+    if (verdict.header.type == net::FrameType::Reject) throw RemoteError("Error", std::string(as_chars(verdict.payload)));
+    if (verdict.header.type != net::FrameType::Welcome) {
+      throw ConnectionLost(fmt::format("{}: expected welcome, got a {} frame", what, net::to_string(verdict.header.type)));
+    }
+  }
+
+  std::string address_;
+  std::string peer_;
+  RpcOptions options_;
+  std::optional<std::string> token_;
+  std::mutex mutex_;                      // one call at a time
+  std::shared_ptr<FramedStream> stream_;  // connected and welcomed
+  std::mutex abort_mutex_;
+  std::shared_ptr<FramedStream> live_;  // what abort() interrupts (connecting or connected)
+  std::uint64_t seq_ = 0;
+};
+
+/// The server side: accepts connections on `address`, one thread per connection (peers are the
+/// coordinator and the workers: few), answers each request with `handler(op, payload)`; an
+/// exception from the handler becomes an error reply. HTTP GETs get `http(target)`.
+class RpcServer {
+ public:
+  using Handler = std::function<std::vector<std::byte>(RpcOp, std::span<const std::byte>)>;
+  /// Returns {status, content type, body} for an HTTP GET of `target`.
+  struct HttpReply {
+    unsigned status = 404;
+    std::string content_type = "text/plain; charset=utf-8";
+    std::string body = "not found\n";
+  };
+  using HttpHandler = std::function<HttpReply(std::string_view target)>;
+
+  RpcServer(std::string address, std::string name, RpcOptions options, Handler handler, HttpHandler http)
+      : name_(std::move(name)), options_(std::move(options)), token_(net::detail::effective_cluster_token(options_.cluster_token)),
+        handler_(std::move(handler)), http_(std::move(http)), acceptor_(io_) {
+    const auto hp = net::detail::parse_host_port(address);
+    tcp::resolver resolver(io_);
+    boost::system::error_code ec;
+    auto endpoints = resolver.resolve(hp.host, hp.port, ec);
+    if (ec || endpoints.empty()) {
+      throw Unavailable(fmt::format("{}: cannot resolve the address '{}': {}", name_, address, ec.message()));
+    }
+    const tcp::endpoint ep = endpoints.begin()->endpoint();
+    acceptor_.open(ep.protocol());
+    acceptor_.set_option(asio::socket_base::reuse_address(true));
+    acceptor_.bind(ep, ec);
+    if (ec) {
+      throw Unavailable(fmt::format("{}: cannot listen on {}: {}", name_, address, ec.message()));
+    }
+    acceptor_.listen();
+    port_ = acceptor_.local_endpoint().port();
+    accept_thread_ = std::thread([this] { accept_loop(); });
+  }
+
+  RpcServer(const RpcServer&) = delete;
+  RpcServer& operator=(const RpcServer&) = delete;
+  ~RpcServer() { stop(); }
+
+  std::uint16_t port() const noexcept { return port_; }
+
+  /// Stops accepting, fails every open connection and waits for their threads. Idempotent.
+  void stop() {
+    if (stopped_.exchange(true)) return;
+    ::shutdown(acceptor_.native_handle(), SHUT_RDWR);  // wakes the blocked accept
+    if (accept_thread_.joinable()) accept_thread_.join();
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    std::list<Connection> conns;
+    {
+      std::lock_guard lock(mutex_);
+      conns.splice(conns.end(), connections_);
+    }
+    for (auto& c : conns) c.stream->abort();
+    for (auto& c : conns) {
+      if (c.thread.joinable()) c.thread.join();
+    }
+  }
+
+ private:
+  struct Connection {
+    std::shared_ptr<FramedStream> stream;
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished = std::make_shared<std::atomic<bool>>(false);
+  };
+
+  void log(const std::string& line) const {
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      std::fputs((line + "\n").c_str(), stderr);
+    }
+  }
+
+  void accept_loop() {
+    while (!stopped_) {
+      auto stream = std::make_shared<FramedStream>();
+      boost::system::error_code ec;
+      acceptor_.accept(stream->socket(), ec);
+      if (ec || stopped_) return;
+      stream->adopt_accepted();
+      std::lock_guard lock(mutex_);
+      for (auto it = connections_.begin(); it != connections_.end();) {  // reap finished ones
+        if (it->finished->load()) {
+          it->thread.join();
+          it = connections_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      Connection c;
+      c.stream = stream;
+      auto finished = c.finished;
+      c.thread = std::thread([this, stream, finished] {
+        serve(*stream);
+        stream->close();
+        finished->store(true);
+      });
+      connections_.push_back(std::move(c));
+    }
+  }
+
+  std::string peer_of(FramedStream& s) {
+    boost::system::error_code ec;
+    auto ep = s.socket().remote_endpoint(ec);
+    return ec ? std::string("?") : fmt::format("{}:{}", ep.address().to_string(), ep.port());
+  }
+
+  void serve(FramedStream& s) {
+    const std::string who = peer_of(s);
+    net::HeaderBytes head{};
+    try {
+      s.read_exact(std::span(head).first(4), options_.handshake_timeout, "first bytes");
+    } catch (const std::exception&) {
+      return;
+    }
+    if (std::memcmp(head.data(), "GET ", 4) == 0) return serve_http(s, head);
+    try {
+      net::Frame hello = s.read_frame(net::kMaxControlPayload, options_.handshake_timeout, "hello", head, 4);
+      if (!accept_peer(s, hello, who)) return;
+      for (;;) {
+        net::Frame req = s.read_frame(options_.max_frame_bytes, std::nullopt, "request");
+        if (req.header.type != net::FrameType::Request) {
+          log(fmt::format("{}: closing the connection from {}: unexpected {} frame", name_, who,
+                          net::to_string(req.header.type)));
+          return;
+        }
+        std::vector<std::byte> out;
+        std::uint64_t status = 0;
+        const auto op = static_cast<RpcOp>(req.header.tag);
+        try {
+          out = handler_(op, req.payload);
+        } catch (const std::exception& e) {
+          status = 1;
+          out = to_bytes(error_kind(e) + "|" + e.what());
+        }
+        s.write_frame(net::FrameType::Reply, req.header.seq, status, out, std::nullopt, "reply");
+        if (op == RpcOp::Stop && status == 0) return;
+      }
+    } catch (const net::FrameError& e) {
+      log(fmt::format("{}: closing the connection from {}: malformed frame: {}", name_, who, e.what()));
+    } catch (const std::exception&) {
+      // The peer went away (EOF, reset) or we are stopping: nothing to report.
+    }
+  }
+
+  bool accept_peer(FramedStream& s, const net::Frame& hello, const std::string& who) {
+    const auto limit = options_.handshake_timeout;
+    auto reject = [&](const std::string& reason) {
+      log(fmt::format("{}: refused a connection from {}: {}", name_, who, reason));
+      try {
+        s.write_frame(net::FrameType::Reject, 0, 0, to_bytes(reason), limit, "reject");
+      } catch (const std::exception&) {
+      }
+      return false;
+    };
+    if (hello.header.type != net::FrameType::Hello || hello.payload.size() != net::detail::kNonceBytes) {
+      return reject(fmt::format("expected a hello frame, got {}", net::to_string(hello.header.type)));
+    }
+    const net::detail::Nonce mine = net::detail::random_nonce();
+    std::vector<std::byte> challenge(mine.begin(), mine.end());
+    if (token_) {
+      const auto mac = handshake_mac(*token_, "ps-server", hello.payload, mine);
+      challenge.insert(challenge.end(), mac.begin(), mac.end());
+    }
+    s.write_frame(net::FrameType::Challenge, 0, 0, challenge, limit, "challenge");
+    net::Frame response = s.read_frame(net::kMaxControlPayload, limit, "response");
+    if (response.header.type != net::FrameType::Response) {
+      return reject(fmt::format("expected a response frame, got {}", net::to_string(response.header.type)));
+    }
+    if (token_) {
+      const auto want = handshake_mac(*token_, "ps-client", mine, hello.payload);
+      if (response.payload.size() != want.size()) return reject("the peer did not present the cluster token");
+      if (!net::detail::macs_equal(want, *reinterpret_cast<const net::detail::Mac*>(response.payload.data()))) {
+        return reject("the peer's proof of the cluster token is wrong");
+      }
+    }
+    s.write_frame(net::FrameType::Welcome, 0, 0, {}, limit, "welcome");
+    return true;
+  }
+
+  void serve_http(FramedStream& s, const net::HeaderBytes& head) {
+    namespace http = boost::beast::http;
+    try {
+      boost::beast::flat_buffer buffer;
+      auto space = buffer.prepare(4);
+      std::memcpy(space.data(), head.data(), 4);
+      buffer.commit(4);
+      http::request<http::string_body> req;
+      s.run([&](boost::system::error_code& ec) {
+             http::async_read(s.socket(), buffer, req, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+           },
+           options_.handshake_timeout, "http request");
+      HttpReply r = http_ ? http_(std::string_view(req.target().data(), req.target().size())) : HttpReply{};
+      http::response<http::string_body> res{static_cast<http::status>(r.status), req.version()};
+      res.set(http::field::content_type, r.content_type);
+      res.set(http::field::server, "distribute");
+      res.keep_alive(false);
+      res.body() = std::move(r.body);
+      res.prepare_payload();
+      s.run([&](boost::system::error_code& ec) {
+             http::async_write(s.socket(), res, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+           },
+           options_.handshake_timeout, "http reply");
+    } catch (const std::exception&) {
+    }
+  }
+
+  std::string name_;
+  RpcOptions options_;
+  std::optional<std::string> token_;
+  Handler handler_;
+  HttpHandler http_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stopped_{false};
+  std::thread accept_thread_;
+  std::mutex mutex_;
+  std::list<Connection> connections_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+// ---- end <distribute/ps/detail/rpc.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// dst op= src elementwise, for `dtype` (bytes of equal size).
+inline void apply_update_bytes(DType dtype, RemoteUpdate kind, std::span<std::byte> dst, std::span<const std::byte> src) {
+  if (kind == RemoteUpdate::Assign) {
+    if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size());
+    return;
+  }
+  visit_dtype(dtype, [&](auto zero) {
+    using E = decltype(zero);
+    const std::size_t n = dst.size() / sizeof(E);
+    for (std::size_t i = 0; i < n; ++i) {
+      E a, b;
+      std::memcpy(&a, dst.data() + i * sizeof(E), sizeof(E));
+      std::memcpy(&b, src.data() + i * sizeof(E), sizeof(E));
+      const E r = kind == RemoteUpdate::Add ? static_cast<E>(a + b) : static_cast<E>(a - b);
+      std::memcpy(dst.data() + i * sizeof(E), &r, sizeof(E));
+    }
+  });
+}
+
+/// The updates a closure made so far, per ps task, in order.
+struct ClosureTransaction {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::map<int, std::vector<UpdateVarMsg>> updates;
+};
+
+/// The transaction of the closure running on this thread (workers only), else nullptr.
+inline ClosureTransaction*& current_transaction() {
+  thread_local ClosureTransaction* txn = nullptr;
+  return txn;
+}
+
+class PsClientStore final : public RemoteVariableStore {
+ public:
+  PsClientStore(const ClusterSpec& spec, RpcOptions options) {
+    const int n = spec.num_tasks("ps");
+    for (int t = 0; t < n; ++t) {
+      clients_.push_back(std::make_unique<RpcClient>(spec.task_address("ps", t), ps_device_string(t), options));
+    }
+  }
+
+  int num_ps() const noexcept { return static_cast<int>(clients_.size()); }
+
+  /// Waits until every ps task answers (they may still be starting), at most `timeout` in all.
+  void connect_all(std::chrono::milliseconds timeout) {
+    for (int t = 0; t < num_ps(); ++t) {
+      guarded(t, [&] { clients_[static_cast<std::size_t>(t)]->connect(timeout); });
+    }
+  }
+
+  void create(int task, const std::string& key, DType dtype, const Shape& shape, std::span<const std::byte> value) override {
+    CreateVarMsg m{key, static_cast<std::uint8_t>(dtype), shape, std::string(as_chars(value))};
+    call(task, RpcOp::CreateVar, encode_message(m));
+  }
+
+  void read(int task, const std::string& key, DType dtype, std::span<std::byte> out) override {
+    auto bytes = call(task, RpcOp::ReadVar, encode_message(ReadVarMsg{key, static_cast<std::uint8_t>(dtype), out.size()}));
+    if (bytes.size() != out.size()) {
+      throw InvalidArgument(fmt::format("ps task {} returned {} bytes for variable '{}', expected {}", task, bytes.size(),
+                                        key, out.size()));
+    }
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    if (ClosureTransaction* txn = current_transaction()) {  // replay this closure's own writes
+      auto it = txn->updates.find(task);
+      if (it == txn->updates.end()) return;
+      for (const auto& u : it->second) {
+        if (u.key == key) {
+          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out,
+                             {reinterpret_cast<const std::byte*>(u.bytes.data()), u.bytes.size()});
+        }
+      }
+    }
+  }
+
+  void read_rows(int task, const std::string& key, DType dtype, std::span<const std::int64_t> rows, std::size_t row_bytes,
+                 std::span<std::byte> out) override {
+    ReadRowsMsg m{key, static_cast<std::uint8_t>(dtype), std::vector<std::int64_t>(rows.begin(), rows.end()), row_bytes};
+    auto bytes = call(task, RpcOp::ReadRows, encode_message(m));
+    if (bytes.size() != out.size()) {
+      throw InvalidArgument(fmt::format("ps task {} returned {} bytes of rows of '{}', expected {}", task, bytes.size(), key,
+                                        out.size()));
+    }
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    if (ClosureTransaction* txn = current_transaction()) {  // this closure's own writes, row by row
+      auto it = txn->updates.find(task);
+      if (it == txn->updates.end()) return;
+      for (const auto& u : it->second) {
+        if (u.key != key) continue;
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+          const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
+          if (from + row_bytes > u.bytes.size()) continue;  // the ps already checked the ids
+          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out.subspan(i * row_bytes, row_bytes),
+                             {reinterpret_cast<const std::byte*>(u.bytes.data()) + from, row_bytes});
+        }
+      }
+    }
+  }
+
+  void update(int task, const std::string& key, RemoteUpdate kind, DType dtype, std::span<const std::byte> value) override {
+    UpdateVarMsg m{key, static_cast<std::uint8_t>(kind), static_cast<std::uint8_t>(dtype), std::string(as_chars(value))};
+    if (ClosureTransaction* txn = current_transaction()) {
+      txn->updates[task].push_back(std::move(m));
+      return;
+    }
+    call(task, RpcOp::UpdateVar, encode_message(m));
+  }
+
+  /// Sends a finished closure's updates, each ps task's together; a ps that already has this
+  /// closure's updates (an earlier attempt got there) ignores them.
+  void commit(const ClosureTransaction& txn) {
+    for (const auto& [task, updates] : txn.updates) {
+      CommitMsg m{txn.session, txn.closure, updates};
+      call(task, RpcOp::Commit, encode_message(m));
+    }
+  }
+
+  /// Asks ps task `task` whether it is alive; ConnectionLost/PeerFailure when not.
+  PingReply ping(int task, std::chrono::milliseconds timeout) {
+    auto bytes = call(task, RpcOp::Ping, {}, timeout);
+    return decode_message<PingReply>(bytes, "ping reply");
+  }
+
+  /// Asks every ps task to stop serving (best effort: a dead one is skipped).
+  void stop_all() {
+    for (int t = 0; t < num_ps(); ++t) {
+      try {
+        clients_[static_cast<std::size_t>(t)]->call(RpcOp::Stop, {}, std::chrono::milliseconds(5000));
+      } catch (const std::exception&) {
+      }
+    }
+  }
+
+  /// The ps side of an error: a lost connection names the ps task.
+  std::vector<std::byte> call(int task, RpcOp op, std::span<const std::byte> payload,
+                              std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    if (task < 0 || task >= num_ps()) {
+      throw InvalidArgument(fmt::format("ps task {} does not exist (the cluster has {} ps tasks)", task, num_ps()));
+    }
+    std::vector<std::byte> out;
+    guarded(task, [&] { out = clients_[static_cast<std::size_t>(task)]->call(op, payload, timeout); });
+    return out;
+  }
+
+ private:
+  template <class F>
+  void guarded(int task, F&& f) {
+    try {
+      f();
+    } catch (const ConnectionLost& e) {
+      throw PeerFailure(fmt::format("lost ps task {}: {}", ps_device_string(task), e.what()));
+    } catch (const RemoteError& e) {
+      throw_as_kind(e.kind(), e.what());
+    }
+  }
+
+  std::vector<std::unique_ptr<RpcClient>> clients_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_PS_CLIENT_HPP
+// ---- end <distribute/ps/detail/ps_client.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+inline std::uint64_t random_session_id() {
+  std::random_device rd;
+  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+}
+
+/// Checks the cluster has what parameter-server training needs: one chief (the coordinator), at
+/// least one ps and one worker, and no job besides those and an evaluator. Returns the ps count.
+inline int check_parameter_server_cluster(const ClusterSpec& spec) {
+  constexpr std::string_view what = "ParameterServerStrategy";
+  if (spec.empty()) {
+    throw ClusterConfigError(fmt::format("{}: the cluster spec is empty; parameter-server training needs a 'chief' "
+                                         "(the coordinator), at least one 'ps' and at least one 'worker' task",
+                                         what));
+  }
+  const auto jobs = fmt::format("{}", fmt::join(spec.jobs(), ", "));
+  for (const auto& job : spec.jobs()) {
+    if (job != "chief" && job != "ps" && job != "worker" && job != "evaluator") {
+      throw ClusterConfigError(fmt::format("{}: the cluster has a job '{}'; the allowed jobs are 'chief', 'ps', 'worker' "
+                                           "and 'evaluator'",
+                                           what, job));
+    }
+  }
+  if (cluster_job_size(spec, "ps") < 1) {
+    throw ClusterConfigError(fmt::format("{}: the cluster (jobs: {}) has no 'ps' task; there must be at least one "
+                                         "parameter server",
+                                         what, jobs));
+  }
+  if (cluster_job_size(spec, "worker") < 1) {
+    throw ClusterConfigError(
+        fmt::format("{}: the cluster (jobs: {}) has no 'worker' task; there must be at least one worker", what, jobs));
+  }
+  const int chiefs = cluster_job_size(spec, "chief");
+  if (chiefs != 1) {
+    throw ClusterConfigError(fmt::format("{}: the cluster (jobs: {}) has {} 'chief' tasks; it needs exactly one, the "
+                                         "coordinator",
+                                         what, jobs, chiefs));
+  }
+  return cluster_job_size(spec, "ps");
+}
+
+}  // namespace detail
+
+struct ParameterServerOptions {
+  /// Connect to the ps tasks, which then hold the variables. false: placement only, the values
+  /// stay in this process (unit tests and single-process debugging; no coordinator).
+  bool connect = true;
+  /// How long the constructor waits for every ps task to answer (they may still be starting).
+  std::chrono::milliseconds connect_timeout{60000};
+  /// Shared secret (see net::CommunicatorOptions::cluster_token).
+  std::optional<std::string> cluster_token;
+};
+
+class ParameterServerStrategy final : public AnyStrategy, public detail::PartitionsVariables {
+ public:
+  /// `resolver` defaults to TFConfigClusterResolver (the TF_CONFIG environment variable). Without
+  /// a `partitioner` variables are never split. ClusterConfigError when the cluster lacks a chief,
+  /// a ps or a worker task.
+  /// With `options.connect` (the default) the constructor waits until every ps task answers, and
+  /// throws PeerFailure naming the one that did not within `options.connect_timeout`.
+  explicit ParameterServerStrategy(std::shared_ptr<ClusterResolver> resolver = nullptr,
+                                   VariablePartitioner partitioner = {}, ParameterServerOptions options = {})
+      : resolver_(resolver ? std::move(resolver) : std::make_shared<TFConfigClusterResolver>()),
+        partitioner_(std::move(partitioner)),
+        options_(std::move(options)),
+        placement_(detail::check_parameter_server_cluster(resolver_->cluster_spec())),
+        session_(detail::random_session_id()) {
+    if (options_.connect) {
+      detail::RpcOptions rpc;
+      rpc.cluster_token = options_.cluster_token;
+      rpc.connect_timeout = options_.connect_timeout;
+      store_ = std::make_shared<detail::PsClientStore>(resolver_->cluster_spec(), rpc);
+      store_->connect_all(options_.connect_timeout);
+    }
+  }
+
+  std::string_view name() const noexcept override { return "ParameterServerStrategy"; }
+  /// One replica per worker, and workers do not synchronise (asynchronous training).
+  int num_replicas_in_sync() const noexcept override { return 1; }
+  int num_local_replicas() const noexcept override { return 1; }
+  /// As in TF: the worker's device, without job and task (a function runs on whichever worker the
+  /// coordinator picks).
+  std::vector<std::string> worker_devices() const override { return {"/device:CPU:0"}; }
+
+  /// Makes the strategy current: variables created under the guard go to ps tasks round-robin,
+  /// and ShardedVariables are split by the partitioner.
+  [[nodiscard]] ScopeGuard scope() { return ScopeGuard(*this); }
+
+  const ClusterResolver* cluster_resolver() const noexcept { return resolver_.get(); }
+  const VariablePartitioner& variable_partitioner() const noexcept { return partitioner_; }
+  int num_ps() const noexcept { return placement_.num_ps(); }
+  int num_workers() const { return resolver_->cluster_spec().num_tasks("worker"); }
+
+  /// The next ps task in turn. Connected: the value lives on that ps task (reads and updates are
+  /// calls to it). Not connected: one copy held here, reported on its ps task.
+  detail::VariablePlacement variable_placement() const override {
+    const int task = placement_.next_task();
+    std::string device = ps_device_string(task);
+    if (!store_) return {detail::PlacementKind::CentralStorage, {device}, 1, id(), {device}};
+    detail::VariablePlacement p{detail::PlacementKind::Remote, {device}, 1, id(), {device}};
+    p.remote = {store_, task, fmt::format("{:016x}.{}", session_, ++variables_created_)};
+    return p;
+  }
+
+  /// True when the variables live on the ps tasks (options.connect).
+  bool connected() const noexcept { return store_ != nullptr; }
+  const ParameterServerOptions& options() const noexcept { return options_; }
+  /// Ids this coordinator's closures are committed under (differs per strategy object).
+  std::uint64_t session_id() const noexcept { return session_; }
+  /// The ps tasks' client (connected strategies only): used by the ClusterCoordinator.
+  const std::shared_ptr<detail::PsClientStore>& ps_store() const noexcept { return store_; }
+
+  /// Shards for a ShardedVariable created in scope: what the partitioner says on axis 0, 1 without
+  /// a partitioner or for a scalar (TF never partitions those).
+  std::int64_t num_shards_for(const Shape& shape, DType dtype) const override {
+    if (!partitioner_ || shape.empty()) return 1;
+    return shards_along_first_axis(partitioner_(shape, dtype), shape);
+  }
+
+ private:
+  std::shared_ptr<ClusterResolver> resolver_;
+  VariablePartitioner partitioner_;
+  ParameterServerOptions options_;
+  mutable RoundRobinPlacement placement_;  // placing a variable takes the next turn
+  std::uint64_t session_;
+  mutable std::atomic<std::uint64_t> variables_created_{0};
+  std::shared_ptr<detail::PsClientStore> store_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_PARAMETER_SERVER_HPP
+// ---- end <distribute/strategy/parameter_server.hpp> ----
+// ---- begin <distribute/ps/remote_function.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_REMOTE_FUNCTION_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_REMOTE_FUNCTION_HPP
+// Remote functions: what a ClusterCoordinator schedules on workers. Every process of the cluster
+// runs the same binary and registers the same functions by name at start-up; the coordinator sends
+// the name, a signature and the serialised arguments, and the worker calls its own copy.
+//
+//   float train_step(ds::Variable<float> w, ds::PerWorkerIterator<Batch> it) { ... }
+//   DISTRIBUTE_REMOTE_FUNCTION(train_step);          // at namespace scope, in every process
+//
+// Arguments and results are serialised with cereal (scalars, strings, std::vector, std::array,
+// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes; a ds::Variable or
+// ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
+// copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
+
+#include <cxxabi.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/array.hpp>
+#include <cereal/types/optional.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/tuple.hpp>
+#include <cereal/types/utility.hpp>
+#include <cereal/types/vector.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+template <class T>
+class PerWorkerIterator;
+
+namespace detail {
+
+using WireOut = cereal::BinaryOutputArchive;
+using WireIn = cereal::BinaryInputArchive;
+
+/// A readable C++ type name, for error messages.
+inline std::string type_name(const std::type_info& t) {
+  int status = 0;
+  char* p = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+  std::string out = (status == 0 && p) ? std::string(p) : std::string(t.name());
+  std::free(p);
+  return out;
+}
+
+/// One element of a per-worker dataset, pulled by the closures that run on this worker.
+template <class T>
+class WorkerIteratorState {
+ public:
+  explicit WorkerIteratorState(data::Dataset<T> dataset) : dataset_(std::move(dataset)) {}
+  std::optional<T> next() {
+    std::lock_guard lock(mutex_);
+    if (!it_) it_.emplace(dataset_.begin());
+    if (*it_ == dataset_.end()) return std::nullopt;
+    T v = std::move(**it_);
+    ++*it_;
+    return v;
+  }
+
+ private:
+  data::Dataset<T> dataset_;
+  std::optional<typename data::Dataset<T>::iterator> it_;
+  std::mutex mutex_;
+};
+
+/// What a worker turns handles back into: its ps client and its per-worker datasets. Set on the
+/// thread that runs a closure.
+struct WorkerEnvironment {
+  std::shared_ptr<RemoteVariableStore> store;
+  std::function<std::shared_ptr<void>(std::uint64_t dataset_id)> dataset_iterator;
+  std::string worker_name;
+};
+
+inline WorkerEnvironment*& current_worker_environment() {
+  thread_local WorkerEnvironment* env = nullptr;
+  return env;
+}
+
+template <class T>
+struct is_dataset : std::false_type {};
+template <class T>
+struct is_dataset<data::Dataset<T>> : std::true_type {};
+
+/// How a value crosses the wire; cereal unless specialised below.
+template <class T>
+struct wire {
+  static void save(WireOut& a, const T& v) { a(v); }
+  static T load(WireIn& a) {
+    T v{};
+    a(v);
+    return v;
+  }
+};
+
+template <class E>
+struct wire<Tensor<E>> {
+  static void save(WireOut& a, const Tensor<E>& t) {
+    a(t.shape());
+    a(std::vector<E>(t.data(), t.data() + t.size()));
+  }
+  static Tensor<E> load(WireIn& a) {
+    Shape shape;
+    std::vector<E> data;
+    a(shape, data);
+    return Tensor<E>(std::move(shape), std::move(data));
+  }
+};
+
+template <class T>
+struct wire<Variable<T>> {
+  static void save(WireOut& a, const Variable<T>& v) {
+    const RemoteHandle* h = v.remote_handle();
+    if (!h) {
+      throw InvalidArgument(fmt::format("variable '{}' is not on a ps task: only variables created inside "
+                                        "ParameterServerStrategy::scope() can be passed to a scheduled function",
+                                        v.name()));
+    }
+    a(v.name(), v.shape(), h->task, h->key);
+  }
+  static Variable<T> load(WireIn& a) {
+    std::string name, key;
+    Shape shape;
+    int task = 0;
+    a(name, shape, task, key);
+    WorkerEnvironment* env = current_worker_environment();
+    if (!env || !env->store) {
+      throw InvalidArgument(fmt::format("variable '{}' arrived outside a worker: ps variable handles are read by the "
+                                        "worker that runs a scheduled function",
+                                        name));
+    }
+    return Variable<T>::attach_remote(std::move(name), tensor_traits<T>::make(shape), RemoteHandle{env->store, task, key});
+  }
+};
+
+template <class T>
+struct wire<ShardedVariable<T>> {
+  static void save(WireOut& a, const ShardedVariable<T>& v) {
+    a(v.name(), static_cast<std::uint64_t>(v.num_shards()));
+    for (const auto& shard : v.variables()) wire<Variable<T>>::save(a, shard);
+  }
+  static ShardedVariable<T> load(WireIn& a) {
+    std::string name;
+    std::uint64_t n = 0;
+    a(name, n);
+    if (n == 0 || n > (1u << 20)) throw InvalidArgument(fmt::format("sharded variable '{}' arrived with {} shards", name, n));
+    std::vector<Variable<T>> shards;
+    for (std::uint64_t i = 0; i < n; ++i) shards.push_back(wire<Variable<T>>::load(a));
+    return ShardedVariable<T>(std::move(shards), std::move(name));
+  }
+};
+
+template <class T>
+struct wire<PerWorkerIterator<T>> {
+  static void save(WireOut& a, const PerWorkerIterator<T>& it) { a(it.dataset_id()); }
+  static PerWorkerIterator<T> load(WireIn& a) {
+    std::uint64_t id = 0;
+    a(id);
+    WorkerEnvironment* env = current_worker_environment();
+    if (!env || !env->dataset_iterator) {
+      throw InvalidArgument("a per-worker iterator arrived outside a worker: it is read by the worker that runs a "
+                            "scheduled function");
+    }
+    auto state = std::static_pointer_cast<WorkerIteratorState<T>>(env->dataset_iterator(id));
+    return PerWorkerIterator<T>(id, std::move(state));
+  }
+};
+
+template <class... Ts>
+std::string save_values(const Ts&... values) {
+  std::ostringstream out(std::ios::binary);
+  {
+    WireOut a(out);
+    (wire<Ts>::save(a, values), ...);
+  }
+  return std::move(out).str();
+}
+
+/// Loads a tuple in order (braced initialisation evaluates left to right).
+template <class... Ts>
+std::tuple<Ts...> load_values(std::string_view bytes, const char* what) {
+  std::istringstream in(std::string(bytes), std::ios::binary);
+  try {
+    WireIn a(in);
+    return std::tuple<Ts...>{wire<Ts>::load(a)...};
+  } catch (const cereal::Exception& e) {
+    throw InvalidArgument(fmt::format("malformed {}: {}", what, e.what()));
+  } catch (const std::bad_alloc&) {
+    throw InvalidArgument(fmt::format("malformed {}: a size beyond memory", what));
+  }
+}
+
+/// "(float, int)" from the type of std::tuple<float, int>.
+inline std::string parameter_list(const std::type_info& tuple_type) {
+  const std::string t = type_name(tuple_type);
+  const auto open = t.find('<');
+  const auto close = t.rfind('>');
+  if (open == std::string::npos || close == std::string::npos || close < open) return "(" + t + ")";
+  return "(" + t.substr(open + 1, close - open - 1) + ")";
+}
+
+struct RemoteFunctionEntry {
+  std::string name;
+  const void* address = nullptr;
+  const std::type_info* params = nullptr;  // std::tuple<decayed parameter types...>
+  const std::type_info* result = nullptr;
+  std::string signature;                   // the same in every process of one binary
+  std::function<std::string(std::string_view args)> invoke;
+  std::function<std::shared_ptr<void>(const InputContext&)> make_iterator;  // dataset functions
+  std::string describe() const { return fmt::format("{} {}{}", type_name(*result), name, parameter_list(*params)); }
+};
+
+class RemoteFunctionRegistry {
+ public:
+  static RemoteFunctionRegistry& instance() {
+    static RemoteFunctionRegistry r;
+    return r;
+  }
+
+  void add(RemoteFunctionEntry e) {
+    std::lock_guard lock(mutex_);
+    if (e.name.empty()) throw InvalidArgument("register_remote_function: the name is empty");
+    if (auto it = by_name_.find(e.name); it != by_name_.end()) {
+      if (it->second.address == e.address) return;  // the same function twice: harmless
+      throw InvalidArgument(fmt::format("register_remote_function: the name '{}' is already registered for another "
+                                        "function ({})",
+                                        e.name, it->second.describe()));
+    }
+    by_address_[e.address] = e.name;
+    by_name_.emplace(e.name, std::move(e));
+  }
+
+  const RemoteFunctionEntry* find(std::string_view name) const {
+    std::lock_guard lock(mutex_);
+    auto it = by_name_.find(std::string(name));
+    return it == by_name_.end() ? nullptr : &it->second;
+  }
+
+  const RemoteFunctionEntry* find(const void* address) const {
+    std::lock_guard lock(mutex_);
+    auto it = by_address_.find(address);
+    return it == by_address_.end() ? nullptr : &by_name_.at(it->second);
+  }
+
+  std::vector<std::string> names() const {
+    std::lock_guard lock(mutex_);
+    std::vector<std::string> out;
+    for (const auto& [name, e] : by_name_) out.push_back(name);
+    return out;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, RemoteFunctionEntry> by_name_;  // node-based: entries never move
+  std::map<const void*, std::string> by_address_;
+};
+
+template <class R, class... P>
+RemoteFunctionEntry make_remote_entry(std::string name, R (*fn)(P...)) {
+  RemoteFunctionEntry e;
+  e.name = std::move(name);
+  e.address = reinterpret_cast<const void*>(fn);
+  e.params = &typeid(std::tuple<std::decay_t<P>...>);
+  e.result = &typeid(R);
+  e.signature = typeid(R(P...)).name();
+  if constexpr (!is_dataset<R>::value) {
+    e.invoke = [fn](std::string_view bytes) -> std::string {
+      auto args = load_values<std::decay_t<P>...>(bytes, "arguments");
+      if constexpr (std::is_void_v<R>) {
+        std::apply(fn, args);
+        return {};
+      } else {
+        return save_values<R>(std::apply(fn, args));
+      }
+    };
+  } else {
+    e.invoke = [](std::string_view) -> std::string {
+      throw InvalidArgument("a dataset function is not scheduled: pass it to create_per_worker_dataset");
+    };
+    using T = typename R::element_type;
+    e.make_iterator = [fn](const InputContext& ctx) -> std::shared_ptr<void> {
+      if constexpr (sizeof...(P) == 0) {
+        return std::make_shared<WorkerIteratorState<T>>(fn());
+      } else if constexpr (sizeof...(P) == 1 && (std::is_same_v<std::decay_t<P>, InputContext> && ...)) {
+        return std::make_shared<WorkerIteratorState<T>>(fn(ctx));
+      } else {
+        throw InvalidArgument("a per-worker dataset function takes no argument or one ds::InputContext");
+      }
+    };
+  }
+  return e;
+}
+
+}  // namespace detail
+
+/// Registers `fn` under `name` in this process. Every process of the cluster must register the
+/// same functions (the same binary does it at start-up). Registering a name twice for different
+/// functions is InvalidArgument. Capture-less lambdas work through `+[](...) {...}`.
+template <class R, class... P>
+void register_remote_function(std::string name, R (*fn)(P...)) {
+  detail::RemoteFunctionRegistry::instance().add(detail::make_remote_entry(std::move(name), fn));
+}
+
+/// A worker's own iterator over its per-worker dataset, passed to scheduled functions
+/// (TF's per-worker iterator). On the coordinator it is only a handle.
+template <class T>
+class PerWorkerIterator {
+ public:
+  PerWorkerIterator() = default;
+  PerWorkerIterator(std::uint64_t dataset_id, std::shared_ptr<detail::WorkerIteratorState<T>> state)
+      : id_(dataset_id), state_(std::move(state)) {}
+
+  /// The next element of this worker's dataset, or nullopt at its end. Only on a worker.
+  std::optional<T> next() {
+    if (!state_) {
+      throw InvalidArgument("PerWorkerIterator::next: the iterator is read inside a scheduled function on a worker");
+    }
+    return state_->next();
+  }
+  /// The next element; OutOfRange at the end of the dataset (TF's get_next()).
+  T get_next() {
+    auto v = next();
+    if (!v) throw OutOfRange(fmt::format("per-worker dataset #{}: end of the dataset", id_));
+    return std::move(*v);
+  }
+  std::uint64_t dataset_id() const noexcept { return id_; }
+
+ private:
+  std::uint64_t id_ = 0;
+  std::shared_ptr<detail::WorkerIteratorState<T>> state_;
+};
+
+/// A dataset that every worker builds for itself (ClusterCoordinator::create_per_worker_dataset).
+template <class T>
+class PerWorkerDataset {
+ public:
+  explicit PerWorkerDataset(std::uint64_t id) : id_(id) {}
+  /// The handle to pass to scheduled functions (TF: iter(per_worker_dataset)).
+  PerWorkerIterator<T> iterator() const { return PerWorkerIterator<T>(id_, nullptr); }
+  std::uint64_t id() const noexcept { return id_; }
+
+ private:
+  std::uint64_t id_;
+};
+
+/// TF's `iter(per_worker_dataset)`.
+template <class T>
+PerWorkerIterator<T> iter(const PerWorkerDataset<T>& d) {
+  return d.iterator();
+}
+
+DISTRIBUTE_END_NAMESPACE
+
+#define DISTRIBUTE_REMOTE_CONCAT_(a, b) a##b
+#define DISTRIBUTE_REMOTE_CONCAT(a, b) DISTRIBUTE_REMOTE_CONCAT_(a, b)
+/// Registers a function under its own name at start-up: DISTRIBUTE_REMOTE_FUNCTION(train_step);
+#define DISTRIBUTE_REMOTE_FUNCTION(fn)                                                               \
+  [[maybe_unused]] static const bool DISTRIBUTE_REMOTE_CONCAT(distribute_remote_registered_, __LINE__) = \
+      (::distribute::register_remote_function(#fn, &fn), true)
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_REMOTE_FUNCTION_HPP
+// ---- end <distribute/ps/remote_function.hpp> ----
+// ---- begin <distribute/ps/server.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SERVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SERVER_HPP
+// ds::Server: what a ps or worker task of a parameter-server cluster runs (TF's tf.distribute.Server).
+//   ps task      serves the variables placed on it: create, read, assign/add/sub, row lookups, and
+//                closures' commits (applied atomically, at most once per closure).
+//   worker task  runs the functions the coordinator schedules, with the arguments it sends, and
+//                builds the per-worker datasets it asks for.
+// Both answer GET /healthz and GET /metrics (Prometheus text) on the same port.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/ps/detail/messages.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// The parameter-server service's messages, serialised with cereal's binary archives (every process
+// of a cluster runs the same binary, so layout and endianness agree). Tensor values travel as raw
+// bytes in a std::string, which cereal writes as one block.
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+struct PingReply {
+  std::string job;
+  int task = 0;
+  std::uint64_t incarnation = 0;  // differs after a restart
+  template <class A>
+  void serialize(A& a) { a(job, task, incarnation); }
+};
+
+struct CreateVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> shape;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, shape, bytes); }
+};
+
+struct ReadVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::uint64_t nbytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, nbytes); }
+};
+
+struct ReadRowsMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> rows;
+  std::uint64_t row_bytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, rows, row_bytes); }
+};
+
+struct UpdateVarMsg {
+  std::string key;
+  std::uint8_t kind = 0;  // RemoteUpdate
+  std::uint8_t dtype = 0;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, kind, dtype, bytes); }
+};
+
+/// A closure's updates to one ps task, applied together and at most once per (session, closure).
+struct CommitMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::vector<UpdateVarMsg> updates;
+  template <class A>
+  void serialize(A& a) { a(session, closure, updates); }
+};
+
+struct RunClosureMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::uint32_t attempt = 0;
+  std::string function;
+  std::string signature;
+  std::string args;
+  template <class A>
+  void serialize(A& a) { a(session, closure, attempt, function, signature, args); }
+};
+
+struct MakeDatasetMsg {
+  std::uint64_t dataset = 0;
+  std::string function;
+  std::string signature;
+  int num_workers = 1;
+  int worker_index = 0;
+  template <class A>
+  void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
+};
+
+template <class M>
+std::vector<std::byte> encode_message(const M& m) {
+  std::ostringstream out(std::ios::binary);
+  {
+    cereal::BinaryOutputArchive ar(out);
+    ar(m);
+  }
+  const std::string s = std::move(out).str();
+  std::vector<std::byte> bytes(s.size());
+  if (!s.empty()) std::memcpy(bytes.data(), s.data(), s.size());
+  return bytes;
+}
+
+/// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
+template <class M>
+M decode_message(std::span<const std::byte> bytes, const char* what) {
+  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), std::ios::binary);
+  M m;
+  try {
+    cereal::BinaryInputArchive ar(in);
+    ar(m);
+  } catch (const std::exception& e) {  // cereal::Exception, or a bad_alloc from a bogus size
+    throw InvalidArgument(fmt::format("malformed {} message ({} bytes): {}", what, bytes.size(), e.what()));
+  }
+  return m;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// ---- end <distribute/ps/detail/messages.hpp> ----
+// ---- begin <distribute/ps/detail/ps_client.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_PS_CLIENT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_PS_CLIENT_HPP
+// The client side of the ps tasks' variable service: what a Variable placed on a ps task calls
+// (RemoteVariableStore). The coordinator's updates go straight to the ps; a worker running a closure
+// records the closure's updates in a transaction instead, reads through it (a closure sees its own
+// writes), and commits it at the end, so that the ps applies each closure's updates exactly once
+// even when the closure is retried on another worker.
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/ps/detail/messages.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// The parameter-server service's messages, serialised with cereal's binary archives (every process
+// of a cluster runs the same binary, so layout and endianness agree). Tensor values travel as raw
+// bytes in a std::string, which cereal writes as one block.
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+struct PingReply {
+  std::string job;
+  int task = 0;
+  std::uint64_t incarnation = 0;  // differs after a restart
+  template <class A>
+  void serialize(A& a) { a(job, task, incarnation); }
+};
+
+struct CreateVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> shape;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, shape, bytes); }
+};
+
+struct ReadVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::uint64_t nbytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, nbytes); }
+};
+
+struct ReadRowsMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> rows;
+  std::uint64_t row_bytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, rows, row_bytes); }
+};
+
+struct UpdateVarMsg {
+  std::string key;
+  std::uint8_t kind = 0;  // RemoteUpdate
+  std::uint8_t dtype = 0;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, kind, dtype, bytes); }
+};
+
+/// A closure's updates to one ps task, applied together and at most once per (session, closure).
+struct CommitMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::vector<UpdateVarMsg> updates;
+  template <class A>
+  void serialize(A& a) { a(session, closure, updates); }
+};
+
+struct RunClosureMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::uint32_t attempt = 0;
+  std::string function;
+  std::string signature;
+  std::string args;
+  template <class A>
+  void serialize(A& a) { a(session, closure, attempt, function, signature, args); }
+};
+
+struct MakeDatasetMsg {
+  std::uint64_t dataset = 0;
+  std::string function;
+  std::string signature;
+  int num_workers = 1;
+  int worker_index = 0;
+  template <class A>
+  void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
+};
+
+template <class M>
+std::vector<std::byte> encode_message(const M& m) {
+  std::ostringstream out(std::ios::binary);
+  {
+    cereal::BinaryOutputArchive ar(out);
+    ar(m);
+  }
+  const std::string s = std::move(out).str();
+  std::vector<std::byte> bytes(s.size());
+  if (!s.empty()) std::memcpy(bytes.data(), s.data(), s.size());
+  return bytes;
+}
+
+/// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
+template <class M>
+M decode_message(std::span<const std::byte> bytes, const char* what) {
+  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), std::ios::binary);
+  M m;
+  try {
+    cereal::BinaryInputArchive ar(in);
+    ar(m);
+  } catch (const std::exception& e) {  // cereal::Exception, or a bad_alloc from a bogus size
+    throw InvalidArgument(fmt::format("malformed {} message ({} bytes): {}", what, bytes.size(), e.what()));
+  }
+  return m;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// ---- end <distribute/ps/detail/messages.hpp> ----
+// ---- begin <distribute/ps/detail/rpc.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+// The parameter-server service's wire layer: request/reply calls over TCP (Boost.Asio), framed with
+// net/frame.hpp's versioned header (Request/Reply frames), authenticated with the cluster token by
+// HMAC-SHA256 challenge-response both ways before any call, and every client-side wait bounded by a
+// deadline. The same port answers plain HTTP GETs (/healthz, /metrics) through Boost.Beast, sniffed
+// from the first bytes, so a server needs one address only.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <sys/socket.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// "host:port" strings as they appear in cluster specs ("127.0.0.1:2222", "worker0:2222",
+// "[::1]:2222").
+
+#include <cctype>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+struct HostPort {
+  std::string host;
+  std::string port;  // decimal, 1..65535
+};
+
+inline HostPort parse_host_port(std::string_view address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    throw InvalidArgument(fmt::format("address '{}' is not of the form host:port", address));
+  }
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') {
+      throw InvalidArgument(fmt::format("address '{}' has an unterminated [IPv6] host", address));
+    }
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned long value = 0;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c)) || port.size() > 5) {
+      throw InvalidArgument(fmt::format("address '{}' has an invalid port '{}'", address, port));
+    }
+    value = value * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (value == 0 || value > 65535) {
+    throw InvalidArgument(fmt::format("address '{}' has port {} outside 1..65535", address, value));
+  }
+  return HostPort{std::string(host), std::string(port)};
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// ---- end <distribute/net/detail/address.hpp> ----
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/frame.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+//
+//   offset  size  field
+//        0     4  magic "DSNT"
+//        4     1  protocol version (kProtocolVersion)
+//        5     1  FrameType
+//        6     2  reserved, must be zero
+//        8     8  payload length
+//       16     8  sequence number (collective number, point-to-point message number)
+//       24     8  tag (chunk within a collective)
+//
+// Integers are little-endian whatever the host. Decoding is a pure function of the bytes, so it can
+// be fuzzed: anything malformed throws FrameError and is never read past its end.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+/// Bytes that are not a well-formed frame (bad magic, version, type, reserved bits or length).
+/// The transport answers it by closing the connection.
+class FrameError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 32;
+/// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
+/// configured limit, so a stranger cannot make a peer allocate much.
+inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+
+enum class FrameType : std::uint8_t {
+  Hello = 1,         // connector → acceptor: who I am, my nonce
+  Challenge = 2,     // acceptor → connector: who I am, my nonce, my proof of the token
+  Response = 3,      // connector → acceptor: my proof of the token
+  Welcome = 4,       // acceptor → connector: accepted
+  Reject = 5,        // either way, during the handshake: refused, with a reason
+  Heartbeat = 6,     // keeps an idle connection known to be alive
+  Goodbye = 7,       // clean shutdown: the sender sends nothing more
+  Abort = 8,         // the sender's communicator failed; payload says why
+  Descriptor = 9,    // announces a collective (seq = collective number)
+  Data = 10,         // a piece of a collective's data (seq, tag)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
+};
+
+constexpr std::string_view to_string(FrameType t) noexcept {
+  switch (t) {
+    case FrameType::Hello: return "hello";
+    case FrameType::Challenge: return "challenge";
+    case FrameType::Response: return "response";
+    case FrameType::Welcome: return "welcome";
+    case FrameType::Reject: return "reject";
+    case FrameType::Heartbeat: return "heartbeat";
+    case FrameType::Goodbye: return "goodbye";
+    case FrameType::Abort: return "abort";
+    case FrameType::Descriptor: return "descriptor";
+    case FrameType::Data: return "data";
+    case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
+  }
+  return "?";
+}
+
+struct FrameHeader {
+  FrameType type = FrameType::Heartbeat;
+  std::uint64_t length = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+using HeaderBytes = std::array<std::byte, kFrameHeaderBytes>;
+
+namespace detail {
+
+inline void store_le(std::byte* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr bool known_frame_type(std::uint8_t t) noexcept {
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
+}
+
+}  // namespace detail
+
+inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
+  HeaderBytes out{};
+  detail::store_le(out.data(), kFrameMagic, 4);
+  out[4] = static_cast<std::byte>(kProtocolVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  detail::store_le(out.data() + 8, h.length, 8);
+  detail::store_le(out.data() + 16, h.seq, 8);
+  detail::store_le(out.data() + 24, h.tag, 8);
+  return out;
+}
+
+/// Decodes and validates a header; `max_payload_bytes` bounds Data/PointToPoint payloads
+/// (other types are bounded by kMaxControlPayload, or to zero when they carry nothing).
+inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  if (bytes.size() < kFrameHeaderBytes) {
+    throw FrameError(fmt::format("truncated frame header: {} of {} bytes", bytes.size(), kFrameHeaderBytes));
+  }
+  const auto magic = static_cast<std::uint32_t>(detail::load_le(bytes.data(), 4));
+  if (magic != kFrameMagic) {
+    throw FrameError(fmt::format("bad frame magic 0x{:08x} (expected 0x{:08x}): not a distribute peer", magic, kFrameMagic));
+  }
+  const auto version = static_cast<std::uint8_t>(bytes[4]);
+  if (version != kProtocolVersion) {
+    throw FrameError(fmt::format("unsupported protocol version {} (this build speaks version {})", version, kProtocolVersion));
+  }
+  const auto type = static_cast<std::uint8_t>(bytes[5]);
+  if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
+  const auto reserved = detail::load_le(bytes.data() + 6, 2);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.length = detail::load_le(bytes.data() + 8, 8);
+  h.seq = detail::load_le(bytes.data() + 16, 8);
+  h.tag = detail::load_le(bytes.data() + 24, 8);
+  std::uint64_t limit = kMaxControlPayload;
+  switch (h.type) {
+    case FrameType::Data:
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
+    case FrameType::Welcome:
+    case FrameType::Heartbeat:
+    case FrameType::Goodbye: limit = 0; break;
+    default: limit = std::min(limit, max_payload_bytes); break;
+  }
+  if (h.length > limit) {
+    throw FrameError(fmt::format("{} frame payload of {} bytes exceeds the limit of {} bytes", to_string(h.type),
+                                 h.length, limit));
+  }
+  return h;
+}
+
+/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
+  h.length = payload.size();
+  const HeaderBytes head = encode_header(h);
+  std::vector<std::byte> out(head.begin(), head.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+};
+
+/// Incremental decoder over a byte stream cut anywhere. Malformed input throws FrameError, after
+/// which the decoder stays failed (a stream cannot be resynchronised once framing is lost).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::uint64_t max_payload_bytes) : max_payload_(max_payload_bytes) {}
+
+  /// Consumes `bytes`; returns the frames they complete, in order.
+  std::vector<Frame> feed(std::span<const std::byte> bytes) {
+    if (failed_) throw FrameError("frame decoder already failed on malformed input");
+    std::vector<Frame> out;
+    try {
+      while (!bytes.empty()) {
+        if (!have_header_) {
+          const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, bytes.size());
+          std::copy_n(bytes.begin(), take, header_.begin() + static_cast<std::ptrdiff_t>(header_fill_));
+          header_fill_ += take;
+          bytes = bytes.subspan(take);
+          if (header_fill_ < kFrameHeaderBytes) break;
+          current_.header = decode_header(header_, max_payload_);
+          current_.payload.clear();
+          have_header_ = true;
+        }
+        // Grow with the bytes that actually arrive, not with the length the header claims.
+        const std::uint64_t missing = current_.header.length - current_.payload.size();
+        const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
+        current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+        bytes = bytes.subspan(take);
+        if (current_.payload.size() == current_.header.length) {
+          out.push_back(std::move(current_));
+          current_ = Frame{};
+          have_header_ = false;
+          header_fill_ = 0;
+        }
+      }
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+    return out;
+  }
+
+  /// Bytes of an unfinished frame held so far.
+  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  std::uint64_t max_payload_;
+  HeaderBytes header_{};
+  std::size_t header_fill_ = 0;
+  bool have_header_ = false;
+  bool failed_ = false;
+  Frame current_;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// ---- end <distribute/net/frame.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using RpcClock = std::chrono::steady_clock;
+
+/// The peer could not be reached, or the connection broke or timed out: the peer may be dead.
+class ConnectionLost : public PeerFailure {
+ public:
+  using PeerFailure::PeerFailure;
+};
+
+/// The peer answered a call with an error; `kind` names its exception type ("InvalidArgument"...).
+class RemoteError : public Error {
+ public:
+  RemoteError(std::string kind, const std::string& message) : Error(message), kind_(std::move(kind)) {}
+  const std::string& kind() const noexcept { return kind_; }
+
+ private:
+  std::string kind_;
+};
+
+enum class RpcOp : std::uint64_t {
+  Ping = 1,
+  CreateVar = 2,
+  ReadVar = 3,
+  ReadRows = 4,
+  UpdateVar = 5,
+  Commit = 6,
+  RunClosure = 7,
+  MakeDataset = 8,
+  Stop = 9,
+};
+
+struct RpcOptions {
+  /// How long a first connection retries (with back-off) while the server starts.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// The whole handshake; also how long a silent stranger may hold a socket.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
+  /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
+  std::optional<std::string> cluster_token;
+  std::size_t max_frame_bytes = std::size_t{1} << 31;
+  /// Refused connections are reported here; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+/// The exception type's name, for an error reply.
+inline std::string error_kind(const std::exception& e) {
+  if (dynamic_cast<const ClusterConfigError*>(&e)) return "ClusterConfigError";
+  if (dynamic_cast<const InvalidArgument*>(&e)) return "InvalidArgument";
+  if (dynamic_cast<const OutOfRange*>(&e)) return "OutOfRange";
+  if (dynamic_cast<const PeerFailure*>(&e)) return "PeerFailure";
+  if (dynamic_cast<const CollectiveTimeout*>(&e)) return "CollectiveTimeout";
+  if (dynamic_cast<const CheckpointError*>(&e)) return "CheckpointError";
+  if (dynamic_cast<const Unavailable*>(&e)) return "Unavailable";
+  if (dynamic_cast<const Cancelled*>(&e)) return "Cancelled";
+  return "Error";
+}
+
+/// Rethrows an error reply as the library's exception of that kind.
+[[noreturn]] inline void throw_as_kind(const std::string& kind, const std::string& message) {
+  if (kind == "ClusterConfigError") throw ClusterConfigError(message);
+  if (kind == "InvalidArgument") throw InvalidArgument(message);
+  if (kind == "OutOfRange") throw OutOfRange(message);
+  if (kind == "PeerFailure") throw PeerFailure(message);
+  if (kind == "CollectiveTimeout") throw CollectiveTimeout(message);
+  if (kind == "CheckpointError") throw CheckpointError(message);
+  if (kind == "Unavailable") throw Unavailable(message);
+  if (kind == "Cancelled") throw Cancelled(message);
+  throw Error(message);
+}
+
+inline std::vector<std::byte> to_bytes(std::string_view s) {
+  std::vector<std::byte> out(s.size());
+  if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
+  return out;
+}
+inline std::string_view as_chars(std::span<const std::byte> b) {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+/// One socket with an io_context of its own, so that every operation can run under a deadline:
+/// start it, run the context for at most the time left, and close the socket if it is not done.
+class FramedStream {
+ public:
+  FramedStream() : socket_(io_) {}
+  FramedStream(const FramedStream&) = delete;
+  FramedStream& operator=(const FramedStream&) = delete;
+
+  tcp::socket& socket() noexcept { return socket_; }
+
+  /// Runs what `start(ec)` starts until it completes or `timeout` passes (none: no limit).
+  template <class Start>
+  void run(Start&& start, std::optional<RpcClock::duration> timeout, std::string_view what) {
+    boost::system::error_code ec = asio::error::would_block;
+    start(ec);
+    io_.restart();
+    if (timeout) {
+      io_.run_for(*timeout);
+    } else {
+      io_.run();
+    }
+    if (ec == asio::error::would_block) {
+      close();
+      io_.restart();
+      io_.run();
+      throw ConnectionLost(fmt::format("{}: timed out after {} ms", what,
+                                       std::chrono::duration_cast<std::chrono::milliseconds>(*timeout).count()));
+    }
+    if (ec) throw ConnectionLost(fmt::format("{}: {}", what, describe(ec)));
+  }
+
+  void connect(const tcp::resolver::results_type& endpoints, RpcClock::duration timeout, std::string_view what) {
+    run([&](boost::system::error_code& ec) {
+          asio::async_connect(socket_, endpoints, [&ec](const boost::system::error_code& e, const tcp::endpoint&) { ec = e; });
+        },
+        timeout, what);
+    socket_.set_option(tcp::no_delay(true));
+    fd_.store(socket_.native_handle());
+  }
+
+  void adopt_accepted() {
+    socket_.set_option(tcp::no_delay(true));
+    fd_.store(socket_.native_handle());
+  }
+
+  void write_frame(net::FrameType type, std::uint64_t seq, std::uint64_t tag, std::span<const std::byte> payload,
+                   std::optional<RpcClock::duration> timeout, std::string_view what) {
+    net::FrameHeader h{type, payload.size(), seq, tag};
+    const net::HeaderBytes head = net::encode_header(h);
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(payload.data(), payload.size())};
+    run([&](boost::system::error_code& ec) {
+          asio::async_write(socket_, bufs, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+        },
+        timeout, what);
+  }
+
+  void read_exact(std::span<std::byte> dst, std::optional<RpcClock::duration> timeout, std::string_view what) {
+    if (dst.empty()) return;
+    run([&](boost::system::error_code& ec) {
+          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()),
+                           [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+        },
+        timeout, what);
+  }
+
+  /// Reads one frame whose first `have` header bytes were already read into `head`.
+  net::Frame read_frame(std::size_t max_bytes, std::optional<RpcClock::duration> timeout, std::string_view what,
+                        net::HeaderBytes head = {}, std::size_t have = 0) {
+    read_exact(std::span(head).subspan(have), timeout, what);
+    net::Frame f;
+    f.header = net::decode_header(head, max_bytes);  // FrameError on malformed input
+    f.payload.resize(static_cast<std::size_t>(f.header.length));
+    read_exact(f.payload, timeout, what);
+    return f;
+  }
+
+  /// Thread-safe: makes an operation in flight on another thread fail at once.
+  void abort() noexcept {
+    std::lock_guard lock(fd_mutex_);
+    const int fd = fd_.load();
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  }
+
+  void close() noexcept {
+    std::lock_guard lock(fd_mutex_);
+    fd_.store(-1);
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
+
+  static std::string describe(const boost::system::error_code& ec) {
+    if (ec == asio::error::eof) return "connection closed by the peer";
+    return ec.message();
+  }
+
+ private:
+  asio::io_context io_;
+  tcp::socket socket_;
+  std::atomic<int> fd_{-1};
+  std::mutex fd_mutex_;
+};
+
+// The handshake, the same whatever the token (so that a mismatch is reported, not misread):
+//   client -> Hello     nonce_c
+//   server -> Challenge nonce_s, HMAC(token, "ps-server" nonce_c nonce_s)   (MAC empty: no token)
+//   client -> Response  HMAC(token, "ps-client" nonce_s nonce_c)            (MAC empty: no token)
+//   server -> Welcome | Reject(reason)
+inline net::detail::Mac handshake_mac(std::string_view token, std::string_view role, std::span<const std::byte> a,
+                                      std::span<const std::byte> b) {
+  std::vector<std::byte> msg = to_bytes(role);
+  msg.insert(msg.end(), a.begin(), a.end());
+  msg.insert(msg.end(), b.begin(), b.end());
+  return net::detail::hmac_sha256(token, msg);
+}
+
+/// A client of one server: one connection, calls one at a time (thread-safe), reconnecting on the
+/// next call after a failure. Every failure to reach the server is ConnectionLost naming it.
+class RpcClient {
+ public:
+  RpcClient(std::string address, std::string peer_name, RpcOptions options)
+      : address_(std::move(address)), peer_(std::move(peer_name)), options_(std::move(options)),
+        token_(net::detail::effective_cluster_token(options_.cluster_token)) {}
+
+  const std::string& peer_name() const noexcept { return peer_; }
+  const std::string& address() const noexcept { return address_; }
+
+  /// Connects, retrying with back-off for up to `timeout` while the server is not up yet.
+  void connect(std::chrono::milliseconds timeout) {
+    std::lock_guard lock(mutex_);
+    connect_locked(timeout);
+  }
+
+  /// One call: sends the request and waits for the reply (at most `timeout`, when given).
+  /// Returns the reply's payload; an error reply throws RemoteError.
+  std::vector<std::byte> call(RpcOp op, std::span<const std::byte> payload,
+                              std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    std::lock_guard lock(mutex_);
+    if (!stream_) connect_locked(timeout ? std::min(*timeout, options_.connect_timeout) : options_.connect_timeout);
+    const std::uint64_t seq = ++seq_;
+    net::Frame reply;
+    try {
+      const auto what = fmt::format("call to {} ({})", peer_, address_);
+      stream_->write_frame(net::FrameType::Request, seq, static_cast<std::uint64_t>(op), payload, timeout, what);
+      reply = stream_->read_frame(options_.max_frame_bytes, timeout, what);
+    } catch (const net::FrameError& e) {
+      drop_locked();
+      throw ConnectionLost(fmt::format("{} ({}) sent a malformed reply: {}", peer_, address_, e.what()));
+    } catch (...) {
+      drop_locked();
+      throw;
+    }
+    if (reply.header.type != net::FrameType::Reply || reply.header.seq != seq) {
+      drop_locked();
+      throw ConnectionLost(fmt::format("{} ({}) answered out of turn ({} frame #{}, expected reply #{})", peer_,
+                                       address_, net::to_string(reply.header.type), reply.header.seq, seq));
+    }
+    if (reply.header.tag != 0) {
+      const std::string_view text = as_chars(reply.payload);
+      const auto bar = text.find('|');
+      throw RemoteError(std::string(text.substr(0, bar)),
+                        bar == std::string_view::npos ? std::string(text) : std::string(text.substr(bar + 1)));
+    }
+    return std::move(reply.payload);
+  }
+
+  /// Thread-safe: fails a call in flight (the next call reconnects).
+  void abort() noexcept {
+    std::lock_guard lock(abort_mutex_);
+    if (live_) live_->abort();
+  }
+
+  bool connected() {
+    std::lock_guard lock(mutex_);
+    return stream_ != nullptr;
+  }
+
+  void disconnect() {
+    std::lock_guard lock(mutex_);
+    drop_locked();
+  }
+
+ private:
+  void drop_locked() {
+    std::lock_guard lock(abort_mutex_);
+    if (stream_) stream_->close();
+    stream_.reset();
+    live_.reset();
+  }
+
+  void connect_locked(std::chrono::milliseconds timeout) {
+    const auto deadline = RpcClock::now() + timeout;
+    auto backoff = std::chrono::milliseconds(20);
+    std::string last_error;
+    const auto hp = net::detail::parse_host_port(address_);
+    for (;;) {
+      auto stream = std::make_shared<FramedStream>();
+      {
+        std::lock_guard lock(abort_mutex_);
+        live_ = stream;
+      }
+      try {
+        asio::io_context resolver_io;
+        tcp::resolver resolver(resolver_io);
+        const auto endpoints = resolver.resolve(hp.host, hp.port);
+        const auto left = std::max<RpcClock::duration>(deadline - RpcClock::now(), std::chrono::milliseconds(50));
+        stream->connect(endpoints, std::min<RpcClock::duration>(left, options_.handshake_timeout),
+                        fmt::format("connect to {} ({})", peer_, address_));
+        handshake(*stream);
+        stream_ = std::move(stream);
+        seq_ = 0;
+        return;
+      } catch (const RemoteError& e) {  // refused by the server: retrying will not help
+        stream->close();
+        throw ConnectionLost(fmt::format("{} ({}) refused the connection: {}", peer_, address_, e.what()));
+      } catch (const std::exception& e) {
+        stream->close();
+        last_error = e.what();
+      }
+      {
+        std::lock_guard lock(abort_mutex_);
+        live_.reset();
+      }
+      if (RpcClock::now() + backoff >= deadline) break;
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+    }
+    throw ConnectionLost(fmt::format("cannot reach {} at {} within {} ms: {}", peer_, address_, timeout.count(),
+                                     last_error));
+  }
+
+  void handshake(FramedStream& s) {
+    const auto limit = options_.handshake_timeout;
+    const auto what = fmt::format("handshake with {} ({})", peer_, address_);
+    const net::detail::Nonce mine = net::detail::random_nonce();
+    s.write_frame(net::FrameType::Hello, 0, 0, mine, limit, what);
+    net::Frame challenge = s.read_frame(net::kMaxControlPayload, limit, what);
+    if (challenge.header.type == net::FrameType::Reject) throw RemoteError("Error", std::string(as_chars(challenge.payload)));
+    if (challenge.header.type != net::FrameType::Challenge || challenge.payload.size() < net::detail::kNonceBytes) {
+      throw ConnectionLost(fmt::format("{}: expected a challenge, got a {} frame", what, net::to_string(challenge.header.type)));
+    }
+    const std::span<const std::byte> theirs(challenge.payload.data(), net::detail::kNonceBytes);
+    const auto their_mac = std::span<const std::byte>(challenge.payload).subspan(net::detail::kNonceBytes);
+    std::vector<std::byte> response;
+    if (token_) {
+      const auto want = handshake_mac(*token_, "ps-server", mine, theirs);
+      if (their_mac.size() != want.size() ||
+          !net::detail::macs_equal(want, *reinterpret_cast<const net::detail::Mac*>(their_mac.data()))) {
+        throw RemoteError("Error", fmt::format("{} did not prove the cluster token", peer_));
+      }
+      const auto mac = handshake_mac(*token_, "ps-client", theirs, mine);
+      response.assign(mac.begin(), mac.end());
+    }
+    s.write_frame(net::FrameType::Response, 0, 0, response, limit, what);
+    net::Frame verdict = s.read_frame(net::kMaxControlPayload, limit, what);
+    if (verdict.header.type == net::FrameType::Reject) throw RemoteError("Error", std::string(as_chars(verdict.payload)));
+    if (verdict.header.type != net::FrameType::Welcome) {
+      throw ConnectionLost(fmt::format("{}: expected welcome, got a {} frame", what, net::to_string(verdict.header.type)));
+    }
+  }
+
+  std::string address_;
+  std::string peer_;
+  RpcOptions options_;
+  std::optional<std::string> token_;
+  std::mutex mutex_;                      // one call at a time
+  std::shared_ptr<FramedStream> stream_;  // connected and welcomed
+  std::mutex abort_mutex_;
+  std::shared_ptr<FramedStream> live_;  // what abort() interrupts (connecting or connected)
+  std::uint64_t seq_ = 0;
+};
+
+/// The server side: accepts connections on `address`, one thread per connection (peers are the
+/// coordinator and the workers: few), answers each request with `handler(op, payload)`; an
+/// exception from the handler becomes an error reply. HTTP GETs get `http(target)`.
+class RpcServer {
+ public:
+  using Handler = std::function<std::vector<std::byte>(RpcOp, std::span<const std::byte>)>;
+  /// Returns {status, content type, body} for an HTTP GET of `target`.
+  struct HttpReply {
+    unsigned status = 404;
+    std::string content_type = "text/plain; charset=utf-8";
+    std::string body = "not found\n";
+  };
+  using HttpHandler = std::function<HttpReply(std::string_view target)>;
+
+  RpcServer(std::string address, std::string name, RpcOptions options, Handler handler, HttpHandler http)
+      : name_(std::move(name)), options_(std::move(options)), token_(net::detail::effective_cluster_token(options_.cluster_token)),
+        handler_(std::move(handler)), http_(std::move(http)), acceptor_(io_) {
+    const auto hp = net::detail::parse_host_port(address);
+    tcp::resolver resolver(io_);
+    boost::system::error_code ec;
+    auto endpoints = resolver.resolve(hp.host, hp.port, ec);
+    if (ec || endpoints.empty()) {
+      throw Unavailable(fmt::format("{}: cannot resolve the address '{}': {}", name_, address, ec.message()));
+    }
+    const tcp::endpoint ep = endpoints.begin()->endpoint();
+    acceptor_.open(ep.protocol());
+    acceptor_.set_option(asio::socket_base::reuse_address(true));
+    acceptor_.bind(ep, ec);
+    if (ec) {
+      throw Unavailable(fmt::format("{}: cannot listen on {}: {}", name_, address, ec.message()));
+    }
+    acceptor_.listen();
+    port_ = acceptor_.local_endpoint().port();
+    accept_thread_ = std::thread([this] { accept_loop(); });
+  }
+
+  RpcServer(const RpcServer&) = delete;
+  RpcServer& operator=(const RpcServer&) = delete;
+  ~RpcServer() { stop(); }
+
+  std::uint16_t port() const noexcept { return port_; }
+
+  /// Stops accepting, fails every open connection and waits for their threads. Idempotent.
+  void stop() {
+    if (stopped_.exchange(true)) return;
+    ::shutdown(acceptor_.native_handle(), SHUT_RDWR);  // wakes the blocked accept
+    if (accept_thread_.joinable()) accept_thread_.join();
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    std::list<Connection> conns;
+    {
+      std::lock_guard lock(mutex_);
+      conns.splice(conns.end(), connections_);
+    }
+    for (auto& c : conns) c.stream->abort();
+    for (auto& c : conns) {
+      if (c.thread.joinable()) c.thread.join();
+    }
+  }
+
+ private:
+  struct Connection {
+    std::shared_ptr<FramedStream> stream;
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished = std::make_shared<std::atomic<bool>>(false);
+  };
+
+  void log(const std::string& line) const {
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      std::fputs((line + "\n").c_str(), stderr);
+    }
+  }
+
+  void accept_loop() {
+    while (!stopped_) {
+      auto stream = std::make_shared<FramedStream>();
+      boost::system::error_code ec;
+      acceptor_.accept(stream->socket(), ec);
+      if (ec || stopped_) return;
+      stream->adopt_accepted();
+      std::lock_guard lock(mutex_);
+      for (auto it = connections_.begin(); it != connections_.end();) {  // reap finished ones
+        if (it->finished->load()) {
+          it->thread.join();
+          it = connections_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      Connection c;
+      c.stream = stream;
+      auto finished = c.finished;
+      c.thread = std::thread([this, stream, finished] {
+        serve(*stream);
+        stream->close();
+        finished->store(true);
+      });
+      connections_.push_back(std::move(c));
+    }
+  }
+
+  std::string peer_of(FramedStream& s) {
+    boost::system::error_code ec;
+    auto ep = s.socket().remote_endpoint(ec);
+    return ec ? std::string("?") : fmt::format("{}:{}", ep.address().to_string(), ep.port());
+  }
+
+  void serve(FramedStream& s) {
+    const std::string who = peer_of(s);
+    net::HeaderBytes head{};
+    try {
+      s.read_exact(std::span(head).first(4), options_.handshake_timeout, "first bytes");
+    } catch (const std::exception&) {
+      return;
+    }
+    if (std::memcmp(head.data(), "GET ", 4) == 0) return serve_http(s, head);
+    try {
+      net::Frame hello = s.read_frame(net::kMaxControlPayload, options_.handshake_timeout, "hello", head, 4);
+      if (!accept_peer(s, hello, who)) return;
+      for (;;) {
+        net::Frame req = s.read_frame(options_.max_frame_bytes, std::nullopt, "request");
+        if (req.header.type != net::FrameType::Request) {
+          log(fmt::format("{}: closing the connection from {}: unexpected {} frame", name_, who,
+                          net::to_string(req.header.type)));
+          return;
+        }
+        std::vector<std::byte> out;
+        std::uint64_t status = 0;
+        const auto op = static_cast<RpcOp>(req.header.tag);
+        try {
+          out = handler_(op, req.payload);
+        } catch (const std::exception& e) {
+          status = 1;
+          out = to_bytes(error_kind(e) + "|" + e.what());
+        }
+        s.write_frame(net::FrameType::Reply, req.header.seq, status, out, std::nullopt, "reply");
+        if (op == RpcOp::Stop && status == 0) return;
+      }
+    } catch (const net::FrameError& e) {
+      log(fmt::format("{}: closing the connection from {}: malformed frame: {}", name_, who, e.what()));
+    } catch (const std::exception&) {
+      // The peer went away (EOF, reset) or we are stopping: nothing to report.
+    }
+  }
+
+  bool accept_peer(FramedStream& s, const net::Frame& hello, const std::string& who) {
+    const auto limit = options_.handshake_timeout;
+    auto reject = [&](const std::string& reason) {
+      log(fmt::format("{}: refused a connection from {}: {}", name_, who, reason));
+      try {
+        s.write_frame(net::FrameType::Reject, 0, 0, to_bytes(reason), limit, "reject");
+      } catch (const std::exception&) {
+      }
+      return false;
+    };
+    if (hello.header.type != net::FrameType::Hello || hello.payload.size() != net::detail::kNonceBytes) {
+      return reject(fmt::format("expected a hello frame, got {}", net::to_string(hello.header.type)));
+    }
+    const net::detail::Nonce mine = net::detail::random_nonce();
+    std::vector<std::byte> challenge(mine.begin(), mine.end());
+    if (token_) {
+      const auto mac = handshake_mac(*token_, "ps-server", hello.payload, mine);
+      challenge.insert(challenge.end(), mac.begin(), mac.end());
+    }
+    s.write_frame(net::FrameType::Challenge, 0, 0, challenge, limit, "challenge");
+    net::Frame response = s.read_frame(net::kMaxControlPayload, limit, "response");
+    if (response.header.type != net::FrameType::Response) {
+      return reject(fmt::format("expected a response frame, got {}", net::to_string(response.header.type)));
+    }
+    if (token_) {
+      const auto want = handshake_mac(*token_, "ps-client", mine, hello.payload);
+      if (response.payload.size() != want.size()) return reject("the peer did not present the cluster token");
+      if (!net::detail::macs_equal(want, *reinterpret_cast<const net::detail::Mac*>(response.payload.data()))) {
+        return reject("the peer's proof of the cluster token is wrong");
+      }
+    }
+    s.write_frame(net::FrameType::Welcome, 0, 0, {}, limit, "welcome");
+    return true;
+  }
+
+  void serve_http(FramedStream& s, const net::HeaderBytes& head) {
+    namespace http = boost::beast::http;
+    try {
+      boost::beast::flat_buffer buffer;
+      auto space = buffer.prepare(4);
+      std::memcpy(space.data(), head.data(), 4);
+      buffer.commit(4);
+      http::request<http::string_body> req;
+      s.run([&](boost::system::error_code& ec) {
+             http::async_read(s.socket(), buffer, req, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+           },
+           options_.handshake_timeout, "http request");
+      HttpReply r = http_ ? http_(std::string_view(req.target().data(), req.target().size())) : HttpReply{};
+      http::response<http::string_body> res{static_cast<http::status>(r.status), req.version()};
+      res.set(http::field::content_type, r.content_type);
+      res.set(http::field::server, "distribute");
+      res.keep_alive(false);
+      res.body() = std::move(r.body);
+      res.prepare_payload();
+      s.run([&](boost::system::error_code& ec) {
+             http::async_write(s.socket(), res, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+           },
+           options_.handshake_timeout, "http reply");
+    } catch (const std::exception&) {
+    }
+  }
+
+  std::string name_;
+  RpcOptions options_;
+  std::optional<std::string> token_;
+  Handler handler_;
+  HttpHandler http_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stopped_{false};
+  std::thread accept_thread_;
+  std::mutex mutex_;
+  std::list<Connection> connections_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+// ---- end <distribute/ps/detail/rpc.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// dst op= src elementwise, for `dtype` (bytes of equal size).
+inline void apply_update_bytes(DType dtype, RemoteUpdate kind, std::span<std::byte> dst, std::span<const std::byte> src) {
+  if (kind == RemoteUpdate::Assign) {
+    if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size());
+    return;
+  }
+  visit_dtype(dtype, [&](auto zero) {
+    using E = decltype(zero);
+    const std::size_t n = dst.size() / sizeof(E);
+    for (std::size_t i = 0; i < n; ++i) {
+      E a, b;
+      std::memcpy(&a, dst.data() + i * sizeof(E), sizeof(E));
+      std::memcpy(&b, src.data() + i * sizeof(E), sizeof(E));
+      const E r = kind == RemoteUpdate::Add ? static_cast<E>(a + b) : static_cast<E>(a - b);
+      std::memcpy(dst.data() + i * sizeof(E), &r, sizeof(E));
+    }
+  });
+}
+
+/// The updates a closure made so far, per ps task, in order.
+struct ClosureTransaction {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::map<int, std::vector<UpdateVarMsg>> updates;
+};
+
+/// The transaction of the closure running on this thread (workers only), else nullptr.
+inline ClosureTransaction*& current_transaction() {
+  thread_local ClosureTransaction* txn = nullptr;
+  return txn;
+}
+
+class PsClientStore final : public RemoteVariableStore {
+ public:
+  PsClientStore(const ClusterSpec& spec, RpcOptions options) {
+    const int n = spec.num_tasks("ps");
+    for (int t = 0; t < n; ++t) {
+      clients_.push_back(std::make_unique<RpcClient>(spec.task_address("ps", t), ps_device_string(t), options));
+    }
+  }
+
+  int num_ps() const noexcept { return static_cast<int>(clients_.size()); }
+
+  /// Waits until every ps task answers (they may still be starting), at most `timeout` in all.
+  void connect_all(std::chrono::milliseconds timeout) {
+    for (int t = 0; t < num_ps(); ++t) {
+      guarded(t, [&] { clients_[static_cast<std::size_t>(t)]->connect(timeout); });
+    }
+  }
+
+  void create(int task, const std::string& key, DType dtype, const Shape& shape, std::span<const std::byte> value) override {
+    CreateVarMsg m{key, static_cast<std::uint8_t>(dtype), shape, std::string(as_chars(value))};
+    call(task, RpcOp::CreateVar, encode_message(m));
+  }
+
+  void read(int task, const std::string& key, DType dtype, std::span<std::byte> out) override {
+    auto bytes = call(task, RpcOp::ReadVar, encode_message(ReadVarMsg{key, static_cast<std::uint8_t>(dtype), out.size()}));
+    if (bytes.size() != out.size()) {
+      throw InvalidArgument(fmt::format("ps task {} returned {} bytes for variable '{}', expected {}", task, bytes.size(),
+                                        key, out.size()));
+    }
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    if (ClosureTransaction* txn = current_transaction()) {  // replay this closure's own writes
+      auto it = txn->updates.find(task);
+      if (it == txn->updates.end()) return;
+      for (const auto& u : it->second) {
+        if (u.key == key) {
+          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out,
+                             {reinterpret_cast<const std::byte*>(u.bytes.data()), u.bytes.size()});
+        }
+      }
+    }
+  }
+
+  void read_rows(int task, const std::string& key, DType dtype, std::span<const std::int64_t> rows, std::size_t row_bytes,
+                 std::span<std::byte> out) override {
+    ReadRowsMsg m{key, static_cast<std::uint8_t>(dtype), std::vector<std::int64_t>(rows.begin(), rows.end()), row_bytes};
+    auto bytes = call(task, RpcOp::ReadRows, encode_message(m));
+    if (bytes.size() != out.size()) {
+      throw InvalidArgument(fmt::format("ps task {} returned {} bytes of rows of '{}', expected {}", task, bytes.size(), key,
+                                        out.size()));
+    }
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    if (ClosureTransaction* txn = current_transaction()) {  // this closure's own writes, row by row
+      auto it = txn->updates.find(task);
+      if (it == txn->updates.end()) return;
+      for (const auto& u : it->second) {
+        if (u.key != key) continue;
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+          const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
+          if (from + row_bytes > u.bytes.size()) continue;  // the ps already checked the ids
+          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out.subspan(i * row_bytes, row_bytes),
+                             {reinterpret_cast<const std::byte*>(u.bytes.data()) + from, row_bytes});
+        }
+      }
+    }
+  }
+
+  void update(int task, const std::string& key, RemoteUpdate kind, DType dtype, std::span<const std::byte> value) override {
+    UpdateVarMsg m{key, static_cast<std::uint8_t>(kind), static_cast<std::uint8_t>(dtype), std::string(as_chars(value))};
+    if (ClosureTransaction* txn = current_transaction()) {
+      txn->updates[task].push_back(std::move(m));
+      return;
+    }
+    call(task, RpcOp::UpdateVar, encode_message(m));
+  }
+
+  /// Sends a finished closure's updates, each ps task's together; a ps that already has this
+  /// closure's updates (an earlier attempt got there) ignores them.
+  void commit(const ClosureTransaction& txn) {
+    for (const auto& [task, updates] : txn.updates) {
+      CommitMsg m{txn.session, txn.closure, updates};
+      call(task, RpcOp::Commit, encode_message(m));
+    }
+  }
+
+  /// Asks ps task `task` whether it is alive; ConnectionLost/PeerFailure when not.
+  PingReply ping(int task, std::chrono::milliseconds timeout) {
+    auto bytes = call(task, RpcOp::Ping, {}, timeout);
+    return decode_message<PingReply>(bytes, "ping reply");
+  }
+
+  /// Asks every ps task to stop serving (best effort: a dead one is skipped).
+  void stop_all() {
+    for (int t = 0; t < num_ps(); ++t) {
+      try {
+        clients_[static_cast<std::size_t>(t)]->call(RpcOp::Stop, {}, std::chrono::milliseconds(5000));
+      } catch (const std::exception&) {
+      }
+    }
+  }
+
+  /// The ps side of an error: a lost connection names the ps task.
+  std::vector<std::byte> call(int task, RpcOp op, std::span<const std::byte> payload,
+                              std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    if (task < 0 || task >= num_ps()) {
+      throw InvalidArgument(fmt::format("ps task {} does not exist (the cluster has {} ps tasks)", task, num_ps()));
+    }
+    std::vector<std::byte> out;
+    guarded(task, [&] { out = clients_[static_cast<std::size_t>(task)]->call(op, payload, timeout); });
+    return out;
+  }
+
+ private:
+  template <class F>
+  void guarded(int task, F&& f) {
+    try {
+      f();
+    } catch (const ConnectionLost& e) {
+      throw PeerFailure(fmt::format("lost ps task {}: {}", ps_device_string(task), e.what()));
+    } catch (const RemoteError& e) {
+      throw_as_kind(e.kind(), e.what());
+    }
+  }
+
+  std::vector<std::unique_ptr<RpcClient>> clients_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_PS_CLIENT_HPP
+// ---- end <distribute/ps/detail/ps_client.hpp> ----
+// ---- begin <distribute/ps/detail/rpc.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+// The parameter-server service's wire layer: request/reply calls over TCP (Boost.Asio), framed with
+// net/frame.hpp's versioned header (Request/Reply frames), authenticated with the cluster token by
+// HMAC-SHA256 challenge-response both ways before any call, and every client-side wait bounded by a
+// deadline. The same port answers plain HTTP GETs (/healthz, /metrics) through Boost.Beast, sniffed
+// from the first bytes, so a server needs one address only.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <sys/socket.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// "host:port" strings as they appear in cluster specs ("127.0.0.1:2222", "worker0:2222",
+// "[::1]:2222").
+
+#include <cctype>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+struct HostPort {
+  std::string host;
+  std::string port;  // decimal, 1..65535
+};
+
+inline HostPort parse_host_port(std::string_view address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    throw InvalidArgument(fmt::format("address '{}' is not of the form host:port", address));
+  }
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') {
+      throw InvalidArgument(fmt::format("address '{}' has an unterminated [IPv6] host", address));
+    }
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned long value = 0;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c)) || port.size() > 5) {
+      throw InvalidArgument(fmt::format("address '{}' has an invalid port '{}'", address, port));
+    }
+    value = value * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (value == 0 || value > 65535) {
+    throw InvalidArgument(fmt::format("address '{}' has port {} outside 1..65535", address, value));
+  }
+  return HostPort{std::string(host), std::string(port)};
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// ---- end <distribute/net/detail/address.hpp> ----
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/frame.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+//
+//   offset  size  field
+//        0     4  magic "DSNT"
+//        4     1  protocol version (kProtocolVersion)
+//        5     1  FrameType
+//        6     2  reserved, must be zero
+//        8     8  payload length
+//       16     8  sequence number (collective number, point-to-point message number)
+//       24     8  tag (chunk within a collective)
+//
+// Integers are little-endian whatever the host. Decoding is a pure function of the bytes, so it can
+// be fuzzed: anything malformed throws FrameError and is never read past its end.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+/// Bytes that are not a well-formed frame (bad magic, version, type, reserved bits or length).
+/// The transport answers it by closing the connection.
+class FrameError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 32;
+/// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
+/// configured limit, so a stranger cannot make a peer allocate much.
+inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+
+enum class FrameType : std::uint8_t {
+  Hello = 1,         // connector → acceptor: who I am, my nonce
+  Challenge = 2,     // acceptor → connector: who I am, my nonce, my proof of the token
+  Response = 3,      // connector → acceptor: my proof of the token
+  Welcome = 4,       // acceptor → connector: accepted
+  Reject = 5,        // either way, during the handshake: refused, with a reason
+  Heartbeat = 6,     // keeps an idle connection known to be alive
+  Goodbye = 7,       // clean shutdown: the sender sends nothing more
+  Abort = 8,         // the sender's communicator failed; payload says why
+  Descriptor = 9,    // announces a collective (seq = collective number)
+  Data = 10,         // a piece of a collective's data (seq, tag)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
+};
+
+constexpr std::string_view to_string(FrameType t) noexcept {
+  switch (t) {
+    case FrameType::Hello: return "hello";
+    case FrameType::Challenge: return "challenge";
+    case FrameType::Response: return "response";
+    case FrameType::Welcome: return "welcome";
+    case FrameType::Reject: return "reject";
+    case FrameType::Heartbeat: return "heartbeat";
+    case FrameType::Goodbye: return "goodbye";
+    case FrameType::Abort: return "abort";
+    case FrameType::Descriptor: return "descriptor";
+    case FrameType::Data: return "data";
+    case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
+  }
+  return "?";
+}
+
+struct FrameHeader {
+  FrameType type = FrameType::Heartbeat;
+  std::uint64_t length = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+using HeaderBytes = std::array<std::byte, kFrameHeaderBytes>;
+
+namespace detail {
+
+inline void store_le(std::byte* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr bool known_frame_type(std::uint8_t t) noexcept {
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
+}
+
+}  // namespace detail
+
+inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
+  HeaderBytes out{};
+  detail::store_le(out.data(), kFrameMagic, 4);
+  out[4] = static_cast<std::byte>(kProtocolVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  detail::store_le(out.data() + 8, h.length, 8);
+  detail::store_le(out.data() + 16, h.seq, 8);
+  detail::store_le(out.data() + 24, h.tag, 8);
+  return out;
+}
+
+/// Decodes and validates a header; `max_payload_bytes` bounds Data/PointToPoint payloads
+/// (other types are bounded by kMaxControlPayload, or to zero when they carry nothing).
+inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  if (bytes.size() < kFrameHeaderBytes) {
+    throw FrameError(fmt::format("truncated frame header: {} of {} bytes", bytes.size(), kFrameHeaderBytes));
+  }
+  const auto magic = static_cast<std::uint32_t>(detail::load_le(bytes.data(), 4));
+  if (magic != kFrameMagic) {
+    throw FrameError(fmt::format("bad frame magic 0x{:08x} (expected 0x{:08x}): not a distribute peer", magic, kFrameMagic));
+  }
+  const auto version = static_cast<std::uint8_t>(bytes[4]);
+  if (version != kProtocolVersion) {
+    throw FrameError(fmt::format("unsupported protocol version {} (this build speaks version {})", version, kProtocolVersion));
+  }
+  const auto type = static_cast<std::uint8_t>(bytes[5]);
+  if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
+  const auto reserved = detail::load_le(bytes.data() + 6, 2);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.length = detail::load_le(bytes.data() + 8, 8);
+  h.seq = detail::load_le(bytes.data() + 16, 8);
+  h.tag = detail::load_le(bytes.data() + 24, 8);
+  std::uint64_t limit = kMaxControlPayload;
+  switch (h.type) {
+    case FrameType::Data:
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
+    case FrameType::Welcome:
+    case FrameType::Heartbeat:
+    case FrameType::Goodbye: limit = 0; break;
+    default: limit = std::min(limit, max_payload_bytes); break;
+  }
+  if (h.length > limit) {
+    throw FrameError(fmt::format("{} frame payload of {} bytes exceeds the limit of {} bytes", to_string(h.type),
+                                 h.length, limit));
+  }
+  return h;
+}
+
+/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
+  h.length = payload.size();
+  const HeaderBytes head = encode_header(h);
+  std::vector<std::byte> out(head.begin(), head.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+};
+
+/// Incremental decoder over a byte stream cut anywhere. Malformed input throws FrameError, after
+/// which the decoder stays failed (a stream cannot be resynchronised once framing is lost).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::uint64_t max_payload_bytes) : max_payload_(max_payload_bytes) {}
+
+  /// Consumes `bytes`; returns the frames they complete, in order.
+  std::vector<Frame> feed(std::span<const std::byte> bytes) {
+    if (failed_) throw FrameError("frame decoder already failed on malformed input");
+    std::vector<Frame> out;
+    try {
+      while (!bytes.empty()) {
+        if (!have_header_) {
+          const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, bytes.size());
+          std::copy_n(bytes.begin(), take, header_.begin() + static_cast<std::ptrdiff_t>(header_fill_));
+          header_fill_ += take;
+          bytes = bytes.subspan(take);
+          if (header_fill_ < kFrameHeaderBytes) break;
+          current_.header = decode_header(header_, max_payload_);
+          current_.payload.clear();
+          have_header_ = true;
+        }
+        // Grow with the bytes that actually arrive, not with the length the header claims.
+        const std::uint64_t missing = current_.header.length - current_.payload.size();
+        const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
+        current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+        bytes = bytes.subspan(take);
+        if (current_.payload.size() == current_.header.length) {
+          out.push_back(std::move(current_));
+          current_ = Frame{};
+          have_header_ = false;
+          header_fill_ = 0;
+        }
+      }
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+    return out;
+  }
+
+  /// Bytes of an unfinished frame held so far.
+  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  std::uint64_t max_payload_;
+  HeaderBytes header_{};
+  std::size_t header_fill_ = 0;
+  bool have_header_ = false;
+  bool failed_ = false;
+  Frame current_;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// ---- end <distribute/net/frame.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using RpcClock = std::chrono::steady_clock;
+
+/// The peer could not be reached, or the connection broke or timed out: the peer may be dead.
+class ConnectionLost : public PeerFailure {
+ public:
+  using PeerFailure::PeerFailure;
+};
+
+/// The peer answered a call with an error; `kind` names its exception type ("InvalidArgument"...).
+class RemoteError : public Error {
+ public:
+  RemoteError(std::string kind, const std::string& message) : Error(message), kind_(std::move(kind)) {}
+  const std::string& kind() const noexcept { return kind_; }
+
+ private:
+  std::string kind_;
+};
+
+enum class RpcOp : std::uint64_t {
+  Ping = 1,
+  CreateVar = 2,
+  ReadVar = 3,
+  ReadRows = 4,
+  UpdateVar = 5,
+  Commit = 6,
+  RunClosure = 7,
+  MakeDataset = 8,
+  Stop = 9,
+};
+
+struct RpcOptions {
+  /// How long a first connection retries (with back-off) while the server starts.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// The whole handshake; also how long a silent stranger may hold a socket.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
+  /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
+  std::optional<std::string> cluster_token;
+  std::size_t max_frame_bytes = std::size_t{1} << 31;
+  /// Refused connections are reported here; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+/// The exception type's name, for an error reply.
+inline std::string error_kind(const std::exception& e) {
+  if (dynamic_cast<const ClusterConfigError*>(&e)) return "ClusterConfigError";
+  if (dynamic_cast<const InvalidArgument*>(&e)) return "InvalidArgument";
+  if (dynamic_cast<const OutOfRange*>(&e)) return "OutOfRange";
+  if (dynamic_cast<const PeerFailure*>(&e)) return "PeerFailure";
+  if (dynamic_cast<const CollectiveTimeout*>(&e)) return "CollectiveTimeout";
+  if (dynamic_cast<const CheckpointError*>(&e)) return "CheckpointError";
+  if (dynamic_cast<const Unavailable*>(&e)) return "Unavailable";
+  if (dynamic_cast<const Cancelled*>(&e)) return "Cancelled";
+  return "Error";
+}
+
+/// Rethrows an error reply as the library's exception of that kind.
+[[noreturn]] inline void throw_as_kind(const std::string& kind, const std::string& message) {
+  if (kind == "ClusterConfigError") throw ClusterConfigError(message);
+  if (kind == "InvalidArgument") throw InvalidArgument(message);
+  if (kind == "OutOfRange") throw OutOfRange(message);
+  if (kind == "PeerFailure") throw PeerFailure(message);
+  if (kind == "CollectiveTimeout") throw CollectiveTimeout(message);
+  if (kind == "CheckpointError") throw CheckpointError(message);
+  if (kind == "Unavailable") throw Unavailable(message);
+  if (kind == "Cancelled") throw Cancelled(message);
+  throw Error(message);
+}
+
+inline std::vector<std::byte> to_bytes(std::string_view s) {
+  std::vector<std::byte> out(s.size());
+  if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
+  return out;
+}
+inline std::string_view as_chars(std::span<const std::byte> b) {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+/// One socket with an io_context of its own, so that every operation can run under a deadline:
+/// start it, run the context for at most the time left, and close the socket if it is not done.
+class FramedStream {
+ public:
+  FramedStream() : socket_(io_) {}
+  FramedStream(const FramedStream&) = delete;
+  FramedStream& operator=(const FramedStream&) = delete;
+
+  tcp::socket& socket() noexcept { return socket_; }
+
+  /// Runs what `start(ec)` starts until it completes or `timeout` passes (none: no limit).
+  template <class Start>
+  void run(Start&& start, std::optional<RpcClock::duration> timeout, std::string_view what) {
+    boost::system::error_code ec = asio::error::would_block;
+    start(ec);
+    io_.restart();
+    if (timeout) {
+      io_.run_for(*timeout);
+    } else {
+      io_.run();
+    }
+    if (ec == asio::error::would_block) {
+      close();
+      io_.restart();
+      io_.run();
+      throw ConnectionLost(fmt::format("{}: timed out after {} ms", what,
+                                       std::chrono::duration_cast<std::chrono::milliseconds>(*timeout).count()));
+    }
+    if (ec) throw ConnectionLost(fmt::format("{}: {}", what, describe(ec)));
+  }
+
+  void connect(const tcp::resolver::results_type& endpoints, RpcClock::duration timeout, std::string_view what) {
+    run([&](boost::system::error_code& ec) {
+          asio::async_connect(socket_, endpoints, [&ec](const boost::system::error_code& e, const tcp::endpoint&) { ec = e; });
+        },
+        timeout, what);
+    socket_.set_option(tcp::no_delay(true));
+    fd_.store(socket_.native_handle());
+  }
+
+  void adopt_accepted() {
+    socket_.set_option(tcp::no_delay(true));
+    fd_.store(socket_.native_handle());
+  }
+
+  void write_frame(net::FrameType type, std::uint64_t seq, std::uint64_t tag, std::span<const std::byte> payload,
+                   std::optional<RpcClock::duration> timeout, std::string_view what) {
+    net::FrameHeader h{type, payload.size(), seq, tag};
+    const net::HeaderBytes head = net::encode_header(h);
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(payload.data(), payload.size())};
+    run([&](boost::system::error_code& ec) {
+          asio::async_write(socket_, bufs, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+        },
+        timeout, what);
+  }
+
+  void read_exact(std::span<std::byte> dst, std::optional<RpcClock::duration> timeout, std::string_view what) {
+    if (dst.empty()) return;
+    run([&](boost::system::error_code& ec) {
+          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()),
+                           [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+        },
+        timeout, what);
+  }
+
+  /// Reads one frame whose first `have` header bytes were already read into `head`.
+  net::Frame read_frame(std::size_t max_bytes, std::optional<RpcClock::duration> timeout, std::string_view what,
+                        net::HeaderBytes head = {}, std::size_t have = 0) {
+    read_exact(std::span(head).subspan(have), timeout, what);
+    net::Frame f;
+    f.header = net::decode_header(head, max_bytes);  // FrameError on malformed input
+    f.payload.resize(static_cast<std::size_t>(f.header.length));
+    read_exact(f.payload, timeout, what);
+    return f;
+  }
+
+  /// Thread-safe: makes an operation in flight on another thread fail at once.
+  void abort() noexcept {
+    std::lock_guard lock(fd_mutex_);
+    const int fd = fd_.load();
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  }
+
+  void close() noexcept {
+    std::lock_guard lock(fd_mutex_);
+    fd_.store(-1);
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
+
+  static std::string describe(const boost::system::error_code& ec) {
+    if (ec == asio::error::eof) return "connection closed by the peer";
+    return ec.message();
+  }
+
+ private:
+  asio::io_context io_;
+  tcp::socket socket_;
+  std::atomic<int> fd_{-1};
+  std::mutex fd_mutex_;
+};
+
+// The handshake, the same whatever the token (so that a mismatch is reported, not misread):
+//   client -> Hello     nonce_c
+//   server -> Challenge nonce_s, HMAC(token, "ps-server" nonce_c nonce_s)   (MAC empty: no token)
+//   client -> Response  HMAC(token, "ps-client" nonce_s nonce_c)            (MAC empty: no token)
+//   server -> Welcome | Reject(reason)
+inline net::detail::Mac handshake_mac(std::string_view token, std::string_view role, std::span<const std::byte> a,
+                                      std::span<const std::byte> b) {
+  std::vector<std::byte> msg = to_bytes(role);
+  msg.insert(msg.end(), a.begin(), a.end());
+  msg.insert(msg.end(), b.begin(), b.end());
+  return net::detail::hmac_sha256(token, msg);
+}
+
+/// A client of one server: one connection, calls one at a time (thread-safe), reconnecting on the
+/// next call after a failure. Every failure to reach the server is ConnectionLost naming it.
+class RpcClient {
+ public:
+  RpcClient(std::string address, std::string peer_name, RpcOptions options)
+      : address_(std::move(address)), peer_(std::move(peer_name)), options_(std::move(options)),
+        token_(net::detail::effective_cluster_token(options_.cluster_token)) {}
+
+  const std::string& peer_name() const noexcept { return peer_; }
+  const std::string& address() const noexcept { return address_; }
+
+  /// Connects, retrying with back-off for up to `timeout` while the server is not up yet.
+  void connect(std::chrono::milliseconds timeout) {
+    std::lock_guard lock(mutex_);
+    connect_locked(timeout);
+  }
+
+  /// One call: sends the request and waits for the reply (at most `timeout`, when given).
+  /// Returns the reply's payload; an error reply throws RemoteError.
+  std::vector<std::byte> call(RpcOp op, std::span<const std::byte> payload,
+                              std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    std::lock_guard lock(mutex_);
+    if (!stream_) connect_locked(timeout ? std::min(*timeout, options_.connect_timeout) : options_.connect_timeout);
+    const std::uint64_t seq = ++seq_;
+    net::Frame reply;
+    try {
+      const auto what = fmt::format("call to {} ({})", peer_, address_);
+      stream_->write_frame(net::FrameType::Request, seq, static_cast<std::uint64_t>(op), payload, timeout, what);
+      reply = stream_->read_frame(options_.max_frame_bytes, timeout, what);
+    } catch (const net::FrameError& e) {
+      drop_locked();
+      throw ConnectionLost(fmt::format("{} ({}) sent a malformed reply: {}", peer_, address_, e.what()));
+    } catch (...) {
+      drop_locked();
+      throw;
+    }
+    if (reply.header.type != net::FrameType::Reply || reply.header.seq != seq) {
+      drop_locked();
+      throw ConnectionLost(fmt::format("{} ({}) answered out of turn ({} frame #{}, expected reply #{})", peer_,
+                                       address_, net::to_string(reply.header.type), reply.header.seq, seq));
+    }
+    if (reply.header.tag != 0) {
+      const std::string_view text = as_chars(reply.payload);
+      const auto bar = text.find('|');
+      throw RemoteError(std::string(text.substr(0, bar)),
+                        bar == std::string_view::npos ? std::string(text) : std::string(text.substr(bar + 1)));
+    }
+    return std::move(reply.payload);
+  }
+
+  /// Thread-safe: fails a call in flight (the next call reconnects).
+  void abort() noexcept {
+    std::lock_guard lock(abort_mutex_);
+    if (live_) live_->abort();
+  }
+
+  bool connected() {
+    std::lock_guard lock(mutex_);
+    return stream_ != nullptr;
+  }
+
+  void disconnect() {
+    std::lock_guard lock(mutex_);
+    drop_locked();
+  }
+
+ private:
+  void drop_locked() {
+    std::lock_guard lock(abort_mutex_);
+    if (stream_) stream_->close();
+    stream_.reset();
+    live_.reset();
+  }
+
+  void connect_locked(std::chrono::milliseconds timeout) {
+    const auto deadline = RpcClock::now() + timeout;
+    auto backoff = std::chrono::milliseconds(20);
+    std::string last_error;
+    const auto hp = net::detail::parse_host_port(address_);
+    for (;;) {
+      auto stream = std::make_shared<FramedStream>();
+      {
+        std::lock_guard lock(abort_mutex_);
+        live_ = stream;
+      }
+      try {
+        asio::io_context resolver_io;
+        tcp::resolver resolver(resolver_io);
+        const auto endpoints = resolver.resolve(hp.host, hp.port);
+        const auto left = std::max<RpcClock::duration>(deadline - RpcClock::now(), std::chrono::milliseconds(50));
+        stream->connect(endpoints, std::min<RpcClock::duration>(left, options_.handshake_timeout),
+                        fmt::format("connect to {} ({})", peer_, address_));
+        handshake(*stream);
+        stream_ = std::move(stream);
+        seq_ = 0;
+        return;
+      } catch (const RemoteError& e) {  // refused by the server: retrying will not help
+        stream->close();
+        throw ConnectionLost(fmt::format("{} ({}) refused the connection: {}", peer_, address_, e.what()));
+      } catch (const std::exception& e) {
+        stream->close();
+        last_error = e.what();
+      }
+      {
+        std::lock_guard lock(abort_mutex_);
+        live_.reset();
+      }
+      if (RpcClock::now() + backoff >= deadline) break;
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+    }
+    throw ConnectionLost(fmt::format("cannot reach {} at {} within {} ms: {}", peer_, address_, timeout.count(),
+                                     last_error));
+  }
+
+  void handshake(FramedStream& s) {
+    const auto limit = options_.handshake_timeout;
+    const auto what = fmt::format("handshake with {} ({})", peer_, address_);
+    const net::detail::Nonce mine = net::detail::random_nonce();
+    s.write_frame(net::FrameType::Hello, 0, 0, mine, limit, what);
+    net::Frame challenge = s.read_frame(net::kMaxControlPayload, limit, what);
+    if (challenge.header.type == net::FrameType::Reject) throw RemoteError("Error", std::string(as_chars(challenge.payload)));
+    if (challenge.header.type != net::FrameType::Challenge || challenge.payload.size() < net::detail::kNonceBytes) {
+      throw ConnectionLost(fmt::format("{}: expected a challenge, got a {} frame", what, net::to_string(challenge.header.type)));
+    }
+    const std::span<const std::byte> theirs(challenge.payload.data(), net::detail::kNonceBytes);
+    const auto their_mac = std::span<const std::byte>(challenge.payload).subspan(net::detail::kNonceBytes);
+    std::vector<std::byte> response;
+    if (token_) {
+      const auto want = handshake_mac(*token_, "ps-server", mine, theirs);
+      if (their_mac.size() != want.size() ||
+          !net::detail::macs_equal(want, *reinterpret_cast<const net::detail::Mac*>(their_mac.data()))) {
+        throw RemoteError("Error", fmt::format("{} did not prove the cluster token", peer_));
+      }
+      const auto mac = handshake_mac(*token_, "ps-client", theirs, mine);
+      response.assign(mac.begin(), mac.end());
+    }
+    s.write_frame(net::FrameType::Response, 0, 0, response, limit, what);
+    net::Frame verdict = s.read_frame(net::kMaxControlPayload, limit, what);
+    if (verdict.header.type == net::FrameType::Reject) throw RemoteError("Error", std::string(as_chars(verdict.payload)));
+    if (verdict.header.type != net::FrameType::Welcome) {
+      throw ConnectionLost(fmt::format("{}: expected welcome, got a {} frame", what, net::to_string(verdict.header.type)));
+    }
+  }
+
+  std::string address_;
+  std::string peer_;
+  RpcOptions options_;
+  std::optional<std::string> token_;
+  std::mutex mutex_;                      // one call at a time
+  std::shared_ptr<FramedStream> stream_;  // connected and welcomed
+  std::mutex abort_mutex_;
+  std::shared_ptr<FramedStream> live_;  // what abort() interrupts (connecting or connected)
+  std::uint64_t seq_ = 0;
+};
+
+/// The server side: accepts connections on `address`, one thread per connection (peers are the
+/// coordinator and the workers: few), answers each request with `handler(op, payload)`; an
+/// exception from the handler becomes an error reply. HTTP GETs get `http(target)`.
+class RpcServer {
+ public:
+  using Handler = std::function<std::vector<std::byte>(RpcOp, std::span<const std::byte>)>;
+  /// Returns {status, content type, body} for an HTTP GET of `target`.
+  struct HttpReply {
+    unsigned status = 404;
+    std::string content_type = "text/plain; charset=utf-8";
+    std::string body = "not found\n";
+  };
+  using HttpHandler = std::function<HttpReply(std::string_view target)>;
+
+  RpcServer(std::string address, std::string name, RpcOptions options, Handler handler, HttpHandler http)
+      : name_(std::move(name)), options_(std::move(options)), token_(net::detail::effective_cluster_token(options_.cluster_token)),
+        handler_(std::move(handler)), http_(std::move(http)), acceptor_(io_) {
+    const auto hp = net::detail::parse_host_port(address);
+    tcp::resolver resolver(io_);
+    boost::system::error_code ec;
+    auto endpoints = resolver.resolve(hp.host, hp.port, ec);
+    if (ec || endpoints.empty()) {
+      throw Unavailable(fmt::format("{}: cannot resolve the address '{}': {}", name_, address, ec.message()));
+    }
+    const tcp::endpoint ep = endpoints.begin()->endpoint();
+    acceptor_.open(ep.protocol());
+    acceptor_.set_option(asio::socket_base::reuse_address(true));
+    acceptor_.bind(ep, ec);
+    if (ec) {
+      throw Unavailable(fmt::format("{}: cannot listen on {}: {}", name_, address, ec.message()));
+    }
+    acceptor_.listen();
+    port_ = acceptor_.local_endpoint().port();
+    accept_thread_ = std::thread([this] { accept_loop(); });
+  }
+
+  RpcServer(const RpcServer&) = delete;
+  RpcServer& operator=(const RpcServer&) = delete;
+  ~RpcServer() { stop(); }
+
+  std::uint16_t port() const noexcept { return port_; }
+
+  /// Stops accepting, fails every open connection and waits for their threads. Idempotent.
+  void stop() {
+    if (stopped_.exchange(true)) return;
+    ::shutdown(acceptor_.native_handle(), SHUT_RDWR);  // wakes the blocked accept
+    if (accept_thread_.joinable()) accept_thread_.join();
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    std::list<Connection> conns;
+    {
+      std::lock_guard lock(mutex_);
+      conns.splice(conns.end(), connections_);
+    }
+    for (auto& c : conns) c.stream->abort();
+    for (auto& c : conns) {
+      if (c.thread.joinable()) c.thread.join();
+    }
+  }
+
+ private:
+  struct Connection {
+    std::shared_ptr<FramedStream> stream;
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished = std::make_shared<std::atomic<bool>>(false);
+  };
+
+  void log(const std::string& line) const {
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      std::fputs((line + "\n").c_str(), stderr);
+    }
+  }
+
+  void accept_loop() {
+    while (!stopped_) {
+      auto stream = std::make_shared<FramedStream>();
+      boost::system::error_code ec;
+      acceptor_.accept(stream->socket(), ec);
+      if (ec || stopped_) return;
+      stream->adopt_accepted();
+      std::lock_guard lock(mutex_);
+      for (auto it = connections_.begin(); it != connections_.end();) {  // reap finished ones
+        if (it->finished->load()) {
+          it->thread.join();
+          it = connections_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      Connection c;
+      c.stream = stream;
+      auto finished = c.finished;
+      c.thread = std::thread([this, stream, finished] {
+        serve(*stream);
+        stream->close();
+        finished->store(true);
+      });
+      connections_.push_back(std::move(c));
+    }
+  }
+
+  std::string peer_of(FramedStream& s) {
+    boost::system::error_code ec;
+    auto ep = s.socket().remote_endpoint(ec);
+    return ec ? std::string("?") : fmt::format("{}:{}", ep.address().to_string(), ep.port());
+  }
+
+  void serve(FramedStream& s) {
+    const std::string who = peer_of(s);
+    net::HeaderBytes head{};
+    try {
+      s.read_exact(std::span(head).first(4), options_.handshake_timeout, "first bytes");
+    } catch (const std::exception&) {
+      return;
+    }
+    if (std::memcmp(head.data(), "GET ", 4) == 0) return serve_http(s, head);
+    try {
+      net::Frame hello = s.read_frame(net::kMaxControlPayload, options_.handshake_timeout, "hello", head, 4);
+      if (!accept_peer(s, hello, who)) return;
+      for (;;) {
+        net::Frame req = s.read_frame(options_.max_frame_bytes, std::nullopt, "request");
+        if (req.header.type != net::FrameType::Request) {
+          log(fmt::format("{}: closing the connection from {}: unexpected {} frame", name_, who,
+                          net::to_string(req.header.type)));
+          return;
+        }
+        std::vector<std::byte> out;
+        std::uint64_t status = 0;
+        const auto op = static_cast<RpcOp>(req.header.tag);
+        try {
+          out = handler_(op, req.payload);
+        } catch (const std::exception& e) {
+          status = 1;
+          out = to_bytes(error_kind(e) + "|" + e.what());
+        }
+        s.write_frame(net::FrameType::Reply, req.header.seq, status, out, std::nullopt, "reply");
+        if (op == RpcOp::Stop && status == 0) return;
+      }
+    } catch (const net::FrameError& e) {
+      log(fmt::format("{}: closing the connection from {}: malformed frame: {}", name_, who, e.what()));
+    } catch (const std::exception&) {
+      // The peer went away (EOF, reset) or we are stopping: nothing to report.
+    }
+  }
+
+  bool accept_peer(FramedStream& s, const net::Frame& hello, const std::string& who) {
+    const auto limit = options_.handshake_timeout;
+    auto reject = [&](const std::string& reason) {
+      log(fmt::format("{}: refused a connection from {}: {}", name_, who, reason));
+      try {
+        s.write_frame(net::FrameType::Reject, 0, 0, to_bytes(reason), limit, "reject");
+      } catch (const std::exception&) {
+      }
+      return false;
+    };
+    if (hello.header.type != net::FrameType::Hello || hello.payload.size() != net::detail::kNonceBytes) {
+      return reject(fmt::format("expected a hello frame, got {}", net::to_string(hello.header.type)));
+    }
+    const net::detail::Nonce mine = net::detail::random_nonce();
+    std::vector<std::byte> challenge(mine.begin(), mine.end());
+    if (token_) {
+      const auto mac = handshake_mac(*token_, "ps-server", hello.payload, mine);
+      challenge.insert(challenge.end(), mac.begin(), mac.end());
+    }
+    s.write_frame(net::FrameType::Challenge, 0, 0, challenge, limit, "challenge");
+    net::Frame response = s.read_frame(net::kMaxControlPayload, limit, "response");
+    if (response.header.type != net::FrameType::Response) {
+      return reject(fmt::format("expected a response frame, got {}", net::to_string(response.header.type)));
+    }
+    if (token_) {
+      const auto want = handshake_mac(*token_, "ps-client", mine, hello.payload);
+      if (response.payload.size() != want.size()) return reject("the peer did not present the cluster token");
+      if (!net::detail::macs_equal(want, *reinterpret_cast<const net::detail::Mac*>(response.payload.data()))) {
+        return reject("the peer's proof of the cluster token is wrong");
+      }
+    }
+    s.write_frame(net::FrameType::Welcome, 0, 0, {}, limit, "welcome");
+    return true;
+  }
+
+  void serve_http(FramedStream& s, const net::HeaderBytes& head) {
+    namespace http = boost::beast::http;
+    try {
+      boost::beast::flat_buffer buffer;
+      auto space = buffer.prepare(4);
+      std::memcpy(space.data(), head.data(), 4);
+      buffer.commit(4);
+      http::request<http::string_body> req;
+      s.run([&](boost::system::error_code& ec) {
+             http::async_read(s.socket(), buffer, req, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+           },
+           options_.handshake_timeout, "http request");
+      HttpReply r = http_ ? http_(std::string_view(req.target().data(), req.target().size())) : HttpReply{};
+      http::response<http::string_body> res{static_cast<http::status>(r.status), req.version()};
+      res.set(http::field::content_type, r.content_type);
+      res.set(http::field::server, "distribute");
+      res.keep_alive(false);
+      res.body() = std::move(r.body);
+      res.prepare_payload();
+      s.run([&](boost::system::error_code& ec) {
+             http::async_write(s.socket(), res, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+           },
+           options_.handshake_timeout, "http reply");
+    } catch (const std::exception&) {
+    }
+  }
+
+  std::string name_;
+  RpcOptions options_;
+  std::optional<std::string> token_;
+  Handler handler_;
+  HttpHandler http_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stopped_{false};
+  std::thread accept_thread_;
+  std::mutex mutex_;
+  std::list<Connection> connections_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+// ---- end <distribute/ps/detail/rpc.hpp> ----
+// ---- begin <distribute/ps/remote_function.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_REMOTE_FUNCTION_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_REMOTE_FUNCTION_HPP
+// Remote functions: what a ClusterCoordinator schedules on workers. Every process of the cluster
+// runs the same binary and registers the same functions by name at start-up; the coordinator sends
+// the name, a signature and the serialised arguments, and the worker calls its own copy.
+//
+//   float train_step(ds::Variable<float> w, ds::PerWorkerIterator<Batch> it) { ... }
+//   DISTRIBUTE_REMOTE_FUNCTION(train_step);          // at namespace scope, in every process
+//
+// Arguments and results are serialised with cereal (scalars, strings, std::vector, std::array,
+// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes; a ds::Variable or
+// ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
+// copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
+
+#include <cxxabi.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/array.hpp>
+#include <cereal/types/optional.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/tuple.hpp>
+#include <cereal/types/utility.hpp>
+#include <cereal/types/vector.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+template <class T>
+class PerWorkerIterator;
+
+namespace detail {
+
+using WireOut = cereal::BinaryOutputArchive;
+using WireIn = cereal::BinaryInputArchive;
+
+/// A readable C++ type name, for error messages.
+inline std::string type_name(const std::type_info& t) {
+  int status = 0;
+  char* p = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+  std::string out = (status == 0 && p) ? std::string(p) : std::string(t.name());
+  std::free(p);
+  return out;
+}
+
+/// One element of a per-worker dataset, pulled by the closures that run on this worker.
+template <class T>
+class WorkerIteratorState {
+ public:
+  explicit WorkerIteratorState(data::Dataset<T> dataset) : dataset_(std::move(dataset)) {}
+  std::optional<T> next() {
+    std::lock_guard lock(mutex_);
+    if (!it_) it_.emplace(dataset_.begin());
+    if (*it_ == dataset_.end()) return std::nullopt;
+    T v = std::move(**it_);
+    ++*it_;
+    return v;
+  }
+
+ private:
+  data::Dataset<T> dataset_;
+  std::optional<typename data::Dataset<T>::iterator> it_;
+  std::mutex mutex_;
+};
+
+/// What a worker turns handles back into: its ps client and its per-worker datasets. Set on the
+/// thread that runs a closure.
+struct WorkerEnvironment {
+  std::shared_ptr<RemoteVariableStore> store;
+  std::function<std::shared_ptr<void>(std::uint64_t dataset_id)> dataset_iterator;
+  std::string worker_name;
+};
+
+inline WorkerEnvironment*& current_worker_environment() {
+  thread_local WorkerEnvironment* env = nullptr;
+  return env;
+}
+
+template <class T>
+struct is_dataset : std::false_type {};
+template <class T>
+struct is_dataset<data::Dataset<T>> : std::true_type {};
+
+/// How a value crosses the wire; cereal unless specialised below.
+template <class T>
+struct wire {
+  static void save(WireOut& a, const T& v) { a(v); }
+  static T load(WireIn& a) {
+    T v{};
+    a(v);
+    return v;
+  }
+};
+
+template <class E>
+struct wire<Tensor<E>> {
+  static void save(WireOut& a, const Tensor<E>& t) {
+    a(t.shape());
+    a(std::vector<E>(t.data(), t.data() + t.size()));
+  }
+  static Tensor<E> load(WireIn& a) {
+    Shape shape;
+    std::vector<E> data;
+    a(shape, data);
+    return Tensor<E>(std::move(shape), std::move(data));
+  }
+};
+
+template <class T>
+struct wire<Variable<T>> {
+  static void save(WireOut& a, const Variable<T>& v) {
+    const RemoteHandle* h = v.remote_handle();
+    if (!h) {
+      throw InvalidArgument(fmt::format("variable '{}' is not on a ps task: only variables created inside "
+                                        "ParameterServerStrategy::scope() can be passed to a scheduled function",
+                                        v.name()));
+    }
+    a(v.name(), v.shape(), h->task, h->key);
+  }
+  static Variable<T> load(WireIn& a) {
+    std::string name, key;
+    Shape shape;
+    int task = 0;
+    a(name, shape, task, key);
+    WorkerEnvironment* env = current_worker_environment();
+    if (!env || !env->store) {
+      throw InvalidArgument(fmt::format("variable '{}' arrived outside a worker: ps variable handles are read by the "
+                                        "worker that runs a scheduled function",
+                                        name));
+    }
+    return Variable<T>::attach_remote(std::move(name), tensor_traits<T>::make(shape), RemoteHandle{env->store, task, key});
+  }
+};
+
+template <class T>
+struct wire<ShardedVariable<T>> {
+  static void save(WireOut& a, const ShardedVariable<T>& v) {
+    a(v.name(), static_cast<std::uint64_t>(v.num_shards()));
+    for (const auto& shard : v.variables()) wire<Variable<T>>::save(a, shard);
+  }
+  static ShardedVariable<T> load(WireIn& a) {
+    std::string name;
+    std::uint64_t n = 0;
+    a(name, n);
+    if (n == 0 || n > (1u << 20)) throw InvalidArgument(fmt::format("sharded variable '{}' arrived with {} shards", name, n));
+    std::vector<Variable<T>> shards;
+    for (std::uint64_t i = 0; i < n; ++i) shards.push_back(wire<Variable<T>>::load(a));
+    return ShardedVariable<T>(std::move(shards), std::move(name));
+  }
+};
+
+template <class T>
+struct wire<PerWorkerIterator<T>> {
+  static void save(WireOut& a, const PerWorkerIterator<T>& it) { a(it.dataset_id()); }
+  static PerWorkerIterator<T> load(WireIn& a) {
+    std::uint64_t id = 0;
+    a(id);
+    WorkerEnvironment* env = current_worker_environment();
+    if (!env || !env->dataset_iterator) {
+      throw InvalidArgument("a per-worker iterator arrived outside a worker: it is read by the worker that runs a "
+                            "scheduled function");
+    }
+    auto state = std::static_pointer_cast<WorkerIteratorState<T>>(env->dataset_iterator(id));
+    return PerWorkerIterator<T>(id, std::move(state));
+  }
+};
+
+template <class... Ts>
+std::string save_values(const Ts&... values) {
+  std::ostringstream out(std::ios::binary);
+  {
+    WireOut a(out);
+    (wire<Ts>::save(a, values), ...);
+  }
+  return std::move(out).str();
+}
+
+/// Loads a tuple in order (braced initialisation evaluates left to right).
+template <class... Ts>
+std::tuple<Ts...> load_values(std::string_view bytes, const char* what) {
+  std::istringstream in(std::string(bytes), std::ios::binary);
+  try {
+    WireIn a(in);
+    return std::tuple<Ts...>{wire<Ts>::load(a)...};
+  } catch (const cereal::Exception& e) {
+    throw InvalidArgument(fmt::format("malformed {}: {}", what, e.what()));
+  } catch (const std::bad_alloc&) {
+    throw InvalidArgument(fmt::format("malformed {}: a size beyond memory", what));
+  }
+}
+
+/// "(float, int)" from the type of std::tuple<float, int>.
+inline std::string parameter_list(const std::type_info& tuple_type) {
+  const std::string t = type_name(tuple_type);
+  const auto open = t.find('<');
+  const auto close = t.rfind('>');
+  if (open == std::string::npos || close == std::string::npos || close < open) return "(" + t + ")";
+  return "(" + t.substr(open + 1, close - open - 1) + ")";
+}
+
+struct RemoteFunctionEntry {
+  std::string name;
+  const void* address = nullptr;
+  const std::type_info* params = nullptr;  // std::tuple<decayed parameter types...>
+  const std::type_info* result = nullptr;
+  std::string signature;                   // the same in every process of one binary
+  std::function<std::string(std::string_view args)> invoke;
+  std::function<std::shared_ptr<void>(const InputContext&)> make_iterator;  // dataset functions
+  std::string describe() const { return fmt::format("{} {}{}", type_name(*result), name, parameter_list(*params)); }
+};
+
+class RemoteFunctionRegistry {
+ public:
+  static RemoteFunctionRegistry& instance() {
+    static RemoteFunctionRegistry r;
+    return r;
+  }
+
+  void add(RemoteFunctionEntry e) {
+    std::lock_guard lock(mutex_);
+    if (e.name.empty()) throw InvalidArgument("register_remote_function: the name is empty");
+    if (auto it = by_name_.find(e.name); it != by_name_.end()) {
+      if (it->second.address == e.address) return;  // the same function twice: harmless
+      throw InvalidArgument(fmt::format("register_remote_function: the name '{}' is already registered for another "
+                                        "function ({})",
+                                        e.name, it->second.describe()));
+    }
+    by_address_[e.address] = e.name;
+    by_name_.emplace(e.name, std::move(e));
+  }
+
+  const RemoteFunctionEntry* find(std::string_view name) const {
+    std::lock_guard lock(mutex_);
+    auto it = by_name_.find(std::string(name));
+    return it == by_name_.end() ? nullptr : &it->second;
+  }
+
+  const RemoteFunctionEntry* find(const void* address) const {
+    std::lock_guard lock(mutex_);
+    auto it = by_address_.find(address);
+    return it == by_address_.end() ? nullptr : &by_name_.at(it->second);
+  }
+
+  std::vector<std::string> names() const {
+    std::lock_guard lock(mutex_);
+    std::vector<std::string> out;
+    for (const auto& [name, e] : by_name_) out.push_back(name);
+    return out;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, RemoteFunctionEntry> by_name_;  // node-based: entries never move
+  std::map<const void*, std::string> by_address_;
+};
+
+template <class R, class... P>
+RemoteFunctionEntry make_remote_entry(std::string name, R (*fn)(P...)) {
+  RemoteFunctionEntry e;
+  e.name = std::move(name);
+  e.address = reinterpret_cast<const void*>(fn);
+  e.params = &typeid(std::tuple<std::decay_t<P>...>);
+  e.result = &typeid(R);
+  e.signature = typeid(R(P...)).name();
+  if constexpr (!is_dataset<R>::value) {
+    e.invoke = [fn](std::string_view bytes) -> std::string {
+      auto args = load_values<std::decay_t<P>...>(bytes, "arguments");
+      if constexpr (std::is_void_v<R>) {
+        std::apply(fn, args);
+        return {};
+      } else {
+        return save_values<R>(std::apply(fn, args));
+      }
+    };
+  } else {
+    e.invoke = [](std::string_view) -> std::string {
+      throw InvalidArgument("a dataset function is not scheduled: pass it to create_per_worker_dataset");
+    };
+    using T = typename R::element_type;
+    e.make_iterator = [fn](const InputContext& ctx) -> std::shared_ptr<void> {
+      if constexpr (sizeof...(P) == 0) {
+        return std::make_shared<WorkerIteratorState<T>>(fn());
+      } else if constexpr (sizeof...(P) == 1 && (std::is_same_v<std::decay_t<P>, InputContext> && ...)) {
+        return std::make_shared<WorkerIteratorState<T>>(fn(ctx));
+      } else {
+        throw InvalidArgument("a per-worker dataset function takes no argument or one ds::InputContext");
+      }
+    };
+  }
+  return e;
+}
+
+}  // namespace detail
+
+/// Registers `fn` under `name` in this process. Every process of the cluster must register the
+/// same functions (the same binary does it at start-up). Registering a name twice for different
+/// functions is InvalidArgument. Capture-less lambdas work through `+[](...) {...}`.
+template <class R, class... P>
+void register_remote_function(std::string name, R (*fn)(P...)) {
+  detail::RemoteFunctionRegistry::instance().add(detail::make_remote_entry(std::move(name), fn));
+}
+
+/// A worker's own iterator over its per-worker dataset, passed to scheduled functions
+/// (TF's per-worker iterator). On the coordinator it is only a handle.
+template <class T>
+class PerWorkerIterator {
+ public:
+  PerWorkerIterator() = default;
+  PerWorkerIterator(std::uint64_t dataset_id, std::shared_ptr<detail::WorkerIteratorState<T>> state)
+      : id_(dataset_id), state_(std::move(state)) {}
+
+  /// The next element of this worker's dataset, or nullopt at its end. Only on a worker.
+  std::optional<T> next() {
+    if (!state_) {
+      throw InvalidArgument("PerWorkerIterator::next: the iterator is read inside a scheduled function on a worker");
+    }
+    return state_->next();
+  }
+  /// The next element; OutOfRange at the end of the dataset (TF's get_next()).
+  T get_next() {
+    auto v = next();
+    if (!v) throw OutOfRange(fmt::format("per-worker dataset #{}: end of the dataset", id_));
+    return std::move(*v);
+  }
+  std::uint64_t dataset_id() const noexcept { return id_; }
+
+ private:
+  std::uint64_t id_ = 0;
+  std::shared_ptr<detail::WorkerIteratorState<T>> state_;
+};
+
+/// A dataset that every worker builds for itself (ClusterCoordinator::create_per_worker_dataset).
+template <class T>
+class PerWorkerDataset {
+ public:
+  explicit PerWorkerDataset(std::uint64_t id) : id_(id) {}
+  /// The handle to pass to scheduled functions (TF: iter(per_worker_dataset)).
+  PerWorkerIterator<T> iterator() const { return PerWorkerIterator<T>(id_, nullptr); }
+  std::uint64_t id() const noexcept { return id_; }
+
+ private:
+  std::uint64_t id_;
+};
+
+/// TF's `iter(per_worker_dataset)`.
+template <class T>
+PerWorkerIterator<T> iter(const PerWorkerDataset<T>& d) {
+  return d.iterator();
+}
+
+DISTRIBUTE_END_NAMESPACE
+
+#define DISTRIBUTE_REMOTE_CONCAT_(a, b) a##b
+#define DISTRIBUTE_REMOTE_CONCAT(a, b) DISTRIBUTE_REMOTE_CONCAT_(a, b)
+/// Registers a function under its own name at start-up: DISTRIBUTE_REMOTE_FUNCTION(train_step);
+#define DISTRIBUTE_REMOTE_FUNCTION(fn)                                                               \
+  [[maybe_unused]] static const bool DISTRIBUTE_REMOTE_CONCAT(distribute_remote_registered_, __LINE__) = \
+      (::distribute::register_remote_function(#fn, &fn), true)
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_REMOTE_FUNCTION_HPP
+// ---- end <distribute/ps/remote_function.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+struct ServerOptions {
+  /// Shared secret every peer must prove (see net::CommunicatorOptions::cluster_token).
+  std::optional<std::string> cluster_token;
+  /// A worker's first call to a ps task waits this long for it to come up.
+  std::chrono::milliseconds connect_timeout{60000};
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Refused connections and malformed frames are reported here; default: stderr.
+  std::function<void(std::string_view)> log;
+};
+
+namespace detail {
+
+inline std::uint64_t random_u64() {
+  std::random_device rd;
+  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+}
+
+/// The variables of one ps task. One lock for the table: a commit's updates are applied together,
+/// so no read sees half a closure.
+class VariableTable {
+ public:
+  explicit VariableTable(std::string device) : device_(std::move(device)) {}
+
+  void create(CreateVarMsg m) {
+    const auto dtype = checked_dtype(m.dtype, m.key);
+    for (auto d : m.shape) {
+      if (d < 0) throw InvalidArgument(fmt::format("variable '{}': negative dimension in shape {}", m.key, shape_string(m.shape)));
+    }
+    const auto want = static_cast<std::size_t>(num_elements(m.shape)) * size_of(dtype);
+    if (m.bytes.size() != want) {
+      throw InvalidArgument(fmt::format("variable '{}': {} bytes for shape {} of {} (expected {})", m.key, m.bytes.size(),
+                                        shape_string(m.shape), to_string(dtype), want));
+    }
+    std::unique_lock lock(mutex_);
+    vars_[m.key] = Stored{dtype, std::move(m.shape), std::move(m.bytes)};
+  }
+
+  std::string read(const ReadVarMsg& m) const {
+    std::shared_lock lock(mutex_);
+    const Stored& v = find(m.key, m.dtype);
+    if (m.nbytes != v.bytes.size()) {
+      throw InvalidArgument(fmt::format("variable '{}' on {} holds {} bytes (shape {}), {} were asked for", m.key, device_,
+                                        v.bytes.size(), shape_string(v.shape), m.nbytes));
+    }
+    return v.bytes;
+  }
+
+  std::string read_rows(const ReadRowsMsg& m) const {
+    std::shared_lock lock(mutex_);
+    const Stored& v = find(m.key, m.dtype);
+    const std::int64_t rows = v.shape.empty() ? 0 : v.shape[0];
+    const std::size_t row_bytes = rows ? v.bytes.size() / static_cast<std::size_t>(rows) : 0;
+    if (m.row_bytes != row_bytes) {
+      throw InvalidArgument(fmt::format("variable '{}' on {}: rows of {} bytes asked for, its rows have {}", m.key, device_,
+                                        m.row_bytes, row_bytes));
+    }
+    std::string out(m.rows.size() * row_bytes, '\0');
+    for (std::size_t i = 0; i < m.rows.size(); ++i) {
+      const auto r = m.rows[i];
+      if (r < 0 || r >= rows) {
+        throw InvalidArgument(fmt::format("variable '{}' on {}: row {} is out of range [0, {})", m.key, device_, r, rows));
+      }
+      std::memcpy(out.data() + i * row_bytes, v.bytes.data() + static_cast<std::size_t>(r) * row_bytes, row_bytes);
+    }
+    return out;
+  }
+
+  void update(const UpdateVarMsg& m) {
+    std::unique_lock lock(mutex_);
+    apply_locked(m);
+  }
+
+  /// Applies a closure's updates, unless this closure's updates were applied before (a retry).
+  bool commit(const CommitMsg& m) {
+    std::unique_lock lock(mutex_);
+    if (committed_.count({m.session, m.closure})) return false;
+    for (const auto& u : m.updates) check_locked(u);  // all or nothing
+    for (const auto& u : m.updates) apply_locked(u);
+    committed_.insert({m.session, m.closure});
+    return true;
+  }
+
+  std::size_t size() const {
+    std::shared_lock lock(mutex_);
+    return vars_.size();
+  }
+  std::size_t bytes() const {
+    std::shared_lock lock(mutex_);
+    std::size_t n = 0;
+    for (const auto& [k, v] : vars_) n += v.bytes.size();
+    return n;
+  }
+
+ private:
+  struct Stored {
+    DType dtype;
+    Shape shape;
+    std::string bytes;
+  };
+
+  static DType checked_dtype(std::uint8_t d, const std::string& key) {
+    if (d > static_cast<std::uint8_t>(DType::Bool)) {
+      throw InvalidArgument(fmt::format("variable '{}': unknown dtype code {}", key, d));
+    }
+    return static_cast<DType>(d);
+  }
+
+  const Stored& find(const std::string& key, std::uint8_t dtype) const {
+    auto it = vars_.find(key);
+    if (it == vars_.end()) throw InvalidArgument(fmt::format("no variable '{}' on {}", key, device_));
+    if (static_cast<std::uint8_t>(it->second.dtype) != dtype) {
+      throw InvalidArgument(fmt::format("variable '{}' on {} is {}, not {}", key, device_, to_string(it->second.dtype),
+                                        to_string(checked_dtype(dtype, key))));
+    }
+    return it->second;
+  }
+
+  void check_locked(const UpdateVarMsg& m) const {
+    const Stored& v = find(m.key, m.dtype);
+    if (m.bytes.size() != v.bytes.size()) {
+      throw InvalidArgument(fmt::format("update of variable '{}' on {}: {} bytes for a variable of {} (shape {})", m.key,
+                                        device_, m.bytes.size(), v.bytes.size(), shape_string(v.shape)));
+    }
+    if (m.kind > static_cast<std::uint8_t>(RemoteUpdate::Sub)) {
+      throw InvalidArgument(fmt::format("update of variable '{}': unknown kind {}", m.key, m.kind));
+    }
+  }
+
+  void apply_locked(const UpdateVarMsg& m) {
+    check_locked(m);
+    Stored& v = vars_.find(m.key)->second;
+    apply_update_bytes(v.dtype, static_cast<RemoteUpdate>(m.kind),
+                       {reinterpret_cast<std::byte*>(v.bytes.data()), v.bytes.size()},
+                       {reinterpret_cast<const std::byte*>(m.bytes.data()), m.bytes.size()});
+  }
+
+  std::string device_;
+  mutable std::shared_mutex mutex_;
+  std::unordered_map<std::string, Stored> vars_;
+  std::set<std::pair<std::uint64_t, std::uint64_t>> committed_;  // (session, closure)
+};
+
+}  // namespace detail
+
+class Server {
+ public:
+  /// Starts serving at once on this task's address in `cluster_spec`. `job_name` is "ps" or
+  /// "worker"; `protocol` is "grpc" (TF's name, accepted) or "tcp": both mean this library's
+  /// TCP protocol. InvalidArgument for another job or protocol; Unavailable when the address
+  /// cannot be listened on.
+  Server(ClusterSpec cluster_spec, std::string job_name, int task_index, std::string protocol = "grpc",
+         ServerOptions options = {})
+      : spec_(std::move(cluster_spec)), job_(std::move(job_name)), task_(task_index), protocol_(std::move(protocol)),
+        options_(std::move(options)), incarnation_(detail::random_u64()) {
+    if (job_ != "ps" && job_ != "worker") {
+      throw InvalidArgument(fmt::format("ds::Server: job '{}' has nothing to serve; a Server runs on 'ps' and 'worker' "
+                                        "tasks (the chief runs the ClusterCoordinator)",
+                                        job_));
+    }
+    if (protocol_ != "grpc" && protocol_ != "tcp") {
+      throw InvalidArgument(fmt::format("ds::Server: protocol '{}' is not supported; use \"grpc\" or \"tcp\"", protocol_));
+    }
+    if (!spec_.has_task(job_, task_)) {
+      throw InvalidArgument(fmt::format("ds::Server: the cluster spec has no task {}:{}", job_, task_));
+    }
+    device_ = DeviceSpec{job_, 0, task_, "CPU", 0}.to_string();
+    table_ = std::make_unique<detail::VariableTable>(device_);
+    detail::RpcOptions rpc;
+    rpc.cluster_token = options_.cluster_token;
+    rpc.handshake_timeout = options_.handshake_timeout;
+    rpc.connect_timeout = options_.connect_timeout;
+    rpc.log = options_.log;
+    rpc_options_ = rpc;
+    rpc_ = std::make_unique<detail::RpcServer>(
+        spec_.task_address(job_, task_), device_, rpc,
+        [this](detail::RpcOp op, std::span<const std::byte> payload) { return handle(op, payload); },
+        [this](std::string_view target) { return http(target); });
+  }
+
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+  ~Server() { rpc_->stop(); }
+
+  /// Blocks until stop() is called or the coordinator asks this server to stop.
+  void join() {
+    {
+      std::unique_lock lock(mutex_);
+      stopped_cv_.wait(lock, [&] { return stopped_; });
+    }
+    rpc_->stop();
+  }
+
+  /// Makes join() return; the port closes once join() returns or the Server is destroyed.
+  void stop() {
+    std::lock_guard lock(mutex_);
+    stopped_ = true;
+    stopped_cv_.notify_all();
+  }
+
+  /// "grpc://127.0.0.1:2222": the protocol and this task's address (TF's Server.target).
+  std::string target() const { return fmt::format("{}://{}", protocol_, spec_.task_address(job_, task_)); }
+  std::uint16_t port() const noexcept { return rpc_->port(); }
+  const std::string& job_name() const noexcept { return job_; }
+  int task_index() const noexcept { return task_; }
+
+ private:
+  std::vector<std::byte> handle(detail::RpcOp op, std::span<const std::byte> payload) {
+    using detail::RpcOp;
+    requests_[static_cast<std::size_t>(op) < requests_.size() ? static_cast<std::size_t>(op) : 0].fetch_add(1);
+    switch (op) {
+      case RpcOp::Ping:
+        return detail::encode_message(detail::PingReply{job_, task_, incarnation_});
+      case RpcOp::Stop:
+        stop();
+        return {};
+      default: break;
+    }
+    if (job_ == "ps") return handle_ps(op, payload);
+    return handle_worker(op, payload);
+  }
+
+  std::vector<std::byte> handle_ps(detail::RpcOp op, std::span<const std::byte> payload) {
+    using namespace detail;
+    switch (op) {
+      case RpcOp::CreateVar:
+        table_->create(decode_message<CreateVarMsg>(payload, "create"));
+        return {};
+      case RpcOp::ReadVar: return to_bytes(table_->read(decode_message<ReadVarMsg>(payload, "read")));
+      case RpcOp::ReadRows: return to_bytes(table_->read_rows(decode_message<ReadRowsMsg>(payload, "read-rows")));
+      case RpcOp::UpdateVar:
+        table_->update(decode_message<UpdateVarMsg>(payload, "update"));
+        return {};
+      case RpcOp::Commit: {
+        const bool applied = table_->commit(decode_message<CommitMsg>(payload, "commit"));
+        (applied ? commits_applied_ : commits_duplicate_).fetch_add(1);
+        return {std::byte{applied ? std::uint8_t{1} : std::uint8_t{0}}};
+      }
+      default:
+        throw InvalidArgument(fmt::format("{} is a ps task: it does not run closures or build datasets", device_));
+    }
+  }
+
+  std::shared_ptr<detail::PsClientStore> ps_store() {
+    std::lock_guard lock(mutex_);
+    if (!store_) store_ = std::make_shared<detail::PsClientStore>(spec_, rpc_options_);
+    return store_;
+  }
+
+  std::vector<std::byte> handle_worker(detail::RpcOp op, std::span<const std::byte> payload) {
+    using namespace detail;
+    switch (op) {
+      case RpcOp::RunClosure: return detail::to_bytes(run_closure(decode_message<RunClosureMsg>(payload, "run-closure")));
+      case RpcOp::MakeDataset: {
+        const auto m = decode_message<MakeDatasetMsg>(payload, "make-dataset");
+        const RemoteFunctionEntry& f = registered(m.function, m.signature);
+        if (!f.make_iterator) {
+          throw InvalidArgument(fmt::format("function '{}' does not return a ds::Dataset", m.function));
+        }
+        InputContext ctx{m.num_workers, m.worker_index, 1};
+        auto it = f.make_iterator(ctx);
+        std::lock_guard lock(mutex_);
+        datasets_[m.dataset] = std::move(it);
+        return {};
+      }
+      default:
+        throw InvalidArgument(fmt::format("{} is a worker task: variables live on ps tasks", device_));
+    }
+  }
+
+  const detail::RemoteFunctionEntry& registered(const std::string& name, const std::string& signature) {
+    const auto* f = detail::RemoteFunctionRegistry::instance().find(name);
+    if (!f) {
+      throw InvalidArgument(fmt::format("{}: no function is registered as '{}' in this process (register it with "
+                                        "DISTRIBUTE_REMOTE_FUNCTION in every process of the cluster)",
+                                        device_, name));
+    }
+    if (f->signature != signature) {
+      throw InvalidArgument(fmt::format("{}: function '{}' is registered here as {}, with another signature than the "
+                                        "coordinator's: every process must run the same binary",
+                                        device_, name, f->describe()));
+    }
+    return *f;
+  }
+
+  std::string run_closure(const detail::RunClosureMsg& m) {
+    const detail::RemoteFunctionEntry& f = registered(m.function, m.signature);
+    const auto store = ps_store();
+    detail::WorkerEnvironment env;
+    env.store = store;
+    env.worker_name = device_;
+    env.dataset_iterator = [this](std::uint64_t id) -> std::shared_ptr<void> {
+      std::lock_guard lock(mutex_);
+      auto it = datasets_.find(id);
+      if (it == datasets_.end()) {
+        throw InvalidArgument(fmt::format("{}: per-worker dataset #{} was not created on this worker", device_, id));
+      }
+      return it->second;
+    };
+    detail::ClosureTransaction txn{m.session, m.closure, {}};
+    struct Bind {
+      detail::WorkerEnvironment* old_env;
+      detail::ClosureTransaction* old_txn;
+      ~Bind() {
+        detail::current_worker_environment() = old_env;
+        detail::current_transaction() = old_txn;
+      }
+    } bind{detail::current_worker_environment(), detail::current_transaction()};
+    detail::current_worker_environment() = &env;
+    detail::current_transaction() = &txn;
+    std::string result;
+    try {
+      result = f.invoke(m.args);
+    } catch (...) {
+      closures_failed_.fetch_add(1);
+      throw;
+    }
+    detail::current_transaction() = nullptr;
+    store->commit(txn);
+    closures_run_.fetch_add(1);
+    return result;
+  }
+
+  detail::RpcServer::HttpReply http(std::string_view target) {
+    detail::RpcServer::HttpReply r;
+    if (target == "/healthz") {
+      r.status = 200;
+      r.body = "ok\n";
+    } else if (target == "/metrics") {
+      r.status = 200;
+      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      r.body = metrics();
+    }
+    return r;
+  }
+
+  std::string metrics() const {
+    static constexpr const char* ops[] = {"other",  "ping",   "create",      "read",         "read_rows",
+                                          "update", "commit", "run_closure", "make_dataset", "stop"};
+    const std::string labels = fmt::format("job=\"{}\",task=\"{}\"", job_, task_);
+    std::string out = "# HELP distribute_requests_total Requests served, by operation.\n"
+                      "# TYPE distribute_requests_total counter\n";
+    for (std::size_t i = 0; i < requests_.size(); ++i) {
+      out += fmt::format("distribute_requests_total{{{},op=\"{}\"}} {}\n", labels, ops[i], requests_[i].load());
+    }
+    auto gauge = [&](const char* name, const char* help, const char* type, auto value) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{{{}}} {}\n", name, help, name, type, name, labels, value);
+    };
+    if (job_ == "ps") {
+      gauge("distribute_variables", "Variables held by this ps task.", "gauge", table_->size());
+      gauge("distribute_variable_bytes", "Bytes of variable values held by this ps task.", "gauge", table_->bytes());
+      gauge("distribute_commits_applied_total", "Closure commits applied.", "counter", commits_applied_.load());
+      gauge("distribute_commits_duplicate_total", "Closure commits ignored because a retry's commit was already applied.",
+            "counter", commits_duplicate_.load());
+    } else {
+      gauge("distribute_closures_total", "Closures run to completion on this worker.", "counter", closures_run_.load());
+      gauge("distribute_closures_failed_total", "Closures that raised an error on this worker.", "counter",
+            closures_failed_.load());
+    }
+    return out;
+  }
+
+  ClusterSpec spec_;
+  std::string job_;
+  int task_;
+  std::string protocol_;
+  ServerOptions options_;
+  std::uint64_t incarnation_;
+  std::string device_;
+  detail::RpcOptions rpc_options_;
+  std::unique_ptr<detail::VariableTable> table_;
+  std::array<std::atomic<std::uint64_t>, 10> requests_{};
+  std::atomic<std::uint64_t> commits_applied_{0}, commits_duplicate_{0}, closures_run_{0}, closures_failed_{0};
+  std::mutex mutex_;
+  std::condition_variable stopped_cv_;
+  bool stopped_ = false;
+  std::shared_ptr<detail::PsClientStore> store_;
+  std::map<std::uint64_t, std::shared_ptr<void>> datasets_;
+  std::unique_ptr<detail::RpcServer> rpc_;  // last: stopped (in ~Server) before the rest goes
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_SERVER_HPP
+// ---- end <distribute/ps/server.hpp> ----
+// ---- begin <distribute/ps/cluster_coordinator.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_CLUSTER_COORDINATOR_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_CLUSTER_COORDINATOR_HPP
+// ds::ClusterCoordinator: schedules functions on the workers of a parameter-server cluster
+// (TF's tf.distribute.experimental.coordinator.ClusterCoordinator).
+//
+// Closures wait in a bounded queue; one dispatcher thread per worker takes the next closure, runs it
+// there and fulfils its RemoteValue. A worker that dies or stops answering heartbeats loses its
+// closure to the queue (retried elsewhere under the same closure id, so the ps tasks apply its
+// updates once) and is reconnected, with its per-worker datasets rebuilt, when it comes back. The
+// first error a closure raises cancels the queued closures and is rethrown, once, by join() or
+// schedule(). A lost ps task is fatal: schedule/join/done throw PeerFailure naming it.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/ps/detail/messages.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// The parameter-server service's messages, serialised with cereal's binary archives (every process
+// of a cluster runs the same binary, so layout and endianness agree). Tensor values travel as raw
+// bytes in a std::string, which cereal writes as one block.
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+struct PingReply {
+  std::string job;
+  int task = 0;
+  std::uint64_t incarnation = 0;  // differs after a restart
+  template <class A>
+  void serialize(A& a) { a(job, task, incarnation); }
+};
+
+struct CreateVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> shape;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, shape, bytes); }
+};
+
+struct ReadVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::uint64_t nbytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, nbytes); }
+};
+
+struct ReadRowsMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> rows;
+  std::uint64_t row_bytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, rows, row_bytes); }
+};
+
+struct UpdateVarMsg {
+  std::string key;
+  std::uint8_t kind = 0;  // RemoteUpdate
+  std::uint8_t dtype = 0;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, kind, dtype, bytes); }
+};
+
+/// A closure's updates to one ps task, applied together and at most once per (session, closure).
+struct CommitMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::vector<UpdateVarMsg> updates;
+  template <class A>
+  void serialize(A& a) { a(session, closure, updates); }
+};
+
+struct RunClosureMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::uint32_t attempt = 0;
+  std::string function;
+  std::string signature;
+  std::string args;
+  template <class A>
+  void serialize(A& a) { a(session, closure, attempt, function, signature, args); }
+};
+
+struct MakeDatasetMsg {
+  std::uint64_t dataset = 0;
+  std::string function;
+  std::string signature;
+  int num_workers = 1;
+  int worker_index = 0;
+  template <class A>
+  void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
+};
+
+template <class M>
+std::vector<std::byte> encode_message(const M& m) {
+  std::ostringstream out(std::ios::binary);
+  {
+    cereal::BinaryOutputArchive ar(out);
+    ar(m);
+  }
+  const std::string s = std::move(out).str();
+  std::vector<std::byte> bytes(s.size());
+  if (!s.empty()) std::memcpy(bytes.data(), s.data(), s.size());
+  return bytes;
+}
+
+/// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
+template <class M>
+M decode_message(std::span<const std::byte> bytes, const char* what) {
+  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), std::ios::binary);
+  M m;
+  try {
+    cereal::BinaryInputArchive ar(in);
+    ar(m);
+  } catch (const std::exception& e) {  // cereal::Exception, or a bad_alloc from a bogus size
+    throw InvalidArgument(fmt::format("malformed {} message ({} bytes): {}", what, bytes.size(), e.what()));
+  }
+  return m;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// ---- end <distribute/ps/detail/messages.hpp> ----
+// ---- begin <distribute/ps/detail/rpc.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+// The parameter-server service's wire layer: request/reply calls over TCP (Boost.Asio), framed with
+// net/frame.hpp's versioned header (Request/Reply frames), authenticated with the cluster token by
+// HMAC-SHA256 challenge-response both ways before any call, and every client-side wait bounded by a
+// deadline. The same port answers plain HTTP GETs (/healthz, /metrics) through Boost.Beast, sniffed
+// from the first bytes, so a server needs one address only.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <sys/socket.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// "host:port" strings as they appear in cluster specs ("127.0.0.1:2222", "worker0:2222",
+// "[::1]:2222").
+
+#include <cctype>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+struct HostPort {
+  std::string host;
+  std::string port;  // decimal, 1..65535
+};
+
+inline HostPort parse_host_port(std::string_view address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    throw InvalidArgument(fmt::format("address '{}' is not of the form host:port", address));
+  }
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') {
+      throw InvalidArgument(fmt::format("address '{}' has an unterminated [IPv6] host", address));
+    }
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned long value = 0;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c)) || port.size() > 5) {
+      throw InvalidArgument(fmt::format("address '{}' has an invalid port '{}'", address, port));
+    }
+    value = value * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (value == 0 || value > 65535) {
+    throw InvalidArgument(fmt::format("address '{}' has port {} outside 1..65535", address, value));
+  }
+  return HostPort{std::string(host), std::string(port)};
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// ---- end <distribute/net/detail/address.hpp> ----
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/frame.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+//
+//   offset  size  field
+//        0     4  magic "DSNT"
+//        4     1  protocol version (kProtocolVersion)
+//        5     1  FrameType
+//        6     2  reserved, must be zero
+//        8     8  payload length
+//       16     8  sequence number (collective number, point-to-point message number)
+//       24     8  tag (chunk within a collective)
+//
+// Integers are little-endian whatever the host. Decoding is a pure function of the bytes, so it can
+// be fuzzed: anything malformed throws FrameError and is never read past its end.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+/// Bytes that are not a well-formed frame (bad magic, version, type, reserved bits or length).
+/// The transport answers it by closing the connection.
+class FrameError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 32;
+/// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
+/// configured limit, so a stranger cannot make a peer allocate much.
+inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+
+enum class FrameType : std::uint8_t {
+  Hello = 1,         // connector → acceptor: who I am, my nonce
+  Challenge = 2,     // acceptor → connector: who I am, my nonce, my proof of the token
+  Response = 3,      // connector → acceptor: my proof of the token
+  Welcome = 4,       // acceptor → connector: accepted
+  Reject = 5,        // either way, during the handshake: refused, with a reason
+  Heartbeat = 6,     // keeps an idle connection known to be alive
+  Goodbye = 7,       // clean shutdown: the sender sends nothing more
+  Abort = 8,         // the sender's communicator failed; payload says why
+  Descriptor = 9,    // announces a collective (seq = collective number)
+  Data = 10,         // a piece of a collective's data (seq, tag)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
+};
+
+constexpr std::string_view to_string(FrameType t) noexcept {
+  switch (t) {
+    case FrameType::Hello: return "hello";
+    case FrameType::Challenge: return "challenge";
+    case FrameType::Response: return "response";
+    case FrameType::Welcome: return "welcome";
+    case FrameType::Reject: return "reject";
+    case FrameType::Heartbeat: return "heartbeat";
+    case FrameType::Goodbye: return "goodbye";
+    case FrameType::Abort: return "abort";
+    case FrameType::Descriptor: return "descriptor";
+    case FrameType::Data: return "data";
+    case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
+  }
+  return "?";
+}
+
+struct FrameHeader {
+  FrameType type = FrameType::Heartbeat;
+  std::uint64_t length = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+using HeaderBytes = std::array<std::byte, kFrameHeaderBytes>;
+
+namespace detail {
+
+inline void store_le(std::byte* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr bool known_frame_type(std::uint8_t t) noexcept {
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
+}
+
+}  // namespace detail
+
+inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
+  HeaderBytes out{};
+  detail::store_le(out.data(), kFrameMagic, 4);
+  out[4] = static_cast<std::byte>(kProtocolVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  detail::store_le(out.data() + 8, h.length, 8);
+  detail::store_le(out.data() + 16, h.seq, 8);
+  detail::store_le(out.data() + 24, h.tag, 8);
+  return out;
+}
+
+/// Decodes and validates a header; `max_payload_bytes` bounds Data/PointToPoint payloads
+/// (other types are bounded by kMaxControlPayload, or to zero when they carry nothing).
+inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  if (bytes.size() < kFrameHeaderBytes) {
+    throw FrameError(fmt::format("truncated frame header: {} of {} bytes", bytes.size(), kFrameHeaderBytes));
+  }
+  const auto magic = static_cast<std::uint32_t>(detail::load_le(bytes.data(), 4));
+  if (magic != kFrameMagic) {
+    throw FrameError(fmt::format("bad frame magic 0x{:08x} (expected 0x{:08x}): not a distribute peer", magic, kFrameMagic));
+  }
+  const auto version = static_cast<std::uint8_t>(bytes[4]);
+  if (version != kProtocolVersion) {
+    throw FrameError(fmt::format("unsupported protocol version {} (this build speaks version {})", version, kProtocolVersion));
+  }
+  const auto type = static_cast<std::uint8_t>(bytes[5]);
+  if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
+  const auto reserved = detail::load_le(bytes.data() + 6, 2);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.length = detail::load_le(bytes.data() + 8, 8);
+  h.seq = detail::load_le(bytes.data() + 16, 8);
+  h.tag = detail::load_le(bytes.data() + 24, 8);
+  std::uint64_t limit = kMaxControlPayload;
+  switch (h.type) {
+    case FrameType::Data:
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
+    case FrameType::Welcome:
+    case FrameType::Heartbeat:
+    case FrameType::Goodbye: limit = 0; break;
+    default: limit = std::min(limit, max_payload_bytes); break;
+  }
+  if (h.length > limit) {
+    throw FrameError(fmt::format("{} frame payload of {} bytes exceeds the limit of {} bytes", to_string(h.type),
+                                 h.length, limit));
+  }
+  return h;
+}
+
+/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
+  h.length = payload.size();
+  const HeaderBytes head = encode_header(h);
+  std::vector<std::byte> out(head.begin(), head.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+};
+
+/// Incremental decoder over a byte stream cut anywhere. Malformed input throws FrameError, after
+/// which the decoder stays failed (a stream cannot be resynchronised once framing is lost).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::uint64_t max_payload_bytes) : max_payload_(max_payload_bytes) {}
+
+  /// Consumes `bytes`; returns the frames they complete, in order.
+  std::vector<Frame> feed(std::span<const std::byte> bytes) {
+    if (failed_) throw FrameError("frame decoder already failed on malformed input");
+    std::vector<Frame> out;
+    try {
+      while (!bytes.empty()) {
+        if (!have_header_) {
+          const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, bytes.size());
+          std::copy_n(bytes.begin(), take, header_.begin() + static_cast<std::ptrdiff_t>(header_fill_));
+          header_fill_ += take;
+          bytes = bytes.subspan(take);
+          if (header_fill_ < kFrameHeaderBytes) break;
+          current_.header = decode_header(header_, max_payload_);
+          current_.payload.clear();
+          have_header_ = true;
+        }
+        // Grow with the bytes that actually arrive, not with the length the header claims.
+        const std::uint64_t missing = current_.header.length - current_.payload.size();
+        const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
+        current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+        bytes = bytes.subspan(take);
+        if (current_.payload.size() == current_.header.length) {
+          out.push_back(std::move(current_));
+          current_ = Frame{};
+          have_header_ = false;
+          header_fill_ = 0;
+        }
+      }
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+    return out;
+  }
+
+  /// Bytes of an unfinished frame held so far.
+  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  std::uint64_t max_payload_;
+  HeaderBytes header_{};
+  std::size_t header_fill_ = 0;
+  bool have_header_ = false;
+  bool failed_ = false;
+  Frame current_;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// ---- end <distribute/net/frame.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using RpcClock = std::chrono::steady_clock;
+
+/// The peer could not be reached, or the connection broke or timed out: the peer may be dead.
+class ConnectionLost : public PeerFailure {
+ public:
+  using PeerFailure::PeerFailure;
+};
+
+/// The peer answered a call with an error; `kind` names its exception type ("InvalidArgument"...).
+class RemoteError : public Error {
+ public:
+  RemoteError(std::string kind, const std::string& message) : Error(message), kind_(std::move(kind)) {}
+  const std::string& kind() const noexcept { return kind_; }
+
+ private:
+  std::string kind_;
+};
+
+enum class RpcOp : std::uint64_t {
+  Ping = 1,
+  CreateVar = 2,
+  ReadVar = 3,
+  ReadRows = 4,
+  UpdateVar = 5,
+  Commit = 6,
+  RunClosure = 7,
+  MakeDataset = 8,
+  Stop = 9,
+};
+
+struct RpcOptions {
+  /// How long a first connection retries (with back-off) while the server starts.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// The whole handshake; also how long a silent stranger may hold a socket.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
+  /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
+  std::optional<std::string> cluster_token;
+  std::size_t max_frame_bytes = std::size_t{1} << 31;
+  /// Refused connections are reported here; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+/// The exception type's name, for an error reply.
+inline std::string error_kind(const std::exception& e) {
+  if (dynamic_cast<const ClusterConfigError*>(&e)) return "ClusterConfigError";
+  if (dynamic_cast<const InvalidArgument*>(&e)) return "InvalidArgument";
+  if (dynamic_cast<const OutOfRange*>(&e)) return "OutOfRange";
+  if (dynamic_cast<const PeerFailure*>(&e)) return "PeerFailure";
+  if (dynamic_cast<const CollectiveTimeout*>(&e)) return "CollectiveTimeout";
+  if (dynamic_cast<const CheckpointError*>(&e)) return "CheckpointError";
+  if (dynamic_cast<const Unavailable*>(&e)) return "Unavailable";
+  if (dynamic_cast<const Cancelled*>(&e)) return "Cancelled";
+  return "Error";
+}
+
+/// Rethrows an error reply as the library's exception of that kind.
+[[noreturn]] inline void throw_as_kind(const std::string& kind, const std::string& message) {
+  if (kind == "ClusterConfigError") throw ClusterConfigError(message);
+  if (kind == "InvalidArgument") throw InvalidArgument(message);
+  if (kind == "OutOfRange") throw OutOfRange(message);
+  if (kind == "PeerFailure") throw PeerFailure(message);
+  if (kind == "CollectiveTimeout") throw CollectiveTimeout(message);
+  if (kind == "CheckpointError") throw CheckpointError(message);
+  if (kind == "Unavailable") throw Unavailable(message);
+  if (kind == "Cancelled") throw Cancelled(message);
+  throw Error(message);
+}
+
+inline std::vector<std::byte> to_bytes(std::string_view s) {
+  std::vector<std::byte> out(s.size());
+  if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
+  return out;
+}
+inline std::string_view as_chars(std::span<const std::byte> b) {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+/// One socket with an io_context of its own, so that every operation can run under a deadline:
+/// start it, run the context for at most the time left, and close the socket if it is not done.
+class FramedStream {
+ public:
+  FramedStream() : socket_(io_) {}
+  FramedStream(const FramedStream&) = delete;
+  FramedStream& operator=(const FramedStream&) = delete;
+
+  tcp::socket& socket() noexcept { return socket_; }
+
+  /// Runs what `start(ec)` starts until it completes or `timeout` passes (none: no limit).
+  template <class Start>
+  void run(Start&& start, std::optional<RpcClock::duration> timeout, std::string_view what) {
+    boost::system::error_code ec = asio::error::would_block;
+    start(ec);
+    io_.restart();
+    if (timeout) {
+      io_.run_for(*timeout);
+    } else {
+      io_.run();
+    }
+    if (ec == asio::error::would_block) {
+      close();
+      io_.restart();
+      io_.run();
+      throw ConnectionLost(fmt::format("{}: timed out after {} ms", what,
+                                       std::chrono::duration_cast<std::chrono::milliseconds>(*timeout).count()));
+    }
+    if (ec) throw ConnectionLost(fmt::format("{}: {}", what, describe(ec)));
+  }
+
+  void connect(const tcp::resolver::results_type& endpoints, RpcClock::duration timeout, std::string_view what) {
+    run([&](boost::system::error_code& ec) {
+          asio::async_connect(socket_, endpoints, [&ec](const boost::system::error_code& e, const tcp::endpoint&) { ec = e; });
+        },
+        timeout, what);
+    socket_.set_option(tcp::no_delay(true));
+    fd_.store(socket_.native_handle());
+  }
+
+  void adopt_accepted() {
+    socket_.set_option(tcp::no_delay(true));
+    fd_.store(socket_.native_handle());
+  }
+
+  void write_frame(net::FrameType type, std::uint64_t seq, std::uint64_t tag, std::span<const std::byte> payload,
+                   std::optional<RpcClock::duration> timeout, std::string_view what) {
+    net::FrameHeader h{type, payload.size(), seq, tag};
+    const net::HeaderBytes head = net::encode_header(h);
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(payload.data(), payload.size())};
+    run([&](boost::system::error_code& ec) {
+          asio::async_write(socket_, bufs, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+        },
+        timeout, what);
+  }
+
+  void read_exact(std::span<std::byte> dst, std::optional<RpcClock::duration> timeout, std::string_view what) {
+    if (dst.empty()) return;
+    run([&](boost::system::error_code& ec) {
+          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()),
+                           [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+        },
+        timeout, what);
+  }
+
+  /// Reads one frame whose first `have` header bytes were already read into `head`.
+  net::Frame read_frame(std::size_t max_bytes, std::optional<RpcClock::duration> timeout, std::string_view what,
+                        net::HeaderBytes head = {}, std::size_t have = 0) {
+    read_exact(std::span(head).subspan(have), timeout, what);
+    net::Frame f;
+    f.header = net::decode_header(head, max_bytes);  // FrameError on malformed input
+    f.payload.resize(static_cast<std::size_t>(f.header.length));
+    read_exact(f.payload, timeout, what);
+    return f;
+  }
+
+  /// Thread-safe: makes an operation in flight on another thread fail at once.
+  void abort() noexcept {
+    std::lock_guard lock(fd_mutex_);
+    const int fd = fd_.load();
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  }
+
+  void close() noexcept {
+    std::lock_guard lock(fd_mutex_);
+    fd_.store(-1);
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
+
+  static std::string describe(const boost::system::error_code& ec) {
+    if (ec == asio::error::eof) return "connection closed by the peer";
+    return ec.message();
+  }
+
+ private:
+  asio::io_context io_;
+  tcp::socket socket_;
+  std::atomic<int> fd_{-1};
+  std::mutex fd_mutex_;
+};
+
+// The handshake, the same whatever the token (so that a mismatch is reported, not misread):
+//   client -> Hello     nonce_c
+//   server -> Challenge nonce_s, HMAC(token, "ps-server" nonce_c nonce_s)   (MAC empty: no token)
+//   client -> Response  HMAC(token, "ps-client" nonce_s nonce_c)            (MAC empty: no token)
+//   server -> Welcome | Reject(reason)
+inline net::detail::Mac handshake_mac(std::string_view token, std::string_view role, std::span<const std::byte> a,
+                                      std::span<const std::byte> b) {
+  std::vector<std::byte> msg = to_bytes(role);
+  msg.insert(msg.end(), a.begin(), a.end());
+  msg.insert(msg.end(), b.begin(), b.end());
+  return net::detail::hmac_sha256(token, msg);
+}
+
+/// A client of one server: one connection, calls one at a time (thread-safe), reconnecting on the
+/// next call after a failure. Every failure to reach the server is ConnectionLost naming it.
+class RpcClient {
+ public:
+  RpcClient(std::string address, std::string peer_name, RpcOptions options)
+      : address_(std::move(address)), peer_(std::move(peer_name)), options_(std::move(options)),
+        token_(net::detail::effective_cluster_token(options_.cluster_token)) {}
+
+  const std::string& peer_name() const noexcept { return peer_; }
+  const std::string& address() const noexcept { return address_; }
+
+  /// Connects, retrying with back-off for up to `timeout` while the server is not up yet.
+  void connect(std::chrono::milliseconds timeout) {
+    std::lock_guard lock(mutex_);
+    connect_locked(timeout);
+  }
+
+  /// One call: sends the request and waits for the reply (at most `timeout`, when given).
+  /// Returns the reply's payload; an error reply throws RemoteError.
+  std::vector<std::byte> call(RpcOp op, std::span<const std::byte> payload,
+                              std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    std::lock_guard lock(mutex_);
+    if (!stream_) connect_locked(timeout ? std::min(*timeout, options_.connect_timeout) : options_.connect_timeout);
+    const std::uint64_t seq = ++seq_;
+    net::Frame reply;
+    try {
+      const auto what = fmt::format("call to {} ({})", peer_, address_);
+      stream_->write_frame(net::FrameType::Request, seq, static_cast<std::uint64_t>(op), payload, timeout, what);
+      reply = stream_->read_frame(options_.max_frame_bytes, timeout, what);
+    } catch (const net::FrameError& e) {
+      drop_locked();
+      throw ConnectionLost(fmt::format("{} ({}) sent a malformed reply: {}", peer_, address_, e.what()));
+    } catch (...) {
+      drop_locked();
+      throw;
+    }
+    if (reply.header.type != net::FrameType::Reply || reply.header.seq != seq) {
+      drop_locked();
+      throw ConnectionLost(fmt::format("{} ({}) answered out of turn ({} frame #{}, expected reply #{})", peer_,
+                                       address_, net::to_string(reply.header.type), reply.header.seq, seq));
+    }
+    if (reply.header.tag != 0) {
+      const std::string_view text = as_chars(reply.payload);
+      const auto bar = text.find('|');
+      throw RemoteError(std::string(text.substr(0, bar)),
+                        bar == std::string_view::npos ? std::string(text) : std::string(text.substr(bar + 1)));
+    }
+    return std::move(reply.payload);
+  }
+
+  /// Thread-safe: fails a call in flight (the next call reconnects).
+  void abort() noexcept {
+    std::lock_guard lock(abort_mutex_);
+    if (live_) live_->abort();
+  }
+
+  bool connected() {
+    std::lock_guard lock(mutex_);
+    return stream_ != nullptr;
+  }
+
+  void disconnect() {
+    std::lock_guard lock(mutex_);
+    drop_locked();
+  }
+
+ private:
+  void drop_locked() {
+    std::lock_guard lock(abort_mutex_);
+    if (stream_) stream_->close();
+    stream_.reset();
+    live_.reset();
+  }
+
+  void connect_locked(std::chrono::milliseconds timeout) {
+    const auto deadline = RpcClock::now() + timeout;
+    auto backoff = std::chrono::milliseconds(20);
+    std::string last_error;
+    const auto hp = net::detail::parse_host_port(address_);
+    for (;;) {
+      auto stream = std::make_shared<FramedStream>();
+      {
+        std::lock_guard lock(abort_mutex_);
+        live_ = stream;
+      }
+      try {
+        asio::io_context resolver_io;
+        tcp::resolver resolver(resolver_io);
+        const auto endpoints = resolver.resolve(hp.host, hp.port);
+        const auto left = std::max<RpcClock::duration>(deadline - RpcClock::now(), std::chrono::milliseconds(50));
+        stream->connect(endpoints, std::min<RpcClock::duration>(left, options_.handshake_timeout),
+                        fmt::format("connect to {} ({})", peer_, address_));
+        handshake(*stream);
+        stream_ = std::move(stream);
+        seq_ = 0;
+        return;
+      } catch (const RemoteError& e) {  // refused by the server: retrying will not help
+        stream->close();
+        throw ConnectionLost(fmt::format("{} ({}) refused the connection: {}", peer_, address_, e.what()));
+      } catch (const std::exception& e) {
+        stream->close();
+        last_error = e.what();
+      }
+      {
+        std::lock_guard lock(abort_mutex_);
+        live_.reset();
+      }
+      if (RpcClock::now() + backoff >= deadline) break;
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+    }
+    throw ConnectionLost(fmt::format("cannot reach {} at {} within {} ms: {}", peer_, address_, timeout.count(),
+                                     last_error));
+  }
+
+  void handshake(FramedStream& s) {
+    const auto limit = options_.handshake_timeout;
+    const auto what = fmt::format("handshake with {} ({})", peer_, address_);
+    const net::detail::Nonce mine = net::detail::random_nonce();
+    s.write_frame(net::FrameType::Hello, 0, 0, mine, limit, what);
+    net::Frame challenge = s.read_frame(net::kMaxControlPayload, limit, what);
+    if (challenge.header.type == net::FrameType::Reject) throw RemoteError("Error", std::string(as_chars(challenge.payload)));
+    if (challenge.header.type != net::FrameType::Challenge || challenge.payload.size() < net::detail::kNonceBytes) {
+      throw ConnectionLost(fmt::format("{}: expected a challenge, got a {} frame", what, net::to_string(challenge.header.type)));
+    }
+    const std::span<const std::byte> theirs(challenge.payload.data(), net::detail::kNonceBytes);
+    const auto their_mac = std::span<const std::byte>(challenge.payload).subspan(net::detail::kNonceBytes);
+    std::vector<std::byte> response;
+    if (token_) {
+      const auto want = handshake_mac(*token_, "ps-server", mine, theirs);
+      if (their_mac.size() != want.size() ||
+          !net::detail::macs_equal(want, *reinterpret_cast<const net::detail::Mac*>(their_mac.data()))) {
+        throw RemoteError("Error", fmt::format("{} did not prove the cluster token", peer_));
+      }
+      const auto mac = handshake_mac(*token_, "ps-client", theirs, mine);
+      response.assign(mac.begin(), mac.end());
+    }
+    s.write_frame(net::FrameType::Response, 0, 0, response, limit, what);
+    net::Frame verdict = s.read_frame(net::kMaxControlPayload, limit, what);
+    if (verdict.header.type == net::FrameType::Reject) throw RemoteError("Error", std::string(as_chars(verdict.payload)));
+    if (verdict.header.type != net::FrameType::Welcome) {
+      throw ConnectionLost(fmt::format("{}: expected welcome, got a {} frame", what, net::to_string(verdict.header.type)));
+    }
+  }
+
+  std::string address_;
+  std::string peer_;
+  RpcOptions options_;
+  std::optional<std::string> token_;
+  std::mutex mutex_;                      // one call at a time
+  std::shared_ptr<FramedStream> stream_;  // connected and welcomed
+  std::mutex abort_mutex_;
+  std::shared_ptr<FramedStream> live_;  // what abort() interrupts (connecting or connected)
+  std::uint64_t seq_ = 0;
+};
+
+/// The server side: accepts connections on `address`, one thread per connection (peers are the
+/// coordinator and the workers: few), answers each request with `handler(op, payload)`; an
+/// exception from the handler becomes an error reply. HTTP GETs get `http(target)`.
+class RpcServer {
+ public:
+  using Handler = std::function<std::vector<std::byte>(RpcOp, std::span<const std::byte>)>;
+  /// Returns {status, content type, body} for an HTTP GET of `target`.
+  struct HttpReply {
+    unsigned status = 404;
+    std::string content_type = "text/plain; charset=utf-8";
+    std::string body = "not found\n";
+  };
+  using HttpHandler = std::function<HttpReply(std::string_view target)>;
+
+  RpcServer(std::string address, std::string name, RpcOptions options, Handler handler, HttpHandler http)
+      : name_(std::move(name)), options_(std::move(options)), token_(net::detail::effective_cluster_token(options_.cluster_token)),
+        handler_(std::move(handler)), http_(std::move(http)), acceptor_(io_) {
+    const auto hp = net::detail::parse_host_port(address);
+    tcp::resolver resolver(io_);
+    boost::system::error_code ec;
+    auto endpoints = resolver.resolve(hp.host, hp.port, ec);
+    if (ec || endpoints.empty()) {
+      throw Unavailable(fmt::format("{}: cannot resolve the address '{}': {}", name_, address, ec.message()));
+    }
+    const tcp::endpoint ep = endpoints.begin()->endpoint();
+    acceptor_.open(ep.protocol());
+    acceptor_.set_option(asio::socket_base::reuse_address(true));
+    acceptor_.bind(ep, ec);
+    if (ec) {
+      throw Unavailable(fmt::format("{}: cannot listen on {}: {}", name_, address, ec.message()));
+    }
+    acceptor_.listen();
+    port_ = acceptor_.local_endpoint().port();
+    accept_thread_ = std::thread([this] { accept_loop(); });
+  }
+
+  RpcServer(const RpcServer&) = delete;
+  RpcServer& operator=(const RpcServer&) = delete;
+  ~RpcServer() { stop(); }
+
+  std::uint16_t port() const noexcept { return port_; }
+
+  /// Stops accepting, fails every open connection and waits for their threads. Idempotent.
+  void stop() {
+    if (stopped_.exchange(true)) return;
+    ::shutdown(acceptor_.native_handle(), SHUT_RDWR);  // wakes the blocked accept
+    if (accept_thread_.joinable()) accept_thread_.join();
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    std::list<Connection> conns;
+    {
+      std::lock_guard lock(mutex_);
+      conns.splice(conns.end(), connections_);
+    }
+    for (auto& c : conns) c.stream->abort();
+    for (auto& c : conns) {
+      if (c.thread.joinable()) c.thread.join();
+    }
+  }
+
+ private:
+  struct Connection {
+    std::shared_ptr<FramedStream> stream;
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished = std::make_shared<std::atomic<bool>>(false);
+  };
+
+  void log(const std::string& line) const {
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      std::fputs((line + "\n").c_str(), stderr);
+    }
+  }
+
+  void accept_loop() {
+    while (!stopped_) {
+      auto stream = std::make_shared<FramedStream>();
+      boost::system::error_code ec;
+      acceptor_.accept(stream->socket(), ec);
+      if (ec || stopped_) return;
+      stream->adopt_accepted();
+      std::lock_guard lock(mutex_);
+      for (auto it = connections_.begin(); it != connections_.end();) {  // reap finished ones
+        if (it->finished->load()) {
+          it->thread.join();
+          it = connections_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      Connection c;
+      c.stream = stream;
+      auto finished = c.finished;
+      c.thread = std::thread([this, stream, finished] {
+        serve(*stream);
+        stream->close();
+        finished->store(true);
+      });
+      connections_.push_back(std::move(c));
+    }
+  }
+
+  std::string peer_of(FramedStream& s) {
+    boost::system::error_code ec;
+    auto ep = s.socket().remote_endpoint(ec);
+    return ec ? std::string("?") : fmt::format("{}:{}", ep.address().to_string(), ep.port());
+  }
+
+  void serve(FramedStream& s) {
+    const std::string who = peer_of(s);
+    net::HeaderBytes head{};
+    try {
+      s.read_exact(std::span(head).first(4), options_.handshake_timeout, "first bytes");
+    } catch (const std::exception&) {
+      return;
+    }
+    if (std::memcmp(head.data(), "GET ", 4) == 0) return serve_http(s, head);
+    try {
+      net::Frame hello = s.read_frame(net::kMaxControlPayload, options_.handshake_timeout, "hello", head, 4);
+      if (!accept_peer(s, hello, who)) return;
+      for (;;) {
+        net::Frame req = s.read_frame(options_.max_frame_bytes, std::nullopt, "request");
+        if (req.header.type != net::FrameType::Request) {
+          log(fmt::format("{}: closing the connection from {}: unexpected {} frame", name_, who,
+                          net::to_string(req.header.type)));
+          return;
+        }
+        std::vector<std::byte> out;
+        std::uint64_t status = 0;
+        const auto op = static_cast<RpcOp>(req.header.tag);
+        try {
+          out = handler_(op, req.payload);
+        } catch (const std::exception& e) {
+          status = 1;
+          out = to_bytes(error_kind(e) + "|" + e.what());
+        }
+        s.write_frame(net::FrameType::Reply, req.header.seq, status, out, std::nullopt, "reply");
+        if (op == RpcOp::Stop && status == 0) return;
+      }
+    } catch (const net::FrameError& e) {
+      log(fmt::format("{}: closing the connection from {}: malformed frame: {}", name_, who, e.what()));
+    } catch (const std::exception&) {
+      // The peer went away (EOF, reset) or we are stopping: nothing to report.
+    }
+  }
+
+  bool accept_peer(FramedStream& s, const net::Frame& hello, const std::string& who) {
+    const auto limit = options_.handshake_timeout;
+    auto reject = [&](const std::string& reason) {
+      log(fmt::format("{}: refused a connection from {}: {}", name_, who, reason));
+      try {
+        s.write_frame(net::FrameType::Reject, 0, 0, to_bytes(reason), limit, "reject");
+      } catch (const std::exception&) {
+      }
+      return false;
+    };
+    if (hello.header.type != net::FrameType::Hello || hello.payload.size() != net::detail::kNonceBytes) {
+      return reject(fmt::format("expected a hello frame, got {}", net::to_string(hello.header.type)));
+    }
+    const net::detail::Nonce mine = net::detail::random_nonce();
+    std::vector<std::byte> challenge(mine.begin(), mine.end());
+    if (token_) {
+      const auto mac = handshake_mac(*token_, "ps-server", hello.payload, mine);
+      challenge.insert(challenge.end(), mac.begin(), mac.end());
+    }
+    s.write_frame(net::FrameType::Challenge, 0, 0, challenge, limit, "challenge");
+    net::Frame response = s.read_frame(net::kMaxControlPayload, limit, "response");
+    if (response.header.type != net::FrameType::Response) {
+      return reject(fmt::format("expected a response frame, got {}", net::to_string(response.header.type)));
+    }
+    if (token_) {
+      const auto want = handshake_mac(*token_, "ps-client", mine, hello.payload);
+      if (response.payload.size() != want.size()) return reject("the peer did not present the cluster token");
+      if (!net::detail::macs_equal(want, *reinterpret_cast<const net::detail::Mac*>(response.payload.data()))) {
+        return reject("the peer's proof of the cluster token is wrong");
+      }
+    }
+    s.write_frame(net::FrameType::Welcome, 0, 0, {}, limit, "welcome");
+    return true;
+  }
+
+  void serve_http(FramedStream& s, const net::HeaderBytes& head) {
+    namespace http = boost::beast::http;
+    try {
+      boost::beast::flat_buffer buffer;
+      auto space = buffer.prepare(4);
+      std::memcpy(space.data(), head.data(), 4);
+      buffer.commit(4);
+      http::request<http::string_body> req;
+      s.run([&](boost::system::error_code& ec) {
+             http::async_read(s.socket(), buffer, req, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+           },
+           options_.handshake_timeout, "http request");
+      HttpReply r = http_ ? http_(std::string_view(req.target().data(), req.target().size())) : HttpReply{};
+      http::response<http::string_body> res{static_cast<http::status>(r.status), req.version()};
+      res.set(http::field::content_type, r.content_type);
+      res.set(http::field::server, "distribute");
+      res.keep_alive(false);
+      res.body() = std::move(r.body);
+      res.prepare_payload();
+      s.run([&](boost::system::error_code& ec) {
+             http::async_write(s.socket(), res, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+           },
+           options_.handshake_timeout, "http reply");
+    } catch (const std::exception&) {
+    }
+  }
+
+  std::string name_;
+  RpcOptions options_;
+  std::optional<std::string> token_;
+  Handler handler_;
+  HttpHandler http_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stopped_{false};
+  std::thread accept_thread_;
+  std::mutex mutex_;
+  std::list<Connection> connections_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+// ---- end <distribute/ps/detail/rpc.hpp> ----
+// ---- begin <distribute/ps/remote_function.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_REMOTE_FUNCTION_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_REMOTE_FUNCTION_HPP
+// Remote functions: what a ClusterCoordinator schedules on workers. Every process of the cluster
+// runs the same binary and registers the same functions by name at start-up; the coordinator sends
+// the name, a signature and the serialised arguments, and the worker calls its own copy.
+//
+//   float train_step(ds::Variable<float> w, ds::PerWorkerIterator<Batch> it) { ... }
+//   DISTRIBUTE_REMOTE_FUNCTION(train_step);          // at namespace scope, in every process
+//
+// Arguments and results are serialised with cereal (scalars, strings, std::vector, std::array,
+// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes; a ds::Variable or
+// ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
+// copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
+
+#include <cxxabi.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/array.hpp>
+#include <cereal/types/optional.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/tuple.hpp>
+#include <cereal/types/utility.hpp>
+#include <cereal/types/vector.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+template <class T>
+class PerWorkerIterator;
+
+namespace detail {
+
+using WireOut = cereal::BinaryOutputArchive;
+using WireIn = cereal::BinaryInputArchive;
+
+/// A readable C++ type name, for error messages.
+inline std::string type_name(const std::type_info& t) {
+  int status = 0;
+  char* p = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+  std::string out = (status == 0 && p) ? std::string(p) : std::string(t.name());
+  std::free(p);
+  return out;
+}
+
+/// One element of a per-worker dataset, pulled by the closures that run on this worker.
+template <class T>
+class WorkerIteratorState {
+ public:
+  explicit WorkerIteratorState(data::Dataset<T> dataset) : dataset_(std::move(dataset)) {}
+  std::optional<T> next() {
+    std::lock_guard lock(mutex_);
+    if (!it_) it_.emplace(dataset_.begin());
+    if (*it_ == dataset_.end()) return std::nullopt;
+    T v = std::move(**it_);
+    ++*it_;
+    return v;
+  }
+
+ private:
+  data::Dataset<T> dataset_;
+  std::optional<typename data::Dataset<T>::iterator> it_;
+  std::mutex mutex_;
+};
+
+/// What a worker turns handles back into: its ps client and its per-worker datasets. Set on the
+/// thread that runs a closure.
+struct WorkerEnvironment {
+  std::shared_ptr<RemoteVariableStore> store;
+  std::function<std::shared_ptr<void>(std::uint64_t dataset_id)> dataset_iterator;
+  std::string worker_name;
+};
+
+inline WorkerEnvironment*& current_worker_environment() {
+  thread_local WorkerEnvironment* env = nullptr;
+  return env;
+}
+
+template <class T>
+struct is_dataset : std::false_type {};
+template <class T>
+struct is_dataset<data::Dataset<T>> : std::true_type {};
+
+/// How a value crosses the wire; cereal unless specialised below.
+template <class T>
+struct wire {
+  static void save(WireOut& a, const T& v) { a(v); }
+  static T load(WireIn& a) {
+    T v{};
+    a(v);
+    return v;
+  }
+};
+
+template <class E>
+struct wire<Tensor<E>> {
+  static void save(WireOut& a, const Tensor<E>& t) {
+    a(t.shape());
+    a(std::vector<E>(t.data(), t.data() + t.size()));
+  }
+  static Tensor<E> load(WireIn& a) {
+    Shape shape;
+    std::vector<E> data;
+    a(shape, data);
+    return Tensor<E>(std::move(shape), std::move(data));
+  }
+};
+
+template <class T>
+struct wire<Variable<T>> {
+  static void save(WireOut& a, const Variable<T>& v) {
+    const RemoteHandle* h = v.remote_handle();
+    if (!h) {
+      throw InvalidArgument(fmt::format("variable '{}' is not on a ps task: only variables created inside "
+                                        "ParameterServerStrategy::scope() can be passed to a scheduled function",
+                                        v.name()));
+    }
+    a(v.name(), v.shape(), h->task, h->key);
+  }
+  static Variable<T> load(WireIn& a) {
+    std::string name, key;
+    Shape shape;
+    int task = 0;
+    a(name, shape, task, key);
+    WorkerEnvironment* env = current_worker_environment();
+    if (!env || !env->store) {
+      throw InvalidArgument(fmt::format("variable '{}' arrived outside a worker: ps variable handles are read by the "
+                                        "worker that runs a scheduled function",
+                                        name));
+    }
+    return Variable<T>::attach_remote(std::move(name), tensor_traits<T>::make(shape), RemoteHandle{env->store, task, key});
+  }
+};
+
+template <class T>
+struct wire<ShardedVariable<T>> {
+  static void save(WireOut& a, const ShardedVariable<T>& v) {
+    a(v.name(), static_cast<std::uint64_t>(v.num_shards()));
+    for (const auto& shard : v.variables()) wire<Variable<T>>::save(a, shard);
+  }
+  static ShardedVariable<T> load(WireIn& a) {
+    std::string name;
+    std::uint64_t n = 0;
+    a(name, n);
+    if (n == 0 || n > (1u << 20)) throw InvalidArgument(fmt::format("sharded variable '{}' arrived with {} shards", name, n));
+    std::vector<Variable<T>> shards;
+    for (std::uint64_t i = 0; i < n; ++i) shards.push_back(wire<Variable<T>>::load(a));
+    return ShardedVariable<T>(std::move(shards), std::move(name));
+  }
+};
+
+template <class T>
+struct wire<PerWorkerIterator<T>> {
+  static void save(WireOut& a, const PerWorkerIterator<T>& it) { a(it.dataset_id()); }
+  static PerWorkerIterator<T> load(WireIn& a) {
+    std::uint64_t id = 0;
+    a(id);
+    WorkerEnvironment* env = current_worker_environment();
+    if (!env || !env->dataset_iterator) {
+      throw InvalidArgument("a per-worker iterator arrived outside a worker: it is read by the worker that runs a "
+                            "scheduled function");
+    }
+    auto state = std::static_pointer_cast<WorkerIteratorState<T>>(env->dataset_iterator(id));
+    return PerWorkerIterator<T>(id, std::move(state));
+  }
+};
+
+template <class... Ts>
+std::string save_values(const Ts&... values) {
+  std::ostringstream out(std::ios::binary);
+  {
+    WireOut a(out);
+    (wire<Ts>::save(a, values), ...);
+  }
+  return std::move(out).str();
+}
+
+/// Loads a tuple in order (braced initialisation evaluates left to right).
+template <class... Ts>
+std::tuple<Ts...> load_values(std::string_view bytes, const char* what) {
+  std::istringstream in(std::string(bytes), std::ios::binary);
+  try {
+    WireIn a(in);
+    return std::tuple<Ts...>{wire<Ts>::load(a)...};
+  } catch (const cereal::Exception& e) {
+    throw InvalidArgument(fmt::format("malformed {}: {}", what, e.what()));
+  } catch (const std::bad_alloc&) {
+    throw InvalidArgument(fmt::format("malformed {}: a size beyond memory", what));
+  }
+}
+
+/// "(float, int)" from the type of std::tuple<float, int>.
+inline std::string parameter_list(const std::type_info& tuple_type) {
+  const std::string t = type_name(tuple_type);
+  const auto open = t.find('<');
+  const auto close = t.rfind('>');
+  if (open == std::string::npos || close == std::string::npos || close < open) return "(" + t + ")";
+  return "(" + t.substr(open + 1, close - open - 1) + ")";
+}
+
+struct RemoteFunctionEntry {
+  std::string name;
+  const void* address = nullptr;
+  const std::type_info* params = nullptr;  // std::tuple<decayed parameter types...>
+  const std::type_info* result = nullptr;
+  std::string signature;                   // the same in every process of one binary
+  std::function<std::string(std::string_view args)> invoke;
+  std::function<std::shared_ptr<void>(const InputContext&)> make_iterator;  // dataset functions
+  std::string describe() const { return fmt::format("{} {}{}", type_name(*result), name, parameter_list(*params)); }
+};
+
+class RemoteFunctionRegistry {
+ public:
+  static RemoteFunctionRegistry& instance() {
+    static RemoteFunctionRegistry r;
+    return r;
+  }
+
+  void add(RemoteFunctionEntry e) {
+    std::lock_guard lock(mutex_);
+    if (e.name.empty()) throw InvalidArgument("register_remote_function: the name is empty");
+    if (auto it = by_name_.find(e.name); it != by_name_.end()) {
+      if (it->second.address == e.address) return;  // the same function twice: harmless
+      throw InvalidArgument(fmt::format("register_remote_function: the name '{}' is already registered for another "
+                                        "function ({})",
+                                        e.name, it->second.describe()));
+    }
+    by_address_[e.address] = e.name;
+    by_name_.emplace(e.name, std::move(e));
+  }
+
+  const RemoteFunctionEntry* find(std::string_view name) const {
+    std::lock_guard lock(mutex_);
+    auto it = by_name_.find(std::string(name));
+    return it == by_name_.end() ? nullptr : &it->second;
+  }
+
+  const RemoteFunctionEntry* find(const void* address) const {
+    std::lock_guard lock(mutex_);
+    auto it = by_address_.find(address);
+    return it == by_address_.end() ? nullptr : &by_name_.at(it->second);
+  }
+
+  std::vector<std::string> names() const {
+    std::lock_guard lock(mutex_);
+    std::vector<std::string> out;
+    for (const auto& [name, e] : by_name_) out.push_back(name);
+    return out;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, RemoteFunctionEntry> by_name_;  // node-based: entries never move
+  std::map<const void*, std::string> by_address_;
+};
+
+template <class R, class... P>
+RemoteFunctionEntry make_remote_entry(std::string name, R (*fn)(P...)) {
+  RemoteFunctionEntry e;
+  e.name = std::move(name);
+  e.address = reinterpret_cast<const void*>(fn);
+  e.params = &typeid(std::tuple<std::decay_t<P>...>);
+  e.result = &typeid(R);
+  e.signature = typeid(R(P...)).name();
+  if constexpr (!is_dataset<R>::value) {
+    e.invoke = [fn](std::string_view bytes) -> std::string {
+      auto args = load_values<std::decay_t<P>...>(bytes, "arguments");
+      if constexpr (std::is_void_v<R>) {
+        std::apply(fn, args);
+        return {};
+      } else {
+        return save_values<R>(std::apply(fn, args));
+      }
+    };
+  } else {
+    e.invoke = [](std::string_view) -> std::string {
+      throw InvalidArgument("a dataset function is not scheduled: pass it to create_per_worker_dataset");
+    };
+    using T = typename R::element_type;
+    e.make_iterator = [fn](const InputContext& ctx) -> std::shared_ptr<void> {
+      if constexpr (sizeof...(P) == 0) {
+        return std::make_shared<WorkerIteratorState<T>>(fn());
+      } else if constexpr (sizeof...(P) == 1 && (std::is_same_v<std::decay_t<P>, InputContext> && ...)) {
+        return std::make_shared<WorkerIteratorState<T>>(fn(ctx));
+      } else {
+        throw InvalidArgument("a per-worker dataset function takes no argument or one ds::InputContext");
+      }
+    };
+  }
+  return e;
+}
+
+}  // namespace detail
+
+/// Registers `fn` under `name` in this process. Every process of the cluster must register the
+/// same functions (the same binary does it at start-up). Registering a name twice for different
+/// functions is InvalidArgument. Capture-less lambdas work through `+[](...) {...}`.
+template <class R, class... P>
+void register_remote_function(std::string name, R (*fn)(P...)) {
+  detail::RemoteFunctionRegistry::instance().add(detail::make_remote_entry(std::move(name), fn));
+}
+
+/// A worker's own iterator over its per-worker dataset, passed to scheduled functions
+/// (TF's per-worker iterator). On the coordinator it is only a handle.
+template <class T>
+class PerWorkerIterator {
+ public:
+  PerWorkerIterator() = default;
+  PerWorkerIterator(std::uint64_t dataset_id, std::shared_ptr<detail::WorkerIteratorState<T>> state)
+      : id_(dataset_id), state_(std::move(state)) {}
+
+  /// The next element of this worker's dataset, or nullopt at its end. Only on a worker.
+  std::optional<T> next() {
+    if (!state_) {
+      throw InvalidArgument("PerWorkerIterator::next: the iterator is read inside a scheduled function on a worker");
+    }
+    return state_->next();
+  }
+  /// The next element; OutOfRange at the end of the dataset (TF's get_next()).
+  T get_next() {
+    auto v = next();
+    if (!v) throw OutOfRange(fmt::format("per-worker dataset #{}: end of the dataset", id_));
+    return std::move(*v);
+  }
+  std::uint64_t dataset_id() const noexcept { return id_; }
+
+ private:
+  std::uint64_t id_ = 0;
+  std::shared_ptr<detail::WorkerIteratorState<T>> state_;
+};
+
+/// A dataset that every worker builds for itself (ClusterCoordinator::create_per_worker_dataset).
+template <class T>
+class PerWorkerDataset {
+ public:
+  explicit PerWorkerDataset(std::uint64_t id) : id_(id) {}
+  /// The handle to pass to scheduled functions (TF: iter(per_worker_dataset)).
+  PerWorkerIterator<T> iterator() const { return PerWorkerIterator<T>(id_, nullptr); }
+  std::uint64_t id() const noexcept { return id_; }
+
+ private:
+  std::uint64_t id_;
+};
+
+/// TF's `iter(per_worker_dataset)`.
+template <class T>
+PerWorkerIterator<T> iter(const PerWorkerDataset<T>& d) {
+  return d.iterator();
+}
+
+DISTRIBUTE_END_NAMESPACE
+
+#define DISTRIBUTE_REMOTE_CONCAT_(a, b) a##b
+#define DISTRIBUTE_REMOTE_CONCAT(a, b) DISTRIBUTE_REMOTE_CONCAT_(a, b)
+/// Registers a function under its own name at start-up: DISTRIBUTE_REMOTE_FUNCTION(train_step);
+#define DISTRIBUTE_REMOTE_FUNCTION(fn)                                                               \
+  [[maybe_unused]] static const bool DISTRIBUTE_REMOTE_CONCAT(distribute_remote_registered_, __LINE__) = \
+      (::distribute::register_remote_function(#fn, &fn), true)
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_REMOTE_FUNCTION_HPP
+// ---- end <distribute/ps/remote_function.hpp> ----
+// ---- begin <distribute/strategy/parameter_server.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_PARAMETER_SERVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_PARAMETER_SERVER_HPP
+// ParameterServerStrategy: validates a parameter-server cluster, connects to its ps tasks, and
+// places the variables created in its scope on them, round-robin, optionally partitioned into
+// ShardedVariables by a partitioner. Functions run on workers through a ClusterCoordinator
+// (ps/cluster_coordinator.hpp).
+
+#include <cstdint>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format(
+            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
+            cluster_name));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/tf_config.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+// TFConfigClusterResolver: the cluster from the TF_CONFIG environment variable, fully validated.
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format(
+            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
+            cluster_name));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Explicit values that take precedence over TF_CONFIG's, as TF's constructor arguments do.
+/// Set the fields you need (`ds::TFConfigOptions o; o.task_id = 1;`); designated initializers
+/// that leave fields out trip GCC 12's -Wmissing-field-initializers.
+struct TFConfigOptions {
+  std::optional<std::string> task_type;
+  std::optional<int> task_id;
+  std::optional<std::string> rpc_layer;
+  std::optional<std::string> environment;
+  /// Reported by num_accelerators(); TF_CONFIG itself says nothing about devices.
+  AcceleratorCounts num_accelerators;
+};
+
+namespace detail {
+
+inline constexpr std::array<std::string_view, 4> kTFConfigTaskTypes = {"chief", "worker", "ps", "evaluator"};
+
+inline bool is_tf_config_task_type(std::string_view type) {
+  return std::find(kTFConfigTaskTypes.begin(), kTFConfigTaskTypes.end(), type) != kTFConfigTaskTypes.end();
+}
+
+inline bool tf_config_is_blank(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
+}
+
+/// A member that TF reads with dict.get(): absent and null both mean "not given".
+inline const boost::json::value* tf_config_member(const boost::json::object& obj, std::string_view key) {
+  const auto* v = obj.if_contains(key);
+  return v == nullptr || v->is_null() ? nullptr : v;
+}
+
+inline std::string tf_config_string(const boost::json::object& obj, std::string_view key, std::string_view field) {
+  const auto* v = tf_config_member(obj, key);
+  if (v == nullptr) return {};
+  if (!v->is_string()) {
+    throw ClusterConfigError(fmt::format("TF_CONFIG: {} must be a string, got {}", field, cluster_json_describe(*v)));
+  }
+  return std::string(v->get_string());
+}
+
+}  // namespace detail
+
+/// Reads the cluster from TF_CONFIG, TF's schema:
+///
+///     {"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"],
+///                  "ps": {"0": "host3:2222"}},
+///      "task": {"type": "worker", "index": 1},
+///      "rpc_layer": "grpc", "environment": "cloud"}
+///
+/// Jobs are lists (dense) or objects of "index" → address (sparse). Everything is checked at
+/// construction and ClusterConfigError names the field that is wrong: JSON syntax (with
+/// Boost.JSON's message), the types of `cluster`, `task`, `task.type`, `task.index`,
+/// `rpc_layer`, `environment`; job names (chief, worker, ps, evaluator); at most one chief and
+/// one evaluator; every address host:port and used once; the task's job present (an evaluator
+/// may be absent, as in TF) and its index in range. Unknown top-level keys are ignored, as TF
+/// does; `task.index` may also be a string of digits, which TF's int() accepts.
+///
+/// TF_CONFIG unset or blank (or `{}`) means local mode: an empty spec, task worker 0.
+class TFConfigClusterResolver : public ClusterResolver {
+ public:
+  /// Reads the TF_CONFIG environment variable.
+  TFConfigClusterResolver() : TFConfigClusterResolver(TFConfigOptions{}) {}
+  explicit TFConfigClusterResolver(const TFConfigOptions& options) { init(detail::EnvReader{}.get("TF_CONFIG"), options); }
+  /// Reads TF_CONFIG from `env` instead of the process environment.
+  explicit TFConfigClusterResolver(const EnvVars& env, const TFConfigOptions& options = {}) {
+    init(detail::EnvReader{&env}.get("TF_CONFIG"), options);
+  }
+  /// Parses `tf_config` as the value of TF_CONFIG (blank text: as if it were unset).
+  explicit TFConfigClusterResolver(std::string_view tf_config, const TFConfigOptions& options = {}) {
+    init(std::string(tf_config), options);
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+  /// False in local mode because TF_CONFIG was unset or blank.
+  bool has_tf_config() const { return has_tf_config_; }
+
+ private:
+  void init(const std::optional<std::string>& text, const TFConfigOptions& options) {
+    accelerators_ = options.num_accelerators;
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("TFConfigClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+    has_tf_config_ = text && !detail::tf_config_is_blank(*text);
+    std::optional<std::string> type;
+    std::optional<std::int64_t> index;
+    if (has_tf_config_) parse(*text, type, index);
+
+    // Explicit options win over TF_CONFIG; the labels say where a bad value came from.
+    std::string type_label = "TF_CONFIG: task.type";
+    std::string id_label = "TF_CONFIG: task.index";
+    if (options.task_type) {
+      type = options.task_type;
+      type_label = "TFConfigClusterResolver: task_type";
+    }
+    if (options.task_id) {
+      index = *options.task_id;
+      id_label = "TFConfigClusterResolver: task_id";
+    }
+    if (options.rpc_layer) rpc_layer_ = *options.rpc_layer;
+    if (options.environment) environment_ = *options.environment;
+
+    if (spec_.empty()) {
+      // Local mode: one process. A task, if one is named, must be that process.
+      task_type_ = type.value_or("worker");
+      std::int64_t id = index.value_or(0);
+      if (!detail::is_tf_config_task_type(task_type_)) {
+        throw ClusterConfigError(fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator",
+                                             type_label, task_type_));
+      }
+      if (task_type_ == "ps") {
+        throw ClusterConfigError(fmt::format("{} 'ps' has no job in cluster: cluster is empty (local mode: one worker)", type_label));
+      }
+      if (id != 0) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range: cluster is empty, so the only task is {} 0", id_label, id,
+                                             task_type_));
+      }
+      task_id_ = 0;
+      return;
+    }
+    if (!type && !has_task_) {
+      throw ClusterConfigError("TF_CONFIG: task is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!type) {
+      throw ClusterConfigError("TF_CONFIG: task.type is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!index) {
+      throw ClusterConfigError("TF_CONFIG: task.index is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!detail::is_tf_config_task_type(*type)) {
+      throw ClusterConfigError(
+          fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator", type_label, *type));
+    }
+    detail::check_task_in_cluster(spec_, *type, *index, type_label, id_label, "cluster");
+    task_type_ = *type;
+    task_id_ = static_cast<int>(*index);
+  }
+
+  void parse(const std::string& text, std::optional<std::string>& type, std::optional<std::int64_t>& index) {
+    auto doc = detail::cluster_parse_json(text, "TF_CONFIG");
+    const auto* top = doc.if_object();
+    if (top == nullptr) {
+      throw ClusterConfigError(fmt::format("TF_CONFIG: the top level must be an object with cluster and task, got {}",
+                                           detail::cluster_json_describe(doc)));
+    }
+    if (const auto* cluster = detail::tf_config_member(*top, "cluster")) {
+      auto jobs = detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
+      for (const auto& entry : jobs) {
+        if (!detail::is_tf_config_task_type(entry.first)) {
+          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster has job '{}'; jobs must be chief, worker, ps or evaluator",
+                                               entry.first));
+        }
+      }
+      detail::validate_cluster_jobs(jobs, "TF_CONFIG", "cluster");
+      for (std::string_view single : {"chief", "evaluator"}) {
+        auto it = jobs.find(std::string(single));
+        if (it != jobs.end() && it->second.size() > 1) {
+          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster.{} has {} tasks; there can be at most one {}", single,
+                                               it->second.size(), single));
+        }
+      }
+      spec_ = ClusterSpec::from_sparse(std::move(jobs));
+    }
+    if (const auto* task_value = detail::tf_config_member(*top, "task")) {
+      has_task_ = true;
+      const auto* task = task_value->if_object();
+      if (task == nullptr) {
+        throw ClusterConfigError(fmt::format("TF_CONFIG: task must be an object with type and index, got {}",
+                                             detail::cluster_json_describe(*task_value)));
+      }
+      if (const auto* t = detail::tf_config_member(*task, "type")) {
+        if (!t->is_string()) {
+          throw ClusterConfigError(
+              fmt::format("TF_CONFIG: task.type must be a string, got {}", detail::cluster_json_describe(*t)));
+        }
+        type = std::string(t->get_string());
+      }
+      if (const auto* i = detail::tf_config_member(*task, "index")) index = parse_index(*i);
+    }
+    rpc_layer_ = detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
+    environment_ = detail::tf_config_string(*top, "environment", "environment");
+  }
+
+  static std::int64_t parse_index(const boost::json::value& v) {
+    if (auto i = detail::cluster_json_integer(v)) return *i;
+    if (v.is_string()) {
+      std::string_view s = v.get_string();
+      if (auto i = detail::parse_env_integer(s)) return *i;
+    }
+    throw ClusterConfigError(fmt::format("TF_CONFIG: task.index must be an integer, got {}", detail::cluster_json_describe(v)));
+  }
+
+  ClusterSpec spec_;
+  std::string task_type_ = "worker";
+  int task_id_ = 0;
+  std::string rpc_layer_;
+  std::string environment_;
+  AcceleratorCounts accelerators_;
+  bool has_tf_config_ = false;
+  bool has_task_ = false;  // TF_CONFIG has a "task" member
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+// ---- end <distribute/cluster/tf_config.hpp> ----
+// ---- begin <distribute/ps/detail/ps_client.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_PS_CLIENT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_PS_CLIENT_HPP
+// The client side of the ps tasks' variable service: what a Variable placed on a ps task calls
+// (RemoteVariableStore). The coordinator's updates go straight to the ps; a worker running a closure
+// records the closure's updates in a transaction instead, reads through it (a closure sees its own
+// writes), and commits it at the end, so that the ps applies each closure's updates exactly once
+// even when the closure is retried on another worker.
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/ps/detail/messages.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// The parameter-server service's messages, serialised with cereal's binary archives (every process
+// of a cluster runs the same binary, so layout and endianness agree). Tensor values travel as raw
+// bytes in a std::string, which cereal writes as one block.
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+struct PingReply {
+  std::string job;
+  int task = 0;
+  std::uint64_t incarnation = 0;  // differs after a restart
+  template <class A>
+  void serialize(A& a) { a(job, task, incarnation); }
+};
+
+struct CreateVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> shape;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, shape, bytes); }
+};
+
+struct ReadVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::uint64_t nbytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, nbytes); }
+};
+
+struct ReadRowsMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> rows;
+  std::uint64_t row_bytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, rows, row_bytes); }
+};
+
+struct UpdateVarMsg {
+  std::string key;
+  std::uint8_t kind = 0;  // RemoteUpdate
+  std::uint8_t dtype = 0;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, kind, dtype, bytes); }
+};
+
+/// A closure's updates to one ps task, applied together and at most once per (session, closure).
+struct CommitMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::vector<UpdateVarMsg> updates;
+  template <class A>
+  void serialize(A& a) { a(session, closure, updates); }
+};
+
+struct RunClosureMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::uint32_t attempt = 0;
+  std::string function;
+  std::string signature;
+  std::string args;
+  template <class A>
+  void serialize(A& a) { a(session, closure, attempt, function, signature, args); }
+};
+
+struct MakeDatasetMsg {
+  std::uint64_t dataset = 0;
+  std::string function;
+  std::string signature;
+  int num_workers = 1;
+  int worker_index = 0;
+  template <class A>
+  void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
+};
+
+template <class M>
+std::vector<std::byte> encode_message(const M& m) {
+  std::ostringstream out(std::ios::binary);
+  {
+    cereal::BinaryOutputArchive ar(out);
+    ar(m);
+  }
+  const std::string s = std::move(out).str();
+  std::vector<std::byte> bytes(s.size());
+  if (!s.empty()) std::memcpy(bytes.data(), s.data(), s.size());
+  return bytes;
+}
+
+/// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
+template <class M>
+M decode_message(std::span<const std::byte> bytes, const char* what) {
+  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), std::ios::binary);
+  M m;
+  try {
+    cereal::BinaryInputArchive ar(in);
+    ar(m);
+  } catch (const std::exception& e) {  // cereal::Exception, or a bad_alloc from a bogus size
+    throw InvalidArgument(fmt::format("malformed {} message ({} bytes): {}", what, bytes.size(), e.what()));
+  }
+  return m;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// ---- end <distribute/ps/detail/messages.hpp> ----
+// ---- begin <distribute/ps/detail/rpc.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+// The parameter-server service's wire layer: request/reply calls over TCP (Boost.Asio), framed with
+// net/frame.hpp's versioned header (Request/Reply frames), authenticated with the cluster token by
+// HMAC-SHA256 challenge-response both ways before any call, and every client-side wait bounded by a
+// deadline. The same port answers plain HTTP GETs (/healthz, /metrics) through Boost.Beast, sniffed
+// from the first bytes, so a server needs one address only.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <sys/socket.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// "host:port" strings as they appear in cluster specs ("127.0.0.1:2222", "worker0:2222",
+// "[::1]:2222").
+
+#include <cctype>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+struct HostPort {
+  std::string host;
+  std::string port;  // decimal, 1..65535
+};
+
+inline HostPort parse_host_port(std::string_view address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    throw InvalidArgument(fmt::format("address '{}' is not of the form host:port", address));
+  }
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') {
+      throw InvalidArgument(fmt::format("address '{}' has an unterminated [IPv6] host", address));
+    }
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned long value = 0;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c)) || port.size() > 5) {
+      throw InvalidArgument(fmt::format("address '{}' has an invalid port '{}'", address, port));
+    }
+    value = value * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (value == 0 || value > 65535) {
+    throw InvalidArgument(fmt::format("address '{}' has port {} outside 1..65535", address, value));
+  }
+  return HostPort{std::string(host), std::string(port)};
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// ---- end <distribute/net/detail/address.hpp> ----
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/frame.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+//
+//   offset  size  field
+//        0     4  magic "DSNT"
+//        4     1  protocol version (kProtocolVersion)
+//        5     1  FrameType
+//        6     2  reserved, must be zero
+//        8     8  payload length
+//       16     8  sequence number (collective number, point-to-point message number)
+//       24     8  tag (chunk within a collective)
+//
+// Integers are little-endian whatever the host. Decoding is a pure function of the bytes, so it can
+// be fuzzed: anything malformed throws FrameError and is never read past its end.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+
+/// Bytes that are not a well-formed frame (bad magic, version, type, reserved bits or length).
+/// The transport answers it by closing the connection.
+class FrameError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderBytes = 32;
+/// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
+/// configured limit, so a stranger cannot make a peer allocate much.
+inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+
+enum class FrameType : std::uint8_t {
+  Hello = 1,         // connector → acceptor: who I am, my nonce
+  Challenge = 2,     // acceptor → connector: who I am, my nonce, my proof of the token
+  Response = 3,      // connector → acceptor: my proof of the token
+  Welcome = 4,       // acceptor → connector: accepted
+  Reject = 5,        // either way, during the handshake: refused, with a reason
+  Heartbeat = 6,     // keeps an idle connection known to be alive
+  Goodbye = 7,       // clean shutdown: the sender sends nothing more
+  Abort = 8,         // the sender's communicator failed; payload says why
+  Descriptor = 9,    // announces a collective (seq = collective number)
+  Data = 10,         // a piece of a collective's data (seq, tag)
+  PointToPoint = 11,  // one send() message (seq = message number to this peer)
+  Request = 12,       // ps service: a call (seq = call number, tag = operation)
+  Reply = 13          // ps service: its answer (seq = call number, tag = 0 ok, 1 error)
+};
+
+constexpr std::string_view to_string(FrameType t) noexcept {
+  switch (t) {
+    case FrameType::Hello: return "hello";
+    case FrameType::Challenge: return "challenge";
+    case FrameType::Response: return "response";
+    case FrameType::Welcome: return "welcome";
+    case FrameType::Reject: return "reject";
+    case FrameType::Heartbeat: return "heartbeat";
+    case FrameType::Goodbye: return "goodbye";
+    case FrameType::Abort: return "abort";
+    case FrameType::Descriptor: return "descriptor";
+    case FrameType::Data: return "data";
+    case FrameType::PointToPoint: return "point-to-point";
+    case FrameType::Request: return "request";
+    case FrameType::Reply: return "reply";
+  }
+  return "?";
+}
+
+struct FrameHeader {
+  FrameType type = FrameType::Heartbeat;
+  std::uint64_t length = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+using HeaderBytes = std::array<std::byte, kFrameHeaderBytes>;
+
+namespace detail {
+
+inline void store_le(std::byte* out, std::uint64_t v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+inline std::uint64_t load_le(const std::byte* in, std::size_t n) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr bool known_frame_type(std::uint8_t t) noexcept {
+  return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
+}
+
+}  // namespace detail
+
+inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
+  HeaderBytes out{};
+  detail::store_le(out.data(), kFrameMagic, 4);
+  out[4] = static_cast<std::byte>(kProtocolVersion);
+  out[5] = static_cast<std::byte>(h.type);
+  detail::store_le(out.data() + 8, h.length, 8);
+  detail::store_le(out.data() + 16, h.seq, 8);
+  detail::store_le(out.data() + 24, h.tag, 8);
+  return out;
+}
+
+/// Decodes and validates a header; `max_payload_bytes` bounds Data/PointToPoint payloads
+/// (other types are bounded by kMaxControlPayload, or to zero when they carry nothing).
+inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t max_payload_bytes) {
+  if (bytes.size() < kFrameHeaderBytes) {
+    throw FrameError(fmt::format("truncated frame header: {} of {} bytes", bytes.size(), kFrameHeaderBytes));
+  }
+  const auto magic = static_cast<std::uint32_t>(detail::load_le(bytes.data(), 4));
+  if (magic != kFrameMagic) {
+    throw FrameError(fmt::format("bad frame magic 0x{:08x} (expected 0x{:08x}): not a distribute peer", magic, kFrameMagic));
+  }
+  const auto version = static_cast<std::uint8_t>(bytes[4]);
+  if (version != kProtocolVersion) {
+    throw FrameError(fmt::format("unsupported protocol version {} (this build speaks version {})", version, kProtocolVersion));
+  }
+  const auto type = static_cast<std::uint8_t>(bytes[5]);
+  if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
+  const auto reserved = detail::load_le(bytes.data() + 6, 2);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.length = detail::load_le(bytes.data() + 8, 8);
+  h.seq = detail::load_le(bytes.data() + 16, 8);
+  h.tag = detail::load_le(bytes.data() + 24, 8);
+  std::uint64_t limit = kMaxControlPayload;
+  switch (h.type) {
+    case FrameType::Data:
+    case FrameType::PointToPoint:
+    case FrameType::Request:
+    case FrameType::Reply: limit = max_payload_bytes; break;
+    case FrameType::Welcome:
+    case FrameType::Heartbeat:
+    case FrameType::Goodbye: limit = 0; break;
+    default: limit = std::min(limit, max_payload_bytes); break;
+  }
+  if (h.length > limit) {
+    throw FrameError(fmt::format("{} frame payload of {} bytes exceeds the limit of {} bytes", to_string(h.type),
+                                 h.length, limit));
+  }
+  return h;
+}
+
+/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
+  h.length = payload.size();
+  const HeaderBytes head = encode_header(h);
+  std::vector<std::byte> out(head.begin(), head.end());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+};
+
+/// Incremental decoder over a byte stream cut anywhere. Malformed input throws FrameError, after
+/// which the decoder stays failed (a stream cannot be resynchronised once framing is lost).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(std::uint64_t max_payload_bytes) : max_payload_(max_payload_bytes) {}
+
+  /// Consumes `bytes`; returns the frames they complete, in order.
+  std::vector<Frame> feed(std::span<const std::byte> bytes) {
+    if (failed_) throw FrameError("frame decoder already failed on malformed input");
+    std::vector<Frame> out;
+    try {
+      while (!bytes.empty()) {
+        if (!have_header_) {
+          const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, bytes.size());
+          std::copy_n(bytes.begin(), take, header_.begin() + static_cast<std::ptrdiff_t>(header_fill_));
+          header_fill_ += take;
+          bytes = bytes.subspan(take);
+          if (header_fill_ < kFrameHeaderBytes) break;
+          current_.header = decode_header(header_, max_payload_);
+          current_.payload.clear();
+          have_header_ = true;
+        }
+        // Grow with the bytes that actually arrive, not with the length the header claims.
+        const std::uint64_t missing = current_.header.length - current_.payload.size();
+        const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
+        current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+        bytes = bytes.subspan(take);
+        if (current_.payload.size() == current_.header.length) {
+          out.push_back(std::move(current_));
+          current_ = Frame{};
+          have_header_ = false;
+          header_fill_ = 0;
+        }
+      }
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+    return out;
+  }
+
+  /// Bytes of an unfinished frame held so far.
+  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  std::uint64_t max_payload_;
+  HeaderBytes header_{};
+  std::size_t header_fill_ = 0;
+  bool have_header_ = false;
+  bool failed_ = false;
+  Frame current_;
+};
+
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
+// ---- end <distribute/net/frame.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using RpcClock = std::chrono::steady_clock;
+
+/// The peer could not be reached, or the connection broke or timed out: the peer may be dead.
+class ConnectionLost : public PeerFailure {
+ public:
+  using PeerFailure::PeerFailure;
+};
+
+/// The peer answered a call with an error; `kind` names its exception type ("InvalidArgument"...).
+class RemoteError : public Error {
+ public:
+  RemoteError(std::string kind, const std::string& message) : Error(message), kind_(std::move(kind)) {}
+  const std::string& kind() const noexcept { return kind_; }
+
+ private:
+  std::string kind_;
+};
+
+enum class RpcOp : std::uint64_t {
+  Ping = 1,
+  CreateVar = 2,
+  ReadVar = 3,
+  ReadRows = 4,
+  UpdateVar = 5,
+  Commit = 6,
+  RunClosure = 7,
+  MakeDataset = 8,
+  Stop = 9,
+};
+
+struct RpcOptions {
+  /// How long a first connection retries (with back-off) while the server starts.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// The whole handshake; also how long a silent stranger may hold a socket.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
+  /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
+  std::optional<std::string> cluster_token;
+  std::size_t max_frame_bytes = std::size_t{1} << 31;
+  /// Refused connections are reported here; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+/// The exception type's name, for an error reply.
+inline std::string error_kind(const std::exception& e) {
+  if (dynamic_cast<const ClusterConfigError*>(&e)) return "ClusterConfigError";
+  if (dynamic_cast<const InvalidArgument*>(&e)) return "InvalidArgument";
+  if (dynamic_cast<const OutOfRange*>(&e)) return "OutOfRange";
+  if (dynamic_cast<const PeerFailure*>(&e)) return "PeerFailure";
+  if (dynamic_cast<const CollectiveTimeout*>(&e)) return "CollectiveTimeout";
+  if (dynamic_cast<const CheckpointError*>(&e)) return "CheckpointError";
+  if (dynamic_cast<const Unavailable*>(&e)) return "Unavailable";
+  if (dynamic_cast<const Cancelled*>(&e)) return "Cancelled";
+  return "Error";
+}
+
+/// Rethrows an error reply as the library's exception of that kind.
+[[noreturn]] inline void throw_as_kind(const std::string& kind, const std::string& message) {
+  if (kind == "ClusterConfigError") throw ClusterConfigError(message);
+  if (kind == "InvalidArgument") throw InvalidArgument(message);
+  if (kind == "OutOfRange") throw OutOfRange(message);
+  if (kind == "PeerFailure") throw PeerFailure(message);
+  if (kind == "CollectiveTimeout") throw CollectiveTimeout(message);
+  if (kind == "CheckpointError") throw CheckpointError(message);
+  if (kind == "Unavailable") throw Unavailable(message);
+  if (kind == "Cancelled") throw Cancelled(message);
+  throw Error(message);
+}
+
+inline std::vector<std::byte> to_bytes(std::string_view s) {
+  std::vector<std::byte> out(s.size());
+  if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
+  return out;
+}
+inline std::string_view as_chars(std::span<const std::byte> b) {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+/// One socket with an io_context of its own, so that every operation can run under a deadline:
+/// start it, run the context for at most the time left, and close the socket if it is not done.
+class FramedStream {
+ public:
+  FramedStream() : socket_(io_) {}
+  FramedStream(const FramedStream&) = delete;
+  FramedStream& operator=(const FramedStream&) = delete;
+
+  tcp::socket& socket() noexcept { return socket_; }
+
+  /// Runs what `start(ec)` starts until it completes or `timeout` passes (none: no limit).
+  template <class Start>
+  void run(Start&& start, std::optional<RpcClock::duration> timeout, std::string_view what) {
+    boost::system::error_code ec = asio::error::would_block;
+    start(ec);
+    io_.restart();
+    if (timeout) {
+      io_.run_for(*timeout);
+    } else {
+      io_.run();
+    }
+    if (ec == asio::error::would_block) {
+      close();
+      io_.restart();
+      io_.run();
+      throw ConnectionLost(fmt::format("{}: timed out after {} ms", what,
+                                       std::chrono::duration_cast<std::chrono::milliseconds>(*timeout).count()));
+    }
+    if (ec) throw ConnectionLost(fmt::format("{}: {}", what, describe(ec)));
+  }
+
+  void connect(const tcp::resolver::results_type& endpoints, RpcClock::duration timeout, std::string_view what) {
+    run([&](boost::system::error_code& ec) {
+          asio::async_connect(socket_, endpoints, [&ec](const boost::system::error_code& e, const tcp::endpoint&) { ec = e; });
+        },
+        timeout, what);
+    socket_.set_option(tcp::no_delay(true));
+    fd_.store(socket_.native_handle());
+  }
+
+  void adopt_accepted() {
+    socket_.set_option(tcp::no_delay(true));
+    fd_.store(socket_.native_handle());
+  }
+
+  void write_frame(net::FrameType type, std::uint64_t seq, std::uint64_t tag, std::span<const std::byte> payload,
+                   std::optional<RpcClock::duration> timeout, std::string_view what) {
+    net::FrameHeader h{type, payload.size(), seq, tag};
+    const net::HeaderBytes head = net::encode_header(h);
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(payload.data(), payload.size())};
+    run([&](boost::system::error_code& ec) {
+          asio::async_write(socket_, bufs, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+        },
+        timeout, what);
+  }
+
+  void read_exact(std::span<std::byte> dst, std::optional<RpcClock::duration> timeout, std::string_view what) {
+    if (dst.empty()) return;
+    run([&](boost::system::error_code& ec) {
+          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()),
+                           [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+        },
+        timeout, what);
+  }
+
+  /// Reads one frame whose first `have` header bytes were already read into `head`.
+  net::Frame read_frame(std::size_t max_bytes, std::optional<RpcClock::duration> timeout, std::string_view what,
+                        net::HeaderBytes head = {}, std::size_t have = 0) {
+    read_exact(std::span(head).subspan(have), timeout, what);
+    net::Frame f;
+    f.header = net::decode_header(head, max_bytes);  // FrameError on malformed input
+    f.payload.resize(static_cast<std::size_t>(f.header.length));
+    read_exact(f.payload, timeout, what);
+    return f;
+  }
+
+  /// Thread-safe: makes an operation in flight on another thread fail at once.
+  void abort() noexcept {
+    std::lock_guard lock(fd_mutex_);
+    const int fd = fd_.load();
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  }
+
+  void close() noexcept {
+    std::lock_guard lock(fd_mutex_);
+    fd_.store(-1);
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
+
+  static std::string describe(const boost::system::error_code& ec) {
+    if (ec == asio::error::eof) return "connection closed by the peer";
+    return ec.message();
+  }
+
+ private:
+  asio::io_context io_;
+  tcp::socket socket_;
+  std::atomic<int> fd_{-1};
+  std::mutex fd_mutex_;
+};
+
+// The handshake, the same whatever the token (so that a mismatch is reported, not misread):
+//   client -> Hello     nonce_c
+//   server -> Challenge nonce_s, HMAC(token, "ps-server" nonce_c nonce_s)   (MAC empty: no token)
+//   client -> Response  HMAC(token, "ps-client" nonce_s nonce_c)            (MAC empty: no token)
+//   server -> Welcome | Reject(reason)
+inline net::detail::Mac handshake_mac(std::string_view token, std::string_view role, std::span<const std::byte> a,
+                                      std::span<const std::byte> b) {
+  std::vector<std::byte> msg = to_bytes(role);
+  msg.insert(msg.end(), a.begin(), a.end());
+  msg.insert(msg.end(), b.begin(), b.end());
+  return net::detail::hmac_sha256(token, msg);
+}
+
+/// A client of one server: one connection, calls one at a time (thread-safe), reconnecting on the
+/// next call after a failure. Every failure to reach the server is ConnectionLost naming it.
+class RpcClient {
+ public:
+  RpcClient(std::string address, std::string peer_name, RpcOptions options)
+      : address_(std::move(address)), peer_(std::move(peer_name)), options_(std::move(options)),
+        token_(net::detail::effective_cluster_token(options_.cluster_token)) {}
+
+  const std::string& peer_name() const noexcept { return peer_; }
+  const std::string& address() const noexcept { return address_; }
+
+  /// Connects, retrying with back-off for up to `timeout` while the server is not up yet.
+  void connect(std::chrono::milliseconds timeout) {
+    std::lock_guard lock(mutex_);
+    connect_locked(timeout);
+  }
+
+  /// One call: sends the request and waits for the reply (at most `timeout`, when given).
+  /// Returns the reply's payload; an error reply throws RemoteError.
+  std::vector<std::byte> call(RpcOp op, std::span<const std::byte> payload,
+                              std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    std::lock_guard lock(mutex_);
+    if (!stream_) connect_locked(timeout ? std::min(*timeout, options_.connect_timeout) : options_.connect_timeout);
+    const std::uint64_t seq = ++seq_;
+    net::Frame reply;
+    try {
+      const auto what = fmt::format("call to {} ({})", peer_, address_);
+      stream_->write_frame(net::FrameType::Request, seq, static_cast<std::uint64_t>(op), payload, timeout, what);
+      reply = stream_->read_frame(options_.max_frame_bytes, timeout, what);
+    } catch (const net::FrameError& e) {
+      drop_locked();
+      throw ConnectionLost(fmt::format("{} ({}) sent a malformed reply: {}", peer_, address_, e.what()));
+    } catch (...) {
+      drop_locked();
+      throw;
+    }
+    if (reply.header.type != net::FrameType::Reply || reply.header.seq != seq) {
+      drop_locked();
+      throw ConnectionLost(fmt::format("{} ({}) answered out of turn ({} frame #{}, expected reply #{})", peer_,
+                                       address_, net::to_string(reply.header.type), reply.header.seq, seq));
+    }
+    if (reply.header.tag != 0) {
+      const std::string_view text = as_chars(reply.payload);
+      const auto bar = text.find('|');
+      throw RemoteError(std::string(text.substr(0, bar)),
+                        bar == std::string_view::npos ? std::string(text) : std::string(text.substr(bar + 1)));
+    }
+    return std::move(reply.payload);
+  }
+
+  /// Thread-safe: fails a call in flight (the next call reconnects).
+  void abort() noexcept {
+    std::lock_guard lock(abort_mutex_);
+    if (live_) live_->abort();
+  }
+
+  bool connected() {
+    std::lock_guard lock(mutex_);
+    return stream_ != nullptr;
+  }
+
+  void disconnect() {
+    std::lock_guard lock(mutex_);
+    drop_locked();
+  }
+
+ private:
+  void drop_locked() {
+    std::lock_guard lock(abort_mutex_);
+    if (stream_) stream_->close();
+    stream_.reset();
+    live_.reset();
+  }
+
+  void connect_locked(std::chrono::milliseconds timeout) {
+    const auto deadline = RpcClock::now() + timeout;
+    auto backoff = std::chrono::milliseconds(20);
+    std::string last_error;
+    const auto hp = net::detail::parse_host_port(address_);
+    for (;;) {
+      auto stream = std::make_shared<FramedStream>();
+      {
+        std::lock_guard lock(abort_mutex_);
+        live_ = stream;
+      }
+      try {
+        asio::io_context resolver_io;
+        tcp::resolver resolver(resolver_io);
+        const auto endpoints = resolver.resolve(hp.host, hp.port);
+        const auto left = std::max<RpcClock::duration>(deadline - RpcClock::now(), std::chrono::milliseconds(50));
+        stream->connect(endpoints, std::min<RpcClock::duration>(left, options_.handshake_timeout),
+                        fmt::format("connect to {} ({})", peer_, address_));
+        handshake(*stream);
+        stream_ = std::move(stream);
+        seq_ = 0;
+        return;
+      } catch (const RemoteError& e) {  // refused by the server: retrying will not help
+        stream->close();
+        throw ConnectionLost(fmt::format("{} ({}) refused the connection: {}", peer_, address_, e.what()));
+      } catch (const std::exception& e) {
+        stream->close();
+        last_error = e.what();
+      }
+      {
+        std::lock_guard lock(abort_mutex_);
+        live_.reset();
+      }
+      if (RpcClock::now() + backoff >= deadline) break;
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+    }
+    throw ConnectionLost(fmt::format("cannot reach {} at {} within {} ms: {}", peer_, address_, timeout.count(),
+                                     last_error));
+  }
+
+  void handshake(FramedStream& s) {
+    const auto limit = options_.handshake_timeout;
+    const auto what = fmt::format("handshake with {} ({})", peer_, address_);
+    const net::detail::Nonce mine = net::detail::random_nonce();
+    s.write_frame(net::FrameType::Hello, 0, 0, mine, limit, what);
+    net::Frame challenge = s.read_frame(net::kMaxControlPayload, limit, what);
+    if (challenge.header.type == net::FrameType::Reject) throw RemoteError("Error", std::string(as_chars(challenge.payload)));
+    if (challenge.header.type != net::FrameType::Challenge || challenge.payload.size() < net::detail::kNonceBytes) {
+      throw ConnectionLost(fmt::format("{}: expected a challenge, got a {} frame", what, net::to_string(challenge.header.type)));
+    }
+    const std::span<const std::byte> theirs(challenge.payload.data(), net::detail::kNonceBytes);
+    const auto their_mac = std::span<const std::byte>(challenge.payload).subspan(net::detail::kNonceBytes);
+    std::vector<std::byte> response;
+    if (token_) {
+      const auto want = handshake_mac(*token_, "ps-server", mine, theirs);
+      if (their_mac.size() != want.size() ||
+          !net::detail::macs_equal(want, *reinterpret_cast<const net::detail::Mac*>(their_mac.data()))) {
+        throw RemoteError("Error", fmt::format("{} did not prove the cluster token", peer_));
+      }
+      const auto mac = handshake_mac(*token_, "ps-client", theirs, mine);
+      response.assign(mac.begin(), mac.end());
+    }
+    s.write_frame(net::FrameType::Response, 0, 0, response, limit, what);
+    net::Frame verdict = s.read_frame(net::kMaxControlPayload, limit, what);
+    if (verdict.header.type == net::FrameType::Reject) throw RemoteError("Error", std::string(as_chars(verdict.payload)));
+    if (verdict.header.type != net::FrameType::Welcome) {
+      throw ConnectionLost(fmt::format("{}: expected welcome, got a {} frame", what, net::to_string(verdict.header.type)));
+    }
+  }
+
+  std::string address_;
+  std::string peer_;
+  RpcOptions options_;
+  std::optional<std::string> token_;
+  std::mutex mutex_;                      // one call at a time
+  std::shared_ptr<FramedStream> stream_;  // connected and welcomed
+  std::mutex abort_mutex_;
+  std::shared_ptr<FramedStream> live_;  // what abort() interrupts (connecting or connected)
+  std::uint64_t seq_ = 0;
+};
+
+/// The server side: accepts connections on `address`, one thread per connection (peers are the
+/// coordinator and the workers: few), answers each request with `handler(op, payload)`; an
+/// exception from the handler becomes an error reply. HTTP GETs get `http(target)`.
+class RpcServer {
+ public:
+  using Handler = std::function<std::vector<std::byte>(RpcOp, std::span<const std::byte>)>;
+  /// Returns {status, content type, body} for an HTTP GET of `target`.
+  struct HttpReply {
+    unsigned status = 404;
+    std::string content_type = "text/plain; charset=utf-8";
+    std::string body = "not found\n";
+  };
+  using HttpHandler = std::function<HttpReply(std::string_view target)>;
+
+  RpcServer(std::string address, std::string name, RpcOptions options, Handler handler, HttpHandler http)
+      : name_(std::move(name)), options_(std::move(options)), token_(net::detail::effective_cluster_token(options_.cluster_token)),
+        handler_(std::move(handler)), http_(std::move(http)), acceptor_(io_) {
+    const auto hp = net::detail::parse_host_port(address);
+    tcp::resolver resolver(io_);
+    boost::system::error_code ec;
+    auto endpoints = resolver.resolve(hp.host, hp.port, ec);
+    if (ec || endpoints.empty()) {
+      throw Unavailable(fmt::format("{}: cannot resolve the address '{}': {}", name_, address, ec.message()));
+    }
+    const tcp::endpoint ep = endpoints.begin()->endpoint();
+    acceptor_.open(ep.protocol());
+    acceptor_.set_option(asio::socket_base::reuse_address(true));
+    acceptor_.bind(ep, ec);
+    if (ec) {
+      throw Unavailable(fmt::format("{}: cannot listen on {}: {}", name_, address, ec.message()));
+    }
+    acceptor_.listen();
+    port_ = acceptor_.local_endpoint().port();
+    accept_thread_ = std::thread([this] { accept_loop(); });
+  }
+
+  RpcServer(const RpcServer&) = delete;
+  RpcServer& operator=(const RpcServer&) = delete;
+  ~RpcServer() { stop(); }
+
+  std::uint16_t port() const noexcept { return port_; }
+
+  /// Stops accepting, fails every open connection and waits for their threads. Idempotent.
+  void stop() {
+    if (stopped_.exchange(true)) return;
+    ::shutdown(acceptor_.native_handle(), SHUT_RDWR);  // wakes the blocked accept
+    if (accept_thread_.joinable()) accept_thread_.join();
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    std::list<Connection> conns;
+    {
+      std::lock_guard lock(mutex_);
+      conns.splice(conns.end(), connections_);
+    }
+    for (auto& c : conns) c.stream->abort();
+    for (auto& c : conns) {
+      if (c.thread.joinable()) c.thread.join();
+    }
+  }
+
+ private:
+  struct Connection {
+    std::shared_ptr<FramedStream> stream;
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished = std::make_shared<std::atomic<bool>>(false);
+  };
+
+  void log(const std::string& line) const {
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      std::fputs((line + "\n").c_str(), stderr);
+    }
+  }
+
+  void accept_loop() {
+    while (!stopped_) {
+      auto stream = std::make_shared<FramedStream>();
+      boost::system::error_code ec;
+      acceptor_.accept(stream->socket(), ec);
+      if (ec || stopped_) return;
+      stream->adopt_accepted();
+      std::lock_guard lock(mutex_);
+      for (auto it = connections_.begin(); it != connections_.end();) {  // reap finished ones
+        if (it->finished->load()) {
+          it->thread.join();
+          it = connections_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      Connection c;
+      c.stream = stream;
+      auto finished = c.finished;
+      c.thread = std::thread([this, stream, finished] {
+        serve(*stream);
+        stream->close();
+        finished->store(true);
+      });
+      connections_.push_back(std::move(c));
+    }
+  }
+
+  std::string peer_of(FramedStream& s) {
+    boost::system::error_code ec;
+    auto ep = s.socket().remote_endpoint(ec);
+    return ec ? std::string("?") : fmt::format("{}:{}", ep.address().to_string(), ep.port());
+  }
+
+  void serve(FramedStream& s) {
+    const std::string who = peer_of(s);
+    net::HeaderBytes head{};
+    try {
+      s.read_exact(std::span(head).first(4), options_.handshake_timeout, "first bytes");
+    } catch (const std::exception&) {
+      return;
+    }
+    if (std::memcmp(head.data(), "GET ", 4) == 0) return serve_http(s, head);
+    try {
+      net::Frame hello = s.read_frame(net::kMaxControlPayload, options_.handshake_timeout, "hello", head, 4);
+      if (!accept_peer(s, hello, who)) return;
+      for (;;) {
+        net::Frame req = s.read_frame(options_.max_frame_bytes, std::nullopt, "request");
+        if (req.header.type != net::FrameType::Request) {
+          log(fmt::format("{}: closing the connection from {}: unexpected {} frame", name_, who,
+                          net::to_string(req.header.type)));
+          return;
+        }
+        std::vector<std::byte> out;
+        std::uint64_t status = 0;
+        const auto op = static_cast<RpcOp>(req.header.tag);
+        try {
+          out = handler_(op, req.payload);
+        } catch (const std::exception& e) {
+          status = 1;
+          out = to_bytes(error_kind(e) + "|" + e.what());
+        }
+        s.write_frame(net::FrameType::Reply, req.header.seq, status, out, std::nullopt, "reply");
+        if (op == RpcOp::Stop && status == 0) return;
+      }
+    } catch (const net::FrameError& e) {
+      log(fmt::format("{}: closing the connection from {}: malformed frame: {}", name_, who, e.what()));
+    } catch (const std::exception&) {
+      // The peer went away (EOF, reset) or we are stopping: nothing to report.
+    }
+  }
+
+  bool accept_peer(FramedStream& s, const net::Frame& hello, const std::string& who) {
+    const auto limit = options_.handshake_timeout;
+    auto reject = [&](const std::string& reason) {
+      log(fmt::format("{}: refused a connection from {}: {}", name_, who, reason));
+      try {
+        s.write_frame(net::FrameType::Reject, 0, 0, to_bytes(reason), limit, "reject");
+      } catch (const std::exception&) {
+      }
+      return false;
+    };
+    if (hello.header.type != net::FrameType::Hello || hello.payload.size() != net::detail::kNonceBytes) {
+      return reject(fmt::format("expected a hello frame, got {}", net::to_string(hello.header.type)));
+    }
+    const net::detail::Nonce mine = net::detail::random_nonce();
+    std::vector<std::byte> challenge(mine.begin(), mine.end());
+    if (token_) {
+      const auto mac = handshake_mac(*token_, "ps-server", hello.payload, mine);
+      challenge.insert(challenge.end(), mac.begin(), mac.end());
+    }
+    s.write_frame(net::FrameType::Challenge, 0, 0, challenge, limit, "challenge");
+    net::Frame response = s.read_frame(net::kMaxControlPayload, limit, "response");
+    if (response.header.type != net::FrameType::Response) {
+      return reject(fmt::format("expected a response frame, got {}", net::to_string(response.header.type)));
+    }
+    if (token_) {
+      const auto want = handshake_mac(*token_, "ps-client", mine, hello.payload);
+      if (response.payload.size() != want.size()) return reject("the peer did not present the cluster token");
+      if (!net::detail::macs_equal(want, *reinterpret_cast<const net::detail::Mac*>(response.payload.data()))) {
+        return reject("the peer's proof of the cluster token is wrong");
+      }
+    }
+    s.write_frame(net::FrameType::Welcome, 0, 0, {}, limit, "welcome");
+    return true;
+  }
+
+  void serve_http(FramedStream& s, const net::HeaderBytes& head) {
+    namespace http = boost::beast::http;
+    try {
+      boost::beast::flat_buffer buffer;
+      auto space = buffer.prepare(4);
+      std::memcpy(space.data(), head.data(), 4);
+      buffer.commit(4);
+      http::request<http::string_body> req;
+      s.run([&](boost::system::error_code& ec) {
+             http::async_read(s.socket(), buffer, req, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+           },
+           options_.handshake_timeout, "http request");
+      HttpReply r = http_ ? http_(std::string_view(req.target().data(), req.target().size())) : HttpReply{};
+      http::response<http::string_body> res{static_cast<http::status>(r.status), req.version()};
+      res.set(http::field::content_type, r.content_type);
+      res.set(http::field::server, "distribute");
+      res.keep_alive(false);
+      res.body() = std::move(r.body);
+      res.prepare_payload();
+      s.run([&](boost::system::error_code& ec) {
+             http::async_write(s.socket(), res, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+           },
+           options_.handshake_timeout, "http reply");
+    } catch (const std::exception&) {
+    }
+  }
+
+  std::string name_;
+  RpcOptions options_;
+  std::optional<std::string> token_;
+  Handler handler_;
+  HttpHandler http_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stopped_{false};
+  std::thread accept_thread_;
+  std::mutex mutex_;
+  std::list<Connection> connections_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_RPC_HPP
+// ---- end <distribute/ps/detail/rpc.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// dst op= src elementwise, for `dtype` (bytes of equal size).
+inline void apply_update_bytes(DType dtype, RemoteUpdate kind, std::span<std::byte> dst, std::span<const std::byte> src) {
+  if (kind == RemoteUpdate::Assign) {
+    if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size());
+    return;
+  }
+  visit_dtype(dtype, [&](auto zero) {
+    using E = decltype(zero);
+    const std::size_t n = dst.size() / sizeof(E);
+    for (std::size_t i = 0; i < n; ++i) {
+      E a, b;
+      std::memcpy(&a, dst.data() + i * sizeof(E), sizeof(E));
+      std::memcpy(&b, src.data() + i * sizeof(E), sizeof(E));
+      const E r = kind == RemoteUpdate::Add ? static_cast<E>(a + b) : static_cast<E>(a - b);
+      std::memcpy(dst.data() + i * sizeof(E), &r, sizeof(E));
+    }
+  });
+}
+
+/// The updates a closure made so far, per ps task, in order.
+struct ClosureTransaction {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::map<int, std::vector<UpdateVarMsg>> updates;
+};
+
+/// The transaction of the closure running on this thread (workers only), else nullptr.
+inline ClosureTransaction*& current_transaction() {
+  thread_local ClosureTransaction* txn = nullptr;
+  return txn;
+}
+
+class PsClientStore final : public RemoteVariableStore {
+ public:
+  PsClientStore(const ClusterSpec& spec, RpcOptions options) {
+    const int n = spec.num_tasks("ps");
+    for (int t = 0; t < n; ++t) {
+      clients_.push_back(std::make_unique<RpcClient>(spec.task_address("ps", t), ps_device_string(t), options));
+    }
+  }
+
+  int num_ps() const noexcept { return static_cast<int>(clients_.size()); }
+
+  /// Waits until every ps task answers (they may still be starting), at most `timeout` in all.
+  void connect_all(std::chrono::milliseconds timeout) {
+    for (int t = 0; t < num_ps(); ++t) {
+      guarded(t, [&] { clients_[static_cast<std::size_t>(t)]->connect(timeout); });
+    }
+  }
+
+  void create(int task, const std::string& key, DType dtype, const Shape& shape, std::span<const std::byte> value) override {
+    CreateVarMsg m{key, static_cast<std::uint8_t>(dtype), shape, std::string(as_chars(value))};
+    call(task, RpcOp::CreateVar, encode_message(m));
+  }
+
+  void read(int task, const std::string& key, DType dtype, std::span<std::byte> out) override {
+    auto bytes = call(task, RpcOp::ReadVar, encode_message(ReadVarMsg{key, static_cast<std::uint8_t>(dtype), out.size()}));
+    if (bytes.size() != out.size()) {
+      throw InvalidArgument(fmt::format("ps task {} returned {} bytes for variable '{}', expected {}", task, bytes.size(),
+                                        key, out.size()));
+    }
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    if (ClosureTransaction* txn = current_transaction()) {  // replay this closure's own writes
+      auto it = txn->updates.find(task);
+      if (it == txn->updates.end()) return;
+      for (const auto& u : it->second) {
+        if (u.key == key) {
+          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out,
+                             {reinterpret_cast<const std::byte*>(u.bytes.data()), u.bytes.size()});
+        }
+      }
+    }
+  }
+
+  void read_rows(int task, const std::string& key, DType dtype, std::span<const std::int64_t> rows, std::size_t row_bytes,
+                 std::span<std::byte> out) override {
+    ReadRowsMsg m{key, static_cast<std::uint8_t>(dtype), std::vector<std::int64_t>(rows.begin(), rows.end()), row_bytes};
+    auto bytes = call(task, RpcOp::ReadRows, encode_message(m));
+    if (bytes.size() != out.size()) {
+      throw InvalidArgument(fmt::format("ps task {} returned {} bytes of rows of '{}', expected {}", task, bytes.size(), key,
+                                        out.size()));
+    }
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    if (ClosureTransaction* txn = current_transaction()) {  // this closure's own writes, row by row
+      auto it = txn->updates.find(task);
+      if (it == txn->updates.end()) return;
+      for (const auto& u : it->second) {
+        if (u.key != key) continue;
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+          const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
+          if (from + row_bytes > u.bytes.size()) continue;  // the ps already checked the ids
+          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out.subspan(i * row_bytes, row_bytes),
+                             {reinterpret_cast<const std::byte*>(u.bytes.data()) + from, row_bytes});
+        }
+      }
+    }
+  }
+
+  void update(int task, const std::string& key, RemoteUpdate kind, DType dtype, std::span<const std::byte> value) override {
+    UpdateVarMsg m{key, static_cast<std::uint8_t>(kind), static_cast<std::uint8_t>(dtype), std::string(as_chars(value))};
+    if (ClosureTransaction* txn = current_transaction()) {
+      txn->updates[task].push_back(std::move(m));
+      return;
+    }
+    call(task, RpcOp::UpdateVar, encode_message(m));
+  }
+
+  /// Sends a finished closure's updates, each ps task's together; a ps that already has this
+  /// closure's updates (an earlier attempt got there) ignores them.
+  void commit(const ClosureTransaction& txn) {
+    for (const auto& [task, updates] : txn.updates) {
+      CommitMsg m{txn.session, txn.closure, updates};
+      call(task, RpcOp::Commit, encode_message(m));
+    }
+  }
+
+  /// Asks ps task `task` whether it is alive; ConnectionLost/PeerFailure when not.
+  PingReply ping(int task, std::chrono::milliseconds timeout) {
+    auto bytes = call(task, RpcOp::Ping, {}, timeout);
+    return decode_message<PingReply>(bytes, "ping reply");
+  }
+
+  /// Asks every ps task to stop serving (best effort: a dead one is skipped).
+  void stop_all() {
+    for (int t = 0; t < num_ps(); ++t) {
+      try {
+        clients_[static_cast<std::size_t>(t)]->call(RpcOp::Stop, {}, std::chrono::milliseconds(5000));
+      } catch (const std::exception&) {
+      }
+    }
+  }
+
+  /// The ps side of an error: a lost connection names the ps task.
+  std::vector<std::byte> call(int task, RpcOp op, std::span<const std::byte> payload,
+                              std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    if (task < 0 || task >= num_ps()) {
+      throw InvalidArgument(fmt::format("ps task {} does not exist (the cluster has {} ps tasks)", task, num_ps()));
+    }
+    std::vector<std::byte> out;
+    guarded(task, [&] { out = clients_[static_cast<std::size_t>(task)]->call(op, payload, timeout); });
+    return out;
+  }
+
+ private:
+  template <class F>
+  void guarded(int task, F&& f) {
+    try {
+      f();
+    } catch (const ConnectionLost& e) {
+      throw PeerFailure(fmt::format("lost ps task {}: {}", ps_device_string(task), e.what()));
+    } catch (const RemoteError& e) {
+      throw_as_kind(e.kind(), e.what());
+    }
+  }
+
+  std::vector<std::unique_ptr<RpcClient>> clients_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_PS_CLIENT_HPP
+// ---- end <distribute/ps/detail/ps_client.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+inline std::uint64_t random_session_id() {
+  std::random_device rd;
+  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+}
+
+/// Checks the cluster has what parameter-server training needs: one chief (the coordinator), at
+/// least one ps and one worker, and no job besides those and an evaluator. Returns the ps count.
+inline int check_parameter_server_cluster(const ClusterSpec& spec) {
+  constexpr std::string_view what = "ParameterServerStrategy";
+  if (spec.empty()) {
+    throw ClusterConfigError(fmt::format("{}: the cluster spec is empty; parameter-server training needs a 'chief' "
+                                         "(the coordinator), at least one 'ps' and at least one 'worker' task",
+                                         what));
+  }
+  const auto jobs = fmt::format("{}", fmt::join(spec.jobs(), ", "));
+  for (const auto& job : spec.jobs()) {
+    if (job != "chief" && job != "ps" && job != "worker" && job != "evaluator") {
+      throw ClusterConfigError(fmt::format("{}: the cluster has a job '{}'; the allowed jobs are 'chief', 'ps', 'worker' "
+                                           "and 'evaluator'",
+                                           what, job));
+    }
+  }
+  if (cluster_job_size(spec, "ps") < 1) {
+    throw ClusterConfigError(fmt::format("{}: the cluster (jobs: {}) has no 'ps' task; there must be at least one "
+                                         "parameter server",
+                                         what, jobs));
+  }
+  if (cluster_job_size(spec, "worker") < 1) {
+    throw ClusterConfigError(
+        fmt::format("{}: the cluster (jobs: {}) has no 'worker' task; there must be at least one worker", what, jobs));
+  }
+  const int chiefs = cluster_job_size(spec, "chief");
+  if (chiefs != 1) {
+    throw ClusterConfigError(fmt::format("{}: the cluster (jobs: {}) has {} 'chief' tasks; it needs exactly one, the "
+                                         "coordinator",
+                                         what, jobs, chiefs));
+  }
+  return cluster_job_size(spec, "ps");
+}
+
+}  // namespace detail
+
+struct ParameterServerOptions {
+  /// Connect to the ps tasks, which then hold the variables. false: placement only, the values
+  /// stay in this process (unit tests and single-process debugging; no coordinator).
+  bool connect = true;
+  /// How long the constructor waits for every ps task to answer (they may still be starting).
+  std::chrono::milliseconds connect_timeout{60000};
+  /// Shared secret (see net::CommunicatorOptions::cluster_token).
+  std::optional<std::string> cluster_token;
+};
+
+class ParameterServerStrategy final : public AnyStrategy, public detail::PartitionsVariables {
+ public:
+  /// `resolver` defaults to TFConfigClusterResolver (the TF_CONFIG environment variable). Without
+  /// a `partitioner` variables are never split. ClusterConfigError when the cluster lacks a chief,
+  /// a ps or a worker task.
+  /// With `options.connect` (the default) the constructor waits until every ps task answers, and
+  /// throws PeerFailure naming the one that did not within `options.connect_timeout`.
+  explicit ParameterServerStrategy(std::shared_ptr<ClusterResolver> resolver = nullptr,
+                                   VariablePartitioner partitioner = {}, ParameterServerOptions options = {})
+      : resolver_(resolver ? std::move(resolver) : std::make_shared<TFConfigClusterResolver>()),
+        partitioner_(std::move(partitioner)),
+        options_(std::move(options)),
+        placement_(detail::check_parameter_server_cluster(resolver_->cluster_spec())),
+        session_(detail::random_session_id()) {
+    if (options_.connect) {
+      detail::RpcOptions rpc;
+      rpc.cluster_token = options_.cluster_token;
+      rpc.connect_timeout = options_.connect_timeout;
+      store_ = std::make_shared<detail::PsClientStore>(resolver_->cluster_spec(), rpc);
+      store_->connect_all(options_.connect_timeout);
+    }
+  }
+
+  std::string_view name() const noexcept override { return "ParameterServerStrategy"; }
+  /// One replica per worker, and workers do not synchronise (asynchronous training).
+  int num_replicas_in_sync() const noexcept override { return 1; }
+  int num_local_replicas() const noexcept override { return 1; }
+  /// As in TF: the worker's device, without job and task (a function runs on whichever worker the
+  /// coordinator picks).
+  std::vector<std::string> worker_devices() const override { return {"/device:CPU:0"}; }
+
+  /// Makes the strategy current: variables created under the guard go to ps tasks round-robin,
+  /// and ShardedVariables are split by the partitioner.
+  [[nodiscard]] ScopeGuard scope() { return ScopeGuard(*this); }
+
+  const ClusterResolver* cluster_resolver() const noexcept { return resolver_.get(); }
+  const VariablePartitioner& variable_partitioner() const noexcept { return partitioner_; }
+  int num_ps() const noexcept { return placement_.num_ps(); }
+  int num_workers() const { return resolver_->cluster_spec().num_tasks("worker"); }
+
+  /// The next ps task in turn. Connected: the value lives on that ps task (reads and updates are
+  /// calls to it). Not connected: one copy held here, reported on its ps task.
+  detail::VariablePlacement variable_placement() const override {
+    const int task = placement_.next_task();
+    std::string device = ps_device_string(task);
+    if (!store_) return {detail::PlacementKind::CentralStorage, {device}, 1, id(), {device}};
+    detail::VariablePlacement p{detail::PlacementKind::Remote, {device}, 1, id(), {device}};
+    p.remote = {store_, task, fmt::format("{:016x}.{}", session_, ++variables_created_)};
+    return p;
+  }
+
+  /// True when the variables live on the ps tasks (options.connect).
+  bool connected() const noexcept { return store_ != nullptr; }
+  const ParameterServerOptions& options() const noexcept { return options_; }
+  /// Ids this coordinator's closures are committed under (differs per strategy object).
+  std::uint64_t session_id() const noexcept { return session_; }
+  /// The ps tasks' client (connected strategies only): used by the ClusterCoordinator.
+  const std::shared_ptr<detail::PsClientStore>& ps_store() const noexcept { return store_; }
+
+  /// Shards for a ShardedVariable created in scope: what the partitioner says on axis 0, 1 without
+  /// a partitioner or for a scalar (TF never partitions those).
+  std::int64_t num_shards_for(const Shape& shape, DType dtype) const override {
+    if (!partitioner_ || shape.empty()) return 1;
+    return shards_along_first_axis(partitioner_(shape, dtype), shape);
+  }
+
+ private:
+  std::shared_ptr<ClusterResolver> resolver_;
+  VariablePartitioner partitioner_;
+  ParameterServerOptions options_;
+  mutable RoundRobinPlacement placement_;  // placing a variable takes the next turn
+  std::uint64_t session_;
+  mutable std::atomic<std::uint64_t> variables_created_{0};
+  std::shared_ptr<detail::PsClientStore> store_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_PARAMETER_SERVER_HPP
+// ---- end <distribute/strategy/parameter_server.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+struct CoordinatorOptions {
+  /// schedule() blocks while this many closures wait.
+  std::size_t max_queued_closures = 256;
+  /// Workers and ps tasks are pinged this often...
+  std::chrono::milliseconds heartbeat_interval{250};
+  /// ...and a worker or ps that does not answer within this is lost.
+  std::chrono::milliseconds heartbeat_timeout{3000};
+  /// How often a lost worker is tried again.
+  std::chrono::milliseconds reconnect_interval{250};
+  /// How long the constructor waits for every worker to come up.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// Lost and returning workers are reported here; default: one line on stderr.
+  std::function<void(std::string_view)> log;
+};
+
+namespace detail {
+
+struct ClosureState {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool finished = false;
+  std::string result;
+  std::exception_ptr error;
+
+  void finish(std::string r) {
+    std::lock_guard lock(mutex);
+    result = std::move(r);
+    finished = true;
+    cv.notify_all();
+  }
+  void fail(std::exception_ptr e) {
+    std::lock_guard lock(mutex);
+    error = std::move(e);
+    finished = true;
+    cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock lock(mutex);
+    cv.wait(lock, [&] { return finished; });
+  }
+};
+
+struct Closure {
+  std::uint64_t id = 0;
+  std::uint32_t attempt = 0;
+  std::string function;
+  std::string signature;
+  std::string args;
+  std::shared_ptr<ClosureState> state;
+};
+
+}  // namespace detail
+
+/// The result of a scheduled function (TF's RemoteValue): get() waits for it.
+template <class R>
+class RemoteValue {
+ public:
+  explicit RemoteValue(std::shared_ptr<detail::ClosureState> state) : state_(std::move(state)) {}
+
+  /// Waits for the closure; returns its result or rethrows its error (Cancelled when an earlier
+  /// closure's error cancelled it).
+  R get() const {
+    state_->wait();
+    if (state_->error) std::rethrow_exception(state_->error);
+    if constexpr (!std::is_void_v<R>) return std::get<0>(detail::load_values<R>(state_->result, "closure result"));
+  }
+  /// The same as get() (TF's fetch).
+  R fetch() const { return get(); }
+  /// True once the closure finished, with a result or an error.
+  bool ready() const {
+    std::lock_guard lock(state_->mutex);
+    return state_->finished;
+  }
+
+ private:
+  std::shared_ptr<detail::ClosureState> state_;
+};
+
+class ClusterCoordinator {
+ public:
+  /// Connects to every worker (waiting up to options.connect_timeout while they start). The
+  /// strategy must be connected to its ps tasks (ParameterServerOptions::connect).
+  explicit ClusterCoordinator(ParameterServerStrategy& strategy, CoordinatorOptions options = {})
+      : strategy_(strategy), options_(std::move(options)), session_(detail::random_session_id()) {
+    if (!strategy.connected()) {
+      throw InvalidArgument("ClusterCoordinator: the strategy was built with ParameterServerOptions{.connect = false}; "
+                            "a coordinator needs the ps tasks");
+    }
+    const ClusterSpec& spec = strategy.cluster_resolver()->cluster_spec();
+    detail::RpcOptions rpc;
+    rpc.cluster_token = strategy.options().cluster_token;
+    rpc.connect_timeout = options_.connect_timeout;
+    for (int t = 0; t < spec.num_tasks("ps"); ++t) {
+      ps_pings_.push_back(std::make_unique<detail::RpcClient>(spec.task_address("ps", t), ps_device_string(t), rpc));
+    }
+    const int n = spec.num_tasks("worker");
+    for (int i = 0; i < n; ++i) {
+      auto w = std::make_unique<Worker>();
+      w->index = i;
+      w->device = DeviceSpec{"worker", 0, i, "CPU", 0}.to_string();
+      w->run = std::make_unique<detail::RpcClient>(spec.task_address("worker", i), w->device, rpc);
+      w->ping = std::make_unique<detail::RpcClient>(spec.task_address("worker", i), w->device, rpc);
+      workers_.push_back(std::move(w));
+    }
+    for (auto& w : workers_) {
+      try {
+        w->run->connect(options_.connect_timeout);
+      } catch (const detail::ConnectionLost& e) {
+        throw PeerFailure(fmt::format("ClusterCoordinator: {}", e.what()));
+      }
+      w->up = true;
+    }
+    for (auto& w : workers_) w->thread = std::thread([this, p = w.get()] { dispatch(*p); });
+    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  }
+
+  ClusterCoordinator(const ClusterCoordinator&) = delete;
+  ClusterCoordinator& operator=(const ClusterCoordinator&) = delete;
+
+  /// Stops dispatching; closures still queued fail with Cancelled. The servers keep running
+  /// (shutdown_cluster() stops them).
+  ~ClusterCoordinator() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+      cancel_queued_locked("the ClusterCoordinator was destroyed");
+    }
+    work_cv_.notify_all();
+    space_cv_.notify_all();
+    idle_cv_.notify_all();
+    for (auto& w : workers_) w->run->abort();
+    for (auto& w : workers_) {
+      if (w->thread.joinable()) w->thread.join();
+    }
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
+  /// Schedules `fn(args...)` on some worker; returns at once (blocking only while the queue is
+  /// full). `fn` must be registered (DISTRIBUTE_REMOTE_FUNCTION); arguments convert to its
+  /// parameter types here. Rethrows, once, the error of an earlier failed closure.
+  template <class R, class... P, class... A>
+  RemoteValue<R> schedule(R (*fn)(P...), A&&... args) {
+    static_assert(sizeof...(P) == sizeof...(A), "ClusterCoordinator::schedule: wrong number of arguments for fn");
+    const auto* entry = detail::RemoteFunctionRegistry::instance().find(reinterpret_cast<const void*>(fn));
+    if (!entry) {
+      throw InvalidArgument("ClusterCoordinator::schedule: the function is not registered; register it with "
+                            "DISTRIBUTE_REMOTE_FUNCTION(name) (or ds::register_remote_function) in every process");
+    }
+    std::tuple<std::decay_t<P>...> converted(std::forward<A>(args)...);
+    std::string bytes = std::apply([](const auto&... v) { return detail::save_values(v...); }, converted);
+    return RemoteValue<R>(enqueue(*entry, std::move(bytes)));
+  }
+
+  /// Schedules the function registered as `name`; the argument types must be its parameter types
+  /// (after decay) and R its result type, else InvalidArgument saying what it takes.
+  template <class R = void, class... A>
+  RemoteValue<R> schedule(std::string_view name, A&&... args) {
+    const auto* entry = detail::RemoteFunctionRegistry::instance().find(name);
+    if (!entry) {
+      throw InvalidArgument(fmt::format("ClusterCoordinator::schedule: no function is registered as '{}' (register it "
+                                        "with DISTRIBUTE_REMOTE_FUNCTION in every process)",
+                                        name));
+    }
+    if (*entry->params != typeid(std::tuple<std::decay_t<A>...>)) {
+      throw InvalidArgument(fmt::format("ClusterCoordinator::schedule: function '{}' takes {} but was given {}", name,
+                                        detail::parameter_list(*entry->params),
+                                        detail::parameter_list(typeid(std::tuple<std::decay_t<A>...>))));
+    }
+    if (*entry->result != typeid(R)) {
+      throw InvalidArgument(fmt::format("ClusterCoordinator::schedule: function '{}' returns {}, not {}", name,
+                                        detail::type_name(*entry->result), detail::type_name(typeid(R))));
+    }
+    std::string bytes = detail::save_values(static_cast<const std::decay_t<A>&>(args)...);
+    return RemoteValue<R>(enqueue(*entry, std::move(bytes)));
+  }
+
+  /// Waits until every scheduled closure has finished. Rethrows the first closure error (once;
+  /// then the coordinator is usable again), or PeerFailure when a ps task is lost.
+  void join() {
+    std::unique_lock lock(mutex_);
+    idle_cv_.wait(lock, [&] { return outstanding_ == 0 || error_ || fatal_; });
+    throw_pending_locked();
+  }
+
+  /// True when nothing is queued or running. Rethrows like join().
+  bool done() {
+    std::lock_guard lock(mutex_);
+    throw_pending_locked();
+    return outstanding_ == 0;
+  }
+
+  /// Has every worker build its own dataset from the registered function `fn` (which takes
+  /// nothing or a ds::InputContext naming the worker); pass `ds::iter(result)` to scheduled
+  /// functions. A worker that comes back after a failure builds it again.
+  template <class T, class... P>
+  PerWorkerDataset<T> create_per_worker_dataset(data::Dataset<T> (*fn)(P...)) {
+    const auto* entry = detail::RemoteFunctionRegistry::instance().find(reinterpret_cast<const void*>(fn));
+    if (!entry) {
+      throw InvalidArgument("create_per_worker_dataset: the dataset function is not registered; register it with "
+                            "DISTRIBUTE_REMOTE_FUNCTION(name) in every process");
+    }
+    DatasetRecipe recipe{0, entry->name, entry->signature};
+    {
+      std::lock_guard lock(mutex_);
+      recipe.id = ++dataset_ids_;
+      datasets_.push_back(recipe);
+    }
+    for (auto& w : workers_) {
+      if (!is_up(*w)) continue;  // built when it comes back
+      try {
+        make_dataset(*w, recipe);
+      } catch (const detail::ConnectionLost& e) {
+        mark_down(*w, e.what());
+      }
+    }
+    return PerWorkerDataset<T>(recipe.id);
+  }
+
+  /// Asks every worker and ps task to stop serving (their Server::join() returns). Best effort.
+  void shutdown_cluster() {
+    for (auto& w : workers_) {
+      try {
+        w->ping->call(detail::RpcOp::Stop, {}, std::chrono::milliseconds(5000));
+      } catch (const std::exception&) {
+      }
+    }
+    strategy_.ps_store()->stop_all();
+  }
+
+  ParameterServerStrategy& strategy() noexcept { return strategy_; }
+  int num_workers() const noexcept { return static_cast<int>(workers_.size()); }
+  /// Workers currently in use (not lost).
+  int num_workers_up() {
+    std::lock_guard lock(mutex_);
+    int n = 0;
+    for (auto& w : workers_) n += w->up ? 1 : 0;
+    return n;
+  }
+  /// How many closure attempts were lost with their worker and retried.
+  std::uint64_t closures_retried() {
+    std::lock_guard lock(mutex_);
+    return retried_;
+  }
+  /// How many closures each worker completed (index = worker task).
+  std::vector<std::uint64_t> closures_completed_per_worker() {
+    std::lock_guard lock(mutex_);
+    std::vector<std::uint64_t> out;
+    for (auto& w : workers_) out.push_back(w->completed);
+    return out;
+  }
+
+ private:
+  struct Worker {
+    int index = 0;
+    std::string device;
+    std::unique_ptr<detail::RpcClient> run;   // closures and datasets
+    std::unique_ptr<detail::RpcClient> ping;  // heartbeats, answered while a closure runs
+    bool up = false;                          // guarded by mutex_
+    std::uint64_t completed = 0;              // guarded by mutex_
+    std::thread thread;
+  };
+  struct DatasetRecipe {
+    std::uint64_t id = 0;
+    std::string function;
+    std::string signature;
+  };
+
+  void log(const std::string& line) const {
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      std::fputs(("distribute: " + line + "\n").c_str(), stderr);
+    }
+  }
+
+  bool is_up(Worker& w) {
+    std::lock_guard lock(mutex_);
+    return w.up;
+  }
+
+  std::shared_ptr<detail::ClosureState> enqueue(const detail::RemoteFunctionEntry& entry, std::string args) {
+    auto state = std::make_shared<detail::ClosureState>();
+    std::unique_lock lock(mutex_);
+    throw_pending_locked();
+    space_cv_.wait(lock, [&] { return queue_.size() < options_.max_queued_closures || error_ || fatal_ || stopping_; });
+    throw_pending_locked();
+    queue_.push_back(detail::Closure{++closure_ids_, 0, entry.name, entry.signature, std::move(args), state});
+    ++outstanding_;
+    work_cv_.notify_all();  // not notify_one: the heartbeat thread waits on this condition too
+    return state;
+  }
+
+  void throw_pending_locked() {
+    if (fatal_) std::rethrow_exception(fatal_);  // a lost ps task: stays
+    if (error_) {
+      auto e = std::exchange(error_, nullptr);
+      std::rethrow_exception(e);
+    }
+  }
+
+  void cancel_queued_locked(const std::string& why) {
+    for (auto& c : queue_) {
+      c.state->fail(std::make_exception_ptr(Cancelled(fmt::format("closure #{} ({}) was cancelled: {}", c.id, c.function, why))));
+      --outstanding_;
+    }
+    queue_.clear();
+    space_cv_.notify_all();
+    idle_cv_.notify_all();
+  }
+
+  void closure_done_locked() {
+    --outstanding_;
+    if (outstanding_ == 0) idle_cv_.notify_all();
+  }
+
+  void mark_down(Worker& w, const std::string& reason) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!w.up) return;
+      w.up = false;
+    }
+    w.run->abort();
+    w.ping->abort();
+    log(fmt::format("lost worker {} ({}): {}; its closures go to the other workers", w.index, w.run->address(), reason));
+  }
+
+  void lose_ps(const std::string& what) {
+    std::lock_guard lock(mutex_);
+    if (fatal_) return;
+    fatal_ = std::make_exception_ptr(PeerFailure(what));
+    cancel_queued_locked(what);
+    work_cv_.notify_all();
+  }
+
+  void make_dataset(Worker& w, const DatasetRecipe& d) {
+    detail::MakeDatasetMsg m{d.id, d.function, d.signature, num_workers(), w.index};
+    try {
+      w.run->call(detail::RpcOp::MakeDataset, detail::encode_message(m));
+    } catch (const detail::RemoteError& e) {
+      detail::throw_as_kind(e.kind(), e.what());
+    }
+  }
+
+  bool reconnect(Worker& w) {
+    try {
+      w.run->connect(std::chrono::milliseconds(500));
+      std::vector<DatasetRecipe> recipes;
+      {
+        std::lock_guard lock(mutex_);
+        recipes = datasets_;
+      }
+      for (const auto& d : recipes) make_dataset(w, d);
+      w.ping->disconnect();  // it may hold a connection to the worker's previous process
+    } catch (const std::exception&) {
+      w.run->disconnect();
+      return false;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      w.up = true;
+    }
+    log(fmt::format("worker {} ({}) is back; it receives closures again", w.index, w.run->address()));
+    work_cv_.notify_all();
+    return true;
+  }
+
+  void dispatch(Worker& w) {
+    for (;;) {
+      bool up;
+      {
+        std::lock_guard lock(mutex_);
+        if (stopping_) return;
+        up = w.up;
+      }
+      if (!up) {
+        if (!reconnect(w)) {
+          std::unique_lock lock(mutex_);
+          work_cv_.wait_for(lock, options_.reconnect_interval, [&] { return stopping_; });
+        }
+        continue;
+      }
+      detail::Closure c;
+      {
+        std::unique_lock lock(mutex_);
+        work_cv_.wait(lock, [&] { return stopping_ || !w.up || !queue_.empty(); });
+        if (stopping_) return;
+        if (!w.up || queue_.empty()) continue;
+        c = std::move(queue_.front());
+        queue_.pop_front();
+        space_cv_.notify_one();
+      }
+      run_closure(w, std::move(c));
+    }
+  }
+
+  void run_closure(Worker& w, detail::Closure c) {
+    detail::RunClosureMsg m{session_, c.id, c.attempt, c.function, c.signature, c.args};
+    try {
+      auto reply = w.run->call(detail::RpcOp::RunClosure, detail::encode_message(m));
+      c.state->finish(std::string(detail::as_chars(reply)));
+      std::lock_guard lock(mutex_);
+      ++w.completed;
+      closure_done_locked();
+    } catch (const detail::ConnectionLost& e) {
+      mark_down(w, e.what());
+      std::lock_guard lock(mutex_);
+      if (stopping_ || fatal_) {
+        c.state->fail(std::make_exception_ptr(Cancelled(fmt::format("closure #{} ({}) was cancelled: {}", c.id,
+                                                                    c.function, fatal_ ? "a ps task was lost" : "shutdown"))));
+        closure_done_locked();
+        return;
+      }
+      ++c.attempt;
+      ++retried_;
+      queue_.push_front(std::move(c));  // first in line: it was scheduled earliest
+      work_cv_.notify_all();
+    } catch (const detail::RemoteError& e) {
+      std::exception_ptr error;
+      try {
+        detail::throw_as_kind(e.kind(), e.what());
+      } catch (...) {
+        error = std::current_exception();
+      }
+      c.state->fail(error);
+      if (e.kind() == "PeerFailure") {  // the worker lost a ps task: nothing can go on
+        lose_ps(fmt::format("closure #{} ({}) on worker {}: {}", c.id, c.function, w.index, e.what()));
+        std::lock_guard lock(mutex_);
+        closure_done_locked();
+        return;
+      }
+      std::lock_guard lock(mutex_);
+      if (!error_) {
+        error_ = error;
+        cancel_queued_locked(fmt::format("closure #{} ({}) failed on worker {}: {}", c.id, c.function, w.index, e.what()));
+      }
+      closure_done_locked();
+    }
+  }
+
+  void heartbeat_loop() {
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        work_cv_.wait_for(lock, options_.heartbeat_interval, [&] { return stopping_; });
+        if (stopping_) return;
+      }
+      for (std::size_t t = 0; t < ps_pings_.size(); ++t) {
+        try {
+          ps_pings_[t]->call(detail::RpcOp::Ping, {}, options_.heartbeat_timeout);
+        } catch (const std::exception& e) {
+          lose_ps(fmt::format("lost ps task {} ({}): {}", ps_device_string(static_cast<int>(t)), ps_pings_[t]->address(),
+                              e.what()));
+          ps_pings_[t]->disconnect();
+        }
+      }
+      for (auto& w : workers_) {
+        if (!is_up(*w)) continue;
+        try {
+          w->ping->call(detail::RpcOp::Ping, {}, options_.heartbeat_timeout);
+        } catch (const std::exception& e) {
+          w->ping->disconnect();
+          mark_down(*w, fmt::format("no heartbeat: {}", e.what()));
+        }
+      }
+    }
+  }
+
+  ParameterServerStrategy& strategy_;
+  CoordinatorOptions options_;
+  std::uint64_t session_;
+  std::vector<std::unique_ptr<detail::RpcClient>> ps_pings_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::thread heartbeat_;
+
+  std::mutex mutex_;
+  std::condition_variable work_cv_;   // a closure queued, a worker up or down, stopping
+  std::condition_variable space_cv_;  // room in the queue
+  std::condition_variable idle_cv_;   // nothing outstanding, or an error
+  std::deque<detail::Closure> queue_;
+  std::size_t outstanding_ = 0;  // queued + running
+  std::uint64_t closure_ids_ = 0;
+  std::uint64_t dataset_ids_ = 0;
+  std::uint64_t retried_ = 0;
+  std::vector<DatasetRecipe> datasets_;
+  std::exception_ptr error_;  // the first closure error, until rethrown
+  std::exception_ptr fatal_;  // a lost ps task
+  bool stopping_ = false;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_CLUSTER_COORDINATOR_HPP
+// ---- end <distribute/ps/cluster_coordinator.hpp> ----
 #endif
 
 // GPU parts (backends/cuda, collective/nccl.hpp). Device values (ds::DeviceTensor,
