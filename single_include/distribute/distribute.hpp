@@ -37691,10 +37691,10 @@ struct RpcOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
   /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
-  std::optional<std::string> cluster_token;
+  std::optional<std::string> cluster_token = std::nullopt;
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// Refused connections are reported here; default: one line on stderr.
-  std::function<void(std::string_view)> log;
+  std::function<void(std::string_view)> log = {};
 };
 
 /// The exception type's name, for an error reply.
@@ -38450,7 +38450,7 @@ struct ParameterServerOptions {
   /// How long the constructor waits for every ps task to answer (they may still be starting).
   std::chrono::milliseconds connect_timeout{60000};
   /// Shared secret (see net::CommunicatorOptions::cluster_token).
-  std::optional<std::string> cluster_token;
+  std::optional<std::string> cluster_token = std::nullopt;
 };
 
 class ParameterServerStrategy final : public AnyStrategy, public detail::PartitionsVariables {
@@ -40486,10 +40486,10 @@ struct RpcOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
   /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
-  std::optional<std::string> cluster_token;
+  std::optional<std::string> cluster_token = std::nullopt;
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// Refused connections are reported here; default: one line on stderr.
-  std::function<void(std::string_view)> log;
+  std::function<void(std::string_view)> log = {};
 };
 
 /// The exception type's name, for an error reply.
@@ -41610,10 +41610,10 @@ struct RpcOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
   /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
-  std::optional<std::string> cluster_token;
+  std::optional<std::string> cluster_token = std::nullopt;
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// Refused connections are reported here; default: one line on stderr.
-  std::function<void(std::string_view)> log;
+  std::function<void(std::string_view)> log = {};
 };
 
 /// The exception type's name, for an error reply.
@@ -42531,12 +42531,12 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 struct ServerOptions {
   /// Shared secret every peer must prove (see net::CommunicatorOptions::cluster_token).
-  std::optional<std::string> cluster_token;
+  std::optional<std::string> cluster_token = std::nullopt;
   /// A worker's first call to a ps task waits this long for it to come up.
   std::chrono::milliseconds connect_timeout{60000};
   std::chrono::milliseconds handshake_timeout{5000};
   /// Refused connections and malformed frames are reported here; default: stderr.
-  std::function<void(std::string_view)> log;
+  std::function<void(std::string_view)> log = {};
 };
 
 namespace detail {
@@ -43491,10 +43491,10 @@ struct RpcOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
   /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
-  std::optional<std::string> cluster_token;
+  std::optional<std::string> cluster_token = std::nullopt;
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// Refused connections are reported here; default: one line on stderr.
-  std::function<void(std::string_view)> log;
+  std::function<void(std::string_view)> log = {};
 };
 
 /// The exception type's name, for an error reply.
@@ -47625,10 +47625,10 @@ struct RpcOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
   /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
-  std::optional<std::string> cluster_token;
+  std::optional<std::string> cluster_token = std::nullopt;
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// Refused connections are reported here; default: one line on stderr.
-  std::function<void(std::string_view)> log;
+  std::function<void(std::string_view)> log = {};
 };
 
 /// The exception type's name, for an error reply.
@@ -48384,7 +48384,7 @@ struct ParameterServerOptions {
   /// How long the constructor waits for every ps task to answer (they may still be starting).
   std::chrono::milliseconds connect_timeout{60000};
   /// Shared secret (see net::CommunicatorOptions::cluster_token).
-  std::optional<std::string> cluster_token;
+  std::optional<std::string> cluster_token = std::nullopt;
 };
 
 class ParameterServerStrategy final : public AnyStrategy, public detail::PartitionsVariables {
@@ -48481,7 +48481,7 @@ struct CoordinatorOptions {
   /// How long the constructor waits for every worker to come up.
   std::chrono::milliseconds connect_timeout{60000};
   /// Lost and returning workers are reported here; default: one line on stderr.
-  std::function<void(std::string_view)> log;
+  std::function<void(std::string_view)> log = {};
 };
 
 namespace detail {

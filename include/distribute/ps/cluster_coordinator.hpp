@@ -49,7 +49,7 @@ struct CoordinatorOptions {
   /// How long the constructor waits for every worker to come up.
   std::chrono::milliseconds connect_timeout{60000};
   /// Lost and returning workers are reported here; default: one line on stderr.
-  std::function<void(std::string_view)> log;
+  std::function<void(std::string_view)> log = {};
 };
 
 namespace detail {

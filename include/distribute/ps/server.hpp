@@ -35,12 +35,12 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 struct ServerOptions {
   /// Shared secret every peer must prove (see net::CommunicatorOptions::cluster_token).
-  std::optional<std::string> cluster_token;
+  std::optional<std::string> cluster_token = std::nullopt;
   /// A worker's first call to a ps task waits this long for it to come up.
   std::chrono::milliseconds connect_timeout{60000};
   std::chrono::milliseconds handshake_timeout{5000};
   /// Refused connections and malformed frames are reported here; default: stderr.
-  std::function<void(std::string_view)> log;
+  std::function<void(std::string_view)> log = {};
 };
 
 namespace detail {

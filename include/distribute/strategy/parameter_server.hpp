@@ -80,7 +80,7 @@ struct ParameterServerOptions {
   /// How long the constructor waits for every ps task to answer (they may still be starting).
   std::chrono::milliseconds connect_timeout{60000};
   /// Shared secret (see net::CommunicatorOptions::cluster_token).
-  std::optional<std::string> cluster_token;
+  std::optional<std::string> cluster_token = std::nullopt;
 };
 
 class ParameterServerStrategy final : public AnyStrategy, public detail::PartitionsVariables {

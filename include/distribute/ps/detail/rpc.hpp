@@ -75,10 +75,10 @@ struct RpcOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
   /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
-  std::optional<std::string> cluster_token;
+  std::optional<std::string> cluster_token = std::nullopt;
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// Refused connections are reported here; default: one line on stderr.
-  std::function<void(std::string_view)> log;
+  std::function<void(std::string_view)> log = {};
 };
 
 /// The exception type's name, for an error reply.
