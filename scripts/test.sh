@@ -9,6 +9,15 @@ cd "$ROOT"
 
 bash scripts/install-deps.sh
 
+# A CUDA toolkit in its usual place is often not on PATH. meson finds nvcc through PATH only
+# (Debian bookworm's meson 1.0 reads no CUDACXX/NVCC variable), and without it the cuda suite
+# would not be built: put the toolkit's bin/ on PATH, and set CUDACXX for tools that read it.
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+  export CUDACXX="${CUDACXX:-/usr/local/cuda/bin/nvcc}"
+  echo "test.sh: nvcc was not on PATH; using $CUDACXX"
+fi
+
 if [ -f build/meson-private/coredata.dat ]; then
   meson setup --reconfigure build
 else

@@ -4,7 +4,10 @@
 //   data_worker_helper SCENARIO LOCAL_REPLICAS DIR        (DIR holds part-0.csv, part-1.csv, ...)
 // Scenarios:
 //   multiset        for each source × policy × drop_remainder prints
-//                   "RESULT <policy>_<source>_<keep|drop> steps=S reduced_sum=X elems= a b c ..."
+//                   "RESULT <policy>_<source>_<keep|drop> steps=S reduced_sum=X elems= a b c ..." and
+//                   "MEAN <name> step=S mean=M rows= a b ...": reduce(Mean, loss, 0) over every
+//                   worker for the last step S that had rows, and this worker's rows of that step
+//                   (loss of row v: v/8 + 0.1)
 //   few_files       AutoShardPolicy::File with fewer files than workers (expects InvalidArgument)
 //   pipeline_error  worker 1's pipeline throws at row 1005 (File policy, one file per worker)
 // Exit codes: 0 ok, 3 PeerFailure/CollectiveTimeout, 4 InvalidArgument, 5 other error.
@@ -45,10 +48,17 @@ std::vector<std::string> part_files(const std::string& dir) {
 
 I64 parse_line(const std::string& line) { return std::stoll(line); }
 
-/// Iterates `dataset` distributed and prints what this worker's replicas saw.
+/// A per-example "loss" of row value v (any function of the row will do; not an integer, so
+/// that a Mean computed in integers would show).
+double row_loss(I64 v) { return static_cast<double>(v) / 8.0 + 0.1; }
+
+/// Iterates `dataset` distributed and prints what this worker's replicas saw, and (MEAN line) the
+/// last step's reduce(Mean, per_replica_loss, axis=0) with this worker's rows of that step.
 void run_case(Strategy& s, const std::string& name, const data::Dataset<ds::Tensor<I64>>& dataset) {
   I64 steps = 0, reduced_sum = 0;
-  std::vector<I64> mine;
+  std::vector<I64> mine, last_rows;
+  double last_mean = 0;
+  I64 last_step = 0;  // the last step that had rows (on any worker)
   for (const auto& batch : s.distribute_dataset(dataset)) {
     auto rows = s.run(
         [](ds::ReplicaContext& ctx, const ds::Tensor<I64>& b) {
@@ -61,8 +71,25 @@ void run_case(Strategy& s, const std::string& name, const data::Dataset<ds::Tens
     for (const auto& r : rows.values()) mine.insert(mine.end(), r.begin(), r.end());
     reduced_sum += s.reduce("sum", rows, 0)[0];  // across every replica of every worker
     ++steps;
+    // Per-example losses of each replica's piece (possibly empty), averaged over the step's rows
+    // on every worker. (Under File and Off a step can have no rows at all, where a mean is
+    // undefined: those steps are left out.)
+    const I64 step_rows = s.reduce("sum", s.run([](const ds::Tensor<I64>& b) { return static_cast<I64>(b.size()); }, batch));
+    if (step_rows == 0) continue;
+    auto per_replica_loss = s.run(
+        [](const ds::Tensor<I64>& b) {
+          std::vector<double> loss;
+          for (I64 v : b) loss.push_back(row_loss(v));
+          return loss;
+        },
+        batch);
+    last_mean = s.reduce(ds::ReduceOp::Mean, per_replica_loss, 0)[0];
+    last_step = steps;
+    last_rows.clear();
+    for (const auto& r : rows.values()) last_rows.insert(last_rows.end(), r.begin(), r.end());
   }
   fmt::print("RESULT {} steps={} reduced_sum={} elems= {}\n", name, steps, reduced_sum, fmt::join(mine, " "));
+  fmt::print("MEAN {} step={} mean={:.17g} rows= {}\n", name, last_step, last_mean, fmt::join(last_rows, " "));
 }
 
 void multiset(Strategy& s, const std::vector<std::string>& files) {

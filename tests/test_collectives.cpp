@@ -6,8 +6,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <limits>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "../examples/common/logistic_model.hpp"
@@ -98,6 +103,27 @@ TEST_CASE("every policy: exact integer results and mismatched inputs are rejecte
     CHECK_THROWS_WITH_AS(strategy.run(bad),
                          "all_reduce: value 0 is float32 of shape (1,) on replica 0 but float64 of shape (1,) on replica 3",
                          ds::InvalidArgument);
+    // Same element type, different shapes on one replica: the message names both shapes.
+    auto reshaped = [](ds::ReplicaContext& ctx) {
+      const bool odd_one = ctx.replica_id_in_sync_group() == 2;
+      auto t = ds::Tensor<float>::full(odd_one ? ds::Shape{3, 2} : ds::Shape{2, 3}, 1.0f);
+      return ctx.all_reduce("sum", std::move(t)).size();
+    };
+    bool threw_invalid_argument = false;
+    try {
+      strategy.run(reshaped);
+    } catch (const ds::InvalidArgument& e) {
+      threw_invalid_argument = true;
+      const std::string message = e.what();
+      CAPTURE(message);
+      CHECK(message.find("(2, 3)") != std::string::npos);
+      CHECK(message.find("(3, 2)") != std::string::npos);
+    } catch (...) {
+    }
+    CHECK(threw_invalid_argument);
+    // The strategy still works after the failed step.
+    auto again = strategy.run([](ds::ReplicaContext& ctx) { return ctx.all_reduce("sum", std::int64_t{5}); });
+    for (auto v : again.values()) CHECK(v == 20);
     auto gathered = strategy.run([](ds::ReplicaContext& ctx) { return ctx.all_gather(std::vector<int>{ctx.replica_id_in_sync_group()}, 0); });
     CHECK(gathered[3] == std::vector<int>{0, 1, 2, 3});
   };
@@ -168,6 +194,181 @@ TEST_CASE("200 tensors of mixed sizes and two element types pack, reduce and unp
   for (int k = 0; k < 200; ++k) {
     CHECK(out[2][static_cast<std::size_t>(k)] == ds::Tensor<float>::full({k % 7 + 1, 3}, float(3 * k + 3)));
   }
+}
+
+namespace {
+
+// 200 tensors of two element types (every third one int64, the rest float32) and varied shapes:
+// scalars, empty tensors, ranks 1..3 and a few of several KiB, so that packs of 1 KiB and 32 KiB
+// hold from one to many values.
+constexpr std::size_t kMixedTensors = 200;
+constexpr bool mixed_is_int(std::size_t k) { return k % 3 == 0; }
+template <std::size_t K>
+using MixedElement = std::conditional_t<mixed_is_int(K), std::int64_t, float>;
+
+ds::Shape mixed_shape(std::size_t k) {
+  if (k % 17 == 5) return {64, static_cast<std::int64_t>(40 + k % 9)};  // 10..12 KiB
+  std::mt19937 rng(static_cast<unsigned>(1000 + k));
+  const std::size_t rank = rng() % 4;
+  ds::Shape shape;
+  for (std::size_t d = 0; d < rank; ++d) shape.push_back(static_cast<std::int64_t>(rng() % 9));  // 0..8: some empty
+  return shape;
+}
+
+std::size_t mixed_count(const ds::Shape& shape) {
+  std::size_t n = 1;
+  for (auto d : shape) n *= static_cast<std::size_t>(d);
+  return n;
+}
+
+// Replica r's element i of tensor k. Floats are multiples of 1/4 below 2^13, so every sum over
+// up to 8 replicas is exact in float32 whatever the order; ints use the upper bits of int64.
+float mixed_float(int r, std::size_t k, std::size_t i) {
+  return static_cast<float>((k * 31 + i * 7) % 4096) + 0.25f * static_cast<float>(r + 1);
+}
+std::int64_t mixed_int(int r, std::size_t k, std::size_t i) {
+  return (static_cast<std::int64_t>(k + 1) << 40) + static_cast<std::int64_t>(i) * (r + 1) - 3 * r;
+}
+
+template <class T>
+ds::Tensor<T> mixed_tensor(int r, std::size_t k) {
+  const auto shape = mixed_shape(k);
+  std::vector<T> data(mixed_count(shape));
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    if constexpr (std::is_same_v<T, float>) data[i] = mixed_float(r, k, i);
+    else data[i] = mixed_int(r, k, i);
+  }
+  return ds::Tensor<T>(shape, std::move(data));
+}
+
+// A reduced tensor as the test compares it: element type, shape and values.
+struct MixedResult {
+  bool is_int = false;
+  ds::Shape shape;
+  std::vector<float> floats;
+  std::vector<std::int64_t> ints;
+  friend bool operator==(const MixedResult&, const MixedResult&) = default;
+};
+
+template <class T>
+MixedResult mixed_result(const ds::Tensor<T>& t) {
+  MixedResult out;
+  out.is_int = std::is_same_v<T, std::int64_t>;
+  out.shape = t.shape();
+  if constexpr (std::is_same_v<T, float>) out.floats.assign(t.begin(), t.end());
+  else out.ints.assign(t.begin(), t.end());
+  return out;
+}
+
+// The expected SUM over `replicas` replicas, computed here element by element.
+MixedResult mixed_expected(int replicas, std::size_t k) {
+  MixedResult out;
+  out.is_int = mixed_is_int(k);
+  out.shape = mixed_shape(k);
+  const std::size_t n = mixed_count(out.shape);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (out.is_int) {
+      std::int64_t sum = 0;
+      for (int r = 0; r < replicas; ++r) sum += mixed_int(r, k, i);
+      out.ints.push_back(sum);
+    } else {
+      double sum = 0;
+      for (int r = 0; r < replicas; ++r) sum += mixed_float(r, k, i);
+      out.floats.push_back(static_cast<float>(sum));
+    }
+  }
+  return out;
+}
+
+// All 200 values in one variadic all_reduce (mixed element types in one call).
+template <std::size_t... K>
+std::vector<MixedResult> mixed_variadic_all_reduce(ds::ReplicaContext& ctx, std::index_sequence<K...>) {
+  const int r = ctx.replica_id_in_sync_group();
+  auto reduced = ctx.all_reduce(ds::ReduceOp::Sum, mixed_tensor<MixedElement<K>>(r, K)...);
+  std::vector<MixedResult> out;
+  out.reserve(sizeof...(K));
+  (out.push_back(mixed_result(std::get<K>(reduced))), ...);
+  return out;
+}
+
+// The same values through batch_all_reduce: one call per element type, merged back in order.
+std::vector<MixedResult> mixed_batch_all_reduce(ds::ReplicaContext& ctx) {
+  const int r = ctx.replica_id_in_sync_group();
+  std::vector<ds::Tensor<float>> floats;
+  std::vector<ds::Tensor<std::int64_t>> ints;
+  for (std::size_t k = 0; k < kMixedTensors; ++k) {
+    if (mixed_is_int(k)) ints.push_back(mixed_tensor<std::int64_t>(r, k));
+    else floats.push_back(mixed_tensor<float>(r, k));
+  }
+  floats = ctx.batch_all_reduce(ds::ReduceOp::Sum, std::move(floats));
+  ints = ctx.batch_all_reduce(ds::ReduceOp::Sum, std::move(ints));
+  std::vector<MixedResult> out;
+  std::size_t fi = 0, ii = 0;
+  for (std::size_t k = 0; k < kMixedTensors; ++k) {
+    out.push_back(mixed_is_int(k) ? mixed_result(ints.at(ii++)) : mixed_result(floats.at(fi++)));
+  }
+  return out;
+}
+
+template <class Ops>
+void check_mixed_200(int replicas, std::size_t bytes_per_pack) {
+  CAPTURE(replicas);
+  CAPTURE(bytes_per_pack);
+  ds::MirroredStrategy<ds::host, Ops> strategy(replicas, ds::CommunicationOptions{.bytes_per_pack = bytes_per_pack});
+  std::vector<MixedResult> expected;
+  for (std::size_t k = 0; k < kMixedTensors; ++k) expected.push_back(mixed_expected(replicas, k));
+  auto variadic = strategy.run(
+      [](ds::ReplicaContext& ctx) { return mixed_variadic_all_reduce(ctx, std::make_index_sequence<kMixedTensors>{}); });
+  auto batched = strategy.run([](ds::ReplicaContext& ctx) { return mixed_batch_all_reduce(ctx); });
+  for (int r = 0; r < replicas; ++r) {
+    CAPTURE(r);
+    for (const auto* got : {&variadic[static_cast<std::size_t>(r)], &batched[static_cast<std::size_t>(r)]}) {
+      REQUIRE(got->size() == kMixedTensors);
+      std::size_t wrong = 0;
+      for (std::size_t k = 0; k < kMixedTensors; ++k) {
+        if ((*got)[k] == expected[k]) continue;
+        ++wrong;
+        CAPTURE(k);
+        CHECK((*got)[k].is_int == expected[k].is_int);
+        CHECK((*got)[k].shape == expected[k].shape);
+        CHECK((*got)[k].floats == expected[k].floats);
+        CHECK((*got)[k].ints == expected[k].ints);
+      }
+      CHECK(wrong == 0);
+    }
+  }
+}
+
+template <class Ops>
+void check_mixed_200_all_packings() {
+  for (std::size_t bytes_per_pack : {std::size_t{0}, std::size_t{1024}, std::size_t{32 * 1024}}) {
+    for (int replicas : {3, 4}) check_mixed_200<Ops>(replicas, bytes_per_pack);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("200 mixed float32/int64 tensors through variadic and batch all_reduce, every policy and bytes_per_pack") {
+  // The inputs cover what the check relies on: both element types, empty and scalar values,
+  // and values larger than 1 KiB.
+  std::size_t ints = 0, empty = 0, scalars = 0, large = 0;
+  for (std::size_t k = 0; k < kMixedTensors; ++k) {
+    const auto shape = mixed_shape(k);
+    ints += mixed_is_int(k);
+    empty += mixed_count(shape) == 0;
+    scalars += shape.empty();
+    large += mixed_count(shape) * 4 > 1024;
+  }
+  REQUIRE(ints > 50);
+  REQUIRE(empty > 0);
+  REQUIRE(scalars > 0);
+  REQUIRE(large > 5);
+  SUBCASE("SharedMemoryAllReduce (the host default)") {
+    static_assert(std::is_same_v<ds::MirroredStrategy<ds::host>, ds::MirroredStrategy<ds::host, ds::SharedMemoryAllReduce>>);
+    check_mixed_200_all_packings<ds::SharedMemoryAllReduce>();
+  }
+  SUBCASE("ReductionToOneDevice") { check_mixed_200_all_packings<ds::ReductionToOneDevice>(); }
+  SUBCASE("HierarchicalCopyAllReduce") { check_mixed_200_all_packings<ds::HierarchicalCopyAllReduce>(); }
 }
 
 TEST_CASE("CentralStorageStrategy: one copy, updates aggregated and applied once per step") {

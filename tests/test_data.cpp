@@ -690,6 +690,34 @@ std::map<std::string, Seen> parse_results(const std::string& output) {
   return out;
 }
 
+/// One "MEAN name step=S mean=M rows= a b" line of a worker: the last step's
+/// reduce(Mean, per_replica_loss, axis=0) over all workers, and this worker's rows of that step.
+struct LastStepMean {
+  I64 step = -1;
+  double mean = 0;
+  std::vector<I64> rows;
+};
+
+std::map<std::string, LastStepMean> parse_means(const std::string& output) {
+  std::map<std::string, LastStepMean> out;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MEAN ", 0) != 0) continue;
+    std::istringstream fields(line.substr(5));
+    std::string name, word;
+    fields >> name;
+    LastStepMean m;
+    while (fields >> word) {
+      if (word.rfind("step=", 0) == 0) m.step = std::stoll(word.substr(5));
+      else if (word.rfind("mean=", 0) == 0) m.mean = std::stod(word.substr(5));
+      else if (word != "rows=") m.rows.push_back(std::stoll(word));
+    }
+    out[name] = m;
+  }
+  return out;
+}
+
 // What the whole cluster must have seen, as a multiset (sorted).
 std::vector<I64> truncate_to_batches(std::vector<I64> v, std::size_t batch, bool drop) {
   if (drop) v.resize(v.size() / batch * batch);
@@ -772,6 +800,41 @@ TEST_SUITE("data_multi_worker") {
           CHECK(got.size() == want.size());
           CHECK(std::accumulate(got.begin(), got.end(), I64{0}) == std::accumulate(want.begin(), want.end(), I64{0}));
           CHECK(got == want);
+
+          // The last step's (with rows) reduce(Mean, per_replica_loss, axis=0), over every worker's
+          // replicas, is the plain mean of that step's losses (helper: loss of row v is v/8 + 0.1), however
+          // unevenly the step's rows were split among replicas and workers.
+          std::vector<I64> last_rows;
+          std::vector<double> means;
+          I64 mean_step = -1;
+          for (int w = 0; w < workers; ++w) {
+            const auto m = parse_means(children[static_cast<std::size_t>(w)].output);
+            auto it = m.find(name);
+            REQUIRE(it != m.end());
+            if (mean_step < 0) mean_step = it->second.step;
+            CHECK(it->second.step == mean_step);  // the same step on every worker
+            CHECK(it->second.step >= 1);
+            CHECK(it->second.step <= steps);
+            means.push_back(it->second.mean);
+            last_rows.insert(last_rows.end(), it->second.rows.begin(), it->second.rows.end());
+          }
+          REQUIRE(!last_rows.empty());
+          double plain = 0;
+          for (I64 v : last_rows) plain += static_cast<double>(v) / 8.0 + 0.1;
+          plain /= static_cast<double>(last_rows.size());
+          for (double mean : means) CHECK(mean == doctest::Approx(plain).epsilon(1e-12));
+          if (kind == "data_range") {
+            CHECK(mean_step == steps);  // Data: every step has rows
+            // Data sharding: the last step is the global batch that one process would see last,
+            // the partial one (23 = 5 * 4 + 3) unless dropped.
+            auto tail = truncate_to_batches(all_range, global_batch, drop);
+            const std::size_t last_size = drop ? global_batch : tail.size() % global_batch;
+            REQUIRE(last_size <= tail.size());
+            std::vector<I64> want_last(tail.end() - static_cast<std::ptrdiff_t>(last_size), tail.end());
+            std::sort(want_last.begin(), want_last.end());
+            std::sort(last_rows.begin(), last_rows.end());
+            CHECK(last_rows == want_last);
+          }
         }
       }
     }

@@ -6,6 +6,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -193,6 +198,38 @@ TEST_CASE("local_results and distribute_values_from_function (seed examples)") {
   CHECK(fmt::format("{}", picked) == "PerReplica{0: 3, 1: 2}");
 }
 
+TEST_CASE("seed: distribute_values_from_function with values placed on extended().worker_devices()") {
+  // TF: for i in range(num_replicas_in_sync): with tf.device(worker_devices[i]): multiple_values.append(...)
+  //     value_fn(ctx) = multiple_values[ctx.replica_id_in_sync_group]
+  // The host backend has no device placement scope; a value records the device it was made for,
+  // and each replica must receive the value made for its own device.
+  struct Placed {
+    std::string device;
+    float value = 0;
+  };
+  Mirrored strategy(3);
+  const auto worker_devices = strategy.extended().worker_devices();
+  REQUIRE(worker_devices.size() == 3);
+  std::vector<Placed> multiple_values;
+  for (int i = 0; i < strategy.num_replicas_in_sync(); ++i) {
+    multiple_values.push_back({worker_devices[static_cast<std::size_t>(i)], 1.0f + static_cast<float>(i)});
+  }
+  auto distributed_values = strategy.distribute_values_from_function(
+      [&](const ds::ValueContext& ctx) { return multiple_values[static_cast<std::size_t>(ctx.replica_id_in_sync_group)]; });
+  const auto local = strategy.local_results(distributed_values);
+  REQUIRE(local.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(local[i].device == "/job:localhost/replica:0/task:0/device:CPU:" + std::to_string(i));
+    CHECK(local[i].value == 1.0f + static_cast<float>(i));
+  }
+  // run hands replica i the value placed on its device.
+  auto on_own_device = strategy.run(
+      [](ds::ReplicaContext& ctx, const Placed& p) { return p.device == ctx.device() ? p.value : -1.0f; },
+      distributed_values);
+  CHECK(strategy.local_results(on_own_device) == std::vector<float>{1.0f, 2.0f, 3.0f});
+  CHECK(strategy.reduce("sum", on_own_device) == 6.0f);
+}
+
 TEST_CASE("all_reduce: every op, several values in one call, mixed element types") {
   Mirrored strategy(4);
   auto out = strategy.run([](ds::ReplicaContext& ctx) {
@@ -216,6 +253,74 @@ TEST_CASE("all_reduce: every op, several values in one call, mixed element types
     CHECK(std::get<5>(out)[static_cast<std::size_t>(i)] == 1.0);
     CHECK(std::get<6>(out)[static_cast<std::size_t>(i)] == 24.0);
   }
+}
+
+namespace {
+
+// A cross-device ops policy that counts the collectives the replicas issue, then runs the host
+// default. (Policies are the strategy's extension point; this one is the test's observer.)
+std::atomic<int> counting_ops_all_reduce_calls{0};
+std::atomic<int> counting_ops_values{0};
+
+class CountingCollectives : public ds::detail::ReplicaCollectives {
+ public:
+  explicit CountingCollectives(std::unique_ptr<ds::detail::ReplicaCollectives> inner) : inner_(std::move(inner)) {}
+  void all_reduce(ds::detail::ReplicaGroup& group, int replica, std::span<ds::detail::BufferRef> buffers,
+                  ds::ReduceOp op) override {
+    counting_ops_all_reduce_calls.fetch_add(1);
+    counting_ops_values.fetch_add(static_cast<int>(buffers.size()));
+    inner_->all_reduce(group, replica, buffers, op);
+  }
+  void all_gather(ds::detail::ReplicaGroup& group, int replica, const ds::detail::BufferRef& input, int axis,
+                  const std::function<void*(const ds::Shape&)>& allocate) override {
+    inner_->all_gather(group, replica, input, axis, allocate);
+  }
+  void broadcast(ds::detail::ReplicaGroup& group, int replica, ds::detail::BufferRef buffer, int root) override {
+    inner_->broadcast(group, replica, buffer, root);
+  }
+
+ private:
+  std::unique_ptr<ds::detail::ReplicaCollectives> inner_;
+};
+
+struct CountingAllReduce {
+  static constexpr std::string_view name = "CountingAllReduce";
+  static std::unique_ptr<ds::detail::ReplicaCollectives> make_collectives(const ds::detail::CollectivesConfig& config) {
+    return std::make_unique<CountingCollectives>(ds::SharedMemoryAllReduce::make_collectives(config));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("all_reduce(op, a, b, c) with several values makes exactly one collective") {
+  ds::MirroredStrategy<ds::host, CountingAllReduce> strategy(4);
+  auto step = [](ds::ReplicaContext& ctx) {
+    const int r = ctx.replica_id_in_sync_group();
+    std::vector<float> a{float(r), 1.0f};
+    ds::Tensor<std::int64_t> b({2, 2}, {r, r, r, 1});
+    double c = r;
+    return ctx.all_reduce(ds::ReduceOp::Sum, a, b, c);
+  };
+  counting_ops_all_reduce_calls = 0;
+  counting_ops_values = 0;
+  auto out = strategy.run(step);
+  CHECK(counting_ops_all_reduce_calls.load() == 4);  // one call per replica: one collective
+  CHECK(counting_ops_values.load() == 4 * 3);        // carrying all three values
+  for (int i = 0; i < 4; ++i) {
+    CHECK(std::get<0>(out)[static_cast<std::size_t>(i)] == std::vector<float>{6, 4});
+    CHECK(std::get<1>(out)[static_cast<std::size_t>(i)] == ds::Tensor<std::int64_t>({2, 2}, {6, 6, 6, 4}));
+    CHECK(std::get<2>(out)[static_cast<std::size_t>(i)] == 6.0);
+  }
+  // The counter does see separate collectives: three calls of one value each are three.
+  counting_ops_all_reduce_calls = 0;
+  counting_ops_values = 0;
+  strategy.run([](ds::ReplicaContext& ctx) {
+    ctx.all_reduce("sum", 1.0f);
+    ctx.all_reduce("sum", 2.0);
+    ctx.all_reduce("sum", std::int64_t{3});
+  });
+  CHECK(counting_ops_all_reduce_calls.load() == 4 * 3);
+  CHECK(counting_ops_values.load() == 4 * 3);
 }
 
 TEST_CASE("all_reduce of large and odd-sized buffers matches a serial sum") {

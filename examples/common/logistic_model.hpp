@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <distribute/distribute.hpp>
@@ -55,8 +56,13 @@ struct EpochReport {
 };
 
 /// Trains weights (d) and bias (1), packed in one vector, with minibatch gradient descent.
-/// Each replica takes its slice of the global batch, the gradient sums are all-reduced, and
-/// every replica applies the same update to its mirrored copy. Returns the final weights.
+/// The input is a tf.data-style pipeline: (features row, label) slices of `data`, batched into
+/// global batches of config.global_batch (the last one partial). strategy.distribute_dataset cuts
+/// each global batch into the replicas' pieces (TF's rebatching) and, across workers, shards it
+/// with AutoShardPolicy::Data (every worker reads everything and keeps its own replicas' pieces),
+/// so a step sees the same global batch however many replicas and workers there are. The
+/// gradient sums and the example count are all-reduced in one call, and every replica applies
+/// the same update to its mirrored copy. Returns the final weights.
 template <class Strategy>
 std::vector<float> train(Strategy& strategy, const Data& data, const TrainConfig& config,
                          const std::function<void(const EpochReport&)>& on_epoch = {}) {
@@ -66,39 +72,50 @@ std::vector<float> train(Strategy& strategy, const Data& data, const TrainConfig
     auto scope = strategy.scope();
     return ds::Variable<std::vector<float>>(std::vector<float>(params, 0.0f), {.name = "weights"});
   }();
-  const int replicas = strategy.num_replicas_in_sync();
+
+  // Elements (features row (d), label); batches (features (b, d), labels (b)).
+  const auto batches = ds::data::from_tensor_slices(std::make_pair(data.features, data.labels))
+                           .batch(config.global_batch)
+                           .with_options({.auto_shard_policy = ds::data::AutoShardPolicy::Data});
+  using Batch = std::pair<ds::Tensor<float>, ds::Tensor<float>>;
+
+  // One step on one replica: `batch` is its piece of the global batch (empty when the last,
+  // partial batch has fewer rows than there are replicas).
+  auto step = [&](ds::ReplicaContext& ctx, const Batch& batch) {
+    const ds::Tensor<float>& features = batch.first;
+    const ds::Tensor<float>& labels = batch.second;
+    const std::int64_t rows = labels.shape().empty() ? 0 : labels.shape()[0];
+    const std::vector<float> w = weights.read_value();  // this replica's copy (or the central one)
+    std::vector<double> grad(params, 0.0);
+    std::vector<float> losses;
+    losses.reserve(static_cast<std::size_t>(rows));
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float* x = features.data() + i * d;
+      double logit = w[static_cast<std::size_t>(d)];
+      for (std::int64_t j = 0; j < d; ++j) logit += double(w[static_cast<std::size_t>(j)]) * x[j];
+      const double p = 1.0 / (1.0 + std::exp(-logit));
+      const double y = labels.data()[i];
+      losses.push_back(static_cast<float>(-(y * std::log(p + 1e-12) + (1 - y) * std::log(1 - p + 1e-12))));
+      for (std::int64_t j = 0; j < d; ++j) grad[static_cast<std::size_t>(j)] += (p - y) * x[j];
+      grad[static_cast<std::size_t>(d)] += p - y;
+    }
+    // Sum of the gradients over the global batch and the batch's size, identical on every
+    // replica: one packed all-reduce.
+    auto [grad_sum, count] =
+        ctx.all_reduce(ds::ReduceOp::Sum, std::move(grad), std::vector<double>{static_cast<double>(rows)});
+    std::vector<float> update(params);
+    for (std::size_t k = 0; k < params; ++k) {
+      update[k] = static_cast<float>(config.learning_rate * grad_sum[k] / count[0]);
+    }
+    weights.assign_sub(update);  // aggregation NONE: the local copy, kept identical by the all-reduce
+    return losses;
+  };
 
   for (int epoch = 1; epoch <= config.epochs; ++epoch) {
     const auto start_time = std::chrono::steady_clock::now();
     double loss_sum = 0;
-    for (std::int64_t start = 0; start < n; start += config.global_batch) {
-      const std::int64_t batch = std::min(config.global_batch, n - start);  // the last batch may be partial
-      auto per_example_loss = strategy.run([&](ds::ReplicaContext& ctx) {
-        const std::int64_t r = ctx.replica_id_in_sync_group();
-        const std::int64_t begin = start + batch * r / replicas, end = start + batch * (r + 1) / replicas;
-        const std::vector<float> w = weights.read_value();  // this replica's copy (or the central one)
-        std::vector<double> grad(params, 0.0);
-        std::vector<float> losses;
-        losses.reserve(static_cast<std::size_t>(end - begin));
-        for (std::int64_t i = begin; i < end; ++i) {
-          const float* x = data.features.data() + i * d;
-          double logit = w[static_cast<std::size_t>(d)];
-          for (std::int64_t j = 0; j < d; ++j) logit += double(w[static_cast<std::size_t>(j)]) * x[j];
-          const double p = 1.0 / (1.0 + std::exp(-logit));
-          const double y = data.labels[static_cast<std::size_t>(i)];
-          losses.push_back(static_cast<float>(-(y * std::log(p + 1e-12) + (1 - y) * std::log(1 - p + 1e-12))));
-          for (std::int64_t j = 0; j < d; ++j) grad[static_cast<std::size_t>(j)] += (p - y) * x[j];
-          grad[static_cast<std::size_t>(d)] += p - y;
-        }
-        // Sum of the gradients over the global batch, identical on every replica.
-        grad = ctx.all_reduce(ds::ReduceOp::Sum, std::move(grad));
-        std::vector<float> step(params);
-        for (std::size_t k = 0; k < params; ++k) {
-          step[k] = static_cast<float>(config.learning_rate * grad[k] / static_cast<double>(batch));
-        }
-        weights.assign_sub(step);  // aggregation NONE: the local copy, kept identical by the all-reduce
-        return losses;
-      });
+    for (const auto& batch : strategy.distribute_dataset(batches)) {
+      auto per_example_loss = strategy.run(step, batch);
       loss_sum += strategy.reduce(ds::ReduceOp::Sum, per_example_loss, 0)[0];
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
