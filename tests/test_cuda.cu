@@ -11,6 +11,7 @@
 #include <distribute/backends/cuda/device_tensor.hpp>
 #include <distribute/collective/nccl.hpp>
 #include <distribute/core/variable.hpp>
+#include <distribute/strategy/central_storage.hpp>
 #include <distribute/strategy/mirrored.hpp>
 #include <distribute/strategy/one_device.hpp>
 
@@ -117,6 +118,103 @@ TEST_CASE("no_gpu: a cuda strategy without a visible GPU is Unavailable, naming 
   CHECK(ds::cuda::current_stream() == nullptr);  // not a replica thread: the default stream
   CHECK(ds::cuda::current_device() == -1);
 }
+
+TEST_CASE("no_gpu: CentralStorageStrategy<ds::cuda> without a visible GPU is Unavailable" *
+          doctest::test_suite("no_gpu")) {
+  using Central = ds::CentralStorageStrategy<ds::cuda>;
+  // CUDA's own reason, asked of CUDA here.
+  int count = -1;
+  const cudaError_t why = cudaGetDeviceCount(&count);
+  (void)cudaGetLastError();
+  REQUIRE((why != cudaSuccess || count == 0));
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    CAPTURE(attempt);
+    bool unavailable = false;
+    try {
+      if (attempt == 0) Central strategy;
+      else if (attempt == 1) Central strategy(2);
+      else Central strategy(std::vector<std::string>{"/gpu:0"});
+    } catch (const ds::Unavailable& e) {
+      unavailable = true;
+      const std::string message = e.what();
+      CAPTURE(message);
+      CHECK(message.rfind("CentralStorageStrategy: no CUDA device visible", 0) == 0);
+      if (why != cudaSuccess) CHECK(message.find(cudaGetErrorString(why)) != std::string::npos);
+    } catch (...) {
+    }
+    CHECK(unavailable);
+  }
+}
+
+TEST_CASE("no_gpu: a failed CUDA call is a CudaError carrying CUDA's error name and text" *
+          doctest::test_suite("no_gpu")) {
+  CHECK_NOTHROW(ds::detail::cuda_check(cudaSuccess, "cudaMemcpy"));
+  auto message_of = [](auto&& fn) -> std::string {
+    try {
+      fn();
+    } catch (const ds::CudaError& e) {
+      return e.what();
+    }
+    return "(no CudaError)";
+  };
+  // The error code as given.
+  CHECK_THROWS_AS(ds::detail::cuda_check(cudaErrorInvalidValue, "cudaMemcpy"), ds::CudaError);
+  CHECK_THROWS_AS(ds::detail::cuda_check(cudaErrorInvalidValue, "cudaMemcpy"), ds::Error);  // the library's base
+  try {
+    ds::detail::cuda_check(cudaErrorInvalidValue, "cudaMemcpy", "all_reduce");
+  } catch (const ds::CudaError& e) {
+    CHECK(e.code() == static_cast<int>(cudaErrorInvalidValue));
+  }
+  const std::string invalid = message_of([] { ds::detail::cuda_check(cudaErrorInvalidValue, "cudaMemcpy", "all_reduce"); });
+  CAPTURE(invalid);
+  CHECK(invalid.find("cudaMemcpy") != std::string::npos);
+  CHECK(invalid.find("all_reduce") != std::string::npos);
+  CHECK(invalid.find("cudaErrorInvalidValue") != std::string::npos);
+  CHECK(invalid.find(cudaGetErrorString(cudaErrorInvalidValue)) != std::string::npos);  // "invalid argument"
+  // Whether this machine lets CUDA's last-error slot be cleared (without a driver every call,
+  // cudaGetLastError included, reports the missing driver).
+  (void)cudaGetLastError();
+  const bool clearable = cudaGetLastError() == cudaSuccess;
+  // A real failing call (no such device on any machine): its code and CUDA's text come through.
+  const cudaError_t e = cudaSetDevice(4096);
+  REQUIRE(e != cudaSuccess);
+  const std::string real = message_of([&] { ds::detail::cuda_check(e, "cudaSetDevice"); });
+  CAPTURE(real);
+  CHECK(real.find("cudaSetDevice") != std::string::npos);
+  CHECK(real.find(cudaGetErrorName(e)) != std::string::npos);
+  CHECK(real.find(cudaGetErrorString(e)) != std::string::npos);
+  if (clearable) CHECK(cudaGetLastError() == cudaSuccess);  // cuda_check cleared CUDA's last-error slot
+}
+
+#if DISTRIBUTE_HAS_NCCL
+TEST_CASE("no_gpu: a failed NCCL call is an NcclError carrying NCCL's error text" * doctest::test_suite("no_gpu")) {
+  CHECK_NOTHROW(ds::detail::nccl_check(ncclSuccess, "ncclAllReduce"));
+  auto message_of = [](ncclResult_t r, const char* call) -> std::string {
+    try {
+      ds::detail::nccl_check(r, call);
+    } catch (const ds::NcclError& e) {
+      CHECK(e.code() == static_cast<int>(r));
+      return e.what();
+    }
+    return "(no NcclError)";
+  };
+  CHECK_THROWS_AS(ds::detail::nccl_check(ncclInvalidArgument, "ncclAllReduce"), ds::Error);
+  const std::string invalid = message_of(ncclInvalidArgument, "ncclAllReduce");
+  CAPTURE(invalid);
+  CHECK(invalid.find("ncclAllReduce") != std::string::npos);
+  CHECK(invalid.find(ncclGetErrorString(ncclInvalidArgument)) != std::string::npos);
+  CHECK(message_of(ncclUnhandledCudaError, "ncclGroupEnd").find(ncclGetErrorString(ncclUnhandledCudaError)) !=
+        std::string::npos);
+  // A real failing call (a null communicator), needing no GPU.
+  const ncclResult_t r = ncclCommCount(nullptr, nullptr);
+  REQUIRE(r != ncclSuccess);
+  const std::string real = message_of(r, "ncclCommCount");
+  CAPTURE(real);
+  CHECK(real.find("ncclCommCount") != std::string::npos);
+  CHECK(real.find(ncclGetErrorString(r)) != std::string::npos);
+  MESSAGE("the error a user sees: " << real);
+}
+#endif
 
 TEST_CASE("no_gpu: the cuda backend's compile-time choices" * doctest::test_suite("no_gpu")) {
 #if DISTRIBUTE_HAS_NCCL
