@@ -7,9 +7,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +16,8 @@
 
 #include <distribute/distribute.hpp>
 
+#include "../tests/support/processes.hpp"  // free loopback ports, as the tests pick them
+
 namespace ds = distribute;
 
 namespace {
@@ -27,23 +26,6 @@ void empty_closure() {}
 void add_to(ds::Variable<std::vector<float>> v, std::vector<float> delta) { v.assign_add(delta); }
 DISTRIBUTE_REMOTE_FUNCTION(empty_closure);
 DISTRIBUTE_REMOTE_FUNCTION(add_to);
-
-std::vector<int> free_ports(int n) {
-  std::vector<int> fds, ports;
-  for (int i = 0; i < n; ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ports.push_back(ntohs(a.sin_port));
-    fds.push_back(fd);
-  }
-  for (int fd : fds) close(fd);
-  return ports;
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -59,7 +41,7 @@ int main(int argc, char** argv) {
   }
   const int closures = argc > 1 ? std::atoi(argv[1]) : 3000;
   const int num_ps = 2, num_workers = 3;
-  const auto ports = free_ports(num_ps + num_workers + 1);
+  const auto ports = test_support::free_ports(num_ps + num_workers + 1);
   ds::ClusterSpec::DenseJobs jobs;
   auto addr = [&](int i) { return fmt::format("127.0.0.1:{}", ports[static_cast<std::size_t>(i)]); };
   jobs["chief"] = {addr(num_ps + num_workers)};

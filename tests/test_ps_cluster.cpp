@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -71,10 +72,26 @@ struct Cluster {
   }
 };
 
-ds::CoordinatorOptions quiet_options() {
+/// What a coordinator reported (lost and returning workers).
+struct LogLines {
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  bool has(const std::string& text) {
+    std::lock_guard lock(mutex);
+    return std::any_of(lines.begin(), lines.end(), [&](const auto& l) { return l.find(text) != std::string::npos; });
+  }
+};
+
+ds::CoordinatorOptions quiet_options(LogLines* log = nullptr) {
   ds::CoordinatorOptions o;
   o.heartbeat_timeout = 1000ms;
-  o.log = [](std::string_view line) { MESSAGE(std::string(line)); };
+  o.log = [log](std::string_view line) {
+    MESSAGE(std::string(line));
+    if (log) {
+      std::lock_guard lock(log->mutex);
+      log->lines.emplace_back(line);
+    }
+  };
   return o;
 }
 
@@ -156,8 +173,9 @@ TEST_CASE("1 chief, 2 ps, 3 workers: 1000 closures each add 1 to a ps variable: 
 
 TEST_CASE("a worker SIGKILLed half-way: still exactly 1000, join completes, the restarted worker is used again") {
   Cluster cluster(2, 3);
+  LogLines log;
   ds::ParameterServerStrategy strategy(cluster.resolver());
-  ds::ClusterCoordinator coordinator(strategy, quiet_options());
+  ds::ClusterCoordinator coordinator(strategy, quiet_options(&log));
   auto scope = strategy.scope();
   ds::Variable<float> counter(0.0f, {.name = "counter"});
   for (int i = 0; i < 1000; ++i) coordinator.schedule(&ps_test::slow_add_one, counter, 2);
@@ -177,6 +195,8 @@ TEST_CASE("a worker SIGKILLed half-way: still exactly 1000, join completes, the 
   coordinator.join();
   CHECK(counter.read_value() == 1300.0f);
   CHECK(coordinator.closures_completed_per_worker()[1] > before_restart);
+  CHECK(log.has(fmt::format("lost worker 1 (127.0.0.1:{})", cluster.ports[3])));
+  CHECK(log.has(fmt::format("worker 1 (127.0.0.1:{}) is back; it receives closures again", cluster.ports[3])));
 }
 
 TEST_CASE("a worker cut off (SIGSTOP) mid-closure: its closure is retried elsewhere and applied exactly once") {
@@ -348,6 +368,167 @@ TEST_CASE("the cluster token: a coordinator without it is refused, with it serve
   for (int i = 0; i < 10; ++i) coordinator.schedule(&ps_test::add_one, counter);
   coordinator.join();
   CHECK(counter.read_value() == 10.0f);
+}
+
+TEST_CASE("a ps task's variable table rejects malformed requests, naming the variable, and commits all or nothing") {
+  namespace dd = ds::detail;
+  dd::VariableTable table("/job:ps/replica:0/task:0/device:CPU:0");
+  const auto f32 = static_cast<std::uint8_t>(ds::DType::F32);
+  const auto i32 = static_cast<std::uint8_t>(ds::DType::I32);
+  auto floats = [](std::vector<float> v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4); };
+  CHECK_THROWS_WITH_AS(table.create({"w", f32, {2, 3}, std::string(20, '\0')}),
+                       "variable 'w': 20 bytes for shape (2, 3) of float32 (expected 24)", ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(table.create({"w", f32, {2, -3}, ""}), "variable 'w': negative dimension in shape (2, -3)",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(table.create({"w", 200, {1}, "x"}), "variable 'w': unknown dtype code 200", ds::InvalidArgument);
+  table.create({"w", f32, {2, 2}, floats({1, 2, 3, 4})});
+  CHECK_THROWS_WITH_AS(table.read({"nope", f32, 16}), "no variable 'nope' on /job:ps/replica:0/task:0/device:CPU:0", ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(table.read({"w", i32, 16}), "variable 'w' on /job:ps/replica:0/task:0/device:CPU:0 is float32, not int32",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(table.read({"w", f32, 12}),
+                       "variable 'w' on /job:ps/replica:0/task:0/device:CPU:0 holds 16 bytes (shape (2, 2)), 12 were asked for",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(table.read_rows({"w", f32, {0}, 4}),
+                       "variable 'w' on /job:ps/replica:0/task:0/device:CPU:0: rows of 4 bytes asked for, its rows have 8", ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(table.read_rows({"w", f32, {1, 2}, 8}),
+                       "variable 'w' on /job:ps/replica:0/task:0/device:CPU:0: row 2 is out of range [0, 2)", ds::InvalidArgument);
+  CHECK(table.read_rows({"w", f32, {1, 0}, 8}) == floats({3, 4, 1, 2}));
+  CHECK_THROWS_WITH_AS(table.update({"w", 1, f32, floats({1})}),
+                       "update of variable 'w' on /job:ps/replica:0/task:0/device:CPU:0: 4 bytes for a variable of 16 (shape (2, 2))",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(table.update({"w", 7, f32, floats({1, 1, 1, 1})}), "update of variable 'w': unknown kind 7",
+                       ds::InvalidArgument);
+  // A commit with one bad update applies none of them; the same closure's second commit is ignored.
+  table.create({"v", f32, {1}, floats({0})});
+  dd::CommitMsg bad{1, 1, {{"v", 1, f32, floats({5})}, {"nope", 1, f32, floats({5})}}};
+  CHECK_THROWS_WITH_AS(table.commit(bad), "no variable 'nope' on /job:ps/replica:0/task:0/device:CPU:0", ds::InvalidArgument);
+  CHECK(table.read({"v", f32, 4}) == floats({0}));
+  dd::CommitMsg good{1, 2, {{"v", 1, f32, floats({5})}, {"w", 2, f32, floats({1, 1, 1, 1})}}};
+  CHECK(table.commit(good));
+  CHECK_FALSE(table.commit(good));
+  CHECK(table.read({"v", f32, 4}) == floats({5}));
+  CHECK(table.read({"w", f32, 16}) == floats({0, 1, 2, 3}));
+}
+
+TEST_CASE("ds::Server rejects a job, protocol or task it cannot serve; logs refused and malformed connections") {
+  const auto ports = test_support::free_ports(2);
+  const ds::ClusterSpec spec(ds::ClusterSpec::DenseJobs{
+      {"chief", {"127.0.0.1:1"}}, {"ps", {fmt::format("127.0.0.1:{}", ports[0])}}, {"worker", {"127.0.0.1:2"}}});
+  CHECK_THROWS_WITH_AS(ds::Server(spec, "chief", 0),
+                       "ds::Server: job 'chief' has nothing to serve; a Server runs on 'ps' and 'worker' tasks (the "
+                       "chief runs the ClusterCoordinator)",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(ds::Server(spec, "ps", 0, "http"),
+                       "ds::Server: protocol 'http' is not supported; use \"grpc\" or \"tcp\"", ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(ds::Server(spec, "ps", 3), "ds::Server: the cluster spec has no task ps:3", ds::InvalidArgument);
+
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  ds::ServerOptions options;
+  options.cluster_token = "s3cret";
+  options.log = [&](std::string_view line) {
+    std::lock_guard lock(mutex);
+    lines.emplace_back(line);
+  };
+  ds::Server server(spec, "ps", 0, "tcp", options);
+  CHECK(server.target() == fmt::format("tcp://127.0.0.1:{}", ports[0]));
+  auto logged = [&](const std::string& what) {
+    return wait_until([&] {
+      std::lock_guard lock(mutex);
+      return std::any_of(lines.begin(), lines.end(), [&](const auto& l) { return l.find(what) != std::string::npos; });
+    }, 5s);
+  };
+  ds::detail::RpcOptions no_token;
+  no_token.cluster_token = "";
+  no_token.connect_timeout = 2000ms;
+  ds::detail::RpcClient stranger(fmt::format("127.0.0.1:{}", ports[0]), "ps 0", no_token);
+  CHECK_THROWS_WITH_AS(stranger.call(ds::detail::RpcOp::Ping, {}),
+                       doctest::Contains("refused the connection: the peer did not present the cluster token"),
+                       ds::detail::ConnectionLost);
+  CHECK(logged("refused a connection from 127.0.0.1:"));
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket s(io);
+  s.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(ports[0])});
+  boost::asio::write(s, boost::asio::buffer(std::string("DSNT\x02", 5) + std::string(27, '\0')));
+  CHECK(logged("malformed frame: unsupported protocol version 2"));
+}
+
+TEST_CASE("a worker answers bad closures with errors naming what is wrong, and keeps serving") {
+  Cluster cluster(1, 1);
+  ds::ParameterServerStrategy strategy(cluster.resolver());
+  ds::ClusterCoordinator coordinator(strategy, quiet_options());
+  namespace dd = ds::detail;
+  dd::RpcOptions rpc;
+  dd::RpcClient worker(cluster.spec.task_address("worker", 0), "worker 0", rpc);
+  dd::RpcClient ps(cluster.spec.task_address("ps", 0), "ps 0", rpc);
+  const std::string wdev = "/job:worker/replica:0/task:0/device:CPU:0";
+  const auto* add_one = dd::RemoteFunctionRegistry::instance().find("add_one");
+  REQUIRE(add_one != nullptr);
+  auto run = [&](dd::RunClosureMsg m) { return worker.call(dd::RpcOp::RunClosure, dd::encode_message(m)); };
+  auto fails_with = [](auto&& call, const std::string& kind, const std::string& text) {
+    try {
+      call();
+      FAIL("expected an error reply");
+    } catch (const dd::RemoteError& e) {
+      CHECK(e.kind() == kind);
+      CHECK(std::string(e.what()).find(text) != std::string::npos);
+    }
+  };
+  fails_with([&] { run({1, 1, 0, "nope", add_one->signature, ""}); }, "InvalidArgument",
+             wdev + ": no function is registered as 'nope' in this process");
+  fails_with([&] { run({1, 2, 0, "add_one", "another signature", ""}); }, "InvalidArgument",
+             "with another signature than the coordinator's: every process must run the same binary");
+  fails_with([&] { run({1, 3, 0, "add_one", add_one->signature, "\x01"}); }, "InvalidArgument", "malformed arguments");
+  fails_with([&] { worker.call(dd::RpcOp::RunClosure, dd::to_bytes("garbage")); }, "InvalidArgument",
+             "malformed run-closure message");
+  const auto* take_next = dd::RemoteFunctionRegistry::instance().find("take_next");
+  REQUIRE(take_next != nullptr);
+  fails_with([&] { run({1, 4, 0, "take_next", take_next->signature,
+                        dd::save_values(ds::PerWorkerIterator<std::int64_t>(999, nullptr))}); },
+             "InvalidArgument", wdev + ": per-worker dataset #999 was not created on this worker");
+  fails_with([&] { worker.call(dd::RpcOp::MakeDataset, dd::encode_message(dd::MakeDatasetMsg{1, "add_one", add_one->signature, 1, 0})); },
+             "InvalidArgument", "function 'add_one' does not return a ds::Dataset");
+  fails_with([&] { worker.call(dd::RpcOp::ReadVar, dd::encode_message(dd::ReadVarMsg{"w", 0, 4})); }, "InvalidArgument",
+             wdev + " is a worker task: variables live on ps tasks");
+  fails_with([&] { ps.call(dd::RpcOp::RunClosure, {}); }, "InvalidArgument",
+             "/job:ps/replica:0/task:0/device:CPU:0 is a ps task: it does not run closures or build datasets");
+  CHECK(coordinator.schedule(&ps_test::twice_unless_13, 4).get() == 8);  // still serving
+  ds::data::Dataset<int> (*unregistered)() = +[] { return ds::data::Dataset<int>(); };
+  CHECK_THROWS_WITH_AS(coordinator.create_per_worker_dataset(unregistered),
+                       "create_per_worker_dataset: the dataset function is not registered; register it with "
+                       "DISTRIBUTE_REMOTE_FUNCTION(name) in every process",
+                       ds::InvalidArgument);
+}
+
+TEST_CASE("remote-function misuse in one process: names, handles outside a worker, a coordinator without ps") {
+  void (*other)(ds::Variable<float>) = +[](ds::Variable<float>) {};
+  CHECK_THROWS_WITH_AS(ds::register_remote_function("add_one", other),
+                       doctest::Contains("register_remote_function: the name 'add_one' is already registered for "
+                                         "another function (void add_one("),
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(ds::register_remote_function("", other), "register_remote_function: the name is empty",
+                       ds::InvalidArgument);
+  auto v = ds::Variable<float>::attach_remote("v", 0.0f, {nullptr, 0, "k"});
+  const std::string bytes = ds::detail::save_values(v);
+  CHECK_THROWS_WITH_AS(ds::detail::load_values<ds::Variable<float>>(bytes, "arguments"),
+                       "variable 'v' arrived outside a worker: ps variable handles are read by the worker that runs a "
+                       "scheduled function",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(ds::detail::load_values<int>(std::string_view("\x01", 1), "arguments"),
+                       doctest::Contains("malformed arguments: "), ds::InvalidArgument);
+  ds::PerWorkerIterator<int> it(3, nullptr);
+  CHECK_THROWS_WITH_AS(it.next(),
+                       "PerWorkerIterator::next: the iterator is read inside a scheduled function on a worker",
+                       ds::InvalidArgument);
+  using Jobs = ds::ClusterSpec::DenseJobs;
+  const ds::ClusterSpec spec(Jobs{{"chief", {"127.0.0.1:1"}}, {"ps", {"127.0.0.1:2"}}, {"worker", {"127.0.0.1:3"}}});
+  ds::ParameterServerStrategy placement_only(std::make_shared<ds::SimpleClusterResolver>(spec, "chief", 0),
+                                             ds::VariablePartitioner{},
+                                             ds::ParameterServerOptions{.connect = false});
+  CHECK_THROWS_WITH_AS(ds::ClusterCoordinator{placement_only},
+                       "ClusterCoordinator: the strategy was built with ParameterServerOptions{.connect = false}; a "
+                       "coordinator needs the ps tasks",
+                       ds::InvalidArgument);
 }
 
 }  // TEST_SUITE

@@ -34486,7 +34486,6 @@ DISTRIBUTE_END_NAMESPACE
 #include <chrono>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -37155,7 +37154,9 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <sstream>
+#include <istream>
+#include <ostream>
+#include <streambuf>
 #include <string>
 #include <vector>
 
@@ -37241,23 +37242,48 @@ struct MakeDatasetMsg {
   void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
 };
 
+/// cereal's archives read a stream; this one reads bytes where they are, without a copy.
+class SpanReadBuffer : public std::streambuf {
+ public:
+  explicit SpanReadBuffer(std::span<const std::byte> bytes) {
+    char* p = const_cast<char*>(reinterpret_cast<const char*>(bytes.data()));  // only read
+    setg(p, p, p + bytes.size());
+  }
+};
+
+/// ...and this one writes straight into the byte vector that goes on the wire.
+class ByteSink : public std::streambuf {
+ public:
+  std::vector<std::byte> bytes;
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (!traits_type::eq_int_type(c, traits_type::eof())) bytes.push_back(static_cast<std::byte>(c));
+    return traits_type::not_eof(c);
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    const auto* p = reinterpret_cast<const std::byte*>(s);
+    bytes.insert(bytes.end(), p, p + n);
+    return n;
+  }
+};
+
 template <class M>
 std::vector<std::byte> encode_message(const M& m) {
-  std::ostringstream out(std::ios::binary);
+  ByteSink sink;
   {
+    std::ostream out(&sink);
     cereal::BinaryOutputArchive ar(out);
     ar(m);
   }
-  const std::string s = std::move(out).str();
-  std::vector<std::byte> bytes(s.size());
-  if (!s.empty()) std::memcpy(bytes.data(), s.data(), s.size());
-  return bytes;
+  return std::move(sink.bytes);
 }
 
 /// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
 template <class M>
 M decode_message(std::span<const std::byte> bytes, const char* what) {
-  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), std::ios::binary);
+  SpanReadBuffer buffer(bytes);
+  std::istream in(&buffer);
   M m;
   try {
     cereal::BinaryInputArchive ar(in);
@@ -37721,6 +37747,14 @@ inline std::string error_kind(const std::exception& e) {
   if (kind == "Unavailable") throw Unavailable(message);
   if (kind == "Cancelled") throw Cancelled(message);
   throw Error(message);
+}
+
+/// A random 64-bit id (sessions, server incarnations), from OpenSSL like the handshake nonces.
+inline std::uint64_t random_id() {
+  const net::detail::Nonce n = net::detail::random_nonce();
+  std::uint64_t id = 0;
+  std::memcpy(&id, n.data(), sizeof id);
+  return id;
 }
 
 inline std::vector<std::byte> to_bytes(std::string_view s) {
@@ -38296,16 +38330,9 @@ class PsClientStore final : public RemoteVariableStore {
                                         key, out.size()));
     }
     if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-    if (ClosureTransaction* txn = current_transaction()) {  // replay this closure's own writes
-      auto it = txn->updates.find(task);
-      if (it == txn->updates.end()) return;
-      for (const auto& u : it->second) {
-        if (u.key == key) {
-          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out,
-                             {reinterpret_cast<const std::byte*>(u.bytes.data()), u.bytes.size()});
-        }
-      }
-    }
+    for_own_updates(task, key, [&](RemoteUpdate kind, std::span<const std::byte> value) {
+      apply_update_bytes(dtype, kind, out, value);
+    });
   }
 
   void read_rows(int task, const std::string& key, DType dtype, std::span<const std::int64_t> rows, std::size_t row_bytes,
@@ -38317,19 +38344,12 @@ class PsClientStore final : public RemoteVariableStore {
                                         out.size()));
     }
     if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-    if (ClosureTransaction* txn = current_transaction()) {  // this closure's own writes, row by row
-      auto it = txn->updates.find(task);
-      if (it == txn->updates.end()) return;
-      for (const auto& u : it->second) {
-        if (u.key != key) continue;
-        for (std::size_t i = 0; i < rows.size(); ++i) {
-          const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
-          if (from + row_bytes > u.bytes.size()) continue;  // the ps already checked the ids
-          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out.subspan(i * row_bytes, row_bytes),
-                             {reinterpret_cast<const std::byte*>(u.bytes.data()) + from, row_bytes});
-        }
+    for_own_updates(task, key, [&](RemoteUpdate kind, std::span<const std::byte> value) {
+      for (std::size_t i = 0; i < rows.size(); ++i) {  // row by row (the ps already checked the ids)
+        const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
+        apply_update_bytes(dtype, kind, out.subspan(i * row_bytes, row_bytes), value.subspan(from, row_bytes));
       }
-    }
+    });
   }
 
   void update(int task, const std::string& key, RemoteUpdate kind, DType dtype, std::span<const std::byte> value) override {
@@ -38378,6 +38398,19 @@ class PsClientStore final : public RemoteVariableStore {
   }
 
  private:
+  /// Calls f(kind, value) for each update the closure running on this thread made to `key` on
+  /// `task`, in order: a closure reads its own writes.
+  template <class F>
+  static void for_own_updates(int task, const std::string& key, F&& f) {
+    ClosureTransaction* txn = current_transaction();
+    if (!txn) return;
+    auto it = txn->updates.find(task);
+    if (it == txn->updates.end()) return;
+    for (const auto& u : it->second) {
+      if (u.key == key) f(static_cast<RemoteUpdate>(u.kind), std::as_bytes(std::span(u.bytes)));
+    }
+  }
+
   template <class F>
   void guarded(int task, F&& f) {
     try {
@@ -38400,11 +38433,6 @@ DISTRIBUTE_END_NAMESPACE
 DISTRIBUTE_BEGIN_NAMESPACE
 
 namespace detail {
-
-inline std::uint64_t random_session_id() {
-  std::random_device rd;
-  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-}
 
 /// Checks the cluster has what parameter-server training needs: one chief (the coordinator), at
 /// least one ps and one worker, and no job besides those and an evaluator. Returns the ps count.
@@ -38466,7 +38494,7 @@ class ParameterServerStrategy final : public AnyStrategy, public detail::Partiti
         partitioner_(std::move(partitioner)),
         options_(std::move(options)),
         placement_(detail::check_parameter_server_cluster(resolver_->cluster_spec())),
-        session_(detail::random_session_id()) {
+        session_(detail::random_id()) {
     if (options_.connect) {
       detail::RpcOptions rpc;
       rpc.cluster_token = options_.cluster_token;
@@ -38574,6 +38602,160 @@ DISTRIBUTE_END_NAMESPACE
 #include <cereal/types/vector.hpp>
 #include <fmt/format.h>
 
+// ---- begin <distribute/ps/detail/messages.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// The parameter-server service's messages, serialised with cereal's binary archives (every process
+// of a cluster runs the same binary, so layout and endianness agree). Tensor values travel as raw
+// bytes in a std::string, which cereal writes as one block.
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <istream>
+#include <ostream>
+#include <streambuf>
+#include <string>
+#include <vector>
+
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+struct PingReply {
+  std::string job;
+  int task = 0;
+  std::uint64_t incarnation = 0;  // differs after a restart
+  template <class A>
+  void serialize(A& a) { a(job, task, incarnation); }
+};
+
+struct CreateVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> shape;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, shape, bytes); }
+};
+
+struct ReadVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::uint64_t nbytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, nbytes); }
+};
+
+struct ReadRowsMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> rows;
+  std::uint64_t row_bytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, rows, row_bytes); }
+};
+
+struct UpdateVarMsg {
+  std::string key;
+  std::uint8_t kind = 0;  // RemoteUpdate
+  std::uint8_t dtype = 0;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, kind, dtype, bytes); }
+};
+
+/// A closure's updates to one ps task, applied together and at most once per (session, closure).
+struct CommitMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::vector<UpdateVarMsg> updates;
+  template <class A>
+  void serialize(A& a) { a(session, closure, updates); }
+};
+
+struct RunClosureMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::uint32_t attempt = 0;
+  std::string function;
+  std::string signature;
+  std::string args;
+  template <class A>
+  void serialize(A& a) { a(session, closure, attempt, function, signature, args); }
+};
+
+struct MakeDatasetMsg {
+  std::uint64_t dataset = 0;
+  std::string function;
+  std::string signature;
+  int num_workers = 1;
+  int worker_index = 0;
+  template <class A>
+  void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
+};
+
+/// cereal's archives read a stream; this one reads bytes where they are, without a copy.
+class SpanReadBuffer : public std::streambuf {
+ public:
+  explicit SpanReadBuffer(std::span<const std::byte> bytes) {
+    char* p = const_cast<char*>(reinterpret_cast<const char*>(bytes.data()));  // only read
+    setg(p, p, p + bytes.size());
+  }
+};
+
+/// ...and this one writes straight into the byte vector that goes on the wire.
+class ByteSink : public std::streambuf {
+ public:
+  std::vector<std::byte> bytes;
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (!traits_type::eq_int_type(c, traits_type::eof())) bytes.push_back(static_cast<std::byte>(c));
+    return traits_type::not_eof(c);
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    const auto* p = reinterpret_cast<const std::byte*>(s);
+    bytes.insert(bytes.end(), p, p + n);
+    return n;
+  }
+};
+
+template <class M>
+std::vector<std::byte> encode_message(const M& m) {
+  ByteSink sink;
+  {
+    std::ostream out(&sink);
+    cereal::BinaryOutputArchive ar(out);
+    ar(m);
+  }
+  return std::move(sink.bytes);
+}
+
+/// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
+template <class M>
+M decode_message(std::span<const std::byte> bytes, const char* what) {
+  SpanReadBuffer buffer(bytes);
+  std::istream in(&buffer);
+  M m;
+  try {
+    cereal::BinaryInputArchive ar(in);
+    ar(m);
+  } catch (const std::exception& e) {  // cereal::Exception, or a bad_alloc from a bogus size
+    throw InvalidArgument(fmt::format("malformed {} message ({} bytes): {}", what, bytes.size(), e.what()));
+  }
+  return m;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// ---- end <distribute/ps/detail/messages.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -38729,7 +38911,8 @@ std::string save_values(const Ts&... values) {
 /// Loads a tuple in order (braced initialisation evaluates left to right).
 template <class... Ts>
 std::tuple<Ts...> load_values(std::string_view bytes, const char* what) {
-  std::istringstream in(std::string(bytes), std::ios::binary);
+  SpanReadBuffer buffer({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
+  std::istream in(&buffer);
   try {
     WireIn a(in);
     return std::tuple<Ts...>{wire<Ts>::load(a)...};
@@ -38786,7 +38969,7 @@ class RemoteFunctionRegistry {
     return it == by_name_.end() ? nullptr : &it->second;
   }
 
-  const RemoteFunctionEntry* find(const void* address) const {
+  const RemoteFunctionEntry* find_by_address(const void* address) const {
     std::lock_guard lock(mutex_);
     auto it = by_address_.find(address);
     return it == by_address_.end() ? nullptr : &by_name_.at(it->second);
@@ -38926,7 +39109,6 @@ DISTRIBUTE_END_NAMESPACE
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <set>
 #include <shared_mutex>
 #include <string>
@@ -39374,7 +39556,9 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <sstream>
+#include <istream>
+#include <ostream>
+#include <streambuf>
 #include <string>
 #include <vector>
 
@@ -39460,23 +39644,48 @@ struct MakeDatasetMsg {
   void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
 };
 
+/// cereal's archives read a stream; this one reads bytes where they are, without a copy.
+class SpanReadBuffer : public std::streambuf {
+ public:
+  explicit SpanReadBuffer(std::span<const std::byte> bytes) {
+    char* p = const_cast<char*>(reinterpret_cast<const char*>(bytes.data()));  // only read
+    setg(p, p, p + bytes.size());
+  }
+};
+
+/// ...and this one writes straight into the byte vector that goes on the wire.
+class ByteSink : public std::streambuf {
+ public:
+  std::vector<std::byte> bytes;
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (!traits_type::eq_int_type(c, traits_type::eof())) bytes.push_back(static_cast<std::byte>(c));
+    return traits_type::not_eof(c);
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    const auto* p = reinterpret_cast<const std::byte*>(s);
+    bytes.insert(bytes.end(), p, p + n);
+    return n;
+  }
+};
+
 template <class M>
 std::vector<std::byte> encode_message(const M& m) {
-  std::ostringstream out(std::ios::binary);
+  ByteSink sink;
   {
+    std::ostream out(&sink);
     cereal::BinaryOutputArchive ar(out);
     ar(m);
   }
-  const std::string s = std::move(out).str();
-  std::vector<std::byte> bytes(s.size());
-  if (!s.empty()) std::memcpy(bytes.data(), s.data(), s.size());
-  return bytes;
+  return std::move(sink.bytes);
 }
 
 /// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
 template <class M>
 M decode_message(std::span<const std::byte> bytes, const char* what) {
-  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), std::ios::binary);
+  SpanReadBuffer buffer(bytes);
+  std::istream in(&buffer);
   M m;
   try {
     cereal::BinaryInputArchive ar(in);
@@ -39950,7 +40159,9 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <sstream>
+#include <istream>
+#include <ostream>
+#include <streambuf>
 #include <string>
 #include <vector>
 
@@ -40036,23 +40247,48 @@ struct MakeDatasetMsg {
   void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
 };
 
+/// cereal's archives read a stream; this one reads bytes where they are, without a copy.
+class SpanReadBuffer : public std::streambuf {
+ public:
+  explicit SpanReadBuffer(std::span<const std::byte> bytes) {
+    char* p = const_cast<char*>(reinterpret_cast<const char*>(bytes.data()));  // only read
+    setg(p, p, p + bytes.size());
+  }
+};
+
+/// ...and this one writes straight into the byte vector that goes on the wire.
+class ByteSink : public std::streambuf {
+ public:
+  std::vector<std::byte> bytes;
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (!traits_type::eq_int_type(c, traits_type::eof())) bytes.push_back(static_cast<std::byte>(c));
+    return traits_type::not_eof(c);
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    const auto* p = reinterpret_cast<const std::byte*>(s);
+    bytes.insert(bytes.end(), p, p + n);
+    return n;
+  }
+};
+
 template <class M>
 std::vector<std::byte> encode_message(const M& m) {
-  std::ostringstream out(std::ios::binary);
+  ByteSink sink;
   {
+    std::ostream out(&sink);
     cereal::BinaryOutputArchive ar(out);
     ar(m);
   }
-  const std::string s = std::move(out).str();
-  std::vector<std::byte> bytes(s.size());
-  if (!s.empty()) std::memcpy(bytes.data(), s.data(), s.size());
-  return bytes;
+  return std::move(sink.bytes);
 }
 
 /// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
 template <class M>
 M decode_message(std::span<const std::byte> bytes, const char* what) {
-  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), std::ios::binary);
+  SpanReadBuffer buffer(bytes);
+  std::istream in(&buffer);
   M m;
   try {
     cereal::BinaryInputArchive ar(in);
@@ -40516,6 +40752,14 @@ inline std::string error_kind(const std::exception& e) {
   if (kind == "Unavailable") throw Unavailable(message);
   if (kind == "Cancelled") throw Cancelled(message);
   throw Error(message);
+}
+
+/// A random 64-bit id (sessions, server incarnations), from OpenSSL like the handshake nonces.
+inline std::uint64_t random_id() {
+  const net::detail::Nonce n = net::detail::random_nonce();
+  std::uint64_t id = 0;
+  std::memcpy(&id, n.data(), sizeof id);
+  return id;
 }
 
 inline std::vector<std::byte> to_bytes(std::string_view s) {
@@ -41091,16 +41335,9 @@ class PsClientStore final : public RemoteVariableStore {
                                         key, out.size()));
     }
     if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-    if (ClosureTransaction* txn = current_transaction()) {  // replay this closure's own writes
-      auto it = txn->updates.find(task);
-      if (it == txn->updates.end()) return;
-      for (const auto& u : it->second) {
-        if (u.key == key) {
-          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out,
-                             {reinterpret_cast<const std::byte*>(u.bytes.data()), u.bytes.size()});
-        }
-      }
-    }
+    for_own_updates(task, key, [&](RemoteUpdate kind, std::span<const std::byte> value) {
+      apply_update_bytes(dtype, kind, out, value);
+    });
   }
 
   void read_rows(int task, const std::string& key, DType dtype, std::span<const std::int64_t> rows, std::size_t row_bytes,
@@ -41112,19 +41349,12 @@ class PsClientStore final : public RemoteVariableStore {
                                         out.size()));
     }
     if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-    if (ClosureTransaction* txn = current_transaction()) {  // this closure's own writes, row by row
-      auto it = txn->updates.find(task);
-      if (it == txn->updates.end()) return;
-      for (const auto& u : it->second) {
-        if (u.key != key) continue;
-        for (std::size_t i = 0; i < rows.size(); ++i) {
-          const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
-          if (from + row_bytes > u.bytes.size()) continue;  // the ps already checked the ids
-          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out.subspan(i * row_bytes, row_bytes),
-                             {reinterpret_cast<const std::byte*>(u.bytes.data()) + from, row_bytes});
-        }
+    for_own_updates(task, key, [&](RemoteUpdate kind, std::span<const std::byte> value) {
+      for (std::size_t i = 0; i < rows.size(); ++i) {  // row by row (the ps already checked the ids)
+        const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
+        apply_update_bytes(dtype, kind, out.subspan(i * row_bytes, row_bytes), value.subspan(from, row_bytes));
       }
-    }
+    });
   }
 
   void update(int task, const std::string& key, RemoteUpdate kind, DType dtype, std::span<const std::byte> value) override {
@@ -41173,6 +41403,19 @@ class PsClientStore final : public RemoteVariableStore {
   }
 
  private:
+  /// Calls f(kind, value) for each update the closure running on this thread made to `key` on
+  /// `task`, in order: a closure reads its own writes.
+  template <class F>
+  static void for_own_updates(int task, const std::string& key, F&& f) {
+    ClosureTransaction* txn = current_transaction();
+    if (!txn) return;
+    auto it = txn->updates.find(task);
+    if (it == txn->updates.end()) return;
+    for (const auto& u : it->second) {
+      if (u.key == key) f(static_cast<RemoteUpdate>(u.kind), std::as_bytes(std::span(u.bytes)));
+    }
+  }
+
   template <class F>
   void guarded(int task, F&& f) {
     try {
@@ -41642,6 +41885,14 @@ inline std::string error_kind(const std::exception& e) {
   throw Error(message);
 }
 
+/// A random 64-bit id (sessions, server incarnations), from OpenSSL like the handshake nonces.
+inline std::uint64_t random_id() {
+  const net::detail::Nonce n = net::detail::random_nonce();
+  std::uint64_t id = 0;
+  std::memcpy(&id, n.data(), sizeof id);
+  return id;
+}
+
 inline std::vector<std::byte> to_bytes(std::string_view s) {
   std::vector<std::byte> out(s.size());
   if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
@@ -42191,6 +42442,160 @@ DISTRIBUTE_END_NAMESPACE
 #include <cereal/types/vector.hpp>
 #include <fmt/format.h>
 
+// ---- begin <distribute/ps/detail/messages.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// The parameter-server service's messages, serialised with cereal's binary archives (every process
+// of a cluster runs the same binary, so layout and endianness agree). Tensor values travel as raw
+// bytes in a std::string, which cereal writes as one block.
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <istream>
+#include <ostream>
+#include <streambuf>
+#include <string>
+#include <vector>
+
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+struct PingReply {
+  std::string job;
+  int task = 0;
+  std::uint64_t incarnation = 0;  // differs after a restart
+  template <class A>
+  void serialize(A& a) { a(job, task, incarnation); }
+};
+
+struct CreateVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> shape;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, shape, bytes); }
+};
+
+struct ReadVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::uint64_t nbytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, nbytes); }
+};
+
+struct ReadRowsMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> rows;
+  std::uint64_t row_bytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, rows, row_bytes); }
+};
+
+struct UpdateVarMsg {
+  std::string key;
+  std::uint8_t kind = 0;  // RemoteUpdate
+  std::uint8_t dtype = 0;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, kind, dtype, bytes); }
+};
+
+/// A closure's updates to one ps task, applied together and at most once per (session, closure).
+struct CommitMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::vector<UpdateVarMsg> updates;
+  template <class A>
+  void serialize(A& a) { a(session, closure, updates); }
+};
+
+struct RunClosureMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::uint32_t attempt = 0;
+  std::string function;
+  std::string signature;
+  std::string args;
+  template <class A>
+  void serialize(A& a) { a(session, closure, attempt, function, signature, args); }
+};
+
+struct MakeDatasetMsg {
+  std::uint64_t dataset = 0;
+  std::string function;
+  std::string signature;
+  int num_workers = 1;
+  int worker_index = 0;
+  template <class A>
+  void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
+};
+
+/// cereal's archives read a stream; this one reads bytes where they are, without a copy.
+class SpanReadBuffer : public std::streambuf {
+ public:
+  explicit SpanReadBuffer(std::span<const std::byte> bytes) {
+    char* p = const_cast<char*>(reinterpret_cast<const char*>(bytes.data()));  // only read
+    setg(p, p, p + bytes.size());
+  }
+};
+
+/// ...and this one writes straight into the byte vector that goes on the wire.
+class ByteSink : public std::streambuf {
+ public:
+  std::vector<std::byte> bytes;
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (!traits_type::eq_int_type(c, traits_type::eof())) bytes.push_back(static_cast<std::byte>(c));
+    return traits_type::not_eof(c);
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    const auto* p = reinterpret_cast<const std::byte*>(s);
+    bytes.insert(bytes.end(), p, p + n);
+    return n;
+  }
+};
+
+template <class M>
+std::vector<std::byte> encode_message(const M& m) {
+  ByteSink sink;
+  {
+    std::ostream out(&sink);
+    cereal::BinaryOutputArchive ar(out);
+    ar(m);
+  }
+  return std::move(sink.bytes);
+}
+
+/// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
+template <class M>
+M decode_message(std::span<const std::byte> bytes, const char* what) {
+  SpanReadBuffer buffer(bytes);
+  std::istream in(&buffer);
+  M m;
+  try {
+    cereal::BinaryInputArchive ar(in);
+    ar(m);
+  } catch (const std::exception& e) {  // cereal::Exception, or a bad_alloc from a bogus size
+    throw InvalidArgument(fmt::format("malformed {} message ({} bytes): {}", what, bytes.size(), e.what()));
+  }
+  return m;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// ---- end <distribute/ps/detail/messages.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -42346,7 +42751,8 @@ std::string save_values(const Ts&... values) {
 /// Loads a tuple in order (braced initialisation evaluates left to right).
 template <class... Ts>
 std::tuple<Ts...> load_values(std::string_view bytes, const char* what) {
-  std::istringstream in(std::string(bytes), std::ios::binary);
+  SpanReadBuffer buffer({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
+  std::istream in(&buffer);
   try {
     WireIn a(in);
     return std::tuple<Ts...>{wire<Ts>::load(a)...};
@@ -42403,7 +42809,7 @@ class RemoteFunctionRegistry {
     return it == by_name_.end() ? nullptr : &it->second;
   }
 
-  const RemoteFunctionEntry* find(const void* address) const {
+  const RemoteFunctionEntry* find_by_address(const void* address) const {
     std::lock_guard lock(mutex_);
     auto it = by_address_.find(address);
     return it == by_address_.end() ? nullptr : &by_name_.at(it->second);
@@ -42541,11 +42947,6 @@ struct ServerOptions {
 
 namespace detail {
 
-inline std::uint64_t random_u64() {
-  std::random_device rd;
-  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-}
-
 /// The variables of one ps task. One lock for the table: a commit's updates are applied together,
 /// so no read sees half a closure.
 class VariableTable {
@@ -42682,7 +43083,7 @@ class Server {
   Server(ClusterSpec cluster_spec, std::string job_name, int task_index, std::string protocol = "grpc",
          ServerOptions options = {})
       : spec_(std::move(cluster_spec)), job_(std::move(job_name)), task_(task_index), protocol_(std::move(protocol)),
-        options_(std::move(options)), incarnation_(detail::random_u64()) {
+        options_(std::move(options)), incarnation_(detail::random_id()) {
     if (job_ != "ps" && job_ != "worker") {
       throw InvalidArgument(fmt::format("ds::Server: job '{}' has nothing to serve; a Server runs on 'ps' and 'worker' "
                                         "tasks (the chief runs the ClusterCoordinator)",
@@ -42955,7 +43356,9 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <sstream>
+#include <istream>
+#include <ostream>
+#include <streambuf>
 #include <string>
 #include <vector>
 
@@ -43041,23 +43444,48 @@ struct MakeDatasetMsg {
   void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
 };
 
+/// cereal's archives read a stream; this one reads bytes where they are, without a copy.
+class SpanReadBuffer : public std::streambuf {
+ public:
+  explicit SpanReadBuffer(std::span<const std::byte> bytes) {
+    char* p = const_cast<char*>(reinterpret_cast<const char*>(bytes.data()));  // only read
+    setg(p, p, p + bytes.size());
+  }
+};
+
+/// ...and this one writes straight into the byte vector that goes on the wire.
+class ByteSink : public std::streambuf {
+ public:
+  std::vector<std::byte> bytes;
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (!traits_type::eq_int_type(c, traits_type::eof())) bytes.push_back(static_cast<std::byte>(c));
+    return traits_type::not_eof(c);
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    const auto* p = reinterpret_cast<const std::byte*>(s);
+    bytes.insert(bytes.end(), p, p + n);
+    return n;
+  }
+};
+
 template <class M>
 std::vector<std::byte> encode_message(const M& m) {
-  std::ostringstream out(std::ios::binary);
+  ByteSink sink;
   {
+    std::ostream out(&sink);
     cereal::BinaryOutputArchive ar(out);
     ar(m);
   }
-  const std::string s = std::move(out).str();
-  std::vector<std::byte> bytes(s.size());
-  if (!s.empty()) std::memcpy(bytes.data(), s.data(), s.size());
-  return bytes;
+  return std::move(sink.bytes);
 }
 
 /// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
 template <class M>
 M decode_message(std::span<const std::byte> bytes, const char* what) {
-  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), std::ios::binary);
+  SpanReadBuffer buffer(bytes);
+  std::istream in(&buffer);
   M m;
   try {
     cereal::BinaryInputArchive ar(in);
@@ -43523,6 +43951,14 @@ inline std::string error_kind(const std::exception& e) {
   throw Error(message);
 }
 
+/// A random 64-bit id (sessions, server incarnations), from OpenSSL like the handshake nonces.
+inline std::uint64_t random_id() {
+  const net::detail::Nonce n = net::detail::random_nonce();
+  std::uint64_t id = 0;
+  std::memcpy(&id, n.data(), sizeof id);
+  return id;
+}
+
 inline std::vector<std::byte> to_bytes(std::string_view s) {
   std::vector<std::byte> out(s.size());
   if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
@@ -44072,6 +44508,160 @@ DISTRIBUTE_END_NAMESPACE
 #include <cereal/types/vector.hpp>
 #include <fmt/format.h>
 
+// ---- begin <distribute/ps/detail/messages.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// The parameter-server service's messages, serialised with cereal's binary archives (every process
+// of a cluster runs the same binary, so layout and endianness agree). Tensor values travel as raw
+// bytes in a std::string, which cereal writes as one block.
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <istream>
+#include <ostream>
+#include <streambuf>
+#include <string>
+#include <vector>
+
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+struct PingReply {
+  std::string job;
+  int task = 0;
+  std::uint64_t incarnation = 0;  // differs after a restart
+  template <class A>
+  void serialize(A& a) { a(job, task, incarnation); }
+};
+
+struct CreateVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> shape;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, shape, bytes); }
+};
+
+struct ReadVarMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::uint64_t nbytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, nbytes); }
+};
+
+struct ReadRowsMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> rows;
+  std::uint64_t row_bytes = 0;
+  template <class A>
+  void serialize(A& a) { a(key, dtype, rows, row_bytes); }
+};
+
+struct UpdateVarMsg {
+  std::string key;
+  std::uint8_t kind = 0;  // RemoteUpdate
+  std::uint8_t dtype = 0;
+  std::string bytes;
+  template <class A>
+  void serialize(A& a) { a(key, kind, dtype, bytes); }
+};
+
+/// A closure's updates to one ps task, applied together and at most once per (session, closure).
+struct CommitMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::vector<UpdateVarMsg> updates;
+  template <class A>
+  void serialize(A& a) { a(session, closure, updates); }
+};
+
+struct RunClosureMsg {
+  std::uint64_t session = 0;
+  std::uint64_t closure = 0;
+  std::uint32_t attempt = 0;
+  std::string function;
+  std::string signature;
+  std::string args;
+  template <class A>
+  void serialize(A& a) { a(session, closure, attempt, function, signature, args); }
+};
+
+struct MakeDatasetMsg {
+  std::uint64_t dataset = 0;
+  std::string function;
+  std::string signature;
+  int num_workers = 1;
+  int worker_index = 0;
+  template <class A>
+  void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
+};
+
+/// cereal's archives read a stream; this one reads bytes where they are, without a copy.
+class SpanReadBuffer : public std::streambuf {
+ public:
+  explicit SpanReadBuffer(std::span<const std::byte> bytes) {
+    char* p = const_cast<char*>(reinterpret_cast<const char*>(bytes.data()));  // only read
+    setg(p, p, p + bytes.size());
+  }
+};
+
+/// ...and this one writes straight into the byte vector that goes on the wire.
+class ByteSink : public std::streambuf {
+ public:
+  std::vector<std::byte> bytes;
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (!traits_type::eq_int_type(c, traits_type::eof())) bytes.push_back(static_cast<std::byte>(c));
+    return traits_type::not_eof(c);
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    const auto* p = reinterpret_cast<const std::byte*>(s);
+    bytes.insert(bytes.end(), p, p + n);
+    return n;
+  }
+};
+
+template <class M>
+std::vector<std::byte> encode_message(const M& m) {
+  ByteSink sink;
+  {
+    std::ostream out(&sink);
+    cereal::BinaryOutputArchive ar(out);
+    ar(m);
+  }
+  return std::move(sink.bytes);
+}
+
+/// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
+template <class M>
+M decode_message(std::span<const std::byte> bytes, const char* what) {
+  SpanReadBuffer buffer(bytes);
+  std::istream in(&buffer);
+  M m;
+  try {
+    cereal::BinaryInputArchive ar(in);
+    ar(m);
+  } catch (const std::exception& e) {  // cereal::Exception, or a bad_alloc from a bogus size
+    throw InvalidArgument(fmt::format("malformed {} message ({} bytes): {}", what, bytes.size(), e.what()));
+  }
+  return m;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
+// ---- end <distribute/ps/detail/messages.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -44227,7 +44817,8 @@ std::string save_values(const Ts&... values) {
 /// Loads a tuple in order (braced initialisation evaluates left to right).
 template <class... Ts>
 std::tuple<Ts...> load_values(std::string_view bytes, const char* what) {
-  std::istringstream in(std::string(bytes), std::ios::binary);
+  SpanReadBuffer buffer({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
+  std::istream in(&buffer);
   try {
     WireIn a(in);
     return std::tuple<Ts...>{wire<Ts>::load(a)...};
@@ -44284,7 +44875,7 @@ class RemoteFunctionRegistry {
     return it == by_name_.end() ? nullptr : &it->second;
   }
 
-  const RemoteFunctionEntry* find(const void* address) const {
+  const RemoteFunctionEntry* find_by_address(const void* address) const {
     std::lock_guard lock(mutex_);
     auto it = by_address_.find(address);
     return it == by_address_.end() ? nullptr : &by_name_.at(it->second);
@@ -44420,7 +45011,6 @@ DISTRIBUTE_END_NAMESPACE
 #include <chrono>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -47089,7 +47679,9 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <sstream>
+#include <istream>
+#include <ostream>
+#include <streambuf>
 #include <string>
 #include <vector>
 
@@ -47175,23 +47767,48 @@ struct MakeDatasetMsg {
   void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
 };
 
+/// cereal's archives read a stream; this one reads bytes where they are, without a copy.
+class SpanReadBuffer : public std::streambuf {
+ public:
+  explicit SpanReadBuffer(std::span<const std::byte> bytes) {
+    char* p = const_cast<char*>(reinterpret_cast<const char*>(bytes.data()));  // only read
+    setg(p, p, p + bytes.size());
+  }
+};
+
+/// ...and this one writes straight into the byte vector that goes on the wire.
+class ByteSink : public std::streambuf {
+ public:
+  std::vector<std::byte> bytes;
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (!traits_type::eq_int_type(c, traits_type::eof())) bytes.push_back(static_cast<std::byte>(c));
+    return traits_type::not_eof(c);
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    const auto* p = reinterpret_cast<const std::byte*>(s);
+    bytes.insert(bytes.end(), p, p + n);
+    return n;
+  }
+};
+
 template <class M>
 std::vector<std::byte> encode_message(const M& m) {
-  std::ostringstream out(std::ios::binary);
+  ByteSink sink;
   {
+    std::ostream out(&sink);
     cereal::BinaryOutputArchive ar(out);
     ar(m);
   }
-  const std::string s = std::move(out).str();
-  std::vector<std::byte> bytes(s.size());
-  if (!s.empty()) std::memcpy(bytes.data(), s.data(), s.size());
-  return bytes;
+  return std::move(sink.bytes);
 }
 
 /// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
 template <class M>
 M decode_message(std::span<const std::byte> bytes, const char* what) {
-  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), std::ios::binary);
+  SpanReadBuffer buffer(bytes);
+  std::istream in(&buffer);
   M m;
   try {
     cereal::BinaryInputArchive ar(in);
@@ -47655,6 +48272,14 @@ inline std::string error_kind(const std::exception& e) {
   if (kind == "Unavailable") throw Unavailable(message);
   if (kind == "Cancelled") throw Cancelled(message);
   throw Error(message);
+}
+
+/// A random 64-bit id (sessions, server incarnations), from OpenSSL like the handshake nonces.
+inline std::uint64_t random_id() {
+  const net::detail::Nonce n = net::detail::random_nonce();
+  std::uint64_t id = 0;
+  std::memcpy(&id, n.data(), sizeof id);
+  return id;
 }
 
 inline std::vector<std::byte> to_bytes(std::string_view s) {
@@ -48230,16 +48855,9 @@ class PsClientStore final : public RemoteVariableStore {
                                         key, out.size()));
     }
     if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-    if (ClosureTransaction* txn = current_transaction()) {  // replay this closure's own writes
-      auto it = txn->updates.find(task);
-      if (it == txn->updates.end()) return;
-      for (const auto& u : it->second) {
-        if (u.key == key) {
-          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out,
-                             {reinterpret_cast<const std::byte*>(u.bytes.data()), u.bytes.size()});
-        }
-      }
-    }
+    for_own_updates(task, key, [&](RemoteUpdate kind, std::span<const std::byte> value) {
+      apply_update_bytes(dtype, kind, out, value);
+    });
   }
 
   void read_rows(int task, const std::string& key, DType dtype, std::span<const std::int64_t> rows, std::size_t row_bytes,
@@ -48251,19 +48869,12 @@ class PsClientStore final : public RemoteVariableStore {
                                         out.size()));
     }
     if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-    if (ClosureTransaction* txn = current_transaction()) {  // this closure's own writes, row by row
-      auto it = txn->updates.find(task);
-      if (it == txn->updates.end()) return;
-      for (const auto& u : it->second) {
-        if (u.key != key) continue;
-        for (std::size_t i = 0; i < rows.size(); ++i) {
-          const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
-          if (from + row_bytes > u.bytes.size()) continue;  // the ps already checked the ids
-          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out.subspan(i * row_bytes, row_bytes),
-                             {reinterpret_cast<const std::byte*>(u.bytes.data()) + from, row_bytes});
-        }
+    for_own_updates(task, key, [&](RemoteUpdate kind, std::span<const std::byte> value) {
+      for (std::size_t i = 0; i < rows.size(); ++i) {  // row by row (the ps already checked the ids)
+        const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
+        apply_update_bytes(dtype, kind, out.subspan(i * row_bytes, row_bytes), value.subspan(from, row_bytes));
       }
-    }
+    });
   }
 
   void update(int task, const std::string& key, RemoteUpdate kind, DType dtype, std::span<const std::byte> value) override {
@@ -48312,6 +48923,19 @@ class PsClientStore final : public RemoteVariableStore {
   }
 
  private:
+  /// Calls f(kind, value) for each update the closure running on this thread made to `key` on
+  /// `task`, in order: a closure reads its own writes.
+  template <class F>
+  static void for_own_updates(int task, const std::string& key, F&& f) {
+    ClosureTransaction* txn = current_transaction();
+    if (!txn) return;
+    auto it = txn->updates.find(task);
+    if (it == txn->updates.end()) return;
+    for (const auto& u : it->second) {
+      if (u.key == key) f(static_cast<RemoteUpdate>(u.kind), std::as_bytes(std::span(u.bytes)));
+    }
+  }
+
   template <class F>
   void guarded(int task, F&& f) {
     try {
@@ -48334,11 +48958,6 @@ DISTRIBUTE_END_NAMESPACE
 DISTRIBUTE_BEGIN_NAMESPACE
 
 namespace detail {
-
-inline std::uint64_t random_session_id() {
-  std::random_device rd;
-  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-}
 
 /// Checks the cluster has what parameter-server training needs: one chief (the coordinator), at
 /// least one ps and one worker, and no job besides those and an evaluator. Returns the ps count.
@@ -48400,7 +49019,7 @@ class ParameterServerStrategy final : public AnyStrategy, public detail::Partiti
         partitioner_(std::move(partitioner)),
         options_(std::move(options)),
         placement_(detail::check_parameter_server_cluster(resolver_->cluster_spec())),
-        session_(detail::random_session_id()) {
+        session_(detail::random_id()) {
     if (options_.connect) {
       detail::RpcOptions rpc;
       rpc.cluster_token = options_.cluster_token;
@@ -48490,10 +49109,10 @@ struct ClosureState {
   std::mutex mutex;
   std::condition_variable cv;
   bool finished = false;
-  std::string result;
+  std::vector<std::byte> result;  // serialised
   std::exception_ptr error;
 
-  void finish(std::string r) {
+  void finish(std::vector<std::byte> r) {
     std::lock_guard lock(mutex);
     result = std::move(r);
     finished = true;
@@ -48533,7 +49152,7 @@ class RemoteValue {
   R get() const {
     state_->wait();
     if (state_->error) std::rethrow_exception(state_->error);
-    if constexpr (!std::is_void_v<R>) return std::get<0>(detail::load_values<R>(state_->result, "closure result"));
+    if constexpr (!std::is_void_v<R>) return std::get<0>(detail::load_values<R>(detail::as_chars(state_->result), "closure result"));
   }
   /// The same as get() (TF's fetch).
   R fetch() const { return get(); }
@@ -48552,7 +49171,7 @@ class ClusterCoordinator {
   /// Connects to every worker (waiting up to options.connect_timeout while they start). The
   /// strategy must be connected to its ps tasks (ParameterServerOptions::connect).
   explicit ClusterCoordinator(ParameterServerStrategy& strategy, CoordinatorOptions options = {})
-      : strategy_(strategy), options_(std::move(options)), session_(detail::random_session_id()) {
+      : strategy_(strategy), options_(std::move(options)), session_(detail::random_id()) {
     if (!strategy.connected()) {
       throw InvalidArgument("ClusterCoordinator: the strategy was built with ParameterServerOptions{.connect = false}; "
                             "a coordinator needs the ps tasks");
@@ -48612,7 +49231,7 @@ class ClusterCoordinator {
   template <class R, class... P, class... A>
   RemoteValue<R> schedule(R (*fn)(P...), A&&... args) {
     static_assert(sizeof...(P) == sizeof...(A), "ClusterCoordinator::schedule: wrong number of arguments for fn");
-    const auto* entry = detail::RemoteFunctionRegistry::instance().find(reinterpret_cast<const void*>(fn));
+    const auto* entry = detail::RemoteFunctionRegistry::instance().find_by_address(reinterpret_cast<const void*>(fn));
     if (!entry) {
       throw InvalidArgument("ClusterCoordinator::schedule: the function is not registered; register it with "
                             "DISTRIBUTE_REMOTE_FUNCTION(name) (or ds::register_remote_function) in every process");
@@ -48665,7 +49284,7 @@ class ClusterCoordinator {
   /// functions. A worker that comes back after a failure builds it again.
   template <class T, class... P>
   PerWorkerDataset<T> create_per_worker_dataset(data::Dataset<T> (*fn)(P...)) {
-    const auto* entry = detail::RemoteFunctionRegistry::instance().find(reinterpret_cast<const void*>(fn));
+    const auto* entry = detail::RemoteFunctionRegistry::instance().find_by_address(reinterpret_cast<const void*>(fn));
     if (!entry) {
       throw InvalidArgument("create_per_worker_dataset: the dataset function is not registered; register it with "
                             "DISTRIBUTE_REMOTE_FUNCTION(name) in every process");
@@ -48868,7 +49487,7 @@ class ClusterCoordinator {
     detail::RunClosureMsg m{session_, c.id, c.attempt, c.function, c.signature, c.args};
     try {
       auto reply = w.run->call(detail::RpcOp::RunClosure, detail::encode_message(m));
-      c.state->finish(std::string(detail::as_chars(reply)));
+      c.state->finish(std::move(reply));
       std::lock_guard lock(mutex_);
       ++w.completed;
       closure_done_locked();

@@ -58,10 +58,10 @@ struct ClosureState {
   std::mutex mutex;
   std::condition_variable cv;
   bool finished = false;
-  std::string result;
+  std::vector<std::byte> result;  // serialised
   std::exception_ptr error;
 
-  void finish(std::string r) {
+  void finish(std::vector<std::byte> r) {
     std::lock_guard lock(mutex);
     result = std::move(r);
     finished = true;
@@ -101,7 +101,7 @@ class RemoteValue {
   R get() const {
     state_->wait();
     if (state_->error) std::rethrow_exception(state_->error);
-    if constexpr (!std::is_void_v<R>) return std::get<0>(detail::load_values<R>(state_->result, "closure result"));
+    if constexpr (!std::is_void_v<R>) return std::get<0>(detail::load_values<R>(detail::as_chars(state_->result), "closure result"));
   }
   /// The same as get() (TF's fetch).
   R fetch() const { return get(); }
@@ -120,7 +120,7 @@ class ClusterCoordinator {
   /// Connects to every worker (waiting up to options.connect_timeout while they start). The
   /// strategy must be connected to its ps tasks (ParameterServerOptions::connect).
   explicit ClusterCoordinator(ParameterServerStrategy& strategy, CoordinatorOptions options = {})
-      : strategy_(strategy), options_(std::move(options)), session_(detail::random_session_id()) {
+      : strategy_(strategy), options_(std::move(options)), session_(detail::random_id()) {
     if (!strategy.connected()) {
       throw InvalidArgument("ClusterCoordinator: the strategy was built with ParameterServerOptions{.connect = false}; "
                             "a coordinator needs the ps tasks");
@@ -180,7 +180,7 @@ class ClusterCoordinator {
   template <class R, class... P, class... A>
   RemoteValue<R> schedule(R (*fn)(P...), A&&... args) {
     static_assert(sizeof...(P) == sizeof...(A), "ClusterCoordinator::schedule: wrong number of arguments for fn");
-    const auto* entry = detail::RemoteFunctionRegistry::instance().find(reinterpret_cast<const void*>(fn));
+    const auto* entry = detail::RemoteFunctionRegistry::instance().find_by_address(reinterpret_cast<const void*>(fn));
     if (!entry) {
       throw InvalidArgument("ClusterCoordinator::schedule: the function is not registered; register it with "
                             "DISTRIBUTE_REMOTE_FUNCTION(name) (or ds::register_remote_function) in every process");
@@ -233,7 +233,7 @@ class ClusterCoordinator {
   /// functions. A worker that comes back after a failure builds it again.
   template <class T, class... P>
   PerWorkerDataset<T> create_per_worker_dataset(data::Dataset<T> (*fn)(P...)) {
-    const auto* entry = detail::RemoteFunctionRegistry::instance().find(reinterpret_cast<const void*>(fn));
+    const auto* entry = detail::RemoteFunctionRegistry::instance().find_by_address(reinterpret_cast<const void*>(fn));
     if (!entry) {
       throw InvalidArgument("create_per_worker_dataset: the dataset function is not registered; register it with "
                             "DISTRIBUTE_REMOTE_FUNCTION(name) in every process");
@@ -436,7 +436,7 @@ class ClusterCoordinator {
     detail::RunClosureMsg m{session_, c.id, c.attempt, c.function, c.signature, c.args};
     try {
       auto reply = w.run->call(detail::RpcOp::RunClosure, detail::encode_message(m));
-      c.state->finish(std::string(detail::as_chars(reply)));
+      c.state->finish(std::move(reply));
       std::lock_guard lock(mutex_);
       ++w.completed;
       closure_done_locked();

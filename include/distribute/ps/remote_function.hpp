@@ -43,6 +43,7 @@
 #include <distribute/core/variable.hpp>
 #include <distribute/data/dataset.hpp>
 #include <distribute/data/input_context.hpp>
+#include <distribute/ps/detail/messages.hpp>
 #include <distribute/ps/sharded_variable.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -199,7 +200,8 @@ std::string save_values(const Ts&... values) {
 /// Loads a tuple in order (braced initialisation evaluates left to right).
 template <class... Ts>
 std::tuple<Ts...> load_values(std::string_view bytes, const char* what) {
-  std::istringstream in(std::string(bytes), std::ios::binary);
+  SpanReadBuffer buffer({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
+  std::istream in(&buffer);
   try {
     WireIn a(in);
     return std::tuple<Ts...>{wire<Ts>::load(a)...};
@@ -256,7 +258,7 @@ class RemoteFunctionRegistry {
     return it == by_name_.end() ? nullptr : &it->second;
   }
 
-  const RemoteFunctionEntry* find(const void* address) const {
+  const RemoteFunctionEntry* find_by_address(const void* address) const {
     std::lock_guard lock(mutex_);
     auto it = by_address_.find(address);
     return it == by_address_.end() ? nullptr : &by_name_.at(it->second);

@@ -13,7 +13,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <set>
 #include <shared_mutex>
 #include <string>
@@ -44,11 +43,6 @@ struct ServerOptions {
 };
 
 namespace detail {
-
-inline std::uint64_t random_u64() {
-  std::random_device rd;
-  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-}
 
 /// The variables of one ps task. One lock for the table: a commit's updates are applied together,
 /// so no read sees half a closure.
@@ -186,7 +180,7 @@ class Server {
   Server(ClusterSpec cluster_spec, std::string job_name, int task_index, std::string protocol = "grpc",
          ServerOptions options = {})
       : spec_(std::move(cluster_spec)), job_(std::move(job_name)), task_(task_index), protocol_(std::move(protocol)),
-        options_(std::move(options)), incarnation_(detail::random_u64()) {
+        options_(std::move(options)), incarnation_(detail::random_id()) {
     if (job_ != "ps" && job_ != "worker") {
       throw InvalidArgument(fmt::format("ds::Server: job '{}' has nothing to serve; a Server runs on 'ps' and 'worker' "
                                         "tasks (the chief runs the ClusterCoordinator)",

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -30,11 +29,6 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 
 namespace detail {
-
-inline std::uint64_t random_session_id() {
-  std::random_device rd;
-  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-}
 
 /// Checks the cluster has what parameter-server training needs: one chief (the coordinator), at
 /// least one ps and one worker, and no job besides those and an evaluator. Returns the ps count.
@@ -96,7 +90,7 @@ class ParameterServerStrategy final : public AnyStrategy, public detail::Partiti
         partitioner_(std::move(partitioner)),
         options_(std::move(options)),
         placement_(detail::check_parameter_server_cluster(resolver_->cluster_spec())),
-        session_(detail::random_session_id()) {
+        session_(detail::random_id()) {
     if (options_.connect) {
       detail::RpcOptions rpc;
       rpc.cluster_token = options_.cluster_token;

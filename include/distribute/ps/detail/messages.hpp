@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <sstream>
+#include <istream>
+#include <ostream>
+#include <streambuf>
 #include <string>
 #include <vector>
 
@@ -93,23 +95,48 @@ struct MakeDatasetMsg {
   void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
 };
 
+/// cereal's archives read a stream; this one reads bytes where they are, without a copy.
+class SpanReadBuffer : public std::streambuf {
+ public:
+  explicit SpanReadBuffer(std::span<const std::byte> bytes) {
+    char* p = const_cast<char*>(reinterpret_cast<const char*>(bytes.data()));  // only read
+    setg(p, p, p + bytes.size());
+  }
+};
+
+/// ...and this one writes straight into the byte vector that goes on the wire.
+class ByteSink : public std::streambuf {
+ public:
+  std::vector<std::byte> bytes;
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (!traits_type::eq_int_type(c, traits_type::eof())) bytes.push_back(static_cast<std::byte>(c));
+    return traits_type::not_eof(c);
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    const auto* p = reinterpret_cast<const std::byte*>(s);
+    bytes.insert(bytes.end(), p, p + n);
+    return n;
+  }
+};
+
 template <class M>
 std::vector<std::byte> encode_message(const M& m) {
-  std::ostringstream out(std::ios::binary);
+  ByteSink sink;
   {
+    std::ostream out(&sink);
     cereal::BinaryOutputArchive ar(out);
     ar(m);
   }
-  const std::string s = std::move(out).str();
-  std::vector<std::byte> bytes(s.size());
-  if (!s.empty()) std::memcpy(bytes.data(), s.data(), s.size());
-  return bytes;
+  return std::move(sink.bytes);
 }
 
 /// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
 template <class M>
 M decode_message(std::span<const std::byte> bytes, const char* what) {
-  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), std::ios::binary);
+  SpanReadBuffer buffer(bytes);
+  std::istream in(&buffer);
   M m;
   try {
     cereal::BinaryInputArchive ar(in);

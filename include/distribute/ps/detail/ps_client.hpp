@@ -89,16 +89,9 @@ class PsClientStore final : public RemoteVariableStore {
                                         key, out.size()));
     }
     if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-    if (ClosureTransaction* txn = current_transaction()) {  // replay this closure's own writes
-      auto it = txn->updates.find(task);
-      if (it == txn->updates.end()) return;
-      for (const auto& u : it->second) {
-        if (u.key == key) {
-          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out,
-                             {reinterpret_cast<const std::byte*>(u.bytes.data()), u.bytes.size()});
-        }
-      }
-    }
+    for_own_updates(task, key, [&](RemoteUpdate kind, std::span<const std::byte> value) {
+      apply_update_bytes(dtype, kind, out, value);
+    });
   }
 
   void read_rows(int task, const std::string& key, DType dtype, std::span<const std::int64_t> rows, std::size_t row_bytes,
@@ -110,19 +103,12 @@ class PsClientStore final : public RemoteVariableStore {
                                         out.size()));
     }
     if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-    if (ClosureTransaction* txn = current_transaction()) {  // this closure's own writes, row by row
-      auto it = txn->updates.find(task);
-      if (it == txn->updates.end()) return;
-      for (const auto& u : it->second) {
-        if (u.key != key) continue;
-        for (std::size_t i = 0; i < rows.size(); ++i) {
-          const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
-          if (from + row_bytes > u.bytes.size()) continue;  // the ps already checked the ids
-          apply_update_bytes(dtype, static_cast<RemoteUpdate>(u.kind), out.subspan(i * row_bytes, row_bytes),
-                             {reinterpret_cast<const std::byte*>(u.bytes.data()) + from, row_bytes});
-        }
+    for_own_updates(task, key, [&](RemoteUpdate kind, std::span<const std::byte> value) {
+      for (std::size_t i = 0; i < rows.size(); ++i) {  // row by row (the ps already checked the ids)
+        const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
+        apply_update_bytes(dtype, kind, out.subspan(i * row_bytes, row_bytes), value.subspan(from, row_bytes));
       }
-    }
+    });
   }
 
   void update(int task, const std::string& key, RemoteUpdate kind, DType dtype, std::span<const std::byte> value) override {
@@ -171,6 +157,19 @@ class PsClientStore final : public RemoteVariableStore {
   }
 
  private:
+  /// Calls f(kind, value) for each update the closure running on this thread made to `key` on
+  /// `task`, in order: a closure reads its own writes.
+  template <class F>
+  static void for_own_updates(int task, const std::string& key, F&& f) {
+    ClosureTransaction* txn = current_transaction();
+    if (!txn) return;
+    auto it = txn->updates.find(task);
+    if (it == txn->updates.end()) return;
+    for (const auto& u : it->second) {
+      if (u.key == key) f(static_cast<RemoteUpdate>(u.kind), std::as_bytes(std::span(u.bytes)));
+    }
+  }
+
   template <class F>
   void guarded(int task, F&& f) {
     try {

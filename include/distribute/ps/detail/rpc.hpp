@@ -107,6 +107,14 @@ inline std::string error_kind(const std::exception& e) {
   throw Error(message);
 }
 
+/// A random 64-bit id (sessions, server incarnations), from OpenSSL like the handshake nonces.
+inline std::uint64_t random_id() {
+  const net::detail::Nonce n = net::detail::random_nonce();
+  std::uint64_t id = 0;
+  std::memcpy(&id, n.data(), sizeof id);
+  return id;
+}
+
 inline std::vector<std::byte> to_bytes(std::string_view s) {
   std::vector<std::byte> out(s.size());
   if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
