@@ -37307,6 +37307,7 @@ DISTRIBUTE_END_NAMESPACE
 // deadline. The same port answers plain HTTP GETs (/healthz, /metrics) through Boost.Beast, sniffed
 // from the first bytes, so a server needs one address only.
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -39102,6 +39103,7 @@ DISTRIBUTE_END_NAMESPACE
 //                builds the per-worker datasets it asks for.
 // Both answer GET /healthz and GET /metrics (Prometheus text) on the same port.
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -40312,6 +40314,7 @@ DISTRIBUTE_END_NAMESPACE
 // deadline. The same port answers plain HTTP GETs (/healthz, /metrics) through Boost.Beast, sniffed
 // from the first bytes, so a server needs one address only.
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -41443,6 +41446,7 @@ DISTRIBUTE_END_NAMESPACE
 // deadline. The same port answers plain HTTP GETs (/healthz, /metrics) through Boost.Beast, sniffed
 // from the first bytes, so a server needs one address only.
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -43509,6 +43513,7 @@ DISTRIBUTE_END_NAMESPACE
 // deadline. The same port answers plain HTTP GETs (/healthz, /metrics) through Boost.Beast, sniffed
 // from the first bytes, so a server needs one address only.
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -47832,6 +47837,7 @@ DISTRIBUTE_END_NAMESPACE
 // deadline. The same port answers plain HTTP GETs (/healthz, /metrics) through Boost.Beast, sniffed
 // from the first bytes, so a server needs one address only.
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>

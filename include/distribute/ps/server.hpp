@@ -6,6 +6,7 @@
 // Both answer GET /healthz and GET /metrics (Prometheus text) on the same port.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>

@@ -5,6 +5,7 @@
 // from the first bytes, so a server needs one address only.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
