@@ -531,4 +531,83 @@ TEST_CASE("remote-function misuse in one process: names, handles outside a worke
                        ds::InvalidArgument);
 }
 
+TEST_CASE("wire-level errors on both sides: handshakes out of order, a busy port, replies out of turn or malformed") {
+  namespace dd = ds::detail;
+  namespace net = ds::net;
+  using boost::asio::ip::tcp;
+  const auto ports = test_support::free_ports(2);
+  const ds::ClusterSpec spec(ds::ClusterSpec::DenseJobs{
+      {"chief", {"127.0.0.1:1"}}, {"ps", {fmt::format("127.0.0.1:{}", ports[0])}}, {"worker", {"127.0.0.1:2"}}});
+  LogLines log;
+  ds::ServerOptions options;
+  options.cluster_token = "";
+  options.log = [&](std::string_view line) {
+    std::lock_guard lock(log.mutex);
+    log.lines.emplace_back(line);
+  };
+  ds::Server server(spec, "ps", 0, "grpc", options);
+  const std::string busy = fmt::format("cannot listen on 127.0.0.1:{}", ports[0]);
+  CHECK_THROWS_WITH_AS(ds::Server(spec, "ps", 0), doctest::Contains(busy.c_str()), ds::Unavailable);
+  // A peer whose first frame is not a hello is refused, and the refusal logged.
+  {
+    boost::asio::io_context io;
+    tcp::socket s(io);
+    s.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(ports[0])});
+    boost::asio::write(s, boost::asio::buffer(net::encode_frame({net::FrameType::Request, 0, 1, 1}, {})));
+    CHECK(wait_until([&] { return log.has("expected a hello frame, got request"); }, 5s));
+  }
+  // A client holding a token refuses a server that cannot prove it.
+  dd::RpcOptions with_token;
+  with_token.cluster_token = "s3cret";
+  with_token.connect_timeout = 2000ms;
+  dd::RpcClient suspicious(spec.task_address("ps", 0), "ps 0", with_token);
+  CHECK_THROWS_WITH_AS(suspicious.connect(2000ms), doctest::Contains("ps 0 did not prove the cluster token"),
+                       dd::ConnectionLost);
+
+  // A fake server that completes the handshake, then answers with `reply`.
+  auto fake_server = [&](std::vector<std::byte> reply) {
+    boost::asio::io_context io;
+    tcp::acceptor acceptor(io, {boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(ports[1])});
+    std::thread peer([&] {
+      tcp::socket s(io);
+      acceptor.accept(s);
+      auto read_frame = [&] {
+        net::HeaderBytes head{};
+        boost::asio::read(s, boost::asio::buffer(head));
+        std::vector<std::byte> payload(net::decode_header(head, 1 << 20).length);
+        boost::asio::read(s, boost::asio::buffer(payload));
+      };
+      read_frame();  // hello
+      const auto nonce = net::detail::random_nonce();
+      boost::asio::write(s, boost::asio::buffer(net::encode_frame({net::FrameType::Challenge, 0, 0, 0}, nonce)));
+      read_frame();  // response
+      boost::asio::write(s, boost::asio::buffer(net::encode_frame({net::FrameType::Welcome, 0, 0, 0}, {})));
+      read_frame();  // the request
+      boost::asio::write(s, boost::asio::buffer(reply));
+      boost::system::error_code ec;
+      char buf[64];
+      s.read_some(boost::asio::buffer(buf), ec);  // until the client hangs up
+    });
+    dd::RpcOptions no_token;
+    no_token.cluster_token = "";
+    dd::RpcClient client(fmt::format("127.0.0.1:{}", ports[1]), "fake", no_token);
+    std::string error;
+    try {
+      client.call(dd::RpcOp::Ping, {}, 5000ms);
+    } catch (const dd::ConnectionLost& e) {
+      error = e.what();
+    }
+    client.disconnect();
+    peer.join();
+    return error;
+  };
+  CHECK(fake_server(net::encode_frame({net::FrameType::Reply, 0, 7, 0}, {})) ==
+        fmt::format("fake (127.0.0.1:{}) answered out of turn (reply frame #7, expected reply #1)", ports[1]));
+  auto bad_magic = net::encode_frame({net::FrameType::Reply, 0, 1, 0}, {});
+  bad_magic[0] = std::byte{'X'};
+  CHECK_MESSAGE(fake_server(bad_magic).find(fmt::format("fake (127.0.0.1:{}) sent a malformed reply: bad frame magic",
+                                                        ports[1])) == 0,
+                "a reply with a bad magic is malformed");
+}
+
 }  // TEST_SUITE
