@@ -27,6 +27,10 @@
 //  * Failure: the first task that exits non-zero or is killed by a signal stops the job (SIGTERM to
 //    the others, SIGKILL after the grace period) unless --keep-going; the launcher exits with that
 //    task's status (128+signal for a signal). --timeout expiry exits 124. Usage errors exit 2.
+//  * Restarts: with --restart-workers N a worker task of a parameter-server cluster that fails
+//    is started again (same TF_CONFIG, same port) after --restart-delay, at most N times per task,
+//    as a cluster manager with restartPolicy OnFailure would do; DISTRIBUTE_LAUNCH_RESTART counts
+//    its restarts (0 on the first start). The coordinator takes the worker back when it answers.
 //  * ps tasks serve until stopped: in a cluster with ps tasks the job is done when every chief and
 //    worker task has exited; the launcher then SIGTERMs the ps tasks and exits 0 if all of those
 //    exited 0.
@@ -92,9 +96,13 @@ cluster (on free loopback ports) and its own task type and index.
   --timeout SECONDS   stop every task and exit 124 if the job runs longer
   --grace SECONDS     time between SIGTERM and SIGKILL when stopping tasks (default 10)
   --keep-going        a failing task does not stop the others (exit status: the first failure)
+  --restart-workers N with --ps: a worker task that fails (non-zero exit or a signal) is started
+                      again, at most N times per task; each start sets DISTRIBUTE_LAUNCH_RESTART
+                      to the number of restarts so far (0 at first)
+  --restart-delay S   seconds before such a restart (default 1)
   -h, --help          show this help
 
-Each task also gets DISTRIBUTE_LAUNCH_TASK=TYPE:INDEX. Its stdout and stderr lines are forwarded
+Each task also gets DISTRIBUTE_LAUNCH_TASK=TYPE:INDEX and DISTRIBUTE_LAUNCH_RESTART=K. Its stdout and stderr lines are forwarded
 to the launcher's stdout and stderr with a "[TYPE:INDEX] " prefix.
 
 Exit status: 0 when every task succeeded (ps tasks are stopped once the chief and all workers are
@@ -125,6 +133,8 @@ struct Options {
   double timeout = 0;  // 0: none
   double grace = 10;
   bool keep_going = false;
+  int restart_workers = 0;
+  double restart_delay = 1;
   bool help = false;
   std::vector<std::string> command;
 };
@@ -150,7 +160,7 @@ double parse_seconds(std::string_view opt, const std::string& text) {
 }
 
 bool is_reserved_env(std::string_view key) {
-  return key == "TF_CONFIG" || key == "DISTRIBUTE_LAUNCH_TASK";
+  return key == "TF_CONFIG" || key == "DISTRIBUTE_LAUNCH_TASK" || key == "DISTRIBUTE_LAUNCH_RESTART";
 }
 
 Options parse_args(int argc, char** argv) {
@@ -223,6 +233,10 @@ Options parse_args(int argc, char** argv) {
     } else if (name == "--keep-going") {
       flag();
       o.keep_going = true;
+    } else if (name == "--restart-workers") {
+      o.restart_workers = parse_count(name, value(), 0);
+    } else if (name == "--restart-delay") {
+      o.restart_delay = parse_seconds(name, value());
     } else {
       if (!arg.empty() && arg[0] == '-') throw UsageError(fmt::format("unknown option '{}'", arg));
       throw UsageError(fmt::format("unexpected argument '{}' (put the program after '--')", arg));
@@ -233,6 +247,10 @@ Options parse_args(int argc, char** argv) {
   if (o.command.empty() || o.command[0].empty()) throw UsageError("no program given after '--'");
   if (!o.workers_given)
     throw UsageError(o.ps_given ? "--ps needs --workers M" : "the number of workers (-n N) is required");
+  // Only a parameter-server cluster survives a lost worker (its coordinator reschedules the
+  // closures); a synchronous job would only wait for the restarted task in a broken collective.
+  if (o.restart_workers > 0 && !o.ps_given)
+    throw UsageError("--restart-workers needs --ps (only a parameter-server cluster takes a worker back)");
   return o;
 }
 
@@ -414,6 +432,8 @@ struct Task {
   std::string prefix;  // "[worker:0] "
   pid_t pid = -1;
   bool running = false;
+  int restarts = 0;                                // times started again after a failure
+  std::optional<Clock::time_point> restart_at;     // a pending restart
   int status = 0;
   Stream out, err;
 };
@@ -542,90 +562,102 @@ class Launcher {
     env.push_back(fmt::format(R"(TF_CONFIG={{"cluster": {}, "task": {{"type": "{}", "index": {}}}}})",
                               cluster_json_, t.type, t.index));
     env.push_back(fmt::format("DISTRIBUTE_LAUNCH_TASK={}", t.name));
+    env.push_back(fmt::format("DISTRIBUTE_LAUNCH_RESTART={}", t.restarts));
     if (token_) env.push_back("DISTRIBUTE_CLUSTER_TOKEN=" + *token_);
     return env;
   }
 
   void spawn_all() {
-    const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (devnull < 0) throw std::runtime_error(fmt::format("cannot open /dev/null: {}", std::strerror(errno)));
-    std::vector<char*> argv;
-    for (auto& a : opt_.command) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t self = ::getpid();
-
-    // Block signals around fork so that a signal arriving in a child before exec does not run the
-    // launcher's handler there (which would write to the launcher's self-pipe).
-    sigset_t all, old;
-    sigfillset(&all);
-    ::sigprocmask(SIG_SETMASK, &all, &old);
     std::string spawn_error;
     for (auto& t : tasks_) {
-      std::vector<std::string> env = environment_for(t);
-      std::vector<char*> envp;
-      for (auto& e : env) envp.push_back(e.data());
-      envp.push_back(nullptr);
-      const std::string exec_error_prefix = fmt::format("distribute-launch: cannot run '{}': ", opt_.command[0]);
-
-      int out[2], err[2];
-      if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-        spawn_error = fmt::format("pipe: {}", std::strerror(errno));
-        break;
-      }
-      const pid_t pid = ::fork();
-      if (pid < 0) {
-        spawn_error = fmt::format("fork: {}", std::strerror(errno));
-        for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-        break;
-      }
-      if (pid == 0) {
-        // Child. The launcher is single-threaded, so the calls below are safe after fork.
-        ::setpgid(0, 0);
-#ifdef __linux__
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (::getppid() != self) ::_exit(1);  // the launcher is already gone
-#endif
-        struct sigaction dfl {};
-        dfl.sa_handler = SIG_DFL;
-        sigemptyset(&dfl.sa_mask);
-        for (const int sig : kForwardedSignals) ::sigaction(sig, &dfl, nullptr);
-        ::sigaction(SIGCHLD, &dfl, nullptr);
-        ::sigaction(SIGPIPE, &dfl, nullptr);
-        ::dup2(devnull, 0);
-        ::dup2(out[1], 1);
-        ::dup2(err[1], 2);
-        sigset_t none;
-        sigemptyset(&none);
-        ::sigprocmask(SIG_SETMASK, &none, nullptr);
-        ::execvpe(argv[0], argv.data(), envp.data());
-        const int e = errno;
-        const std::string msg = exec_error_prefix + std::strerror(e) + "\n";
-        [[maybe_unused]] const ssize_t n = ::write(2, msg.data(), msg.size());
-        ::_exit(e == ENOENT ? 127 : 126);
-      }
-      ::setpgid(pid, pid);  // also in the parent, so the group exists before we signal it
-      ::close(out[1]);
-      ::close(err[1]);
-      ::fcntl(out[0], F_SETFL, O_NONBLOCK);
-      ::fcntl(err[0], F_SETFL, O_NONBLOCK);
-      t.pid = pid;
-      t.running = true;
-      t.out.fd = out[0];
-      t.err.fd = err[0];
+      spawn_error = spawn(t);
+      if (!spawn_error.empty()) break;
     }
-    ::sigprocmask(SIG_SETMASK, &old, nullptr);
-    ::close(devnull);
     if (!spawn_error.empty()) {
       note("{}; stopping the tasks already started", spawn_error);
       exit_code_ = 1;
-      for (auto& t : tasks_)
-        if (t.pid < 0) t.running = false;  // never started
       begin_stop(SIGTERM);
     }
   }
 
+  // Starts `t` (again, for a restart); returns what went wrong, or nothing.
+  std::string spawn(Task& t) {
+    for (Stream* s : {&t.out, &t.err}) close_stream(t, *s);  // what the previous run left unread
+    const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (devnull < 0) return fmt::format("cannot open /dev/null: {}", std::strerror(errno));
+    std::vector<char*> argv;
+    for (auto& a : opt_.command) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t self = ::getpid();
+    std::vector<std::string> env = environment_for(t);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    const std::string exec_error_prefix = fmt::format("distribute-launch: cannot run '{}': ", opt_.command[0]);
+
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) {
+      ::close(devnull);
+      return fmt::format("pipe: {}", std::strerror(errno));
+    }
+    if (::pipe2(err, O_CLOEXEC) != 0) {
+      for (int fd : {out[0], out[1], devnull}) ::close(fd);
+      return fmt::format("pipe: {}", std::strerror(errno));
+    }
+    // Block signals around fork so that a signal arriving in the child before exec does not run
+    // the launcher's handler there (which would write to the launcher's self-pipe).
+    sigset_t all, old;
+    sigfillset(&all);
+    ::sigprocmask(SIG_SETMASK, &all, &old);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      const int e = errno;
+      ::sigprocmask(SIG_SETMASK, &old, nullptr);
+      for (int fd : {out[0], out[1], err[0], err[1], devnull}) ::close(fd);
+      return fmt::format("fork: {}", std::strerror(e));
+    }
+    if (pid == 0) {
+      // Child. The launcher is single-threaded, so the calls below are safe after fork.
+      ::setpgid(0, 0);
+#ifdef __linux__
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != self) ::_exit(1);  // the launcher is already gone
+#endif
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      for (const int sig : kForwardedSignals) ::sigaction(sig, &dfl, nullptr);
+      ::sigaction(SIGCHLD, &dfl, nullptr);
+      ::sigaction(SIGPIPE, &dfl, nullptr);
+      ::dup2(devnull, 0);
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::execvpe(argv[0], argv.data(), envp.data());
+      const int e = errno;
+      const std::string msg = exec_error_prefix + std::strerror(e) + "\n";
+      [[maybe_unused]] const ssize_t n = ::write(2, msg.data(), msg.size());
+      ::_exit(e == ENOENT ? 127 : 126);
+    }
+    ::setpgid(pid, pid);  // also in the parent, so the group exists before we signal it
+    ::sigprocmask(SIG_SETMASK, &old, nullptr);
+    for (int fd : {out[1], err[1], devnull}) ::close(fd);
+    ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+    ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+    t.pid = pid;
+    t.running = true;
+    t.out.fd = out[0];
+    t.err.fd = err[0];
+    return {};
+  }
+
   bool any_running() const {
     return std::any_of(tasks_.begin(), tasks_.end(), [](const Task& t) { return t.running; });
+  }
+  bool any_restart_pending() const {
+    return std::any_of(tasks_.begin(), tasks_.end(), [](const Task& t) { return t.restart_at.has_value(); });
   }
 
   void signal_task(Task& t, int sig) {
@@ -635,7 +667,10 @@ class Launcher {
 
   // Asks every running task to stop with `sig`; SIGKILL follows after the grace period.
   void begin_stop(int sig) {
-    for (auto& t : tasks_) signal_task(t, sig);
+    for (auto& t : tasks_) {
+      t.restart_at.reset();  // a stopping job starts nothing again
+      signal_task(t, sig);
+    }
     if (!stopping_) {
       stopping_ = true;
       kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -701,6 +736,14 @@ class Launcher {
 
   void on_exit(Task& t) {
     const bool ok = succeeded(t.status);
+    if (!ok && !stopping_ && t.type == "worker" && t.restarts < opt_.restart_workers) {
+      ++t.restarts;
+      note("{} {}; restarting it in {} s (restart {} of {})", t.name, describe_status(t.status), opt_.restart_delay,
+           t.restarts, opt_.restart_workers);
+      t.restart_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(opt_.restart_delay));
+      return;
+    }
     if (!stopping_) {
       if (!ok) {
         if (!exit_code_) exit_code_ = exit_code_of(t.status);
@@ -715,11 +758,11 @@ class Launcher {
           return;
         }
       } else if (t.type == "ps") {
-        note("{} exited with status 0 before the job was done", t.name);
+        note("{} exited with status 0", t.name);  // e.g. stopped by the coordinator
       }
       // The job is done when every chief/worker task has exited; ps tasks are then stopped.
       const bool workers_done = std::none_of(tasks_.begin(), tasks_.end(), [](const Task& x) {
-        return x.running && x.type != "ps";
+        return (x.running || x.restart_at) && x.type != "ps";
       });
       if (workers_done && any_running()) {
         note("the chief and worker tasks are done; stopping the ps tasks");
@@ -730,6 +773,16 @@ class Launcher {
 
   void on_deadlines() {
     const auto now = Clock::now();
+    for (auto& t : tasks_) {
+      if (!t.restart_at || now < *t.restart_at) continue;
+      t.restart_at.reset();
+      note("starting {} again", t.name);
+      if (const std::string error = spawn(t); !error.empty()) {
+        note("cannot restart {}: {}; stopping the job", t.name, error);
+        if (!exit_code_) exit_code_ = 1;
+        begin_stop(SIGTERM);
+      }
+    }
     if (job_deadline_ && now >= *job_deadline_) {
       job_deadline_.reset();
       if (any_running() && !stopping_) {  // when already stopping, the grace period bounds it
@@ -770,7 +823,7 @@ class Launcher {
           owners.push_back(&t);
         }
       }
-      if (!any_running()) {
+      if (!any_running() && !any_restart_pending()) {
         // Every task is reaped. Their groups were SIGKILLed, so the pipes close right away unless
         // something escaped to another process group; do not wait for that for long.
         if (streams.empty()) break;
@@ -784,6 +837,8 @@ class Launcher {
       std::optional<Clock::time_point> next;
       for (const auto& d : {job_deadline_, kill_deadline_, drain_deadline})
         if (d && (!next || *d < *next)) next = d;
+      for (const auto& t : tasks_)
+        if (t.restart_at && (!next || *t.restart_at < *next)) next = t.restart_at;
       int timeout_ms = -1;
       if (next) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Clock::now()).count();
