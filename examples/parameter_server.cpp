@@ -355,6 +355,10 @@ int coordinate(const Options& options, ds::ParameterServerStrategy& strategy) {
 
 int run(const Options& options) {
   auto resolver = std::make_shared<ds::TFConfigClusterResolver>();
+  if (resolver->cluster_spec().empty()) {
+    throw UsageError("no cluster (TF_CONFIG is not set); run it under `distribute-launch --ps N --workers M --`, "
+                     "which starts a chief, ps and worker tasks");
+  }
   const std::string type = resolver->task_type();
   if (type == "ps" || type == "worker") {
     ds::Server server(resolver->cluster_spec(), type, resolver->task_id());
@@ -363,9 +367,9 @@ int run(const Options& options) {
     return 0;
   }
   if (type != "chief") {
-    throw UsageError(fmt::format("this task is '{}'; run under `distribute-launch --ps N --workers M --` (a chief, ps "
-                                 "and worker tasks)",
-                                 type.empty() ? "not in a cluster (no TF_CONFIG)" : type));
+    throw UsageError(fmt::format("this task is '{}'; a parameter-server cluster has chief, ps and worker tasks (as "
+                                 "`distribute-launch --ps N --workers M --` starts)",
+                                 type));
   }
   ds::ParameterServerStrategy strategy(resolver);
   return coordinate(options, strategy);

@@ -6,8 +6,11 @@
 //   examples_full  (TEST_SUITE "examples_full"): the default epochs; each strategy reaches the
 //                  documented 95% test accuracy and the strategies end with the same loss (same
 //                  batches, same math).
-// The programs come from the environment: DISTRIBUTE_DIGITS (the example) and DISTRIBUTE_LAUNCH
-// (tools/distribute-launch), set by tests/meson.build.
+// The parameter_server example (examples/parameter_server.cpp) runs under distribute-launch with 2 ps
+// and 3 workers, one worker SIGKILLing itself mid-step and being restarted, in both suites.
+// The programs come from the environment: DISTRIBUTE_DIGITS (the example), DISTRIBUTE_PARAMETER_SERVER
+// (absent when the build has no ps/ part) and DISTRIBUTE_LAUNCH (tools/distribute-launch), set by
+// tests/meson.build.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -37,6 +40,7 @@ namespace {
 constexpr double kTargetAccuracy = 0.95;
 constexpr int kDefaultEpochs = 12;  // the example's default
 constexpr int kReducedEpochs = 2;   // the quick suite
+constexpr int kParameterServerEpochs = 15;  // the parameter_server example's default
 constexpr int kExitBelowTarget = 1; // digits' exit status when the final accuracy is below the target
 
 std::string env_path(const char* name) {
@@ -212,6 +216,103 @@ FinalLine run_multi_worker(int epochs) {
   return finals[0];
 }
 
+/// One "steps per worker a b c  workers up u/n  steps retried so far r" line of the
+/// parameter_server example (after each epoch's progress line).
+struct StepsLine {
+  std::vector<int> per_worker;
+  int up = 0, workers = 0, retried = 0;
+  std::size_t position = 0;  // in the output
+};
+
+std::vector<StepsLine> steps_lines(const std::string& output) {
+  static const std::regex re(R"(\[chief:0\] +steps per worker ([0-9 ]+?)  workers up ([0-9]+)/([0-9]+)  steps retried so far ([0-9]+))");
+  std::vector<StepsLine> out;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator(); ++it) {
+    StepsLine s;
+    std::istringstream counts((*it)[1].str());
+    for (int n; counts >> n;) s.per_worker.push_back(n);
+    s.up = std::stoi((*it)[2].str());
+    s.workers = std::stoi((*it)[3].str());
+    s.retried = std::stoi((*it)[4].str());
+    s.position = static_cast<std::size_t>(it->position(0));
+    out.push_back(s);
+  }
+  return out;
+}
+
+/// The parameter_server example's program, or nothing when this build has none.
+std::optional<std::string> parameter_server_program() {
+  const char* v = std::getenv("DISTRIBUTE_PARAMETER_SERVER");
+  if (!v || !*v) return std::nullopt;
+  return std::string(v);
+}
+
+struct PsRun {
+  FinalLine final_line;
+  test_support::Child launch;
+};
+
+/// `distribute-launch --ps 2 --workers 3 --restart-workers 1 -- parameter_server --epochs E
+/// [extra...]`: the chief's progress and files, and every epoch's steps spread over the workers
+/// with each step counted once (a step lost with its worker is retried, not repeated).
+PsRun run_parameter_server(const std::string& program, int epochs, const std::vector<std::string>& extra = {},
+                           const fs::path& out = {}) {
+  std::vector<std::string> argv{env_path("DISTRIBUTE_LAUNCH"), "--ps", "2", "--workers", "3", "--restart-workers", "1",
+                                "--restart-delay", "0.2", "--timeout", "55", "--", program, "--epochs",
+                                std::to_string(epochs), "--out", out.string()};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  PsRun r{{}, run(argv)};
+  const std::string& output = r.launch.output;
+  INFO("launcher output:\n", output);
+  const auto finals = final_lines(output, "[chief:0] ");
+  REQUIRE(finals.size() == 1);
+  r.final_line = finals[0];
+  check_exit_status(r.launch.status, r.final_line);
+  check_progress_lines(output, epochs, "[chief:0] ");
+  CHECK(output.find("[worker:0] epoch") == std::string::npos);  // only the coordinator reports
+  // Round-robin placement over the 2 ps tasks, with TF's device strings.
+  CHECK(output.find("dense_1/kernel on /job:ps/replica:0/task:0/device:CPU:0, dense_1/bias on "
+                    "/job:ps/replica:0/task:1/device:CPU:0") != std::string::npos);
+  std::smatch m;
+  REQUIRE(std::regex_search(output, m, std::regex("([0-9]+) steps per epoch")));
+  const int steps_per_epoch = std::stoi(m[1].str());
+  CHECK(steps_per_epoch == 45);  // ceil(1438 training examples / batch 32)
+  const auto steps = steps_lines(output);
+  REQUIRE(steps.size() == static_cast<std::size_t>(epochs));
+  for (const auto& s : steps) {
+    REQUIRE(s.per_worker.size() == 3);
+    CHECK(s.per_worker[0] + s.per_worker[1] + s.per_worker[2] == steps_per_epoch);
+    CHECK(s.workers == 3);
+  }
+  check_metrics_csv(out / "metrics-parameter_server.csv", epochs);
+  check_loss_svg(out / "loss-parameter_server.svg");
+  return r;
+}
+
+/// Worker 1 SIGKILLs itself in its `kill_at_step`-th step; the launcher restarts it; the
+/// coordinator retries the lost step, takes the worker back, and it takes steps again.
+void check_worker_killed_and_back(const PsRun& r, int kill_at_step) {
+  const std::string& output = r.launch.output;
+  INFO("launcher output:\n", output);
+  CHECK(output.find(fmt::format("[worker:1] worker 1: --kill-worker: SIGKILL in step {}", kill_at_step)) !=
+        std::string::npos);
+  CHECK(output.find("distribute-launch: worker:1 was killed by signal 9") != std::string::npos);
+  CHECK(output.find("distribute-launch: starting worker:1 again") != std::string::npos);
+  CHECK(output.find("[chief:0] coordinator: lost worker 1") != std::string::npos);
+  const auto back = output.find("[chief:0] coordinator: worker 1 (");
+  REQUIRE(back != std::string::npos);
+  CHECK(output.find("is back; it receives closures again", back) != std::string::npos);
+  const auto steps = steps_lines(output);
+  REQUIRE(!steps.empty());
+  CHECK(steps.back().retried >= 1);  // the step it died in ran again elsewhere
+  int steps_after_back = 0;
+  for (const auto& s : steps) {
+    if (s.position > back && s.per_worker.size() == 3) steps_after_back += s.per_worker[1];
+  }
+  CHECK(steps_after_back > 0);  // the restarted worker receives closures again
+  CHECK(steps.back().up == 3);
+}
+
 bool has_multi_worker() {
   const auto child = run({env_path("DISTRIBUTE_DIGITS"), "--strategies"});
   return child.status == 0 && child.output.find("multi_worker") != std::string::npos;
@@ -237,6 +338,60 @@ TEST_CASE("digits --epochs 2: multi_worker under distribute-launch -n 3: the chi
   CHECK(chief.loss == doctest::Approx(one.loss).epsilon(1e-4));
 }
 
+TEST_CASE("parameter_server --epochs 3 under distribute-launch --ps 2 --workers 3: a worker killed mid-step comes "
+          "back") {
+  const auto program = parameter_server_program();
+  if (!program) {
+    MESSAGE("this build has no parameter_server example (no cereal/Boost/OpenSSL): skipped");
+    return;
+  }
+  TempDir out;
+  const PsRun r = run_parameter_server(*program, 3,
+                                       {"--kill-worker", "1", "--kill-at-step", "5", "--wait-for-workers", "30"},
+                                       out.path);
+  check_worker_killed_and_back(r, 5);
+}
+
+TEST_CASE("parameter_server: a checkpoint read from the ps tasks each epoch; a second run resumes from it") {
+  const auto program = parameter_server_program();
+  if (!program) {
+    MESSAGE("this build has no parameter_server example (no cereal/Boost/OpenSSL): skipped");
+    return;
+  }
+  TempDir out;
+  const fs::path checkpoints = out.path / "ckpt";
+  const PsRun first = run_parameter_server(*program, 2, {"--checkpoint-dir", checkpoints.string()}, out.path);
+  CHECK(fs::exists(checkpoints / "ckpt-2.safetensors"));
+  CHECK(read_file(checkpoints / "checkpoint").find("model_checkpoint_path: \"ckpt-2.safetensors\"") != std::string::npos);
+
+  const auto second = run({env_path("DISTRIBUTE_LAUNCH"), "--ps", "2", "--workers", "3", "--timeout", "55", "--",
+                           *program, "--epochs", "4", "--out", out.path.string(), "--checkpoint-dir",
+                           checkpoints.string()});
+  INFO("second run:\n", second.output);
+  CHECK(second.output.find(fmt::format("[chief:0] resumed from {} after epoch 2",
+                                       (checkpoints / "ckpt-2.safetensors").string())) != std::string::npos);
+  CHECK(second.output.find("[chief:0] epoch  1/4") == std::string::npos);
+  CHECK(second.output.find("[chief:0] epoch  3/4") != std::string::npos);
+  CHECK(second.output.find("[chief:0] epoch  4/4") != std::string::npos);
+  CHECK(fs::exists(checkpoints / "ckpt-4.safetensors"));
+  const auto finals = final_lines(second.output, "[chief:0] ");
+  REQUIRE(finals.size() == 1);
+  // Two more epochs from where the first run stopped: better than after its two.
+  CHECK(finals[0].loss < first.final_line.loss);
+}
+
+TEST_CASE("parameter_server: outside a cluster it says how to run it (exit 2)") {
+  const auto program = parameter_server_program();
+  if (!program) {
+    MESSAGE("this build has no parameter_server example: skipped");
+    return;
+  }
+  const auto child = run({*program, "--epochs", "1"});
+  INFO(child.output);
+  CHECK(child.status == 2);
+  CHECK(child.output.find("distribute-launch --ps") != std::string::npos);
+}
+
 // ---- examples_full: the default epochs, the documented accuracy -----------------------------
 
 TEST_SUITE("examples_full") {
@@ -257,6 +412,21 @@ TEST_SUITE("examples_full") {
     const FinalLine chief = run_multi_worker(kDefaultEpochs);
     const FinalLine one = run_digits("one_device", kDefaultEpochs);
     CHECK(chief.loss == doctest::Approx(one.loss).epsilon(1e-4));
+  }
+
+  TEST_CASE("parameter_server (2 ps, 3 workers, asynchronous) reaches 95% with a worker killed and restarted") {
+    const auto program = parameter_server_program();
+    if (!program) {
+      MESSAGE("this build has no parameter_server example (no cereal/Boost/OpenSSL): skipped");
+      return;
+    }
+    TempDir out;
+    const PsRun r = run_parameter_server(*program, kParameterServerEpochs,
+                                         {"--kill-worker", "1", "--kill-at-step", "20", "--wait-for-workers", "30"},
+                                         out.path);
+    check_worker_killed_and_back(r, 20);
+    CHECK(r.launch.status == 0);
+    CHECK(r.final_line.test_accuracy >= kTargetAccuracy);
   }
 }
 
