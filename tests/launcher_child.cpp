@@ -15,6 +15,7 @@
 //                      entries: every task has got that far
 //   @TYPE | @TYPE:IDX  run the following commands only in tasks of that type (and index)
 //   @all               run the following commands in every task again
+//   @FILTER#K          as @FILTER, and only when DISTRIBUTE_LAUNCH_RESTART is K (the K-th restart)
 //
 // stdout is line-buffered, so the launcher sees each line as soon as it is printed.
 #include <dirent.h>
@@ -68,8 +69,13 @@ int main(int argc, char** argv) {
     const std::string cmd = argv[i];
     auto arg = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     if (!cmd.empty() && cmd[0] == '@') {
-      const std::string filter = cmd.substr(1);
-      active = filter == "all" || filter == task || filter == type;
+      std::string filter = cmd.substr(1);
+      bool this_start = true;
+      if (const auto hash = filter.find('#'); hash != std::string::npos) {
+        this_start = filter.substr(hash + 1) == env_or("DISTRIBUTE_LAUNCH_RESTART", "");
+        filter.resize(hash);
+      }
+      active = this_start && (filter == "all" || filter == task || filter == type);
       continue;
     }
     const bool takes_arg = cmd == "env" || cmd == "print" || cmd == "eprint" || cmd == "partial" ||

@@ -633,6 +633,44 @@ TEST_CASE("ps mode variants") {
   }
 }
 
+TEST_CASE("--restart-workers: a failing worker of a ps cluster is started again, at most N times") {
+  SUBCASE("killed, then failing, then done: restarted twice and the job succeeds") {
+    const Result r = run({"--ps", "1", "--workers", "2", "--restart-workers", "2", "--restart-delay", "0.1", "--",
+                          child(), "@ps", "sleep", "600000", "@worker:1#0", "kill-self", "9", "@worker:1#1", "exit",
+                          "3", "@all", "env", "DISTRIBUTE_LAUNCH_RESTART", "print", "done"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.code == 0);
+    CHECK(contains(r.err, "worker:1 was killed by signal 9 (Killed); restarting it in 0.1 s (restart 1 of 2)"));
+    CHECK(contains(r.err, "worker:1 exited with status 3; restarting it in 0.1 s (restart 2 of 2)"));
+    CHECK(contains(r.err, "distribute-launch: starting worker:1 again"));
+    CHECK(contains(r.out, "[worker:1] ENV DISTRIBUTE_LAUNCH_RESTART=2\n[worker:1] done\n"));
+    CHECK_FALSE(contains(r.out, "[worker:1] ENV DISTRIBUTE_LAUNCH_RESTART=1"));  // that start exited first
+    CHECK(contains(r.out, "[worker:0] ENV DISTRIBUTE_LAUNCH_RESTART=0"));
+    CHECK(contains(r.out, "[chief:0] done"));
+    CHECK(contains(r.err, "the chief and worker tasks are done; stopping the ps tasks"));
+  }
+  SUBCASE("a worker that keeps failing fails the job once the restarts are used up") {
+    const Result r = run({"--ps", "1", "--workers", "2", "--restart-workers", "1", "--restart-delay", "0", "--",
+                          child(), "@ps", "sleep", "600000", "@worker:1", "exit", "4", "@worker:0", "sleep", "600000"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.code == 4);
+    CHECK(contains(r.err, "worker:1 exited with status 4; restarting it in 0 s (restart 1 of 1)"));
+    CHECK(contains(r.err, "worker:1 exited with status 4; stopping the other tasks"));
+    CHECK(r.seconds < 20);
+  }
+  SUBCASE("the chief and ps tasks are not restarted") {
+    const Result r = run({"--ps", "1", "--workers", "1", "--restart-workers", "3", "--", child(), "@chief", "exit", "5",
+                          "@all", "sleep", "600000"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.code == 5);
+    CHECK(contains(r.err, "chief:0 exited with status 5; stopping the other tasks"));
+    CHECK_FALSE(contains(r.err, "restarting"));
+  }
+}
+
 TEST_CASE("--keep-going lets the other tasks finish and still fails") {
   const Result r = run({"--keep-going", "-n", "3", "--", child(), "@worker:1", "exit", "3", "@all", "sleep", "300",
                         "print", "done"});
@@ -732,6 +770,10 @@ TEST_CASE("usage errors exit 2 and print the usage") {
       {"--env", "TF_CONFIG={}", "-n", "1", "--", c},
       {"--timeout", "soon", "-n", "1", "--", c},
       {"--keep-going=yes", "-n", "1", "--", c},
+      {"--restart-workers", "1", "-n", "2", "--", c},  // restarts need a ps cluster
+      {"--restart-workers", "x", "--ps", "1", "--workers", "1", "--", c},
+      {"--restart-delay", "-1", "--ps", "1", "--workers", "1", "--", c},
+      {"--env", "DISTRIBUTE_LAUNCH_RESTART=1", "-n", "1", "--", c},
   };
   for (const auto& args : bad) {
     std::string joined;
