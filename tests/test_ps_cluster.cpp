@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -162,6 +163,8 @@ TEST_CASE("1 chief, 2 ps, 3 workers: 1000 closures each add 1 to a ps variable: 
   CHECK(http_get(cluster.ports[0], "/healthz") == "200 ok\n");
   CHECK(http_get(cluster.ports[2], "/nothing-here").rfind("404", 0) == 0);
   coordinator.shutdown_cluster();
+  CHECK_THROWS_WITH_AS(coordinator.schedule(&ps_test::add_one, counter), doctest::Contains("the cluster was shut down"),
+                       ds::InvalidArgument);
   CHECK(test_support::wait_all(cluster.ps, 10s));
   CHECK(test_support::wait_all(cluster.workers, 10s));
   for (auto& c : cluster.ps) CHECK(c.status == 0);
@@ -304,6 +307,67 @@ TEST_CASE("arguments and results: tensors, vectors, a closure's own writes, shar
     CHECK(value < 100);
     if (value > 0) CHECK(n <= count[value - 1]);
   }
+}
+
+TEST_CASE("a coordinator's checkpoint reads the ps tasks' values; restoring writes them there, into any shard count") {
+  Cluster cluster(2, 2);
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("distribute-ps-ckpt-{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  struct RemoveDir {
+    std::filesystem::path p;
+    ~RemoveDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(p, ec);
+    }
+  } cleanup{dir};
+  std::vector<float> dense(5 * 3);
+  std::iota(dense.begin(), dense.end(), 1.0f);
+  std::filesystem::path saved;
+  {
+    ds::ParameterServerStrategy strategy(cluster.resolver(), ds::FixedShardsPartitioner(2));
+    ds::ClusterCoordinator coordinator(strategy, quiet_options());
+    auto scope = strategy.scope();
+    ds::Variable<float> counter(0.0f, {.name = "counter"});
+    ds::Variable<std::vector<float>> v(std::vector<float>{1, 2, 3}, {.name = "v"});
+    ds::ShardedVariable<ds::Tensor<float>> table(ds::Tensor<float>({5, 3}, dense), {.name = "table"});
+    REQUIRE(table.num_shards() == 2);
+    // Only the workers change these: the values exist on the ps tasks, not in this process.
+    for (int i = 0; i < 100; ++i) coordinator.schedule(&ps_test::add_one, counter);
+    coordinator.schedule(&ps_test::add_and_read, v, counter, 0.25f);
+    coordinator.join();
+
+    ds::Checkpoint checkpoint;
+    checkpoint.track("counter", counter).track("v", v).track("table", table);
+    ds::CheckpointManager manager(checkpoint, dir, 2);
+    saved = manager.save();
+    const auto file = ds::safetensors::read(saved);
+    CHECK(file.at("counter").values<float>() == std::vector<float>{99.75f});
+    CHECK(file.at("v").values<float>() == std::vector<float>{1.25f, 2.25f, 3.25f});
+    CHECK(file.at("table").shape == ds::Shape{5, 3});  // the shards saved as one tensor
+    CHECK(file.at("table").values<float>() == dense);
+  }
+  // A second coordinator (new variables on the ps tasks, 3 shards this time) restores the file:
+  // the values go to the ps tasks, where the workers read them.
+  ds::ParameterServerStrategy strategy(cluster.resolver(), ds::FixedShardsPartitioner(3));
+  ds::ClusterCoordinator coordinator(strategy, quiet_options());
+  auto scope = strategy.scope();
+  ds::Variable<float> counter(0.0f, {.name = "counter"});
+  ds::Variable<std::vector<float>> v(std::vector<float>{0, 0, 0}, {.name = "v"});
+  ds::ShardedVariable<ds::Tensor<float>> table(ds::Tensor<float>::zeros({5, 3}), {.name = "table"});
+  REQUIRE(table.num_shards() == 3);
+  ds::Checkpoint checkpoint;
+  checkpoint.track("counter", counter).track("v", v).track("table", table);
+  ds::CheckpointManager manager(checkpoint, dir, 2);
+  CHECK(manager.restore_or_initialize() == saved);
+  CHECK(counter.read_value() == 99.75f);
+  const std::vector<std::int64_t> ids{4, 0, 2};
+  const auto rows = coordinator.schedule(&ps_test::lookup, table, ids).get();
+  REQUIRE(rows.shape() == ds::Shape{3, 3});
+  for (std::size_t p = 0; p < ids.size(); ++p) {
+    for (std::size_t c = 0; c < 3; ++c) CHECK(rows.data()[p * 3 + c] == dense[static_cast<std::size_t>(ids[p]) * 3 + c]);
+  }
+  const auto seen = coordinator.schedule(&ps_test::add_and_read, v, counter, 1.0f).get();
+  CHECK(seen == std::vector<float>{2.25f, 3.25f, 4.25f, 98.75f});
 }
 
 TEST_CASE("bad input: unregistered functions, argument types that do not match, a cluster without ps") {
