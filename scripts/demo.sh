@@ -2,8 +2,9 @@
 # Builds (release) and runs README's demo: the MLP classifier on the UCI handwritten digits
 # (examples/digits.cpp) trained with MirroredStrategy<host> on 4 replicas, then with
 # OneDeviceStrategy, then with MultiWorkerMirroredStrategy on 3 worker processes started by
-# tools/distribute-launch (when the build has it: Boost and OpenSSL). Every run must reach 95%
-# test accuracy. Arguments are passed to every run (e.g. --epochs 20); the metrics CSVs and loss
+# tools/distribute-launch (when the build has it: Boost and OpenSSL), then asynchronously with
+# ParameterServerStrategy on 2 ps and 3 workers (examples/parameter_server.cpp; needs cereal too),
+# one worker killing itself mid-step and being restarted. Every run must reach 95% test accuracy. Arguments are passed to every run (e.g. --epochs 20); the metrics CSVs and loss
 # plots go to ./digits-out in the directory you called this script from, or to --out DIR.
 #   bash scripts/demo.sh [digits args...]
 set -euo pipefail
@@ -35,8 +36,13 @@ else
   quiet meson setup "$BUILD" --buildtype=release -Dtests=false -Dbench=false
 fi
 quiet meson compile -C "$BUILD" examples/digits tools/distribute-launch
+PS_TARGET=examples/parameter_server
+if meson introspect --targets "$BUILD" | grep -q '"name": "parameter_server"'; then
+  quiet meson compile -C "$BUILD" "$PS_TARGET"
+fi
 
 DIGITS="$ROOT/$BUILD/examples/digits"
+PARAMETER_SERVER="$ROOT/$BUILD/examples/parameter_server"
 LAUNCH="$ROOT/$BUILD/tools/distribute-launch"
 cd "$CALLER_DIR"
 
@@ -59,6 +65,20 @@ if "$DIGITS" --strategies | grep -qx multi_worker; then
   run "$LAUNCH" -n 3 -- "$DIGITS" --strategy multi_worker --out digits-out "$@"
 else
   echo "demo: this build has no MultiWorkerMirroredStrategy (needs Boost and OpenSSL); skipped multi_worker" >&2
+fi
+if [ -x "$PARAMETER_SERVER" ]; then
+  # The parameter-server program takes the training arguments but not --strategy/--replicas.
+  ps_args=()
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    case "${args[i]}" in
+      --strategy | --replicas) i=$((i + 1)) ;;
+      *) ps_args+=("${args[i]}") ;;
+    esac
+  done
+  run "$LAUNCH" --ps 2 --workers 3 --restart-workers 1 --restart-delay 0.5 -- "$PARAMETER_SERVER" --out digits-out \
+    --kill-worker 1 --kill-at-step 20 --wait-for-workers 30 ${ps_args[@]+"${ps_args[@]}"}
+else
+  echo "demo: this build has no parameter_server example (needs cereal, Boost and OpenSSL); skipped" >&2
 fi
 
 OUT_ABS="$(cd "$OUT" && pwd)"
