@@ -49215,21 +49215,7 @@ class ClusterCoordinator {
 
   /// Stops dispatching; closures still queued fail with Cancelled. The servers keep running
   /// (shutdown_cluster() stops them).
-  ~ClusterCoordinator() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-      cancel_queued_locked("the ClusterCoordinator was destroyed");
-    }
-    work_cv_.notify_all();
-    space_cv_.notify_all();
-    idle_cv_.notify_all();
-    for (auto& w : workers_) w->run->abort();
-    for (auto& w : workers_) {
-      if (w->thread.joinable()) w->thread.join();
-    }
-    if (heartbeat_.joinable()) heartbeat_.join();
-  }
+  ~ClusterCoordinator() { stop_threads("the ClusterCoordinator was destroyed"); }
 
   /// Schedules `fn(args...)` on some worker; returns at once (blocking only while the queue is
   /// full). `fn` must be registered (DISTRIBUTE_REMOTE_FUNCTION); arguments convert to its
@@ -49313,7 +49299,9 @@ class ClusterCoordinator {
   }
 
   /// Asks every worker and ps task to stop serving (their Server::join() returns). Best effort.
+  /// The coordinator is done after this: queued closures are cancelled, and schedule() throws.
   void shutdown_cluster() {
+    stop_threads("the cluster was shut down");  // no heartbeat mistakes the stopping tasks for lost ones
     for (auto& w : workers_) {
       try {
         w->ping->call(detail::RpcOp::Stop, {}, std::chrono::milliseconds(5000));
@@ -49380,10 +49368,32 @@ class ClusterCoordinator {
     throw_pending_locked();
     space_cv_.wait(lock, [&] { return queue_.size() < options_.max_queued_closures || error_ || fatal_ || stopping_; });
     throw_pending_locked();
+    if (stopping_) {
+      throw InvalidArgument(fmt::format("ClusterCoordinator::schedule({}): the cluster was shut down "
+                                        "(shutdown_cluster); nothing runs any more",
+                                        entry.name));
+    }
     queue_.push_back(detail::Closure{++closure_ids_, 0, entry.name, entry.signature, std::move(args), state});
     ++outstanding_;
     work_cv_.notify_all();  // not notify_one: the heartbeat thread waits on this condition too
     return state;
+  }
+
+  /// Cancels what is queued and stops the dispatcher and heartbeat threads (idempotent).
+  void stop_threads(const std::string& why) {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+      cancel_queued_locked(why);
+    }
+    work_cv_.notify_all();
+    space_cv_.notify_all();
+    idle_cv_.notify_all();
+    for (auto& w : workers_) w->run->abort();
+    for (auto& w : workers_) {
+      if (w->thread.joinable()) w->thread.join();
+    }
+    if (heartbeat_.joinable()) heartbeat_.join();
   }
 
   void throw_pending_locked() {
