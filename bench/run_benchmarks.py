@@ -5,6 +5,7 @@
     python3 bench/run_benchmarks.py --rounds 1      # one quick round
     python3 bench/run_benchmarks.py --replicas 2,4  # the all-reduce also at 2 replicas
     python3 bench/run_benchmarks.py --only allreduce --json-dir /tmp/ar  # keep the raw JSON
+    python3 bench/run_benchmarks.py --only input    # the input pipeline, with and without prefetch
 
 Each round runs each benchmark binary once (a separate process), one after the other, so the
 rounds sample the machine at different moments. A figure is the median over the rounds of the
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = {"run": "bench_run_overhead", "allreduce": "bench_allreduce_host"}
+TARGETS = {"run": "bench_run_overhead", "allreduce": "bench_allreduce_host", "input": "bench_input_pipeline"}
 FAILURES: list[str] = []  # benchmarks that reported an error or failed steps
 RAW: list[list[dict]] = []  # every run as reported, errors included
 RUN_OVERHEAD_TARGET_US = 10.0  # at 4 replicas
@@ -182,6 +183,26 @@ def allreduce_table(rounds: list[list[dict]]) -> tuple[list[str], dict]:
     return lines, summary
 
 
+def input_table(rounds: list[list[dict]]) -> tuple[list[str], dict]:
+    by: dict[str, list[dict]] = {}
+    for r in rounds:
+        for b in r:
+            by.setdefault(base_name(b["name"]), []).append(b)
+    lines = [
+        "| benchmark | elements/s (median over rounds) | spread | p50 µs/step | spread of p50 | heap allocs/step |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    summary = {}
+    for name, bs in by.items():
+        eps = [b["elements_per_s"] for b in bs]
+        p50 = [b["p50_us"] for b in bs]
+        summary[name] = med(eps)
+        lines.append(f"| `{name}` | {med(eps) / 1000:.1f} k | {spread(eps, lambda x: f'{x / 1000:.1f} k')} | "
+                     f"{med(p50):.0f} | {spread(p50, lambda x: f'{x:.0f}')} | "
+                     f"{med([b['allocs_per_iter'] for b in bs]):.0f} |")
+    return lines, summary
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build-dir", default="build-bench", help="meson build directory (release); default build-bench")
@@ -238,6 +259,14 @@ def main() -> int:
                 ok = ratio <= ALLREDUCE_RATIO_TARGET
                 verdicts.append(f"- 64 MiB all-reduce, 4 replicas, {pol}: {ratio:.2f}× memcpy — target ≤ "
                                 f"{ALLREDUCE_RATIO_TARGET:g}×: {'met' if ok else 'NOT met'}")
+    if results["input"]:
+        lines, s = input_table(results["input"])
+        out += ["## Input pipeline (8 CSV files -> parse -> batch(256), a step that sleeps)", *lines, ""]
+        for step in (500, 2000):
+            off, on = s.get(f"pipeline/prefetch:0/step_us:{step}"), s.get(f"pipeline/prefetch:2/step_us:{step}")
+            if off and on:
+                verdicts.append(f"- input pipeline, {step} µs step: prefetch(2) gives {on / off:.2f}× the elements/s "
+                                f"of no prefetch")
     if verdicts:
         out += ["## Targets", *verdicts, ""]
     if FAILURES:

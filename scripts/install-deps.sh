@@ -3,9 +3,31 @@
 # Idempotent: checks first, and is silent when everything is already there.
 set -euo pipefail
 
-# Boost >= 1.75 for Boost.JSON (bookworm's default libboost-dev is 1.74, so name 1.81 explicitly).
-PACKAGES=(g++ meson ninja-build pkg-config cmake libfmt-dev doctest-dev libboost1.81-dev libboost-json1.81-dev
-          libbenchmark-dev libssl-dev libcereal-dev python3)
+# Boost comes from boost_packages below (Boost.JSON needs >= 1.75, and the distributions' default
+# libboost-dev differs: 1.74 on Debian bookworm, 1.83 on Ubuntu 24.04).
+PACKAGES=(g++ meson ninja-build pkg-config cmake libfmt-dev doctest-dev libbenchmark-dev libssl-dev libcereal-dev
+          python3)
+
+# The Boost packages to install, after `apt-get update`: the default ones when they are >= 1.75,
+# else the newest versioned pair >= 1.75 (bookworm: libboost1.81-dev + libboost-json1.81-dev), else
+# the default headers alone (the library then builds without its networking parts).
+boost_packages() {
+  local candidate newest
+  candidate="$(apt-cache policy libboost-json-dev 2>/dev/null | awk '/Candidate:/ { print $2 }')"
+  if [ -n "$candidate" ] && [ "$candidate" != "(none)" ] && dpkg --compare-versions "$candidate" ge 1.75; then
+    echo "libboost-dev libboost-json-dev"
+    return
+  fi
+  newest="$(apt-cache pkgnames libboost-json1. 2>/dev/null |
+            sed -n 's/^libboost-json1\.\([0-9][0-9]*\)-dev$/\1/p' | sort -n | tail -1)"
+  if [ -n "$newest" ] && [ "$newest" -ge 75 ]; then
+    echo "libboost1.$newest-dev libboost-json1.$newest-dev"
+    return
+  fi
+  echo "install-deps: no Boost >= 1.75 in the package lists; installing libboost-dev (no Boost.JSON: the" \
+       "cluster, networking and checkpoint parts will be left out)" >&2
+  echo "libboost-dev"
+}
 
 missing=()
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -29,9 +51,10 @@ if [ "${#missing[@]}" -eq 0 ]; then
   exit 0
 fi
 
-echo "install-deps: missing ${missing[*]}; installing: ${PACKAGES[*]}" >&2
+echo "install-deps: missing ${missing[*]}" >&2
 if ! have apt-get; then
-  echo "install-deps: apt-get not found; install these by hand: ${PACKAGES[*]}" >&2
+  echo "install-deps: apt-get not found; install these by hand: ${PACKAGES[*]} and Boost >= 1.75 (headers," \
+       "Boost.JSON)" >&2
   exit 1
 fi
 SUDO=()
@@ -45,5 +68,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
+read -r -a BOOST <<<"$(boost_packages)"
+echo "install-deps: installing ${PACKAGES[*]} ${BOOST[*]}" >&2
 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
-  apt-get install -y --no-install-recommends "${PACKAGES[@]}"
+  apt-get install -y --no-install-recommends "${PACKAGES[@]}" "${BOOST[@]}"
