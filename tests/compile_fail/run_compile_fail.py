@@ -9,11 +9,13 @@ Each snippet's first line is a directive:
                              path or compiler cannot make every expect-error pass)
 
 Each snippet is compiled with `<cxx> -std=c++20 -fsyntax-only -I<include> [flags]` under
-LC_ALL=C (so the compiler writes plain ASCII quotes). Snippets should include only
-<distribute/distribute.hpp> so they work against both include/ and single_include/.
+LC_ALL=C (so the compiler writes plain ASCII quotes). Snippets include the few headers they need
+(fast against include/). With --single-header, every `#include <distribute/...>` line of the snippet
+is replaced by `#include <distribute/distribute.hpp>` (a copy in a temporary directory is
+compiled), so the same snippets check single_include/.
 
 Usage:
-  run_compile_fail.py --cxx g++ --include include [--flag=-DFOO ...] a.cpp b.cpp ...
+  run_compile_fail.py --cxx g++ --include include [--single-header] [--flag=-DFOO ...] a.cpp b.cpp ...
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 DIRECTIVE_RE = re.compile(r"^\s*//\s*expect-(error|ok)\s*(?::\s*(.*?))?\s*$")
@@ -58,13 +61,29 @@ def indent(text: str, limit: int = 60) -> str:
     return "\n".join("    | " + line for line in shown)
 
 
-def run_one(cxx: list[str], include: str, flags: list[str], snippet: Path) -> bool:
+INCLUDE_RE = re.compile(r"^\s*#\s*include\s*<distribute/[^>]*>\s*$", re.M)
+
+
+def as_single_header(snippet: Path, workdir: Path) -> Path:
+    """A copy of `snippet` whose distribute includes are one include of the umbrella header."""
+    text = snippet.read_text(encoding="utf-8")
+    first = INCLUDE_RE.search(text)
+    if first is None:
+        raise ValueError(f"{snippet}: no #include <distribute/...> line to replace")
+    text = text[:first.start()] + "#include <distribute/distribute.hpp>" + INCLUDE_RE.sub("", text[first.end():])
+    out = workdir / snippet.name
+    out.write_text(text, encoding="utf-8")
+    return out
+
+
+def run_one(cxx: list[str], include: str, flags: list[str], snippet: Path, workdir: Path | None) -> bool:
     try:
         kind, regex = parse_directive(snippet)
+        source = as_single_header(snippet, workdir) if workdir else snippet
     except (OSError, ValueError) as e:
         print(f"ERROR {snippet}: {e}")
         return False
-    cmd = [*cxx, "-std=c++20", "-fsyntax-only", f"-I{include}", *flags, str(snippet)]
+    cmd = [*cxx, "-std=c++20", "-fsyntax-only", f"-I{include}", *flags, str(source)]
     env = dict(os.environ, LC_ALL="C", LANG="C")
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     output = proc.stdout.decode("utf-8", errors="replace")
@@ -97,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cxx", required=True,
                         help="compiler command (split like a shell would, e.g. 'ccache g++')")
     parser.add_argument("--include", required=True, help="directory passed as -I")
+    parser.add_argument("--single-header", action="store_true",
+                        help="compile each snippet with its distribute includes replaced by <distribute/distribute.hpp>")
     parser.add_argument("--flag", action="append", default=[],
                         help="extra compiler flag (repeatable; write --flag=-DX)")
     parser.add_argument("snippets", nargs="+", type=Path)
@@ -109,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR: include directory {args.include!r} does not exist")
         return 2
 
-    failed = [s for s in args.snippets if not run_one(cxx, args.include, args.flag, s)]
+    with tempfile.TemporaryDirectory(prefix="compile-fail-") as tmp:
+        workdir = Path(tmp) if args.single_header else None
+        failed = [s for s in args.snippets if not run_one(cxx, args.include, args.flag, s, workdir)]
     total = len(args.snippets)
     print(f"{total - len(failed)}/{total} snippets behaved as expected")
     if failed:
