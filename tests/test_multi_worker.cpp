@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -75,12 +76,15 @@ TEST_CASE("no TF_CONFIG: a single-worker cluster behaves like MirroredStrategy")
   require_all_ok(one);
 }
 
-TEST_CASE("a worker SIGKILLed mid all-reduce: every survivor throws PeerFailure naming it (20 times)") {
-  std::mt19937 rng(12345);
-  for (int trial = 0; trial < 20; ++trial) {
+namespace {
+// Starts 3 workers in an all-reduce loop, SIGKILLs one mid-collective, and checks every survivor
+// throws PeerFailure naming it, promptly. `extra`: more environment for the workers.
+void kill_one_worker_mid_all_reduce(int trials, unsigned seed, const std::map<std::string, std::string>& extra) {
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < trials; ++trial) {
     CAPTURE(trial);
     const int victim = static_cast<int>(rng() % 3);
-    auto children = start_workers(3, "kill", 1);
+    auto children = start_workers(3, "kill", 1, extra);
     // Wait until every worker is inside the all-reduce loop.
     const auto deadline = std::chrono::steady_clock::now() + 60s;
     for (;;) {
@@ -107,7 +111,38 @@ TEST_CASE("a worker SIGKILLed mid all-reduce: every survivor throws PeerFailure 
       INFO("worker ", i, " output:\n", c.output);
       CHECK(c.status == 3);
       CHECK(c.output.find("PeerFailure") != std::string::npos);
+      CHECK(c.output.find("CollectiveTimeout") == std::string::npos);  // a lost peer, not a slow one
       CHECK(c.output.find(fmt::format("worker:{}", victim)) != std::string::npos);
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("a worker SIGKILLed mid all-reduce: every survivor throws PeerFailure naming it (20 times)") {
+  kill_one_worker_mid_all_reduce(20, 12345, {});
+}
+
+TEST_CASE("a worker SIGKILLed mid all-reduce with timeout_seconds set: still PeerFailure naming it (8 times)") {
+  // The timeout bounds a stalled peer; a killed one is reported as lost, by name, before it.
+  kill_one_worker_mid_all_reduce(8, 777, {{"TEST_TIMEOUT_SECONDS", "15"}});
+}
+
+TEST_CASE("workers calling all_reduce on other shapes or dtypes: a clear InvalidArgument on every worker, no hang") {
+  for (const char* scenario : {"mismatch", "mismatch_dtype"}) {
+    CAPTURE(scenario);
+    auto children = start_workers(3, scenario, 2, {{"TEST_TIMEOUT_SECONDS", "20"}});
+    const auto started = std::chrono::steady_clock::now();
+    CHECK(test_support::wait_all(children, 60s));
+    CHECK(std::chrono::steady_clock::now() - started < 20s);  // the mismatch is seen, not timed out
+    for (auto& c : children) {
+      INFO(c.output);
+      CHECK(c.status == 4);
+      CHECK(c.output.find("InvalidArgument") != std::string::npos);
+      CHECK(c.output.find("CollectiveTimeout") == std::string::npos);
+      if (std::string_view(scenario) == "mismatch_dtype") {
+        CHECK(c.output.find("float64") != std::string::npos);
+        CHECK(c.output.find("float32") != std::string::npos);
+      }
     }
   }
 }
@@ -404,6 +439,57 @@ TEST_CASE("batch_reduce_to across workers packs its values: one collective per p
       CHECK(batched[static_cast<std::size_t>(r)] == expected);
       CHECK(mean_calls[static_cast<std::size_t>(r)] == 2);  // float32 and float64 never share a pack
       CHECK(separate[static_cast<std::size_t>(r)] == 3);
+    }
+  }
+}
+
+TEST_CASE("CommunicationOptions::cluster_token: a wrong or missing token fails clearly, the right one joins") {
+  // Each time worker 1 first tries to join with a bad token and is refused by worker 0, then
+  // joins with the good one and the two all-reduce.
+  struct Case {
+    const char* name;
+    std::optional<std::string> good;      // both workers' option
+    std::optional<std::string> bad;       // the impostor's option
+    const char* environment;              // DISTRIBUTE_CLUSTER_TOKEN, or null
+    const char* expected;                 // the impostor's error after "worker:0 at ADDRESS "
+  };
+  const Case cases[] = {
+      {"option: a wrong token", std::string("right token"), std::string("wrong token"), nullptr,
+       "failed to prove it holds the cluster token (the tokens differ)"},
+      {"option: no token", std::string("right token"), std::string(""), nullptr,
+       "refused worker:1: it presented no cluster token, and this cluster requires one"},
+      {"unset option: the environment's token; an option overrides it", std::nullopt, std::string("other token"),
+       "token from the environment", "failed to prove it holds the cluster token (the tokens differ)"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    if (c.environment) setenv("DISTRIBUTE_CLUSTER_TOKEN", c.environment, 1);
+    else unsetenv("DISTRIBUTE_CLUSTER_TOKEN");
+    const auto addresses = loopback_addresses(2);
+    std::string impostor_error = "(the impostor joined)";
+    std::vector<float> sums(2, 0.0f);
+    const auto errors = on_worker_threads(2, [&](int r) {
+      ds::CommunicationOptions good{.timeout_seconds = 30.0, .cluster_token = c.good};
+      if (r == 1) {
+        std::this_thread::sleep_for(100ms);
+        ds::CommunicationOptions bad = good;
+        bad.cluster_token = c.bad;
+        try {
+          ds::MultiWorkerMirroredStrategy<> impostor(bad, resolver_for(addresses, 1));
+        } catch (const ds::ClusterConfigError& e) {
+          impostor_error = e.what();
+        }
+      }
+      ds::MultiWorkerMirroredStrategy<> s(good, resolver_for(addresses, r));
+      CHECK(s.communication_options().cluster_token == c.good);
+      auto out = s.run([](ds::ReplicaContext& ctx) { return ctx.all_reduce("sum", float(ctx.replica_id_in_sync_group() + 1)); });
+      sums[static_cast<std::size_t>(r)] = out[0];
+    });
+    unsetenv("DISTRIBUTE_CLUSTER_TOKEN");
+    CHECK(impostor_error == fmt::format("worker:0 at {} {}", addresses[0], c.expected));
+    for (int r = 0; r < 2; ++r) {
+      CHECK(errors[static_cast<std::size_t>(r)] == "");
+      CHECK(sums[static_cast<std::size_t>(r)] == 3.0f);
     }
   }
 }
