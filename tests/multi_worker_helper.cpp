@@ -117,6 +117,12 @@ int main(int argc, char** argv) {
         const auto size = s.worker_index() == 1 ? 5u : 3u;
         return ctx.all_reduce("sum", std::vector<float>(size, 1.0f));
       });
+    } else if (scenario == "mismatch_dtype") {
+      // Same count, other element type on worker 1.
+      s.run([&](ds::ReplicaContext& ctx) {
+        if (s.worker_index() == 1) return ctx.all_reduce("sum", std::vector<double>(3, 1.0)).size();
+        return ctx.all_reduce("sum", std::vector<float>(3, 1.0f)).size();
+      });
     } else if (scenario == "demo") {
       const auto data = demo::make_data(1000, 8, 7);
       demo::TrainConfig config{.epochs = 3, .global_batch = 64, .learning_rate = 0.5f};

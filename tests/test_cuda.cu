@@ -1,5 +1,6 @@
 // MirroredStrategy<ds::cuda> end to end on the visible GPUs, NCCL against host results, and the
-// cuda backend's errors. Compiled by nvcc. Two modes (tests/meson.build registers both):
+// cuda backend's errors. Compiled by nvcc. Two modes (tests/meson.build registers both), and a
+// third the tests start themselves (one worker of a 2-process NCCL cluster, --nccl-worker):
 //
 //   test_cuda --no-gpu-checks   run with CUDA_VISIBLE_DEVICES=-1: a cuda strategy must throw
 //                               Unavailable (with CUDA's reason) and bad device lists
@@ -15,12 +16,22 @@
 #include <distribute/strategy/mirrored.hpp>
 #include <distribute/strategy/one_device.hpp>
 
+#if __has_include(<boost/asio.hpp>) && __has_include(<openssl/hmac.h>) && __has_include(<boost/json.hpp>)
+#define DISTRIBUTE_TEST_MULTI_WORKER 1
+#include <distribute/strategy/multi_worker_mirrored.hpp>
+
+#include "support/processes.hpp"
+#else
+#define DISTRIBUTE_TEST_MULTI_WORKER 0
+#endif
+
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -398,7 +409,153 @@ TEST_CASE("gpu: a failing replica does not leave the others in NCCL; the strateg
   }
 }
 
+#if DISTRIBUTE_TEST_MULTI_WORKER
+TEST_CASE("no_gpu: MultiWorkerMirroredStrategy<ds::cuda> resolves AUTO to NCCL where NCCL is compiled in" *
+          doctest::test_suite("no_gpu")) {
+  using Setup = ds::detail::MultiWorkerSetup;
+  using CI = ds::CommunicationImplementation;
+  CHECK(Setup::resolve<ds::cuda>(CI::Ring) == CI::Ring);
+#if DISTRIBUTE_HAS_NCCL
+  static_assert(ds::detail::spans_workers_v<ds::NcclAllReduce>);
+  CHECK(Setup::resolve<ds::cuda>(CI::Auto) == CI::Nccl);
+  CHECK(Setup::resolve<ds::cuda>(CI::Nccl) == CI::Nccl);
+#else
+  CHECK(Setup::resolve<ds::cuda>(CI::Auto) == CI::Ring);
+  CHECK_THROWS_WITH_AS(Setup::resolve<ds::cuda>(CI::Nccl), doctest::Contains("NCCL is not available on the cuda backend"),
+                       ds::InvalidArgument);
+#endif
+  CHECK(Setup::resolve<ds::host>(CI::Auto) == CI::Ring);
+}
+#endif
+
+TEST_CASE("gpu: several values of mixed types in packs (bytes_per_pack) match the host kernels" *
+          doctest::test_suite("gpu")) {
+  const int n = ds::cuda::device_count();
+  for (std::size_t bytes_per_pack : {std::size_t{0}, std::size_t{16}, std::size_t{1} << 20}) {
+    CAPTURE(bytes_per_pack);
+    ds::MirroredStrategy<ds::cuda> strategy(n, {.bytes_per_pack = bytes_per_pack});
+    auto out = strategy.run([](ds::ReplicaContext& ctx) {
+      const int r = ctx.replica_id_in_sync_group();
+      return ctx.all_reduce(ds::ReduceOp::Sum, dvec<float>(1001, float(r + 1)), dvec<float>(3, 1.0f),
+                            dvec<std::int64_t>(5, r), dvec<float>(0), dvec<double>(7, 0.5 * r));
+    });
+    const double tri = n * (n - 1) / 2.0;
+    for (int i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      CHECK(all_near(host_of(std::get<0>(out)[k]), n * (n + 1) / 2.0));
+      CHECK(all_near(host_of(std::get<1>(out)[k]), n));
+      CHECK(all_near(host_of(std::get<2>(out)[k]), tri));
+      CHECK(std::get<3>(out)[k].empty());
+      CHECK(all_near(host_of(std::get<4>(out)[k]), 0.5 * tri));
+    }
+    auto mean = strategy.run([](ds::ReplicaContext& ctx) {
+      const int r = ctx.replica_id_in_sync_group();
+      return ctx.all_reduce(ds::ReduceOp::Mean, dvec<float>(4, float(r)), dvec<int>(2, 2 * r));
+    });
+    CHECK(all_near(host_of(std::get<0>(mean)[0]), (n - 1) / 2.0));
+    CHECK(all_near(host_of(std::get<1>(mean)[0]), double(n - 1)));  // sum 2*tri, divided by n: exact
+  }
+}
+
+#if DISTRIBUTE_TEST_MULTI_WORKER && DISTRIBUTE_HAS_NCCL
+namespace {
+
+// One worker of the 2-process cluster below (TF_CONFIG and CUDA_VISIBLE_DEVICES set by the test):
+// NCCL across the workers, checked against exact values. Exit 0 and "OK", else 1 (wrong result)
+// or 3 (an error).
+int nccl_worker() {
+  int failures = 0;
+  auto expect = [&](bool ok, const char* what) {
+    if (!ok) {
+      std::printf("MISMATCH %s\n", what);
+      ++failures;
+    }
+  };
+  try {
+    using CI = ds::CommunicationImplementation;
+    ds::MultiWorkerMirroredStrategy<ds::cuda> s({.bytes_per_pack = 64, .timeout_seconds = 60.0, .implementation = CI::Nccl});
+    expect(s.communication_implementation() == CI::Nccl, "communication_implementation() is NCCL");
+    const int n = s.num_replicas_in_sync();
+    const double tri = n * (n - 1) / 2.0;
+    auto sum = s.run([](ds::ReplicaContext& ctx) {
+      const int r = ctx.replica_id_in_sync_group();
+      return ctx.all_reduce(ds::ReduceOp::Sum, dvec<float>(1001, float(r + 1)), dvec<float>(3, 1.0f),
+                            dvec<std::int64_t>(5, r), dvec<double>((1 << 18) + 3, 0.5 * r));
+    });
+    expect(all_near(host_of(std::get<0>(sum)[0]), n * (n + 1) / 2.0), "sum float32");
+    expect(all_near(host_of(std::get<1>(sum)[0]), n), "sum float32 (packed with the first)");
+    expect(all_near(host_of(std::get<2>(sum)[0]), tri), "sum int64");
+    expect(all_near(host_of(std::get<3>(sum)[0]), 0.5 * tri), "sum float64, 2 MiB");
+    auto mean = s.run([](ds::ReplicaContext& ctx) {
+      return ctx.all_reduce(ds::ReduceOp::Mean, dvec<float>(4, float(ctx.replica_id_in_sync_group())));
+    });
+    expect(all_near(host_of(mean[0]), (n - 1) / 2.0), "mean float32");
+    auto from_last = s.run([&](ds::ReplicaContext& ctx) {
+      return ctx.broadcast(dvec<int>(2, 10 * ctx.replica_id_in_sync_group()), n - 1);
+    });
+    expect(host_of(from_last[0]) == std::vector<int>(2, 10 * (n - 1)), "broadcast from the last replica");
+    auto gathered = s.run([](ds::ReplicaContext& ctx) {
+      const int r = ctx.replica_id_in_sync_group();
+      return ctx.all_gather(dvec<int>(static_cast<std::size_t>(r + 1), r), 0);
+    });
+    std::vector<int> want;
+    for (int r = 0; r < n; ++r) want.insert(want.end(), static_cast<std::size_t>(r + 1), r);
+    expect(host_of(gathered[0]) == want, "all_gather (uneven, over TCP)");
+    auto ids = s.run([](ds::ReplicaContext& ctx) { return ctx.replica_id_in_sync_group(); });
+    expect(s.reduce("sum", ids) == static_cast<int>(tri), "strategy.reduce");
+  } catch (const std::exception& e) {
+    std::printf("error: %s\n", e.what());
+    return 3;
+  }
+  std::printf(failures ? "FAILED\n" : "OK\n");
+  return failures ? 1 : 0;
+}
+
+}  // namespace
+
+TEST_CASE("gpu: MultiWorkerMirroredStrategy<ds::cuda> with NCCL across 2 worker processes" * doctest::test_suite("gpu")) {
+  const int gpus = visible_gpus();
+  if (gpus < 2) {
+    MESSAGE("skipped: the 2-process NCCL test needs 2 GPUs (one per worker process); " << gpus << " visible");
+    return;
+  }
+  // Each worker sees one GPU: the i-th of this process's visible ones.
+  std::vector<std::string> visible;
+  if (const char* list = std::getenv("CUDA_VISIBLE_DEVICES"); list && *list) {
+    std::string item;
+    for (const char* c = list;; ++c) {
+      if (*c == ',' || *c == '\0') {
+        visible.push_back(item);
+        item.clear();
+        if (*c == '\0') break;
+      } else {
+        item += *c;
+      }
+    }
+  } else {
+    visible = {"0", "1"};
+  }
+  REQUIRE(visible.size() >= 2);
+  const auto ports = test_support::free_ports(2);
+  std::vector<test_support::Child> workers;
+  for (int i = 0; i < 2; ++i) {
+    workers.push_back(test_support::spawn({"/proc/self/exe", "--nccl-worker"},
+                                          {{"TF_CONFIG", test_support::tf_config(ports, i)},
+                                           {"CUDA_VISIBLE_DEVICES", visible[static_cast<std::size_t>(i)]}}));
+  }
+  CHECK(test_support::wait_all(workers, std::chrono::seconds(240)));
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    INFO("worker ", i, " output:\n", workers[i].output);
+    CHECK(workers[i].status == 0);
+    CHECK(workers[i].output.find("OK") != std::string::npos);
+  }
+}
+#endif
+
 int main(int argc, char** argv) {
+#if DISTRIBUTE_TEST_MULTI_WORKER && DISTRIBUTE_HAS_NCCL
+  if (argc > 1 && std::strcmp(argv[1], "--nccl-worker") == 0) return nccl_worker();
+#endif
   bool no_gpu_checks = false;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {

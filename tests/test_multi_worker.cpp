@@ -1,10 +1,15 @@
 // MultiWorkerMirroredStrategy with real worker processes on 127.0.0.1 (tests/multi_worker_helper).
 #include <distribute/distribute.hpp>
 
+#include <distribute/collective/detail/bootstrap.hpp>
+
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -71,12 +76,15 @@ TEST_CASE("no TF_CONFIG: a single-worker cluster behaves like MirroredStrategy")
   require_all_ok(one);
 }
 
-TEST_CASE("a worker SIGKILLed mid all-reduce: every survivor throws PeerFailure naming it (20 times)") {
-  std::mt19937 rng(12345);
-  for (int trial = 0; trial < 20; ++trial) {
+namespace {
+// Starts 3 workers in an all-reduce loop, SIGKILLs one mid-collective, and checks every survivor
+// throws PeerFailure naming it, promptly. `extra`: more environment for the workers.
+void kill_one_worker_mid_all_reduce(int trials, unsigned seed, const std::map<std::string, std::string>& extra) {
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < trials; ++trial) {
     CAPTURE(trial);
     const int victim = static_cast<int>(rng() % 3);
-    auto children = start_workers(3, "kill", 1);
+    auto children = start_workers(3, "kill", 1, extra);
     // Wait until every worker is inside the all-reduce loop.
     const auto deadline = std::chrono::steady_clock::now() + 60s;
     for (;;) {
@@ -103,7 +111,38 @@ TEST_CASE("a worker SIGKILLed mid all-reduce: every survivor throws PeerFailure 
       INFO("worker ", i, " output:\n", c.output);
       CHECK(c.status == 3);
       CHECK(c.output.find("PeerFailure") != std::string::npos);
+      CHECK(c.output.find("CollectiveTimeout") == std::string::npos);  // a lost peer, not a slow one
       CHECK(c.output.find(fmt::format("worker:{}", victim)) != std::string::npos);
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("a worker SIGKILLed mid all-reduce: every survivor throws PeerFailure naming it (20 times)") {
+  kill_one_worker_mid_all_reduce(20, 12345, {});
+}
+
+TEST_CASE("a worker SIGKILLed mid all-reduce with timeout_seconds set: still PeerFailure naming it (8 times)") {
+  // The timeout bounds a stalled peer; a killed one is reported as lost, by name, before it.
+  kill_one_worker_mid_all_reduce(8, 777, {{"TEST_TIMEOUT_SECONDS", "15"}});
+}
+
+TEST_CASE("workers calling all_reduce on other shapes or dtypes: a clear InvalidArgument on every worker, no hang") {
+  for (const char* scenario : {"mismatch", "mismatch_dtype"}) {
+    CAPTURE(scenario);
+    auto children = start_workers(3, scenario, 2, {{"TEST_TIMEOUT_SECONDS", "20"}});
+    const auto started = std::chrono::steady_clock::now();
+    CHECK(test_support::wait_all(children, 60s));
+    CHECK(std::chrono::steady_clock::now() - started < 20s);  // the mismatch is seen, not timed out
+    for (auto& c : children) {
+      INFO(c.output);
+      CHECK(c.status == 4);
+      CHECK(c.output.find("InvalidArgument") != std::string::npos);
+      CHECK(c.output.find("CollectiveTimeout") == std::string::npos);
+      if (std::string_view(scenario) == "mismatch_dtype") {
+        CHECK(c.output.find("float64") != std::string::npos);
+        CHECK(c.output.find("float32") != std::string::npos);
+      }
     }
   }
 }
@@ -175,5 +214,282 @@ TEST_CASE("the demo under distribute-launch -n 3 ends with the same weights as o
     float max_diff = 0;
     for (std::size_t k = 0; k < w.size(); ++k) max_diff = std::max(max_diff, std::abs(w[k] - reference[k]));
     CHECK(max_diff <= 1e-5f);
+  }
+}
+
+// ---- in-process clusters: each worker is a thread with its own real net::Communicator -------
+
+namespace {
+
+std::vector<std::string> loopback_addresses(int n) {
+  std::vector<std::string> out;
+  for (int port : test_support::free_ports(n)) out.push_back(fmt::format("127.0.0.1:{}", port));
+  return out;
+}
+
+std::vector<std::string> worker_names(int n) {
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) out.push_back(fmt::format("worker:{}", i));
+  return out;
+}
+
+// Runs fn(rank) on n threads at once; returns what each threw ("" for nothing), type and message.
+template <class Fn>
+std::vector<std::string> on_worker_threads(int n, Fn fn) {
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto& e = errors[static_cast<std::size_t>(r)];
+      try {
+        fn(r);
+      } catch (const ds::InvalidArgument& x) {
+        e = std::string("InvalidArgument: ") + x.what();
+      } catch (const ds::ClusterConfigError& x) {
+        e = std::string("ClusterConfigError: ") + x.what();
+      } catch (const ds::Unavailable& x) {
+        e = std::string("Unavailable: ") + x.what();
+      } catch (const std::exception& x) {
+        e = std::string("other: ") + x.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+std::unique_ptr<ds::detail::CommunicatorLink> link_of(const std::vector<std::string>& addresses, int rank) {
+  ds::net::CommunicatorOptions options;
+  options.connect_timeout = 30s;
+  options.operation_timeout = 30s;
+  return std::make_unique<ds::detail::CommunicatorLink>(
+      std::make_unique<ds::net::Communicator>(addresses, rank, options, worker_names(static_cast<int>(addresses.size()))));
+}
+
+// A CrossWorkerLink that forwards to a real one and counts the all-reduces it carries.
+class CountingLink final : public ds::detail::CrossWorkerLink {
+ public:
+  explicit CountingLink(ds::detail::CrossWorkerLink& inner) : inner_(&inner) {}
+  int num_workers() const noexcept override { return inner_->num_workers(); }
+  int worker_index() const noexcept override { return inner_->worker_index(); }
+  void all_reduce(void* data, std::size_t count, ds::DType dtype, ds::ReduceOp op) override {
+    ++all_reduces;
+    inner_->all_reduce(data, count, dtype, op);
+  }
+  void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out,
+                  std::vector<std::size_t>& sizes) override {
+    inner_->all_gather(data, bytes, out, sizes);
+  }
+  void broadcast(void* data, std::size_t bytes, int root) override { inner_->broadcast(data, bytes, root); }
+  void barrier() override { inner_->barrier(); }
+  int all_reduces = 0;
+
+ private:
+  ds::detail::CrossWorkerLink* inner_;
+};
+
+// The composable core over a link the test owns (SyncStrategy's multi-worker constructor).
+class LinkedStrategy : public ds::SyncStrategy<LinkedStrategy, ds::host, ds::SharedMemoryAllReduce> {
+  using Base = ds::SyncStrategy<LinkedStrategy, ds::host, ds::SharedMemoryAllReduce>;
+
+ public:
+  LinkedStrategy(int local, ds::CommunicationOptions options, ds::detail::CrossWorkerLink& link)
+      : Base(ds::host::devices(local, "LinkedStrategy"), options, &link) {}
+  std::string_view name() const noexcept override { return "LinkedStrategy"; }
+};
+
+std::shared_ptr<ds::ClusterResolver> resolver_for(const std::vector<std::string>& addresses, int index) {
+  std::string workers;
+  for (std::size_t i = 0; i < addresses.size(); ++i) workers += fmt::format("{}\"{}\"", i ? ", " : "", addresses[i]);
+  return std::make_shared<ds::TFConfigClusterResolver>(fmt::format(
+      R"({{"cluster": {{"worker": [{}]}}, "task": {{"type": "worker", "index": {}}}}})", workers, index));
+}
+
+}  // namespace
+
+TEST_CASE("communication_implementation(): AUTO and RING resolve to RING on the host backend, NCCL is refused") {
+  using Setup = ds::detail::MultiWorkerSetup;
+  using CI = ds::CommunicationImplementation;
+  static_assert(!ds::detail::spans_workers_v<ds::SharedMemoryAllReduce>);
+  CHECK(Setup::resolve<ds::host>(CI::Auto) == CI::Ring);
+  CHECK(Setup::resolve<ds::host>(CI::Ring) == CI::Ring);
+  CHECK_THROWS_WITH_AS(Setup::resolve<ds::host>(CI::Nccl), doctest::Contains("NCCL needs the cuda backend"),
+                       ds::InvalidArgument);
+  // A single-worker cluster reports its resolved choice too.
+  auto alone = std::make_shared<ds::TFConfigClusterResolver>(std::string_view(""));
+  CHECK(ds::MultiWorkerMirroredStrategy<>({}, alone).communication_implementation() == CI::Ring);
+  // Two real workers: AUTO and RING are RING, and an all-reduce crosses them.
+  for (CI requested : {CI::Auto, CI::Ring}) {
+    CAPTURE(ds::to_string(requested));
+    const auto addresses = loopback_addresses(2);
+    std::vector<CI> resolved(2, CI::Auto);
+    std::vector<float> sums(2, 0.0f);
+    const auto errors = on_worker_threads(2, [&](int r) {
+      ds::MultiWorkerMirroredStrategy<> s({.timeout_seconds = 30.0, .implementation = requested},
+                                          resolver_for(addresses, r));
+      resolved[static_cast<std::size_t>(r)] = s.communication_implementation();
+      auto out = s.run([](ds::ReplicaContext& ctx) { return ctx.all_reduce("sum", float(ctx.replica_id_in_sync_group() + 1)); });
+      sums[static_cast<std::size_t>(r)] = out[0];
+    });
+    for (int r = 0; r < 2; ++r) {
+      CHECK(errors[static_cast<std::size_t>(r)] == "");
+      CHECK(resolved[static_cast<std::size_t>(r)] == CI::Ring);
+      CHECK(sums[static_cast<std::size_t>(r)] == 3.0f);
+    }
+  }
+}
+
+TEST_CASE("NCCL bootstrap without a GPU: the chief's 128-byte id reaches every worker intact over real communicators") {
+  struct UniqueIdLike {  // the size and kind of an ncclUniqueId (char internal[128])
+    char internal[128];
+  };
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    const auto addresses = loopback_addresses(n);
+    UniqueIdLike made{};
+    std::mt19937 rng(99);
+    for (char& c : made.internal) c = static_cast<char>(rng());
+    std::vector<UniqueIdLike> got(static_cast<std::size_t>(n));
+    std::vector<int> made_calls(static_cast<std::size_t>(n), 0);
+    const auto errors = on_worker_threads(n, [&](int r) {
+      auto link = link_of(addresses, r);
+      got[static_cast<std::size_t>(r)] = ds::detail::broadcast_from_chief<UniqueIdLike>(
+          *link,
+          [&] {
+            ++made_calls[static_cast<std::size_t>(r)];
+            return made;
+          },
+          "the test id");
+      ds::detail::check_same_on_every_worker(*link, 2, "local GPUs");  // agreeing workers pass
+    });
+    for (int r = 0; r < n; ++r) {
+      CHECK(errors[static_cast<std::size_t>(r)] == "");
+      CHECK(std::memcmp(got[static_cast<std::size_t>(r)].internal, made.internal, sizeof made.internal) == 0);
+      CHECK(made_calls[static_cast<std::size_t>(r)] == (r == 0 ? 1 : 0));  // only the chief makes it
+    }
+  }
+  SUBCASE("the chief fails to make the id: it rethrows its error, the others are told (no hang)") {
+    const auto addresses = loopback_addresses(3);
+    const auto errors = on_worker_threads(3, [&](int r) {
+      auto link = link_of(addresses, r);
+      (void)ds::detail::broadcast_from_chief<UniqueIdLike>(
+          *link, []() -> UniqueIdLike { throw ds::InvalidArgument("ncclGetUniqueId failed: test"); }, "the NCCL unique id");
+    });
+    CHECK(errors[0] == "InvalidArgument: ncclGetUniqueId failed: test");
+    for (int r = 1; r < 3; ++r) {
+      CHECK(errors[static_cast<std::size_t>(r)] ==
+            "Unavailable: the NCCL unique id: the chief (worker 0) failed to create it; see the chief's error");
+    }
+  }
+  SUBCASE("workers that disagree on their local GPU count, or on the call, all throw InvalidArgument") {
+    const auto addresses = loopback_addresses(2);
+    std::vector<std::string> call_errors(2);
+    const auto errors = on_worker_threads(2, [&](int r) {
+      auto link = link_of(addresses, r);
+      try {
+        ds::detail::check_same_call_on_every_worker(*link, r == 0 ? "all_reduce(SUM, device float32 [3])"
+                                                                  : "all_reduce(SUM, device float32 [5])");
+      } catch (const ds::InvalidArgument& e) {
+        call_errors[static_cast<std::size_t>(r)] = e.what();
+      }
+      ds::detail::check_same_on_every_worker(*link, r == 0 ? 2 : 1, "the number of local GPUs");
+    });
+    for (int r = 0; r < 2; ++r) {
+      CHECK(errors[static_cast<std::size_t>(r)] ==
+            "InvalidArgument: the number of local GPUs must be the same on every worker (worker 0: 2, worker 1: 1)");
+      CHECK(call_errors[static_cast<std::size_t>(r)] ==
+            "worker 0 called all_reduce(SUM, device float32 [3]) but worker 1 called all_reduce(SUM, device float32 "
+            "[5]): every worker must issue the same collectives in the same order");
+    }
+  }
+}
+
+TEST_CASE("batch_reduce_to across workers packs its values: one collective per pack, exact results") {
+  // bytes_per_pack 0: one pack per element type (float32: a and b; float64: c) = 2 collectives.
+  // bytes_per_pack 2: taken in reverse order, b's pack (4 bytes) exceeds 2 bytes, so a starts
+  // another = 3. A large bytes_per_pack is one pack per type again = 2.
+  for (auto [bytes_per_pack, expected] : {std::pair<std::size_t, int>{0, 2}, {2, 3}, {1 << 20, 2}}) {
+    CAPTURE(bytes_per_pack);
+    const auto addresses = loopback_addresses(2);
+    std::vector<int> batched(2, -1), separate(2, -1), mean_calls(2, -1);
+    std::vector<std::string> wrong(2);
+    const auto errors = on_worker_threads(2, [&](int r) {
+      auto link = link_of(addresses, r);
+      CountingLink counting(*link);
+      LinkedStrategy s(2, {.bytes_per_pack = bytes_per_pack}, counting);
+      auto [a, b, c] = s.run([](ds::ReplicaContext& ctx) {
+        const int id = ctx.replica_id_in_sync_group();  // 0..3 over the two workers
+        return std::make_tuple(std::vector<float>{float(id), 1.0f}, float(2 * id), std::vector<double>{double(id), 0.5});
+      });
+      counting.all_reduces = 0;
+      auto [ra, rb, rc] = s.extended().batch_reduce_to("sum", a, b, c);
+      batched[static_cast<std::size_t>(r)] = counting.all_reduces;
+      if (ra != std::vector<float>{6, 4} || rb != 12.0f || rc != std::vector<double>{6, 2}) wrong[static_cast<std::size_t>(r)] += "sum ";
+      counting.all_reduces = 0;
+      auto [ma, mc] = s.extended().batch_reduce_to("mean", a, c);
+      mean_calls[static_cast<std::size_t>(r)] = counting.all_reduces;
+      if (ma != std::vector<float>{1.5f, 1} || mc != std::vector<double>{1.5, 0.5}) wrong[static_cast<std::size_t>(r)] += "mean ";
+      counting.all_reduces = 0;  // the counter does see separate collectives: three reduces are three
+      (void)s.reduce("sum", a), (void)s.reduce("sum", b), (void)s.reduce("sum", c);
+      separate[static_cast<std::size_t>(r)] = counting.all_reduces;
+    });
+    for (int r = 0; r < 2; ++r) {
+      CHECK(errors[static_cast<std::size_t>(r)] == "");
+      CHECK(wrong[static_cast<std::size_t>(r)] == "");
+      CHECK(batched[static_cast<std::size_t>(r)] == expected);
+      CHECK(mean_calls[static_cast<std::size_t>(r)] == 2);  // float32 and float64 never share a pack
+      CHECK(separate[static_cast<std::size_t>(r)] == 3);
+    }
+  }
+}
+
+TEST_CASE("CommunicationOptions::cluster_token: a wrong or missing token fails clearly, the right one joins") {
+  // Each time worker 1 first tries to join with a bad token and is refused by worker 0, then
+  // joins with the good one and the two all-reduce.
+  struct Case {
+    const char* name;
+    std::optional<std::string> good;      // both workers' option
+    std::optional<std::string> bad;       // the impostor's option
+    const char* environment;              // DISTRIBUTE_CLUSTER_TOKEN, or null
+    const char* expected;                 // the impostor's error after "worker:0 at ADDRESS "
+  };
+  const Case cases[] = {
+      {"option: a wrong token", std::string("right token"), std::string("wrong token"), nullptr,
+       "failed to prove it holds the cluster token (the tokens differ)"},
+      {"option: no token", std::string("right token"), std::string(""), nullptr,
+       "refused worker:1: it presented no cluster token, and this cluster requires one"},
+      {"unset option: the environment's token; an option overrides it", std::nullopt, std::string("other token"),
+       "token from the environment", "failed to prove it holds the cluster token (the tokens differ)"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    if (c.environment) setenv("DISTRIBUTE_CLUSTER_TOKEN", c.environment, 1);
+    else unsetenv("DISTRIBUTE_CLUSTER_TOKEN");
+    const auto addresses = loopback_addresses(2);
+    std::string impostor_error = "(the impostor joined)";
+    std::vector<float> sums(2, 0.0f);
+    const auto errors = on_worker_threads(2, [&](int r) {
+      ds::CommunicationOptions good{.timeout_seconds = 30.0, .cluster_token = c.good};
+      if (r == 1) {
+        std::this_thread::sleep_for(100ms);
+        ds::CommunicationOptions bad = good;
+        bad.cluster_token = c.bad;
+        try {
+          ds::MultiWorkerMirroredStrategy<> impostor(bad, resolver_for(addresses, 1));
+        } catch (const ds::ClusterConfigError& e) {
+          impostor_error = e.what();
+        }
+      }
+      ds::MultiWorkerMirroredStrategy<> s(good, resolver_for(addresses, r));
+      CHECK(s.communication_options().cluster_token == c.good);
+      auto out = s.run([](ds::ReplicaContext& ctx) { return ctx.all_reduce("sum", float(ctx.replica_id_in_sync_group() + 1)); });
+      sums[static_cast<std::size_t>(r)] = out[0];
+    });
+    unsetenv("DISTRIBUTE_CLUSTER_TOKEN");
+    CHECK(impostor_error == fmt::format("worker:0 at {} {}", addresses[0], c.expected));
+    for (int r = 0; r < 2; ++r) {
+      CHECK(errors[static_cast<std::size_t>(r)] == "");
+      CHECK(sums[static_cast<std::size_t>(r)] == 3.0f);
+    }
   }
 }

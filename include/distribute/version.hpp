@@ -14,6 +14,13 @@
 #define FMT_USE_CONSTEXPR 1
 #endif
 
+// nvcc: cudafe mangles Boost.Asio's variable templates (static_query_v...) into host code g++
+// rejects as soon as a timer or socket is made (net/, so MultiWorkerMirroredStrategy<ds::cuda>).
+// Asio's class-template fallback for them compiles; it must be chosen before Asio is included.
+#if defined(__NVCC__) && !defined(BOOST_ASIO_DISABLE_VARIABLE_TEMPLATES)
+#define BOOST_ASIO_DISABLE_VARIABLE_TEMPLATES 1
+#endif
+
 // Every public name lives in distribute::v0 so that two incompatible builds of the
 // library linked into one program fail to link instead of silently mixing layouts.
 #define DISTRIBUTE_BEGIN_NAMESPACE \

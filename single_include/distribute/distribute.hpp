@@ -25,6 +25,13 @@
 #define FMT_USE_CONSTEXPR 1
 #endif
 
+// nvcc: cudafe mangles Boost.Asio's variable templates (static_query_v...) into host code g++
+// rejects as soon as a timer or socket is made (net/, so MultiWorkerMirroredStrategy<ds::cuda>).
+// Asio's class-template fallback for them compiles; it must be chosen before Asio is included.
+#if defined(__NVCC__) && !defined(BOOST_ASIO_DISABLE_VARIABLE_TEMPLATES)
+#define BOOST_ASIO_DISABLE_VARIABLE_TEMPLATES 1
+#endif
+
 // Every public name lives in distribute::v0 so that two incompatible builds of the
 // library linked into one program fail to link instead of silently mixing layouts.
 #define DISTRIBUTE_BEGIN_NAMESPACE \
@@ -925,6 +932,8 @@ struct fmt::formatter<distribute::Mirrored<T, S>> {
 // implementation (and a NCCL one can sit beside it), chosen from the cluster configuration.
 
 #include <cstddef>
+#include <optional>
+#include <string>
 #include <vector>
 
 
@@ -948,6 +957,9 @@ class CrossWorkerLink {
   /// Leaves the cluster cleanly before the process exits without unwinding (the preemption
   /// handler): the peers see a goodbye, not a lost task. Nothing may use the link afterwards.
   virtual void close() noexcept {}
+  /// The error that broke the link (a lost or stalled worker), if one did. Lets a second
+  /// transport bootstrapped over this link (NCCL) notice a lost worker while it waits.
+  virtual std::optional<std::string> failure() const { return std::nullopt; }
 };
 
 }  // namespace detail
@@ -3695,6 +3707,10 @@ struct CommunicationOptions {
   /// A collective that has not finished after this long throws CollectiveTimeout.
   std::optional<double> timeout_seconds = std::nullopt;
   CommunicationImplementation implementation = CommunicationImplementation::Auto;
+  /// Shared secret the workers prove to each other when they connect (HMAC-SHA256; see
+  /// net::CommunicatorOptions::cluster_token). Unset: DISTRIBUTE_CLUSTER_TOKEN, if non-empty;
+  /// "" switches authentication off.
+  std::optional<std::string> cluster_token = std::nullopt;
 };
 
 namespace detail {
@@ -4394,7 +4410,9 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/collective/multi_worker.hpp> ----
 // The collectives of a multi-worker strategy: reduce among the local replicas in shared memory,
 // one cross-worker collective per pack (made by local replica 0 over the CrossWorkerLink), then
-// a local copy back out. Every value crosses the process boundary once.
+// a local copy back out. Every value crosses the process boundary once. With
+// CommunicationImplementation::Nccl the policy's NCCL collectives span the workers instead, and
+// this TCP path takes only what NCCL cannot (make_multi_worker_collectives below).
 
 #include <cstring>
 #include <functional>
@@ -4406,6 +4424,23 @@ DISTRIBUTE_END_NAMESPACE
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
+
+/// In-place all-reduce of host buffers across the workers, one link collective per pack
+/// (collective/packing.hpp's rule); `scratch` holds packs of several values. `op` is not Mean.
+inline void all_reduce_in_packs(CrossWorkerLink& link, std::span<BufferRef> buffers, ReduceOp op,
+                                std::size_t bytes_per_pack, std::vector<std::byte>& scratch) {
+  for (const Pack& pack : make_packs(buffers, bytes_per_pack)) {
+    if (pack.members.size() == 1) {  // a lone value travels from its own memory, no copy
+      BufferRef& b = buffers[pack.members.front()];
+      link.all_reduce(b.data, b.count(), b.dtype, op);
+    } else {
+      scratch.resize(pack.bytes());
+      pack_into(pack, buffers, scratch.data());
+      link.all_reduce(scratch.data(), pack.count, pack.dtype, op);
+      unpack_from(pack, buffers, scratch.data());
+    }
+  }
+}
 
 class MultiWorkerCollectives : public SharedMemoryCollectives {
  public:
@@ -4479,17 +4514,7 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
 
  private:
   void cross_worker_all_reduce(std::span<BufferRef> buffers, ReduceOp combine_op, bool mean) {
-    for (const Pack& pack : make_packs(buffers, bytes_per_pack_)) {
-      if (pack.members.size() == 1) {  // a lone value travels from its own memory, no copy
-        BufferRef& b = buffers[pack.members.front()];
-        link_->all_reduce(b.data, b.count(), b.dtype, combine_op);
-      } else {
-        scratch_.resize(pack.bytes());
-        pack_into(pack, buffers, scratch_.data());
-        link_->all_reduce(scratch_.data(), pack.count, pack.dtype, combine_op);
-        unpack_from(pack, buffers, scratch_.data());
-      }
-    }
+    all_reduce_in_packs(*link_, buffers, combine_op, bytes_per_pack_, scratch_);
     if (!mean) return;
     for (BufferRef& b : buffers) {
       visit_dtype(b.dtype, [&](auto t) { divide(static_cast<decltype(t)*>(b.data), b.count(), mean_divisor_); });
@@ -4502,6 +4527,29 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
   std::vector<std::byte> scratch_;  // packs of several values (used by replica 0 only)
   GatheredBytes gathered_;          // replica 0's all_gather result, read by all
 };
+
+/// Whether cross-device ops policy `Ops` can also run across workers (NcclAllReduce with NCCL
+/// compiled in): it then provides make_multi_worker_collectives(config, link, fallback).
+template <class Ops>
+inline constexpr bool spans_workers_v = requires { &Ops::make_multi_worker_collectives; };
+
+/// The collectives of a multi-worker strategy: the policy's own across the workers when
+/// `implementation` is Nccl (falling back to the TCP path for what it cannot take), else the
+/// TCP path, device buffers through host copies. `implementation` is resolved (never Auto).
+template <class Ops>
+std::unique_ptr<ReplicaCollectives> make_multi_worker_collectives(const CollectivesConfig& config,
+                                                                  CrossWorkerLink& link,
+                                                                  CommunicationImplementation implementation) {
+  auto ring = with_device_staging(std::make_unique<MultiWorkerCollectives>(
+      link, static_cast<int>(config.devices.size()), config.num_replicas_in_sync, config.options));
+  if (implementation != CommunicationImplementation::Nccl) return ring;
+  if constexpr (spans_workers_v<Ops>) {
+    return Ops::make_multi_worker_collectives(config, link, std::move(ring));
+  } else {
+    throw InvalidArgument("MultiWorkerMirroredStrategy: CommunicationImplementation NCCL needs cross-device ops that "
+                          "span workers (ds::NcclAllReduce, compiled by nvcc with NCCL)");
+  }
+}
 
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE
@@ -4741,6 +4789,17 @@ void check_arity(const A& arg, std::size_t replicas, std::size_t position) {
   }
 }
 
+/// A distributed value of strategy S (PerReplica, Mirrored, a variable's copies) whose
+/// components live in host memory: batch_reduce_to can pack it with others.
+template <class V, class S>
+concept packable_distributed_value =
+    (requires { requires std::is_same_v<typename V::strategy_type, S>; } ||
+     requires(const V& v) { v.values(); v.read_value(); }) &&
+    requires(const V& v) {
+      requires TensorLike<std::remove_cvref_t<decltype(v.values().front())>>;
+      requires memory_space_v<std::remove_cvref_t<decltype(v.values().front())>> == MemorySpace::host;
+    };
+
 template <class T>
 struct is_tuple : std::false_type {};
 template <class... T>
@@ -4926,17 +4985,19 @@ class SyncStrategy : public AnyStrategy {
 
  protected:
   /// `devices`: canonical TF device strings, one per local replica. `link`: the other workers
-  /// of a multi-worker strategy (outlives the strategy's base), or null.
+  /// of a multi-worker strategy (outlives the strategy's base), or null. `cross_worker`: how the
+  /// workers communicate (resolved already: Ring or Nccl).
   explicit SyncStrategy(std::vector<std::string> devices, CommunicationOptions options = {},
-                        detail::CrossWorkerLink* link = nullptr)
+                        detail::CrossWorkerLink* link = nullptr,
+                        CommunicationImplementation cross_worker = CommunicationImplementation::Ring)
       : devices_(std::move(devices)),
         options_(options),
         link_(link),
         num_workers_(link ? link->num_workers() : 1),
         worker_index_(link ? link->worker_index() : 0),
         group_(static_cast<int>(devices_.size())),
-        collectives_(link ? detail::with_device_staging(std::make_unique<detail::MultiWorkerCollectives>(
-                                *link, static_cast<int>(devices_.size()), num_replicas_in_sync(), options_))
+        collectives_(link ? detail::make_multi_worker_collectives<Ops>({num_replicas_in_sync(), devices_, options_},
+                                                                       *link, cross_worker)
                           : detail::make_collectives<Ops>({num_replicas_in_sync(), devices_, options_})) {
     const int local = static_cast<int>(devices_.size());
     for (int i = 0; i < local; ++i) {
@@ -5016,6 +5077,39 @@ class SyncStrategy : public AnyStrategy {
                                              static_cast<std::size_t>(axis), "gather");
     std::memcpy(allocate(all.shape), all.data.data(), all.data.size());
     return std::move(*out);
+  }
+
+  // batch_reduce_to across workers: each value reduced over the local replicas, then one
+  // cross-worker all-reduce per pack of the local results, then MEAN's division.
+  template <class... V>
+  auto reduce_in_packs(ReduceOp op, const V&... values) {
+    (detail::check_op_for_dtype(op, dtype_of<element_t<std::remove_cvref_t<decltype(values.values().front())>>>(),
+                                "batch_reduce_to"),
+     ...);
+    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    auto out = std::make_tuple(detail::reduce_components(combine_op, pointers(values.values()))...);
+    const std::int64_t divisors[] = {static_cast<std::int64_t>(values.values().size()) * num_workers_...};
+    std::vector<detail::BufferRef> refs;
+    std::apply(
+        [&](auto&... r) {
+          (refs.push_back({tensor_traits<std::remove_cvref_t<decltype(r)>>::data(r),
+                           dtype_of<element_t<std::remove_cvref_t<decltype(r)>>>(), shape_of(r)}),
+           ...);
+        },
+        out);
+    std::vector<std::byte> scratch;
+    detail::all_reduce_in_packs(*link_, refs, combine_op, options_.bytes_per_pack, scratch);
+    if (op == ReduceOp::Mean) {
+      std::size_t k = 0;
+      std::apply(
+          [&](auto&... r) {
+            ((detail::divide(tensor_traits<std::remove_cvref_t<decltype(r)>>::data(r), element_count(r), divisors[k]),
+              ++k),
+             ...);
+          },
+          out);
+    }
+    return out;
   }
 
   template <class Stored, std::size_t... I>
@@ -5137,9 +5231,14 @@ class StrategyExtended {
     return ScopeGuard(*strategy_);
   }
 
-  /// Reduces several distributed values in one call; returns a tuple of the results.
+  /// Reduces several distributed values in one call; returns a tuple of the results. Across
+  /// workers, values in host memory travel in packs (CommunicationOptions::bytes_per_pack, the
+  /// rule of collective/packing.hpp): one cross-worker collective per pack, not per value.
   template <class... V>
   auto batch_reduce_to(ReduceOpArg op, const V&... values) {
+    if constexpr (sizeof...(V) > 1 && (detail::packable_distributed_value<V, S> && ...)) {
+      if (strategy_->link_) return strategy_->reduce_in_packs(op.op, values...);
+    }
     return std::make_tuple(strategy_->reduce(op, values)...);
   }
 
@@ -27053,9 +27152,11 @@ DISTRIBUTE_END_NAMESPACE
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_MULTI_WORKER_MIRRORED_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_MULTI_WORKER_MIRRORED_HPP
 // MultiWorkerMirroredStrategy: synchronous data parallelism over the local devices of several
-// worker processes (replicas = local devices × workers). An all-reduce is a local reduce, one
-// cross-worker collective per pack over TCP (net::Communicator), and a local copy back out;
-// variables are mirrored everywhere and start from the chief's initial values.
+// worker processes (replicas = local devices × workers). With RING an all-reduce is a local
+// reduce, one cross-worker collective per pack over TCP (net::Communicator), and a local copy
+// back out; with NCCL (ds::cuda) it is one ncclAllReduce per pack over communicators spanning
+// every GPU of every worker, bootstrapped through the same TCP rendezvous. Variables are
+// mirrored everywhere and start from the chief's initial values.
 
 #include <chrono>
 #include <memory>
@@ -34382,6 +34483,7 @@ class CommunicatorLink final : public CrossWorkerLink {
   void broadcast(void* data, std::size_t bytes, int root) override { comm_->broadcast(data, bytes, root); }
   void barrier() override { comm_->barrier(); }
   void close() noexcept override { comm_.reset(); }  // ~Communicator says goodbye
+  std::optional<std::string> failure() const override { return comm_ ? comm_->failure() : std::nullopt; }
   net::Communicator& communicator() noexcept { return *comm_; }
 
  private:
@@ -34393,21 +34495,41 @@ class CommunicatorLink final : public CrossWorkerLink {
 struct MultiWorkerSetup {
   std::shared_ptr<ClusterResolver> resolver;
   std::unique_ptr<CommunicatorLink> link;
+  CommunicationImplementation implementation = CommunicationImplementation::Ring;  // resolved: Ring or Nccl
+
+  /// AUTO is NCCL where the backend's cross-device ops span workers (ds::cuda compiled by nvcc
+  /// with NCCL), RING otherwise; an explicit NCCL that cannot run is InvalidArgument.
+  template <class Backend>
+  static CommunicationImplementation resolve(CommunicationImplementation requested) {
+    constexpr bool nccl = spans_workers_v<default_cross_device_ops_t<Backend>>;
+    if (requested == CommunicationImplementation::Nccl && !nccl) {
+      if (Backend::name == std::string_view("host")) {
+        throw InvalidArgument(
+            "MultiWorkerMirroredStrategy: CommunicationImplementation NCCL needs the cuda backend; the host backend "
+            "communicates with RING (or AUTO)");
+      }
+      throw InvalidArgument(fmt::format(
+          "MultiWorkerMirroredStrategy: CommunicationImplementation NCCL is not available on the {} backend here: "
+          "NCCL is compiled in only by a CUDA compiler (nvcc) with <nccl.h>; use RING or AUTO",
+          Backend::name));
+    }
+    if (requested == CommunicationImplementation::Auto) {
+      return nccl ? CommunicationImplementation::Nccl : CommunicationImplementation::Ring;
+    }
+    return requested;
+  }
 
   template <class Backend>
   static MultiWorkerSetup make(const CommunicationOptions& options, std::shared_ptr<ClusterResolver> resolver) {
     if (!resolver) resolver = std::make_shared<TFConfigClusterResolver>();
-    if (options.implementation == CommunicationImplementation::Nccl && Backend::name == std::string_view("host")) {
-      throw InvalidArgument(
-          "MultiWorkerMirroredStrategy: CommunicationImplementation NCCL needs the cuda backend; the host backend "
-          "communicates with RING (or AUTO)");
-    }
+    const CommunicationImplementation implementation = resolve<Backend>(options.implementation);
     if (options.timeout_seconds && !(*options.timeout_seconds > 0)) {
       throw InvalidArgument(fmt::format("MultiWorkerMirroredStrategy: timeout_seconds must be positive, got {}",
                                         *options.timeout_seconds));
     }
     MultiWorkerSetup setup;
     setup.resolver = resolver;
+    setup.implementation = implementation;
     const ClusterSpec& spec = resolver->cluster_spec();
     const std::string type = resolver->task_type();
     if (spec.empty()) return setup;  // a single-worker cluster: no communication
@@ -34426,6 +34548,7 @@ struct MultiWorkerSetup {
     }
     if (addresses.size() <= 1) return setup;
     net::CommunicatorOptions comm_options;
+    comm_options.cluster_token = options.cluster_token;  // unset: net/ reads DISTRIBUTE_CLUSTER_TOKEN
     if (options.timeout_seconds) {
       comm_options.operation_timeout =
           std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
@@ -34450,9 +34573,13 @@ class MultiWorkerMirroredStrategy
   explicit MultiWorkerMirroredStrategy(CommunicationOptions options = {},
                                        std::shared_ptr<ClusterResolver> resolver = nullptr, int local_replicas = 1)
       : detail::MultiWorkerSetup(detail::MultiWorkerSetup::make<Backend>(options, std::move(resolver))),
-        Base(Backend::devices(local_replicas, "MultiWorkerMirroredStrategy"), options, link.get()) {}
+        Base(Backend::devices(local_replicas, "MultiWorkerMirroredStrategy"), options, link.get(), implementation) {}
 
   std::string_view name() const noexcept override { return "MultiWorkerMirroredStrategy"; }
+
+  /// How the workers communicate: options.implementation resolved (AUTO is NCCL on the cuda
+  /// backend where NCCL is compiled in, RING otherwise). Never Auto.
+  CommunicationImplementation communication_implementation() const noexcept { return implementation; }
 
   /// The cluster this strategy runs in.
   const ClusterResolver* cluster_resolver() const noexcept { return resolver.get(); }
@@ -50620,6 +50747,10 @@ DISTRIBUTE_END_NAMESPACE
 // NcclAllReduce: the cuda backend's cross-device ops (TF's tf.distribute.NcclAllReduce). One NCCL
 // communicator per local GPU, made once per strategy with ncclCommInitAll; each replica thread
 // issues its NCCL calls on its own communicator and its own stream (ds::cuda::current_stream()).
+// Across workers (MultiWorkerMirroredStrategy<ds::cuda>, CommunicationImplementation::Nccl) the
+// communicators span every GPU of every worker, bootstrapped over the workers' TCP link
+// (ncclGetUniqueId on the chief, ncclCommInitRank everywhere). An all-reduce's values travel in
+// packs (collective/packing.hpp): one ncclAllReduce per pack.
 //
 // Compiled in only where it can work: under a CUDA compiler (__CUDACC__), with <nccl.h> on the
 // include path, and with Thrust's device system left at CUDA, so that device values are CUDA
@@ -50629,7 +50760,8 @@ DISTRIBUTE_END_NAMESPACE
 // DISTRIBUTE_NO_NCCL to leave NCCL out on purpose. Link with -lnccl (meson: nccl_dep).
 //
 // Buffers NCCL cannot take (host memory, int16/uint16 reductions) fall back, on every replica
-// alike, to the shared-memory algorithm, device buffers through host copies.
+// alike, to the shared-memory algorithm (across workers: the TCP path), device buffers through
+// host copies.
 
 
 #if defined(__CUDACC__) && __has_include(<nccl.h>) && !defined(DISTRIBUTE_NO_NCCL)
@@ -50644,7 +50776,9 @@ DISTRIBUTE_END_NAMESPACE
 
 #if DISTRIBUTE_HAS_NCCL
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -51460,6 +51594,103 @@ inline void cuda_check(cudaError_t e, std::string_view call, std::string_view co
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
 // ---- end <distribute/backends/cuda/error.hpp> ----
+// ---- begin <distribute/collective/detail/bootstrap.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_COLLECTIVE_DETAIL_BOOTSTRAP_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_COLLECTIVE_DETAIL_BOOTSTRAP_HPP
+// Bootstrapping a second transport (NCCL) through the workers' existing link: the chief makes a
+// value (an ncclUniqueId, 128 bytes) and every worker receives its bytes; and a check that every
+// worker agrees on a number (its local replica count) before ranks are derived from it. Needs no
+// GPU and no NCCL, so it is tested with real communicators on any machine.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Worker 0 calls make() and its result reaches every worker, bytes intact. If make() throws on
+/// worker 0, the others throw Unavailable naming `what` (they are told, not left waiting) and
+/// worker 0 rethrows its own error.
+template <class T, class Make>
+T broadcast_from_chief(CrossWorkerLink& link, Make&& make, std::string_view what) {
+  static_assert(std::is_trivially_copyable_v<T>, "broadcast_from_chief sends the value's bytes");
+  // [status byte][T's bytes]; status 1 = made, 0 = the chief failed.
+  std::vector<std::byte> message(1 + sizeof(T));
+  std::exception_ptr failure;
+  if (link.worker_index() == 0) {
+    try {
+      const T value = make();
+      std::memcpy(message.data() + 1, &value, sizeof(T));
+      message[0] = std::byte{1};
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  link.broadcast(message.data(), message.size(), 0);
+  if (failure) std::rethrow_exception(failure);
+  if (message[0] != std::byte{1}) {
+    throw Unavailable(fmt::format("{}: the chief (worker 0) failed to create it; see the chief's error", what));
+  }
+  T value;
+  std::memcpy(&value, message.data() + 1, sizeof(T));
+  return value;
+}
+
+/// Throws InvalidArgument on every worker unless all of them pass the same `value`.
+inline void check_same_on_every_worker(CrossWorkerLink& link, std::int64_t value, std::string_view what) {
+  std::vector<std::byte> all;
+  std::vector<std::size_t> sizes;
+  link.all_gather(&value, sizeof value, all, sizes);
+  std::vector<std::int64_t> values(sizes.size());
+  if (all.size() != values.size() * sizeof(std::int64_t)) {
+    throw InvalidArgument(fmt::format("{}: the workers sent malformed values", what));
+  }
+  std::memcpy(values.data(), all.data(), all.size());
+  for (std::size_t w = 0; w < values.size(); ++w) {
+    if (values[w] != values.front()) {
+      std::string list;
+      for (std::size_t k = 0; k < values.size(); ++k) list += fmt::format("{}worker {}: {}", k ? ", " : "", k, values[k]);
+      throw InvalidArgument(fmt::format("{} must be the same on every worker ({})", what, list));
+    }
+  }
+}
+
+/// Throws InvalidArgument on every worker unless all of them pass the same `call` (a description
+/// of the collective each is about to issue). NCCL does not compare its callers' arguments: a
+/// mismatch there would hang or corrupt, so calls are compared over the link first.
+inline void check_same_call_on_every_worker(CrossWorkerLink& link, std::string_view call) {
+  std::vector<std::byte> all;
+  std::vector<std::size_t> sizes;
+  link.all_gather(call.data(), call.size(), all, sizes);
+  std::vector<std::string_view> calls;
+  std::size_t offset = 0;
+  for (std::size_t n : sizes) {
+    if (offset + n > all.size()) throw InvalidArgument("collective: the workers sent malformed call descriptions");
+    calls.emplace_back(reinterpret_cast<const char*>(all.data()) + offset, n);
+    offset += n;
+  }
+  for (std::size_t w = 1; w < calls.size(); ++w) {
+    if (calls[w] != calls.front()) {
+      throw InvalidArgument(fmt::format("worker 0 called {} but worker {} called {}: every worker must issue the same "
+                                        "collectives in the same order",
+                                        calls.front(), w, calls[w]));
+    }
+  }
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_COLLECTIVE_DETAIL_BOOTSTRAP_HPP
+// ---- end <distribute/collective/detail/bootstrap.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -51533,23 +51764,64 @@ inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, std::int64_t mean_
 
 class NcclCollectives final : public ReplicaCollectives {
  public:
+  /// One process: one NCCL rank per local GPU, made with ncclCommInitAll.
   explicit NcclCollectives(const CollectivesConfig& config)
-      : mean_divisor_(config.num_replicas_in_sync),
-        fallback_(with_device_staging(std::make_unique<SharedMemoryCollectives>(config.num_replicas_in_sync))) {
-    for (const auto& device : config.devices) {
-      const DeviceSpec spec = DeviceSpec::parse(device);
-      if (spec.device_type != std::string("GPU") || !spec.device_index) {
-        throw InvalidArgument(fmt::format(
-            "NcclAllReduce: device '{}' is not a GPU; NCCL runs between GPUs (use MirroredStrategy<ds::cuda>)", device));
-      }
-      gpus_.push_back(*spec.device_index);
-    }
-    comms_.assign(gpus_.size(), nullptr);
+      : NcclCollectives(config, with_device_staging(std::make_unique<SharedMemoryCollectives>(config.num_replicas_in_sync)),
+                        nullptr) {
     int current = 0;
     cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");
     CudaDeviceGuard restore(current);  // ncclCommInitAll visits every device
     nccl_check(ncclCommInitAll(comms_.data(), static_cast<int>(gpus_.size()), gpus_.data()),
                fmt::format("ncclCommInitAll over GPUs {}", fmt::join(gpus_, ", ")));
+  }
+
+  /// Several worker processes (MultiWorkerMirroredStrategy<ds::cuda> with NCCL): one NCCL rank per
+  /// GPU of every worker, global rank = worker_index × local GPUs + local index (= the replica's
+  /// replica_id_in_sync_group). The chief's ncclUniqueId reaches the others over `link`; each
+  /// worker then joins with ncclCommInitRank, one call per local GPU inside one NCCL group.
+  /// `fallback` (the TCP path over `link`) takes the calls NCCL cannot, and every all_gather.
+  NcclCollectives(const CollectivesConfig& config, CrossWorkerLink& link, std::unique_ptr<ReplicaCollectives> fallback)
+      : NcclCollectives(config, std::move(fallback), &link) {
+    const int local = static_cast<int>(gpus_.size());
+    check_same_on_every_worker(link, local, "MultiWorkerMirroredStrategy with NCCL: the number of local GPUs");
+    ranks_ = local * link.num_workers();
+    rank_offset_ = local * link.worker_index();
+    const ncclUniqueId id = broadcast_from_chief<ncclUniqueId>(
+        link,
+        [] {
+          ncclUniqueId made;
+          nccl_check(ncclGetUniqueId(&made), "ncclGetUniqueId");
+          return made;
+        },
+        "the NCCL unique id");
+    int current = 0;
+    cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");
+    CudaDeviceGuard restore(current);
+    try {
+      nccl_check(ncclGroupStart(), "ncclGroupStart");
+      ncclResult_t issued = ncclSuccess;
+      cudaError_t selected = cudaSuccess;
+      int at = 0;
+      for (; at < local; ++at) {
+        const auto i = static_cast<std::size_t>(at);
+        selected = cudaSetDevice(gpus_[i]);
+        if (selected != cudaSuccess) break;
+        issued = ncclCommInitRank(&comms_[i], ranks_, id, rank_offset_ + at);
+        if (issued != ncclSuccess) break;
+      }
+      const ncclResult_t ended = ncclGroupEnd();
+      cuda_check(selected, "cudaSetDevice", "NcclAllReduce");
+      nccl_check(issued, fmt::format("ncclCommInitRank (rank {} of {}, GPU {})", rank_offset_ + at, ranks_,
+                                     at < local ? gpus_[static_cast<std::size_t>(at)] : -1));
+      nccl_check(ended, fmt::format("ncclGroupEnd after ncclCommInitRank of ranks {}..{} of {}", rank_offset_,
+                                    rank_offset_ + local - 1, ranks_));
+    } catch (...) {
+      for (ncclComm_t& c : comms_) {
+        if (c) (void)ncclCommAbort(c);
+        c = nullptr;
+      }
+      throw;
+    }
   }
   NcclCollectives(const NcclCollectives&) = delete;
   NcclCollectives& operator=(const NcclCollectives&) = delete;
@@ -51563,6 +51835,10 @@ class NcclCollectives final : public ReplicaCollectives {
     }
   }
 
+  /// NCCL ranks in the communicators (every GPU of every worker) and this process's first one.
+  int ranks() const noexcept { return ranks_; }
+  int rank_offset() const noexcept { return rank_offset_; }
+
   void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
     const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
     bool nccl = false;
@@ -51572,7 +51848,7 @@ class NcclCollectives final : public ReplicaCollectives {
       if (!nccl) return;
       stream = cuda_replica_stream();
       issuing = true;
-      enqueue_all_reduce(replica, buffers, op, group.size(), stream);
+      enqueue_all_reduce(replica, buffers, op, stream);
     });
     if (!nccl) return fallback_->all_reduce(group, replica, buffers, op);
     wait(group, replica, stream, CollectiveKind::AllReduce);
@@ -51580,6 +51856,8 @@ class NcclCollectives final : public ReplicaCollectives {
 
   void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
                   const std::function<void*(const Shape&)>& allocate) override {
+    // Across workers the parts' shapes are known only after an exchange: the TCP path gathers.
+    if (link_) return fallback_->all_gather(group, replica, input, axis, allocate);
     BufferRef in = input;
     const CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
     bool nccl = false;
@@ -51593,12 +51871,13 @@ class NcclCollectives final : public ReplicaCollectives {
     gather_with_broadcasts(group, replica, in, static_cast<std::size_t>(axis), shapes, allocate);
   }
 
+  /// `root` is a replica_id_in_sync_group, which is also its NCCL rank.
   void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
     const CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
     bool nccl = false;
     cudaStream_t stream = nullptr;
     issue_in_exchange(group, replica, call, [&](bool& issuing) {
-      nccl = root < group.size() && takes(group, /*reduction=*/false);
+      nccl = root >= 0 && root < ranks_ && takes(group, /*reduction=*/false);
       if (!nccl || buffer.bytes() == 0) return;
       stream = cuda_replica_stream();
       const ncclComm_t comm = comm_of(replica);
@@ -51611,9 +51890,32 @@ class NcclCollectives final : public ReplicaCollectives {
   }
 
  private:
+  NcclCollectives(const CollectivesConfig& config, std::unique_ptr<ReplicaCollectives> fallback, CrossWorkerLink* link)
+      : mean_divisor_(config.num_replicas_in_sync),
+        bytes_per_pack_(config.options.bytes_per_pack),
+        fallback_(std::move(fallback)),
+        link_(link) {
+    if (config.options.timeout_seconds) {
+      timeout_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(*config.options.timeout_seconds));
+    }
+    for (const auto& device : config.devices) {
+      const DeviceSpec spec = DeviceSpec::parse(device);
+      if (spec.device_type != std::string("GPU") || !spec.device_index) {
+        throw InvalidArgument(fmt::format(
+            "NcclAllReduce: device '{}' is not a GPU; NCCL runs between GPUs (use MirroredStrategy<ds::cuda>)", device));
+      }
+      gpus_.push_back(*spec.device_index);
+    }
+    comms_.assign(gpus_.size(), nullptr);
+    ranks_ = static_cast<int>(gpus_.size());
+    scratch_.resize(gpus_.size());
+  }
+
   ncclComm_t comm_of(int replica) const { return comms_[static_cast<std::size_t>(replica)]; }
 
-  // Runs issue(issuing) inside the exchange, after the calls are validated on every replica;
+  // Runs issue(issuing) inside the exchange, after the calls are validated on every replica (and,
+  // across workers, on every worker: replica 0 compares the calls over the link first);
   // `issue` sets `issuing` just before it enqueues NCCL work. If the exchange then fails on any
   // replica, that work can never complete (a peer never issued its part): abort the
   // communicator, which ends the NCCL kernel, rather than leave the GPU spinning in it.
@@ -51621,14 +51923,38 @@ class NcclCollectives final : public ReplicaCollectives {
   void issue_in_exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Issue&& issue) {
     bool issuing = false;
     try {
-      exchange(group, replica, call, [&] { issue(issuing); });
+      if (link_) {
+        exchange(
+            group, replica, call,
+            [&] {
+              if (replica == 0) check_same_call_on_every_worker(*link_, describe(group));
+            },
+            [&] { issue(issuing); });
+      } else {
+        exchange(group, replica, call, [&] { issue(issuing); });
+      }
     } catch (...) {
       if (issuing) abort_communicator(replica);
       throw;
     }
   }
 
-  // Whether NCCL runs this call. Decided from the published calls, so every replica decides alike.
+  // What every worker must agree on before NCCL runs a call: the kind, op, root and each value's
+  // dtype, shape and memory (which also decide whether NCCL or the fallback takes it).
+  static std::string describe(const ReplicaGroup& group) {
+    const CollectiveCall& c = group.slot(0);
+    std::string out = fmt::format("{}(", to_string(c.kind));
+    if (c.kind == CollectiveKind::AllReduce) out += fmt::format("{}", c.op);
+    if (c.kind == CollectiveKind::Broadcast) out += fmt::format("root {}", c.root);
+    for (const BufferRef& b : c.buffers) {
+      out += fmt::format(", {}{} {}", b.memory == MemorySpace::device ? "device " : "", to_string(b.dtype),
+                         shape_string(b.shape));
+    }
+    return out + ")";
+  }
+
+  // Whether NCCL runs this call. Decided from the published calls, so every replica decides alike
+  // (and, across workers, every worker: the calls were compared first).
   bool takes(const ReplicaGroup& group, bool reduction) const {
     if (aborted_.load(std::memory_order_acquire)) {
       throw Unavailable("NcclAllReduce: the NCCL communicators were aborted after a failed step; create a new strategy");
@@ -51643,31 +51969,56 @@ class NcclCollectives final : public ReplicaCollectives {
     return true;
   }
 
-  void enqueue_all_reduce(int replica, std::span<BufferRef> buffers, ReduceOp op, int ranks, cudaStream_t stream) {
+  // The values travel in packs (collective/packing.hpp, the rule every policy uses): one
+  // ncclAllReduce per pack, all of them in one NCCL group. A pack of several values is copied
+  // into this replica's scratch buffer and back out, on the replica's stream; a lone value is
+  // reduced in place.
+  void enqueue_all_reduce(int replica, std::span<BufferRef> buffers, ReduceOp op, cudaStream_t stream) {
     const ncclComm_t comm = comm_of(replica);
 #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
     // Our stream only waits for the legacy default stream by itself; the step's work may be on
     // this thread's default stream instead.
     order_after_default_stream(stream);
 #endif
-    // Several values of one all_reduce: one group, so NCCL launches them together.
+    const std::vector<Pack> packs = make_packs(buffers, bytes_per_pack_);
+    std::vector<std::size_t> offsets(packs.size(), 0);
+    std::size_t scratch_bytes = 0;
+    for (std::size_t p = 0; p < packs.size(); ++p) {
+      if (packs[p].members.size() < 2) continue;
+      offsets[p] = scratch_bytes;
+      scratch_bytes += (packs[p].bytes() + 255) / 256 * 256;  // NCCL likes aligned buffers
+    }
+    auto* scratch = static_cast<std::byte*>(scratch_for(replica, scratch_bytes));
+    auto copy_members = [&](bool into_pack) {
+      for (std::size_t p = 0; p < packs.size(); ++p) {
+        if (packs[p].members.size() < 2) continue;
+        std::byte* flat = scratch + offsets[p];
+        for (std::size_t k : packs[p].members) {
+          const BufferRef& b = buffers[k];
+          if (b.bytes() == 0) continue;
+          cuda_check(cudaMemcpyAsync(into_pack ? flat : b.data, into_pack ? b.data : flat, b.bytes(),
+                                     cudaMemcpyDeviceToDevice, stream),
+                     "cudaMemcpyAsync", into_pack ? "all_reduce: packing" : "all_reduce: unpacking");
+          flat += b.bytes();
+        }
+      }
+    };
+    copy_members(true);
     nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
     ncclResult_t issued = ncclSuccess;
-    const char* failed = nullptr;
-    for (const BufferRef& b : buffers) {
-      if (b.count() == 0) continue;
-      const NcclReduction how = nccl_reduction(op, b.dtype, mean_divisor_, ranks);
-      issued = ncclAllReduce(b.data, b.data, b.count(), *nccl_type(b.dtype), how.op, comm, stream);
-      if (issued != ncclSuccess) {
-        failed = "ncclAllReduce";
-        break;
-      }
+    for (std::size_t p = 0; p < packs.size() && issued == ncclSuccess; ++p) {
+      const Pack& pack = packs[p];
+      if (pack.count == 0) continue;
+      void* data = pack.members.size() < 2 ? buffers[pack.members.front()].data : scratch + offsets[p];
+      const NcclReduction how = nccl_reduction(op, pack.dtype, mean_divisor_, ranks_);
+      issued = ncclAllReduce(data, data, pack.count, *nccl_type(pack.dtype), how.op, comm, stream);
     }
     const ncclResult_t ended = ncclGroupEnd();
-    if (failed) nccl_check(issued, failed, comm);
+    nccl_check(issued, "ncclAllReduce", comm);
     nccl_check(ended, "ncclGroupEnd", comm);
+    copy_members(false);
     for (const BufferRef& b : buffers) {
-      if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks).divide_after) continue;
+      if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks_).divide_after) continue;
       visit_dtype(b.dtype, [&](auto t) {
         using T = decltype(t);
         if constexpr (!std::is_same_v<T, bool>) {
@@ -51679,6 +52030,17 @@ class NcclCollectives final : public ReplicaCollectives {
         }
       });
     }
+  }
+
+  // This replica's scratch buffer on its GPU, at least `bytes` long; kept between calls.
+  void* scratch_for(int replica, std::size_t bytes) {
+    auto& s = scratch_[static_cast<std::size_t>(replica)];
+    if (bytes > s.bytes) {
+      s.buffer = CudaBuffer();  // cudaFree first: the old buffer's work is done (we waited for it)
+      s.buffer = CudaBuffer(bytes);
+      s.bytes = bytes;
+    }
+    return s.buffer.data();
   }
 
   // Every replica's input lands at its offset by one ncclBroadcast from that replica (NCCL has
@@ -51750,9 +52112,11 @@ class NcclCollectives final : public ReplicaCollectives {
 
   // Waits for this replica's stream. Polls rather than blocks so that a step another replica
   // abandoned (its NCCL call never comes) ends in an error instead of a hang: the communicators
-  // are then aborted, which releases the NCCL kernels of every replica.
+  // are then aborted, which releases the NCCL kernels of every replica. Across workers it also
+  // watches the link (a lost worker: PeerFailure naming it) and timeout_seconds (CollectiveTimeout).
   void wait(ReplicaGroup& group, int replica, cudaStream_t stream, CollectiveKind what) {
     const ncclComm_t comm = comm_of(replica);
+    const auto started = std::chrono::steady_clock::now();
     for (unsigned spins = 0;; ++spins) {
       const cudaError_t e = cudaStreamQuery(stream);
       if (e == cudaSuccess) return;
@@ -51769,6 +52133,18 @@ class NcclCollectives final : public ReplicaCollectives {
       if (group.aborted()) {
         abort_communicator(replica);
         throw Cancelled(fmt::format("replica {} left {}: another replica of this step failed", replica, to_string(what)));
+      }
+      if (link_ && spins % 256 == 255) {
+        if (auto lost = link_->failure()) {
+          abort_communicator(replica);
+          throw PeerFailure(fmt::format("{} over NCCL: {}", to_string(what), *lost));
+        }
+        if (timeout_ && std::chrono::steady_clock::now() - started > *timeout_) {
+          abort_communicator(replica);
+          throw CollectiveTimeout(fmt::format("{} over NCCL did not finish within timeout_seconds ({} s) on replica {}",
+                                              to_string(what),
+                                              std::chrono::duration<double>(*timeout_).count(), rank_offset_ + replica));
+        }
       }
       if (spins < 2000) cpu_relax();
       else std::this_thread::yield();
@@ -51791,23 +52167,42 @@ class NcclCollectives final : public ReplicaCollectives {
     c = nullptr;
   }
 
+  struct Scratch {
+    CudaBuffer buffer;
+    std::size_t bytes = 0;
+  };
+
   std::int64_t mean_divisor_;
+  std::size_t bytes_per_pack_;
   std::unique_ptr<ReplicaCollectives> fallback_;
+  CrossWorkerLink* link_;  // across workers; null in one process
+  std::optional<std::chrono::steady_clock::duration> timeout_;
   std::vector<int> gpus_;
   std::vector<ncclComm_t> comms_;
+  int ranks_ = 0;        // NCCL ranks in each communicator
+  int rank_offset_ = 0;  // this process's first rank
+  std::vector<Scratch> scratch_;  // per replica, on its GPU: packs of several values
   std::atomic<bool> aborted_{false};
 };
 
 }  // namespace detail
 
 /// Cross-device ops policy: NCCL all-reduce, all-gather and broadcast between the local GPUs
-/// (the default of MirroredStrategy<ds::cuda> where NCCL is compiled in).
+/// (the default of MirroredStrategy<ds::cuda> where NCCL is compiled in), and, for
+/// MultiWorkerMirroredStrategy<ds::cuda>, between every GPU of every worker.
 struct NcclAllReduce {
   static constexpr std::string_view name = "NcclAllReduce";
   /// The collectives take device buffers themselves (see collective/detail/device_staging.hpp).
   static constexpr bool device_buffers = true;
   static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
     return std::make_unique<detail::NcclCollectives>(config);
+  }
+  /// Across workers (CommunicationImplementation::Nccl): NCCL bootstrapped over `link`;
+  /// `fallback`, the TCP path, takes host buffers, 16-bit integer reductions and all_gather.
+  static std::unique_ptr<detail::ReplicaCollectives> make_multi_worker_collectives(
+      const detail::CollectivesConfig& config, detail::CrossWorkerLink& link,
+      std::unique_ptr<detail::ReplicaCollectives> fallback) {
+    return std::make_unique<detail::NcclCollectives>(config, link, std::move(fallback));
   }
 };
 
@@ -51963,6 +52358,10 @@ DISTRIBUTE_END_NAMESPACE
 // NcclAllReduce: the cuda backend's cross-device ops (TF's tf.distribute.NcclAllReduce). One NCCL
 // communicator per local GPU, made once per strategy with ncclCommInitAll; each replica thread
 // issues its NCCL calls on its own communicator and its own stream (ds::cuda::current_stream()).
+// Across workers (MultiWorkerMirroredStrategy<ds::cuda>, CommunicationImplementation::Nccl) the
+// communicators span every GPU of every worker, bootstrapped over the workers' TCP link
+// (ncclGetUniqueId on the chief, ncclCommInitRank everywhere). An all-reduce's values travel in
+// packs (collective/packing.hpp): one ncclAllReduce per pack.
 //
 // Compiled in only where it can work: under a CUDA compiler (__CUDACC__), with <nccl.h> on the
 // include path, and with Thrust's device system left at CUDA, so that device values are CUDA
@@ -51972,7 +52371,8 @@ DISTRIBUTE_END_NAMESPACE
 // DISTRIBUTE_NO_NCCL to leave NCCL out on purpose. Link with -lnccl (meson: nccl_dep).
 //
 // Buffers NCCL cannot take (host memory, int16/uint16 reductions) fall back, on every replica
-// alike, to the shared-memory algorithm, device buffers through host copies.
+// alike, to the shared-memory algorithm (across workers: the TCP path), device buffers through
+// host copies.
 
 
 #if defined(__CUDACC__) && __has_include(<nccl.h>) && !defined(DISTRIBUTE_NO_NCCL)
@@ -51987,7 +52387,9 @@ DISTRIBUTE_END_NAMESPACE
 
 #if DISTRIBUTE_HAS_NCCL
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -52803,6 +53205,103 @@ inline void cuda_check(cudaError_t e, std::string_view call, std::string_view co
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_BACKENDS_CUDA_ERROR_HPP
 // ---- end <distribute/backends/cuda/error.hpp> ----
+// ---- begin <distribute/collective/detail/bootstrap.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_COLLECTIVE_DETAIL_BOOTSTRAP_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_COLLECTIVE_DETAIL_BOOTSTRAP_HPP
+// Bootstrapping a second transport (NCCL) through the workers' existing link: the chief makes a
+// value (an ncclUniqueId, 128 bytes) and every worker receives its bytes; and a check that every
+// worker agrees on a number (its local replica count) before ranks are derived from it. Needs no
+// GPU and no NCCL, so it is tested with real communicators on any machine.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Worker 0 calls make() and its result reaches every worker, bytes intact. If make() throws on
+/// worker 0, the others throw Unavailable naming `what` (they are told, not left waiting) and
+/// worker 0 rethrows its own error.
+template <class T, class Make>
+T broadcast_from_chief(CrossWorkerLink& link, Make&& make, std::string_view what) {
+  static_assert(std::is_trivially_copyable_v<T>, "broadcast_from_chief sends the value's bytes");
+  // [status byte][T's bytes]; status 1 = made, 0 = the chief failed.
+  std::vector<std::byte> message(1 + sizeof(T));
+  std::exception_ptr failure;
+  if (link.worker_index() == 0) {
+    try {
+      const T value = make();
+      std::memcpy(message.data() + 1, &value, sizeof(T));
+      message[0] = std::byte{1};
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  link.broadcast(message.data(), message.size(), 0);
+  if (failure) std::rethrow_exception(failure);
+  if (message[0] != std::byte{1}) {
+    throw Unavailable(fmt::format("{}: the chief (worker 0) failed to create it; see the chief's error", what));
+  }
+  T value;
+  std::memcpy(&value, message.data() + 1, sizeof(T));
+  return value;
+}
+
+/// Throws InvalidArgument on every worker unless all of them pass the same `value`.
+inline void check_same_on_every_worker(CrossWorkerLink& link, std::int64_t value, std::string_view what) {
+  std::vector<std::byte> all;
+  std::vector<std::size_t> sizes;
+  link.all_gather(&value, sizeof value, all, sizes);
+  std::vector<std::int64_t> values(sizes.size());
+  if (all.size() != values.size() * sizeof(std::int64_t)) {
+    throw InvalidArgument(fmt::format("{}: the workers sent malformed values", what));
+  }
+  std::memcpy(values.data(), all.data(), all.size());
+  for (std::size_t w = 0; w < values.size(); ++w) {
+    if (values[w] != values.front()) {
+      std::string list;
+      for (std::size_t k = 0; k < values.size(); ++k) list += fmt::format("{}worker {}: {}", k ? ", " : "", k, values[k]);
+      throw InvalidArgument(fmt::format("{} must be the same on every worker ({})", what, list));
+    }
+  }
+}
+
+/// Throws InvalidArgument on every worker unless all of them pass the same `call` (a description
+/// of the collective each is about to issue). NCCL does not compare its callers' arguments: a
+/// mismatch there would hang or corrupt, so calls are compared over the link first.
+inline void check_same_call_on_every_worker(CrossWorkerLink& link, std::string_view call) {
+  std::vector<std::byte> all;
+  std::vector<std::size_t> sizes;
+  link.all_gather(call.data(), call.size(), all, sizes);
+  std::vector<std::string_view> calls;
+  std::size_t offset = 0;
+  for (std::size_t n : sizes) {
+    if (offset + n > all.size()) throw InvalidArgument("collective: the workers sent malformed call descriptions");
+    calls.emplace_back(reinterpret_cast<const char*>(all.data()) + offset, n);
+    offset += n;
+  }
+  for (std::size_t w = 1; w < calls.size(); ++w) {
+    if (calls[w] != calls.front()) {
+      throw InvalidArgument(fmt::format("worker 0 called {} but worker {} called {}: every worker must issue the same "
+                                        "collectives in the same order",
+                                        calls.front(), w, calls[w]));
+    }
+  }
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_COLLECTIVE_DETAIL_BOOTSTRAP_HPP
+// ---- end <distribute/collective/detail/bootstrap.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -52876,23 +53375,64 @@ inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, std::int64_t mean_
 
 class NcclCollectives final : public ReplicaCollectives {
  public:
+  /// One process: one NCCL rank per local GPU, made with ncclCommInitAll.
   explicit NcclCollectives(const CollectivesConfig& config)
-      : mean_divisor_(config.num_replicas_in_sync),
-        fallback_(with_device_staging(std::make_unique<SharedMemoryCollectives>(config.num_replicas_in_sync))) {
-    for (const auto& device : config.devices) {
-      const DeviceSpec spec = DeviceSpec::parse(device);
-      if (spec.device_type != std::string("GPU") || !spec.device_index) {
-        throw InvalidArgument(fmt::format(
-            "NcclAllReduce: device '{}' is not a GPU; NCCL runs between GPUs (use MirroredStrategy<ds::cuda>)", device));
-      }
-      gpus_.push_back(*spec.device_index);
-    }
-    comms_.assign(gpus_.size(), nullptr);
+      : NcclCollectives(config, with_device_staging(std::make_unique<SharedMemoryCollectives>(config.num_replicas_in_sync)),
+                        nullptr) {
     int current = 0;
     cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");
     CudaDeviceGuard restore(current);  // ncclCommInitAll visits every device
     nccl_check(ncclCommInitAll(comms_.data(), static_cast<int>(gpus_.size()), gpus_.data()),
                fmt::format("ncclCommInitAll over GPUs {}", fmt::join(gpus_, ", ")));
+  }
+
+  /// Several worker processes (MultiWorkerMirroredStrategy<ds::cuda> with NCCL): one NCCL rank per
+  /// GPU of every worker, global rank = worker_index × local GPUs + local index (= the replica's
+  /// replica_id_in_sync_group). The chief's ncclUniqueId reaches the others over `link`; each
+  /// worker then joins with ncclCommInitRank, one call per local GPU inside one NCCL group.
+  /// `fallback` (the TCP path over `link`) takes the calls NCCL cannot, and every all_gather.
+  NcclCollectives(const CollectivesConfig& config, CrossWorkerLink& link, std::unique_ptr<ReplicaCollectives> fallback)
+      : NcclCollectives(config, std::move(fallback), &link) {
+    const int local = static_cast<int>(gpus_.size());
+    check_same_on_every_worker(link, local, "MultiWorkerMirroredStrategy with NCCL: the number of local GPUs");
+    ranks_ = local * link.num_workers();
+    rank_offset_ = local * link.worker_index();
+    const ncclUniqueId id = broadcast_from_chief<ncclUniqueId>(
+        link,
+        [] {
+          ncclUniqueId made;
+          nccl_check(ncclGetUniqueId(&made), "ncclGetUniqueId");
+          return made;
+        },
+        "the NCCL unique id");
+    int current = 0;
+    cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");
+    CudaDeviceGuard restore(current);
+    try {
+      nccl_check(ncclGroupStart(), "ncclGroupStart");
+      ncclResult_t issued = ncclSuccess;
+      cudaError_t selected = cudaSuccess;
+      int at = 0;
+      for (; at < local; ++at) {
+        const auto i = static_cast<std::size_t>(at);
+        selected = cudaSetDevice(gpus_[i]);
+        if (selected != cudaSuccess) break;
+        issued = ncclCommInitRank(&comms_[i], ranks_, id, rank_offset_ + at);
+        if (issued != ncclSuccess) break;
+      }
+      const ncclResult_t ended = ncclGroupEnd();
+      cuda_check(selected, "cudaSetDevice", "NcclAllReduce");
+      nccl_check(issued, fmt::format("ncclCommInitRank (rank {} of {}, GPU {})", rank_offset_ + at, ranks_,
+                                     at < local ? gpus_[static_cast<std::size_t>(at)] : -1));
+      nccl_check(ended, fmt::format("ncclGroupEnd after ncclCommInitRank of ranks {}..{} of {}", rank_offset_,
+                                    rank_offset_ + local - 1, ranks_));
+    } catch (...) {
+      for (ncclComm_t& c : comms_) {
+        if (c) (void)ncclCommAbort(c);
+        c = nullptr;
+      }
+      throw;
+    }
   }
   NcclCollectives(const NcclCollectives&) = delete;
   NcclCollectives& operator=(const NcclCollectives&) = delete;
@@ -52906,6 +53446,10 @@ class NcclCollectives final : public ReplicaCollectives {
     }
   }
 
+  /// NCCL ranks in the communicators (every GPU of every worker) and this process's first one.
+  int ranks() const noexcept { return ranks_; }
+  int rank_offset() const noexcept { return rank_offset_; }
+
   void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
     const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
     bool nccl = false;
@@ -52915,7 +53459,7 @@ class NcclCollectives final : public ReplicaCollectives {
       if (!nccl) return;
       stream = cuda_replica_stream();
       issuing = true;
-      enqueue_all_reduce(replica, buffers, op, group.size(), stream);
+      enqueue_all_reduce(replica, buffers, op, stream);
     });
     if (!nccl) return fallback_->all_reduce(group, replica, buffers, op);
     wait(group, replica, stream, CollectiveKind::AllReduce);
@@ -52923,6 +53467,8 @@ class NcclCollectives final : public ReplicaCollectives {
 
   void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
                   const std::function<void*(const Shape&)>& allocate) override {
+    // Across workers the parts' shapes are known only after an exchange: the TCP path gathers.
+    if (link_) return fallback_->all_gather(group, replica, input, axis, allocate);
     BufferRef in = input;
     const CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
     bool nccl = false;
@@ -52936,12 +53482,13 @@ class NcclCollectives final : public ReplicaCollectives {
     gather_with_broadcasts(group, replica, in, static_cast<std::size_t>(axis), shapes, allocate);
   }
 
+  /// `root` is a replica_id_in_sync_group, which is also its NCCL rank.
   void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
     const CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
     bool nccl = false;
     cudaStream_t stream = nullptr;
     issue_in_exchange(group, replica, call, [&](bool& issuing) {
-      nccl = root < group.size() && takes(group, /*reduction=*/false);
+      nccl = root >= 0 && root < ranks_ && takes(group, /*reduction=*/false);
       if (!nccl || buffer.bytes() == 0) return;
       stream = cuda_replica_stream();
       const ncclComm_t comm = comm_of(replica);
@@ -52954,9 +53501,32 @@ class NcclCollectives final : public ReplicaCollectives {
   }
 
  private:
+  NcclCollectives(const CollectivesConfig& config, std::unique_ptr<ReplicaCollectives> fallback, CrossWorkerLink* link)
+      : mean_divisor_(config.num_replicas_in_sync),
+        bytes_per_pack_(config.options.bytes_per_pack),
+        fallback_(std::move(fallback)),
+        link_(link) {
+    if (config.options.timeout_seconds) {
+      timeout_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(*config.options.timeout_seconds));
+    }
+    for (const auto& device : config.devices) {
+      const DeviceSpec spec = DeviceSpec::parse(device);
+      if (spec.device_type != std::string("GPU") || !spec.device_index) {
+        throw InvalidArgument(fmt::format(
+            "NcclAllReduce: device '{}' is not a GPU; NCCL runs between GPUs (use MirroredStrategy<ds::cuda>)", device));
+      }
+      gpus_.push_back(*spec.device_index);
+    }
+    comms_.assign(gpus_.size(), nullptr);
+    ranks_ = static_cast<int>(gpus_.size());
+    scratch_.resize(gpus_.size());
+  }
+
   ncclComm_t comm_of(int replica) const { return comms_[static_cast<std::size_t>(replica)]; }
 
-  // Runs issue(issuing) inside the exchange, after the calls are validated on every replica;
+  // Runs issue(issuing) inside the exchange, after the calls are validated on every replica (and,
+  // across workers, on every worker: replica 0 compares the calls over the link first);
   // `issue` sets `issuing` just before it enqueues NCCL work. If the exchange then fails on any
   // replica, that work can never complete (a peer never issued its part): abort the
   // communicator, which ends the NCCL kernel, rather than leave the GPU spinning in it.
@@ -52964,14 +53534,38 @@ class NcclCollectives final : public ReplicaCollectives {
   void issue_in_exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Issue&& issue) {
     bool issuing = false;
     try {
-      exchange(group, replica, call, [&] { issue(issuing); });
+      if (link_) {
+        exchange(
+            group, replica, call,
+            [&] {
+              if (replica == 0) check_same_call_on_every_worker(*link_, describe(group));
+            },
+            [&] { issue(issuing); });
+      } else {
+        exchange(group, replica, call, [&] { issue(issuing); });
+      }
     } catch (...) {
       if (issuing) abort_communicator(replica);
       throw;
     }
   }
 
-  // Whether NCCL runs this call. Decided from the published calls, so every replica decides alike.
+  // What every worker must agree on before NCCL runs a call: the kind, op, root and each value's
+  // dtype, shape and memory (which also decide whether NCCL or the fallback takes it).
+  static std::string describe(const ReplicaGroup& group) {
+    const CollectiveCall& c = group.slot(0);
+    std::string out = fmt::format("{}(", to_string(c.kind));
+    if (c.kind == CollectiveKind::AllReduce) out += fmt::format("{}", c.op);
+    if (c.kind == CollectiveKind::Broadcast) out += fmt::format("root {}", c.root);
+    for (const BufferRef& b : c.buffers) {
+      out += fmt::format(", {}{} {}", b.memory == MemorySpace::device ? "device " : "", to_string(b.dtype),
+                         shape_string(b.shape));
+    }
+    return out + ")";
+  }
+
+  // Whether NCCL runs this call. Decided from the published calls, so every replica decides alike
+  // (and, across workers, every worker: the calls were compared first).
   bool takes(const ReplicaGroup& group, bool reduction) const {
     if (aborted_.load(std::memory_order_acquire)) {
       throw Unavailable("NcclAllReduce: the NCCL communicators were aborted after a failed step; create a new strategy");
@@ -52986,31 +53580,56 @@ class NcclCollectives final : public ReplicaCollectives {
     return true;
   }
 
-  void enqueue_all_reduce(int replica, std::span<BufferRef> buffers, ReduceOp op, int ranks, cudaStream_t stream) {
+  // The values travel in packs (collective/packing.hpp, the rule every policy uses): one
+  // ncclAllReduce per pack, all of them in one NCCL group. A pack of several values is copied
+  // into this replica's scratch buffer and back out, on the replica's stream; a lone value is
+  // reduced in place.
+  void enqueue_all_reduce(int replica, std::span<BufferRef> buffers, ReduceOp op, cudaStream_t stream) {
     const ncclComm_t comm = comm_of(replica);
 #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
     // Our stream only waits for the legacy default stream by itself; the step's work may be on
     // this thread's default stream instead.
     order_after_default_stream(stream);
 #endif
-    // Several values of one all_reduce: one group, so NCCL launches them together.
+    const std::vector<Pack> packs = make_packs(buffers, bytes_per_pack_);
+    std::vector<std::size_t> offsets(packs.size(), 0);
+    std::size_t scratch_bytes = 0;
+    for (std::size_t p = 0; p < packs.size(); ++p) {
+      if (packs[p].members.size() < 2) continue;
+      offsets[p] = scratch_bytes;
+      scratch_bytes += (packs[p].bytes() + 255) / 256 * 256;  // NCCL likes aligned buffers
+    }
+    auto* scratch = static_cast<std::byte*>(scratch_for(replica, scratch_bytes));
+    auto copy_members = [&](bool into_pack) {
+      for (std::size_t p = 0; p < packs.size(); ++p) {
+        if (packs[p].members.size() < 2) continue;
+        std::byte* flat = scratch + offsets[p];
+        for (std::size_t k : packs[p].members) {
+          const BufferRef& b = buffers[k];
+          if (b.bytes() == 0) continue;
+          cuda_check(cudaMemcpyAsync(into_pack ? flat : b.data, into_pack ? b.data : flat, b.bytes(),
+                                     cudaMemcpyDeviceToDevice, stream),
+                     "cudaMemcpyAsync", into_pack ? "all_reduce: packing" : "all_reduce: unpacking");
+          flat += b.bytes();
+        }
+      }
+    };
+    copy_members(true);
     nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
     ncclResult_t issued = ncclSuccess;
-    const char* failed = nullptr;
-    for (const BufferRef& b : buffers) {
-      if (b.count() == 0) continue;
-      const NcclReduction how = nccl_reduction(op, b.dtype, mean_divisor_, ranks);
-      issued = ncclAllReduce(b.data, b.data, b.count(), *nccl_type(b.dtype), how.op, comm, stream);
-      if (issued != ncclSuccess) {
-        failed = "ncclAllReduce";
-        break;
-      }
+    for (std::size_t p = 0; p < packs.size() && issued == ncclSuccess; ++p) {
+      const Pack& pack = packs[p];
+      if (pack.count == 0) continue;
+      void* data = pack.members.size() < 2 ? buffers[pack.members.front()].data : scratch + offsets[p];
+      const NcclReduction how = nccl_reduction(op, pack.dtype, mean_divisor_, ranks_);
+      issued = ncclAllReduce(data, data, pack.count, *nccl_type(pack.dtype), how.op, comm, stream);
     }
     const ncclResult_t ended = ncclGroupEnd();
-    if (failed) nccl_check(issued, failed, comm);
+    nccl_check(issued, "ncclAllReduce", comm);
     nccl_check(ended, "ncclGroupEnd", comm);
+    copy_members(false);
     for (const BufferRef& b : buffers) {
-      if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks).divide_after) continue;
+      if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks_).divide_after) continue;
       visit_dtype(b.dtype, [&](auto t) {
         using T = decltype(t);
         if constexpr (!std::is_same_v<T, bool>) {
@@ -53022,6 +53641,17 @@ class NcclCollectives final : public ReplicaCollectives {
         }
       });
     }
+  }
+
+  // This replica's scratch buffer on its GPU, at least `bytes` long; kept between calls.
+  void* scratch_for(int replica, std::size_t bytes) {
+    auto& s = scratch_[static_cast<std::size_t>(replica)];
+    if (bytes > s.bytes) {
+      s.buffer = CudaBuffer();  // cudaFree first: the old buffer's work is done (we waited for it)
+      s.buffer = CudaBuffer(bytes);
+      s.bytes = bytes;
+    }
+    return s.buffer.data();
   }
 
   // Every replica's input lands at its offset by one ncclBroadcast from that replica (NCCL has
@@ -53093,9 +53723,11 @@ class NcclCollectives final : public ReplicaCollectives {
 
   // Waits for this replica's stream. Polls rather than blocks so that a step another replica
   // abandoned (its NCCL call never comes) ends in an error instead of a hang: the communicators
-  // are then aborted, which releases the NCCL kernels of every replica.
+  // are then aborted, which releases the NCCL kernels of every replica. Across workers it also
+  // watches the link (a lost worker: PeerFailure naming it) and timeout_seconds (CollectiveTimeout).
   void wait(ReplicaGroup& group, int replica, cudaStream_t stream, CollectiveKind what) {
     const ncclComm_t comm = comm_of(replica);
+    const auto started = std::chrono::steady_clock::now();
     for (unsigned spins = 0;; ++spins) {
       const cudaError_t e = cudaStreamQuery(stream);
       if (e == cudaSuccess) return;
@@ -53112,6 +53744,18 @@ class NcclCollectives final : public ReplicaCollectives {
       if (group.aborted()) {
         abort_communicator(replica);
         throw Cancelled(fmt::format("replica {} left {}: another replica of this step failed", replica, to_string(what)));
+      }
+      if (link_ && spins % 256 == 255) {
+        if (auto lost = link_->failure()) {
+          abort_communicator(replica);
+          throw PeerFailure(fmt::format("{} over NCCL: {}", to_string(what), *lost));
+        }
+        if (timeout_ && std::chrono::steady_clock::now() - started > *timeout_) {
+          abort_communicator(replica);
+          throw CollectiveTimeout(fmt::format("{} over NCCL did not finish within timeout_seconds ({} s) on replica {}",
+                                              to_string(what),
+                                              std::chrono::duration<double>(*timeout_).count(), rank_offset_ + replica));
+        }
       }
       if (spins < 2000) cpu_relax();
       else std::this_thread::yield();
@@ -53134,23 +53778,42 @@ class NcclCollectives final : public ReplicaCollectives {
     c = nullptr;
   }
 
+  struct Scratch {
+    CudaBuffer buffer;
+    std::size_t bytes = 0;
+  };
+
   std::int64_t mean_divisor_;
+  std::size_t bytes_per_pack_;
   std::unique_ptr<ReplicaCollectives> fallback_;
+  CrossWorkerLink* link_;  // across workers; null in one process
+  std::optional<std::chrono::steady_clock::duration> timeout_;
   std::vector<int> gpus_;
   std::vector<ncclComm_t> comms_;
+  int ranks_ = 0;        // NCCL ranks in each communicator
+  int rank_offset_ = 0;  // this process's first rank
+  std::vector<Scratch> scratch_;  // per replica, on its GPU: packs of several values
   std::atomic<bool> aborted_{false};
 };
 
 }  // namespace detail
 
 /// Cross-device ops policy: NCCL all-reduce, all-gather and broadcast between the local GPUs
-/// (the default of MirroredStrategy<ds::cuda> where NCCL is compiled in).
+/// (the default of MirroredStrategy<ds::cuda> where NCCL is compiled in), and, for
+/// MultiWorkerMirroredStrategy<ds::cuda>, between every GPU of every worker.
 struct NcclAllReduce {
   static constexpr std::string_view name = "NcclAllReduce";
   /// The collectives take device buffers themselves (see collective/detail/device_staging.hpp).
   static constexpr bool device_buffers = true;
   static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
     return std::make_unique<detail::NcclCollectives>(config);
+  }
+  /// Across workers (CommunicationImplementation::Nccl): NCCL bootstrapped over `link`;
+  /// `fallback`, the TCP path, takes host buffers, 16-bit integer reductions and all_gather.
+  static std::unique_ptr<detail::ReplicaCollectives> make_multi_worker_collectives(
+      const detail::CollectivesConfig& config, detail::CrossWorkerLink& link,
+      std::unique_ptr<detail::ReplicaCollectives> fallback) {
+    return std::make_unique<detail::NcclCollectives>(config, link, std::move(fallback));
   }
 };
 

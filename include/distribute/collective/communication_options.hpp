@@ -29,6 +29,10 @@ struct CommunicationOptions {
   /// A collective that has not finished after this long throws CollectiveTimeout.
   std::optional<double> timeout_seconds = std::nullopt;
   CommunicationImplementation implementation = CommunicationImplementation::Auto;
+  /// Shared secret the workers prove to each other when they connect (HMAC-SHA256; see
+  /// net::CommunicatorOptions::cluster_token). Unset: DISTRIBUTE_CLUSTER_TOKEN, if non-empty;
+  /// "" switches authentication off.
+  std::optional<std::string> cluster_token = std::nullopt;
 };
 
 namespace detail {

@@ -1,6 +1,8 @@
 // The collectives of a multi-worker strategy: reduce among the local replicas in shared memory,
 // one cross-worker collective per pack (made by local replica 0 over the CrossWorkerLink), then
-// a local copy back out. Every value crosses the process boundary once.
+// a local copy back out. Every value crosses the process boundary once. With
+// CommunicationImplementation::Nccl the policy's NCCL collectives span the workers instead, and
+// this TCP path takes only what NCCL cannot (make_multi_worker_collectives below).
 #pragma once
 
 #include <cstring>
@@ -11,14 +13,33 @@
 #include <vector>
 
 #include <distribute/collective/communication_options.hpp>
+#include <distribute/collective/detail/device_staging.hpp>
 #include <distribute/collective/detail/validate.hpp>
 #include <distribute/collective/packing.hpp>
 #include <distribute/collective/shared_memory.hpp>
 #include <distribute/core/detail/concat.hpp>
 #include <distribute/core/detail/cross_worker.hpp>
+#include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
+
+/// In-place all-reduce of host buffers across the workers, one link collective per pack
+/// (collective/packing.hpp's rule); `scratch` holds packs of several values. `op` is not Mean.
+inline void all_reduce_in_packs(CrossWorkerLink& link, std::span<BufferRef> buffers, ReduceOp op,
+                                std::size_t bytes_per_pack, std::vector<std::byte>& scratch) {
+  for (const Pack& pack : make_packs(buffers, bytes_per_pack)) {
+    if (pack.members.size() == 1) {  // a lone value travels from its own memory, no copy
+      BufferRef& b = buffers[pack.members.front()];
+      link.all_reduce(b.data, b.count(), b.dtype, op);
+    } else {
+      scratch.resize(pack.bytes());
+      pack_into(pack, buffers, scratch.data());
+      link.all_reduce(scratch.data(), pack.count, pack.dtype, op);
+      unpack_from(pack, buffers, scratch.data());
+    }
+  }
+}
 
 class MultiWorkerCollectives : public SharedMemoryCollectives {
  public:
@@ -92,17 +113,7 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
 
  private:
   void cross_worker_all_reduce(std::span<BufferRef> buffers, ReduceOp combine_op, bool mean) {
-    for (const Pack& pack : make_packs(buffers, bytes_per_pack_)) {
-      if (pack.members.size() == 1) {  // a lone value travels from its own memory, no copy
-        BufferRef& b = buffers[pack.members.front()];
-        link_->all_reduce(b.data, b.count(), b.dtype, combine_op);
-      } else {
-        scratch_.resize(pack.bytes());
-        pack_into(pack, buffers, scratch_.data());
-        link_->all_reduce(scratch_.data(), pack.count, pack.dtype, combine_op);
-        unpack_from(pack, buffers, scratch_.data());
-      }
-    }
+    all_reduce_in_packs(*link_, buffers, combine_op, bytes_per_pack_, scratch_);
     if (!mean) return;
     for (BufferRef& b : buffers) {
       visit_dtype(b.dtype, [&](auto t) { divide(static_cast<decltype(t)*>(b.data), b.count(), mean_divisor_); });
@@ -115,6 +126,29 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
   std::vector<std::byte> scratch_;  // packs of several values (used by replica 0 only)
   GatheredBytes gathered_;          // replica 0's all_gather result, read by all
 };
+
+/// Whether cross-device ops policy `Ops` can also run across workers (NcclAllReduce with NCCL
+/// compiled in): it then provides make_multi_worker_collectives(config, link, fallback).
+template <class Ops>
+inline constexpr bool spans_workers_v = requires { &Ops::make_multi_worker_collectives; };
+
+/// The collectives of a multi-worker strategy: the policy's own across the workers when
+/// `implementation` is Nccl (falling back to the TCP path for what it cannot take), else the
+/// TCP path, device buffers through host copies. `implementation` is resolved (never Auto).
+template <class Ops>
+std::unique_ptr<ReplicaCollectives> make_multi_worker_collectives(const CollectivesConfig& config,
+                                                                  CrossWorkerLink& link,
+                                                                  CommunicationImplementation implementation) {
+  auto ring = with_device_staging(std::make_unique<MultiWorkerCollectives>(
+      link, static_cast<int>(config.devices.size()), config.num_replicas_in_sync, config.options));
+  if (implementation != CommunicationImplementation::Nccl) return ring;
+  if constexpr (spans_workers_v<Ops>) {
+    return Ops::make_multi_worker_collectives(config, link, std::move(ring));
+  } else {
+    throw InvalidArgument("MultiWorkerMirroredStrategy: CommunicationImplementation NCCL needs cross-device ops that "
+                          "span workers (ds::NcclAllReduce, compiled by nvcc with NCCL)");
+  }
+}
 
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE

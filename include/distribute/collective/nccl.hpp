@@ -1,6 +1,10 @@
 // NcclAllReduce: the cuda backend's cross-device ops (TF's tf.distribute.NcclAllReduce). One NCCL
 // communicator per local GPU, made once per strategy with ncclCommInitAll; each replica thread
 // issues its NCCL calls on its own communicator and its own stream (ds::cuda::current_stream()).
+// Across workers (MultiWorkerMirroredStrategy<ds::cuda>, CommunicationImplementation::Nccl) the
+// communicators span every GPU of every worker, bootstrapped over the workers' TCP link
+// (ncclGetUniqueId on the chief, ncclCommInitRank everywhere). An all-reduce's values travel in
+// packs (collective/packing.hpp): one ncclAllReduce per pack.
 //
 // Compiled in only where it can work: under a CUDA compiler (__CUDACC__), with <nccl.h> on the
 // include path, and with Thrust's device system left at CUDA, so that device values are CUDA
@@ -10,7 +14,8 @@
 // DISTRIBUTE_NO_NCCL to leave NCCL out on purpose. Link with -lnccl (meson: nccl_dep).
 //
 // Buffers NCCL cannot take (host memory, int16/uint16 reductions) fall back, on every replica
-// alike, to the shared-memory algorithm, device buffers through host copies.
+// alike, to the shared-memory algorithm (across workers: the TCP path), device buffers through
+// host copies.
 #pragma once
 
 #include <distribute/version.hpp>
@@ -27,7 +32,9 @@
 
 #if DISTRIBUTE_HAS_NCCL
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -51,9 +58,12 @@
 #include <distribute/backends/cuda/detail/runtime.hpp>
 #include <distribute/backends/cuda/error.hpp>
 #include <distribute/collective/communication_options.hpp>
+#include <distribute/collective/detail/bootstrap.hpp>
 #include <distribute/collective/detail/device_staging.hpp>
 #include <distribute/collective/detail/validate.hpp>
+#include <distribute/collective/packing.hpp>
 #include <distribute/collective/shared_memory.hpp>
+#include <distribute/core/detail/cross_worker.hpp>
 #include <distribute/core/detail/replica_group.hpp>
 #include <distribute/core/device.hpp>
 #include <distribute/core/error.hpp>
@@ -130,23 +140,64 @@ inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, std::int64_t mean_
 
 class NcclCollectives final : public ReplicaCollectives {
  public:
+  /// One process: one NCCL rank per local GPU, made with ncclCommInitAll.
   explicit NcclCollectives(const CollectivesConfig& config)
-      : mean_divisor_(config.num_replicas_in_sync),
-        fallback_(with_device_staging(std::make_unique<SharedMemoryCollectives>(config.num_replicas_in_sync))) {
-    for (const auto& device : config.devices) {
-      const DeviceSpec spec = DeviceSpec::parse(device);
-      if (spec.device_type != std::string("GPU") || !spec.device_index) {
-        throw InvalidArgument(fmt::format(
-            "NcclAllReduce: device '{}' is not a GPU; NCCL runs between GPUs (use MirroredStrategy<ds::cuda>)", device));
-      }
-      gpus_.push_back(*spec.device_index);
-    }
-    comms_.assign(gpus_.size(), nullptr);
+      : NcclCollectives(config, with_device_staging(std::make_unique<SharedMemoryCollectives>(config.num_replicas_in_sync)),
+                        nullptr) {
     int current = 0;
     cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");
     CudaDeviceGuard restore(current);  // ncclCommInitAll visits every device
     nccl_check(ncclCommInitAll(comms_.data(), static_cast<int>(gpus_.size()), gpus_.data()),
                fmt::format("ncclCommInitAll over GPUs {}", fmt::join(gpus_, ", ")));
+  }
+
+  /// Several worker processes (MultiWorkerMirroredStrategy<ds::cuda> with NCCL): one NCCL rank per
+  /// GPU of every worker, global rank = worker_index × local GPUs + local index (= the replica's
+  /// replica_id_in_sync_group). The chief's ncclUniqueId reaches the others over `link`; each
+  /// worker then joins with ncclCommInitRank, one call per local GPU inside one NCCL group.
+  /// `fallback` (the TCP path over `link`) takes the calls NCCL cannot, and every all_gather.
+  NcclCollectives(const CollectivesConfig& config, CrossWorkerLink& link, std::unique_ptr<ReplicaCollectives> fallback)
+      : NcclCollectives(config, std::move(fallback), &link) {
+    const int local = static_cast<int>(gpus_.size());
+    check_same_on_every_worker(link, local, "MultiWorkerMirroredStrategy with NCCL: the number of local GPUs");
+    ranks_ = local * link.num_workers();
+    rank_offset_ = local * link.worker_index();
+    const ncclUniqueId id = broadcast_from_chief<ncclUniqueId>(
+        link,
+        [] {
+          ncclUniqueId made;
+          nccl_check(ncclGetUniqueId(&made), "ncclGetUniqueId");
+          return made;
+        },
+        "the NCCL unique id");
+    int current = 0;
+    cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");
+    CudaDeviceGuard restore(current);
+    try {
+      nccl_check(ncclGroupStart(), "ncclGroupStart");
+      ncclResult_t issued = ncclSuccess;
+      cudaError_t selected = cudaSuccess;
+      int at = 0;
+      for (; at < local; ++at) {
+        const auto i = static_cast<std::size_t>(at);
+        selected = cudaSetDevice(gpus_[i]);
+        if (selected != cudaSuccess) break;
+        issued = ncclCommInitRank(&comms_[i], ranks_, id, rank_offset_ + at);
+        if (issued != ncclSuccess) break;
+      }
+      const ncclResult_t ended = ncclGroupEnd();
+      cuda_check(selected, "cudaSetDevice", "NcclAllReduce");
+      nccl_check(issued, fmt::format("ncclCommInitRank (rank {} of {}, GPU {})", rank_offset_ + at, ranks_,
+                                     at < local ? gpus_[static_cast<std::size_t>(at)] : -1));
+      nccl_check(ended, fmt::format("ncclGroupEnd after ncclCommInitRank of ranks {}..{} of {}", rank_offset_,
+                                    rank_offset_ + local - 1, ranks_));
+    } catch (...) {
+      for (ncclComm_t& c : comms_) {
+        if (c) (void)ncclCommAbort(c);
+        c = nullptr;
+      }
+      throw;
+    }
   }
   NcclCollectives(const NcclCollectives&) = delete;
   NcclCollectives& operator=(const NcclCollectives&) = delete;
@@ -160,6 +211,10 @@ class NcclCollectives final : public ReplicaCollectives {
     }
   }
 
+  /// NCCL ranks in the communicators (every GPU of every worker) and this process's first one.
+  int ranks() const noexcept { return ranks_; }
+  int rank_offset() const noexcept { return rank_offset_; }
+
   void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
     const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
     bool nccl = false;
@@ -169,7 +224,7 @@ class NcclCollectives final : public ReplicaCollectives {
       if (!nccl) return;
       stream = cuda_replica_stream();
       issuing = true;
-      enqueue_all_reduce(replica, buffers, op, group.size(), stream);
+      enqueue_all_reduce(replica, buffers, op, stream);
     });
     if (!nccl) return fallback_->all_reduce(group, replica, buffers, op);
     wait(group, replica, stream, CollectiveKind::AllReduce);
@@ -177,6 +232,8 @@ class NcclCollectives final : public ReplicaCollectives {
 
   void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
                   const std::function<void*(const Shape&)>& allocate) override {
+    // Across workers the parts' shapes are known only after an exchange: the TCP path gathers.
+    if (link_) return fallback_->all_gather(group, replica, input, axis, allocate);
     BufferRef in = input;
     const CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
     bool nccl = false;
@@ -190,12 +247,13 @@ class NcclCollectives final : public ReplicaCollectives {
     gather_with_broadcasts(group, replica, in, static_cast<std::size_t>(axis), shapes, allocate);
   }
 
+  /// `root` is a replica_id_in_sync_group, which is also its NCCL rank.
   void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
     const CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
     bool nccl = false;
     cudaStream_t stream = nullptr;
     issue_in_exchange(group, replica, call, [&](bool& issuing) {
-      nccl = root < group.size() && takes(group, /*reduction=*/false);
+      nccl = root >= 0 && root < ranks_ && takes(group, /*reduction=*/false);
       if (!nccl || buffer.bytes() == 0) return;
       stream = cuda_replica_stream();
       const ncclComm_t comm = comm_of(replica);
@@ -208,9 +266,32 @@ class NcclCollectives final : public ReplicaCollectives {
   }
 
  private:
+  NcclCollectives(const CollectivesConfig& config, std::unique_ptr<ReplicaCollectives> fallback, CrossWorkerLink* link)
+      : mean_divisor_(config.num_replicas_in_sync),
+        bytes_per_pack_(config.options.bytes_per_pack),
+        fallback_(std::move(fallback)),
+        link_(link) {
+    if (config.options.timeout_seconds) {
+      timeout_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(*config.options.timeout_seconds));
+    }
+    for (const auto& device : config.devices) {
+      const DeviceSpec spec = DeviceSpec::parse(device);
+      if (spec.device_type != std::string("GPU") || !spec.device_index) {
+        throw InvalidArgument(fmt::format(
+            "NcclAllReduce: device '{}' is not a GPU; NCCL runs between GPUs (use MirroredStrategy<ds::cuda>)", device));
+      }
+      gpus_.push_back(*spec.device_index);
+    }
+    comms_.assign(gpus_.size(), nullptr);
+    ranks_ = static_cast<int>(gpus_.size());
+    scratch_.resize(gpus_.size());
+  }
+
   ncclComm_t comm_of(int replica) const { return comms_[static_cast<std::size_t>(replica)]; }
 
-  // Runs issue(issuing) inside the exchange, after the calls are validated on every replica;
+  // Runs issue(issuing) inside the exchange, after the calls are validated on every replica (and,
+  // across workers, on every worker: replica 0 compares the calls over the link first);
   // `issue` sets `issuing` just before it enqueues NCCL work. If the exchange then fails on any
   // replica, that work can never complete (a peer never issued its part): abort the
   // communicator, which ends the NCCL kernel, rather than leave the GPU spinning in it.
@@ -218,14 +299,38 @@ class NcclCollectives final : public ReplicaCollectives {
   void issue_in_exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Issue&& issue) {
     bool issuing = false;
     try {
-      exchange(group, replica, call, [&] { issue(issuing); });
+      if (link_) {
+        exchange(
+            group, replica, call,
+            [&] {
+              if (replica == 0) check_same_call_on_every_worker(*link_, describe(group));
+            },
+            [&] { issue(issuing); });
+      } else {
+        exchange(group, replica, call, [&] { issue(issuing); });
+      }
     } catch (...) {
       if (issuing) abort_communicator(replica);
       throw;
     }
   }
 
-  // Whether NCCL runs this call. Decided from the published calls, so every replica decides alike.
+  // What every worker must agree on before NCCL runs a call: the kind, op, root and each value's
+  // dtype, shape and memory (which also decide whether NCCL or the fallback takes it).
+  static std::string describe(const ReplicaGroup& group) {
+    const CollectiveCall& c = group.slot(0);
+    std::string out = fmt::format("{}(", to_string(c.kind));
+    if (c.kind == CollectiveKind::AllReduce) out += fmt::format("{}", c.op);
+    if (c.kind == CollectiveKind::Broadcast) out += fmt::format("root {}", c.root);
+    for (const BufferRef& b : c.buffers) {
+      out += fmt::format(", {}{} {}", b.memory == MemorySpace::device ? "device " : "", to_string(b.dtype),
+                         shape_string(b.shape));
+    }
+    return out + ")";
+  }
+
+  // Whether NCCL runs this call. Decided from the published calls, so every replica decides alike
+  // (and, across workers, every worker: the calls were compared first).
   bool takes(const ReplicaGroup& group, bool reduction) const {
     if (aborted_.load(std::memory_order_acquire)) {
       throw Unavailable("NcclAllReduce: the NCCL communicators were aborted after a failed step; create a new strategy");
@@ -240,31 +345,56 @@ class NcclCollectives final : public ReplicaCollectives {
     return true;
   }
 
-  void enqueue_all_reduce(int replica, std::span<BufferRef> buffers, ReduceOp op, int ranks, cudaStream_t stream) {
+  // The values travel in packs (collective/packing.hpp, the rule every policy uses): one
+  // ncclAllReduce per pack, all of them in one NCCL group. A pack of several values is copied
+  // into this replica's scratch buffer and back out, on the replica's stream; a lone value is
+  // reduced in place.
+  void enqueue_all_reduce(int replica, std::span<BufferRef> buffers, ReduceOp op, cudaStream_t stream) {
     const ncclComm_t comm = comm_of(replica);
 #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
     // Our stream only waits for the legacy default stream by itself; the step's work may be on
     // this thread's default stream instead.
     order_after_default_stream(stream);
 #endif
-    // Several values of one all_reduce: one group, so NCCL launches them together.
+    const std::vector<Pack> packs = make_packs(buffers, bytes_per_pack_);
+    std::vector<std::size_t> offsets(packs.size(), 0);
+    std::size_t scratch_bytes = 0;
+    for (std::size_t p = 0; p < packs.size(); ++p) {
+      if (packs[p].members.size() < 2) continue;
+      offsets[p] = scratch_bytes;
+      scratch_bytes += (packs[p].bytes() + 255) / 256 * 256;  // NCCL likes aligned buffers
+    }
+    auto* scratch = static_cast<std::byte*>(scratch_for(replica, scratch_bytes));
+    auto copy_members = [&](bool into_pack) {
+      for (std::size_t p = 0; p < packs.size(); ++p) {
+        if (packs[p].members.size() < 2) continue;
+        std::byte* flat = scratch + offsets[p];
+        for (std::size_t k : packs[p].members) {
+          const BufferRef& b = buffers[k];
+          if (b.bytes() == 0) continue;
+          cuda_check(cudaMemcpyAsync(into_pack ? flat : b.data, into_pack ? b.data : flat, b.bytes(),
+                                     cudaMemcpyDeviceToDevice, stream),
+                     "cudaMemcpyAsync", into_pack ? "all_reduce: packing" : "all_reduce: unpacking");
+          flat += b.bytes();
+        }
+      }
+    };
+    copy_members(true);
     nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
     ncclResult_t issued = ncclSuccess;
-    const char* failed = nullptr;
-    for (const BufferRef& b : buffers) {
-      if (b.count() == 0) continue;
-      const NcclReduction how = nccl_reduction(op, b.dtype, mean_divisor_, ranks);
-      issued = ncclAllReduce(b.data, b.data, b.count(), *nccl_type(b.dtype), how.op, comm, stream);
-      if (issued != ncclSuccess) {
-        failed = "ncclAllReduce";
-        break;
-      }
+    for (std::size_t p = 0; p < packs.size() && issued == ncclSuccess; ++p) {
+      const Pack& pack = packs[p];
+      if (pack.count == 0) continue;
+      void* data = pack.members.size() < 2 ? buffers[pack.members.front()].data : scratch + offsets[p];
+      const NcclReduction how = nccl_reduction(op, pack.dtype, mean_divisor_, ranks_);
+      issued = ncclAllReduce(data, data, pack.count, *nccl_type(pack.dtype), how.op, comm, stream);
     }
     const ncclResult_t ended = ncclGroupEnd();
-    if (failed) nccl_check(issued, failed, comm);
+    nccl_check(issued, "ncclAllReduce", comm);
     nccl_check(ended, "ncclGroupEnd", comm);
+    copy_members(false);
     for (const BufferRef& b : buffers) {
-      if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks).divide_after) continue;
+      if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks_).divide_after) continue;
       visit_dtype(b.dtype, [&](auto t) {
         using T = decltype(t);
         if constexpr (!std::is_same_v<T, bool>) {
@@ -276,6 +406,17 @@ class NcclCollectives final : public ReplicaCollectives {
         }
       });
     }
+  }
+
+  // This replica's scratch buffer on its GPU, at least `bytes` long; kept between calls.
+  void* scratch_for(int replica, std::size_t bytes) {
+    auto& s = scratch_[static_cast<std::size_t>(replica)];
+    if (bytes > s.bytes) {
+      s.buffer = CudaBuffer();  // cudaFree first: the old buffer's work is done (we waited for it)
+      s.buffer = CudaBuffer(bytes);
+      s.bytes = bytes;
+    }
+    return s.buffer.data();
   }
 
   // Every replica's input lands at its offset by one ncclBroadcast from that replica (NCCL has
@@ -347,9 +488,11 @@ class NcclCollectives final : public ReplicaCollectives {
 
   // Waits for this replica's stream. Polls rather than blocks so that a step another replica
   // abandoned (its NCCL call never comes) ends in an error instead of a hang: the communicators
-  // are then aborted, which releases the NCCL kernels of every replica.
+  // are then aborted, which releases the NCCL kernels of every replica. Across workers it also
+  // watches the link (a lost worker: PeerFailure naming it) and timeout_seconds (CollectiveTimeout).
   void wait(ReplicaGroup& group, int replica, cudaStream_t stream, CollectiveKind what) {
     const ncclComm_t comm = comm_of(replica);
+    const auto started = std::chrono::steady_clock::now();
     for (unsigned spins = 0;; ++spins) {
       const cudaError_t e = cudaStreamQuery(stream);
       if (e == cudaSuccess) return;
@@ -366,6 +509,18 @@ class NcclCollectives final : public ReplicaCollectives {
       if (group.aborted()) {
         abort_communicator(replica);
         throw Cancelled(fmt::format("replica {} left {}: another replica of this step failed", replica, to_string(what)));
+      }
+      if (link_ && spins % 256 == 255) {
+        if (auto lost = link_->failure()) {
+          abort_communicator(replica);
+          throw PeerFailure(fmt::format("{} over NCCL: {}", to_string(what), *lost));
+        }
+        if (timeout_ && std::chrono::steady_clock::now() - started > *timeout_) {
+          abort_communicator(replica);
+          throw CollectiveTimeout(fmt::format("{} over NCCL did not finish within timeout_seconds ({} s) on replica {}",
+                                              to_string(what),
+                                              std::chrono::duration<double>(*timeout_).count(), rank_offset_ + replica));
+        }
       }
       if (spins < 2000) cpu_relax();
       else std::this_thread::yield();
@@ -388,23 +543,42 @@ class NcclCollectives final : public ReplicaCollectives {
     c = nullptr;
   }
 
+  struct Scratch {
+    CudaBuffer buffer;
+    std::size_t bytes = 0;
+  };
+
   std::int64_t mean_divisor_;
+  std::size_t bytes_per_pack_;
   std::unique_ptr<ReplicaCollectives> fallback_;
+  CrossWorkerLink* link_;  // across workers; null in one process
+  std::optional<std::chrono::steady_clock::duration> timeout_;
   std::vector<int> gpus_;
   std::vector<ncclComm_t> comms_;
+  int ranks_ = 0;        // NCCL ranks in each communicator
+  int rank_offset_ = 0;  // this process's first rank
+  std::vector<Scratch> scratch_;  // per replica, on its GPU: packs of several values
   std::atomic<bool> aborted_{false};
 };
 
 }  // namespace detail
 
 /// Cross-device ops policy: NCCL all-reduce, all-gather and broadcast between the local GPUs
-/// (the default of MirroredStrategy<ds::cuda> where NCCL is compiled in).
+/// (the default of MirroredStrategy<ds::cuda> where NCCL is compiled in), and, for
+/// MultiWorkerMirroredStrategy<ds::cuda>, between every GPU of every worker.
 struct NcclAllReduce {
   static constexpr std::string_view name = "NcclAllReduce";
   /// The collectives take device buffers themselves (see collective/detail/device_staging.hpp).
   static constexpr bool device_buffers = true;
   static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
     return std::make_unique<detail::NcclCollectives>(config);
+  }
+  /// Across workers (CommunicationImplementation::Nccl): NCCL bootstrapped over `link`;
+  /// `fallback`, the TCP path, takes host buffers, 16-bit integer reductions and all_gather.
+  static std::unique_ptr<detail::ReplicaCollectives> make_multi_worker_collectives(
+      const detail::CollectivesConfig& config, detail::CrossWorkerLink& link,
+      std::unique_ptr<detail::ReplicaCollectives> fallback) {
+    return std::make_unique<detail::NcclCollectives>(config, link, std::move(fallback));
   }
 };
 

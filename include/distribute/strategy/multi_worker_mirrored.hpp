@@ -1,7 +1,9 @@
 // MultiWorkerMirroredStrategy: synchronous data parallelism over the local devices of several
-// worker processes (replicas = local devices × workers). An all-reduce is a local reduce, one
-// cross-worker collective per pack over TCP (net::Communicator), and a local copy back out;
-// variables are mirrored everywhere and start from the chief's initial values.
+// worker processes (replicas = local devices × workers). With RING an all-reduce is a local
+// reduce, one cross-worker collective per pack over TCP (net::Communicator), and a local copy
+// back out; with NCCL (ds::cuda) it is one ncclAllReduce per pack over communicators spanning
+// every GPU of every worker, bootstrapped through the same TCP rendezvous. Variables are
+// mirrored everywhere and start from the chief's initial values.
 #pragma once
 
 #include <chrono>
@@ -16,6 +18,7 @@
 #include <distribute/cluster/cluster_resolver.hpp>
 #include <distribute/cluster/tf_config.hpp>
 #include <distribute/collective/communication_options.hpp>
+#include <distribute/collective/multi_worker.hpp>
 #include <distribute/core/detail/cross_worker.hpp>
 #include <distribute/net/communicator.hpp>
 #include <distribute/strategy/detail/sync_strategy.hpp>
@@ -40,6 +43,7 @@ class CommunicatorLink final : public CrossWorkerLink {
   void broadcast(void* data, std::size_t bytes, int root) override { comm_->broadcast(data, bytes, root); }
   void barrier() override { comm_->barrier(); }
   void close() noexcept override { comm_.reset(); }  // ~Communicator says goodbye
+  std::optional<std::string> failure() const override { return comm_ ? comm_->failure() : std::nullopt; }
   net::Communicator& communicator() noexcept { return *comm_; }
 
  private:
@@ -51,21 +55,41 @@ class CommunicatorLink final : public CrossWorkerLink {
 struct MultiWorkerSetup {
   std::shared_ptr<ClusterResolver> resolver;
   std::unique_ptr<CommunicatorLink> link;
+  CommunicationImplementation implementation = CommunicationImplementation::Ring;  // resolved: Ring or Nccl
+
+  /// AUTO is NCCL where the backend's cross-device ops span workers (ds::cuda compiled by nvcc
+  /// with NCCL), RING otherwise; an explicit NCCL that cannot run is InvalidArgument.
+  template <class Backend>
+  static CommunicationImplementation resolve(CommunicationImplementation requested) {
+    constexpr bool nccl = spans_workers_v<default_cross_device_ops_t<Backend>>;
+    if (requested == CommunicationImplementation::Nccl && !nccl) {
+      if (Backend::name == std::string_view("host")) {
+        throw InvalidArgument(
+            "MultiWorkerMirroredStrategy: CommunicationImplementation NCCL needs the cuda backend; the host backend "
+            "communicates with RING (or AUTO)");
+      }
+      throw InvalidArgument(fmt::format(
+          "MultiWorkerMirroredStrategy: CommunicationImplementation NCCL is not available on the {} backend here: "
+          "NCCL is compiled in only by a CUDA compiler (nvcc) with <nccl.h>; use RING or AUTO",
+          Backend::name));
+    }
+    if (requested == CommunicationImplementation::Auto) {
+      return nccl ? CommunicationImplementation::Nccl : CommunicationImplementation::Ring;
+    }
+    return requested;
+  }
 
   template <class Backend>
   static MultiWorkerSetup make(const CommunicationOptions& options, std::shared_ptr<ClusterResolver> resolver) {
     if (!resolver) resolver = std::make_shared<TFConfigClusterResolver>();
-    if (options.implementation == CommunicationImplementation::Nccl && Backend::name == std::string_view("host")) {
-      throw InvalidArgument(
-          "MultiWorkerMirroredStrategy: CommunicationImplementation NCCL needs the cuda backend; the host backend "
-          "communicates with RING (or AUTO)");
-    }
+    const CommunicationImplementation implementation = resolve<Backend>(options.implementation);
     if (options.timeout_seconds && !(*options.timeout_seconds > 0)) {
       throw InvalidArgument(fmt::format("MultiWorkerMirroredStrategy: timeout_seconds must be positive, got {}",
                                         *options.timeout_seconds));
     }
     MultiWorkerSetup setup;
     setup.resolver = resolver;
+    setup.implementation = implementation;
     const ClusterSpec& spec = resolver->cluster_spec();
     const std::string type = resolver->task_type();
     if (spec.empty()) return setup;  // a single-worker cluster: no communication
@@ -84,6 +108,7 @@ struct MultiWorkerSetup {
     }
     if (addresses.size() <= 1) return setup;
     net::CommunicatorOptions comm_options;
+    comm_options.cluster_token = options.cluster_token;  // unset: net/ reads DISTRIBUTE_CLUSTER_TOKEN
     if (options.timeout_seconds) {
       comm_options.operation_timeout =
           std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
@@ -108,9 +133,13 @@ class MultiWorkerMirroredStrategy
   explicit MultiWorkerMirroredStrategy(CommunicationOptions options = {},
                                        std::shared_ptr<ClusterResolver> resolver = nullptr, int local_replicas = 1)
       : detail::MultiWorkerSetup(detail::MultiWorkerSetup::make<Backend>(options, std::move(resolver))),
-        Base(Backend::devices(local_replicas, "MultiWorkerMirroredStrategy"), options, link.get()) {}
+        Base(Backend::devices(local_replicas, "MultiWorkerMirroredStrategy"), options, link.get(), implementation) {}
 
   std::string_view name() const noexcept override { return "MultiWorkerMirroredStrategy"; }
+
+  /// How the workers communicate: options.implementation resolved (AUTO is NCCL on the cuda
+  /// backend where NCCL is compiled in, RING otherwise). Never Auto.
+  CommunicationImplementation communication_implementation() const noexcept { return implementation; }
 
   /// The cluster this strategy runs in.
   const ClusterResolver* cluster_resolver() const noexcept { return resolver.get(); }

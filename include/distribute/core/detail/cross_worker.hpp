@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <distribute/core/dtype.hpp>
@@ -29,6 +31,9 @@ class CrossWorkerLink {
   /// Leaves the cluster cleanly before the process exits without unwinding (the preemption
   /// handler): the peers see a goodbye, not a lost task. Nothing may use the link afterwards.
   virtual void close() noexcept {}
+  /// The error that broke the link (a lost or stalled worker), if one did. Lets a second
+  /// transport bootstrapped over this link (NCCL) notice a lost worker while it waits.
+  virtual std::optional<std::string> failure() const { return std::nullopt; }
 };
 
 }  // namespace detail

@@ -155,6 +155,17 @@ void check_arity(const A& arg, std::size_t replicas, std::size_t position) {
   }
 }
 
+/// A distributed value of strategy S (PerReplica, Mirrored, a variable's copies) whose
+/// components live in host memory: batch_reduce_to can pack it with others.
+template <class V, class S>
+concept packable_distributed_value =
+    (requires { requires std::is_same_v<typename V::strategy_type, S>; } ||
+     requires(const V& v) { v.values(); v.read_value(); }) &&
+    requires(const V& v) {
+      requires TensorLike<std::remove_cvref_t<decltype(v.values().front())>>;
+      requires memory_space_v<std::remove_cvref_t<decltype(v.values().front())>> == MemorySpace::host;
+    };
+
 template <class T>
 struct is_tuple : std::false_type {};
 template <class... T>
@@ -340,17 +351,19 @@ class SyncStrategy : public AnyStrategy {
 
  protected:
   /// `devices`: canonical TF device strings, one per local replica. `link`: the other workers
-  /// of a multi-worker strategy (outlives the strategy's base), or null.
+  /// of a multi-worker strategy (outlives the strategy's base), or null. `cross_worker`: how the
+  /// workers communicate (resolved already: Ring or Nccl).
   explicit SyncStrategy(std::vector<std::string> devices, CommunicationOptions options = {},
-                        detail::CrossWorkerLink* link = nullptr)
+                        detail::CrossWorkerLink* link = nullptr,
+                        CommunicationImplementation cross_worker = CommunicationImplementation::Ring)
       : devices_(std::move(devices)),
         options_(options),
         link_(link),
         num_workers_(link ? link->num_workers() : 1),
         worker_index_(link ? link->worker_index() : 0),
         group_(static_cast<int>(devices_.size())),
-        collectives_(link ? detail::with_device_staging(std::make_unique<detail::MultiWorkerCollectives>(
-                                *link, static_cast<int>(devices_.size()), num_replicas_in_sync(), options_))
+        collectives_(link ? detail::make_multi_worker_collectives<Ops>({num_replicas_in_sync(), devices_, options_},
+                                                                       *link, cross_worker)
                           : detail::make_collectives<Ops>({num_replicas_in_sync(), devices_, options_})) {
     const int local = static_cast<int>(devices_.size());
     for (int i = 0; i < local; ++i) {
@@ -430,6 +443,39 @@ class SyncStrategy : public AnyStrategy {
                                              static_cast<std::size_t>(axis), "gather");
     std::memcpy(allocate(all.shape), all.data.data(), all.data.size());
     return std::move(*out);
+  }
+
+  // batch_reduce_to across workers: each value reduced over the local replicas, then one
+  // cross-worker all-reduce per pack of the local results, then MEAN's division.
+  template <class... V>
+  auto reduce_in_packs(ReduceOp op, const V&... values) {
+    (detail::check_op_for_dtype(op, dtype_of<element_t<std::remove_cvref_t<decltype(values.values().front())>>>(),
+                                "batch_reduce_to"),
+     ...);
+    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    auto out = std::make_tuple(detail::reduce_components(combine_op, pointers(values.values()))...);
+    const std::int64_t divisors[] = {static_cast<std::int64_t>(values.values().size()) * num_workers_...};
+    std::vector<detail::BufferRef> refs;
+    std::apply(
+        [&](auto&... r) {
+          (refs.push_back({tensor_traits<std::remove_cvref_t<decltype(r)>>::data(r),
+                           dtype_of<element_t<std::remove_cvref_t<decltype(r)>>>(), shape_of(r)}),
+           ...);
+        },
+        out);
+    std::vector<std::byte> scratch;
+    detail::all_reduce_in_packs(*link_, refs, combine_op, options_.bytes_per_pack, scratch);
+    if (op == ReduceOp::Mean) {
+      std::size_t k = 0;
+      std::apply(
+          [&](auto&... r) {
+            ((detail::divide(tensor_traits<std::remove_cvref_t<decltype(r)>>::data(r), element_count(r), divisors[k]),
+              ++k),
+             ...);
+          },
+          out);
+    }
+    return out;
   }
 
   template <class Stored, std::size_t... I>
@@ -551,9 +597,14 @@ class StrategyExtended {
     return ScopeGuard(*strategy_);
   }
 
-  /// Reduces several distributed values in one call; returns a tuple of the results.
+  /// Reduces several distributed values in one call; returns a tuple of the results. Across
+  /// workers, values in host memory travel in packs (CommunicationOptions::bytes_per_pack, the
+  /// rule of collective/packing.hpp): one cross-worker collective per pack, not per value.
   template <class... V>
   auto batch_reduce_to(ReduceOpArg op, const V&... values) {
+    if constexpr (sizeof...(V) > 1 && (detail::packable_distributed_value<V, S> && ...)) {
+      if (strategy_->link_) return strategy_->reduce_in_packs(op.op, values...);
+    }
     return std::make_tuple(strategy_->reduce(op, values)...);
   }
 
