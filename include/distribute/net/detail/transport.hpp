@@ -121,6 +121,8 @@ struct Peer {
   std::vector<asio::const_buffer> buffers;
   bool writing = false;
   bool half_close_pending = false;
+  bool direct_sending = false;  // the calling thread is writing on the socket (mutex released)
+  bool close_deferred = false;  // close_socket was called meanwhile: close once that write returns
   // Reading (io thread only).
   HeaderBytes rx_header{};
   FrameHeader rx{};
@@ -813,7 +815,6 @@ class Transport {
       }
       return;
     }
-    if (!p.writing && p.queue.empty() && !f.half_close_after && try_direct_send_locked(p, f)) return;
     p.queue.push_back(std::move(f));
     if (!p.writing) {
       p.writing = true;
@@ -824,16 +825,24 @@ class Transport {
     }
   }
 
-  // The hot path of a send: when nothing is queued or being written to the peer, the enqueuing
-  // thread writes the frame itself with one non-blocking sendmsg (header and payload gathered),
-  // which saves waking the io thread and its completion handler for every chunk. The mutex is
-  // held, so no io-thread write can start meanwhile and the socket cannot be closed under it.
-  // True: written whole. Otherwise `f.sent` says how much went out, and the io thread writes the
-  // rest (or meets the error again and handles it as usual).
-  bool try_direct_send_locked(Peer& p, OutFrame& f) {
+  // The hot path of a send (data frames and descriptors, from the calling thread): when nothing is
+  // queued or being written to the peer, this thread writes the frame itself with one
+  // non-blocking sendmsg (header and payload gathered), which saves waking the io thread and
+  // running its completion handler for every chunk. The mutex is released around the syscall;
+  // `writing` keeps the io thread from starting a write meanwhile (frames enqueued meanwhile wait
+  // in the queue) and `direct_sending` defers a close of the socket until the syscall is over.
+  // A frame not written whole goes to the front of the queue, its `sent` bytes skipped, and the
+  // io thread writes the rest (or meets the error again and handles it as usual).
+  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f) {
 #if defined(DISTRIBUTE_NET_DIRECT_SEND)
-    if (!p.socket || !p.socket->is_open()) return false;
+    if (p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
+      return enqueue_locked(p, std::move(f));
+    }
     if (!f.owned.empty()) f.payload = f.owned.data();
+    p.writing = true;
+    p.direct_sending = true;
+    const int fd = p.socket->native_handle();
+    lk.unlock();
     ::iovec iov[2];
     iov[0].iov_base = f.header.data();
     iov[0].iov_len = f.header.size();
@@ -848,25 +857,56 @@ class Transport {
 #endif
     ::ssize_t n = 0;
     do {
-      n = ::sendmsg(p.socket->native_handle(), &msg, flags);
+      n = ::sendmsg(fd, &msg, flags);
     } while (n < 0 && errno == EINTR);
-    if (n <= 0) return false;  // would block, or an error the io thread's write will report
-    p.last_tx = Clock::now();
-    f.sent = static_cast<std::size_t>(n);
-    if (f.sent < f.header.size() + f.size) {
-      // Half a frame is on the wire: it must be finished, never dropped from the queue.
-      if (f.transfer) f.transfer->state = Transfer::State::Active;
-      return false;
+    lk.lock();
+    p.direct_sending = false;
+    if (p.close_deferred) {
+      // Sockets are closed on the io thread only, as everywhere else.
+      p.close_deferred = false;
+      asio::post(io_, [this, &p] {
+        std::lock_guard g(mu_);
+        close_socket(p);
+        cv_.notify_all();
+      });
     }
-    if (f.transfer) {
+    p.last_tx = Clock::now();
+    f.sent = n > 0 ? static_cast<std::size_t>(n) : 0;
+    const bool whole = f.sent == f.header.size() + f.size;
+    if (whole && f.transfer) {
       f.transfer->state = Transfer::State::Done;
       cv_.notify_all();
     }
-    return true;
+    if (p.state != Peer::State::Open) {
+      // Lost or closed meanwhile: what was queued has been failed already; fail this frame too.
+      p.writing = false;
+      if (!whole && f.transfer) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = loss_locked(p, "the connection went down during a write");
+        cv_.notify_all();
+      }
+      if (p.half_close_pending) {
+        p.half_close_pending = false;
+        shutdown_send(p);
+      }
+      return;
+    }
+    if (!whole) {
+      // Half a frame may be on the wire: it must be finished, never dropped from the queue.
+      if (f.transfer) f.transfer->state = Transfer::State::Active;
+      p.queue.push_front(std::move(f));
+    }
+    if (p.queue.empty()) {
+      p.writing = false;
+      return;
+    }
+    asio::post(io_, [this, &p] {
+      std::lock_guard g(mu_);
+      write_next_locked(p);
+    });
 #else
-    (void)p;
-    (void)f;
-    return false;
+    (void)lk;
+    enqueue_locked(p, std::move(f));
 #endif
   }
 
@@ -987,6 +1027,10 @@ class Transport {
   }
 
   void close_socket(Peer& p) {
+    if (p.direct_sending) {
+      p.close_deferred = true;  // the calling thread is in sendmsg on it: it closes it after
+      return;
+    }
     boost::system::error_code ignored;
     if (p.socket && p.socket->is_open()) {
       p.socket->shutdown(tcp::socket::shutdown_both, ignored);
@@ -1129,7 +1173,12 @@ class Transport::Op {
     start();
     const auto payload = encode(desc);
     for (auto& p : t_.peers_) {
-      if (p->rank != t_.rank_) t_.enqueue_control_locked(*p, FrameType::Descriptor, seq_, payload);
+      if (p->rank == t_.rank_) continue;
+      OutFrame f;
+      f.header = encode_header(FrameHeader{FrameType::Descriptor, payload.size(), seq_, 0});
+      f.owned = payload;
+      f.size = f.owned.size();
+      t_.send_now_or_enqueue(lk, *p, std::move(f));
     }
   }
 
@@ -1221,9 +1270,9 @@ class Transport::Op {
     f.payload = data.data();
     f.size = data.size();
     f.transfer = t;
-    std::lock_guard lk(t_.mu_);
+    std::unique_lock lk(t_.mu_);
     transfers_.push_back(t);
-    t_.enqueue_locked(t_.peer(peer), std::move(f));
+    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f));
     return t;
   }
 
