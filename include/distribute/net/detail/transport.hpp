@@ -132,6 +132,7 @@ struct Peer {
   bool rx_keep = false;
   std::byte* rx_dst = nullptr;
   std::size_t rx_done = 0;
+  bool rx_low_water = false;  // SO_RCVLOWAT is raised for the payload being read
   // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
   std::atomic<Clock::rep> last_rx{0};
   Clock::time_point last_tx{};
@@ -166,6 +167,8 @@ struct Handshake {
 
 // A payload larger than this is read in pieces so that a long frame still counts as traffic.
 inline constexpr std::size_t kReadPiece = std::size_t{4} << 20;
+// The most a payload read asks the kernel to gather before waking the io thread.
+inline constexpr std::size_t kLowWaterMax = std::size_t{256} << 10;
 // One scatter-gather write carries at most this many frames / bytes.
 inline constexpr std::size_t kBatchFrames = 64;
 inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
@@ -734,6 +737,38 @@ class Transport {
 
   void read_payload(Peer& p) {
     const auto length = static_cast<std::size_t>(p.rx.length);
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    // Reads what is there; when the rest has not arrived, raises the socket's receive low-water
+    // mark to the rest (at most kLowWaterMax) before waiting, so that the io thread wakes once
+    // for much of a large frame instead of once per loopback segment (64 KiB). The kernel still
+    // reports EOF, errors and a nearly closed receive window at once.
+    const int fd = p.socket->native_handle();
+    for (;;) {
+      const std::size_t rest = length - p.rx_done;
+      if (rest == 0) {
+        if (p.rx_low_water) set_low_water(p, 1);
+        return finish_payload(p);
+      }
+      const ::ssize_t got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      if (got > 0) {
+        p.heard_now();
+        p.rx_done += static_cast<std::size_t>(got);
+        continue;
+      }
+      if (got == 0) return on_read_error(p, asio::error::eof);
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return on_read_error(p, boost::system::error_code(errno, asio::error::get_system_category()));
+      }
+      const std::size_t want = std::min(rest, kLowWaterMax);
+      if (want > 1 || p.rx_low_water) set_low_water(p, want);
+      p.socket->async_wait(tcp::socket::wait_read, [this, &p](const boost::system::error_code& ec) {
+        if (ec) return on_read_error(p, ec);
+        read_payload(p);
+      });
+      return;
+    }
+#else
     if (p.rx_done == length) return finish_payload(p);
     const std::size_t n = std::min(kReadPiece, length - p.rx_done);
     asio::async_read(*p.socket, asio::buffer(p.rx_dst + p.rx_done, n),
@@ -743,7 +778,17 @@ class Transport {
                        p.rx_done += got;
                        read_payload(p);
                      });
+#endif
   }
+
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+  static void set_low_water(Peer& p, std::size_t bytes) {
+    const int v = static_cast<int>(bytes);
+    // Best effort: where it is refused, reads just wake more often.
+    (void)::setsockopt(p.socket->native_handle(), SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v);
+    p.rx_low_water = bytes > 1;
+  }
+#endif
 
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
