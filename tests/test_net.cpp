@@ -913,7 +913,8 @@ TEST_CASE("processes: every collective with exact results on 2, 3 and 4 ranks") 
   };
   for (const Config& config : configs) {
     for (int n : {2, 3, 4}) {
-      CAPTURE(config.name);
+      const std::string algorithm = config.name;
+      CAPTURE(algorithm);
       CAPTURE(n);
       with_ports(n, [&](Procs& procs, const std::vector<int>& ports) {
         const auto t0 = Clock::now();
