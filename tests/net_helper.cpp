@@ -2,6 +2,10 @@
 //
 //   net_helper MODE --rank R --ports P0,P1,... [--token T] [--op-timeout MS] [--hb-timeout MS]
 //              [--connect-timeout MS] [--variant V] [--count N] [--iters N]
+//              [--direct-max BYTES] [--hd-max BYTES] [--chunk-bytes BYTES]
+//
+// The last three set the all-reduce thresholds (options.hpp), so that a test can drive every
+// algorithm (direct, halving-doubling, ring) over every size instead of the one the default picks.
 //
 // Prints "READY" once the cluster has formed and done one collective, "OK ..." on success, and
 // "EXC <error type>: <message>" when a library error escapes. The exit code says which error:
@@ -72,6 +76,12 @@ Args parse(int argc, char** argv) {
       a.options.heartbeat_interval = std::chrono::milliseconds(std::stoll(value));
     } else if (key == "--connect-timeout") {
       a.options.connect_timeout = std::chrono::milliseconds(std::stoll(value));
+    } else if (key == "--direct-max") {
+      a.options.direct_max_bytes = std::stoull(value);
+    } else if (key == "--hd-max") {
+      a.options.halving_doubling_max_bytes = std::stoull(value);
+    } else if (key == "--chunk-bytes") {
+      a.options.chunk_bytes = std::stoull(value);
     } else if (key == "--variant") {
       a.variant = value;
     } else if (key == "--count") {

@@ -895,22 +895,44 @@ TEST_CASE("communicator in threads: the destructor of one rank makes a waiting p
 // Communicator, as processes
 
 TEST_CASE("processes: every collective with exact results on 2, 3 and 4 ranks") {
-  Watchdog dog(150s, "processes: collectives");
-  for (int n : {2, 3, 4}) {
-    CAPTURE(n);
-    with_ports(n, [&](Procs& procs, const std::vector<int>& ports) {
-      const auto t0 = Clock::now();
-      for (int r = 0; r < n; ++r) {
-        procs.spawn({"collectives", "--rank", std::to_string(r), "--ports", join_ports(ports), "--op-timeout", "60000"});
-      }
-      const bool finished = procs.wait_all(Clock::now() + 120s);
-      if (any_port_race(procs)) return true;
-      INFO(procs.dump());
-      CHECK(finished);
-      for (int r = 0; r < n; ++r) CHECK(procs[r].exit_code == 0);
-      MESSAGE(fmt::format("{} ranks: the whole battery took {:.2f} s", n, seconds_between(t0, Clock::now())));
-      return false;
-    });
+  Watchdog dog(400s, "processes: collectives");
+  // The default thresholds, then each all-reduce algorithm forced onto every size of the battery
+  // (count 1 to 3 MiB + 1 element): "ring" never takes the direct or halving-doubling path;
+  // "halving-doubling" takes it wherever the rank count allows (4 here; 2 and 3 fall back to the
+  // ring), with 4 KiB chunks so that its steps are cut into many pieces; "direct" sends every
+  // buffer whole to every peer.
+  struct Config {
+    const char* name;
+    std::vector<std::string> options;
+  };
+  const Config configs[] = {
+      {"default", {}},
+      {"ring", {"--direct-max", "0", "--hd-max", "0"}},
+      {"halving-doubling", {"--direct-max", "0", "--hd-max", "1000000000000", "--chunk-bytes", "4096"}},
+      {"direct", {"--direct-max", "1000000000000"}},
+  };
+  for (const Config& config : configs) {
+    for (int n : {2, 3, 4}) {
+      const std::string algorithm = config.name;
+      CAPTURE(algorithm);
+      CAPTURE(n);
+      with_ports(n, [&](Procs& procs, const std::vector<int>& ports) {
+        const auto t0 = Clock::now();
+        for (int r = 0; r < n; ++r) {
+          std::vector<std::string> args{"collectives", "--rank", std::to_string(r), "--ports", join_ports(ports),
+                                        "--op-timeout", "60000"};
+          args.insert(args.end(), config.options.begin(), config.options.end());
+          procs.spawn(args);
+        }
+        const bool finished = procs.wait_all(Clock::now() + 120s);
+        if (any_port_race(procs)) return true;
+        INFO(procs.dump());
+        CHECK(finished);
+        for (int r = 0; r < n; ++r) CHECK(procs[r].exit_code == 0);
+        MESSAGE(fmt::format("{}, {} ranks: the whole battery took {:.2f} s", config.name, n, seconds_between(t0, Clock::now())));
+        return false;
+      });
+    }
   }
 }
 
@@ -949,12 +971,17 @@ TEST_CASE("processes: SIGKILL mid-all-reduce makes every survivor throw PeerFail
     const int n = iter % 2 == 0 ? 3 : 4;
     const int victim = static_cast<int>(rng() % static_cast<unsigned>(n));
     const bool timeout_set = iter % 4 < 2;
+    // On 4 ranks, some kills hit the halving-doubling all-reduce (with and without a timeout),
+    // the others the ring.
+    const bool halving_doubling = n == 4 && (iter % 8 == 1 || iter % 8 == 7);
     CAPTURE(iter);
     CAPTURE(n);
     CAPTURE(victim);
+    CAPTURE(halving_doubling);
     with_ports(n, [&](Procs& procs, const std::vector<int>& ports) {
       for (int r = 0; r < n; ++r) {
-        std::vector<std::string> args{"loop", "--rank", std::to_string(r), "--ports", join_ports(ports), "--count", "2000000"};
+        std::vector<std::string> args{"loop", "--rank", std::to_string(r), "--ports", join_ports(ports), "--count", "2000000",
+                                      "--hd-max", halving_doubling ? "1000000000000" : "0"};
         if (timeout_set) args.insert(args.end(), {"--op-timeout", "5000"});
         procs.spawn(args);
       }
@@ -993,7 +1020,7 @@ TEST_CASE("processes: SIGKILL mid-all-reduce makes every survivor throw PeerFail
 }
 
 TEST_CASE("processes: SIGSTOP of one rank ends in CollectiveTimeout (operation_timeout) or PeerFailure (heartbeat)") {
-  Watchdog dog(90s, "processes: SIGSTOP");
+  Watchdog dog(180s, "processes: SIGSTOP");
   struct Case {
     std::vector<std::string> options;
     int expected_exit;
@@ -1004,15 +1031,20 @@ TEST_CASE("processes: SIGSTOP of one rank ends in CollectiveTimeout (operation_t
       {{"--op-timeout", "1500", "--hb-interval", "200"}, 4, "did not complete within 1500 ms", 1.5 + 2.0},
       {{"--hb-timeout", "3000", "--hb-interval", "200"}, 3, "no heartbeat for", 3.0 + 2.0},
   };
+  // 3 ranks run the ring; 4 ranks the halving-doubling all-reduce (forced: 4 MB is its range's
+  // edge by default).
   for (const Case& c : cases) {
+   for (int n : {3, 4}) {
     CAPTURE(c.expected_text);
-    with_ports(3, [&](Procs& procs, const std::vector<int>& ports) {
-      for (int r = 0; r < 3; ++r) {
-        std::vector<std::string> args{"loop", "--rank", std::to_string(r), "--ports", join_ports(ports), "--count", "1000000"};
+    CAPTURE(n);
+    with_ports(n, [&](Procs& procs, const std::vector<int>& ports) {
+      for (int r = 0; r < n; ++r) {
+        std::vector<std::string> args{"loop", "--rank", std::to_string(r), "--ports", join_ports(ports), "--count", "1000000",
+                                      "--hd-max", n == 4 ? "1000000000000" : "0"};
         args.insert(args.end(), c.options.begin(), c.options.end());
         procs.spawn(args);
       }
-      for (int r = 0; r < 3; ++r) {
+      for (int r = 0; r < n; ++r) {
         if (!procs.wait_line(r, "READY", Clock::now() + 20s)) {
           if (any_port_race(procs)) return true;
           FAIL("rank " << r << " never became ready\n" << procs.dump());
@@ -1021,12 +1053,13 @@ TEST_CASE("processes: SIGSTOP of one rank ends in CollectiveTimeout (operation_t
       std::this_thread::sleep_for(50ms);
       procs.signal(1, SIGSTOP);
       const auto stopped = Clock::now();
-      const bool finished = procs.wait_exit({0, 2}, stopped + 20s);
+      const std::vector<int> others = n == 3 ? std::vector<int>{0, 2} : std::vector<int>{0, 2, 3};
+      const bool finished = procs.wait_exit(others, stopped + 20s);
       procs.signal(1, SIGKILL);
       procs.wait_exit({1}, Clock::now() + 10s);
       INFO(procs.dump());
       CHECK(finished);
-      for (int r : {0, 2}) {
+      for (int r : others) {
         CHECK(procs[r].exit_code == c.expected_exit);
         CHECK(procs[r].output.find(c.expected_text) != std::string::npos);
         // The stalled rank is named, whoever timed out first.
@@ -1039,6 +1072,7 @@ TEST_CASE("processes: SIGSTOP of one rank ends in CollectiveTimeout (operation_t
       }
       return false;
     });
+   }
   }
 }
 

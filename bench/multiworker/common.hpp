@@ -6,12 +6,27 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace mw {
 
-inline const std::vector<std::size_t> kSizes = {std::size_t{4} << 10, std::size_t{64} << 10, std::size_t{1} << 20,
-                                                std::size_t{16} << 20, std::size_t{64} << 20};
+// The sizes: 4 KiB, 64 KiB, 1, 16, 64 MiB; MW_SIZES="1048576 16777216" (bytes, space-separated)
+// picks others for a short targeted run.
+inline std::vector<std::size_t> sizes() {
+  if (const char* env = std::getenv("MW_SIZES"); env != nullptr && *env != '\0') {
+    std::vector<std::size_t> out;
+    char* end = nullptr;
+    for (const char* p = env;; p = end) {
+      const unsigned long long v = std::strtoull(p, &end, 10);
+      if (end == p) break;
+      if (v > 0) out.push_back(static_cast<std::size_t>(v));
+    }
+    if (!out.empty()) return out;
+  }
+  return {std::size_t{4} << 10, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20, std::size_t{64} << 20};
+}
 
 inline int iters_for(std::size_t bytes) { return bytes >= (std::size_t{64} << 20) ? 20 : bytes >= (std::size_t{16} << 20) ? 25 : 50; }
 inline int warmup_for(std::size_t bytes) { return bytes >= (std::size_t{16} << 20) ? 2 : 5; }

@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   auto dmax = static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::max<double>);
   const std::string impl = "gloo_" + algo;
 
-  for (std::size_t bytes : mw::kSizes) {
+  for (std::size_t bytes : mw::sizes()) {
     const std::size_t count = bytes / sizeof(float);
     std::vector<float> buf(count);
     mw::fill(buf, rank);

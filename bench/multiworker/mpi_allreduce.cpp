@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const char* label = argc > 1 ? argv[1] : "mpi";
-  for (std::size_t bytes : mw::kSizes) {
+  for (std::size_t bytes : mw::sizes()) {
     const int count = static_cast<int>(bytes / sizeof(float));
     std::vector<float> buf(count);
     mw::fill(buf, rank);

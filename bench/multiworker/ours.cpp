@@ -22,9 +22,17 @@ int main(int argc, char** argv) {
   }
   ds::net::CommunicatorOptions opt;
   opt.cluster_token = "";  // no authentication (the peers have none either)
+  // Tuning experiments only (the documented figures use the defaults): MW_CHUNK_BYTES,
+  // MW_DIRECT_MAX_BYTES, MW_HD_MAX_BYTES override the options of the same name.
+  auto knob = [](const char* name, std::size_t& field) {
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') field = std::strtoull(v, nullptr, 10);
+  };
+  knob("MW_CHUNK_BYTES", opt.chunk_bytes);
+  knob("MW_DIRECT_MAX_BYTES", opt.direct_max_bytes);
+  knob("MW_HD_MAX_BYTES", opt.halving_doubling_max_bytes);
   ds::net::Communicator comm(addrs, rank, opt, names);
 
-  for (std::size_t bytes : mw::kSizes) {
+  for (std::size_t bytes : mw::sizes()) {
     const std::size_t count = bytes / sizeof(float);
     std::vector<float> buf(count);
     mw::fill(buf, rank);

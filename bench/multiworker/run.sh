@@ -4,6 +4,7 @@
 #
 #   bench/multiworker/run.sh            # from the repository root
 #   NPS="2 4" REPS=2 BUILD=/tmp/mw-build bench/multiworker/run.sh
+#   IMPLS="ours gloo_hd" MW_SIZES="1048576 16777216" NPS=4 bench/multiworker/run.sh   # a short targeted run
 #
 # Needs: apt-get install -y libgloo-dev openmpi-bin libopenmpi-dev
 # For each np, each pass runs: ours, gloo ring (gloo::allreduce), gloo halving-doubling,
@@ -17,13 +18,15 @@ SRC=$ROOT/bench/multiworker
 BUILD=${BUILD:-/tmp/distribute-multiworker}
 NPS=${NPS:-"2 4"}
 REPS=${REPS:-2}
+IMPLS=${IMPLS:-"ours gloo_ring gloo_hd mpi_tcp mpi_vader"}  # which of them to run (the table shows nan for the rest)
+export MW_SIZES=${MW_SIZES:-}  # bytes, space-separated; default 4 KiB, 64 KiB, 1, 16, 64 MiB (common.hpp)
 PORT=${PORT:-31700}
 mkdir -p "$BUILD"
 
 echo "building in $BUILD ..." >&2
 g++ -std=c++20 -O2 -DNDEBUG -I"$ROOT/include" "$SRC/ours.cpp" -o "$BUILD/ours" -lfmt -lboost_json -lssl -lcrypto -pthread &
-g++ -std=c++17 -O2 -DNDEBUG "$SRC/gloo_allreduce.cpp" -o "$BUILD/gloo_allreduce" -lgloo -pthread
-mpicxx -std=c++17 -O2 -DNDEBUG "$SRC/mpi_allreduce.cpp" -o "$BUILD/mpi_allreduce"
+case " $IMPLS " in *" gloo_"*) g++ -std=c++17 -O2 -DNDEBUG "$SRC/gloo_allreduce.cpp" -o "$BUILD/gloo_allreduce" -lgloo -pthread ;; esac
+case " $IMPLS " in *" mpi_"*) mpicxx -std=c++17 -O2 -DNDEBUG "$SRC/mpi_allreduce.cpp" -o "$BUILD/mpi_allreduce" ;; esac
 wait
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -57,11 +60,16 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for np in $NPS; do
   for ((pass = 1; pass <= REPS; pass++)); do
     echo "np=$np pass $pass/$REPS ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg))" >&2
-    run_ours $np
-    run_gloo $np ring
-    run_gloo $np hd
-    run_mpi_tcp $np
-    run_mpi_vader $np
+    for impl in $IMPLS; do
+      case $impl in
+        ours) run_ours $np ;;
+        gloo_ring) run_gloo $np ring ;;
+        gloo_hd) run_gloo $np hd ;;
+        mpi_tcp) run_mpi_tcp $np ;;
+        mpi_vader) run_mpi_vader $np ;;
+        *) echo "unknown impl $impl" >&2; exit 2 ;;
+      esac
+    done
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
@@ -73,7 +81,8 @@ for impl, np_, b, iters, med, mn in csv.reader(open(sys.argv[1])):
     k = (impl, int(np_), int(b))
     best[k] = min(best.get(k, float("inf")), float(med))
 def size(b):
-    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
+    if b % (1 << 20) == 0: return f"{b >> 20} MiB"
+    return f"{b >> 10} KiB" if b % 1024 == 0 else f"{b} B"
 def bw(b, ms, n):
     alg = b / (ms * 1e-3) / 1e9
     return alg, alg * 2 * (n - 1) / n

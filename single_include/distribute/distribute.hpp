@@ -22078,8 +22078,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/detail/collectives.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_COLLECTIVES_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_COLLECTIVES_HPP
-// The collective algorithms over the transport: a chunked, pipelined ring all-reduce, a one-hop
-// all-reduce for small buffers, a pipelined chain broadcast, and an all-gather of uneven sizes.
+// The collective algorithms over the transport: a chunked, pipelined ring all-reduce, a
+// halving-doubling all-reduce for power-of-two rank counts, a one-hop all-reduce for small buffers, a pipelined chain broadcast, and an all-gather of uneven sizes.
 // Each runs inside one Transport::Op, whose descriptor exchange checks that every rank is doing
 // the same thing.
 
@@ -22130,6 +22130,13 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <boost/asio.hpp>
 #include <fmt/format.h>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <cerrno>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#define DISTRIBUTE_NET_DIRECT_SEND 1
+#endif
 
 // ---- begin <distribute/net/detail/address.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
@@ -23090,9 +23097,17 @@ struct CommunicatorOptions {
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
   /// sending, receiving and reducing overlap.
   std::size_t chunk_bytes = std::size_t{256} << 10;
-  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
-  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
+  ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
+  ///    all n; one hop, latency wins over bandwidth for small buffers);
+  ///  - at most halving_doubling_max_bytes, n a power of two >= 4: halving-doubling (recursive
+  ///    halving reduce-scatter + recursive doubling all-gather, 2 log2(n) steps);
+  ///  - otherwise: the chunk-pipelined ring (2(n-1) steps whose chunks overlap).
+  /// The ring and halving-doubling send the same bytes; halving-doubling has fewer steps, the ring
+  /// overlaps each step with the next. Both cut a step's data into chunks of about chunk_bytes.
   std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// See direct_max_bytes. 0: never halving-doubling.
+  std::size_t halving_doubling_max_bytes = std::size_t{4} << 20;
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };
@@ -23150,6 +23165,7 @@ struct OutFrame {
   std::vector<std::byte> owned;  // control payloads travel with their frame
   TransferPtr transfer;          // null for control frames
   bool half_close_after = false;  // goodbye: shut our sending side once it is written
+  std::size_t sent = 0;           // bytes (header first) already written by a direct send
 };
 
 struct Peer {
@@ -23172,6 +23188,8 @@ struct Peer {
   std::vector<asio::const_buffer> buffers;
   bool writing = false;
   bool half_close_pending = false;
+  bool direct_sending = false;  // the calling thread is writing on the socket (mutex released)
+  bool close_deferred = false;  // close_socket was called meanwhile: close once that write returns
   // Reading (io thread only).
   HeaderBytes rx_header{};
   FrameHeader rx{};
@@ -23181,6 +23199,7 @@ struct Peer {
   bool rx_keep = false;
   std::byte* rx_dst = nullptr;
   std::size_t rx_done = 0;
+  bool rx_low_water = false;  // SO_RCVLOWAT is raised for the payload being read
   // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
   std::atomic<Clock::rep> last_rx{0};
   Clock::time_point last_tx{};
@@ -23215,6 +23234,8 @@ struct Handshake {
 
 // A payload larger than this is read in pieces so that a long frame still counts as traffic.
 inline constexpr std::size_t kReadPiece = std::size_t{4} << 20;
+// The most a payload read asks the kernel to gather before waking the io thread.
+inline constexpr std::size_t kLowWaterMax = std::size_t{256} << 10;
 // One scatter-gather write carries at most this many frames / bytes.
 inline constexpr std::size_t kBatchFrames = 64;
 inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
@@ -23783,6 +23804,38 @@ class Transport {
 
   void read_payload(Peer& p) {
     const auto length = static_cast<std::size_t>(p.rx.length);
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    // Reads what is there; when the rest has not arrived, raises the socket's receive low-water
+    // mark to the rest (at most kLowWaterMax) before waiting, so that the io thread wakes once
+    // for much of a large frame instead of once per loopback segment (64 KiB). The kernel still
+    // reports EOF, errors and a nearly closed receive window at once.
+    const int fd = p.socket->native_handle();
+    for (;;) {
+      const std::size_t rest = length - p.rx_done;
+      if (rest == 0) {
+        if (p.rx_low_water) set_low_water(p, 1);
+        return finish_payload(p);
+      }
+      const ::ssize_t got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      if (got > 0) {
+        p.heard_now();
+        p.rx_done += static_cast<std::size_t>(got);
+        continue;
+      }
+      if (got == 0) return on_read_error(p, asio::error::eof);
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return on_read_error(p, boost::system::error_code(errno, asio::error::get_system_category()));
+      }
+      const std::size_t want = std::min(rest, kLowWaterMax);
+      if (want > 1 || p.rx_low_water) set_low_water(p, want);
+      p.socket->async_wait(tcp::socket::wait_read, [this, &p](const boost::system::error_code& ec) {
+        if (ec) return on_read_error(p, ec);
+        read_payload(p);
+      });
+      return;
+    }
+#else
     if (p.rx_done == length) return finish_payload(p);
     const std::size_t n = std::min(kReadPiece, length - p.rx_done);
     asio::async_read(*p.socket, asio::buffer(p.rx_dst + p.rx_done, n),
@@ -23792,7 +23845,17 @@ class Transport {
                        p.rx_done += got;
                        read_payload(p);
                      });
+#endif
   }
+
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+  static void set_low_water(Peer& p, std::size_t bytes) {
+    const int v = static_cast<int>(bytes);
+    // Best effort: where it is refused, reads just wake more often.
+    (void)::setsockopt(p.socket->native_handle(), SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v);
+    p.rx_low_water = bytes > 1;
+  }
+#endif
 
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
@@ -23874,6 +23937,91 @@ class Transport {
     }
   }
 
+  // The hot path of a send (data frames and descriptors, from the calling thread): when nothing is
+  // queued or being written to the peer, this thread writes the frame itself with one
+  // non-blocking sendmsg (header and payload gathered), which saves waking the io thread and
+  // running its completion handler for every chunk. The mutex is released around the syscall;
+  // `writing` keeps the io thread from starting a write meanwhile (frames enqueued meanwhile wait
+  // in the queue) and `direct_sending` defers a close of the socket until the syscall is over.
+  // A frame not written whole goes to the front of the queue, its `sent` bytes skipped, and the
+  // io thread writes the rest (or meets the error again and handles it as usual).
+  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f) {
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    if (p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
+      return enqueue_locked(p, std::move(f));
+    }
+    if (!f.owned.empty()) f.payload = f.owned.data();
+    p.writing = true;
+    p.direct_sending = true;
+    const int fd = p.socket->native_handle();
+    lk.unlock();
+    ::iovec iov[2];
+    iov[0].iov_base = f.header.data();
+    iov[0].iov_len = f.header.size();
+    iov[1].iov_base = const_cast<std::byte*>(f.payload);
+    iov[1].iov_len = f.size;
+    ::msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = f.size > 0 ? 2 : 1;
+    int flags = MSG_DONTWAIT;
+#if defined(MSG_NOSIGNAL)
+    flags |= MSG_NOSIGNAL;
+#endif
+    ::ssize_t n = 0;
+    do {
+      n = ::sendmsg(fd, &msg, flags);
+    } while (n < 0 && errno == EINTR);
+    lk.lock();
+    p.direct_sending = false;
+    if (p.close_deferred) {
+      // Sockets are closed on the io thread only, as everywhere else.
+      p.close_deferred = false;
+      asio::post(io_, [this, &p] {
+        std::lock_guard g(mu_);
+        close_socket(p);
+        cv_.notify_all();
+      });
+    }
+    p.last_tx = Clock::now();
+    f.sent = n > 0 ? static_cast<std::size_t>(n) : 0;
+    const bool whole = f.sent == f.header.size() + f.size;
+    if (whole && f.transfer) {
+      f.transfer->state = Transfer::State::Done;
+      cv_.notify_all();
+    }
+    if (p.state != Peer::State::Open) {
+      // Lost or closed meanwhile: what was queued has been failed already; fail this frame too.
+      p.writing = false;
+      if (!whole && f.transfer) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = loss_locked(p, "the connection went down during a write");
+        cv_.notify_all();
+      }
+      if (p.half_close_pending) {
+        p.half_close_pending = false;
+        shutdown_send(p);
+      }
+      return;
+    }
+    if (!whole) {
+      // Half a frame may be on the wire: it must be finished, never dropped from the queue.
+      if (f.transfer) f.transfer->state = Transfer::State::Active;
+      p.queue.push_front(std::move(f));
+    }
+    if (p.queue.empty()) {
+      p.writing = false;
+      return;
+    }
+    asio::post(io_, [this, &p] {
+      std::lock_guard g(mu_);
+      write_next_locked(p);
+    });
+#else
+    (void)lk;
+    enqueue_locked(p, std::move(f));
+#endif
+  }
+
   void enqueue_control_locked(Peer& p, FrameType type, std::uint64_t seq, std::vector<std::byte> payload,
                               bool half_close_after = false) {
     OutFrame f;
@@ -23902,8 +24050,10 @@ class Transport {
       if (f.transfer) f.transfer->state = Transfer::State::Active;
       // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
       if (!f.owned.empty()) f.payload = f.owned.data();
-      p.buffers.push_back(asio::buffer(f.header));
-      if (f.size > 0) p.buffers.push_back(asio::buffer(f.payload, f.size));
+      // A direct send may have written the start of the first frame.
+      if (f.sent < f.header.size()) p.buffers.push_back(asio::buffer(f.header.data() + f.sent, f.header.size() - f.sent));
+      const std::size_t skip = f.sent > f.header.size() ? f.sent - f.header.size() : 0;
+      if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers,
@@ -23989,6 +24139,10 @@ class Transport {
   }
 
   void close_socket(Peer& p) {
+    if (p.direct_sending) {
+      p.close_deferred = true;  // the calling thread is in sendmsg on it: it closes it after
+      return;
+    }
     boost::system::error_code ignored;
     if (p.socket && p.socket->is_open()) {
       p.socket->shutdown(tcp::socket::shutdown_both, ignored);
@@ -24131,7 +24285,12 @@ class Transport::Op {
     start();
     const auto payload = encode(desc);
     for (auto& p : t_.peers_) {
-      if (p->rank != t_.rank_) t_.enqueue_control_locked(*p, FrameType::Descriptor, seq_, payload);
+      if (p->rank == t_.rank_) continue;
+      OutFrame f;
+      f.header = encode_header(FrameHeader{FrameType::Descriptor, payload.size(), seq_, 0});
+      f.owned = payload;
+      f.size = f.owned.size();
+      t_.send_now_or_enqueue(lk, *p, std::move(f));
     }
   }
 
@@ -24223,9 +24382,9 @@ class Transport::Op {
     f.payload = data.data();
     f.size = data.size();
     f.transfer = t;
-    std::lock_guard lk(t_.mu_);
+    std::unique_lock lk(t_.mu_);
     transfers_.push_back(t);
-    t_.enqueue_locked(t_.peer(peer), std::move(f));
+    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f));
     return t;
   }
 
@@ -24536,6 +24695,113 @@ inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, s
   op.finish();
 }
 
+/// True when a halving-doubling all-reduce can run on `n` ranks (a power of two, at least 4: on 2
+/// ranks it is the ring's two steps without the ring's overlap of one step with the next).
+inline bool halving_doubling_applies(int n) { return n >= 4 && (n & (n - 1)) == 0; }
+
+/// Halving-doubling all-reduce (Rabenseifner) for a power-of-two number of ranks: log2(n)
+/// reduce-scatter steps by recursive halving, then log2(n) all-gather steps by recursive
+/// doubling, instead of the ring's 2(n-1) steps; the bytes each rank sends are the ring's
+/// (2(n-1)/n of the buffer). In the step with distance d a rank exchanges with rank r^d: halving,
+/// it sends the half of its current range that the partner keeps and reduces the partner's copy
+/// of its own half; doubling, it sends its range and receives the partner's adjacent one. Each
+/// step's exchange is cut into chunks of about chunk_bytes, reduced as they arrive. Segment s
+/// (the ring's cut) ends reduced on rank s alone and is then copied, so all ranks end bitwise
+/// identical.
+inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
+                                        ReduceOp rop, std::vector<std::byte>& scratch) {
+  const int n = tr.size(), r = tr.rank();
+  const std::size_t es = size_of(dtype);
+  const std::size_t chunk_elems = std::max<std::size_t>(1, tr.chunk_bytes() / es);
+  const RingGeometry g(count, n, 1);
+  int steps = 0;
+  while ((1 << steps) < n) ++steps;
+  // [first element, element count) of segments [s, s + k).
+  auto range = [&](int s, int k) {
+    const std::size_t b = g.seg_begin(s);
+    return std::pair<std::size_t, std::size_t>{b, (s + k < n ? g.seg_begin(s + k) : count) - b};
+  };
+  auto pieces = [&](std::size_t len) { return (len + chunk_elems - 1) / chunk_elems; };
+  // Piece c of a range cut into `nch` pieces whose sizes differ by at most one element.
+  auto piece = [](std::pair<std::size_t, std::size_t> rg, std::size_t c, std::size_t nch) {
+    const std::size_t lo = c * rg.second / nch, hi = (c + 1) * rg.second / nch;
+    return std::pair<std::size_t, std::size_t>{rg.first + lo, hi - lo};
+  };
+  auto tag = [](int step, std::size_t c) { return (static_cast<std::uint64_t>(step) << 32) | c; };
+
+  // Where each step's exchange lies: the range this rank keeps (receives into) and the one it
+  // sends, as the first segment of each (both d segments long).
+  struct Step {
+    int d, partner, keep, give;
+  };
+  std::vector<Step> halving;
+  for (int lo = 0, d = n / 2; d >= 1; d /= 2) {
+    const bool lower = (r & d) == 0;
+    halving.push_back(Step{d, r ^ d, lower ? lo : lo + d, lower ? lo + d : lo});
+    lo = lower ? lo : lo + d;
+  }
+  // Reduce-scatter receives land in scratch, each step in its own region, all posted up front.
+  std::vector<std::size_t> at(static_cast<std::size_t>(steps) + 1, 0);
+  for (int s = 0; s < steps; ++s) {
+    at[static_cast<std::size_t>(s) + 1] = at[static_cast<std::size_t>(s)] + range(halving[s].keep, halving[s].d).second * es;
+  }
+  if (scratch.size() < at.back()) scratch.resize(at.back());
+  std::vector<std::vector<TransferPtr>> in(static_cast<std::size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
+    const auto rg = range(halving[s].keep, halving[s].d);
+    const std::size_t nch = pieces(rg.second);
+    for (std::size_t c = 0; c < nch; ++c) {
+      const auto [b, len] = piece(rg, c, nch);
+      in[s].push_back(op.recv(halving[s].partner, tag(s, c),
+                              std::span<std::byte>(scratch.data() + at[s] + (b - rg.first) * es, len * es)));
+    }
+  }
+  auto send_range = [&](int step, int partner, std::pair<std::size_t, std::size_t> rg, std::vector<TransferPtr>& out) {
+    const std::size_t nch = pieces(rg.second);
+    for (std::size_t c = 0; c < nch; ++c) {
+      const auto [b, len] = piece(rg, c, nch);
+      out.push_back(op.send(partner, tag(step, c), std::span<const std::byte>(data + b * es, len * es)));
+    }
+  };
+
+  // Reduce-scatter by recursive halving.
+  std::vector<std::vector<TransferPtr>> given(static_cast<std::size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
+    const Step& st = halving[s];
+    send_range(s, st.partner, range(st.give, st.d), given[s]);
+    const auto rg = range(st.keep, st.d);
+    const std::size_t nch = pieces(rg.second);
+    for (std::size_t c = 0; c < nch; ++c) {
+      op.wait(in[s][c]);
+      in[s][c].reset();
+      const auto [b, len] = piece(rg, c, nch);
+      reduce_bytes(dtype, data + b * es, scratch.data() + at[s] + (b - rg.first) * es, len, rop);
+      if (s == steps - 1 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, n);
+    }
+  }
+  // All-gather by recursive doubling, the halving steps backwards: the partner's range is the one
+  // sent to it while halving, so those sends must be out of our memory before it is overwritten.
+  for (int s = steps - 1; s >= 0; --s) {
+    for (const TransferPtr& t : given[s]) op.wait(t);
+  }
+  std::vector<std::vector<TransferPtr>> back(static_cast<std::size_t>(steps));
+  for (int s = steps - 1; s >= 0; --s) {
+    const auto rg = range(halving[s].give, halving[s].d);
+    const std::size_t nch = pieces(rg.second);
+    for (std::size_t c = 0; c < nch; ++c) {
+      const auto [b, len] = piece(rg, c, nch);
+      back[s].push_back(op.recv(halving[s].partner, tag(2 * steps - 1 - s, c), std::span<std::byte>(data + b * es, len * es)));
+    }
+  }
+  std::vector<TransferPtr> sent;
+  for (int s = steps - 1; s >= 0; --s) {
+    const Step& st = halving[s];
+    send_range(2 * steps - 1 - s, st.partner, range(st.keep, st.d), sent);
+    for (const TransferPtr& t : back[s]) op.wait(t);
+  }
+  op.finish();
+}
+
 /// Small buffers: every rank sends its buffer to every other and reduces all n in rank order, so
 /// the result is bitwise identical everywhere and costs one hop instead of 2(n-1).
 inline void direct_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
@@ -24559,6 +24825,21 @@ inline void direct_all_reduce(Transport& tr, Transport::Op& op, std::byte* data,
     std::memcpy(data, acc, bytes);
   }
   if (rop == ReduceOp::Mean) divide_bytes(dtype, data, count, n);
+}
+
+/// The one place that picks an all-reduce algorithm, by size and rank count (options.hpp says
+/// when each runs). `count` > 0 and more than one rank.
+inline void all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype, ReduceOp rop,
+                       std::vector<std::byte>& scratch) {
+  const CommunicatorOptions& o = tr.options();
+  const std::size_t bytes = count * size_of(dtype);
+  if (bytes <= std::min(o.direct_max_bytes, o.max_frame_bytes)) {
+    direct_all_reduce(tr, op, data, count, dtype, rop, scratch);
+  } else if (bytes <= o.halving_doubling_max_bytes && halving_doubling_applies(tr.size())) {
+    halving_doubling_all_reduce(tr, op, data, count, dtype, rop, scratch);
+  } else {
+    ring_all_reduce(tr, op, data, count, dtype, rop, scratch);
+  }
 }
 
 /// Broadcast: small payloads go from the root to everyone directly; large ones flow down the chain
@@ -24672,6 +24953,13 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <boost/asio.hpp>
 #include <fmt/format.h>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <cerrno>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#define DISTRIBUTE_NET_DIRECT_SEND 1
+#endif
 
 // ---- begin <distribute/net/detail/address.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
@@ -25632,9 +25920,17 @@ struct CommunicatorOptions {
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
   /// sending, receiving and reducing overlap.
   std::size_t chunk_bytes = std::size_t{256} << 10;
-  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
-  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
+  ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
+  ///    all n; one hop, latency wins over bandwidth for small buffers);
+  ///  - at most halving_doubling_max_bytes, n a power of two >= 4: halving-doubling (recursive
+  ///    halving reduce-scatter + recursive doubling all-gather, 2 log2(n) steps);
+  ///  - otherwise: the chunk-pipelined ring (2(n-1) steps whose chunks overlap).
+  /// The ring and halving-doubling send the same bytes; halving-doubling has fewer steps, the ring
+  /// overlaps each step with the next. Both cut a step's data into chunks of about chunk_bytes.
   std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// See direct_max_bytes. 0: never halving-doubling.
+  std::size_t halving_doubling_max_bytes = std::size_t{4} << 20;
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };
@@ -25692,6 +25988,7 @@ struct OutFrame {
   std::vector<std::byte> owned;  // control payloads travel with their frame
   TransferPtr transfer;          // null for control frames
   bool half_close_after = false;  // goodbye: shut our sending side once it is written
+  std::size_t sent = 0;           // bytes (header first) already written by a direct send
 };
 
 struct Peer {
@@ -25714,6 +26011,8 @@ struct Peer {
   std::vector<asio::const_buffer> buffers;
   bool writing = false;
   bool half_close_pending = false;
+  bool direct_sending = false;  // the calling thread is writing on the socket (mutex released)
+  bool close_deferred = false;  // close_socket was called meanwhile: close once that write returns
   // Reading (io thread only).
   HeaderBytes rx_header{};
   FrameHeader rx{};
@@ -25723,6 +26022,7 @@ struct Peer {
   bool rx_keep = false;
   std::byte* rx_dst = nullptr;
   std::size_t rx_done = 0;
+  bool rx_low_water = false;  // SO_RCVLOWAT is raised for the payload being read
   // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
   std::atomic<Clock::rep> last_rx{0};
   Clock::time_point last_tx{};
@@ -25757,6 +26057,8 @@ struct Handshake {
 
 // A payload larger than this is read in pieces so that a long frame still counts as traffic.
 inline constexpr std::size_t kReadPiece = std::size_t{4} << 20;
+// The most a payload read asks the kernel to gather before waking the io thread.
+inline constexpr std::size_t kLowWaterMax = std::size_t{256} << 10;
 // One scatter-gather write carries at most this many frames / bytes.
 inline constexpr std::size_t kBatchFrames = 64;
 inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
@@ -26325,6 +26627,38 @@ class Transport {
 
   void read_payload(Peer& p) {
     const auto length = static_cast<std::size_t>(p.rx.length);
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    // Reads what is there; when the rest has not arrived, raises the socket's receive low-water
+    // mark to the rest (at most kLowWaterMax) before waiting, so that the io thread wakes once
+    // for much of a large frame instead of once per loopback segment (64 KiB). The kernel still
+    // reports EOF, errors and a nearly closed receive window at once.
+    const int fd = p.socket->native_handle();
+    for (;;) {
+      const std::size_t rest = length - p.rx_done;
+      if (rest == 0) {
+        if (p.rx_low_water) set_low_water(p, 1);
+        return finish_payload(p);
+      }
+      const ::ssize_t got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      if (got > 0) {
+        p.heard_now();
+        p.rx_done += static_cast<std::size_t>(got);
+        continue;
+      }
+      if (got == 0) return on_read_error(p, asio::error::eof);
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return on_read_error(p, boost::system::error_code(errno, asio::error::get_system_category()));
+      }
+      const std::size_t want = std::min(rest, kLowWaterMax);
+      if (want > 1 || p.rx_low_water) set_low_water(p, want);
+      p.socket->async_wait(tcp::socket::wait_read, [this, &p](const boost::system::error_code& ec) {
+        if (ec) return on_read_error(p, ec);
+        read_payload(p);
+      });
+      return;
+    }
+#else
     if (p.rx_done == length) return finish_payload(p);
     const std::size_t n = std::min(kReadPiece, length - p.rx_done);
     asio::async_read(*p.socket, asio::buffer(p.rx_dst + p.rx_done, n),
@@ -26334,7 +26668,17 @@ class Transport {
                        p.rx_done += got;
                        read_payload(p);
                      });
+#endif
   }
+
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+  static void set_low_water(Peer& p, std::size_t bytes) {
+    const int v = static_cast<int>(bytes);
+    // Best effort: where it is refused, reads just wake more often.
+    (void)::setsockopt(p.socket->native_handle(), SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v);
+    p.rx_low_water = bytes > 1;
+  }
+#endif
 
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
@@ -26416,6 +26760,91 @@ class Transport {
     }
   }
 
+  // The hot path of a send (data frames and descriptors, from the calling thread): when nothing is
+  // queued or being written to the peer, this thread writes the frame itself with one
+  // non-blocking sendmsg (header and payload gathered), which saves waking the io thread and
+  // running its completion handler for every chunk. The mutex is released around the syscall;
+  // `writing` keeps the io thread from starting a write meanwhile (frames enqueued meanwhile wait
+  // in the queue) and `direct_sending` defers a close of the socket until the syscall is over.
+  // A frame not written whole goes to the front of the queue, its `sent` bytes skipped, and the
+  // io thread writes the rest (or meets the error again and handles it as usual).
+  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f) {
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    if (p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
+      return enqueue_locked(p, std::move(f));
+    }
+    if (!f.owned.empty()) f.payload = f.owned.data();
+    p.writing = true;
+    p.direct_sending = true;
+    const int fd = p.socket->native_handle();
+    lk.unlock();
+    ::iovec iov[2];
+    iov[0].iov_base = f.header.data();
+    iov[0].iov_len = f.header.size();
+    iov[1].iov_base = const_cast<std::byte*>(f.payload);
+    iov[1].iov_len = f.size;
+    ::msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = f.size > 0 ? 2 : 1;
+    int flags = MSG_DONTWAIT;
+#if defined(MSG_NOSIGNAL)
+    flags |= MSG_NOSIGNAL;
+#endif
+    ::ssize_t n = 0;
+    do {
+      n = ::sendmsg(fd, &msg, flags);
+    } while (n < 0 && errno == EINTR);
+    lk.lock();
+    p.direct_sending = false;
+    if (p.close_deferred) {
+      // Sockets are closed on the io thread only, as everywhere else.
+      p.close_deferred = false;
+      asio::post(io_, [this, &p] {
+        std::lock_guard g(mu_);
+        close_socket(p);
+        cv_.notify_all();
+      });
+    }
+    p.last_tx = Clock::now();
+    f.sent = n > 0 ? static_cast<std::size_t>(n) : 0;
+    const bool whole = f.sent == f.header.size() + f.size;
+    if (whole && f.transfer) {
+      f.transfer->state = Transfer::State::Done;
+      cv_.notify_all();
+    }
+    if (p.state != Peer::State::Open) {
+      // Lost or closed meanwhile: what was queued has been failed already; fail this frame too.
+      p.writing = false;
+      if (!whole && f.transfer) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = loss_locked(p, "the connection went down during a write");
+        cv_.notify_all();
+      }
+      if (p.half_close_pending) {
+        p.half_close_pending = false;
+        shutdown_send(p);
+      }
+      return;
+    }
+    if (!whole) {
+      // Half a frame may be on the wire: it must be finished, never dropped from the queue.
+      if (f.transfer) f.transfer->state = Transfer::State::Active;
+      p.queue.push_front(std::move(f));
+    }
+    if (p.queue.empty()) {
+      p.writing = false;
+      return;
+    }
+    asio::post(io_, [this, &p] {
+      std::lock_guard g(mu_);
+      write_next_locked(p);
+    });
+#else
+    (void)lk;
+    enqueue_locked(p, std::move(f));
+#endif
+  }
+
   void enqueue_control_locked(Peer& p, FrameType type, std::uint64_t seq, std::vector<std::byte> payload,
                               bool half_close_after = false) {
     OutFrame f;
@@ -26444,8 +26873,10 @@ class Transport {
       if (f.transfer) f.transfer->state = Transfer::State::Active;
       // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
       if (!f.owned.empty()) f.payload = f.owned.data();
-      p.buffers.push_back(asio::buffer(f.header));
-      if (f.size > 0) p.buffers.push_back(asio::buffer(f.payload, f.size));
+      // A direct send may have written the start of the first frame.
+      if (f.sent < f.header.size()) p.buffers.push_back(asio::buffer(f.header.data() + f.sent, f.header.size() - f.sent));
+      const std::size_t skip = f.sent > f.header.size() ? f.sent - f.header.size() : 0;
+      if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers,
@@ -26531,6 +26962,10 @@ class Transport {
   }
 
   void close_socket(Peer& p) {
+    if (p.direct_sending) {
+      p.close_deferred = true;  // the calling thread is in sendmsg on it: it closes it after
+      return;
+    }
     boost::system::error_code ignored;
     if (p.socket && p.socket->is_open()) {
       p.socket->shutdown(tcp::socket::shutdown_both, ignored);
@@ -26673,7 +27108,12 @@ class Transport::Op {
     start();
     const auto payload = encode(desc);
     for (auto& p : t_.peers_) {
-      if (p->rank != t_.rank_) t_.enqueue_control_locked(*p, FrameType::Descriptor, seq_, payload);
+      if (p->rank == t_.rank_) continue;
+      OutFrame f;
+      f.header = encode_header(FrameHeader{FrameType::Descriptor, payload.size(), seq_, 0});
+      f.owned = payload;
+      f.size = f.owned.size();
+      t_.send_now_or_enqueue(lk, *p, std::move(f));
     }
   }
 
@@ -26765,9 +27205,9 @@ class Transport::Op {
     f.payload = data.data();
     f.size = data.size();
     f.transfer = t;
-    std::lock_guard lk(t_.mu_);
+    std::unique_lock lk(t_.mu_);
     transfers_.push_back(t);
-    t_.enqueue_locked(t_.peer(peer), std::move(f));
+    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f));
     return t;
   }
 
@@ -27017,9 +27457,17 @@ struct CommunicatorOptions {
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
   /// sending, receiving and reducing overlap.
   std::size_t chunk_bytes = std::size_t{256} << 10;
-  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
-  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
+  ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
+  ///    all n; one hop, latency wins over bandwidth for small buffers);
+  ///  - at most halving_doubling_max_bytes, n a power of two >= 4: halving-doubling (recursive
+  ///    halving reduce-scatter + recursive doubling all-gather, 2 log2(n) steps);
+  ///  - otherwise: the chunk-pipelined ring (2(n-1) steps whose chunks overlap).
+  /// The ring and halving-doubling send the same bytes; halving-doubling has fewer steps, the ring
+  /// overlaps each step with the next. Both cut a step's data into chunks of about chunk_bytes.
   std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// See direct_max_bytes. 0: never halving-doubling.
+  std::size_t halving_doubling_max_bytes = std::size_t{4} << 20;
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };
@@ -27076,13 +27524,8 @@ class Communicator {
     }
     detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, 0, count});
     auto* bytes = static_cast<std::byte*>(data);
-    const std::size_t total = count * es;
     if (size() == 1 || count == 0) return call.finish();
-    if (total <= std::min(options().direct_max_bytes, options().max_frame_bytes)) {
-      detail::direct_all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
-    } else {
-      detail::ring_all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
-    }
+    detail::all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
   }
 
   template <Element T>
@@ -27141,7 +27584,7 @@ class Communicator {
   }
 
   std::unique_ptr<detail::Transport> transport_;
-  std::vector<std::byte> scratch_;  // kept between calls: reduce-scatter landing area
+  std::vector<std::byte> scratch_;  // kept between calls: where reduce-scatter receives land
 };
 
 }  // namespace net
@@ -29393,8 +29836,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/detail/collectives.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_COLLECTIVES_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_COLLECTIVES_HPP
-// The collective algorithms over the transport: a chunked, pipelined ring all-reduce, a one-hop
-// all-reduce for small buffers, a pipelined chain broadcast, and an all-gather of uneven sizes.
+// The collective algorithms over the transport: a chunked, pipelined ring all-reduce, a
+// halving-doubling all-reduce for power-of-two rank counts, a one-hop all-reduce for small buffers, a pipelined chain broadcast, and an all-gather of uneven sizes.
 // Each runs inside one Transport::Op, whose descriptor exchange checks that every rank is doing
 // the same thing.
 
@@ -29445,6 +29888,13 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <boost/asio.hpp>
 #include <fmt/format.h>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <cerrno>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#define DISTRIBUTE_NET_DIRECT_SEND 1
+#endif
 
 // ---- begin <distribute/net/detail/address.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
@@ -30405,9 +30855,17 @@ struct CommunicatorOptions {
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
   /// sending, receiving and reducing overlap.
   std::size_t chunk_bytes = std::size_t{256} << 10;
-  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
-  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
+  ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
+  ///    all n; one hop, latency wins over bandwidth for small buffers);
+  ///  - at most halving_doubling_max_bytes, n a power of two >= 4: halving-doubling (recursive
+  ///    halving reduce-scatter + recursive doubling all-gather, 2 log2(n) steps);
+  ///  - otherwise: the chunk-pipelined ring (2(n-1) steps whose chunks overlap).
+  /// The ring and halving-doubling send the same bytes; halving-doubling has fewer steps, the ring
+  /// overlaps each step with the next. Both cut a step's data into chunks of about chunk_bytes.
   std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// See direct_max_bytes. 0: never halving-doubling.
+  std::size_t halving_doubling_max_bytes = std::size_t{4} << 20;
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };
@@ -30465,6 +30923,7 @@ struct OutFrame {
   std::vector<std::byte> owned;  // control payloads travel with their frame
   TransferPtr transfer;          // null for control frames
   bool half_close_after = false;  // goodbye: shut our sending side once it is written
+  std::size_t sent = 0;           // bytes (header first) already written by a direct send
 };
 
 struct Peer {
@@ -30487,6 +30946,8 @@ struct Peer {
   std::vector<asio::const_buffer> buffers;
   bool writing = false;
   bool half_close_pending = false;
+  bool direct_sending = false;  // the calling thread is writing on the socket (mutex released)
+  bool close_deferred = false;  // close_socket was called meanwhile: close once that write returns
   // Reading (io thread only).
   HeaderBytes rx_header{};
   FrameHeader rx{};
@@ -30496,6 +30957,7 @@ struct Peer {
   bool rx_keep = false;
   std::byte* rx_dst = nullptr;
   std::size_t rx_done = 0;
+  bool rx_low_water = false;  // SO_RCVLOWAT is raised for the payload being read
   // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
   std::atomic<Clock::rep> last_rx{0};
   Clock::time_point last_tx{};
@@ -30530,6 +30992,8 @@ struct Handshake {
 
 // A payload larger than this is read in pieces so that a long frame still counts as traffic.
 inline constexpr std::size_t kReadPiece = std::size_t{4} << 20;
+// The most a payload read asks the kernel to gather before waking the io thread.
+inline constexpr std::size_t kLowWaterMax = std::size_t{256} << 10;
 // One scatter-gather write carries at most this many frames / bytes.
 inline constexpr std::size_t kBatchFrames = 64;
 inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
@@ -31098,6 +31562,38 @@ class Transport {
 
   void read_payload(Peer& p) {
     const auto length = static_cast<std::size_t>(p.rx.length);
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    // Reads what is there; when the rest has not arrived, raises the socket's receive low-water
+    // mark to the rest (at most kLowWaterMax) before waiting, so that the io thread wakes once
+    // for much of a large frame instead of once per loopback segment (64 KiB). The kernel still
+    // reports EOF, errors and a nearly closed receive window at once.
+    const int fd = p.socket->native_handle();
+    for (;;) {
+      const std::size_t rest = length - p.rx_done;
+      if (rest == 0) {
+        if (p.rx_low_water) set_low_water(p, 1);
+        return finish_payload(p);
+      }
+      const ::ssize_t got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      if (got > 0) {
+        p.heard_now();
+        p.rx_done += static_cast<std::size_t>(got);
+        continue;
+      }
+      if (got == 0) return on_read_error(p, asio::error::eof);
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return on_read_error(p, boost::system::error_code(errno, asio::error::get_system_category()));
+      }
+      const std::size_t want = std::min(rest, kLowWaterMax);
+      if (want > 1 || p.rx_low_water) set_low_water(p, want);
+      p.socket->async_wait(tcp::socket::wait_read, [this, &p](const boost::system::error_code& ec) {
+        if (ec) return on_read_error(p, ec);
+        read_payload(p);
+      });
+      return;
+    }
+#else
     if (p.rx_done == length) return finish_payload(p);
     const std::size_t n = std::min(kReadPiece, length - p.rx_done);
     asio::async_read(*p.socket, asio::buffer(p.rx_dst + p.rx_done, n),
@@ -31107,7 +31603,17 @@ class Transport {
                        p.rx_done += got;
                        read_payload(p);
                      });
+#endif
   }
+
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+  static void set_low_water(Peer& p, std::size_t bytes) {
+    const int v = static_cast<int>(bytes);
+    // Best effort: where it is refused, reads just wake more often.
+    (void)::setsockopt(p.socket->native_handle(), SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v);
+    p.rx_low_water = bytes > 1;
+  }
+#endif
 
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
@@ -31189,6 +31695,91 @@ class Transport {
     }
   }
 
+  // The hot path of a send (data frames and descriptors, from the calling thread): when nothing is
+  // queued or being written to the peer, this thread writes the frame itself with one
+  // non-blocking sendmsg (header and payload gathered), which saves waking the io thread and
+  // running its completion handler for every chunk. The mutex is released around the syscall;
+  // `writing` keeps the io thread from starting a write meanwhile (frames enqueued meanwhile wait
+  // in the queue) and `direct_sending` defers a close of the socket until the syscall is over.
+  // A frame not written whole goes to the front of the queue, its `sent` bytes skipped, and the
+  // io thread writes the rest (or meets the error again and handles it as usual).
+  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f) {
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    if (p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
+      return enqueue_locked(p, std::move(f));
+    }
+    if (!f.owned.empty()) f.payload = f.owned.data();
+    p.writing = true;
+    p.direct_sending = true;
+    const int fd = p.socket->native_handle();
+    lk.unlock();
+    ::iovec iov[2];
+    iov[0].iov_base = f.header.data();
+    iov[0].iov_len = f.header.size();
+    iov[1].iov_base = const_cast<std::byte*>(f.payload);
+    iov[1].iov_len = f.size;
+    ::msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = f.size > 0 ? 2 : 1;
+    int flags = MSG_DONTWAIT;
+#if defined(MSG_NOSIGNAL)
+    flags |= MSG_NOSIGNAL;
+#endif
+    ::ssize_t n = 0;
+    do {
+      n = ::sendmsg(fd, &msg, flags);
+    } while (n < 0 && errno == EINTR);
+    lk.lock();
+    p.direct_sending = false;
+    if (p.close_deferred) {
+      // Sockets are closed on the io thread only, as everywhere else.
+      p.close_deferred = false;
+      asio::post(io_, [this, &p] {
+        std::lock_guard g(mu_);
+        close_socket(p);
+        cv_.notify_all();
+      });
+    }
+    p.last_tx = Clock::now();
+    f.sent = n > 0 ? static_cast<std::size_t>(n) : 0;
+    const bool whole = f.sent == f.header.size() + f.size;
+    if (whole && f.transfer) {
+      f.transfer->state = Transfer::State::Done;
+      cv_.notify_all();
+    }
+    if (p.state != Peer::State::Open) {
+      // Lost or closed meanwhile: what was queued has been failed already; fail this frame too.
+      p.writing = false;
+      if (!whole && f.transfer) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = loss_locked(p, "the connection went down during a write");
+        cv_.notify_all();
+      }
+      if (p.half_close_pending) {
+        p.half_close_pending = false;
+        shutdown_send(p);
+      }
+      return;
+    }
+    if (!whole) {
+      // Half a frame may be on the wire: it must be finished, never dropped from the queue.
+      if (f.transfer) f.transfer->state = Transfer::State::Active;
+      p.queue.push_front(std::move(f));
+    }
+    if (p.queue.empty()) {
+      p.writing = false;
+      return;
+    }
+    asio::post(io_, [this, &p] {
+      std::lock_guard g(mu_);
+      write_next_locked(p);
+    });
+#else
+    (void)lk;
+    enqueue_locked(p, std::move(f));
+#endif
+  }
+
   void enqueue_control_locked(Peer& p, FrameType type, std::uint64_t seq, std::vector<std::byte> payload,
                               bool half_close_after = false) {
     OutFrame f;
@@ -31217,8 +31808,10 @@ class Transport {
       if (f.transfer) f.transfer->state = Transfer::State::Active;
       // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
       if (!f.owned.empty()) f.payload = f.owned.data();
-      p.buffers.push_back(asio::buffer(f.header));
-      if (f.size > 0) p.buffers.push_back(asio::buffer(f.payload, f.size));
+      // A direct send may have written the start of the first frame.
+      if (f.sent < f.header.size()) p.buffers.push_back(asio::buffer(f.header.data() + f.sent, f.header.size() - f.sent));
+      const std::size_t skip = f.sent > f.header.size() ? f.sent - f.header.size() : 0;
+      if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers,
@@ -31304,6 +31897,10 @@ class Transport {
   }
 
   void close_socket(Peer& p) {
+    if (p.direct_sending) {
+      p.close_deferred = true;  // the calling thread is in sendmsg on it: it closes it after
+      return;
+    }
     boost::system::error_code ignored;
     if (p.socket && p.socket->is_open()) {
       p.socket->shutdown(tcp::socket::shutdown_both, ignored);
@@ -31446,7 +32043,12 @@ class Transport::Op {
     start();
     const auto payload = encode(desc);
     for (auto& p : t_.peers_) {
-      if (p->rank != t_.rank_) t_.enqueue_control_locked(*p, FrameType::Descriptor, seq_, payload);
+      if (p->rank == t_.rank_) continue;
+      OutFrame f;
+      f.header = encode_header(FrameHeader{FrameType::Descriptor, payload.size(), seq_, 0});
+      f.owned = payload;
+      f.size = f.owned.size();
+      t_.send_now_or_enqueue(lk, *p, std::move(f));
     }
   }
 
@@ -31538,9 +32140,9 @@ class Transport::Op {
     f.payload = data.data();
     f.size = data.size();
     f.transfer = t;
-    std::lock_guard lk(t_.mu_);
+    std::unique_lock lk(t_.mu_);
     transfers_.push_back(t);
-    t_.enqueue_locked(t_.peer(peer), std::move(f));
+    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f));
     return t;
   }
 
@@ -31851,6 +32453,113 @@ inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, s
   op.finish();
 }
 
+/// True when a halving-doubling all-reduce can run on `n` ranks (a power of two, at least 4: on 2
+/// ranks it is the ring's two steps without the ring's overlap of one step with the next).
+inline bool halving_doubling_applies(int n) { return n >= 4 && (n & (n - 1)) == 0; }
+
+/// Halving-doubling all-reduce (Rabenseifner) for a power-of-two number of ranks: log2(n)
+/// reduce-scatter steps by recursive halving, then log2(n) all-gather steps by recursive
+/// doubling, instead of the ring's 2(n-1) steps; the bytes each rank sends are the ring's
+/// (2(n-1)/n of the buffer). In the step with distance d a rank exchanges with rank r^d: halving,
+/// it sends the half of its current range that the partner keeps and reduces the partner's copy
+/// of its own half; doubling, it sends its range and receives the partner's adjacent one. Each
+/// step's exchange is cut into chunks of about chunk_bytes, reduced as they arrive. Segment s
+/// (the ring's cut) ends reduced on rank s alone and is then copied, so all ranks end bitwise
+/// identical.
+inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
+                                        ReduceOp rop, std::vector<std::byte>& scratch) {
+  const int n = tr.size(), r = tr.rank();
+  const std::size_t es = size_of(dtype);
+  const std::size_t chunk_elems = std::max<std::size_t>(1, tr.chunk_bytes() / es);
+  const RingGeometry g(count, n, 1);
+  int steps = 0;
+  while ((1 << steps) < n) ++steps;
+  // [first element, element count) of segments [s, s + k).
+  auto range = [&](int s, int k) {
+    const std::size_t b = g.seg_begin(s);
+    return std::pair<std::size_t, std::size_t>{b, (s + k < n ? g.seg_begin(s + k) : count) - b};
+  };
+  auto pieces = [&](std::size_t len) { return (len + chunk_elems - 1) / chunk_elems; };
+  // Piece c of a range cut into `nch` pieces whose sizes differ by at most one element.
+  auto piece = [](std::pair<std::size_t, std::size_t> rg, std::size_t c, std::size_t nch) {
+    const std::size_t lo = c * rg.second / nch, hi = (c + 1) * rg.second / nch;
+    return std::pair<std::size_t, std::size_t>{rg.first + lo, hi - lo};
+  };
+  auto tag = [](int step, std::size_t c) { return (static_cast<std::uint64_t>(step) << 32) | c; };
+
+  // Where each step's exchange lies: the range this rank keeps (receives into) and the one it
+  // sends, as the first segment of each (both d segments long).
+  struct Step {
+    int d, partner, keep, give;
+  };
+  std::vector<Step> halving;
+  for (int lo = 0, d = n / 2; d >= 1; d /= 2) {
+    const bool lower = (r & d) == 0;
+    halving.push_back(Step{d, r ^ d, lower ? lo : lo + d, lower ? lo + d : lo});
+    lo = lower ? lo : lo + d;
+  }
+  // Reduce-scatter receives land in scratch, each step in its own region, all posted up front.
+  std::vector<std::size_t> at(static_cast<std::size_t>(steps) + 1, 0);
+  for (int s = 0; s < steps; ++s) {
+    at[static_cast<std::size_t>(s) + 1] = at[static_cast<std::size_t>(s)] + range(halving[s].keep, halving[s].d).second * es;
+  }
+  if (scratch.size() < at.back()) scratch.resize(at.back());
+  std::vector<std::vector<TransferPtr>> in(static_cast<std::size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
+    const auto rg = range(halving[s].keep, halving[s].d);
+    const std::size_t nch = pieces(rg.second);
+    for (std::size_t c = 0; c < nch; ++c) {
+      const auto [b, len] = piece(rg, c, nch);
+      in[s].push_back(op.recv(halving[s].partner, tag(s, c),
+                              std::span<std::byte>(scratch.data() + at[s] + (b - rg.first) * es, len * es)));
+    }
+  }
+  auto send_range = [&](int step, int partner, std::pair<std::size_t, std::size_t> rg, std::vector<TransferPtr>& out) {
+    const std::size_t nch = pieces(rg.second);
+    for (std::size_t c = 0; c < nch; ++c) {
+      const auto [b, len] = piece(rg, c, nch);
+      out.push_back(op.send(partner, tag(step, c), std::span<const std::byte>(data + b * es, len * es)));
+    }
+  };
+
+  // Reduce-scatter by recursive halving.
+  std::vector<std::vector<TransferPtr>> given(static_cast<std::size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
+    const Step& st = halving[s];
+    send_range(s, st.partner, range(st.give, st.d), given[s]);
+    const auto rg = range(st.keep, st.d);
+    const std::size_t nch = pieces(rg.second);
+    for (std::size_t c = 0; c < nch; ++c) {
+      op.wait(in[s][c]);
+      in[s][c].reset();
+      const auto [b, len] = piece(rg, c, nch);
+      reduce_bytes(dtype, data + b * es, scratch.data() + at[s] + (b - rg.first) * es, len, rop);
+      if (s == steps - 1 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, n);
+    }
+  }
+  // All-gather by recursive doubling, the halving steps backwards: the partner's range is the one
+  // sent to it while halving, so those sends must be out of our memory before it is overwritten.
+  for (int s = steps - 1; s >= 0; --s) {
+    for (const TransferPtr& t : given[s]) op.wait(t);
+  }
+  std::vector<std::vector<TransferPtr>> back(static_cast<std::size_t>(steps));
+  for (int s = steps - 1; s >= 0; --s) {
+    const auto rg = range(halving[s].give, halving[s].d);
+    const std::size_t nch = pieces(rg.second);
+    for (std::size_t c = 0; c < nch; ++c) {
+      const auto [b, len] = piece(rg, c, nch);
+      back[s].push_back(op.recv(halving[s].partner, tag(2 * steps - 1 - s, c), std::span<std::byte>(data + b * es, len * es)));
+    }
+  }
+  std::vector<TransferPtr> sent;
+  for (int s = steps - 1; s >= 0; --s) {
+    const Step& st = halving[s];
+    send_range(2 * steps - 1 - s, st.partner, range(st.keep, st.d), sent);
+    for (const TransferPtr& t : back[s]) op.wait(t);
+  }
+  op.finish();
+}
+
 /// Small buffers: every rank sends its buffer to every other and reduces all n in rank order, so
 /// the result is bitwise identical everywhere and costs one hop instead of 2(n-1).
 inline void direct_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
@@ -31874,6 +32583,21 @@ inline void direct_all_reduce(Transport& tr, Transport::Op& op, std::byte* data,
     std::memcpy(data, acc, bytes);
   }
   if (rop == ReduceOp::Mean) divide_bytes(dtype, data, count, n);
+}
+
+/// The one place that picks an all-reduce algorithm, by size and rank count (options.hpp says
+/// when each runs). `count` > 0 and more than one rank.
+inline void all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype, ReduceOp rop,
+                       std::vector<std::byte>& scratch) {
+  const CommunicatorOptions& o = tr.options();
+  const std::size_t bytes = count * size_of(dtype);
+  if (bytes <= std::min(o.direct_max_bytes, o.max_frame_bytes)) {
+    direct_all_reduce(tr, op, data, count, dtype, rop, scratch);
+  } else if (bytes <= o.halving_doubling_max_bytes && halving_doubling_applies(tr.size())) {
+    halving_doubling_all_reduce(tr, op, data, count, dtype, rop, scratch);
+  } else {
+    ring_all_reduce(tr, op, data, count, dtype, rop, scratch);
+  }
 }
 
 /// Broadcast: small payloads go from the root to everyone directly; large ones flow down the chain
@@ -31987,6 +32711,13 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <boost/asio.hpp>
 #include <fmt/format.h>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <cerrno>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#define DISTRIBUTE_NET_DIRECT_SEND 1
+#endif
 
 // ---- begin <distribute/net/detail/address.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
@@ -32947,9 +33678,17 @@ struct CommunicatorOptions {
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
   /// sending, receiving and reducing overlap.
   std::size_t chunk_bytes = std::size_t{256} << 10;
-  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
-  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
+  ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
+  ///    all n; one hop, latency wins over bandwidth for small buffers);
+  ///  - at most halving_doubling_max_bytes, n a power of two >= 4: halving-doubling (recursive
+  ///    halving reduce-scatter + recursive doubling all-gather, 2 log2(n) steps);
+  ///  - otherwise: the chunk-pipelined ring (2(n-1) steps whose chunks overlap).
+  /// The ring and halving-doubling send the same bytes; halving-doubling has fewer steps, the ring
+  /// overlaps each step with the next. Both cut a step's data into chunks of about chunk_bytes.
   std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// See direct_max_bytes. 0: never halving-doubling.
+  std::size_t halving_doubling_max_bytes = std::size_t{4} << 20;
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };
@@ -33007,6 +33746,7 @@ struct OutFrame {
   std::vector<std::byte> owned;  // control payloads travel with their frame
   TransferPtr transfer;          // null for control frames
   bool half_close_after = false;  // goodbye: shut our sending side once it is written
+  std::size_t sent = 0;           // bytes (header first) already written by a direct send
 };
 
 struct Peer {
@@ -33029,6 +33769,8 @@ struct Peer {
   std::vector<asio::const_buffer> buffers;
   bool writing = false;
   bool half_close_pending = false;
+  bool direct_sending = false;  // the calling thread is writing on the socket (mutex released)
+  bool close_deferred = false;  // close_socket was called meanwhile: close once that write returns
   // Reading (io thread only).
   HeaderBytes rx_header{};
   FrameHeader rx{};
@@ -33038,6 +33780,7 @@ struct Peer {
   bool rx_keep = false;
   std::byte* rx_dst = nullptr;
   std::size_t rx_done = 0;
+  bool rx_low_water = false;  // SO_RCVLOWAT is raised for the payload being read
   // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
   std::atomic<Clock::rep> last_rx{0};
   Clock::time_point last_tx{};
@@ -33072,6 +33815,8 @@ struct Handshake {
 
 // A payload larger than this is read in pieces so that a long frame still counts as traffic.
 inline constexpr std::size_t kReadPiece = std::size_t{4} << 20;
+// The most a payload read asks the kernel to gather before waking the io thread.
+inline constexpr std::size_t kLowWaterMax = std::size_t{256} << 10;
 // One scatter-gather write carries at most this many frames / bytes.
 inline constexpr std::size_t kBatchFrames = 64;
 inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
@@ -33640,6 +34385,38 @@ class Transport {
 
   void read_payload(Peer& p) {
     const auto length = static_cast<std::size_t>(p.rx.length);
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    // Reads what is there; when the rest has not arrived, raises the socket's receive low-water
+    // mark to the rest (at most kLowWaterMax) before waiting, so that the io thread wakes once
+    // for much of a large frame instead of once per loopback segment (64 KiB). The kernel still
+    // reports EOF, errors and a nearly closed receive window at once.
+    const int fd = p.socket->native_handle();
+    for (;;) {
+      const std::size_t rest = length - p.rx_done;
+      if (rest == 0) {
+        if (p.rx_low_water) set_low_water(p, 1);
+        return finish_payload(p);
+      }
+      const ::ssize_t got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      if (got > 0) {
+        p.heard_now();
+        p.rx_done += static_cast<std::size_t>(got);
+        continue;
+      }
+      if (got == 0) return on_read_error(p, asio::error::eof);
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return on_read_error(p, boost::system::error_code(errno, asio::error::get_system_category()));
+      }
+      const std::size_t want = std::min(rest, kLowWaterMax);
+      if (want > 1 || p.rx_low_water) set_low_water(p, want);
+      p.socket->async_wait(tcp::socket::wait_read, [this, &p](const boost::system::error_code& ec) {
+        if (ec) return on_read_error(p, ec);
+        read_payload(p);
+      });
+      return;
+    }
+#else
     if (p.rx_done == length) return finish_payload(p);
     const std::size_t n = std::min(kReadPiece, length - p.rx_done);
     asio::async_read(*p.socket, asio::buffer(p.rx_dst + p.rx_done, n),
@@ -33649,7 +34426,17 @@ class Transport {
                        p.rx_done += got;
                        read_payload(p);
                      });
+#endif
   }
+
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+  static void set_low_water(Peer& p, std::size_t bytes) {
+    const int v = static_cast<int>(bytes);
+    // Best effort: where it is refused, reads just wake more often.
+    (void)::setsockopt(p.socket->native_handle(), SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v);
+    p.rx_low_water = bytes > 1;
+  }
+#endif
 
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
@@ -33731,6 +34518,91 @@ class Transport {
     }
   }
 
+  // The hot path of a send (data frames and descriptors, from the calling thread): when nothing is
+  // queued or being written to the peer, this thread writes the frame itself with one
+  // non-blocking sendmsg (header and payload gathered), which saves waking the io thread and
+  // running its completion handler for every chunk. The mutex is released around the syscall;
+  // `writing` keeps the io thread from starting a write meanwhile (frames enqueued meanwhile wait
+  // in the queue) and `direct_sending` defers a close of the socket until the syscall is over.
+  // A frame not written whole goes to the front of the queue, its `sent` bytes skipped, and the
+  // io thread writes the rest (or meets the error again and handles it as usual).
+  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f) {
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    if (p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
+      return enqueue_locked(p, std::move(f));
+    }
+    if (!f.owned.empty()) f.payload = f.owned.data();
+    p.writing = true;
+    p.direct_sending = true;
+    const int fd = p.socket->native_handle();
+    lk.unlock();
+    ::iovec iov[2];
+    iov[0].iov_base = f.header.data();
+    iov[0].iov_len = f.header.size();
+    iov[1].iov_base = const_cast<std::byte*>(f.payload);
+    iov[1].iov_len = f.size;
+    ::msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = f.size > 0 ? 2 : 1;
+    int flags = MSG_DONTWAIT;
+#if defined(MSG_NOSIGNAL)
+    flags |= MSG_NOSIGNAL;
+#endif
+    ::ssize_t n = 0;
+    do {
+      n = ::sendmsg(fd, &msg, flags);
+    } while (n < 0 && errno == EINTR);
+    lk.lock();
+    p.direct_sending = false;
+    if (p.close_deferred) {
+      // Sockets are closed on the io thread only, as everywhere else.
+      p.close_deferred = false;
+      asio::post(io_, [this, &p] {
+        std::lock_guard g(mu_);
+        close_socket(p);
+        cv_.notify_all();
+      });
+    }
+    p.last_tx = Clock::now();
+    f.sent = n > 0 ? static_cast<std::size_t>(n) : 0;
+    const bool whole = f.sent == f.header.size() + f.size;
+    if (whole && f.transfer) {
+      f.transfer->state = Transfer::State::Done;
+      cv_.notify_all();
+    }
+    if (p.state != Peer::State::Open) {
+      // Lost or closed meanwhile: what was queued has been failed already; fail this frame too.
+      p.writing = false;
+      if (!whole && f.transfer) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = loss_locked(p, "the connection went down during a write");
+        cv_.notify_all();
+      }
+      if (p.half_close_pending) {
+        p.half_close_pending = false;
+        shutdown_send(p);
+      }
+      return;
+    }
+    if (!whole) {
+      // Half a frame may be on the wire: it must be finished, never dropped from the queue.
+      if (f.transfer) f.transfer->state = Transfer::State::Active;
+      p.queue.push_front(std::move(f));
+    }
+    if (p.queue.empty()) {
+      p.writing = false;
+      return;
+    }
+    asio::post(io_, [this, &p] {
+      std::lock_guard g(mu_);
+      write_next_locked(p);
+    });
+#else
+    (void)lk;
+    enqueue_locked(p, std::move(f));
+#endif
+  }
+
   void enqueue_control_locked(Peer& p, FrameType type, std::uint64_t seq, std::vector<std::byte> payload,
                               bool half_close_after = false) {
     OutFrame f;
@@ -33759,8 +34631,10 @@ class Transport {
       if (f.transfer) f.transfer->state = Transfer::State::Active;
       // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
       if (!f.owned.empty()) f.payload = f.owned.data();
-      p.buffers.push_back(asio::buffer(f.header));
-      if (f.size > 0) p.buffers.push_back(asio::buffer(f.payload, f.size));
+      // A direct send may have written the start of the first frame.
+      if (f.sent < f.header.size()) p.buffers.push_back(asio::buffer(f.header.data() + f.sent, f.header.size() - f.sent));
+      const std::size_t skip = f.sent > f.header.size() ? f.sent - f.header.size() : 0;
+      if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers,
@@ -33846,6 +34720,10 @@ class Transport {
   }
 
   void close_socket(Peer& p) {
+    if (p.direct_sending) {
+      p.close_deferred = true;  // the calling thread is in sendmsg on it: it closes it after
+      return;
+    }
     boost::system::error_code ignored;
     if (p.socket && p.socket->is_open()) {
       p.socket->shutdown(tcp::socket::shutdown_both, ignored);
@@ -33988,7 +34866,12 @@ class Transport::Op {
     start();
     const auto payload = encode(desc);
     for (auto& p : t_.peers_) {
-      if (p->rank != t_.rank_) t_.enqueue_control_locked(*p, FrameType::Descriptor, seq_, payload);
+      if (p->rank == t_.rank_) continue;
+      OutFrame f;
+      f.header = encode_header(FrameHeader{FrameType::Descriptor, payload.size(), seq_, 0});
+      f.owned = payload;
+      f.size = f.owned.size();
+      t_.send_now_or_enqueue(lk, *p, std::move(f));
     }
   }
 
@@ -34080,9 +34963,9 @@ class Transport::Op {
     f.payload = data.data();
     f.size = data.size();
     f.transfer = t;
-    std::lock_guard lk(t_.mu_);
+    std::unique_lock lk(t_.mu_);
     transfers_.push_back(t);
-    t_.enqueue_locked(t_.peer(peer), std::move(f));
+    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f));
     return t;
   }
 
@@ -34332,9 +35215,17 @@ struct CommunicatorOptions {
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
   /// sending, receiving and reducing overlap.
   std::size_t chunk_bytes = std::size_t{256} << 10;
-  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
-  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
+  ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
+  ///    all n; one hop, latency wins over bandwidth for small buffers);
+  ///  - at most halving_doubling_max_bytes, n a power of two >= 4: halving-doubling (recursive
+  ///    halving reduce-scatter + recursive doubling all-gather, 2 log2(n) steps);
+  ///  - otherwise: the chunk-pipelined ring (2(n-1) steps whose chunks overlap).
+  /// The ring and halving-doubling send the same bytes; halving-doubling has fewer steps, the ring
+  /// overlaps each step with the next. Both cut a step's data into chunks of about chunk_bytes.
   std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// See direct_max_bytes. 0: never halving-doubling.
+  std::size_t halving_doubling_max_bytes = std::size_t{4} << 20;
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };
@@ -34391,13 +35282,8 @@ class Communicator {
     }
     detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, 0, count});
     auto* bytes = static_cast<std::byte*>(data);
-    const std::size_t total = count * es;
     if (size() == 1 || count == 0) return call.finish();
-    if (total <= std::min(options().direct_max_bytes, options().max_frame_bytes)) {
-      detail::direct_all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
-    } else {
-      detail::ring_all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
-    }
+    detail::all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
   }
 
   template <Element T>
@@ -34456,7 +35342,7 @@ class Communicator {
   }
 
   std::unique_ptr<detail::Transport> transport_;
-  std::vector<std::byte> scratch_;  // kept between calls: reduce-scatter landing area
+  std::vector<std::byte> scratch_;  // kept between calls: where reduce-scatter receives land
 };
 
 }  // namespace net

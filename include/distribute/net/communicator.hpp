@@ -74,13 +74,8 @@ class Communicator {
     }
     detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, 0, count});
     auto* bytes = static_cast<std::byte*>(data);
-    const std::size_t total = count * es;
     if (size() == 1 || count == 0) return call.finish();
-    if (total <= std::min(options().direct_max_bytes, options().max_frame_bytes)) {
-      detail::direct_all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
-    } else {
-      detail::ring_all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
-    }
+    detail::all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
   }
 
   template <Element T>
@@ -139,7 +134,7 @@ class Communicator {
   }
 
   std::unique_ptr<detail::Transport> transport_;
-  std::vector<std::byte> scratch_;  // kept between calls: reduce-scatter landing area
+  std::vector<std::byte> scratch_;  // kept between calls: where reduce-scatter receives land
 };
 
 }  // namespace net

@@ -36,9 +36,17 @@ struct CommunicatorOptions {
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
   /// sending, receiving and reducing overlap.
   std::size_t chunk_bytes = std::size_t{256} << 10;
-  /// all_reduce of at most this many bytes sends every buffer to every peer (one hop) instead of
-  /// the 2(n-1)-step ring: latency wins over bandwidth for small buffers.
+  /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
+  ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
+  ///    all n; one hop, latency wins over bandwidth for small buffers);
+  ///  - at most halving_doubling_max_bytes, n a power of two >= 4: halving-doubling (recursive
+  ///    halving reduce-scatter + recursive doubling all-gather, 2 log2(n) steps);
+  ///  - otherwise: the chunk-pipelined ring (2(n-1) steps whose chunks overlap).
+  /// The ring and halving-doubling send the same bytes; halving-doubling has fewer steps, the ring
+  /// overlaps each step with the next. Both cut a step's data into chunks of about chunk_bytes.
   std::size_t direct_max_bytes = std::size_t{32} << 10;
+  /// See direct_max_bytes. 0: never halving-doubling.
+  std::size_t halving_doubling_max_bytes = std::size_t{4} << 20;
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };

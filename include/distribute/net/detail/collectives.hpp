@@ -1,5 +1,5 @@
-// The collective algorithms over the transport: a chunked, pipelined ring all-reduce, a one-hop
-// all-reduce for small buffers, a pipelined chain broadcast, and an all-gather of uneven sizes.
+// The collective algorithms over the transport: a chunked, pipelined ring all-reduce, a
+// halving-doubling all-reduce for power-of-two rank counts, a one-hop all-reduce for small buffers, a pipelined chain broadcast, and an all-gather of uneven sizes.
 // Each runs inside one Transport::Op, whose descriptor exchange checks that every rank is doing
 // the same thing.
 #pragma once
@@ -116,6 +116,113 @@ inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, s
   op.finish();
 }
 
+/// True when a halving-doubling all-reduce can run on `n` ranks (a power of two, at least 4: on 2
+/// ranks it is the ring's two steps without the ring's overlap of one step with the next).
+inline bool halving_doubling_applies(int n) { return n >= 4 && (n & (n - 1)) == 0; }
+
+/// Halving-doubling all-reduce (Rabenseifner) for a power-of-two number of ranks: log2(n)
+/// reduce-scatter steps by recursive halving, then log2(n) all-gather steps by recursive
+/// doubling, instead of the ring's 2(n-1) steps; the bytes each rank sends are the ring's
+/// (2(n-1)/n of the buffer). In the step with distance d a rank exchanges with rank r^d: halving,
+/// it sends the half of its current range that the partner keeps and reduces the partner's copy
+/// of its own half; doubling, it sends its range and receives the partner's adjacent one. Each
+/// step's exchange is cut into chunks of about chunk_bytes, reduced as they arrive. Segment s
+/// (the ring's cut) ends reduced on rank s alone and is then copied, so all ranks end bitwise
+/// identical.
+inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
+                                        ReduceOp rop, std::vector<std::byte>& scratch) {
+  const int n = tr.size(), r = tr.rank();
+  const std::size_t es = size_of(dtype);
+  const std::size_t chunk_elems = std::max<std::size_t>(1, tr.chunk_bytes() / es);
+  const RingGeometry g(count, n, 1);
+  int steps = 0;
+  while ((1 << steps) < n) ++steps;
+  // [first element, element count) of segments [s, s + k).
+  auto range = [&](int s, int k) {
+    const std::size_t b = g.seg_begin(s);
+    return std::pair<std::size_t, std::size_t>{b, (s + k < n ? g.seg_begin(s + k) : count) - b};
+  };
+  auto pieces = [&](std::size_t len) { return (len + chunk_elems - 1) / chunk_elems; };
+  // Piece c of a range cut into `nch` pieces whose sizes differ by at most one element.
+  auto piece = [](std::pair<std::size_t, std::size_t> rg, std::size_t c, std::size_t nch) {
+    const std::size_t lo = c * rg.second / nch, hi = (c + 1) * rg.second / nch;
+    return std::pair<std::size_t, std::size_t>{rg.first + lo, hi - lo};
+  };
+  auto tag = [](int step, std::size_t c) { return (static_cast<std::uint64_t>(step) << 32) | c; };
+
+  // Where each step's exchange lies: the range this rank keeps (receives into) and the one it
+  // sends, as the first segment of each (both d segments long).
+  struct Step {
+    int d, partner, keep, give;
+  };
+  std::vector<Step> halving;
+  for (int lo = 0, d = n / 2; d >= 1; d /= 2) {
+    const bool lower = (r & d) == 0;
+    halving.push_back(Step{d, r ^ d, lower ? lo : lo + d, lower ? lo + d : lo});
+    lo = lower ? lo : lo + d;
+  }
+  // Reduce-scatter receives land in scratch, each step in its own region, all posted up front.
+  std::vector<std::size_t> at(static_cast<std::size_t>(steps) + 1, 0);
+  for (int s = 0; s < steps; ++s) {
+    at[static_cast<std::size_t>(s) + 1] = at[static_cast<std::size_t>(s)] + range(halving[s].keep, halving[s].d).second * es;
+  }
+  if (scratch.size() < at.back()) scratch.resize(at.back());
+  std::vector<std::vector<TransferPtr>> in(static_cast<std::size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
+    const auto rg = range(halving[s].keep, halving[s].d);
+    const std::size_t nch = pieces(rg.second);
+    for (std::size_t c = 0; c < nch; ++c) {
+      const auto [b, len] = piece(rg, c, nch);
+      in[s].push_back(op.recv(halving[s].partner, tag(s, c),
+                              std::span<std::byte>(scratch.data() + at[s] + (b - rg.first) * es, len * es)));
+    }
+  }
+  auto send_range = [&](int step, int partner, std::pair<std::size_t, std::size_t> rg, std::vector<TransferPtr>& out) {
+    const std::size_t nch = pieces(rg.second);
+    for (std::size_t c = 0; c < nch; ++c) {
+      const auto [b, len] = piece(rg, c, nch);
+      out.push_back(op.send(partner, tag(step, c), std::span<const std::byte>(data + b * es, len * es)));
+    }
+  };
+
+  // Reduce-scatter by recursive halving.
+  std::vector<std::vector<TransferPtr>> given(static_cast<std::size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
+    const Step& st = halving[s];
+    send_range(s, st.partner, range(st.give, st.d), given[s]);
+    const auto rg = range(st.keep, st.d);
+    const std::size_t nch = pieces(rg.second);
+    for (std::size_t c = 0; c < nch; ++c) {
+      op.wait(in[s][c]);
+      in[s][c].reset();
+      const auto [b, len] = piece(rg, c, nch);
+      reduce_bytes(dtype, data + b * es, scratch.data() + at[s] + (b - rg.first) * es, len, rop);
+      if (s == steps - 1 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, n);
+    }
+  }
+  // All-gather by recursive doubling, the halving steps backwards: the partner's range is the one
+  // sent to it while halving, so those sends must be out of our memory before it is overwritten.
+  for (int s = steps - 1; s >= 0; --s) {
+    for (const TransferPtr& t : given[s]) op.wait(t);
+  }
+  std::vector<std::vector<TransferPtr>> back(static_cast<std::size_t>(steps));
+  for (int s = steps - 1; s >= 0; --s) {
+    const auto rg = range(halving[s].give, halving[s].d);
+    const std::size_t nch = pieces(rg.second);
+    for (std::size_t c = 0; c < nch; ++c) {
+      const auto [b, len] = piece(rg, c, nch);
+      back[s].push_back(op.recv(halving[s].partner, tag(2 * steps - 1 - s, c), std::span<std::byte>(data + b * es, len * es)));
+    }
+  }
+  std::vector<TransferPtr> sent;
+  for (int s = steps - 1; s >= 0; --s) {
+    const Step& st = halving[s];
+    send_range(2 * steps - 1 - s, st.partner, range(st.keep, st.d), sent);
+    for (const TransferPtr& t : back[s]) op.wait(t);
+  }
+  op.finish();
+}
+
 /// Small buffers: every rank sends its buffer to every other and reduces all n in rank order, so
 /// the result is bitwise identical everywhere and costs one hop instead of 2(n-1).
 inline void direct_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
@@ -139,6 +246,21 @@ inline void direct_all_reduce(Transport& tr, Transport::Op& op, std::byte* data,
     std::memcpy(data, acc, bytes);
   }
   if (rop == ReduceOp::Mean) divide_bytes(dtype, data, count, n);
+}
+
+/// The one place that picks an all-reduce algorithm, by size and rank count (options.hpp says
+/// when each runs). `count` > 0 and more than one rank.
+inline void all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype, ReduceOp rop,
+                       std::vector<std::byte>& scratch) {
+  const CommunicatorOptions& o = tr.options();
+  const std::size_t bytes = count * size_of(dtype);
+  if (bytes <= std::min(o.direct_max_bytes, o.max_frame_bytes)) {
+    direct_all_reduce(tr, op, data, count, dtype, rop, scratch);
+  } else if (bytes <= o.halving_doubling_max_bytes && halving_doubling_applies(tr.size())) {
+    halving_doubling_all_reduce(tr, op, data, count, dtype, rop, scratch);
+  } else {
+    ring_all_reduce(tr, op, data, count, dtype, rop, scratch);
+  }
 }
 
 /// Broadcast: small payloads go from the root to everyone directly; large ones flow down the chain

@@ -36,6 +36,13 @@
 #include <boost/asio.hpp>
 #include <fmt/format.h>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <cerrno>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#define DISTRIBUTE_NET_DIRECT_SEND 1
+#endif
+
 #include <distribute/core/error.hpp>
 #include <distribute/net/detail/address.hpp>
 #include <distribute/net/detail/auth.hpp>
@@ -91,6 +98,7 @@ struct OutFrame {
   std::vector<std::byte> owned;  // control payloads travel with their frame
   TransferPtr transfer;          // null for control frames
   bool half_close_after = false;  // goodbye: shut our sending side once it is written
+  std::size_t sent = 0;           // bytes (header first) already written by a direct send
 };
 
 struct Peer {
@@ -113,6 +121,8 @@ struct Peer {
   std::vector<asio::const_buffer> buffers;
   bool writing = false;
   bool half_close_pending = false;
+  bool direct_sending = false;  // the calling thread is writing on the socket (mutex released)
+  bool close_deferred = false;  // close_socket was called meanwhile: close once that write returns
   // Reading (io thread only).
   HeaderBytes rx_header{};
   FrameHeader rx{};
@@ -122,6 +132,7 @@ struct Peer {
   bool rx_keep = false;
   std::byte* rx_dst = nullptr;
   std::size_t rx_done = 0;
+  bool rx_low_water = false;  // SO_RCVLOWAT is raised for the payload being read
   // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
   std::atomic<Clock::rep> last_rx{0};
   Clock::time_point last_tx{};
@@ -156,6 +167,8 @@ struct Handshake {
 
 // A payload larger than this is read in pieces so that a long frame still counts as traffic.
 inline constexpr std::size_t kReadPiece = std::size_t{4} << 20;
+// The most a payload read asks the kernel to gather before waking the io thread.
+inline constexpr std::size_t kLowWaterMax = std::size_t{256} << 10;
 // One scatter-gather write carries at most this many frames / bytes.
 inline constexpr std::size_t kBatchFrames = 64;
 inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
@@ -724,6 +737,38 @@ class Transport {
 
   void read_payload(Peer& p) {
     const auto length = static_cast<std::size_t>(p.rx.length);
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    // Reads what is there; when the rest has not arrived, raises the socket's receive low-water
+    // mark to the rest (at most kLowWaterMax) before waiting, so that the io thread wakes once
+    // for much of a large frame instead of once per loopback segment (64 KiB). The kernel still
+    // reports EOF, errors and a nearly closed receive window at once.
+    const int fd = p.socket->native_handle();
+    for (;;) {
+      const std::size_t rest = length - p.rx_done;
+      if (rest == 0) {
+        if (p.rx_low_water) set_low_water(p, 1);
+        return finish_payload(p);
+      }
+      const ::ssize_t got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      if (got > 0) {
+        p.heard_now();
+        p.rx_done += static_cast<std::size_t>(got);
+        continue;
+      }
+      if (got == 0) return on_read_error(p, asio::error::eof);
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return on_read_error(p, boost::system::error_code(errno, asio::error::get_system_category()));
+      }
+      const std::size_t want = std::min(rest, kLowWaterMax);
+      if (want > 1 || p.rx_low_water) set_low_water(p, want);
+      p.socket->async_wait(tcp::socket::wait_read, [this, &p](const boost::system::error_code& ec) {
+        if (ec) return on_read_error(p, ec);
+        read_payload(p);
+      });
+      return;
+    }
+#else
     if (p.rx_done == length) return finish_payload(p);
     const std::size_t n = std::min(kReadPiece, length - p.rx_done);
     asio::async_read(*p.socket, asio::buffer(p.rx_dst + p.rx_done, n),
@@ -733,7 +778,17 @@ class Transport {
                        p.rx_done += got;
                        read_payload(p);
                      });
+#endif
   }
+
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+  static void set_low_water(Peer& p, std::size_t bytes) {
+    const int v = static_cast<int>(bytes);
+    // Best effort: where it is refused, reads just wake more often.
+    (void)::setsockopt(p.socket->native_handle(), SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v);
+    p.rx_low_water = bytes > 1;
+  }
+#endif
 
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
@@ -815,6 +870,91 @@ class Transport {
     }
   }
 
+  // The hot path of a send (data frames and descriptors, from the calling thread): when nothing is
+  // queued or being written to the peer, this thread writes the frame itself with one
+  // non-blocking sendmsg (header and payload gathered), which saves waking the io thread and
+  // running its completion handler for every chunk. The mutex is released around the syscall;
+  // `writing` keeps the io thread from starting a write meanwhile (frames enqueued meanwhile wait
+  // in the queue) and `direct_sending` defers a close of the socket until the syscall is over.
+  // A frame not written whole goes to the front of the queue, its `sent` bytes skipped, and the
+  // io thread writes the rest (or meets the error again and handles it as usual).
+  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f) {
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    if (p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
+      return enqueue_locked(p, std::move(f));
+    }
+    if (!f.owned.empty()) f.payload = f.owned.data();
+    p.writing = true;
+    p.direct_sending = true;
+    const int fd = p.socket->native_handle();
+    lk.unlock();
+    ::iovec iov[2];
+    iov[0].iov_base = f.header.data();
+    iov[0].iov_len = f.header.size();
+    iov[1].iov_base = const_cast<std::byte*>(f.payload);
+    iov[1].iov_len = f.size;
+    ::msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = f.size > 0 ? 2 : 1;
+    int flags = MSG_DONTWAIT;
+#if defined(MSG_NOSIGNAL)
+    flags |= MSG_NOSIGNAL;
+#endif
+    ::ssize_t n = 0;
+    do {
+      n = ::sendmsg(fd, &msg, flags);
+    } while (n < 0 && errno == EINTR);
+    lk.lock();
+    p.direct_sending = false;
+    if (p.close_deferred) {
+      // Sockets are closed on the io thread only, as everywhere else.
+      p.close_deferred = false;
+      asio::post(io_, [this, &p] {
+        std::lock_guard g(mu_);
+        close_socket(p);
+        cv_.notify_all();
+      });
+    }
+    p.last_tx = Clock::now();
+    f.sent = n > 0 ? static_cast<std::size_t>(n) : 0;
+    const bool whole = f.sent == f.header.size() + f.size;
+    if (whole && f.transfer) {
+      f.transfer->state = Transfer::State::Done;
+      cv_.notify_all();
+    }
+    if (p.state != Peer::State::Open) {
+      // Lost or closed meanwhile: what was queued has been failed already; fail this frame too.
+      p.writing = false;
+      if (!whole && f.transfer) {
+        f.transfer->state = Transfer::State::Failed;
+        f.transfer->error = loss_locked(p, "the connection went down during a write");
+        cv_.notify_all();
+      }
+      if (p.half_close_pending) {
+        p.half_close_pending = false;
+        shutdown_send(p);
+      }
+      return;
+    }
+    if (!whole) {
+      // Half a frame may be on the wire: it must be finished, never dropped from the queue.
+      if (f.transfer) f.transfer->state = Transfer::State::Active;
+      p.queue.push_front(std::move(f));
+    }
+    if (p.queue.empty()) {
+      p.writing = false;
+      return;
+    }
+    asio::post(io_, [this, &p] {
+      std::lock_guard g(mu_);
+      write_next_locked(p);
+    });
+#else
+    (void)lk;
+    enqueue_locked(p, std::move(f));
+#endif
+  }
+
   void enqueue_control_locked(Peer& p, FrameType type, std::uint64_t seq, std::vector<std::byte> payload,
                               bool half_close_after = false) {
     OutFrame f;
@@ -843,8 +983,10 @@ class Transport {
       if (f.transfer) f.transfer->state = Transfer::State::Active;
       // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
       if (!f.owned.empty()) f.payload = f.owned.data();
-      p.buffers.push_back(asio::buffer(f.header));
-      if (f.size > 0) p.buffers.push_back(asio::buffer(f.payload, f.size));
+      // A direct send may have written the start of the first frame.
+      if (f.sent < f.header.size()) p.buffers.push_back(asio::buffer(f.header.data() + f.sent, f.header.size() - f.sent));
+      const std::size_t skip = f.sent > f.header.size() ? f.sent - f.header.size() : 0;
+      if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers,
@@ -930,6 +1072,10 @@ class Transport {
   }
 
   void close_socket(Peer& p) {
+    if (p.direct_sending) {
+      p.close_deferred = true;  // the calling thread is in sendmsg on it: it closes it after
+      return;
+    }
     boost::system::error_code ignored;
     if (p.socket && p.socket->is_open()) {
       p.socket->shutdown(tcp::socket::shutdown_both, ignored);
@@ -1072,7 +1218,12 @@ class Transport::Op {
     start();
     const auto payload = encode(desc);
     for (auto& p : t_.peers_) {
-      if (p->rank != t_.rank_) t_.enqueue_control_locked(*p, FrameType::Descriptor, seq_, payload);
+      if (p->rank == t_.rank_) continue;
+      OutFrame f;
+      f.header = encode_header(FrameHeader{FrameType::Descriptor, payload.size(), seq_, 0});
+      f.owned = payload;
+      f.size = f.owned.size();
+      t_.send_now_or_enqueue(lk, *p, std::move(f));
     }
   }
 
@@ -1164,9 +1315,9 @@ class Transport::Op {
     f.payload = data.data();
     f.size = data.size();
     f.transfer = t;
-    std::lock_guard lk(t_.mu_);
+    std::unique_lock lk(t_.mu_);
     transfers_.push_back(t);
-    t_.enqueue_locked(t_.peer(peer), std::move(f));
+    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f));
     return t;
   }
 
