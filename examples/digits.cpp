@@ -13,14 +13,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <filesystem>
-#include <stdexcept>
 #include <string>
 #include <string_view>
-#include <type_traits>
 
 #include <fmt/format.h>
 
+#include "common/cli.hpp"
 #include "common/digits_mlp.hpp"
 #include "common/training_report.hpp"
 
@@ -45,8 +43,10 @@ namespace ds = distribute;
 
 namespace {
 
-constexpr double kTargetAccuracy = 0.95;
-constexpr int kExitBelowTarget = 1, kExitUsage = 2, kExitError = 3;
+using cli::kExitBelowTarget;
+using cli::kTargetAccuracy;
+using cli::parse_number;
+using cli::UsageError;
 
 constexpr const char* kUsage =
     "usage: digits [--strategy one_device|mirrored|multi_worker] [--replicas N] [--epochs E] [--batch B]\n"
@@ -58,10 +58,6 @@ constexpr const char* kUsage =
     "  --data        the digits CSV (default: " DISTRIBUTE_EXAMPLES_DATA_DIR "/digits.csv)\n"
     "  --out         where metrics-<strategy>.csv and loss-<strategy>.svg go (default: digits-out)\n";
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 struct Options {
   std::string strategy = "mirrored";
   int replicas = 0;  // 0: the strategy's default
@@ -70,19 +66,6 @@ struct Options {
   std::string out = "digits-out";
   bool list_strategies = false;
 };
-
-template <class T>
-T parse_number(std::string_view flag, const std::string& text) {
-  try {
-    std::size_t used = 0;
-    T value{};
-    if constexpr (std::is_floating_point_v<T>) value = static_cast<T>(std::stod(text, &used));
-    else value = static_cast<T>(std::stoll(text, &used));
-    if (used == text.size()) return value;
-  } catch (const std::exception&) {
-  }
-  throw UsageError(fmt::format("{}: '{}' is not a number", flag, text));
-}
 
 Options parse_args(int argc, char** argv) {
   Options o;
@@ -127,25 +110,17 @@ int train_and_report(Strategy& strategy, const Options& options, const digits::T
   const auto start = std::chrono::steady_clock::now();
   const auto result = digits::train(strategy, data, config, [&](const digits::EpochMetrics& m) {
     if (!is_chief) return;
-    fmt::print("epoch {:>2}/{}  loss {:.4f}  accuracy {:.4f}  test accuracy {:.4f}  {:>9.0f} examples/s\n", m.epoch,
-               config.epochs, m.loss, m.train_accuracy, m.test_accuracy, m.examples_per_second);
+    fmt::print("{}\n", report::epoch_line(m, config.epochs));
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const digits::EpochMetrics& last = result.history.back();
 
   if (is_chief) {
-    const std::filesystem::path out(options.out);
-    const auto csv_path = out / fmt::format("metrics-{}.csv", options.strategy);
-    const auto svg_path = out / fmt::format("loss-{}.svg", options.strategy);
-    std::vector<double> losses;
-    for (const auto& m : result.history) losses.push_back(m.loss);
-    report::write_file(csv_path, report::metrics_csv(result.history));
-    report::write_file(svg_path, report::loss_plot_svg(losses, fmt::format("digits MLP, {}: training loss", description)));
-    fmt::print("wrote {} and {}\n", csv_path.string(), svg_path.string());
+    report::write_metrics_and_plot(options.out, options.strategy, result.history,
+                                   fmt::format("digits MLP, {}: training loss", description));
   }
   // Every worker prints the final line (they hold identical models); tools and tests parse it.
-  fmt::print("final  test accuracy {:.4f}  loss {:.6f}  ({}, {} epochs, {:.1f} s)\n", last.test_accuracy, last.loss,
-             options.strategy, config.epochs, seconds);
+  fmt::print("{}\n", report::final_line(last, options.strategy, config.epochs, seconds));
   if (last.test_accuracy < kTargetAccuracy) {
     fmt::print(stderr, "digits: final test accuracy {:.4f} is below the target {}\n", last.test_accuracy,
                kTargetAccuracy);
@@ -184,24 +159,12 @@ int run(const Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Line-buffered: under distribute-launch stdout is a pipe, and progress should show as it happens.
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  try {
+  return cli::run_main("digits", kUsage, [&] {
     const Options options = parse_args(argc, argv);
     if (options.list_strategies) {
       fmt::print("one_device\nmirrored\n{}", DIGITS_WITH_MULTI_WORKER ? "multi_worker\n" : "");
       return 0;
     }
     return run(options);
-  } catch (const UsageError& e) {
-    if (!*e.what()) {  // --help
-      fmt::print("{}", kUsage);
-      return 0;
-    }
-    fmt::print(stderr, "digits: {}\n{}", e.what(), kUsage);
-    return kExitUsage;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "digits: error: {}\n", e.what());
-    return kExitError;
-  }
+  });
 }

@@ -33,15 +33,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
-#include <filesystem>
 #include <mutex>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -49,6 +45,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/cli.hpp"
 #include "common/digits_mlp.hpp"
 #include "common/training_report.hpp"
 
@@ -60,8 +57,11 @@ namespace ds = distribute;
 
 namespace {
 
-constexpr double kTargetAccuracy = 0.95;
-constexpr int kExitBelowTarget = 1, kExitUsage = 2, kExitError = 3;
+using cli::kExitBelowTarget;
+using cli::kTargetAccuracy;
+using cli::parse_number;
+using cli::UsageError;
+
 constexpr std::uint64_t kSplitSeed = 20240607;  // the same train/test split as examples/digits.cpp
 
 constexpr const char* kUsage =
@@ -79,10 +79,6 @@ constexpr const char* kUsage =
     "  --wait-for-workers S  before each epoch, wait up to S seconds for lost workers to come back (default 0:\n"
     "                      go on with the workers that are up; the whole run can be shorter than a restart)\n";
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 struct Options {
   int epochs = 15;
   std::int64_t batch = 32;
@@ -96,19 +92,6 @@ struct Options {
   std::int64_t kill_at_step = 0;
   double wait_for_workers = 0;  // seconds
 };
-
-template <class T>
-T parse_number(std::string_view flag, const std::string& text) {
-  try {
-    std::size_t used = 0;
-    T value{};
-    if constexpr (std::is_floating_point_v<T>) value = static_cast<T>(std::stod(text, &used));
-    else value = static_cast<T>(std::stoll(text, &used));
-    if (used == text.size()) return value;
-  } catch (const std::exception&) {
-  }
-  throw UsageError(fmt::format("{}: '{}' is not a number", flag, text));
-}
 
 Options parse_args(int argc, char** argv) {
   Options o;
@@ -311,8 +294,7 @@ int coordinate(const Options& options, ds::ParameterServerStrategy& strategy) {
                       static_cast<double>(data.test.size());
     m.examples_per_second = count / seconds;
     history.push_back(m);
-    fmt::print("epoch {:>2}/{}  loss {:.4f}  accuracy {:.4f}  test accuracy {:.4f}  {:>9.0f} examples/s\n", m.epoch,
-               options.epochs, m.loss, m.train_accuracy, m.test_accuracy, m.examples_per_second);
+    fmt::print("{}\n", report::epoch_line(m, options.epochs));
     const std::vector<std::uint64_t> completed = coordinator.closures_completed_per_worker();
     std::vector<std::uint64_t> this_epoch;
     for (std::size_t w = 0; w < completed.size(); ++w) this_epoch.push_back(completed[w] - completed_before[w]);
@@ -332,19 +314,12 @@ int coordinate(const Options& options, ds::ParameterServerStrategy& strategy) {
                first_epoch - 1);
     return 0;
   }
-  const std::filesystem::path out(options.out);
-  const auto csv_path = out / "metrics-parameter_server.csv";
-  const auto svg_path = out / "loss-parameter_server.svg";
-  std::vector<double> losses;
-  for (const auto& m : history) losses.push_back(m.loss);
-  report::write_file(csv_path, report::metrics_csv(history));
-  report::write_file(svg_path, report::loss_plot_svg(losses, fmt::format("digits MLP, ParameterServerStrategy ({} ps, {} "
-                                                                         "workers, asynchronous): training loss",
-                                                                         strategy.num_ps(), strategy.num_workers())));
-  fmt::print("wrote {} and {}\n", csv_path.string(), svg_path.string());
+  report::write_metrics_and_plot(options.out, "parameter_server", history,
+                                 fmt::format("digits MLP, ParameterServerStrategy ({} ps, {} workers, asynchronous): "
+                                             "training loss",
+                                             strategy.num_ps(), strategy.num_workers()));
   const digits::EpochMetrics& last = history.back();
-  fmt::print("final  test accuracy {:.4f}  loss {:.6f}  (parameter_server, {} epochs, {:.1f} s)\n", last.test_accuracy,
-             last.loss, options.epochs, seconds);
+  fmt::print("{}\n", report::final_line(last, "parameter_server", options.epochs, seconds));
   if (last.test_accuracy < kTargetAccuracy) {
     fmt::print(stderr, "parameter_server: final test accuracy {:.4f} is below the target {}\n", last.test_accuracy,
                kTargetAccuracy);
@@ -378,19 +353,8 @@ int run(const Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows as it happens under the launcher
-  try {
+  return cli::run_main("parameter_server", kUsage, [&] {
     g_options = parse_args(argc, argv);
     return run(g_options);
-  } catch (const UsageError& e) {
-    if (!*e.what()) {
-      fmt::print("{}", kUsage);
-      return 0;
-    }
-    fmt::print(stderr, "parameter_server: {}\n{}", e.what(), kUsage);
-    return kExitUsage;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "parameter_server: error: {}\n", e.what());
-    return kExitError;
-  }
+  });
 }

@@ -28,6 +28,18 @@ inline void write_file(const std::filesystem::path& path, std::string_view text)
   if (!out) throw std::runtime_error(fmt::format("cannot write '{}'", path.string()));
 }
 
+/// "epoch  e/E  loss L  accuracy A  test accuracy T  N examples/s" (tests parse this line).
+inline std::string epoch_line(const digits::EpochMetrics& m, int epochs) {
+  return fmt::format("epoch {:>2}/{}  loss {:.4f}  accuracy {:.4f}  test accuracy {:.4f}  {:>9.0f} examples/s", m.epoch,
+                     epochs, m.loss, m.train_accuracy, m.test_accuracy, m.examples_per_second);
+}
+
+/// "final  test accuracy T  loss L  (tag, E epochs, S s)" (tests parse this line).
+inline std::string final_line(const digits::EpochMetrics& last, std::string_view tag, int epochs, double seconds) {
+  return fmt::format("final  test accuracy {:.4f}  loss {:.6f}  ({}, {} epochs, {:.1f} s)", last.test_accuracy,
+                     last.loss, tag, epochs, seconds);
+}
+
 /// epoch,loss,train_accuracy,test_accuracy,examples_per_second (a header, then one row per epoch).
 inline std::string metrics_csv(const std::vector<digits::EpochMetrics>& history) {
   std::string csv = "epoch,loss,train_accuracy,test_accuracy,examples_per_second\n";
@@ -119,6 +131,18 @@ inline std::string loss_plot_svg(const std::vector<double>& values, std::string_
   }
   svg += "</svg>\n";
   return svg;
+}
+
+/// Writes DIR/metrics-<tag>.csv and DIR/loss-<tag>.svg (titled `title`) and says so on stdout.
+inline void write_metrics_and_plot(const std::filesystem::path& dir, std::string_view tag,
+                                   const std::vector<digits::EpochMetrics>& history, std::string_view title) {
+  const auto csv_path = dir / fmt::format("metrics-{}.csv", tag);
+  const auto svg_path = dir / fmt::format("loss-{}.svg", tag);
+  std::vector<double> losses;
+  for (const auto& m : history) losses.push_back(m.loss);
+  write_file(csv_path, metrics_csv(history));
+  write_file(svg_path, loss_plot_svg(losses, title));
+  fmt::print("wrote {} and {}\n", csv_path.string(), svg_path.string());
 }
 
 }  // namespace report
