@@ -392,6 +392,30 @@ TEST_CASE("parameter_server: outside a cluster it says how to run it (exit 2)") 
   CHECK(child.output.find("distribute-launch --ps") != std::string::npos);
 }
 
+TEST_CASE("parameter_server: bad arguments are usage errors (exit 2) that say what is wrong") {
+  const auto program = parameter_server_program();
+  if (!program) {
+    MESSAGE("this build has no parameter_server example: skipped");
+    return;
+  }
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--kill-worker", "1"}, "--kill-worker and --kill-at-step go together"},
+      {{"--epochs", "0"}, "--epochs: 0 must be positive"},
+      {{"--wait-for-workers", "-1"}, "--wait-for-workers: -1 is negative"},
+      {{"--learning-rate", "fast"}, "--learning-rate: 'fast' is not a number"},
+      {{"--bogus"}, "unknown argument '--bogus'"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> argv{*program};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto child = run(argv);
+    INFO(child.output);
+    CHECK(child.status == 2);
+    CHECK(child.output.find("parameter_server: " + message) != std::string::npos);
+    CHECK(child.output.find("usage: distribute-launch --ps 2") != std::string::npos);
+  }
+}
+
 // ---- examples_full: the default epochs, the documented accuracy -----------------------------
 
 TEST_SUITE("examples_full") {
