@@ -28,6 +28,7 @@
 //
 // Exit status (chief): 0 when the final test accuracy reaches 0.95, 1 when it does not, 2 for a
 // usage error, 3 for any other error. ps and worker tasks exit 0 when the coordinator stops them.
+#include <atomic>
 #include <csignal>
 #include <chrono>
 #include <cstdint>
@@ -155,15 +156,16 @@ using TensorVariable = ds::Variable<ds::Tensor<float>>;
 
 /// Dies like a crashed machine, once, if this is the worker that --kill-worker names.
 void maybe_die_in_step() {
-  static std::atomic<std::int64_t> steps{0};
-  const int restarts = [] {
-    const char* r = std::getenv("DISTRIBUTE_LAUNCH_RESTART");
-    return r ? std::atoi(r) : 0;
+  // Whether this process is the one to die is fixed at start-up: decided once, not per step.
+  static const bool armed = [] {
+    if (g_options.kill_worker < 0) return false;
+    const char* restarts = std::getenv("DISTRIBUTE_LAUNCH_RESTART");
+    if (restarts && std::atoi(restarts) != 0) return false;  // the restarted worker lives
+    const char* task = std::getenv("DISTRIBUTE_LAUNCH_TASK");
+    return task && std::string_view(task) == fmt::format("worker:{}", g_options.kill_worker);
   }();
-  if (g_options.kill_worker < 0 || restarts != 0) return;
-  const char* task = std::getenv("DISTRIBUTE_LAUNCH_TASK");
-  if (!task || std::string_view(task) != fmt::format("worker:{}", g_options.kill_worker)) return;
-  if (++steps != g_options.kill_at_step) return;
+  static std::atomic<std::int64_t> steps{0};
+  if (!armed || ++steps != g_options.kill_at_step) return;
   fmt::print(stderr, "worker {}: --kill-worker: SIGKILL in step {}, before its updates are committed\n",
              g_options.kill_worker, g_options.kill_at_step);
   std::fflush(stderr);
