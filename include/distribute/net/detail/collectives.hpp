@@ -95,10 +95,11 @@ inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, s
     op.send(right, tag(t, c), std::span<const std::byte>(data + b * es, len * es));
   };
 
-  for (std::size_t c = 0; c < g.nchunks; ++c) send(0, c);
+  // Receives first: a frame that arrives before its receive is posted must be buffered and copied.
   for (int t = 0; t < std::min(2, steps); ++t) {
     for (std::size_t c = 0; c < g.nchunks; ++c) post(t, c);
   }
+  for (std::size_t c = 0; c < g.nchunks; ++c) send(0, c);
   for (int t = 0; t < steps; ++t) {
     for (std::size_t c = 0; c < g.nchunks; ++c) {
       TransferPtr& in = recvs[tag(t, c)];

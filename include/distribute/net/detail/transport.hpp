@@ -66,10 +66,42 @@ struct MsgKey {
 };
 
 /// A buffer for a frame that arrived before its receive was posted (not zero-filled: it is
-/// overwritten by the read at once).
+/// overwritten by the read at once). Spent ones are kept for reuse (Transport::BlobPool).
 struct Blob {
   std::unique_ptr<std::byte[]> data;
   std::size_t size = 0;
+  std::size_t capacity = 0;
+};
+
+/// Spent early-frame buffers kept for the next early frame. Early frames come in runs of one chunk
+/// size (a peer running ahead), and a fresh allocation of a chunk costs an mmap, a page fault per
+/// 4 KiB and an munmap each time: most of what an early frame cost. Guarded by the transport's mutex.
+class BlobPool {
+ public:
+  /// A spare buffer of at least `size` bytes, or an empty Blob (the caller allocates).
+  Blob take(std::size_t size) {
+    auto best = spare_.end();
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      if (it->capacity >= size && (best == spare_.end() || it->capacity < best->capacity)) best = it;
+    }
+    if (best == spare_.end()) return {};
+    Blob b = std::move(*best);
+    spare_.erase(best);
+    bytes_ -= b.capacity;
+    b.size = size;
+    return b;
+  }
+  void give(Blob b) {
+    if (!b.data || b.capacity > kMaxBlob || bytes_ + b.capacity > kMaxBytes) return;
+    bytes_ += b.capacity;
+    spare_.push_back(std::move(b));
+  }
+
+ private:
+  static constexpr std::size_t kMaxBlob = std::size_t{4} << 20;
+  static constexpr std::size_t kMaxBytes = std::size_t{32} << 20;
+  std::vector<Blob> spare_;
+  std::size_t bytes_ = 0;
 };
 
 /// One send or receive; shared between the calling thread and the io thread, guarded by the
@@ -724,7 +756,11 @@ class Transport {
     }
     if (!p.rx_transfer) {
       try {
-        p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length};
+        {
+          std::lock_guard lk(mu_);
+          p.rx_blob = blobs_.take(length);
+        }
+        if (!p.rx_blob.data) p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length, length};
       } catch (const std::bad_alloc&) {
         return protocol_error(p, fmt::format("cannot buffer a frame of {} bytes: out of memory", length));
       }
@@ -817,6 +853,7 @@ class Transport {
         }
       }
     }
+    blobs_.give(std::move(p.rx_blob));
     p.rx_blob = Blob{};
     cv_.notify_all();
     lk.unlock();
@@ -1201,6 +1238,7 @@ class Transport {
   std::optional<Failure> failure_;
   std::optional<Failure> setup_failure_;
   std::uint64_t next_seq_ = 0;
+  BlobPool blobs_;
   std::thread io_thread_;
 };
 
@@ -1355,6 +1393,7 @@ class Transport::Op {
       if (early.size > 0) std::memcpy(dst.data(), early.data.get(), early.size);
       std::lock_guard lk(t_.mu_);
       t->state = Transfer::State::Done;
+      t_.blobs_.give(std::move(early));
     } else {
       std::lock_guard lk(t_.mu_);
       t->state = Transfer::State::Failed;
