@@ -5,9 +5,11 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -60,9 +62,11 @@ struct RingGeometry {
 };
 
 /// Ring all-reduce: n-1 reduce-scatter steps then n-1 all-gather steps, each step's segment cut in
-/// chunks. Chunk c moves on as soon as it is reduced, so while this thread reduces chunk c the io
-/// thread is sending chunk c-1 onwards and receiving chunk c+1. Every segment is reduced along one
-/// chain and then copied, so all ranks end with bitwise identical results.
+/// chunks. Chunk c moves on as soon as it is reduced: each receive carries a continuation that
+/// reduces the chunk, sends it to the right and posts the receive two steps on, so the thread that
+/// read the chunk (the io thread, as a rule) forwards it at once, and the calling thread sleeps
+/// until the last chunk is in instead of being woken for every one. Every segment is reduced along
+/// one chain and then copied, so all ranks end with bitwise identical results.
 inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
                             ReduceOp rop, std::vector<std::byte>& scratch) {
   const int n = tr.size(), r = tr.rank();
@@ -75,45 +79,48 @@ inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, s
   const std::size_t slot_bytes = g.nchunks * g.max_chunk * es;
   const std::size_t slots = std::min<std::size_t>(2, static_cast<std::size_t>(n - 1));
   if (scratch.size() < slots * slot_bytes) scratch.resize(slots * slot_bytes);
+  std::byte* const scratch_base = scratch.data();
 
   auto mod = [n](int x) { return ((x % n) + n) % n; };
   auto send_seg = [&](int t) { return t < n - 1 ? mod(r - t) : mod(r + 1 - (t - (n - 1))); };
   auto recv_seg = [&](int t) { return t < n - 1 ? mod(r - t - 1) : mod(r - (t - (n - 1))); };
   auto tag = [&](int t, std::size_t c) { return static_cast<std::uint64_t>(t) * g.nchunks + c; };
   auto scratch_at = [&](int t, std::size_t c) {
-    return scratch.data() + static_cast<std::size_t>(t % 2) * slot_bytes + c * g.max_chunk * es;
-  };
-
-  std::vector<TransferPtr> recvs(static_cast<std::size_t>(steps) * g.nchunks);
-  auto post = [&](int t, std::size_t c) {
-    const auto [b, len] = g.chunk(recv_seg(t), c);
-    std::byte* dst = t < n - 1 ? scratch_at(t, c) : data + b * es;
-    recvs[tag(t, c)] = op.recv(left, tag(t, c), std::span<std::byte>(dst, len * es));
+    return scratch_base + static_cast<std::size_t>(t % 2) * slot_bytes + c * g.max_chunk * es;
   };
   auto send = [&](int t, std::size_t c) {
     const auto [b, len] = g.chunk(send_seg(t), c);
     op.send(right, tag(t, c), std::span<const std::byte>(data + b * es, len * es));
   };
 
+  // Continuations run on the io thread and on this one, possibly at once, but each touches only
+  // its own chunk's memory; the count is what this thread waits on.
+  const std::size_t total = static_cast<std::size_t>(steps) * g.nchunks;
+  std::atomic<std::size_t> arrived{0};
+  std::function<void(int, std::size_t)> post;
+  auto on_arrival = [&](int t, std::size_t c) {
+    if (t < n - 1) {
+      const auto [b, len] = g.chunk(recv_seg(t), c);
+      reduce_bytes(dtype, data + b * es, scratch_at(t, c), len, rop);
+      if (t == n - 2 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, n);
+    }
+    if (t + 1 < steps) send(t + 1, c);
+    if (t + 2 < steps) post(t + 2, c);
+    return arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == total;  // the last one wakes the caller
+  };
+  post = [&](int t, std::size_t c) {
+    const auto [b, len] = g.chunk(recv_seg(t), c);
+    std::byte* dst = t < n - 1 ? scratch_at(t, c) : data + b * es;
+    op.recv(left, tag(t, c), std::span<std::byte>(dst, len * es), [&on_arrival, t, c] { return on_arrival(t, c); });
+  };
+  const ContinuationScope scope(op);
+
   // Receives first: a frame that arrives before its receive is posted must be buffered and copied.
   for (int t = 0; t < std::min(2, steps); ++t) {
     for (std::size_t c = 0; c < g.nchunks; ++c) post(t, c);
   }
   for (std::size_t c = 0; c < g.nchunks; ++c) send(0, c);
-  for (int t = 0; t < steps; ++t) {
-    for (std::size_t c = 0; c < g.nchunks; ++c) {
-      TransferPtr& in = recvs[tag(t, c)];
-      op.wait(in);
-      in.reset();
-      if (t < n - 1) {
-        const auto [b, len] = g.chunk(recv_seg(t), c);
-        reduce_bytes(dtype, data + b * es, scratch_at(t, c), len, rop);
-        if (t == n - 2 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, n);
-      }
-      if (t + 1 < steps) send(t + 1, c);
-      if (t + 2 < steps) post(t + 2, c);
-    }
-  }
+  op.wait_until([&] { return arrived.load(std::memory_order_acquire) == total; }, left);
   op.finish();
 }
 

@@ -6,6 +6,9 @@
 // Receives are matched by (type, sequence, tag): a frame whose receive is already posted is read
 // straight into the caller's buffer; an early one is buffered until its receive is posted. Every
 // socket is always being read, so EOF, resets and heartbeats are seen whatever the caller does.
+// A receive may carry a continuation that the io thread runs as soon as the frame is in (reduce,
+// send on, post the next receive), so a pipelined collective does not wake the calling thread for
+// every chunk.
 //
 // The first failure (a peer lost, a timeout, mismatched collectives) poisons the transport: it is
 // sent to every peer in an Abort frame, and every later operation throws it.
@@ -120,6 +123,11 @@ struct Transfer {
   std::byte* dst = nullptr;  // receive destination
   std::size_t size = 0;
   Failure error;  // when Failed
+  // A receive's continuation: run by the thread that completes the receive (usually the io
+  // thread, right after reading the frame), without the mutex, before the receive counts as Done.
+  // It lets an algorithm reduce and pass a chunk on without waking the calling thread per chunk;
+  // it returns true when the thread waiting in Op::wait_until should look again.
+  std::function<bool()> on_arrival;
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 
@@ -829,8 +837,9 @@ class Transport {
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
     if (p.rx_transfer) {
-      p.rx_transfer->state = Transfer::State::Done;
+      const TransferPtr t = std::move(p.rx_transfer);
       p.rx_transfer.reset();
+      complete_receive_locked(lk, t);
     } else if (p.rx_keep) {
       // Its receive may have been posted while the frame was arriving: hand it over now.
       const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
@@ -846,18 +855,47 @@ class Transport {
           lk.unlock();
           if (t->size > 0) std::memcpy(t->dst, p.rx_blob.data.get(), t->size);
           lk.lock();
-          t->state = Transfer::State::Done;
+          complete_receive_locked(lk, t);
         } else {
           t->state = Transfer::State::Failed;
           t->error = Failure{FailureKind::Mismatch, size_mismatch(p, p.rx_blob.size, t->size, key)};
+          cv_.notify_all();
         }
       }
     }
     blobs_.give(std::move(p.rx_blob));
     p.rx_blob = Blob{};
-    cv_.notify_all();
     lk.unlock();
     read_header(p);
+  }
+
+  // A receive's bytes are in place (state Active, `lk` held): runs its continuation, if any, with
+  // the mutex released, then marks it Done. A continuation that throws fails the receive, and
+  // with it the collective.
+  void complete_receive_locked(std::unique_lock<std::mutex>& lk, const TransferPtr& t) {
+    bool wake = progress_waiters_ > 0;
+    if (t->on_arrival) {
+      const std::function<bool()> next = std::move(t->on_arrival);
+      t->on_arrival = nullptr;
+      std::optional<std::string> error;
+      lk.unlock();
+      try {
+        wake = next() || wake;
+      } catch (const std::exception& e) {
+        error = e.what();
+      } catch (...) {
+        error = "unknown exception";
+      }
+      lk.lock();
+      if (error) {
+        t->state = Transfer::State::Failed;
+        t->error = Failure{FailureKind::Peer, fmt::format("{} failed while passing on received data: {}", me(), *error)};
+        cv_.notify_all();
+        return;
+      }
+    }
+    t->state = Transfer::State::Done;
+    if (wake || progress_waiters_ > 0) cv_.notify_all();
   }
 
   std::string size_mismatch(const Peer& p, std::size_t got, std::size_t want, const MsgKey& key) const {
@@ -957,7 +995,7 @@ class Transport {
     const bool whole = f.sent == f.header.size() + f.size;
     if (whole && f.transfer) {
       f.transfer->state = Transfer::State::Done;
-      cv_.notify_all();
+      if (progress_waiters_ > 0) cv_.notify_all();
     }
     if (p.state != Peer::State::Open) {
       // Lost or closed meanwhile: what was queued has been failed already; fail this frame too.
@@ -1044,7 +1082,7 @@ class Transport {
       }
     }
     p.batch.clear();
-    cv_.notify_all();
+    if (ec || progress_waiters_ > 0) cv_.notify_all();
     if (ec) {
       p.writing = false;
       peer_down_locked(p, describe_error(ec));
@@ -1239,6 +1277,9 @@ class Transport {
   std::optional<Failure> setup_failure_;
   std::uint64_t next_seq_ = 0;
   BlobPool blobs_;
+  // Threads blocked in Op::block that want waking whenever a transfer completes; one in
+  // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
+  int progress_waiters_ = 0;
   std::thread io_thread_;
 };
 
@@ -1285,14 +1326,27 @@ class Transport::Op {
 
   std::uint64_t seq() const noexcept { return seq_; }
 
+  /// Unless finish() completed: stops this Op's transfers and waits until neither the io thread
+  /// nor a continuation touches the caller's memory (what the destructor does). An algorithm
+  /// whose continuations use its own locals calls it before those go out of scope
+  /// (ContinuationScope).
+  void abandon_unless_finished() noexcept {
+    if (!finished_) abandon();
+  }
+
   /// Sends `data` (kept alive and unchanged by the caller until finish()) as a Data frame.
   TransferPtr send(int peer, std::uint64_t tag, std::span<const std::byte> data) {
     return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data);
   }
 
-  /// Posts a receive of exactly `dst.size()` bytes.
-  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst) {
-    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false);
+  /// Posts a receive of exactly `dst.size()` bytes. `on_arrival`, when given, runs once the bytes
+  /// are in `dst`, on whichever thread completed the receive (the io thread, or this one when the
+  /// frame was already here), before the receive counts as done. It may send and post receives
+  /// on this Op; it must not wait, and it may run concurrently with this thread and with other
+  /// continuations. It returns true when what wait_until() waits for may now hold. Once the Op is
+  /// being abandoned, its sends and receives fail without starting.
+  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst, std::function<bool()> on_arrival = {}) {
+    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false, std::move(on_arrival));
   }
 
   TransferPtr send_p2p(int peer, std::span<const std::byte> data) {
@@ -1314,6 +1368,30 @@ class Transport::Op {
     block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
   }
 
+  /// Waits until `done()` holds, for state that continuations update: checked under the
+  /// transport's mutex when a continuation returns true (not on every completed transfer), and on
+  /// failures and descriptors. Throws like wait(), and for a failed transfer of this Op.
+  /// `waiting_on` names the peer in a timeout's message.
+  template <class Done>
+  void wait_until(Done&& done, int waiting_on) {
+    std::unique_lock lk(t_.mu_);
+    quiet_ = true;
+    struct Loud {
+      bool& quiet;
+      ~Loud() { quiet = false; }
+    } loud{quiet_};
+    block(
+        lk,
+        [&] {
+          // By index: a continuation may append transfers whenever the mutex is released.
+          for (std::size_t i = 0; i < transfers_.size(); ++i) {
+            if (transfers_[i]->state == Transfer::State::Failed) (void)settled_locked(*transfers_[i]);
+          }
+          return done();
+        },
+        waiting_on, "data from");
+  }
+
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
   const std::vector<Descriptor>& descriptors() {
     std::unique_lock lk(t_.mu_);
@@ -1325,7 +1403,9 @@ class Transport::Op {
   /// the transport holds no reference to the caller's memory.
   void finish() {
     std::unique_lock lk(t_.mu_);
-    for (const auto& t : transfers_) {
+    // By index: a continuation may append transfers whenever the mutex is released.
+    for (std::size_t i = 0; i < transfers_.size(); ++i) {
+      const TransferPtr t = transfers_[i];
       block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
     }
     if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
@@ -1355,11 +1435,15 @@ class Transport::Op {
     f.transfer = t;
     std::unique_lock lk(t_.mu_);
     transfers_.push_back(t);
+    if (abandoning_) {
+      t->state = Transfer::State::Failed;
+      return t;
+    }
     t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f));
     return t;
   }
 
-  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p) {
+  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p, std::function<bool()> on_arrival = {}) {
     if (dst.size() > t_.options_.max_frame_bytes) {
       throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, dst.size(),
                                         t_.options_.max_frame_bytes));
@@ -1368,6 +1452,7 @@ class Transport::Op {
     t->peer = peer;
     t->dst = dst.data();
     t->size = dst.size();
+    t->on_arrival = std::move(on_arrival);
     Blob early;
     {
       std::lock_guard lk(t_.mu_);
@@ -1375,10 +1460,15 @@ class Transport::Op {
       if (p2p) key.seq = p.p2p_received++;
       t->key = key;
       transfers_.push_back(t);
+      if (abandoning_) {
+        t->state = Transfer::State::Failed;
+        return t;
+      }
       if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
         early = std::move(it->second.front());
         it->second.pop_front();
         if (it->second.empty()) p.unexpected.erase(it);
+        t->state = Transfer::State::Active;  // abandon() must wait for the copy and the continuation
       } else if (p.state != Peer::State::Open) {
         t->state = Transfer::State::Failed;
         t->error = t_.closed_failure_locked(p);
@@ -1391,16 +1481,27 @@ class Transport::Op {
     // It arrived before this receive was posted: copy it out of its buffer (outside the lock).
     if (early.size == dst.size()) {
       if (early.size > 0) std::memcpy(dst.data(), early.data.get(), early.size);
-      std::lock_guard lk(t_.mu_);
-      t->state = Transfer::State::Done;
+      std::unique_lock lk(t_.mu_);
       t_.blobs_.give(std::move(early));
+      t_.complete_receive_locked(lk, t);
     } else {
       std::lock_guard lk(t_.mu_);
       t->state = Transfer::State::Failed;
       t->error = Failure{FailureKind::Mismatch, t_.size_mismatch(t_.peer(peer), early.size, dst.size(), t->key)};
+      t_.cv_.notify_all();  // posted by a continuation, the caller waits in wait_until
     }
     return t;
   }
+
+  // Counts this thread, while it waits, among those to wake whenever a transfer completes.
+  struct ProgressWaiter {
+    ProgressWaiter(Transport& t, bool counted) : waiters(t.progress_waiters_), n(counted ? 1 : 0) { waiters += n; }
+    ~ProgressWaiter() { waiters -= n; }
+    ProgressWaiter(const ProgressWaiter&) = delete;
+    ProgressWaiter& operator=(const ProgressWaiter&) = delete;
+    int& waiters;
+    int n;
+  };
 
   [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
 
@@ -1434,6 +1535,7 @@ class Transport::Op {
         }
         if (done()) return;  // the poll may have been what it waited for
       }
+      const ProgressWaiter waiter(t_, !quiet_);
       if (!deadline_) {
         t_.cv_.wait(lk);
         continue;
@@ -1515,6 +1617,7 @@ class Transport::Op {
   void abandon() noexcept {
     try {
       std::unique_lock lk(t_.mu_);
+      abandoning_ = true;  // continuations still running start nothing new
       for (const auto& t : transfers_) {
         if (t->state != Transfer::State::Queued) continue;
         Peer& p = t_.peer(t->peer);
@@ -1530,6 +1633,7 @@ class Transport::Op {
         return std::any_of(transfers_.begin(), transfers_.end(),
                            [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
       };
+      const ProgressWaiter waiter(t_, true);
       if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
         // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
         std::set<int> stuck;
@@ -1545,6 +1649,7 @@ class Transport::Op {
         t_.cv_.wait(lk, [&] { return !busy(); });
       }
       transfers_.clear();
+      finished_ = true;
     } catch (...) {
       // Only allocation can throw here; nothing better to do than carry on unwinding.
     }
@@ -1561,6 +1666,21 @@ class Transport::Op {
   bool descs_ok_ = false;
   std::optional<Failure> mismatch_;
   bool finished_ = false;
+  bool abandoning_ = false;
+  bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
+};
+
+/// Declared after the locals that an Op's continuations capture: if the scope is left before the
+/// Op finished (an exception), the Op is abandoned while those locals still exist.
+class ContinuationScope {
+ public:
+  explicit ContinuationScope(Transport::Op& op) noexcept : op_(op) {}
+  ~ContinuationScope() { op_.abandon_unless_finished(); }
+  ContinuationScope(const ContinuationScope&) = delete;
+  ContinuationScope& operator=(const ContinuationScope&) = delete;
+
+ private:
+  Transport::Op& op_;
 };
 
 }  // namespace net::detail
