@@ -88,9 +88,11 @@ inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, s
   auto scratch_at = [&](int t, std::size_t c) {
     return scratch_base + static_cast<std::size_t>(t % 2) * slot_bytes + c * g.max_chunk * es;
   };
+  // Every reduce-scatter send's memory later receives an all-gather chunk, so the io thread
+  // does all the writing (the first step's frames are queued to it in one hand-off).
   auto send = [&](int t, std::size_t c) {
     const auto [b, len] = g.chunk(send_seg(t), c);
-    op.send(right, tag(t, c), std::span<const std::byte>(data + b * es, len * es));
+    op.send_by_io_thread(right, tag(t, c), std::span<const std::byte>(data + b * es, len * es));
   };
 
   // Continuations run on the io thread and on this one, possibly at once, but each touches only

@@ -953,9 +953,9 @@ class Transport {
   // in the queue) and `direct_sending` defers a close of the socket until the syscall is over.
   // A frame not written whole goes to the front of the queue, its `sent` bytes skipped, and the
   // io thread writes the rest (or meets the error again and handles it as usual).
-  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f) {
+  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f, bool direct = true) {
 #if defined(DISTRIBUTE_NET_DIRECT_SEND)
-    if (p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
+    if (!direct || p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
       return enqueue_locked(p, std::move(f));
     }
     if (!f.owned.empty()) f.payload = f.owned.data();
@@ -1339,6 +1339,14 @@ class Transport::Op {
     return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data);
   }
 
+  /// Like send(), but only the io thread writes the frame: directly when called there (from a
+  /// continuation), else queued for it. For memory that a later receive of the same Op
+  /// overwrites: the io thread's own write then happens before its read into that memory, which
+  /// the peer's causality alone guarantees but a race detector cannot see.
+  TransferPtr send_by_io_thread(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+    return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data, std::this_thread::get_id() == t_.io_thread_.get_id());
+  }
+
   /// Posts a receive of exactly `dst.size()` bytes. `on_arrival`, when given, runs once the bytes
   /// are in `dst`, on whichever thread completed the receive (the io thread, or this one when the
   /// frame was already here), before the receive counts as done. It may send and post receives
@@ -1418,7 +1426,7 @@ class Transport::Op {
     if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
   }
 
-  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data) {
+  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data, bool direct = true) {
     if (data.size() > t_.options_.max_frame_bytes) {
       throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, data.size(),
                                         t_.options_.max_frame_bytes));
@@ -1439,7 +1447,7 @@ class Transport::Op {
       t->state = Transfer::State::Failed;
       return t;
     }
-    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f));
+    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f), direct);
     return t;
   }
 
