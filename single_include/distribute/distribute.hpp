@@ -22084,9 +22084,11 @@ DISTRIBUTE_END_NAMESPACE
 // the same thing.
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -22102,6 +22104,9 @@ DISTRIBUTE_END_NAMESPACE
 // Receives are matched by (type, sequence, tag): a frame whose receive is already posted is read
 // straight into the caller's buffer; an early one is buffered until its receive is posted. Every
 // socket is always being read, so EOF, resets and heartbeats are seen whatever the caller does.
+// A receive may carry a continuation that the io thread runs as soon as the frame is in (reduce,
+// send on, post the next receive), so a pipelined collective does not wake the calling thread for
+// every chunk.
 //
 // The first failure (a peer lost, a timeout, mismatched collectives) poisons the transport: it is
 // sent to every peer in an Abort frame, and every later operation throws it.
@@ -23133,10 +23138,42 @@ struct MsgKey {
 };
 
 /// A buffer for a frame that arrived before its receive was posted (not zero-filled: it is
-/// overwritten by the read at once).
+/// overwritten by the read at once). Spent ones are kept for reuse (Transport::BlobPool).
 struct Blob {
   std::unique_ptr<std::byte[]> data;
   std::size_t size = 0;
+  std::size_t capacity = 0;
+};
+
+/// Spent early-frame buffers kept for the next early frame. Early frames come in runs of one chunk
+/// size (a peer running ahead), and a fresh allocation of a chunk costs an mmap, a page fault per
+/// 4 KiB and an munmap each time: most of what an early frame cost. Guarded by the transport's mutex.
+class BlobPool {
+ public:
+  /// A spare buffer of at least `size` bytes, or an empty Blob (the caller allocates).
+  Blob take(std::size_t size) {
+    auto best = spare_.end();
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      if (it->capacity >= size && (best == spare_.end() || it->capacity < best->capacity)) best = it;
+    }
+    if (best == spare_.end()) return {};
+    Blob b = std::move(*best);
+    spare_.erase(best);
+    bytes_ -= b.capacity;
+    b.size = size;
+    return b;
+  }
+  void give(Blob b) {
+    if (!b.data || b.capacity > kMaxBlob || bytes_ + b.capacity > kMaxBytes) return;
+    bytes_ += b.capacity;
+    spare_.push_back(std::move(b));
+  }
+
+ private:
+  static constexpr std::size_t kMaxBlob = std::size_t{4} << 20;
+  static constexpr std::size_t kMaxBytes = std::size_t{32} << 20;
+  std::vector<Blob> spare_;
+  std::size_t bytes_ = 0;
 };
 
 /// One send or receive; shared between the calling thread and the io thread, guarded by the
@@ -23155,6 +23192,11 @@ struct Transfer {
   std::byte* dst = nullptr;  // receive destination
   std::size_t size = 0;
   Failure error;  // when Failed
+  // A receive's continuation: run by the thread that completes the receive (usually the io
+  // thread, right after reading the frame), without the mutex, before the receive counts as Done.
+  // It lets an algorithm reduce and pass a chunk on without waking the calling thread per chunk;
+  // it returns true when the thread waiting in Op::wait_until should look again.
+  std::function<bool()> on_arrival;
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 
@@ -23791,7 +23833,11 @@ class Transport {
     }
     if (!p.rx_transfer) {
       try {
-        p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length};
+        {
+          std::lock_guard lk(mu_);
+          p.rx_blob = blobs_.take(length);
+        }
+        if (!p.rx_blob.data) p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length, length};
       } catch (const std::bad_alloc&) {
         return protocol_error(p, fmt::format("cannot buffer a frame of {} bytes: out of memory", length));
       }
@@ -23860,8 +23906,9 @@ class Transport {
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
     if (p.rx_transfer) {
-      p.rx_transfer->state = Transfer::State::Done;
+      const TransferPtr t = std::move(p.rx_transfer);
       p.rx_transfer.reset();
+      complete_receive_locked(lk, t);
     } else if (p.rx_keep) {
       // Its receive may have been posted while the frame was arriving: hand it over now.
       const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
@@ -23877,17 +23924,47 @@ class Transport {
           lk.unlock();
           if (t->size > 0) std::memcpy(t->dst, p.rx_blob.data.get(), t->size);
           lk.lock();
-          t->state = Transfer::State::Done;
+          complete_receive_locked(lk, t);
         } else {
           t->state = Transfer::State::Failed;
           t->error = Failure{FailureKind::Mismatch, size_mismatch(p, p.rx_blob.size, t->size, key)};
+          cv_.notify_all();
         }
       }
     }
+    blobs_.give(std::move(p.rx_blob));
     p.rx_blob = Blob{};
-    cv_.notify_all();
     lk.unlock();
     read_header(p);
+  }
+
+  // A receive's bytes are in place (state Active, `lk` held): runs its continuation, if any, with
+  // the mutex released, then marks it Done. A continuation that throws fails the receive, and
+  // with it the collective.
+  void complete_receive_locked(std::unique_lock<std::mutex>& lk, const TransferPtr& t) {
+    bool wake = progress_waiters_ > 0;
+    if (t->on_arrival) {
+      const std::function<bool()> next = std::move(t->on_arrival);
+      t->on_arrival = nullptr;
+      std::optional<std::string> error;
+      lk.unlock();
+      try {
+        wake = next() || wake;
+      } catch (const std::exception& e) {
+        error = e.what();
+      } catch (...) {
+        error = "unknown exception";
+      }
+      lk.lock();
+      if (error) {
+        t->state = Transfer::State::Failed;
+        t->error = Failure{FailureKind::Peer, fmt::format("{} failed while passing on received data: {}", me(), *error)};
+        cv_.notify_all();
+        return;
+      }
+    }
+    t->state = Transfer::State::Done;
+    if (wake || progress_waiters_ > 0) cv_.notify_all();
   }
 
   std::string size_mismatch(const Peer& p, std::size_t got, std::size_t want, const MsgKey& key) const {
@@ -23945,9 +24022,9 @@ class Transport {
   // in the queue) and `direct_sending` defers a close of the socket until the syscall is over.
   // A frame not written whole goes to the front of the queue, its `sent` bytes skipped, and the
   // io thread writes the rest (or meets the error again and handles it as usual).
-  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f) {
+  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f, bool direct = true) {
 #if defined(DISTRIBUTE_NET_DIRECT_SEND)
-    if (p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
+    if (!direct || p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
       return enqueue_locked(p, std::move(f));
     }
     if (!f.owned.empty()) f.payload = f.owned.data();
@@ -23987,7 +24064,7 @@ class Transport {
     const bool whole = f.sent == f.header.size() + f.size;
     if (whole && f.transfer) {
       f.transfer->state = Transfer::State::Done;
-      cv_.notify_all();
+      if (progress_waiters_ > 0) cv_.notify_all();
     }
     if (p.state != Peer::State::Open) {
       // Lost or closed meanwhile: what was queued has been failed already; fail this frame too.
@@ -24074,7 +24151,7 @@ class Transport {
       }
     }
     p.batch.clear();
-    cv_.notify_all();
+    if (ec || progress_waiters_ > 0) cv_.notify_all();
     if (ec) {
       p.writing = false;
       peer_down_locked(p, describe_error(ec));
@@ -24268,6 +24345,10 @@ class Transport {
   std::optional<Failure> failure_;
   std::optional<Failure> setup_failure_;
   std::uint64_t next_seq_ = 0;
+  BlobPool blobs_;
+  // Threads blocked in Op::block that want waking whenever a transfer completes; one in
+  // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
+  int progress_waiters_ = 0;
   std::thread io_thread_;
 };
 
@@ -24314,14 +24395,35 @@ class Transport::Op {
 
   std::uint64_t seq() const noexcept { return seq_; }
 
+  /// Unless finish() completed: stops this Op's transfers and waits until neither the io thread
+  /// nor a continuation touches the caller's memory (what the destructor does). An algorithm
+  /// whose continuations use its own locals calls it before those go out of scope
+  /// (ContinuationScope).
+  void abandon_unless_finished() noexcept {
+    if (!finished_) abandon();
+  }
+
   /// Sends `data` (kept alive and unchanged by the caller until finish()) as a Data frame.
   TransferPtr send(int peer, std::uint64_t tag, std::span<const std::byte> data) {
     return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data);
   }
 
-  /// Posts a receive of exactly `dst.size()` bytes.
-  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst) {
-    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false);
+  /// Like send(), but only the io thread writes the frame: directly when called there (from a
+  /// continuation), else queued for it. For memory that a later receive of the same Op
+  /// overwrites: the io thread's own write then happens before its read into that memory, which
+  /// the peer's causality alone guarantees but a race detector cannot see.
+  TransferPtr send_by_io_thread(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+    return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data, std::this_thread::get_id() == t_.io_thread_.get_id());
+  }
+
+  /// Posts a receive of exactly `dst.size()` bytes. `on_arrival`, when given, runs once the bytes
+  /// are in `dst`, on whichever thread completed the receive (the io thread, or this one when the
+  /// frame was already here), before the receive counts as done. It may send and post receives
+  /// on this Op; it must not wait, and it may run concurrently with this thread and with other
+  /// continuations. It returns true when what wait_until() waits for may now hold. Once the Op is
+  /// being abandoned, its sends and receives fail without starting.
+  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst, std::function<bool()> on_arrival = {}) {
+    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false, std::move(on_arrival));
   }
 
   TransferPtr send_p2p(int peer, std::span<const std::byte> data) {
@@ -24343,6 +24445,30 @@ class Transport::Op {
     block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
   }
 
+  /// Waits until `done()` holds, for state that continuations update: checked under the
+  /// transport's mutex when a continuation returns true (not on every completed transfer), and on
+  /// failures and descriptors. Throws like wait(), and for a failed transfer of this Op.
+  /// `waiting_on` names the peer in a timeout's message.
+  template <class Done>
+  void wait_until(Done&& done, int waiting_on) {
+    std::unique_lock lk(t_.mu_);
+    quiet_ = true;
+    struct Loud {
+      bool& quiet;
+      ~Loud() { quiet = false; }
+    } loud{quiet_};
+    block(
+        lk,
+        [&] {
+          // By index: a continuation may append transfers whenever the mutex is released.
+          for (std::size_t i = 0; i < transfers_.size(); ++i) {
+            if (transfers_[i]->state == Transfer::State::Failed) (void)settled_locked(*transfers_[i]);
+          }
+          return done();
+        },
+        waiting_on, "data from");
+  }
+
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
   const std::vector<Descriptor>& descriptors() {
     std::unique_lock lk(t_.mu_);
@@ -24354,7 +24480,9 @@ class Transport::Op {
   /// the transport holds no reference to the caller's memory.
   void finish() {
     std::unique_lock lk(t_.mu_);
-    for (const auto& t : transfers_) {
+    // By index: a continuation may append transfers whenever the mutex is released.
+    for (std::size_t i = 0; i < transfers_.size(); ++i) {
+      const TransferPtr t = transfers_[i];
       block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
     }
     if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
@@ -24367,7 +24495,7 @@ class Transport::Op {
     if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
   }
 
-  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data) {
+  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data, bool direct = true) {
     if (data.size() > t_.options_.max_frame_bytes) {
       throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, data.size(),
                                         t_.options_.max_frame_bytes));
@@ -24384,11 +24512,15 @@ class Transport::Op {
     f.transfer = t;
     std::unique_lock lk(t_.mu_);
     transfers_.push_back(t);
-    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f));
+    if (abandoning_) {
+      t->state = Transfer::State::Failed;
+      return t;
+    }
+    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f), direct);
     return t;
   }
 
-  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p) {
+  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p, std::function<bool()> on_arrival = {}) {
     if (dst.size() > t_.options_.max_frame_bytes) {
       throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, dst.size(),
                                         t_.options_.max_frame_bytes));
@@ -24397,6 +24529,7 @@ class Transport::Op {
     t->peer = peer;
     t->dst = dst.data();
     t->size = dst.size();
+    t->on_arrival = std::move(on_arrival);
     Blob early;
     {
       std::lock_guard lk(t_.mu_);
@@ -24404,10 +24537,15 @@ class Transport::Op {
       if (p2p) key.seq = p.p2p_received++;
       t->key = key;
       transfers_.push_back(t);
+      if (abandoning_) {
+        t->state = Transfer::State::Failed;
+        return t;
+      }
       if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
         early = std::move(it->second.front());
         it->second.pop_front();
         if (it->second.empty()) p.unexpected.erase(it);
+        t->state = Transfer::State::Active;  // abandon() must wait for the copy and the continuation
       } else if (p.state != Peer::State::Open) {
         t->state = Transfer::State::Failed;
         t->error = t_.closed_failure_locked(p);
@@ -24420,15 +24558,27 @@ class Transport::Op {
     // It arrived before this receive was posted: copy it out of its buffer (outside the lock).
     if (early.size == dst.size()) {
       if (early.size > 0) std::memcpy(dst.data(), early.data.get(), early.size);
-      std::lock_guard lk(t_.mu_);
-      t->state = Transfer::State::Done;
+      std::unique_lock lk(t_.mu_);
+      t_.blobs_.give(std::move(early));
+      t_.complete_receive_locked(lk, t);
     } else {
       std::lock_guard lk(t_.mu_);
       t->state = Transfer::State::Failed;
       t->error = Failure{FailureKind::Mismatch, t_.size_mismatch(t_.peer(peer), early.size, dst.size(), t->key)};
+      t_.cv_.notify_all();  // posted by a continuation, the caller waits in wait_until
     }
     return t;
   }
+
+  // Counts this thread, while it waits, among those to wake whenever a transfer completes.
+  struct ProgressWaiter {
+    ProgressWaiter(Transport& t, bool counted) : waiters(t.progress_waiters_), n(counted ? 1 : 0) { waiters += n; }
+    ~ProgressWaiter() { waiters -= n; }
+    ProgressWaiter(const ProgressWaiter&) = delete;
+    ProgressWaiter& operator=(const ProgressWaiter&) = delete;
+    int& waiters;
+    int n;
+  };
 
   [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
 
@@ -24462,6 +24612,7 @@ class Transport::Op {
         }
         if (done()) return;  // the poll may have been what it waited for
       }
+      const ProgressWaiter waiter(t_, !quiet_);
       if (!deadline_) {
         t_.cv_.wait(lk);
         continue;
@@ -24543,6 +24694,7 @@ class Transport::Op {
   void abandon() noexcept {
     try {
       std::unique_lock lk(t_.mu_);
+      abandoning_ = true;  // continuations still running start nothing new
       for (const auto& t : transfers_) {
         if (t->state != Transfer::State::Queued) continue;
         Peer& p = t_.peer(t->peer);
@@ -24558,6 +24710,7 @@ class Transport::Op {
         return std::any_of(transfers_.begin(), transfers_.end(),
                            [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
       };
+      const ProgressWaiter waiter(t_, true);
       if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
         // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
         std::set<int> stuck;
@@ -24573,6 +24726,7 @@ class Transport::Op {
         t_.cv_.wait(lk, [&] { return !busy(); });
       }
       transfers_.clear();
+      finished_ = true;
     } catch (...) {
       // Only allocation can throw here; nothing better to do than carry on unwinding.
     }
@@ -24589,6 +24743,21 @@ class Transport::Op {
   bool descs_ok_ = false;
   std::optional<Failure> mismatch_;
   bool finished_ = false;
+  bool abandoning_ = false;
+  bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
+};
+
+/// Declared after the locals that an Op's continuations capture: if the scope is left before the
+/// Op finished (an exception), the Op is abandoned while those locals still exist.
+class ContinuationScope {
+ public:
+  explicit ContinuationScope(Transport::Op& op) noexcept : op_(op) {}
+  ~ContinuationScope() { op_.abandon_unless_finished(); }
+  ContinuationScope(const ContinuationScope&) = delete;
+  ContinuationScope& operator=(const ContinuationScope&) = delete;
+
+ private:
+  Transport::Op& op_;
 };
 
 }  // namespace net::detail
@@ -24639,9 +24808,11 @@ struct RingGeometry {
 };
 
 /// Ring all-reduce: n-1 reduce-scatter steps then n-1 all-gather steps, each step's segment cut in
-/// chunks. Chunk c moves on as soon as it is reduced, so while this thread reduces chunk c the io
-/// thread is sending chunk c-1 onwards and receiving chunk c+1. Every segment is reduced along one
-/// chain and then copied, so all ranks end with bitwise identical results.
+/// chunks. Chunk c moves on as soon as it is reduced: each receive carries a continuation that
+/// reduces the chunk, sends it to the right and posts the receive two steps on, so the thread that
+/// read the chunk (the io thread, as a rule) forwards it at once, and the calling thread sleeps
+/// until the last chunk is in instead of being woken for every one. Every segment is reduced along
+/// one chain and then copied, so all ranks end with bitwise identical results.
 inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
                             ReduceOp rop, std::vector<std::byte>& scratch) {
   const int n = tr.size(), r = tr.rank();
@@ -24654,44 +24825,50 @@ inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, s
   const std::size_t slot_bytes = g.nchunks * g.max_chunk * es;
   const std::size_t slots = std::min<std::size_t>(2, static_cast<std::size_t>(n - 1));
   if (scratch.size() < slots * slot_bytes) scratch.resize(slots * slot_bytes);
+  std::byte* const scratch_base = scratch.data();
 
   auto mod = [n](int x) { return ((x % n) + n) % n; };
   auto send_seg = [&](int t) { return t < n - 1 ? mod(r - t) : mod(r + 1 - (t - (n - 1))); };
   auto recv_seg = [&](int t) { return t < n - 1 ? mod(r - t - 1) : mod(r - (t - (n - 1))); };
   auto tag = [&](int t, std::size_t c) { return static_cast<std::uint64_t>(t) * g.nchunks + c; };
   auto scratch_at = [&](int t, std::size_t c) {
-    return scratch.data() + static_cast<std::size_t>(t % 2) * slot_bytes + c * g.max_chunk * es;
+    return scratch_base + static_cast<std::size_t>(t % 2) * slot_bytes + c * g.max_chunk * es;
   };
-
-  std::vector<TransferPtr> recvs(static_cast<std::size_t>(steps) * g.nchunks);
-  auto post = [&](int t, std::size_t c) {
-    const auto [b, len] = g.chunk(recv_seg(t), c);
-    std::byte* dst = t < n - 1 ? scratch_at(t, c) : data + b * es;
-    recvs[tag(t, c)] = op.recv(left, tag(t, c), std::span<std::byte>(dst, len * es));
-  };
+  // Every reduce-scatter send's memory later receives an all-gather chunk, so the io thread
+  // does all the writing (the first step's frames are queued to it in one hand-off).
   auto send = [&](int t, std::size_t c) {
     const auto [b, len] = g.chunk(send_seg(t), c);
-    op.send(right, tag(t, c), std::span<const std::byte>(data + b * es, len * es));
+    op.send_by_io_thread(right, tag(t, c), std::span<const std::byte>(data + b * es, len * es));
   };
 
-  for (std::size_t c = 0; c < g.nchunks; ++c) send(0, c);
+  // Continuations run on the io thread and on this one, possibly at once, but each touches only
+  // its own chunk's memory; the count is what this thread waits on.
+  const std::size_t total = static_cast<std::size_t>(steps) * g.nchunks;
+  std::atomic<std::size_t> arrived{0};
+  std::function<void(int, std::size_t)> post;
+  auto on_arrival = [&](int t, std::size_t c) {
+    if (t < n - 1) {
+      const auto [b, len] = g.chunk(recv_seg(t), c);
+      reduce_bytes(dtype, data + b * es, scratch_at(t, c), len, rop);
+      if (t == n - 2 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, n);
+    }
+    if (t + 1 < steps) send(t + 1, c);
+    if (t + 2 < steps) post(t + 2, c);
+    return arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == total;  // the last one wakes the caller
+  };
+  post = [&](int t, std::size_t c) {
+    const auto [b, len] = g.chunk(recv_seg(t), c);
+    std::byte* dst = t < n - 1 ? scratch_at(t, c) : data + b * es;
+    op.recv(left, tag(t, c), std::span<std::byte>(dst, len * es), [&on_arrival, t, c] { return on_arrival(t, c); });
+  };
+  const ContinuationScope scope(op);
+
+  // Receives first: a frame that arrives before its receive is posted must be buffered and copied.
   for (int t = 0; t < std::min(2, steps); ++t) {
     for (std::size_t c = 0; c < g.nchunks; ++c) post(t, c);
   }
-  for (int t = 0; t < steps; ++t) {
-    for (std::size_t c = 0; c < g.nchunks; ++c) {
-      TransferPtr& in = recvs[tag(t, c)];
-      op.wait(in);
-      in.reset();
-      if (t < n - 1) {
-        const auto [b, len] = g.chunk(recv_seg(t), c);
-        reduce_bytes(dtype, data + b * es, scratch_at(t, c), len, rop);
-        if (t == n - 2 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, n);
-      }
-      if (t + 1 < steps) send(t + 1, c);
-      if (t + 2 < steps) post(t + 2, c);
-    }
-  }
+  for (std::size_t c = 0; c < g.nchunks; ++c) send(0, c);
+  op.wait_until([&] { return arrived.load(std::memory_order_acquire) == total; }, left);
   op.finish();
 }
 
@@ -24925,6 +25102,9 @@ DISTRIBUTE_END_NAMESPACE
 // Receives are matched by (type, sequence, tag): a frame whose receive is already posted is read
 // straight into the caller's buffer; an early one is buffered until its receive is posted. Every
 // socket is always being read, so EOF, resets and heartbeats are seen whatever the caller does.
+// A receive may carry a continuation that the io thread runs as soon as the frame is in (reduce,
+// send on, post the next receive), so a pipelined collective does not wake the calling thread for
+// every chunk.
 //
 // The first failure (a peer lost, a timeout, mismatched collectives) poisons the transport: it is
 // sent to every peer in an Abort frame, and every later operation throws it.
@@ -25956,10 +26136,42 @@ struct MsgKey {
 };
 
 /// A buffer for a frame that arrived before its receive was posted (not zero-filled: it is
-/// overwritten by the read at once).
+/// overwritten by the read at once). Spent ones are kept for reuse (Transport::BlobPool).
 struct Blob {
   std::unique_ptr<std::byte[]> data;
   std::size_t size = 0;
+  std::size_t capacity = 0;
+};
+
+/// Spent early-frame buffers kept for the next early frame. Early frames come in runs of one chunk
+/// size (a peer running ahead), and a fresh allocation of a chunk costs an mmap, a page fault per
+/// 4 KiB and an munmap each time: most of what an early frame cost. Guarded by the transport's mutex.
+class BlobPool {
+ public:
+  /// A spare buffer of at least `size` bytes, or an empty Blob (the caller allocates).
+  Blob take(std::size_t size) {
+    auto best = spare_.end();
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      if (it->capacity >= size && (best == spare_.end() || it->capacity < best->capacity)) best = it;
+    }
+    if (best == spare_.end()) return {};
+    Blob b = std::move(*best);
+    spare_.erase(best);
+    bytes_ -= b.capacity;
+    b.size = size;
+    return b;
+  }
+  void give(Blob b) {
+    if (!b.data || b.capacity > kMaxBlob || bytes_ + b.capacity > kMaxBytes) return;
+    bytes_ += b.capacity;
+    spare_.push_back(std::move(b));
+  }
+
+ private:
+  static constexpr std::size_t kMaxBlob = std::size_t{4} << 20;
+  static constexpr std::size_t kMaxBytes = std::size_t{32} << 20;
+  std::vector<Blob> spare_;
+  std::size_t bytes_ = 0;
 };
 
 /// One send or receive; shared between the calling thread and the io thread, guarded by the
@@ -25978,6 +26190,11 @@ struct Transfer {
   std::byte* dst = nullptr;  // receive destination
   std::size_t size = 0;
   Failure error;  // when Failed
+  // A receive's continuation: run by the thread that completes the receive (usually the io
+  // thread, right after reading the frame), without the mutex, before the receive counts as Done.
+  // It lets an algorithm reduce and pass a chunk on without waking the calling thread per chunk;
+  // it returns true when the thread waiting in Op::wait_until should look again.
+  std::function<bool()> on_arrival;
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 
@@ -26614,7 +26831,11 @@ class Transport {
     }
     if (!p.rx_transfer) {
       try {
-        p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length};
+        {
+          std::lock_guard lk(mu_);
+          p.rx_blob = blobs_.take(length);
+        }
+        if (!p.rx_blob.data) p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length, length};
       } catch (const std::bad_alloc&) {
         return protocol_error(p, fmt::format("cannot buffer a frame of {} bytes: out of memory", length));
       }
@@ -26683,8 +26904,9 @@ class Transport {
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
     if (p.rx_transfer) {
-      p.rx_transfer->state = Transfer::State::Done;
+      const TransferPtr t = std::move(p.rx_transfer);
       p.rx_transfer.reset();
+      complete_receive_locked(lk, t);
     } else if (p.rx_keep) {
       // Its receive may have been posted while the frame was arriving: hand it over now.
       const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
@@ -26700,17 +26922,47 @@ class Transport {
           lk.unlock();
           if (t->size > 0) std::memcpy(t->dst, p.rx_blob.data.get(), t->size);
           lk.lock();
-          t->state = Transfer::State::Done;
+          complete_receive_locked(lk, t);
         } else {
           t->state = Transfer::State::Failed;
           t->error = Failure{FailureKind::Mismatch, size_mismatch(p, p.rx_blob.size, t->size, key)};
+          cv_.notify_all();
         }
       }
     }
+    blobs_.give(std::move(p.rx_blob));
     p.rx_blob = Blob{};
-    cv_.notify_all();
     lk.unlock();
     read_header(p);
+  }
+
+  // A receive's bytes are in place (state Active, `lk` held): runs its continuation, if any, with
+  // the mutex released, then marks it Done. A continuation that throws fails the receive, and
+  // with it the collective.
+  void complete_receive_locked(std::unique_lock<std::mutex>& lk, const TransferPtr& t) {
+    bool wake = progress_waiters_ > 0;
+    if (t->on_arrival) {
+      const std::function<bool()> next = std::move(t->on_arrival);
+      t->on_arrival = nullptr;
+      std::optional<std::string> error;
+      lk.unlock();
+      try {
+        wake = next() || wake;
+      } catch (const std::exception& e) {
+        error = e.what();
+      } catch (...) {
+        error = "unknown exception";
+      }
+      lk.lock();
+      if (error) {
+        t->state = Transfer::State::Failed;
+        t->error = Failure{FailureKind::Peer, fmt::format("{} failed while passing on received data: {}", me(), *error)};
+        cv_.notify_all();
+        return;
+      }
+    }
+    t->state = Transfer::State::Done;
+    if (wake || progress_waiters_ > 0) cv_.notify_all();
   }
 
   std::string size_mismatch(const Peer& p, std::size_t got, std::size_t want, const MsgKey& key) const {
@@ -26768,9 +27020,9 @@ class Transport {
   // in the queue) and `direct_sending` defers a close of the socket until the syscall is over.
   // A frame not written whole goes to the front of the queue, its `sent` bytes skipped, and the
   // io thread writes the rest (or meets the error again and handles it as usual).
-  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f) {
+  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f, bool direct = true) {
 #if defined(DISTRIBUTE_NET_DIRECT_SEND)
-    if (p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
+    if (!direct || p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
       return enqueue_locked(p, std::move(f));
     }
     if (!f.owned.empty()) f.payload = f.owned.data();
@@ -26810,7 +27062,7 @@ class Transport {
     const bool whole = f.sent == f.header.size() + f.size;
     if (whole && f.transfer) {
       f.transfer->state = Transfer::State::Done;
-      cv_.notify_all();
+      if (progress_waiters_ > 0) cv_.notify_all();
     }
     if (p.state != Peer::State::Open) {
       // Lost or closed meanwhile: what was queued has been failed already; fail this frame too.
@@ -26897,7 +27149,7 @@ class Transport {
       }
     }
     p.batch.clear();
-    cv_.notify_all();
+    if (ec || progress_waiters_ > 0) cv_.notify_all();
     if (ec) {
       p.writing = false;
       peer_down_locked(p, describe_error(ec));
@@ -27091,6 +27343,10 @@ class Transport {
   std::optional<Failure> failure_;
   std::optional<Failure> setup_failure_;
   std::uint64_t next_seq_ = 0;
+  BlobPool blobs_;
+  // Threads blocked in Op::block that want waking whenever a transfer completes; one in
+  // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
+  int progress_waiters_ = 0;
   std::thread io_thread_;
 };
 
@@ -27137,14 +27393,35 @@ class Transport::Op {
 
   std::uint64_t seq() const noexcept { return seq_; }
 
+  /// Unless finish() completed: stops this Op's transfers and waits until neither the io thread
+  /// nor a continuation touches the caller's memory (what the destructor does). An algorithm
+  /// whose continuations use its own locals calls it before those go out of scope
+  /// (ContinuationScope).
+  void abandon_unless_finished() noexcept {
+    if (!finished_) abandon();
+  }
+
   /// Sends `data` (kept alive and unchanged by the caller until finish()) as a Data frame.
   TransferPtr send(int peer, std::uint64_t tag, std::span<const std::byte> data) {
     return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data);
   }
 
-  /// Posts a receive of exactly `dst.size()` bytes.
-  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst) {
-    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false);
+  /// Like send(), but only the io thread writes the frame: directly when called there (from a
+  /// continuation), else queued for it. For memory that a later receive of the same Op
+  /// overwrites: the io thread's own write then happens before its read into that memory, which
+  /// the peer's causality alone guarantees but a race detector cannot see.
+  TransferPtr send_by_io_thread(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+    return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data, std::this_thread::get_id() == t_.io_thread_.get_id());
+  }
+
+  /// Posts a receive of exactly `dst.size()` bytes. `on_arrival`, when given, runs once the bytes
+  /// are in `dst`, on whichever thread completed the receive (the io thread, or this one when the
+  /// frame was already here), before the receive counts as done. It may send and post receives
+  /// on this Op; it must not wait, and it may run concurrently with this thread and with other
+  /// continuations. It returns true when what wait_until() waits for may now hold. Once the Op is
+  /// being abandoned, its sends and receives fail without starting.
+  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst, std::function<bool()> on_arrival = {}) {
+    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false, std::move(on_arrival));
   }
 
   TransferPtr send_p2p(int peer, std::span<const std::byte> data) {
@@ -27166,6 +27443,30 @@ class Transport::Op {
     block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
   }
 
+  /// Waits until `done()` holds, for state that continuations update: checked under the
+  /// transport's mutex when a continuation returns true (not on every completed transfer), and on
+  /// failures and descriptors. Throws like wait(), and for a failed transfer of this Op.
+  /// `waiting_on` names the peer in a timeout's message.
+  template <class Done>
+  void wait_until(Done&& done, int waiting_on) {
+    std::unique_lock lk(t_.mu_);
+    quiet_ = true;
+    struct Loud {
+      bool& quiet;
+      ~Loud() { quiet = false; }
+    } loud{quiet_};
+    block(
+        lk,
+        [&] {
+          // By index: a continuation may append transfers whenever the mutex is released.
+          for (std::size_t i = 0; i < transfers_.size(); ++i) {
+            if (transfers_[i]->state == Transfer::State::Failed) (void)settled_locked(*transfers_[i]);
+          }
+          return done();
+        },
+        waiting_on, "data from");
+  }
+
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
   const std::vector<Descriptor>& descriptors() {
     std::unique_lock lk(t_.mu_);
@@ -27177,7 +27478,9 @@ class Transport::Op {
   /// the transport holds no reference to the caller's memory.
   void finish() {
     std::unique_lock lk(t_.mu_);
-    for (const auto& t : transfers_) {
+    // By index: a continuation may append transfers whenever the mutex is released.
+    for (std::size_t i = 0; i < transfers_.size(); ++i) {
+      const TransferPtr t = transfers_[i];
       block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
     }
     if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
@@ -27190,7 +27493,7 @@ class Transport::Op {
     if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
   }
 
-  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data) {
+  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data, bool direct = true) {
     if (data.size() > t_.options_.max_frame_bytes) {
       throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, data.size(),
                                         t_.options_.max_frame_bytes));
@@ -27207,11 +27510,15 @@ class Transport::Op {
     f.transfer = t;
     std::unique_lock lk(t_.mu_);
     transfers_.push_back(t);
-    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f));
+    if (abandoning_) {
+      t->state = Transfer::State::Failed;
+      return t;
+    }
+    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f), direct);
     return t;
   }
 
-  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p) {
+  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p, std::function<bool()> on_arrival = {}) {
     if (dst.size() > t_.options_.max_frame_bytes) {
       throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, dst.size(),
                                         t_.options_.max_frame_bytes));
@@ -27220,6 +27527,7 @@ class Transport::Op {
     t->peer = peer;
     t->dst = dst.data();
     t->size = dst.size();
+    t->on_arrival = std::move(on_arrival);
     Blob early;
     {
       std::lock_guard lk(t_.mu_);
@@ -27227,10 +27535,15 @@ class Transport::Op {
       if (p2p) key.seq = p.p2p_received++;
       t->key = key;
       transfers_.push_back(t);
+      if (abandoning_) {
+        t->state = Transfer::State::Failed;
+        return t;
+      }
       if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
         early = std::move(it->second.front());
         it->second.pop_front();
         if (it->second.empty()) p.unexpected.erase(it);
+        t->state = Transfer::State::Active;  // abandon() must wait for the copy and the continuation
       } else if (p.state != Peer::State::Open) {
         t->state = Transfer::State::Failed;
         t->error = t_.closed_failure_locked(p);
@@ -27243,15 +27556,27 @@ class Transport::Op {
     // It arrived before this receive was posted: copy it out of its buffer (outside the lock).
     if (early.size == dst.size()) {
       if (early.size > 0) std::memcpy(dst.data(), early.data.get(), early.size);
-      std::lock_guard lk(t_.mu_);
-      t->state = Transfer::State::Done;
+      std::unique_lock lk(t_.mu_);
+      t_.blobs_.give(std::move(early));
+      t_.complete_receive_locked(lk, t);
     } else {
       std::lock_guard lk(t_.mu_);
       t->state = Transfer::State::Failed;
       t->error = Failure{FailureKind::Mismatch, t_.size_mismatch(t_.peer(peer), early.size, dst.size(), t->key)};
+      t_.cv_.notify_all();  // posted by a continuation, the caller waits in wait_until
     }
     return t;
   }
+
+  // Counts this thread, while it waits, among those to wake whenever a transfer completes.
+  struct ProgressWaiter {
+    ProgressWaiter(Transport& t, bool counted) : waiters(t.progress_waiters_), n(counted ? 1 : 0) { waiters += n; }
+    ~ProgressWaiter() { waiters -= n; }
+    ProgressWaiter(const ProgressWaiter&) = delete;
+    ProgressWaiter& operator=(const ProgressWaiter&) = delete;
+    int& waiters;
+    int n;
+  };
 
   [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
 
@@ -27285,6 +27610,7 @@ class Transport::Op {
         }
         if (done()) return;  // the poll may have been what it waited for
       }
+      const ProgressWaiter waiter(t_, !quiet_);
       if (!deadline_) {
         t_.cv_.wait(lk);
         continue;
@@ -27366,6 +27692,7 @@ class Transport::Op {
   void abandon() noexcept {
     try {
       std::unique_lock lk(t_.mu_);
+      abandoning_ = true;  // continuations still running start nothing new
       for (const auto& t : transfers_) {
         if (t->state != Transfer::State::Queued) continue;
         Peer& p = t_.peer(t->peer);
@@ -27381,6 +27708,7 @@ class Transport::Op {
         return std::any_of(transfers_.begin(), transfers_.end(),
                            [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
       };
+      const ProgressWaiter waiter(t_, true);
       if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
         // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
         std::set<int> stuck;
@@ -27396,6 +27724,7 @@ class Transport::Op {
         t_.cv_.wait(lk, [&] { return !busy(); });
       }
       transfers_.clear();
+      finished_ = true;
     } catch (...) {
       // Only allocation can throw here; nothing better to do than carry on unwinding.
     }
@@ -27412,6 +27741,21 @@ class Transport::Op {
   bool descs_ok_ = false;
   std::optional<Failure> mismatch_;
   bool finished_ = false;
+  bool abandoning_ = false;
+  bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
+};
+
+/// Declared after the locals that an Op's continuations capture: if the scope is left before the
+/// Op finished (an exception), the Op is abandoned while those locals still exist.
+class ContinuationScope {
+ public:
+  explicit ContinuationScope(Transport::Op& op) noexcept : op_(op) {}
+  ~ContinuationScope() { op_.abandon_unless_finished(); }
+  ContinuationScope(const ContinuationScope&) = delete;
+  ContinuationScope& operator=(const ContinuationScope&) = delete;
+
+ private:
+  Transport::Op& op_;
 };
 
 }  // namespace net::detail
@@ -29842,9 +30186,11 @@ DISTRIBUTE_END_NAMESPACE
 // the same thing.
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -29860,6 +30206,9 @@ DISTRIBUTE_END_NAMESPACE
 // Receives are matched by (type, sequence, tag): a frame whose receive is already posted is read
 // straight into the caller's buffer; an early one is buffered until its receive is posted. Every
 // socket is always being read, so EOF, resets and heartbeats are seen whatever the caller does.
+// A receive may carry a continuation that the io thread runs as soon as the frame is in (reduce,
+// send on, post the next receive), so a pipelined collective does not wake the calling thread for
+// every chunk.
 //
 // The first failure (a peer lost, a timeout, mismatched collectives) poisons the transport: it is
 // sent to every peer in an Abort frame, and every later operation throws it.
@@ -30891,10 +31240,42 @@ struct MsgKey {
 };
 
 /// A buffer for a frame that arrived before its receive was posted (not zero-filled: it is
-/// overwritten by the read at once).
+/// overwritten by the read at once). Spent ones are kept for reuse (Transport::BlobPool).
 struct Blob {
   std::unique_ptr<std::byte[]> data;
   std::size_t size = 0;
+  std::size_t capacity = 0;
+};
+
+/// Spent early-frame buffers kept for the next early frame. Early frames come in runs of one chunk
+/// size (a peer running ahead), and a fresh allocation of a chunk costs an mmap, a page fault per
+/// 4 KiB and an munmap each time: most of what an early frame cost. Guarded by the transport's mutex.
+class BlobPool {
+ public:
+  /// A spare buffer of at least `size` bytes, or an empty Blob (the caller allocates).
+  Blob take(std::size_t size) {
+    auto best = spare_.end();
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      if (it->capacity >= size && (best == spare_.end() || it->capacity < best->capacity)) best = it;
+    }
+    if (best == spare_.end()) return {};
+    Blob b = std::move(*best);
+    spare_.erase(best);
+    bytes_ -= b.capacity;
+    b.size = size;
+    return b;
+  }
+  void give(Blob b) {
+    if (!b.data || b.capacity > kMaxBlob || bytes_ + b.capacity > kMaxBytes) return;
+    bytes_ += b.capacity;
+    spare_.push_back(std::move(b));
+  }
+
+ private:
+  static constexpr std::size_t kMaxBlob = std::size_t{4} << 20;
+  static constexpr std::size_t kMaxBytes = std::size_t{32} << 20;
+  std::vector<Blob> spare_;
+  std::size_t bytes_ = 0;
 };
 
 /// One send or receive; shared between the calling thread and the io thread, guarded by the
@@ -30913,6 +31294,11 @@ struct Transfer {
   std::byte* dst = nullptr;  // receive destination
   std::size_t size = 0;
   Failure error;  // when Failed
+  // A receive's continuation: run by the thread that completes the receive (usually the io
+  // thread, right after reading the frame), without the mutex, before the receive counts as Done.
+  // It lets an algorithm reduce and pass a chunk on without waking the calling thread per chunk;
+  // it returns true when the thread waiting in Op::wait_until should look again.
+  std::function<bool()> on_arrival;
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 
@@ -31549,7 +31935,11 @@ class Transport {
     }
     if (!p.rx_transfer) {
       try {
-        p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length};
+        {
+          std::lock_guard lk(mu_);
+          p.rx_blob = blobs_.take(length);
+        }
+        if (!p.rx_blob.data) p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length, length};
       } catch (const std::bad_alloc&) {
         return protocol_error(p, fmt::format("cannot buffer a frame of {} bytes: out of memory", length));
       }
@@ -31618,8 +32008,9 @@ class Transport {
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
     if (p.rx_transfer) {
-      p.rx_transfer->state = Transfer::State::Done;
+      const TransferPtr t = std::move(p.rx_transfer);
       p.rx_transfer.reset();
+      complete_receive_locked(lk, t);
     } else if (p.rx_keep) {
       // Its receive may have been posted while the frame was arriving: hand it over now.
       const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
@@ -31635,17 +32026,47 @@ class Transport {
           lk.unlock();
           if (t->size > 0) std::memcpy(t->dst, p.rx_blob.data.get(), t->size);
           lk.lock();
-          t->state = Transfer::State::Done;
+          complete_receive_locked(lk, t);
         } else {
           t->state = Transfer::State::Failed;
           t->error = Failure{FailureKind::Mismatch, size_mismatch(p, p.rx_blob.size, t->size, key)};
+          cv_.notify_all();
         }
       }
     }
+    blobs_.give(std::move(p.rx_blob));
     p.rx_blob = Blob{};
-    cv_.notify_all();
     lk.unlock();
     read_header(p);
+  }
+
+  // A receive's bytes are in place (state Active, `lk` held): runs its continuation, if any, with
+  // the mutex released, then marks it Done. A continuation that throws fails the receive, and
+  // with it the collective.
+  void complete_receive_locked(std::unique_lock<std::mutex>& lk, const TransferPtr& t) {
+    bool wake = progress_waiters_ > 0;
+    if (t->on_arrival) {
+      const std::function<bool()> next = std::move(t->on_arrival);
+      t->on_arrival = nullptr;
+      std::optional<std::string> error;
+      lk.unlock();
+      try {
+        wake = next() || wake;
+      } catch (const std::exception& e) {
+        error = e.what();
+      } catch (...) {
+        error = "unknown exception";
+      }
+      lk.lock();
+      if (error) {
+        t->state = Transfer::State::Failed;
+        t->error = Failure{FailureKind::Peer, fmt::format("{} failed while passing on received data: {}", me(), *error)};
+        cv_.notify_all();
+        return;
+      }
+    }
+    t->state = Transfer::State::Done;
+    if (wake || progress_waiters_ > 0) cv_.notify_all();
   }
 
   std::string size_mismatch(const Peer& p, std::size_t got, std::size_t want, const MsgKey& key) const {
@@ -31703,9 +32124,9 @@ class Transport {
   // in the queue) and `direct_sending` defers a close of the socket until the syscall is over.
   // A frame not written whole goes to the front of the queue, its `sent` bytes skipped, and the
   // io thread writes the rest (or meets the error again and handles it as usual).
-  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f) {
+  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f, bool direct = true) {
 #if defined(DISTRIBUTE_NET_DIRECT_SEND)
-    if (p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
+    if (!direct || p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
       return enqueue_locked(p, std::move(f));
     }
     if (!f.owned.empty()) f.payload = f.owned.data();
@@ -31745,7 +32166,7 @@ class Transport {
     const bool whole = f.sent == f.header.size() + f.size;
     if (whole && f.transfer) {
       f.transfer->state = Transfer::State::Done;
-      cv_.notify_all();
+      if (progress_waiters_ > 0) cv_.notify_all();
     }
     if (p.state != Peer::State::Open) {
       // Lost or closed meanwhile: what was queued has been failed already; fail this frame too.
@@ -31832,7 +32253,7 @@ class Transport {
       }
     }
     p.batch.clear();
-    cv_.notify_all();
+    if (ec || progress_waiters_ > 0) cv_.notify_all();
     if (ec) {
       p.writing = false;
       peer_down_locked(p, describe_error(ec));
@@ -32026,6 +32447,10 @@ class Transport {
   std::optional<Failure> failure_;
   std::optional<Failure> setup_failure_;
   std::uint64_t next_seq_ = 0;
+  BlobPool blobs_;
+  // Threads blocked in Op::block that want waking whenever a transfer completes; one in
+  // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
+  int progress_waiters_ = 0;
   std::thread io_thread_;
 };
 
@@ -32072,14 +32497,35 @@ class Transport::Op {
 
   std::uint64_t seq() const noexcept { return seq_; }
 
+  /// Unless finish() completed: stops this Op's transfers and waits until neither the io thread
+  /// nor a continuation touches the caller's memory (what the destructor does). An algorithm
+  /// whose continuations use its own locals calls it before those go out of scope
+  /// (ContinuationScope).
+  void abandon_unless_finished() noexcept {
+    if (!finished_) abandon();
+  }
+
   /// Sends `data` (kept alive and unchanged by the caller until finish()) as a Data frame.
   TransferPtr send(int peer, std::uint64_t tag, std::span<const std::byte> data) {
     return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data);
   }
 
-  /// Posts a receive of exactly `dst.size()` bytes.
-  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst) {
-    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false);
+  /// Like send(), but only the io thread writes the frame: directly when called there (from a
+  /// continuation), else queued for it. For memory that a later receive of the same Op
+  /// overwrites: the io thread's own write then happens before its read into that memory, which
+  /// the peer's causality alone guarantees but a race detector cannot see.
+  TransferPtr send_by_io_thread(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+    return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data, std::this_thread::get_id() == t_.io_thread_.get_id());
+  }
+
+  /// Posts a receive of exactly `dst.size()` bytes. `on_arrival`, when given, runs once the bytes
+  /// are in `dst`, on whichever thread completed the receive (the io thread, or this one when the
+  /// frame was already here), before the receive counts as done. It may send and post receives
+  /// on this Op; it must not wait, and it may run concurrently with this thread and with other
+  /// continuations. It returns true when what wait_until() waits for may now hold. Once the Op is
+  /// being abandoned, its sends and receives fail without starting.
+  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst, std::function<bool()> on_arrival = {}) {
+    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false, std::move(on_arrival));
   }
 
   TransferPtr send_p2p(int peer, std::span<const std::byte> data) {
@@ -32101,6 +32547,30 @@ class Transport::Op {
     block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
   }
 
+  /// Waits until `done()` holds, for state that continuations update: checked under the
+  /// transport's mutex when a continuation returns true (not on every completed transfer), and on
+  /// failures and descriptors. Throws like wait(), and for a failed transfer of this Op.
+  /// `waiting_on` names the peer in a timeout's message.
+  template <class Done>
+  void wait_until(Done&& done, int waiting_on) {
+    std::unique_lock lk(t_.mu_);
+    quiet_ = true;
+    struct Loud {
+      bool& quiet;
+      ~Loud() { quiet = false; }
+    } loud{quiet_};
+    block(
+        lk,
+        [&] {
+          // By index: a continuation may append transfers whenever the mutex is released.
+          for (std::size_t i = 0; i < transfers_.size(); ++i) {
+            if (transfers_[i]->state == Transfer::State::Failed) (void)settled_locked(*transfers_[i]);
+          }
+          return done();
+        },
+        waiting_on, "data from");
+  }
+
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
   const std::vector<Descriptor>& descriptors() {
     std::unique_lock lk(t_.mu_);
@@ -32112,7 +32582,9 @@ class Transport::Op {
   /// the transport holds no reference to the caller's memory.
   void finish() {
     std::unique_lock lk(t_.mu_);
-    for (const auto& t : transfers_) {
+    // By index: a continuation may append transfers whenever the mutex is released.
+    for (std::size_t i = 0; i < transfers_.size(); ++i) {
+      const TransferPtr t = transfers_[i];
       block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
     }
     if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
@@ -32125,7 +32597,7 @@ class Transport::Op {
     if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
   }
 
-  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data) {
+  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data, bool direct = true) {
     if (data.size() > t_.options_.max_frame_bytes) {
       throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, data.size(),
                                         t_.options_.max_frame_bytes));
@@ -32142,11 +32614,15 @@ class Transport::Op {
     f.transfer = t;
     std::unique_lock lk(t_.mu_);
     transfers_.push_back(t);
-    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f));
+    if (abandoning_) {
+      t->state = Transfer::State::Failed;
+      return t;
+    }
+    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f), direct);
     return t;
   }
 
-  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p) {
+  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p, std::function<bool()> on_arrival = {}) {
     if (dst.size() > t_.options_.max_frame_bytes) {
       throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, dst.size(),
                                         t_.options_.max_frame_bytes));
@@ -32155,6 +32631,7 @@ class Transport::Op {
     t->peer = peer;
     t->dst = dst.data();
     t->size = dst.size();
+    t->on_arrival = std::move(on_arrival);
     Blob early;
     {
       std::lock_guard lk(t_.mu_);
@@ -32162,10 +32639,15 @@ class Transport::Op {
       if (p2p) key.seq = p.p2p_received++;
       t->key = key;
       transfers_.push_back(t);
+      if (abandoning_) {
+        t->state = Transfer::State::Failed;
+        return t;
+      }
       if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
         early = std::move(it->second.front());
         it->second.pop_front();
         if (it->second.empty()) p.unexpected.erase(it);
+        t->state = Transfer::State::Active;  // abandon() must wait for the copy and the continuation
       } else if (p.state != Peer::State::Open) {
         t->state = Transfer::State::Failed;
         t->error = t_.closed_failure_locked(p);
@@ -32178,15 +32660,27 @@ class Transport::Op {
     // It arrived before this receive was posted: copy it out of its buffer (outside the lock).
     if (early.size == dst.size()) {
       if (early.size > 0) std::memcpy(dst.data(), early.data.get(), early.size);
-      std::lock_guard lk(t_.mu_);
-      t->state = Transfer::State::Done;
+      std::unique_lock lk(t_.mu_);
+      t_.blobs_.give(std::move(early));
+      t_.complete_receive_locked(lk, t);
     } else {
       std::lock_guard lk(t_.mu_);
       t->state = Transfer::State::Failed;
       t->error = Failure{FailureKind::Mismatch, t_.size_mismatch(t_.peer(peer), early.size, dst.size(), t->key)};
+      t_.cv_.notify_all();  // posted by a continuation, the caller waits in wait_until
     }
     return t;
   }
+
+  // Counts this thread, while it waits, among those to wake whenever a transfer completes.
+  struct ProgressWaiter {
+    ProgressWaiter(Transport& t, bool counted) : waiters(t.progress_waiters_), n(counted ? 1 : 0) { waiters += n; }
+    ~ProgressWaiter() { waiters -= n; }
+    ProgressWaiter(const ProgressWaiter&) = delete;
+    ProgressWaiter& operator=(const ProgressWaiter&) = delete;
+    int& waiters;
+    int n;
+  };
 
   [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
 
@@ -32220,6 +32714,7 @@ class Transport::Op {
         }
         if (done()) return;  // the poll may have been what it waited for
       }
+      const ProgressWaiter waiter(t_, !quiet_);
       if (!deadline_) {
         t_.cv_.wait(lk);
         continue;
@@ -32301,6 +32796,7 @@ class Transport::Op {
   void abandon() noexcept {
     try {
       std::unique_lock lk(t_.mu_);
+      abandoning_ = true;  // continuations still running start nothing new
       for (const auto& t : transfers_) {
         if (t->state != Transfer::State::Queued) continue;
         Peer& p = t_.peer(t->peer);
@@ -32316,6 +32812,7 @@ class Transport::Op {
         return std::any_of(transfers_.begin(), transfers_.end(),
                            [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
       };
+      const ProgressWaiter waiter(t_, true);
       if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
         // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
         std::set<int> stuck;
@@ -32331,6 +32828,7 @@ class Transport::Op {
         t_.cv_.wait(lk, [&] { return !busy(); });
       }
       transfers_.clear();
+      finished_ = true;
     } catch (...) {
       // Only allocation can throw here; nothing better to do than carry on unwinding.
     }
@@ -32347,6 +32845,21 @@ class Transport::Op {
   bool descs_ok_ = false;
   std::optional<Failure> mismatch_;
   bool finished_ = false;
+  bool abandoning_ = false;
+  bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
+};
+
+/// Declared after the locals that an Op's continuations capture: if the scope is left before the
+/// Op finished (an exception), the Op is abandoned while those locals still exist.
+class ContinuationScope {
+ public:
+  explicit ContinuationScope(Transport::Op& op) noexcept : op_(op) {}
+  ~ContinuationScope() { op_.abandon_unless_finished(); }
+  ContinuationScope(const ContinuationScope&) = delete;
+  ContinuationScope& operator=(const ContinuationScope&) = delete;
+
+ private:
+  Transport::Op& op_;
 };
 
 }  // namespace net::detail
@@ -32397,9 +32910,11 @@ struct RingGeometry {
 };
 
 /// Ring all-reduce: n-1 reduce-scatter steps then n-1 all-gather steps, each step's segment cut in
-/// chunks. Chunk c moves on as soon as it is reduced, so while this thread reduces chunk c the io
-/// thread is sending chunk c-1 onwards and receiving chunk c+1. Every segment is reduced along one
-/// chain and then copied, so all ranks end with bitwise identical results.
+/// chunks. Chunk c moves on as soon as it is reduced: each receive carries a continuation that
+/// reduces the chunk, sends it to the right and posts the receive two steps on, so the thread that
+/// read the chunk (the io thread, as a rule) forwards it at once, and the calling thread sleeps
+/// until the last chunk is in instead of being woken for every one. Every segment is reduced along
+/// one chain and then copied, so all ranks end with bitwise identical results.
 inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
                             ReduceOp rop, std::vector<std::byte>& scratch) {
   const int n = tr.size(), r = tr.rank();
@@ -32412,44 +32927,50 @@ inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, s
   const std::size_t slot_bytes = g.nchunks * g.max_chunk * es;
   const std::size_t slots = std::min<std::size_t>(2, static_cast<std::size_t>(n - 1));
   if (scratch.size() < slots * slot_bytes) scratch.resize(slots * slot_bytes);
+  std::byte* const scratch_base = scratch.data();
 
   auto mod = [n](int x) { return ((x % n) + n) % n; };
   auto send_seg = [&](int t) { return t < n - 1 ? mod(r - t) : mod(r + 1 - (t - (n - 1))); };
   auto recv_seg = [&](int t) { return t < n - 1 ? mod(r - t - 1) : mod(r - (t - (n - 1))); };
   auto tag = [&](int t, std::size_t c) { return static_cast<std::uint64_t>(t) * g.nchunks + c; };
   auto scratch_at = [&](int t, std::size_t c) {
-    return scratch.data() + static_cast<std::size_t>(t % 2) * slot_bytes + c * g.max_chunk * es;
+    return scratch_base + static_cast<std::size_t>(t % 2) * slot_bytes + c * g.max_chunk * es;
   };
-
-  std::vector<TransferPtr> recvs(static_cast<std::size_t>(steps) * g.nchunks);
-  auto post = [&](int t, std::size_t c) {
-    const auto [b, len] = g.chunk(recv_seg(t), c);
-    std::byte* dst = t < n - 1 ? scratch_at(t, c) : data + b * es;
-    recvs[tag(t, c)] = op.recv(left, tag(t, c), std::span<std::byte>(dst, len * es));
-  };
+  // Every reduce-scatter send's memory later receives an all-gather chunk, so the io thread
+  // does all the writing (the first step's frames are queued to it in one hand-off).
   auto send = [&](int t, std::size_t c) {
     const auto [b, len] = g.chunk(send_seg(t), c);
-    op.send(right, tag(t, c), std::span<const std::byte>(data + b * es, len * es));
+    op.send_by_io_thread(right, tag(t, c), std::span<const std::byte>(data + b * es, len * es));
   };
 
-  for (std::size_t c = 0; c < g.nchunks; ++c) send(0, c);
+  // Continuations run on the io thread and on this one, possibly at once, but each touches only
+  // its own chunk's memory; the count is what this thread waits on.
+  const std::size_t total = static_cast<std::size_t>(steps) * g.nchunks;
+  std::atomic<std::size_t> arrived{0};
+  std::function<void(int, std::size_t)> post;
+  auto on_arrival = [&](int t, std::size_t c) {
+    if (t < n - 1) {
+      const auto [b, len] = g.chunk(recv_seg(t), c);
+      reduce_bytes(dtype, data + b * es, scratch_at(t, c), len, rop);
+      if (t == n - 2 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, n);
+    }
+    if (t + 1 < steps) send(t + 1, c);
+    if (t + 2 < steps) post(t + 2, c);
+    return arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == total;  // the last one wakes the caller
+  };
+  post = [&](int t, std::size_t c) {
+    const auto [b, len] = g.chunk(recv_seg(t), c);
+    std::byte* dst = t < n - 1 ? scratch_at(t, c) : data + b * es;
+    op.recv(left, tag(t, c), std::span<std::byte>(dst, len * es), [&on_arrival, t, c] { return on_arrival(t, c); });
+  };
+  const ContinuationScope scope(op);
+
+  // Receives first: a frame that arrives before its receive is posted must be buffered and copied.
   for (int t = 0; t < std::min(2, steps); ++t) {
     for (std::size_t c = 0; c < g.nchunks; ++c) post(t, c);
   }
-  for (int t = 0; t < steps; ++t) {
-    for (std::size_t c = 0; c < g.nchunks; ++c) {
-      TransferPtr& in = recvs[tag(t, c)];
-      op.wait(in);
-      in.reset();
-      if (t < n - 1) {
-        const auto [b, len] = g.chunk(recv_seg(t), c);
-        reduce_bytes(dtype, data + b * es, scratch_at(t, c), len, rop);
-        if (t == n - 2 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, n);
-      }
-      if (t + 1 < steps) send(t + 1, c);
-      if (t + 2 < steps) post(t + 2, c);
-    }
-  }
+  for (std::size_t c = 0; c < g.nchunks; ++c) send(0, c);
+  op.wait_until([&] { return arrived.load(std::memory_order_acquire) == total; }, left);
   op.finish();
 }
 
@@ -32683,6 +33204,9 @@ DISTRIBUTE_END_NAMESPACE
 // Receives are matched by (type, sequence, tag): a frame whose receive is already posted is read
 // straight into the caller's buffer; an early one is buffered until its receive is posted. Every
 // socket is always being read, so EOF, resets and heartbeats are seen whatever the caller does.
+// A receive may carry a continuation that the io thread runs as soon as the frame is in (reduce,
+// send on, post the next receive), so a pipelined collective does not wake the calling thread for
+// every chunk.
 //
 // The first failure (a peer lost, a timeout, mismatched collectives) poisons the transport: it is
 // sent to every peer in an Abort frame, and every later operation throws it.
@@ -33714,10 +34238,42 @@ struct MsgKey {
 };
 
 /// A buffer for a frame that arrived before its receive was posted (not zero-filled: it is
-/// overwritten by the read at once).
+/// overwritten by the read at once). Spent ones are kept for reuse (Transport::BlobPool).
 struct Blob {
   std::unique_ptr<std::byte[]> data;
   std::size_t size = 0;
+  std::size_t capacity = 0;
+};
+
+/// Spent early-frame buffers kept for the next early frame. Early frames come in runs of one chunk
+/// size (a peer running ahead), and a fresh allocation of a chunk costs an mmap, a page fault per
+/// 4 KiB and an munmap each time: most of what an early frame cost. Guarded by the transport's mutex.
+class BlobPool {
+ public:
+  /// A spare buffer of at least `size` bytes, or an empty Blob (the caller allocates).
+  Blob take(std::size_t size) {
+    auto best = spare_.end();
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      if (it->capacity >= size && (best == spare_.end() || it->capacity < best->capacity)) best = it;
+    }
+    if (best == spare_.end()) return {};
+    Blob b = std::move(*best);
+    spare_.erase(best);
+    bytes_ -= b.capacity;
+    b.size = size;
+    return b;
+  }
+  void give(Blob b) {
+    if (!b.data || b.capacity > kMaxBlob || bytes_ + b.capacity > kMaxBytes) return;
+    bytes_ += b.capacity;
+    spare_.push_back(std::move(b));
+  }
+
+ private:
+  static constexpr std::size_t kMaxBlob = std::size_t{4} << 20;
+  static constexpr std::size_t kMaxBytes = std::size_t{32} << 20;
+  std::vector<Blob> spare_;
+  std::size_t bytes_ = 0;
 };
 
 /// One send or receive; shared between the calling thread and the io thread, guarded by the
@@ -33736,6 +34292,11 @@ struct Transfer {
   std::byte* dst = nullptr;  // receive destination
   std::size_t size = 0;
   Failure error;  // when Failed
+  // A receive's continuation: run by the thread that completes the receive (usually the io
+  // thread, right after reading the frame), without the mutex, before the receive counts as Done.
+  // It lets an algorithm reduce and pass a chunk on without waking the calling thread per chunk;
+  // it returns true when the thread waiting in Op::wait_until should look again.
+  std::function<bool()> on_arrival;
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 
@@ -34372,7 +34933,11 @@ class Transport {
     }
     if (!p.rx_transfer) {
       try {
-        p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length};
+        {
+          std::lock_guard lk(mu_);
+          p.rx_blob = blobs_.take(length);
+        }
+        if (!p.rx_blob.data) p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length, length};
       } catch (const std::bad_alloc&) {
         return protocol_error(p, fmt::format("cannot buffer a frame of {} bytes: out of memory", length));
       }
@@ -34441,8 +35006,9 @@ class Transport {
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
     if (p.rx_transfer) {
-      p.rx_transfer->state = Transfer::State::Done;
+      const TransferPtr t = std::move(p.rx_transfer);
       p.rx_transfer.reset();
+      complete_receive_locked(lk, t);
     } else if (p.rx_keep) {
       // Its receive may have been posted while the frame was arriving: hand it over now.
       const MsgKey key{p.rx.type, p.rx.seq, p.rx.tag};
@@ -34458,17 +35024,47 @@ class Transport {
           lk.unlock();
           if (t->size > 0) std::memcpy(t->dst, p.rx_blob.data.get(), t->size);
           lk.lock();
-          t->state = Transfer::State::Done;
+          complete_receive_locked(lk, t);
         } else {
           t->state = Transfer::State::Failed;
           t->error = Failure{FailureKind::Mismatch, size_mismatch(p, p.rx_blob.size, t->size, key)};
+          cv_.notify_all();
         }
       }
     }
+    blobs_.give(std::move(p.rx_blob));
     p.rx_blob = Blob{};
-    cv_.notify_all();
     lk.unlock();
     read_header(p);
+  }
+
+  // A receive's bytes are in place (state Active, `lk` held): runs its continuation, if any, with
+  // the mutex released, then marks it Done. A continuation that throws fails the receive, and
+  // with it the collective.
+  void complete_receive_locked(std::unique_lock<std::mutex>& lk, const TransferPtr& t) {
+    bool wake = progress_waiters_ > 0;
+    if (t->on_arrival) {
+      const std::function<bool()> next = std::move(t->on_arrival);
+      t->on_arrival = nullptr;
+      std::optional<std::string> error;
+      lk.unlock();
+      try {
+        wake = next() || wake;
+      } catch (const std::exception& e) {
+        error = e.what();
+      } catch (...) {
+        error = "unknown exception";
+      }
+      lk.lock();
+      if (error) {
+        t->state = Transfer::State::Failed;
+        t->error = Failure{FailureKind::Peer, fmt::format("{} failed while passing on received data: {}", me(), *error)};
+        cv_.notify_all();
+        return;
+      }
+    }
+    t->state = Transfer::State::Done;
+    if (wake || progress_waiters_ > 0) cv_.notify_all();
   }
 
   std::string size_mismatch(const Peer& p, std::size_t got, std::size_t want, const MsgKey& key) const {
@@ -34526,9 +35122,9 @@ class Transport {
   // in the queue) and `direct_sending` defers a close of the socket until the syscall is over.
   // A frame not written whole goes to the front of the queue, its `sent` bytes skipped, and the
   // io thread writes the rest (or meets the error again and handles it as usual).
-  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f) {
+  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f, bool direct = true) {
 #if defined(DISTRIBUTE_NET_DIRECT_SEND)
-    if (p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
+    if (!direct || p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
       return enqueue_locked(p, std::move(f));
     }
     if (!f.owned.empty()) f.payload = f.owned.data();
@@ -34568,7 +35164,7 @@ class Transport {
     const bool whole = f.sent == f.header.size() + f.size;
     if (whole && f.transfer) {
       f.transfer->state = Transfer::State::Done;
-      cv_.notify_all();
+      if (progress_waiters_ > 0) cv_.notify_all();
     }
     if (p.state != Peer::State::Open) {
       // Lost or closed meanwhile: what was queued has been failed already; fail this frame too.
@@ -34655,7 +35251,7 @@ class Transport {
       }
     }
     p.batch.clear();
-    cv_.notify_all();
+    if (ec || progress_waiters_ > 0) cv_.notify_all();
     if (ec) {
       p.writing = false;
       peer_down_locked(p, describe_error(ec));
@@ -34849,6 +35445,10 @@ class Transport {
   std::optional<Failure> failure_;
   std::optional<Failure> setup_failure_;
   std::uint64_t next_seq_ = 0;
+  BlobPool blobs_;
+  // Threads blocked in Op::block that want waking whenever a transfer completes; one in
+  // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
+  int progress_waiters_ = 0;
   std::thread io_thread_;
 };
 
@@ -34895,14 +35495,35 @@ class Transport::Op {
 
   std::uint64_t seq() const noexcept { return seq_; }
 
+  /// Unless finish() completed: stops this Op's transfers and waits until neither the io thread
+  /// nor a continuation touches the caller's memory (what the destructor does). An algorithm
+  /// whose continuations use its own locals calls it before those go out of scope
+  /// (ContinuationScope).
+  void abandon_unless_finished() noexcept {
+    if (!finished_) abandon();
+  }
+
   /// Sends `data` (kept alive and unchanged by the caller until finish()) as a Data frame.
   TransferPtr send(int peer, std::uint64_t tag, std::span<const std::byte> data) {
     return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data);
   }
 
-  /// Posts a receive of exactly `dst.size()` bytes.
-  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst) {
-    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false);
+  /// Like send(), but only the io thread writes the frame: directly when called there (from a
+  /// continuation), else queued for it. For memory that a later receive of the same Op
+  /// overwrites: the io thread's own write then happens before its read into that memory, which
+  /// the peer's causality alone guarantees but a race detector cannot see.
+  TransferPtr send_by_io_thread(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+    return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data, std::this_thread::get_id() == t_.io_thread_.get_id());
+  }
+
+  /// Posts a receive of exactly `dst.size()` bytes. `on_arrival`, when given, runs once the bytes
+  /// are in `dst`, on whichever thread completed the receive (the io thread, or this one when the
+  /// frame was already here), before the receive counts as done. It may send and post receives
+  /// on this Op; it must not wait, and it may run concurrently with this thread and with other
+  /// continuations. It returns true when what wait_until() waits for may now hold. Once the Op is
+  /// being abandoned, its sends and receives fail without starting.
+  TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst, std::function<bool()> on_arrival = {}) {
+    return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false, std::move(on_arrival));
   }
 
   TransferPtr send_p2p(int peer, std::span<const std::byte> data) {
@@ -34924,6 +35545,30 @@ class Transport::Op {
     block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
   }
 
+  /// Waits until `done()` holds, for state that continuations update: checked under the
+  /// transport's mutex when a continuation returns true (not on every completed transfer), and on
+  /// failures and descriptors. Throws like wait(), and for a failed transfer of this Op.
+  /// `waiting_on` names the peer in a timeout's message.
+  template <class Done>
+  void wait_until(Done&& done, int waiting_on) {
+    std::unique_lock lk(t_.mu_);
+    quiet_ = true;
+    struct Loud {
+      bool& quiet;
+      ~Loud() { quiet = false; }
+    } loud{quiet_};
+    block(
+        lk,
+        [&] {
+          // By index: a continuation may append transfers whenever the mutex is released.
+          for (std::size_t i = 0; i < transfers_.size(); ++i) {
+            if (transfers_[i]->state == Transfer::State::Failed) (void)settled_locked(*transfers_[i]);
+          }
+          return done();
+        },
+        waiting_on, "data from");
+  }
+
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
   const std::vector<Descriptor>& descriptors() {
     std::unique_lock lk(t_.mu_);
@@ -34935,7 +35580,9 @@ class Transport::Op {
   /// the transport holds no reference to the caller's memory.
   void finish() {
     std::unique_lock lk(t_.mu_);
-    for (const auto& t : transfers_) {
+    // By index: a continuation may append transfers whenever the mutex is released.
+    for (std::size_t i = 0; i < transfers_.size(); ++i) {
+      const TransferPtr t = transfers_[i];
       block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
     }
     if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
@@ -34948,7 +35595,7 @@ class Transport::Op {
     if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
   }
 
-  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data) {
+  TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data, bool direct = true) {
     if (data.size() > t_.options_.max_frame_bytes) {
       throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, data.size(),
                                         t_.options_.max_frame_bytes));
@@ -34965,11 +35612,15 @@ class Transport::Op {
     f.transfer = t;
     std::unique_lock lk(t_.mu_);
     transfers_.push_back(t);
-    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f));
+    if (abandoning_) {
+      t->state = Transfer::State::Failed;
+      return t;
+    }
+    t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f), direct);
     return t;
   }
 
-  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p) {
+  TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p, std::function<bool()> on_arrival = {}) {
     if (dst.size() > t_.options_.max_frame_bytes) {
       throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, dst.size(),
                                         t_.options_.max_frame_bytes));
@@ -34978,6 +35629,7 @@ class Transport::Op {
     t->peer = peer;
     t->dst = dst.data();
     t->size = dst.size();
+    t->on_arrival = std::move(on_arrival);
     Blob early;
     {
       std::lock_guard lk(t_.mu_);
@@ -34985,10 +35637,15 @@ class Transport::Op {
       if (p2p) key.seq = p.p2p_received++;
       t->key = key;
       transfers_.push_back(t);
+      if (abandoning_) {
+        t->state = Transfer::State::Failed;
+        return t;
+      }
       if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
         early = std::move(it->second.front());
         it->second.pop_front();
         if (it->second.empty()) p.unexpected.erase(it);
+        t->state = Transfer::State::Active;  // abandon() must wait for the copy and the continuation
       } else if (p.state != Peer::State::Open) {
         t->state = Transfer::State::Failed;
         t->error = t_.closed_failure_locked(p);
@@ -35001,15 +35658,27 @@ class Transport::Op {
     // It arrived before this receive was posted: copy it out of its buffer (outside the lock).
     if (early.size == dst.size()) {
       if (early.size > 0) std::memcpy(dst.data(), early.data.get(), early.size);
-      std::lock_guard lk(t_.mu_);
-      t->state = Transfer::State::Done;
+      std::unique_lock lk(t_.mu_);
+      t_.blobs_.give(std::move(early));
+      t_.complete_receive_locked(lk, t);
     } else {
       std::lock_guard lk(t_.mu_);
       t->state = Transfer::State::Failed;
       t->error = Failure{FailureKind::Mismatch, t_.size_mismatch(t_.peer(peer), early.size, dst.size(), t->key)};
+      t_.cv_.notify_all();  // posted by a continuation, the caller waits in wait_until
     }
     return t;
   }
+
+  // Counts this thread, while it waits, among those to wake whenever a transfer completes.
+  struct ProgressWaiter {
+    ProgressWaiter(Transport& t, bool counted) : waiters(t.progress_waiters_), n(counted ? 1 : 0) { waiters += n; }
+    ~ProgressWaiter() { waiters -= n; }
+    ProgressWaiter(const ProgressWaiter&) = delete;
+    ProgressWaiter& operator=(const ProgressWaiter&) = delete;
+    int& waiters;
+    int n;
+  };
 
   [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
 
@@ -35043,6 +35712,7 @@ class Transport::Op {
         }
         if (done()) return;  // the poll may have been what it waited for
       }
+      const ProgressWaiter waiter(t_, !quiet_);
       if (!deadline_) {
         t_.cv_.wait(lk);
         continue;
@@ -35124,6 +35794,7 @@ class Transport::Op {
   void abandon() noexcept {
     try {
       std::unique_lock lk(t_.mu_);
+      abandoning_ = true;  // continuations still running start nothing new
       for (const auto& t : transfers_) {
         if (t->state != Transfer::State::Queued) continue;
         Peer& p = t_.peer(t->peer);
@@ -35139,6 +35810,7 @@ class Transport::Op {
         return std::any_of(transfers_.begin(), transfers_.end(),
                            [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
       };
+      const ProgressWaiter waiter(t_, true);
       if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
         // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
         std::set<int> stuck;
@@ -35154,6 +35826,7 @@ class Transport::Op {
         t_.cv_.wait(lk, [&] { return !busy(); });
       }
       transfers_.clear();
+      finished_ = true;
     } catch (...) {
       // Only allocation can throw here; nothing better to do than carry on unwinding.
     }
@@ -35170,6 +35843,21 @@ class Transport::Op {
   bool descs_ok_ = false;
   std::optional<Failure> mismatch_;
   bool finished_ = false;
+  bool abandoning_ = false;
+  bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
+};
+
+/// Declared after the locals that an Op's continuations capture: if the scope is left before the
+/// Op finished (an exception), the Op is abandoned while those locals still exist.
+class ContinuationScope {
+ public:
+  explicit ContinuationScope(Transport::Op& op) noexcept : op_(op) {}
+  ~ContinuationScope() { op_.abandon_unless_finished(); }
+  ContinuationScope(const ContinuationScope&) = delete;
+  ContinuationScope& operator=(const ContinuationScope&) = delete;
+
+ private:
+  Transport::Op& op_;
 };
 
 }  // namespace net::detail
