@@ -563,6 +563,40 @@ TEST_CASE("auth: OpenSSL HMAC-SHA256 (RFC 4231 case 2), nonces, token from optio
   ::unsetenv("DISTRIBUTE_CLUSTER_TOKEN");
 }
 
+TEST_CASE("blob pool: an early frame reuses the smallest spare buffer that fits, within the limits") {
+  using net::detail::Blob;
+  using net::detail::BlobPool;
+  auto blob = [](std::size_t capacity) {
+    return Blob{std::make_unique<std::byte[]>(capacity), capacity, capacity};
+  };
+  BlobPool pool;
+  CHECK_FALSE(pool.take(1).data);  // empty: the caller allocates
+
+  pool.give(blob(1000));
+  pool.give(blob(300));
+  pool.give(blob(500));
+  CHECK(pool.spare_bytes() == 1800);
+  Blob b = pool.take(400);  // 500 fits best
+  REQUIRE(b.data);
+  CHECK(b.capacity == 500);
+  CHECK(b.size == 400);
+  CHECK(pool.spare_bytes() == 1300);
+  CHECK_FALSE(pool.take(1001).data);  // nothing large enough
+  CHECK(pool.take(1000).capacity == 1000);
+  CHECK(pool.take(1).capacity == 300);
+  CHECK(pool.spare_bytes() == 0);
+
+  pool.give(Blob{});                         // a moved-from blob is ignored
+  pool.give(blob(BlobPool::kMaxBlob + 1));  // too large to keep
+  CHECK(pool.spare_bytes() == 0);
+  const std::size_t fit = BlobPool::kMaxBytes / BlobPool::kMaxBlob;
+  for (std::size_t i = 0; i < fit + 2; ++i) pool.give(blob(BlobPool::kMaxBlob));
+  CHECK(pool.spare_bytes() == fit * BlobPool::kMaxBlob);  // the rest were freed
+  std::size_t taken = 0;
+  while (pool.take(1).data) ++taken;
+  CHECK(taken == fit);
+}
+
 TEST_CASE("addresses: host:port parsing") {
   using net::detail::parse_host_port;
   CHECK(parse_host_port("127.0.0.1:5000").host == "127.0.0.1");

@@ -99,10 +99,12 @@ class BlobPool {
     bytes_ += b.capacity;
     spare_.push_back(std::move(b));
   }
+  std::size_t spare_bytes() const noexcept { return bytes_; }
+
+  static constexpr std::size_t kMaxBlob = std::size_t{4} << 20;   // larger ones are freed
+  static constexpr std::size_t kMaxBytes = std::size_t{32} << 20;  // spares kept in all
 
  private:
-  static constexpr std::size_t kMaxBlob = std::size_t{4} << 20;
-  static constexpr std::size_t kMaxBytes = std::size_t{32} << 20;
   std::vector<Blob> spare_;
   std::size_t bytes_ = 0;
 };
