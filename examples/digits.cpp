@@ -130,7 +130,7 @@ int train_and_report(Strategy& strategy, const Options& options, const digits::T
 }
 
 int run(const Options& options) {
-  const auto data = digits::split_train_test(digits::load_csv(options.data), 0.2, /*seed=*/20240607);
+  const auto data = digits::split_train_test(digits::load_csv(options.data), 0.2, digits::kSplitSeed);
   if (options.strategy == "one_device") {
     ds::OneDeviceStrategy<ds::host> strategy("/cpu:0");
     return train_and_report(strategy, options, data, true, "OneDeviceStrategy<host> on /cpu:0");

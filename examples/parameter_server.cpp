@@ -63,7 +63,6 @@ using cli::kTargetAccuracy;
 using cli::parse_number;
 using cli::UsageError;
 
-constexpr std::uint64_t kSplitSeed = 20240607;  // the same train/test split as examples/digits.cpp
 
 constexpr const char* kUsage =
     "usage: distribute-launch --ps 2 --workers 3 --restart-workers 1 -- parameter_server [options]\n"
@@ -137,7 +136,7 @@ Options g_options;  // set in main() before any Server starts
 const digits::Examples& training_set() {
   static std::once_flag once;
   static digits::Examples train;
-  std::call_once(once, [] { train = digits::split_train_test(digits::load_csv(g_options.data), 0.2, kSplitSeed).train; });
+  std::call_once(once, [] { train = digits::split_train_test(digits::load_csv(g_options.data), 0.2, digits::kSplitSeed).train; });
   return train;
 }
 
@@ -216,7 +215,7 @@ void wait_for_workers(ds::ClusterCoordinator& coordinator, double seconds) {
 }
 
 int coordinate(const Options& options, ds::ParameterServerStrategy& strategy) {
-  const auto data = digits::split_train_test(digits::load_csv(options.data), 0.2, kSplitSeed);
+  const auto data = digits::split_train_test(digits::load_csv(options.data), 0.2, digits::kSplitSeed);
   ds::CoordinatorOptions coordinator_options;
   coordinator_options.log = [](std::string_view line) { fmt::print("coordinator: {}\n", line); };
   ds::ClusterCoordinator coordinator(strategy, coordinator_options);

@@ -137,6 +137,9 @@ struct TrainTestSplit {
 };
 
 /// A seeded shuffle of the rows, then the first (1 - test_fraction) for training, the rest for testing.
+/// The seed of the examples' train/test split: every example trains and tests on the same rows.
+inline constexpr std::uint64_t kSplitSeed = 20240607;
+
 inline TrainTestSplit split_train_test(const Examples& all, double test_fraction, std::uint64_t seed) {
   const auto order = detail::shuffled_indices(all.size(), seed);
   const auto test_size = static_cast<std::int64_t>(std::llround(static_cast<double>(all.size()) * test_fraction));
