@@ -82,6 +82,8 @@ Args parse(int argc, char** argv) {
       a.options.halving_doubling_max_bytes = std::stoull(value);
     } else if (key == "--chunk-bytes") {
       a.options.chunk_bytes = std::stoull(value);
+    } else if (key == "--busy-poll-us") {
+      a.options.busy_poll = std::chrono::microseconds(std::stoll(value));
     } else if (key == "--variant") {
       a.variant = value;
     } else if (key == "--count") {

@@ -934,7 +934,8 @@ TEST_CASE("processes: every collective with exact results on 2, 3 and 4 ranks") 
   // (count 1 to 3 MiB + 1 element): "ring" never takes the direct or halving-doubling path;
   // "halving-doubling" takes it wherever the rank count allows (4 here; 2 and 3 fall back to the
   // ring), with 4 KiB chunks so that its steps are cut into many pieces; "direct" sends every
-  // buffer whole to every peer.
+  // buffer whole to every peer. "ring, sleeping" is the ring with busy_poll off: the network
+  // thread sleeps in epoll_wait between frames instead of polling while a call is in flight.
   struct Config {
     const char* name;
     std::vector<std::string> options;
@@ -944,6 +945,7 @@ TEST_CASE("processes: every collective with exact results on 2, 3 and 4 ranks") 
       {"ring", {"--direct-max", "0", "--hd-max", "0"}},
       {"halving-doubling", {"--direct-max", "0", "--hd-max", "1000000000000", "--chunk-bytes", "4096"}},
       {"direct", {"--direct-max", "1000000000000"}},
+      {"ring, sleeping", {"--direct-max", "0", "--hd-max", "0", "--busy-poll-us", "0"}},
   };
   for (const Config& config : configs) {
     for (int n : {2, 3, 4}) {

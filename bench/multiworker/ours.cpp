@@ -1,6 +1,7 @@
 // distribute's TCP Communicator all-reduce across N processes on loopback.
 //   ours RANK SIZE BASE_PORT   (rank r listens on 127.0.0.1:BASE_PORT+r)
 // Rank 0 prints one CSV line per size (see common.hpp).
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -23,13 +24,16 @@ int main(int argc, char** argv) {
   ds::net::CommunicatorOptions opt;
   opt.cluster_token = "";  // no authentication (the peers have none either)
   // Tuning experiments only (the documented figures use the defaults): MW_CHUNK_BYTES,
-  // MW_DIRECT_MAX_BYTES, MW_HD_MAX_BYTES override the options of the same name.
+  // MW_DIRECT_MAX_BYTES, MW_HD_MAX_BYTES, MW_BUSY_POLL_US override the options of the same name.
   auto knob = [](const char* name, std::size_t& field) {
     if (const char* v = std::getenv(name); v != nullptr && *v != '\0') field = std::strtoull(v, nullptr, 10);
   };
   knob("MW_CHUNK_BYTES", opt.chunk_bytes);
   knob("MW_DIRECT_MAX_BYTES", opt.direct_max_bytes);
   knob("MW_HD_MAX_BYTES", opt.halving_doubling_max_bytes);
+  if (const char* v = std::getenv("MW_BUSY_POLL_US"); v != nullptr && *v != '\0') {
+    opt.busy_poll = std::chrono::microseconds(std::strtoll(v, nullptr, 10));
+  }
   ds::net::Communicator comm(addrs, rank, opt, names);
 
   for (std::size_t bytes : mw::sizes()) {
