@@ -22830,6 +22830,34 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
 // ---- end <distribute/net/detail/protocol.hpp> ----
+// ---- begin <distribute/net/detail/transfer_all.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// The completion condition for whole-buffer socket reads and writes.
+
+#include <cstddef>
+
+#include <boost/system/error_code.hpp>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// All of the buffers, handing the kernel as much as it will take per call. Asio's own
+/// transfer_all() caps each read_some/write_some at 64 KiB, which costs a 1 MiB tensor 16 system
+/// calls and 16 reactor passes.
+struct TransferAllUncapped {
+  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
+    return ec ? 0 : kMaxPerCall;
+  }
+  // Linux moves at most about 2 GiB per call anyway.
+  static constexpr std::size_t kMaxPerCall = std::size_t{1} << 30;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// ---- end <distribute/net/detail/transfer_all.hpp> ----
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
@@ -23289,15 +23317,6 @@ inline constexpr std::size_t kLowWaterMax = std::size_t{256} << 10;
 // One scatter-gather write carries at most this many frames / bytes.
 inline constexpr std::size_t kBatchFrames = 64;
 inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
-
-// The completion condition of every frame write: all of it, handing the kernel as much as it will
-// take per call. asio::transfer_all() caps each write_some at 64 KiB, which cost a 1 MiB frame 16
-// sendmsg calls and 16 reactor passes (an epoll_wait each) on the io thread.
-struct TransferAllUncapped {
-  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
-    return ec ? 0 : kBatchBytes + kBatchFrames * kFrameHeaderBytes;
-  }
-};
 // After an error, how long in-flight I/O on the caller's memory may finish before its socket is cut.
 inline constexpr std::chrono::milliseconds kAbandonGrace{500};
 // How long a clean shutdown waits for goodbyes to be written and answered.
@@ -25887,6 +25906,34 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
 // ---- end <distribute/net/detail/protocol.hpp> ----
+// ---- begin <distribute/net/detail/transfer_all.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// The completion condition for whole-buffer socket reads and writes.
+
+#include <cstddef>
+
+#include <boost/system/error_code.hpp>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// All of the buffers, handing the kernel as much as it will take per call. Asio's own
+/// transfer_all() caps each read_some/write_some at 64 KiB, which costs a 1 MiB tensor 16 system
+/// calls and 16 reactor passes.
+struct TransferAllUncapped {
+  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
+    return ec ? 0 : kMaxPerCall;
+  }
+  // Linux moves at most about 2 GiB per call anyway.
+  static constexpr std::size_t kMaxPerCall = std::size_t{1} << 30;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// ---- end <distribute/net/detail/transfer_all.hpp> ----
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
@@ -26346,15 +26393,6 @@ inline constexpr std::size_t kLowWaterMax = std::size_t{256} << 10;
 // One scatter-gather write carries at most this many frames / bytes.
 inline constexpr std::size_t kBatchFrames = 64;
 inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
-
-// The completion condition of every frame write: all of it, handing the kernel as much as it will
-// take per call. asio::transfer_all() caps each write_some at 64 KiB, which cost a 1 MiB frame 16
-// sendmsg calls and 16 reactor passes (an epoll_wait each) on the io thread.
-struct TransferAllUncapped {
-  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
-    return ec ? 0 : kBatchBytes + kBatchFrames * kFrameHeaderBytes;
-  }
-};
 // After an error, how long in-flight I/O on the caller's memory may finish before its socket is cut.
 inline constexpr std::chrono::milliseconds kAbandonGrace{500};
 // How long a clean shutdown waits for goodbyes to be written and answered.
@@ -31056,6 +31094,34 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
 // ---- end <distribute/net/detail/protocol.hpp> ----
+// ---- begin <distribute/net/detail/transfer_all.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// The completion condition for whole-buffer socket reads and writes.
+
+#include <cstddef>
+
+#include <boost/system/error_code.hpp>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// All of the buffers, handing the kernel as much as it will take per call. Asio's own
+/// transfer_all() caps each read_some/write_some at 64 KiB, which costs a 1 MiB tensor 16 system
+/// calls and 16 reactor passes.
+struct TransferAllUncapped {
+  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
+    return ec ? 0 : kMaxPerCall;
+  }
+  // Linux moves at most about 2 GiB per call anyway.
+  static constexpr std::size_t kMaxPerCall = std::size_t{1} << 30;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// ---- end <distribute/net/detail/transfer_all.hpp> ----
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
@@ -31515,15 +31581,6 @@ inline constexpr std::size_t kLowWaterMax = std::size_t{256} << 10;
 // One scatter-gather write carries at most this many frames / bytes.
 inline constexpr std::size_t kBatchFrames = 64;
 inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
-
-// The completion condition of every frame write: all of it, handing the kernel as much as it will
-// take per call. asio::transfer_all() caps each write_some at 64 KiB, which cost a 1 MiB frame 16
-// sendmsg calls and 16 reactor passes (an epoll_wait each) on the io thread.
-struct TransferAllUncapped {
-  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
-    return ec ? 0 : kBatchBytes + kBatchFrames * kFrameHeaderBytes;
-  }
-};
 // After an error, how long in-flight I/O on the caller's memory may finish before its socket is cut.
 inline constexpr std::chrono::milliseconds kAbandonGrace{500};
 // How long a clean shutdown waits for goodbyes to be written and answered.
@@ -34113,6 +34170,34 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
 // ---- end <distribute/net/detail/protocol.hpp> ----
+// ---- begin <distribute/net/detail/transfer_all.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// The completion condition for whole-buffer socket reads and writes.
+
+#include <cstddef>
+
+#include <boost/system/error_code.hpp>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// All of the buffers, handing the kernel as much as it will take per call. Asio's own
+/// transfer_all() caps each read_some/write_some at 64 KiB, which costs a 1 MiB tensor 16 system
+/// calls and 16 reactor passes.
+struct TransferAllUncapped {
+  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
+    return ec ? 0 : kMaxPerCall;
+  }
+  // Linux moves at most about 2 GiB per call anyway.
+  static constexpr std::size_t kMaxPerCall = std::size_t{1} << 30;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// ---- end <distribute/net/detail/transfer_all.hpp> ----
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
@@ -34572,15 +34657,6 @@ inline constexpr std::size_t kLowWaterMax = std::size_t{256} << 10;
 // One scatter-gather write carries at most this many frames / bytes.
 inline constexpr std::size_t kBatchFrames = 64;
 inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
-
-// The completion condition of every frame write: all of it, handing the kernel as much as it will
-// take per call. asio::transfer_all() caps each write_some at 64 KiB, which cost a 1 MiB frame 16
-// sendmsg calls and 16 reactor passes (an epoll_wait each) on the io thread.
-struct TransferAllUncapped {
-  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
-    return ec ? 0 : kBatchBytes + kBatchFrames * kFrameHeaderBytes;
-  }
-};
 // After an error, how long in-flight I/O on the caller's memory may finish before its socket is cut.
 inline constexpr std::chrono::milliseconds kAbandonGrace{500};
 // How long a clean shutdown waits for goodbyes to be written and answered.
@@ -39391,6 +39467,34 @@ inline std::optional<std::string> effective_cluster_token(const std::optional<st
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
 // ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/detail/transfer_all.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// The completion condition for whole-buffer socket reads and writes.
+
+#include <cstddef>
+
+#include <boost/system/error_code.hpp>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// All of the buffers, handing the kernel as much as it will take per call. Asio's own
+/// transfer_all() caps each read_some/write_some at 64 KiB, which costs a 1 MiB tensor 16 system
+/// calls and 16 reactor passes.
+struct TransferAllUncapped {
+  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
+    return ec ? 0 : kMaxPerCall;
+  }
+  // Linux moves at most about 2 GiB per call anyway.
+  static constexpr std::size_t kMaxPerCall = std::size_t{1} << 30;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// ---- end <distribute/net/detail/transfer_all.hpp> ----
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
@@ -39767,7 +39871,7 @@ class FramedStream {
     const net::HeaderBytes head = net::encode_header(h);
     std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(payload.data(), payload.size())};
     run([&](boost::system::error_code& ec) {
-          asio::async_write(socket_, bufs, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+          asio::async_write(socket_, bufs, net::detail::TransferAllUncapped{}, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
         },
         timeout, what);
   }
@@ -39775,7 +39879,7 @@ class FramedStream {
   void read_exact(std::span<std::byte> dst, std::optional<RpcClock::duration> timeout, std::string_view what) {
     if (dst.empty()) return;
     run([&](boost::system::error_code& ec) {
-          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()),
+          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()), net::detail::TransferAllUncapped{},
                            [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
         },
         timeout, what);
@@ -42398,6 +42502,34 @@ inline std::optional<std::string> effective_cluster_token(const std::optional<st
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
 // ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/detail/transfer_all.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// The completion condition for whole-buffer socket reads and writes.
+
+#include <cstddef>
+
+#include <boost/system/error_code.hpp>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// All of the buffers, handing the kernel as much as it will take per call. Asio's own
+/// transfer_all() caps each read_some/write_some at 64 KiB, which costs a 1 MiB tensor 16 system
+/// calls and 16 reactor passes.
+struct TransferAllUncapped {
+  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
+    return ec ? 0 : kMaxPerCall;
+  }
+  // Linux moves at most about 2 GiB per call anyway.
+  static constexpr std::size_t kMaxPerCall = std::size_t{1} << 30;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// ---- end <distribute/net/detail/transfer_all.hpp> ----
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
@@ -42774,7 +42906,7 @@ class FramedStream {
     const net::HeaderBytes head = net::encode_header(h);
     std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(payload.data(), payload.size())};
     run([&](boost::system::error_code& ec) {
-          asio::async_write(socket_, bufs, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+          asio::async_write(socket_, bufs, net::detail::TransferAllUncapped{}, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
         },
         timeout, what);
   }
@@ -42782,7 +42914,7 @@ class FramedStream {
   void read_exact(std::span<std::byte> dst, std::optional<RpcClock::duration> timeout, std::string_view what) {
     if (dst.empty()) return;
     run([&](boost::system::error_code& ec) {
-          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()),
+          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()), net::detail::TransferAllUncapped{},
                            [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
         },
         timeout, what);
@@ -43530,6 +43662,34 @@ inline std::optional<std::string> effective_cluster_token(const std::optional<st
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
 // ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/detail/transfer_all.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// The completion condition for whole-buffer socket reads and writes.
+
+#include <cstddef>
+
+#include <boost/system/error_code.hpp>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// All of the buffers, handing the kernel as much as it will take per call. Asio's own
+/// transfer_all() caps each read_some/write_some at 64 KiB, which costs a 1 MiB tensor 16 system
+/// calls and 16 reactor passes.
+struct TransferAllUncapped {
+  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
+    return ec ? 0 : kMaxPerCall;
+  }
+  // Linux moves at most about 2 GiB per call anyway.
+  static constexpr std::size_t kMaxPerCall = std::size_t{1} << 30;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// ---- end <distribute/net/detail/transfer_all.hpp> ----
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
@@ -43906,7 +44066,7 @@ class FramedStream {
     const net::HeaderBytes head = net::encode_header(h);
     std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(payload.data(), payload.size())};
     run([&](boost::system::error_code& ec) {
-          asio::async_write(socket_, bufs, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+          asio::async_write(socket_, bufs, net::detail::TransferAllUncapped{}, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
         },
         timeout, what);
   }
@@ -43914,7 +44074,7 @@ class FramedStream {
   void read_exact(std::span<std::byte> dst, std::optional<RpcClock::duration> timeout, std::string_view what) {
     if (dst.empty()) return;
     run([&](boost::system::error_code& ec) {
-          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()),
+          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()), net::detail::TransferAllUncapped{},
                            [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
         },
         timeout, what);
@@ -45597,6 +45757,34 @@ inline std::optional<std::string> effective_cluster_token(const std::optional<st
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
 // ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/detail/transfer_all.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// The completion condition for whole-buffer socket reads and writes.
+
+#include <cstddef>
+
+#include <boost/system/error_code.hpp>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// All of the buffers, handing the kernel as much as it will take per call. Asio's own
+/// transfer_all() caps each read_some/write_some at 64 KiB, which costs a 1 MiB tensor 16 system
+/// calls and 16 reactor passes.
+struct TransferAllUncapped {
+  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
+    return ec ? 0 : kMaxPerCall;
+  }
+  // Linux moves at most about 2 GiB per call anyway.
+  static constexpr std::size_t kMaxPerCall = std::size_t{1} << 30;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// ---- end <distribute/net/detail/transfer_all.hpp> ----
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
@@ -45973,7 +46161,7 @@ class FramedStream {
     const net::HeaderBytes head = net::encode_header(h);
     std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(payload.data(), payload.size())};
     run([&](boost::system::error_code& ec) {
-          asio::async_write(socket_, bufs, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+          asio::async_write(socket_, bufs, net::detail::TransferAllUncapped{}, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
         },
         timeout, what);
   }
@@ -45981,7 +46169,7 @@ class FramedStream {
   void read_exact(std::span<std::byte> dst, std::optional<RpcClock::duration> timeout, std::string_view what) {
     if (dst.empty()) return;
     run([&](boost::system::error_code& ec) {
-          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()),
+          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()), net::detail::TransferAllUncapped{},
                            [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
         },
         timeout, what);
@@ -49921,6 +50109,34 @@ inline std::optional<std::string> effective_cluster_token(const std::optional<st
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
 // ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/detail/transfer_all.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// The completion condition for whole-buffer socket reads and writes.
+
+#include <cstddef>
+
+#include <boost/system/error_code.hpp>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// All of the buffers, handing the kernel as much as it will take per call. Asio's own
+/// transfer_all() caps each read_some/write_some at 64 KiB, which costs a 1 MiB tensor 16 system
+/// calls and 16 reactor passes.
+struct TransferAllUncapped {
+  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
+    return ec ? 0 : kMaxPerCall;
+  }
+  // Linux moves at most about 2 GiB per call anyway.
+  static constexpr std::size_t kMaxPerCall = std::size_t{1} << 30;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
+// ---- end <distribute/net/detail/transfer_all.hpp> ----
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
@@ -50297,7 +50513,7 @@ class FramedStream {
     const net::HeaderBytes head = net::encode_header(h);
     std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(payload.data(), payload.size())};
     run([&](boost::system::error_code& ec) {
-          asio::async_write(socket_, bufs, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+          asio::async_write(socket_, bufs, net::detail::TransferAllUncapped{}, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
         },
         timeout, what);
   }
@@ -50305,7 +50521,7 @@ class FramedStream {
   void read_exact(std::span<std::byte> dst, std::optional<RpcClock::duration> timeout, std::string_view what) {
     if (dst.empty()) return;
     run([&](boost::system::error_code& ec) {
-          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()),
+          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()), net::detail::TransferAllUncapped{},
                            [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
         },
         timeout, what);

@@ -50,6 +50,7 @@
 #include <distribute/net/detail/address.hpp>
 #include <distribute/net/detail/auth.hpp>
 #include <distribute/net/detail/protocol.hpp>
+#include <distribute/net/detail/transfer_all.hpp>
 #include <distribute/net/frame.hpp>
 #include <distribute/net/options.hpp>
 
@@ -214,15 +215,6 @@ inline constexpr std::size_t kLowWaterMax = std::size_t{256} << 10;
 // One scatter-gather write carries at most this many frames / bytes.
 inline constexpr std::size_t kBatchFrames = 64;
 inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
-
-// The completion condition of every frame write: all of it, handing the kernel as much as it will
-// take per call. asio::transfer_all() caps each write_some at 64 KiB, which cost a 1 MiB frame 16
-// sendmsg calls and 16 reactor passes (an epoll_wait each) on the io thread.
-struct TransferAllUncapped {
-  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
-    return ec ? 0 : kBatchBytes + kBatchFrames * kFrameHeaderBytes;
-  }
-};
 // After an error, how long in-flight I/O on the caller's memory may finish before its socket is cut.
 inline constexpr std::chrono::milliseconds kAbandonGrace{500};
 // How long a clean shutdown waits for goodbyes to be written and answered.

@@ -32,6 +32,7 @@
 #include <distribute/core/error.hpp>
 #include <distribute/net/detail/address.hpp>
 #include <distribute/net/detail/auth.hpp>
+#include <distribute/net/detail/transfer_all.hpp>
 #include <distribute/net/frame.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -176,7 +177,7 @@ class FramedStream {
     const net::HeaderBytes head = net::encode_header(h);
     std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(payload.data(), payload.size())};
     run([&](boost::system::error_code& ec) {
-          asio::async_write(socket_, bufs, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
+          asio::async_write(socket_, bufs, net::detail::TransferAllUncapped{}, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
         },
         timeout, what);
   }
@@ -184,7 +185,7 @@ class FramedStream {
   void read_exact(std::span<std::byte> dst, std::optional<RpcClock::duration> timeout, std::string_view what) {
     if (dst.empty()) return;
     run([&](boost::system::error_code& ec) {
-          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()),
+          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()), net::detail::TransferAllUncapped{},
                            [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
         },
         timeout, what);
