@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -162,4 +163,35 @@ TEST_CASE("Sharded concatenates its shards along axis 0") {
   CHECK(sharded.to_tensor() == ds::Tensor<int>({3, 2}, {0, 1, 2, 3, 4, 5}));
   CHECK_THROWS_WITH_AS((ds::Sharded<ds::Tensor<int>, S>({ds::Tensor<int>({2, 2}, {0, 1, 2, 3}), ds::Tensor<int>({1, 3}, {4, 5, 6})})),
                        "Sharded: shard 1 has shape (1, 3) which does not stack with shard 0's (2, 2)", ds::InvalidArgument);
+}
+
+// The host reduction kernels run in blocks of 16 elements plus a scalar tail; every length around
+// those boundaries must give each element its own definition's value.
+TEST_CASE_TEMPLATE("reduction kernels: every element, across block and tail boundaries", T, float, double, std::int32_t,
+                   std::int64_t) {
+  for (std::size_t n : {0, 1, 15, 16, 17, 31, 32, 33, 100, 1000}) {
+    CAPTURE(n);
+    std::vector<T> base(n), src(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      base[i] = static_cast<T>(static_cast<int>(i % 13) - 6);  // negatives, zero and positives
+      src[i] = static_cast<T>(static_cast<int>((i * 7) % 11) - 5);
+    }
+    for (ds::ReduceOp op : {ds::ReduceOp::Sum, ds::ReduceOp::Mean, ds::ReduceOp::Min, ds::ReduceOp::Max,
+                            ds::ReduceOp::Product}) {
+      CAPTURE(op);
+      std::vector<T> acc = base;
+      ds::detail::combine(acc.data(), src.data(), n, op);
+      for (std::size_t i = 0; i < n; ++i) {
+        const T a = base[i], b = src[i];
+        const T want = op == ds::ReduceOp::Min ? (b < a ? b : a)
+                       : op == ds::ReduceOp::Max ? (a < b ? b : a)
+                       : op == ds::ReduceOp::Product ? static_cast<T>(a * b)
+                                                     : static_cast<T>(a + b);
+        REQUIRE(acc[i] == want);
+      }
+    }
+    std::vector<T> quotient = base;
+    ds::detail::divide(quotient.data(), n, 4);
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(quotient[i] == static_cast<T>(base[i] / static_cast<T>(4)));
+  }
 }
