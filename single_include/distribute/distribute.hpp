@@ -1189,18 +1189,24 @@ DISTRIBUTE_END_NAMESPACE
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
-/// acc[i] = f(acc[i], src[i]) for every i. The work is cut into fixed blocks and a tail because
-/// GCC before 13 vectorises at -O2 only loops that need no scalar remainder: a plain loop over n
-/// stayed scalar there (4x slower on the reductions of a network all-reduce, which are on its
-/// critical path); blocks of a known size are vectorised at -O2 as at -O3.
-template <class T, class F>
-inline void apply_pairwise(T* __restrict acc, const T* __restrict src, std::size_t n, F f) noexcept {
+/// body(i) for i in [0, n). The loop is cut into fixed blocks and a tail because GCC before 13
+/// vectorises at -O2 only loops that need no scalar remainder: a plain loop over n stayed scalar
+/// there (4x slower on the reductions of a network all-reduce, which are on its critical path);
+/// blocks of a known size are vectorised at -O2 as at -O3.
+template <class Body>
+inline void for_each_blocked(std::size_t n, Body body) noexcept {
   constexpr std::size_t kBlock = 16;
   std::size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-    for (std::size_t j = 0; j < kBlock; ++j) acc[i + j] = f(acc[i + j], src[i + j]);
+    for (std::size_t j = 0; j < kBlock; ++j) body(i + j);
   }
-  for (; i < n; ++i) acc[i] = f(acc[i], src[i]);
+  for (; i < n; ++i) body(i);
+}
+
+/// acc[i] = f(acc[i], src[i]) for every i, vectorisable at -O2 (for_each_blocked).
+template <class T, class F>
+inline void apply_pairwise(T* __restrict acc, const T* __restrict src, std::size_t n, F f) noexcept {
+  for_each_blocked(n, [=](std::size_t i) { acc[i] = f(acc[i], src[i]); });
 }
 
 /// acc[i] = acc[i] (op) src[i]; Mean accumulates as Sum (the division comes once, at the end).
@@ -1237,12 +1243,7 @@ template <class T>
 void divide(T* acc, std::size_t n, std::int64_t divisor) noexcept {
   if constexpr (!std::is_same_v<T, bool>) {
     const T d = static_cast<T>(divisor);
-    constexpr std::size_t kBlock = 16;  // blocks and a tail, as in apply_pairwise
-    std::size_t i = 0;
-    for (; i + kBlock <= n; i += kBlock) {
-      for (std::size_t j = 0; j < kBlock; ++j) acc[i + j] = static_cast<T>(acc[i + j] / d);
-    }
-    for (; i < n; ++i) acc[i] = static_cast<T>(acc[i] / d);
+    for_each_blocked(n, [=](std::size_t i) { acc[i] = static_cast<T>(acc[i] / d); });
   }
 }
 
@@ -23341,6 +23342,20 @@ inline constexpr std::chrono::milliseconds kAbandonGrace{500};
 // How long a clean shutdown waits for goodbyes to be written and answered.
 inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
 
+/// Adds `by` to a counter for the life of the object (an int guarded by a mutex, or an atomic).
+template <class Counter>
+class ScopedCount {
+ public:
+  ScopedCount(Counter& counter, int by) noexcept : counter_(counter), by_(by) { counter_ += by_; }
+  ~ScopedCount() { counter_ -= by_; }
+  ScopedCount(const ScopedCount&) = delete;
+  ScopedCount& operator=(const ScopedCount&) = delete;
+
+ private:
+  Counter& counter_;
+  int by_;
+};
+
 class Transport {
  public:
   class Op;
@@ -23991,8 +24006,7 @@ class Transport {
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
     if (p.rx_transfer) {
-      const TransferPtr t = std::move(p.rx_transfer);
-      p.rx_transfer.reset();
+      const TransferPtr t = std::move(p.rx_transfer);  // leaves rx_transfer empty
       complete_receive_locked(lk, t);
     } else if (p.rx_keep) {
       // Its receive may have been posted while the frame was arriving: hand it over now.
@@ -24658,14 +24672,7 @@ class Transport::Op {
   }
 
   // Counts this thread, while it waits, among those to wake whenever a transfer completes.
-  struct ProgressWaiter {
-    ProgressWaiter(Transport& t, bool counted) : waiters(t.progress_waiters_), n(counted ? 1 : 0) { waiters += n; }
-    ~ProgressWaiter() { waiters -= n; }
-    ProgressWaiter(const ProgressWaiter&) = delete;
-    ProgressWaiter& operator=(const ProgressWaiter&) = delete;
-    int& waiters;
-    int n;
-  };
+  using ProgressWaiter = ScopedCount<int>;
 
   [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
 
@@ -24699,7 +24706,7 @@ class Transport::Op {
         }
         if (done()) return;  // the poll may have been what it waited for
       }
-      const ProgressWaiter waiter(t_, !quiet_);
+      const ProgressWaiter waiter(t_.progress_waiters_, quiet_ ? 0 : 1);
       if (!deadline_) {
         t_.cv_.wait(lk);
         continue;
@@ -24797,7 +24804,7 @@ class Transport::Op {
         return std::any_of(transfers_.begin(), transfers_.end(),
                            [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
       };
-      const ProgressWaiter waiter(t_, true);
+      const ProgressWaiter waiter(t_.progress_waiters_, 1);
       if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
         // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
         std::set<int> stuck;
@@ -24819,17 +24826,9 @@ class Transport::Op {
     }
   }
 
-  // Counts this Op in ops_in_flight_ for its whole life (after ~Op's abandon, too).
-  struct InFlight {
-    explicit InFlight(std::atomic<int>& n) noexcept : count(n) { count.fetch_add(1, std::memory_order_relaxed); }
-    ~InFlight() { count.fetch_sub(1, std::memory_order_relaxed); }
-    InFlight(const InFlight&) = delete;
-    InFlight& operator=(const InFlight&) = delete;
-    std::atomic<int>& count;
-  };
-
   Transport& t_;
-  InFlight in_flight_{t_.ops_in_flight_};
+  // Counts this Op in ops_in_flight_ for its whole life (after ~Op's abandon, too).
+  ScopedCount<std::atomic<int>> in_flight_{t_.ops_in_flight_, 1};
   bool collective_;
   Descriptor mine_{};
   std::string label_;
@@ -26417,6 +26416,20 @@ inline constexpr std::chrono::milliseconds kAbandonGrace{500};
 // How long a clean shutdown waits for goodbyes to be written and answered.
 inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
 
+/// Adds `by` to a counter for the life of the object (an int guarded by a mutex, or an atomic).
+template <class Counter>
+class ScopedCount {
+ public:
+  ScopedCount(Counter& counter, int by) noexcept : counter_(counter), by_(by) { counter_ += by_; }
+  ~ScopedCount() { counter_ -= by_; }
+  ScopedCount(const ScopedCount&) = delete;
+  ScopedCount& operator=(const ScopedCount&) = delete;
+
+ private:
+  Counter& counter_;
+  int by_;
+};
+
 class Transport {
  public:
   class Op;
@@ -27067,8 +27080,7 @@ class Transport {
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
     if (p.rx_transfer) {
-      const TransferPtr t = std::move(p.rx_transfer);
-      p.rx_transfer.reset();
+      const TransferPtr t = std::move(p.rx_transfer);  // leaves rx_transfer empty
       complete_receive_locked(lk, t);
     } else if (p.rx_keep) {
       // Its receive may have been posted while the frame was arriving: hand it over now.
@@ -27734,14 +27746,7 @@ class Transport::Op {
   }
 
   // Counts this thread, while it waits, among those to wake whenever a transfer completes.
-  struct ProgressWaiter {
-    ProgressWaiter(Transport& t, bool counted) : waiters(t.progress_waiters_), n(counted ? 1 : 0) { waiters += n; }
-    ~ProgressWaiter() { waiters -= n; }
-    ProgressWaiter(const ProgressWaiter&) = delete;
-    ProgressWaiter& operator=(const ProgressWaiter&) = delete;
-    int& waiters;
-    int n;
-  };
+  using ProgressWaiter = ScopedCount<int>;
 
   [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
 
@@ -27775,7 +27780,7 @@ class Transport::Op {
         }
         if (done()) return;  // the poll may have been what it waited for
       }
-      const ProgressWaiter waiter(t_, !quiet_);
+      const ProgressWaiter waiter(t_.progress_waiters_, quiet_ ? 0 : 1);
       if (!deadline_) {
         t_.cv_.wait(lk);
         continue;
@@ -27873,7 +27878,7 @@ class Transport::Op {
         return std::any_of(transfers_.begin(), transfers_.end(),
                            [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
       };
-      const ProgressWaiter waiter(t_, true);
+      const ProgressWaiter waiter(t_.progress_waiters_, 1);
       if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
         // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
         std::set<int> stuck;
@@ -27895,17 +27900,9 @@ class Transport::Op {
     }
   }
 
-  // Counts this Op in ops_in_flight_ for its whole life (after ~Op's abandon, too).
-  struct InFlight {
-    explicit InFlight(std::atomic<int>& n) noexcept : count(n) { count.fetch_add(1, std::memory_order_relaxed); }
-    ~InFlight() { count.fetch_sub(1, std::memory_order_relaxed); }
-    InFlight(const InFlight&) = delete;
-    InFlight& operator=(const InFlight&) = delete;
-    std::atomic<int>& count;
-  };
-
   Transport& t_;
-  InFlight in_flight_{t_.ops_in_flight_};
+  // Counts this Op in ops_in_flight_ for its whole life (after ~Op's abandon, too).
+  ScopedCount<std::atomic<int>> in_flight_{t_.ops_in_flight_, 1};
   bool collective_;
   Descriptor mine_{};
   std::string label_;
@@ -31605,6 +31602,20 @@ inline constexpr std::chrono::milliseconds kAbandonGrace{500};
 // How long a clean shutdown waits for goodbyes to be written and answered.
 inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
 
+/// Adds `by` to a counter for the life of the object (an int guarded by a mutex, or an atomic).
+template <class Counter>
+class ScopedCount {
+ public:
+  ScopedCount(Counter& counter, int by) noexcept : counter_(counter), by_(by) { counter_ += by_; }
+  ~ScopedCount() { counter_ -= by_; }
+  ScopedCount(const ScopedCount&) = delete;
+  ScopedCount& operator=(const ScopedCount&) = delete;
+
+ private:
+  Counter& counter_;
+  int by_;
+};
+
 class Transport {
  public:
   class Op;
@@ -32255,8 +32266,7 @@ class Transport {
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
     if (p.rx_transfer) {
-      const TransferPtr t = std::move(p.rx_transfer);
-      p.rx_transfer.reset();
+      const TransferPtr t = std::move(p.rx_transfer);  // leaves rx_transfer empty
       complete_receive_locked(lk, t);
     } else if (p.rx_keep) {
       // Its receive may have been posted while the frame was arriving: hand it over now.
@@ -32922,14 +32932,7 @@ class Transport::Op {
   }
 
   // Counts this thread, while it waits, among those to wake whenever a transfer completes.
-  struct ProgressWaiter {
-    ProgressWaiter(Transport& t, bool counted) : waiters(t.progress_waiters_), n(counted ? 1 : 0) { waiters += n; }
-    ~ProgressWaiter() { waiters -= n; }
-    ProgressWaiter(const ProgressWaiter&) = delete;
-    ProgressWaiter& operator=(const ProgressWaiter&) = delete;
-    int& waiters;
-    int n;
-  };
+  using ProgressWaiter = ScopedCount<int>;
 
   [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
 
@@ -32963,7 +32966,7 @@ class Transport::Op {
         }
         if (done()) return;  // the poll may have been what it waited for
       }
-      const ProgressWaiter waiter(t_, !quiet_);
+      const ProgressWaiter waiter(t_.progress_waiters_, quiet_ ? 0 : 1);
       if (!deadline_) {
         t_.cv_.wait(lk);
         continue;
@@ -33061,7 +33064,7 @@ class Transport::Op {
         return std::any_of(transfers_.begin(), transfers_.end(),
                            [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
       };
-      const ProgressWaiter waiter(t_, true);
+      const ProgressWaiter waiter(t_.progress_waiters_, 1);
       if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
         // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
         std::set<int> stuck;
@@ -33083,17 +33086,9 @@ class Transport::Op {
     }
   }
 
-  // Counts this Op in ops_in_flight_ for its whole life (after ~Op's abandon, too).
-  struct InFlight {
-    explicit InFlight(std::atomic<int>& n) noexcept : count(n) { count.fetch_add(1, std::memory_order_relaxed); }
-    ~InFlight() { count.fetch_sub(1, std::memory_order_relaxed); }
-    InFlight(const InFlight&) = delete;
-    InFlight& operator=(const InFlight&) = delete;
-    std::atomic<int>& count;
-  };
-
   Transport& t_;
-  InFlight in_flight_{t_.ops_in_flight_};
+  // Counts this Op in ops_in_flight_ for its whole life (after ~Op's abandon, too).
+  ScopedCount<std::atomic<int>> in_flight_{t_.ops_in_flight_, 1};
   bool collective_;
   Descriptor mine_{};
   std::string label_;
@@ -34681,6 +34676,20 @@ inline constexpr std::chrono::milliseconds kAbandonGrace{500};
 // How long a clean shutdown waits for goodbyes to be written and answered.
 inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
 
+/// Adds `by` to a counter for the life of the object (an int guarded by a mutex, or an atomic).
+template <class Counter>
+class ScopedCount {
+ public:
+  ScopedCount(Counter& counter, int by) noexcept : counter_(counter), by_(by) { counter_ += by_; }
+  ~ScopedCount() { counter_ -= by_; }
+  ScopedCount(const ScopedCount&) = delete;
+  ScopedCount& operator=(const ScopedCount&) = delete;
+
+ private:
+  Counter& counter_;
+  int by_;
+};
+
 class Transport {
  public:
   class Op;
@@ -35331,8 +35340,7 @@ class Transport {
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
     if (p.rx_transfer) {
-      const TransferPtr t = std::move(p.rx_transfer);
-      p.rx_transfer.reset();
+      const TransferPtr t = std::move(p.rx_transfer);  // leaves rx_transfer empty
       complete_receive_locked(lk, t);
     } else if (p.rx_keep) {
       // Its receive may have been posted while the frame was arriving: hand it over now.
@@ -35998,14 +36006,7 @@ class Transport::Op {
   }
 
   // Counts this thread, while it waits, among those to wake whenever a transfer completes.
-  struct ProgressWaiter {
-    ProgressWaiter(Transport& t, bool counted) : waiters(t.progress_waiters_), n(counted ? 1 : 0) { waiters += n; }
-    ~ProgressWaiter() { waiters -= n; }
-    ProgressWaiter(const ProgressWaiter&) = delete;
-    ProgressWaiter& operator=(const ProgressWaiter&) = delete;
-    int& waiters;
-    int n;
-  };
+  using ProgressWaiter = ScopedCount<int>;
 
   [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
 
@@ -36039,7 +36040,7 @@ class Transport::Op {
         }
         if (done()) return;  // the poll may have been what it waited for
       }
-      const ProgressWaiter waiter(t_, !quiet_);
+      const ProgressWaiter waiter(t_.progress_waiters_, quiet_ ? 0 : 1);
       if (!deadline_) {
         t_.cv_.wait(lk);
         continue;
@@ -36137,7 +36138,7 @@ class Transport::Op {
         return std::any_of(transfers_.begin(), transfers_.end(),
                            [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
       };
-      const ProgressWaiter waiter(t_, true);
+      const ProgressWaiter waiter(t_.progress_waiters_, 1);
       if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
         // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
         std::set<int> stuck;
@@ -36159,17 +36160,9 @@ class Transport::Op {
     }
   }
 
-  // Counts this Op in ops_in_flight_ for its whole life (after ~Op's abandon, too).
-  struct InFlight {
-    explicit InFlight(std::atomic<int>& n) noexcept : count(n) { count.fetch_add(1, std::memory_order_relaxed); }
-    ~InFlight() { count.fetch_sub(1, std::memory_order_relaxed); }
-    InFlight(const InFlight&) = delete;
-    InFlight& operator=(const InFlight&) = delete;
-    std::atomic<int>& count;
-  };
-
   Transport& t_;
-  InFlight in_flight_{t_.ops_in_flight_};
+  // Counts this Op in ops_in_flight_ for its whole life (after ~Op's abandon, too).
+  ScopedCount<std::atomic<int>> in_flight_{t_.ops_in_flight_, 1};
   bool collective_;
   Descriptor mine_{};
   std::string label_;

@@ -16,18 +16,24 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
-/// acc[i] = f(acc[i], src[i]) for every i. The work is cut into fixed blocks and a tail because
-/// GCC before 13 vectorises at -O2 only loops that need no scalar remainder: a plain loop over n
-/// stayed scalar there (4x slower on the reductions of a network all-reduce, which are on its
-/// critical path); blocks of a known size are vectorised at -O2 as at -O3.
-template <class T, class F>
-inline void apply_pairwise(T* __restrict acc, const T* __restrict src, std::size_t n, F f) noexcept {
+/// body(i) for i in [0, n). The loop is cut into fixed blocks and a tail because GCC before 13
+/// vectorises at -O2 only loops that need no scalar remainder: a plain loop over n stayed scalar
+/// there (4x slower on the reductions of a network all-reduce, which are on its critical path);
+/// blocks of a known size are vectorised at -O2 as at -O3.
+template <class Body>
+inline void for_each_blocked(std::size_t n, Body body) noexcept {
   constexpr std::size_t kBlock = 16;
   std::size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-    for (std::size_t j = 0; j < kBlock; ++j) acc[i + j] = f(acc[i + j], src[i + j]);
+    for (std::size_t j = 0; j < kBlock; ++j) body(i + j);
   }
-  for (; i < n; ++i) acc[i] = f(acc[i], src[i]);
+  for (; i < n; ++i) body(i);
+}
+
+/// acc[i] = f(acc[i], src[i]) for every i, vectorisable at -O2 (for_each_blocked).
+template <class T, class F>
+inline void apply_pairwise(T* __restrict acc, const T* __restrict src, std::size_t n, F f) noexcept {
+  for_each_blocked(n, [=](std::size_t i) { acc[i] = f(acc[i], src[i]); });
 }
 
 /// acc[i] = acc[i] (op) src[i]; Mean accumulates as Sum (the division comes once, at the end).
@@ -64,12 +70,7 @@ template <class T>
 void divide(T* acc, std::size_t n, std::int64_t divisor) noexcept {
   if constexpr (!std::is_same_v<T, bool>) {
     const T d = static_cast<T>(divisor);
-    constexpr std::size_t kBlock = 16;  // blocks and a tail, as in apply_pairwise
-    std::size_t i = 0;
-    for (; i + kBlock <= n; i += kBlock) {
-      for (std::size_t j = 0; j < kBlock; ++j) acc[i + j] = static_cast<T>(acc[i + j] / d);
-    }
-    for (; i < n; ++i) acc[i] = static_cast<T>(acc[i] / d);
+    for_each_blocked(n, [=](std::size_t i) { acc[i] = static_cast<T>(acc[i] / d); });
   }
 }
 

@@ -220,6 +220,20 @@ inline constexpr std::chrono::milliseconds kAbandonGrace{500};
 // How long a clean shutdown waits for goodbyes to be written and answered.
 inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
 
+/// Adds `by` to a counter for the life of the object (an int guarded by a mutex, or an atomic).
+template <class Counter>
+class ScopedCount {
+ public:
+  ScopedCount(Counter& counter, int by) noexcept : counter_(counter), by_(by) { counter_ += by_; }
+  ~ScopedCount() { counter_ -= by_; }
+  ScopedCount(const ScopedCount&) = delete;
+  ScopedCount& operator=(const ScopedCount&) = delete;
+
+ private:
+  Counter& counter_;
+  int by_;
+};
+
 class Transport {
  public:
   class Op;
@@ -870,8 +884,7 @@ class Transport {
   void finish_payload(Peer& p) {
     std::unique_lock lk(mu_);
     if (p.rx_transfer) {
-      const TransferPtr t = std::move(p.rx_transfer);
-      p.rx_transfer.reset();
+      const TransferPtr t = std::move(p.rx_transfer);  // leaves rx_transfer empty
       complete_receive_locked(lk, t);
     } else if (p.rx_keep) {
       // Its receive may have been posted while the frame was arriving: hand it over now.
@@ -1537,14 +1550,7 @@ class Transport::Op {
   }
 
   // Counts this thread, while it waits, among those to wake whenever a transfer completes.
-  struct ProgressWaiter {
-    ProgressWaiter(Transport& t, bool counted) : waiters(t.progress_waiters_), n(counted ? 1 : 0) { waiters += n; }
-    ~ProgressWaiter() { waiters -= n; }
-    ProgressWaiter(const ProgressWaiter&) = delete;
-    ProgressWaiter& operator=(const ProgressWaiter&) = delete;
-    int& waiters;
-    int n;
-  };
+  using ProgressWaiter = ScopedCount<int>;
 
   [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
 
@@ -1578,7 +1584,7 @@ class Transport::Op {
         }
         if (done()) return;  // the poll may have been what it waited for
       }
-      const ProgressWaiter waiter(t_, !quiet_);
+      const ProgressWaiter waiter(t_.progress_waiters_, quiet_ ? 0 : 1);
       if (!deadline_) {
         t_.cv_.wait(lk);
         continue;
@@ -1676,7 +1682,7 @@ class Transport::Op {
         return std::any_of(transfers_.begin(), transfers_.end(),
                            [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
       };
-      const ProgressWaiter waiter(t_, true);
+      const ProgressWaiter waiter(t_.progress_waiters_, 1);
       if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
         // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
         std::set<int> stuck;
@@ -1698,17 +1704,9 @@ class Transport::Op {
     }
   }
 
-  // Counts this Op in ops_in_flight_ for its whole life (after ~Op's abandon, too).
-  struct InFlight {
-    explicit InFlight(std::atomic<int>& n) noexcept : count(n) { count.fetch_add(1, std::memory_order_relaxed); }
-    ~InFlight() { count.fetch_sub(1, std::memory_order_relaxed); }
-    InFlight(const InFlight&) = delete;
-    InFlight& operator=(const InFlight&) = delete;
-    std::atomic<int>& count;
-  };
-
   Transport& t_;
-  InFlight in_flight_{t_.ops_in_flight_};
+  // Counts this Op in ops_in_flight_ for its whole life (after ~Op's abandon, too).
+  ScopedCount<std::atomic<int>> in_flight_{t_.ops_in_flight_, 1};
   bool collective_;
   Descriptor mine_{};
   std::string label_;
