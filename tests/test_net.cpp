@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -29,6 +30,7 @@
 #include <random>
 #include <set>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -923,6 +925,48 @@ TEST_CASE("communicator in threads: the destructor of one rank makes a waiting p
     }
   });
   CHECK(error == fmt::format("barrier #0: worker:0 (127.0.0.1:{}) closed its communicator before joining collective #0", ports[0]));
+}
+
+TEST_CASE("transport in threads: a receive continuation that throws fails the collective on every rank, naming it") {
+  Watchdog dog(60s, "threads: continuation throws");
+  namespace nd = net::detail;
+  const auto ports = free_ports(2);
+  std::atomic<bool> rank1_done{false};
+  std::string rank1_error;
+  const auto errors = run_ranks(2, [&](int r) {
+    net::CommunicatorOptions opt;
+    opt.connect_timeout = 30s;
+    nd::Transport tr(addresses_of(ports), r, opt, worker_names(2));
+    const nd::Descriptor desc{nd::CollectiveKind::Broadcast, ds::DType::U8, ds::ReduceOp::Sum, 0, 4};
+    std::array<std::byte, 4> buf{};
+    if (r == 0) {
+      nd::Transport::Op op(tr, desc);
+      op.recv(1, 0, buf, []() -> bool { throw std::runtime_error("no room to reduce into"); });
+      CHECK_THROWS_WITH_AS(op.wait_until([] { return false; }, 1),
+                           "broadcast #0: worker:0 failed while passing on received data: no room to reduce into",
+                           ds::PeerFailure);
+      while (!rank1_done) std::this_thread::sleep_for(10ms);  // keep the connection until rank 1 heard
+    } else {
+      {
+        nd::Transport::Op op(tr, desc);
+        op.send(0, 0, buf);
+        try {
+          op.finish();  // the abort may already be here
+        } catch (const ds::Error&) {
+        }
+      }
+      try {
+        nd::Transport::Op next(tr, nd::Descriptor{});  // a barrier: rank 0 never joins it
+        next.finish();
+      } catch (const ds::PeerFailure& e) {
+        rank1_error = e.what();
+      }
+      rank1_done = true;
+    }
+  });
+  for (const auto& e : errors) CHECK(e == "");
+  CHECK_MESSAGE(rank1_error.find("worker:0 failed while passing on received data: no room to reduce into") != std::string::npos,
+                rank1_error);
 }
 
 // =============================================================================================
