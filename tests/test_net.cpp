@@ -391,6 +391,93 @@ std::vector<std::byte> bytes_of(std::string_view s) {
 // =============================================================================================
 // Frames
 
+TEST_CASE("NotifyingMutex: wakes waiters after the notifier unlocks, times out, loses no wake-up") {
+  using net::detail::NotifyingMutex;
+  NotifyingMutex mu;
+  // True when `ready` came true through notifications; a wake-up that never came runs into the
+  // deadline (the state may have changed meanwhile: that is exactly a lost wake-up).
+  auto woken_in_time = [&mu](std::unique_lock<NotifyingMutex>& lk, auto ready) {
+    const auto deadline = Clock::now() + 5s;
+    while (!ready()) {
+      if (mu.wait_until(lk, deadline) == std::cv_status::timeout) return false;
+    }
+    return true;
+  };
+
+  SUBCASE("a deadline passes without a notification") {
+    std::unique_lock lk(mu);
+    const auto t0 = Clock::now();
+    CHECK(mu.wait_until(lk, t0 + 20ms) == std::cv_status::timeout);
+    CHECK(Clock::now() - t0 >= 20ms);
+    CHECK(lk.owns_lock());
+    CHECK_FALSE(mu.wait_for(lk, 5ms, [] { return false; }));
+  }
+
+  SUBCASE("a waiter is woken by a notification made under the lock, and holds the lock again") {
+    bool ready = false;
+    std::thread notifier([&] {
+      std::this_thread::sleep_for(10ms);
+      const std::lock_guard g(mu);
+      ready = true;
+      mu.notify_all_locked();
+    });
+    std::unique_lock lk(mu);
+    CHECK(woken_in_time(lk, [&] { return ready; }));
+    CHECK(lk.owns_lock());
+    lk.unlock();
+    notifier.join();
+  }
+
+  SUBCASE("a waiter that notified before waiting wakes the others") {
+    bool mine = false, theirs = false;
+    std::thread other([&] {
+      std::unique_lock lk(mu);
+      CHECK(woken_in_time(lk, [&] { return mine; }));
+      theirs = true;
+      mu.notify_all_locked();
+    });
+    std::unique_lock lk(mu);
+    mine = true;
+    mu.notify_all_locked();  // pending when this thread goes to wait: sent as it sleeps
+    CHECK(woken_in_time(lk, [&] { return theirs; }));
+    lk.unlock();
+    other.join();
+  }
+
+  SUBCASE("ping-pong between two threads: every hand-off is seen (a lost wake-up would time out)") {
+    constexpr int kRounds = 20000;
+    int turn = 0;  // even: main's turn, odd: the other's
+    bool stuck = false;
+    std::thread other([&] {
+      std::unique_lock lk(mu);
+      for (int i = 0; i < kRounds; ++i) {
+        if (!woken_in_time(lk, [&] { return turn % 2 == 1 || stuck; }) || stuck) {
+          stuck = true;
+          mu.notify_all_locked();
+          return;
+        }
+        ++turn;
+        mu.notify_all_locked();
+      }
+    });
+    {
+      std::unique_lock lk(mu);
+      for (int i = 0; i < kRounds && !stuck; ++i) {
+        if (!woken_in_time(lk, [&] { return turn % 2 == 0 || stuck; })) {
+          stuck = true;
+          mu.notify_all_locked();
+          break;
+        }
+        ++turn;
+        mu.notify_all_locked();
+      }
+    }
+    other.join();
+    CHECK_FALSE(stuck);
+    CHECK(turn == 2 * kRounds);
+  }
+}
+
 TEST_CASE("frame header: round trip, and every malformed header is rejected with a reason") {
   const net::FrameHeader h{net::FrameType::Data, 1234, 56, 78};
   const auto bytes = net::encode_header(h);

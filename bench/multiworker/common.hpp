@@ -28,7 +28,11 @@ inline std::vector<std::size_t> sizes() {
   return {std::size_t{4} << 10, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20, std::size_t{64} << 20};
 }
 
-inline int iters_for(std::size_t bytes) { return bytes >= (std::size_t{64} << 20) ? 20 : bytes >= (std::size_t{16} << 20) ? 25 : 50; }
+// MW_ITERS overrides the timed iterations (profiling runs want many).
+inline int iters_for(std::size_t bytes) {
+  if (const char* env = std::getenv("MW_ITERS"); env != nullptr && std::atoi(env) > 0) return std::atoi(env);
+  return bytes >= (std::size_t{64} << 20) ? 20 : bytes >= (std::size_t{16} << 20) ? 25 : 50;
+}
 inline int warmup_for(std::size_t bytes) { return bytes >= (std::size_t{16} << 20) ? 2 : 5; }
 
 inline double now_s() {

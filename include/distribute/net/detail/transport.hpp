@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -49,6 +48,7 @@
 #include <distribute/core/error.hpp>
 #include <distribute/net/detail/address.hpp>
 #include <distribute/net/detail/auth.hpp>
+#include <distribute/net/detail/notifying_mutex.hpp>
 #include <distribute/net/detail/protocol.hpp>
 #include <distribute/net/detail/transfer_all.hpp>
 #include <distribute/net/frame.hpp>
@@ -288,7 +288,7 @@ class Transport {
 
     std::unique_lock lk(mu_);
     const auto deadline = Clock::now() + options_.connect_timeout;
-    const bool formed = cv_.wait_until(lk, deadline, [&] { return open_count_ == size_ - 1 || setup_failure_ || failure_; });
+    const bool formed = mu_.wait_until(lk, deadline, [&] { return open_count_ == size_ - 1 || setup_failure_ || failure_; });
     if (!formed || setup_failure_ || failure_ || open_count_ != size_ - 1) {
       Failure f = setup_failure_ ? *setup_failure_ : failure_ ? *failure_ : Failure{FailureKind::Peer, missing_peers_locked()};
       lk.unlock();
@@ -415,7 +415,7 @@ class Transport {
   void setup_fail(FailureKind kind, std::string message) {
     std::lock_guard lk(mu_);
     if (!setup_failure_) setup_failure_ = Failure{kind, std::move(message)};
-    cv_.notify_all();
+    mu_.notify_all_locked();
   }
 
   static std::string describe_error(const boost::system::error_code& ec) {
@@ -719,7 +719,7 @@ class Transport {
     p.last_tx = Clock::now();
     p.heard_now();
     ++open_count_;
-    cv_.notify_all();
+    mu_.notify_all_locked();
     lk.unlock();
     read_header(p);
   }
@@ -777,7 +777,7 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
-        cv_.notify_all();
+        mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
       return protocol_error(p, e.what());
@@ -805,7 +805,7 @@ class Transport {
           t->state = Transfer::State::Failed;
           t->error = Failure{FailureKind::Mismatch, size_mismatch(p, length, t->size, key)};
           keep = false;  // read and drop it: the stream stays in step
-          cv_.notify_all();
+          mu_.notify_all_locked();
         }
       }
     }
@@ -905,7 +905,7 @@ class Transport {
         } else {
           t->state = Transfer::State::Failed;
           t->error = Failure{FailureKind::Mismatch, size_mismatch(p, p.rx_blob.size, t->size, key)};
-          cv_.notify_all();
+          mu_.notify_all_locked();
         }
       }
     }
@@ -918,7 +918,7 @@ class Transport {
   // A receive's bytes are in place (state Active, `lk` held): runs its continuation, if any, with
   // the mutex released, then marks it Done. A continuation that throws fails the receive, and
   // with it the collective.
-  void complete_receive_locked(std::unique_lock<std::mutex>& lk, const TransferPtr& t) {
+  void complete_receive_locked(std::unique_lock<NotifyingMutex>& lk, const TransferPtr& t) {
     bool wake = progress_waiters_ > 0;
     if (t->on_arrival) {
       const std::function<bool()> next = std::move(t->on_arrival);
@@ -936,12 +936,12 @@ class Transport {
       if (error) {
         t->state = Transfer::State::Failed;
         t->error = Failure{FailureKind::Peer, fmt::format("{} failed while passing on received data: {}", me(), *error)};
-        cv_.notify_all();
+        mu_.notify_all_locked();
         return;
       }
     }
     t->state = Transfer::State::Done;
-    if (wake || progress_waiters_ > 0) cv_.notify_all();
+    if (wake || progress_waiters_ > 0) mu_.notify_all_locked();
   }
 
   std::string size_mismatch(const Peer& p, std::size_t got, std::size_t want, const MsgKey& key) const {
@@ -999,7 +999,7 @@ class Transport {
   // in the queue) and `direct_sending` defers a close of the socket until the syscall is over.
   // A frame not written whole goes to the front of the queue, its `sent` bytes skipped, and the
   // io thread writes the rest (or meets the error again and handles it as usual).
-  void send_now_or_enqueue(std::unique_lock<std::mutex>& lk, Peer& p, OutFrame f, bool direct = true) {
+  void send_now_or_enqueue(std::unique_lock<NotifyingMutex>& lk, Peer& p, OutFrame f, bool direct = true) {
 #if defined(DISTRIBUTE_NET_DIRECT_SEND)
     if (!direct || p.state != Peer::State::Open || p.writing || !p.queue.empty() || !p.socket || !p.socket->is_open()) {
       return enqueue_locked(p, std::move(f));
@@ -1033,7 +1033,7 @@ class Transport {
       asio::post(io_, [this, &p] {
         std::lock_guard g(mu_);
         close_socket(p);
-        cv_.notify_all();
+        mu_.notify_all_locked();
       });
     }
     p.last_tx = Clock::now();
@@ -1041,7 +1041,7 @@ class Transport {
     const bool whole = f.sent == f.header.size() + f.size;
     if (whole && f.transfer) {
       f.transfer->state = Transfer::State::Done;
-      if (progress_waiters_ > 0) cv_.notify_all();
+      if (progress_waiters_ > 0) mu_.notify_all_locked();
     }
     if (p.state != Peer::State::Open) {
       // Lost or closed meanwhile: what was queued has been failed already; fail this frame too.
@@ -1049,7 +1049,7 @@ class Transport {
       if (!whole && f.transfer) {
         f.transfer->state = Transfer::State::Failed;
         f.transfer->error = loss_locked(p, "the connection went down during a write");
-        cv_.notify_all();
+        mu_.notify_all_locked();
       }
       if (p.half_close_pending) {
         p.half_close_pending = false;
@@ -1128,7 +1128,7 @@ class Transport {
       }
     }
     p.batch.clear();
-    if (ec || progress_waiters_ > 0) cv_.notify_all();
+    if (ec || progress_waiters_ > 0) mu_.notify_all_locked();
     if (ec) {
       p.writing = false;
       peer_down_locked(p, describe_error(ec));
@@ -1166,7 +1166,7 @@ class Transport {
         if (p->rank != rank_ && p->state == Peer::State::Open) enqueue_control_locked(*p, FrameType::Abort, 0, payload);
       }
     }
-    cv_.notify_all();
+    mu_.notify_all_locked();
   }
 
   // Fails what waits on `p` and cannot complete any more (posted receives, queued sends).
@@ -1216,13 +1216,13 @@ class Transport {
     } else {
       shutdown_send(p);
     }
-    cv_.notify_all();
+    mu_.notify_all_locked();
   }
 
   void peer_down_locked(Peer& p, const std::string& reason) {
     if (p.state == Peer::State::Closed || p.state == Peer::State::Failed) {
       close_socket(p);
-      cv_.notify_all();
+      mu_.notify_all_locked();
       return;
     }
     const bool expected = closing_;  // during our own shutdown every error is expected
@@ -1231,7 +1231,7 @@ class Transport {
     close_socket(p);
     fail_pending_locked(p, loss);
     if (!expected) fail_locked(loss, true);
-    cv_.notify_all();
+    mu_.notify_all_locked();
   }
 
   void heartbeat_tick() {
@@ -1278,7 +1278,7 @@ class Transport {
           if (p->rank != rank_ && p->state == Peer::State::Open) enqueue_control_locked(*p, FrameType::Goodbye, 0, {}, true);
         }
         // A poisoned transport has told its peers already; a stopped peer would only delay us.
-        cv_.wait_for(lk, failure_ ? kShutdownGrace / 4 : kShutdownGrace, [&] {
+        mu_.wait_for(lk, failure_ ? kShutdownGrace / 4 : kShutdownGrace, [&] {
           return std::all_of(peers_.begin(), peers_.end(), [](const auto& p) { return !p->socket || p->socket_done; });
         });
       }
@@ -1315,8 +1315,8 @@ class Transport {
   std::optional<tcp::acceptor> acceptor_;
   std::optional<asio::steady_timer> heartbeat_timer_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  // The transport's lock and its condition: waiters are woken after it is released.
+  mutable NotifyingMutex mu_;
   int open_count_ = 0;
   bool closing_ = false;
   std::optional<Failure> failure_;
@@ -1544,7 +1544,7 @@ class Transport::Op {
       std::lock_guard lk(t_.mu_);
       t->state = Transfer::State::Failed;
       t->error = Failure{FailureKind::Mismatch, t_.size_mismatch(t_.peer(peer), early.size, dst.size(), t->key)};
-      t_.cv_.notify_all();  // posted by a continuation, the caller waits in wait_until
+      t_.mu_.notify_all_locked();  // posted by a continuation, the caller waits in wait_until
     }
     return t;
   }
@@ -1572,7 +1572,7 @@ class Transport::Op {
   }
 
   template <class Done>
-  void block(std::unique_lock<std::mutex>& lk, Done&& done, int waiting_on, std::string_view what) {
+  void block(std::unique_lock<NotifyingMutex>& lk, Done&& done, int waiting_on, std::string_view what) {
     for (;;) {
       if (done()) return;
       if (t_.failure_) raise_failure_locked();
@@ -1586,7 +1586,7 @@ class Transport::Op {
       }
       const ProgressWaiter waiter(t_.progress_waiters_, quiet_ ? 0 : 1);
       if (!deadline_) {
-        t_.cv_.wait(lk);
+        t_.mu_.wait(lk);
         continue;
       }
       if (Clock::now() >= *deadline_) {
@@ -1597,7 +1597,7 @@ class Transport::Op {
                        true);
         raise_failure_locked();
       }
-      t_.cv_.wait_until(lk, *deadline_);
+      t_.mu_.wait_until(lk, *deadline_);
     }
   }
 
@@ -1683,7 +1683,7 @@ class Transport::Op {
                            [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
       };
       const ProgressWaiter waiter(t_.progress_waiters_, 1);
-      if (!t_.cv_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
+      if (!t_.mu_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
         // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
         std::set<int> stuck;
         for (const auto& t : transfers_) {
@@ -1695,7 +1695,7 @@ class Transport::Op {
             tr->peer_down_locked(tr->peer(r), "connection cut: it stopped exchanging data");
           });
         }
-        t_.cv_.wait(lk, [&] { return !busy(); });
+        t_.mu_.wait(lk, [&] { return !busy(); });
       }
       transfers_.clear();
       finished_ = true;
