@@ -2,6 +2,7 @@
 //
 //   info               print "INFO task=<DISTRIBUTE_LAUNCH_TASK> pid=<pid> tf_config=<raw TF_CONFIG>"
 //   env NAME           print "ENV NAME=<value>" or "ENV NAME unset"
+//   affinity           print "AFFINITY <task> <cpus>": the CPUs it may run on, e.g. "0,1" (Linux)
 //   print TEXT         print TEXT and a newline on stdout
 //   eprint TEXT        print TEXT and a newline on stderr
 //   partial TEXT       print TEXT on stdout without a newline
@@ -20,6 +21,7 @@
 // stdout is line-buffered, so the launcher sees each line as soon as it is printed.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -84,7 +86,16 @@ int main(int argc, char** argv) {
     const char* b = cmd == "barrier" ? arg() : nullptr;
     if ((takes_arg && !a) || (cmd == "barrier" && !b)) return usage(cmd.c_str());
     if (!active) continue;
-    if (cmd == "info") {
+    if (cmd == "affinity") {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      if (::sched_getaffinity(0, sizeof set, &set) != 0) return 95;
+      std::string cpus;
+      for (int c = 0; c < CPU_SETSIZE; ++c) {
+        if (CPU_ISSET(c, &set)) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
+      }
+      std::printf("AFFINITY %s %s\n", task.c_str(), cpus.c_str());
+    } else if (cmd == "info") {
       std::printf("INFO task=%s pid=%d tf_config=%s\n", task.c_str(), static_cast<int>(::getpid()),
                   env_or("TF_CONFIG", "<unset>"));
     } else if (cmd == "env") {

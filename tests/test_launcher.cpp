@@ -16,6 +16,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -24,6 +25,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -752,6 +754,82 @@ TEST_CASE("a program that cannot be started fails the job with 127") {
   CHECK(own < static_cast<std::size_t>(m.position(0)));
 }
 
+// The CPUs this process may run on, in order (what the launcher splits among its tasks).
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+// task name -> the CPUs it reported with the child's `affinity` command.
+std::map<std::string, std::vector<int>> task_affinities(const std::string& out) {
+  std::map<std::string, std::vector<int>> m;
+  static const std::regex re(R"(AFFINITY (\S+) ([0-9,]+))");
+  for (const auto& line : lines(out)) {
+    std::smatch match;
+    if (!std::regex_search(line, match, re)) continue;
+    std::vector<int> cpus;
+    std::stringstream list(match[2].str());
+    for (std::string c; std::getline(list, c, ',');) cpus.push_back(std::stoi(c));
+    m[match[1].str()] = cpus;
+  }
+  return m;
+}
+
+TEST_CASE("--bind-to core gives each task its own equal share of the CPUs; none and too many tasks bind nothing") {
+  const std::vector<int> all = allowed_cpus();
+  REQUIRE_FALSE(all.empty());
+
+  SUBCASE("one task per CPU, the default: each on its own CPU, reported only when asked for") {
+    if (all.size() < 2) {
+      MESSAGE("this process may run on one CPU only: nothing to split");
+      return;
+    }
+    for (const bool explicit_flag : {false, true}) {
+      std::vector<std::string> args = {"-n", "2", "--", child(), "affinity", "exit", "0"};
+      if (explicit_flag) args.insert(args.begin(), {"--bind-to", "core"});
+      const Result r = run(args);
+      INFO("explicit: ", explicit_flag, "\nstdout:\n", r.out, "\nstderr:\n", r.err);
+      REQUIRE(r.code == 0);
+      const auto got = task_affinities(r.out);
+      REQUIRE(got.size() == 2);
+      const auto& a = got.at("worker:0");
+      const auto& b = got.at("worker:1");
+      // Equal contiguous blocks of the allowed CPUs, in order: worker:0 the first half.
+      const std::size_t first = (all.size() + 1) / 2;
+      CHECK(a == std::vector<int>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(first)));
+      CHECK(b == std::vector<int>(all.begin() + static_cast<std::ptrdiff_t>(first), all.end()));
+      CHECK(contains(r.err, "binding tasks to CPUs: worker:0 on ") == explicit_flag);
+    }
+  }
+
+  SUBCASE("--bind-to none: every task may run on every CPU the launcher may") {
+    const Result r = run({"--bind-to", "none", "-n", "2", "--", child(), "affinity", "exit", "0"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE(r.code == 0);
+    const auto got = task_affinities(r.out);
+    REQUIRE(got.size() == 2);
+    for (const auto& [task, cpus] : got) CHECK(cpus == all);
+    CHECK_FALSE(contains(r.err, "binding"));
+  }
+
+  SUBCASE("more tasks than CPUs: nothing is bound, and an explicit --bind-to core says so") {
+    const std::string n = std::to_string(all.size() + 1);
+    const Result r = run({"--bind-to", "core", "-n", n, "--", child(), "affinity", "exit", "0"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE(r.code == 0);
+    const auto got = task_affinities(r.out);
+    CHECK(got.size() == all.size() + 1);
+    for (const auto& [task, cpus] : got) CHECK(cpus == all);
+    CHECK(contains(r.err, fmt::format("{} tasks and {} CPUs: not binding", all.size() + 1, all.size())));
+  }
+}
+
 TEST_CASE("usage errors exit 2 and print the usage") {
   const std::string c = child();
   const std::vector<std::vector<std::string>> bad = {
@@ -774,6 +852,8 @@ TEST_CASE("usage errors exit 2 and print the usage") {
       {"--restart-workers", "x", "--ps", "1", "--workers", "1", "--", c},
       {"--restart-delay", "-1", "--ps", "1", "--workers", "1", "--", c},
       {"--env", "DISTRIBUTE_LAUNCH_RESTART=1", "-n", "1", "--", c},
+      {"--bind-to", "socket", "-n", "1", "--", c},
+      {"--bind-to", "-n", "1", "--", c},
   };
   for (const auto& args : bad) {
     std::string joined;

@@ -34,6 +34,11 @@
 //  * ps tasks serve until stopped: in a cluster with ps tasks the job is done when every chief and
 //    worker task has exited; the launcher then SIGTERMs the ps tasks and exits 0 if all of those
 //    exited 0.
+//  * CPU binding (Linux): with --bind-to core (the default) and no more tasks than CPUs the
+//    launcher may run on, each task is bound to its own contiguous block of those CPUs (an equal
+//    share), as mpirun binds ranks to cores. Each rank's threads then share caches and do not
+//    preempt another rank's network thread; at 2 workers on 2 cores a 1 MiB all-reduce took 0.56 ms
+//    bound against 0.73 ms unbound (docs/performance.md). With more tasks than CPUs nothing is bound.
 //  * Output: lines are forwarded whole (one write each, so tasks never interleave mid-line); a
 //    last line without a newline is flushed with one when the stream closes. Tasks write to
 //    pipes, so their stdio is block-buffered unless they flush or set line buffering.
@@ -57,6 +62,9 @@
 
 #include <fcntl.h>
 #include <netdb.h>
+#ifdef __linux__
+#include <sched.h>
+#endif
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -100,6 +108,9 @@ cluster (on free loopback ports) and its own task type and index.
                       again, at most N times per task; each start sets DISTRIBUTE_LAUNCH_RESTART
                       to the number of restarts so far (0 at first)
   --restart-delay S   seconds before such a restart (default 1)
+  --bind-to core|none core (default): when there are no more tasks than CPUs available to the
+                      launcher, bind each task to its own equal block of them (Linux); none: no
+                      binding
   -h, --help          show this help
 
 Each task also gets DISTRIBUTE_LAUNCH_TASK=TYPE:INDEX and DISTRIBUTE_LAUNCH_RESTART=K. Its stdout and stderr lines are forwarded
@@ -135,6 +146,8 @@ struct Options {
   bool keep_going = false;
   int restart_workers = 0;
   double restart_delay = 1;
+  bool bind_to_core = true;     // --bind-to core|none
+  bool bind_to_given = false;
   bool help = false;
   std::vector<std::string> command;
 };
@@ -237,6 +250,11 @@ Options parse_args(int argc, char** argv) {
       o.restart_workers = parse_count(name, value(), 0);
     } else if (name == "--restart-delay") {
       o.restart_delay = parse_seconds(name, value());
+    } else if (name == "--bind-to") {
+      const std::string v = value();
+      if (v != "core" && v != "none") throw UsageError(fmt::format("--bind-to expects 'core' or 'none', got '{}'", v));
+      o.bind_to_core = v == "core";
+      o.bind_to_given = true;
     } else {
       if (!arg.empty() && arg[0] == '-') throw UsageError(fmt::format("unknown option '{}'", arg));
       throw UsageError(fmt::format("unexpected argument '{}' (put the program after '--')", arg));
@@ -434,6 +452,7 @@ struct Task {
   bool running = false;
   int restarts = 0;                                // times started again after a failure
   std::optional<Clock::time_point> restart_at;     // a pending restart
+  std::vector<int> cpus;                           // bound to these (empty: not bound)
   int status = 0;
   Stream out, err;
 };
@@ -537,8 +556,58 @@ class Launcher {
     }
     cluster += "}";
     cluster_json_ = cluster;
+    assign_cpus();
 
     if (opt_.token) token_ = *opt_.token == "auto" ? random_token() : *opt_.token;
+  }
+
+  // --bind-to core: task i gets the i-th of tasks_.size() equal, contiguous blocks of the CPUs this
+  // process may run on (the first ones one CPU larger when they do not divide evenly).
+  void assign_cpus() {
+    if (!opt_.bind_to_core) return;
+#ifdef __linux__
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    std::vector<int> cpus;
+    if (::sched_getaffinity(0, sizeof allowed, &allowed) == 0) {
+      for (int c = 0; c < CPU_SETSIZE; ++c) {
+        if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+      }
+    }
+    const std::size_t n = tasks_.size();
+    if (cpus.size() < n) {
+      if (opt_.bind_to_given) {
+        note("{} tasks and {} CPUs: not binding (--bind-to core needs a CPU per task)", n, cpus.size());
+      }
+      return;
+    }
+    const std::size_t share = cpus.size() / n, extra = cpus.size() % n;
+    std::size_t next = 0;
+    std::string report;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t count = share + (i < extra ? 1 : 0);
+      tasks_[i].cpus.assign(cpus.begin() + static_cast<std::ptrdiff_t>(next),
+                            cpus.begin() + static_cast<std::ptrdiff_t>(next + count));
+      next += count;
+      report += fmt::format("{}{} on {}", i == 0 ? "" : ", ", tasks_[i].name, cpu_list(tasks_[i].cpus));
+    }
+    if (opt_.bind_to_given) note("binding tasks to CPUs: {}", report);  // like mpirun, quiet by default
+#else
+    if (opt_.bind_to_given) note("--bind-to core: binding is only implemented on Linux; not binding");
+#endif
+  }
+
+  // "0-3,6" for {0,1,2,3,6}.
+  static std::string cpu_list(const std::vector<int>& cpus) {
+    std::string out;
+    for (std::size_t i = 0; i < cpus.size();) {
+      std::size_t j = i;
+      while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+      out += fmt::format("{}{}", out.empty() ? "" : ",", cpus[i]);
+      if (j > i) out += fmt::format("-{}", cpus[j]);
+      i = j + 1;
+    }
+    return out;
   }
 
   std::vector<std::string> environment_for(const Task& t) const {
@@ -594,6 +663,13 @@ class Launcher {
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
     const std::string exec_error_prefix = fmt::format("distribute-launch: cannot run '{}': ", opt_.command[0]);
+#ifdef __linux__
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    for (const int c : t.cpus) CPU_SET(c, &cpus);
+    const std::string bind_warning =
+        fmt::format("distribute-launch: warning: cannot bind {} to CPUs {}: ", t.name, cpu_list(t.cpus));
+#endif
 
     int out[2], err[2];
     if (::pipe2(out, O_CLOEXEC) != 0) {
@@ -635,6 +711,13 @@ class Launcher {
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
+#ifdef __linux__
+      if (!t.cpus.empty() && ::sched_setaffinity(0, sizeof cpus, &cpus) != 0) {
+        // The CPUs may have been taken away since they were read (a cpuset change): run unbound.
+        const std::string msg = bind_warning + std::strerror(errno) + "; running it unbound\n";
+        [[maybe_unused]] const ssize_t n = ::write(2, msg.data(), msg.size());
+      }
+#endif
       ::execvpe(argv[0], argv.data(), envp.data());
       const int e = errno;
       const std::string msg = exec_error_prefix + std::strerror(e) + "\n";

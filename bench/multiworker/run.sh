@@ -7,6 +7,7 @@
 #   IMPLS="ours gloo_hd" MW_SIZES="1048576 16777216" NPS=4 bench/multiworker/run.sh   # a short targeted run
 #
 # Needs: apt-get install -y libgloo-dev openmpi-bin libopenmpi-dev
+# Ours is bound to CPUs as distribute-launch binds its tasks (see run_ours; BIND_OURS=0: unbound).
 # For each np, each pass runs: ours, gloo ring (gloo::allreduce), gloo halving-doubling,
 # OpenMPI over TCP loopback (ob1/tcp on lo: the like-for-like peer), OpenMPI shared memory
 # (vader: reference only). Each driver times every iteration after a barrier, takes the max over
@@ -34,11 +35,29 @@ MPIRUN=(mpirun --oversubscribe --mca mpi_yield_when_idle 1)
 CSV=$BUILD/results.csv
 : > "$CSV"
 
+# Ours is placed as `distribute-launch` places tasks by default (--bind-to core): with np no more
+# than the CPUs available, rank r is bound to the r-th of np equal contiguous blocks of them (as
+# mpirun binds ranks to cores at np <= 2); otherwise unbound. BIND_OURS=0 runs it unbound.
+BIND_OURS=${BIND_OURS:-1}
+ours_cpus() {  # rank np -> a taskset CPU list, or nothing
+  local r=$1 np=$2 cpus
+  [ "$BIND_OURS" = 1 ] || return 0
+  read -r -a cpus <<< "$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
+  (( np <= ${#cpus[@]} )) || return 0
+  local share=$(( ${#cpus[@]} / np )) extra=$(( ${#cpus[@]} % np ))
+  local first=$(( r * share + (r < extra ? r : extra) )) count=$(( share + (r < extra ? 1 : 0) ))
+  local IFS=,
+  echo "${cpus[*]:first:count}"
+}
 run_ours() {  # np
-  local np=$1 pids=() r
+  local np=$1 pids=() r bind
   PORT=$((PORT + 16))
-  for ((r = 1; r < np; r++)); do "$BUILD/ours" $r $np $PORT > /dev/null & pids+=($!); done
-  "$BUILD/ours" 0 $np $PORT >> "$CSV"
+  for ((r = 1; r < np; r++)); do
+    bind=$(ours_cpus $r $np)
+    ${bind:+taskset -c "$bind"} "$BUILD/ours" $r $np $PORT > /dev/null & pids+=($!)
+  done
+  bind=$(ours_cpus 0 $np)
+  ${bind:+taskset -c "$bind"} "$BUILD/ours" 0 $np $PORT >> "$CSV"
   for p in "${pids[@]}"; do wait "$p"; done
 }
 run_gloo() {  # np algo
