@@ -495,10 +495,28 @@ TEST_CASE("frame header: round trip, and every malformed header is rejected with
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(0, 'X'), 1 << 20), doctest::Contains("bad frame magic 0x544e5358"),
                        net::FrameError);
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(4, 9), 1 << 20),
-                       "unsupported protocol version 9 (this build speaks version 1)", net::FrameError);
+                       "unsupported protocol version 9 (this build speaks version 2)", net::FrameError);
+  // A version-1 peer (two reserved bytes where the pad is now) is refused by its version.
+  CHECK_THROWS_WITH_AS(net::decode_header(mutated(4, 1), 1 << 20),
+                       "unsupported protocol version 1 (this build speaks version 2)", net::FrameError);
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(5, 0), 1 << 20), "unknown frame type 0", net::FrameError);
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(5, 200), 1 << 20), "unknown frame type 200", net::FrameError);
-  CHECK_THROWS_WITH_AS(net::decode_header(mutated(7, 1), 1 << 20), "reserved header bits set (0x0100)", net::FrameError);
+  CHECK_THROWS_WITH_AS(net::decode_header(mutated(7, 1), 1 << 20), "reserved header bits set (0x01)", net::FrameError);
+  // Padding: below 64 bytes, and only before Data and PointToPoint payloads.
+  for (const auto type : {net::FrameType::Data, net::FrameType::PointToPoint}) {
+    for (const std::uint8_t pad : {0, 1, 16, 63}) {
+      const net::FrameHeader padded{type, 100, 1, 2, pad};
+      const auto padded_bytes = net::encode_header(padded);
+      CHECK(padded_bytes[6] == std::byte{pad});
+      CHECK(net::decode_header(padded_bytes, 1 << 20) == padded);
+    }
+  }
+  CHECK_THROWS_WITH_AS(net::decode_header(mutated(6, 64), 1 << 20), "data frame with 64 bytes of padding (allowed: fewer than 64)",
+                       net::FrameError);
+  CHECK_THROWS_WITH_AS(net::decode_header(net::encode_header({net::FrameType::Descriptor, 16, 0, 0, 8}), 1 << 20),
+                       "descriptor frame with 8 bytes of padding (allowed: none)", net::FrameError);
+  CHECK_THROWS_WITH_AS(net::decode_header(net::encode_header({net::FrameType::Request, 16, 0, 0, 1}), 1 << 20),
+                       "request frame with 1 bytes of padding (allowed: none)", net::FrameError);
   CHECK_THROWS_WITH_AS(net::decode_header(bytes, 1000), "data frame payload of 1234 bytes exceeds the limit of 1000 bytes",
                        net::FrameError);
   // Control frames are small whatever the configured limit; empty kinds must be empty.
@@ -517,6 +535,7 @@ TEST_CASE("frame decoder: a stream cut anywhere yields the same frames") {
   for (int i = 0; i < 20; ++i) {
     net::Frame f;
     f.header = {i % 3 == 0 ? net::FrameType::Heartbeat : net::FrameType::Data, 0, static_cast<std::uint64_t>(i), 3};
+    if (f.header.type == net::FrameType::Data) f.header.pad = static_cast<std::uint8_t>(rng() % 64);  // skipped by the decoder
     if (f.header.type == net::FrameType::Data) f.payload.resize(rng() % 300);
     for (auto& b : f.payload) b = static_cast<std::byte>(rng());
     f.header.length = f.payload.size();
@@ -908,9 +927,11 @@ TEST_CASE("communicator in threads: a connected peer that sends a malformed fram
   }
   {
     auto h = net::encode_header({net::FrameType::Data, 0, 0, 0});
-    h[4] = std::byte{2};
-    cases.push_back({"version", std::vector<std::byte>(h.begin(), h.end()),
-                     "it sent a malformed frame: unsupported protocol version 2 (this build speaks version 1)"});
+    h[4] = static_cast<std::byte>(net::kProtocolVersion + 1);  // a newer peer
+    static const std::string expected =
+        fmt::format("it sent a malformed frame: unsupported protocol version {} (this build speaks version {})",
+                    net::kProtocolVersion + 1, net::kProtocolVersion);
+    cases.push_back({"version", std::vector<std::byte>(h.begin(), h.end()), expected.c_str()});
   }
   for (const auto& g : cases) {
     CAPTURE(g.name);
@@ -1012,6 +1033,48 @@ TEST_CASE("communicator in threads: the destructor of one rank makes a waiting p
     }
   });
   CHECK(error == fmt::format("barrier #0: worker:0 (127.0.0.1:{}) closed its communicator before joining collective #0", ports[0]));
+}
+
+TEST_CASE("transport in threads: payloads from and to every alignment mod 64 arrive intact (padded frames)") {
+  Watchdog dog(60s, "threads: padded frames");
+  const auto ports = free_ports(3);
+  constexpr std::size_t kMessage = 5000;  // above the size from which frames are padded
+  auto pattern = [](std::size_t from, std::size_t i) { return static_cast<std::byte>((from * 131 + i * 7) & 0xFF); };
+  const auto errors = run_ranks(3, [&](int r) {
+    net::CommunicatorOptions opt;
+    opt.connect_timeout = 30s;
+    net::Communicator comm(addresses_of(ports), r, opt, worker_names(3));
+    // Point-to-point: rank 0 sends from offsets 0..63 of its buffer, rank 1 receives each at the
+    // mirrored offset, so every (source, destination) alignment pair meets a different padding.
+    std::vector<std::byte> buf(kMessage + 128);
+    for (std::size_t off = 0; off < 64; ++off) {
+      if (r == 0) {
+        for (std::size_t i = 0; i < kMessage; ++i) buf[off + i] = pattern(off, i);
+        comm.send(1, std::span<const std::byte>(buf.data() + off, kMessage));
+      } else if (r == 1) {
+        const std::size_t at = 63 - off;
+        std::fill(buf.begin(), buf.end(), std::byte{0xEE});
+        comm.recv(0, std::span<std::byte>(buf.data() + at, kMessage));
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < kMessage; ++i) wrong += buf[at + i] != pattern(off, i) ? 1 : 0;
+        CHECK_MESSAGE(wrong == 0, "offset ", off, ": ", wrong, " bytes wrong");
+        CHECK(buf[at + kMessage] == std::byte{0xEE});  // nothing written past the message
+        if (at > 0) CHECK(buf[at - 1] == std::byte{0xEE});
+      }
+    }
+    // All-reduce (ring, three ranks) of floats that start 4..60 bytes past a 64-byte boundary.
+    for (std::size_t shift = 1; shift < 16; shift += 3) {
+      std::vector<float> storage(70000 + 32);  // room for the shift to a boundary and past it
+      float* data = storage.data() + (16 - reinterpret_cast<std::uintptr_t>(storage.data()) / 4 % 16) % 16 + shift;
+      const std::size_t count = 70000;
+      for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<float>((i % 11) + 100 * r);
+      comm.all_reduce(data, count, ds::DType::F32, ds::ReduceOp::Sum);
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < count; ++i) wrong += data[i] != static_cast<float>(3 * (i % 11) + 300) ? 1 : 0;
+      CHECK_MESSAGE(wrong == 0, "rank ", r, ", shift ", shift, ": ", wrong, " elements wrong");
+    }
+  });
+  for (const auto& e : errors) CHECK(e == "");
 }
 
 TEST_CASE("transport in threads: a receive continuation that throws fails the collective on every rank, naming it") {

@@ -513,8 +513,9 @@ TEST_CASE("ds::Server rejects a job, protocol or task it cannot serve; logs refu
   boost::asio::io_context io;
   boost::asio::ip::tcp::socket s(io);
   s.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(ports[0])});
-  boost::asio::write(s, boost::asio::buffer(std::string("DSNT\x02", 5) + std::string(27, '\0')));
-  CHECK(logged("malformed frame: unsupported protocol version 2"));
+  const auto newer = static_cast<char>(ds::net::kProtocolVersion + 1);  // a peer speaking a later protocol
+  boost::asio::write(s, boost::asio::buffer(std::string("DSNT", 4) + newer + std::string(27, '\0')));
+  CHECK(logged(fmt::format("malformed frame: unsupported protocol version {}", ds::net::kProtocolVersion + 1)));
 }
 
 TEST_CASE("a worker answers bad closures with errors naming what is wrong, and keeps serving") {

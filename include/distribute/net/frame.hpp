@@ -1,10 +1,13 @@
-// The wire unit of the TCP transport: a fixed 32-byte header followed by `length` payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
+// payload bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
 //        4     1  protocol version (kProtocolVersion)
 //        5     1  FrameType
-//        6     2  reserved, must be zero
+//        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
+//                 below kMaxFramePad; zero for every other type)
+//        7     1  reserved, must be zero
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -36,11 +39,16 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-inline constexpr std::uint8_t kProtocolVersion = 1;
+// Version 2 added the pad byte (version 1 had two reserved bytes there).
+inline constexpr std::uint8_t kProtocolVersion = 2;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+/// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
+/// as its address: the kernel's copy into the socket then meets a destination aligned like its
+/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
   Hello = 1,         // connector → acceptor: who I am, my nonce
@@ -82,6 +90,7 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
+  std::uint8_t pad = 0;  // zero bytes between header and payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -110,6 +119,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   detail::store_le(out.data(), kFrameMagic, 4);
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
+  out[6] = static_cast<std::byte>(h.pad);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -132,11 +142,17 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = detail::load_le(bytes.data() + 6, 2);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:04x})", reserved));
+  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
+  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
+  h.pad = static_cast<std::uint8_t>(bytes[6]);
+  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
+  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
+    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
+                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+  }
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -163,6 +179,7 @@ inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::b
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
+  out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
   return out;
 }
@@ -193,7 +210,12 @@ class FrameDecoder {
           current_.header = decode_header(header_, max_payload_);
           current_.payload.clear();
           have_header_ = true;
+          pad_left_ = current_.header.pad;
         }
+        const std::size_t skip = std::min(pad_left_, bytes.size());
+        pad_left_ -= skip;
+        bytes = bytes.subspan(skip);
+        if (pad_left_ > 0) break;
         // Grow with the bytes that actually arrive, not with the length the header claims.
         const std::uint64_t missing = current_.header.length - current_.payload.size();
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
@@ -214,7 +236,9 @@ class FrameDecoder {
   }
 
   /// Bytes of an unfinished frame held so far.
-  std::size_t buffered() const noexcept { return have_header_ ? kFrameHeaderBytes + current_.payload.size() : header_fill_; }
+  std::size_t buffered() const noexcept {
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+  }
   bool failed() const noexcept { return failed_; }
 
  private:
@@ -222,6 +246,7 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
+  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
   bool failed_ = false;
   Frame current_;
 };
