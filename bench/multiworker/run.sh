@@ -39,10 +39,10 @@ CSV=$BUILD/results.csv
 # than the CPUs available, rank r is bound to the r-th of np equal contiguous blocks of them (as
 # mpirun binds ranks to cores at np <= 2); otherwise unbound. BIND_OURS=0 runs it unbound.
 BIND_OURS=${BIND_OURS:-1}
+read -r -a CPUS <<< "$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
 ours_cpus() {  # rank np -> a taskset CPU list, or nothing
-  local r=$1 np=$2 cpus
+  local r=$1 np=$2 cpus=("${CPUS[@]}")
   [ "$BIND_OURS" = 1 ] || return 0
-  read -r -a cpus <<< "$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
   (( np <= ${#cpus[@]} )) || return 0
   local share=$(( ${#cpus[@]} / np )) extra=$(( ${#cpus[@]} % np ))
   local first=$(( r * share + (r < extra ? r : extra) )) count=$(( share + (r < extra ? 1 : 0) ))

@@ -24284,7 +24284,6 @@ class Transport {
   }
 
   void enqueue_locked(Peer& p, OutFrame f) {
-    if (p.state == Peer::State::Open) place_locked(p, f);
     if (p.state != Peer::State::Open) {
       if (f.transfer) {
         f.transfer->state = Transfer::State::Failed;
@@ -24292,6 +24291,7 @@ class Transport {
       }
       return;
     }
+    place_locked(p, f);
     p.queue.push_back(std::move(f));
     if (!p.writing) {
       p.writing = true;
@@ -27548,7 +27548,6 @@ class Transport {
   }
 
   void enqueue_locked(Peer& p, OutFrame f) {
-    if (p.state == Peer::State::Open) place_locked(p, f);
     if (p.state != Peer::State::Open) {
       if (f.transfer) {
         f.transfer->state = Transfer::State::Failed;
@@ -27556,6 +27555,7 @@ class Transport {
       }
       return;
     }
+    place_locked(p, f);
     p.queue.push_back(std::move(f));
     if (!p.writing) {
       p.writing = true;
@@ -32924,7 +32924,6 @@ class Transport {
   }
 
   void enqueue_locked(Peer& p, OutFrame f) {
-    if (p.state == Peer::State::Open) place_locked(p, f);
     if (p.state != Peer::State::Open) {
       if (f.transfer) {
         f.transfer->state = Transfer::State::Failed;
@@ -32932,6 +32931,7 @@ class Transport {
       }
       return;
     }
+    place_locked(p, f);
     p.queue.push_back(std::move(f));
     if (!p.writing) {
       p.writing = true;
@@ -36188,7 +36188,6 @@ class Transport {
   }
 
   void enqueue_locked(Peer& p, OutFrame f) {
-    if (p.state == Peer::State::Open) place_locked(p, f);
     if (p.state != Peer::State::Open) {
       if (f.transfer) {
         f.transfer->state = Transfer::State::Failed;
@@ -36196,6 +36195,7 @@ class Transport {
       }
       return;
     }
+    place_locked(p, f);
     p.queue.push_back(std::move(f));
     if (!p.writing) {
       p.writing = true;

@@ -1013,7 +1013,6 @@ class Transport {
   }
 
   void enqueue_locked(Peer& p, OutFrame f) {
-    if (p.state == Peer::State::Open) place_locked(p, f);
     if (p.state != Peer::State::Open) {
       if (f.transfer) {
         f.transfer->state = Transfer::State::Failed;
@@ -1021,6 +1020,7 @@ class Transport {
       }
       return;
     }
+    place_locked(p, f);
     p.queue.push_back(std::move(f));
     if (!p.writing) {
       p.writing = true;
