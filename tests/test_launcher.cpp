@@ -828,6 +828,12 @@ TEST_CASE("--bind-to core gives each task its own equal share of the CPUs; none 
     for (const auto& [task, cpus] : got) CHECK(cpus == all);
     CHECK(contains(r.err, fmt::format("{} tasks and {} CPUs: not binding", all.size() + 1, all.size())));
   }
+
+  SUBCASE("an unknown --bind-to value is a usage error that names it") {
+    const Result r = run({"--bind-to", "socket", "-n", "2", "--", child(), "exit", "0"});
+    CHECK(r.code == 2);
+    CHECK(contains(r.err, "--bind-to expects 'core' or 'none', got 'socket'"));
+  }
 }
 
 TEST_CASE("usage errors exit 2 and print the usage") {
