@@ -18,11 +18,13 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -495,13 +497,15 @@ TEST_CASE("frame header: round trip, and every malformed header is rejected with
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(0, 'X'), 1 << 20), doctest::Contains("bad frame magic 0x544e5358"),
                        net::FrameError);
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(4, 9), 1 << 20),
-                       "unsupported protocol version 9 (this build speaks version 2)", net::FrameError);
-  // A version-1 peer (two reserved bytes where the pad is now) is refused by its version.
+                       "unsupported protocol version 9 (this build speaks version 3)", net::FrameError);
+  // Older peers (version 1 had reserved bytes where pad and tail are now, version 2 no tail) are
+  // refused by their version.
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(4, 1), 1 << 20),
-                       "unsupported protocol version 1 (this build speaks version 2)", net::FrameError);
+                       "unsupported protocol version 1 (this build speaks version 3)", net::FrameError);
+  CHECK_THROWS_WITH_AS(net::decode_header(mutated(4, 2), 1 << 20),
+                       "unsupported protocol version 2 (this build speaks version 3)", net::FrameError);
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(5, 0), 1 << 20), "unknown frame type 0", net::FrameError);
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(5, 200), 1 << 20), "unknown frame type 200", net::FrameError);
-  CHECK_THROWS_WITH_AS(net::decode_header(mutated(7, 1), 1 << 20), "reserved header bits set (0x01)", net::FrameError);
   // Padding: below 64 bytes, and only before Data and PointToPoint payloads.
   for (const auto type : {net::FrameType::Data, net::FrameType::PointToPoint}) {
     for (const std::uint8_t pad : {0, 1, 16, 63}) {
@@ -511,12 +515,33 @@ TEST_CASE("frame header: round trip, and every malformed header is rejected with
       CHECK(net::decode_header(padded_bytes, 1 << 20) == padded);
     }
   }
-  CHECK_THROWS_WITH_AS(net::decode_header(mutated(6, 64), 1 << 20), "data frame with 64 bytes of padding (allowed: fewer than 64)",
-                       net::FrameError);
+  CHECK_THROWS_WITH_AS(net::decode_header(mutated(6, 64), 1 << 20),
+                       "data frame with 64 bytes of padding before its payload (allowed: fewer than 64)", net::FrameError);
   CHECK_THROWS_WITH_AS(net::decode_header(net::encode_header({net::FrameType::Descriptor, 16, 0, 0, 8}), 1 << 20),
-                       "descriptor frame with 8 bytes of padding (allowed: none)", net::FrameError);
+                       "descriptor frame with 8 bytes of padding before its payload (allowed: none)", net::FrameError);
   CHECK_THROWS_WITH_AS(net::decode_header(net::encode_header({net::FrameType::Request, 16, 0, 0, 1}), 1 << 20),
-                       "request frame with 1 bytes of padding (allowed: none)", net::FrameError);
+                       "request frame with 1 bytes of padding before its payload (allowed: none)", net::FrameError);
+  // Tails: below 64 bytes, on the frames exchanged after the handshake, not on the handshake's
+  // nor the ps service's (their readers do not skip one).
+  for (const auto type : {net::FrameType::Heartbeat, net::FrameType::Goodbye, net::FrameType::Abort,
+                          net::FrameType::Descriptor, net::FrameType::Data, net::FrameType::PointToPoint}) {
+    for (const std::uint8_t tail : {0, 1, 32, 63}) {
+      const net::FrameHeader tailed{type, 0, 1, 2, 0, tail};
+      const auto tailed_bytes = net::encode_header(tailed);
+      CHECK(tailed_bytes[7] == std::byte{tail});
+      CHECK(net::decode_header(tailed_bytes, 1 << 20) == tailed);
+    }
+  }
+  CHECK_THROWS_WITH_AS(net::decode_header(mutated(7, 64), 1 << 20),
+                       "data frame with 64 bytes of padding after its payload (allowed: fewer than 64)", net::FrameError);
+  CHECK_THROWS_WITH_AS(net::decode_header(mutated(7, 255), 1 << 20),
+                       "data frame with 255 bytes of padding after its payload (allowed: fewer than 64)", net::FrameError);
+  for (const auto type : {net::FrameType::Hello, net::FrameType::Challenge, net::FrameType::Response,
+                          net::FrameType::Welcome, net::FrameType::Reject, net::FrameType::Request, net::FrameType::Reply}) {
+    const std::string expected = fmt::format("{} frame with 5 bytes of padding after its payload (allowed: none)", net::to_string(type));
+    CHECK_THROWS_WITH_AS(net::decode_header(net::encode_header({type, 0, 0, 0, 0, 5}), 1 << 20), expected.c_str(),
+                         net::FrameError);
+  }
   CHECK_THROWS_WITH_AS(net::decode_header(bytes, 1000), "data frame payload of 1234 bytes exceeds the limit of 1000 bytes",
                        net::FrameError);
   // Control frames are small whatever the configured limit; empty kinds must be empty.
@@ -536,6 +561,7 @@ TEST_CASE("frame decoder: a stream cut anywhere yields the same frames") {
     net::Frame f;
     f.header = {i % 3 == 0 ? net::FrameType::Heartbeat : net::FrameType::Data, 0, static_cast<std::uint64_t>(i), 3};
     if (f.header.type == net::FrameType::Data) f.header.pad = static_cast<std::uint8_t>(rng() % 64);  // skipped by the decoder
+    f.header.tail = static_cast<std::uint8_t>(rng() % 64);  // likewise
     if (f.header.type == net::FrameType::Data) f.payload.resize(rng() % 300);
     for (auto& b : f.payload) b = static_cast<std::byte>(rng());
     f.header.length = f.payload.size();
@@ -782,6 +808,84 @@ TEST_CASE("communicator: a port already in use is Unavailable") {
                        doctest::Contains(fmt::format("rank 0 cannot listen on 127.0.0.1:{}", port).c_str()), ds::Unavailable);
   ::close(s);
 }
+
+#if defined(__linux__)
+// The system's default congestion control, or "" where it cannot be read.
+static std::string system_congestion_control() {
+  std::ifstream in("/proc/sys/net/ipv4/tcp_congestion_control");
+  std::string name;
+  in >> name;
+  return name;
+}
+
+TEST_CASE("transport in threads: loopback connections use loopback_congestion_control, set before they exist") {
+  Watchdog dog(60s, "threads: congestion control");
+  namespace nd = net::detail;
+  for (const std::string choice : {"reno", ""}) {
+    CAPTURE(choice);
+    // With "" the connections keep the system's default; which one that is depends on the host.
+    const std::string expected = choice.empty() ? system_congestion_control() : choice;
+    if (expected.empty()) continue;
+    const auto ports = free_ports(3);
+    std::barrier all_up(3), all_checked(3);  // no rank closes a connection another is still looking at
+    const auto errors = run_ranks(3, [&](int r) {
+      net::CommunicatorOptions opt;
+      opt.connect_timeout = 30s;
+      opt.loopback_congestion_control = choice;
+      nd::Transport tr(addresses_of(ports), r, opt, worker_names(3));
+      all_up.arrive_and_wait();
+      // Rank 0 accepted both of its connections, rank 2 connected both of its own, rank 1 one each.
+      for (int k = 0; k < 3; ++k) {
+        if (k != r) CHECK_MESSAGE(tr.congestion_control(k) == expected, "rank ", r, " to rank ", k);
+      }
+      all_checked.arrive_and_wait();
+    });
+    for (const auto& e : errors) CHECK(e == "");
+  }
+}
+
+TEST_CASE("transport in threads: a refused congestion control on a connecting socket is logged, and it connects anyway") {
+  Watchdog dog(60s, "threads: refused congestion control");
+  namespace nd = net::detail;
+  // Rank 1 listens on a wildcard address, so the constructor does not check its choice; its
+  // connection to rank 0 (loopback) meets the refusal instead.
+  const auto ports = free_ports(2);
+  const std::vector<std::string> addresses{fmt::format("127.0.0.1:{}", ports[0]), fmt::format("0.0.0.0:{}", ports[1])};
+  std::mutex mu;
+  std::vector<std::string> logged;
+  std::barrier all_up(2), all_checked(2);
+  const auto errors = run_ranks(2, [&](int r) {
+    net::CommunicatorOptions opt;
+    opt.connect_timeout = 30s;
+    if (r == 1) {
+      opt.loopback_congestion_control = "no-such-cc";
+      opt.log = [&](std::string_view line) {
+        std::lock_guard lk(mu);
+        logged.emplace_back(line);
+      };
+    }
+    nd::Transport tr(addresses, r, opt, worker_names(2));
+    all_up.arrive_and_wait();
+    if (r == 1 && !system_congestion_control().empty()) CHECK(tr.congestion_control(0) == system_congestion_control());
+    all_checked.arrive_and_wait();
+  });
+  for (const auto& e : errors) CHECK(e == "");
+  REQUIRE(logged.size() >= 1);
+  CHECK(logged[0] ==
+        "worker:1: connecting to worker:0 with the system's congestion control: 'no-such-cc' is refused by the kernel: "
+        "No such file or directory");
+}
+
+TEST_CASE("communicator: a congestion control the kernel refuses is an InvalidArgument naming it") {
+  net::CommunicatorOptions opt;
+  opt.loopback_congestion_control = "no-such-cc";
+  CHECK_THROWS_WITH_AS(net::Communicator({"127.0.0.1:1", "127.0.0.1:2"}, 0, opt),
+                       "Communicator: loopback_congestion_control 'no-such-cc' is refused by the kernel: No such file or "
+                       "directory (the algorithms any user may pick are in "
+                       "/proc/sys/net/ipv4/tcp_allowed_congestion_control; \"\" keeps the system's default)",
+                       ds::InvalidArgument);
+}
+#endif
 
 TEST_CASE("communicator in threads: strangers are refused and logged while the cluster forms and works") {
   Watchdog dog(60s, "threads: strangers");
@@ -1035,7 +1139,7 @@ TEST_CASE("communicator in threads: the destructor of one rank makes a waiting p
   CHECK(error == fmt::format("barrier #0: worker:0 (127.0.0.1:{}) closed its communicator before joining collective #0", ports[0]));
 }
 
-TEST_CASE("transport in threads: payloads from and to every alignment mod 64 arrive intact (padded frames)") {
+TEST_CASE("transport in threads: payloads from and to every alignment mod 64 arrive intact (padded frames, every tail length)") {
   Watchdog dog(60s, "threads: padded frames");
   const auto ports = free_ports(3);
   constexpr std::size_t kMessage = 5000;  // above the size from which frames are padded
@@ -1060,6 +1164,20 @@ TEST_CASE("transport in threads: payloads from and to every alignment mod 64 arr
         CHECK_MESSAGE(wrong == 0, "offset ", off, ": ", wrong, " bytes wrong");
         CHECK(buf[at + kMessage] == std::byte{0xEE});  // nothing written past the message
         if (at > 0) CHECK(buf[at - 1] == std::byte{0xEE});
+      }
+    }
+    // Messages of 0..69 bytes: their frames need every tail length from 0 to 63 to end aligned.
+    for (std::size_t len = 0; len < 70; ++len) {
+      if (r == 0) {
+        for (std::size_t i = 0; i < len; ++i) buf[i] = pattern(len, i);
+        comm.send(1, std::span<const std::byte>(buf.data(), len));
+      } else if (r == 1) {
+        std::fill(buf.begin(), buf.end(), std::byte{0xEE});
+        comm.recv(0, std::span<std::byte>(buf.data(), len));
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < len; ++i) wrong += buf[i] != pattern(len, i) ? 1 : 0;
+        CHECK_MESSAGE(wrong == 0, "length ", len, ": ", wrong, " bytes wrong");
+        CHECK(buf[len] == std::byte{0xEE});
       }
     }
     // All-reduce (ring, three ranks) of floats that start 4..60 bytes past a 64-byte boundary.

@@ -22273,6 +22273,77 @@ inline std::optional<std::string> effective_cluster_token(const std::optional<st
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
 // ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/detail/congestion_control.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_CONGESTION_CONTROL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_CONGESTION_CONTROL_HPP
+// Choosing a socket's TCP congestion control for connections that never leave the host.
+//
+// On loopback there is no network to probe, yet a BBR default (common, and this project's test
+// machine's) paces every send with a kernel timer and keeps pacing even if the algorithm is
+// switched later. The choice must therefore be made before the connection is established: on
+// the connecting socket before connect, and on the listening socket, whose accepted sockets
+// inherit it. Linux only (TCP_CONGESTION); elsewhere nothing is set.
+
+#include <string>
+#include <string_view>
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/address_v4.hpp>
+#include <boost/asio/ip/address_v6.hpp>
+
+#if defined(__linux__)
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#endif
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// Sets `algorithm` on the socket `fd`; returns "" or the kernel's reason for refusing it.
+/// An empty algorithm, or a platform without the option, sets nothing.
+inline std::string set_congestion_control(int fd, std::string_view algorithm) {
+#if defined(__linux__) && defined(TCP_CONGESTION)
+  if (algorithm.empty()) return {};
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, algorithm.data(), static_cast<socklen_t>(algorithm.size())) == 0) {
+    return {};
+  }
+  return std::strerror(errno);
+#else
+  (void)fd;
+  (void)algorithm;
+  return {};
+#endif
+}
+
+/// The congestion control the socket `fd` uses ("" where it cannot be read).
+inline std::string congestion_control_of(int fd) {
+#if defined(__linux__) && defined(TCP_CONGESTION)
+  char name[64] = {};
+  socklen_t len = sizeof name - 1;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) return {};
+  return std::string(name, ::strnlen(name, len));
+#else
+  (void)fd;
+  return {};
+#endif
+}
+
+inline bool is_loopback(const boost::asio::ip::address& a) {
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) {
+    return boost::asio::ip::make_address_v4(boost::asio::ip::v4_mapped, a.to_v6()).is_loopback();
+  }
+  return a.is_loopback();
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_CONGESTION_CONTROL_HPP
+// ---- end <distribute/net/detail/congestion_control.hpp> ----
 // ---- begin <distribute/net/detail/notifying_mutex.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_NOTIFYING_MUTEX_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_NOTIFYING_MUTEX_HPP
@@ -22454,8 +22525,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -22463,7 +22534,9 @@ DISTRIBUTE_END_NAMESPACE
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -22493,15 +22566,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -22544,7 +22619,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -22566,6 +22642,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -22574,6 +22655,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -22596,17 +22678,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -22628,13 +22712,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -22665,6 +22751,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -22675,7 +22762,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -22691,7 +22782,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -22700,7 +22793,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };
@@ -23005,8 +23099,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -23014,7 +23108,9 @@ DISTRIBUTE_END_NAMESPACE
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -23044,15 +23140,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -23095,7 +23193,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -23117,6 +23216,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -23125,6 +23229,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -23147,17 +23252,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -23179,13 +23286,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -23216,6 +23325,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -23226,7 +23336,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -23242,7 +23356,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -23251,7 +23367,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };
@@ -23316,6 +23433,13 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// TCP congestion control for connections within this host (the listening address and the
+  /// peer's are loopback addresses), set before they are established; "" keeps the system's
+  /// default. There is no network on loopback to probe, and a BBR default paces every send with
+  /// a kernel timer: reno, which Linux lets any user pick, does not (docs/performance.md,
+  /// multi-worker section). Connections to other hosts always keep the system's choice. Linux
+  /// only; a name the kernel refuses throws InvalidArgument from the constructor.
+  std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };
@@ -23405,6 +23529,9 @@ struct Transfer {
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 
+/// What a frame's tail is written from (zero bytes).
+inline constexpr std::array<std::byte, kMaxFramePad> kZeroTail{};
+
 struct OutFrame {
   FrameHeader fields;
   // The header, then fields.pad zero bytes: what goes out before the payload.
@@ -23416,6 +23543,7 @@ struct OutFrame {
     std::copy(bytes.begin(), bytes.end(), head.begin());
     head_len = kFrameHeaderBytes + h.pad;
   }
+  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   const std::byte* payload = nullptr;
   std::size_t size = 0;
   std::vector<std::byte> owned;  // control payloads travel with their frame
@@ -23448,7 +23576,7 @@ struct Peer {
   bool close_deferred = false;  // close_socket was called meanwhile: close once that write returns
   // Reading (io thread only).
   HeaderBytes rx_header{};
-  std::array<std::byte, kMaxFramePad> rx_pad{};  // a payload's leading padding is read into this
+  std::array<std::byte, kMaxFramePad> rx_pad{};  // a frame's padding (before and after its payload) is read into this
   std::uint64_t tx_pos = 0;  // bytes of the stream given to frames so far (handshake included)
   FrameHeader rx{};
   std::vector<std::byte> rx_control;
@@ -23599,6 +23727,14 @@ class Transport {
     return failure_;
   }
 
+  /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
+  std::string congestion_control(int r) const {
+    std::lock_guard lk(mu_);
+    const Peer& p = peer_at(r);
+    if (r == rank_ || !p.socket || !p.socket->is_open()) return {};
+    return congestion_control_of(const_cast<tcp::socket&>(*p.socket).native_handle());
+  }
+
  private:
   const Peer& peer_at(int r) const {
     if (r < 0 || r >= size_) throw InvalidArgument(fmt::format("rank {} is out of range for a cluster of {}", r, size_));
@@ -23672,6 +23808,16 @@ class Transport {
     for (const auto& entry : results) {
       acceptor_.emplace(io_);
       acceptor_->open(entry.endpoint().protocol(), ec);
+      if (!ec && is_loopback(entry.endpoint().address())) {
+        // Accepted sockets inherit it, before their connection is established.
+        const std::string refused = set_congestion_control(acceptor_->native_handle(), options_.loopback_congestion_control);
+        if (!refused.empty()) {
+          throw InvalidArgument(fmt::format(
+              "Communicator: loopback_congestion_control '{}' is refused by the kernel: {} (the algorithms any user may "
+              "pick are in /proc/sys/net/ipv4/tcp_allowed_congestion_control; \"\" keeps the system's default)",
+              options_.loopback_congestion_control, refused));
+        }
+      }
       if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
       if (!ec) acceptor_->bind(entry.endpoint(), ec);
       if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
@@ -23770,14 +23916,33 @@ class Transport {
     resolver->async_resolve(ep.host, ep.port,
                             [this, j, resolver](const boost::system::error_code& ec, tcp::resolver::results_type results) {
                               if (ec) return retry_connect(j, ec.message());
-                              auto h = std::make_shared<Handshake>(io_);
-                              h->peer = j;
-                              asio::async_connect(h->socket, results,
-                                                  [this, j, h](const boost::system::error_code& ec2, const tcp::endpoint&) {
-                                                    if (ec2) return retry_connect(j, describe_error(ec2));
-                                                    client_handshake(h);
-                                                  });
+                              std::vector<tcp::endpoint> endpoints;
+                              for (const auto& entry : results) endpoints.push_back(entry.endpoint());
+                              connect_to(j, std::move(endpoints), 0, "the host resolves to no address");
                             });
+  }
+
+  // Tries the endpoints from `i` on in turn. The socket is opened here rather than by
+  // async_connect so that a loopback connection gets its congestion control before it exists.
+  void connect_to(int j, std::vector<tcp::endpoint> endpoints, std::size_t i, std::string last_error) {
+    if (i == endpoints.size()) return retry_connect(j, std::move(last_error));
+    auto h = std::make_shared<Handshake>(io_);
+    h->peer = j;
+    const tcp::endpoint& to = endpoints[i];
+    boost::system::error_code ec;
+    h->socket.open(to.protocol(), ec);
+    if (ec) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec));
+    if (is_loopback(to.address())) {
+      const std::string refused = set_congestion_control(h->socket.native_handle(), options_.loopback_congestion_control);
+      if (!refused.empty()) {
+        log(fmt::format("{}: connecting to {} with the system's congestion control: '{}' is refused by the kernel: {}", me(),
+                        peer(j).name, options_.loopback_congestion_control, refused));
+      }
+    }
+    h->socket.async_connect(to, [this, j, h, endpoints = std::move(endpoints), i](const boost::system::error_code& ec2) mutable {
+      if (ec2) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec2));
+      client_handshake(h);
+    });
   }
 
   void retry_connect(int j, std::string reason) {
@@ -24013,9 +24178,10 @@ class Transport {
 
   // ---- steady state: reading ----------------------------------------------------------------
 
+  // Reads the tail of the frame just handled (p.rx; none before the first) with the next header.
   void read_header(Peer& p) {
-    asio::async_read(*p.socket, asio::buffer(p.rx_header),
-                     [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
+    const std::array<asio::mutable_buffer, 2> into{asio::buffer(p.rx_pad.data(), p.rx.tail), asio::buffer(p.rx_header)};
+    asio::async_read(*p.socket, into, [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
   }
 
   void on_header(Peer& p, const boost::system::error_code& ec) {
@@ -24267,20 +24433,23 @@ class Transport {
 
   // ---- steady state: writing ----------------------------------------------------------------
 
-  // Gives `f` its place in p's stream, in the order frames are written. A bulk payload is padded
-  // so that its stream position is congruent to its address mod kMaxFramePad: the kernel copies
-  // socket data into pages laid out by stream position, and a copy whose source and destination
-  // are aligned alike runs up to 20x faster on some CPUs (docs/performance.md). Small frames are
-  // not worth the bytes.
+  // Gives `f` its place in p's stream, in the order frames are written. The kernel copies socket
+  // data into pages that it fills in stream order, and a copy whose source and destination are
+  // aligned alike mod 64 runs up to 20x faster on some CPUs (docs/performance.md). So a bulk
+  // payload is padded in front until its stream position is congruent to its address, and every
+  // frame gets a tail that ends it on a multiple of 64. The tail matters because the kernel's page
+  // belongs to the writing thread, not the socket, and starts again at offset 0 whenever the
+  // reader has freed it: both happen between frames, and with every frame ending aligned they
+  // leave page offset and stream position congruent. Small payloads are not worth a front pad.
   static void place_locked(Peer& p, OutFrame& f) {
-    if ((f.fields.type == FrameType::Data || f.fields.type == FrameType::PointToPoint) && f.size >= kPadMinBytes) {
+    FrameHeader h = f.fields;
+    if ((h.type == FrameType::Data || h.type == FrameType::PointToPoint) && f.size >= kPadMinBytes) {
       const auto address = reinterpret_cast<std::uintptr_t>(f.payload);
-      const auto pad = (address - (p.tx_pos + kFrameHeaderBytes)) % kMaxFramePad;
-      FrameHeader h = f.fields;
-      h.pad = static_cast<std::uint8_t>(pad);
-      f.set_header(h);
+      h.pad = static_cast<std::uint8_t>((address - (p.tx_pos + kFrameHeaderBytes)) % kMaxFramePad);
     }
-    p.tx_pos += f.head_len + f.size;
+    h.tail = static_cast<std::uint8_t>((kMaxFramePad - (p.tx_pos + kFrameHeaderBytes + h.pad + f.size) % kMaxFramePad) % kMaxFramePad);
+    if (h.pad != f.fields.pad || h.tail != f.fields.tail) f.set_header(h);
+    p.tx_pos += f.wire_bytes();
   }
 
   void enqueue_locked(Peer& p, OutFrame f) {
@@ -24321,14 +24490,14 @@ class Transport {
     p.direct_sending = true;
     const int fd = p.socket->native_handle();
     lk.unlock();
-    ::iovec iov[2];
-    iov[0].iov_base = f.head.data();
-    iov[0].iov_len = f.head_len;
-    iov[1].iov_base = const_cast<std::byte*>(f.payload);
-    iov[1].iov_len = f.size;
+    ::iovec iov[3];
+    std::size_t parts = 0;
+    iov[parts++] = ::iovec{f.head.data(), f.head_len};
+    if (f.size > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(f.payload), f.size};
+    if (f.fields.tail > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(kZeroTail.data()), f.fields.tail};
     ::msghdr msg{};
     msg.msg_iov = iov;
-    msg.msg_iovlen = f.size > 0 ? 2 : 1;
+    msg.msg_iovlen = parts;
     int flags = MSG_DONTWAIT;
 #if defined(MSG_NOSIGNAL)
     flags |= MSG_NOSIGNAL;
@@ -24350,7 +24519,7 @@ class Transport {
     }
     p.last_tx = Clock::now();
     f.sent = n > 0 ? static_cast<std::size_t>(n) : 0;
-    const bool whole = f.sent == f.head_len + f.size;
+    const bool whole = f.sent == f.wire_bytes();
     if (whole && f.transfer) {
       f.transfer->state = Transfer::State::Done;
       if (progress_waiters_ > 0) mu_.notify_all_locked();
@@ -24408,7 +24577,7 @@ class Transport {
     p.buffers.clear();
     std::size_t bytes = 0;
     while (!p.queue.empty() && p.batch.size() < kBatchFrames && (p.batch.empty() || bytes < kBatchBytes)) {
-      bytes += p.queue.front().size + p.queue.front().head_len;
+      bytes += p.queue.front().wire_bytes();
       p.batch.push_back(std::move(p.queue.front()));
       p.queue.pop_front();
     }
@@ -24420,6 +24589,8 @@ class Transport {
       if (f.sent < f.head_len) p.buffers.push_back(asio::buffer(f.head.data() + f.sent, f.head_len - f.sent));
       const std::size_t skip = f.sent > f.head_len ? f.sent - f.head_len : 0;
       if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
+      const std::size_t tail_skip = f.sent > f.head_len + f.size ? f.sent - f.head_len - f.size : 0;
+      if (f.fields.tail > tail_skip) p.buffers.push_back(asio::buffer(kZeroTail.data() + tail_skip, f.fields.tail - tail_skip));
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers, TransferAllUncapped{},
@@ -25537,6 +25708,77 @@ inline std::optional<std::string> effective_cluster_token(const std::optional<st
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
 // ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/detail/congestion_control.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_CONGESTION_CONTROL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_CONGESTION_CONTROL_HPP
+// Choosing a socket's TCP congestion control for connections that never leave the host.
+//
+// On loopback there is no network to probe, yet a BBR default (common, and this project's test
+// machine's) paces every send with a kernel timer and keeps pacing even if the algorithm is
+// switched later. The choice must therefore be made before the connection is established: on
+// the connecting socket before connect, and on the listening socket, whose accepted sockets
+// inherit it. Linux only (TCP_CONGESTION); elsewhere nothing is set.
+
+#include <string>
+#include <string_view>
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/address_v4.hpp>
+#include <boost/asio/ip/address_v6.hpp>
+
+#if defined(__linux__)
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#endif
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// Sets `algorithm` on the socket `fd`; returns "" or the kernel's reason for refusing it.
+/// An empty algorithm, or a platform without the option, sets nothing.
+inline std::string set_congestion_control(int fd, std::string_view algorithm) {
+#if defined(__linux__) && defined(TCP_CONGESTION)
+  if (algorithm.empty()) return {};
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, algorithm.data(), static_cast<socklen_t>(algorithm.size())) == 0) {
+    return {};
+  }
+  return std::strerror(errno);
+#else
+  (void)fd;
+  (void)algorithm;
+  return {};
+#endif
+}
+
+/// The congestion control the socket `fd` uses ("" where it cannot be read).
+inline std::string congestion_control_of(int fd) {
+#if defined(__linux__) && defined(TCP_CONGESTION)
+  char name[64] = {};
+  socklen_t len = sizeof name - 1;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) return {};
+  return std::string(name, ::strnlen(name, len));
+#else
+  (void)fd;
+  return {};
+#endif
+}
+
+inline bool is_loopback(const boost::asio::ip::address& a) {
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) {
+    return boost::asio::ip::make_address_v4(boost::asio::ip::v4_mapped, a.to_v6()).is_loopback();
+  }
+  return a.is_loopback();
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_CONGESTION_CONTROL_HPP
+// ---- end <distribute/net/detail/congestion_control.hpp> ----
 // ---- begin <distribute/net/detail/notifying_mutex.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_NOTIFYING_MUTEX_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_NOTIFYING_MUTEX_HPP
@@ -25718,8 +25960,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -25727,7 +25969,9 @@ DISTRIBUTE_END_NAMESPACE
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -25757,15 +26001,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -25808,7 +26054,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -25830,6 +26077,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -25838,6 +26090,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -25860,17 +26113,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -25892,13 +26147,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -25929,6 +26186,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -25939,7 +26197,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -25955,7 +26217,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -25964,7 +26228,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };
@@ -26269,8 +26534,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -26278,7 +26543,9 @@ DISTRIBUTE_END_NAMESPACE
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -26308,15 +26575,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -26359,7 +26628,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -26381,6 +26651,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -26389,6 +26664,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -26411,17 +26687,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -26443,13 +26721,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -26480,6 +26760,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -26490,7 +26771,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -26506,7 +26791,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -26515,7 +26802,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };
@@ -26580,6 +26868,13 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// TCP congestion control for connections within this host (the listening address and the
+  /// peer's are loopback addresses), set before they are established; "" keeps the system's
+  /// default. There is no network on loopback to probe, and a BBR default paces every send with
+  /// a kernel timer: reno, which Linux lets any user pick, does not (docs/performance.md,
+  /// multi-worker section). Connections to other hosts always keep the system's choice. Linux
+  /// only; a name the kernel refuses throws InvalidArgument from the constructor.
+  std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };
@@ -26669,6 +26964,9 @@ struct Transfer {
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 
+/// What a frame's tail is written from (zero bytes).
+inline constexpr std::array<std::byte, kMaxFramePad> kZeroTail{};
+
 struct OutFrame {
   FrameHeader fields;
   // The header, then fields.pad zero bytes: what goes out before the payload.
@@ -26680,6 +26978,7 @@ struct OutFrame {
     std::copy(bytes.begin(), bytes.end(), head.begin());
     head_len = kFrameHeaderBytes + h.pad;
   }
+  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   const std::byte* payload = nullptr;
   std::size_t size = 0;
   std::vector<std::byte> owned;  // control payloads travel with their frame
@@ -26712,7 +27011,7 @@ struct Peer {
   bool close_deferred = false;  // close_socket was called meanwhile: close once that write returns
   // Reading (io thread only).
   HeaderBytes rx_header{};
-  std::array<std::byte, kMaxFramePad> rx_pad{};  // a payload's leading padding is read into this
+  std::array<std::byte, kMaxFramePad> rx_pad{};  // a frame's padding (before and after its payload) is read into this
   std::uint64_t tx_pos = 0;  // bytes of the stream given to frames so far (handshake included)
   FrameHeader rx{};
   std::vector<std::byte> rx_control;
@@ -26863,6 +27162,14 @@ class Transport {
     return failure_;
   }
 
+  /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
+  std::string congestion_control(int r) const {
+    std::lock_guard lk(mu_);
+    const Peer& p = peer_at(r);
+    if (r == rank_ || !p.socket || !p.socket->is_open()) return {};
+    return congestion_control_of(const_cast<tcp::socket&>(*p.socket).native_handle());
+  }
+
  private:
   const Peer& peer_at(int r) const {
     if (r < 0 || r >= size_) throw InvalidArgument(fmt::format("rank {} is out of range for a cluster of {}", r, size_));
@@ -26936,6 +27243,16 @@ class Transport {
     for (const auto& entry : results) {
       acceptor_.emplace(io_);
       acceptor_->open(entry.endpoint().protocol(), ec);
+      if (!ec && is_loopback(entry.endpoint().address())) {
+        // Accepted sockets inherit it, before their connection is established.
+        const std::string refused = set_congestion_control(acceptor_->native_handle(), options_.loopback_congestion_control);
+        if (!refused.empty()) {
+          throw InvalidArgument(fmt::format(
+              "Communicator: loopback_congestion_control '{}' is refused by the kernel: {} (the algorithms any user may "
+              "pick are in /proc/sys/net/ipv4/tcp_allowed_congestion_control; \"\" keeps the system's default)",
+              options_.loopback_congestion_control, refused));
+        }
+      }
       if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
       if (!ec) acceptor_->bind(entry.endpoint(), ec);
       if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
@@ -27034,14 +27351,33 @@ class Transport {
     resolver->async_resolve(ep.host, ep.port,
                             [this, j, resolver](const boost::system::error_code& ec, tcp::resolver::results_type results) {
                               if (ec) return retry_connect(j, ec.message());
-                              auto h = std::make_shared<Handshake>(io_);
-                              h->peer = j;
-                              asio::async_connect(h->socket, results,
-                                                  [this, j, h](const boost::system::error_code& ec2, const tcp::endpoint&) {
-                                                    if (ec2) return retry_connect(j, describe_error(ec2));
-                                                    client_handshake(h);
-                                                  });
+                              std::vector<tcp::endpoint> endpoints;
+                              for (const auto& entry : results) endpoints.push_back(entry.endpoint());
+                              connect_to(j, std::move(endpoints), 0, "the host resolves to no address");
                             });
+  }
+
+  // Tries the endpoints from `i` on in turn. The socket is opened here rather than by
+  // async_connect so that a loopback connection gets its congestion control before it exists.
+  void connect_to(int j, std::vector<tcp::endpoint> endpoints, std::size_t i, std::string last_error) {
+    if (i == endpoints.size()) return retry_connect(j, std::move(last_error));
+    auto h = std::make_shared<Handshake>(io_);
+    h->peer = j;
+    const tcp::endpoint& to = endpoints[i];
+    boost::system::error_code ec;
+    h->socket.open(to.protocol(), ec);
+    if (ec) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec));
+    if (is_loopback(to.address())) {
+      const std::string refused = set_congestion_control(h->socket.native_handle(), options_.loopback_congestion_control);
+      if (!refused.empty()) {
+        log(fmt::format("{}: connecting to {} with the system's congestion control: '{}' is refused by the kernel: {}", me(),
+                        peer(j).name, options_.loopback_congestion_control, refused));
+      }
+    }
+    h->socket.async_connect(to, [this, j, h, endpoints = std::move(endpoints), i](const boost::system::error_code& ec2) mutable {
+      if (ec2) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec2));
+      client_handshake(h);
+    });
   }
 
   void retry_connect(int j, std::string reason) {
@@ -27277,9 +27613,10 @@ class Transport {
 
   // ---- steady state: reading ----------------------------------------------------------------
 
+  // Reads the tail of the frame just handled (p.rx; none before the first) with the next header.
   void read_header(Peer& p) {
-    asio::async_read(*p.socket, asio::buffer(p.rx_header),
-                     [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
+    const std::array<asio::mutable_buffer, 2> into{asio::buffer(p.rx_pad.data(), p.rx.tail), asio::buffer(p.rx_header)};
+    asio::async_read(*p.socket, into, [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
   }
 
   void on_header(Peer& p, const boost::system::error_code& ec) {
@@ -27531,20 +27868,23 @@ class Transport {
 
   // ---- steady state: writing ----------------------------------------------------------------
 
-  // Gives `f` its place in p's stream, in the order frames are written. A bulk payload is padded
-  // so that its stream position is congruent to its address mod kMaxFramePad: the kernel copies
-  // socket data into pages laid out by stream position, and a copy whose source and destination
-  // are aligned alike runs up to 20x faster on some CPUs (docs/performance.md). Small frames are
-  // not worth the bytes.
+  // Gives `f` its place in p's stream, in the order frames are written. The kernel copies socket
+  // data into pages that it fills in stream order, and a copy whose source and destination are
+  // aligned alike mod 64 runs up to 20x faster on some CPUs (docs/performance.md). So a bulk
+  // payload is padded in front until its stream position is congruent to its address, and every
+  // frame gets a tail that ends it on a multiple of 64. The tail matters because the kernel's page
+  // belongs to the writing thread, not the socket, and starts again at offset 0 whenever the
+  // reader has freed it: both happen between frames, and with every frame ending aligned they
+  // leave page offset and stream position congruent. Small payloads are not worth a front pad.
   static void place_locked(Peer& p, OutFrame& f) {
-    if ((f.fields.type == FrameType::Data || f.fields.type == FrameType::PointToPoint) && f.size >= kPadMinBytes) {
+    FrameHeader h = f.fields;
+    if ((h.type == FrameType::Data || h.type == FrameType::PointToPoint) && f.size >= kPadMinBytes) {
       const auto address = reinterpret_cast<std::uintptr_t>(f.payload);
-      const auto pad = (address - (p.tx_pos + kFrameHeaderBytes)) % kMaxFramePad;
-      FrameHeader h = f.fields;
-      h.pad = static_cast<std::uint8_t>(pad);
-      f.set_header(h);
+      h.pad = static_cast<std::uint8_t>((address - (p.tx_pos + kFrameHeaderBytes)) % kMaxFramePad);
     }
-    p.tx_pos += f.head_len + f.size;
+    h.tail = static_cast<std::uint8_t>((kMaxFramePad - (p.tx_pos + kFrameHeaderBytes + h.pad + f.size) % kMaxFramePad) % kMaxFramePad);
+    if (h.pad != f.fields.pad || h.tail != f.fields.tail) f.set_header(h);
+    p.tx_pos += f.wire_bytes();
   }
 
   void enqueue_locked(Peer& p, OutFrame f) {
@@ -27585,14 +27925,14 @@ class Transport {
     p.direct_sending = true;
     const int fd = p.socket->native_handle();
     lk.unlock();
-    ::iovec iov[2];
-    iov[0].iov_base = f.head.data();
-    iov[0].iov_len = f.head_len;
-    iov[1].iov_base = const_cast<std::byte*>(f.payload);
-    iov[1].iov_len = f.size;
+    ::iovec iov[3];
+    std::size_t parts = 0;
+    iov[parts++] = ::iovec{f.head.data(), f.head_len};
+    if (f.size > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(f.payload), f.size};
+    if (f.fields.tail > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(kZeroTail.data()), f.fields.tail};
     ::msghdr msg{};
     msg.msg_iov = iov;
-    msg.msg_iovlen = f.size > 0 ? 2 : 1;
+    msg.msg_iovlen = parts;
     int flags = MSG_DONTWAIT;
 #if defined(MSG_NOSIGNAL)
     flags |= MSG_NOSIGNAL;
@@ -27614,7 +27954,7 @@ class Transport {
     }
     p.last_tx = Clock::now();
     f.sent = n > 0 ? static_cast<std::size_t>(n) : 0;
-    const bool whole = f.sent == f.head_len + f.size;
+    const bool whole = f.sent == f.wire_bytes();
     if (whole && f.transfer) {
       f.transfer->state = Transfer::State::Done;
       if (progress_waiters_ > 0) mu_.notify_all_locked();
@@ -27672,7 +28012,7 @@ class Transport {
     p.buffers.clear();
     std::size_t bytes = 0;
     while (!p.queue.empty() && p.batch.size() < kBatchFrames && (p.batch.empty() || bytes < kBatchBytes)) {
-      bytes += p.queue.front().size + p.queue.front().head_len;
+      bytes += p.queue.front().wire_bytes();
       p.batch.push_back(std::move(p.queue.front()));
       p.queue.pop_front();
     }
@@ -27684,6 +28024,8 @@ class Transport {
       if (f.sent < f.head_len) p.buffers.push_back(asio::buffer(f.head.data() + f.sent, f.head_len - f.sent));
       const std::size_t skip = f.sent > f.head_len ? f.sent - f.head_len : 0;
       if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
+      const std::size_t tail_skip = f.sent > f.head_len + f.size ? f.sent - f.head_len - f.size : 0;
+      if (f.fields.tail > tail_skip) p.buffers.push_back(asio::buffer(kZeroTail.data() + tail_skip, f.fields.tail - tail_skip));
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers, TransferAllUncapped{},
@@ -28370,6 +28712,13 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// TCP congestion control for connections within this host (the listening address and the
+  /// peer's are loopback addresses), set before they are established; "" keeps the system's
+  /// default. There is no network on loopback to probe, and a BBR default paces every send with
+  /// a kernel timer: reno, which Linux lets any user pick, does not (docs/performance.md,
+  /// multi-worker section). Connections to other hosts always keep the system's choice. Linux
+  /// only; a name the kernel refuses throws InvalidArgument from the constructor.
+  std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };
@@ -30913,6 +31262,77 @@ inline std::optional<std::string> effective_cluster_token(const std::optional<st
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
 // ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/detail/congestion_control.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_CONGESTION_CONTROL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_CONGESTION_CONTROL_HPP
+// Choosing a socket's TCP congestion control for connections that never leave the host.
+//
+// On loopback there is no network to probe, yet a BBR default (common, and this project's test
+// machine's) paces every send with a kernel timer and keeps pacing even if the algorithm is
+// switched later. The choice must therefore be made before the connection is established: on
+// the connecting socket before connect, and on the listening socket, whose accepted sockets
+// inherit it. Linux only (TCP_CONGESTION); elsewhere nothing is set.
+
+#include <string>
+#include <string_view>
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/address_v4.hpp>
+#include <boost/asio/ip/address_v6.hpp>
+
+#if defined(__linux__)
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#endif
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// Sets `algorithm` on the socket `fd`; returns "" or the kernel's reason for refusing it.
+/// An empty algorithm, or a platform without the option, sets nothing.
+inline std::string set_congestion_control(int fd, std::string_view algorithm) {
+#if defined(__linux__) && defined(TCP_CONGESTION)
+  if (algorithm.empty()) return {};
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, algorithm.data(), static_cast<socklen_t>(algorithm.size())) == 0) {
+    return {};
+  }
+  return std::strerror(errno);
+#else
+  (void)fd;
+  (void)algorithm;
+  return {};
+#endif
+}
+
+/// The congestion control the socket `fd` uses ("" where it cannot be read).
+inline std::string congestion_control_of(int fd) {
+#if defined(__linux__) && defined(TCP_CONGESTION)
+  char name[64] = {};
+  socklen_t len = sizeof name - 1;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) return {};
+  return std::string(name, ::strnlen(name, len));
+#else
+  (void)fd;
+  return {};
+#endif
+}
+
+inline bool is_loopback(const boost::asio::ip::address& a) {
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) {
+    return boost::asio::ip::make_address_v4(boost::asio::ip::v4_mapped, a.to_v6()).is_loopback();
+  }
+  return a.is_loopback();
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_CONGESTION_CONTROL_HPP
+// ---- end <distribute/net/detail/congestion_control.hpp> ----
 // ---- begin <distribute/net/detail/notifying_mutex.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_NOTIFYING_MUTEX_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_NOTIFYING_MUTEX_HPP
@@ -31094,8 +31514,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -31103,7 +31523,9 @@ DISTRIBUTE_END_NAMESPACE
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -31133,15 +31555,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -31184,7 +31608,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -31206,6 +31631,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -31214,6 +31644,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -31236,17 +31667,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -31268,13 +31701,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -31305,6 +31740,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -31315,7 +31751,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -31331,7 +31771,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -31340,7 +31782,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };
@@ -31645,8 +32088,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -31654,7 +32097,9 @@ DISTRIBUTE_END_NAMESPACE
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -31684,15 +32129,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -31735,7 +32182,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -31757,6 +32205,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -31765,6 +32218,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -31787,17 +32241,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -31819,13 +32275,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -31856,6 +32314,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -31866,7 +32325,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -31882,7 +32345,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -31891,7 +32356,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };
@@ -31956,6 +32422,13 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// TCP congestion control for connections within this host (the listening address and the
+  /// peer's are loopback addresses), set before they are established; "" keeps the system's
+  /// default. There is no network on loopback to probe, and a BBR default paces every send with
+  /// a kernel timer: reno, which Linux lets any user pick, does not (docs/performance.md,
+  /// multi-worker section). Connections to other hosts always keep the system's choice. Linux
+  /// only; a name the kernel refuses throws InvalidArgument from the constructor.
+  std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };
@@ -32045,6 +32518,9 @@ struct Transfer {
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 
+/// What a frame's tail is written from (zero bytes).
+inline constexpr std::array<std::byte, kMaxFramePad> kZeroTail{};
+
 struct OutFrame {
   FrameHeader fields;
   // The header, then fields.pad zero bytes: what goes out before the payload.
@@ -32056,6 +32532,7 @@ struct OutFrame {
     std::copy(bytes.begin(), bytes.end(), head.begin());
     head_len = kFrameHeaderBytes + h.pad;
   }
+  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   const std::byte* payload = nullptr;
   std::size_t size = 0;
   std::vector<std::byte> owned;  // control payloads travel with their frame
@@ -32088,7 +32565,7 @@ struct Peer {
   bool close_deferred = false;  // close_socket was called meanwhile: close once that write returns
   // Reading (io thread only).
   HeaderBytes rx_header{};
-  std::array<std::byte, kMaxFramePad> rx_pad{};  // a payload's leading padding is read into this
+  std::array<std::byte, kMaxFramePad> rx_pad{};  // a frame's padding (before and after its payload) is read into this
   std::uint64_t tx_pos = 0;  // bytes of the stream given to frames so far (handshake included)
   FrameHeader rx{};
   std::vector<std::byte> rx_control;
@@ -32239,6 +32716,14 @@ class Transport {
     return failure_;
   }
 
+  /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
+  std::string congestion_control(int r) const {
+    std::lock_guard lk(mu_);
+    const Peer& p = peer_at(r);
+    if (r == rank_ || !p.socket || !p.socket->is_open()) return {};
+    return congestion_control_of(const_cast<tcp::socket&>(*p.socket).native_handle());
+  }
+
  private:
   const Peer& peer_at(int r) const {
     if (r < 0 || r >= size_) throw InvalidArgument(fmt::format("rank {} is out of range for a cluster of {}", r, size_));
@@ -32312,6 +32797,16 @@ class Transport {
     for (const auto& entry : results) {
       acceptor_.emplace(io_);
       acceptor_->open(entry.endpoint().protocol(), ec);
+      if (!ec && is_loopback(entry.endpoint().address())) {
+        // Accepted sockets inherit it, before their connection is established.
+        const std::string refused = set_congestion_control(acceptor_->native_handle(), options_.loopback_congestion_control);
+        if (!refused.empty()) {
+          throw InvalidArgument(fmt::format(
+              "Communicator: loopback_congestion_control '{}' is refused by the kernel: {} (the algorithms any user may "
+              "pick are in /proc/sys/net/ipv4/tcp_allowed_congestion_control; \"\" keeps the system's default)",
+              options_.loopback_congestion_control, refused));
+        }
+      }
       if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
       if (!ec) acceptor_->bind(entry.endpoint(), ec);
       if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
@@ -32410,14 +32905,33 @@ class Transport {
     resolver->async_resolve(ep.host, ep.port,
                             [this, j, resolver](const boost::system::error_code& ec, tcp::resolver::results_type results) {
                               if (ec) return retry_connect(j, ec.message());
-                              auto h = std::make_shared<Handshake>(io_);
-                              h->peer = j;
-                              asio::async_connect(h->socket, results,
-                                                  [this, j, h](const boost::system::error_code& ec2, const tcp::endpoint&) {
-                                                    if (ec2) return retry_connect(j, describe_error(ec2));
-                                                    client_handshake(h);
-                                                  });
+                              std::vector<tcp::endpoint> endpoints;
+                              for (const auto& entry : results) endpoints.push_back(entry.endpoint());
+                              connect_to(j, std::move(endpoints), 0, "the host resolves to no address");
                             });
+  }
+
+  // Tries the endpoints from `i` on in turn. The socket is opened here rather than by
+  // async_connect so that a loopback connection gets its congestion control before it exists.
+  void connect_to(int j, std::vector<tcp::endpoint> endpoints, std::size_t i, std::string last_error) {
+    if (i == endpoints.size()) return retry_connect(j, std::move(last_error));
+    auto h = std::make_shared<Handshake>(io_);
+    h->peer = j;
+    const tcp::endpoint& to = endpoints[i];
+    boost::system::error_code ec;
+    h->socket.open(to.protocol(), ec);
+    if (ec) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec));
+    if (is_loopback(to.address())) {
+      const std::string refused = set_congestion_control(h->socket.native_handle(), options_.loopback_congestion_control);
+      if (!refused.empty()) {
+        log(fmt::format("{}: connecting to {} with the system's congestion control: '{}' is refused by the kernel: {}", me(),
+                        peer(j).name, options_.loopback_congestion_control, refused));
+      }
+    }
+    h->socket.async_connect(to, [this, j, h, endpoints = std::move(endpoints), i](const boost::system::error_code& ec2) mutable {
+      if (ec2) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec2));
+      client_handshake(h);
+    });
   }
 
   void retry_connect(int j, std::string reason) {
@@ -32653,9 +33167,10 @@ class Transport {
 
   // ---- steady state: reading ----------------------------------------------------------------
 
+  // Reads the tail of the frame just handled (p.rx; none before the first) with the next header.
   void read_header(Peer& p) {
-    asio::async_read(*p.socket, asio::buffer(p.rx_header),
-                     [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
+    const std::array<asio::mutable_buffer, 2> into{asio::buffer(p.rx_pad.data(), p.rx.tail), asio::buffer(p.rx_header)};
+    asio::async_read(*p.socket, into, [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
   }
 
   void on_header(Peer& p, const boost::system::error_code& ec) {
@@ -32907,20 +33422,23 @@ class Transport {
 
   // ---- steady state: writing ----------------------------------------------------------------
 
-  // Gives `f` its place in p's stream, in the order frames are written. A bulk payload is padded
-  // so that its stream position is congruent to its address mod kMaxFramePad: the kernel copies
-  // socket data into pages laid out by stream position, and a copy whose source and destination
-  // are aligned alike runs up to 20x faster on some CPUs (docs/performance.md). Small frames are
-  // not worth the bytes.
+  // Gives `f` its place in p's stream, in the order frames are written. The kernel copies socket
+  // data into pages that it fills in stream order, and a copy whose source and destination are
+  // aligned alike mod 64 runs up to 20x faster on some CPUs (docs/performance.md). So a bulk
+  // payload is padded in front until its stream position is congruent to its address, and every
+  // frame gets a tail that ends it on a multiple of 64. The tail matters because the kernel's page
+  // belongs to the writing thread, not the socket, and starts again at offset 0 whenever the
+  // reader has freed it: both happen between frames, and with every frame ending aligned they
+  // leave page offset and stream position congruent. Small payloads are not worth a front pad.
   static void place_locked(Peer& p, OutFrame& f) {
-    if ((f.fields.type == FrameType::Data || f.fields.type == FrameType::PointToPoint) && f.size >= kPadMinBytes) {
+    FrameHeader h = f.fields;
+    if ((h.type == FrameType::Data || h.type == FrameType::PointToPoint) && f.size >= kPadMinBytes) {
       const auto address = reinterpret_cast<std::uintptr_t>(f.payload);
-      const auto pad = (address - (p.tx_pos + kFrameHeaderBytes)) % kMaxFramePad;
-      FrameHeader h = f.fields;
-      h.pad = static_cast<std::uint8_t>(pad);
-      f.set_header(h);
+      h.pad = static_cast<std::uint8_t>((address - (p.tx_pos + kFrameHeaderBytes)) % kMaxFramePad);
     }
-    p.tx_pos += f.head_len + f.size;
+    h.tail = static_cast<std::uint8_t>((kMaxFramePad - (p.tx_pos + kFrameHeaderBytes + h.pad + f.size) % kMaxFramePad) % kMaxFramePad);
+    if (h.pad != f.fields.pad || h.tail != f.fields.tail) f.set_header(h);
+    p.tx_pos += f.wire_bytes();
   }
 
   void enqueue_locked(Peer& p, OutFrame f) {
@@ -32961,14 +33479,14 @@ class Transport {
     p.direct_sending = true;
     const int fd = p.socket->native_handle();
     lk.unlock();
-    ::iovec iov[2];
-    iov[0].iov_base = f.head.data();
-    iov[0].iov_len = f.head_len;
-    iov[1].iov_base = const_cast<std::byte*>(f.payload);
-    iov[1].iov_len = f.size;
+    ::iovec iov[3];
+    std::size_t parts = 0;
+    iov[parts++] = ::iovec{f.head.data(), f.head_len};
+    if (f.size > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(f.payload), f.size};
+    if (f.fields.tail > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(kZeroTail.data()), f.fields.tail};
     ::msghdr msg{};
     msg.msg_iov = iov;
-    msg.msg_iovlen = f.size > 0 ? 2 : 1;
+    msg.msg_iovlen = parts;
     int flags = MSG_DONTWAIT;
 #if defined(MSG_NOSIGNAL)
     flags |= MSG_NOSIGNAL;
@@ -32990,7 +33508,7 @@ class Transport {
     }
     p.last_tx = Clock::now();
     f.sent = n > 0 ? static_cast<std::size_t>(n) : 0;
-    const bool whole = f.sent == f.head_len + f.size;
+    const bool whole = f.sent == f.wire_bytes();
     if (whole && f.transfer) {
       f.transfer->state = Transfer::State::Done;
       if (progress_waiters_ > 0) mu_.notify_all_locked();
@@ -33048,7 +33566,7 @@ class Transport {
     p.buffers.clear();
     std::size_t bytes = 0;
     while (!p.queue.empty() && p.batch.size() < kBatchFrames && (p.batch.empty() || bytes < kBatchBytes)) {
-      bytes += p.queue.front().size + p.queue.front().head_len;
+      bytes += p.queue.front().wire_bytes();
       p.batch.push_back(std::move(p.queue.front()));
       p.queue.pop_front();
     }
@@ -33060,6 +33578,8 @@ class Transport {
       if (f.sent < f.head_len) p.buffers.push_back(asio::buffer(f.head.data() + f.sent, f.head_len - f.sent));
       const std::size_t skip = f.sent > f.head_len ? f.sent - f.head_len : 0;
       if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
+      const std::size_t tail_skip = f.sent > f.head_len + f.size ? f.sent - f.head_len - f.size : 0;
+      if (f.fields.tail > tail_skip) p.buffers.push_back(asio::buffer(kZeroTail.data() + tail_skip, f.fields.tail - tail_skip));
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers, TransferAllUncapped{},
@@ -34177,6 +34697,77 @@ inline std::optional<std::string> effective_cluster_token(const std::optional<st
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
 // ---- end <distribute/net/detail/auth.hpp> ----
+// ---- begin <distribute/net/detail/congestion_control.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_CONGESTION_CONTROL_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_CONGESTION_CONTROL_HPP
+// Choosing a socket's TCP congestion control for connections that never leave the host.
+//
+// On loopback there is no network to probe, yet a BBR default (common, and this project's test
+// machine's) paces every send with a kernel timer and keeps pacing even if the algorithm is
+// switched later. The choice must therefore be made before the connection is established: on
+// the connecting socket before connect, and on the listening socket, whose accepted sockets
+// inherit it. Linux only (TCP_CONGESTION); elsewhere nothing is set.
+
+#include <string>
+#include <string_view>
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/address_v4.hpp>
+#include <boost/asio/ip/address_v6.hpp>
+
+#if defined(__linux__)
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#endif
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// Sets `algorithm` on the socket `fd`; returns "" or the kernel's reason for refusing it.
+/// An empty algorithm, or a platform without the option, sets nothing.
+inline std::string set_congestion_control(int fd, std::string_view algorithm) {
+#if defined(__linux__) && defined(TCP_CONGESTION)
+  if (algorithm.empty()) return {};
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, algorithm.data(), static_cast<socklen_t>(algorithm.size())) == 0) {
+    return {};
+  }
+  return std::strerror(errno);
+#else
+  (void)fd;
+  (void)algorithm;
+  return {};
+#endif
+}
+
+/// The congestion control the socket `fd` uses ("" where it cannot be read).
+inline std::string congestion_control_of(int fd) {
+#if defined(__linux__) && defined(TCP_CONGESTION)
+  char name[64] = {};
+  socklen_t len = sizeof name - 1;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) return {};
+  return std::string(name, ::strnlen(name, len));
+#else
+  (void)fd;
+  return {};
+#endif
+}
+
+inline bool is_loopback(const boost::asio::ip::address& a) {
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) {
+    return boost::asio::ip::make_address_v4(boost::asio::ip::v4_mapped, a.to_v6()).is_loopback();
+  }
+  return a.is_loopback();
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_CONGESTION_CONTROL_HPP
+// ---- end <distribute/net/detail/congestion_control.hpp> ----
 // ---- begin <distribute/net/detail/notifying_mutex.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_NOTIFYING_MUTEX_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_NOTIFYING_MUTEX_HPP
@@ -34358,8 +34949,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -34367,7 +34958,9 @@ DISTRIBUTE_END_NAMESPACE
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -34397,15 +34990,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -34448,7 +35043,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -34470,6 +35066,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -34478,6 +35079,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -34500,17 +35102,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -34532,13 +35136,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -34569,6 +35175,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -34579,7 +35186,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -34595,7 +35206,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -34604,7 +35217,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };
@@ -34909,8 +35523,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -34918,7 +35532,9 @@ DISTRIBUTE_END_NAMESPACE
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -34948,15 +35564,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -34999,7 +35617,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -35021,6 +35640,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -35029,6 +35653,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -35051,17 +35676,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -35083,13 +35710,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -35120,6 +35749,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -35130,7 +35760,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -35146,7 +35780,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -35155,7 +35791,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };
@@ -35220,6 +35857,13 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// TCP congestion control for connections within this host (the listening address and the
+  /// peer's are loopback addresses), set before they are established; "" keeps the system's
+  /// default. There is no network on loopback to probe, and a BBR default paces every send with
+  /// a kernel timer: reno, which Linux lets any user pick, does not (docs/performance.md,
+  /// multi-worker section). Connections to other hosts always keep the system's choice. Linux
+  /// only; a name the kernel refuses throws InvalidArgument from the constructor.
+  std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };
@@ -35309,6 +35953,9 @@ struct Transfer {
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 
+/// What a frame's tail is written from (zero bytes).
+inline constexpr std::array<std::byte, kMaxFramePad> kZeroTail{};
+
 struct OutFrame {
   FrameHeader fields;
   // The header, then fields.pad zero bytes: what goes out before the payload.
@@ -35320,6 +35967,7 @@ struct OutFrame {
     std::copy(bytes.begin(), bytes.end(), head.begin());
     head_len = kFrameHeaderBytes + h.pad;
   }
+  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   const std::byte* payload = nullptr;
   std::size_t size = 0;
   std::vector<std::byte> owned;  // control payloads travel with their frame
@@ -35352,7 +36000,7 @@ struct Peer {
   bool close_deferred = false;  // close_socket was called meanwhile: close once that write returns
   // Reading (io thread only).
   HeaderBytes rx_header{};
-  std::array<std::byte, kMaxFramePad> rx_pad{};  // a payload's leading padding is read into this
+  std::array<std::byte, kMaxFramePad> rx_pad{};  // a frame's padding (before and after its payload) is read into this
   std::uint64_t tx_pos = 0;  // bytes of the stream given to frames so far (handshake included)
   FrameHeader rx{};
   std::vector<std::byte> rx_control;
@@ -35503,6 +36151,14 @@ class Transport {
     return failure_;
   }
 
+  /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
+  std::string congestion_control(int r) const {
+    std::lock_guard lk(mu_);
+    const Peer& p = peer_at(r);
+    if (r == rank_ || !p.socket || !p.socket->is_open()) return {};
+    return congestion_control_of(const_cast<tcp::socket&>(*p.socket).native_handle());
+  }
+
  private:
   const Peer& peer_at(int r) const {
     if (r < 0 || r >= size_) throw InvalidArgument(fmt::format("rank {} is out of range for a cluster of {}", r, size_));
@@ -35576,6 +36232,16 @@ class Transport {
     for (const auto& entry : results) {
       acceptor_.emplace(io_);
       acceptor_->open(entry.endpoint().protocol(), ec);
+      if (!ec && is_loopback(entry.endpoint().address())) {
+        // Accepted sockets inherit it, before their connection is established.
+        const std::string refused = set_congestion_control(acceptor_->native_handle(), options_.loopback_congestion_control);
+        if (!refused.empty()) {
+          throw InvalidArgument(fmt::format(
+              "Communicator: loopback_congestion_control '{}' is refused by the kernel: {} (the algorithms any user may "
+              "pick are in /proc/sys/net/ipv4/tcp_allowed_congestion_control; \"\" keeps the system's default)",
+              options_.loopback_congestion_control, refused));
+        }
+      }
       if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
       if (!ec) acceptor_->bind(entry.endpoint(), ec);
       if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
@@ -35674,14 +36340,33 @@ class Transport {
     resolver->async_resolve(ep.host, ep.port,
                             [this, j, resolver](const boost::system::error_code& ec, tcp::resolver::results_type results) {
                               if (ec) return retry_connect(j, ec.message());
-                              auto h = std::make_shared<Handshake>(io_);
-                              h->peer = j;
-                              asio::async_connect(h->socket, results,
-                                                  [this, j, h](const boost::system::error_code& ec2, const tcp::endpoint&) {
-                                                    if (ec2) return retry_connect(j, describe_error(ec2));
-                                                    client_handshake(h);
-                                                  });
+                              std::vector<tcp::endpoint> endpoints;
+                              for (const auto& entry : results) endpoints.push_back(entry.endpoint());
+                              connect_to(j, std::move(endpoints), 0, "the host resolves to no address");
                             });
+  }
+
+  // Tries the endpoints from `i` on in turn. The socket is opened here rather than by
+  // async_connect so that a loopback connection gets its congestion control before it exists.
+  void connect_to(int j, std::vector<tcp::endpoint> endpoints, std::size_t i, std::string last_error) {
+    if (i == endpoints.size()) return retry_connect(j, std::move(last_error));
+    auto h = std::make_shared<Handshake>(io_);
+    h->peer = j;
+    const tcp::endpoint& to = endpoints[i];
+    boost::system::error_code ec;
+    h->socket.open(to.protocol(), ec);
+    if (ec) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec));
+    if (is_loopback(to.address())) {
+      const std::string refused = set_congestion_control(h->socket.native_handle(), options_.loopback_congestion_control);
+      if (!refused.empty()) {
+        log(fmt::format("{}: connecting to {} with the system's congestion control: '{}' is refused by the kernel: {}", me(),
+                        peer(j).name, options_.loopback_congestion_control, refused));
+      }
+    }
+    h->socket.async_connect(to, [this, j, h, endpoints = std::move(endpoints), i](const boost::system::error_code& ec2) mutable {
+      if (ec2) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec2));
+      client_handshake(h);
+    });
   }
 
   void retry_connect(int j, std::string reason) {
@@ -35917,9 +36602,10 @@ class Transport {
 
   // ---- steady state: reading ----------------------------------------------------------------
 
+  // Reads the tail of the frame just handled (p.rx; none before the first) with the next header.
   void read_header(Peer& p) {
-    asio::async_read(*p.socket, asio::buffer(p.rx_header),
-                     [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
+    const std::array<asio::mutable_buffer, 2> into{asio::buffer(p.rx_pad.data(), p.rx.tail), asio::buffer(p.rx_header)};
+    asio::async_read(*p.socket, into, [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
   }
 
   void on_header(Peer& p, const boost::system::error_code& ec) {
@@ -36171,20 +36857,23 @@ class Transport {
 
   // ---- steady state: writing ----------------------------------------------------------------
 
-  // Gives `f` its place in p's stream, in the order frames are written. A bulk payload is padded
-  // so that its stream position is congruent to its address mod kMaxFramePad: the kernel copies
-  // socket data into pages laid out by stream position, and a copy whose source and destination
-  // are aligned alike runs up to 20x faster on some CPUs (docs/performance.md). Small frames are
-  // not worth the bytes.
+  // Gives `f` its place in p's stream, in the order frames are written. The kernel copies socket
+  // data into pages that it fills in stream order, and a copy whose source and destination are
+  // aligned alike mod 64 runs up to 20x faster on some CPUs (docs/performance.md). So a bulk
+  // payload is padded in front until its stream position is congruent to its address, and every
+  // frame gets a tail that ends it on a multiple of 64. The tail matters because the kernel's page
+  // belongs to the writing thread, not the socket, and starts again at offset 0 whenever the
+  // reader has freed it: both happen between frames, and with every frame ending aligned they
+  // leave page offset and stream position congruent. Small payloads are not worth a front pad.
   static void place_locked(Peer& p, OutFrame& f) {
-    if ((f.fields.type == FrameType::Data || f.fields.type == FrameType::PointToPoint) && f.size >= kPadMinBytes) {
+    FrameHeader h = f.fields;
+    if ((h.type == FrameType::Data || h.type == FrameType::PointToPoint) && f.size >= kPadMinBytes) {
       const auto address = reinterpret_cast<std::uintptr_t>(f.payload);
-      const auto pad = (address - (p.tx_pos + kFrameHeaderBytes)) % kMaxFramePad;
-      FrameHeader h = f.fields;
-      h.pad = static_cast<std::uint8_t>(pad);
-      f.set_header(h);
+      h.pad = static_cast<std::uint8_t>((address - (p.tx_pos + kFrameHeaderBytes)) % kMaxFramePad);
     }
-    p.tx_pos += f.head_len + f.size;
+    h.tail = static_cast<std::uint8_t>((kMaxFramePad - (p.tx_pos + kFrameHeaderBytes + h.pad + f.size) % kMaxFramePad) % kMaxFramePad);
+    if (h.pad != f.fields.pad || h.tail != f.fields.tail) f.set_header(h);
+    p.tx_pos += f.wire_bytes();
   }
 
   void enqueue_locked(Peer& p, OutFrame f) {
@@ -36225,14 +36914,14 @@ class Transport {
     p.direct_sending = true;
     const int fd = p.socket->native_handle();
     lk.unlock();
-    ::iovec iov[2];
-    iov[0].iov_base = f.head.data();
-    iov[0].iov_len = f.head_len;
-    iov[1].iov_base = const_cast<std::byte*>(f.payload);
-    iov[1].iov_len = f.size;
+    ::iovec iov[3];
+    std::size_t parts = 0;
+    iov[parts++] = ::iovec{f.head.data(), f.head_len};
+    if (f.size > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(f.payload), f.size};
+    if (f.fields.tail > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(kZeroTail.data()), f.fields.tail};
     ::msghdr msg{};
     msg.msg_iov = iov;
-    msg.msg_iovlen = f.size > 0 ? 2 : 1;
+    msg.msg_iovlen = parts;
     int flags = MSG_DONTWAIT;
 #if defined(MSG_NOSIGNAL)
     flags |= MSG_NOSIGNAL;
@@ -36254,7 +36943,7 @@ class Transport {
     }
     p.last_tx = Clock::now();
     f.sent = n > 0 ? static_cast<std::size_t>(n) : 0;
-    const bool whole = f.sent == f.head_len + f.size;
+    const bool whole = f.sent == f.wire_bytes();
     if (whole && f.transfer) {
       f.transfer->state = Transfer::State::Done;
       if (progress_waiters_ > 0) mu_.notify_all_locked();
@@ -36312,7 +37001,7 @@ class Transport {
     p.buffers.clear();
     std::size_t bytes = 0;
     while (!p.queue.empty() && p.batch.size() < kBatchFrames && (p.batch.empty() || bytes < kBatchBytes)) {
-      bytes += p.queue.front().size + p.queue.front().head_len;
+      bytes += p.queue.front().wire_bytes();
       p.batch.push_back(std::move(p.queue.front()));
       p.queue.pop_front();
     }
@@ -36324,6 +37013,8 @@ class Transport {
       if (f.sent < f.head_len) p.buffers.push_back(asio::buffer(f.head.data() + f.sent, f.head_len - f.sent));
       const std::size_t skip = f.sent > f.head_len ? f.sent - f.head_len : 0;
       if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
+      const std::size_t tail_skip = f.sent > f.head_len + f.size ? f.sent - f.head_len - f.size : 0;
+      if (f.fields.tail > tail_skip) p.buffers.push_back(asio::buffer(kZeroTail.data() + tail_skip, f.fields.tail - tail_skip));
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers, TransferAllUncapped{},
@@ -37010,6 +37701,13 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// TCP congestion control for connections within this host (the listening address and the
+  /// peer's are loopback addresses), set before they are established; "" keeps the system's
+  /// default. There is no network on loopback to probe, and a BBR default paces every send with
+  /// a kernel timer: reno, which Linux lets any user pick, does not (docs/performance.md,
+  /// multi-worker section). Connections to other hosts always keep the system's choice. Linux
+  /// only; a name the kernel refuses throws InvalidArgument from the constructor.
+  std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };
@@ -40270,8 +40968,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -40279,7 +40977,9 @@ DISTRIBUTE_END_NAMESPACE
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -40309,15 +41009,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -40360,7 +41062,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -40382,6 +41085,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -40390,6 +41098,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -40412,17 +41121,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -40444,13 +41155,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -40481,6 +41194,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -40491,7 +41205,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -40507,7 +41225,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -40516,7 +41236,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };
@@ -43330,8 +44051,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -43339,7 +44060,9 @@ DISTRIBUTE_END_NAMESPACE
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -43369,15 +44092,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -43420,7 +44145,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -43442,6 +44168,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -43450,6 +44181,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -43472,17 +44204,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -43504,13 +44238,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -43541,6 +44277,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -43551,7 +44288,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -43567,7 +44308,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -43576,7 +44319,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };
@@ -44515,8 +45259,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -44524,7 +45268,9 @@ DISTRIBUTE_END_NAMESPACE
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -44554,15 +45300,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -44605,7 +45353,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -44627,6 +45376,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -44635,6 +45389,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -44657,17 +45412,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -44689,13 +45446,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -44726,6 +45485,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -44736,7 +45496,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -44752,7 +45516,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -44761,7 +45527,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };
@@ -46635,8 +47402,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -46644,7 +47411,9 @@ DISTRIBUTE_END_NAMESPACE
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -46674,15 +47443,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -46725,7 +47496,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -46747,6 +47519,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -46755,6 +47532,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -46777,17 +47555,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -46809,13 +47589,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -46846,6 +47628,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -46856,7 +47639,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -46872,7 +47659,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -46881,7 +47670,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };
@@ -51012,8 +51802,8 @@ DISTRIBUTE_END_NAMESPACE
 // ---- begin <distribute/net/frame.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_FRAME_HPP
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -51021,7 +51811,9 @@ DISTRIBUTE_END_NAMESPACE
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -51051,15 +51843,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -51102,7 +51896,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -51124,6 +51919,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -51132,6 +51932,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -51154,17 +51955,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -51186,13 +51989,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -51223,6 +52028,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -51233,7 +52039,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -51249,7 +52059,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -51258,7 +52070,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };

@@ -1,5 +1,5 @@
-// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, then `length`
-// payload bytes.
+// The wire unit of the TCP transport: a fixed 32-byte header, `pad` zero bytes, `length` payload
+// bytes, then `tail` zero bytes.
 //
 //   offset  size  field
 //        0     4  magic "DSNT"
@@ -7,7 +7,9 @@
 //        5     1  FrameType
 //        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
 //                 below kMaxFramePad; zero for every other type)
-//        7     1  reserved, must be zero
+//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
+//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
+//                 service's frames)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -39,15 +41,17 @@ class FrameError : public InvalidArgument {
 };
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
-// Version 2 added the pad byte (version 1 had two reserved bytes there).
-inline constexpr std::uint8_t kProtocolVersion = 2;
+// Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
+// (reserved before).
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
-/// as its address: the kernel's copy into the socket then meets a destination aligned like its
-/// source, which some CPUs copy many times faster (docs/performance.md, multi-worker section).
+/// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
+/// the socket then meets a destination aligned like its source, which some CPUs copy many times
+/// faster (docs/performance.md, multi-worker section). Both paddings are below this.
 inline constexpr std::size_t kMaxFramePad = 64;
 
 enum class FrameType : std::uint8_t {
@@ -90,7 +94,8 @@ struct FrameHeader {
   std::uint64_t length = 0;
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
-  std::uint8_t pad = 0;  // zero bytes between header and payload
+  std::uint8_t pad = 0;   // zero bytes between header and payload
+  std::uint8_t tail = 0;  // zero bytes after the payload
   friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
 };
 
@@ -112,6 +117,11 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
+/// The frames the transport exchanges once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept {
+  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+}
+
 }  // namespace detail
 
 inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
@@ -120,6 +130,7 @@ inline HeaderBytes encode_header(const FrameHeader& h) noexcept {
   out[4] = static_cast<std::byte>(kProtocolVersion);
   out[5] = static_cast<std::byte>(h.type);
   out[6] = static_cast<std::byte>(h.pad);
+  out[7] = static_cast<std::byte>(h.tail);
   detail::store_le(out.data() + 8, h.length, 8);
   detail::store_le(out.data() + 16, h.seq, 8);
   detail::store_le(out.data() + 24, h.tag, 8);
@@ -142,17 +153,19 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   }
   const auto type = static_cast<std::uint8_t>(bytes[5]);
   if (!detail::known_frame_type(type)) throw FrameError(fmt::format("unknown frame type {}", type));
-  const auto reserved = static_cast<std::uint8_t>(bytes[7]);
-  if (reserved != 0) throw FrameError(fmt::format("reserved header bits set (0x{:02x})", reserved));
 
   FrameHeader h;
   h.type = static_cast<FrameType>(type);
   h.pad = static_cast<std::uint8_t>(bytes[6]);
-  const bool paddable = h.type == FrameType::Data || h.type == FrameType::PointToPoint;
-  if (h.pad >= kMaxFramePad || (h.pad != 0 && !paddable)) {
-    throw FrameError(fmt::format("{} frame with {} bytes of padding (allowed: {})", to_string(h.type), h.pad,
-                                 paddable ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
-  }
+  h.tail = static_cast<std::uint8_t>(bytes[7]);
+  auto check_padding = [&](std::uint8_t n, bool allowed, std::string_view where) {
+    if (n >= kMaxFramePad || (n != 0 && !allowed)) {
+      throw FrameError(fmt::format("{} frame with {} bytes of padding {} its payload (allowed: {})", to_string(h.type), n,
+                                   where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
+    }
+  };
+  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);
   h.tag = detail::load_le(bytes.data() + 24, 8);
@@ -174,13 +187,15 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
   return h;
 }
 
-/// Header and payload as one contiguous buffer (tests, handshakes; bulk data is never copied so).
+/// Header, padding and payload as one contiguous buffer (tests, handshakes; bulk data is never
+/// copied so).
 inline std::vector<std::byte> encode_frame(FrameHeader h, std::span<const std::byte> payload) {
   h.length = payload.size();
   const HeaderBytes head = encode_header(h);
   std::vector<std::byte> out(head.begin(), head.end());
   out.resize(out.size() + h.pad);  // zeros
   out.insert(out.end(), payload.begin(), payload.end());
+  out.resize(out.size() + h.tail);
   return out;
 }
 
@@ -211,6 +226,7 @@ class FrameDecoder {
           current_.payload.clear();
           have_header_ = true;
           pad_left_ = current_.header.pad;
+          tail_left_ = current_.header.tail;
         }
         const std::size_t skip = std::min(pad_left_, bytes.size());
         pad_left_ -= skip;
@@ -221,7 +237,11 @@ class FrameDecoder {
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(missing, bytes.size()));
         current_.payload.insert(current_.payload.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
         bytes = bytes.subspan(take);
-        if (current_.payload.size() == current_.header.length) {
+        if (current_.payload.size() < current_.header.length) break;
+        const std::size_t skip_tail = std::min(tail_left_, bytes.size());
+        tail_left_ -= skip_tail;
+        bytes = bytes.subspan(skip_tail);
+        if (tail_left_ == 0) {
           out.push_back(std::move(current_));
           current_ = Frame{};
           have_header_ = false;
@@ -237,7 +257,9 @@ class FrameDecoder {
 
   /// Bytes of an unfinished frame held so far.
   std::size_t buffered() const noexcept {
-    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() : header_fill_;
+    return have_header_ ? kFrameHeaderBytes + (current_.header.pad - pad_left_) + current_.payload.size() +
+                              (current_.header.tail - tail_left_)
+                        : header_fill_;
   }
   bool failed() const noexcept { return failed_; }
 
@@ -246,7 +268,8 @@ class FrameDecoder {
   HeaderBytes header_{};
   std::size_t header_fill_ = 0;
   bool have_header_ = false;
-  std::size_t pad_left_ = 0;  // padding of the current frame still to skip
+  std::size_t pad_left_ = 0;   // padding of the current frame still to skip
+  std::size_t tail_left_ = 0;  // its tail, likewise
   bool failed_ = false;
   Frame current_;
 };

@@ -53,6 +53,13 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// TCP congestion control for connections within this host (the listening address and the
+  /// peer's are loopback addresses), set before they are established; "" keeps the system's
+  /// default. There is no network on loopback to probe, and a BBR default paces every send with
+  /// a kernel timer: reno, which Linux lets any user pick, does not (docs/performance.md,
+  /// multi-worker section). Connections to other hosts always keep the system's choice. Linux
+  /// only; a name the kernel refuses throws InvalidArgument from the constructor.
+  std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
 };

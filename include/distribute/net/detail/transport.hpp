@@ -48,6 +48,7 @@
 #include <distribute/core/error.hpp>
 #include <distribute/net/detail/address.hpp>
 #include <distribute/net/detail/auth.hpp>
+#include <distribute/net/detail/congestion_control.hpp>
 #include <distribute/net/detail/notifying_mutex.hpp>
 #include <distribute/net/detail/protocol.hpp>
 #include <distribute/net/detail/transfer_all.hpp>
@@ -134,6 +135,9 @@ struct Transfer {
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 
+/// What a frame's tail is written from (zero bytes).
+inline constexpr std::array<std::byte, kMaxFramePad> kZeroTail{};
+
 struct OutFrame {
   FrameHeader fields;
   // The header, then fields.pad zero bytes: what goes out before the payload.
@@ -145,6 +149,7 @@ struct OutFrame {
     std::copy(bytes.begin(), bytes.end(), head.begin());
     head_len = kFrameHeaderBytes + h.pad;
   }
+  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   const std::byte* payload = nullptr;
   std::size_t size = 0;
   std::vector<std::byte> owned;  // control payloads travel with their frame
@@ -177,7 +182,7 @@ struct Peer {
   bool close_deferred = false;  // close_socket was called meanwhile: close once that write returns
   // Reading (io thread only).
   HeaderBytes rx_header{};
-  std::array<std::byte, kMaxFramePad> rx_pad{};  // a payload's leading padding is read into this
+  std::array<std::byte, kMaxFramePad> rx_pad{};  // a frame's padding (before and after its payload) is read into this
   std::uint64_t tx_pos = 0;  // bytes of the stream given to frames so far (handshake included)
   FrameHeader rx{};
   std::vector<std::byte> rx_control;
@@ -328,6 +333,14 @@ class Transport {
     return failure_;
   }
 
+  /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
+  std::string congestion_control(int r) const {
+    std::lock_guard lk(mu_);
+    const Peer& p = peer_at(r);
+    if (r == rank_ || !p.socket || !p.socket->is_open()) return {};
+    return congestion_control_of(const_cast<tcp::socket&>(*p.socket).native_handle());
+  }
+
  private:
   const Peer& peer_at(int r) const {
     if (r < 0 || r >= size_) throw InvalidArgument(fmt::format("rank {} is out of range for a cluster of {}", r, size_));
@@ -401,6 +414,16 @@ class Transport {
     for (const auto& entry : results) {
       acceptor_.emplace(io_);
       acceptor_->open(entry.endpoint().protocol(), ec);
+      if (!ec && is_loopback(entry.endpoint().address())) {
+        // Accepted sockets inherit it, before their connection is established.
+        const std::string refused = set_congestion_control(acceptor_->native_handle(), options_.loopback_congestion_control);
+        if (!refused.empty()) {
+          throw InvalidArgument(fmt::format(
+              "Communicator: loopback_congestion_control '{}' is refused by the kernel: {} (the algorithms any user may "
+              "pick are in /proc/sys/net/ipv4/tcp_allowed_congestion_control; \"\" keeps the system's default)",
+              options_.loopback_congestion_control, refused));
+        }
+      }
       if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
       if (!ec) acceptor_->bind(entry.endpoint(), ec);
       if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
@@ -499,14 +522,33 @@ class Transport {
     resolver->async_resolve(ep.host, ep.port,
                             [this, j, resolver](const boost::system::error_code& ec, tcp::resolver::results_type results) {
                               if (ec) return retry_connect(j, ec.message());
-                              auto h = std::make_shared<Handshake>(io_);
-                              h->peer = j;
-                              asio::async_connect(h->socket, results,
-                                                  [this, j, h](const boost::system::error_code& ec2, const tcp::endpoint&) {
-                                                    if (ec2) return retry_connect(j, describe_error(ec2));
-                                                    client_handshake(h);
-                                                  });
+                              std::vector<tcp::endpoint> endpoints;
+                              for (const auto& entry : results) endpoints.push_back(entry.endpoint());
+                              connect_to(j, std::move(endpoints), 0, "the host resolves to no address");
                             });
+  }
+
+  // Tries the endpoints from `i` on in turn. The socket is opened here rather than by
+  // async_connect so that a loopback connection gets its congestion control before it exists.
+  void connect_to(int j, std::vector<tcp::endpoint> endpoints, std::size_t i, std::string last_error) {
+    if (i == endpoints.size()) return retry_connect(j, std::move(last_error));
+    auto h = std::make_shared<Handshake>(io_);
+    h->peer = j;
+    const tcp::endpoint& to = endpoints[i];
+    boost::system::error_code ec;
+    h->socket.open(to.protocol(), ec);
+    if (ec) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec));
+    if (is_loopback(to.address())) {
+      const std::string refused = set_congestion_control(h->socket.native_handle(), options_.loopback_congestion_control);
+      if (!refused.empty()) {
+        log(fmt::format("{}: connecting to {} with the system's congestion control: '{}' is refused by the kernel: {}", me(),
+                        peer(j).name, options_.loopback_congestion_control, refused));
+      }
+    }
+    h->socket.async_connect(to, [this, j, h, endpoints = std::move(endpoints), i](const boost::system::error_code& ec2) mutable {
+      if (ec2) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec2));
+      client_handshake(h);
+    });
   }
 
   void retry_connect(int j, std::string reason) {
@@ -742,9 +784,10 @@ class Transport {
 
   // ---- steady state: reading ----------------------------------------------------------------
 
+  // Reads the tail of the frame just handled (p.rx; none before the first) with the next header.
   void read_header(Peer& p) {
-    asio::async_read(*p.socket, asio::buffer(p.rx_header),
-                     [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
+    const std::array<asio::mutable_buffer, 2> into{asio::buffer(p.rx_pad.data(), p.rx.tail), asio::buffer(p.rx_header)};
+    asio::async_read(*p.socket, into, [this, &p](const boost::system::error_code& ec, std::size_t) { on_header(p, ec); });
   }
 
   void on_header(Peer& p, const boost::system::error_code& ec) {
@@ -996,20 +1039,23 @@ class Transport {
 
   // ---- steady state: writing ----------------------------------------------------------------
 
-  // Gives `f` its place in p's stream, in the order frames are written. A bulk payload is padded
-  // so that its stream position is congruent to its address mod kMaxFramePad: the kernel copies
-  // socket data into pages laid out by stream position, and a copy whose source and destination
-  // are aligned alike runs up to 20x faster on some CPUs (docs/performance.md). Small frames are
-  // not worth the bytes.
+  // Gives `f` its place in p's stream, in the order frames are written. The kernel copies socket
+  // data into pages that it fills in stream order, and a copy whose source and destination are
+  // aligned alike mod 64 runs up to 20x faster on some CPUs (docs/performance.md). So a bulk
+  // payload is padded in front until its stream position is congruent to its address, and every
+  // frame gets a tail that ends it on a multiple of 64. The tail matters because the kernel's page
+  // belongs to the writing thread, not the socket, and starts again at offset 0 whenever the
+  // reader has freed it: both happen between frames, and with every frame ending aligned they
+  // leave page offset and stream position congruent. Small payloads are not worth a front pad.
   static void place_locked(Peer& p, OutFrame& f) {
-    if ((f.fields.type == FrameType::Data || f.fields.type == FrameType::PointToPoint) && f.size >= kPadMinBytes) {
+    FrameHeader h = f.fields;
+    if ((h.type == FrameType::Data || h.type == FrameType::PointToPoint) && f.size >= kPadMinBytes) {
       const auto address = reinterpret_cast<std::uintptr_t>(f.payload);
-      const auto pad = (address - (p.tx_pos + kFrameHeaderBytes)) % kMaxFramePad;
-      FrameHeader h = f.fields;
-      h.pad = static_cast<std::uint8_t>(pad);
-      f.set_header(h);
+      h.pad = static_cast<std::uint8_t>((address - (p.tx_pos + kFrameHeaderBytes)) % kMaxFramePad);
     }
-    p.tx_pos += f.head_len + f.size;
+    h.tail = static_cast<std::uint8_t>((kMaxFramePad - (p.tx_pos + kFrameHeaderBytes + h.pad + f.size) % kMaxFramePad) % kMaxFramePad);
+    if (h.pad != f.fields.pad || h.tail != f.fields.tail) f.set_header(h);
+    p.tx_pos += f.wire_bytes();
   }
 
   void enqueue_locked(Peer& p, OutFrame f) {
@@ -1050,14 +1096,14 @@ class Transport {
     p.direct_sending = true;
     const int fd = p.socket->native_handle();
     lk.unlock();
-    ::iovec iov[2];
-    iov[0].iov_base = f.head.data();
-    iov[0].iov_len = f.head_len;
-    iov[1].iov_base = const_cast<std::byte*>(f.payload);
-    iov[1].iov_len = f.size;
+    ::iovec iov[3];
+    std::size_t parts = 0;
+    iov[parts++] = ::iovec{f.head.data(), f.head_len};
+    if (f.size > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(f.payload), f.size};
+    if (f.fields.tail > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(kZeroTail.data()), f.fields.tail};
     ::msghdr msg{};
     msg.msg_iov = iov;
-    msg.msg_iovlen = f.size > 0 ? 2 : 1;
+    msg.msg_iovlen = parts;
     int flags = MSG_DONTWAIT;
 #if defined(MSG_NOSIGNAL)
     flags |= MSG_NOSIGNAL;
@@ -1079,7 +1125,7 @@ class Transport {
     }
     p.last_tx = Clock::now();
     f.sent = n > 0 ? static_cast<std::size_t>(n) : 0;
-    const bool whole = f.sent == f.head_len + f.size;
+    const bool whole = f.sent == f.wire_bytes();
     if (whole && f.transfer) {
       f.transfer->state = Transfer::State::Done;
       if (progress_waiters_ > 0) mu_.notify_all_locked();
@@ -1137,7 +1183,7 @@ class Transport {
     p.buffers.clear();
     std::size_t bytes = 0;
     while (!p.queue.empty() && p.batch.size() < kBatchFrames && (p.batch.empty() || bytes < kBatchBytes)) {
-      bytes += p.queue.front().size + p.queue.front().head_len;
+      bytes += p.queue.front().wire_bytes();
       p.batch.push_back(std::move(p.queue.front()));
       p.queue.pop_front();
     }
@@ -1149,6 +1195,8 @@ class Transport {
       if (f.sent < f.head_len) p.buffers.push_back(asio::buffer(f.head.data() + f.sent, f.head_len - f.sent));
       const std::size_t skip = f.sent > f.head_len ? f.sent - f.head_len : 0;
       if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
+      const std::size_t tail_skip = f.sent > f.head_len + f.size ? f.sent - f.head_len - f.size : 0;
+      if (f.fields.tail > tail_skip) p.buffers.push_back(asio::buffer(kZeroTail.data() + tail_skip, f.fields.tail - tail_skip));
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers, TransferAllUncapped{},
