@@ -493,3 +493,13 @@ TEST_CASE("CommunicationOptions::cluster_token: a wrong or missing token fails c
     }
   }
 }
+
+#if defined(__linux__)
+TEST_CASE("CommunicationOptions::loopback_congestion_control reaches the communicator") {
+  // Worker 0's listening socket refuses the name at once, before any peer is awaited.
+  const auto addresses = loopback_addresses(2);
+  CHECK_THROWS_WITH_AS(ds::MultiWorkerMirroredStrategy<>({.loopback_congestion_control = "no-such-cc"}, resolver_for(addresses, 0)),
+                       doctest::Contains("loopback_congestion_control 'no-such-cc' is refused by the kernel"),
+                       ds::InvalidArgument);
+}
+#endif

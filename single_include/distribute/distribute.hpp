@@ -3731,6 +3731,10 @@ struct CommunicationOptions {
   /// net::CommunicatorOptions::cluster_token). Unset: DISTRIBUTE_CLUSTER_TOKEN, if non-empty;
   /// "" switches authentication off.
   std::optional<std::string> cluster_token = std::nullopt;
+  /// TCP congestion control of the connections between workers on one host (see
+  /// net::CommunicatorOptions::loopback_congestion_control). Unset: "reno"; "" keeps the
+  /// system's default.
+  std::optional<std::string> loopback_congestion_control = std::nullopt;
 };
 
 namespace detail {
@@ -37917,6 +37921,7 @@ struct MultiWorkerSetup {
     if (addresses.size() <= 1) return setup;
     net::CommunicatorOptions comm_options;
     comm_options.cluster_token = options.cluster_token;  // unset: net/ reads DISTRIBUTE_CLUSTER_TOKEN
+    if (options.loopback_congestion_control) comm_options.loopback_congestion_control = *options.loopback_congestion_control;
     if (options.timeout_seconds) {
       comm_options.operation_timeout =
           std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));

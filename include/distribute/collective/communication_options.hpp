@@ -33,6 +33,10 @@ struct CommunicationOptions {
   /// net::CommunicatorOptions::cluster_token). Unset: DISTRIBUTE_CLUSTER_TOKEN, if non-empty;
   /// "" switches authentication off.
   std::optional<std::string> cluster_token = std::nullopt;
+  /// TCP congestion control of the connections between workers on one host (see
+  /// net::CommunicatorOptions::loopback_congestion_control). Unset: "reno"; "" keeps the
+  /// system's default.
+  std::optional<std::string> loopback_congestion_control = std::nullopt;
 };
 
 namespace detail {

@@ -109,6 +109,7 @@ struct MultiWorkerSetup {
     if (addresses.size() <= 1) return setup;
     net::CommunicatorOptions comm_options;
     comm_options.cluster_token = options.cluster_token;  // unset: net/ reads DISTRIBUTE_CLUSTER_TOKEN
+    if (options.loopback_congestion_control) comm_options.loopback_congestion_control = *options.loopback_congestion_control;
     if (options.timeout_seconds) {
       comm_options.operation_timeout =
           std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
