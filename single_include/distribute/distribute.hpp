@@ -23932,7 +23932,7 @@ class Transport {
     if (i == endpoints.size()) return retry_connect(j, std::move(last_error));
     auto h = std::make_shared<Handshake>(io_);
     h->peer = j;
-    const tcp::endpoint& to = endpoints[i];
+    const tcp::endpoint to = endpoints[i];  // a copy: the vector moves into the handler below
     boost::system::error_code ec;
     h->socket.open(to.protocol(), ec);
     if (ec) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec));
@@ -27367,7 +27367,7 @@ class Transport {
     if (i == endpoints.size()) return retry_connect(j, std::move(last_error));
     auto h = std::make_shared<Handshake>(io_);
     h->peer = j;
-    const tcp::endpoint& to = endpoints[i];
+    const tcp::endpoint to = endpoints[i];  // a copy: the vector moves into the handler below
     boost::system::error_code ec;
     h->socket.open(to.protocol(), ec);
     if (ec) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec));
@@ -32921,7 +32921,7 @@ class Transport {
     if (i == endpoints.size()) return retry_connect(j, std::move(last_error));
     auto h = std::make_shared<Handshake>(io_);
     h->peer = j;
-    const tcp::endpoint& to = endpoints[i];
+    const tcp::endpoint to = endpoints[i];  // a copy: the vector moves into the handler below
     boost::system::error_code ec;
     h->socket.open(to.protocol(), ec);
     if (ec) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec));
@@ -36356,7 +36356,7 @@ class Transport {
     if (i == endpoints.size()) return retry_connect(j, std::move(last_error));
     auto h = std::make_shared<Handshake>(io_);
     h->peer = j;
-    const tcp::endpoint& to = endpoints[i];
+    const tcp::endpoint to = endpoints[i];  // a copy: the vector moves into the handler below
     boost::system::error_code ec;
     h->socket.open(to.protocol(), ec);
     if (ec) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec));
