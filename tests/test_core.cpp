@@ -165,11 +165,16 @@ TEST_CASE("Sharded concatenates its shards along axis 0") {
                        "Sharded: shard 1 has shape (1, 3) which does not stack with shard 0's (2, 2)", ds::InvalidArgument);
 }
 
-// The host reduction kernels run in blocks of 16 elements plus a scalar tail; every length around
-// those boundaries must give each element its own definition's value.
+// The host reduction kernels run in blocks of 16 elements plus a scalar tail, or, on x86-64 CPUs
+// with AVX2 and from 64 elements, in blocks of 32 plus a tail; every length around those
+// boundaries must give each element its own definition's value.
 TEST_CASE_TEMPLATE("reduction kernels: every element, across block and tail boundaries", T, float, double, std::int32_t,
-                   std::int64_t) {
-  for (std::size_t n : {0, 1, 15, 16, 17, 31, 32, 33, 100, 1000}) {
+                   std::int64_t, std::int8_t, std::int16_t) {
+#if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
+  const std::string kernels = ds::detail::cpu_has_avx2() ? "used from 64 elements" : "not available on this CPU";
+  MESSAGE("AVX2 kernels: ", kernels);
+#endif
+  for (std::size_t n : {0, 1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 95, 96, 97, 100, 1000, 1023}) {
     CAPTURE(n);
     std::vector<T> base(n), src(n);
     for (std::size_t i = 0; i < n; ++i) {

@@ -1205,8 +1205,39 @@ inline void for_each_blocked(std::size_t n, Body body) noexcept {
 
 /// acc[i] = f(acc[i], src[i]) for every i, vectorisable at -O2 (for_each_blocked).
 template <class T, class F>
-inline void apply_pairwise(T* __restrict acc, const T* __restrict src, std::size_t n, F f) noexcept {
+inline void apply_pairwise_portable(T* __restrict acc, const T* __restrict src, std::size_t n, F f) noexcept {
   for_each_blocked(n, [=](std::size_t i) { acc[i] = f(acc[i], src[i]); });
+}
+
+// On x86-64 the same loop is also compiled for AVX2 and picked at run time where the CPU has it:
+// a build without -march gets SSE2 only, and the reductions of a network all-reduce sit on its
+// critical path (twice as fast here; docs/performance.md, multi-worker section).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
+#define DISTRIBUTE_X86_AVX2_DISPATCH 1
+template <class T, class F>
+__attribute__((target("avx2"))) void apply_pairwise_avx2(T* __restrict acc, const T* __restrict src, std::size_t n,
+                                                         F f) noexcept {
+  constexpr std::size_t kBlock = 32;  // a block is whole ymm registers for every element type
+  std::size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    for (std::size_t j = 0; j < kBlock; ++j) acc[i + j] = f(acc[i + j], src[i + j]);
+  }
+  for (; i < n; ++i) acc[i] = f(acc[i], src[i]);
+}
+
+inline bool cpu_has_avx2() noexcept {
+  static const bool has = __builtin_cpu_supports("avx2") != 0;
+  return has;
+}
+#endif
+
+/// acc[i] = f(acc[i], src[i]) for every i, with the widest vectors the CPU has (see above).
+template <class T, class F>
+inline void apply_pairwise(T* __restrict acc, const T* __restrict src, std::size_t n, F f) noexcept {
+#if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
+  if (n >= 64 && cpu_has_avx2()) return apply_pairwise_avx2(acc, src, n, f);
+#endif
+  apply_pairwise_portable(acc, src, n, f);
 }
 
 /// acc[i] = acc[i] (op) src[i]; Mean accumulates as Sum (the division comes once, at the end).
