@@ -23449,8 +23449,9 @@ struct CommunicatorOptions {
   /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
-  /// sending, receiving and reducing overlap.
-  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// sending, receiving and reducing overlap. (256 KiB was the default until fewer, larger frames
+  /// measured faster: docs/performance.md, multi-worker section.)
+  std::size_t chunk_bytes = std::size_t{512} << 10;
   /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
   ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
   ///    all n; one hop, latency wins over bandwidth for small buffers);
@@ -26884,8 +26885,9 @@ struct CommunicatorOptions {
   /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
-  /// sending, receiving and reducing overlap.
-  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// sending, receiving and reducing overlap. (256 KiB was the default until fewer, larger frames
+  /// measured faster: docs/performance.md, multi-worker section.)
+  std::size_t chunk_bytes = std::size_t{512} << 10;
   /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
   ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
   ///    all n; one hop, latency wins over bandwidth for small buffers);
@@ -28728,8 +28730,9 @@ struct CommunicatorOptions {
   /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
-  /// sending, receiving and reducing overlap.
-  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// sending, receiving and reducing overlap. (256 KiB was the default until fewer, larger frames
+  /// measured faster: docs/performance.md, multi-worker section.)
+  std::size_t chunk_bytes = std::size_t{512} << 10;
   /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
   ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
   ///    all n; one hop, latency wins over bandwidth for small buffers);
@@ -32438,8 +32441,9 @@ struct CommunicatorOptions {
   /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
-  /// sending, receiving and reducing overlap.
-  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// sending, receiving and reducing overlap. (256 KiB was the default until fewer, larger frames
+  /// measured faster: docs/performance.md, multi-worker section.)
+  std::size_t chunk_bytes = std::size_t{512} << 10;
   /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
   ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
   ///    all n; one hop, latency wins over bandwidth for small buffers);
@@ -35873,8 +35877,9 @@ struct CommunicatorOptions {
   /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
-  /// sending, receiving and reducing overlap.
-  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// sending, receiving and reducing overlap. (256 KiB was the default until fewer, larger frames
+  /// measured faster: docs/performance.md, multi-worker section.)
+  std::size_t chunk_bytes = std::size_t{512} << 10;
   /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
   ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
   ///    all n; one hop, latency wins over bandwidth for small buffers);
@@ -37717,8 +37722,9 @@ struct CommunicatorOptions {
   /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
-  /// sending, receiving and reducing overlap.
-  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// sending, receiving and reducing overlap. (256 KiB was the default until fewer, larger frames
+  /// measured faster: docs/performance.md, multi-worker section.)
+  std::size_t chunk_bytes = std::size_t{512} << 10;
   /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
   ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
   ///    all n; one hop, latency wins over bandwidth for small buffers);
