@@ -1193,9 +1193,8 @@ namespace detail {
 /// vectorises at -O2 only loops that need no scalar remainder: a plain loop over n stayed scalar
 /// there (4x slower on the reductions of a network all-reduce, which are on its critical path);
 /// blocks of a known size are vectorised at -O2 as at -O3.
-template <class Body>
+template <std::size_t kBlock = 16, class Body>
 inline void for_each_blocked(std::size_t n, Body body) noexcept {
-  constexpr std::size_t kBlock = 16;
   std::size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
     for (std::size_t j = 0; j < kBlock; ++j) body(i + j);
@@ -1214,15 +1213,12 @@ inline void apply_pairwise_portable(T* __restrict acc, const T* __restrict src, 
 // critical path (twice as fast here; docs/performance.md, multi-worker section).
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
 #define DISTRIBUTE_X86_AVX2_DISPATCH 1
+// Blocks of 32: whole ymm registers for every element type. The loop is inlined here, so it is
+// compiled for AVX2 too.
 template <class T, class F>
 __attribute__((target("avx2"))) void apply_pairwise_avx2(T* __restrict acc, const T* __restrict src, std::size_t n,
                                                          F f) noexcept {
-  constexpr std::size_t kBlock = 32;  // a block is whole ymm registers for every element type
-  std::size_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    for (std::size_t j = 0; j < kBlock; ++j) acc[i + j] = f(acc[i + j], src[i + j]);
-  }
-  for (; i < n; ++i) acc[i] = f(acc[i], src[i]);
+  for_each_blocked<32>(n, [=](std::size_t i) { acc[i] = f(acc[i], src[i]); });
 }
 
 inline bool cpu_has_avx2() noexcept {
@@ -23579,9 +23575,14 @@ struct OutFrame {
     std::copy(bytes.begin(), bytes.end(), head.begin());
     head_len = kFrameHeaderBytes + h.pad;
   }
-  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   const std::byte* payload = nullptr;
   std::size_t size = 0;
+  /// What goes on the wire, in order: header and front padding, payload, tail.
+  std::array<std::span<const std::byte>, 3> wire_parts() const noexcept {
+    return {std::span<const std::byte>(head.data(), head_len), std::span<const std::byte>(payload, size),
+            std::span<const std::byte>(kZeroTail.data(), fields.tail)};
+  }
+  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   std::vector<std::byte> owned;  // control payloads travel with their frame
   TransferPtr transfer;          // null for control frames
   bool half_close_after = false;  // goodbye: shut our sending side once it is written
@@ -23764,11 +23765,12 @@ class Transport {
   }
 
   /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
-  std::string congestion_control(int r) const {
+  std::string congestion_control(int r) {
     std::lock_guard lk(mu_);
-    const Peer& p = peer_at(r);
+    (void)peer_at(r);  // throws for a rank out of range
+    Peer& p = peer(r);
     if (r == rank_ || !p.socket || !p.socket->is_open()) return {};
-    return congestion_control_of(const_cast<tcp::socket&>(*p.socket).native_handle());
+    return congestion_control_of(p.socket->native_handle());
   }
 
  private:
@@ -24528,9 +24530,9 @@ class Transport {
     lk.unlock();
     ::iovec iov[3];
     std::size_t parts = 0;
-    iov[parts++] = ::iovec{f.head.data(), f.head_len};
-    if (f.size > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(f.payload), f.size};
-    if (f.fields.tail > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(kZeroTail.data()), f.fields.tail};
+    for (const auto part : f.wire_parts()) {
+      if (!part.empty()) iov[parts++] = ::iovec{const_cast<std::byte*>(part.data()), part.size()};
+    }
     ::msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = parts;
@@ -24622,11 +24624,12 @@ class Transport {
       // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
       if (!f.owned.empty()) f.payload = f.owned.data();
       // A direct send may have written the start of the first frame.
-      if (f.sent < f.head_len) p.buffers.push_back(asio::buffer(f.head.data() + f.sent, f.head_len - f.sent));
-      const std::size_t skip = f.sent > f.head_len ? f.sent - f.head_len : 0;
-      if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
-      const std::size_t tail_skip = f.sent > f.head_len + f.size ? f.sent - f.head_len - f.size : 0;
-      if (f.fields.tail > tail_skip) p.buffers.push_back(asio::buffer(kZeroTail.data() + tail_skip, f.fields.tail - tail_skip));
+      std::size_t written = f.sent;
+      for (const auto part : f.wire_parts()) {
+        const std::size_t skip = std::min(written, part.size());
+        written -= skip;
+        if (part.size() > skip) p.buffers.push_back(asio::buffer(part.data() + skip, part.size() - skip));
+      }
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers, TransferAllUncapped{},
@@ -27015,9 +27018,14 @@ struct OutFrame {
     std::copy(bytes.begin(), bytes.end(), head.begin());
     head_len = kFrameHeaderBytes + h.pad;
   }
-  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   const std::byte* payload = nullptr;
   std::size_t size = 0;
+  /// What goes on the wire, in order: header and front padding, payload, tail.
+  std::array<std::span<const std::byte>, 3> wire_parts() const noexcept {
+    return {std::span<const std::byte>(head.data(), head_len), std::span<const std::byte>(payload, size),
+            std::span<const std::byte>(kZeroTail.data(), fields.tail)};
+  }
+  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   std::vector<std::byte> owned;  // control payloads travel with their frame
   TransferPtr transfer;          // null for control frames
   bool half_close_after = false;  // goodbye: shut our sending side once it is written
@@ -27200,11 +27208,12 @@ class Transport {
   }
 
   /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
-  std::string congestion_control(int r) const {
+  std::string congestion_control(int r) {
     std::lock_guard lk(mu_);
-    const Peer& p = peer_at(r);
+    (void)peer_at(r);  // throws for a rank out of range
+    Peer& p = peer(r);
     if (r == rank_ || !p.socket || !p.socket->is_open()) return {};
-    return congestion_control_of(const_cast<tcp::socket&>(*p.socket).native_handle());
+    return congestion_control_of(p.socket->native_handle());
   }
 
  private:
@@ -27964,9 +27973,9 @@ class Transport {
     lk.unlock();
     ::iovec iov[3];
     std::size_t parts = 0;
-    iov[parts++] = ::iovec{f.head.data(), f.head_len};
-    if (f.size > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(f.payload), f.size};
-    if (f.fields.tail > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(kZeroTail.data()), f.fields.tail};
+    for (const auto part : f.wire_parts()) {
+      if (!part.empty()) iov[parts++] = ::iovec{const_cast<std::byte*>(part.data()), part.size()};
+    }
     ::msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = parts;
@@ -28058,11 +28067,12 @@ class Transport {
       // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
       if (!f.owned.empty()) f.payload = f.owned.data();
       // A direct send may have written the start of the first frame.
-      if (f.sent < f.head_len) p.buffers.push_back(asio::buffer(f.head.data() + f.sent, f.head_len - f.sent));
-      const std::size_t skip = f.sent > f.head_len ? f.sent - f.head_len : 0;
-      if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
-      const std::size_t tail_skip = f.sent > f.head_len + f.size ? f.sent - f.head_len - f.size : 0;
-      if (f.fields.tail > tail_skip) p.buffers.push_back(asio::buffer(kZeroTail.data() + tail_skip, f.fields.tail - tail_skip));
+      std::size_t written = f.sent;
+      for (const auto part : f.wire_parts()) {
+        const std::size_t skip = std::min(written, part.size());
+        written -= skip;
+        if (part.size() > skip) p.buffers.push_back(asio::buffer(part.data() + skip, part.size() - skip));
+      }
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers, TransferAllUncapped{},
@@ -32571,9 +32581,14 @@ struct OutFrame {
     std::copy(bytes.begin(), bytes.end(), head.begin());
     head_len = kFrameHeaderBytes + h.pad;
   }
-  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   const std::byte* payload = nullptr;
   std::size_t size = 0;
+  /// What goes on the wire, in order: header and front padding, payload, tail.
+  std::array<std::span<const std::byte>, 3> wire_parts() const noexcept {
+    return {std::span<const std::byte>(head.data(), head_len), std::span<const std::byte>(payload, size),
+            std::span<const std::byte>(kZeroTail.data(), fields.tail)};
+  }
+  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   std::vector<std::byte> owned;  // control payloads travel with their frame
   TransferPtr transfer;          // null for control frames
   bool half_close_after = false;  // goodbye: shut our sending side once it is written
@@ -32756,11 +32771,12 @@ class Transport {
   }
 
   /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
-  std::string congestion_control(int r) const {
+  std::string congestion_control(int r) {
     std::lock_guard lk(mu_);
-    const Peer& p = peer_at(r);
+    (void)peer_at(r);  // throws for a rank out of range
+    Peer& p = peer(r);
     if (r == rank_ || !p.socket || !p.socket->is_open()) return {};
-    return congestion_control_of(const_cast<tcp::socket&>(*p.socket).native_handle());
+    return congestion_control_of(p.socket->native_handle());
   }
 
  private:
@@ -33520,9 +33536,9 @@ class Transport {
     lk.unlock();
     ::iovec iov[3];
     std::size_t parts = 0;
-    iov[parts++] = ::iovec{f.head.data(), f.head_len};
-    if (f.size > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(f.payload), f.size};
-    if (f.fields.tail > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(kZeroTail.data()), f.fields.tail};
+    for (const auto part : f.wire_parts()) {
+      if (!part.empty()) iov[parts++] = ::iovec{const_cast<std::byte*>(part.data()), part.size()};
+    }
     ::msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = parts;
@@ -33614,11 +33630,12 @@ class Transport {
       // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
       if (!f.owned.empty()) f.payload = f.owned.data();
       // A direct send may have written the start of the first frame.
-      if (f.sent < f.head_len) p.buffers.push_back(asio::buffer(f.head.data() + f.sent, f.head_len - f.sent));
-      const std::size_t skip = f.sent > f.head_len ? f.sent - f.head_len : 0;
-      if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
-      const std::size_t tail_skip = f.sent > f.head_len + f.size ? f.sent - f.head_len - f.size : 0;
-      if (f.fields.tail > tail_skip) p.buffers.push_back(asio::buffer(kZeroTail.data() + tail_skip, f.fields.tail - tail_skip));
+      std::size_t written = f.sent;
+      for (const auto part : f.wire_parts()) {
+        const std::size_t skip = std::min(written, part.size());
+        written -= skip;
+        if (part.size() > skip) p.buffers.push_back(asio::buffer(part.data() + skip, part.size() - skip));
+      }
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers, TransferAllUncapped{},
@@ -36007,9 +36024,14 @@ struct OutFrame {
     std::copy(bytes.begin(), bytes.end(), head.begin());
     head_len = kFrameHeaderBytes + h.pad;
   }
-  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   const std::byte* payload = nullptr;
   std::size_t size = 0;
+  /// What goes on the wire, in order: header and front padding, payload, tail.
+  std::array<std::span<const std::byte>, 3> wire_parts() const noexcept {
+    return {std::span<const std::byte>(head.data(), head_len), std::span<const std::byte>(payload, size),
+            std::span<const std::byte>(kZeroTail.data(), fields.tail)};
+  }
+  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   std::vector<std::byte> owned;  // control payloads travel with their frame
   TransferPtr transfer;          // null for control frames
   bool half_close_after = false;  // goodbye: shut our sending side once it is written
@@ -36192,11 +36214,12 @@ class Transport {
   }
 
   /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
-  std::string congestion_control(int r) const {
+  std::string congestion_control(int r) {
     std::lock_guard lk(mu_);
-    const Peer& p = peer_at(r);
+    (void)peer_at(r);  // throws for a rank out of range
+    Peer& p = peer(r);
     if (r == rank_ || !p.socket || !p.socket->is_open()) return {};
-    return congestion_control_of(const_cast<tcp::socket&>(*p.socket).native_handle());
+    return congestion_control_of(p.socket->native_handle());
   }
 
  private:
@@ -36956,9 +36979,9 @@ class Transport {
     lk.unlock();
     ::iovec iov[3];
     std::size_t parts = 0;
-    iov[parts++] = ::iovec{f.head.data(), f.head_len};
-    if (f.size > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(f.payload), f.size};
-    if (f.fields.tail > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(kZeroTail.data()), f.fields.tail};
+    for (const auto part : f.wire_parts()) {
+      if (!part.empty()) iov[parts++] = ::iovec{const_cast<std::byte*>(part.data()), part.size()};
+    }
     ::msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = parts;
@@ -37050,11 +37073,12 @@ class Transport {
       // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
       if (!f.owned.empty()) f.payload = f.owned.data();
       // A direct send may have written the start of the first frame.
-      if (f.sent < f.head_len) p.buffers.push_back(asio::buffer(f.head.data() + f.sent, f.head_len - f.sent));
-      const std::size_t skip = f.sent > f.head_len ? f.sent - f.head_len : 0;
-      if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
-      const std::size_t tail_skip = f.sent > f.head_len + f.size ? f.sent - f.head_len - f.size : 0;
-      if (f.fields.tail > tail_skip) p.buffers.push_back(asio::buffer(kZeroTail.data() + tail_skip, f.fields.tail - tail_skip));
+      std::size_t written = f.sent;
+      for (const auto part : f.wire_parts()) {
+        const std::size_t skip = std::min(written, part.size());
+        written -= skip;
+        if (part.size() > skip) p.buffers.push_back(asio::buffer(part.data() + skip, part.size() - skip));
+      }
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers, TransferAllUncapped{},

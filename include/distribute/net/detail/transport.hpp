@@ -149,9 +149,14 @@ struct OutFrame {
     std::copy(bytes.begin(), bytes.end(), head.begin());
     head_len = kFrameHeaderBytes + h.pad;
   }
-  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   const std::byte* payload = nullptr;
   std::size_t size = 0;
+  /// What goes on the wire, in order: header and front padding, payload, tail.
+  std::array<std::span<const std::byte>, 3> wire_parts() const noexcept {
+    return {std::span<const std::byte>(head.data(), head_len), std::span<const std::byte>(payload, size),
+            std::span<const std::byte>(kZeroTail.data(), fields.tail)};
+  }
+  std::size_t wire_bytes() const noexcept { return head_len + size + fields.tail; }
   std::vector<std::byte> owned;  // control payloads travel with their frame
   TransferPtr transfer;          // null for control frames
   bool half_close_after = false;  // goodbye: shut our sending side once it is written
@@ -334,11 +339,12 @@ class Transport {
   }
 
   /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
-  std::string congestion_control(int r) const {
+  std::string congestion_control(int r) {
     std::lock_guard lk(mu_);
-    const Peer& p = peer_at(r);
+    (void)peer_at(r);  // throws for a rank out of range
+    Peer& p = peer(r);
     if (r == rank_ || !p.socket || !p.socket->is_open()) return {};
-    return congestion_control_of(const_cast<tcp::socket&>(*p.socket).native_handle());
+    return congestion_control_of(p.socket->native_handle());
   }
 
  private:
@@ -1098,9 +1104,9 @@ class Transport {
     lk.unlock();
     ::iovec iov[3];
     std::size_t parts = 0;
-    iov[parts++] = ::iovec{f.head.data(), f.head_len};
-    if (f.size > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(f.payload), f.size};
-    if (f.fields.tail > 0) iov[parts++] = ::iovec{const_cast<std::byte*>(kZeroTail.data()), f.fields.tail};
+    for (const auto part : f.wire_parts()) {
+      if (!part.empty()) iov[parts++] = ::iovec{const_cast<std::byte*>(part.data()), part.size()};
+    }
     ::msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = parts;
@@ -1192,11 +1198,12 @@ class Transport {
       // Owned payloads moved with their frame; re-point at their (unchanged) heap buffer.
       if (!f.owned.empty()) f.payload = f.owned.data();
       // A direct send may have written the start of the first frame.
-      if (f.sent < f.head_len) p.buffers.push_back(asio::buffer(f.head.data() + f.sent, f.head_len - f.sent));
-      const std::size_t skip = f.sent > f.head_len ? f.sent - f.head_len : 0;
-      if (f.size > skip) p.buffers.push_back(asio::buffer(f.payload + skip, f.size - skip));
-      const std::size_t tail_skip = f.sent > f.head_len + f.size ? f.sent - f.head_len - f.size : 0;
-      if (f.fields.tail > tail_skip) p.buffers.push_back(asio::buffer(kZeroTail.data() + tail_skip, f.fields.tail - tail_skip));
+      std::size_t written = f.sent;
+      for (const auto part : f.wire_parts()) {
+        const std::size_t skip = std::min(written, part.size());
+        written -= skip;
+        if (part.size() > skip) p.buffers.push_back(asio::buffer(part.data() + skip, part.size() - skip));
+      }
     }
     p.last_tx = Clock::now();
     asio::async_write(*p.socket, p.buffers, TransferAllUncapped{},
