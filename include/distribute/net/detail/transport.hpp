@@ -546,7 +546,8 @@ class Transport {
     if (ec) return connect_to(j, std::move(endpoints), i + 1, describe_error(ec));
     if (is_loopback(to.address())) {
       const std::string refused = set_congestion_control(h->socket.native_handle(), options_.loopback_congestion_control);
-      if (!refused.empty()) {
+      if (!refused.empty() && !congestion_refusal_logged_) {
+        congestion_refusal_logged_ = true;  // once, not once per connection attempt
         log(fmt::format("{}: connecting to {} with the system's congestion control: '{}' is refused by the kernel: {}", me(),
                         peer(j).name, options_.loopback_congestion_control, refused));
       }
@@ -1419,6 +1420,7 @@ class Transport {
   std::optional<Failure> setup_failure_;
   std::uint64_t next_seq_ = 0;
   BlobPool blobs_;
+  bool congestion_refusal_logged_ = false;  // io thread only
   // Threads blocked in Op::block that want waking whenever a transfer completes; one in
   // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
   int progress_waiters_ = 0;
