@@ -20,9 +20,8 @@ namespace detail {
 /// vectorises at -O2 only loops that need no scalar remainder: a plain loop over n stayed scalar
 /// there (4x slower on the reductions of a network all-reduce, which are on its critical path);
 /// blocks of a known size are vectorised at -O2 as at -O3.
-template <class Body>
+template <std::size_t kBlock = 16, class Body>
 inline void for_each_blocked(std::size_t n, Body body) noexcept {
-  constexpr std::size_t kBlock = 16;
   std::size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
     for (std::size_t j = 0; j < kBlock; ++j) body(i + j);
@@ -41,15 +40,12 @@ inline void apply_pairwise_portable(T* __restrict acc, const T* __restrict src, 
 // critical path (twice as fast here; docs/performance.md, multi-worker section).
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
 #define DISTRIBUTE_X86_AVX2_DISPATCH 1
+// Blocks of 32: whole ymm registers for every element type. The loop is inlined here, so it is
+// compiled for AVX2 too.
 template <class T, class F>
 __attribute__((target("avx2"))) void apply_pairwise_avx2(T* __restrict acc, const T* __restrict src, std::size_t n,
                                                          F f) noexcept {
-  constexpr std::size_t kBlock = 32;  // a block is whole ymm registers for every element type
-  std::size_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    for (std::size_t j = 0; j < kBlock; ++j) acc[i + j] = f(acc[i + j], src[i + j]);
-  }
-  for (; i < n; ++i) acc[i] = f(acc[i], src[i]);
+  for_each_blocked<32>(n, [=](std::size_t i) { acc[i] = f(acc[i], src[i]); });
 }
 
 inline bool cpu_has_avx2() noexcept {
