@@ -781,7 +781,7 @@ std::map<std::string, std::vector<int>> task_affinities(const std::string& out) 
   return m;
 }
 
-TEST_CASE("--bind-to core gives each task its own equal share of the CPUs; none and too many tasks bind nothing") {
+TEST_CASE("--bind-to core gives each task its own equal share of the CPUs, or each CPU an equal share of the tasks; none binds nothing") {
   const std::vector<int> all = allowed_cpus();
   REQUIRE_FALSE(all.empty());
 
@@ -818,7 +818,11 @@ TEST_CASE("--bind-to core gives each task its own equal share of the CPUs; none 
     CHECK_FALSE(contains(r.err, "binding"));
   }
 
-  SUBCASE("more tasks than CPUs: nothing is bound, and an explicit --bind-to core says so") {
+  SUBCASE("more tasks than CPUs, not a multiple of them: nothing is bound, and an explicit --bind-to core says so") {
+    if (all.size() < 2) {
+      MESSAGE("this process may run on one CPU only: every task count is a multiple of it");
+      return;
+    }
     const std::string n = std::to_string(all.size() + 1);
     const Result r = run({"--bind-to", "core", "-n", n, "--", child(), "affinity", "exit", "0"});
     INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
@@ -826,7 +830,26 @@ TEST_CASE("--bind-to core gives each task its own equal share of the CPUs; none 
     const auto got = task_affinities(r.out);
     CHECK(got.size() == all.size() + 1);
     for (const auto& [task, cpus] : got) CHECK(cpus == all);
-    CHECK(contains(r.err, fmt::format("{} tasks and {} CPUs: not binding", all.size() + 1, all.size())));
+    CHECK(contains(r.err, fmt::format("{} tasks and {} CPUs: not binding (with more tasks than CPUs, --bind-to core "
+                                      "needs the same number of tasks on every CPU)",
+                                      all.size() + 1, all.size())));
+  }
+
+  SUBCASE("twice as many tasks as CPUs: each CPU runs its own block of two tasks, in order") {
+    if (all.size() > 16) {
+      MESSAGE("more than 16 CPUs: not starting twice as many tasks");
+      return;
+    }
+    const std::size_t n = 2 * all.size();
+    const Result r = run({"--bind-to", "core", "-n", std::to_string(n), "--", child(), "affinity", "exit", "0"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE(r.code == 0);
+    const auto got = task_affinities(r.out);
+    REQUIRE(got.size() == n);
+    for (std::size_t i = 0; i < n; ++i) {
+      CHECK(got.at(fmt::format("worker:{}", i)) == std::vector<int>{all[i / 2]});
+    }
+    CHECK(contains(r.err, fmt::format("binding tasks to CPUs: worker:0 on {}, worker:1 on {}, worker:2 on ", all[0], all[0])));
   }
 
   SUBCASE("an unknown --bind-to value is a usage error that names it") {

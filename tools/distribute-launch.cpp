@@ -38,7 +38,10 @@
 //    launcher may run on, each task is bound to its own contiguous block of those CPUs (an equal
 //    share), as mpirun binds ranks to cores. Each rank's threads then share caches and do not
 //    preempt another rank's network thread; at 2 workers on 2 cores a 1 MiB all-reduce took 0.56 ms
-//    bound against 0.73 ms unbound (docs/performance.md). With more tasks than CPUs nothing is bound.
+//    bound against 0.73 ms unbound (docs/performance.md). With more tasks than CPUs, when the CPUs
+//    divide them evenly, each CPU runs its own contiguous block of tasks (4 tasks on 2 CPUs: a
+//    1 MiB all-reduce 1.11-1.32 ms bound against 1.37-1.56 unbound, docs/performance.md); when they do not, nothing is
+//    bound, since a CPU with one task more than another would hold back every synchronous step.
 //  * Output: lines are forwarded whole (one write each, so tasks never interleave mid-line); a
 //    last line without a newline is flushed with one when the stream closes. Tasks write to
 //    pipes, so their stdio is block-buffered unless they flush or set line buffering.
@@ -108,9 +111,9 @@ cluster (on free loopback ports) and its own task type and index.
                       again, at most N times per task; each start sets DISTRIBUTE_LAUNCH_RESTART
                       to the number of restarts so far (0 at first)
   --restart-delay S   seconds before such a restart (default 1)
-  --bind-to core|none core (default): when there are no more tasks than CPUs available to the
-                      launcher, bind each task to its own equal block of them (Linux); none: no
-                      binding
+  --bind-to core|none core (default): bind each task to its own equal block of the CPUs
+                      available to the launcher, or with k times more tasks than CPUs, k
+                      tasks to each CPU (Linux); otherwise, and with none: no binding
   -h, --help          show this help
 
 Each task also gets DISTRIBUTE_LAUNCH_TASK=TYPE:INDEX and DISTRIBUTE_LAUNCH_RESTART=K. Its stdout and stderr lines are forwarded
@@ -562,7 +565,8 @@ class Launcher {
   }
 
   // --bind-to core: task i gets the i-th of tasks_.size() equal, contiguous blocks of the CPUs this
-  // process may run on (the first ones one CPU larger when they do not divide evenly).
+  // process may run on (the first ones one CPU larger when they do not divide evenly); with k
+  // times more tasks than CPUs, CPU j runs tasks jk .. jk+k-1.
   void assign_cpus() {
     if (!opt_.bind_to_core) return;
 #ifdef __linux__
@@ -575,20 +579,23 @@ class Launcher {
       }
     }
     const std::size_t n = tasks_.size();
-    if (cpus.size() < n) {
+    if (cpus.empty() || (n > cpus.size() && n % cpus.size() != 0)) {
       if (opt_.bind_to_given) {
-        note("{} tasks and {} CPUs: not binding (--bind-to core needs a CPU per task)", n, cpus.size());
+        note("{} tasks and {} CPUs: not binding (with more tasks than CPUs, --bind-to core needs the same number of "
+             "tasks on every CPU)",
+             n, cpus.size());
       }
       return;
     }
-    const std::size_t share = cpus.size() / n, extra = cpus.size() % n;
+    const std::size_t per_cpu = n > cpus.size() ? n / cpus.size() : 1;
+    const std::size_t share = n > cpus.size() ? 1 : cpus.size() / n, extra = n > cpus.size() ? 0 : cpus.size() % n;
     std::size_t next = 0;
     std::string report;
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t count = share + (i < extra ? 1 : 0);
       tasks_[i].cpus.assign(cpus.begin() + static_cast<std::ptrdiff_t>(next),
                             cpus.begin() + static_cast<std::ptrdiff_t>(next + count));
-      next += count;
+      if ((i + 1) % per_cpu == 0) next += count;
       report += fmt::format("{}{} on {}", i == 0 ? "" : ", ", tasks_[i].name, cpu_list(tasks_[i].cpus));
     }
     if (opt_.bind_to_given) note("binding tasks to CPUs: {}", report);  // like mpirun, quiet by default

@@ -40,14 +40,18 @@ CSV=$BUILD/results.csv
 
 # Ours is placed as `distribute-launch` places tasks by default (--bind-to core): with np no more
 # than the CPUs available, rank r is bound to the r-th of np equal contiguous blocks of them (as
-# mpirun binds ranks to cores at np <= 2); otherwise unbound. BIND_OURS=0 runs it unbound.
+# mpirun binds ranks to cores at np <= 2); with k times more ranks than CPUs, CPU j runs ranks
+# jk .. jk+k-1; otherwise unbound. BIND_OURS=0 runs it unbound.
 BIND_OURS=${BIND_OURS:-1}
 read -r -a CPUS <<< "$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
 ours_cpus() {  # rank np -> a taskset CPU list, or nothing
-  local r=$1 np=$2 cpus=("${CPUS[@]}")
+  local r=$1 np=$2 cpus=("${CPUS[@]}") nc=${#CPUS[@]}
   [ "$BIND_OURS" = 1 ] || return 0
-  (( np <= ${#cpus[@]} )) || return 0
-  local share=$(( ${#cpus[@]} / np )) extra=$(( ${#cpus[@]} % np ))
+  if (( np > nc )); then
+    (( np % nc == 0 )) && echo "${cpus[r / (np / nc)]}"
+    return 0
+  fi
+  local share=$(( nc / np )) extra=$(( nc % np ))
   local first=$(( r * share + (r < extra ? r : extra) )) count=$(( share + (r < extra ? 1 : 0) ))
   local IFS=,
   echo "${cpus[*]:first:count}"
