@@ -10,8 +10,8 @@
 # Ours is bound to CPUs as distribute-launch binds its tasks (see run_ours; BIND_OURS=0: unbound).
 # For each np, each pass runs: ours, gloo ring (gloo::allreduce), gloo halving-doubling,
 # OpenMPI over TCP loopback (ob1/tcp on lo: the like-for-like peer), OpenMPI shared memory
-# (vader: reference only). Each driver times every iteration after a barrier, takes the max over
-# ranks and prints the median (see common.hpp). With REPS>1 the lowest median over passes is kept,
+# (vader: reference only); one unrecorded warm-up of each comes first. Each driver times every
+# iteration after a barrier, takes the max over ranks and prints the median (see common.hpp). With REPS>1 the lowest median over passes is kept,
 # for every implementation alike. Prints one markdown table; raw CSV goes to $BUILD/results.csv.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -83,19 +83,32 @@ run_mpi_vader() {
 }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+run_impl() {  # impl np
+  case $1 in
+    ours) run_ours "$2" ;;
+    gloo_ring) run_gloo "$2" ring ;;
+    gloo_hd) run_gloo "$2" hd ;;
+    mpi_tcp) run_mpi_tcp "$2" ;;
+    mpi_vader) run_mpi_vader "$2" ;;
+    *) echo "unknown impl $1" >&2; exit 2 ;;
+  esac
+}
+
+# Warm-up, not recorded (WARMUP=0 skips it): every implementation once, 1 MiB only. Without it the
+# first implementation timed (ours) ran 10-45% slow at np=2 1 MiB in pass 1 of most runs, after the
+# build had finished and settled; the implementations after it did not.
+if [ "${WARMUP:-1}" = 1 ]; then
+  echo "warm-up, not recorded ($(date +%T))" >&2
+  saved_csv=$CSV saved_sizes=$MW_SIZES
+  CSV=/dev/null MW_SIZES=1048576
+  for impl in $IMPLS; do run_impl "$impl" "${NPS%% *}"; done
+  CSV=$saved_csv MW_SIZES=$saved_sizes
+fi
+
 for np in $NPS; do
   for ((pass = 1; pass <= REPS; pass++)); do
     echo "np=$np pass $pass/$REPS ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg))" >&2
-    for impl in $IMPLS; do
-      case $impl in
-        ours) run_ours $np ;;
-        gloo_ring) run_gloo $np ring ;;
-        gloo_hd) run_gloo $np hd ;;
-        mpi_tcp) run_mpi_tcp $np ;;
-        mpi_vader) run_mpi_vader $np ;;
-        *) echo "unknown impl $impl" >&2; exit 2 ;;
-      esac
-    done
+    for impl in $IMPLS; do run_impl "$impl" "$np"; done
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
