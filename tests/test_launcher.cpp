@@ -852,6 +852,25 @@ TEST_CASE("--bind-to core gives each task its own equal share of the CPUs, or ea
     CHECK(contains(r.err, fmt::format("binding tasks to CPUs: worker:0 on {}, worker:1 on {}, worker:2 on ", all[0], all[0])));
   }
 
+  SUBCASE("twice as many tasks as CPUs, one of them a ps task: nothing is bound, and it says why") {
+    if (all.size() > 16) {
+      MESSAGE("more than 16 CPUs: not starting twice as many tasks");
+      return;
+    }
+    // A chief, a ps task and 2 CPUs - 2 workers.
+    const std::size_t n = 2 * all.size();
+    const Result r = run({"--bind-to", "core", "--ps", "1", "--workers", std::to_string(n - 2), "--", child(),
+                          "affinity", "exit", "0"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    REQUIRE(r.code == 0);
+    const auto got = task_affinities(r.out);
+    CHECK(got.size() == n);
+    for (const auto& [task, cpus] : got) CHECK(cpus == all);
+    CHECK(contains(r.err, fmt::format("{} tasks and {} CPUs: not binding (with more tasks than CPUs, --bind-to core "
+                                      "needs the same number of tasks on every CPU, and no ps tasks)",
+                                      n, all.size())));
+  }
+
   SUBCASE("an unknown --bind-to value is a usage error that names it") {
     const Result r = run({"--bind-to", "socket", "-n", "2", "--", child(), "exit", "0"});
     CHECK(r.code == 2);

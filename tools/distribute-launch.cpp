@@ -39,9 +39,10 @@
 //    share), as mpirun binds ranks to cores. Each rank's threads then share caches and do not
 //    preempt another rank's network thread; at 2 workers on 2 cores a 1 MiB all-reduce took 0.56 ms
 //    bound against 0.73 ms unbound (docs/performance.md). With more tasks than CPUs, when the CPUs
-//    divide them evenly, each CPU runs its own contiguous block of tasks (4 tasks on 2 CPUs: a
-//    1 MiB all-reduce 1.11-1.32 ms bound against 1.37-1.56 unbound, docs/performance.md); when they do not, nothing is
-//    bound, since a CPU with one task more than another would hold back every synchronous step.
+//    divide them evenly and none is a ps task, each CPU runs its own contiguous block of tasks
+//    (4 tasks on 2 CPUs: a 1 MiB all-reduce 1.11-1.32 ms bound against 1.37-1.56 unbound,
+//    docs/performance.md); otherwise nothing is bound, since a CPU with one training task more
+//    than another would hold back every synchronous step.
 //  * Output: lines are forwarded whole (one write each, so tasks never interleave mid-line); a
 //    last line without a newline is flushed with one when the stream closes. Tasks write to
 //    pipes, so their stdio is block-buffered unless they flush or set line buffering.
@@ -112,8 +113,9 @@ cluster (on free loopback ports) and its own task type and index.
                       to the number of restarts so far (0 at first)
   --restart-delay S   seconds before such a restart (default 1)
   --bind-to core|none core (default): bind each task to its own equal block of the CPUs
-                      available to the launcher, or with k times more tasks than CPUs, k
-                      tasks to each CPU (Linux); otherwise, and with none: no binding
+                      available to the launcher, or with k times more tasks than CPUs and
+                      no ps tasks, k tasks to each CPU (Linux); otherwise, and with none: no
+                      binding
   -h, --help          show this help
 
 Each task also gets DISTRIBUTE_LAUNCH_TASK=TYPE:INDEX and DISTRIBUTE_LAUNCH_RESTART=K. Its stdout and stderr lines are forwarded
@@ -579,11 +581,13 @@ class Launcher {
       }
     }
     const std::size_t n = tasks_.size();
-    if (cpus.empty() || (n > cpus.size() && n % cpus.size() != 0)) {
+    // Sharing CPUs suits only tasks that do the same work: ps tasks serve, the others train.
+    const bool with_ps = std::any_of(tasks_.begin(), tasks_.end(), [](const Task& t) { return t.type == "ps"; });
+    if (cpus.empty() || (n > cpus.size() && (n % cpus.size() != 0 || with_ps))) {
       if (opt_.bind_to_given) {
         note("{} tasks and {} CPUs: not binding (with more tasks than CPUs, --bind-to core needs the same number of "
-             "tasks on every CPU)",
-             n, cpus.size());
+             "tasks on every CPU{})",
+             n, cpus.size(), with_ps ? ", and no ps tasks" : "");
       }
       return;
     }
