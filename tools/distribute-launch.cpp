@@ -40,7 +40,7 @@
 //    preempt another rank's network thread; at 2 workers on 2 cores a 1 MiB all-reduce took 0.56 ms
 //    bound against 0.73 ms unbound (docs/performance.md). With more tasks than CPUs, when the CPUs
 //    divide them evenly and none is a ps task, each CPU runs its own contiguous block of tasks
-//    (4 tasks on 2 CPUs: a 1 MiB all-reduce 1.11-1.32 ms bound against 1.37-1.56 unbound,
+//    (4 tasks on 2 CPUs: a 1 MiB all-reduce 1.12-1.32 ms bound against 1.37-1.56 unbound,
 //    docs/performance.md); otherwise nothing is bound, since a CPU with one training task more
 //    than another would hold back every synchronous step.
 //  * Output: lines are forwarded whole (one write each, so tasks never interleave mid-line); a
