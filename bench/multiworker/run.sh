@@ -11,8 +11,9 @@
 # For each np, each pass runs: ours, gloo ring (gloo::allreduce), gloo halving-doubling,
 # OpenMPI over TCP loopback (ob1/tcp on lo: the like-for-like peer), OpenMPI shared memory
 # (vader: reference only); one unrecorded warm-up of each comes first. Each driver times every
-# iteration after a barrier, takes the max over ranks and prints the median (see common.hpp). With REPS>1 the lowest median over passes is kept,
-# for every implementation alike. Prints one markdown table; raw CSV goes to $BUILD/results.csv.
+# iteration after a barrier, takes the max over ranks and prints the median (see common.hpp).
+# With REPS>1 the lowest median over passes is kept, for every implementation alike. Prints one
+# markdown table; raw CSV goes to $BUILD/results.csv (one row per implementation, np, size, pass).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SRC=$ROOT/bench/multiworker
