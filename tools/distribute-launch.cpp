@@ -591,15 +591,18 @@ class Launcher {
       }
       return;
     }
-    const std::size_t per_cpu = n > cpus.size() ? n / cpus.size() : 1;
-    const std::size_t share = n > cpus.size() ? 1 : cpus.size() / n, extra = n > cpus.size() ? 0 : cpus.size() % n;
+    const std::size_t share = cpus.size() / n, extra = cpus.size() % n;
     std::size_t next = 0;
     std::string report;
     for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t count = share + (i < extra ? 1 : 0);
-      tasks_[i].cpus.assign(cpus.begin() + static_cast<std::ptrdiff_t>(next),
-                            cpus.begin() + static_cast<std::ptrdiff_t>(next + count));
-      if ((i + 1) % per_cpu == 0) next += count;
+      if (n > cpus.size()) {
+        tasks_[i].cpus = {cpus[i / (n / cpus.size())]};
+      } else {
+        const std::size_t count = share + (i < extra ? 1 : 0);
+        tasks_[i].cpus.assign(cpus.begin() + static_cast<std::ptrdiff_t>(next),
+                              cpus.begin() + static_cast<std::ptrdiff_t>(next + count));
+        next += count;
+      }
       report += fmt::format("{}{} on {}", i == 0 ? "" : ", ", tasks_[i].name, cpu_list(tasks_[i].cpus));
     }
     if (opt_.bind_to_given) note("binding tasks to CPUs: {}", report);  // like mpirun, quiet by default

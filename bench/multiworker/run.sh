@@ -100,10 +100,8 @@ run_impl() {  # impl np
 # build had finished and settled; the implementations after it did not.
 if [ "${WARMUP:-1}" = 1 ]; then
   echo "warm-up, not recorded ($(date +%T))" >&2
-  saved_csv=$CSV saved_sizes=$MW_SIZES
-  CSV=/dev/null MW_SIZES=1048576
-  for impl in $IMPLS; do run_impl "$impl" "${NPS%% *}"; done
-  CSV=$saved_csv MW_SIZES=$saved_sizes
+  # Assignments before a function call last for that call only.
+  for impl in $IMPLS; do CSV=/dev/null MW_SIZES=1048576 run_impl "$impl" "${NPS%% *}"; done
 fi
 
 for np in $NPS; do
