@@ -304,6 +304,13 @@ void run_mismatch(ds::net::Communicator& comm, const std::string& variant) {
       } else {
         comm.all_reduce(std::span<float>(f), ds::ReduceOp::Sum);
       }
+    } else if (variant == "ring-kind") {
+      // The all-reducing ranks wait in the ring (Op::wait_until) when the disagreeing descriptor arrives.
+      if (odd) {
+        comm.broadcast(big.data(), big.size() * sizeof(float), 0);
+      } else {
+        comm.all_reduce(std::span<float>(big), ds::ReduceOp::Sum);
+      }
     } else if (variant == "root") {
       comm.broadcast(big.data(), big.size() * sizeof(float), odd ? 1 : 0);
     } else if (variant == "order") {

@@ -1290,7 +1290,7 @@ TEST_CASE("processes: every collective with exact results on 2, 3 and 4 ranks") 
 
 TEST_CASE("processes: mismatched collectives throw InvalidArgument on every rank") {
   Watchdog dog(120s, "processes: mismatch");
-  for (const char* variant : {"count", "ring-count", "op", "dtype", "kind", "root", "order"}) {
+  for (const char* variant : {"count", "ring-count", "op", "dtype", "kind", "ring-kind", "root", "order"}) {
     for (int n : {2, 3}) {
       CAPTURE(variant);
       CAPTURE(n);
