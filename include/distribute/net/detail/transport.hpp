@@ -196,6 +196,7 @@ struct Peer {
   bool rx_keep = false;
   std::byte* rx_dst = nullptr;
   std::size_t rx_done = 0;
+  std::size_t rx_pad_left = 0;  // front padding not read yet (read together with the payload)
   bool rx_low_water = false;  // SO_RCVLOWAT is raised for the payload being read
   // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
   std::atomic<Clock::rep> last_rx{0};
@@ -820,6 +821,9 @@ class Transport {
         return;
       case FrameType::Data:
       case FrameType::PointToPoint:
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+        return start_payload(p);  // read_payload reads the padding in the same call as the payload
+#else
         if (p.rx.pad == 0) return start_payload(p);
         asio::async_read(*p.socket, asio::buffer(p.rx_pad.data(), p.rx.pad),
                          [this, &p](const boost::system::error_code& ec2, std::size_t) {
@@ -827,6 +831,7 @@ class Transport {
                            start_payload(p);
                          });
         return;
+#endif
       default: return protocol_error(p, fmt::format("unexpected {} frame after the handshake", to_string(p.rx.type)));
     }
   }
@@ -905,6 +910,9 @@ class Transport {
       p.rx_keep = keep;
     }
     p.rx_done = 0;
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    p.rx_pad_left = p.rx.pad;
+#endif
     read_payload(p);
   }
 
@@ -918,14 +926,26 @@ class Transport {
     const int fd = p.socket->native_handle();
     for (;;) {
       const std::size_t rest = length - p.rx_done;
-      if (rest == 0) {
+      if (rest == 0 && p.rx_pad_left == 0) {
         if (p.rx_low_water) set_low_water(p, 1);
         return finish_payload(p);
       }
-      const ::ssize_t got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      ::ssize_t got = 0;
+      if (p.rx_pad_left == 0) {
+        got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      } else {
+        std::array<::iovec, 2> iov{::iovec{p.rx_pad.data() + (p.rx.pad - p.rx_pad_left), p.rx_pad_left},
+                                   ::iovec{p.rx_dst + p.rx_done, std::min(kReadPiece, rest)}};
+        ::msghdr msg{};
+        msg.msg_iov = iov.data();
+        msg.msg_iovlen = rest > 0 ? 2 : 1;
+        got = ::recvmsg(fd, &msg, MSG_DONTWAIT);
+      }
       if (got > 0) {
         p.heard_now();
-        p.rx_done += static_cast<std::size_t>(got);
+        const std::size_t pad = std::min(static_cast<std::size_t>(got), p.rx_pad_left);
+        p.rx_pad_left -= pad;
+        p.rx_done += static_cast<std::size_t>(got) - pad;
         continue;
       }
       if (got == 0) return on_read_error(p, asio::error::eof);
@@ -933,7 +953,7 @@ class Transport {
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
         return on_read_error(p, boost::system::error_code(errno, asio::error::get_system_category()));
       }
-      const std::size_t want = std::min(rest, kLowWaterMax);
+      const std::size_t want = std::min(rest + p.rx_pad_left, kLowWaterMax);
       if (want > 1 || p.rx_low_water) set_low_water(p, want);
       p.socket->async_wait(tcp::socket::wait_read, [this, &p](const boost::system::error_code& ec) {
         if (ec) return on_read_error(p, ec);
