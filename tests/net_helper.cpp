@@ -2,10 +2,12 @@
 //
 //   net_helper MODE --rank R --ports P0,P1,... [--token T] [--op-timeout MS] [--hb-timeout MS]
 //              [--connect-timeout MS] [--variant V] [--count N] [--iters N]
-//              [--direct-max BYTES] [--hd-max BYTES] [--chunk-bytes BYTES]
+//              [--direct-max BYTES] [--hd-max BYTES] [--chunk-bytes BYTES] [--busy-poll-us US]
+//              [--shm-min BYTES] [--shm-slot BYTES]
 //
-// The last three set the all-reduce thresholds (options.hpp), so that a test can drive every
-// algorithm (direct, halving-doubling, ring) over every size instead of the one the default picks.
+// The last ones set the all-reduce thresholds (options.hpp), so that a test can drive every
+// algorithm (shared memory, direct, halving-doubling, ring) over every size instead of the one the
+// default picks.
 //
 // Prints "READY" once the cluster has formed and done one collective, "OK ..." on success, and
 // "EXC <error type>: <message>" when a library error escapes. The exit code says which error:
@@ -84,6 +86,10 @@ Args parse(int argc, char** argv) {
       a.options.chunk_bytes = std::stoull(value);
     } else if (key == "--busy-poll-us") {
       a.options.busy_poll = std::chrono::microseconds(std::stoll(value));
+    } else if (key == "--shm-min") {
+      a.options.shared_memory_min_bytes = std::stoull(value);
+    } else if (key == "--shm-slot") {
+      a.options.shared_memory_slot_bytes = std::stoull(value);
     } else if (key == "--variant") {
       a.variant = value;
     } else if (key == "--count") {
@@ -166,6 +172,7 @@ std::byte pattern(int r, std::size_t i) { return static_cast<std::byte>((r * 31 
 
 void run_collectives(ds::net::Communicator& comm) {
   const int n = comm.size(), me = comm.rank();
+  say(comm.uses_shared_memory() ? "SHARED MEMORY on" : "SHARED MEMORY off");
   say("READY");
   const std::size_t big_f32 = (std::size_t{1} << 20) / 4 + 3;  // 1 MiB of float32 + 3 elements
   const std::size_t big_i64 = (std::size_t{1} << 20) / 8 + 3;

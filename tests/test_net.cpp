@@ -1124,6 +1124,56 @@ TEST_CASE("communicator in threads: point-to-point size mismatch is local, a col
   for (const auto& e : errors) CHECK(e == "");
 }
 
+// Names in /dev/shm that a communicator would have made.
+std::set<std::string> shared_memory_names() {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("distribute-")) out.insert(name);
+  }
+  return out;
+}
+
+TEST_CASE("communicator in threads: shared memory is used only when every rank enables it, and leaves no name behind") {
+  Watchdog dog(60s, "threads: shared memory");
+  const auto before = shared_memory_names();
+  for (int disabled : {-1, 0, 2}) {  // which rank sets shared_memory_min_bytes = 0 (-1: none)
+    CAPTURE(disabled);
+    const auto ports = free_ports(3);
+    std::atomic<int> using_it{0};
+    const auto errors = run_ranks(3, [&](int r) {
+      net::CommunicatorOptions opt;
+      opt.connect_timeout = 30s;
+      opt.shared_memory_min_bytes = r == disabled ? 0 : 1024;
+      opt.shared_memory_slot_bytes = 4096;
+      net::Communicator comm(addresses_of(ports), r, opt, worker_names(3));
+      if (comm.uses_shared_memory()) ++using_it;
+      // 3 pieces of 1024 floats and a short one; every element sums to 0 + 1 + 2 plus 3 x its index.
+      std::vector<float> v(3 * 1024 + 5);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(r) + static_cast<float>(i);
+      comm.all_reduce(std::span<float>(v), ds::ReduceOp::Sum);
+      for (std::size_t i = 0; i < v.size(); ++i) REQUIRE(v[i] == 3.0f + 3.0f * static_cast<float>(i));
+      std::vector<std::int32_t> w(4096, r + 1);
+      comm.all_reduce(std::span<std::int32_t>(w), ds::ReduceOp::Mean);  // (1 + 2 + 3) / 3
+      CHECK(std::all_of(w.begin(), w.end(), [](std::int32_t x) { return x == 2; }));
+    });
+    for (const auto& e : errors) CHECK(e == "");
+    CHECK(using_it.load() == (disabled == -1 ? 3 : 0));
+  }
+  // Rank 0 unlinks the name once every rank has mapped it. Another test process may be setting up
+  // a segment right now, so a name counts as left behind only if it stays.
+  auto left_behind = [&] {
+    auto now = shared_memory_names();
+    for (const auto& name : before) now.erase(name);
+    return now;
+  };
+  for (const auto deadline = Clock::now() + 2s; !left_behind().empty() && Clock::now() < deadline;) {
+    std::this_thread::sleep_for(20ms);
+  }
+  CHECK(left_behind().empty());
+}
+
 TEST_CASE("communicator in threads: the destructor of one rank makes a waiting peer fail, not hang") {
   Watchdog dog(60s, "threads: goodbye");
   const auto ports = free_ports(2);
@@ -1256,12 +1306,15 @@ TEST_CASE("processes: every collective with exact results on 2, 3 and 4 ranks") 
     const char* name;
     std::vector<std::string> options;
   };
+  // Those four run over TCP (--shm-min 0). "shared memory" takes every all-reduce through the
+  // segment, in 4 KiB pieces (so most buffers span many pieces and uneven slices).
   const Config configs[] = {
       {"default", {}},
-      {"ring", {"--direct-max", "0", "--hd-max", "0"}},
-      {"halving-doubling", {"--direct-max", "0", "--hd-max", "1000000000000", "--chunk-bytes", "4096"}},
-      {"direct", {"--direct-max", "1000000000000"}},
-      {"ring, sleeping", {"--direct-max", "0", "--hd-max", "0", "--busy-poll-us", "0"}},
+      {"ring", {"--direct-max", "0", "--hd-max", "0", "--shm-min", "0"}},
+      {"halving-doubling", {"--direct-max", "0", "--hd-max", "1000000000000", "--chunk-bytes", "4096", "--shm-min", "0"}},
+      {"direct", {"--direct-max", "1000000000000", "--shm-min", "0"}},
+      {"ring, sleeping", {"--direct-max", "0", "--hd-max", "0", "--busy-poll-us", "0", "--shm-min", "0"}},
+      {"shared memory", {"--shm-min", "1", "--shm-slot", "4096"}},
   };
   for (const Config& config : configs) {
     for (int n : {2, 3, 4}) {
@@ -1280,7 +1333,13 @@ TEST_CASE("processes: every collective with exact results on 2, 3 and 4 ranks") 
         if (any_port_race(procs)) return true;
         INFO(procs.dump());
         CHECK(finished);
-        for (int r = 0; r < n; ++r) CHECK(procs[r].exit_code == 0);
+        for (int r = 0; r < n; ++r) {
+          CHECK(procs[r].exit_code == 0);
+          // On one host the default is shared memory; --shm-min 0 turns it off.
+          const bool tcp_only = std::find(config.options.begin(), config.options.end(), "--shm-min") != config.options.end() &&
+                                config.options.back() == "0";
+          CHECK(procs[r].output.find(tcp_only ? "SHARED MEMORY off" : "SHARED MEMORY on") != std::string::npos);
+        }
         MESSAGE(fmt::format("{}, {} ranks: the whole battery took {:.2f} s", config.name, n, seconds_between(t0, Clock::now())));
         return false;
       });
@@ -1290,13 +1349,20 @@ TEST_CASE("processes: every collective with exact results on 2, 3 and 4 ranks") 
 
 TEST_CASE("processes: mismatched collectives throw InvalidArgument on every rank") {
   Watchdog dog(120s, "processes: mismatch");
-  for (const char* variant : {"count", "ring-count", "op", "dtype", "kind", "ring-kind", "root", "order"}) {
+  // The 4 MiB "ring-" variants run twice: through shared memory (the default on one host) and
+  // over TCP (the ring).
+  for (const std::string variant : {"count", "ring-count", "op", "dtype", "kind", "ring-kind", "root", "order", "ring-count tcp",
+                                    "ring-kind tcp"}) {
     for (int n : {2, 3}) {
       CAPTURE(variant);
       CAPTURE(n);
+      const bool tcp = variant.ends_with(" tcp");
       with_ports(n, [&](Procs& procs, const std::vector<int>& ports) {
         for (int r = 0; r < n; ++r) {
-          procs.spawn({"mismatch", "--variant", variant, "--rank", std::to_string(r), "--ports", join_ports(ports)});
+          std::vector<std::string> args{"mismatch", "--variant", variant.substr(0, variant.find(' ')), "--rank", std::to_string(r),
+                                        "--ports", join_ports(ports)};
+          if (tcp) args.insert(args.end(), {"--shm-min", "0"});
+          procs.spawn(args);
         }
         const bool finished = procs.wait_all(Clock::now() + 30s);
         if (any_port_race(procs)) return true;
@@ -1323,17 +1389,21 @@ TEST_CASE("processes: SIGKILL mid-all-reduce makes every survivor throw PeerFail
     const int n = iter % 2 == 0 ? 3 : 4;
     const int victim = static_cast<int>(rng() % static_cast<unsigned>(n));
     const bool timeout_set = iter % 4 < 2;
-    // On 4 ranks, some kills hit the halving-doubling all-reduce (with and without a timeout),
-    // the others the ring.
+    // On 4 ranks, some kills hit the halving-doubling all-reduce (with and without a timeout);
+    // of the others, some hit the shared-memory all-reduce (the default on one host) and the
+    // rest the ring over TCP.
     const bool halving_doubling = n == 4 && (iter % 8 == 1 || iter % 8 == 7);
+    const bool shared_memory = !halving_doubling && iter % 5 >= 3;
     CAPTURE(iter);
     CAPTURE(n);
     CAPTURE(victim);
     CAPTURE(halving_doubling);
+    CAPTURE(shared_memory);
     with_ports(n, [&](Procs& procs, const std::vector<int>& ports) {
       for (int r = 0; r < n; ++r) {
         std::vector<std::string> args{"loop", "--rank", std::to_string(r), "--ports", join_ports(ports), "--count", "2000000",
                                       "--hd-max", halving_doubling ? "1000000000000" : "0"};
+        if (!shared_memory) args.insert(args.end(), {"--shm-min", "0"});
         if (timeout_set) args.insert(args.end(), {"--op-timeout", "5000"});
         procs.spawn(args);
       }

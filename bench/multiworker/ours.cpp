@@ -24,13 +24,16 @@ int main(int argc, char** argv) {
   ds::net::CommunicatorOptions opt;
   opt.cluster_token = "";  // no authentication (the peers have none either)
   // Tuning experiments only (the documented figures use the defaults): MW_CHUNK_BYTES,
-  // MW_DIRECT_MAX_BYTES, MW_HD_MAX_BYTES, MW_BUSY_POLL_US override the options of the same name.
+  // MW_DIRECT_MAX_BYTES, MW_HD_MAX_BYTES, MW_BUSY_POLL_US, MW_SHM_MIN_BYTES, MW_SHM_SLOT_BYTES
+  // override the options of the same name.
   auto knob = [](const char* name, std::size_t& field) {
     if (const char* v = std::getenv(name); v != nullptr && *v != '\0') field = std::strtoull(v, nullptr, 10);
   };
   knob("MW_CHUNK_BYTES", opt.chunk_bytes);
   knob("MW_DIRECT_MAX_BYTES", opt.direct_max_bytes);
   knob("MW_HD_MAX_BYTES", opt.halving_doubling_max_bytes);
+  knob("MW_SHM_MIN_BYTES", opt.shared_memory_min_bytes);  // 0: TCP only (run.sh's ours_tcp)
+  knob("MW_SHM_SLOT_BYTES", opt.shared_memory_slot_bytes);
   if (const char* v = std::getenv("MW_BUSY_POLL_US"); v != nullptr && *v != '\0') {
     opt.busy_poll = std::chrono::microseconds(std::strtoll(v, nullptr, 10));
   }

@@ -40,7 +40,9 @@ class Communicator {
   Communicator(std::vector<std::string> addresses, int rank, CommunicatorOptions options = {},
                std::vector<std::string> task_names = {})
       : transport_(std::make_unique<detail::Transport>(std::move(addresses), rank, std::move(options),
-                                                       std::move(task_names))) {}
+                                                       std::move(task_names))) {
+    detail::setup_shared_memory(*transport_);
+  }
 
   /// Clean shutdown: says goodbye to every peer, waits (at most 2 s) for the goodbyes to be
   /// written and answered, closes the sockets and joins the network thread. Never throws.
@@ -54,6 +56,10 @@ class Communicator {
   const std::string& task_name(int rank) const { return transport_->task_name(rank); }
   const std::string& address(int rank) const { return transport_->address(rank); }
   const CommunicatorOptions& options() const noexcept { return transport_->options(); }
+
+  /// Whether all-reduces of at least options().shared_memory_min_bytes (rank 0's value) go
+  /// through shared memory: every rank runs on this host, enabled it, and mapped one segment.
+  bool uses_shared_memory() const noexcept { return transport_->shared_memory() != nullptr; }
 
   /// The message of the error that poisoned this communicator, if one did.
   std::optional<std::string> failure() const {

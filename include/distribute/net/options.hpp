@@ -54,6 +54,15 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// When every rank runs on this host (and can map one POSIX shared-memory segment, which the
+  /// constructor tries), all-reduces of at least this many bytes go through shared memory instead
+  /// of TCP: two copies per rank and a reduction, no TCP stack (docs/performance.md, multi-worker
+  /// section). The TCP connections still carry the call's descriptor, heartbeats and failures.
+  /// Rank 0's value counts for the whole cluster. 0: always TCP.
+  std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
+  /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
+  /// pieces of this size. Rank 0's value counts.
+  std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
   /// TCP congestion control for connections within this host (the listening address and the
   /// peer's are loopback addresses), set before they are established; "" keeps the system's
   /// default. There is no network on loopback to probe, and a BBR default paces every send with

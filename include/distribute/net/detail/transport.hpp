@@ -51,6 +51,7 @@
 #include <distribute/net/detail/congestion_control.hpp>
 #include <distribute/net/detail/notifying_mutex.hpp>
 #include <distribute/net/detail/protocol.hpp>
+#include <distribute/net/detail/shared_memory_all_reduce.hpp>
 #include <distribute/net/detail/transfer_all.hpp>
 #include <distribute/net/frame.hpp>
 #include <distribute/net/options.hpp>
@@ -338,6 +339,10 @@ class Transport {
     std::lock_guard lk(mu_);
     return failure_;
   }
+
+  /// The shared-memory all-reduce, when every rank mapped one segment at construction.
+  SharedMemoryAllReduce* shared_memory() const noexcept { return shared_memory_.get(); }
+  void set_shared_memory(std::unique_ptr<SharedMemoryAllReduce> s) noexcept { shared_memory_ = std::move(s); }
 
   /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
   std::string congestion_control(int r) {
@@ -1453,6 +1458,9 @@ class Transport {
   // Threads blocked in Op::block that want waking whenever a transfer completes; one in
   // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
   int progress_waiters_ = 0;
+  // Set once after construction when every rank mapped one segment (setup_shared_memory);
+  // used by the calling thread only.
+  std::unique_ptr<SharedMemoryAllReduce> shared_memory_;
   // The call of the thread in Op::wait_until, if one is there (descriptor_wakes_locked).
   const Descriptor* quiet_desc_ = nullptr;
   std::uint64_t quiet_seq_ = 0;
@@ -1585,6 +1593,16 @@ class Transport::Op {
           return done();
         },
         waiting_on, "data from");
+  }
+
+  /// For an algorithm that waits outside the transport (shared memory): throws what a wait would
+  /// throw now (the communicator's failure, a mismatch once every descriptor is in, a passed
+  /// deadline) without waiting. `waiting_on`: as for wait_until, or -1 (every rank).
+  void check_progress(int waiting_on) {
+    std::unique_lock lk(t_.mu_);
+    if (t_.failure_) raise_failure_locked();
+    if (collective_) poll_descriptors_locked();
+    if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, "data from");
   }
 
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
@@ -1728,16 +1746,18 @@ class Transport::Op {
         t_.mu_.wait(lk);
         continue;
       }
-      if (Clock::now() >= *deadline_) {
-        const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
-        t_.fail_locked(Failure{FailureKind::Timeout,
-                               fmt::format("did not complete within {} ms ({} was waiting for {}{})",
-                                           t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
-                       true);
-        raise_failure_locked();
-      }
+      if (Clock::now() >= *deadline_) time_out_locked(waiting_on, what);
       t_.mu_.wait_until(lk, *deadline_);
     }
+  }
+
+  [[noreturn]] void time_out_locked(int waiting_on, std::string_view what) {
+    const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
+    t_.fail_locked(Failure{FailureKind::Timeout,
+                           fmt::format("did not complete within {} ms ({} was waiting for {}{})",
+                                       t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
+                   true);
+    raise_failure_locked();
   }
 
   // Peers quiet for longer than two heartbeat intervals: the likely culprits of a stall, which

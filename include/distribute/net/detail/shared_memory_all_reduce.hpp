@@ -1,0 +1,174 @@
+// All-reduce through a segment of shared memory, for communicators whose ranks all run on one
+// host: two copies of the buffer per rank (in and out) and a reduction, instead of the TCP path's
+// two kernel copies per byte sent plus the TCP stack on both ends. OpenMPI's shared-memory
+// transport (vader) is the same idea.
+//
+// The segment holds a control line per rank, one slot per rank and a result slot. A buffer goes
+// through in pieces of at most a slot. For each piece, every rank:
+//   1. waits until every rank has copied the previous piece's result out (slots are reused),
+//   2. copies its piece into its slot and publishes its stamp in `arrived`,
+//   3. waits for every rank's `arrived`, reduces its own slice of the piece across all slots in
+//      rank order into the result slot and publishes `reduced`,
+//   4. waits for every rank's `reduced`, copies the whole result out and publishes `left`.
+// Every element is reduced by one rank in one order, so all ranks end bitwise identical. Stamps
+// count pieces since the segment was made and advance alike on every rank.
+//
+// The TCP side still carries the call's descriptor and every failure: while waiting here, a rank
+// asks the Op (`check`) every few hundred polls, which throws on a lost peer (EOF, heartbeat),
+// a passed deadline, or a descriptor that disagrees. Each rank also leaves its call's count, dtype
+// and op next to its stamp, and a rank that reads a different one stops before touching the data
+// and lets the TCP descriptors name the mismatch.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <thread>
+
+#include <distribute/core/dtype.hpp>
+#include <distribute/core/error.hpp>
+#include <distribute/core/reduce_op.hpp>
+#include <distribute/net/detail/shared_segment.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// One rank's control line in the segment; each counter on its own cache line.
+struct SharedRankControl {
+  alignas(64) std::atomic<std::uint64_t> arrived{0};
+  alignas(64) std::atomic<std::uint64_t> reduced{0};
+  alignas(64) std::atomic<std::uint64_t> left{0};
+  // The call the piece stamped `arrived` belongs to (written before `arrived`).
+  alignas(64) std::uint64_t count = 0;
+  std::uint32_t dtype = 0;
+  std::uint32_t op = 0;
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
+
+class SharedMemoryAllReduce {
+ public:
+  static std::size_t segment_bytes(int ranks, std::size_t slot_bytes) {
+    return static_cast<std::size_t>(ranks) * sizeof(SharedRankControl) + (static_cast<std::size_t>(ranks) + 1) * slot_bytes;
+  }
+
+  /// Constructs the control lines of a new segment: by its creator, before any other rank is
+  /// told its name.
+  static void initialize(SharedSegment& segment, int ranks) {
+    for (int r = 0; r < ranks; ++r) new (segment.data() + static_cast<std::size_t>(r) * sizeof(SharedRankControl)) SharedRankControl;
+  }
+
+  SharedMemoryAllReduce(std::unique_ptr<SharedSegment> segment, int ranks, int rank, std::size_t slot_bytes,
+                        std::size_t min_bytes)
+      : segment_(std::move(segment)), n_(ranks), rank_(rank), slot_bytes_(slot_bytes), min_bytes_(min_bytes) {}
+
+  std::size_t min_bytes() const noexcept { return min_bytes_; }
+  SharedSegment& segment() noexcept { return *segment_; }
+
+  /// `check()` throws when the call cannot complete (see the header comment); `mismatch()` is
+  /// called when a rank's shared descriptor differs from ours, and must throw.
+  template <class Check, class Mismatch, class Reduce, class Divide>
+  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch,
+           Reduce&& reduce, Divide&& divide) {
+    const std::size_t es = size_of(dtype);
+    const std::size_t piece_elems = std::max<std::size_t>(1, slot_bytes_ / es);
+    const auto nu = static_cast<std::size_t>(n_);
+    for (std::size_t first = 0; first < count; first += piece_elems) {
+      const std::size_t len = std::min(piece_elems, count - first);
+      const std::uint64_t stamp = ++stamp_;
+      std::byte* const piece = data + first * es;
+
+      wait_all(&SharedRankControl::left, stamp - 1, check);
+      SharedRankControl& me = control(rank_);
+      std::memcpy(slot(rank_), piece, len * es);
+      me.count = count;
+      me.dtype = static_cast<std::uint32_t>(dtype);
+      me.op = static_cast<std::uint32_t>(op);
+      me.arrived.store(stamp, std::memory_order_release);
+
+      wait_all(&SharedRankControl::arrived, stamp, check);
+      for (int r = 0; r < n_; ++r) {
+        const SharedRankControl& c = control(r);
+        if (c.count != count || c.dtype != static_cast<std::uint32_t>(dtype) || c.op != static_cast<std::uint32_t>(op)) {
+          mismatch();
+        }
+      }
+      // This rank's slice of the piece, cut as the ring cuts a buffer (sizes differ by at most one).
+      const auto ru = static_cast<std::size_t>(rank_);
+      const std::size_t lo = ru * (len / nu) + std::min(ru, len % nu);
+      const std::size_t hi = lo + len / nu + (ru < len % nu ? 1 : 0);
+      if (hi > lo) {
+        std::byte* const out = result() + lo * es;
+        std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
+        for (int r = 1; r < n_; ++r) reduce(out, slot(r) + lo * es, hi - lo);
+        if (op == ReduceOp::Mean) divide(out, hi - lo);
+      }
+      me.reduced.store(stamp, std::memory_order_release);
+
+      wait_all(&SharedRankControl::reduced, stamp, check);
+      std::memcpy(piece, result(), len * es);
+      me.left.store(stamp, std::memory_order_release);
+    }
+  }
+
+ private:
+  SharedRankControl& control(int r) const noexcept {
+    return *std::launder(reinterpret_cast<SharedRankControl*>(segment_->data() + static_cast<std::size_t>(r) * sizeof(SharedRankControl)));
+  }
+  std::byte* slot(int r) const noexcept {
+    return segment_->data() + nu() * sizeof(SharedRankControl) + static_cast<std::size_t>(r) * slot_bytes_;
+  }
+  std::byte* result() const noexcept { return slot(n_); }
+  std::size_t nu() const noexcept { return static_cast<std::size_t>(n_); }
+
+  static void pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
+  // Until every rank's `counter` reaches `stamp`: spins briefly (the others are usually a copy
+  // away), then yields the core (which may be shared with them), then sleeps in short steps so
+  // that a rank still computing its step does not cost a whole core. `check` runs every 256
+  // rounds once spinning has not sufficed.
+  template <class Check>
+  void wait_all(std::atomic<std::uint64_t> SharedRankControl::*counter, std::uint64_t stamp, Check& check) const {
+    auto ready = [&] {
+      for (int r = 0; r < n_; ++r) {
+        if ((control(r).*counter).load(std::memory_order_acquire) < stamp) return false;
+      }
+      return true;
+    };
+    constexpr int kSpins = 100;
+    for (int i = 0; i < kSpins; ++i) {
+      if (ready()) return;
+      pause();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (std::uint32_t i = 0;; ++i) {
+      if (ready()) return;
+      if (i % 256 == 0) check();
+      if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  std::unique_ptr<SharedSegment> segment_;
+  int n_;
+  int rank_;
+  std::size_t slot_bytes_;
+  std::size_t min_bytes_;
+  std::uint64_t stamp_ = 0;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
