@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Multi-worker float32 SUM all-reduce on loopback: distribute's TCP Communicator vs gloo
-# (libgloo-dev) and OpenMPI MPI_Allreduce (libopenmpi-dev), same script, one after the other.
+# Multi-worker float32 SUM all-reduce on one host: distribute's Communicator vs gloo (libgloo-dev)
+# and OpenMPI MPI_Allreduce (libopenmpi-dev), same script, one after the other.
 #
 #   bench/multiworker/run.sh            # from the repository root
 #   NPS="2 4" REPS=2 BUILD=/tmp/mw-build bench/multiworker/run.sh
@@ -8,9 +8,10 @@
 #
 # Needs: apt-get install -y libgloo-dev openmpi-bin libopenmpi-dev
 # Ours is bound to CPUs as distribute-launch binds its tasks (see run_ours; BIND_OURS=0: unbound).
-# For each np, each pass runs: ours, gloo ring (gloo::allreduce), gloo halving-doubling,
-# OpenMPI over TCP loopback (ob1/tcp on lo: the like-for-like peer), OpenMPI shared memory
-# (vader: reference only); one unrecorded warm-up of each comes first. Each driver times every
+# For each np, each pass runs: ours as a user gets it (on one host, all-reduces from 256 KiB go
+# through shared memory), ours over TCP only (MW_SHM_MIN_BYTES=0), gloo ring (gloo::allreduce),
+# gloo halving-doubling, OpenMPI over TCP loopback (ob1/tcp on lo), OpenMPI shared memory (vader,
+# what mpirun picks on one host); one unrecorded warm-up of each comes first. Each driver times every
 # iteration after a barrier, takes the max over ranks and prints the median (see common.hpp).
 # With REPS>1 the lowest median over passes is kept, for every implementation alike. Prints one
 # markdown table; raw CSV goes to $BUILD/results.csv (one row per implementation, np, size, pass).
@@ -20,7 +21,7 @@ SRC=$ROOT/bench/multiworker
 BUILD=${BUILD:-/tmp/distribute-multiworker}
 NPS=${NPS:-"2 4"}
 REPS=${REPS:-2}
-IMPLS=${IMPLS:-"ours gloo_ring gloo_hd mpi_tcp mpi_vader"}  # which of them to run (the table shows nan for the rest)
+IMPLS=${IMPLS:-"ours ours_tcp gloo_ring gloo_hd mpi_tcp mpi_vader"}  # which of them to run (the table shows nan for the rest)
 export MW_SIZES=${MW_SIZES:-}  # bytes, space-separated; default 4 KiB, 64 KiB, 1, 16, 64 MiB (common.hpp)
 PORT=${PORT:-31700}
 mkdir -p "$BUILD"
@@ -57,15 +58,15 @@ ours_cpus() {  # rank np -> a taskset CPU list, or nothing
   local IFS=,
   echo "${cpus[*]:first:count}"
 }
-run_ours() {  # np
-  local np=$1 pids=() r bind
+run_ours() {  # np label (extra environment comes with the call)
+  local np=$1 label=$2 pids=() r bind
   PORT=$((PORT + 16))
   for ((r = 1; r < np; r++)); do
     bind=$(ours_cpus $r $np)
     ${bind:+taskset -c "$bind"} "$BUILD/ours" $r $np $PORT > /dev/null & pids+=($!)
   done
   bind=$(ours_cpus 0 $np)
-  ${bind:+taskset -c "$bind"} "$BUILD/ours" 0 $np $PORT >> "$CSV"
+  ${bind:+taskset -c "$bind"} "$BUILD/ours" 0 $np $PORT | sed "s/^ours,/$label,/" >> "$CSV"
   for p in "${pids[@]}"; do wait "$p"; done
 }
 run_gloo() {  # np algo
@@ -86,7 +87,8 @@ run_mpi_vader() {
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 run_impl() {  # impl np
   case $1 in
-    ours) run_ours "$2" ;;
+    ours) run_ours "$2" ours ;;
+    ours_tcp) MW_SHM_MIN_BYTES=0 run_ours "$2" ours_tcp ;;
     gloo_ring) run_gloo "$2" ring ;;
     gloo_hd) run_gloo "$2" hd ;;
     mpi_tcp) run_mpi_tcp "$2" ;;
@@ -124,17 +126,16 @@ def size(b):
 def bw(b, ms, n):
     alg = b / (ms * 1e-3) / 1e9
     return alg, alg * 2 * (n - 1) / n
-print("| np | size | ours ms | ours algbw | ours busbw | gloo ring ms | gloo hd ms | gloo best busbw | MPI-TCP ms | MPI-TCP busbw | MPI vader ms (ref) | ours vs gloo best | ours vs MPI-TCP |")
+print("| np | size | ours ms | ours algbw | ours busbw | ours TCP ms | gloo ring ms | gloo hd ms | MPI-TCP ms | MPI vader ms | ours vs gloo best | ours vs MPI best | ours TCP vs MPI-TCP |")
 print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for n in sorted({k[1] for k in best}):
     for b in sorted({k[2] for k in best if k[1] == n}):
         g = lambda i: best.get((i, n, b), float("nan"))
-        o, gr, gh, mt, mv = g("ours"), g("gloo_ring"), g("gloo_hd"), g("mpi_tcp"), g("mpi_vader")
-        gb = min(gr, gh)
+        o, ot, gr, gh, mt, mv = g("ours"), g("ours_tcp"), g("gloo_ring"), g("gloo_hd"), g("mpi_tcp"), g("mpi_vader")
         oa, ob = bw(b, o, n)
-        _, gbb = bw(b, gb, n)
-        _, mtb = bw(b, mt, n)
-        print(f"| {n} | {size(b)} | {o:.3f} | {oa:.2f} | {ob:.2f} | {gr:.3f} | {gh:.3f} | {gbb:.2f} | {mt:.3f} | {mtb:.2f} | {mv:.3f} | {gb / o:.2f}× | {mt / o:.2f}× |")
+        print(f"| {n} | {size(b)} | {o:.3f} | {oa:.2f} | {ob:.2f} | {ot:.3f} | {gr:.3f} | {gh:.3f} | {mt:.3f} | {mv:.3f} "
+              f"| {min(gr, gh) / o:.2f}× | {min(mt, mv) / o:.2f}× | {mt / ot:.2f}× |")
 print()
-print("algbw/busbw in GB/s (1e9); 'ours vs X' = X's time / ours (> 1: ours faster).")
+print("algbw/busbw in GB/s (1e9); 'X vs Y' = Y's time / X's (> 1: X faster); 'best' = the faster of the two")
+print("gloo algorithms / of OpenMPI over TCP and over shared memory (vader).")
 PY
