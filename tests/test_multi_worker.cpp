@@ -5,11 +5,14 @@
 
 #include <doctest/doctest.h>
 
+#include <barrier>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -495,6 +498,35 @@ TEST_CASE("CommunicationOptions::cluster_token: a wrong or missing token fails c
 }
 
 #if defined(__linux__)
+TEST_CASE("CommunicationOptions::shared_memory_min_bytes reaches the communicator") {
+  // Each worker that uses shared memory maps the segment once; its name is gone by then, so
+  // /proc/self/maps shows it as "/dev/shm/distribute-... (deleted)".
+  auto segments_mapped = [] {
+    std::ifstream maps("/proc/self/maps");
+    int count = 0;
+    for (std::string line; std::getline(maps, line);) count += line.find("/dev/shm/distribute-") != std::string::npos ? 1 : 0;
+    return count;
+  };
+  for (const std::optional<std::size_t> min_bytes : {std::optional<std::size_t>{}, std::optional<std::size_t>{0}}) {
+    CAPTURE(min_bytes.has_value());
+    const auto addresses = loopback_addresses(2);
+    const int before = segments_mapped();
+    int during = -1;
+    std::barrier sync(2);
+    const auto errors = on_worker_threads(2, [&](int r) {
+      ds::MultiWorkerMirroredStrategy<> s({.timeout_seconds = 30.0, .shared_memory_min_bytes = min_bytes}, resolver_for(addresses, r));
+      auto out = s.run([](ds::ReplicaContext& ctx) { return ctx.all_reduce("sum", float(ctx.replica_id_in_sync_group() + 1)); });
+      CHECK(out[0] == 3.0f);
+      sync.arrive_and_wait();  // both strategies exist
+      if (r == 0) during = segments_mapped() - before;
+      sync.arrive_and_wait();
+    });
+    for (const auto& e : errors) CHECK(e == "");
+    CHECK(during == (min_bytes ? 0 : 2));
+    CHECK(segments_mapped() == before);  // unmapped with the strategies
+  }
+}
+
 TEST_CASE("CommunicationOptions::loopback_congestion_control reaches the communicator") {
   // Worker 0's listening socket refuses the name at once, before any peer is awaited.
   const auto addresses = loopback_addresses(2);

@@ -37,6 +37,10 @@ struct CommunicationOptions {
   /// net::CommunicatorOptions::loopback_congestion_control). Unset: "reno"; "" keeps the
   /// system's default.
   std::optional<std::string> loopback_congestion_control = std::nullopt;
+  /// When every worker runs on one host, all-reduces between them of at least this many bytes go
+  /// through shared memory instead of TCP (see net::CommunicatorOptions::shared_memory_min_bytes).
+  /// Unset: 256 KiB; 0: always TCP.
+  std::optional<std::size_t> shared_memory_min_bytes = std::nullopt;
 };
 
 namespace detail {

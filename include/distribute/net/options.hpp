@@ -58,7 +58,7 @@ struct CommunicatorOptions {
   /// constructor tries), all-reduces of at least this many bytes go through shared memory instead
   /// of TCP: two copies per rank and a reduction, no TCP stack (docs/performance.md, multi-worker
   /// section). The TCP connections still carry the call's descriptor, heartbeats and failures.
-  /// Rank 0's value counts for the whole cluster. 0: always TCP.
+  /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
   std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
   /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
   /// pieces of this size. Rank 0's value counts.

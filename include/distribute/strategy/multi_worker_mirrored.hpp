@@ -110,6 +110,7 @@ struct MultiWorkerSetup {
     net::CommunicatorOptions comm_options;
     comm_options.cluster_token = options.cluster_token;  // unset: net/ reads DISTRIBUTE_CLUSTER_TOKEN
     if (options.loopback_congestion_control) comm_options.loopback_congestion_control = *options.loopback_congestion_control;
+    if (options.shared_memory_min_bytes) comm_options.shared_memory_min_bytes = *options.shared_memory_min_bytes;
     if (options.timeout_seconds) {
       comm_options.operation_timeout =
           std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
