@@ -264,6 +264,7 @@ inline void direct_all_reduce(Transport& tr, Transport::Op& op, std::byte* data,
 /// All-reduce through the transport's shared-memory segment (shared_memory_all_reduce.hpp).
 inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMemoryAllReduce& shm, std::byte* data,
                                      std::size_t count, DType dtype, ReduceOp rop) {
+  const auto quiet = tr.exempt_from_busy_poll();
   shm.run(
       data, count, dtype, rop, [&] { op.check_progress(-1); },
       [&] {

@@ -340,6 +340,11 @@ class Transport {
     return failure_;
   }
 
+  /// For the life of the result, one Op in flight does not make the io thread busy-poll: its
+  /// data does not come through the sockets (shared memory), and the polling thread would take
+  /// turns on the core with the one copying.
+  ScopedCount<std::atomic<int>> exempt_from_busy_poll() noexcept { return ScopedCount<std::atomic<int>>(exempt_ops_, 1); }
+
   /// The shared-memory all-reduce, when every rank mapped one segment at construction.
   SharedMemoryAllReduce* shared_memory() const noexcept { return shared_memory_.get(); }
   void set_shared_memory(std::unique_ptr<SharedMemoryAllReduce> s) noexcept { shared_memory_ = std::move(s); }
@@ -393,8 +398,11 @@ class Transport {
       io_.run();
       return;
     }
+    auto polling_wanted = [this] {
+      return ops_in_flight_.load(std::memory_order_relaxed) > exempt_ops_.load(std::memory_order_relaxed);
+    };
     for (;;) {
-      if (ops_in_flight_.load(std::memory_order_relaxed) > 0) {
+      if (polling_wanted()) {
         auto until = Clock::now() + spin;
         for (;;) {
           const std::size_t ran = io_.poll();
@@ -402,7 +410,7 @@ class Transport {
           const auto now = Clock::now();
           if (ran > 0) {
             until = now + spin;
-          } else if (now >= until || ops_in_flight_.load(std::memory_order_relaxed) == 0) {
+          } else if (now >= until || !polling_wanted()) {
             break;
           } else {
             std::this_thread::yield();
@@ -1466,6 +1474,7 @@ class Transport {
   std::uint64_t quiet_seq_ = 0;
   // Ops alive now: while there are any, the io thread busy-polls (run_io_loop).
   std::atomic<int> ops_in_flight_{0};
+  std::atomic<int> exempt_ops_{0};  // of those, how many need no polling (exempt_from_busy_poll)
   std::thread io_thread_;
 };
 
