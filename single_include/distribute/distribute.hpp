@@ -3762,6 +3762,10 @@ struct CommunicationOptions {
   /// net::CommunicatorOptions::loopback_congestion_control). Unset: "reno"; "" keeps the
   /// system's default.
   std::optional<std::string> loopback_congestion_control = std::nullopt;
+  /// When every worker runs on one host, all-reduces between them of at least this many bytes go
+  /// through shared memory instead of TCP (see net::CommunicatorOptions::shared_memory_min_bytes).
+  /// Unset: 256 KiB; 0: always TCP.
+  std::optional<std::size_t> shared_memory_min_bytes = std::nullopt;
 };
 
 namespace detail {
@@ -22135,11 +22139,14 @@ DISTRIBUTE_END_NAMESPACE
 // the same thing.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <string>
 #include <span>
 #include <utility>
 #include <vector>
@@ -23099,6 +23106,358 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
 // ---- end <distribute/net/detail/protocol.hpp> ----
+// ---- begin <distribute/net/detail/shared_memory_all_reduce.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_MEMORY_ALL_REDUCE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_MEMORY_ALL_REDUCE_HPP
+// All-reduce through a segment of shared memory, for communicators whose ranks all run on one
+// host: two copies of the buffer per rank (in and out) and a reduction, instead of the TCP path's
+// two kernel copies per byte sent plus the TCP stack on both ends. OpenMPI's shared-memory
+// transport (vader) is the same idea.
+//
+// The segment holds a control line per rank, one slot per rank and a result slot. A buffer goes
+// through in pieces of at most a slot. For each piece, every rank:
+//   1. waits until every rank has copied the previous piece's result out (slots are reused),
+//   2. copies its piece into its slot and publishes its stamp in `arrived`,
+//   3. waits for every rank's `arrived`, reduces its own slice of the piece across all slots in
+//      rank order into the result slot and publishes `reduced`,
+//   4. waits for every rank's `reduced`, copies the whole result out and publishes `left`.
+// Every element is reduced by one rank in one order, so all ranks end bitwise identical. Stamps
+// count pieces since the segment was made and advance alike on every rank.
+//
+// The TCP side still carries the call's descriptor and every failure: while waiting here, a rank
+// asks the Op (`check`) every few hundred polls, which throws on a lost peer (EOF, heartbeat),
+// a passed deadline, or a descriptor that disagrees. Each rank also leaves its call's count, dtype
+// and op next to its stamp, and a rank that reads a different one stops before touching the data
+// and lets the TCP descriptors name the mismatch.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <thread>
+
+// ---- begin <distribute/net/detail/shared_segment.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
+// A POSIX shared-memory segment that the ranks of one communicator map when they run on one host.
+// Rank 0 creates it under a random name and unlinks the name as soon as every rank has mapped it
+// (or failed to), so nothing is left in /dev/shm when a process is killed later. Its pages are
+// reserved with posix_fallocate at creation: a full /dev/shm is an error here, not a SIGBUS later.
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+
+#if defined(__linux__)
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define DISTRIBUTE_NET_SHARED_MEMORY 1
+#endif
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+class SharedSegment {
+ public:
+#if defined(DISTRIBUTE_NET_SHARED_MEMORY)
+  /// A new zero-filled segment of `bytes` under a fresh random name. Throws Unavailable.
+  static std::unique_ptr<SharedSegment> create(std::size_t bytes) {
+    const Nonce n = random_nonce();
+    std::string name = "/distribute-";
+    for (std::size_t i = 0; i < 8; ++i) name += fmt::format("{:02x}", static_cast<unsigned>(n[i]));
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, true));
+    seg->map(fd, bytes, true);
+    return seg;
+  }
+
+  /// Maps the segment `name` that another process created. Throws Unavailable.
+  static std::unique_ptr<SharedSegment> open(const std::string& name, std::size_t bytes) {
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
+    seg->map(fd, bytes, false);
+    return seg;
+  }
+
+  ~SharedSegment() {
+    if (base_ != nullptr) ::munmap(base_, size_);
+    unlink();
+  }
+
+  /// Removes the name (creator only; once is enough): the mapping stays valid.
+  void unlink() noexcept {
+    if (owner_) ::shm_unlink(name_.c_str());
+    owner_ = false;
+  }
+#else
+  static std::unique_ptr<SharedSegment> create(std::size_t) { throw Unavailable("shared memory: not supported on this OS"); }
+  static std::unique_ptr<SharedSegment> open(const std::string&, std::size_t) {
+    throw Unavailable("shared memory: not supported on this OS");
+  }
+  void unlink() noexcept {}
+#endif
+
+  SharedSegment(const SharedSegment&) = delete;
+  SharedSegment& operator=(const SharedSegment&) = delete;
+
+  std::byte* data() const noexcept { return static_cast<std::byte*>(base_); }
+  std::size_t size() const noexcept { return size_; }
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  SharedSegment(std::string name, bool owner) : name_(std::move(name)), owner_(owner) {}
+
+#if defined(DISTRIBUTE_NET_SHARED_MEMORY)
+  // Takes ownership of `fd` (closed here whatever happens: the mapping keeps the memory).
+  void map(int fd, std::size_t bytes, bool reserve) {
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    if (reserve) {
+      if (::ftruncate(fd, static_cast<::off_t>(bytes)) != 0) {
+        throw Unavailable(fmt::format("ftruncate({}, {}): {}", name_, bytes, std::strerror(errno)));
+      }
+      if (const int err = ::posix_fallocate(fd, 0, static_cast<::off_t>(bytes)); err != 0) {
+        throw Unavailable(fmt::format("reserving {} bytes for {}: {}", bytes, name_, std::strerror(err)));
+      }
+    } else {
+      struct ::stat st{};
+      if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
+        throw Unavailable(fmt::format("{} is not the {} bytes expected", name_, bytes));
+      }
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) throw Unavailable(fmt::format("mmap({}): {}", name_, std::strerror(errno)));
+    base_ = p;
+    size_ = bytes;
+  }
+#endif
+
+  std::string name_;
+  bool owner_ = false;
+  void* base_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
+// ---- end <distribute/net/detail/shared_segment.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// One rank's control line in the segment; each counter on its own cache line.
+struct SharedRankControl {
+  alignas(64) std::atomic<std::uint64_t> arrived{0};
+  alignas(64) std::atomic<std::uint64_t> reduced{0};
+  alignas(64) std::atomic<std::uint64_t> left{0};
+  // The call the piece stamped `arrived` belongs to (written before `arrived`).
+  alignas(64) std::uint64_t count = 0;
+  std::uint32_t dtype = 0;
+  std::uint32_t op = 0;
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
+
+class SharedMemoryAllReduce {
+ public:
+  static std::size_t segment_bytes(int ranks, std::size_t slot_bytes) {
+    return static_cast<std::size_t>(ranks) * sizeof(SharedRankControl) + (static_cast<std::size_t>(ranks) + 1) * slot_bytes;
+  }
+
+  /// Constructs the control lines of a new segment: by its creator, before any other rank is
+  /// told its name.
+  static void initialize(SharedSegment& segment, int ranks) {
+    for (int r = 0; r < ranks; ++r) new (segment.data() + static_cast<std::size_t>(r) * sizeof(SharedRankControl)) SharedRankControl;
+  }
+
+  SharedMemoryAllReduce(std::unique_ptr<SharedSegment> segment, int ranks, int rank, std::size_t slot_bytes,
+                        std::size_t min_bytes)
+      : segment_(std::move(segment)), n_(ranks), rank_(rank), slot_bytes_(slot_bytes), min_bytes_(min_bytes) {}
+
+  std::size_t min_bytes() const noexcept { return min_bytes_; }
+  SharedSegment& segment() noexcept { return *segment_; }
+
+  /// `check()` throws when the call cannot complete (see the header comment); `mismatch()` is
+  /// called when a rank's shared descriptor differs from ours, and must throw.
+  template <class Check, class Mismatch, class Reduce, class Divide>
+  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch,
+           Reduce&& reduce, Divide&& divide) {
+    const std::size_t es = size_of(dtype);
+    const std::size_t piece_elems = std::max<std::size_t>(1, slot_bytes_ / es);
+    const auto nu = static_cast<std::size_t>(n_);
+    for (std::size_t first = 0; first < count; first += piece_elems) {
+      const std::size_t len = std::min(piece_elems, count - first);
+      const std::uint64_t stamp = ++stamp_;
+      std::byte* const piece = data + first * es;
+
+      wait_all(&SharedRankControl::left, stamp - 1, check);
+      SharedRankControl& me = control(rank_);
+      std::memcpy(slot(rank_), piece, len * es);
+      me.count = count;
+      me.dtype = static_cast<std::uint32_t>(dtype);
+      me.op = static_cast<std::uint32_t>(op);
+      me.arrived.store(stamp, std::memory_order_release);
+
+      wait_all(&SharedRankControl::arrived, stamp, check);
+      for (int r = 0; r < n_; ++r) {
+        const SharedRankControl& c = control(r);
+        if (c.count != count || c.dtype != static_cast<std::uint32_t>(dtype) || c.op != static_cast<std::uint32_t>(op)) {
+          mismatch();
+        }
+      }
+      // This rank's slice of the piece, cut as the ring cuts a buffer (sizes differ by at most one).
+      const auto ru = static_cast<std::size_t>(rank_);
+      const std::size_t lo = ru * (len / nu) + std::min(ru, len % nu);
+      const std::size_t hi = lo + len / nu + (ru < len % nu ? 1 : 0);
+      if (hi > lo) {
+        std::byte* const out = result() + lo * es;
+        std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
+        for (int r = 1; r < n_; ++r) reduce(out, slot(r) + lo * es, hi - lo);
+        if (op == ReduceOp::Mean) divide(out, hi - lo);
+      }
+      me.reduced.store(stamp, std::memory_order_release);
+
+      wait_all(&SharedRankControl::reduced, stamp, check);
+      std::memcpy(piece, result(), len * es);
+      me.left.store(stamp, std::memory_order_release);
+    }
+  }
+
+ private:
+  SharedRankControl& control(int r) const noexcept {
+    return *std::launder(reinterpret_cast<SharedRankControl*>(segment_->data() + static_cast<std::size_t>(r) * sizeof(SharedRankControl)));
+  }
+  std::byte* slot(int r) const noexcept {
+    return segment_->data() + nu() * sizeof(SharedRankControl) + static_cast<std::size_t>(r) * slot_bytes_;
+  }
+  std::byte* result() const noexcept { return slot(n_); }
+  std::size_t nu() const noexcept { return static_cast<std::size_t>(n_); }
+
+  static void pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
+  // Until every rank's `counter` reaches `stamp`: spins briefly (the others are usually a copy
+  // away), then yields the core (which may be shared with them), then sleeps in short steps so
+  // that a rank still computing its step does not cost a whole core. `check` runs every 256
+  // rounds once spinning has not sufficed.
+  template <class Check>
+  void wait_all(std::atomic<std::uint64_t> SharedRankControl::*counter, std::uint64_t stamp, Check& check) const {
+    auto ready = [&] {
+      for (int r = 0; r < n_; ++r) {
+        if ((control(r).*counter).load(std::memory_order_acquire) < stamp) return false;
+      }
+      return true;
+    };
+    constexpr int kSpins = 100;
+    for (int i = 0; i < kSpins; ++i) {
+      if (ready()) return;
+      pause();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (std::uint32_t i = 0;; ++i) {
+      if (ready()) return;
+      if (i % 256 == 0) check();
+      if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  std::unique_ptr<SharedSegment> segment_;
+  int n_;
+  int rank_;
+  std::size_t slot_bytes_;
+  std::size_t min_bytes_;
+  std::uint64_t stamp_ = 0;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_MEMORY_ALL_REDUCE_HPP
+// ---- end <distribute/net/detail/shared_memory_all_reduce.hpp> ----
 // ---- begin <distribute/net/detail/transfer_all.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
@@ -23465,6 +23824,15 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// When every rank runs on this host (and can map one POSIX shared-memory segment, which the
+  /// constructor tries), all-reduces of at least this many bytes go through shared memory instead
+  /// of TCP: two copies per rank and a reduction, no TCP stack (docs/performance.md, multi-worker
+  /// section). The TCP connections still carry the call's descriptor, heartbeats and failures.
+  /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
+  std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
+  /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
+  /// pieces of this size. Rank 0's value counts.
+  std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
   /// TCP congestion control for connections within this host (the listening address and the
   /// peer's are loopback addresses), set before they are established; "" keeps the system's
   /// default. There is no network on loopback to probe, and a BBR default paces every send with
@@ -23622,6 +23990,7 @@ struct Peer {
   bool rx_keep = false;
   std::byte* rx_dst = nullptr;
   std::size_t rx_done = 0;
+  std::size_t rx_pad_left = 0;  // front padding not read yet (read together with the payload)
   bool rx_low_water = false;  // SO_RCVLOWAT is raised for the payload being read
   // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
   std::atomic<Clock::rep> last_rx{0};
@@ -23764,6 +24133,15 @@ class Transport {
     return failure_;
   }
 
+  /// For the life of the result, one Op in flight does not make the io thread busy-poll: its
+  /// data does not come through the sockets (shared memory), and the polling thread would take
+  /// turns on the core with the one copying.
+  ScopedCount<std::atomic<int>> exempt_from_busy_poll() noexcept { return ScopedCount<std::atomic<int>>(exempt_ops_, 1); }
+
+  /// The shared-memory all-reduce, when every rank mapped one segment at construction.
+  SharedMemoryAllReduce* shared_memory() const noexcept { return shared_memory_.get(); }
+  void set_shared_memory(std::unique_ptr<SharedMemoryAllReduce> s) noexcept { shared_memory_ = std::move(s); }
+
   /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
   std::string congestion_control(int r) {
     std::lock_guard lk(mu_);
@@ -23813,8 +24191,11 @@ class Transport {
       io_.run();
       return;
     }
+    auto polling_wanted = [this] {
+      return ops_in_flight_.load(std::memory_order_relaxed) > exempt_ops_.load(std::memory_order_relaxed);
+    };
     for (;;) {
-      if (ops_in_flight_.load(std::memory_order_relaxed) > 0) {
+      if (polling_wanted()) {
         auto until = Clock::now() + spin;
         for (;;) {
           const std::size_t ran = io_.poll();
@@ -23822,7 +24203,7 @@ class Transport {
           const auto now = Clock::now();
           if (ran > 0) {
             until = now + spin;
-          } else if (now >= until || ops_in_flight_.load(std::memory_order_relaxed) == 0) {
+          } else if (now >= until || !polling_wanted()) {
             break;
           } else {
             std::this_thread::yield();
@@ -24246,6 +24627,9 @@ class Transport {
         return;
       case FrameType::Data:
       case FrameType::PointToPoint:
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+        return start_payload(p);  // read_payload reads the padding in the same call as the payload
+#else
         if (p.rx.pad == 0) return start_payload(p);
         asio::async_read(*p.socket, asio::buffer(p.rx_pad.data(), p.rx.pad),
                          [this, &p](const boost::system::error_code& ec2, std::size_t) {
@@ -24253,6 +24637,7 @@ class Transport {
                            start_payload(p);
                          });
         return;
+#endif
       default: return protocol_error(p, fmt::format("unexpected {} frame after the handshake", to_string(p.rx.type)));
     }
   }
@@ -24276,12 +24661,21 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
-        mu_.notify_all_locked();
+        if (descriptor_wakes_locked(p.rx.seq, d)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
       return protocol_error(p, e.what());
     }
     read_header(p);
+  }
+
+  // Whether a peer's descriptor must wake the waiting threads. A thread in Op::wait_until (the
+  // ring) need not wake for one that agrees with its own call: it checks every descriptor once its
+  // data is in, and a descriptor that disagrees still wakes it at once. Sparing that wake-up saves
+  // two context switches per call where the caller and the io thread share a core.
+  bool descriptor_wakes_locked(std::uint64_t seq, const Descriptor& d) const {
+    if (progress_waiters_ > 0) return true;
+    return quiet_desc_ == nullptr || quiet_seq_ != seq || !compatible(*quiet_desc_, d);
   }
 
   void start_payload(Peer& p) {
@@ -24322,6 +24716,9 @@ class Transport {
       p.rx_keep = keep;
     }
     p.rx_done = 0;
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    p.rx_pad_left = p.rx.pad;
+#endif
     read_payload(p);
   }
 
@@ -24335,14 +24732,26 @@ class Transport {
     const int fd = p.socket->native_handle();
     for (;;) {
       const std::size_t rest = length - p.rx_done;
-      if (rest == 0) {
+      if (rest == 0 && p.rx_pad_left == 0) {
         if (p.rx_low_water) set_low_water(p, 1);
         return finish_payload(p);
       }
-      const ::ssize_t got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      ::ssize_t got = 0;
+      if (p.rx_pad_left == 0) {
+        got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      } else {
+        std::array<::iovec, 2> iov{::iovec{p.rx_pad.data() + (p.rx.pad - p.rx_pad_left), p.rx_pad_left},
+                                   ::iovec{p.rx_dst + p.rx_done, std::min(kReadPiece, rest)}};
+        ::msghdr msg{};
+        msg.msg_iov = iov.data();
+        msg.msg_iovlen = rest > 0 ? 2 : 1;
+        got = ::recvmsg(fd, &msg, MSG_DONTWAIT);
+      }
       if (got > 0) {
         p.heard_now();
-        p.rx_done += static_cast<std::size_t>(got);
+        const std::size_t pad = std::min(static_cast<std::size_t>(got), p.rx_pad_left);
+        p.rx_pad_left -= pad;
+        p.rx_done += static_cast<std::size_t>(got) - pad;
         continue;
       }
       if (got == 0) return on_read_error(p, asio::error::eof);
@@ -24350,7 +24759,7 @@ class Transport {
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
         return on_read_error(p, boost::system::error_code(errno, asio::error::get_system_category()));
       }
-      const std::size_t want = std::min(rest, kLowWaterMax);
+      const std::size_t want = std::min(rest + p.rx_pad_left, kLowWaterMax);
       if (want > 1 || p.rx_low_water) set_low_water(p, want);
       p.socket->async_wait(tcp::socket::wait_read, [this, &p](const boost::system::error_code& ec) {
         if (ec) return on_read_error(p, ec);
@@ -24850,8 +25259,15 @@ class Transport {
   // Threads blocked in Op::block that want waking whenever a transfer completes; one in
   // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
   int progress_waiters_ = 0;
+  // Set once after construction when every rank mapped one segment (setup_shared_memory);
+  // used by the calling thread only.
+  std::unique_ptr<SharedMemoryAllReduce> shared_memory_;
+  // The call of the thread in Op::wait_until, if one is there (descriptor_wakes_locked).
+  const Descriptor* quiet_desc_ = nullptr;
+  std::uint64_t quiet_seq_ = 0;
   // Ops alive now: while there are any, the io thread busy-polls (run_io_loop).
   std::atomic<int> ops_in_flight_{0};
+  std::atomic<int> exempt_ops_{0};  // of those, how many need no polling (exempt_from_busy_poll)
   std::thread io_thread_;
 };
 
@@ -24956,10 +25372,19 @@ class Transport::Op {
   void wait_until(Done&& done, int waiting_on) {
     std::unique_lock lk(t_.mu_);
     quiet_ = true;
-    struct Loud {
-      bool& quiet;
-      ~Loud() { quiet = false; }
-    } loud{quiet_};
+    const bool announce = collective_ && t_.quiet_desc_ == nullptr;
+    if (announce) {
+      t_.quiet_desc_ = &mine_;
+      t_.quiet_seq_ = seq_;
+    }
+    struct Loud {  // destroyed before lk: runs with the mutex held
+      Op& op;
+      bool announced;
+      ~Loud() {
+        op.quiet_ = false;
+        if (announced) op.t_.quiet_desc_ = nullptr;
+      }
+    } loud{*this, announce};
     block(
         lk,
         [&] {
@@ -24970,6 +25395,16 @@ class Transport::Op {
           return done();
         },
         waiting_on, "data from");
+  }
+
+  /// For an algorithm that waits outside the transport (shared memory): throws what a wait would
+  /// throw now (the communicator's failure, a mismatch once every descriptor is in, a passed
+  /// deadline) without waiting. `waiting_on`: as for wait_until, or -1 (every rank).
+  void check_progress(int waiting_on) {
+    std::unique_lock lk(t_.mu_);
+    if (t_.failure_) raise_failure_locked();
+    if (collective_) poll_descriptors_locked();
+    if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, "data from");
   }
 
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
@@ -25113,16 +25548,18 @@ class Transport::Op {
         t_.mu_.wait(lk);
         continue;
       }
-      if (Clock::now() >= *deadline_) {
-        const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
-        t_.fail_locked(Failure{FailureKind::Timeout,
-                               fmt::format("did not complete within {} ms ({} was waiting for {}{})",
-                                           t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
-                       true);
-        raise_failure_locked();
-      }
+      if (Clock::now() >= *deadline_) time_out_locked(waiting_on, what);
       t_.mu_.wait_until(lk, *deadline_);
     }
+  }
+
+  [[noreturn]] void time_out_locked(int waiting_on, std::string_view what) {
+    const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
+    t_.fail_locked(Failure{FailureKind::Timeout,
+                           fmt::format("did not complete within {} ms ({} was waiting for {}{})",
+                                       t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
+                   true);
+    raise_failure_locked();
   }
 
   // Peers quiet for longer than two heartbeat intervals: the likely culprits of a stall, which
@@ -25502,13 +25939,108 @@ inline void direct_all_reduce(Transport& tr, Transport::Op& op, std::byte* data,
   if (rop == ReduceOp::Mean) divide_bytes(dtype, data, count, n);
 }
 
+/// All-reduce through the transport's shared-memory segment (shared_memory_all_reduce.hpp).
+inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMemoryAllReduce& shm, std::byte* data,
+                                     std::size_t count, DType dtype, ReduceOp rop) {
+  const auto quiet = tr.exempt_from_busy_poll();
+  shm.run(
+      data, count, dtype, rop, [&] { op.check_progress(-1); },
+      [&] {
+        (void)op.descriptors();  // throws: the TCP descriptors name the mismatch the same way on every rank
+        throw Error(fmt::format("{}: the shared-memory descriptors disagree but the TCP ones agree", tr.task_name(tr.rank())));
+      },
+      [&](std::byte* acc, const std::byte* src, std::size_t n) { reduce_bytes(dtype, acc, src, n, rop); },
+      [&](std::byte* acc, std::size_t n) { divide_bytes(dtype, acc, n, tr.size()); });
+  op.finish();
+}
+
+/// Gives the transport a shared-memory all-reduce when every rank can map one segment. Every rank
+/// runs this once, right after the cluster has formed and before any other call (it exchanges
+/// point-to-point messages). Rank 0 creates the segment and offers its name, a nonce written in
+/// it and its options; each rank maps it and answers whether that worked and the nonce matched;
+/// rank 0 unlinks the name and tells everyone whether all succeeded. A rank on another host (or
+/// with another /dev/shm) cannot map it or reads another nonce, and then no rank uses it.
+inline void setup_shared_memory(Transport& tr) {
+  const int n = tr.size(), r = tr.rank();
+  if (n == 1) return;
+  constexpr std::size_t kNameBytes = 64;
+  // Offer: name (NUL-padded; empty: none), nonce, min_bytes, slot_bytes.
+  std::array<std::byte, kNameBytes + kNonceBytes + 16> offer{};
+  auto u64_at = [&](std::size_t at) -> std::byte* { return offer.data() + kNameBytes + kNonceBytes + at; };
+  const CommunicatorOptions& o = tr.options();
+  std::unique_ptr<SharedSegment> segment;
+  std::size_t min_bytes = 0, slot_bytes = 0;
+  if (r == 0) {
+    min_bytes = o.shared_memory_min_bytes;
+    slot_bytes = std::max<std::size_t>(o.shared_memory_slot_bytes, 64);
+    if (min_bytes > 0) {
+      try {
+        segment = SharedSegment::create(SharedMemoryAllReduce::segment_bytes(n, slot_bytes));
+        SharedMemoryAllReduce::initialize(*segment, n);
+        const Nonce nonce = random_nonce();
+        // The nonce sits where the result slot starts; the first all-reduce overwrites it.
+        std::memcpy(segment->data() + segment->size() - slot_bytes, nonce.data(), nonce.size());
+        std::memcpy(offer.data(), segment->name().data(), std::min(segment->name().size(), kNameBytes - 1));
+        std::memcpy(offer.data() + kNameBytes, nonce.data(), nonce.size());
+        std::memcpy(u64_at(0), &min_bytes, 8);
+        std::memcpy(u64_at(8), &slot_bytes, 8);
+      } catch (const Error&) {
+        segment.reset();  // no offer: TCP only
+      }
+    }
+  }
+  std::uint64_t ok = 0;
+  if (r == 0) {
+    std::vector<std::uint64_t> answers(static_cast<std::size_t>(n), 0);
+    {
+      Transport::Op call(tr, "shared-memory set-up", 1);
+      for (int k = 1; k < n; ++k) call.send_p2p(k, offer);
+      for (int k = 1; k < n; ++k) {
+        call.recv_p2p(k, std::as_writable_bytes(std::span<std::uint64_t>(&answers[static_cast<std::size_t>(k)], 1)));
+      }
+      call.finish();
+    }
+    if (segment) segment->unlink();
+    ok = segment && std::all_of(answers.begin() + 1, answers.end(), [](std::uint64_t a) { return a == 1; }) ? 1 : 0;
+    Transport::Op call(tr, "shared-memory set-up", 1);
+    for (int k = 1; k < n; ++k) call.send_p2p(k, std::as_bytes(std::span<const std::uint64_t>(&ok, 1)));
+    call.finish();
+  } else {
+    Transport::Op call(tr, "shared-memory set-up", 0);
+    call.recv_p2p(0, offer);
+    call.finish();
+    std::uint64_t mapped = 0;
+    const std::string name(reinterpret_cast<const char*>(offer.data()), ::strnlen(reinterpret_cast<const char*>(offer.data()), kNameBytes));
+    std::memcpy(&min_bytes, u64_at(0), 8);
+    std::memcpy(&slot_bytes, u64_at(8), 8);
+    if (!name.empty() && o.shared_memory_min_bytes > 0 && slot_bytes >= 64) {
+      try {
+        segment = SharedSegment::open(name, SharedMemoryAllReduce::segment_bytes(n, slot_bytes));
+        mapped = std::memcmp(segment->data() + segment->size() - slot_bytes, offer.data() + kNameBytes, kNonceBytes) == 0 ? 1 : 0;
+      } catch (const Error&) {
+        segment.reset();
+      }
+    }
+    Transport::Op answer(tr, "shared-memory set-up", 0);
+    answer.send_p2p(0, std::as_bytes(std::span<const std::uint64_t>(&mapped, 1)));
+    answer.recv_p2p(0, std::as_writable_bytes(std::span<std::uint64_t>(&ok, 1)));
+    answer.finish();
+    if (mapped == 0) ok = 0;
+  }
+  if (ok == 1) {
+    tr.set_shared_memory(std::make_unique<SharedMemoryAllReduce>(std::move(segment), n, r, slot_bytes, min_bytes));
+  }
+}
+
 /// The one place that picks an all-reduce algorithm, by size and rank count (options.hpp says
 /// when each runs). `count` > 0 and more than one rank.
 inline void all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype, ReduceOp rop,
                        std::vector<std::byte>& scratch) {
   const CommunicatorOptions& o = tr.options();
   const std::size_t bytes = count * size_of(dtype);
-  if (bytes <= std::min(o.direct_max_bytes, o.max_frame_bytes)) {
+  if (SharedMemoryAllReduce* shm = tr.shared_memory(); shm != nullptr && bytes >= shm->min_bytes()) {
+    shared_memory_all_reduce(tr, op, *shm, data, count, dtype, rop);
+  } else if (bytes <= std::min(o.direct_max_bytes, o.max_frame_bytes)) {
     direct_all_reduce(tr, op, data, count, dtype, rop, scratch);
   } else if (bytes <= o.halving_doubling_max_bytes && halving_doubling_applies(tr.size())) {
     halving_doubling_all_reduce(tr, op, data, count, dtype, rop, scratch);
@@ -26544,6 +27076,358 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
 // ---- end <distribute/net/detail/protocol.hpp> ----
+// ---- begin <distribute/net/detail/shared_memory_all_reduce.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_MEMORY_ALL_REDUCE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_MEMORY_ALL_REDUCE_HPP
+// All-reduce through a segment of shared memory, for communicators whose ranks all run on one
+// host: two copies of the buffer per rank (in and out) and a reduction, instead of the TCP path's
+// two kernel copies per byte sent plus the TCP stack on both ends. OpenMPI's shared-memory
+// transport (vader) is the same idea.
+//
+// The segment holds a control line per rank, one slot per rank and a result slot. A buffer goes
+// through in pieces of at most a slot. For each piece, every rank:
+//   1. waits until every rank has copied the previous piece's result out (slots are reused),
+//   2. copies its piece into its slot and publishes its stamp in `arrived`,
+//   3. waits for every rank's `arrived`, reduces its own slice of the piece across all slots in
+//      rank order into the result slot and publishes `reduced`,
+//   4. waits for every rank's `reduced`, copies the whole result out and publishes `left`.
+// Every element is reduced by one rank in one order, so all ranks end bitwise identical. Stamps
+// count pieces since the segment was made and advance alike on every rank.
+//
+// The TCP side still carries the call's descriptor and every failure: while waiting here, a rank
+// asks the Op (`check`) every few hundred polls, which throws on a lost peer (EOF, heartbeat),
+// a passed deadline, or a descriptor that disagrees. Each rank also leaves its call's count, dtype
+// and op next to its stamp, and a rank that reads a different one stops before touching the data
+// and lets the TCP descriptors name the mismatch.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <thread>
+
+// ---- begin <distribute/net/detail/shared_segment.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
+// A POSIX shared-memory segment that the ranks of one communicator map when they run on one host.
+// Rank 0 creates it under a random name and unlinks the name as soon as every rank has mapped it
+// (or failed to), so nothing is left in /dev/shm when a process is killed later. Its pages are
+// reserved with posix_fallocate at creation: a full /dev/shm is an error here, not a SIGBUS later.
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+
+#if defined(__linux__)
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define DISTRIBUTE_NET_SHARED_MEMORY 1
+#endif
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+class SharedSegment {
+ public:
+#if defined(DISTRIBUTE_NET_SHARED_MEMORY)
+  /// A new zero-filled segment of `bytes` under a fresh random name. Throws Unavailable.
+  static std::unique_ptr<SharedSegment> create(std::size_t bytes) {
+    const Nonce n = random_nonce();
+    std::string name = "/distribute-";
+    for (std::size_t i = 0; i < 8; ++i) name += fmt::format("{:02x}", static_cast<unsigned>(n[i]));
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, true));
+    seg->map(fd, bytes, true);
+    return seg;
+  }
+
+  /// Maps the segment `name` that another process created. Throws Unavailable.
+  static std::unique_ptr<SharedSegment> open(const std::string& name, std::size_t bytes) {
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
+    seg->map(fd, bytes, false);
+    return seg;
+  }
+
+  ~SharedSegment() {
+    if (base_ != nullptr) ::munmap(base_, size_);
+    unlink();
+  }
+
+  /// Removes the name (creator only; once is enough): the mapping stays valid.
+  void unlink() noexcept {
+    if (owner_) ::shm_unlink(name_.c_str());
+    owner_ = false;
+  }
+#else
+  static std::unique_ptr<SharedSegment> create(std::size_t) { throw Unavailable("shared memory: not supported on this OS"); }
+  static std::unique_ptr<SharedSegment> open(const std::string&, std::size_t) {
+    throw Unavailable("shared memory: not supported on this OS");
+  }
+  void unlink() noexcept {}
+#endif
+
+  SharedSegment(const SharedSegment&) = delete;
+  SharedSegment& operator=(const SharedSegment&) = delete;
+
+  std::byte* data() const noexcept { return static_cast<std::byte*>(base_); }
+  std::size_t size() const noexcept { return size_; }
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  SharedSegment(std::string name, bool owner) : name_(std::move(name)), owner_(owner) {}
+
+#if defined(DISTRIBUTE_NET_SHARED_MEMORY)
+  // Takes ownership of `fd` (closed here whatever happens: the mapping keeps the memory).
+  void map(int fd, std::size_t bytes, bool reserve) {
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    if (reserve) {
+      if (::ftruncate(fd, static_cast<::off_t>(bytes)) != 0) {
+        throw Unavailable(fmt::format("ftruncate({}, {}): {}", name_, bytes, std::strerror(errno)));
+      }
+      if (const int err = ::posix_fallocate(fd, 0, static_cast<::off_t>(bytes)); err != 0) {
+        throw Unavailable(fmt::format("reserving {} bytes for {}: {}", bytes, name_, std::strerror(err)));
+      }
+    } else {
+      struct ::stat st{};
+      if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
+        throw Unavailable(fmt::format("{} is not the {} bytes expected", name_, bytes));
+      }
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) throw Unavailable(fmt::format("mmap({}): {}", name_, std::strerror(errno)));
+    base_ = p;
+    size_ = bytes;
+  }
+#endif
+
+  std::string name_;
+  bool owner_ = false;
+  void* base_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
+// ---- end <distribute/net/detail/shared_segment.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// One rank's control line in the segment; each counter on its own cache line.
+struct SharedRankControl {
+  alignas(64) std::atomic<std::uint64_t> arrived{0};
+  alignas(64) std::atomic<std::uint64_t> reduced{0};
+  alignas(64) std::atomic<std::uint64_t> left{0};
+  // The call the piece stamped `arrived` belongs to (written before `arrived`).
+  alignas(64) std::uint64_t count = 0;
+  std::uint32_t dtype = 0;
+  std::uint32_t op = 0;
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
+
+class SharedMemoryAllReduce {
+ public:
+  static std::size_t segment_bytes(int ranks, std::size_t slot_bytes) {
+    return static_cast<std::size_t>(ranks) * sizeof(SharedRankControl) + (static_cast<std::size_t>(ranks) + 1) * slot_bytes;
+  }
+
+  /// Constructs the control lines of a new segment: by its creator, before any other rank is
+  /// told its name.
+  static void initialize(SharedSegment& segment, int ranks) {
+    for (int r = 0; r < ranks; ++r) new (segment.data() + static_cast<std::size_t>(r) * sizeof(SharedRankControl)) SharedRankControl;
+  }
+
+  SharedMemoryAllReduce(std::unique_ptr<SharedSegment> segment, int ranks, int rank, std::size_t slot_bytes,
+                        std::size_t min_bytes)
+      : segment_(std::move(segment)), n_(ranks), rank_(rank), slot_bytes_(slot_bytes), min_bytes_(min_bytes) {}
+
+  std::size_t min_bytes() const noexcept { return min_bytes_; }
+  SharedSegment& segment() noexcept { return *segment_; }
+
+  /// `check()` throws when the call cannot complete (see the header comment); `mismatch()` is
+  /// called when a rank's shared descriptor differs from ours, and must throw.
+  template <class Check, class Mismatch, class Reduce, class Divide>
+  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch,
+           Reduce&& reduce, Divide&& divide) {
+    const std::size_t es = size_of(dtype);
+    const std::size_t piece_elems = std::max<std::size_t>(1, slot_bytes_ / es);
+    const auto nu = static_cast<std::size_t>(n_);
+    for (std::size_t first = 0; first < count; first += piece_elems) {
+      const std::size_t len = std::min(piece_elems, count - first);
+      const std::uint64_t stamp = ++stamp_;
+      std::byte* const piece = data + first * es;
+
+      wait_all(&SharedRankControl::left, stamp - 1, check);
+      SharedRankControl& me = control(rank_);
+      std::memcpy(slot(rank_), piece, len * es);
+      me.count = count;
+      me.dtype = static_cast<std::uint32_t>(dtype);
+      me.op = static_cast<std::uint32_t>(op);
+      me.arrived.store(stamp, std::memory_order_release);
+
+      wait_all(&SharedRankControl::arrived, stamp, check);
+      for (int r = 0; r < n_; ++r) {
+        const SharedRankControl& c = control(r);
+        if (c.count != count || c.dtype != static_cast<std::uint32_t>(dtype) || c.op != static_cast<std::uint32_t>(op)) {
+          mismatch();
+        }
+      }
+      // This rank's slice of the piece, cut as the ring cuts a buffer (sizes differ by at most one).
+      const auto ru = static_cast<std::size_t>(rank_);
+      const std::size_t lo = ru * (len / nu) + std::min(ru, len % nu);
+      const std::size_t hi = lo + len / nu + (ru < len % nu ? 1 : 0);
+      if (hi > lo) {
+        std::byte* const out = result() + lo * es;
+        std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
+        for (int r = 1; r < n_; ++r) reduce(out, slot(r) + lo * es, hi - lo);
+        if (op == ReduceOp::Mean) divide(out, hi - lo);
+      }
+      me.reduced.store(stamp, std::memory_order_release);
+
+      wait_all(&SharedRankControl::reduced, stamp, check);
+      std::memcpy(piece, result(), len * es);
+      me.left.store(stamp, std::memory_order_release);
+    }
+  }
+
+ private:
+  SharedRankControl& control(int r) const noexcept {
+    return *std::launder(reinterpret_cast<SharedRankControl*>(segment_->data() + static_cast<std::size_t>(r) * sizeof(SharedRankControl)));
+  }
+  std::byte* slot(int r) const noexcept {
+    return segment_->data() + nu() * sizeof(SharedRankControl) + static_cast<std::size_t>(r) * slot_bytes_;
+  }
+  std::byte* result() const noexcept { return slot(n_); }
+  std::size_t nu() const noexcept { return static_cast<std::size_t>(n_); }
+
+  static void pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
+  // Until every rank's `counter` reaches `stamp`: spins briefly (the others are usually a copy
+  // away), then yields the core (which may be shared with them), then sleeps in short steps so
+  // that a rank still computing its step does not cost a whole core. `check` runs every 256
+  // rounds once spinning has not sufficed.
+  template <class Check>
+  void wait_all(std::atomic<std::uint64_t> SharedRankControl::*counter, std::uint64_t stamp, Check& check) const {
+    auto ready = [&] {
+      for (int r = 0; r < n_; ++r) {
+        if ((control(r).*counter).load(std::memory_order_acquire) < stamp) return false;
+      }
+      return true;
+    };
+    constexpr int kSpins = 100;
+    for (int i = 0; i < kSpins; ++i) {
+      if (ready()) return;
+      pause();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (std::uint32_t i = 0;; ++i) {
+      if (ready()) return;
+      if (i % 256 == 0) check();
+      if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  std::unique_ptr<SharedSegment> segment_;
+  int n_;
+  int rank_;
+  std::size_t slot_bytes_;
+  std::size_t min_bytes_;
+  std::uint64_t stamp_ = 0;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_MEMORY_ALL_REDUCE_HPP
+// ---- end <distribute/net/detail/shared_memory_all_reduce.hpp> ----
 // ---- begin <distribute/net/detail/transfer_all.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
@@ -26910,6 +27794,15 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// When every rank runs on this host (and can map one POSIX shared-memory segment, which the
+  /// constructor tries), all-reduces of at least this many bytes go through shared memory instead
+  /// of TCP: two copies per rank and a reduction, no TCP stack (docs/performance.md, multi-worker
+  /// section). The TCP connections still carry the call's descriptor, heartbeats and failures.
+  /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
+  std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
+  /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
+  /// pieces of this size. Rank 0's value counts.
+  std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
   /// TCP congestion control for connections within this host (the listening address and the
   /// peer's are loopback addresses), set before they are established; "" keeps the system's
   /// default. There is no network on loopback to probe, and a BBR default paces every send with
@@ -27067,6 +27960,7 @@ struct Peer {
   bool rx_keep = false;
   std::byte* rx_dst = nullptr;
   std::size_t rx_done = 0;
+  std::size_t rx_pad_left = 0;  // front padding not read yet (read together with the payload)
   bool rx_low_water = false;  // SO_RCVLOWAT is raised for the payload being read
   // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
   std::atomic<Clock::rep> last_rx{0};
@@ -27209,6 +28103,15 @@ class Transport {
     return failure_;
   }
 
+  /// For the life of the result, one Op in flight does not make the io thread busy-poll: its
+  /// data does not come through the sockets (shared memory), and the polling thread would take
+  /// turns on the core with the one copying.
+  ScopedCount<std::atomic<int>> exempt_from_busy_poll() noexcept { return ScopedCount<std::atomic<int>>(exempt_ops_, 1); }
+
+  /// The shared-memory all-reduce, when every rank mapped one segment at construction.
+  SharedMemoryAllReduce* shared_memory() const noexcept { return shared_memory_.get(); }
+  void set_shared_memory(std::unique_ptr<SharedMemoryAllReduce> s) noexcept { shared_memory_ = std::move(s); }
+
   /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
   std::string congestion_control(int r) {
     std::lock_guard lk(mu_);
@@ -27258,8 +28161,11 @@ class Transport {
       io_.run();
       return;
     }
+    auto polling_wanted = [this] {
+      return ops_in_flight_.load(std::memory_order_relaxed) > exempt_ops_.load(std::memory_order_relaxed);
+    };
     for (;;) {
-      if (ops_in_flight_.load(std::memory_order_relaxed) > 0) {
+      if (polling_wanted()) {
         auto until = Clock::now() + spin;
         for (;;) {
           const std::size_t ran = io_.poll();
@@ -27267,7 +28173,7 @@ class Transport {
           const auto now = Clock::now();
           if (ran > 0) {
             until = now + spin;
-          } else if (now >= until || ops_in_flight_.load(std::memory_order_relaxed) == 0) {
+          } else if (now >= until || !polling_wanted()) {
             break;
           } else {
             std::this_thread::yield();
@@ -27691,6 +28597,9 @@ class Transport {
         return;
       case FrameType::Data:
       case FrameType::PointToPoint:
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+        return start_payload(p);  // read_payload reads the padding in the same call as the payload
+#else
         if (p.rx.pad == 0) return start_payload(p);
         asio::async_read(*p.socket, asio::buffer(p.rx_pad.data(), p.rx.pad),
                          [this, &p](const boost::system::error_code& ec2, std::size_t) {
@@ -27698,6 +28607,7 @@ class Transport {
                            start_payload(p);
                          });
         return;
+#endif
       default: return protocol_error(p, fmt::format("unexpected {} frame after the handshake", to_string(p.rx.type)));
     }
   }
@@ -27721,12 +28631,21 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
-        mu_.notify_all_locked();
+        if (descriptor_wakes_locked(p.rx.seq, d)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
       return protocol_error(p, e.what());
     }
     read_header(p);
+  }
+
+  // Whether a peer's descriptor must wake the waiting threads. A thread in Op::wait_until (the
+  // ring) need not wake for one that agrees with its own call: it checks every descriptor once its
+  // data is in, and a descriptor that disagrees still wakes it at once. Sparing that wake-up saves
+  // two context switches per call where the caller and the io thread share a core.
+  bool descriptor_wakes_locked(std::uint64_t seq, const Descriptor& d) const {
+    if (progress_waiters_ > 0) return true;
+    return quiet_desc_ == nullptr || quiet_seq_ != seq || !compatible(*quiet_desc_, d);
   }
 
   void start_payload(Peer& p) {
@@ -27767,6 +28686,9 @@ class Transport {
       p.rx_keep = keep;
     }
     p.rx_done = 0;
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    p.rx_pad_left = p.rx.pad;
+#endif
     read_payload(p);
   }
 
@@ -27780,14 +28702,26 @@ class Transport {
     const int fd = p.socket->native_handle();
     for (;;) {
       const std::size_t rest = length - p.rx_done;
-      if (rest == 0) {
+      if (rest == 0 && p.rx_pad_left == 0) {
         if (p.rx_low_water) set_low_water(p, 1);
         return finish_payload(p);
       }
-      const ::ssize_t got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      ::ssize_t got = 0;
+      if (p.rx_pad_left == 0) {
+        got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      } else {
+        std::array<::iovec, 2> iov{::iovec{p.rx_pad.data() + (p.rx.pad - p.rx_pad_left), p.rx_pad_left},
+                                   ::iovec{p.rx_dst + p.rx_done, std::min(kReadPiece, rest)}};
+        ::msghdr msg{};
+        msg.msg_iov = iov.data();
+        msg.msg_iovlen = rest > 0 ? 2 : 1;
+        got = ::recvmsg(fd, &msg, MSG_DONTWAIT);
+      }
       if (got > 0) {
         p.heard_now();
-        p.rx_done += static_cast<std::size_t>(got);
+        const std::size_t pad = std::min(static_cast<std::size_t>(got), p.rx_pad_left);
+        p.rx_pad_left -= pad;
+        p.rx_done += static_cast<std::size_t>(got) - pad;
         continue;
       }
       if (got == 0) return on_read_error(p, asio::error::eof);
@@ -27795,7 +28729,7 @@ class Transport {
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
         return on_read_error(p, boost::system::error_code(errno, asio::error::get_system_category()));
       }
-      const std::size_t want = std::min(rest, kLowWaterMax);
+      const std::size_t want = std::min(rest + p.rx_pad_left, kLowWaterMax);
       if (want > 1 || p.rx_low_water) set_low_water(p, want);
       p.socket->async_wait(tcp::socket::wait_read, [this, &p](const boost::system::error_code& ec) {
         if (ec) return on_read_error(p, ec);
@@ -28295,8 +29229,15 @@ class Transport {
   // Threads blocked in Op::block that want waking whenever a transfer completes; one in
   // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
   int progress_waiters_ = 0;
+  // Set once after construction when every rank mapped one segment (setup_shared_memory);
+  // used by the calling thread only.
+  std::unique_ptr<SharedMemoryAllReduce> shared_memory_;
+  // The call of the thread in Op::wait_until, if one is there (descriptor_wakes_locked).
+  const Descriptor* quiet_desc_ = nullptr;
+  std::uint64_t quiet_seq_ = 0;
   // Ops alive now: while there are any, the io thread busy-polls (run_io_loop).
   std::atomic<int> ops_in_flight_{0};
+  std::atomic<int> exempt_ops_{0};  // of those, how many need no polling (exempt_from_busy_poll)
   std::thread io_thread_;
 };
 
@@ -28401,10 +29342,19 @@ class Transport::Op {
   void wait_until(Done&& done, int waiting_on) {
     std::unique_lock lk(t_.mu_);
     quiet_ = true;
-    struct Loud {
-      bool& quiet;
-      ~Loud() { quiet = false; }
-    } loud{quiet_};
+    const bool announce = collective_ && t_.quiet_desc_ == nullptr;
+    if (announce) {
+      t_.quiet_desc_ = &mine_;
+      t_.quiet_seq_ = seq_;
+    }
+    struct Loud {  // destroyed before lk: runs with the mutex held
+      Op& op;
+      bool announced;
+      ~Loud() {
+        op.quiet_ = false;
+        if (announced) op.t_.quiet_desc_ = nullptr;
+      }
+    } loud{*this, announce};
     block(
         lk,
         [&] {
@@ -28415,6 +29365,16 @@ class Transport::Op {
           return done();
         },
         waiting_on, "data from");
+  }
+
+  /// For an algorithm that waits outside the transport (shared memory): throws what a wait would
+  /// throw now (the communicator's failure, a mismatch once every descriptor is in, a passed
+  /// deadline) without waiting. `waiting_on`: as for wait_until, or -1 (every rank).
+  void check_progress(int waiting_on) {
+    std::unique_lock lk(t_.mu_);
+    if (t_.failure_) raise_failure_locked();
+    if (collective_) poll_descriptors_locked();
+    if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, "data from");
   }
 
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
@@ -28558,16 +29518,18 @@ class Transport::Op {
         t_.mu_.wait(lk);
         continue;
       }
-      if (Clock::now() >= *deadline_) {
-        const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
-        t_.fail_locked(Failure{FailureKind::Timeout,
-                               fmt::format("did not complete within {} ms ({} was waiting for {}{})",
-                                           t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
-                       true);
-        raise_failure_locked();
-      }
+      if (Clock::now() >= *deadline_) time_out_locked(waiting_on, what);
       t_.mu_.wait_until(lk, *deadline_);
     }
+  }
+
+  [[noreturn]] void time_out_locked(int waiting_on, std::string_view what) {
+    const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
+    t_.fail_locked(Failure{FailureKind::Timeout,
+                           fmt::format("did not complete within {} ms ({} was waiting for {}{})",
+                                       t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
+                   true);
+    raise_failure_locked();
   }
 
   // Peers quiet for longer than two heartbeat intervals: the likely culprits of a stall, which
@@ -28764,6 +29726,15 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// When every rank runs on this host (and can map one POSIX shared-memory segment, which the
+  /// constructor tries), all-reduces of at least this many bytes go through shared memory instead
+  /// of TCP: two copies per rank and a reduction, no TCP stack (docs/performance.md, multi-worker
+  /// section). The TCP connections still carry the call's descriptor, heartbeats and failures.
+  /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
+  std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
+  /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
+  /// pieces of this size. Rank 0's value counts.
+  std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
   /// TCP congestion control for connections within this host (the listening address and the
   /// peer's are loopback addresses), set before they are established; "" keeps the system's
   /// default. There is no network on loopback to probe, and a BBR default paces every send with
@@ -28793,7 +29764,9 @@ class Communicator {
   Communicator(std::vector<std::string> addresses, int rank, CommunicatorOptions options = {},
                std::vector<std::string> task_names = {})
       : transport_(std::make_unique<detail::Transport>(std::move(addresses), rank, std::move(options),
-                                                       std::move(task_names))) {}
+                                                       std::move(task_names))) {
+    detail::setup_shared_memory(*transport_);
+  }
 
   /// Clean shutdown: says goodbye to every peer, waits (at most 2 s) for the goodbyes to be
   /// written and answered, closes the sockets and joins the network thread. Never throws.
@@ -28807,6 +29780,10 @@ class Communicator {
   const std::string& task_name(int rank) const { return transport_->task_name(rank); }
   const std::string& address(int rank) const { return transport_->address(rank); }
   const CommunicatorOptions& options() const noexcept { return transport_->options(); }
+
+  /// Whether all-reduces of at least options().shared_memory_min_bytes (rank 0's value) go
+  /// through shared memory: every rank runs on this host, enabled it, and mapped one segment.
+  bool uses_shared_memory() const noexcept { return transport_->shared_memory() != nullptr; }
 
   /// The message of the error that poisoned this communicator, if one did.
   std::optional<std::string> failure() const {
@@ -31145,11 +32122,14 @@ DISTRIBUTE_END_NAMESPACE
 // the same thing.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <string>
 #include <span>
 #include <utility>
 #include <vector>
@@ -32109,6 +33089,358 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
 // ---- end <distribute/net/detail/protocol.hpp> ----
+// ---- begin <distribute/net/detail/shared_memory_all_reduce.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_MEMORY_ALL_REDUCE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_MEMORY_ALL_REDUCE_HPP
+// All-reduce through a segment of shared memory, for communicators whose ranks all run on one
+// host: two copies of the buffer per rank (in and out) and a reduction, instead of the TCP path's
+// two kernel copies per byte sent plus the TCP stack on both ends. OpenMPI's shared-memory
+// transport (vader) is the same idea.
+//
+// The segment holds a control line per rank, one slot per rank and a result slot. A buffer goes
+// through in pieces of at most a slot. For each piece, every rank:
+//   1. waits until every rank has copied the previous piece's result out (slots are reused),
+//   2. copies its piece into its slot and publishes its stamp in `arrived`,
+//   3. waits for every rank's `arrived`, reduces its own slice of the piece across all slots in
+//      rank order into the result slot and publishes `reduced`,
+//   4. waits for every rank's `reduced`, copies the whole result out and publishes `left`.
+// Every element is reduced by one rank in one order, so all ranks end bitwise identical. Stamps
+// count pieces since the segment was made and advance alike on every rank.
+//
+// The TCP side still carries the call's descriptor and every failure: while waiting here, a rank
+// asks the Op (`check`) every few hundred polls, which throws on a lost peer (EOF, heartbeat),
+// a passed deadline, or a descriptor that disagrees. Each rank also leaves its call's count, dtype
+// and op next to its stamp, and a rank that reads a different one stops before touching the data
+// and lets the TCP descriptors name the mismatch.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <thread>
+
+// ---- begin <distribute/net/detail/shared_segment.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
+// A POSIX shared-memory segment that the ranks of one communicator map when they run on one host.
+// Rank 0 creates it under a random name and unlinks the name as soon as every rank has mapped it
+// (or failed to), so nothing is left in /dev/shm when a process is killed later. Its pages are
+// reserved with posix_fallocate at creation: a full /dev/shm is an error here, not a SIGBUS later.
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+
+#if defined(__linux__)
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define DISTRIBUTE_NET_SHARED_MEMORY 1
+#endif
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+class SharedSegment {
+ public:
+#if defined(DISTRIBUTE_NET_SHARED_MEMORY)
+  /// A new zero-filled segment of `bytes` under a fresh random name. Throws Unavailable.
+  static std::unique_ptr<SharedSegment> create(std::size_t bytes) {
+    const Nonce n = random_nonce();
+    std::string name = "/distribute-";
+    for (std::size_t i = 0; i < 8; ++i) name += fmt::format("{:02x}", static_cast<unsigned>(n[i]));
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, true));
+    seg->map(fd, bytes, true);
+    return seg;
+  }
+
+  /// Maps the segment `name` that another process created. Throws Unavailable.
+  static std::unique_ptr<SharedSegment> open(const std::string& name, std::size_t bytes) {
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
+    seg->map(fd, bytes, false);
+    return seg;
+  }
+
+  ~SharedSegment() {
+    if (base_ != nullptr) ::munmap(base_, size_);
+    unlink();
+  }
+
+  /// Removes the name (creator only; once is enough): the mapping stays valid.
+  void unlink() noexcept {
+    if (owner_) ::shm_unlink(name_.c_str());
+    owner_ = false;
+  }
+#else
+  static std::unique_ptr<SharedSegment> create(std::size_t) { throw Unavailable("shared memory: not supported on this OS"); }
+  static std::unique_ptr<SharedSegment> open(const std::string&, std::size_t) {
+    throw Unavailable("shared memory: not supported on this OS");
+  }
+  void unlink() noexcept {}
+#endif
+
+  SharedSegment(const SharedSegment&) = delete;
+  SharedSegment& operator=(const SharedSegment&) = delete;
+
+  std::byte* data() const noexcept { return static_cast<std::byte*>(base_); }
+  std::size_t size() const noexcept { return size_; }
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  SharedSegment(std::string name, bool owner) : name_(std::move(name)), owner_(owner) {}
+
+#if defined(DISTRIBUTE_NET_SHARED_MEMORY)
+  // Takes ownership of `fd` (closed here whatever happens: the mapping keeps the memory).
+  void map(int fd, std::size_t bytes, bool reserve) {
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    if (reserve) {
+      if (::ftruncate(fd, static_cast<::off_t>(bytes)) != 0) {
+        throw Unavailable(fmt::format("ftruncate({}, {}): {}", name_, bytes, std::strerror(errno)));
+      }
+      if (const int err = ::posix_fallocate(fd, 0, static_cast<::off_t>(bytes)); err != 0) {
+        throw Unavailable(fmt::format("reserving {} bytes for {}: {}", bytes, name_, std::strerror(err)));
+      }
+    } else {
+      struct ::stat st{};
+      if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
+        throw Unavailable(fmt::format("{} is not the {} bytes expected", name_, bytes));
+      }
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) throw Unavailable(fmt::format("mmap({}): {}", name_, std::strerror(errno)));
+    base_ = p;
+    size_ = bytes;
+  }
+#endif
+
+  std::string name_;
+  bool owner_ = false;
+  void* base_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
+// ---- end <distribute/net/detail/shared_segment.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// One rank's control line in the segment; each counter on its own cache line.
+struct SharedRankControl {
+  alignas(64) std::atomic<std::uint64_t> arrived{0};
+  alignas(64) std::atomic<std::uint64_t> reduced{0};
+  alignas(64) std::atomic<std::uint64_t> left{0};
+  // The call the piece stamped `arrived` belongs to (written before `arrived`).
+  alignas(64) std::uint64_t count = 0;
+  std::uint32_t dtype = 0;
+  std::uint32_t op = 0;
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
+
+class SharedMemoryAllReduce {
+ public:
+  static std::size_t segment_bytes(int ranks, std::size_t slot_bytes) {
+    return static_cast<std::size_t>(ranks) * sizeof(SharedRankControl) + (static_cast<std::size_t>(ranks) + 1) * slot_bytes;
+  }
+
+  /// Constructs the control lines of a new segment: by its creator, before any other rank is
+  /// told its name.
+  static void initialize(SharedSegment& segment, int ranks) {
+    for (int r = 0; r < ranks; ++r) new (segment.data() + static_cast<std::size_t>(r) * sizeof(SharedRankControl)) SharedRankControl;
+  }
+
+  SharedMemoryAllReduce(std::unique_ptr<SharedSegment> segment, int ranks, int rank, std::size_t slot_bytes,
+                        std::size_t min_bytes)
+      : segment_(std::move(segment)), n_(ranks), rank_(rank), slot_bytes_(slot_bytes), min_bytes_(min_bytes) {}
+
+  std::size_t min_bytes() const noexcept { return min_bytes_; }
+  SharedSegment& segment() noexcept { return *segment_; }
+
+  /// `check()` throws when the call cannot complete (see the header comment); `mismatch()` is
+  /// called when a rank's shared descriptor differs from ours, and must throw.
+  template <class Check, class Mismatch, class Reduce, class Divide>
+  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch,
+           Reduce&& reduce, Divide&& divide) {
+    const std::size_t es = size_of(dtype);
+    const std::size_t piece_elems = std::max<std::size_t>(1, slot_bytes_ / es);
+    const auto nu = static_cast<std::size_t>(n_);
+    for (std::size_t first = 0; first < count; first += piece_elems) {
+      const std::size_t len = std::min(piece_elems, count - first);
+      const std::uint64_t stamp = ++stamp_;
+      std::byte* const piece = data + first * es;
+
+      wait_all(&SharedRankControl::left, stamp - 1, check);
+      SharedRankControl& me = control(rank_);
+      std::memcpy(slot(rank_), piece, len * es);
+      me.count = count;
+      me.dtype = static_cast<std::uint32_t>(dtype);
+      me.op = static_cast<std::uint32_t>(op);
+      me.arrived.store(stamp, std::memory_order_release);
+
+      wait_all(&SharedRankControl::arrived, stamp, check);
+      for (int r = 0; r < n_; ++r) {
+        const SharedRankControl& c = control(r);
+        if (c.count != count || c.dtype != static_cast<std::uint32_t>(dtype) || c.op != static_cast<std::uint32_t>(op)) {
+          mismatch();
+        }
+      }
+      // This rank's slice of the piece, cut as the ring cuts a buffer (sizes differ by at most one).
+      const auto ru = static_cast<std::size_t>(rank_);
+      const std::size_t lo = ru * (len / nu) + std::min(ru, len % nu);
+      const std::size_t hi = lo + len / nu + (ru < len % nu ? 1 : 0);
+      if (hi > lo) {
+        std::byte* const out = result() + lo * es;
+        std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
+        for (int r = 1; r < n_; ++r) reduce(out, slot(r) + lo * es, hi - lo);
+        if (op == ReduceOp::Mean) divide(out, hi - lo);
+      }
+      me.reduced.store(stamp, std::memory_order_release);
+
+      wait_all(&SharedRankControl::reduced, stamp, check);
+      std::memcpy(piece, result(), len * es);
+      me.left.store(stamp, std::memory_order_release);
+    }
+  }
+
+ private:
+  SharedRankControl& control(int r) const noexcept {
+    return *std::launder(reinterpret_cast<SharedRankControl*>(segment_->data() + static_cast<std::size_t>(r) * sizeof(SharedRankControl)));
+  }
+  std::byte* slot(int r) const noexcept {
+    return segment_->data() + nu() * sizeof(SharedRankControl) + static_cast<std::size_t>(r) * slot_bytes_;
+  }
+  std::byte* result() const noexcept { return slot(n_); }
+  std::size_t nu() const noexcept { return static_cast<std::size_t>(n_); }
+
+  static void pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
+  // Until every rank's `counter` reaches `stamp`: spins briefly (the others are usually a copy
+  // away), then yields the core (which may be shared with them), then sleeps in short steps so
+  // that a rank still computing its step does not cost a whole core. `check` runs every 256
+  // rounds once spinning has not sufficed.
+  template <class Check>
+  void wait_all(std::atomic<std::uint64_t> SharedRankControl::*counter, std::uint64_t stamp, Check& check) const {
+    auto ready = [&] {
+      for (int r = 0; r < n_; ++r) {
+        if ((control(r).*counter).load(std::memory_order_acquire) < stamp) return false;
+      }
+      return true;
+    };
+    constexpr int kSpins = 100;
+    for (int i = 0; i < kSpins; ++i) {
+      if (ready()) return;
+      pause();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (std::uint32_t i = 0;; ++i) {
+      if (ready()) return;
+      if (i % 256 == 0) check();
+      if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  std::unique_ptr<SharedSegment> segment_;
+  int n_;
+  int rank_;
+  std::size_t slot_bytes_;
+  std::size_t min_bytes_;
+  std::uint64_t stamp_ = 0;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_MEMORY_ALL_REDUCE_HPP
+// ---- end <distribute/net/detail/shared_memory_all_reduce.hpp> ----
 // ---- begin <distribute/net/detail/transfer_all.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
@@ -32475,6 +33807,15 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// When every rank runs on this host (and can map one POSIX shared-memory segment, which the
+  /// constructor tries), all-reduces of at least this many bytes go through shared memory instead
+  /// of TCP: two copies per rank and a reduction, no TCP stack (docs/performance.md, multi-worker
+  /// section). The TCP connections still carry the call's descriptor, heartbeats and failures.
+  /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
+  std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
+  /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
+  /// pieces of this size. Rank 0's value counts.
+  std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
   /// TCP congestion control for connections within this host (the listening address and the
   /// peer's are loopback addresses), set before they are established; "" keeps the system's
   /// default. There is no network on loopback to probe, and a BBR default paces every send with
@@ -32632,6 +33973,7 @@ struct Peer {
   bool rx_keep = false;
   std::byte* rx_dst = nullptr;
   std::size_t rx_done = 0;
+  std::size_t rx_pad_left = 0;  // front padding not read yet (read together with the payload)
   bool rx_low_water = false;  // SO_RCVLOWAT is raised for the payload being read
   // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
   std::atomic<Clock::rep> last_rx{0};
@@ -32774,6 +34116,15 @@ class Transport {
     return failure_;
   }
 
+  /// For the life of the result, one Op in flight does not make the io thread busy-poll: its
+  /// data does not come through the sockets (shared memory), and the polling thread would take
+  /// turns on the core with the one copying.
+  ScopedCount<std::atomic<int>> exempt_from_busy_poll() noexcept { return ScopedCount<std::atomic<int>>(exempt_ops_, 1); }
+
+  /// The shared-memory all-reduce, when every rank mapped one segment at construction.
+  SharedMemoryAllReduce* shared_memory() const noexcept { return shared_memory_.get(); }
+  void set_shared_memory(std::unique_ptr<SharedMemoryAllReduce> s) noexcept { shared_memory_ = std::move(s); }
+
   /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
   std::string congestion_control(int r) {
     std::lock_guard lk(mu_);
@@ -32823,8 +34174,11 @@ class Transport {
       io_.run();
       return;
     }
+    auto polling_wanted = [this] {
+      return ops_in_flight_.load(std::memory_order_relaxed) > exempt_ops_.load(std::memory_order_relaxed);
+    };
     for (;;) {
-      if (ops_in_flight_.load(std::memory_order_relaxed) > 0) {
+      if (polling_wanted()) {
         auto until = Clock::now() + spin;
         for (;;) {
           const std::size_t ran = io_.poll();
@@ -32832,7 +34186,7 @@ class Transport {
           const auto now = Clock::now();
           if (ran > 0) {
             until = now + spin;
-          } else if (now >= until || ops_in_flight_.load(std::memory_order_relaxed) == 0) {
+          } else if (now >= until || !polling_wanted()) {
             break;
           } else {
             std::this_thread::yield();
@@ -33256,6 +34610,9 @@ class Transport {
         return;
       case FrameType::Data:
       case FrameType::PointToPoint:
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+        return start_payload(p);  // read_payload reads the padding in the same call as the payload
+#else
         if (p.rx.pad == 0) return start_payload(p);
         asio::async_read(*p.socket, asio::buffer(p.rx_pad.data(), p.rx.pad),
                          [this, &p](const boost::system::error_code& ec2, std::size_t) {
@@ -33263,6 +34620,7 @@ class Transport {
                            start_payload(p);
                          });
         return;
+#endif
       default: return protocol_error(p, fmt::format("unexpected {} frame after the handshake", to_string(p.rx.type)));
     }
   }
@@ -33286,12 +34644,21 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
-        mu_.notify_all_locked();
+        if (descriptor_wakes_locked(p.rx.seq, d)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
       return protocol_error(p, e.what());
     }
     read_header(p);
+  }
+
+  // Whether a peer's descriptor must wake the waiting threads. A thread in Op::wait_until (the
+  // ring) need not wake for one that agrees with its own call: it checks every descriptor once its
+  // data is in, and a descriptor that disagrees still wakes it at once. Sparing that wake-up saves
+  // two context switches per call where the caller and the io thread share a core.
+  bool descriptor_wakes_locked(std::uint64_t seq, const Descriptor& d) const {
+    if (progress_waiters_ > 0) return true;
+    return quiet_desc_ == nullptr || quiet_seq_ != seq || !compatible(*quiet_desc_, d);
   }
 
   void start_payload(Peer& p) {
@@ -33332,6 +34699,9 @@ class Transport {
       p.rx_keep = keep;
     }
     p.rx_done = 0;
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    p.rx_pad_left = p.rx.pad;
+#endif
     read_payload(p);
   }
 
@@ -33345,14 +34715,26 @@ class Transport {
     const int fd = p.socket->native_handle();
     for (;;) {
       const std::size_t rest = length - p.rx_done;
-      if (rest == 0) {
+      if (rest == 0 && p.rx_pad_left == 0) {
         if (p.rx_low_water) set_low_water(p, 1);
         return finish_payload(p);
       }
-      const ::ssize_t got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      ::ssize_t got = 0;
+      if (p.rx_pad_left == 0) {
+        got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      } else {
+        std::array<::iovec, 2> iov{::iovec{p.rx_pad.data() + (p.rx.pad - p.rx_pad_left), p.rx_pad_left},
+                                   ::iovec{p.rx_dst + p.rx_done, std::min(kReadPiece, rest)}};
+        ::msghdr msg{};
+        msg.msg_iov = iov.data();
+        msg.msg_iovlen = rest > 0 ? 2 : 1;
+        got = ::recvmsg(fd, &msg, MSG_DONTWAIT);
+      }
       if (got > 0) {
         p.heard_now();
-        p.rx_done += static_cast<std::size_t>(got);
+        const std::size_t pad = std::min(static_cast<std::size_t>(got), p.rx_pad_left);
+        p.rx_pad_left -= pad;
+        p.rx_done += static_cast<std::size_t>(got) - pad;
         continue;
       }
       if (got == 0) return on_read_error(p, asio::error::eof);
@@ -33360,7 +34742,7 @@ class Transport {
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
         return on_read_error(p, boost::system::error_code(errno, asio::error::get_system_category()));
       }
-      const std::size_t want = std::min(rest, kLowWaterMax);
+      const std::size_t want = std::min(rest + p.rx_pad_left, kLowWaterMax);
       if (want > 1 || p.rx_low_water) set_low_water(p, want);
       p.socket->async_wait(tcp::socket::wait_read, [this, &p](const boost::system::error_code& ec) {
         if (ec) return on_read_error(p, ec);
@@ -33860,8 +35242,15 @@ class Transport {
   // Threads blocked in Op::block that want waking whenever a transfer completes; one in
   // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
   int progress_waiters_ = 0;
+  // Set once after construction when every rank mapped one segment (setup_shared_memory);
+  // used by the calling thread only.
+  std::unique_ptr<SharedMemoryAllReduce> shared_memory_;
+  // The call of the thread in Op::wait_until, if one is there (descriptor_wakes_locked).
+  const Descriptor* quiet_desc_ = nullptr;
+  std::uint64_t quiet_seq_ = 0;
   // Ops alive now: while there are any, the io thread busy-polls (run_io_loop).
   std::atomic<int> ops_in_flight_{0};
+  std::atomic<int> exempt_ops_{0};  // of those, how many need no polling (exempt_from_busy_poll)
   std::thread io_thread_;
 };
 
@@ -33966,10 +35355,19 @@ class Transport::Op {
   void wait_until(Done&& done, int waiting_on) {
     std::unique_lock lk(t_.mu_);
     quiet_ = true;
-    struct Loud {
-      bool& quiet;
-      ~Loud() { quiet = false; }
-    } loud{quiet_};
+    const bool announce = collective_ && t_.quiet_desc_ == nullptr;
+    if (announce) {
+      t_.quiet_desc_ = &mine_;
+      t_.quiet_seq_ = seq_;
+    }
+    struct Loud {  // destroyed before lk: runs with the mutex held
+      Op& op;
+      bool announced;
+      ~Loud() {
+        op.quiet_ = false;
+        if (announced) op.t_.quiet_desc_ = nullptr;
+      }
+    } loud{*this, announce};
     block(
         lk,
         [&] {
@@ -33980,6 +35378,16 @@ class Transport::Op {
           return done();
         },
         waiting_on, "data from");
+  }
+
+  /// For an algorithm that waits outside the transport (shared memory): throws what a wait would
+  /// throw now (the communicator's failure, a mismatch once every descriptor is in, a passed
+  /// deadline) without waiting. `waiting_on`: as for wait_until, or -1 (every rank).
+  void check_progress(int waiting_on) {
+    std::unique_lock lk(t_.mu_);
+    if (t_.failure_) raise_failure_locked();
+    if (collective_) poll_descriptors_locked();
+    if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, "data from");
   }
 
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
@@ -34123,16 +35531,18 @@ class Transport::Op {
         t_.mu_.wait(lk);
         continue;
       }
-      if (Clock::now() >= *deadline_) {
-        const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
-        t_.fail_locked(Failure{FailureKind::Timeout,
-                               fmt::format("did not complete within {} ms ({} was waiting for {}{})",
-                                           t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
-                       true);
-        raise_failure_locked();
-      }
+      if (Clock::now() >= *deadline_) time_out_locked(waiting_on, what);
       t_.mu_.wait_until(lk, *deadline_);
     }
+  }
+
+  [[noreturn]] void time_out_locked(int waiting_on, std::string_view what) {
+    const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
+    t_.fail_locked(Failure{FailureKind::Timeout,
+                           fmt::format("did not complete within {} ms ({} was waiting for {}{})",
+                                       t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
+                   true);
+    raise_failure_locked();
   }
 
   // Peers quiet for longer than two heartbeat intervals: the likely culprits of a stall, which
@@ -34512,13 +35922,108 @@ inline void direct_all_reduce(Transport& tr, Transport::Op& op, std::byte* data,
   if (rop == ReduceOp::Mean) divide_bytes(dtype, data, count, n);
 }
 
+/// All-reduce through the transport's shared-memory segment (shared_memory_all_reduce.hpp).
+inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMemoryAllReduce& shm, std::byte* data,
+                                     std::size_t count, DType dtype, ReduceOp rop) {
+  const auto quiet = tr.exempt_from_busy_poll();
+  shm.run(
+      data, count, dtype, rop, [&] { op.check_progress(-1); },
+      [&] {
+        (void)op.descriptors();  // throws: the TCP descriptors name the mismatch the same way on every rank
+        throw Error(fmt::format("{}: the shared-memory descriptors disagree but the TCP ones agree", tr.task_name(tr.rank())));
+      },
+      [&](std::byte* acc, const std::byte* src, std::size_t n) { reduce_bytes(dtype, acc, src, n, rop); },
+      [&](std::byte* acc, std::size_t n) { divide_bytes(dtype, acc, n, tr.size()); });
+  op.finish();
+}
+
+/// Gives the transport a shared-memory all-reduce when every rank can map one segment. Every rank
+/// runs this once, right after the cluster has formed and before any other call (it exchanges
+/// point-to-point messages). Rank 0 creates the segment and offers its name, a nonce written in
+/// it and its options; each rank maps it and answers whether that worked and the nonce matched;
+/// rank 0 unlinks the name and tells everyone whether all succeeded. A rank on another host (or
+/// with another /dev/shm) cannot map it or reads another nonce, and then no rank uses it.
+inline void setup_shared_memory(Transport& tr) {
+  const int n = tr.size(), r = tr.rank();
+  if (n == 1) return;
+  constexpr std::size_t kNameBytes = 64;
+  // Offer: name (NUL-padded; empty: none), nonce, min_bytes, slot_bytes.
+  std::array<std::byte, kNameBytes + kNonceBytes + 16> offer{};
+  auto u64_at = [&](std::size_t at) -> std::byte* { return offer.data() + kNameBytes + kNonceBytes + at; };
+  const CommunicatorOptions& o = tr.options();
+  std::unique_ptr<SharedSegment> segment;
+  std::size_t min_bytes = 0, slot_bytes = 0;
+  if (r == 0) {
+    min_bytes = o.shared_memory_min_bytes;
+    slot_bytes = std::max<std::size_t>(o.shared_memory_slot_bytes, 64);
+    if (min_bytes > 0) {
+      try {
+        segment = SharedSegment::create(SharedMemoryAllReduce::segment_bytes(n, slot_bytes));
+        SharedMemoryAllReduce::initialize(*segment, n);
+        const Nonce nonce = random_nonce();
+        // The nonce sits where the result slot starts; the first all-reduce overwrites it.
+        std::memcpy(segment->data() + segment->size() - slot_bytes, nonce.data(), nonce.size());
+        std::memcpy(offer.data(), segment->name().data(), std::min(segment->name().size(), kNameBytes - 1));
+        std::memcpy(offer.data() + kNameBytes, nonce.data(), nonce.size());
+        std::memcpy(u64_at(0), &min_bytes, 8);
+        std::memcpy(u64_at(8), &slot_bytes, 8);
+      } catch (const Error&) {
+        segment.reset();  // no offer: TCP only
+      }
+    }
+  }
+  std::uint64_t ok = 0;
+  if (r == 0) {
+    std::vector<std::uint64_t> answers(static_cast<std::size_t>(n), 0);
+    {
+      Transport::Op call(tr, "shared-memory set-up", 1);
+      for (int k = 1; k < n; ++k) call.send_p2p(k, offer);
+      for (int k = 1; k < n; ++k) {
+        call.recv_p2p(k, std::as_writable_bytes(std::span<std::uint64_t>(&answers[static_cast<std::size_t>(k)], 1)));
+      }
+      call.finish();
+    }
+    if (segment) segment->unlink();
+    ok = segment && std::all_of(answers.begin() + 1, answers.end(), [](std::uint64_t a) { return a == 1; }) ? 1 : 0;
+    Transport::Op call(tr, "shared-memory set-up", 1);
+    for (int k = 1; k < n; ++k) call.send_p2p(k, std::as_bytes(std::span<const std::uint64_t>(&ok, 1)));
+    call.finish();
+  } else {
+    Transport::Op call(tr, "shared-memory set-up", 0);
+    call.recv_p2p(0, offer);
+    call.finish();
+    std::uint64_t mapped = 0;
+    const std::string name(reinterpret_cast<const char*>(offer.data()), ::strnlen(reinterpret_cast<const char*>(offer.data()), kNameBytes));
+    std::memcpy(&min_bytes, u64_at(0), 8);
+    std::memcpy(&slot_bytes, u64_at(8), 8);
+    if (!name.empty() && o.shared_memory_min_bytes > 0 && slot_bytes >= 64) {
+      try {
+        segment = SharedSegment::open(name, SharedMemoryAllReduce::segment_bytes(n, slot_bytes));
+        mapped = std::memcmp(segment->data() + segment->size() - slot_bytes, offer.data() + kNameBytes, kNonceBytes) == 0 ? 1 : 0;
+      } catch (const Error&) {
+        segment.reset();
+      }
+    }
+    Transport::Op answer(tr, "shared-memory set-up", 0);
+    answer.send_p2p(0, std::as_bytes(std::span<const std::uint64_t>(&mapped, 1)));
+    answer.recv_p2p(0, std::as_writable_bytes(std::span<std::uint64_t>(&ok, 1)));
+    answer.finish();
+    if (mapped == 0) ok = 0;
+  }
+  if (ok == 1) {
+    tr.set_shared_memory(std::make_unique<SharedMemoryAllReduce>(std::move(segment), n, r, slot_bytes, min_bytes));
+  }
+}
+
 /// The one place that picks an all-reduce algorithm, by size and rank count (options.hpp says
 /// when each runs). `count` > 0 and more than one rank.
 inline void all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype, ReduceOp rop,
                        std::vector<std::byte>& scratch) {
   const CommunicatorOptions& o = tr.options();
   const std::size_t bytes = count * size_of(dtype);
-  if (bytes <= std::min(o.direct_max_bytes, o.max_frame_bytes)) {
+  if (SharedMemoryAllReduce* shm = tr.shared_memory(); shm != nullptr && bytes >= shm->min_bytes()) {
+    shared_memory_all_reduce(tr, op, *shm, data, count, dtype, rop);
+  } else if (bytes <= std::min(o.direct_max_bytes, o.max_frame_bytes)) {
     direct_all_reduce(tr, op, data, count, dtype, rop, scratch);
   } else if (bytes <= o.halving_doubling_max_bytes && halving_doubling_applies(tr.size())) {
     halving_doubling_all_reduce(tr, op, data, count, dtype, rop, scratch);
@@ -35554,6 +37059,358 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_PROTOCOL_HPP
 // ---- end <distribute/net/detail/protocol.hpp> ----
+// ---- begin <distribute/net/detail/shared_memory_all_reduce.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_MEMORY_ALL_REDUCE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_MEMORY_ALL_REDUCE_HPP
+// All-reduce through a segment of shared memory, for communicators whose ranks all run on one
+// host: two copies of the buffer per rank (in and out) and a reduction, instead of the TCP path's
+// two kernel copies per byte sent plus the TCP stack on both ends. OpenMPI's shared-memory
+// transport (vader) is the same idea.
+//
+// The segment holds a control line per rank, one slot per rank and a result slot. A buffer goes
+// through in pieces of at most a slot. For each piece, every rank:
+//   1. waits until every rank has copied the previous piece's result out (slots are reused),
+//   2. copies its piece into its slot and publishes its stamp in `arrived`,
+//   3. waits for every rank's `arrived`, reduces its own slice of the piece across all slots in
+//      rank order into the result slot and publishes `reduced`,
+//   4. waits for every rank's `reduced`, copies the whole result out and publishes `left`.
+// Every element is reduced by one rank in one order, so all ranks end bitwise identical. Stamps
+// count pieces since the segment was made and advance alike on every rank.
+//
+// The TCP side still carries the call's descriptor and every failure: while waiting here, a rank
+// asks the Op (`check`) every few hundred polls, which throws on a lost peer (EOF, heartbeat),
+// a passed deadline, or a descriptor that disagrees. Each rank also leaves its call's count, dtype
+// and op next to its stamp, and a rank that reads a different one stops before touching the data
+// and lets the TCP descriptors name the mismatch.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <thread>
+
+// ---- begin <distribute/net/detail/shared_segment.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
+// A POSIX shared-memory segment that the ranks of one communicator map when they run on one host.
+// Rank 0 creates it under a random name and unlinks the name as soon as every rank has mapped it
+// (or failed to), so nothing is left in /dev/shm when a process is killed later. Its pages are
+// reserved with posix_fallocate at creation: a full /dev/shm is an error here, not a SIGBUS later.
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/net/detail/auth.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// Cluster-token authentication primitives, all from OpenSSL (nothing hand-written): nonces from
+// RAND_bytes, HMAC-SHA256, constant-time comparison.
+
+#include <array>
+#include <cstddef>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+
+inline Nonce random_nonce() {
+  Nonce n{};
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw Error("distribute.net: OpenSSL RAND_bytes failed to produce a handshake nonce");
+  }
+  return n;
+}
+
+inline Mac hmac_sha256(std::string_view key, std::span<const std::byte> message) {
+  Mac out{};
+  unsigned int len = 0;
+  const unsigned char* ok =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  if (ok == nullptr || len != out.size()) throw Error("distribute.net: OpenSSL HMAC-SHA256 failed");
+  return out;
+}
+
+/// Timing-independent equality, so a forger learns nothing from how fast a MAC is refused.
+inline bool macs_equal(const Mac& a, const Mac& b) noexcept { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+/// The token in effect: the option when set ("" meaning none), else DISTRIBUTE_CLUSTER_TOKEN.
+inline std::optional<std::string> effective_cluster_token(const std::optional<std::string>& option) {
+  if (option) return option->empty() ? std::nullopt : option;
+  if (const char* env = std::getenv("DISTRIBUTE_CLUSTER_TOKEN"); env != nullptr && *env != '\0') return std::string(env);
+  return std::nullopt;
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_AUTH_HPP
+// ---- end <distribute/net/detail/auth.hpp> ----
+
+#if defined(__linux__)
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define DISTRIBUTE_NET_SHARED_MEMORY 1
+#endif
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+class SharedSegment {
+ public:
+#if defined(DISTRIBUTE_NET_SHARED_MEMORY)
+  /// A new zero-filled segment of `bytes` under a fresh random name. Throws Unavailable.
+  static std::unique_ptr<SharedSegment> create(std::size_t bytes) {
+    const Nonce n = random_nonce();
+    std::string name = "/distribute-";
+    for (std::size_t i = 0; i < 8; ++i) name += fmt::format("{:02x}", static_cast<unsigned>(n[i]));
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, true));
+    seg->map(fd, bytes, true);
+    return seg;
+  }
+
+  /// Maps the segment `name` that another process created. Throws Unavailable.
+  static std::unique_ptr<SharedSegment> open(const std::string& name, std::size_t bytes) {
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
+    seg->map(fd, bytes, false);
+    return seg;
+  }
+
+  ~SharedSegment() {
+    if (base_ != nullptr) ::munmap(base_, size_);
+    unlink();
+  }
+
+  /// Removes the name (creator only; once is enough): the mapping stays valid.
+  void unlink() noexcept {
+    if (owner_) ::shm_unlink(name_.c_str());
+    owner_ = false;
+  }
+#else
+  static std::unique_ptr<SharedSegment> create(std::size_t) { throw Unavailable("shared memory: not supported on this OS"); }
+  static std::unique_ptr<SharedSegment> open(const std::string&, std::size_t) {
+    throw Unavailable("shared memory: not supported on this OS");
+  }
+  void unlink() noexcept {}
+#endif
+
+  SharedSegment(const SharedSegment&) = delete;
+  SharedSegment& operator=(const SharedSegment&) = delete;
+
+  std::byte* data() const noexcept { return static_cast<std::byte*>(base_); }
+  std::size_t size() const noexcept { return size_; }
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  SharedSegment(std::string name, bool owner) : name_(std::move(name)), owner_(owner) {}
+
+#if defined(DISTRIBUTE_NET_SHARED_MEMORY)
+  // Takes ownership of `fd` (closed here whatever happens: the mapping keeps the memory).
+  void map(int fd, std::size_t bytes, bool reserve) {
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    if (reserve) {
+      if (::ftruncate(fd, static_cast<::off_t>(bytes)) != 0) {
+        throw Unavailable(fmt::format("ftruncate({}, {}): {}", name_, bytes, std::strerror(errno)));
+      }
+      if (const int err = ::posix_fallocate(fd, 0, static_cast<::off_t>(bytes)); err != 0) {
+        throw Unavailable(fmt::format("reserving {} bytes for {}: {}", bytes, name_, std::strerror(err)));
+      }
+    } else {
+      struct ::stat st{};
+      if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
+        throw Unavailable(fmt::format("{} is not the {} bytes expected", name_, bytes));
+      }
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) throw Unavailable(fmt::format("mmap({}): {}", name_, std::strerror(errno)));
+    base_ = p;
+    size_ = bytes;
+  }
+#endif
+
+  std::string name_;
+  bool owner_ = false;
+  void* base_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
+// ---- end <distribute/net/detail/shared_segment.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+/// One rank's control line in the segment; each counter on its own cache line.
+struct SharedRankControl {
+  alignas(64) std::atomic<std::uint64_t> arrived{0};
+  alignas(64) std::atomic<std::uint64_t> reduced{0};
+  alignas(64) std::atomic<std::uint64_t> left{0};
+  // The call the piece stamped `arrived` belongs to (written before `arrived`).
+  alignas(64) std::uint64_t count = 0;
+  std::uint32_t dtype = 0;
+  std::uint32_t op = 0;
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
+
+class SharedMemoryAllReduce {
+ public:
+  static std::size_t segment_bytes(int ranks, std::size_t slot_bytes) {
+    return static_cast<std::size_t>(ranks) * sizeof(SharedRankControl) + (static_cast<std::size_t>(ranks) + 1) * slot_bytes;
+  }
+
+  /// Constructs the control lines of a new segment: by its creator, before any other rank is
+  /// told its name.
+  static void initialize(SharedSegment& segment, int ranks) {
+    for (int r = 0; r < ranks; ++r) new (segment.data() + static_cast<std::size_t>(r) * sizeof(SharedRankControl)) SharedRankControl;
+  }
+
+  SharedMemoryAllReduce(std::unique_ptr<SharedSegment> segment, int ranks, int rank, std::size_t slot_bytes,
+                        std::size_t min_bytes)
+      : segment_(std::move(segment)), n_(ranks), rank_(rank), slot_bytes_(slot_bytes), min_bytes_(min_bytes) {}
+
+  std::size_t min_bytes() const noexcept { return min_bytes_; }
+  SharedSegment& segment() noexcept { return *segment_; }
+
+  /// `check()` throws when the call cannot complete (see the header comment); `mismatch()` is
+  /// called when a rank's shared descriptor differs from ours, and must throw.
+  template <class Check, class Mismatch, class Reduce, class Divide>
+  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch,
+           Reduce&& reduce, Divide&& divide) {
+    const std::size_t es = size_of(dtype);
+    const std::size_t piece_elems = std::max<std::size_t>(1, slot_bytes_ / es);
+    const auto nu = static_cast<std::size_t>(n_);
+    for (std::size_t first = 0; first < count; first += piece_elems) {
+      const std::size_t len = std::min(piece_elems, count - first);
+      const std::uint64_t stamp = ++stamp_;
+      std::byte* const piece = data + first * es;
+
+      wait_all(&SharedRankControl::left, stamp - 1, check);
+      SharedRankControl& me = control(rank_);
+      std::memcpy(slot(rank_), piece, len * es);
+      me.count = count;
+      me.dtype = static_cast<std::uint32_t>(dtype);
+      me.op = static_cast<std::uint32_t>(op);
+      me.arrived.store(stamp, std::memory_order_release);
+
+      wait_all(&SharedRankControl::arrived, stamp, check);
+      for (int r = 0; r < n_; ++r) {
+        const SharedRankControl& c = control(r);
+        if (c.count != count || c.dtype != static_cast<std::uint32_t>(dtype) || c.op != static_cast<std::uint32_t>(op)) {
+          mismatch();
+        }
+      }
+      // This rank's slice of the piece, cut as the ring cuts a buffer (sizes differ by at most one).
+      const auto ru = static_cast<std::size_t>(rank_);
+      const std::size_t lo = ru * (len / nu) + std::min(ru, len % nu);
+      const std::size_t hi = lo + len / nu + (ru < len % nu ? 1 : 0);
+      if (hi > lo) {
+        std::byte* const out = result() + lo * es;
+        std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
+        for (int r = 1; r < n_; ++r) reduce(out, slot(r) + lo * es, hi - lo);
+        if (op == ReduceOp::Mean) divide(out, hi - lo);
+      }
+      me.reduced.store(stamp, std::memory_order_release);
+
+      wait_all(&SharedRankControl::reduced, stamp, check);
+      std::memcpy(piece, result(), len * es);
+      me.left.store(stamp, std::memory_order_release);
+    }
+  }
+
+ private:
+  SharedRankControl& control(int r) const noexcept {
+    return *std::launder(reinterpret_cast<SharedRankControl*>(segment_->data() + static_cast<std::size_t>(r) * sizeof(SharedRankControl)));
+  }
+  std::byte* slot(int r) const noexcept {
+    return segment_->data() + nu() * sizeof(SharedRankControl) + static_cast<std::size_t>(r) * slot_bytes_;
+  }
+  std::byte* result() const noexcept { return slot(n_); }
+  std::size_t nu() const noexcept { return static_cast<std::size_t>(n_); }
+
+  static void pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
+  // Until every rank's `counter` reaches `stamp`: spins briefly (the others are usually a copy
+  // away), then yields the core (which may be shared with them), then sleeps in short steps so
+  // that a rank still computing its step does not cost a whole core. `check` runs every 256
+  // rounds once spinning has not sufficed.
+  template <class Check>
+  void wait_all(std::atomic<std::uint64_t> SharedRankControl::*counter, std::uint64_t stamp, Check& check) const {
+    auto ready = [&] {
+      for (int r = 0; r < n_; ++r) {
+        if ((control(r).*counter).load(std::memory_order_acquire) < stamp) return false;
+      }
+      return true;
+    };
+    constexpr int kSpins = 100;
+    for (int i = 0; i < kSpins; ++i) {
+      if (ready()) return;
+      pause();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (std::uint32_t i = 0;; ++i) {
+      if (ready()) return;
+      if (i % 256 == 0) check();
+      if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  std::unique_ptr<SharedSegment> segment_;
+  int n_;
+  int rank_;
+  std::size_t slot_bytes_;
+  std::size_t min_bytes_;
+  std::uint64_t stamp_ = 0;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_MEMORY_ALL_REDUCE_HPP
+// ---- end <distribute/net/detail/shared_memory_all_reduce.hpp> ----
 // ---- begin <distribute/net/detail/transfer_all.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSFER_ALL_HPP
@@ -35920,6 +37777,15 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// When every rank runs on this host (and can map one POSIX shared-memory segment, which the
+  /// constructor tries), all-reduces of at least this many bytes go through shared memory instead
+  /// of TCP: two copies per rank and a reduction, no TCP stack (docs/performance.md, multi-worker
+  /// section). The TCP connections still carry the call's descriptor, heartbeats and failures.
+  /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
+  std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
+  /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
+  /// pieces of this size. Rank 0's value counts.
+  std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
   /// TCP congestion control for connections within this host (the listening address and the
   /// peer's are loopback addresses), set before they are established; "" keeps the system's
   /// default. There is no network on loopback to probe, and a BBR default paces every send with
@@ -36077,6 +37943,7 @@ struct Peer {
   bool rx_keep = false;
   std::byte* rx_dst = nullptr;
   std::size_t rx_done = 0;
+  std::size_t rx_pad_left = 0;  // front padding not read yet (read together with the payload)
   bool rx_low_water = false;  // SO_RCVLOWAT is raised for the payload being read
   // When a byte last arrived; written by the io thread, read for heartbeats and timeout messages.
   std::atomic<Clock::rep> last_rx{0};
@@ -36219,6 +38086,15 @@ class Transport {
     return failure_;
   }
 
+  /// For the life of the result, one Op in flight does not make the io thread busy-poll: its
+  /// data does not come through the sockets (shared memory), and the polling thread would take
+  /// turns on the core with the one copying.
+  ScopedCount<std::atomic<int>> exempt_from_busy_poll() noexcept { return ScopedCount<std::atomic<int>>(exempt_ops_, 1); }
+
+  /// The shared-memory all-reduce, when every rank mapped one segment at construction.
+  SharedMemoryAllReduce* shared_memory() const noexcept { return shared_memory_.get(); }
+  void set_shared_memory(std::unique_ptr<SharedMemoryAllReduce> s) noexcept { shared_memory_ = std::move(s); }
+
   /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
   std::string congestion_control(int r) {
     std::lock_guard lk(mu_);
@@ -36268,8 +38144,11 @@ class Transport {
       io_.run();
       return;
     }
+    auto polling_wanted = [this] {
+      return ops_in_flight_.load(std::memory_order_relaxed) > exempt_ops_.load(std::memory_order_relaxed);
+    };
     for (;;) {
-      if (ops_in_flight_.load(std::memory_order_relaxed) > 0) {
+      if (polling_wanted()) {
         auto until = Clock::now() + spin;
         for (;;) {
           const std::size_t ran = io_.poll();
@@ -36277,7 +38156,7 @@ class Transport {
           const auto now = Clock::now();
           if (ran > 0) {
             until = now + spin;
-          } else if (now >= until || ops_in_flight_.load(std::memory_order_relaxed) == 0) {
+          } else if (now >= until || !polling_wanted()) {
             break;
           } else {
             std::this_thread::yield();
@@ -36701,6 +38580,9 @@ class Transport {
         return;
       case FrameType::Data:
       case FrameType::PointToPoint:
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+        return start_payload(p);  // read_payload reads the padding in the same call as the payload
+#else
         if (p.rx.pad == 0) return start_payload(p);
         asio::async_read(*p.socket, asio::buffer(p.rx_pad.data(), p.rx.pad),
                          [this, &p](const boost::system::error_code& ec2, std::size_t) {
@@ -36708,6 +38590,7 @@ class Transport {
                            start_payload(p);
                          });
         return;
+#endif
       default: return protocol_error(p, fmt::format("unexpected {} frame after the handshake", to_string(p.rx.type)));
     }
   }
@@ -36731,12 +38614,21 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
-        mu_.notify_all_locked();
+        if (descriptor_wakes_locked(p.rx.seq, d)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
       return protocol_error(p, e.what());
     }
     read_header(p);
+  }
+
+  // Whether a peer's descriptor must wake the waiting threads. A thread in Op::wait_until (the
+  // ring) need not wake for one that agrees with its own call: it checks every descriptor once its
+  // data is in, and a descriptor that disagrees still wakes it at once. Sparing that wake-up saves
+  // two context switches per call where the caller and the io thread share a core.
+  bool descriptor_wakes_locked(std::uint64_t seq, const Descriptor& d) const {
+    if (progress_waiters_ > 0) return true;
+    return quiet_desc_ == nullptr || quiet_seq_ != seq || !compatible(*quiet_desc_, d);
   }
 
   void start_payload(Peer& p) {
@@ -36777,6 +38669,9 @@ class Transport {
       p.rx_keep = keep;
     }
     p.rx_done = 0;
+#if defined(DISTRIBUTE_NET_DIRECT_SEND)
+    p.rx_pad_left = p.rx.pad;
+#endif
     read_payload(p);
   }
 
@@ -36790,14 +38685,26 @@ class Transport {
     const int fd = p.socket->native_handle();
     for (;;) {
       const std::size_t rest = length - p.rx_done;
-      if (rest == 0) {
+      if (rest == 0 && p.rx_pad_left == 0) {
         if (p.rx_low_water) set_low_water(p, 1);
         return finish_payload(p);
       }
-      const ::ssize_t got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      ::ssize_t got = 0;
+      if (p.rx_pad_left == 0) {
+        got = ::recv(fd, p.rx_dst + p.rx_done, std::min(kReadPiece, rest), MSG_DONTWAIT);
+      } else {
+        std::array<::iovec, 2> iov{::iovec{p.rx_pad.data() + (p.rx.pad - p.rx_pad_left), p.rx_pad_left},
+                                   ::iovec{p.rx_dst + p.rx_done, std::min(kReadPiece, rest)}};
+        ::msghdr msg{};
+        msg.msg_iov = iov.data();
+        msg.msg_iovlen = rest > 0 ? 2 : 1;
+        got = ::recvmsg(fd, &msg, MSG_DONTWAIT);
+      }
       if (got > 0) {
         p.heard_now();
-        p.rx_done += static_cast<std::size_t>(got);
+        const std::size_t pad = std::min(static_cast<std::size_t>(got), p.rx_pad_left);
+        p.rx_pad_left -= pad;
+        p.rx_done += static_cast<std::size_t>(got) - pad;
         continue;
       }
       if (got == 0) return on_read_error(p, asio::error::eof);
@@ -36805,7 +38712,7 @@ class Transport {
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
         return on_read_error(p, boost::system::error_code(errno, asio::error::get_system_category()));
       }
-      const std::size_t want = std::min(rest, kLowWaterMax);
+      const std::size_t want = std::min(rest + p.rx_pad_left, kLowWaterMax);
       if (want > 1 || p.rx_low_water) set_low_water(p, want);
       p.socket->async_wait(tcp::socket::wait_read, [this, &p](const boost::system::error_code& ec) {
         if (ec) return on_read_error(p, ec);
@@ -37305,8 +39212,15 @@ class Transport {
   // Threads blocked in Op::block that want waking whenever a transfer completes; one in
   // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
   int progress_waiters_ = 0;
+  // Set once after construction when every rank mapped one segment (setup_shared_memory);
+  // used by the calling thread only.
+  std::unique_ptr<SharedMemoryAllReduce> shared_memory_;
+  // The call of the thread in Op::wait_until, if one is there (descriptor_wakes_locked).
+  const Descriptor* quiet_desc_ = nullptr;
+  std::uint64_t quiet_seq_ = 0;
   // Ops alive now: while there are any, the io thread busy-polls (run_io_loop).
   std::atomic<int> ops_in_flight_{0};
+  std::atomic<int> exempt_ops_{0};  // of those, how many need no polling (exempt_from_busy_poll)
   std::thread io_thread_;
 };
 
@@ -37411,10 +39325,19 @@ class Transport::Op {
   void wait_until(Done&& done, int waiting_on) {
     std::unique_lock lk(t_.mu_);
     quiet_ = true;
-    struct Loud {
-      bool& quiet;
-      ~Loud() { quiet = false; }
-    } loud{quiet_};
+    const bool announce = collective_ && t_.quiet_desc_ == nullptr;
+    if (announce) {
+      t_.quiet_desc_ = &mine_;
+      t_.quiet_seq_ = seq_;
+    }
+    struct Loud {  // destroyed before lk: runs with the mutex held
+      Op& op;
+      bool announced;
+      ~Loud() {
+        op.quiet_ = false;
+        if (announced) op.t_.quiet_desc_ = nullptr;
+      }
+    } loud{*this, announce};
     block(
         lk,
         [&] {
@@ -37425,6 +39348,16 @@ class Transport::Op {
           return done();
         },
         waiting_on, "data from");
+  }
+
+  /// For an algorithm that waits outside the transport (shared memory): throws what a wait would
+  /// throw now (the communicator's failure, a mismatch once every descriptor is in, a passed
+  /// deadline) without waiting. `waiting_on`: as for wait_until, or -1 (every rank).
+  void check_progress(int waiting_on) {
+    std::unique_lock lk(t_.mu_);
+    if (t_.failure_) raise_failure_locked();
+    if (collective_) poll_descriptors_locked();
+    if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, "data from");
   }
 
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
@@ -37568,16 +39501,18 @@ class Transport::Op {
         t_.mu_.wait(lk);
         continue;
       }
-      if (Clock::now() >= *deadline_) {
-        const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
-        t_.fail_locked(Failure{FailureKind::Timeout,
-                               fmt::format("did not complete within {} ms ({} was waiting for {}{})",
-                                           t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
-                       true);
-        raise_failure_locked();
-      }
+      if (Clock::now() >= *deadline_) time_out_locked(waiting_on, what);
       t_.mu_.wait_until(lk, *deadline_);
     }
+  }
+
+  [[noreturn]] void time_out_locked(int waiting_on, std::string_view what) {
+    const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name) : missing_locked();
+    t_.fail_locked(Failure{FailureKind::Timeout,
+                           fmt::format("did not complete within {} ms ({} was waiting for {}{})",
+                                       t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
+                   true);
+    raise_failure_locked();
   }
 
   // Peers quiet for longer than two heartbeat intervals: the likely culprits of a stall, which
@@ -37774,6 +39709,15 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
+  /// When every rank runs on this host (and can map one POSIX shared-memory segment, which the
+  /// constructor tries), all-reduces of at least this many bytes go through shared memory instead
+  /// of TCP: two copies per rank and a reduction, no TCP stack (docs/performance.md, multi-worker
+  /// section). The TCP connections still carry the call's descriptor, heartbeats and failures.
+  /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
+  std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
+  /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
+  /// pieces of this size. Rank 0's value counts.
+  std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
   /// TCP congestion control for connections within this host (the listening address and the
   /// peer's are loopback addresses), set before they are established; "" keeps the system's
   /// default. There is no network on loopback to probe, and a BBR default paces every send with
@@ -37803,7 +39747,9 @@ class Communicator {
   Communicator(std::vector<std::string> addresses, int rank, CommunicatorOptions options = {},
                std::vector<std::string> task_names = {})
       : transport_(std::make_unique<detail::Transport>(std::move(addresses), rank, std::move(options),
-                                                       std::move(task_names))) {}
+                                                       std::move(task_names))) {
+    detail::setup_shared_memory(*transport_);
+  }
 
   /// Clean shutdown: says goodbye to every peer, waits (at most 2 s) for the goodbyes to be
   /// written and answered, closes the sockets and joins the network thread. Never throws.
@@ -37817,6 +39763,10 @@ class Communicator {
   const std::string& task_name(int rank) const { return transport_->task_name(rank); }
   const std::string& address(int rank) const { return transport_->address(rank); }
   const CommunicatorOptions& options() const noexcept { return transport_->options(); }
+
+  /// Whether all-reduces of at least options().shared_memory_min_bytes (rank 0's value) go
+  /// through shared memory: every rank runs on this host, enabled it, and mapped one segment.
+  bool uses_shared_memory() const noexcept { return transport_->shared_memory() != nullptr; }
 
   /// The message of the error that poisoned this communicator, if one did.
   std::optional<std::string> failure() const {
@@ -37991,6 +39941,7 @@ struct MultiWorkerSetup {
     net::CommunicatorOptions comm_options;
     comm_options.cluster_token = options.cluster_token;  // unset: net/ reads DISTRIBUTE_CLUSTER_TOKEN
     if (options.loopback_congestion_control) comm_options.loopback_congestion_control = *options.loopback_congestion_control;
+    if (options.shared_memory_min_bytes) comm_options.shared_memory_min_bytes = *options.shared_memory_min_bytes;
     if (options.timeout_seconds) {
       comm_options.operation_timeout =
           std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
