@@ -8,8 +8,9 @@
 //   1. waits until every rank has copied the previous piece's result out (slots are reused),
 //   2. copies its piece into its slot and publishes its stamp in `arrived`,
 //   3. waits for every rank's `arrived`, reduces its own slice of the piece across all slots in
-//      rank order into the result slot and publishes `reduced`,
-//   4. waits for every rank's `reduced`, copies the whole result out and publishes `left`.
+//      rank order into its buffer, copies that slice into the result slot and publishes `reduced`,
+//   4. waits for every rank's `reduced`, copies the other slices of the result out and publishes
+//      `left`.
 // Every element is reduced by one rank in one order, so all ranks end bitwise identical. Stamps
 // count pieces since the segment was made and advance alike on every rank.
 //
@@ -101,16 +102,20 @@ class SharedMemoryAllReduce {
       const auto ru = static_cast<std::size_t>(rank_);
       const std::size_t lo = ru * (len / nu) + std::min(ru, len % nu);
       const std::size_t hi = lo + len / nu + (ru < len % nu ? 1 : 0);
+      // Reduced into the caller's buffer, where the slice ends anyway (rank 0's own data already
+      // is slot 0's), then published in the result slot for the others.
       if (hi > lo) {
-        std::byte* const out = result() + lo * es;
-        std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
+        std::byte* const out = piece + lo * es;
+        if (rank_ != 0) std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
         for (int r = 1; r < n_; ++r) reduce(out, slot(r) + lo * es, hi - lo);
         if (op == ReduceOp::Mean) divide(out, hi - lo);
+        std::memcpy(result() + lo * es, out, (hi - lo) * es);
       }
       me.reduced.store(stamp, std::memory_order_release);
 
       wait_all(&SharedRankControl::reduced, stamp, check);
-      std::memcpy(piece, result(), len * es);
+      std::memcpy(piece, result(), lo * es);
+      std::memcpy(piece + hi * es, result() + hi * es, (len - hi) * es);
       me.left.store(stamp, std::memory_order_release);
     }
   }
