@@ -290,12 +290,15 @@ void run_mismatch(ds::net::Communicator& comm, const std::string& variant) {
   comm.barrier();
   say("READY");
   std::vector<float> f(odd && variant == "count" ? 11 : 10, 1.0f);
-  std::vector<float> big((std::size_t{1} << 20) + (odd && variant == "ring-count" ? 1 : 0), 1.0f);
+  // "ring-halves": the upper half of the ranks calls with one element more, so every rank has
+  // partners on both sides of the disagreement.
+  const bool bigger = (odd && variant == "ring-count") || (variant == "ring-halves" && me >= n / 2);
+  std::vector<float> big((std::size_t{1} << 20) + (bigger ? 1 : 0), 1.0f);
   std::vector<std::int32_t> i32(10, 1);
   try {
     if (variant == "count") {
       comm.all_reduce(std::span<float>(f), ds::ReduceOp::Sum);
-    } else if (variant == "ring-count") {
+    } else if (variant == "ring-count" || variant == "ring-halves") {
       comm.all_reduce(std::span<float>(big), ds::ReduceOp::Sum);
     } else if (variant == "op") {
       comm.all_reduce(std::span<float>(f), odd ? ds::ReduceOp::Max : ds::ReduceOp::Sum);

@@ -23238,18 +23238,19 @@ class SharedSegment {
     const Nonce n = random_nonce();
     std::string name = "/distribute-";
     for (std::size_t i = 0; i < 8; ++i) name += fmt::format("{:02x}", static_cast<unsigned>(n[i]));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
-    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, true));
+    seg->owner_ = true;  // from here on the destructor removes the name
     seg->map(fd, bytes, true);
     return seg;
   }
 
   /// Maps the segment `name` that another process created. Throws Unavailable.
   static std::unique_ptr<SharedSegment> open(const std::string& name, std::size_t bytes) {
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
     if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
-    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     seg->map(fd, bytes, false);
     return seg;
   }
@@ -24666,7 +24667,7 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
-        if (descriptor_wakes_locked(p.rx.seq, d)) mu_.notify_all_locked();
+        if (descriptor_wakes_locked(p.rx.seq)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
       return protocol_error(p, e.what());
@@ -24678,9 +24679,16 @@ class Transport {
   // ring) need not wake for one that agrees with its own call: it checks every descriptor once its
   // data is in, and a descriptor that disagrees still wakes it at once. Sparing that wake-up saves
   // two context switches per call where the caller and the io thread share a core.
-  bool descriptor_wakes_locked(std::uint64_t seq, const Descriptor& d) const {
-    if (progress_waiters_ > 0) return true;
-    return quiet_desc_ == nullptr || quiet_seq_ != seq || !compatible(*quiet_desc_, d);
+  // Disagreement is judged once every descriptor is in, so the thread is woken for every
+  // arrival (the last one included) while any descriptor of its call disagrees, whichever
+  // came first.
+  bool descriptor_wakes_locked(std::uint64_t seq) const {
+    if (progress_waiters_ > 0 || quiet_desc_ == nullptr || quiet_seq_ != seq) return true;
+    for (const auto& p : peers_) {
+      const auto it = p->descriptors.find(seq);
+      if (it != p->descriptors.end() && !compatible(*quiet_desc_, it->second)) return true;
+    }
+    return false;
   }
 
   void start_payload(Peer& p) {
@@ -25412,6 +25420,13 @@ class Transport::Op {
     if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, "data from");
   }
 
+  /// Poisons the communicator with `message` (sent to every peer) and throws it.
+  [[noreturn]] void fail(FailureKind kind, std::string message) {
+    std::unique_lock lk(t_.mu_);
+    t_.fail_locked(Failure{kind, std::move(message)}, true);
+    raise_failure_locked();
+  }
+
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
   const std::vector<Descriptor>& descriptors() {
     std::unique_lock lk(t_.mu_);
@@ -25952,7 +25967,8 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
       data, count, dtype, rop, [&] { op.check_progress(-1); },
       [&] {
         (void)op.descriptors();  // throws: the TCP descriptors name the mismatch the same way on every rank
-        throw Error(fmt::format("{}: the shared-memory descriptors disagree but the TCP ones agree", tr.task_name(tr.rank())));
+        op.fail(FailureKind::Peer, fmt::format("{}: the shared-memory descriptors disagree but the TCP ones agree",
+                                              tr.task_name(tr.rank())));
       },
       [&](std::byte* acc, const std::byte* src, std::size_t n) { reduce_bytes(dtype, acc, src, n, rop); },
       [&](std::byte* acc, std::size_t n) { divide_bytes(dtype, acc, n, tr.size()); });
@@ -25965,6 +25981,8 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
 /// it and its options; each rank maps it and answers whether that worked and the nonce matched;
 /// rank 0 unlinks the name and tells everyone whether all succeeded. A rank on another host (or
 /// with another /dev/shm) cannot map it or reads another nonce, and then no rank uses it.
+inline constexpr std::size_t kMaxSharedSlotBytes = std::size_t{1} << 30;
+
 inline void setup_shared_memory(Transport& tr) {
   const int n = tr.size(), r = tr.rank();
   if (n == 1) return;
@@ -25977,7 +25995,8 @@ inline void setup_shared_memory(Transport& tr) {
   std::size_t min_bytes = 0, slot_bytes = 0;
   if (r == 0) {
     min_bytes = o.shared_memory_min_bytes;
-    slot_bytes = std::max<std::size_t>(o.shared_memory_slot_bytes, 64);
+    // Whole cache lines (every slot stays aligned for every dtype), at most 1 GiB.
+    slot_bytes = (std::clamp<std::size_t>(o.shared_memory_slot_bytes, 64, kMaxSharedSlotBytes) + 63) / 64 * 64;
     if (min_bytes > 0) {
       try {
         segment = SharedSegment::create(SharedMemoryAllReduce::segment_bytes(n, slot_bytes));
@@ -26018,7 +26037,8 @@ inline void setup_shared_memory(Transport& tr) {
     const std::string name(reinterpret_cast<const char*>(offer.data()), ::strnlen(reinterpret_cast<const char*>(offer.data()), kNameBytes));
     std::memcpy(&min_bytes, u64_at(0), 8);
     std::memcpy(&slot_bytes, u64_at(8), 8);
-    if (!name.empty() && o.shared_memory_min_bytes > 0 && slot_bytes >= 64) {
+    if (!name.empty() && o.shared_memory_min_bytes > 0 && slot_bytes >= 64 && slot_bytes % 64 == 0 &&
+        slot_bytes <= kMaxSharedSlotBytes) {
       try {
         segment = SharedSegment::open(name, SharedMemoryAllReduce::segment_bytes(n, slot_bytes));
         mapped = std::memcmp(segment->data() + segment->size() - slot_bytes, offer.data() + kNameBytes, kNonceBytes) == 0 ? 1 : 0;
@@ -27213,18 +27233,19 @@ class SharedSegment {
     const Nonce n = random_nonce();
     std::string name = "/distribute-";
     for (std::size_t i = 0; i < 8; ++i) name += fmt::format("{:02x}", static_cast<unsigned>(n[i]));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
-    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, true));
+    seg->owner_ = true;  // from here on the destructor removes the name
     seg->map(fd, bytes, true);
     return seg;
   }
 
   /// Maps the segment `name` that another process created. Throws Unavailable.
   static std::unique_ptr<SharedSegment> open(const std::string& name, std::size_t bytes) {
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
     if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
-    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     seg->map(fd, bytes, false);
     return seg;
   }
@@ -28641,7 +28662,7 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
-        if (descriptor_wakes_locked(p.rx.seq, d)) mu_.notify_all_locked();
+        if (descriptor_wakes_locked(p.rx.seq)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
       return protocol_error(p, e.what());
@@ -28653,9 +28674,16 @@ class Transport {
   // ring) need not wake for one that agrees with its own call: it checks every descriptor once its
   // data is in, and a descriptor that disagrees still wakes it at once. Sparing that wake-up saves
   // two context switches per call where the caller and the io thread share a core.
-  bool descriptor_wakes_locked(std::uint64_t seq, const Descriptor& d) const {
-    if (progress_waiters_ > 0) return true;
-    return quiet_desc_ == nullptr || quiet_seq_ != seq || !compatible(*quiet_desc_, d);
+  // Disagreement is judged once every descriptor is in, so the thread is woken for every
+  // arrival (the last one included) while any descriptor of its call disagrees, whichever
+  // came first.
+  bool descriptor_wakes_locked(std::uint64_t seq) const {
+    if (progress_waiters_ > 0 || quiet_desc_ == nullptr || quiet_seq_ != seq) return true;
+    for (const auto& p : peers_) {
+      const auto it = p->descriptors.find(seq);
+      if (it != p->descriptors.end() && !compatible(*quiet_desc_, it->second)) return true;
+    }
+    return false;
   }
 
   void start_payload(Peer& p) {
@@ -29385,6 +29413,13 @@ class Transport::Op {
     if (t_.failure_) raise_failure_locked();
     if (collective_) poll_descriptors_locked();
     if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, "data from");
+  }
+
+  /// Poisons the communicator with `message` (sent to every peer) and throws it.
+  [[noreturn]] void fail(FailureKind kind, std::string message) {
+    std::unique_lock lk(t_.mu_);
+    t_.fail_locked(Failure{kind, std::move(message)}, true);
+    raise_failure_locked();
   }
 
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
@@ -33231,18 +33266,19 @@ class SharedSegment {
     const Nonce n = random_nonce();
     std::string name = "/distribute-";
     for (std::size_t i = 0; i < 8; ++i) name += fmt::format("{:02x}", static_cast<unsigned>(n[i]));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
-    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, true));
+    seg->owner_ = true;  // from here on the destructor removes the name
     seg->map(fd, bytes, true);
     return seg;
   }
 
   /// Maps the segment `name` that another process created. Throws Unavailable.
   static std::unique_ptr<SharedSegment> open(const std::string& name, std::size_t bytes) {
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
     if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
-    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     seg->map(fd, bytes, false);
     return seg;
   }
@@ -34659,7 +34695,7 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
-        if (descriptor_wakes_locked(p.rx.seq, d)) mu_.notify_all_locked();
+        if (descriptor_wakes_locked(p.rx.seq)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
       return protocol_error(p, e.what());
@@ -34671,9 +34707,16 @@ class Transport {
   // ring) need not wake for one that agrees with its own call: it checks every descriptor once its
   // data is in, and a descriptor that disagrees still wakes it at once. Sparing that wake-up saves
   // two context switches per call where the caller and the io thread share a core.
-  bool descriptor_wakes_locked(std::uint64_t seq, const Descriptor& d) const {
-    if (progress_waiters_ > 0) return true;
-    return quiet_desc_ == nullptr || quiet_seq_ != seq || !compatible(*quiet_desc_, d);
+  // Disagreement is judged once every descriptor is in, so the thread is woken for every
+  // arrival (the last one included) while any descriptor of its call disagrees, whichever
+  // came first.
+  bool descriptor_wakes_locked(std::uint64_t seq) const {
+    if (progress_waiters_ > 0 || quiet_desc_ == nullptr || quiet_seq_ != seq) return true;
+    for (const auto& p : peers_) {
+      const auto it = p->descriptors.find(seq);
+      if (it != p->descriptors.end() && !compatible(*quiet_desc_, it->second)) return true;
+    }
+    return false;
   }
 
   void start_payload(Peer& p) {
@@ -35405,6 +35448,13 @@ class Transport::Op {
     if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, "data from");
   }
 
+  /// Poisons the communicator with `message` (sent to every peer) and throws it.
+  [[noreturn]] void fail(FailureKind kind, std::string message) {
+    std::unique_lock lk(t_.mu_);
+    t_.fail_locked(Failure{kind, std::move(message)}, true);
+    raise_failure_locked();
+  }
+
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
   const std::vector<Descriptor>& descriptors() {
     std::unique_lock lk(t_.mu_);
@@ -35945,7 +35995,8 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
       data, count, dtype, rop, [&] { op.check_progress(-1); },
       [&] {
         (void)op.descriptors();  // throws: the TCP descriptors name the mismatch the same way on every rank
-        throw Error(fmt::format("{}: the shared-memory descriptors disagree but the TCP ones agree", tr.task_name(tr.rank())));
+        op.fail(FailureKind::Peer, fmt::format("{}: the shared-memory descriptors disagree but the TCP ones agree",
+                                              tr.task_name(tr.rank())));
       },
       [&](std::byte* acc, const std::byte* src, std::size_t n) { reduce_bytes(dtype, acc, src, n, rop); },
       [&](std::byte* acc, std::size_t n) { divide_bytes(dtype, acc, n, tr.size()); });
@@ -35958,6 +36009,8 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
 /// it and its options; each rank maps it and answers whether that worked and the nonce matched;
 /// rank 0 unlinks the name and tells everyone whether all succeeded. A rank on another host (or
 /// with another /dev/shm) cannot map it or reads another nonce, and then no rank uses it.
+inline constexpr std::size_t kMaxSharedSlotBytes = std::size_t{1} << 30;
+
 inline void setup_shared_memory(Transport& tr) {
   const int n = tr.size(), r = tr.rank();
   if (n == 1) return;
@@ -35970,7 +36023,8 @@ inline void setup_shared_memory(Transport& tr) {
   std::size_t min_bytes = 0, slot_bytes = 0;
   if (r == 0) {
     min_bytes = o.shared_memory_min_bytes;
-    slot_bytes = std::max<std::size_t>(o.shared_memory_slot_bytes, 64);
+    // Whole cache lines (every slot stays aligned for every dtype), at most 1 GiB.
+    slot_bytes = (std::clamp<std::size_t>(o.shared_memory_slot_bytes, 64, kMaxSharedSlotBytes) + 63) / 64 * 64;
     if (min_bytes > 0) {
       try {
         segment = SharedSegment::create(SharedMemoryAllReduce::segment_bytes(n, slot_bytes));
@@ -36011,7 +36065,8 @@ inline void setup_shared_memory(Transport& tr) {
     const std::string name(reinterpret_cast<const char*>(offer.data()), ::strnlen(reinterpret_cast<const char*>(offer.data()), kNameBytes));
     std::memcpy(&min_bytes, u64_at(0), 8);
     std::memcpy(&slot_bytes, u64_at(8), 8);
-    if (!name.empty() && o.shared_memory_min_bytes > 0 && slot_bytes >= 64) {
+    if (!name.empty() && o.shared_memory_min_bytes > 0 && slot_bytes >= 64 && slot_bytes % 64 == 0 &&
+        slot_bytes <= kMaxSharedSlotBytes) {
       try {
         segment = SharedSegment::open(name, SharedMemoryAllReduce::segment_bytes(n, slot_bytes));
         mapped = std::memcmp(segment->data() + segment->size() - slot_bytes, offer.data() + kNameBytes, kNonceBytes) == 0 ? 1 : 0;
@@ -37206,18 +37261,19 @@ class SharedSegment {
     const Nonce n = random_nonce();
     std::string name = "/distribute-";
     for (std::size_t i = 0; i < 8; ++i) name += fmt::format("{:02x}", static_cast<unsigned>(n[i]));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
-    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, true));
+    seg->owner_ = true;  // from here on the destructor removes the name
     seg->map(fd, bytes, true);
     return seg;
   }
 
   /// Maps the segment `name` that another process created. Throws Unavailable.
   static std::unique_ptr<SharedSegment> open(const std::string& name, std::size_t bytes) {
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
     if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
-    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     seg->map(fd, bytes, false);
     return seg;
   }
@@ -38634,7 +38690,7 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
-        if (descriptor_wakes_locked(p.rx.seq, d)) mu_.notify_all_locked();
+        if (descriptor_wakes_locked(p.rx.seq)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
       return protocol_error(p, e.what());
@@ -38646,9 +38702,16 @@ class Transport {
   // ring) need not wake for one that agrees with its own call: it checks every descriptor once its
   // data is in, and a descriptor that disagrees still wakes it at once. Sparing that wake-up saves
   // two context switches per call where the caller and the io thread share a core.
-  bool descriptor_wakes_locked(std::uint64_t seq, const Descriptor& d) const {
-    if (progress_waiters_ > 0) return true;
-    return quiet_desc_ == nullptr || quiet_seq_ != seq || !compatible(*quiet_desc_, d);
+  // Disagreement is judged once every descriptor is in, so the thread is woken for every
+  // arrival (the last one included) while any descriptor of its call disagrees, whichever
+  // came first.
+  bool descriptor_wakes_locked(std::uint64_t seq) const {
+    if (progress_waiters_ > 0 || quiet_desc_ == nullptr || quiet_seq_ != seq) return true;
+    for (const auto& p : peers_) {
+      const auto it = p->descriptors.find(seq);
+      if (it != p->descriptors.end() && !compatible(*quiet_desc_, it->second)) return true;
+    }
+    return false;
   }
 
   void start_payload(Peer& p) {
@@ -39378,6 +39441,13 @@ class Transport::Op {
     if (t_.failure_) raise_failure_locked();
     if (collective_) poll_descriptors_locked();
     if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, "data from");
+  }
+
+  /// Poisons the communicator with `message` (sent to every peer) and throws it.
+  [[noreturn]] void fail(FailureKind kind, std::string message) {
+    std::unique_lock lk(t_.mu_);
+    t_.fail_locked(Failure{kind, std::move(message)}, true);
+    raise_failure_locked();
   }
 
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).

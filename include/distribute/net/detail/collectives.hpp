@@ -269,7 +269,8 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
       data, count, dtype, rop, [&] { op.check_progress(-1); },
       [&] {
         (void)op.descriptors();  // throws: the TCP descriptors name the mismatch the same way on every rank
-        throw Error(fmt::format("{}: the shared-memory descriptors disagree but the TCP ones agree", tr.task_name(tr.rank())));
+        op.fail(FailureKind::Peer, fmt::format("{}: the shared-memory descriptors disagree but the TCP ones agree",
+                                              tr.task_name(tr.rank())));
       },
       [&](std::byte* acc, const std::byte* src, std::size_t n) { reduce_bytes(dtype, acc, src, n, rop); },
       [&](std::byte* acc, std::size_t n) { divide_bytes(dtype, acc, n, tr.size()); });
@@ -282,6 +283,8 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
 /// it and its options; each rank maps it and answers whether that worked and the nonce matched;
 /// rank 0 unlinks the name and tells everyone whether all succeeded. A rank on another host (or
 /// with another /dev/shm) cannot map it or reads another nonce, and then no rank uses it.
+inline constexpr std::size_t kMaxSharedSlotBytes = std::size_t{1} << 30;
+
 inline void setup_shared_memory(Transport& tr) {
   const int n = tr.size(), r = tr.rank();
   if (n == 1) return;
@@ -294,7 +297,8 @@ inline void setup_shared_memory(Transport& tr) {
   std::size_t min_bytes = 0, slot_bytes = 0;
   if (r == 0) {
     min_bytes = o.shared_memory_min_bytes;
-    slot_bytes = std::max<std::size_t>(o.shared_memory_slot_bytes, 64);
+    // Whole cache lines (every slot stays aligned for every dtype), at most 1 GiB.
+    slot_bytes = (std::clamp<std::size_t>(o.shared_memory_slot_bytes, 64, kMaxSharedSlotBytes) + 63) / 64 * 64;
     if (min_bytes > 0) {
       try {
         segment = SharedSegment::create(SharedMemoryAllReduce::segment_bytes(n, slot_bytes));
@@ -335,7 +339,8 @@ inline void setup_shared_memory(Transport& tr) {
     const std::string name(reinterpret_cast<const char*>(offer.data()), ::strnlen(reinterpret_cast<const char*>(offer.data()), kNameBytes));
     std::memcpy(&min_bytes, u64_at(0), 8);
     std::memcpy(&slot_bytes, u64_at(8), 8);
-    if (!name.empty() && o.shared_memory_min_bytes > 0 && slot_bytes >= 64) {
+    if (!name.empty() && o.shared_memory_min_bytes > 0 && slot_bytes >= 64 && slot_bytes % 64 == 0 &&
+        slot_bytes <= kMaxSharedSlotBytes) {
       try {
         segment = SharedSegment::open(name, SharedMemoryAllReduce::segment_bytes(n, slot_bytes));
         mapped = std::memcmp(segment->data() + segment->size() - slot_bytes, offer.data() + kNameBytes, kNonceBytes) == 0 ? 1 : 0;

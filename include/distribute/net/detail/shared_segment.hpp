@@ -35,18 +35,19 @@ class SharedSegment {
     const Nonce n = random_nonce();
     std::string name = "/distribute-";
     for (std::size_t i = 0; i < 8; ++i) name += fmt::format("{:02x}", static_cast<unsigned>(n[i]));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
-    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, true));
+    seg->owner_ = true;  // from here on the destructor removes the name
     seg->map(fd, bytes, true);
     return seg;
   }
 
   /// Maps the segment `name` that another process created. Throws Unavailable.
   static std::unique_ptr<SharedSegment> open(const std::string& name, std::size_t bytes) {
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
     if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
-    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
     seg->map(fd, bytes, false);
     return seg;
   }

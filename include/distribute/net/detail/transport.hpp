@@ -868,7 +868,7 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
-        if (descriptor_wakes_locked(p.rx.seq, d)) mu_.notify_all_locked();
+        if (descriptor_wakes_locked(p.rx.seq)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
       return protocol_error(p, e.what());
@@ -880,9 +880,16 @@ class Transport {
   // ring) need not wake for one that agrees with its own call: it checks every descriptor once its
   // data is in, and a descriptor that disagrees still wakes it at once. Sparing that wake-up saves
   // two context switches per call where the caller and the io thread share a core.
-  bool descriptor_wakes_locked(std::uint64_t seq, const Descriptor& d) const {
-    if (progress_waiters_ > 0) return true;
-    return quiet_desc_ == nullptr || quiet_seq_ != seq || !compatible(*quiet_desc_, d);
+  // Disagreement is judged once every descriptor is in, so the thread is woken for every
+  // arrival (the last one included) while any descriptor of its call disagrees, whichever
+  // came first.
+  bool descriptor_wakes_locked(std::uint64_t seq) const {
+    if (progress_waiters_ > 0 || quiet_desc_ == nullptr || quiet_seq_ != seq) return true;
+    for (const auto& p : peers_) {
+      const auto it = p->descriptors.find(seq);
+      if (it != p->descriptors.end() && !compatible(*quiet_desc_, it->second)) return true;
+    }
+    return false;
   }
 
   void start_payload(Peer& p) {
@@ -1612,6 +1619,13 @@ class Transport::Op {
     if (t_.failure_) raise_failure_locked();
     if (collective_) poll_descriptors_locked();
     if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, "data from");
+  }
+
+  /// Poisons the communicator with `message` (sent to every peer) and throws it.
+  [[noreturn]] void fail(FailureKind kind, std::string message) {
+    std::unique_lock lk(t_.mu_);
+    t_.fail_locked(Failure{kind, std::move(message)}, true);
+    raise_failure_locked();
   }
 
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
