@@ -23837,7 +23837,7 @@ struct CommunicatorOptions {
   /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
   std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
   /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
-  /// pieces of this size. Rank 0's value counts.
+  /// pieces of this size (rounded up to whole 64-byte lines, at most 1 GiB). Rank 0's value counts.
   std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
   /// TCP congestion control for connections within this host (the listening address and the
   /// peer's are loopback addresses), set before they are established; "" keeps the system's
@@ -27832,7 +27832,7 @@ struct CommunicatorOptions {
   /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
   std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
   /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
-  /// pieces of this size. Rank 0's value counts.
+  /// pieces of this size (rounded up to whole 64-byte lines, at most 1 GiB). Rank 0's value counts.
   std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
   /// TCP congestion control for connections within this host (the listening address and the
   /// peer's are loopback addresses), set before they are established; "" keeps the system's
@@ -29778,7 +29778,7 @@ struct CommunicatorOptions {
   /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
   std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
   /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
-  /// pieces of this size. Rank 0's value counts.
+  /// pieces of this size (rounded up to whole 64-byte lines, at most 1 GiB). Rank 0's value counts.
   std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
   /// TCP congestion control for connections within this host (the listening address and the
   /// peer's are loopback addresses), set before they are established; "" keeps the system's
@@ -33865,7 +33865,7 @@ struct CommunicatorOptions {
   /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
   std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
   /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
-  /// pieces of this size. Rank 0's value counts.
+  /// pieces of this size (rounded up to whole 64-byte lines, at most 1 GiB). Rank 0's value counts.
   std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
   /// TCP congestion control for connections within this host (the listening address and the
   /// peer's are loopback addresses), set before they are established; "" keeps the system's
@@ -37860,7 +37860,7 @@ struct CommunicatorOptions {
   /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
   std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
   /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
-  /// pieces of this size. Rank 0's value counts.
+  /// pieces of this size (rounded up to whole 64-byte lines, at most 1 GiB). Rank 0's value counts.
   std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
   /// TCP congestion control for connections within this host (the listening address and the
   /// peer's are loopback addresses), set before they are established; "" keeps the system's
@@ -39806,7 +39806,7 @@ struct CommunicatorOptions {
   /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
   std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
   /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
-  /// pieces of this size. Rank 0's value counts.
+  /// pieces of this size (rounded up to whole 64-byte lines, at most 1 GiB). Rank 0's value counts.
   std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;
   /// TCP congestion control for connections within this host (the listening address and the
   /// peer's are loopback addresses), set before they are established; "" keeps the system's
