@@ -1174,6 +1174,24 @@ TEST_CASE("communicator in threads: shared memory is used only when every rank e
   CHECK(left_behind().empty());
 }
 
+TEST_CASE("communicator in threads: a shared-memory slot size that is not whole lines is rounded up, and results stay exact") {
+  Watchdog dog(60s, "threads: shared memory slot");
+  const auto ports = free_ports(2);
+  const auto errors = run_ranks(2, [&](int r) {
+    net::CommunicatorOptions opt;
+    opt.connect_timeout = 30s;
+    opt.shared_memory_min_bytes = 1;
+    opt.shared_memory_slot_bytes = 100;  // 25 floats, or 12.5 doubles: rounded to 128 bytes
+    net::Communicator comm(addresses_of(ports), r, opt, worker_names(2));
+    CHECK(comm.uses_shared_memory());
+    std::vector<double> v(1001);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(r * 10000 + static_cast<int>(i));
+    comm.all_reduce(std::span<double>(v), ds::ReduceOp::Max);
+    for (std::size_t i = 0; i < v.size(); ++i) REQUIRE(v[i] == static_cast<double>(10000 + static_cast<int>(i)));
+  });
+  for (const auto& e : errors) CHECK(e == "");
+}
+
 TEST_CASE("communicator in threads: the destructor of one rank makes a waiting peer fail, not hang") {
   Watchdog dog(60s, "threads: goodbye");
   const auto ports = free_ports(2);

@@ -985,6 +985,9 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <fmt/format.h>
 
+// ---- begin <distribute/core/detail/cpu_relax.hpp> ----
+// A spin-wait hint, for loops that poll memory another thread or process writes.
+
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -1000,6 +1003,14 @@ inline void cpu_relax() noexcept {
   asm volatile("yield");
 #endif
 }
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/cpu_relax.hpp> ----
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
 
 /// A contiguous buffer of one replica as the collectives see it.
 struct BufferRef {
@@ -22151,6 +22162,36 @@ DISTRIBUTE_END_NAMESPACE
 #include <utility>
 #include <vector>
 
+// ---- begin <distribute/net/detail/reduce_bytes.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+// Element-wise reduction of raw buffers of a run-time dtype, for the collectives' byte buffers.
+
+#include <cstddef>
+#include <cstdint>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std::size_t n, ReduceOp op) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+inline void divide_bytes(DType dtype, std::byte* acc, std::size_t n, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::divide(reinterpret_cast<T*>(acc), n, divisor);
+  });
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+// ---- end <distribute/net/detail/reduce_bytes.hpp> ----
 // ---- begin <distribute/net/detail/transport.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
@@ -23141,6 +23182,36 @@ DISTRIBUTE_END_NAMESPACE
 #include <new>
 #include <thread>
 
+// ---- begin <distribute/net/detail/reduce_bytes.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+// Element-wise reduction of raw buffers of a run-time dtype, for the collectives' byte buffers.
+
+#include <cstddef>
+#include <cstdint>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std::size_t n, ReduceOp op) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+inline void divide_bytes(DType dtype, std::byte* acc, std::size_t n, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::divide(reinterpret_cast<T*>(acc), n, divisor);
+  });
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+// ---- end <distribute/net/detail/reduce_bytes.hpp> ----
 // ---- begin <distribute/net/detail/shared_segment.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
@@ -23357,9 +23428,8 @@ class SharedMemoryAllReduce {
 
   /// `check()` throws when the call cannot complete (see the header comment); `mismatch()` is
   /// called when a rank's shared descriptor differs from ours, and must throw.
-  template <class Check, class Mismatch, class Reduce, class Divide>
-  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch,
-           Reduce&& reduce, Divide&& divide) {
+  template <class Check, class Mismatch>
+  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch) {
     const std::size_t es = size_of(dtype);
     const std::size_t piece_elems = std::max<std::size_t>(1, slot_bytes_ / es);
     const auto nu = static_cast<std::size_t>(n_);
@@ -23392,8 +23462,8 @@ class SharedMemoryAllReduce {
       if (hi > lo) {
         std::byte* const out = piece + lo * es;
         if (rank_ != 0) std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
-        for (int r = 1; r < n_; ++r) reduce(out, slot(r) + lo * es, hi - lo);
-        if (op == ReduceOp::Mean) divide(out, hi - lo);
+        for (int r = 1; r < n_; ++r) reduce_bytes(dtype, out, slot(r) + lo * es, hi - lo, op);
+        if (op == ReduceOp::Mean) divide_bytes(dtype, out, hi - lo, n_);
         std::memcpy(result() + lo * es, out, (hi - lo) * es);
       }
       me.reduced.store(stamp, std::memory_order_release);
@@ -23415,14 +23485,6 @@ class SharedMemoryAllReduce {
   std::byte* result() const noexcept { return slot(n_); }
   std::size_t nu() const noexcept { return static_cast<std::size_t>(n_); }
 
-  static void pause() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-  }
-
   // Until every rank's `counter` reaches `stamp`: spins briefly (the others are usually a copy
   // away), then yields the core (which may be shared with them), then sleeps in short steps so
   // that a rank still computing its step does not cost a whole core. `check` runs every 256
@@ -23438,7 +23500,7 @@ class SharedMemoryAllReduce {
     constexpr int kSpins = 100;
     for (int i = 0; i < kSpins; ++i) {
       if (ready()) return;
-      pause();
+      ::distribute::detail::cpu_relax();
     }
     const auto start = std::chrono::steady_clock::now();
     for (std::uint32_t i = 0;; ++i) {
@@ -25723,20 +25785,6 @@ DISTRIBUTE_END_NAMESPACE
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
 
-inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std::size_t n, ReduceOp op) {
-  visit_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
-  });
-}
-
-inline void divide_bytes(DType dtype, std::byte* acc, std::size_t n, std::int64_t divisor) {
-  visit_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    ::distribute::detail::divide(reinterpret_cast<T*>(acc), n, divisor);
-  });
-}
-
 /// How the ring cuts `count` elements: n segments (sizes differ by at most one element), each cut
 /// into the same number of chunks so that chunk c of every step forms one pipeline.
 struct RingGeometry {
@@ -25969,11 +26017,12 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
         (void)op.descriptors();  // throws: the TCP descriptors name the mismatch the same way on every rank
         op.fail(FailureKind::Peer, fmt::format("{}: the shared-memory descriptors disagree but the TCP ones agree",
                                               tr.task_name(tr.rank())));
-      },
-      [&](std::byte* acc, const std::byte* src, std::size_t n) { reduce_bytes(dtype, acc, src, n, rop); },
-      [&](std::byte* acc, std::size_t n) { divide_bytes(dtype, acc, n, tr.size()); });
+      });
   op.finish();
 }
+
+/// The largest slot setup_shared_memory offers or accepts.
+inline constexpr std::size_t kMaxSharedSlotBytes = std::size_t{1} << 30;
 
 /// Gives the transport a shared-memory all-reduce when every rank can map one segment. Every rank
 /// runs this once, right after the cluster has formed and before any other call (it exchanges
@@ -25981,8 +26030,6 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
 /// it and its options; each rank maps it and answers whether that worked and the nonce matched;
 /// rank 0 unlinks the name and tells everyone whether all succeeded. A rank on another host (or
 /// with another /dev/shm) cannot map it or reads another nonce, and then no rank uses it.
-inline constexpr std::size_t kMaxSharedSlotBytes = std::size_t{1} << 30;
-
 inline void setup_shared_memory(Transport& tr) {
   const int n = tr.size(), r = tr.rank();
   if (n == 1) return;
@@ -27136,6 +27183,36 @@ DISTRIBUTE_END_NAMESPACE
 #include <new>
 #include <thread>
 
+// ---- begin <distribute/net/detail/reduce_bytes.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+// Element-wise reduction of raw buffers of a run-time dtype, for the collectives' byte buffers.
+
+#include <cstddef>
+#include <cstdint>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std::size_t n, ReduceOp op) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+inline void divide_bytes(DType dtype, std::byte* acc, std::size_t n, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::divide(reinterpret_cast<T*>(acc), n, divisor);
+  });
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+// ---- end <distribute/net/detail/reduce_bytes.hpp> ----
 // ---- begin <distribute/net/detail/shared_segment.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
@@ -27352,9 +27429,8 @@ class SharedMemoryAllReduce {
 
   /// `check()` throws when the call cannot complete (see the header comment); `mismatch()` is
   /// called when a rank's shared descriptor differs from ours, and must throw.
-  template <class Check, class Mismatch, class Reduce, class Divide>
-  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch,
-           Reduce&& reduce, Divide&& divide) {
+  template <class Check, class Mismatch>
+  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch) {
     const std::size_t es = size_of(dtype);
     const std::size_t piece_elems = std::max<std::size_t>(1, slot_bytes_ / es);
     const auto nu = static_cast<std::size_t>(n_);
@@ -27387,8 +27463,8 @@ class SharedMemoryAllReduce {
       if (hi > lo) {
         std::byte* const out = piece + lo * es;
         if (rank_ != 0) std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
-        for (int r = 1; r < n_; ++r) reduce(out, slot(r) + lo * es, hi - lo);
-        if (op == ReduceOp::Mean) divide(out, hi - lo);
+        for (int r = 1; r < n_; ++r) reduce_bytes(dtype, out, slot(r) + lo * es, hi - lo, op);
+        if (op == ReduceOp::Mean) divide_bytes(dtype, out, hi - lo, n_);
         std::memcpy(result() + lo * es, out, (hi - lo) * es);
       }
       me.reduced.store(stamp, std::memory_order_release);
@@ -27410,14 +27486,6 @@ class SharedMemoryAllReduce {
   std::byte* result() const noexcept { return slot(n_); }
   std::size_t nu() const noexcept { return static_cast<std::size_t>(n_); }
 
-  static void pause() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-  }
-
   // Until every rank's `counter` reaches `stamp`: spins briefly (the others are usually a copy
   // away), then yields the core (which may be shared with them), then sleeps in short steps so
   // that a rank still computing its step does not cost a whole core. `check` runs every 256
@@ -27433,7 +27501,7 @@ class SharedMemoryAllReduce {
     constexpr int kSpins = 100;
     for (int i = 0; i < kSpins; ++i) {
       if (ready()) return;
-      pause();
+      ::distribute::detail::cpu_relax();
     }
     const auto start = std::chrono::steady_clock::now();
     for (std::uint32_t i = 0;; ++i) {
@@ -32179,6 +32247,36 @@ DISTRIBUTE_END_NAMESPACE
 #include <utility>
 #include <vector>
 
+// ---- begin <distribute/net/detail/reduce_bytes.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+// Element-wise reduction of raw buffers of a run-time dtype, for the collectives' byte buffers.
+
+#include <cstddef>
+#include <cstdint>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std::size_t n, ReduceOp op) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+inline void divide_bytes(DType dtype, std::byte* acc, std::size_t n, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::divide(reinterpret_cast<T*>(acc), n, divisor);
+  });
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+// ---- end <distribute/net/detail/reduce_bytes.hpp> ----
 // ---- begin <distribute/net/detail/transport.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_TRANSPORT_HPP
@@ -33169,6 +33267,36 @@ DISTRIBUTE_END_NAMESPACE
 #include <new>
 #include <thread>
 
+// ---- begin <distribute/net/detail/reduce_bytes.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+// Element-wise reduction of raw buffers of a run-time dtype, for the collectives' byte buffers.
+
+#include <cstddef>
+#include <cstdint>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std::size_t n, ReduceOp op) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+inline void divide_bytes(DType dtype, std::byte* acc, std::size_t n, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::divide(reinterpret_cast<T*>(acc), n, divisor);
+  });
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+// ---- end <distribute/net/detail/reduce_bytes.hpp> ----
 // ---- begin <distribute/net/detail/shared_segment.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
@@ -33385,9 +33513,8 @@ class SharedMemoryAllReduce {
 
   /// `check()` throws when the call cannot complete (see the header comment); `mismatch()` is
   /// called when a rank's shared descriptor differs from ours, and must throw.
-  template <class Check, class Mismatch, class Reduce, class Divide>
-  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch,
-           Reduce&& reduce, Divide&& divide) {
+  template <class Check, class Mismatch>
+  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch) {
     const std::size_t es = size_of(dtype);
     const std::size_t piece_elems = std::max<std::size_t>(1, slot_bytes_ / es);
     const auto nu = static_cast<std::size_t>(n_);
@@ -33420,8 +33547,8 @@ class SharedMemoryAllReduce {
       if (hi > lo) {
         std::byte* const out = piece + lo * es;
         if (rank_ != 0) std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
-        for (int r = 1; r < n_; ++r) reduce(out, slot(r) + lo * es, hi - lo);
-        if (op == ReduceOp::Mean) divide(out, hi - lo);
+        for (int r = 1; r < n_; ++r) reduce_bytes(dtype, out, slot(r) + lo * es, hi - lo, op);
+        if (op == ReduceOp::Mean) divide_bytes(dtype, out, hi - lo, n_);
         std::memcpy(result() + lo * es, out, (hi - lo) * es);
       }
       me.reduced.store(stamp, std::memory_order_release);
@@ -33443,14 +33570,6 @@ class SharedMemoryAllReduce {
   std::byte* result() const noexcept { return slot(n_); }
   std::size_t nu() const noexcept { return static_cast<std::size_t>(n_); }
 
-  static void pause() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-  }
-
   // Until every rank's `counter` reaches `stamp`: spins briefly (the others are usually a copy
   // away), then yields the core (which may be shared with them), then sleeps in short steps so
   // that a rank still computing its step does not cost a whole core. `check` runs every 256
@@ -33466,7 +33585,7 @@ class SharedMemoryAllReduce {
     constexpr int kSpins = 100;
     for (int i = 0; i < kSpins; ++i) {
       if (ready()) return;
-      pause();
+      ::distribute::detail::cpu_relax();
     }
     const auto start = std::chrono::steady_clock::now();
     for (std::uint32_t i = 0;; ++i) {
@@ -35751,20 +35870,6 @@ DISTRIBUTE_END_NAMESPACE
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
 
-inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std::size_t n, ReduceOp op) {
-  visit_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
-  });
-}
-
-inline void divide_bytes(DType dtype, std::byte* acc, std::size_t n, std::int64_t divisor) {
-  visit_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    ::distribute::detail::divide(reinterpret_cast<T*>(acc), n, divisor);
-  });
-}
-
 /// How the ring cuts `count` elements: n segments (sizes differ by at most one element), each cut
 /// into the same number of chunks so that chunk c of every step forms one pipeline.
 struct RingGeometry {
@@ -35997,11 +36102,12 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
         (void)op.descriptors();  // throws: the TCP descriptors name the mismatch the same way on every rank
         op.fail(FailureKind::Peer, fmt::format("{}: the shared-memory descriptors disagree but the TCP ones agree",
                                               tr.task_name(tr.rank())));
-      },
-      [&](std::byte* acc, const std::byte* src, std::size_t n) { reduce_bytes(dtype, acc, src, n, rop); },
-      [&](std::byte* acc, std::size_t n) { divide_bytes(dtype, acc, n, tr.size()); });
+      });
   op.finish();
 }
+
+/// The largest slot setup_shared_memory offers or accepts.
+inline constexpr std::size_t kMaxSharedSlotBytes = std::size_t{1} << 30;
 
 /// Gives the transport a shared-memory all-reduce when every rank can map one segment. Every rank
 /// runs this once, right after the cluster has formed and before any other call (it exchanges
@@ -36009,8 +36115,6 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
 /// it and its options; each rank maps it and answers whether that worked and the nonce matched;
 /// rank 0 unlinks the name and tells everyone whether all succeeded. A rank on another host (or
 /// with another /dev/shm) cannot map it or reads another nonce, and then no rank uses it.
-inline constexpr std::size_t kMaxSharedSlotBytes = std::size_t{1} << 30;
-
 inline void setup_shared_memory(Transport& tr) {
   const int n = tr.size(), r = tr.rank();
   if (n == 1) return;
@@ -37164,6 +37268,36 @@ DISTRIBUTE_END_NAMESPACE
 #include <new>
 #include <thread>
 
+// ---- begin <distribute/net/detail/reduce_bytes.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+// Element-wise reduction of raw buffers of a run-time dtype, for the collectives' byte buffers.
+
+#include <cstddef>
+#include <cstdint>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std::size_t n, ReduceOp op) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+inline void divide_bytes(DType dtype, std::byte* acc, std::size_t n, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::distribute::detail::divide(reinterpret_cast<T*>(acc), n, divisor);
+  });
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_REDUCE_BYTES_HPP
+// ---- end <distribute/net/detail/reduce_bytes.hpp> ----
 // ---- begin <distribute/net/detail/shared_segment.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_SHARED_SEGMENT_HPP
@@ -37380,9 +37514,8 @@ class SharedMemoryAllReduce {
 
   /// `check()` throws when the call cannot complete (see the header comment); `mismatch()` is
   /// called when a rank's shared descriptor differs from ours, and must throw.
-  template <class Check, class Mismatch, class Reduce, class Divide>
-  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch,
-           Reduce&& reduce, Divide&& divide) {
+  template <class Check, class Mismatch>
+  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch) {
     const std::size_t es = size_of(dtype);
     const std::size_t piece_elems = std::max<std::size_t>(1, slot_bytes_ / es);
     const auto nu = static_cast<std::size_t>(n_);
@@ -37415,8 +37548,8 @@ class SharedMemoryAllReduce {
       if (hi > lo) {
         std::byte* const out = piece + lo * es;
         if (rank_ != 0) std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
-        for (int r = 1; r < n_; ++r) reduce(out, slot(r) + lo * es, hi - lo);
-        if (op == ReduceOp::Mean) divide(out, hi - lo);
+        for (int r = 1; r < n_; ++r) reduce_bytes(dtype, out, slot(r) + lo * es, hi - lo, op);
+        if (op == ReduceOp::Mean) divide_bytes(dtype, out, hi - lo, n_);
         std::memcpy(result() + lo * es, out, (hi - lo) * es);
       }
       me.reduced.store(stamp, std::memory_order_release);
@@ -37438,14 +37571,6 @@ class SharedMemoryAllReduce {
   std::byte* result() const noexcept { return slot(n_); }
   std::size_t nu() const noexcept { return static_cast<std::size_t>(n_); }
 
-  static void pause() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-  }
-
   // Until every rank's `counter` reaches `stamp`: spins briefly (the others are usually a copy
   // away), then yields the core (which may be shared with them), then sleeps in short steps so
   // that a rank still computing its step does not cost a whole core. `check` runs every 256
@@ -37461,7 +37586,7 @@ class SharedMemoryAllReduce {
     constexpr int kSpins = 100;
     for (int i = 0; i < kSpins; ++i) {
       if (ready()) return;
-      pause();
+      ::distribute::detail::cpu_relax();
     }
     const auto start = std::chrono::steady_clock::now();
     for (std::uint32_t i = 0;; ++i) {

@@ -18,26 +18,16 @@
 
 #include <fmt/format.h>
 
+#include <distribute/core/detail/cpu_relax.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/memory_space.hpp>
 #include <distribute/core/reduce_op.hpp>
 #include <distribute/core/shape.hpp>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 /// A contiguous buffer of one replica as the collectives see it.
 struct BufferRef {

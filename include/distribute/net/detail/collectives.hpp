@@ -20,24 +20,11 @@
 #include <distribute/core/detail/elementwise.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/reduce_op.hpp>
+#include <distribute/net/detail/reduce_bytes.hpp>
 #include <distribute/net/detail/transport.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
-
-inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std::size_t n, ReduceOp op) {
-  visit_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
-  });
-}
-
-inline void divide_bytes(DType dtype, std::byte* acc, std::size_t n, std::int64_t divisor) {
-  visit_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    ::distribute::detail::divide(reinterpret_cast<T*>(acc), n, divisor);
-  });
-}
 
 /// How the ring cuts `count` elements: n segments (sizes differ by at most one element), each cut
 /// into the same number of chunks so that chunk c of every step forms one pipeline.
@@ -271,11 +258,12 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
         (void)op.descriptors();  // throws: the TCP descriptors name the mismatch the same way on every rank
         op.fail(FailureKind::Peer, fmt::format("{}: the shared-memory descriptors disagree but the TCP ones agree",
                                               tr.task_name(tr.rank())));
-      },
-      [&](std::byte* acc, const std::byte* src, std::size_t n) { reduce_bytes(dtype, acc, src, n, rop); },
-      [&](std::byte* acc, std::size_t n) { divide_bytes(dtype, acc, n, tr.size()); });
+      });
   op.finish();
 }
+
+/// The largest slot setup_shared_memory offers or accepts.
+inline constexpr std::size_t kMaxSharedSlotBytes = std::size_t{1} << 30;
 
 /// Gives the transport a shared-memory all-reduce when every rank can map one segment. Every rank
 /// runs this once, right after the cluster has formed and before any other call (it exchanges
@@ -283,8 +271,6 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
 /// it and its options; each rank maps it and answers whether that worked and the nonce matched;
 /// rank 0 unlinks the name and tells everyone whether all succeeded. A rank on another host (or
 /// with another /dev/shm) cannot map it or reads another nonce, and then no rank uses it.
-inline constexpr std::size_t kMaxSharedSlotBytes = std::size_t{1} << 30;
-
 inline void setup_shared_memory(Transport& tr) {
   const int n = tr.size(), r = tr.rank();
   if (n == 1) return;

@@ -31,9 +31,11 @@
 #include <new>
 #include <thread>
 
+#include <distribute/core/detail/cpu_relax.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
+#include <distribute/net/detail/reduce_bytes.hpp>
 #include <distribute/net/detail/shared_segment.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -72,9 +74,8 @@ class SharedMemoryAllReduce {
 
   /// `check()` throws when the call cannot complete (see the header comment); `mismatch()` is
   /// called when a rank's shared descriptor differs from ours, and must throw.
-  template <class Check, class Mismatch, class Reduce, class Divide>
-  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch,
-           Reduce&& reduce, Divide&& divide) {
+  template <class Check, class Mismatch>
+  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch) {
     const std::size_t es = size_of(dtype);
     const std::size_t piece_elems = std::max<std::size_t>(1, slot_bytes_ / es);
     const auto nu = static_cast<std::size_t>(n_);
@@ -107,8 +108,8 @@ class SharedMemoryAllReduce {
       if (hi > lo) {
         std::byte* const out = piece + lo * es;
         if (rank_ != 0) std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
-        for (int r = 1; r < n_; ++r) reduce(out, slot(r) + lo * es, hi - lo);
-        if (op == ReduceOp::Mean) divide(out, hi - lo);
+        for (int r = 1; r < n_; ++r) reduce_bytes(dtype, out, slot(r) + lo * es, hi - lo, op);
+        if (op == ReduceOp::Mean) divide_bytes(dtype, out, hi - lo, n_);
         std::memcpy(result() + lo * es, out, (hi - lo) * es);
       }
       me.reduced.store(stamp, std::memory_order_release);
@@ -130,14 +131,6 @@ class SharedMemoryAllReduce {
   std::byte* result() const noexcept { return slot(n_); }
   std::size_t nu() const noexcept { return static_cast<std::size_t>(n_); }
 
-  static void pause() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-  }
-
   // Until every rank's `counter` reaches `stamp`: spins briefly (the others are usually a copy
   // away), then yields the core (which may be shared with them), then sleeps in short steps so
   // that a rank still computing its step does not cost a whole core. `check` runs every 256
@@ -153,7 +146,7 @@ class SharedMemoryAllReduce {
     constexpr int kSpins = 100;
     for (int i = 0; i < kSpins; ++i) {
       if (ready()) return;
-      pause();
+      ::distribute::detail::cpu_relax();
     }
     const auto start = std::chrono::steady_clock::now();
     for (std::uint32_t i = 0;; ++i) {
