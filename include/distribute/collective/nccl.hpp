@@ -106,6 +106,12 @@ inline std::optional<ncclDataType_t> nccl_type(DType d) noexcept {
     case DType::U32: return ncclUint32;
     case DType::I64: return ncclInt64;
     case DType::U64: return ncclUint64;
+    case DType::F16: return ncclFloat16;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    case DType::BF16: return ncclBfloat16;
+#else
+    case DType::BF16: return std::nullopt;
+#endif
     case DType::I16:
     case DType::U16: return std::nullopt;
   }
@@ -131,7 +137,7 @@ inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, std::int64_t mean_
     case ReduceOp::Product: return {ncclProd, false};
     case ReduceOp::Mean:
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-      if ((dtype == DType::F32 || dtype == DType::F64) && mean_divisor == ranks) return {ncclAvg, false};
+      if (is_floating(dtype) && mean_divisor == ranks) return {ncclAvg, false};
 #endif
       return {ncclSum, mean_divisor > 1};
   }
@@ -397,7 +403,11 @@ class NcclCollectives final : public ReplicaCollectives {
       if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks_).divide_after) continue;
       visit_dtype(b.dtype, [&](auto t) {
         using T = decltype(t);
-        if constexpr (!std::is_same_v<T, bool>) {
+        if constexpr (is_half_v<T>) {
+          throw InvalidArgument(fmt::format("NcclAllReduce: MEAN of {} values needs ncclAvg (NCCL >= 2.10 and a "
+                                            "divisor equal to the number of ranks); reduce with SUM and divide",
+                                            to_string(b.dtype)));
+        } else if constexpr (!std::is_same_v<T, bool>) {
           auto* p = static_cast<T*>(b.data);
           device_kernels::run("MEAN division after ncclAllReduce", [&] {
             thrust::transform(thrust::cuda::par_nosync.on(stream), p, p + b.count(), p,

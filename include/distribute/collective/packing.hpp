@@ -26,7 +26,7 @@ inline std::vector<Pack> make_packs(std::span<const BufferRef> values, std::size
   std::vector<Pack> packs;
   std::vector<std::size_t> open;  // per dtype: index of its current pack in `packs`, or npos
   constexpr std::size_t none = static_cast<std::size_t>(-1);
-  open.assign(static_cast<std::size_t>(DType::Bool) + 1, none);
+  open.assign(kNumDTypes, none);
   for (std::size_t k = values.size(); k-- > 0;) {
     const BufferRef& v = values[k];
     std::size_t& current = open[static_cast<std::size_t>(v.dtype)];

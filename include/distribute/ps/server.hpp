@@ -129,7 +129,7 @@ class VariableTable {
   };
 
   static DType checked_dtype(std::uint8_t d, const std::string& key) {
-    if (d > static_cast<std::uint8_t>(DType::Bool)) {
+    if (!is_dtype_code(d)) {
       throw InvalidArgument(fmt::format("variable '{}': unknown dtype code {}", key, d));
     }
     return static_cast<DType>(d);

@@ -9,6 +9,9 @@
 
 #include <fmt/format.h>
 
+#include <span>
+
+#include <distribute/core/detail/half_convert.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
@@ -63,10 +66,23 @@ inline void apply_pairwise(T* __restrict acc, const T* __restrict src, std::size
   apply_pairwise_portable(acc, src, n, f);
 }
 
+// 16-bit floats are reduced in float32 blocks of this many elements (on the stack).
+inline constexpr std::size_t kHalfBlock = 256;
+
 /// acc[i] = acc[i] (op) src[i]; Mean accumulates as Sum (the division comes once, at the end).
+/// 16-bit floats are computed in float32 and rounded once per element.
 template <class T>
 void combine(T* __restrict acc, const T* __restrict src, std::size_t n, ReduceOp op) noexcept {
-  if constexpr (std::is_same_v<T, bool>) {
+  if constexpr (is_half_v<T>) {
+    float a[kHalfBlock], b[kHalfBlock];
+    for (std::size_t i = 0; i < n; i += kHalfBlock) {
+      const std::size_t len = std::min(kHalfBlock, n - i);
+      widen(acc + i, a, len);
+      widen(src + i, b, len);
+      combine(a, b, len, op);
+      narrow(a, acc + i, len);
+    }
+  } else if constexpr (std::is_same_v<T, bool>) {
     const bool any = op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::Mean;
     if (any) {
       for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] || src[i];
@@ -79,11 +95,12 @@ void combine(T* __restrict acc, const T* __restrict src, std::size_t n, ReduceOp
       case ReduceOp::Mean:
         apply_pairwise(acc, src, n, [](T a, T b) { return static_cast<T>(a + b); });
         break;
+      // For floats a NaN on either side wins, whichever replica holds it (as TF's minimum/maximum).
       case ReduceOp::Min:
-        apply_pairwise(acc, src, n, [](T a, T b) { return std::min(a, b); });
+        apply_pairwise(acc, src, n, [](T a, T b) { return (a < b || a != a) ? a : b; });
         break;
       case ReduceOp::Max:
-        apply_pairwise(acc, src, n, [](T a, T b) { return std::max(a, b); });
+        apply_pairwise(acc, src, n, [](T a, T b) { return (a > b || a != a) ? a : b; });
         break;
       case ReduceOp::Product:
         apply_pairwise(acc, src, n, [](T a, T b) { return static_cast<T>(a * b); });
@@ -95,9 +112,45 @@ void combine(T* __restrict acc, const T* __restrict src, std::size_t n, ReduceOp
 /// acc[i] /= divisor (integer division truncates, as C++ and TF's integer mean do).
 template <class T>
 void divide(T* acc, std::size_t n, std::int64_t divisor) noexcept {
-  if constexpr (!std::is_same_v<T, bool>) {
+  if constexpr (is_half_v<T>) {
+    float a[kHalfBlock];
+    const auto d = static_cast<float>(divisor);
+    for (std::size_t i = 0; i < n; i += kHalfBlock) {
+      const std::size_t len = std::min(kHalfBlock, n - i);
+      widen(acc + i, a, len);
+      for (std::size_t j = 0; j < len; ++j) a[j] /= d;
+      narrow(a, acc + i, len);
+    }
+  } else if constexpr (!std::is_same_v<T, bool>) {
     const T d = static_cast<T>(divisor);
     for_each_blocked(n, [=](std::size_t i) { acc[i] = static_cast<T>(acc[i] / d); });
+  }
+}
+
+/// dst[i] = srcs[0][i] (op) srcs[1][i] (op) ...; Mean divides the sum by `divisor` when it is > 1.
+/// `dst` may be srcs[0]. 16-bit floats accumulate the whole reduction in float32 and round once.
+template <class T>
+void reduce_many(T* dst, std::span<const T* const> srcs, std::size_t n, ReduceOp op, std::int64_t divisor) noexcept {
+  if (srcs.empty() || n == 0) return;
+  if constexpr (is_half_v<T>) {
+    float acc[kHalfBlock], next[kHalfBlock];
+    const auto d = static_cast<float>(divisor);
+    for (std::size_t i = 0; i < n; i += kHalfBlock) {
+      const std::size_t len = std::min(kHalfBlock, n - i);
+      widen(srcs[0] + i, acc, len);
+      for (std::size_t k = 1; k < srcs.size(); ++k) {
+        widen(srcs[k] + i, next, len);
+        combine(acc, next, len, op);
+      }
+      if (op == ReduceOp::Mean && divisor > 1) {
+        for (std::size_t j = 0; j < len; ++j) acc[j] /= d;
+      }
+      narrow(acc, dst + i, len);
+    }
+  } else {
+    if (dst != srcs[0]) std::copy(srcs[0], srcs[0] + n, dst);
+    for (std::size_t k = 1; k < srcs.size(); ++k) combine(dst, srcs[k], n, op);
+    if (op == ReduceOp::Mean && divisor > 1) divide(dst, n, divisor);
   }
 }
 

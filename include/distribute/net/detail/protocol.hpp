@@ -266,7 +266,7 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
   Reader r(in, "descriptor");
   const std::uint8_t kind = r.u8(), dtype = r.u8(), op = r.u8(), pad = r.u8();
   if (kind < 1 || kind > 4) throw FrameError(fmt::format("descriptor has unknown collective kind {}", kind));
-  if (dtype > static_cast<std::uint8_t>(DType::Bool)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
+  if (!is_dtype_code(dtype)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
   if (op > static_cast<std::uint8_t>(ReduceOp::Product)) throw FrameError(fmt::format("descriptor has unknown reduce op {}", op));
   if (pad != 0) throw FrameError("descriptor has a non-zero reserved byte");
   Descriptor d;

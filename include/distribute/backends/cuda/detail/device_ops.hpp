@@ -24,6 +24,7 @@
 #include <thrust/transform.h>
 
 #include <distribute/backends/cuda/detail/thrust_system.hpp>
+#include <distribute/core/detail/half_convert.hpp>
 #include <distribute/core/detail/replica_group.hpp>
 #include <distribute/core/device.hpp>
 #include <distribute/core/dtype.hpp>
@@ -125,7 +126,15 @@ void divide(T* acc, std::size_t n, std::int64_t divisor) {
 
 /// divide() for a buffer known only by its dtype (the NCCL collective's integer MEAN).
 inline void divide(void* acc, DType dtype, std::size_t n, std::int64_t divisor) {
-  visit_dtype(dtype, [&](auto t) { divide(static_cast<decltype(t)*>(acc), n, divisor); });
+  visit_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (detail::is_half_v<T>) {
+      throw InvalidArgument(fmt::format("a MEAN of {} values on the device is divided by NCCL (ncclAvg) only",
+                                        to_string(dtype)));
+    } else {
+      divide(static_cast<T*>(acc), n, divisor);
+    }
+  });
 }
 
 }  // namespace device_kernels
