@@ -78,7 +78,7 @@ TEST_CASE("seed: MEAN with axis over the partial batch [0,1,2,3] / [4,5] divides
   CHECK(mean[0] != doctest::Approx(((0 + 1 + 2 + 3) / 4.0 + (4 + 5) / 2.0) / 2));
   // Without an axis the shapes must agree: the error names both.
   CHECK_THROWS_WITH_AS(strategy.reduce(ds::ReduceOp::Mean, per_replica),
-                       doctest::Contains("replica 0's value has shape (4,) but replica 1's has shape (2,)"), ds::InvalidArgument);
+                       doctest::Contains("replica 0's value is float64 of shape (4,) but replica 1's is float64 of shape (2,)"), ds::InvalidArgument);
 }
 
 TEST_CASE("reduce along an inner axis of rank-2 components") {

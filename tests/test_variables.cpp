@@ -118,7 +118,7 @@ TEST_CASE("variable option errors") {
                        ds::InvalidArgument);
   ds::Variable<std::vector<float>> w(std::vector<float>{1, 2}, {.name = "w"});
   CHECK_THROWS_WITH_AS(w.assign(std::vector<float>{1, 2, 3}),
-                       "assign: value of shape (3,) does not match variable 'w' of shape (2,)", ds::InvalidArgument);
+                       "assign: a float32 value of shape (3,) does not match variable 'w' (float32 of shape (2,))", ds::InvalidArgument);
   CHECK_THROWS_WITH_AS(strategy.run([] { ds::Variable<float> inside(1.0f, {.name = "inside"}); }),
                        doctest::Contains("variable 'inside' created inside a step function"), ds::InvalidArgument);
 }

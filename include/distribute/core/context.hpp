@@ -20,6 +20,7 @@
 #include <distribute/core/detail/cross_worker.hpp>
 #include <distribute/core/detail/replica_group.hpp>
 #include <distribute/core/detail/elementwise.hpp>
+#include <distribute/core/detail/host_operands.hpp>
 #include <distribute/core/detail/remote_store.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
@@ -158,18 +159,17 @@ class ReplicaContext {
   const std::string& device() const noexcept { return device_; }
 
   /// Reduces each value across all replicas and returns the results (one value, or a tuple for
-  /// several). All values of one call travel in one collective. Pass rvalues to reduce without a copy.
+  /// several). All values of one call travel in one collective. Lvalues are left as they are (the
+  /// result is a new value); rvalues are reduced in their own memory.
   template <class... U>
     requires(sizeof...(U) > 0 && (TensorLike<std::remove_cvref_t<U>> && ...))
   auto all_reduce(ReduceOpArg op, U&&... values) {
-    std::tuple<std::remove_cvref_t<U>...> out(std::forward<U>(values)...);
-    std::array<detail::BufferRef, sizeof...(U)> buffers;
-    std::apply([&](auto&... v) {
-      std::size_t i = 0;
-      ((buffers[i++] = buffer_ref(v)), ...);
-    }, out);
-    for (const auto& b : buffers) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
-    collectives_->all_reduce(*group_, local_id_, buffers, op.op);
+    std::tuple<std::remove_cvref_t<U>...> out(owned(std::forward<U>(values))...);
+    detail::HostOperands operands("all_reduce");
+    std::apply([&](auto&... v) { (add_operand(operands, v), ...); }, out);
+    for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
+    collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
+    operands.write_back();
     if constexpr (sizeof...(U) == 1) {
       return std::get<0>(std::move(out));
     } else {
@@ -178,15 +178,25 @@ class ReplicaContext {
   }
 
   /// Reduces a run-time list of values (e.g. every gradient of a model) in one collective;
-  /// returns them in the same order.
-  template <class U>
-    requires TensorLike<U>
-  std::vector<U> batch_all_reduce(ReduceOpArg op, std::vector<U> values) {
-    std::vector<detail::BufferRef> buffers;
-    buffers.reserve(values.size());
-    for (auto& v : values) buffers.push_back(buffer_ref(v));
-    detail::check_op_for_dtype(op.op, dtype_of<element_t<U>>(), "batch_all_reduce");
-    collectives_->all_reduce(*group_, local_id_, buffers, op.op);
+  /// returns them in the same order (an lvalue list is left as it is).
+  template <class V>
+    requires requires { typename std::remove_cvref_t<V>::value_type; } &&
+             TensorLike<typename std::remove_cvref_t<V>::value_type> &&
+             std::same_as<std::remove_cvref_t<V>, std::vector<typename std::remove_cvref_t<V>::value_type>>
+  auto batch_all_reduce(ReduceOpArg op, V&& values_in) {
+    using U = typename std::remove_cvref_t<V>::value_type;
+    std::vector<U> values;
+    if constexpr (std::is_lvalue_reference_v<V>) {
+      values.reserve(values_in.size());
+      for (const auto& v : values_in) values.push_back(clone_value(v));
+    } else {
+      values = std::move(values_in);
+    }
+    detail::HostOperands operands("batch_all_reduce");
+    for (auto& v : values) add_operand(operands, v);
+    for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "batch_all_reduce");
+    collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
+    operands.write_back();
     return values;
   }
 
@@ -195,29 +205,34 @@ class ReplicaContext {
     requires TensorLike<U>
   gathered_t<U> all_gather(const U& value, int axis) {
     using G = gathered_t<U>;
-    std::optional<G> result;
-    auto in = buffer_ref(const_cast<U&>(value));
+    detail::RowMajorResult<G> result;
+    detail::HostOperands operands("all_gather");
+    add_operand(operands, const_cast<U&>(value));  // read only
+    const detail::BufferRef& in = operands[0];
     auto rank = static_cast<int>(in.shape.size());
     if (axis < 0 || axis >= rank) {
       throw InvalidArgument(fmt::format("all_gather: axis {} is out of range for a value of shape {}; it must be in [0, {})",
                                         axis, shape_string(in.shape), rank));
     }
     collectives_->all_gather(*group_, local_id_, in, axis, [&](const Shape& shape) -> void* {
-      result.emplace(tensor_traits<G>::make(shape));
-      return tensor_traits<G>::data(*result);
+      return result.allocate(in.dtype, shape);
     });
-    return std::move(*result);
+    return result.take();
   }
 
   /// Every replica receives the value of replica `root` (a replica_id_in_sync_group).
-  template <class U>
-    requires TensorLike<U>
-  U broadcast(U value, int root = 0) {
+  template <class V>
+    requires TensorLike<std::remove_cvref_t<V>>
+  std::remove_cvref_t<V> broadcast(V&& value_in, int root = 0) {
     if (root < 0 || root >= num_replicas_in_sync()) {
       throw InvalidArgument(
           fmt::format("broadcast: root {} is not a replica id (0..{})", root, num_replicas_in_sync() - 1));
     }
-    collectives_->broadcast(*group_, local_id_, buffer_ref(value), root);
+    std::remove_cvref_t<V> value = owned(std::forward<V>(value_in));
+    detail::HostOperands operands("broadcast");
+    add_operand(operands, value);
+    collectives_->broadcast(*group_, local_id_, operands[0], root);
+    operands.write_back();
     return value;
   }
 
@@ -242,14 +257,23 @@ class ReplicaContext {
   detail::ReplicaGroup& group() noexcept { return *group_; }
 
  protected:
+  /// An lvalue is copied (deeply, for handle types such as torch::Tensor), an rvalue moved.
+  template <class V>
+  static std::remove_cvref_t<V> owned(V&& v) {
+    if constexpr (std::is_lvalue_reference_v<V>) return clone_value(v);
+    else return std::move(v);
+  }
+
   template <class U>
-  static detail::BufferRef buffer_ref(U& v) {
-    detail::BufferRef ref{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
+  static void add_operand(detail::HostOperands& operands, U& v) {
     if constexpr (memory_space_v<U> == MemorySpace::device) {  // see core/memory_space.hpp
+      detail::BufferRef ref{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
       ref.memory = MemorySpace::device;
       ref.device = detail::device_ops<U>::access();
+      operands.add(std::move(ref));
+    } else {
+      operands.add(view_of(v));
     }
-    return ref;
   }
 
  private:

@@ -18,7 +18,7 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 template <class T>
 class Tensor {
-  static_assert(Element<T>, "ds::Tensor<T>: T must be an arithmetic element type (float, int32_t, ...)");
+  static_assert(Element<T>, "ds::Tensor<T>: T must be an element type (float, int32_t, ds::bfloat16, ...)");
   static_assert(!std::is_same_v<T, bool>, "ds::Tensor<bool> is not supported; use ds::Tensor<std::uint8_t>");
 
  public:
@@ -109,7 +109,10 @@ namespace detail {
 // Prints nested brackets, eliding the middle of long dimensions as numpy does.
 template <class T, class Out>
 Out format_tensor_data(Out out, const T* data, const Shape& shape, std::size_t axis) {
-  if (axis == shape.size()) return fmt::format_to(out, "{}", data[0]);
+  if (axis == shape.size()) {
+    if constexpr (std::is_arithmetic_v<T>) return fmt::format_to(out, "{}", data[0]);
+    else return fmt::format_to(out, "{}", static_cast<float>(data[0]));  // 16-bit floats
+  }
   const std::int64_t n = shape[axis];
   std::int64_t stride = 1;
   for (std::size_t a = axis + 1; a < shape.size(); ++a) stride *= shape[a];

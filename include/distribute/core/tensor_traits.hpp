@@ -1,30 +1,45 @@
 // tensor_traits<U>: the customisation point that tells the library how to see a value as a tensor.
 //
-// A type the library reduces, gathers or sends must describe itself through a specialisation:
+// A type the library reduces, gathers or sends describes itself in one of two forms.
+//
+// Compile-time element type (std::vector, Eigen, xtensor):
 //
 //   template <> struct distribute::tensor_traits<MyVec> {
-//     using value_type = float;                                  // an arithmetic element type
-//     static ds::Shape shape(const MyVec&);                      // row-major dims
-//     static const float* data(const MyVec&);                    // contiguous elements
+//     using value_type = float;                                  // an Element (see dtype.hpp)
+//     static ds::Shape shape(const MyVec&);                      // logical dims, row-major order
+//     static const float* data(const MyVec&);
 //     static float* data(MyVec&);
-//     static MyVec make(const ds::Shape&);                       // a zeroed value of that shape
+//     static MyVec make(const ds::Shape&);                       // a zeroed value (laid out as strides() says)
+//   };
+//   Optional: `static ds::Strides strides(const MyVec&)` when the elements are not row-major
+//   contiguous (a column-major matrix: {1, rows}); without it they must be.
+//
+// Run-time element type (torch::Tensor, DLPack):
+//
+//   template <> struct distribute::tensor_traits<Dyn> {
+//     static ds::TensorView view(const Dyn&);                    // data, dtype, shape, strides, memory
+//     static Dyn make(ds::DType, const ds::Shape&);              // a zeroed value of that dtype and shape
 //   };
 //
-// Optional members: `using gathered_type = ...` (what gather/all_gather return; default Tensor<T>)
-// and `static constexpr ds::MemorySpace memory = ...` (default host; `device` for values in the
-// Thrust device system's memory, see core/memory_space.hpp and backends/cuda/device_tensor.hpp).
+// Optional in both: `static U clone(const U&)`, an independent deep copy, for types whose copy
+// constructor shares the elements (handles such as torch::Tensor); `using gathered_type = ...`
+// (what gather/all_gather return; default Tensor<value_type>, or U itself for run-time types);
+// `static constexpr ds::MemorySpace memory = ...` (compile-time form; default host; `device`
+// for values in the Thrust device system's memory, see core/memory_space.hpp).
 #pragma once
 
 #include <array>
 #include <concepts>
 #include <cstddef>
 #include <type_traits>
+#include <typeinfo>
 #include <vector>
 
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/memory_space.hpp>
 #include <distribute/core/shape.hpp>
 #include <distribute/core/tensor.hpp>
+#include <distribute/core/tensor_view.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -33,9 +48,9 @@ DISTRIBUTE_BEGIN_NAMESPACE
 template <class U>
 struct tensor_traits {};
 
-/// A value the library can reduce, gather and send: it has a complete tensor_traits specialisation.
+/// A value whose element type is known at compile time (tensor_traits<U>::value_type).
 template <class U>
-concept TensorLike = requires(const U& cu, U& u, const Shape& s) {
+concept StaticTensorLike = requires(const U& cu, U& u, const Shape& s) {
   typename tensor_traits<U>::value_type;
   requires Element<typename tensor_traits<U>::value_type>;
   { tensor_traits<U>::shape(cu) } -> std::convertible_to<Shape>;
@@ -44,19 +59,31 @@ concept TensorLike = requires(const U& cu, U& u, const Shape& s) {
   { tensor_traits<U>::make(s) } -> std::same_as<U>;
 };
 
-template <TensorLike U>
+/// A value whose element type is known only at run time (tensor_traits<U>::view gives it).
+template <class U>
+concept DynamicTensorLike = !StaticTensorLike<U> && requires(const U& cu, DType d, const Shape& s) {
+  { tensor_traits<U>::view(cu) } -> std::same_as<TensorView>;
+  { tensor_traits<U>::make(d, s) } -> std::same_as<U>;
+};
+
+/// A value the library can reduce, gather and send: it has a complete tensor_traits specialisation.
+template <class U>
+concept TensorLike = StaticTensorLike<U> || DynamicTensorLike<U>;
+
+template <StaticTensorLike U>
 using element_t = typename tensor_traits<U>::value_type;
 
 namespace detail {
 template <class U>
-struct gathered_type_of {
-  using type = Tensor<element_t<U>>;
-};
-template <class U>
-  requires requires { typename tensor_traits<U>::gathered_type; }
-struct gathered_type_of<U> {
-  using type = typename tensor_traits<U>::gathered_type;
-};
+auto gathered_type_tag() {
+  if constexpr (requires { typename tensor_traits<U>::gathered_type; }) {
+    return std::type_identity<typename tensor_traits<U>::gathered_type>{};
+  } else if constexpr (StaticTensorLike<U>) {
+    return std::type_identity<Tensor<element_t<U>>>{};
+  } else {
+    return std::type_identity<U>{};
+  }
+}
 template <class U>
 constexpr MemorySpace memory_of() {
   if constexpr (requires { tensor_traits<U>::memory; }) return tensor_traits<U>::memory;
@@ -66,17 +93,78 @@ constexpr MemorySpace memory_of() {
 
 /// What gather/all_gather return for components of type U (a concatenation along an axis).
 template <TensorLike U>
-using gathered_t = typename detail::gathered_type_of<U>::type;
+using gathered_t = typename decltype(detail::gathered_type_tag<U>())::type;
 
+/// Where U's elements live, when its type says (compile-time form); run-time types say it in
+/// their view, and the library's device paths are for compile-time types.
 template <TensorLike U>
 inline constexpr MemorySpace memory_space_v = detail::memory_of<U>();
 
+/// The run-time description of a value's memory.
 template <TensorLike U>
-Shape shape_of(const U& u) { return tensor_traits<U>::shape(u); }
+TensorView view_of(const U& u) {
+  if constexpr (StaticTensorLike<U>) {
+    using E = element_t<U>;
+    TensorView v{const_cast<E*>(tensor_traits<U>::data(u)), dtype_of<E>(), tensor_traits<U>::shape(u)};
+    if constexpr (requires { tensor_traits<U>::strides(u); }) {
+      v.strides = tensor_traits<U>::strides(u);
+      check_view(v, typeid(U).name());
+    }
+    v.memory = memory_space_v<U>;
+    return v;
+  } else {
+    TensorView v = tensor_traits<U>::view(u);
+    check_view(v, typeid(U).name());
+    return v;
+  }
+}
+
+template <TensorLike U>
+Shape shape_of(const U& u) {
+  if constexpr (StaticTensorLike<U>) return tensor_traits<U>::shape(u);
+  else return tensor_traits<U>::view(u).shape;
+}
 
 template <TensorLike U>
 std::size_t element_count(const U& u) {
-  return static_cast<std::size_t>(num_elements(tensor_traits<U>::shape(u)));
+  return static_cast<std::size_t>(num_elements(shape_of(u)));
+}
+
+/// The element type of a value (known at compile time for StaticTensorLike types).
+template <TensorLike U>
+DType value_dtype(const U& u) {
+  if constexpr (StaticTensorLike<U>) return dtype_of<element_t<U>>();
+  else return tensor_traits<U>::view(u).dtype;
+}
+
+/// A zeroed value of U with `dtype` and `shape`. A compile-time type holds
+/// one dtype: asking it for another is an InvalidArgument naming both.
+template <TensorLike U>
+U make_value(DType dtype, const Shape& shape) {
+  if constexpr (StaticTensorLike<U>) {
+    if (dtype != dtype_of<element_t<U>>()) {
+      throw InvalidArgument(fmt::format("cannot hold {} values in a value of element type {}", to_string(dtype),
+                                        to_string(dtype_of<element_t<U>>())));
+    }
+    return tensor_traits<U>::make(shape);
+  } else {
+    U out = tensor_traits<U>::make(dtype, shape);
+    const TensorView v = tensor_traits<U>::view(out);
+    if (v.dtype != dtype || v.shape != shape) {
+      throw InvalidArgument(fmt::format("tensor_traits<{}>::make({}, {}) returned {}; it must return a value of "
+                                        "that dtype and shape",
+                                        typeid(U).name(), to_string(dtype), shape_string(shape), describe(v)));
+    }
+    return out;
+  }
+}
+
+/// An independent copy of `u` (its own elements), through tensor_traits<U>::clone where the type's
+/// copy constructor shares them.
+template <TensorLike U>
+U clone_value(const U& u) {
+  if constexpr (requires { { tensor_traits<U>::clone(u) } -> std::same_as<U>; }) return tensor_traits<U>::clone(u);
+  else return u;
 }
 
 // ---- built-in specialisations -------------------------------------------------------------

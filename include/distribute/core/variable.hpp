@@ -20,6 +20,8 @@
 
 #include <distribute/core/context.hpp>
 #include <distribute/core/detail/elementwise.hpp>
+#include <distribute/core/detail/host_operands.hpp>
+#include <distribute/core/detail/reduce_components.hpp>
 #include <distribute/core/device.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/memory_space.hpp>
@@ -72,9 +74,9 @@ class Variable {
     s.synchronization = options.synchronization == VariableSynchronization::Auto ? VariableSynchronization::OnWrite
                                                                                 : options.synchronization;
     s.trainable = options.trainable.value_or(s.synchronization != VariableSynchronization::OnRead);
-    if (s.aggregation == VariableAggregation::Mean && !std::is_floating_point_v<element_t<T>>) {
+    if (s.aggregation == VariableAggregation::Mean && !is_floating(value_dtype(initial_value))) {
       throw InvalidArgument(fmt::format("variable '{}': MEAN aggregation needs a floating-point variable, not {}", s.name,
-                                        to_string(dtype_of<element_t<T>>())));
+                                        to_string(value_dtype(initial_value))));
     }
     if (s.synchronization == VariableSynchronization::OnRead && options.trainable.value_or(false)) {
       throw InvalidArgument(fmt::format(
@@ -117,10 +119,13 @@ class Variable {
     }
     if (s.placement.link) {
       // Every worker starts from the chief's value (workers create variables in the same order).
-      auto* p = tensor_traits<T>::data(initial_value);
-      s.placement.link->broadcast(p, element_count(initial_value) * sizeof(element_t<T>), 0);
+      detail::HostOperands value("Variable");
+      value.add(view_of(initial_value));
+      s.placement.link->broadcast(value[0].data, value[0].bytes(), 0);
+      value.write_back();
     }
-    s.copies.assign(copies, initial_value);
+    s.copies.reserve(copies);
+    for (std::size_t c = 0; c < copies; ++c) s.copies.push_back(clone_value(initial_value));
   }
 
   /// A handle to a variable that already lives on a ps task (what a worker gets when a scheduled
@@ -163,6 +168,7 @@ class Variable {
   const std::vector<std::string>& devices() const noexcept { return state_->placement.devices; }
 
   /// The per-replica copies (one for a plain variable). Read them in cross-replica context.
+  /// For handle types (torch::Tensor) these share the variable's memory.
   const std::vector<T>& values() const noexcept { return state_->copies; }
 
   /// In replica context the local copy; in cross-replica context the primary copy (ON_WRITE) or
@@ -173,10 +179,10 @@ class Variable {
     int i = local_index();
     if (i == kPlain) {
       std::lock_guard lock(s.mutex);
-      return s.copies.front();
+      return clone_value(s.copies.front());
     }
-    if (i >= 0) return s.copies[static_cast<std::size_t>(i)];
-    if (s.synchronization != VariableSynchronization::OnRead) return s.copies.front();
+    if (i >= 0) return clone_value(s.copies[static_cast<std::size_t>(i)]);
+    if (s.synchronization != VariableSynchronization::OnRead) return clone_value(s.copies.front());
     return aggregate_copies();
   }
 
@@ -224,22 +230,27 @@ class Variable {
       auto& s = *state_;
       auto& r = s.placement.remote;
       r.key += "/" + s.name;  // the strategy's unique prefix, and the name for messages
-      r.store->create(r.task, r.key, dtype_of<element_t<T>>(), shape_of(initial_value), bytes_of(initial_value));
-      s.copies = {std::move(initial_value)};  // kept for its shape only: the value lives on the ps
+      detail::HostOperands value("Variable");
+      value.add(view_of(initial_value), true);
+      r.store->create(r.task, r.key, value[0].dtype, value[0].shape, bytes_of(value[0]));
+      s.copies.clear();
+      s.copies.push_back(std::move(initial_value));  // kept for its dtype and shape: the value lives on the ps
     }
   }
 
-  static std::span<const std::byte> bytes_of(const T& v) {
-    return {reinterpret_cast<const std::byte*>(tensor_traits<T>::data(v)), element_count(v) * sizeof(element_t<T>)};
+  static std::span<const std::byte> bytes_of(const detail::BufferRef& b) {
+    return {static_cast<const std::byte*>(b.data), b.bytes()};
   }
 
   T read_remote() const {
     if constexpr (memory_space_v<T> == MemorySpace::host) {
       const auto& r = state_->placement.remote;
-      T out = tensor_traits<T>::make(shape());
-      r.store->read(r.task, r.key, dtype_of<element_t<T>>(),
-                    {reinterpret_cast<std::byte*>(tensor_traits<T>::data(out)), element_count(out) * sizeof(element_t<T>)});
-      return out;
+      detail::RowMajorResult<T> out;
+      const DType dtype = value_dtype(state_->copies.front());
+      const Shape s = shape();
+      void* p = out.allocate(dtype, s);
+      r.store->read(r.task, r.key, dtype, {static_cast<std::byte*>(p), static_cast<std::size_t>(num_elements(s)) * size_of(dtype)});
+      return out.take();
     } else {
       throw InvalidArgument("ps variables hold host memory");
     }
@@ -273,9 +284,11 @@ class Variable {
   }
 
   void check_shape(const T& value, const char* what) const {
-    if (shape_of(value) != shape()) {
-      throw InvalidArgument(fmt::format("{}: value of shape {} does not match variable '{}' of shape {}", what,
-                                        shape_string(shape_of(value)), name(), shape_string(shape())));
+    const DType mine = value_dtype(state_->copies.front()), theirs = value_dtype(value);
+    if (shape_of(value) != shape() || mine != theirs) {
+      throw InvalidArgument(fmt::format("{}: a {} value of shape {} does not match variable '{}' ({} of shape {})", what,
+                                        to_string(theirs), shape_string(shape_of(value)), name(), to_string(mine),
+                                        shape_string(shape())));
     }
   }
 
@@ -286,21 +299,27 @@ class Variable {
       else detail::device_ops<T>::sub(target, value);
       return;
     }
-    using E = element_t<T>;
-    E* dst = tensor_traits<T>::data(target);
-    const E* src = tensor_traits<T>::data(value);
-    const std::size_t n = element_count(target);
-    switch (kind) {
-      case Update::Assign:
-        for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
-        break;
-      case Update::Add:
-        for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] + src[i]);
-        break;
-      case Update::Sub:
-        for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] - src[i]);
-        break;
-    }
+    detail::HostOperands ops("Variable");
+    ops.add(view_of(target));
+    ops.add(view_of(value), true);
+    const std::size_t n = ops[0].count();
+    visit_dtype(ops[0].dtype, [&](auto t) {
+      using E = decltype(t);
+      E* dst = static_cast<E*>(ops[0].data);
+      const E* src = static_cast<const E*>(ops[1].data);
+      switch (kind) {
+        case Update::Assign:
+          for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
+          break;
+        case Update::Add:
+          for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] + src[i]);
+          break;
+        case Update::Sub:
+          for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] - src[i]);
+          break;
+      }
+    });
+    ops.write_back();
   }
 
   void update(Update kind, const T& value) {
@@ -311,7 +330,9 @@ class Variable {
     if (s.placement.kind == detail::PlacementKind::Remote) {
       if constexpr (memory_space_v<T> == MemorySpace::host) {
         const auto& r = s.placement.remote;
-        r.store->update(r.task, r.key, static_cast<detail::RemoteUpdate>(kind), dtype_of<element_t<T>>(), bytes_of(value));
+        detail::HostOperands v("Variable");
+        v.add(view_of(value), true);
+        r.store->update(r.task, r.key, static_cast<detail::RemoteUpdate>(kind), v[0].dtype, bytes_of(v[0]));
       }
       return;
     }
@@ -369,16 +390,18 @@ class Variable {
                                           s.name, what));
       }
       // Each copy holds value / N so that the cross-replica sum reads back `value`.
-      T share = value;
+      T share = clone_value(value);
       if constexpr (memory_space_v<T> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
         detail::device_ops<T>::divide(share, s.placement.num_replicas_in_sync);
         for (auto& c : s.copies) apply(kind, c, share);
         return;
       }
-      using E = element_t<T>;
-      E* p = tensor_traits<T>::data(share);
-      const auto n = static_cast<E>(s.placement.num_replicas_in_sync);
-      for (std::size_t k = 0; k < element_count(share); ++k) p[k] = static_cast<E>(p[k] / n);
+      detail::HostOperands ops("Variable");
+      ops.add(view_of(share));
+      visit_dtype(ops[0].dtype, [&](auto t) {
+        detail::divide(static_cast<decltype(t)*>(ops[0].data), ops[0].count(), s.placement.num_replicas_in_sync);
+      });
+      ops.write_back();
       for (auto& c : s.copies) apply(kind, c, share);
       return;
     }
@@ -388,7 +411,7 @@ class Variable {
   T aggregate_copies() const {
     const auto& s = *state_;
     switch (s.aggregation) {
-      case VariableAggregation::OnlyFirstReplica: return s.copies.front();
+      case VariableAggregation::OnlyFirstReplica: return clone_value(s.copies.front());
       case VariableAggregation::None:
         throw InvalidArgument(fmt::format("variable '{}': a cross-replica read of a sync-on-read variable needs an "
                                           "aggregation (SUM, MEAN or ONLY_FIRST_REPLICA), not NONE",
@@ -399,24 +422,13 @@ class Variable {
           const auto op = s.aggregation == VariableAggregation::Mean ? ReduceOp::Mean : ReduceOp::Sum;
           return detail::device_ops<T>::reduce(s.copies.front(), s.copies, op, s.placement.link);
         }
-        T out = s.copies.front();
-        for (std::size_t c = 1; c < s.copies.size(); ++c) {
-          detail::combine(tensor_traits<T>::data(out), tensor_traits<T>::data(s.copies[c]), element_count(out),
-                          ReduceOp::Sum);
-        }
-        if (s.placement.link) {
-          s.placement.link->all_reduce(tensor_traits<T>::data(out), element_count(out), dtype_of<element_t<T>>(),
-                                       ReduceOp::Sum);
-        }
-        if (s.aggregation == VariableAggregation::Mean) {
-          const auto replicas = s.placement.link ? std::int64_t{s.placement.num_replicas_in_sync}
-                                                 : static_cast<std::int64_t>(s.copies.size());
-          detail::divide(tensor_traits<T>::data(out), element_count(out), replicas);
-        }
-        return out;
+        std::vector<const T*> copies;
+        for (const T& c : s.copies) copies.push_back(&c);
+        const auto op = s.aggregation == VariableAggregation::Mean ? ReduceOp::Mean : ReduceOp::Sum;
+        return detail::reduce_components(op, copies, s.placement.link);  // Mean: by every replica in sync
       }
     }
-    return s.copies.front();
+    return clone_value(s.copies.front());
   }
 
   std::shared_ptr<State> state_;

@@ -27,6 +27,7 @@
 #include <distribute/collective/shared_memory.hpp>
 #include <distribute/core/context.hpp>
 #include <distribute/core/detail/concat.hpp>
+#include <distribute/core/detail/host_operands.hpp>
 #include <distribute/core/device.hpp>
 #include <distribute/core/values.hpp>
 #include <distribute/core/variable.hpp>
@@ -269,16 +270,23 @@ class SyncStrategy : public AnyStrategy {
       }
     }();
     using U = std::remove_cvref_t<decltype(*components.front())>;
-    using E = element_t<U>;
+    using R = detail::reduced_t<U>;
     constexpr bool distributed = requires { typename V::strategy_type; } || requires { value.read_value(); };
     if (!axis) {
       U r = [&] {
         if constexpr (distributed) return detail::reduce_components(op.op, components, link_);
         else return reduce_plain(op.op, value);
       }();
-      if constexpr (memory_space_v<U> == MemorySpace::device) return detail::device_ops<U>::to_host(r);
-      const E* p = tensor_traits<U>::data(r);
-      return Tensor<E>(shape_of(r), std::vector<E>(p, p + element_count(r)));
+      if constexpr (memory_space_v<U> == MemorySpace::device) {
+        return detail::device_ops<U>::to_host(r);
+      } else if constexpr (std::is_same_v<R, U>) {
+        return r;
+      } else {
+        const TensorView v = view_of(r);
+        detail::RowMajorResult<R> out;
+        copy_to_contiguous(v, out.allocate(v.dtype, v.shape));
+        return out.take();
+      }
     }
     if constexpr (!distributed) {
       if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
@@ -404,77 +412,71 @@ class SyncStrategy : public AnyStrategy {
   template <class U>
   U reduce_plain(ReduceOp op, const U& value) const {
     if (op == ReduceOp::Sum || op == ReduceOp::Product) check_plain_reducible(op);
-    return value;
+    return clone_value(value);
   }
 
   template <class U>
   auto gather_parts(const std::vector<const U*>& parts, std::int64_t axis) {
     using G = gathered_t<U>;
-    std::vector<detail::BufferRef> refs;
-    std::vector<const detail::BufferRef*> ptrs;
-    refs.reserve(parts.size());
-    for (const U* p : parts) {
-      refs.push_back({const_cast<element_t<U>*>(tensor_traits<U>::data(*p)), dtype_of<element_t<U>>(), shape_of(*p)});
-    }
-    for (auto& r : refs) ptrs.push_back(&r);
-    detail::check_concat(ptrs, axis, "gather");
     if constexpr (memory_space_v<U> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+      std::vector<detail::BufferRef> refs;
+      std::vector<const detail::BufferRef*> ptrs;
+      refs.reserve(parts.size());
+      for (const U* p : parts) {
+        refs.push_back({const_cast<element_t<U>*>(tensor_traits<U>::data(*p)), dtype_of<element_t<U>>(), shape_of(*p)});
+      }
+      for (auto& r : refs) ptrs.push_back(&r);
+      detail::check_concat(ptrs, axis, "gather");
       if (!link_) return detail::device_ops<U>::template concat<G>(ptrs, static_cast<std::size_t>(axis));
       auto host = detail::device_ops<U>::host_copies(parts);  // across workers through host copies
       return detail::device_ops<U>::template from_host<G>(gather_parts(host.pointers(), axis));
+    } else {
+      detail::HostOperands in("gather");
+      for (const U* p : parts) in.add(view_of(*p));
+      std::vector<const detail::BufferRef*> ptrs;
+      for (auto& r : in.buffers()) ptrs.push_back(&r);
+      detail::check_concat(ptrs, axis, "gather");
+      const DType dtype = in[0].dtype;
+      detail::RowMajorResult<G> out;
+      if (!link_) {
+        detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis),
+                                  [&](const Shape& s) -> void* { return out.allocate(dtype, s); });
+        return out.take();
+      }
+      std::vector<std::byte> local;
+      Shape local_shape;
+      detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
+        local_shape = s;
+        local.resize(static_cast<std::size_t>(num_elements(s)) * size_of(dtype));
+        return local.data();
+      });
+      auto all = detail::gather_across_workers(*link_, {local.data(), dtype, local_shape},
+                                               static_cast<std::size_t>(axis), "gather");
+      void* dst = out.allocate(dtype, all.shape);
+      if (!all.data.empty()) std::memcpy(dst, all.data.data(), all.data.size());
+      return out.take();
     }
-    std::optional<G> out;
-    auto allocate = [&](const Shape& s) -> void* {
-      out.emplace(tensor_traits<G>::make(s));
-      return tensor_traits<G>::data(*out);
-    };
-    if (!link_) {
-      detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), allocate);
-      return std::move(*out);
-    }
-    std::vector<std::byte> local;
-    Shape local_shape;
-    detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
-      local_shape = s;
-      local.resize(static_cast<std::size_t>(num_elements(s)) * sizeof(element_t<U>));
-      return local.data();
-    });
-    auto all = detail::gather_across_workers(*link_, {local.data(), dtype_of<element_t<U>>(), local_shape},
-                                             static_cast<std::size_t>(axis), "gather");
-    std::memcpy(allocate(all.shape), all.data.data(), all.data.size());
-    return std::move(*out);
   }
 
   // batch_reduce_to across workers: each value reduced over the local replicas, then one
   // cross-worker all-reduce per pack of the local results, then MEAN's division.
   template <class... V>
   auto reduce_in_packs(ReduceOp op, const V&... values) {
-    (detail::check_op_for_dtype(op, dtype_of<element_t<std::remove_cvref_t<decltype(values.values().front())>>>(),
-                                "batch_reduce_to"),
-     ...);
     const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
     auto out = std::make_tuple(detail::reduce_components(combine_op, pointers(values.values()))...);
     const std::int64_t divisors[] = {static_cast<std::int64_t>(values.values().size()) * num_workers_...};
-    std::vector<detail::BufferRef> refs;
-    std::apply(
-        [&](auto&... r) {
-          (refs.push_back({tensor_traits<std::remove_cvref_t<decltype(r)>>::data(r),
-                           dtype_of<element_t<std::remove_cvref_t<decltype(r)>>>(), shape_of(r)}),
-           ...);
-        },
-        out);
+    detail::HostOperands refs("batch_reduce_to");
+    std::apply([&](auto&... r) { (refs.add(view_of(r)), ...); }, out);
+    for (const auto& b : refs.buffers()) detail::check_op_for_dtype(op, b.dtype, "batch_reduce_to");
     std::vector<std::byte> scratch;
-    detail::all_reduce_in_packs(*link_, refs, combine_op, options_.bytes_per_pack, scratch);
+    detail::all_reduce_in_packs(*link_, refs.buffers(), combine_op, options_.bytes_per_pack, scratch);
     if (op == ReduceOp::Mean) {
-      std::size_t k = 0;
-      std::apply(
-          [&](auto&... r) {
-            ((detail::divide(tensor_traits<std::remove_cvref_t<decltype(r)>>::data(r), element_count(r), divisors[k]),
-              ++k),
-             ...);
-          },
-          out);
+      for (std::size_t k = 0; k < refs.buffers().size(); ++k) {
+        detail::BufferRef& b = refs[k];
+        visit_dtype(b.dtype, [&](auto t) { detail::divide(static_cast<decltype(t)*>(b.data), b.count(), divisors[k]); });
+      }
     }
+    refs.write_back();
     return out;
   }
 
