@@ -5,8 +5,10 @@ set -euo pipefail
 
 # Boost comes from boost_packages below (Boost.JSON needs >= 1.75, and the distributions' default
 # libboost-dev differs: 1.74 on Debian bookworm, 1.83 on Ubuntu 24.04).
+# python3-venv: tests/check_safetensors_numpy.py makes a virtual environment for numpy, safetensors
+# and ml_dtypes (from PyPI); without it that test is skipped.
 PACKAGES=(g++ meson ninja-build pkg-config cmake libfmt-dev doctest-dev libbenchmark-dev libssl-dev libcereal-dev
-          python3)
+          python3 python3-venv)
 
 # The Boost packages to install, after `apt-get update`: the default ones when they are >= 1.75,
 # else the newest versioned pair >= 1.75 (bookworm: libboost1.81-dev + libboost-json1.81-dev), else
@@ -34,6 +36,9 @@ have() { command -v "$1" >/dev/null 2>&1; }
 for tool in g++ meson ninja pkg-config cmake python3; do
   have "$tool" || missing+=("$tool")
 done
+if have python3 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  missing+=(python3-venv)
+fi
 # Headers: ask the compiler (finds them wherever they are installed), else look in /usr/include.
 has_header() {
   if have g++; then

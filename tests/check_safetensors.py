@@ -11,8 +11,8 @@ Usage: check_safetensors.py <checkpoint_helper>
    the formulas documented in checkpoint_helper.cpp.
 2. This script writes a file by hand (unpadded header, unaligned tensors, no checksums) and the
    helper must read back exactly its values.
-3. If numpy and the `safetensors` package happen to be installed, the same files are also read and
-   written with them; otherwise that part is skipped with a message.
+The check against the reference implementation (Python's safetensors with numpy and ml_dtypes),
+which needs packages from PyPI, is check_safetensors_numpy.py.
 """
 import json
 import math
@@ -29,6 +29,13 @@ DTYPES = {  # name: (size, struct code); F16/BF16 as raw bit patterns
     "U8": (1, "B"), "U16": (2, "H"), "U32": (4, "I"), "U64": (8, "Q"), "BOOL": (1, "?"),
 }
 SHAPES = [[], [3], [2, 3], [2, 1, 4], [1, 2, 2, 3]]
+# ckpt-1's 16-bit float variables (checkpoint_helper.cpp): the floats they were made from, and the
+# bits those round to (to nearest even).
+F16_VALUES = [1.0, -0.0, math.inf, -math.inf, math.nan, 2**-24, 1023 * 2**-24, 65504.0, -2.0, 0.1]
+F16_BITS = [0x3C00, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x0001, 0x03FF, 0x7BFF, 0xC000, 0x2E66]
+BF16_VALUES = [1.0, -0.0, math.inf, -math.inf, math.nan, 2**-133, float.fromhex("0x1.fep127"), -2.0, 0.1,
+               3.14159265]
+BF16_BITS = [0x3F80, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x0001, 0x7F7F, 0xC000, 0x3DCD, 0x4049]
 
 
 def expected(dtype, i):
@@ -136,6 +143,12 @@ def check_written_by_distribute(helper, tmp):
     check(tensors["step"]["shape"] == [] and tensors["step"]["values"] == [42], "step")
     check(tensors["embedding"]["shape"] == [5, 2], "the two shards are saved as one (5, 2) tensor")
     check(tensors["embedding"]["values"] == [expected("F64", i) for i in range(10)], "embedding values")
+    for name, dtype, shape, bits in [("half/f16", "F16", [2, 5], F16_BITS), ("half/bf16", "BF16", [10], BF16_BITS),
+                                     ("half/f16_scalar", "F16", [], [0xBE00]),
+                                     ("half/bf16_scalar", "BF16", [], [0x3F00])]:
+        t = tensors[name]
+        check(t["dtype"] == dtype and t["shape"] == shape, f"{name}: {t['dtype']} {t['shape']}")
+        check(t["values"] == bits, f"{name}: bits {[hex(b) for b in t['values']]} != {[hex(b) for b in bits]}")
     print("ok: files written by distribute parse with an independent reader, values and CRCs match")
 
 
@@ -181,36 +194,6 @@ def check_read_by_distribute(helper, tmp):
     print("ok: a file written by hand in Python reads back in distribute")
 
 
-def check_with_reference_library(helper, tmp):
-    try:
-        import numpy as np
-        from safetensors import safe_open
-        from safetensors.numpy import load_file, save_file
-    except ImportError as e:
-        print(f"skipped: reference check with numpy + safetensors ({e})")
-        return
-    # numpy has no bfloat16: the reference library parses BF16 tensors but cannot hand them to numpy.
-    with safe_open(os.path.join(tmp, "tensors.safetensors"), framework="np") as f:
-        check(set(f.keys()) == {f"{d}_r{r}" for d in DTYPES for r in range(len(SHAPES))}, "reference: keys")
-        for dtype in DTYPES:
-            if dtype == "BF16":
-                continue
-            for rank, shape in enumerate(SHAPES):
-                a = f.get_tensor(f"{dtype}_r{rank}")
-                check(list(a.shape) == shape, f"reference: {dtype}_r{rank} shape {a.shape}")
-                want = [expected(dtype, i) for i in range(prod(shape))]
-                got = (a.reshape(-1).view(np.uint16) if dtype == "F16" else a.reshape(-1)).tolist()
-                check(got == want, f"reference: {dtype}_r{rank}: {got} != {want}")
-    ckpt = load_file(os.path.join(tmp, "ckpt-1.safetensors"))
-    check(ckpt["embedding"].shape == (5, 2), "reference: embedding")
-    path = os.path.join(tmp, "by_reference.safetensors")
-    save_file({"x": np.arange(6, dtype=np.float32).reshape(2, 3), "y": np.array([7], dtype=np.int64)}, path,
-              metadata={"k": "v"})
-    out = run_helper(helper, "dump", path).splitlines()
-    check("x|F32|2,3|0,1,2,3,4,5" in out and "y|I64|1|7" in out and "@k=v" in out, f"dump: {out}")
-    print("ok: the safetensors reference library reads our files, and we read its files")
-
-
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -220,7 +203,6 @@ def main():
         try:
             check_written_by_distribute(helper, tmp)
             check_read_by_distribute(helper, tmp)
-            check_with_reference_library(helper, tmp)
         except Failure as e:
             print(f"FAIL: {e}")
             return 1

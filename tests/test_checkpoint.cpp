@@ -17,9 +17,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -140,7 +142,7 @@ TEST_CASE("safetensors round trip: every dtype, ranks 0 to 4, in a file and in m
   TempDir dir;
   std::vector<std::vector<std::byte>> storage;  // keeps the viewed bytes alive
   st::TensorMap tensors;
-  auto add = [&](std::string name, st::Dtype dtype, ds::Shape shape, std::vector<std::byte> bytes) {
+  auto add = [&](std::string name, ds::DType dtype, ds::Shape shape, std::vector<std::byte> bytes) {
     storage.push_back(std::move(bytes));
     tensors.emplace(std::move(name), st::TensorView{dtype, std::move(shape), storage.back()});
   };
@@ -151,7 +153,7 @@ TEST_CASE("safetensors round trip: every dtype, ranks 0 to 4, in a file and in m
       const auto n = static_cast<std::size_t>(ds::num_elements(kShapes[r]));
       auto values = sample_values<T>(n);
       auto view = st::TensorView::of<T>(kShapes[r], values);
-      add(fmt::format("{}/shape{}", st::to_string(st::dtype_for<T>()), r), view.dtype, view.shape,
+      add(fmt::format("{}/shape{}", st::dtype_name(ds::dtype_of<T>()), r), view.dtype, view.shape,
           std::vector<std::byte>(view.bytes.begin(), view.bytes.end()));
     }
   });
@@ -165,9 +167,9 @@ TEST_CASE("safetensors round trip: every dtype, ranks 0 to 4, in a file and in m
       const auto b = static_cast<std::uint16_t>(0x3f80 + i * 0x101);
       std::memcpy(&bhalves[2 * i], &b, 2);
     }
-    add(fmt::format("BOOL/shape{}", r), st::Dtype::Bool, kShapes[r], bools);
-    add(fmt::format("F16/shape{}", r), st::Dtype::F16, kShapes[r], halves);
-    add(fmt::format("BF16/shape{}", r), st::Dtype::BF16, kShapes[r], bhalves);
+    add(fmt::format("BOOL/shape{}", r), ds::DType::Bool, kShapes[r], bools);
+    add(fmt::format("F16/shape{}", r), ds::DType::F16, kShapes[r], halves);
+    add(fmt::format("BF16/shape{}", r), ds::DType::BF16, kShapes[r], bhalves);
   }
   const st::Metadata metadata{{"format", "pt"}, {"note", "round trip"}};
   const fs::path path = dir / "all.safetensors";
@@ -195,15 +197,161 @@ TEST_CASE("safetensors round trip: every dtype, ranks 0 to 4, in a file and in m
         ds::Tensor<std::int32_t>({2, 3}, sample_values<std::int32_t>(6)));
   CHECK(file.at("F64/shape0").values<double>().size() == 1);
   CHECK(file.at("BOOL/shape1").values<bool>() == std::vector<bool>{true, false, false, true, false});
-  CHECK(file.at("F16/shape1").values<st::float16>()[1] == st::float16{0x3d11});
-  CHECK(file.at("BF16/shape1").values<st::bfloat16>()[0] == st::bfloat16{0x3f80});
+  CHECK(ds::to_bits(file.at("F16/shape1").values<ds::float16>()[1]) == 0x3d11);
+  CHECK(ds::to_bits(file.at("BF16/shape1").values<ds::bfloat16>()[0]) == 0x3f80);
   CHECK_THROWS_WITH_AS(file.at("F16/shape2").values<float>(),
-                       "tensor 'F16/shape2' has dtype F16 and cannot be read as F32 (float32); distribute does not "
-                       "convert between element types",
+                       "tensor 'F16/shape2' has dtype F16 (float16) and cannot be read as F32 (float32); distribute "
+                       "does not convert between element types",
                        ds::CheckpointError);
   CHECK_THROWS_WITH_AS(file.at("I32/shape2").values<std::int64_t>(), doctest::Contains("I32 (int32)"),
                        ds::CheckpointError);
   CHECK_THROWS_WITH_AS(file.at("missing"), doctest::Contains("has no tensor 'missing'"), ds::CheckpointError);
+}
+
+namespace {
+// A 16-bit float and the bits it must have in a file. Built from `value` (the conversion rounds to
+// nearest even), and checked against `bits`, so that a file's bytes are known independently.
+struct HalfCase {
+  float value;
+  std::uint16_t bits;
+};
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+const std::vector<HalfCase> kF16Cases = {
+    {1.0f, 0x3c00},   {-0.0f, 0x8000},  {kInf, 0x7c00},
+    {-kInf, 0xfc00},  {kNaN, 0x7e00},
+    {0x1p-24f, 0x0001},      // the smallest subnormal
+    {0x1.ff8p-15f, 0x03ff},  // the largest subnormal
+    {65504.0f, 0x7bff}, {-2.0f, 0xc000}, {0.1f, 0x2e66}};
+const std::vector<HalfCase> kBF16Cases = {
+    {1.0f, 0x3f80},       {-0.0f, 0x8000},      {kInf, 0x7f80}, {-kInf, 0xff80},
+    {kNaN, 0x7fc0},       {0x1p-133f, 0x0001},  // the smallest subnormal
+    {0x1.fep127f, 0x7f7f},  {-2.0f, 0xc000},    {0.1f, 0x3dcd}, {3.14159265f, 0x4049}};
+// A signalling and a negative NaN, made from their bits: only a path that copies bits keeps them.
+constexpr std::uint16_t kF16NaNBits[] = {0x7c01, 0xfe00};
+constexpr std::uint16_t kBF16NaNBits[] = {0x7f81, 0xffc0};
+
+template <class H>
+std::vector<H> halves_of(const std::vector<HalfCase>& cases, std::span<const std::uint16_t> nan_bits) {
+  std::vector<H> out;
+  for (const auto& c : cases) out.push_back(H(c.value));
+  for (auto b : nan_bits) out.push_back(ds::from_bits<H>(b));
+  return out;
+}
+
+std::vector<std::uint16_t> bits_expected(const std::vector<HalfCase>& cases, std::span<const std::uint16_t> nan_bits) {
+  std::vector<std::uint16_t> out;
+  for (const auto& c : cases) out.push_back(c.bits);
+  out.insert(out.end(), nan_bits.begin(), nan_bits.end());
+  return out;
+}
+
+// Compared as bits: as floats -0 == +0 and NaN != NaN.
+template <class Range>
+std::vector<std::uint16_t> bits_of(const Range& halves) {
+  std::vector<std::uint16_t> out;
+  for (auto h : halves) out.push_back(ds::to_bits(h));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("safetensors F16 and BF16: the exact bits go into the file and come back") {
+  const auto f16 = halves_of<ds::float16>(kF16Cases, kF16NaNBits);
+  const auto bf16 = halves_of<ds::bfloat16>(kBF16Cases, kBF16NaNBits);
+  const auto f16_bits = bits_expected(kF16Cases, kF16NaNBits);
+  const auto bf16_bits = bits_expected(kBF16Cases, kBF16NaNBits);
+  REQUIRE(f16.size() == 12);
+  REQUIRE(bf16.size() == 12);
+  CHECK(bits_of(f16) == f16_bits);  // the values below are the ones meant
+  CHECK(bits_of(bf16) == bf16_bits);
+
+  TempDir dir;
+  const fs::path path = dir / "halves.safetensors";
+  st::write(path, {{"f16", st::TensorView::of<ds::float16>({3, 4}, f16)}, {"bf16", st::view_of(bf16)}});
+
+  // The file: dtype names as safetensors spells them, and little-endian bits at the recorded offsets.
+  const auto bytes = read_bytes(path);
+  const std::uint64_t n = header_length(bytes);
+  const auto header =
+      boost::json::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()) + 8, n)).as_object();
+  auto file_bits = [&](const char* name) {
+    const auto& o = header.at(name).at("data_offsets").as_array();
+    std::vector<std::uint16_t> out;
+    for (auto at = 8 + n + o[0].to_number<std::uint64_t>(); at < 8 + n + o[1].to_number<std::uint64_t>(); at += 2) {
+      out.push_back(static_cast<std::uint16_t>(static_cast<unsigned>(bytes[at]) |
+                                               static_cast<unsigned>(bytes[at + 1]) << 8));
+    }
+    return out;
+  };
+  CHECK(header.at("f16").at("dtype").as_string() == "F16");
+  CHECK(header.at("bf16").at("dtype").as_string() == "BF16");
+  CHECK(header.at("f16").at("shape") == boost::json::array{3, 4});
+  CHECK(file_bits("f16") == f16_bits);
+  CHECK(file_bits("bf16") == bf16_bits);
+
+  // Read back: the same bits, through every typed accessor.
+  const st::File file = st::read(path);
+  CHECK(file.at("f16").dtype == ds::DType::F16);
+  CHECK(file.at("bf16").dtype == ds::DType::BF16);
+  CHECK(file.at("f16").shape == ds::Shape{3, 4});
+  CHECK(bits_of(file.at("f16").values<ds::float16>()) == f16_bits);
+  const auto tensor = file.at("f16").to_tensor<ds::float16>();
+  CHECK(tensor.shape() == ds::Shape{3, 4});
+  CHECK(bits_of(tensor.values()) == f16_bits);
+  CHECK(bits_of(file.at("bf16").values<ds::bfloat16>()) == bf16_bits);
+  CHECK(static_cast<float>(file.at("bf16").values<ds::bfloat16>()[9]) == 3.140625f);
+  CHECK(static_cast<float>(file.at("f16").values<ds::float16>()[5]) == 0x1p-24f);
+
+  // Same size is not same type: F16 is not BF16, nor U16, nor float.
+  CHECK_THROWS_WITH_AS(file.at("f16").values<ds::bfloat16>(),
+                       "tensor 'f16' has dtype F16 (float16) and cannot be read as BF16 (bfloat16); distribute does "
+                       "not convert between element types",
+                       ds::CheckpointError);
+  CHECK_THROWS_WITH_AS(file.at("bf16").values<std::uint16_t>(),
+                       doctest::Contains("tensor 'bf16' has dtype BF16 (bfloat16) and cannot be read as U16 (uint16)"),
+                       ds::CheckpointError);
+  CHECK_THROWS_WITH_AS(file.at("bf16").to_tensor<float>(),
+                       doctest::Contains("tensor 'bf16' has dtype BF16 (bfloat16) and cannot be read as F32 (float32)"),
+                       ds::CheckpointError);
+
+  // A file from another writer, its bits given byte by byte.
+  const st::File other = st::parse(raw_file(
+      R"({"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]},"b":{"dtype":"BF16","shape":[2],"data_offsets":[4,8]}})",
+      {0x00, 0x3c, 0x01, 0x00, 0x80, 0x3f, 0xc0, 0x7f}));
+  CHECK(bits_of(other.at("h").values<ds::float16>()) == std::vector<std::uint16_t>{0x3c00, 0x0001});
+  CHECK(bits_of(other.at("b").values<ds::bfloat16>()) == std::vector<std::uint16_t>{0x3f80, 0x7fc0});
+  CHECK(std::isnan(static_cast<float>(other.at("b").values<ds::bfloat16>()[1])));
+}
+
+TEST_CASE("safetensors F16 and BF16: wrong sizes, other spellings and dtype codes with no name are rejected") {
+  auto err = [](const std::string& json, std::vector<std::uint8_t> payload) {
+    return error_of([&] { st::parse(raw_file(json, std::move(payload)), "f.safetensors"); });
+  };
+  CHECK(err(R"({"h":{"dtype":"F16","shape":[3],"data_offsets":[0,4]}})", std::vector<std::uint8_t>(4))
+            .find("'f.safetensors': tensor 'h' of dtype F16 and shape (3,) needs 6 bytes, but its data_offsets "
+                  "[0, 4] span 4") != std::string::npos);
+  CHECK(err(R"({"b":{"dtype":"BF16","shape":[1],"data_offsets":[0,4]}})", std::vector<std::uint8_t>(4))
+            .find("tensor 'b' of dtype BF16 and shape (1,) needs 2 bytes") != std::string::npos);
+  // numpy's and TF's names are not safetensors' names.
+  for (const char* name : {"float16", "bfloat16", "f16", "bf16", "F16 "}) {
+    CAPTURE(name);
+    CHECK(err(fmt::format(R"({{"h":{{"dtype":"{}","shape":[1],"data_offsets":[0,2]}}}})", name),
+              std::vector<std::uint8_t>(2))
+              .find(fmt::format("'f.safetensors': tensor 'h' has dtype \"{}\", which distribute does not know (known: "
+                                "F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, BOOL, F16, BF16)",
+                                name)) != std::string::npos);
+  }
+
+  std::vector<std::byte> four(4);
+  CHECK_THROWS_WITH_AS(st::serialize({{"b", st::TensorView{ds::DType::BF16, {3}, four}}}),
+                       "safetensors: tensor 'b' of dtype BF16 and shape (3,) needs 6 bytes, but 4 were given",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(st::serialize({{"x", st::TensorView{static_cast<ds::DType>(200), {0}, {}}}}),
+                       "safetensors: tensor 'x' has dtype code 200, which safetensors files cannot hold",
+                       ds::InvalidArgument);
+  const std::vector<ds::float16> three(3);
+  CHECK_THROWS_WITH_AS(st::TensorView::of<ds::float16>({2, 2}, three),
+                       "safetensors: shape (2, 2) holds 4 elements but 3 were given", ds::InvalidArgument);
 }
 
 TEST_CASE("safetensors layout: 8-byte aligned header padded with spaces, tensors aligned, widest first") {
@@ -438,7 +586,7 @@ TEST_CASE("Checkpoint round trip of plain variables of every dtype and rank") {
   CHECK(st::read(p1).metadata.at("distribute.save_counter") == "1");
   {
     const auto file = st::read(p1);
-    CHECK(file.at("bits").dtype == st::Dtype::Bool);
+    CHECK(file.at("bits").dtype == ds::DType::Bool);
     CHECK(file.at("bits").shape == ds::Shape{3});
   }
 
@@ -464,6 +612,79 @@ TEST_CASE("Checkpoint round trip of plain variables of every dtype and rank") {
   other.restore(dir / "run" / "ckpt-2.safetensors");  // a partial restore: extra tensors are fine
   CHECK(step2.read_value() == 41);
   CHECK(other.save_counter() == 2);
+}
+
+TEST_CASE("Checkpoint round trip of F16 and BF16 variables: Tensor, vector, scalar, sharded, mirrored") {
+  TempDir dir;
+  const auto f16 = halves_of<ds::float16>(kF16Cases, kF16NaNBits);
+  const auto bf16 = halves_of<ds::bfloat16>(kBF16Cases, kBF16NaNBits);
+  const auto f16_bits = bits_expected(kF16Cases, kF16NaNBits);
+  const auto bf16_bits = bits_expected(kBF16Cases, kBF16NaNBits);
+
+  ds::Variable<ds::Tensor<ds::float16>> tensor(ds::Tensor<ds::float16>({3, 4}, f16), {.name = "tensor"});
+  ds::Variable<std::vector<ds::bfloat16>> vector(bf16, {.name = "vector"});
+  ds::Variable<ds::float16> f16_scalar(ds::float16(-1.5f), {.name = "f16_scalar"});
+  ds::Variable<ds::bfloat16> bf16_scalar(ds::bfloat16(0.5f), {.name = "bf16_scalar"});
+  std::vector<ds::Variable<ds::Tensor<ds::bfloat16>>> shards{
+      ds::Variable<ds::Tensor<ds::bfloat16>>(ds::Tensor<ds::bfloat16>({4, 2}, {bf16.begin(), bf16.begin() + 8}),
+                                             {.name = "part_0"}),
+      ds::Variable<ds::Tensor<ds::bfloat16>>(ds::Tensor<ds::bfloat16>({2, 2}, {bf16.begin() + 8, bf16.end()}),
+                                             {.name = "part_1"})};
+  ds::Checkpoint ckpt;
+  ckpt.track("f16/tensor", tensor)
+      .track("bf16/vector", vector)
+      .track("f16/scalar", f16_scalar)
+      .track("bf16/scalar", bf16_scalar)
+      .track_sharded("bf16/sharded", shards);
+  const fs::path path = ckpt.save(dir / "ckpt");
+
+  {
+    const st::File file = st::read(path);
+    auto check = [&](const char* name, ds::DType dtype, ds::Shape shape, std::vector<std::uint16_t> bits) {
+      CAPTURE(name);
+      const st::StoredTensor& t = file.at(name);
+      CHECK(t.dtype == dtype);
+      CHECK(t.shape == shape);
+      std::vector<std::uint16_t> got(t.bytes.size() / 2);
+      std::memcpy(got.data(), t.bytes.data(), t.bytes.size());
+      CHECK(got == bits);
+    };
+    check("f16/tensor", ds::DType::F16, {3, 4}, f16_bits);
+    check("bf16/vector", ds::DType::BF16, {12}, bf16_bits);
+    check("f16/scalar", ds::DType::F16, {}, {0xbe00});
+    check("bf16/scalar", ds::DType::BF16, {}, {0x3f00});
+    check("bf16/sharded", ds::DType::BF16, {6, 2}, bf16_bits);
+  }
+
+  tensor.assign(ds::Tensor<ds::float16>::zeros({3, 4}));
+  vector.assign(std::vector<ds::bfloat16>(12));
+  f16_scalar.assign(ds::float16(0.0f));
+  bf16_scalar.assign(ds::bfloat16(0.0f));
+  for (auto& shard : shards) shard.assign(ds::Tensor<ds::bfloat16>::zeros(shard.shape()));
+  ckpt.restore(path);
+  CHECK(bits_of(tensor.read_value().values()) == f16_bits);
+  CHECK(tensor.read_value().shape() == ds::Shape{3, 4});
+  CHECK(bits_of(vector.read_value()) == bf16_bits);
+  CHECK(ds::to_bits(f16_scalar.read_value()) == 0xbe00);
+  CHECK(ds::to_bits(bf16_scalar.read_value()) == 0x3f00);
+  std::vector<std::uint16_t> sharded;
+  for (const auto& shard : shards) {
+    const auto bits = bits_of(shard.read_value().values());
+    sharded.insert(sharded.end(), bits.begin(), bits.end());
+  }
+  CHECK(sharded == bf16_bits);
+
+  // A mirrored variable: saved once, restored into every copy.
+  ds::MirroredStrategy<> strategy(2);
+  auto scope = strategy.scope();
+  ds::Variable<std::vector<ds::bfloat16>> mirrored(bf16, {.name = "mirrored"});
+  ds::Checkpoint mirrored_ckpt;
+  mirrored_ckpt.track("m", mirrored);
+  const fs::path mirrored_path = mirrored_ckpt.save(dir / "mirrored");
+  mirrored.assign(std::vector<ds::bfloat16>(12));
+  mirrored_ckpt.restore(mirrored_path);
+  REQUIRE(mirrored.values().size() == 2);
+  for (const auto& copy : mirrored.values()) CHECK(bits_of(copy) == bf16_bits);
 }
 
 TEST_CASE("restore rejects a missing tensor or a dtype/shape mismatch, naming the tensor, and changes nothing") {
@@ -504,14 +725,25 @@ TEST_CASE("restore rejects a missing tensor or a dtype/shape mismatch, naming th
     CHECK(err.find("tensor 'nope' (for variable 'x') is not in the file") != std::string::npos);
     CHECK(err.find("tensor 'dense/b' is F64 (float64) with shape () in the file") != std::string::npos);
   }
-  {  // F16 in the file is not read into a float variable
-    std::vector<st::float16> halves(2, st::float16{0x3c00});
+  {  // F16 in the file is not read into a float32 variable, nor BF16 into a float16 one
+    const std::vector<ds::float16> halves(2, ds::float16(1.0f));
+    const std::vector<ds::bfloat16> bhalves(2, ds::bfloat16(1.0f));
     const auto f16 = dir / "f16.safetensors";
-    st::write(f16, {{"h", st::TensorView::of<st::float16>({2}, halves)}});
-    ds::Variable<std::vector<float>> h(std::vector<float>(2), {.name = "h"});
+    st::write(f16, {{"h", st::view_of(halves)}, {"b", st::view_of(bhalves)}});
+    ds::Variable<std::vector<float>> h(std::vector<float>(2, 3.0f), {.name = "h"});
     ds::Checkpoint c;
     c.track("h", h);
-    CHECK_THROWS_WITH_AS(c.restore(f16), doctest::Contains("tensor 'h' is F16 with shape (2,) in the file"),
+    CHECK_THROWS_WITH_AS(c.restore(f16),
+                         doctest::Contains("tensor 'h' is F16 (float16) with shape (2,) in the file, but the tracked "
+                                           "variable 'h' is F32 (float32) with shape (2,)"),
+                         ds::CheckpointError);
+    CHECK(h.read_value() == std::vector<float>(2, 3.0f));
+    ds::Variable<ds::Tensor<ds::float16>> b(ds::Tensor<ds::float16>::zeros({2}), {.name = "b16"});
+    ds::Checkpoint c2;
+    c2.track("b", b);
+    CHECK_THROWS_WITH_AS(c2.restore(f16),
+                         doctest::Contains("tensor 'b' is BF16 (bfloat16) with shape (2,) in the file, but the "
+                                           "tracked variable 'b16' is F16 (float16) with shape (2,)"),
                          ds::CheckpointError);
   }
 }

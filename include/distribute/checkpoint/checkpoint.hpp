@@ -35,6 +35,7 @@
 
 #include <distribute/checkpoint/safetensors.hpp>
 #include <distribute/core/context.hpp>
+#include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/shape.hpp>
 #include <distribute/core/tensor_traits.hpp>
@@ -69,7 +70,7 @@ struct CheckpointSnapshot {
 class Trackable {
  public:
   virtual ~Trackable() = default;
-  virtual safetensors::Dtype dtype() const = 0;
+  virtual DType dtype() const = 0;
   virtual Shape shape() const = 0;
   /// For messages: "variable 'w'", "sharded variable (2 shards: (4, 2), (3, 2))".
   virtual std::string describe() const = 0;
@@ -124,7 +125,7 @@ template <class T>
 class TrackedVariable final : public Trackable {
  public:
   explicit TrackedVariable(Variable<T> var) : var_(std::move(var)) {}
-  safetensors::Dtype dtype() const override { return safetensors::dtype_for<element_t<T>>(); }
+  DType dtype() const override { return dtype_of<element_t<T>>(); }
   Shape shape() const override { return var_.shape(); }
   std::string describe() const override { return fmt::format("variable '{}'", var_.name()); }
   CheckpointSnapshot snapshot(const std::string& name) const override {
@@ -156,7 +157,7 @@ class TrackedShards final : public Trackable {
       }
     }
   }
-  safetensors::Dtype dtype() const override { return safetensors::dtype_for<E>(); }
+  DType dtype() const override { return dtype_of<E>(); }
   Shape shape() const override {
     Shape s = shards_.front().shape();
     s[0] = 0;

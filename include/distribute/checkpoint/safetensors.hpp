@@ -57,125 +57,49 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 namespace safetensors {
 
-/// The element types of a safetensors file, spelled as in the file. F16 and BF16 have no C++
-/// arithmetic type here: they are carried as raw 2-byte values (float16 / bfloat16 below).
-enum class Dtype : std::uint8_t { F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool };
-
-inline constexpr std::array<Dtype, 13> all_dtypes = {Dtype::F16, Dtype::BF16, Dtype::F32, Dtype::F64, Dtype::I8,
-                                                     Dtype::I16, Dtype::I32,  Dtype::I64, Dtype::U8,  Dtype::U16,
-                                                     Dtype::U32, Dtype::U64,  Dtype::Bool};
-
-/// "F32", "BOOL", ... as written in the header.
-constexpr std::string_view to_string(Dtype d) noexcept {
+/// A dtype as the file spells it: "F32", "BF16", "BOOL", ... (the element types are ds::DType;
+/// this is only their name in a safetensors header).
+constexpr std::string_view dtype_name(DType d) noexcept {
   switch (d) {
-    case Dtype::F16: return "F16";
-    case Dtype::BF16: return "BF16";
-    case Dtype::F32: return "F32";
-    case Dtype::F64: return "F64";
-    case Dtype::I8: return "I8";
-    case Dtype::I16: return "I16";
-    case Dtype::I32: return "I32";
-    case Dtype::I64: return "I64";
-    case Dtype::U8: return "U8";
-    case Dtype::U16: return "U16";
-    case Dtype::U32: return "U32";
-    case Dtype::U64: return "U64";
-    case Dtype::Bool: return "BOOL";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::I8: return "I8";
+    case DType::I16: return "I16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U8: return "U8";
+    case DType::U16: return "U16";
+    case DType::U32: return "U32";
+    case DType::U64: return "U64";
+    case DType::Bool: return "BOOL";
   }
-  return "?";
+  return {};  // a DType with no safetensors name: parse_dtype never returns it
 }
 
-constexpr std::size_t size_of(Dtype d) noexcept {
-  switch (d) {
-    case Dtype::I8: case Dtype::U8: case Dtype::Bool: return 1;
-    case Dtype::F16: case Dtype::BF16: case Dtype::I16: case Dtype::U16: return 2;
-    case Dtype::F32: case Dtype::I32: case Dtype::U32: return 4;
-    case Dtype::F64: case Dtype::I64: case Dtype::U64: return 8;
-  }
-  return 0;
-}
-
-constexpr std::optional<Dtype> parse_dtype(std::string_view s) noexcept {
-  for (Dtype d : all_dtypes) {
-    if (to_string(d) == s) return d;
+/// The DType a header's "dtype" string names; none for a name distribute does not know
+/// ("F8_E4M3", "I4", ...).
+constexpr std::optional<DType> parse_dtype(std::string_view name) noexcept {
+  if (name.empty()) return std::nullopt;
+  for (std::uint8_t code = 0; code < kNumDTypes; ++code) {
+    const auto d = static_cast<DType>(code);
+    if (dtype_name(d) == name) return d;
   }
   return std::nullopt;
 }
 
-/// The file dtype of a library element type.
-constexpr Dtype from_dtype(DType d) noexcept {
-  switch (d) {
-    case DType::F32: return Dtype::F32;
-    case DType::F64: return Dtype::F64;
-    case DType::I8: return Dtype::I8;
-    case DType::I16: return Dtype::I16;
-    case DType::I32: return Dtype::I32;
-    case DType::I64: return Dtype::I64;
-    case DType::U8: return Dtype::U8;
-    case DType::U16: return Dtype::U16;
-    case DType::U32: return Dtype::U32;
-    case DType::U64: return Dtype::U64;
-    case DType::Bool: return Dtype::Bool;
-  }
-  return Dtype::F32;
-}
-
-/// The library element type of a file dtype; none for F16/BF16.
-constexpr std::optional<DType> to_dtype(Dtype d) noexcept {
-  switch (d) {
-    case Dtype::F16: case Dtype::BF16: return std::nullopt;
-    case Dtype::F32: return DType::F32;
-    case Dtype::F64: return DType::F64;
-    case Dtype::I8: return DType::I8;
-    case Dtype::I16: return DType::I16;
-    case Dtype::I32: return DType::I32;
-    case Dtype::I64: return DType::I64;
-    case Dtype::U8: return DType::U8;
-    case Dtype::U16: return DType::U16;
-    case Dtype::U32: return DType::U32;
-    case Dtype::U64: return DType::U64;
-    case Dtype::Bool: return DType::Bool;
-  }
-  return std::nullopt;
-}
-
-/// "F32 (float32)"; "F16" for the types with no library counterpart.
-inline std::string describe(Dtype d) {
-  auto lib = to_dtype(d);
-  return lib ? fmt::format("{} ({})", to_string(d), distribute::to_string(*lib)) : std::string(to_string(d));
-}
-
-/// IEEE half precision, stored as its bit pattern. No arithmetic, no implicit conversion:
-/// distribute moves these values, it does not compute with them.
-struct float16 {
-  std::uint16_t bits = 0;
-  friend constexpr bool operator==(float16, float16) = default;
-};
-/// bfloat16 (the upper half of an IEEE float32), stored as its bit pattern.
-struct bfloat16 {
-  std::uint16_t bits = 0;
-  friend constexpr bool operator==(bfloat16, bfloat16) = default;
-};
-
-/// An element type a safetensors tensor can be read as or written from.
-template <class T>
-concept StorableElement = Element<T> || std::same_as<T, float16> || std::same_as<T, bfloat16>;
-
-template <StorableElement T>
-constexpr Dtype dtype_for() noexcept {
-  if constexpr (std::same_as<T, float16>) return Dtype::F16;
-  else if constexpr (std::same_as<T, bfloat16>) return Dtype::BF16;
-  else return from_dtype(dtype_of<T>());
-}
+/// For messages: "F16 (float16)", the file's name and the library's.
+inline std::string describe(DType d) { return fmt::format("{} ({})", dtype_name(d), distribute::to_string(d)); }
 
 /// Borrowed bytes of one tensor to write: the caller keeps them alive during the write.
 struct TensorView {
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::span<const std::byte> bytes;
 
   /// A view of `data` (row-major) as a tensor of `shape`; the element count must match.
-  template <StorableElement T>
+  template <Element T>
   static TensorView of(Shape shape, std::span<const T> data) {
     for (auto d : shape) {
       if (d < 0) throw InvalidArgument(fmt::format("safetensors: negative dimension in shape {}", shape_string(shape)));
@@ -184,7 +108,7 @@ struct TensorView {
       throw InvalidArgument(fmt::format("safetensors: shape {} holds {} elements but {} were given",
                                         shape_string(shape), num_elements(shape), data.size()));
     }
-    return TensorView{dtype_for<T>(), std::move(shape), std::as_bytes(data)};
+    return TensorView{dtype_of<T>(), std::move(shape), std::as_bytes(data)};
   }
 };
 
@@ -194,14 +118,14 @@ TensorView view_of(const U& value) {
   static_assert(memory_space_v<U> == MemorySpace::host,
                 "safetensors::view_of: the value lives in device memory; copy it to the host first");
   using E = element_t<U>;
-  return TensorView{dtype_for<E>(), shape_of(value),
+  return TensorView{dtype_of<E>(), shape_of(value),
                     std::as_bytes(std::span<const E>(tensor_traits<U>::data(value), element_count(value)))};
 }
 
 /// One tensor read from a file (owns its bytes).
 struct StoredTensor {
   std::string name;
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::vector<std::byte> bytes;
 
@@ -210,9 +134,9 @@ struct StoredTensor {
 
   /// The elements as T, which must be exactly the stored dtype: F16 is not read as float, nor
   /// I32 as I64 (a silent conversion would hide a mismatch between a file and its reader).
-  template <StorableElement T>
+  template <Element T>
   std::vector<T> values() const {
-    check_dtype(dtype_for<T>());
+    check_dtype(dtype_of<T>());
     const std::size_t n = bytes.size() / sizeof(T);
     if constexpr (std::is_same_v<T, bool>) {
       std::vector<bool> out(n);
@@ -232,7 +156,7 @@ struct StoredTensor {
     return Tensor<T>(shape, values<T>());
   }
 
-  void check_dtype(Dtype wanted) const {
+  void check_dtype(DType wanted) const {
     if (wanted != dtype) {
       throw CheckpointError(fmt::format("tensor '{}' has dtype {} and cannot be read as {}; distribute does not "
                                         "convert between element types",
@@ -307,7 +231,7 @@ inline bool is_reserved_key(std::string_view key) {
 
 struct Entry {
   std::string name;
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
@@ -324,7 +248,7 @@ inline std::uint32_t header_digest(std::vector<const Entry*> entries, const Meta
     text += 'T';
     text += e->name;
     text += '\0';
-    text += to_string(e->dtype);
+    text += dtype_name(e->dtype);
     text += '\0';
     text += fmt::format("{}", fmt::join(e->shape, ","));
     text += '\0';
@@ -428,9 +352,14 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
     }
     auto d = parse_dtype(dtype->get_string());
     if (!d) {
+      std::string known;
+      for (std::uint8_t code = 0; code < kNumDTypes; ++code) {
+        const std::string_view n = dtype_name(static_cast<DType>(code));
+        if (!n.empty()) known += fmt::format("{}{}", known.empty() ? "" : ", ", n);
+      }
       throw CheckpointError(fmt::format("'{}': tensor '{}' has dtype \"{}\", which distribute does not know (known: "
-                                        "F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, BOOL)",
-                                        origin, name, std::string_view(dtype->get_string())));
+                                        "{})",
+                                        origin, name, std::string_view(dtype->get_string()), known));
     }
     e.dtype = *d;
     if (!shape->is_array()) {
@@ -458,7 +387,7 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
     if (e.end - e.begin != expected) {
       throw CheckpointError(fmt::format("'{}': tensor '{}' of dtype {} and shape {} needs {} bytes, but its "
                                         "data_offsets [{}, {}] span {}",
-                                        origin, name, to_string(e.dtype), shape_string(e.shape), expected, e.begin,
+                                        origin, name, dtype_name(e.dtype), shape_string(e.shape), expected, e.begin,
                                         e.end, e.end - e.begin));
     }
     if (e.end > payload_size) {
@@ -543,7 +472,7 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
 // After the bytes are in: BOOL must be 0/1 (anything else is not a bool in C++), and the CRC.
 inline void check_tensor_bytes(const Header& h, const StoredTensor& t, const std::string& origin,
                                const ReadOptions& options) {
-  if (t.dtype == Dtype::Bool) {
+  if (t.dtype == DType::Bool) {
     for (std::size_t i = 0; i < t.bytes.size(); ++i) {
       if (static_cast<unsigned>(t.bytes[i]) > 1) {
         throw CheckpointError(fmt::format("'{}': BOOL tensor '{}' holds byte {} at element {}; only 0 and 1 are "
@@ -605,6 +534,11 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (name.empty() || name == kMetadataKey) {
       throw InvalidArgument(fmt::format("safetensors: '{}' cannot be a tensor name", name));
     }
+    if (dtype_name(view.dtype).empty()) {
+      throw InvalidArgument(fmt::format("safetensors: tensor '{}' has dtype code {}, which safetensors files cannot "
+                                        "hold",
+                                        name, static_cast<unsigned>(view.dtype)));
+    }
     for (auto d : view.shape) {
       if (d < 0) {
         throw InvalidArgument(fmt::format("safetensors: tensor '{}' has a negative dimension in shape {}", name,
@@ -615,7 +549,7 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (view.bytes.size() != want) {
       throw InvalidArgument(fmt::format("safetensors: tensor '{}' of dtype {} and shape {} needs {} bytes, but {} "
                                         "were given",
-                                        name, to_string(view.dtype), shape_string(view.shape), want,
+                                        name, dtype_name(view.dtype), shape_string(view.shape), want,
                                         view.bytes.size()));
     }
     layout.order.emplace_back(&name, &view);
@@ -648,7 +582,9 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     boost::json::array shape;
     for (auto d : e.shape) shape.push_back(d);
     root[e.name] = boost::json::object{
-        {"dtype", to_string(e.dtype)}, {"shape", std::move(shape)}, {"data_offsets", boost::json::array{e.begin, e.end}}};
+        {"dtype", dtype_name(e.dtype)},
+        {"shape", std::move(shape)},
+        {"data_offsets", boost::json::array{e.begin, e.end}}};
   }
   std::string json = boost::json::serialize(root);
   json.append((8 - json.size() % 8) % 8, ' ');
