@@ -52,6 +52,17 @@ for header in fmt/format.h doctest/doctest.h boost/json.hpp boost/asio.hpp bench
   has_header "$header" || missing+=("<$header>")
 done
 
+# The adapters' libraries (include/distribute/adapters/): optional. Their test suites build where
+# the headers are found and report SKIP where they are not; installed when the package exists.
+OPTIONAL_PACKAGES=()
+optional() {  # HEADER PACKAGE (a header that needs other include paths is looked for as a file)
+  { has_header "$1" || [ -f "/usr/include/$1" ]; } && return 0
+  OPTIONAL_PACKAGES+=("$2")
+  missing+=("<$1>")
+}
+optional eigen3/Eigen/Core libeigen3-dev
+optional torch/csrc/api/include/torch/torch.h libtorch-dev  # Debian puts the C++ API under torch/csrc/api/include
+
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0
 fi
@@ -77,3 +88,11 @@ read -r -a BOOST <<<"$(boost_packages)"
 echo "install-deps: installing ${PACKAGES[*]} ${BOOST[*]}" >&2
 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
   apt-get install -y --no-install-recommends "${PACKAGES[@]}" "${BOOST[@]}"
+for package in "${OPTIONAL_PACKAGES[@]}"; do
+  candidate="$(apt-cache policy "$package" 2>/dev/null | awk '/Candidate:/ { print $2 }')"
+  if [ -z "$candidate" ] || [ "$candidate" = "(none)" ]; then
+    echo "install-deps: $package is not in the package lists; its adapter's tests will be skipped" >&2
+    continue
+  fi
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$package"
+done

@@ -21,7 +21,9 @@
 //     static Dyn make(ds::DType, const ds::Shape&);              // a zeroed value of that dtype and shape
 //   };
 //
-// Optional in both: `static U clone(const U&)`, an independent deep copy, for types whose copy
+// Optional in both: `static constexpr bool is_view = true` for types that refer to memory they do
+// not own (Eigen::Map): the library never copies or makes one, so pass them as rvalues to work in
+// that memory, and say a gathered_type; `static U clone(const U&)`, an independent deep copy, for types whose copy
 // constructor shares the elements (handles such as torch::Tensor); `using gathered_type = ...`
 // (what gather/all_gather return; default Tensor<value_type>, or U itself for run-time types);
 // `static constexpr ds::MemorySpace memory = ...` (compile-time form; default host; `device`
@@ -100,6 +102,13 @@ using gathered_t = typename decltype(detail::gathered_type_tag<U>())::type;
 template <TensorLike U>
 inline constexpr MemorySpace memory_space_v = detail::memory_of<U>();
 
+/// Whether U refers to memory it does not own (tensor_traits<U>::is_view).
+template <class U>
+inline constexpr bool is_view_v = [] {
+  if constexpr (requires { tensor_traits<U>::is_view; }) return bool(tensor_traits<U>::is_view);
+  else return false;
+}();
+
 /// The run-time description of a value's memory.
 template <TensorLike U>
 TensorView view_of(const U& u) {
@@ -141,6 +150,8 @@ DType value_dtype(const U& u) {
 /// one dtype: asking it for another is an InvalidArgument naming both.
 template <TensorLike U>
 U make_value(DType dtype, const Shape& shape) {
+  static_assert(!is_view_v<U>, "this operation makes a new value of a view type (tensor_traits<U>::is_view), which "
+                               "cannot own memory: give the view type a gathered_type, or use an owning type");
   if constexpr (StaticTensorLike<U>) {
     if (dtype != dtype_of<element_t<U>>()) {
       throw InvalidArgument(fmt::format("cannot hold {} values in a value of element type {}", to_string(dtype),
@@ -163,6 +174,8 @@ U make_value(DType dtype, const Shape& shape) {
 /// copy constructor shares them.
 template <TensorLike U>
 U clone_value(const U& u) {
+  static_assert(!is_view_v<U>, "a view type (tensor_traits<U>::is_view, e.g. Eigen::Map) cannot be copied into memory "
+                               "of its own: pass it as an rvalue (std::move(view)) to work in the memory it views");
   if constexpr (requires { { tensor_traits<U>::clone(u) } -> std::same_as<U>; }) return tensor_traits<U>::clone(u);
   else return u;
 }
