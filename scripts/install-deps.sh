@@ -62,6 +62,8 @@ optional() {  # HEADER PACKAGE (a header that needs other include paths is looke
 }
 optional eigen3/Eigen/Core libeigen3-dev
 optional torch/csrc/api/include/torch/torch.h libtorch-dev  # Debian puts the C++ API under torch/csrc/api/include
+optional dlpack/dlpack.h libdlpack-dev
+optional xtensor/xarray.hpp libxtensor-dev
 
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0
