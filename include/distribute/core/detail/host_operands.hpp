@@ -30,6 +30,15 @@ class HostOperands {
                                         "use a strategy of the device's backend",
                                         what_, describe(v)));
     }
+    if (!read_only && !v.strides.empty()) {
+      for (std::size_t d = 0; d < v.shape.size(); ++d) {
+        if (v.strides[d] == 0 && v.shape[d] > 1) {
+          throw InvalidArgument(fmt::format("{}: a {} value whose elements overlap (stride 0 along axis {}, as "
+                                            "torch's expand() makes) cannot be written; pass a contiguous copy",
+                                            what_, describe(v), d));
+        }
+      }
+    }
     BufferRef ref{v.data, v.dtype, v.shape};
     if (!v.contiguous()) {
       auto& s = staged_.emplace_back(Staged{buffers_.size(), v, std::vector<std::byte>(v.bytes()), read_only});
