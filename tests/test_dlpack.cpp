@@ -286,6 +286,22 @@ TEST_CASE("dlpack: a transposed (strided) view gives the row-major logical resul
   CHECK(floats(strategy.gather(per_replica, 1)) == std::vector<float>{1, 3, 5, 1, 3, 5, 2, 4, 6, 2, 4, 6});
 }
 
+TEST_CASE("dlpack: a broadcast view (stride 0, as torch's expand() exports) is read in its logical order") {
+  std::vector<float> storage{1, 2, 3};
+  std::vector<std::int64_t> shape{2, 3}, strides{0, 1};  // the one row, twice
+  DLTensor t = host_tensor(storage.data(), shape);
+  t.strides = strides.data();
+  const dl::Tensor expanded = dl::borrow(t);
+  CHECK(floats(expanded) == std::vector<float>{1, 2, 3, 1, 2, 3});
+  dl::Tensor copy = expanded.clone();
+  CHECK(copy.strides().empty());
+  CHECK(floats(copy) == std::vector<float>{1, 2, 3, 1, 2, 3});
+  ds::MirroredStrategy<ds::host> strategy(2);
+  auto sums = strategy.run([&](ds::ReplicaContext& ctx) { return ctx.all_reduce(ds::ReduceOp::Sum, expanded); });
+  CHECK(floats(sums[0]) == std::vector<float>{2, 4, 6, 2, 4, 6});
+  CHECK(storage == std::vector<float>{1, 2, 3});  // lvalues are copied before the collective
+}
+
 TEST_CASE("dlpack: byte_offset is honoured") {
   std::vector<float> storage{9, 9, 1, 2, 3};
   std::vector<std::int64_t> shape{3};
