@@ -264,7 +264,7 @@ class Tensor {
     return t;
   }
 
-  /// The DLTensor this value describes (shape and strides as the producer gave them).
+  /// The DLTensor this value describes (its shape and strides arrays are this value's copies).
   const DLTensor& dl_tensor() const noexcept { return state_->tensor; }
 
   /// The element type; InvalidArgument for DLPack types the library does not support.
@@ -273,7 +273,10 @@ class Tensor {
   /// In elements; empty where the producer gave none (row-major contiguous).
   Strides strides() const { return state_->strides; }
   /// The first element (the DLTensor's data plus its byte_offset).
-  void* data() const noexcept { return static_cast<std::byte*>(state_->tensor.data) + state_->tensor.byte_offset; }
+  void* data() const noexcept {
+    if (state_->tensor.data == nullptr) return nullptr;  // an empty tensor's; no offset applies
+    return static_cast<std::byte*>(state_->tensor.data) + state_->tensor.byte_offset;
+  }
   DLDevice device() const noexcept { return state_->tensor.device; }
   /// Whether the CPU can read the elements (kDLCPU, or pinned host memory).
   bool is_host() const noexcept { return detail::is_host_device(state_->tensor.device.device_type); }
