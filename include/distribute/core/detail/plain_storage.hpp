@@ -1,0 +1,54 @@
+// A variable no strategy placed: one copy, which any thread may read and update, so every access
+// holds the storage's mutex.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <distribute/core/detail/variable_copies.hpp>
+#include <distribute/core/detail/variable_storage.hpp>
+#include <distribute/core/tensor_traits.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+template <class T>
+class PlainStorage final : public VariableStorage<T> {
+ public:
+  PlainStorage(VariableSpec spec, T& initial_value)
+      : VariableStorage<T>(std::move(spec)),
+        devices_{"/job:localhost/replica:0/task:0/device:CPU:0"},
+        copies_(make_copies(initial_value, 1, devices_, nullptr)) {}
+
+  const std::vector<T>& copies() const noexcept override { return copies_; }
+  const std::vector<std::string>& devices() const noexcept override { return devices_; }
+  const std::string& device() const override { return devices_.front(); }
+  bool is_distributed() const noexcept override { return false; }
+  std::uint64_t strategy_id() const noexcept override { return 0; }
+
+  T read() const override {
+    std::lock_guard lock(mutex_);
+    return clone_value(copies_.front());
+  }
+
+  void apply_to_copies(CopyVisitor<T> fn) override {
+    std::lock_guard lock(mutex_);
+    fn(copies_.front(), 0);
+  }
+
+ protected:
+  void update_checked(VariableUpdate kind, const T& value) override {
+    std::lock_guard lock(mutex_);
+    apply_update(kind, copies_.front(), value);
+  }
+
+ private:
+  std::vector<std::string> devices_;
+  std::vector<T> copies_;
+  mutable std::mutex mutex_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
