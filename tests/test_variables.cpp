@@ -168,3 +168,51 @@ TEST_CASE("extended().update applies fn to each copy with per-replica arguments"
   ds::Variable<float> next(0.0f, {.name = "next"});
   CHECK(strategy.extended().variable_created_in_scope(next));
 }
+
+TEST_CASE("apply_to_copies visits the copies the calling context may change") {
+  ds::Variable<float> plain(1.0f, {.name = "plain"});
+  std::vector<int> seen;
+  plain.apply_to_copies([&](float& copy, int index) {
+    copy += 1.0f;
+    seen.push_back(index);
+  });
+  CHECK(seen == std::vector<int>{0});
+  CHECK(plain.read_value() == 2.0f);
+
+  Mirrored strategy(3);
+  auto scope = strategy.scope();
+  ds::Variable<float> w(0.0f, {.name = "w"});
+  seen.clear();
+  const auto record = [&](float&, int index) { seen.push_back(index); };  // a const callable too
+  w.apply_to_copies(record);
+  CHECK(seen == std::vector<int>{0, 1, 2});
+  auto visited = strategy.run([&](ds::ReplicaContext& ctx) {
+    int index = -1, calls = 0;
+    w.apply_to_copies([&](float& copy, int i) {
+      copy = static_cast<float>(ctx.replica_id_in_sync_group());
+      index = i;
+      ++calls;
+    });
+    return calls == 1 ? index : -1;
+  });
+  CHECK(strategy.local_results(visited) == std::vector<int>{0, 1, 2});
+  CHECK(w.values() == std::vector<float>{0, 1, 2});
+}
+
+TEST_CASE("central storage: one copy for the replicas; ON_READ variables stay per replica") {
+  ds::CentralStorageStrategy<> strategy(2);
+  auto scope = strategy.scope();
+  ds::Variable<float> w(0.0f, {.name = "w"});
+  CHECK(w.values().size() == 1);
+  ds::Variable<float> metric(0.0f, {.name = "metric",
+                                    .synchronization = ds::VariableSynchronization::OnRead,
+                                    .aggregation = ds::VariableAggregation::Sum});
+  CHECK(metric.values().size() == 2);
+  CHECK(metric.devices() == strategy.extended().worker_devices());
+  strategy.run([&](ds::ReplicaContext& ctx) { metric.assign_add(static_cast<float>(ctx.replica_id_in_sync_group() + 1)); });
+  CHECK(metric.read_value() == 3.0f);
+  CHECK_THROWS_WITH_AS(ds::Variable<float>(0.0f, {.name = "none", .synchronization = ds::VariableSynchronization::None}),
+                       "variable 'none': synchronization NONE is not supported inside the scope of "
+                       "CentralStorageStrategy; use AUTO, ON_WRITE or ON_READ",
+                       ds::InvalidArgument);
+}
