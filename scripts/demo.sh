@@ -4,7 +4,8 @@
 # OneDeviceStrategy, then with MultiWorkerMirroredStrategy on 3 worker processes started by
 # tools/distribute-launch (when the build has it: Boost and OpenSSL), then asynchronously with
 # ParameterServerStrategy on 2 ps and 3 workers (examples/parameter_server.cpp; needs cereal too),
-# one worker killing itself mid-step and being restarted. Every run must reach 95% test accuracy. Arguments are passed to every run (e.g. --epochs 20); the metrics CSVs and loss
+# one worker killing itself mid-step and being restarted, then the same MLP in libtorch
+# (examples/torch_digits.cpp: OneDevice, Mirrored(4), 2 workers, and bfloat16 gradients). Every run must reach 95% test accuracy. Arguments are passed to every run (e.g. --epochs 20); the metrics CSVs and loss
 # plots go to ./digits-out in the directory you called this script from, or to --out DIR.
 #   bash scripts/demo.sh [digits args...]
 set -euo pipefail
@@ -40,9 +41,13 @@ PS_TARGET=examples/parameter_server
 if meson introspect --targets "$BUILD" | grep -q '"name": "parameter_server"'; then
   quiet meson compile -C "$BUILD" "$PS_TARGET"
 fi
+if meson introspect --targets "$BUILD" | grep -q '"name": "torch_digits"'; then
+  quiet meson compile -C "$BUILD" examples/torch_digits
+fi
 
 DIGITS="$ROOT/$BUILD/examples/digits"
 PARAMETER_SERVER="$ROOT/$BUILD/examples/parameter_server"
+TORCH_DIGITS="$ROOT/$BUILD/examples/torch_digits"
 LAUNCH="$ROOT/$BUILD/tools/distribute-launch"
 cd "$CALLER_DIR"
 
@@ -79,6 +84,16 @@ if [ -x "$PARAMETER_SERVER" ]; then
     --kill-worker 1 --kill-at-step 20 --wait-for-workers 30 ${ps_args[@]+"${ps_args[@]}"}
 else
   echo "demo: this build has no parameter_server example (needs cereal, Boost and OpenSSL); skipped" >&2
+fi
+
+if [ -x "$TORCH_DIGITS" ]; then
+  # The same MLP in libtorch (torch::nn, autograd): gradients all-reduced as torch::Tensors, then as bfloat16.
+  run "$TORCH_DIGITS" --strategy mirrored --replicas 4 --out digits-out
+  run "$TORCH_DIGITS" --strategy one_device --out digits-out
+  run "$LAUNCH" -n 2 -- "$TORCH_DIGITS" --strategy multi_worker --out digits-out
+  run "$TORCH_DIGITS" --strategy mirrored --replicas 4 --grad-dtype bf16 --out digits-out
+else
+  echo "demo: this build has no torch_digits example (needs libtorch: Debian libtorch-dev); skipped" >&2
 fi
 
 OUT_ABS="$(cd "$OUT" && pwd)"

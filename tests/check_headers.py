@@ -21,6 +21,11 @@ OPTIONAL = {
         ["-isystem", f"{CUDA_HOME}/include", "-isystem", f"{CUDA_HOME}/include/cccl",
          "-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP"],
     ),
+    # The adapters: checked where their library's headers are installed (Debian's paths).
+    "adapters/eigen": (["/usr/include/eigen3/Eigen/Core"], ["-isystem", "/usr/include/eigen3"]),
+    "adapters/torch": (["/usr/include/ATen/core/Tensor.h"], []),
+    "adapters/dlpack": (["/usr/include/dlpack/dlpack.h"], []),
+    "adapters/xtensor": (["/usr/include/xtensor/xarray.hpp"], []),
 }
 
 

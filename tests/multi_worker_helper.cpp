@@ -4,7 +4,9 @@
 // Exit codes: 0 ok, 1 wrong result, 3 PeerFailure/CollectiveTimeout, 4 InvalidArgument, 5 other error.
 #include <distribute/distribute.hpp>
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -13,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "../examples/common/logistic_model.hpp"
+#include "support/tensor_types.hpp"
 
 namespace ds = distribute;
 using Strategy = ds::MultiWorkerMirroredStrategy<ds::host>;
@@ -92,6 +95,57 @@ void collectives(Strategy& s) {
   s.run([&](ds::ReplicaContext& ctx) { agg.assign_add(float(ctx.replica_id_in_sync_group())); });
   expect_eq(agg.read_value(), float(tri), "SUM aggregation across workers");
 }
+// float16/bfloat16 and a run-time-dtype type (strided views included) across the workers, with
+// sums exactly representable in 16 bits so every path (TCP ring, shared memory) must give these bits.
+void half_and_runtime_types(Strategy& s) {
+  using test_types::DynTensor;
+  const int n = s.num_replicas_in_sync();
+  const float tri = float(n * (n + 1) / 2);  // sum of r + 1 over the replicas
+  auto out = s.run([&](ds::ReplicaContext& ctx) {
+    const float r = float(ctx.replica_id_in_sync_group());
+    std::vector<ds::bfloat16> b{ds::bfloat16(r + 1), ds::bfloat16(-0.5f), ds::bfloat16(0x1p-8f * (r + 1))};
+    std::vector<ds::float16> big(100003, ds::float16(r + 1));
+    auto [sum_b, sum_big] = ctx.all_reduce("sum", std::move(b), std::move(big));
+    auto mean = ctx.all_reduce("mean", ds::float16(r));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    auto mx = ctx.all_reduce("max", std::vector<ds::float16>{ds::float16(r == 1 ? nan : r)});
+    // A transposed bfloat16 view of run-time type, reduced in its own memory.
+    DynTensor storage = DynTensor::of<ds::bfloat16>({3, 2}, {ds::bfloat16(r), ds::bfloat16(1.0f), ds::bfloat16(2.0f),
+                                                             ds::bfloat16(3.0f), ds::bfloat16(4.0f), ds::bfloat16(5.0f)});
+    ctx.all_reduce("sum", storage.transposed());
+    DynTensor gathered = ctx.all_gather(DynTensor::of<ds::float16>({1, 1}, {ds::float16(r)}), 1);
+    return std::make_tuple(sum_b, sum_big, mean, mx, storage, gathered);
+  });
+  for (std::size_t i = 0; i < std::get<0>(out).size(); ++i) {
+    const auto& sum_b = std::get<0>(out)[i];
+    expect_eq(float(sum_b[0]), tri, "bf16 sum");
+    expect_eq(float(sum_b[1]), -0.5f * float(n), "bf16 sum of -0.5");
+    expect_eq(ds::to_bits(sum_b[2]), ds::to_bits(ds::bfloat16(0x1p-8f * tri)), "bf16 sum of small values");
+    bool big_ok = true;
+    for (auto x : std::get<1>(out)[i]) big_ok = big_ok && float(x) == tri;
+    expect_eq(big_ok, true, "f16 sum of 100003");
+    expect_eq(float(std::get<2>(out)[i]), float(n - 1) / 2, "f16 mean");
+    expect_eq(std::isnan(float(std::get<3>(out)[i][0])), n > 1, "f16 max propagates NaN");
+    const DynTensor& st = std::get<4>(out)[i];
+    expect_eq(float(st.get<ds::bfloat16>(0)), tri - float(n), "strided run-time value: element 0");
+    expect_eq(float(st.get<ds::bfloat16>(5)), 5.0f * float(n), "strided run-time value: element 5");
+    const DynTensor& g = std::get<5>(out)[i];
+    expect_eq(g.shape, ds::Shape{1, n}, "run-time all_gather shape");
+    expect_eq(float(g.get<ds::float16>(static_cast<std::size_t>(n - 1))), float(n - 1), "run-time all_gather");
+  }
+  auto per_replica = s.run([](ds::ReplicaContext& ctx) {
+    return std::vector<ds::bfloat16>{ds::bfloat16(float(ctx.replica_id_in_sync_group()))};
+  });
+  expect_eq(float(s.reduce("sum", per_replica)[0]), tri - float(n), "strategy.reduce of bf16");
+  expect_eq(float(s.gather(per_replica, 0)[static_cast<std::size_t>(n - 1)]), float(n - 1), "strategy.gather of bf16");
+  auto scope = s.scope();
+  ds::Variable<std::vector<ds::bfloat16>> w(std::vector<ds::bfloat16>{ds::bfloat16(float(s.worker_index()) + 1)}, {.name = "w"});
+  for (const auto& copy : w.values()) expect_eq(float(copy[0]), 1.0f, "bf16 variable from the chief");
+  ds::Variable<DynTensor> d(DynTensor::of<ds::float16>({1}, {ds::float16(float(s.worker_index()) + 3)}),
+                            {.name = "d", .aggregation = ds::VariableAggregation::Sum});
+  s.run([&](ds::ReplicaContext&) { d.assign_add(DynTensor::of<ds::float16>({1}, {ds::float16(1.0f)})); });
+  for (const auto& copy : d.values()) expect_eq(float(copy.get<ds::float16>(0)), 3.0f + float(n), "run-time variable");
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,10 +155,21 @@ int main(int argc, char** argv) {
     ds::CommunicationOptions options;
     if (const char* t = std::getenv("TEST_TIMEOUT_SECONDS")) options.timeout_seconds = std::atof(t);
     if (const char* p = std::getenv("TEST_BYTES_PER_PACK")) options.bytes_per_pack = std::strtoull(p, nullptr, 10);
+    if (const char* m = std::getenv("TEST_SHARED_MEMORY_MIN_BYTES")) {
+      options.shared_memory_min_bytes = std::strtoull(m, nullptr, 10);
+    }
     Strategy s(options, nullptr, local);
     fmt::print("worker {} of {}: {} replicas in sync\n", s.worker_index(), s.num_workers(), s.num_replicas_in_sync());
     if (scenario == "collectives") {
       collectives(s);
+    } else if (scenario == "half") {
+      half_and_runtime_types(s);
+    } else if (scenario == "mismatch_half") {
+      // Same count, float16 on worker 1 and bfloat16 elsewhere.
+      s.run([&](ds::ReplicaContext& ctx) {
+        if (s.worker_index() == 1) return ctx.all_reduce("sum", std::vector<ds::float16>(3)).size();
+        return ctx.all_reduce("sum", std::vector<ds::bfloat16>(3)).size();
+      });
     } else if (scenario == "kill") {
       // Large all-reduces until a peer dies; the test SIGKILLs one worker in the middle.
       for (int i = 0; i < 100000; ++i) {

@@ -8,9 +8,11 @@
 //                  batches, same math).
 // The parameter_server example (examples/parameter_server.cpp) runs under distribute-launch with 2 ps
 // and 3 workers, one worker SIGKILLing itself mid-step and being restarted, in both suites.
+// examples/torch_digits.cpp (libtorch) trains with one_device, mirrored(4) and 2 workers to the same
+// weights, and with bfloat16 gradients, in the quick suite (it takes seconds).
 // The programs come from the environment: DISTRIBUTE_DIGITS (the example), DISTRIBUTE_PARAMETER_SERVER
-// (absent when the build has no ps/ part) and DISTRIBUTE_LAUNCH (tools/distribute-launch), set by
-// tests/meson.build.
+// (absent when the build has no ps/ part), DISTRIBUTE_TORCH_DIGITS (absent without libtorch) and
+// DISTRIBUTE_LAUNCH (tools/distribute-launch), set by tests/meson.build.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -500,4 +502,72 @@ TEST_CASE("digits: a bad argument is a usage error (exit 2)") {
   CHECK(child.status == 2);
   CHECK(child.output.find("'tpu' is not one_device, mirrored or multi_worker") != std::string::npos);
   CHECK(child.output.find("usage: digits") != std::string::npos);
+}
+
+// ---- examples/torch_digits.cpp: the same MLP in libtorch, gradients all-reduced as torch::Tensors
+
+namespace {
+
+/// DISTRIBUTE_TORCH_DIGITS, or empty when this build has no libtorch.
+std::string torch_digits_path() {
+  const char* v = std::getenv("DISTRIBUTE_TORCH_DIGITS");
+  return v ? v : "";
+}
+
+std::vector<double> read_weights(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<double> out;
+  for (double x; in >> x;) out.push_back(x);
+  return out;
+}
+
+double max_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("torch_digits: one_device, mirrored(4) and 2 workers reach 95% with the same weights; bf16 gradients too") {
+  const std::string program = torch_digits_path();
+  if (program.empty()) {
+    MESSAGE("this build has no libtorch (Debian libtorch-dev): torch_digits skipped");
+    return;
+  }
+  TempDir out;
+  auto train = [&](const std::string& name, std::vector<std::string> argv) {
+    const fs::path weights = out.path / (name + ".txt");
+    argv.insert(argv.end(), {"--out", out.path.string(), "--weights-out", weights.string()});
+    const auto child = run(argv);
+    INFO(name, " output:\n", child.output);
+    CHECK(child.status == 0);
+    const auto finals = final_lines(child.output, argv.front() == program ? "" : "[worker:0] ");
+    REQUIRE(finals.size() == 1);
+    CHECK(finals[0].test_accuracy >= kTargetAccuracy);
+    check_progress_lines(child.output, kDefaultEpochs, argv.front() == program ? "" : "[worker:0] ");
+    return read_weights(weights);
+  };
+  const auto one = train("one_device", {program, "--strategy", "one_device"});
+  const auto mirrored = train("mirrored", {program, "--strategy", "mirrored", "--replicas", "4"});
+  const auto workers = train("multi_worker", {env_path("DISTRIBUTE_LAUNCH"), "-n", "2", "--timeout", "120", "--", program,
+                                              "--strategy", "multi_worker"});
+  REQUIRE(one.size() == 64 * 64 + 64 + 64 * 10 + 10);
+  CHECK(max_difference(one, mirrored) <= 1e-5);
+  CHECK(max_difference(one, workers) <= 1e-5);
+  const auto bf16 = train("bf16", {program, "--strategy", "mirrored", "--replicas", "4", "--grad-dtype", "bf16"});
+  CHECK(max_difference(one, bf16) > 0.0);  // the gradients did travel in bfloat16
+}
+
+TEST_CASE("torch_digits: a bad --grad-dtype is a usage error (exit 2)") {
+  const std::string program = torch_digits_path();
+  if (program.empty()) {
+    MESSAGE("this build has no libtorch (Debian libtorch-dev): torch_digits skipped");
+    return;
+  }
+  const auto child = run({program, "--grad-dtype", "fp8"});
+  INFO(child.output);
+  CHECK(child.status == 2);
+  CHECK(child.output.find("--grad-dtype: 'fp8' is not f64 or bf16") != std::string::npos);
 }

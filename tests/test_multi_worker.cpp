@@ -68,6 +68,20 @@ TEST_CASE("2, 3 and 4 workers x 1 and 2 local replicas: collectives, reduce, gat
   }
 }
 
+TEST_CASE("float16, bfloat16 and run-time-dtype values across workers, over TCP and through shared memory") {
+  for (int workers : {2, 3}) {
+    for (int local : {1, 2}) {
+      for (const char* shared_memory_min_bytes : {"0", "1"}) {  // 0: TCP only; 1: shared memory for all
+        CAPTURE(workers);
+        CAPTURE(local);
+        CAPTURE(shared_memory_min_bytes);
+        auto children = start_workers(workers, "half", local, {{"TEST_SHARED_MEMORY_MIN_BYTES", shared_memory_min_bytes}});
+        require_all_ok(children);
+      }
+    }
+  }
+}
+
 TEST_CASE("packing across workers: several values in small packs give the same exact results") {
   auto children = start_workers(3, "collectives", 2, {{"TEST_BYTES_PER_PACK", "64"}});
   require_all_ok(children);
@@ -131,7 +145,7 @@ TEST_CASE("a worker SIGKILLed mid all-reduce with timeout_seconds set: still Pee
 }
 
 TEST_CASE("workers calling all_reduce on other shapes or dtypes: a clear InvalidArgument on every worker, no hang") {
-  for (const char* scenario : {"mismatch", "mismatch_dtype"}) {
+  for (const char* scenario : {"mismatch", "mismatch_dtype", "mismatch_half"}) {
     CAPTURE(scenario);
     auto children = start_workers(3, scenario, 2, {{"TEST_TIMEOUT_SECONDS", "20"}});
     const auto started = std::chrono::steady_clock::now();
@@ -145,6 +159,10 @@ TEST_CASE("workers calling all_reduce on other shapes or dtypes: a clear Invalid
       if (std::string_view(scenario) == "mismatch_dtype") {
         CHECK(c.output.find("float64") != std::string::npos);
         CHECK(c.output.find("float32") != std::string::npos);
+      }
+      if (std::string_view(scenario) == "mismatch_half") {
+        CHECK(c.output.find("float16") != std::string::npos);
+        CHECK(c.output.find("bfloat16") != std::string::npos);
       }
     }
   }

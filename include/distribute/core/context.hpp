@@ -207,7 +207,7 @@ class ReplicaContext {
     using G = gathered_t<U>;
     detail::RowMajorResult<G> result;
     detail::HostOperands operands("all_gather");
-    add_operand(operands, const_cast<U&>(value));  // read only
+    add_operand(operands, const_cast<U&>(value), true);
     const detail::BufferRef& in = operands[0];
     auto rank = static_cast<int>(in.shape.size());
     if (axis < 0 || axis >= rank) {
@@ -265,14 +265,14 @@ class ReplicaContext {
   }
 
   template <class U>
-  static void add_operand(detail::HostOperands& operands, U& v) {
+  static void add_operand(detail::HostOperands& operands, U& v, bool read_only = false) {
     if constexpr (memory_space_v<U> == MemorySpace::device) {  // see core/memory_space.hpp
       detail::BufferRef ref{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
       ref.memory = MemorySpace::device;
       ref.device = detail::device_ops<U>::access();
       operands.add(std::move(ref));
     } else {
-      operands.add(view_of(v));
+      operands.add(view_of(v), read_only);
     }
   }
 

@@ -25,7 +25,7 @@ template <TensorLike U>
 HostOperands component_operands(const std::vector<const U*>& parts, std::optional<std::size_t> free_axis) {
   if (parts.empty()) throw InvalidArgument("reduce: there are no values to reduce");
   HostOperands in("reduce");
-  for (const U* p : parts) in.add(view_of(*p));
+  for (const U* p : parts) in.add(view_of(*p), true);
   const BufferRef& first = in[0];
   for (std::size_t r = 1; r < parts.size(); ++r) {
     const BufferRef& b = in[r];

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #include <memory>
 #include <new>
 #include <thread>
@@ -107,9 +108,9 @@ class SharedMemoryAllReduce {
       // is slot 0's), then published in the result slot for the others.
       if (hi > lo) {
         std::byte* const out = piece + lo * es;
-        if (rank_ != 0) std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
-        for (int r = 1; r < n_; ++r) reduce_bytes(dtype, out, slot(r) + lo * es, hi - lo, op);
-        if (op == ReduceOp::Mean) divide_bytes(dtype, out, hi - lo, n_);
+        sources_.resize(nu);
+        for (std::size_t r = 0; r < nu; ++r) sources_[r] = slot(static_cast<int>(r)) + lo * es;
+        reduce_many_bytes(dtype, out, sources_, hi - lo, op, n_);  // 16-bit floats: rounded once
         std::memcpy(result() + lo * es, out, (hi - lo) * es);
       }
       me.reduced.store(stamp, std::memory_order_release);
@@ -165,6 +166,7 @@ class SharedMemoryAllReduce {
   int rank_;
   std::size_t slot_bytes_;
   std::size_t min_bytes_;
+  std::vector<const std::byte*> sources_;  // this rank's slice in every slot
   std::uint64_t stamp_ = 0;
 };
 

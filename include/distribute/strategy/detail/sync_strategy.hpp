@@ -432,7 +432,7 @@ class SyncStrategy : public AnyStrategy {
       return detail::device_ops<U>::template from_host<G>(gather_parts(host.pointers(), axis));
     } else {
       detail::HostOperands in("gather");
-      for (const U* p : parts) in.add(view_of(*p));
+      for (const U* p : parts) in.add(view_of(*p), true);
       std::vector<const detail::BufferRef*> ptrs;
       for (auto& r : in.buffers()) ptrs.push_back(&r);
       detail::check_concat(ptrs, axis, "gather");

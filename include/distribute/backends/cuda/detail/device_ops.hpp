@@ -57,12 +57,12 @@ struct product_fn {
   DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return static_cast<T>(a * b); }
 };
 template <class T>
-struct min_fn {  // std::min(a, b)
-  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return b < a ? b : a; }
+struct min_fn {  // as the host kernels: a NaN on either side wins
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return (a < b || a != a) ? a : b; }
 };
 template <class T>
-struct max_fn {  // std::max(a, b)
-  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return a < b ? b : a; }
+struct max_fn {
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return (a > b || a != a) ? a : b; }
 };
 struct or_fn {
   DISTRIBUTE_HOST_DEVICE bool operator()(bool a, bool b) const { return a || b; }
