@@ -11,6 +11,8 @@
 
 #include <distribute/distribute.hpp>
 
+#include "support/tensor_types.hpp"
+
 namespace ds = distribute;
 
 namespace ps_test {
@@ -56,6 +58,31 @@ inline std::int64_t take_next(ds::PerWorkerIterator<std::int64_t> it) { return i
 
 inline void empty_closure() {}
 
+/// 16-bit floats through the ps: adds `delta` (float16) to a bfloat16 variable, returns what it reads back.
+inline std::vector<ds::bfloat16> add_half(ds::Variable<std::vector<ds::bfloat16>> v, ds::Tensor<ds::float16> delta) {
+  std::vector<ds::bfloat16> d;
+  for (auto x : delta) d.push_back(ds::bfloat16(float(x)));
+  v.assign_add(d);
+  return v.read_value();
+}
+
+/// A run-time-dtype argument and result: every element times `factor`, in the argument's dtype.
+inline test_types::DynTensor scale_any(test_types::DynTensor t, double factor) {
+  test_types::DynTensor out = ds::clone_value(t);  // row-major, its own elements
+  ds::visit_dtype(out.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    auto* p = reinterpret_cast<T*>(out.data());
+    for (std::size_t i = 0; i < ds::element_count(out); ++i) p[i] = static_cast<T>(static_cast<double>(p[i]) * factor);
+  });
+  return out;
+}
+
+/// A ps variable of run-time dtype: adds `delta`, returns what it reads back.
+inline test_types::DynTensor add_to_any(ds::Variable<test_types::DynTensor> v, test_types::DynTensor delta) {
+  v.assign_add(delta);
+  return v.read_value();
+}
+
 DISTRIBUTE_REMOTE_FUNCTION(add_one);
 DISTRIBUTE_REMOTE_FUNCTION(slow_add_one);
 DISTRIBUTE_REMOTE_FUNCTION(add_and_read);
@@ -65,5 +92,8 @@ DISTRIBUTE_REMOTE_FUNCTION(scale);
 DISTRIBUTE_REMOTE_FUNCTION(numbers);
 DISTRIBUTE_REMOTE_FUNCTION(take_next);
 DISTRIBUTE_REMOTE_FUNCTION(empty_closure);
+DISTRIBUTE_REMOTE_FUNCTION(add_half);
+DISTRIBUTE_REMOTE_FUNCTION(scale_any);
+DISTRIBUTE_REMOTE_FUNCTION(add_to_any);
 
 }  // namespace ps_test

@@ -309,6 +309,41 @@ TEST_CASE("arguments and results: tensors, vectors, a closure's own writes, shar
   }
 }
 
+TEST_CASE("float16, bfloat16 and run-time-dtype values through the ps: variables, arguments, results") {
+  using test_types::DynTensor;
+  Cluster cluster(1, 1);
+  ds::ParameterServerStrategy strategy(cluster.resolver(), ds::FixedShardsPartitioner(1));
+  ds::ClusterCoordinator coordinator(strategy, quiet_options());
+  auto scope = strategy.scope();
+  ds::Variable<std::vector<ds::bfloat16>> v({ds::bfloat16(1.0f), ds::bfloat16(-2.0f), ds::bfloat16(0.5f)}, {.name = "v16"});
+  const ds::Tensor<ds::float16> delta({3}, {ds::float16(0.25f), ds::float16(1.0f), ds::float16(0x1p-8f)});
+  const auto seen = coordinator.schedule(&ps_test::add_half, v, delta).get();
+  REQUIRE(seen.size() == 3);
+  CHECK(ds::to_bits(seen[0]) == 0x3FA0);  // 1.25
+  CHECK(ds::to_bits(seen[1]) == 0xBF80);  // -1
+  CHECK(ds::to_bits(seen[2]) == 0x3F01);  // 0.5 + 2^-8
+  CHECK(ds::to_bits(v.read_value()[2]) == 0x3F01);
+
+  // A transposed (strided) bfloat16 argument arrives in row-major order; the result comes back.
+  const DynTensor storage = DynTensor::of<ds::bfloat16>(
+      {2, 3}, {ds::bfloat16(1.0f), ds::bfloat16(2.0f), ds::bfloat16(3.0f), ds::bfloat16(4.0f), ds::bfloat16(5.0f),
+               ds::bfloat16(6.0f)});
+  const auto scaled = coordinator.schedule(&ps_test::scale_any, storage.transposed(), 2.0).get();
+  CHECK(scaled.dtype == ds::DType::BF16);
+  CHECK(scaled.shape == ds::Shape{3, 2});
+  CHECK(float(scaled.get<ds::bfloat16>(0)) == 2.0f);
+  CHECK(float(scaled.get<ds::bfloat16>(1)) == 8.0f);
+  CHECK(float(scaled.get<ds::bfloat16>(5)) == 12.0f);
+
+  ds::Variable<DynTensor> d(DynTensor::of<ds::float16>({2}, {ds::float16(1.0f), ds::float16(2.0f)}), {.name = "d16"});
+  const auto after =
+      coordinator.schedule(&ps_test::add_to_any, d, DynTensor::of<ds::float16>({2}, {ds::float16(0.5f), ds::float16(0.5f)}))
+          .get();
+  CHECK(after.dtype == ds::DType::F16);
+  CHECK(float(after.get<ds::float16>(1)) == 2.5f);
+  CHECK(float(d.read_value().get<ds::float16>(0)) == 1.5f);
+}
+
 TEST_CASE("a coordinator's checkpoint reads the ps tasks' values; restoring writes them there, into any shard count") {
   Cluster cluster(2, 2);
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("distribute-ps-ckpt-{}", ::getpid());

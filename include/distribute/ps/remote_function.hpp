@@ -6,7 +6,8 @@
 //   DISTRIBUTE_REMOTE_FUNCTION(train_step);          // at namespace scope, in every process
 //
 // Arguments and results are serialised with cereal (scalars, strings, std::vector, std::array,
-// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes; a ds::Variable or
+// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes, a value of run-time
+// dtype (torch::Tensor) as dtype + shape + raw bytes; a ds::Variable or
 // ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
 // copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
 #pragma once
@@ -38,7 +39,9 @@
 #include <cereal/types/vector.hpp>
 #include <fmt/format.h>
 
+#include <distribute/core/detail/host_operands.hpp>
 #include <distribute/core/error.hpp>
+#include <distribute/core/tensor_traits.hpp>
 #include <distribute/core/tensor.hpp>
 #include <distribute/core/variable.hpp>
 #include <distribute/data/dataset.hpp>
@@ -50,6 +53,20 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 template <class T>
 class PerWorkerIterator;
+
+namespace half_bits {
+// cereal: the library's own 16-bit floats (in a std::vector, a std::array, ...) as their bits.
+template <class Archive, class Traits>
+void save(Archive& a, const float16_storage<Traits>& h) {
+  a(h.bits());
+}
+template <class Archive, class Traits>
+void load(Archive& a, float16_storage<Traits>& h) {
+  std::uint16_t b = 0;
+  a(b);
+  h = float16_storage<Traits>::from_bits(b);
+}
+}  // namespace half_bits
 
 namespace detail {
 
@@ -114,17 +131,71 @@ struct wire {
   }
 };
 
+/// The element count of a shape read from the wire, checked: non-negative dimensions whose
+/// product (times the element size) fits in 63 bits.
+inline std::size_t checked_element_count(const Shape& shape, std::size_t element_size, const char* what) {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(d))) {
+      throw InvalidArgument(fmt::format("{}: shape {} read from the wire is negative or too large", what, shape_string(shape)));
+    }
+    n *= static_cast<std::uint64_t>(d);
+  }
+  if (n > (std::uint64_t{1} << 62) / element_size) {
+    throw InvalidArgument(fmt::format("{}: shape {} read from the wire is too large", what, shape_string(shape)));
+  }
+  return static_cast<std::size_t>(n);
+}
+
+/// A tensor's elements as raw bytes (any element type, 16-bit floats included), after their length.
+inline void save_elements(WireOut& a, const void* data, std::size_t bytes) {
+  a(static_cast<std::uint64_t>(bytes));
+  if (bytes) a(cereal::binary_data(data, bytes));
+}
+inline void load_elements(WireIn& a, void* data, std::size_t bytes, const char* what) {
+  std::uint64_t sent = 0;
+  a(sent);
+  if (sent != bytes) {
+    throw InvalidArgument(fmt::format("{}: {} bytes of elements arrived for a shape that holds {}", what, sent, bytes));
+  }
+  if (bytes) a(cereal::binary_data(data, bytes));
+}
+
 template <class E>
 struct wire<Tensor<E>> {
   static void save(WireOut& a, const Tensor<E>& t) {
     a(t.shape());
-    a(std::vector<E>(t.data(), t.data() + t.size()));
+    save_elements(a, t.data(), t.size() * sizeof(E));
   }
   static Tensor<E> load(WireIn& a) {
     Shape shape;
-    std::vector<E> data;
-    a(shape, data);
-    return Tensor<E>(std::move(shape), std::move(data));
+    a(shape);
+    const std::size_t n = checked_element_count(shape, sizeof(E), "a ds::Tensor argument");
+    Tensor<E> t = Tensor<E>::zeros(std::move(shape));
+    load_elements(a, t.data(), n * sizeof(E), "a ds::Tensor argument");
+    return t;
+  }
+};
+
+/// Values whose dtype is known at run time (torch::Tensor, DLPack): dtype, shape, row-major bytes.
+template <DynamicTensorLike T>
+struct wire<T> {
+  static void save(WireOut& a, const T& v) {
+    HostOperands in("a remote function's argument");
+    in.add(view_of(v), true);
+    a(static_cast<std::uint8_t>(in[0].dtype), in[0].shape);
+    save_elements(a, in[0].data, in[0].bytes());
+  }
+  static T load(WireIn& a) {
+    std::uint8_t code = 0;
+    Shape shape;
+    a(code, shape);
+    if (!is_dtype_code(code)) throw InvalidArgument(fmt::format("a tensor argument has an unknown dtype code {}", code));
+    const auto dtype = static_cast<DType>(code);
+    const std::size_t n = checked_element_count(shape, size_of(dtype), "a tensor argument");
+    RowMajorResult<T> out;
+    load_elements(a, out.allocate(dtype, shape), n * size_of(dtype), "a tensor argument");
+    return out.take();
   }
 };
 
@@ -137,20 +208,26 @@ struct wire<Variable<T>> {
                                         "ParameterServerStrategy::scope() can be passed to a scheduled function",
                                         v.name()));
     }
-    a(v.name(), v.shape(), h->task, h->key);
+    a(v.name(), v.shape(), static_cast<std::uint8_t>(value_dtype(v.values().front())), h->task, h->key);
   }
   static Variable<T> load(WireIn& a) {
     std::string name, key;
     Shape shape;
+    std::uint8_t code = 0;
     int task = 0;
-    a(name, shape, task, key);
+    a(name, shape, code, task, key);
+    if (!is_dtype_code(code)) {
+      throw InvalidArgument(fmt::format("variable '{}' arrived with an unknown dtype code {}", name, code));
+    }
     WorkerEnvironment* env = current_worker_environment();
     if (!env || !env->store) {
       throw InvalidArgument(fmt::format("variable '{}' arrived outside a worker: ps variable handles are read by the "
                                         "worker that runs a scheduled function",
                                         name));
     }
-    return Variable<T>::attach_remote(std::move(name), tensor_traits<T>::make(shape), RemoteHandle{env->store, task, key});
+    checked_element_count(shape, size_of(static_cast<DType>(code)), "a ps variable handle");
+    return Variable<T>::attach_remote(std::move(name), make_value<T>(static_cast<DType>(code), shape),
+                                      RemoteHandle{env->store, task, key});
   }
 };
 
