@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -29,9 +30,13 @@
 
 #include <fmt/format.h>
 
+#include "support/tensor_types.hpp"
+
 namespace ds = distribute;
 namespace st = distribute::safetensors;
 namespace fs = std::filesystem;
+using test_types::ColMajor;
+using test_types::DynTensor;
 
 namespace {
 
@@ -931,6 +936,207 @@ TEST_CASE("a ShardedVariable is tracked as one tensor and restores into another 
   loader.restore(path);
   CHECK(two.variables().size() == 2);
   CHECK(two.to_tensor() == full);
+}
+
+// ---- values of any TensorLike type ----------------------------------------------------------
+
+namespace {
+
+// A value's bytes in row-major logical order, whatever its layout.
+std::vector<std::byte> row_major_bytes(const DynTensor& t) {
+  const ds::TensorView v = ds::view_of(t);
+  std::vector<std::byte> out(v.bytes());
+  ds::copy_to_contiguous(v, out.data());
+  return out;
+}
+
+// A DynTensor whose view says its elements are in device memory (as a CUDA torch::Tensor's would).
+struct DeviceDyn {
+  DynTensor t;
+};
+
+}  // namespace
+
+template <>
+struct distribute::tensor_traits<DeviceDyn> {
+  static TensorView view(const DeviceDyn& d) {
+    TensorView v = tensor_traits<DynTensor>::view(d.t);
+    v.memory = MemorySpace::device;
+    return v;
+  }
+  static DeviceDyn make(DType dtype, const Shape& shape) { return {tensor_traits<DynTensor>::make(dtype, shape)}; }
+};
+
+TEST_CASE("run-time dtype variables (float32, bfloat16) are saved with their dtype and restored bit for bit into every "
+          "copy") {
+  TempDir dir;
+  const float nan_payload = std::bit_cast<float>(0x7fc01234u);
+  const DynTensor f32 = DynTensor::of<float>(
+      {2, 3}, {nan_payload, -0.0f, std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::infinity(),
+               1.5f, -2.25f});
+  const DynTensor b16 = DynTensor::of<ds::bfloat16>(
+      {4}, {std::bit_cast<ds::bfloat16>(std::uint16_t{0x7fc1}), std::bit_cast<ds::bfloat16>(std::uint16_t{0x8000}),
+            std::bit_cast<ds::bfloat16>(std::uint16_t{0x0001}), ds::bfloat16(3.0f)});
+  ds::MirroredStrategy<ds::host> strategy(2);
+  auto scope = strategy.scope();
+  ds::Variable<DynTensor> w(f32, {.name = "w"});
+  ds::Variable<DynTensor> b(b16, {.name = "b"});
+  REQUIRE(w.values().size() == 2);
+  ds::Checkpoint ckpt;
+  ckpt.track("w", w).track("b", b);
+  const auto path = ckpt.save(dir / "ckpt");
+
+  const auto file = st::read(path);
+  CHECK(file.at("w").dtype == ds::DType::F32);
+  CHECK(file.at("w").shape == ds::Shape{2, 3});
+  CHECK(file.at("w").bytes == row_major_bytes(f32));
+  CHECK(file.at("b").dtype == ds::DType::BF16);
+  CHECK(file.at("b").shape == ds::Shape{4});
+  CHECK(file.at("b").bytes == row_major_bytes(b16));
+
+  w.assign(DynTensor::of<float>({2, 3}, {9, 9, 9, 9, 9, 9}));
+  b.assign(DynTensor::of<ds::bfloat16>({4}, {ds::bfloat16(9.0f), ds::bfloat16(9.0f), ds::bfloat16(9.0f),
+                                             ds::bfloat16(9.0f)}));
+  ckpt.restore(path);
+  for (const DynTensor& copy : w.values()) CHECK(row_major_bytes(copy) == row_major_bytes(f32));
+  for (const DynTensor& copy : b.values()) CHECK(row_major_bytes(copy) == row_major_bytes(b16));
+
+  // Each copy got bytes of its own: changing one leaves the other as restored.
+  CHECK(w.values()[0].storage != w.values()[1].storage);
+  std::memset(w.values()[0].data(), 0, 4);
+  CHECK(w.values()[0].get<float>(0) == 0.0f);
+  CHECK(row_major_bytes(w.values()[1]) == row_major_bytes(f32));
+}
+
+TEST_CASE("a run-time dtype SUM sync-on-read integer keeps the remainder on restore") {
+  TempDir dir;
+  const auto path = dir / "count.safetensors";
+  st::write(path, {{"count", st::view_of(DynTensor::of<std::int32_t>({2}, {7, -5}))}});
+  ds::MirroredStrategy<ds::host> strategy(3);
+  auto scope = strategy.scope();
+  ds::Variable<DynTensor> count(DynTensor::of<std::int32_t>({2}, {0, 0}),
+                                {.name = "count", .synchronization = ds::VariableSynchronization::OnRead,
+                                 .aggregation = ds::VariableAggregation::Sum});
+  ds::Checkpoint ckpt;
+  ckpt.track("count", count);
+  ckpt.restore(path);
+  REQUIRE(count.values().size() == 3);
+  CHECK(count.values()[0].get<std::int32_t>(0) == 3);  // 3 + 2 + 2
+  CHECK(count.values()[1].get<std::int32_t>(0) == 2);
+  CHECK(count.values()[2].get<std::int32_t>(1) == -1);  // -3 + -1 + -1
+  const DynTensor total = count.read_value();
+  CHECK(total.get<std::int32_t>(0) == 7);
+  CHECK(total.get<std::int32_t>(1) == -5);
+}
+
+TEST_CASE("a column-major variable is saved in row-major order and restored into its own layout") {
+  TempDir dir;
+  const ColMajor m = ColMajor::from_rows({{1, 2, 3}, {4, 5, 6}});
+  REQUIRE(m.data == std::vector<float>{1, 4, 2, 5, 3, 6});
+  ds::MirroredStrategy<ds::host> strategy(2);
+  auto scope = strategy.scope();
+  ds::Variable<ColMajor> w(m, {.name = "w"});
+  ds::Checkpoint ckpt;
+  ckpt.track("w", w);
+  const auto path = ckpt.save(dir / "ckpt");
+  const auto stored = st::read(path).at("w");
+  CHECK(stored.shape == ds::Shape{2, 3});
+  CHECK(stored.values<float>() == std::vector<float>{1, 2, 3, 4, 5, 6});
+
+  w.assign(ColMajor::from_rows({{0, 0, 0}, {0, 0, 0}}));
+  ckpt.restore(path);
+  REQUIRE(w.values().size() == 2);
+  for (const ColMajor& copy : w.values()) CHECK(copy.data == std::vector<float>{1, 4, 2, 5, 3, 6});
+
+  // Sharded by rows: each shard's rows go into the file in row-major order, and back.
+  ds::Variable<ColMajor> top(ColMajor::from_rows({{1, 2, 3}}), {.name = "top"});
+  ds::Variable<ColMajor> bottom(ColMajor::from_rows({{4, 5, 6}, {7, 8, 9}}), {.name = "bottom"});
+  ds::Checkpoint sharded;
+  sharded.track_sharded("s", std::vector{top, bottom});
+  const auto spath = sharded.save(dir / "sharded");
+  CHECK(st::read(spath).at("s").values<float>() == std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9});
+  ds::Variable<ColMajor> whole(ColMajor::from_rows({{0, 0, 0}, {0, 0, 0}, {0, 0, 0}}), {.name = "whole"});
+  ds::Checkpoint one;
+  one.track_sharded("s", std::vector{whole});
+  one.restore(spath);
+  for (const ColMajor& copy : whole.values()) CHECK(copy.data == std::vector<float>{1, 4, 7, 2, 5, 8, 3, 6, 9});
+}
+
+TEST_CASE("run-time dtype variables: a dtype or shape mismatch on restore names both and changes nothing") {
+  TempDir dir;
+  ds::Variable<DynTensor> w(DynTensor::of<float>({2, 3}, {1, 2, 3, 4, 5, 6}), {.name = "w"});
+  ds::Checkpoint saver;
+  saver.track("w", w);
+  const auto path = saver.save(dir / "ckpt");
+
+  const DynTensor halves = DynTensor::of<ds::bfloat16>(
+      {2, 3}, {ds::bfloat16(7.0f), ds::bfloat16(7.0f), ds::bfloat16(7.0f), ds::bfloat16(7.0f), ds::bfloat16(7.0f),
+               ds::bfloat16(7.0f)});
+  ds::MirroredStrategy<ds::host> strategy(2);
+  auto scope = strategy.scope();
+  ds::Variable<DynTensor> w16(halves, {.name = "w16"});
+  ds::Checkpoint c;
+  c.track("w", w16);
+  CHECK_THROWS_WITH_AS(c.restore(path),
+                       doctest::Contains("tensor 'w' is F32 (float32) with shape (2, 3) in the file, but the tracked "
+                                         "variable 'w16' is BF16 (bfloat16) with shape (2, 3)"),
+                       ds::CheckpointError);
+  for (const DynTensor& copy : w16.values()) CHECK(row_major_bytes(copy) == row_major_bytes(halves));
+
+  const DynTensor wide = DynTensor::of<float>({3, 2}, {0, 0, 0, 0, 0, 0});
+  ds::Variable<DynTensor> w32(wide, {.name = "w32"});
+  ds::Checkpoint c2;
+  c2.track("w", w32);
+  CHECK_THROWS_WITH_AS(c2.restore(path),
+                       doctest::Contains("tensor 'w' is F32 (float32) with shape (2, 3) in the file, but the tracked "
+                                         "variable 'w32' is F32 (float32) with shape (3, 2)"),
+                       ds::CheckpointError);
+  for (const DynTensor& copy : w32.values()) CHECK(row_major_bytes(copy) == row_major_bytes(wide));
+}
+
+TEST_CASE("values Checkpoint and safetensors::view_of cannot take are refused with a message") {
+  {  // shards of one tensor with different run-time dtypes
+    ds::Variable<DynTensor> a(DynTensor::of<float>({1, 2}, {1, 2}), {.name = "a"});
+    ds::Variable<DynTensor> b(DynTensor::of<ds::bfloat16>({1, 2}, {ds::bfloat16(1.0f), ds::bfloat16(2.0f)}),
+                              {.name = "b"});
+    ds::Checkpoint c;
+    CHECK_THROWS_WITH_AS(c.track_sharded("s", std::vector{a, b}),
+                         "Checkpoint: shard 1 ('b') of 's' is bfloat16, but shard 0 is float32; the shards of one "
+                         "tensor share a dtype",
+                         ds::InvalidArgument);
+    CHECK(!c.is_tracking("s"));
+  }
+  {  // a run-time type whose values are in device memory
+    ds::Variable<DeviceDyn> d(DeviceDyn{DynTensor::of<float>({2}, {1, 2})}, {.name = "d"});
+    ds::Checkpoint c;
+    CHECK_THROWS_WITH_AS(c.track("dev", d),
+                         "Checkpoint::track: 'dev' (variable 'd') holds float32 (2,) values in device memory, which "
+                         "cannot be checkpointed yet; track a host copy",
+                         ds::InvalidArgument);
+    CHECK_THROWS_WITH_AS(c.track_sharded("dev", std::vector{d}),
+                         "Checkpoint::track: 'dev' (variable 'd') holds float32 (2,) values in device memory, which "
+                         "cannot be checkpointed yet; track a host copy",
+                         ds::InvalidArgument);
+    CHECK_THROWS_WITH_AS(st::view_of(d.values().front()),
+                         "safetensors::view_of: the float32 (2,) value lives in device memory; copy it to the host "
+                         "first",
+                         ds::InvalidArgument);
+  }
+  {  // safetensors::view_of borrows row-major bytes only
+    const DynTensor t = DynTensor::of<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+    CHECK_THROWS_WITH_AS(st::view_of(t.transposed()),
+                         "safetensors::view_of: the float32 (3, 2) strides (1, 3) value is not row-major contiguous, "
+                         "as a safetensors file stores tensors; pass a contiguous copy",
+                         ds::InvalidArgument);
+    CHECK_THROWS_WITH_AS(st::view_of(ColMajor::from_rows({{1, 2}, {3, 4}})),
+                         "safetensors::view_of: the float32 (2, 2) strides (1, 2) value is not row-major contiguous, "
+                         "as a safetensors file stores tensors; pass a contiguous copy",
+                         ds::InvalidArgument);
+    const st::TensorView v = st::view_of(t);
+    CHECK(v.dtype == ds::DType::F32);
+    CHECK(v.shape == ds::Shape{2, 3});
+    CHECK(static_cast<const void*>(v.bytes.data()) == t.data());  // borrowed, not copied
+  }
 }
 
 // ---- atomic writes -----------------------------------------------------------------------------

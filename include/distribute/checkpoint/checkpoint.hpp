@@ -11,6 +11,9 @@
 //                                 restored with a cross-replica assign (SUM: split over the copies)
 //   sharded (track_sharded)       one tensor, the shards concatenated along axis 0; restorable into
 //                                 any number of shards whose rows add up to the saved rows
+// Variables of any TensorLike type are tracked through their run-time views: the dtype comes from
+// the value, and the file holds the elements in row-major logical order whatever the value's
+// layout (a column-major matrix, a transposed view), restored into that layout through its strides.
 // Saving and restoring happen in cross-replica context (outside strategy.run()). A Checkpoint is
 // not thread-safe: one thread saves or restores at a time.
 #pragma once
@@ -35,10 +38,12 @@
 
 #include <distribute/checkpoint/safetensors.hpp>
 #include <distribute/core/context.hpp>
+#include <distribute/core/detail/host_operands.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/shape.hpp>
 #include <distribute/core/tensor_traits.hpp>
+#include <distribute/core/tensor_view.hpp>
 #include <distribute/core/values.hpp>
 #include <distribute/core/variable.hpp>
 #include <distribute/ps/sharded_variable.hpp>
@@ -79,10 +84,20 @@ class Trackable {
   virtual void restore(const safetensors::StoredTensor& tensor) = 0;
 };
 
+// Checkpoints read and write values through host memory: a compile-time type says where its
+// values live in its type, a run-time one (torch::Tensor, DLPack) in each value's view.
 template <class T>
-void check_host_memory() {
+void check_host_memory(const Variable<T>& var, std::string_view name) {
   static_assert(memory_space_v<T> == MemorySpace::host,
                 "ds::Checkpoint: variables whose values live in device memory cannot be checkpointed yet");
+  if constexpr (DynamicTensorLike<T>) {
+    const TensorView v = view_of(var.values().front());
+    if (v.memory != MemorySpace::host) {
+      throw InvalidArgument(fmt::format("Checkpoint::track: '{}' (variable '{}') holds {} values in device memory, "
+                                        "which cannot be checkpointed yet; track a host copy",
+                                        name, var.name(), distribute::describe(v)));
+    }
+  }
 }
 
 // Reads a variable's checkpoint value: the primary copy, or the aggregate of a sync-on-read one.
@@ -95,29 +110,58 @@ T checkpoint_value(const Variable<T>& var, const std::string& name) {
   }
 }
 
-// Writes `shape`'s worth of elements from `data` into every copy of `var`.
+// A value's elements in the file's row-major order: borrowed when its memory already holds them
+// so, else copied into that order (a column-major matrix, a transposed or broadcast view).
 template <class T>
-void restore_variable(Variable<T>& var, const Shape& shape, const std::byte* data) {
-  using E = element_t<T>;
-  T value = tensor_traits<T>::make(shape);
-  const std::size_t n = static_cast<std::size_t>(num_elements(shape));
-  if (n) std::memcpy(tensor_traits<T>::data(value), data, n * sizeof(E));
-  if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>) {
-    // A SUM sync-on-read integer split as value/N per copy would lose the remainder (7 over 3
-    // copies reads back 6); give it to copy 0 so that the sum reads back exactly.
-    const std::size_t copies = var.values().size();
-    if (var.is_sync_on_read() && var.aggregation() == VariableAggregation::Sum && copies > 1) {
-      const E* src = tensor_traits<T>::data(value);
-      var.apply_to_copies([&](T& copy, int index) {
-        E* dst = tensor_traits<T>::data(copy);
-        for (std::size_t i = 0; i < n; ++i) {
-          const E share = static_cast<E>(src[i] / static_cast<E>(copies));
-          dst[i] = index == 0 ? static_cast<E>(src[i] - share * static_cast<E>(copies - 1)) : share;
-        }
-      });
-      return;
-    }
+CheckpointSnapshot snapshot_of(T value) {
+  const TensorView v = view_of(value);
+  if (v.contiguous()) {
+    auto owner = std::make_shared<const T>(std::move(value));
+    return CheckpointSnapshot{owner, safetensors::view_of(*owner)};
   }
+  auto bytes = std::make_shared<std::vector<std::byte>>(v.bytes());
+  copy_to_contiguous(v, bytes->data());
+  return CheckpointSnapshot{bytes, safetensors::TensorView{v.dtype, v.shape, *bytes}};
+}
+
+// A SUM sync-on-read integer split as value/N per copy would lose the remainder (7 over 3 copies
+// reads back 6); this gives it to copy 0 so that the sum reads back exactly. False (nothing
+// written) for the other dtypes, which the cross-replica assign splits.
+template <class T>
+bool restore_integer_sum(Variable<T>& var, DType dtype, const std::byte* data) {
+  return visit_dtype(dtype, [&](auto tag) {
+    using E = decltype(tag);
+    if constexpr (!std::is_integral_v<E> || std::is_same_v<E, bool>) {
+      return false;
+    } else {
+      const auto copies = static_cast<E>(var.values().size());
+      var.apply_to_copies([&](T& copy, int index) {
+        HostOperands ops("Checkpoint::restore");
+        ops.add(view_of(copy));
+        E* dst = static_cast<E*>(ops[0].data);
+        for (std::size_t i = 0; i < ops[0].count(); ++i) {
+          E src;
+          std::memcpy(&src, data + i * sizeof(E), sizeof(E));
+          const E share = static_cast<E>(src / copies);
+          dst[i] = index == 0 ? static_cast<E>(src - share * static_cast<E>(copies - 1)) : share;
+        }
+        ops.write_back();
+      });
+      return true;
+    }
+  });
+}
+
+// Writes `shape`'s worth of row-major `dtype` elements from `data` into every copy of `var`, each
+// copy in its own layout and memory (copies of handle types do not end up sharing one value).
+template <class T>
+void restore_variable(Variable<T>& var, DType dtype, const Shape& shape, const std::byte* data) {
+  if (var.is_sync_on_read() && var.aggregation() == VariableAggregation::Sum && var.values().size() > 1 &&
+      restore_integer_sum(var, dtype, data)) {
+    return;
+  }
+  T value = make_value<T>(dtype, shape);
+  copy_from_contiguous(data, view_of(value));
   var.assign(value);
 }
 
@@ -125,15 +169,14 @@ template <class T>
 class TrackedVariable final : public Trackable {
  public:
   explicit TrackedVariable(Variable<T> var) : var_(std::move(var)) {}
-  DType dtype() const override { return dtype_of<element_t<T>>(); }
+  DType dtype() const override { return value_dtype(var_.values().front()); }
   Shape shape() const override { return var_.shape(); }
   std::string describe() const override { return fmt::format("variable '{}'", var_.name()); }
   CheckpointSnapshot snapshot(const std::string& name) const override {
-    auto copy = std::make_shared<const T>(checkpoint_value(var_, name));
-    return CheckpointSnapshot{copy, safetensors::view_of(*copy)};
+    return snapshot_of(checkpoint_value(var_, name));
   }
   void restore(const safetensors::StoredTensor& tensor) override {
-    restore_variable(var_, tensor.shape, tensor.bytes.data());
+    restore_variable(var_, tensor.dtype, tensor.shape, tensor.bytes.data());
   }
 
  private:
@@ -142,12 +185,11 @@ class TrackedVariable final : public Trackable {
 
 template <class T>
 class TrackedShards final : public Trackable {
-  using E = element_t<T>;
-
  public:
   TrackedShards(std::vector<Variable<T>> shards, const std::string& name) : shards_(std::move(shards)) {
     if (shards_.empty()) throw InvalidArgument(fmt::format("Checkpoint: sharded variable '{}' has no shards", name));
     const Shape first = shards_.front().shape();
+    const DType first_dtype = value_dtype(shards_.front().values().front());
     for (std::size_t i = 0; i < shards_.size(); ++i) {
       const Shape s = shards_[i].shape();
       if (s.empty() || s.size() != first.size() || !std::equal(s.begin() + 1, s.end(), first.begin() + 1)) {
@@ -155,9 +197,14 @@ class TrackedShards final : public Trackable {
                                           "along axis 0 with shard 0's {}",
                                           i, shards_[i].name(), name, shape_string(s), shape_string(first)));
       }
+      if (const DType d = value_dtype(shards_[i].values().front()); d != first_dtype) {
+        throw InvalidArgument(fmt::format("Checkpoint: shard {} ('{}') of '{}' is {}, but shard 0 is {}; the shards "
+                                          "of one tensor share a dtype",
+                                          i, shards_[i].name(), name, to_string(d), to_string(first_dtype)));
+      }
     }
   }
-  DType dtype() const override { return dtype_of<E>(); }
+  DType dtype() const override { return value_dtype(shards_.front().values().front()); }
   Shape shape() const override {
     Shape s = shards_.front().shape();
     s[0] = 0;
@@ -170,14 +217,17 @@ class TrackedShards final : public Trackable {
     return fmt::format("sharded variable ({} shard{}: {})", shards_.size(), shards_.size() == 1 ? "" : "s", shapes);
   }
   CheckpointSnapshot snapshot(const std::string& name) const override {
-    auto bytes = std::make_shared<std::vector<std::byte>>();
-    bytes->reserve(static_cast<std::size_t>(num_elements(shape())) * sizeof(E));
+    const DType d = dtype();
+    const Shape all = shape();
+    auto bytes = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(num_elements(all)) * size_of(d));
+    std::byte* out = bytes->data();
     for (const auto& shard : shards_) {
       const T value = checkpoint_value(shard, name);
-      const auto* p = reinterpret_cast<const std::byte*>(tensor_traits<T>::data(value));
-      bytes->insert(bytes->end(), p, p + element_count(value) * sizeof(E));
+      const TensorView v = view_of(value);
+      copy_to_contiguous(v, out);
+      out += v.bytes();
     }
-    return CheckpointSnapshot{bytes, safetensors::TensorView{dtype(), shape(), *bytes}};
+    return CheckpointSnapshot{bytes, safetensors::TensorView{d, all, *bytes}};
   }
   void restore(const safetensors::StoredTensor& tensor) override {
     const std::byte* data = tensor.bytes.data();
@@ -185,8 +235,8 @@ class TrackedShards final : public Trackable {
     // (how many shards, which sizes) does not matter.
     for (auto& shard : shards_) {
       const Shape s = shard.shape();
-      restore_variable(shard, s, data);
-      data += static_cast<std::size_t>(num_elements(s)) * sizeof(E);
+      restore_variable(shard, tensor.dtype, s, data);
+      data += static_cast<std::size_t>(num_elements(s)) * size_of(tensor.dtype);
     }
   }
 
@@ -217,7 +267,7 @@ class Checkpoint {
   /// Tracks a variable (plain, mirrored or sync-on-read) under `name`, the tensor's name in the file.
   template <class T>
   Checkpoint& track(std::string name, const Variable<T>& variable) {
-    detail::check_host_memory<T>();
+    detail::check_host_memory(variable, name);
     return add(std::move(name), std::make_unique<detail::TrackedVariable<T>>(variable));
   }
 
@@ -232,7 +282,7 @@ class Checkpoint {
   /// agree on every dimension but the first.
   template <class T>
   Checkpoint& track_sharded(std::string name, std::vector<Variable<T>> shards) {
-    detail::check_host_memory<T>();
+    for (const auto& shard : shards) detail::check_host_memory(shard, name);
     auto tracked = std::make_unique<detail::TrackedShards<T>>(std::move(shards), name);
     return add(std::move(name), std::move(tracked));
   }

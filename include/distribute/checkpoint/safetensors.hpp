@@ -49,6 +49,7 @@
 #include <distribute/core/shape.hpp>
 #include <distribute/core/tensor.hpp>
 #include <distribute/core/tensor_traits.hpp>
+#include <distribute/core/tensor_view.hpp>
 
 static_assert(std::endian::native == std::endian::little,
               "distribute/checkpoint: safetensors payloads are little-endian; big-endian hosts are not supported");
@@ -112,14 +113,25 @@ struct TensorView {
   }
 };
 
-/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type...).
+/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type, one whose
+/// dtype is known at run time) whose elements are row-major contiguous, as the file stores them:
+/// its bytes are borrowed, not copied.
 template <TensorLike U>
 TensorView view_of(const U& value) {
   static_assert(memory_space_v<U> == MemorySpace::host,
                 "safetensors::view_of: the value lives in device memory; copy it to the host first");
-  using E = element_t<U>;
-  return TensorView{dtype_of<E>(), shape_of(value),
-                    std::as_bytes(std::span<const E>(tensor_traits<U>::data(value), element_count(value)))};
+  const distribute::TensorView v = distribute::view_of(value);
+  if (v.memory != MemorySpace::host) {
+    throw InvalidArgument(fmt::format("safetensors::view_of: the {} value lives in device memory; copy it to the "
+                                      "host first",
+                                      distribute::describe(v)));
+  }
+  if (!v.contiguous()) {
+    throw InvalidArgument(fmt::format("safetensors::view_of: the {} value is not row-major contiguous, as a "
+                                      "safetensors file stores tensors; pass a contiguous copy",
+                                      distribute::describe(v)));
+  }
+  return TensorView{v.dtype, v.shape, std::span<const std::byte>(static_cast<const std::byte*>(v.data), v.bytes())};
 }
 
 /// One tensor read from a file (owns its bytes).
