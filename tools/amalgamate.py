@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Builds single_include/distribute/distribute.hpp from include/distribute/distribute.hpp.
 
+The adapters (include/distribute/adapters/*.hpp, not part of the umbrella) are written beside it,
+as single_include/distribute/adapters/*.hpp, with their includes of the library's headers replaced
+by one include of the single header (every library header they use must be part of it).
+
 Every `#include <distribute/...>` (or "distribute/...") is replaced, recursively, by the
 text of that header; every other include is left where it is. `#pragma once` lines of
 the inlined headers are dropped (the amalgamation carries one of its own).
@@ -116,22 +120,40 @@ def read_version(include_dir: Path) -> str:
     return m.group(1)
 
 
-def generate(root: Path) -> str:
+BANNER = [
+    "// SPDX-License-Identifier: Apache-2.0",
+    "//",
+    "// GENERATED FILE, DO NOT EDIT. It is produced from include/distribute/ by",
+    "//   python3 tools/amalgamate.py",
+    "// Edit the headers under include/ and regenerate.",
+]
+
+
+def generate(root: Path) -> dict[Path, str]:
+    """The generated files: the single header, then one file per adapter."""
     include_dir = root / "include"
     version = read_version(include_dir)
     amalgamator = Amalgamator(include_dir)
     body = amalgamator.expand(UMBRELLA, conditional=False, included_from=None)
-    banner = [
-        f"// distribute {version}: tf.distribute for C++, single-header edition.",
-        "// SPDX-License-Identifier: Apache-2.0",
-        "//",
-        "// GENERATED FILE, DO NOT EDIT. It is produced from include/distribute/ by",
-        "//   python3 tools/amalgamate.py",
-        "// Edit the headers under include/ and regenerate.",
-        "#pragma once",
-        "",
-    ]
-    return "\n".join(banner + body) + "\n"
+    banner = [f"// distribute {version}: tf.distribute for C++, single-header edition."] + BANNER + ["#pragma once", ""]
+    out = {OUTPUT: "\n".join(banner + body) + "\n"}
+    for adapter in sorted((include_dir / "distribute" / "adapters").glob("*.hpp")):
+        rel = adapter.relative_to(include_dir).as_posix()
+        lines: list[str] = []
+        included = False
+        for line in adapter.read_text(encoding="utf-8").splitlines():
+            m = INCLUDE_RE.match(line)
+            if m:
+                if m.group(1) not in amalgamator.emitted:
+                    raise AmalgamateError(f"<{rel}> includes <{m.group(1)}>, which the single header does not hold")
+                if not included:
+                    lines.append(f"#include <{UMBRELLA}>")
+                    included = True
+                continue
+            lines.append(line)
+        header = [f"// distribute {version}: <{rel}> for the single-header edition."] + BANNER
+        out[Path("single_include") / rel] = "\n".join(header + lines) + "\n"
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,43 +167,50 @@ def main(argv: list[str] | None = None) -> int:
 
     root = args.root.resolve()
     try:
-        text = generate(root)
+        files = generate(root)
     except AmalgamateError as e:
         print(f"amalgamate.py: error: {e}", file=sys.stderr)
         return 2
-    out_path = root / OUTPUT
 
     if args.check:
-        try:
-            current = out_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            print(f"{STALE_MESSAGE} (the file does not exist)", file=sys.stderr)
+        stale = False
+        for rel, text in files.items():
+            try:
+                current = (root / rel).read_text(encoding="utf-8")
+            except FileNotFoundError:
+                print(f"{rel.as_posix()} is stale; run python3 tools/amalgamate.py (the file does not exist)",
+                      file=sys.stderr)
+                stale = True
+                continue
+            if current != text:
+                diff = list(difflib.unified_diff(
+                    current.splitlines(), text.splitlines(),
+                    fromfile=f"{rel.as_posix()} (checked in)",
+                    tofile=f"{rel.as_posix()} (generated)", lineterm="", n=1))
+                shown = diff[:40]
+                print("\n".join(shown), file=sys.stderr)
+                if len(diff) > len(shown):
+                    print(f"... ({len(diff) - len(shown)} more diff lines)", file=sys.stderr)
+                print(f"{rel.as_posix()} is stale; run python3 tools/amalgamate.py", file=sys.stderr)
+                stale = True
+        if stale:
             return 1
-        if current != text:
-            diff = list(difflib.unified_diff(
-                current.splitlines(), text.splitlines(),
-                fromfile=f"{OUTPUT.as_posix()} (checked in)",
-                tofile=f"{OUTPUT.as_posix()} (generated)", lineterm="", n=1))
-            shown = diff[:40]
-            print("\n".join(shown), file=sys.stderr)
-            if len(diff) > len(shown):
-                print(f"... ({len(diff) - len(shown)} more diff lines)", file=sys.stderr)
-            print(STALE_MESSAGE, file=sys.stderr)
-            return 1
-        print(f"{OUTPUT.as_posix()} is up to date")
+        print(f"{OUTPUT.as_posix()} (and {len(files) - 1} adapters) are up to date")
         return 0
 
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        unchanged = out_path.read_text(encoding="utf-8") == text
-    except FileNotFoundError:
-        unchanged = False
-    if unchanged:
-        print(f"{OUTPUT.as_posix()} is up to date")
-    else:
-        with open(out_path, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        print(f"wrote {OUTPUT.as_posix()} ({text.count(chr(10))} lines)")
+    for rel, text in files.items():
+        out_path = root / rel
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            unchanged = out_path.read_text(encoding="utf-8") == text
+        except FileNotFoundError:
+            unchanged = False
+        if unchanged:
+            print(f"{rel.as_posix()} is up to date")
+        else:
+            with open(out_path, "w", encoding="utf-8", newline="\n") as f:
+                f.write(text)
+            print(f"wrote {rel.as_posix()} ({text.count(chr(10))} lines)")
     return 0
 
 

@@ -12,6 +12,7 @@
 #include <span>
 
 #include <distribute/core/detail/half_convert.hpp>
+#include <distribute/core/detail/simd_dispatch.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
@@ -19,41 +20,19 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
-/// body(i) for i in [0, n). The loop is cut into fixed blocks and a tail because GCC before 13
-/// vectorises at -O2 only loops that need no scalar remainder: a plain loop over n stayed scalar
-/// there (4x slower on the reductions of a network all-reduce, which are on its critical path);
-/// blocks of a known size are vectorised at -O2 as at -O3.
-template <std::size_t kBlock = 16, class Body>
-inline void for_each_blocked(std::size_t n, Body body) noexcept {
-  std::size_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    for (std::size_t j = 0; j < kBlock; ++j) body(i + j);
-  }
-  for (; i < n; ++i) body(i);
-}
-
 /// acc[i] = f(acc[i], src[i]) for every i, vectorisable at -O2 (for_each_blocked).
 template <class T, class F>
 inline void apply_pairwise_portable(T* __restrict acc, const T* __restrict src, std::size_t n, F f) noexcept {
   for_each_blocked(n, [=](std::size_t i) { acc[i] = f(acc[i], src[i]); });
 }
 
-// On x86-64 the same loop is also compiled for AVX2 and picked at run time where the CPU has it:
-// a build without -march gets SSE2 only, and the reductions of a network all-reduce sit on its
-// critical path (twice as fast here; docs/performance.md, multi-worker section).
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
-#define DISTRIBUTE_X86_AVX2_DISPATCH 1
+#if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
 // Blocks of 32: whole ymm registers for every element type. The loop is inlined here, so it is
 // compiled for AVX2 too.
 template <class T, class F>
 __attribute__((target("avx2"))) void apply_pairwise_avx2(T* __restrict acc, const T* __restrict src, std::size_t n,
                                                          F f) noexcept {
   for_each_blocked<32>(n, [=](std::size_t i) { acc[i] = f(acc[i], src[i]); });
-}
-
-inline bool cpu_has_avx2() noexcept {
-  static const bool has = __builtin_cpu_supports("avx2") != 0;
-  return has;
 }
 #endif
 
@@ -132,6 +111,10 @@ void divide(T* acc, std::size_t n, std::int64_t divisor) noexcept {
 template <class T>
 void reduce_many(T* dst, std::span<const T* const> srcs, std::size_t n, ReduceOp op, std::int64_t divisor) noexcept {
   if (srcs.empty() || n == 0) return;
+  if (srcs.size() == 1 && !(op == ReduceOp::Mean && divisor > 1)) {  // nothing to combine or round
+    if (dst != srcs[0]) std::copy(srcs[0], srcs[0] + n, dst);
+    return;
+  }
   if constexpr (is_half_v<T>) {
     float acc[kHalfBlock], next[kHalfBlock];
     const auto d = static_cast<float>(divisor);

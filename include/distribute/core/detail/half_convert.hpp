@@ -9,6 +9,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include <distribute/core/detail/simd_dispatch.hpp>
 #include <distribute/core/half.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -54,16 +55,48 @@ inline bool cpu_has_f16c() noexcept {
 }
 #endif
 
+// bfloat16 <-> float32 are integer shifts (rounding to nearest even on the way down), written as
+// blocked loops so that they vectorise at -O2, and compiled for AVX2 too.
+inline float bf16_bits_to_float(std::uint16_t b) noexcept {
+  const std::uint32_t w = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &w, sizeof f);
+  return f;
+}
+inline std::uint16_t float_to_bf16_bits(float f) noexcept {
+  std::uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (x >> 16) | 0x40u;
+  return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+inline void bf16_widen_portable(const std::uint16_t* __restrict src, float* __restrict dst, std::size_t n) noexcept {
+  for_each_blocked(n, [=](std::size_t i) { dst[i] = bf16_bits_to_float(src[i]); });
+}
+inline void bf16_narrow_portable(const float* __restrict src, std::uint16_t* __restrict dst, std::size_t n) noexcept {
+  for_each_blocked(n, [=](std::size_t i) { dst[i] = float_to_bf16_bits(src[i]); });
+}
+#if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
+__attribute__((target("avx2"))) inline void bf16_widen_avx2(const std::uint16_t* __restrict src, float* __restrict dst,
+                                                             std::size_t n) noexcept {
+  for_each_blocked<32>(n, [=](std::size_t i) { dst[i] = bf16_bits_to_float(src[i]); });
+}
+__attribute__((target("avx2"))) inline void bf16_narrow_avx2(const float* __restrict src, std::uint16_t* __restrict dst,
+                                                              std::size_t n) noexcept {
+  for_each_blocked<32>(n, [=](std::size_t i) { dst[i] = float_to_bf16_bits(src[i]); });
+}
+#endif
+
 /// dst[i] = float(src[i]) for a 16-bit float type H.
 template <class H>
 void widen(const H* src, float* dst, std::size_t n) noexcept {
   static_assert(is_half_v<H>);
   const auto* bits = reinterpret_cast<const std::uint16_t*>(src);
   if constexpr (std::is_same_v<H, bfloat16>) {
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::uint32_t w = static_cast<std::uint32_t>(bits[i]) << 16;
-      std::memcpy(dst + i, &w, sizeof w);
-    }
+#if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
+    if (cpu_has_avx2()) return bf16_widen_avx2(bits, dst, n);
+#endif
+    bf16_widen_portable(bits, dst, n);
   } else {
 #if defined(DISTRIBUTE_X86_F16C_DISPATCH)
     if (cpu_has_f16c()) return f16_widen_f16c(bits, dst, n);
@@ -78,13 +111,10 @@ void narrow(const float* src, H* dst, std::size_t n) noexcept {
   static_assert(is_half_v<H>);
   auto* bits = reinterpret_cast<std::uint16_t*>(dst);
   if constexpr (std::is_same_v<H, bfloat16>) {
-    for (std::size_t i = 0; i < n; ++i) {
-      std::uint32_t x;
-      std::memcpy(&x, src + i, sizeof x);
-      const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-      const std::uint32_t nan = (x >> 16) | 0x40u;
-      bits[i] = static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-    }
+#if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
+    if (cpu_has_avx2()) return bf16_narrow_avx2(src, bits, n);
+#endif
+    bf16_narrow_portable(src, bits, n);
   } else {
 #if defined(DISTRIBUTE_X86_F16C_DISPATCH)
     if (cpu_has_f16c()) return f16_narrow_f16c(src, bits, n);
