@@ -9,6 +9,10 @@
 #include <limits>
 #include <vector>
 
+// The multi-process cases: tests/adapters_worker_helper processes (adapters_multi_process.hpp).
+#define WITH_DLPACK 1
+#include "adapters_multi_process.hpp"
+
 namespace ds = distribute;
 namespace dl = distribute::dlpack;
 
@@ -500,4 +504,44 @@ TEST_CASE("dlpack: malformed tensors and bad arguments are refused with a messag
   t.shape = none.data();
   t.data = nullptr;
   CHECK(dl::borrow(t).to_vector<float>().empty());
+}
+
+TEST_CASE("dlpack: MultiWorkerMirrored, 2 worker processes") {
+  // Every collective, strategy.reduce/gather and variables, checked inside each worker.
+  adapters_mp::run_two_workers("dlpack");
+}
+
+TEST_CASE("dlpack: a parameter-server cluster: 1 ps, 1 worker") {
+#ifdef ADAPTERS_MP_HAVE_PS
+  const char* helper = adapters_mp::helper_path();
+  if (!helper) {
+    MESSAGE("skipped: DISTRIBUTE_ADAPTERS_HELPER is not set (the parameter-server parts need Boost and OpenSSL)");
+    return;
+  }
+  adapters_mp::PsCluster cluster(helper);
+  ds::ParameterServerStrategy strategy(cluster.resolver());
+  ds::ClusterCoordinator coordinator(strategy, adapters_mp::quiet_options());
+  auto scope = strategy.scope();
+  ds::Variable<dl::Tensor> w(dl::Tensor::from_values<float>({2, 2}, {1, 2, 3, 4}), {.name = "w"});
+  CHECK(w.device() == "/job:ps/replica:0/task:0/device:CPU:0");
+  // A producer's transposed view: logical [[10, 30], [20, 40]], strides (1, 2).
+  dl::Tensor delta = adapters_mp::DlpackKit::strided({10, 30, 20, 40}, {2, 2});
+  REQUIRE(delta.strides() == ds::Strides{1, 2});
+  dl::Tensor seen = coordinator.schedule(&adapters_mp::dlpack_add_and_read, w, delta).get();
+  CHECK(seen.dtype() == ds::DType::F32);
+  CHECK(seen.shape() == ds::Shape{2, 2});
+  CHECK(floats(seen) == std::vector<float>{11, 32, 23, 44});
+  dl::Tensor twice = coordinator.schedule(&adapters_mp::dlpack_twice,
+                                          dl::Tensor::from_values<ds::bfloat16>({3}, {ds::bfloat16(1.5f), ds::bfloat16(-2.0f),
+                                                                                      ds::bfloat16(0x1p-7f)}))
+                         .get();
+  CHECK(twice.dtype() == ds::DType::BF16);
+  CHECK(widened<ds::bfloat16>(twice) == std::vector<float>{3, -4, 0x1p-6f});
+  coordinator.join();
+  CHECK(floats(w.read_value()) == std::vector<float>{11, 32, 23, 44});
+  coordinator.shutdown_cluster();
+  cluster.check_stopped();
+#else
+  MESSAGE("skipped: the parameter-server parts are not built (they need Boost, OpenSSL and cereal)");
+#endif
 }

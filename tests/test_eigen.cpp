@@ -7,6 +7,10 @@
 
 #include <vector>
 
+// The multi-process cases: tests/adapters_worker_helper processes (adapters_multi_process.hpp).
+#define WITH_EIGEN 1
+#include "adapters_multi_process.hpp"
+
 namespace ds = distribute;
 
 namespace {
@@ -162,4 +166,43 @@ TEST_CASE("Eigen: shapes a fixed-size type cannot hold are refused with a messag
                        "cannot hold shape (2, 2) in an Eigen vector (rank 1)", ds::InvalidArgument);
   CHECK_THROWS_WITH_AS(ds::make_value<Eigen::MatrixXf>(ds::DType::F64, {2, 2}),
                        "cannot hold float64 values in a value of element type float32", ds::InvalidArgument);
+}
+
+TEST_CASE("Eigen: MultiWorkerMirrored, 2 worker processes") {
+  // Every collective, strategy.reduce/gather and variables, checked inside each worker.
+  adapters_mp::run_two_workers("eigen");
+}
+
+TEST_CASE("Eigen: a parameter-server cluster: 1 ps, 1 worker") {
+#ifdef ADAPTERS_MP_HAVE_PS
+  const char* helper = adapters_mp::helper_path();
+  if (!helper) {
+    MESSAGE("skipped: DISTRIBUTE_ADAPTERS_HELPER is not set (the parameter-server parts need Boost and OpenSSL)");
+    return;
+  }
+  adapters_mp::PsCluster cluster(helper);
+  ds::ParameterServerStrategy strategy(cluster.resolver());
+  ds::ClusterCoordinator coordinator(strategy, adapters_mp::quiet_options());
+  auto scope = strategy.scope();
+  // The ps variable is a column-major Eigen matrix; arguments and results are ds::Tensor (cereal
+  // does not serialise Eigen types).
+  ds::Variable<Eigen::MatrixXf> w(two_by_two<Eigen::MatrixXf>(), {.name = "w"});
+  CHECK(w.device() == "/job:ps/replica:0/task:0/device:CPU:0");
+  ds::Tensor<float> seen =
+      coordinator.schedule(&adapters_mp::eigen_add_and_read, w, ds::Tensor<float>({2, 2}, {10, 30, 20, 40})).get();
+  CHECK(seen.shape() == ds::Shape{2, 2});
+  CHECK(flat(seen) == std::vector<float>{11, 32, 23, 44});
+  ds::Tensor<ds::bfloat16> half({1, 3}, {ds::bfloat16(1.5f), ds::bfloat16(-2.0f), ds::bfloat16(0x1p-7f)});
+  ds::Tensor<ds::bfloat16> twice = coordinator.schedule(&adapters_mp::eigen_twice, half).get();
+  CHECK(adapters_mp::floats(twice) == std::vector<float>{3, -4, 0x1p-6f});
+  coordinator.join();
+  const Eigen::MatrixXf now = w.read_value();
+  CHECK(now(0, 1) == 32.0f);
+  CHECK(now(1, 0) == 23.0f);
+  CHECK(adapters_mp::floats(now) == std::vector<float>{11, 32, 23, 44});
+  coordinator.shutdown_cluster();
+  cluster.check_stopped();
+#else
+  MESSAGE("skipped: the parameter-server parts are not built (they need Boost, OpenSSL and cereal)");
+#endif
 }

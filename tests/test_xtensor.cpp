@@ -8,6 +8,10 @@
 #include <cstdint>
 #include <vector>
 
+// The multi-process cases: tests/adapters_worker_helper processes (adapters_multi_process.hpp).
+#define WITH_XTENSOR 1
+#include "adapters_multi_process.hpp"
+
 namespace ds = distribute;
 using xt::layout_type;
 
@@ -152,4 +156,44 @@ TEST_CASE("xtensor: 16-bit float and size-1 axes") {
   CHECK(float(std::get<0>(out)[1](1)) == 0.5f);
   CHECK(std::get<1>(out)[0].values() == std::vector<float>{0, 0, 0, 1, 2, 3});
   CHECK(std::get<2>(out)[1] == Matrix<float, layout_type::column_major>{{1, 2, 3}});
+}
+
+TEST_CASE("xtensor: MultiWorkerMirrored, 2 worker processes") {
+  // Every collective, strategy.reduce/gather and variables, checked inside each worker.
+  adapters_mp::run_two_workers("xtensor");
+}
+
+TEST_CASE("xtensor: a parameter-server cluster: 1 ps, 1 worker") {
+#ifdef ADAPTERS_MP_HAVE_PS
+  const char* helper = adapters_mp::helper_path();
+  if (!helper) {
+    MESSAGE("skipped: DISTRIBUTE_ADAPTERS_HELPER is not set (the parameter-server parts need Boost and OpenSSL)");
+    return;
+  }
+  adapters_mp::PsCluster cluster(helper);
+  ds::ParameterServerStrategy strategy(cluster.resolver());
+  ds::ClusterCoordinator coordinator(strategy, adapters_mp::quiet_options());
+  auto scope = strategy.scope();
+  // The ps variable is a column-major xtensor; arguments and results are ds::Tensor (cereal does
+  // not serialise xtensor containers).
+  ds::Variable<Matrix<float, layout_type::column_major>> w(Matrix<float, layout_type::column_major>{{1, 2}, {3, 4}},
+                                                           {.name = "w"});
+  CHECK(w.device() == "/job:ps/replica:0/task:0/device:CPU:0");
+  ds::Tensor<float> seen =
+      coordinator.schedule(&adapters_mp::xtensor_add_and_read, w, ds::Tensor<float>({2, 2}, {10, 30, 20, 40})).get();
+  CHECK(seen.shape() == ds::Shape{2, 2});
+  CHECK(seen.values() == std::vector<float>{11, 32, 23, 44});
+  ds::Tensor<ds::bfloat16> half({1, 3}, {ds::bfloat16(1.5f), ds::bfloat16(-2.0f), ds::bfloat16(0x1p-7f)});
+  ds::Tensor<ds::bfloat16> twice = coordinator.schedule(&adapters_mp::xtensor_twice, half).get();
+  CHECK(adapters_mp::floats(twice) == std::vector<float>{3, -4, 0x1p-6f});
+  coordinator.join();
+  const auto now = w.read_value();
+  CHECK(now.layout() == layout_type::column_major);
+  CHECK(memory_order(now) == std::vector<float>{11, 23, 32, 44});
+  CHECK(adapters_mp::floats(now) == std::vector<float>{11, 32, 23, 44});
+  coordinator.shutdown_cluster();
+  cluster.check_stopped();
+#else
+  MESSAGE("skipped: the parameter-server parts are not built (they need Boost, OpenSSL and cereal)");
+#endif
 }
