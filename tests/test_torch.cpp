@@ -9,6 +9,10 @@
 
 #include <vector>
 
+// The multi-process cases: tests/adapters_worker_helper processes (adapters_multi_process.hpp).
+#define WITH_TORCH 1
+#include "adapters_multi_process.hpp"
+
 namespace ds = distribute;
 
 namespace {
@@ -164,4 +168,40 @@ TEST_CASE("torch: bad inputs are refused with a message") {
   };
   CHECK_THROWS_WITH_AS(expanded(), doctest::Contains("elements overlap (stride 0 along axis 0"), ds::InvalidArgument);
   CHECK_THROWS_WITH_AS(ds::make_value<at::Tensor>(ds::DType::U32, {2}), "libtorch has no uint32 tensors", ds::InvalidArgument);
+}
+
+TEST_CASE("torch: MultiWorkerMirrored, 2 worker processes") {
+  // Every collective, strategy.reduce/gather and variables, checked inside each worker.
+  adapters_mp::run_two_workers("torch");
+}
+
+TEST_CASE("torch: a parameter-server cluster: 1 ps, 1 worker") {
+#ifdef ADAPTERS_MP_HAVE_PS
+  const char* helper = adapters_mp::helper_path();
+  if (!helper) {
+    MESSAGE("skipped: DISTRIBUTE_ADAPTERS_HELPER is not set (the parameter-server parts need Boost and OpenSSL)");
+    return;
+  }
+  adapters_mp::PsCluster cluster(helper);
+  ds::ParameterServerStrategy strategy(cluster.resolver());
+  ds::ClusterCoordinator coordinator(strategy, adapters_mp::quiet_options());
+  auto scope = strategy.scope();
+  ds::Variable<at::Tensor> w(of({1, 2, 3, 4}, {2, 2}), {.name = "w"});
+  CHECK(w.device() == "/job:ps/replica:0/task:0/device:CPU:0");
+  at::Tensor delta = of({10, 20, 30, 40}, {2, 2}).t();  // a transposed view: [[10, 30], [20, 40]]
+  REQUIRE(!delta.is_contiguous());
+  at::Tensor seen = coordinator.schedule(&adapters_mp::torch_add_and_read, w, delta).get();
+  CHECK(static_cast<int>(seen.scalar_type()) == static_cast<int>(at::kFloat));
+  CHECK(seen.sizes().vec() == std::vector<std::int64_t>{2, 2});
+  CHECK(values(seen) == std::vector<float>{11, 32, 23, 44});
+  at::Tensor twice = coordinator.schedule(&adapters_mp::torch_twice, of({1.5, -2, 0x1p-7f}, {3}, at::kBFloat16)).get();
+  CHECK(static_cast<int>(twice.scalar_type()) == static_cast<int>(at::kBFloat16));
+  CHECK(values(twice) == std::vector<float>{3, -4, 0x1p-6f});
+  coordinator.join();
+  CHECK(values(w.read_value()) == std::vector<float>{11, 32, 23, 44});
+  coordinator.shutdown_cluster();
+  cluster.check_stopped();
+#else
+  MESSAGE("skipped: the parameter-server parts are not built (they need Boost, OpenSSL and cereal)");
+#endif
 }
