@@ -52,7 +52,24 @@ inline constexpr std::size_t kHalfBlock = 256;
 /// 16-bit floats are computed in float32 and rounded once per element.
 template <class T>
 void combine(T* __restrict acc, const T* __restrict src, std::size_t n, ReduceOp op) noexcept {
-  if constexpr (is_half_v<T>) {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    // One fused pass on the bits (widen, combine in float32, round): bfloat16 <-> float32 are
+    // integer shifts, which vectorise with the rest.
+    auto* a = reinterpret_cast<std::uint16_t*>(acc);
+    const auto* b = reinterpret_cast<const std::uint16_t*>(src);
+    auto fused = [&](auto f) {
+      apply_pairwise(a, b, n, [f](std::uint16_t x, std::uint16_t y) {
+        return float_to_bf16_bits(f(bf16_bits_to_float(x), bf16_bits_to_float(y)));
+      });
+    };
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Mean: fused([](float x, float y) { return x + y; }); break;
+      case ReduceOp::Min: fused([](float x, float y) { return (x < y || x != x) ? x : y; }); break;
+      case ReduceOp::Max: fused([](float x, float y) { return (x > y || x != x) ? x : y; }); break;
+      case ReduceOp::Product: fused([](float x, float y) { return x * y; }); break;
+    }
+  } else if constexpr (is_half_v<T>) {
     float a[kHalfBlock], b[kHalfBlock];
     for (std::size_t i = 0; i < n; i += kHalfBlock) {
       const std::size_t len = std::min(kHalfBlock, n - i);
