@@ -247,14 +247,197 @@ struct fmt::formatter<distribute::DeviceSpec> : fmt::formatter<std::string> {
 // Element types that cross a replica or process boundary, named as in TF/safetensors.
 
 #include <cstddef>
+#include <concepts>
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
 
+// ---- begin <distribute/core/half.hpp> ----
+// The 16-bit floating-point element types: ds::float16 (IEEE binary16, TF's float16) and
+// ds::bfloat16 (the upper half of a float32, TF's bfloat16).
+//
+// Where the compiler has C++23's std::float16_t / std::bfloat16_t they are those types; otherwise
+// they are small types of the library's own: 16 bits of storage, converted to and from float with
+// round-to-nearest-even, and arithmetic carried out in float (each operation rounds once). The
+// library's reductions do not go through these operators: they accumulate whole reductions in
+// float32 and round once at the end (core/detail/elementwise.hpp).
+
+#include <bit>
+#include <cstdint>
+#include <limits>
+
+
+#if defined(__STDCPP_FLOAT16_T__) || defined(__STDCPP_BFLOAT16_T__)
+#include <stdfloat>
+#endif
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace half_bits {
+
+/// float → binary16 bits, round to nearest even; NaN stays NaN (quiet), overflow gives ±inf.
+constexpr std::uint16_t f16_from_float(float f) noexcept {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
+  const std::uint32_t a = x & 0x7fffffffu;
+  if (a >= 0x7f800000u) return static_cast<std::uint16_t>(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
+  const std::uint32_t e = a >> 23;
+  if (e < 113) {  // below 2^-14: a subnormal binary16 (or zero), m * 2^-24
+    if (e < 101) return sign;  // below 2^-26: rounds to zero
+    const std::uint32_t m = (a & 0x7fffffu) | 0x800000u;
+    const std::uint32_t shift = 126 - e;  // 14..25
+    std::uint32_t q = m >> shift;
+    const std::uint32_t rem = m & ((1u << shift) - 1u), halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (q & 1u))) ++q;
+    return static_cast<std::uint16_t>(sign | q);
+  }
+  std::uint32_t h = ((e - 112) << 10) | ((a >> 13) & 0x3ffu);
+  const std::uint32_t rem = a & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right
+  return static_cast<std::uint16_t>(sign | h);
+}
+
+/// binary16 bits → float (exact).
+constexpr float f16_to_float(std::uint16_t h) noexcept {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
+  if (e == 0) {
+    const float v = static_cast<float>(m) * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | ((e + 112) << 23) | (m << 13));
+}
+
+/// float → bfloat16 bits, round to nearest even; NaN stays NaN (quiet).
+constexpr std::uint16_t bf16_from_float(float f) noexcept {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
+  return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+constexpr float bf16_to_float(std::uint16_t b) noexcept {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+}
+
+/// The library's own 16-bit float: storage plus float conversions; Traits names the encoding.
+template <class Traits>
+class float16_storage {
+ public:
+  constexpr float16_storage() noexcept = default;
+  // Narrowing is explicit, as for std::float16_t: float16(x), static_cast<bfloat16>(x).
+  constexpr explicit float16_storage(float f) noexcept : bits_(Traits::from_float(f)) {}
+  constexpr explicit float16_storage(double d) noexcept : float16_storage(static_cast<float>(d)) {}
+  constexpr explicit float16_storage(int i) noexcept : float16_storage(static_cast<float>(i)) {}
+  constexpr explicit float16_storage(std::int64_t i) noexcept : float16_storage(static_cast<float>(i)) {}
+  constexpr operator float() const noexcept { return Traits::to_float(bits_); }  // NOLINT: widening is exact
+
+  static constexpr float16_storage from_bits(std::uint16_t b) noexcept {
+    float16_storage h;
+    h.bits_ = b;
+    return h;
+  }
+  constexpr std::uint16_t bits() const noexcept { return bits_; }
+
+  friend constexpr float16_storage operator+(float16_storage a, float16_storage b) noexcept {
+    return float16_storage(float(a) + float(b));
+  }
+  friend constexpr float16_storage operator-(float16_storage a, float16_storage b) noexcept {
+    return float16_storage(float(a) - float(b));
+  }
+  friend constexpr float16_storage operator*(float16_storage a, float16_storage b) noexcept {
+    return float16_storage(float(a) * float(b));
+  }
+  friend constexpr float16_storage operator/(float16_storage a, float16_storage b) noexcept {
+    return float16_storage(float(a) / float(b));
+  }
+  constexpr float16_storage operator-() const noexcept { return from_bits(static_cast<std::uint16_t>(bits_ ^ 0x8000u)); }
+  constexpr float16_storage& operator+=(float16_storage b) noexcept { return *this = *this + b; }
+  constexpr float16_storage& operator-=(float16_storage b) noexcept { return *this = *this - b; }
+  constexpr float16_storage& operator*=(float16_storage b) noexcept { return *this = *this * b; }
+  constexpr float16_storage& operator/=(float16_storage b) noexcept { return *this = *this / b; }
+  // As floats compare: NaN is unequal to everything, -0 == +0.
+  friend constexpr bool operator==(float16_storage a, float16_storage b) noexcept { return float(a) == float(b); }
+  friend constexpr bool operator<(float16_storage a, float16_storage b) noexcept { return float(a) < float(b); }
+  friend constexpr bool operator>(float16_storage a, float16_storage b) noexcept { return float(a) > float(b); }
+  friend constexpr bool operator<=(float16_storage a, float16_storage b) noexcept { return float(a) <= float(b); }
+  friend constexpr bool operator>=(float16_storage a, float16_storage b) noexcept { return float(a) >= float(b); }
+
+ private:
+  std::uint16_t bits_ = 0;
+};
+
+struct binary16_encoding {
+  static constexpr std::uint16_t from_float(float f) noexcept { return f16_from_float(f); }
+  static constexpr float to_float(std::uint16_t b) noexcept { return f16_to_float(b); }
+};
+struct bfloat16_encoding {
+  static constexpr std::uint16_t from_float(float f) noexcept { return bf16_from_float(f); }
+  static constexpr float to_float(std::uint16_t b) noexcept { return bf16_to_float(b); }
+};
+
+}  // namespace half_bits
+
+#if defined(__STDCPP_FLOAT16_T__)
+using float16 = std::float16_t;
+#else
+using float16 = half_bits::float16_storage<half_bits::binary16_encoding>;
+#endif
+#if defined(__STDCPP_BFLOAT16_T__)
+using bfloat16 = std::bfloat16_t;
+#else
+using bfloat16 = half_bits::float16_storage<half_bits::bfloat16_encoding>;
+#endif
+static_assert(sizeof(float16) == 2 && sizeof(bfloat16) == 2);
+
+/// The bits of a 16-bit float value, and a value from bits (for either representation).
+template <class H>
+constexpr std::uint16_t to_bits(H h) noexcept {
+  return std::bit_cast<std::uint16_t>(h);
+}
+template <class H>
+constexpr H from_bits(std::uint16_t b) noexcept {
+  return std::bit_cast<H>(b);
+}
+
+DISTRIBUTE_END_NAMESPACE
+
+// numeric_limits for the library's own types (std::float16_t has its own).
+template <class Traits>
+class std::numeric_limits<distribute::half_bits::float16_storage<Traits>> {
+  using H = distribute::half_bits::float16_storage<Traits>;
+  static constexpr bool binary16 = std::is_same_v<Traits, distribute::half_bits::binary16_encoding>;
+
+ public:
+  static constexpr bool is_specialized = true;
+  static constexpr bool is_signed = true;
+  static constexpr bool is_integer = false;
+  static constexpr bool is_exact = false;
+  static constexpr bool has_infinity = true;
+  static constexpr bool has_quiet_NaN = true;
+  static constexpr bool is_iec559 = binary16;
+  static constexpr int digits = binary16 ? 11 : 8;
+  static constexpr int radix = 2;
+  static constexpr H min() noexcept { return H::from_bits(binary16 ? 0x0400 : 0x0080); }
+  static constexpr H max() noexcept { return H::from_bits(binary16 ? 0x7bff : 0x7f7f); }
+  static constexpr H lowest() noexcept { return H::from_bits(binary16 ? 0xfbff : 0xff7f); }
+  static constexpr H epsilon() noexcept { return H::from_bits(binary16 ? 0x1400 : 0x3c00); }
+  static constexpr H infinity() noexcept { return H::from_bits(binary16 ? 0x7c00 : 0x7f80); }
+  static constexpr H quiet_NaN() noexcept { return H::from_bits(binary16 ? 0x7e00 : 0x7fc0); }
+  static constexpr H denorm_min() noexcept { return H::from_bits(1); }
+};
+// ---- end <distribute/core/half.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
-enum class DType : std::uint8_t { F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool };
+// The numbering is part of the wire formats (collective descriptors, the parameter server's
+// messages): new types go at the end.
+enum class DType : std::uint8_t { F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool, F16, BF16 };
+
+inline constexpr std::uint8_t kNumDTypes = static_cast<std::uint8_t>(DType::BF16) + 1;
+
+/// Whether a byte read from the wire or a file names a DType.
+constexpr bool is_dtype_code(std::uint8_t code) noexcept { return code < kNumDTypes; }
 
 constexpr std::string_view to_string(DType d) noexcept {
   switch (d) {
@@ -269,6 +452,8 @@ constexpr std::string_view to_string(DType d) noexcept {
     case DType::U32: return "uint32";
     case DType::U64: return "uint64";
     case DType::Bool: return "bool";
+    case DType::F16: return "float16";
+    case DType::BF16: return "bfloat16";
   }
   return "?";
 }
@@ -276,21 +461,32 @@ constexpr std::string_view to_string(DType d) noexcept {
 constexpr std::size_t size_of(DType d) noexcept {
   switch (d) {
     case DType::I8: case DType::U8: case DType::Bool: return 1;
-    case DType::I16: case DType::U16: return 2;
+    case DType::I16: case DType::U16: case DType::F16: case DType::BF16: return 2;
     case DType::F32: case DType::I32: case DType::U32: return 4;
     case DType::F64: case DType::I64: case DType::U64: return 8;
   }
   return 0;
 }
 
-/// Arithmetic element types the collectives know how to combine.
-template <class T>
-concept Element = std::is_arithmetic_v<T> && !std::is_const_v<T> && !std::is_volatile_v<T> &&
-                  (sizeof(T) <= 8) && !std::is_same_v<T, char> && !std::is_same_v<T, wchar_t> &&
-                  !std::is_same_v<T, long double>;
+constexpr bool is_floating(DType d) noexcept {
+  return d == DType::F32 || d == DType::F64 || d == DType::F16 || d == DType::BF16;
+}
 
-template <Element T>
-constexpr DType dtype_of() noexcept {
+/// The DType of an element type: the customisation point for another library's 16-bit floats
+/// (the adapters specialise it for Eigen::half, c10::BFloat16, ...). A specialisation names a
+/// type with the same size and bit layout as the DType's own C++ type (visit_dtype's).
+template <class T>
+struct element_dtype {};
+
+namespace detail {
+template <class T>
+concept plain_arithmetic_element = std::is_arithmetic_v<T> && !std::is_const_v<T> && !std::is_volatile_v<T> &&
+                                   (sizeof(T) <= 8) && !std::is_same_v<T, char> && !std::is_same_v<T, wchar_t> &&
+                                   !std::is_same_v<T, long double> && !std::is_same_v<T, float16> &&
+                                   !std::is_same_v<T, bfloat16>;
+
+template <class T>
+constexpr DType arithmetic_dtype() noexcept {
   if constexpr (std::is_same_v<T, bool>) return DType::Bool;
   else if constexpr (std::is_floating_point_v<T>) return sizeof(T) == 4 ? DType::F32 : DType::F64;
   else if constexpr (std::is_signed_v<T>) {
@@ -304,6 +500,35 @@ constexpr DType dtype_of() noexcept {
     else if constexpr (sizeof(T) == 4) return DType::U32;
     else return DType::U64;
   }
+}
+}  // namespace detail
+
+template <class T>
+  requires detail::plain_arithmetic_element<T>
+struct element_dtype<T> {
+  static constexpr DType value = detail::arithmetic_dtype<T>();
+};
+template <>
+struct element_dtype<float16> {
+  static constexpr DType value = DType::F16;
+};
+template <>
+struct element_dtype<bfloat16> {
+  static constexpr DType value = DType::BF16;
+};
+
+/// Element types the collectives know how to combine: the arithmetic types (not char, wchar_t
+/// or long double), ds::float16, ds::bfloat16, and types registered through element_dtype.
+template <class T>
+concept Element = requires {
+  { element_dtype<T>::value } -> std::convertible_to<DType>;
+  requires sizeof(T) == size_of(element_dtype<T>::value);
+  requires std::is_trivially_copyable_v<T>;
+};
+
+template <Element T>
+constexpr DType dtype_of() noexcept {
+  return element_dtype<T>::value;
 }
 
 /// Calls f(T{}) with the C++ type of a runtime DType.
@@ -321,6 +546,8 @@ decltype(auto) visit_dtype(DType d, F&& f) {
     case DType::U32: return f(std::uint32_t{});
     case DType::U64: return f(std::uint64_t{});
     case DType::Bool: return f(bool{});
+    case DType::F16: return f(float16{});
+    case DType::BF16: return f(bfloat16{});
   }
   return f(float{});
 }
@@ -433,7 +660,7 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 template <class T>
 class Tensor {
-  static_assert(Element<T>, "ds::Tensor<T>: T must be an arithmetic element type (float, int32_t, ...)");
+  static_assert(Element<T>, "ds::Tensor<T>: T must be an element type (float, int32_t, ds::bfloat16, ...)");
   static_assert(!std::is_same_v<T, bool>, "ds::Tensor<bool> is not supported; use ds::Tensor<std::uint8_t>");
 
  public:
@@ -524,7 +751,10 @@ namespace detail {
 // Prints nested brackets, eliding the middle of long dimensions as numpy does.
 template <class T, class Out>
 Out format_tensor_data(Out out, const T* data, const Shape& shape, std::size_t axis) {
-  if (axis == shape.size()) return fmt::format_to(out, "{}", data[0]);
+  if (axis == shape.size()) {
+    if constexpr (std::is_arithmetic_v<T>) return fmt::format_to(out, "{}", data[0]);
+    else return fmt::format_to(out, "{}", static_cast<float>(data[0]));  // 16-bit floats
+  }
   const std::int64_t n = shape[axis];
   std::int64_t stride = 1;
   for (std::size_t a = axis + 1; a < shape.size(); ++a) stride *= shape[a];
@@ -569,24 +799,40 @@ struct fmt::formatter<distribute::Tensor<T>> {
 // ---- begin <distribute/core/tensor_traits.hpp> ----
 // tensor_traits<U>: the customisation point that tells the library how to see a value as a tensor.
 //
-// A type the library reduces, gathers or sends must describe itself through a specialisation:
+// A type the library reduces, gathers or sends describes itself in one of two forms.
+//
+// Compile-time element type (std::vector, Eigen, xtensor):
 //
 //   template <> struct distribute::tensor_traits<MyVec> {
-//     using value_type = float;                                  // an arithmetic element type
-//     static ds::Shape shape(const MyVec&);                      // row-major dims
-//     static const float* data(const MyVec&);                    // contiguous elements
+//     using value_type = float;                                  // an Element (see dtype.hpp)
+//     static ds::Shape shape(const MyVec&);                      // logical dims, row-major order
+//     static const float* data(const MyVec&);
 //     static float* data(MyVec&);
-//     static MyVec make(const ds::Shape&);                       // a zeroed value of that shape
+//     static MyVec make(const ds::Shape&);                       // a zeroed value (laid out as strides() says)
+//   };
+//   Optional: `static ds::Strides strides(const MyVec&)` when the elements are not row-major
+//   contiguous (a column-major matrix: {1, rows}); without it they must be.
+//
+// Run-time element type (torch::Tensor, DLPack):
+//
+//   template <> struct distribute::tensor_traits<Dyn> {
+//     static ds::TensorView view(const Dyn&);                    // data, dtype, shape, strides, memory
+//     static Dyn make(ds::DType, const ds::Shape&);              // a zeroed value of that dtype and shape
 //   };
 //
-// Optional members: `using gathered_type = ...` (what gather/all_gather return; default Tensor<T>)
-// and `static constexpr ds::MemorySpace memory = ...` (default host; `device` for values in the
-// Thrust device system's memory, see core/memory_space.hpp and backends/cuda/device_tensor.hpp).
+// Optional in both: `static constexpr bool is_view = true` for types that refer to memory they do
+// not own (Eigen::Map): the library never copies or makes one, so pass them as rvalues to work in
+// that memory, and say a gathered_type; `static U clone(const U&)`, an independent deep copy, for types whose copy
+// constructor shares the elements (handles such as torch::Tensor); `using gathered_type = ...`
+// (what gather/all_gather return; default Tensor<value_type>, or U itself for run-time types);
+// `static constexpr ds::MemorySpace memory = ...` (compile-time form; default host; `device`
+// for values in the Thrust device system's memory, see core/memory_space.hpp).
 
 #include <array>
 #include <concepts>
 #include <cstddef>
 #include <type_traits>
+#include <typeinfo>
 #include <vector>
 
 // ---- begin <distribute/core/memory_space.hpp> ----
@@ -627,6 +873,150 @@ struct device_ops;
 
 DISTRIBUTE_END_NAMESPACE
 // ---- end <distribute/core/memory_space.hpp> ----
+// ---- begin <distribute/core/tensor_view.hpp> ----
+// TensorView: the run-time description of one tensor's memory (element type, shape, strides,
+// memory space) that the collectives, packing and variables work on. Every value type reaches
+// the library through one: a compile-time tensor_traits builds it from its static element type,
+// a run-time one (libtorch, DLPack) returns it directly.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Elements (not bytes) between neighbours along each axis, as torch's strides() and numpy's
+/// strides / itemsize. Non-negative.
+using Strides = std::vector<std::int64_t>;
+
+/// The strides of a row-major contiguous tensor of `shape`.
+inline Strides row_major_strides(const Shape& shape) {
+  Strides s(shape.size());
+  std::int64_t step = 1;
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    s[d] = step;
+    step *= shape[d] > 0 ? shape[d] : 1;
+  }
+  return s;
+}
+
+/// A tensor's memory as the library sees it. Views do not own: the value they were taken from
+/// must outlive them.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  Shape shape = {};
+  /// Empty means row-major contiguous (the common case, and what make() must return).
+  Strides strides = {};
+  MemorySpace memory = MemorySpace::host;
+
+  std::size_t count() const { return static_cast<std::size_t>(num_elements(shape)); }
+  /// The bytes of its elements (as a contiguous buffer would hold them).
+  std::size_t bytes() const { return count() * size_of(dtype); }
+
+  /// Whether its elements lie in row-major order with no gaps. Axes of size 1 may have any
+  /// stride (torch reports several for them); an empty tensor is contiguous.
+  bool contiguous() const {
+    if (strides.empty()) return true;
+    std::int64_t step = 1;
+    for (std::size_t d = shape.size(); d-- > 0;) {
+      if (shape[d] == 0) return true;
+      if (shape[d] != 1 && strides[d] != step) return false;
+      step *= shape[d];
+    }
+    return true;
+  }
+};
+
+/// "float32 (2, 3)" or "float32 (2, 3) strides (1, 2)", for messages.
+inline std::string describe(const TensorView& v) {
+  if (v.strides.empty()) return fmt::format("{} {}", to_string(v.dtype), shape_string(v.shape));
+  return fmt::format("{} {} strides {}", to_string(v.dtype), shape_string(v.shape), shape_string(v.strides));
+}
+
+/// Checks what a tensor_traits returned: strides match the shape's rank and are non-negative.
+inline void check_view(const TensorView& v, const char* type_name) {
+  if (!v.strides.empty() && v.strides.size() != v.shape.size()) {
+    throw InvalidArgument(fmt::format("tensor_traits<{}>::view gave {} strides for a tensor of rank {}", type_name,
+                                      v.strides.size(), v.shape.size()));
+  }
+  for (std::size_t d = 0; d < v.shape.size(); ++d) {
+    if (v.shape[d] < 0) {
+      throw InvalidArgument(fmt::format("tensor_traits<{}>: negative dimension in shape {}", type_name,
+                                        shape_string(v.shape)));
+    }
+    if (!v.strides.empty() && v.strides[d] < 0) {
+      throw InvalidArgument(fmt::format("tensor_traits<{}>: negative stride in {}; flip the tensor into a "
+                                        "contiguous copy first",
+                                        type_name, describe(v)));
+    }
+  }
+}
+
+namespace detail {
+
+// Walks the elements of a strided view in row-major order, calling run(offset_in_elements, len)
+// for each run of elements contiguous in memory (the innermost axis when its stride is 1).
+template <class Run>
+void for_each_run(const TensorView& v, Run&& run) {
+  const std::size_t rank = v.shape.size();
+  if (v.count() == 0) return;
+  if (rank == 0 || v.contiguous()) return run(std::int64_t{0}, v.count(), std::int64_t{1});
+  const std::int64_t inner = v.shape[rank - 1], inner_stride = v.strides[rank - 1];
+  std::vector<std::int64_t> index(rank - 1, 0);
+  for (;;) {
+    std::int64_t offset = 0;
+    for (std::size_t d = 0; d + 1 < rank; ++d) offset += index[d] * v.strides[d];
+    run(offset, static_cast<std::size_t>(inner), inner_stride);
+    std::size_t d = rank - 1;
+    while (d-- > 0) {
+      if (++index[d] < v.shape[d]) break;
+      index[d] = 0;
+    }
+    if (d == static_cast<std::size_t>(-1)) return;
+  }
+}
+
+}  // namespace detail
+
+/// Copies a view's elements, in row-major order, into `out` (view.bytes() bytes).
+inline void copy_to_contiguous(const TensorView& v, void* out) {
+  const std::size_t es = size_of(v.dtype);
+  auto* dst = static_cast<std::byte*>(out);
+  const auto* base = static_cast<const std::byte*>(v.data);
+  detail::for_each_run(v, [&](std::int64_t offset, std::size_t len, std::int64_t stride) {
+    const std::byte* src = base + offset * static_cast<std::int64_t>(es);
+    if (stride == 1) {
+      std::memcpy(dst, src, len * es);
+      dst += len * es;
+    } else {
+      for (std::size_t i = 0; i < len; ++i, dst += es) std::memcpy(dst, src + i * stride * es, es);
+    }
+  });
+}
+
+/// Copies row-major contiguous elements from `in` into the view's memory, wherever its strides put them.
+inline void copy_from_contiguous(const void* in, const TensorView& v) {
+  const std::size_t es = size_of(v.dtype);
+  const auto* src = static_cast<const std::byte*>(in);
+  auto* base = static_cast<std::byte*>(v.data);
+  detail::for_each_run(v, [&](std::int64_t offset, std::size_t len, std::int64_t stride) {
+    std::byte* dst = base + offset * static_cast<std::int64_t>(es);
+    if (stride == 1) {
+      std::memcpy(dst, src, len * es);
+      src += len * es;
+    } else {
+      for (std::size_t i = 0; i < len; ++i, src += es) std::memcpy(dst + i * stride * es, src, es);
+    }
+  });
+}
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/tensor_view.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -635,9 +1025,9 @@ DISTRIBUTE_BEGIN_NAMESPACE
 template <class U>
 struct tensor_traits {};
 
-/// A value the library can reduce, gather and send: it has a complete tensor_traits specialisation.
+/// A value whose element type is known at compile time (tensor_traits<U>::value_type).
 template <class U>
-concept TensorLike = requires(const U& cu, U& u, const Shape& s) {
+concept StaticTensorLike = requires(const U& cu, U& u, const Shape& s) {
   typename tensor_traits<U>::value_type;
   requires Element<typename tensor_traits<U>::value_type>;
   { tensor_traits<U>::shape(cu) } -> std::convertible_to<Shape>;
@@ -646,19 +1036,31 @@ concept TensorLike = requires(const U& cu, U& u, const Shape& s) {
   { tensor_traits<U>::make(s) } -> std::same_as<U>;
 };
 
-template <TensorLike U>
+/// A value whose element type is known only at run time (tensor_traits<U>::view gives it).
+template <class U>
+concept DynamicTensorLike = !StaticTensorLike<U> && requires(const U& cu, DType d, const Shape& s) {
+  { tensor_traits<U>::view(cu) } -> std::same_as<TensorView>;
+  { tensor_traits<U>::make(d, s) } -> std::same_as<U>;
+};
+
+/// A value the library can reduce, gather and send: it has a complete tensor_traits specialisation.
+template <class U>
+concept TensorLike = StaticTensorLike<U> || DynamicTensorLike<U>;
+
+template <StaticTensorLike U>
 using element_t = typename tensor_traits<U>::value_type;
 
 namespace detail {
 template <class U>
-struct gathered_type_of {
-  using type = Tensor<element_t<U>>;
-};
-template <class U>
-  requires requires { typename tensor_traits<U>::gathered_type; }
-struct gathered_type_of<U> {
-  using type = typename tensor_traits<U>::gathered_type;
-};
+auto gathered_type_tag() {
+  if constexpr (requires { typename tensor_traits<U>::gathered_type; }) {
+    return std::type_identity<typename tensor_traits<U>::gathered_type>{};
+  } else if constexpr (StaticTensorLike<U>) {
+    return std::type_identity<Tensor<element_t<U>>>{};
+  } else {
+    return std::type_identity<U>{};
+  }
+}
 template <class U>
 constexpr MemorySpace memory_of() {
   if constexpr (requires { tensor_traits<U>::memory; }) return tensor_traits<U>::memory;
@@ -668,17 +1070,89 @@ constexpr MemorySpace memory_of() {
 
 /// What gather/all_gather return for components of type U (a concatenation along an axis).
 template <TensorLike U>
-using gathered_t = typename detail::gathered_type_of<U>::type;
+using gathered_t = typename decltype(detail::gathered_type_tag<U>())::type;
 
+/// Where U's elements live, when its type says (compile-time form); run-time types say it in
+/// their view, and the library's device paths are for compile-time types.
 template <TensorLike U>
 inline constexpr MemorySpace memory_space_v = detail::memory_of<U>();
 
+/// Whether U refers to memory it does not own (tensor_traits<U>::is_view).
+template <class U>
+inline constexpr bool is_view_v = [] {
+  if constexpr (requires { tensor_traits<U>::is_view; }) return bool(tensor_traits<U>::is_view);
+  else return false;
+}();
+
+/// The run-time description of a value's memory.
 template <TensorLike U>
-Shape shape_of(const U& u) { return tensor_traits<U>::shape(u); }
+TensorView view_of(const U& u) {
+  if constexpr (StaticTensorLike<U>) {
+    using E = element_t<U>;
+    TensorView v{const_cast<E*>(tensor_traits<U>::data(u)), dtype_of<E>(), tensor_traits<U>::shape(u)};
+    if constexpr (requires { tensor_traits<U>::strides(u); }) {
+      v.strides = tensor_traits<U>::strides(u);
+      check_view(v, typeid(U).name());
+    }
+    v.memory = memory_space_v<U>;
+    return v;
+  } else {
+    TensorView v = tensor_traits<U>::view(u);
+    check_view(v, typeid(U).name());
+    return v;
+  }
+}
+
+template <TensorLike U>
+Shape shape_of(const U& u) {
+  if constexpr (StaticTensorLike<U>) return tensor_traits<U>::shape(u);
+  else return tensor_traits<U>::view(u).shape;
+}
 
 template <TensorLike U>
 std::size_t element_count(const U& u) {
-  return static_cast<std::size_t>(num_elements(tensor_traits<U>::shape(u)));
+  return static_cast<std::size_t>(num_elements(shape_of(u)));
+}
+
+/// The element type of a value (known at compile time for StaticTensorLike types).
+template <TensorLike U>
+DType value_dtype(const U& u) {
+  if constexpr (StaticTensorLike<U>) return dtype_of<element_t<U>>();
+  else return tensor_traits<U>::view(u).dtype;
+}
+
+/// A zeroed value of U with `dtype` and `shape`. A compile-time type holds
+/// one dtype: asking it for another is an InvalidArgument naming both.
+template <TensorLike U>
+U make_value(DType dtype, const Shape& shape) {
+  static_assert(!is_view_v<U>, "this operation makes a new value of a view type (tensor_traits<U>::is_view), which "
+                               "cannot own memory: give the view type a gathered_type, or use an owning type");
+  if constexpr (StaticTensorLike<U>) {
+    if (dtype != dtype_of<element_t<U>>()) {
+      throw InvalidArgument(fmt::format("cannot hold {} values in a value of element type {}", to_string(dtype),
+                                        to_string(dtype_of<element_t<U>>())));
+    }
+    return tensor_traits<U>::make(shape);
+  } else {
+    U out = tensor_traits<U>::make(dtype, shape);
+    const TensorView v = tensor_traits<U>::view(out);
+    if (v.dtype != dtype || v.shape != shape) {
+      throw InvalidArgument(fmt::format("tensor_traits<{}>::make({}, {}) returned {}; it must return a value of "
+                                        "that dtype and shape",
+                                        typeid(U).name(), to_string(dtype), shape_string(shape), describe(v)));
+    }
+    return out;
+  }
+}
+
+/// An independent copy of `u` (its own elements), through tensor_traits<U>::clone where the type's
+/// copy constructor shares them.
+template <TensorLike U>
+U clone_value(const U& u) {
+  static_assert(!is_view_v<U>, "a view type (tensor_traits<U>::is_view, e.g. Eigen::Map) cannot be copied into memory "
+                               "of its own: pass it as an rvalue (std::move(view)) to work in the memory it views");
+  if constexpr (requires { { tensor_traits<U>::clone(u) } -> std::same_as<U>; }) return tensor_traits<U>::clone(u);
+  else return u;
 }
 
 // ---- built-in specialisations -------------------------------------------------------------
@@ -1196,6 +1670,25 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <fmt/format.h>
 
+#include <span>
+
+// ---- begin <distribute/core/detail/half_convert.hpp> ----
+// Block conversions between 16-bit floats and float32, for the reductions that accumulate
+// float16/bfloat16 in float32 (elementwise.hpp). bfloat16 is integer shifts, which compilers
+// vectorise; float16 uses the CPU's F16C instructions where it has them (picked at run time,
+// as the AVX2 reduction kernels are) and the exact scalar conversion otherwise.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+// ---- begin <distribute/core/detail/simd_dispatch.hpp> ----
+// Vectorisable loops at -O2, and the run-time choice of AVX2 code on x86-64: shared by the
+// reduction kernels (elementwise.hpp) and the 16-bit float conversions (half_convert.hpp).
+
+#include <cstddef>
+
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
@@ -1213,28 +1706,152 @@ inline void for_each_blocked(std::size_t n, Body body) noexcept {
   for (; i < n; ++i) body(i);
 }
 
+// On x86-64 the same loop is also compiled for AVX2 and picked at run time where the CPU has it:
+// a build without -march gets SSE2 only, and the reductions of a network all-reduce sit on its
+// critical path (twice as fast here; docs/performance.md, multi-worker section).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
+#define DISTRIBUTE_X86_AVX2_DISPATCH 1
+inline bool cpu_has_avx2() noexcept {
+  static const bool has = __builtin_cpu_supports("avx2") != 0;
+  return has;
+}
+#endif
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/simd_dispatch.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+template <class T>
+inline constexpr bool is_half_v = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
+#define DISTRIBUTE_X86_F16C_DISPATCH 1
+// The compilers' F16C builtins on vector types, rather than <immintrin.h>: that header is 47k
+// lines, which every translation unit including the library would pay for.
+typedef short half_lanes8 __attribute__((vector_size(16)));
+typedef float float_lanes8 __attribute__((vector_size(32)));
+
+__attribute__((target("avx,f16c"))) inline void f16_widen_f16c(const std::uint16_t* src, float* dst,
+                                                                std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    half_lanes8 h;
+    std::memcpy(&h, src + i, sizeof h);
+    const float_lanes8 f = __builtin_ia32_vcvtph2ps256(h);
+    std::memcpy(dst + i, &f, sizeof f);
+  }
+  for (; i < n; ++i) dst[i] = half_bits::f16_to_float(src[i]);
+}
+
+__attribute__((target("avx,f16c"))) inline void f16_narrow_f16c(const float* src, std::uint16_t* dst,
+                                                                 std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    float_lanes8 f;
+    std::memcpy(&f, src + i, sizeof f);
+    const half_lanes8 h = __builtin_ia32_vcvtps2ph256(f, 0);  // 0: round to nearest even
+    std::memcpy(dst + i, &h, sizeof h);
+  }
+  for (; i < n; ++i) dst[i] = half_bits::f16_from_float(src[i]);
+}
+
+inline bool cpu_has_f16c() noexcept {
+  static const bool has = __builtin_cpu_supports("f16c") != 0 && __builtin_cpu_supports("avx") != 0;
+  return has;
+}
+#endif
+
+// bfloat16 <-> float32 are integer shifts (rounding to nearest even on the way down), written as
+// blocked loops so that they vectorise at -O2, and compiled for AVX2 too.
+inline float bf16_bits_to_float(std::uint16_t b) noexcept {
+  const std::uint32_t w = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &w, sizeof f);
+  return f;
+}
+inline std::uint16_t float_to_bf16_bits(float f) noexcept {
+  std::uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (x >> 16) | 0x40u;
+  return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+inline void bf16_widen_portable(const std::uint16_t* __restrict src, float* __restrict dst, std::size_t n) noexcept {
+  for_each_blocked(n, [=](std::size_t i) { dst[i] = bf16_bits_to_float(src[i]); });
+}
+inline void bf16_narrow_portable(const float* __restrict src, std::uint16_t* __restrict dst, std::size_t n) noexcept {
+  for_each_blocked(n, [=](std::size_t i) { dst[i] = float_to_bf16_bits(src[i]); });
+}
+#if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
+__attribute__((target("avx2"))) inline void bf16_widen_avx2(const std::uint16_t* __restrict src, float* __restrict dst,
+                                                             std::size_t n) noexcept {
+  for_each_blocked<32>(n, [=](std::size_t i) { dst[i] = bf16_bits_to_float(src[i]); });
+}
+__attribute__((target("avx2"))) inline void bf16_narrow_avx2(const float* __restrict src, std::uint16_t* __restrict dst,
+                                                              std::size_t n) noexcept {
+  for_each_blocked<32>(n, [=](std::size_t i) { dst[i] = float_to_bf16_bits(src[i]); });
+}
+#endif
+
+/// dst[i] = float(src[i]) for a 16-bit float type H.
+template <class H>
+void widen(const H* src, float* dst, std::size_t n) noexcept {
+  static_assert(is_half_v<H>);
+  const auto* bits = reinterpret_cast<const std::uint16_t*>(src);
+  if constexpr (std::is_same_v<H, bfloat16>) {
+#if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
+    if (cpu_has_avx2()) return bf16_widen_avx2(bits, dst, n);
+#endif
+    bf16_widen_portable(bits, dst, n);
+  } else {
+#if defined(DISTRIBUTE_X86_F16C_DISPATCH)
+    if (cpu_has_f16c()) return f16_widen_f16c(bits, dst, n);
+#endif
+    for (std::size_t i = 0; i < n; ++i) dst[i] = half_bits::f16_to_float(bits[i]);
+  }
+}
+
+/// dst[i] = H(src[i]), rounded to nearest even.
+template <class H>
+void narrow(const float* src, H* dst, std::size_t n) noexcept {
+  static_assert(is_half_v<H>);
+  auto* bits = reinterpret_cast<std::uint16_t*>(dst);
+  if constexpr (std::is_same_v<H, bfloat16>) {
+#if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
+    if (cpu_has_avx2()) return bf16_narrow_avx2(src, bits, n);
+#endif
+    bf16_narrow_portable(src, bits, n);
+  } else {
+#if defined(DISTRIBUTE_X86_F16C_DISPATCH)
+    if (cpu_has_f16c()) return f16_narrow_f16c(src, bits, n);
+#endif
+    for (std::size_t i = 0; i < n; ++i) bits[i] = half_bits::f16_from_float(src[i]);
+  }
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/half_convert.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
 /// acc[i] = f(acc[i], src[i]) for every i, vectorisable at -O2 (for_each_blocked).
 template <class T, class F>
 inline void apply_pairwise_portable(T* __restrict acc, const T* __restrict src, std::size_t n, F f) noexcept {
   for_each_blocked(n, [=](std::size_t i) { acc[i] = f(acc[i], src[i]); });
 }
 
-// On x86-64 the same loop is also compiled for AVX2 and picked at run time where the CPU has it:
-// a build without -march gets SSE2 only, and the reductions of a network all-reduce sit on its
-// critical path (twice as fast here; docs/performance.md, multi-worker section).
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
-#define DISTRIBUTE_X86_AVX2_DISPATCH 1
+#if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
 // Blocks of 32: whole ymm registers for every element type. The loop is inlined here, so it is
 // compiled for AVX2 too.
 template <class T, class F>
 __attribute__((target("avx2"))) void apply_pairwise_avx2(T* __restrict acc, const T* __restrict src, std::size_t n,
                                                          F f) noexcept {
   for_each_blocked<32>(n, [=](std::size_t i) { acc[i] = f(acc[i], src[i]); });
-}
-
-inline bool cpu_has_avx2() noexcept {
-  static const bool has = __builtin_cpu_supports("avx2") != 0;
-  return has;
 }
 #endif
 
@@ -1247,10 +1864,40 @@ inline void apply_pairwise(T* __restrict acc, const T* __restrict src, std::size
   apply_pairwise_portable(acc, src, n, f);
 }
 
+// 16-bit floats are reduced in float32 blocks of this many elements (on the stack).
+inline constexpr std::size_t kHalfBlock = 256;
+
 /// acc[i] = acc[i] (op) src[i]; Mean accumulates as Sum (the division comes once, at the end).
+/// 16-bit floats are computed in float32 and rounded once per element.
 template <class T>
 void combine(T* __restrict acc, const T* __restrict src, std::size_t n, ReduceOp op) noexcept {
-  if constexpr (std::is_same_v<T, bool>) {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    // One fused pass on the bits (widen, combine in float32, round): bfloat16 <-> float32 are
+    // integer shifts, which vectorise with the rest.
+    auto* a = reinterpret_cast<std::uint16_t*>(acc);
+    const auto* b = reinterpret_cast<const std::uint16_t*>(src);
+    auto fused = [&](auto f) {
+      apply_pairwise(a, b, n, [f](std::uint16_t x, std::uint16_t y) {
+        return float_to_bf16_bits(f(bf16_bits_to_float(x), bf16_bits_to_float(y)));
+      });
+    };
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Mean: fused([](float x, float y) { return x + y; }); break;
+      case ReduceOp::Min: fused([](float x, float y) { return (x < y || x != x) ? x : y; }); break;
+      case ReduceOp::Max: fused([](float x, float y) { return (x > y || x != x) ? x : y; }); break;
+      case ReduceOp::Product: fused([](float x, float y) { return x * y; }); break;
+    }
+  } else if constexpr (is_half_v<T>) {
+    float a[kHalfBlock], b[kHalfBlock];
+    for (std::size_t i = 0; i < n; i += kHalfBlock) {
+      const std::size_t len = std::min(kHalfBlock, n - i);
+      widen(acc + i, a, len);
+      widen(src + i, b, len);
+      combine(a, b, len, op);
+      narrow(a, acc + i, len);
+    }
+  } else if constexpr (std::is_same_v<T, bool>) {
     const bool any = op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::Mean;
     if (any) {
       for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] || src[i];
@@ -1263,11 +1910,12 @@ void combine(T* __restrict acc, const T* __restrict src, std::size_t n, ReduceOp
       case ReduceOp::Mean:
         apply_pairwise(acc, src, n, [](T a, T b) { return static_cast<T>(a + b); });
         break;
+      // For floats a NaN on either side wins, whichever replica holds it (as TF's minimum/maximum).
       case ReduceOp::Min:
-        apply_pairwise(acc, src, n, [](T a, T b) { return std::min(a, b); });
+        apply_pairwise(acc, src, n, [](T a, T b) { return (a < b || a != a) ? a : b; });
         break;
       case ReduceOp::Max:
-        apply_pairwise(acc, src, n, [](T a, T b) { return std::max(a, b); });
+        apply_pairwise(acc, src, n, [](T a, T b) { return (a > b || a != a) ? a : b; });
         break;
       case ReduceOp::Product:
         apply_pairwise(acc, src, n, [](T a, T b) { return static_cast<T>(a * b); });
@@ -1279,9 +1927,49 @@ void combine(T* __restrict acc, const T* __restrict src, std::size_t n, ReduceOp
 /// acc[i] /= divisor (integer division truncates, as C++ and TF's integer mean do).
 template <class T>
 void divide(T* acc, std::size_t n, std::int64_t divisor) noexcept {
-  if constexpr (!std::is_same_v<T, bool>) {
+  if constexpr (is_half_v<T>) {
+    float a[kHalfBlock];
+    const auto d = static_cast<float>(divisor);
+    for (std::size_t i = 0; i < n; i += kHalfBlock) {
+      const std::size_t len = std::min(kHalfBlock, n - i);
+      widen(acc + i, a, len);
+      for (std::size_t j = 0; j < len; ++j) a[j] /= d;
+      narrow(a, acc + i, len);
+    }
+  } else if constexpr (!std::is_same_v<T, bool>) {
     const T d = static_cast<T>(divisor);
     for_each_blocked(n, [=](std::size_t i) { acc[i] = static_cast<T>(acc[i] / d); });
+  }
+}
+
+/// dst[i] = srcs[0][i] (op) srcs[1][i] (op) ...; Mean divides the sum by `divisor` when it is > 1.
+/// `dst` may be srcs[0]. 16-bit floats accumulate the whole reduction in float32 and round once.
+template <class T>
+void reduce_many(T* dst, std::span<const T* const> srcs, std::size_t n, ReduceOp op, std::int64_t divisor) noexcept {
+  if (srcs.empty() || n == 0) return;
+  if (srcs.size() == 1 && !(op == ReduceOp::Mean && divisor > 1)) {  // nothing to combine or round
+    if (dst != srcs[0]) std::copy(srcs[0], srcs[0] + n, dst);
+    return;
+  }
+  if constexpr (is_half_v<T>) {
+    float acc[kHalfBlock], next[kHalfBlock];
+    const auto d = static_cast<float>(divisor);
+    for (std::size_t i = 0; i < n; i += kHalfBlock) {
+      const std::size_t len = std::min(kHalfBlock, n - i);
+      widen(srcs[0] + i, acc, len);
+      for (std::size_t k = 1; k < srcs.size(); ++k) {
+        widen(srcs[k] + i, next, len);
+        combine(acc, next, len, op);
+      }
+      if (op == ReduceOp::Mean && divisor > 1) {
+        for (std::size_t j = 0; j < len; ++j) acc[j] /= d;
+      }
+      narrow(acc, dst + i, len);
+    }
+  } else {
+    if (dst != srcs[0]) std::copy(srcs[0], srcs[0] + n, dst);
+    for (std::size_t k = 1; k < srcs.size(); ++k) combine(dst, srcs[k], n, op);
+    if (op == ReduceOp::Mean && divisor > 1) divide(dst, n, divisor);
   }
 }
 
@@ -1295,6 +1983,103 @@ inline void check_op_for_dtype(ReduceOp op, DType dtype, const char* where) {
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE
 // ---- end <distribute/core/detail/elementwise.hpp> ----
+// ---- begin <distribute/core/detail/host_operands.hpp> ----
+// The values of one collective call as contiguous host buffers: a value whose memory is row-major
+// contiguous is used in place; any other (a transposed view, a column-major matrix) is copied into
+// row-major order first and, for collectives that write, copied back after. So every collective
+// sees the logical, row-major element order whatever the layout of the values it was given.
+
+#include <cstddef>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+class HostOperands {
+ public:
+  explicit HostOperands(const char* what) : what_(what) {}
+
+  /// Adds a value's view; `i`-th added is buffers()[i]. write_back() leaves `read_only` ones alone.
+  void add(const TensorView& v, bool read_only = false) {
+    if (v.memory != MemorySpace::host) {
+      throw InvalidArgument(fmt::format("{}: a {} value in device memory cannot go through the host collectives; "
+                                        "use a strategy of the device's backend",
+                                        what_, describe(v)));
+    }
+    if (!read_only && !v.strides.empty()) {
+      for (std::size_t d = 0; d < v.shape.size(); ++d) {
+        if (v.strides[d] == 0 && v.shape[d] > 1) {
+          throw InvalidArgument(fmt::format("{}: a {} value whose elements overlap (stride 0 along axis {}, as "
+                                            "torch's expand() makes) cannot be written; pass a contiguous copy",
+                                            what_, describe(v), d));
+        }
+      }
+    }
+    BufferRef ref{v.data, v.dtype, v.shape};
+    if (!v.contiguous()) {
+      auto& s = staged_.emplace_back(Staged{buffers_.size(), v, std::vector<std::byte>(v.bytes()), read_only});
+      copy_to_contiguous(v, s.bytes.data());
+      ref.data = s.bytes.data();
+    }
+    buffers_.push_back(std::move(ref));
+  }
+
+  /// Adds a buffer built elsewhere (device memory, see core/memory_space.hpp).
+  void add(BufferRef ref) { buffers_.push_back(std::move(ref)); }
+
+  std::vector<BufferRef>& buffers() noexcept { return buffers_; }
+  BufferRef& operator[](std::size_t i) noexcept { return buffers_[i]; }
+
+  /// Copies the results of staged values back into their own (strided) memory.
+  void write_back() const {
+    for (const Staged& s : staged_) {
+      if (!s.read_only) copy_from_contiguous(s.bytes.data(), s.view);
+    }
+  }
+
+ private:
+  struct Staged {
+    std::size_t index;
+    TensorView view;
+    std::vector<std::byte> bytes;
+    bool read_only;
+  };
+  const char* what_;
+  std::vector<BufferRef> buffers_;
+  std::vector<Staged> staged_;
+};
+
+/// A new value of G that a result is written into in row-major order: straight into its memory
+/// when that is row-major contiguous, else into scratch copied into it by take().
+template <class G>
+class RowMajorResult {
+ public:
+  void* allocate(DType dtype, const Shape& shape) {
+    value_.emplace(make_value<G>(dtype, shape));
+    view_ = view_of(*value_);
+    if (view_.contiguous()) return view_.data;
+    scratch_.resize(view_.bytes());
+    return scratch_.data();
+  }
+  G take() {
+    if (!view_.contiguous()) copy_from_contiguous(scratch_.data(), view_);
+    return std::move(*value_);
+  }
+
+ private:
+  std::optional<G> value_;
+  TensorView view_;
+  std::vector<std::byte> scratch_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/host_operands.hpp> ----
 // ---- begin <distribute/core/detail/remote_store.hpp> ----
 // Where a parameter-server variable's value lives when it is not in this process: the interface a
 // Variable talks to, implemented by ps/ (a client of the ps tasks). core/ only knows the interface,
@@ -1472,18 +2257,17 @@ class ReplicaContext {
   const std::string& device() const noexcept { return device_; }
 
   /// Reduces each value across all replicas and returns the results (one value, or a tuple for
-  /// several). All values of one call travel in one collective. Pass rvalues to reduce without a copy.
+  /// several). All values of one call travel in one collective. Lvalues are left as they are (the
+  /// result is a new value); rvalues are reduced in their own memory.
   template <class... U>
     requires(sizeof...(U) > 0 && (TensorLike<std::remove_cvref_t<U>> && ...))
   auto all_reduce(ReduceOpArg op, U&&... values) {
-    std::tuple<std::remove_cvref_t<U>...> out(std::forward<U>(values)...);
-    std::array<detail::BufferRef, sizeof...(U)> buffers;
-    std::apply([&](auto&... v) {
-      std::size_t i = 0;
-      ((buffers[i++] = buffer_ref(v)), ...);
-    }, out);
-    for (const auto& b : buffers) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
-    collectives_->all_reduce(*group_, local_id_, buffers, op.op);
+    std::tuple<std::remove_cvref_t<U>...> out(owned(std::forward<U>(values))...);
+    detail::HostOperands operands("all_reduce");
+    std::apply([&](auto&... v) { (add_operand(operands, v), ...); }, out);
+    for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
+    collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
+    operands.write_back();
     if constexpr (sizeof...(U) == 1) {
       return std::get<0>(std::move(out));
     } else {
@@ -1492,15 +2276,25 @@ class ReplicaContext {
   }
 
   /// Reduces a run-time list of values (e.g. every gradient of a model) in one collective;
-  /// returns them in the same order.
-  template <class U>
-    requires TensorLike<U>
-  std::vector<U> batch_all_reduce(ReduceOpArg op, std::vector<U> values) {
-    std::vector<detail::BufferRef> buffers;
-    buffers.reserve(values.size());
-    for (auto& v : values) buffers.push_back(buffer_ref(v));
-    detail::check_op_for_dtype(op.op, dtype_of<element_t<U>>(), "batch_all_reduce");
-    collectives_->all_reduce(*group_, local_id_, buffers, op.op);
+  /// returns them in the same order (an lvalue list is left as it is).
+  template <class V>
+    requires requires { typename std::remove_cvref_t<V>::value_type; } &&
+             TensorLike<typename std::remove_cvref_t<V>::value_type> &&
+             std::same_as<std::remove_cvref_t<V>, std::vector<typename std::remove_cvref_t<V>::value_type>>
+  auto batch_all_reduce(ReduceOpArg op, V&& values_in) {
+    using U = typename std::remove_cvref_t<V>::value_type;
+    std::vector<U> values;
+    if constexpr (std::is_lvalue_reference_v<V>) {
+      values.reserve(values_in.size());
+      for (const auto& v : values_in) values.push_back(clone_value(v));
+    } else {
+      values = std::move(values_in);
+    }
+    detail::HostOperands operands("batch_all_reduce");
+    for (auto& v : values) add_operand(operands, v);
+    for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "batch_all_reduce");
+    collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
+    operands.write_back();
     return values;
   }
 
@@ -1509,29 +2303,34 @@ class ReplicaContext {
     requires TensorLike<U>
   gathered_t<U> all_gather(const U& value, int axis) {
     using G = gathered_t<U>;
-    std::optional<G> result;
-    auto in = buffer_ref(const_cast<U&>(value));
+    detail::RowMajorResult<G> result;
+    detail::HostOperands operands("all_gather");
+    add_operand(operands, const_cast<U&>(value), true);
+    const detail::BufferRef& in = operands[0];
     auto rank = static_cast<int>(in.shape.size());
     if (axis < 0 || axis >= rank) {
       throw InvalidArgument(fmt::format("all_gather: axis {} is out of range for a value of shape {}; it must be in [0, {})",
                                         axis, shape_string(in.shape), rank));
     }
     collectives_->all_gather(*group_, local_id_, in, axis, [&](const Shape& shape) -> void* {
-      result.emplace(tensor_traits<G>::make(shape));
-      return tensor_traits<G>::data(*result);
+      return result.allocate(in.dtype, shape);
     });
-    return std::move(*result);
+    return result.take();
   }
 
   /// Every replica receives the value of replica `root` (a replica_id_in_sync_group).
-  template <class U>
-    requires TensorLike<U>
-  U broadcast(U value, int root = 0) {
+  template <class V>
+    requires TensorLike<std::remove_cvref_t<V>>
+  std::remove_cvref_t<V> broadcast(V&& value_in, int root = 0) {
     if (root < 0 || root >= num_replicas_in_sync()) {
       throw InvalidArgument(
           fmt::format("broadcast: root {} is not a replica id (0..{})", root, num_replicas_in_sync() - 1));
     }
-    collectives_->broadcast(*group_, local_id_, buffer_ref(value), root);
+    std::remove_cvref_t<V> value = owned(std::forward<V>(value_in));
+    detail::HostOperands operands("broadcast");
+    add_operand(operands, value);
+    collectives_->broadcast(*group_, local_id_, operands[0], root);
+    operands.write_back();
     return value;
   }
 
@@ -1556,14 +2355,23 @@ class ReplicaContext {
   detail::ReplicaGroup& group() noexcept { return *group_; }
 
  protected:
+  /// An lvalue is copied (deeply, for handle types such as torch::Tensor), an rvalue moved.
+  template <class V>
+  static std::remove_cvref_t<V> owned(V&& v) {
+    if constexpr (std::is_lvalue_reference_v<V>) return clone_value(v);
+    else return std::move(v);
+  }
+
   template <class U>
-  static detail::BufferRef buffer_ref(U& v) {
-    detail::BufferRef ref{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
+  static void add_operand(detail::HostOperands& operands, U& v, bool read_only = false) {
     if constexpr (memory_space_v<U> == MemorySpace::device) {  // see core/memory_space.hpp
+      detail::BufferRef ref{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
       ref.memory = MemorySpace::device;
       ref.device = detail::device_ops<U>::access();
+      operands.add(std::move(ref));
+    } else {
+      operands.add(view_of(v), read_only);
     }
-    return ref;
   }
 
  private:
@@ -1602,21 +2410,82 @@ DISTRIBUTE_END_NAMESPACE
 // Variable<T>: state that a strategy places when it is created in the strategy's scope.
 //
 // A Variable is a handle: copies share the same state, as Python references to a tf.Variable do.
-// Placement happens once, at construction, from the scope current on this thread:
-//   outside any scope         plain: one copy, safe to use from any thread
-//   Mirrored/OneDevice scope  one copy per local replica (ON_WRITE: kept identical by updates;
-//                             ON_READ: each replica updates its own copy, cross-replica reads aggregate)
+// Placement happens once, at construction, from the scope current on this thread: outside any
+// scope the variable is plain (one copy, safe to use from any thread); inside one, the strategy's
+// placement picks a storage (core/detail/variable_factory.hpp): one ON_WRITE copy per local
+// replica, ON_READ copies that cross-replica reads aggregate, one central copy the replicas update
+// once per step, or a value on a ps task. Variable<T> itself only forwards to that storage.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin <distribute/core/detail/variable_factory.hpp> ----
+// The one place a variable's placement is decided: from the options and the placement that the
+// strategy current on this thread asks for, which storage holds the variable.
 
 #include <memory>
-#include <mutex>
-#include <optional>
-#include <span>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/core/detail/central_storage.hpp> ----
+// One copy that every replica computes with (on the host, or on the only compute device). In
+// replica context the replicas' updates are aggregated and applied once, on replica 0, while the
+// others wait; with NONE or ONLY_FIRST_REPLICA the replicas' values are identical by contract
+// (e.g. all-reduced gradients), so replica 0's is applied.
+
+#include <string>
+#include <utility>
+
+// ---- begin <distribute/core/detail/placed_storage.hpp> ----
+// What the storages of strategy-placed variables share: the placement the strategy chose, the
+// check that a replica using the variable belongs to that strategy, and, for the storages whose
+// copies live in this process, the split between replica context (this replica's copy) and
+// cross-replica context (every copy).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/core/detail/variable_copies.hpp> ----
+// What the storages do to the copies of a variable they hold: make them, apply an update to one,
+// and split a value into equal shares. Host values go through their run-time views (staged in
+// row-major order when their layout is not); device values through detail::device_ops.
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+// ---- begin <distribute/core/detail/variable_storage.hpp> ----
+// The interface between Variable<T> and where its value is kept. Each placement implements it
+// (plain, mirrored, sync-on-read, central, remote); Variable<T> picks one at construction and then
+// only forwards to it, so a new placement is a new storage class, not a change to the façade.
+
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+
+// ---- begin <distribute/core/variable_options.hpp> ----
+// How a variable asks to be kept in sync and aggregated (TF's tf.VariableSynchronization and
+// tf.VariableAggregation), and the options it is created with. Apart from variable.hpp so that
+// the storage classes under core/detail/ can read them without the Variable façade.
+
+#include <optional>
+#include <string>
+#include <string_view>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -1651,6 +2520,727 @@ struct VariableOptions {
   VariableAggregation aggregation = VariableAggregation::None;
 };
 
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/variable_options.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// What a variable is, whatever its placement: VariableOptions with the defaults resolved.
+struct VariableSpec {
+  std::string name;
+  bool trainable = true;
+  VariableSynchronization synchronization = VariableSynchronization::OnWrite;
+  VariableAggregation aggregation = VariableAggregation::None;
+};
+
+enum class VariableUpdate { Assign, Add, Sub };
+
+/// The member that makes an update, for messages.
+constexpr const char* update_name(VariableUpdate kind) noexcept {
+  switch (kind) {
+    case VariableUpdate::Assign: return "assign";
+    case VariableUpdate::Add: return "assign_add";
+    case VariableUpdate::Sub: return "assign_sub";
+  }
+  return "?";
+}
+
+/// A non-owning reference to a callable fn(T& copy, int copy_index), so that the storages'
+/// virtual apply_to_copies can take any lambda without allocating.
+template <class T>
+class CopyVisitor {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, CopyVisitor>)
+  explicit CopyVisitor(F& fn) noexcept
+      : fn_(const_cast<void*>(static_cast<const void*>(std::addressof(fn)))),
+        call_([](void* f, T& copy, int index) { (*static_cast<F*>(f))(copy, index); }) {}
+
+  void operator()(T& copy, int index) const { call_(fn_, copy, index); }
+
+ private:
+  void* fn_;
+  void (*call_)(void*, T&, int);
+};
+
+template <class T>
+class VariableStorage {
+ public:
+  explicit VariableStorage(VariableSpec spec) : spec_(std::move(spec)) {}
+  virtual ~VariableStorage() = default;
+  VariableStorage(const VariableStorage&) = delete;
+  VariableStorage& operator=(const VariableStorage&) = delete;
+
+  const VariableSpec& spec() const noexcept { return spec_; }
+
+  /// The copies this process holds: one per local replica, or one. A storage whose value lives
+  /// elsewhere holds one value of the variable's dtype and shape.
+  virtual const std::vector<T>& copies() const noexcept = 0;
+  /// Where each copy lives, as TF device strings.
+  virtual const std::vector<std::string>& devices() const noexcept = 0;
+  /// This replica's device in replica context, else the primary copy's.
+  virtual const std::string& device() const = 0;
+  /// False only for a variable no strategy placed.
+  virtual bool is_distributed() const noexcept { return true; }
+  /// Id of the strategy that placed it (0 when none did).
+  virtual std::uint64_t strategy_id() const noexcept = 0;
+  /// Where the value lives when it is on a ps task, else nullptr.
+  virtual const RemoteHandle* remote_handle() const noexcept { return nullptr; }
+
+  /// The value as the calling context sees it (Variable::read_value).
+  virtual T read() const = 0;
+  /// fn(copy, index) on each copy the caller may change (Variable::apply_to_copies).
+  virtual void apply_to_copies(CopyVisitor<T> fn) = 0;
+
+  /// Assigns, adds or subtracts `value` after checking it has the variable's dtype and shape.
+  void update(VariableUpdate kind, const T& value) {
+    check_value(value, update_name(kind));
+    update_checked(kind, value);
+  }
+
+  Shape shape() const { return shape_of(copies().front()); }
+  DType dtype() const { return value_dtype(copies().front()); }
+
+ protected:
+  virtual void update_checked(VariableUpdate kind, const T& value) = 0;
+
+ private:
+  void check_value(const T& value, const char* what) const {
+    const DType mine = dtype(), theirs = value_dtype(value);
+    if (shape_of(value) != shape() || mine != theirs) {
+      throw InvalidArgument(fmt::format("{}: a {} value of shape {} does not match variable '{}' ({} of shape {})", what,
+                                        to_string(theirs), shape_string(shape_of(value)), spec_.name, to_string(mine),
+                                        shape_string(shape())));
+    }
+  }
+
+  VariableSpec spec_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/variable_storage.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// `count` copies of `initial`, copy c on devices[c]. With a link, every worker starts from the
+/// chief's value (workers create variables in the same order).
+template <class T>
+std::vector<T> make_copies(T& initial, std::size_t count, const std::vector<std::string>& devices,
+                           CrossWorkerLink* link) {
+  if constexpr (memory_space_v<T> == MemorySpace::device) {  // each copy on its replica's device (backends/cuda)
+    return device_ops<T>::place_copies(initial, count, devices, link);
+  } else {
+    if (link) {
+      HostOperands value("Variable");
+      value.add(view_of(initial));
+      link->broadcast(value[0].data, value[0].bytes(), 0);
+      value.write_back();
+    }
+    std::vector<T> out;
+    out.reserve(count);
+    for (std::size_t c = 0; c < count; ++c) out.push_back(clone_value(initial));
+    return out;
+  }
+}
+
+/// target = value, target += value or target -= value, element-wise.
+template <class T>
+void apply_update(VariableUpdate kind, T& target, const T& value) {
+  if constexpr (memory_space_v<T> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+    if (kind == VariableUpdate::Assign) device_ops<T>::assign(target, value);
+    else if (kind == VariableUpdate::Add) device_ops<T>::add(target, value);
+    else device_ops<T>::sub(target, value);
+  } else {
+    HostOperands ops("Variable");
+    ops.add(view_of(target));
+    ops.add(view_of(value), true);
+    const std::size_t n = ops[0].count();
+    visit_dtype(ops[0].dtype, [&](auto t) {
+      using E = decltype(t);
+      E* dst = static_cast<E*>(ops[0].data);
+      const E* src = static_cast<const E*>(ops[1].data);
+      switch (kind) {
+        case VariableUpdate::Assign:
+          for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
+          break;
+        case VariableUpdate::Add:
+          for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] + src[i]);
+          break;
+        case VariableUpdate::Sub:
+          for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] - src[i]);
+          break;
+      }
+    });
+    ops.write_back();
+  }
+}
+
+/// value / parts, element-wise: one copy's share when the copies must add up to `value`.
+template <class T>
+T share_of(const T& value, int parts) {
+  T share = clone_value(value);
+  if constexpr (memory_space_v<T> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+    device_ops<T>::divide(share, parts);
+  } else {
+    HostOperands ops("Variable");
+    ops.add(view_of(share));
+    visit_dtype(ops[0].dtype, [&](auto t) { divide(static_cast<decltype(t)*>(ops[0].data), ops[0].count(), parts); });
+    ops.write_back();
+  }
+  return share;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/variable_copies.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+template <class T>
+class PlacedStorage : public VariableStorage<T> {
+ public:
+  /// `strategy_name`: the placing strategy's, for messages.
+  PlacedStorage(VariableSpec spec, VariablePlacement placement, std::string strategy_name)
+      : VariableStorage<T>(std::move(spec)), placement_(std::move(placement)), strategy_name_(std::move(strategy_name)) {}
+
+  const std::vector<std::string>& devices() const noexcept override { return placement_.devices; }
+  std::uint64_t strategy_id() const noexcept override { return placement_.strategy_id; }
+  const std::string& device() const override {
+    const ReplicaContext* ctx = replica();
+    return placement_.devices[ctx ? copy_of(*ctx) : 0];
+  }
+
+ protected:
+  const VariablePlacement& placement() const noexcept { return placement_; }
+
+  /// This thread's replica context, or nullptr in cross-replica context. A replica of another
+  /// strategy is InvalidArgument: its replica ids do not index this variable's copies.
+  ReplicaContext* replica() const {
+    ReplicaContext* ctx = thread_context().replica;
+    if (ctx && ctx->strategy().id() != placement_.strategy_id) {
+      throw InvalidArgument(fmt::format("variable '{}' belongs to {} (strategy #{}) but is used in a replica of {} "
+                                        "(strategy #{})",
+                                        this->spec().name, strategy_name_, placement_.strategy_id,
+                                        ctx->strategy().name(), ctx->strategy().id()));
+    }
+    return ctx;
+  }
+
+  /// The copy a replica uses: the only one unless the storage keeps one per replica.
+  virtual std::size_t copy_of(const ReplicaContext&) const { return 0; }
+
+ private:
+  VariablePlacement placement_;
+  std::string strategy_name_;
+};
+
+/// Copies held in this process (one per local replica, or one that the replicas share). A replica
+/// reads and changes its copy; cross-replica context reads the primary copy and updates every
+/// copy, unless the placement says otherwise.
+template <class T>
+class LocalCopies : public PlacedStorage<T> {
+ public:
+  LocalCopies(VariableSpec spec, VariablePlacement placement, std::string strategy_name, T& initial_value,
+              std::size_t count)
+      : PlacedStorage<T>(std::move(spec), std::move(placement), std::move(strategy_name)),
+        copies_(make_copies(initial_value, count, this->placement().devices, this->placement().link)) {}
+
+  const std::vector<T>& copies() const noexcept final { return copies_; }
+
+  T read() const final {
+    if (const ReplicaContext* ctx = this->replica()) return clone_value(copies_[this->copy_of(*ctx)]);
+    return read_cross_replica();
+  }
+
+  void apply_to_copies(CopyVisitor<T> fn) final {
+    if (const ReplicaContext* ctx = this->replica()) {
+      const std::size_t c = this->copy_of(*ctx);
+      fn(copies_[c], static_cast<int>(c));
+      return;
+    }
+    for (std::size_t c = 0; c < copies_.size(); ++c) fn(copies_[c], static_cast<int>(c));
+  }
+
+ protected:
+  void update_checked(VariableUpdate kind, const T& value) final {
+    if (ReplicaContext* ctx = this->replica()) {
+      update_in_replica(*ctx, kind, value);
+    } else {
+      update_cross_replica(kind, value);
+    }
+  }
+
+  virtual T read_cross_replica() const { return clone_value(copies_.front()); }
+  virtual void update_in_replica(ReplicaContext& ctx, VariableUpdate kind, const T& value) = 0;
+  virtual void update_cross_replica(VariableUpdate kind, const T& value) {
+    for (auto& c : copies_) apply_update(kind, c, value);
+  }
+
+  std::vector<T>& mutable_copies() noexcept { return copies_; }
+
+ private:
+  std::vector<T> copies_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/placed_storage.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+template <class T>
+class CentralStorage final : public LocalCopies<T> {
+ public:
+  CentralStorage(VariableSpec spec, const VariablePlacement& placement, std::string strategy_name, T& initial_value)
+      : LocalCopies<T>(std::move(spec), placement, std::move(strategy_name), initial_value, 1) {}
+
+ protected:
+  void update_in_replica(ReplicaContext& ctx, VariableUpdate kind, const T& value) override {
+    T& copy = this->mutable_copies().front();
+    switch (this->spec().aggregation) {
+      case VariableAggregation::Sum: {
+        T sum = ctx.all_reduce(ReduceOp::Sum, value);
+        ctx.run_once([&] { apply_update(kind, copy, sum); });
+        return;
+      }
+      case VariableAggregation::Mean: {
+        T mean = ctx.all_reduce(ReduceOp::Mean, value);
+        ctx.run_once([&] { apply_update(kind, copy, mean); });
+        return;
+      }
+      case VariableAggregation::None:
+      case VariableAggregation::OnlyFirstReplica:
+        ctx.run_once([&] { apply_update(kind, copy, value); });
+        return;
+    }
+  }
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/central_storage.hpp> ----
+// ---- begin <distribute/core/detail/mirrored_storage.hpp> ----
+// ON_WRITE copies, one per local replica, kept identical by updates: in replica context an update
+// with SUM or MEAN aggregation is all-reduced and applied by every replica to its own copy,
+// ONLY_FIRST_REPLICA applies replica 0's value, and NONE changes the local copy only (the caller
+// keeps the copies identical, e.g. by all-reducing first), as in TF 2.
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+template <class T>
+class MirroredStorage final : public LocalCopies<T> {
+ public:
+  MirroredStorage(VariableSpec spec, const VariablePlacement& placement, std::string strategy_name, T& initial_value)
+      : LocalCopies<T>(std::move(spec), placement, std::move(strategy_name), initial_value, placement.devices.size()) {}
+
+ protected:
+  std::size_t copy_of(const ReplicaContext& ctx) const override {
+    return static_cast<std::size_t>(ctx.local_replica_id());
+  }
+
+  void update_in_replica(ReplicaContext& ctx, VariableUpdate kind, const T& value) override {
+    T& local = this->mutable_copies()[copy_of(ctx)];
+    switch (this->spec().aggregation) {
+      case VariableAggregation::None: apply_update(kind, local, value); break;
+      case VariableAggregation::Sum: apply_update(kind, local, ctx.all_reduce(ReduceOp::Sum, value)); break;
+      case VariableAggregation::Mean: apply_update(kind, local, ctx.all_reduce(ReduceOp::Mean, value)); break;
+      case VariableAggregation::OnlyFirstReplica: apply_update(kind, local, ctx.broadcast(value, 0)); break;
+    }
+  }
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/mirrored_storage.hpp> ----
+// ---- begin <distribute/core/detail/plain_storage.hpp> ----
+// A variable no strategy placed: one copy, which any thread may read and update, so every access
+// holds the storage's mutex.
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+template <class T>
+class PlainStorage final : public VariableStorage<T> {
+ public:
+  PlainStorage(VariableSpec spec, T& initial_value)
+      : VariableStorage<T>(std::move(spec)),
+        devices_{"/job:localhost/replica:0/task:0/device:CPU:0"},
+        copies_(make_copies(initial_value, 1, devices_, nullptr)) {}
+
+  const std::vector<T>& copies() const noexcept override { return copies_; }
+  const std::vector<std::string>& devices() const noexcept override { return devices_; }
+  const std::string& device() const override { return devices_.front(); }
+  bool is_distributed() const noexcept override { return false; }
+  std::uint64_t strategy_id() const noexcept override { return 0; }
+
+  T read() const override {
+    std::lock_guard lock(mutex_);
+    return clone_value(copies_.front());
+  }
+
+  void apply_to_copies(CopyVisitor<T> fn) override {
+    std::lock_guard lock(mutex_);
+    fn(copies_.front(), 0);
+  }
+
+ protected:
+  void update_checked(VariableUpdate kind, const T& value) override {
+    std::lock_guard lock(mutex_);
+    apply_update(kind, copies_.front(), value);
+  }
+
+ private:
+  std::vector<std::string> devices_;
+  std::vector<T> copies_;
+  mutable std::mutex mutex_;
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/plain_storage.hpp> ----
+// ---- begin <distribute/core/detail/remote_storage.hpp> ----
+// A variable whose value lives on a ps task: every read and update is a call to that task through
+// the RemoteVariableStore the placement names (implemented outside core/). This process keeps
+// only a value of the variable's dtype and shape. Host memory only: the store moves bytes.
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+template <class T>
+class RemoteStorage final : public PlacedStorage<T> {
+  static_assert(memory_space_v<T> == MemorySpace::host, "ps variables hold host memory");
+  static_assert(static_cast<int>(RemoteUpdate::Assign) == static_cast<int>(VariableUpdate::Assign) &&
+                    static_cast<int>(RemoteUpdate::Add) == static_cast<int>(VariableUpdate::Add) &&
+                    static_cast<int>(RemoteUpdate::Sub) == static_cast<int>(VariableUpdate::Sub),
+                "RemoteUpdate is VariableUpdate on the wire");
+
+ public:
+  /// Creates the value on the placement's ps task. The key gets the variable's name appended
+  /// (after the strategy's unique prefix) so that the ps task's messages can name it.
+  static std::shared_ptr<RemoteStorage> create(VariableSpec spec, VariablePlacement placement, std::string strategy_name,
+                                               T initial_value) {
+    placement.remote.key += "/" + spec.name;
+    {
+      const RemoteHandle& r = placement.remote;
+      HostOperands value("Variable");
+      value.add(view_of(initial_value), true);
+      r.store->create(r.task, r.key, value[0].dtype, value[0].shape, bytes_of(value[0]));
+    }
+    return std::make_shared<RemoteStorage>(std::move(spec), std::move(placement), std::move(strategy_name),
+                                           std::move(initial_value));
+  }
+
+  /// A handle to a value that already lives on a ps task; `shape_template` gives dtype and shape.
+  RemoteStorage(VariableSpec spec, VariablePlacement placement, std::string strategy_name, T shape_template)
+      : PlacedStorage<T>(std::move(spec), std::move(placement), std::move(strategy_name)) {
+    shape_template_.push_back(std::move(shape_template));
+  }
+
+  const std::vector<T>& copies() const noexcept override { return shape_template_; }
+  const RemoteHandle* remote_handle() const noexcept override { return &this->placement().remote; }
+
+  T read() const override {
+    const RemoteHandle& r = this->placement().remote;
+    RowMajorResult<T> out;
+    const DType dtype = this->dtype();
+    const Shape shape = this->shape();
+    void* p = out.allocate(dtype, shape);
+    r.store->read(r.task, r.key, dtype,
+                  {static_cast<std::byte*>(p), static_cast<std::size_t>(num_elements(shape)) * size_of(dtype)});
+    return out.take();
+  }
+
+  /// Reads the value, lets fn change it, writes it back.
+  void apply_to_copies(CopyVisitor<T> fn) override {
+    T value = read();
+    fn(value, 0);
+    this->update(VariableUpdate::Assign, value);
+  }
+
+ protected:
+  void update_checked(VariableUpdate kind, const T& value) override {
+    const RemoteHandle& r = this->placement().remote;
+    HostOperands v("Variable");
+    v.add(view_of(value), true);
+    r.store->update(r.task, r.key, static_cast<RemoteUpdate>(kind), v[0].dtype, bytes_of(v[0]));
+  }
+
+ private:
+  static std::span<const std::byte> bytes_of(const BufferRef& b) {
+    return {static_cast<const std::byte*>(b.data), b.bytes()};
+  }
+
+  std::vector<T> shape_template_;  // the value itself is on the ps task
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/remote_storage.hpp> ----
+// ---- begin <distribute/core/detail/sync_on_read_storage.hpp> ----
+// ON_READ copies, one per local replica (metrics, batch-norm statistics): each replica updates its
+// own copy with no communication; a cross-replica read aggregates the copies (and, with a link,
+// the other workers'), and a cross-replica update reaches every copy.
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/core/detail/reduce_components.hpp> ----
+// Element-wise reduction of equally shaped values on the calling thread: the components of a
+// distributed value (strategy.reduce) or a sync-on-read variable's copies, and with a link every
+// other worker's.
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// The components' views, as contiguous host buffers, after checking they agree in dtype (and in
+/// shape, except along `free_axis` when given).
+template <TensorLike U>
+HostOperands component_operands(const std::vector<const U*>& parts, std::optional<std::size_t> free_axis) {
+  if (parts.empty()) throw InvalidArgument("reduce: there are no values to reduce");
+  HostOperands in("reduce");
+  for (const U* p : parts) in.add(view_of(*p), true);
+  const BufferRef& first = in[0];
+  for (std::size_t r = 1; r < parts.size(); ++r) {
+    const BufferRef& b = in[r];
+    bool ok = b.dtype == first.dtype && b.shape.size() == first.shape.size();
+    for (std::size_t d = 0; ok && d < b.shape.size(); ++d) ok = (free_axis && d == *free_axis) || b.shape[d] == first.shape[d];
+    if (ok) continue;
+    if (free_axis) {
+      throw InvalidArgument(fmt::format("reduce: replica 0's value is {} of shape {} but replica {}'s is {} of shape {}; "
+                                        "they may only differ along axis {}",
+                                        to_string(first.dtype), shape_string(first.shape), r, to_string(b.dtype),
+                                        shape_string(b.shape), *free_axis));
+    }
+    throw InvalidArgument(fmt::format(
+        "reduce: replica 0's value is {} of shape {} but replica {}'s is {} of shape {}; values of different batch "
+        "sizes need an axis (reduce(op, value, 0))",
+        to_string(first.dtype), shape_string(first.shape), r, to_string(b.dtype), shape_string(b.shape)));
+  }
+  return in;
+}
+
+/// Element-wise reduction of equally shaped components (and, with a link, of every other
+/// worker's); Mean divides by the total number of components. 16-bit floats accumulate the local
+/// components in float32 and round once.
+template <TensorLike U>
+U reduce_components(ReduceOp op, const std::vector<const U*>& parts, CrossWorkerLink* link = nullptr) {
+  if constexpr (memory_space_v<U> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+    check_op_for_dtype(op, dtype_of<element_t<U>>(), "reduce");
+    if (parts.empty()) throw InvalidArgument("reduce: there are no values to reduce");
+    return device_ops<U>::reduce(clone_value(*parts.front()), parts, op, link);
+  } else {
+    HostOperands in = component_operands(parts, std::nullopt);
+    const DType dtype = in[0].dtype;
+    check_op_for_dtype(op, dtype, "reduce");
+    RowMajorResult<U> result;
+    void* out = result.allocate(dtype, in[0].shape);
+    const std::size_t n = in[0].count();
+    const ReduceOp local_op = link && op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    visit_dtype(dtype, [&](auto t) {
+      using T = decltype(t);
+      std::vector<const T*> sources;
+      for (const BufferRef& b : in.buffers()) sources.push_back(static_cast<const T*>(b.data));
+      reduce_many<T>(static_cast<T*>(out), sources, n, local_op, static_cast<std::int64_t>(parts.size()));
+      if (link) {
+        const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+        link->all_reduce(out, n, dtype, combine_op);
+        if (op == ReduceOp::Mean) {
+          divide(static_cast<T*>(out), n, static_cast<std::int64_t>(parts.size()) * link->num_workers());
+        }
+      }
+    });
+    return result.take();
+  }
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/reduce_components.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+template <class T>
+class SyncOnReadStorage final : public LocalCopies<T> {
+ public:
+  SyncOnReadStorage(VariableSpec spec, const VariablePlacement& placement, std::string strategy_name, T& initial_value)
+      : LocalCopies<T>(std::move(spec), placement, std::move(strategy_name), initial_value, placement.devices.size()) {}
+
+ protected:
+  std::size_t copy_of(const ReplicaContext& ctx) const override {
+    return static_cast<std::size_t>(ctx.local_replica_id());
+  }
+
+  void update_in_replica(ReplicaContext& ctx, VariableUpdate kind, const T& value) override {
+    apply_update(kind, this->mutable_copies()[copy_of(ctx)], value);
+  }
+
+  void update_cross_replica(VariableUpdate kind, const T& value) override {
+    if (this->spec().aggregation != VariableAggregation::Sum) {
+      LocalCopies<T>::update_cross_replica(kind, value);
+      return;
+    }
+    if (kind != VariableUpdate::Assign) {
+      throw InvalidArgument(fmt::format("variable '{}': {} of a sync-on-read variable with SUM aggregation is not "
+                                        "supported in cross-replica context; use assign",
+                                        this->spec().name, update_name(kind)));
+    }
+    // Each copy holds value / N so that the cross-replica sum reads back `value`.
+    const T share = share_of(value, this->placement().num_replicas_in_sync);
+    for (auto& c : this->mutable_copies()) apply_update(kind, c, share);
+  }
+
+  T read_cross_replica() const override {
+    const auto& copies = this->copies();
+    switch (this->spec().aggregation) {
+      case VariableAggregation::OnlyFirstReplica: return clone_value(copies.front());
+      case VariableAggregation::None:
+        throw InvalidArgument(fmt::format("variable '{}': a cross-replica read of a sync-on-read variable needs an "
+                                          "aggregation (SUM, MEAN or ONLY_FIRST_REPLICA), not NONE",
+                                          this->spec().name));
+      case VariableAggregation::Sum:
+      case VariableAggregation::Mean: {
+        std::vector<const T*> parts;
+        parts.reserve(copies.size());
+        for (const T& c : copies) parts.push_back(&c);
+        const auto op = this->spec().aggregation == VariableAggregation::Mean ? ReduceOp::Mean : ReduceOp::Sum;
+        return reduce_components(op, parts, this->placement().link);  // Mean: by every replica in sync
+      }
+    }
+    return clone_value(copies.front());
+  }
+};
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/sync_on_read_storage.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// The options with TF's defaults filled in (AUTO is ON_WRITE; ON_READ variables are not
+/// trainable unless asked), checked against the variable's dtype.
+inline VariableSpec resolve_variable_spec(VariableOptions options, DType dtype) {
+  VariableSpec spec;
+  spec.name = std::move(options.name);
+  spec.aggregation = options.aggregation;
+  spec.synchronization = options.synchronization == VariableSynchronization::Auto ? VariableSynchronization::OnWrite
+                                                                                   : options.synchronization;
+  spec.trainable = options.trainable.value_or(spec.synchronization != VariableSynchronization::OnRead);
+  if (spec.aggregation == VariableAggregation::Mean && !is_floating(dtype)) {
+    throw InvalidArgument(fmt::format("variable '{}': MEAN aggregation needs a floating-point variable, not {}",
+                                      spec.name, to_string(dtype)));
+  }
+  if (spec.synchronization == VariableSynchronization::OnRead && options.trainable.value_or(false)) {
+    throw InvalidArgument(fmt::format(
+        "variable '{}': synchronization ON_READ is only for non-trainable variables, but trainable=true was given",
+        spec.name));
+  }
+  return spec;
+}
+
+/// The storage for a new variable: plain outside any scope, else the one the current strategy's
+/// placement names.
+template <class T>
+std::shared_ptr<VariableStorage<T>> make_variable_storage(T initial_value, VariableOptions options) {
+  VariableSpec spec = resolve_variable_spec(std::move(options), value_dtype(initial_value));
+  AnyStrategy* strategy = current_strategy_or_null();
+  if (!strategy) return std::make_shared<PlainStorage<T>>(std::move(spec), initial_value);
+  if (thread_context().replica && strategy->num_local_replicas() > 1) {
+    throw InvalidArgument(fmt::format(
+        "variable '{}' created inside a step function of {}: create variables in cross-replica context "
+        "(inside scope(), outside run())",
+        spec.name, strategy->name()));
+  }
+  VariablePlacement placement = strategy->variable_placement();
+  std::string strategy_name(strategy->name());
+  if (placement.kind != PlacementKind::Plain && spec.synchronization == VariableSynchronization::None) {
+    throw InvalidArgument(fmt::format(
+        "variable '{}': synchronization NONE is not supported inside the scope of {}; use AUTO, ON_WRITE or ON_READ",
+        spec.name, strategy_name));
+  }
+  const bool on_read = spec.synchronization == VariableSynchronization::OnRead;
+  switch (placement.kind) {
+    case PlacementKind::Replicated:
+      if (on_read) return std::make_shared<SyncOnReadStorage<T>>(std::move(spec), placement, std::move(strategy_name), initial_value);
+      return std::make_shared<MirroredStorage<T>>(std::move(spec), placement, std::move(strategy_name), initial_value);
+    case PlacementKind::CentralStorage:
+      if (on_read) {  // sync-on-read state (metrics, batch-norm statistics) stays per replica, as in TF
+        placement.devices = placement.replica_devices;
+        return std::make_shared<SyncOnReadStorage<T>>(std::move(spec), placement, std::move(strategy_name), initial_value);
+      }
+      return std::make_shared<CentralStorage<T>>(std::move(spec), placement, std::move(strategy_name), initial_value);
+    case PlacementKind::Remote:
+      if constexpr (memory_space_v<T> != MemorySpace::host) {
+        throw InvalidArgument(fmt::format("variable '{}': ps variables hold host memory; create a host-valued variable "
+                                          "(std::vector, ds::Tensor, a scalar) in {}'s scope",
+                                          spec.name, strategy_name));
+      } else {
+        return RemoteStorage<T>::create(std::move(spec), std::move(placement), std::move(strategy_name),
+                                        std::move(initial_value));
+      }
+    case PlacementKind::Plain: break;
+  }
+  return std::make_shared<PlainStorage<T>>(std::move(spec), initial_value);  // a strategy that places nothing
+}
+
+/// The storage of a variable that already lives on ps task `handle.task` (what a worker gets for
+/// a variable passed to a scheduled function); `owner_name` names the placing strategy in messages.
+template <class T>
+std::shared_ptr<VariableStorage<T>> attach_remote_storage(std::string name, T shape_template, RemoteHandle handle,
+                                                          std::string owner_name) {
+  VariableSpec spec;
+  spec.name = std::move(name);
+  VariablePlacement placement;
+  placement.kind = PlacementKind::Remote;
+  placement.devices = {DeviceSpec{"ps", 0, handle.task, "CPU", 0}.to_string()};
+  placement.remote = std::move(handle);
+  return std::make_shared<RemoteStorage<T>>(std::move(spec), std::move(placement), std::move(owner_name),
+                                            std::move(shape_template));
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/variable_factory.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
 template <class T>
 class Variable {
   static_assert(TensorLike<T>, "ds::Variable<T>: T needs a ds::tensor_traits specialisation (see TensorLike)");
@@ -1659,361 +3249,62 @@ class Variable {
   using value_type = T;
 
   /// Creates the variable; inside a strategy's scope the strategy places it.
-  explicit Variable(T initial_value, VariableOptions options = {}) : state_(std::make_shared<State>()) {
-    auto& s = *state_;
-    s.name = std::move(options.name);
-    s.aggregation = options.aggregation;
-    s.synchronization = options.synchronization == VariableSynchronization::Auto ? VariableSynchronization::OnWrite
-                                                                                : options.synchronization;
-    s.trainable = options.trainable.value_or(s.synchronization != VariableSynchronization::OnRead);
-    if (s.aggregation == VariableAggregation::Mean && !std::is_floating_point_v<element_t<T>>) {
-      throw InvalidArgument(fmt::format("variable '{}': MEAN aggregation needs a floating-point variable, not {}", s.name,
-                                        to_string(dtype_of<element_t<T>>())));
-    }
-    if (s.synchronization == VariableSynchronization::OnRead && options.trainable.value_or(false)) {
-      throw InvalidArgument(fmt::format(
-          "variable '{}': synchronization ON_READ is only for non-trainable variables, but trainable=true was given",
-          s.name));
-    }
-    AnyStrategy* strategy = detail::current_strategy_or_null();
-    if (strategy) {
-      if (detail::thread_context().replica && strategy->num_local_replicas() > 1) {
-        throw InvalidArgument(fmt::format(
-            "variable '{}' created inside a step function of {}: create variables in cross-replica context "
-            "(inside scope(), outside run())",
-            s.name, strategy->name()));
-      }
-      s.placement = strategy->variable_placement();
-      s.strategy_name = std::string(strategy->name());
-      if (s.placement.kind == detail::PlacementKind::CentralStorage &&
-          s.synchronization == VariableSynchronization::OnRead) {
-        // Sync-on-read state (metrics, batch-norm statistics) stays per replica, as in TF.
-        s.placement.kind = detail::PlacementKind::Replicated;
-        s.placement.devices = s.placement.replica_devices;
-      }
-    }
-    if (s.placement.kind == detail::PlacementKind::Plain) {
-      s.placement.devices = {"/job:localhost/replica:0/task:0/device:CPU:0"};
-    } else if (s.synchronization == VariableSynchronization::None) {
-      throw InvalidArgument(fmt::format(
-          "variable '{}': synchronization NONE is not supported inside the scope of {}; use AUTO, ON_WRITE or ON_READ",
-          s.name, s.strategy_name));
-    }
-    if (s.placement.kind == detail::PlacementKind::Remote) {
-      create_remote(std::move(initial_value));
-      return;
-    }
-    const std::size_t copies =
-        s.placement.kind == detail::PlacementKind::Replicated ? s.placement.devices.size() : std::size_t{1};
-    if constexpr (memory_space_v<T> == MemorySpace::device) {  // each copy on its replica's device (backends/cuda)
-      s.copies = detail::device_ops<T>::place_copies(initial_value, copies, s.placement.devices, s.placement.link);
-      return;
-    }
-    if (s.placement.link) {
-      // Every worker starts from the chief's value (workers create variables in the same order).
-      auto* p = tensor_traits<T>::data(initial_value);
-      s.placement.link->broadcast(p, element_count(initial_value) * sizeof(element_t<T>), 0);
-    }
-    s.copies.assign(copies, initial_value);
-  }
+  explicit Variable(T initial_value, VariableOptions options = {})
+      : storage_(detail::make_variable_storage(std::move(initial_value), std::move(options))) {}
 
   /// A handle to a variable that already lives on a ps task (what a worker gets when a scheduled
   /// function receives a variable as an argument). `shape_template` gives the shape; its values
   /// are not used. Used by ps/; programs create variables with the other constructor.
   static Variable attach_remote(std::string name, T shape_template, detail::RemoteHandle handle) {
     static_assert(memory_space_v<T> == MemorySpace::host, "ps variables hold host memory");
-    Variable v;
-    auto& s = *v.state_;
-    s.name = std::move(name);
-    s.strategy_name = "ParameterServerStrategy";
-    s.placement.kind = detail::PlacementKind::Remote;
-    s.placement.devices = {DeviceSpec{"ps", 0, handle.task, "CPU", 0}.to_string()};
-    s.placement.remote = std::move(handle);
-    s.copies = {std::move(shape_template)};
-    return v;
+    // Only the parameter-server strategy puts variables on ps tasks; the name is for messages.
+    return Variable(detail::attach_remote_storage(std::move(name), std::move(shape_template), std::move(handle),
+                                                  "ParameterServerStrategy"));
   }
 
   /// Where a ps variable lives (nullptr for every other placement).
-  const detail::RemoteHandle* remote_handle() const noexcept {
-    return state_->placement.kind == detail::PlacementKind::Remote ? &state_->placement.remote : nullptr;
-  }
+  const detail::RemoteHandle* remote_handle() const noexcept { return storage_->remote_handle(); }
 
-  const std::string& name() const noexcept { return state_->name; }
-  bool trainable() const noexcept { return state_->trainable; }
-  VariableSynchronization synchronization() const noexcept { return state_->synchronization; }
-  VariableAggregation aggregation() const noexcept { return state_->aggregation; }
-  Shape shape() const { return shape_of(state_->copies.front()); }
+  const std::string& name() const noexcept { return storage_->spec().name; }
+  bool trainable() const noexcept { return storage_->spec().trainable; }
+  VariableSynchronization synchronization() const noexcept { return storage_->spec().synchronization; }
+  VariableAggregation aggregation() const noexcept { return storage_->spec().aggregation; }
+  Shape shape() const { return storage_->shape(); }
   /// True when the variable was placed by a strategy (mirrored, sync-on-read, central...).
-  bool is_distributed() const noexcept { return state_->placement.kind != detail::PlacementKind::Plain; }
-  bool is_sync_on_read() const noexcept { return state_->synchronization == VariableSynchronization::OnRead; }
+  bool is_distributed() const noexcept { return storage_->is_distributed(); }
+  bool is_sync_on_read() const noexcept { return synchronization() == VariableSynchronization::OnRead; }
   /// Id of the strategy that placed it (0 for plain variables).
-  std::uint64_t strategy_id() const noexcept { return state_->placement.strategy_id; }
+  std::uint64_t strategy_id() const noexcept { return storage_->strategy_id(); }
 
   /// This replica's device in replica context, else the primary copy's.
-  const std::string& device() const {
-    int i = local_index();
-    return state_->placement.devices[static_cast<std::size_t>(i < 0 ? 0 : i)];
-  }
-  const std::vector<std::string>& devices() const noexcept { return state_->placement.devices; }
+  const std::string& device() const { return storage_->device(); }
+  const std::vector<std::string>& devices() const noexcept { return storage_->devices(); }
 
   /// The per-replica copies (one for a plain variable). Read them in cross-replica context.
-  const std::vector<T>& values() const noexcept { return state_->copies; }
+  /// For handle types (torch::Tensor) these share the variable's memory.
+  const std::vector<T>& values() const noexcept { return storage_->copies(); }
 
   /// In replica context the local copy; in cross-replica context the primary copy (ON_WRITE) or
   /// the aggregate of all copies (ON_READ).
-  T read_value() const {
-    auto& s = *state_;
-    if (s.placement.kind == detail::PlacementKind::Remote) return read_remote();
-    int i = local_index();
-    if (i == kPlain) {
-      std::lock_guard lock(s.mutex);
-      return s.copies.front();
-    }
-    if (i >= 0) return s.copies[static_cast<std::size_t>(i)];
-    if (s.synchronization != VariableSynchronization::OnRead) return s.copies.front();
-    return aggregate_copies();
-  }
+  T read_value() const { return storage_->read(); }
 
-  void assign(const T& value) { update(Update::Assign, value); }
-  void assign_add(const T& delta) { update(Update::Add, delta); }
-  void assign_sub(const T& delta) { update(Update::Sub, delta); }
+  void assign(const T& value) { storage_->update(detail::VariableUpdate::Assign, value); }
+  void assign_add(const T& delta) { storage_->update(detail::VariableUpdate::Add, delta); }
+  void assign_sub(const T& delta) { storage_->update(detail::VariableUpdate::Sub, delta); }
 
-  /// Applies fn(copy) to the copy (or copies) the caller may change: the local copy in replica
-  /// context, every copy in cross-replica context. Used by strategy.extended().update().
+  /// Applies fn(copy, index) to the copy (or copies) the caller may change: the local copy in
+  /// replica context, every copy in cross-replica context. Used by strategy.extended().update().
   template <class F>
   void apply_to_copies(F&& fn) {
-    auto& s = *state_;
-    if (s.placement.kind == detail::PlacementKind::Remote) {  // read, change, write back
-      T value = read_remote();
-      fn(value, 0);
-      update(Update::Assign, value);
-      return;
-    }
-    int i = local_index();
-    if (i == kPlain) {
-      std::lock_guard lock(s.mutex);
-      fn(s.copies.front(), 0);
-    } else if (i >= 0) {
-      fn(s.copies[static_cast<std::size_t>(i)], i);
-    } else {
-      for (std::size_t c = 0; c < s.copies.size(); ++c) fn(s.copies[c], static_cast<int>(c));
-    }
+    storage_->apply_to_copies(detail::CopyVisitor<T>(fn));
   }
 
-  friend bool operator==(const Variable& a, const Variable& b) noexcept { return a.state_ == b.state_; }
+  friend bool operator==(const Variable& a, const Variable& b) noexcept { return a.storage_ == b.storage_; }
 
  private:
-  enum class Update { Assign, Add, Sub };
-  static constexpr int kCrossReplica = -1;
-  static constexpr int kPlain = -2;
+  explicit Variable(std::shared_ptr<detail::VariableStorage<T>> storage) : storage_(std::move(storage)) {}
 
-  Variable() : state_(std::make_shared<State>()) {}
-
-  void create_remote(T initial_value) {
-    if constexpr (memory_space_v<T> != MemorySpace::host) {
-      throw InvalidArgument(fmt::format("variable '{}': ps variables hold host memory; create a host-valued variable "
-                                        "(std::vector, ds::Tensor, a scalar) in ParameterServerStrategy's scope",
-                                        state_->name));
-    } else {
-      auto& s = *state_;
-      auto& r = s.placement.remote;
-      r.key += "/" + s.name;  // the strategy's unique prefix, and the name for messages
-      r.store->create(r.task, r.key, dtype_of<element_t<T>>(), shape_of(initial_value), bytes_of(initial_value));
-      s.copies = {std::move(initial_value)};  // kept for its shape only: the value lives on the ps
-    }
-  }
-
-  static std::span<const std::byte> bytes_of(const T& v) {
-    return {reinterpret_cast<const std::byte*>(tensor_traits<T>::data(v)), element_count(v) * sizeof(element_t<T>)};
-  }
-
-  T read_remote() const {
-    if constexpr (memory_space_v<T> == MemorySpace::host) {
-      const auto& r = state_->placement.remote;
-      T out = tensor_traits<T>::make(shape());
-      r.store->read(r.task, r.key, dtype_of<element_t<T>>(),
-                    {reinterpret_cast<std::byte*>(tensor_traits<T>::data(out)), element_count(out) * sizeof(element_t<T>)});
-      return out;
-    } else {
-      throw InvalidArgument("ps variables hold host memory");
-    }
-  }
-
-  struct State {
-    std::string name;
-    std::string strategy_name;
-    bool trainable = true;
-    VariableSynchronization synchronization = VariableSynchronization::OnWrite;
-    VariableAggregation aggregation = VariableAggregation::None;
-    detail::VariablePlacement placement;
-    std::vector<T> copies;
-    mutable std::mutex mutex;  // guards plain variables, which any thread may touch
-  };
-
-  // kPlain for plain variables, kCrossReplica outside a step, else the local replica index.
-  int local_index() const {
-    const auto& s = *state_;
-    if (s.placement.kind == detail::PlacementKind::Plain) return kPlain;
-    ReplicaContext* ctx = detail::thread_context().replica;
-    if (!ctx) return kCrossReplica;
-    if (ctx->strategy().id() != s.placement.strategy_id) {
-      throw InvalidArgument(fmt::format("variable '{}' belongs to {} (strategy #{}) but is used in a replica of {} "
-                                        "(strategy #{})",
-                                        s.name, s.strategy_name, s.placement.strategy_id, ctx->strategy().name(),
-                                        ctx->strategy().id()));
-    }
-    if (s.placement.kind != detail::PlacementKind::Replicated) return 0;
-    return ctx->local_replica_id();
-  }
-
-  void check_shape(const T& value, const char* what) const {
-    if (shape_of(value) != shape()) {
-      throw InvalidArgument(fmt::format("{}: value of shape {} does not match variable '{}' of shape {}", what,
-                                        shape_string(shape_of(value)), name(), shape_string(shape())));
-    }
-  }
-
-  static void apply(Update kind, T& target, const T& value) {
-    if constexpr (memory_space_v<T> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
-      if (kind == Update::Assign) detail::device_ops<T>::assign(target, value);
-      else if (kind == Update::Add) detail::device_ops<T>::add(target, value);
-      else detail::device_ops<T>::sub(target, value);
-      return;
-    }
-    using E = element_t<T>;
-    E* dst = tensor_traits<T>::data(target);
-    const E* src = tensor_traits<T>::data(value);
-    const std::size_t n = element_count(target);
-    switch (kind) {
-      case Update::Assign:
-        for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
-        break;
-      case Update::Add:
-        for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] + src[i]);
-        break;
-      case Update::Sub:
-        for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] - src[i]);
-        break;
-    }
-  }
-
-  void update(Update kind, const T& value) {
-    static constexpr const char* names[] = {"assign", "assign_add", "assign_sub"};
-    const char* what = names[static_cast<int>(kind)];
-    check_shape(value, what);
-    auto& s = *state_;
-    if (s.placement.kind == detail::PlacementKind::Remote) {
-      if constexpr (memory_space_v<T> == MemorySpace::host) {
-        const auto& r = s.placement.remote;
-        r.store->update(r.task, r.key, static_cast<detail::RemoteUpdate>(kind), dtype_of<element_t<T>>(), bytes_of(value));
-      }
-      return;
-    }
-    const int i = local_index();
-    if (i == kPlain) {
-      std::lock_guard lock(s.mutex);
-      apply(kind, s.copies.front(), value);
-      return;
-    }
-    if (i == kCrossReplica) {
-      update_cross_replica(kind, value, what);
-      return;
-    }
-    ReplicaContext& ctx = *detail::thread_context().replica;
-    if (s.placement.kind == detail::PlacementKind::CentralStorage) {
-      // One copy for all replicas: aggregate the replicas' values, apply once on replica 0
-      // while the others wait. With NONE (or ONLY_FIRST_REPLICA) the replicas' values are
-      // identical by contract (e.g. all-reduced gradients), so replica 0's is applied.
-      switch (s.aggregation) {
-        case VariableAggregation::Sum: {
-          T sum = ctx.all_reduce(ReduceOp::Sum, value);
-          ctx.run_once([&] { apply(kind, s.copies.front(), sum); });
-          return;
-        }
-        case VariableAggregation::Mean: {
-          T mean = ctx.all_reduce(ReduceOp::Mean, value);
-          ctx.run_once([&] { apply(kind, s.copies.front(), mean); });
-          return;
-        }
-        case VariableAggregation::None:
-        case VariableAggregation::OnlyFirstReplica:
-          ctx.run_once([&] { apply(kind, s.copies.front(), value); });
-          return;
-      }
-    }
-    auto& local = s.copies[static_cast<std::size_t>(i)];
-    if (s.synchronization == VariableSynchronization::OnRead || s.aggregation == VariableAggregation::None) {
-      apply(kind, local, value);  // local copy only; the caller keeps mirrored copies identical
-      return;
-    }
-    switch (s.aggregation) {
-      case VariableAggregation::Sum: apply(kind, local, ctx.all_reduce(ReduceOp::Sum, value)); break;
-      case VariableAggregation::Mean: apply(kind, local, ctx.all_reduce(ReduceOp::Mean, value)); break;
-      case VariableAggregation::OnlyFirstReplica: apply(kind, local, ctx.broadcast(value, 0)); break;
-      case VariableAggregation::None: break;
-    }
-  }
-
-  void update_cross_replica(Update kind, const T& value, const char* what) {
-    auto& s = *state_;
-    if (s.synchronization == VariableSynchronization::OnRead && s.aggregation == VariableAggregation::Sum) {
-      if (kind != Update::Assign) {
-        throw InvalidArgument(fmt::format("variable '{}': {} of a sync-on-read variable with SUM aggregation is not "
-                                          "supported in cross-replica context; use assign",
-                                          s.name, what));
-      }
-      // Each copy holds value / N so that the cross-replica sum reads back `value`.
-      T share = value;
-      if constexpr (memory_space_v<T> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
-        detail::device_ops<T>::divide(share, s.placement.num_replicas_in_sync);
-        for (auto& c : s.copies) apply(kind, c, share);
-        return;
-      }
-      using E = element_t<T>;
-      E* p = tensor_traits<T>::data(share);
-      const auto n = static_cast<E>(s.placement.num_replicas_in_sync);
-      for (std::size_t k = 0; k < element_count(share); ++k) p[k] = static_cast<E>(p[k] / n);
-      for (auto& c : s.copies) apply(kind, c, share);
-      return;
-    }
-    for (auto& c : s.copies) apply(kind, c, value);
-  }
-
-  T aggregate_copies() const {
-    const auto& s = *state_;
-    switch (s.aggregation) {
-      case VariableAggregation::OnlyFirstReplica: return s.copies.front();
-      case VariableAggregation::None:
-        throw InvalidArgument(fmt::format("variable '{}': a cross-replica read of a sync-on-read variable needs an "
-                                          "aggregation (SUM, MEAN or ONLY_FIRST_REPLICA), not NONE",
-                                          s.name));
-      case VariableAggregation::Sum:
-      case VariableAggregation::Mean: {
-        if constexpr (memory_space_v<T> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
-          const auto op = s.aggregation == VariableAggregation::Mean ? ReduceOp::Mean : ReduceOp::Sum;
-          return detail::device_ops<T>::reduce(s.copies.front(), s.copies, op, s.placement.link);
-        }
-        T out = s.copies.front();
-        for (std::size_t c = 1; c < s.copies.size(); ++c) {
-          detail::combine(tensor_traits<T>::data(out), tensor_traits<T>::data(s.copies[c]), element_count(out),
-                          ReduceOp::Sum);
-        }
-        if (s.placement.link) {
-          s.placement.link->all_reduce(tensor_traits<T>::data(out), element_count(out), dtype_of<element_t<T>>(),
-                                       ReduceOp::Sum);
-        }
-        if (s.aggregation == VariableAggregation::Mean) {
-          const auto replicas = s.placement.link ? std::int64_t{s.placement.num_replicas_in_sync}
-                                                 : static_cast<std::int64_t>(s.copies.size());
-          detail::divide(tensor_traits<T>::data(out), element_count(out), replicas);
-        }
-        return out;
-      }
-    }
-    return s.copies.front();
-  }
-
-  std::shared_ptr<State> state_;
+  std::shared_ptr<detail::VariableStorage<T>> storage_;
 };
 
 DISTRIBUTE_END_NAMESPACE
@@ -4038,13 +5329,14 @@ void reduce_slice_across(const ReplicaGroup& group, std::size_t buffer_index, st
                          ReduceOp op, std::int64_t divisor) {
   const int n = group.size();
   constexpr std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / sizeof(T));
+  std::vector<const T*> sources(static_cast<std::size_t>(n));
   for (std::size_t b = begin; b < end; b += block) {
     const std::size_t len = std::min(block, end - b);
     T* acc = static_cast<T*>(group.slot(0).buffers[buffer_index].data) + b;
-    for (int r = 1; r < n; ++r) {
-      combine(acc, static_cast<const T*>(group.slot(r).buffers[buffer_index].data) + b, len, op);
+    for (int r = 0; r < n; ++r) {
+      sources[static_cast<std::size_t>(r)] = static_cast<const T*>(group.slot(r).buffers[buffer_index].data) + b;
     }
-    if (op == ReduceOp::Mean && divisor > 1) divide(acc, len, divisor);
+    reduce_many<T>(acc, sources, len, op, divisor);
     for (int r = 1; r < n; ++r) {
       std::memcpy(static_cast<T*>(group.slot(r).buffers[buffer_index].data) + b, acc, len * sizeof(T));
     }
@@ -4058,12 +5350,11 @@ inline void reduce_into(const ReplicaGroup& group, int target, const std::vector
   const BufferRef& dst = group.slot(target).buffers[buffer_index];
   visit_dtype(dst.dtype, [&](auto t) {
     using T = decltype(t);
-    T* acc = static_cast<T*>(dst.data);
-    const std::size_t n = dst.count();
+    std::vector<const T*> from{static_cast<const T*>(dst.data)};
     for (int s : sources) {
-      if (s != target) combine(acc, static_cast<const T*>(group.slot(s).buffers[buffer_index].data), n, op);
+      if (s != target) from.push_back(static_cast<const T*>(group.slot(s).buffers[buffer_index].data));
     }
-    if (op == ReduceOp::Mean && divisor > 1) divide(acc, n, divisor);
+    reduce_many<T>(static_cast<T*>(dst.data), from, dst.count(), op, divisor);
   });
 }
 
@@ -4300,7 +5591,7 @@ inline std::vector<Pack> make_packs(std::span<const BufferRef> values, std::size
   std::vector<Pack> packs;
   std::vector<std::size_t> open;  // per dtype: index of its current pack in `packs`, or npos
   constexpr std::size_t none = static_cast<std::size_t>(-1);
-  open.assign(static_cast<std::size_t>(DType::Bool) + 1, none);
+  open.assign(kNumDTypes, none);
   for (std::size_t k = values.size(); k-- > 0;) {
     const BufferRef& v = values[k];
     std::size_t& current = open[static_cast<std::size_t>(v.dtype)];
@@ -4624,6 +5915,9 @@ DISTRIBUTE_END_NAMESPACE
 // Cross-replica reduction of per-replica components on the calling thread (strategy.reduce).
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
+#include <type_traits>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -4636,97 +5930,85 @@ DISTRIBUTE_END_NAMESPACE
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
-/// Element-wise reduction of equally shaped components (and, with a link, of every other
-/// worker's); Mean divides by the total number of components.
-template <TensorLike U>
-U reduce_components(ReduceOp op, const std::vector<const U*>& parts, CrossWorkerLink* link = nullptr) {
-  using E = element_t<U>;
-  check_op_for_dtype(op, dtype_of<E>(), "reduce");
-  if (parts.empty()) throw InvalidArgument("reduce: there are no values to reduce");
-  const Shape shape = shape_of(*parts.front());
-  for (std::size_t r = 1; r < parts.size(); ++r) {
-    if (shape_of(*parts[r]) != shape) {
-      throw InvalidArgument(fmt::format(
-          "reduce: replica 0's value has shape {} but replica {}'s has shape {}; values of different batch sizes "
-          "need an axis (reduce(op, value, 0))",
-          shape_string(shape), r, shape_string(shape_of(*parts[r]))));
-    }
-  }
-  const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
-  U out = *parts.front();
-  if constexpr (memory_space_v<U> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
-    return device_ops<U>::reduce(std::move(out), parts, op, link);
-  }
-  const std::size_t n = element_count(out);
-  for (std::size_t r = 1; r < parts.size(); ++r) {
-    combine(tensor_traits<U>::data(out), tensor_traits<U>::data(*parts[r]), n, combine_op);
-  }
-  auto components = static_cast<std::int64_t>(parts.size());
-  if (link) {
-    link->all_reduce(tensor_traits<U>::data(out), n, dtype_of<E>(), combine_op);
-    components *= link->num_workers();
-  }
-  if (op == ReduceOp::Mean) divide(tensor_traits<U>::data(out), n, components);
-  return out;
+/// What reduce(op, value, axis) returns for components of type U: a Tensor of the element type
+/// for compile-time types, U itself for run-time ones.
+template <class U>
+auto reduced_type_tag() {
+  if constexpr (StaticTensorLike<U>) return std::type_identity<Tensor<element_t<U>>>{};
+  else return std::type_identity<U>{};
 }
+template <TensorLike U>
+using reduced_t = typename decltype(reduced_type_tag<U>())::type;
 
 /// Reduces each component along `axis` and then across components (and workers). Components
 /// may differ in size along `axis` (an uneven last batch); Mean divides by the total count along it.
 template <TensorLike U>
-Tensor<element_t<U>> reduce_components_along(ReduceOp op, const std::vector<const U*>& parts, std::int64_t axis_arg,
-                                             CrossWorkerLink* link = nullptr) {
+reduced_t<U> reduce_components_along(ReduceOp op, const std::vector<const U*>& parts, std::int64_t axis_arg,
+                                     CrossWorkerLink* link = nullptr) {
   if constexpr (memory_space_v<U> == MemorySpace::device) {  // on host copies (backends/cuda)
     const auto host = device_ops<U>::host_copies(parts);
     return reduce_components_along(op, host.pointers(), axis_arg, link);
-  }
-  using E = element_t<U>;
-  check_op_for_dtype(op, dtype_of<E>(), "reduce");
-  if (parts.empty()) throw InvalidArgument("reduce: there are no values to reduce");
-  const Shape first = shape_of(*parts.front());
-  const std::size_t axis = normalize_axis(axis_arg, first.size(), "reduce");
-  Shape out_shape = first;
-  out_shape.erase(out_shape.begin() + static_cast<std::ptrdiff_t>(axis));
-  for (std::size_t r = 1; r < parts.size(); ++r) {
-    Shape s = shape_of(*parts[r]);
-    bool ok = s.size() == first.size();
-    for (std::size_t d = 0; ok && d < s.size(); ++d) ok = d == axis || s[d] == first[d];
-    if (!ok) {
-      throw InvalidArgument(fmt::format(
-          "reduce: replica 0's value has shape {} but replica {}'s has shape {}; they may only differ along axis {}",
-          shape_string(first), r, shape_string(s), axis));
-    }
-  }
-  std::int64_t outer = 1, inner = 1;
-  for (std::size_t d = 0; d < axis; ++d) outer *= first[d];
-  for (std::size_t d = axis + 1; d < first.size(); ++d) inner *= first[d];
-  const auto inner_n = static_cast<std::size_t>(inner);
+  } else {
+    if (parts.empty()) throw InvalidArgument("reduce: there are no values to reduce");
+    const Shape first = shape_of(*parts.front());
+    const std::size_t axis = normalize_axis(axis_arg, first.size(), "reduce");
+    HostOperands in = component_operands(parts, axis);
+    const DType dtype = in[0].dtype;
+    check_op_for_dtype(op, dtype, "reduce");
+    Shape out_shape = first;
+    out_shape.erase(out_shape.begin() + static_cast<std::ptrdiff_t>(axis));
+    std::int64_t outer = 1, inner = 1;
+    for (std::size_t d = 0; d < axis; ++d) outer *= first[d];
+    for (std::size_t d = axis + 1; d < first.size(); ++d) inner *= first[d];
+    const auto inner_n = static_cast<std::size_t>(inner);
+    const auto out_n = static_cast<std::size_t>(num_elements(out_shape));
 
-  // Start from the op's identity so that a replica (or worker) with no rows changes nothing.
-  const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
-  E identity{};
-  if (combine_op == ReduceOp::Min) identity = std::numeric_limits<E>::max();
-  if (combine_op == ReduceOp::Max) identity = std::numeric_limits<E>::lowest();
-  if (combine_op == ReduceOp::Product) identity = E{1};
-  Tensor<E> out = Tensor<E>::full(out_shape, identity);
-  std::int64_t total = 0;
-  for (const U* part : parts) {
-    const std::int64_t len = shape_of(*part)[axis];
-    const E* src = tensor_traits<U>::data(*part);
-    for (std::int64_t o = 0; o < outer; ++o) {
-      E* dst = out.data() + o * inner;
-      for (std::int64_t k = 0; k < len; ++k) combine(dst, src + (o * len + k) * inner, inner_n, combine_op);
-    }
-    total += len;
+    RowMajorResult<reduced_t<U>> result;
+    void* out = result.allocate(dtype, out_shape);
+    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    std::int64_t total = 0;
+    visit_dtype(dtype, [&](auto t) {
+      using T = decltype(t);
+      // 16-bit floats accumulate in float32 and round once at the end.
+      using Acc = std::conditional_t<is_half_v<T>, float, T>;
+      // Start from the op's identity so that a replica (or worker) with no rows changes nothing.
+      Acc identity{};
+      if (combine_op == ReduceOp::Min) identity = std::numeric_limits<Acc>::has_infinity ? std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::max();
+      if (combine_op == ReduceOp::Max) identity = std::numeric_limits<Acc>::has_infinity ? -std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::lowest();
+      if (combine_op == ReduceOp::Product) identity = Acc{1};
+      // (arrays, not std::vector: Acc may be bool)
+      std::unique_ptr<Acc[]> acc(new Acc[out_n]), row(new Acc[inner_n]);
+      std::fill(acc.get(), acc.get() + out_n, identity);
+      for (std::size_t p = 0; p < parts.size(); ++p) {
+        const std::int64_t len = in[p].shape[axis];
+        const T* src = static_cast<const T*>(in[p].data);
+        for (std::int64_t o = 0; o < outer; ++o) {
+          Acc* dst = acc.get() + o * inner;
+          for (std::int64_t k = 0; k < len; ++k) {
+            const T* r = src + (o * len + k) * inner;
+            if constexpr (is_half_v<T>) {
+              widen(r, row.get(), inner_n);
+              combine(dst, row.get(), inner_n, combine_op);
+            } else {
+              combine(dst, r, inner_n, combine_op);
+            }
+          }
+        }
+        total += len;
+      }
+      if (link) {
+        link->all_reduce(acc.get(), out_n, dtype_of<Acc>(), combine_op);
+        link->all_reduce(&total, 1, DType::I64, ReduceOp::Sum);
+      }
+      if (total == 0 && (op == ReduceOp::Min || op == ReduceOp::Max || op == ReduceOp::Mean)) {
+        throw InvalidArgument(fmt::format("reduce: {} along axis {} over zero elements is undefined", op, axis));
+      }
+      if (op == ReduceOp::Mean) divide(acc.get(), out_n, total);
+      if constexpr (is_half_v<T>) narrow(acc.get(), static_cast<T*>(out), out_n);
+      else if (out_n) std::memcpy(out, acc.get(), out_n * sizeof(T));
+    });
+    return result.take();
   }
-  if (link) {
-    link->all_reduce(out.data(), out.size(), dtype_of<E>(), combine_op);
-    link->all_reduce(&total, 1, DType::I64, ReduceOp::Sum);
-  }
-  if (total == 0 && (op == ReduceOp::Min || op == ReduceOp::Max || op == ReduceOp::Mean)) {
-    throw InvalidArgument(fmt::format("reduce: {} along axis {} over zero elements is undefined", op, axis));
-  }
-  if (op == ReduceOp::Mean) divide(out.data(), out.size(), total);
-  return out;
 }
 
 }  // namespace detail
@@ -4969,16 +6251,23 @@ class SyncStrategy : public AnyStrategy {
       }
     }();
     using U = std::remove_cvref_t<decltype(*components.front())>;
-    using E = element_t<U>;
+    using R = detail::reduced_t<U>;
     constexpr bool distributed = requires { typename V::strategy_type; } || requires { value.read_value(); };
     if (!axis) {
       U r = [&] {
         if constexpr (distributed) return detail::reduce_components(op.op, components, link_);
         else return reduce_plain(op.op, value);
       }();
-      if constexpr (memory_space_v<U> == MemorySpace::device) return detail::device_ops<U>::to_host(r);
-      const E* p = tensor_traits<U>::data(r);
-      return Tensor<E>(shape_of(r), std::vector<E>(p, p + element_count(r)));
+      if constexpr (memory_space_v<U> == MemorySpace::device) {
+        return detail::device_ops<U>::to_host(r);
+      } else if constexpr (std::is_same_v<R, U>) {
+        return r;
+      } else {
+        const TensorView v = view_of(r);
+        detail::RowMajorResult<R> out;
+        copy_to_contiguous(v, out.allocate(v.dtype, v.shape));
+        return out.take();
+      }
     }
     if constexpr (!distributed) {
       if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
@@ -5104,77 +6393,71 @@ class SyncStrategy : public AnyStrategy {
   template <class U>
   U reduce_plain(ReduceOp op, const U& value) const {
     if (op == ReduceOp::Sum || op == ReduceOp::Product) check_plain_reducible(op);
-    return value;
+    return clone_value(value);
   }
 
   template <class U>
   auto gather_parts(const std::vector<const U*>& parts, std::int64_t axis) {
     using G = gathered_t<U>;
-    std::vector<detail::BufferRef> refs;
-    std::vector<const detail::BufferRef*> ptrs;
-    refs.reserve(parts.size());
-    for (const U* p : parts) {
-      refs.push_back({const_cast<element_t<U>*>(tensor_traits<U>::data(*p)), dtype_of<element_t<U>>(), shape_of(*p)});
-    }
-    for (auto& r : refs) ptrs.push_back(&r);
-    detail::check_concat(ptrs, axis, "gather");
     if constexpr (memory_space_v<U> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
+      std::vector<detail::BufferRef> refs;
+      std::vector<const detail::BufferRef*> ptrs;
+      refs.reserve(parts.size());
+      for (const U* p : parts) {
+        refs.push_back({const_cast<element_t<U>*>(tensor_traits<U>::data(*p)), dtype_of<element_t<U>>(), shape_of(*p)});
+      }
+      for (auto& r : refs) ptrs.push_back(&r);
+      detail::check_concat(ptrs, axis, "gather");
       if (!link_) return detail::device_ops<U>::template concat<G>(ptrs, static_cast<std::size_t>(axis));
       auto host = detail::device_ops<U>::host_copies(parts);  // across workers through host copies
       return detail::device_ops<U>::template from_host<G>(gather_parts(host.pointers(), axis));
+    } else {
+      detail::HostOperands in("gather");
+      for (const U* p : parts) in.add(view_of(*p), true);
+      std::vector<const detail::BufferRef*> ptrs;
+      for (auto& r : in.buffers()) ptrs.push_back(&r);
+      detail::check_concat(ptrs, axis, "gather");
+      const DType dtype = in[0].dtype;
+      detail::RowMajorResult<G> out;
+      if (!link_) {
+        detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis),
+                                  [&](const Shape& s) -> void* { return out.allocate(dtype, s); });
+        return out.take();
+      }
+      std::vector<std::byte> local;
+      Shape local_shape;
+      detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
+        local_shape = s;
+        local.resize(static_cast<std::size_t>(num_elements(s)) * size_of(dtype));
+        return local.data();
+      });
+      auto all = detail::gather_across_workers(*link_, {local.data(), dtype, local_shape},
+                                               static_cast<std::size_t>(axis), "gather");
+      void* dst = out.allocate(dtype, all.shape);
+      if (!all.data.empty()) std::memcpy(dst, all.data.data(), all.data.size());
+      return out.take();
     }
-    std::optional<G> out;
-    auto allocate = [&](const Shape& s) -> void* {
-      out.emplace(tensor_traits<G>::make(s));
-      return tensor_traits<G>::data(*out);
-    };
-    if (!link_) {
-      detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), allocate);
-      return std::move(*out);
-    }
-    std::vector<std::byte> local;
-    Shape local_shape;
-    detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
-      local_shape = s;
-      local.resize(static_cast<std::size_t>(num_elements(s)) * sizeof(element_t<U>));
-      return local.data();
-    });
-    auto all = detail::gather_across_workers(*link_, {local.data(), dtype_of<element_t<U>>(), local_shape},
-                                             static_cast<std::size_t>(axis), "gather");
-    std::memcpy(allocate(all.shape), all.data.data(), all.data.size());
-    return std::move(*out);
   }
 
   // batch_reduce_to across workers: each value reduced over the local replicas, then one
   // cross-worker all-reduce per pack of the local results, then MEAN's division.
   template <class... V>
   auto reduce_in_packs(ReduceOp op, const V&... values) {
-    (detail::check_op_for_dtype(op, dtype_of<element_t<std::remove_cvref_t<decltype(values.values().front())>>>(),
-                                "batch_reduce_to"),
-     ...);
     const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
     auto out = std::make_tuple(detail::reduce_components(combine_op, pointers(values.values()))...);
     const std::int64_t divisors[] = {static_cast<std::int64_t>(values.values().size()) * num_workers_...};
-    std::vector<detail::BufferRef> refs;
-    std::apply(
-        [&](auto&... r) {
-          (refs.push_back({tensor_traits<std::remove_cvref_t<decltype(r)>>::data(r),
-                           dtype_of<element_t<std::remove_cvref_t<decltype(r)>>>(), shape_of(r)}),
-           ...);
-        },
-        out);
+    detail::HostOperands refs("batch_reduce_to");
+    std::apply([&](auto&... r) { (refs.add(view_of(r)), ...); }, out);
+    for (const auto& b : refs.buffers()) detail::check_op_for_dtype(op, b.dtype, "batch_reduce_to");
     std::vector<std::byte> scratch;
-    detail::all_reduce_in_packs(*link_, refs, combine_op, options_.bytes_per_pack, scratch);
+    detail::all_reduce_in_packs(*link_, refs.buffers(), combine_op, options_.bytes_per_pack, scratch);
     if (op == ReduceOp::Mean) {
-      std::size_t k = 0;
-      std::apply(
-          [&](auto&... r) {
-            ((detail::divide(tensor_traits<std::remove_cvref_t<decltype(r)>>::data(r), element_count(r), divisors[k]),
-              ++k),
-             ...);
-          },
-          out);
+      for (std::size_t k = 0; k < refs.buffers().size(); ++k) {
+        detail::BufferRef& b = refs[k];
+        visit_dtype(b.dtype, [&](auto t) { detail::divide(static_cast<decltype(t)*>(b.data), b.count(), divisors[k]); });
+      }
     }
+    refs.write_back();
     return out;
   }
 
@@ -5793,125 +7076,49 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 namespace safetensors {
 
-/// The element types of a safetensors file, spelled as in the file. F16 and BF16 have no C++
-/// arithmetic type here: they are carried as raw 2-byte values (float16 / bfloat16 below).
-enum class Dtype : std::uint8_t { F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool };
-
-inline constexpr std::array<Dtype, 13> all_dtypes = {Dtype::F16, Dtype::BF16, Dtype::F32, Dtype::F64, Dtype::I8,
-                                                     Dtype::I16, Dtype::I32,  Dtype::I64, Dtype::U8,  Dtype::U16,
-                                                     Dtype::U32, Dtype::U64,  Dtype::Bool};
-
-/// "F32", "BOOL", ... as written in the header.
-constexpr std::string_view to_string(Dtype d) noexcept {
+/// A dtype as the file spells it: "F32", "BF16", "BOOL", ... (the element types are ds::DType;
+/// this is only their name in a safetensors header).
+constexpr std::string_view dtype_name(DType d) noexcept {
   switch (d) {
-    case Dtype::F16: return "F16";
-    case Dtype::BF16: return "BF16";
-    case Dtype::F32: return "F32";
-    case Dtype::F64: return "F64";
-    case Dtype::I8: return "I8";
-    case Dtype::I16: return "I16";
-    case Dtype::I32: return "I32";
-    case Dtype::I64: return "I64";
-    case Dtype::U8: return "U8";
-    case Dtype::U16: return "U16";
-    case Dtype::U32: return "U32";
-    case Dtype::U64: return "U64";
-    case Dtype::Bool: return "BOOL";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::I8: return "I8";
+    case DType::I16: return "I16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U8: return "U8";
+    case DType::U16: return "U16";
+    case DType::U32: return "U32";
+    case DType::U64: return "U64";
+    case DType::Bool: return "BOOL";
   }
-  return "?";
+  return {};  // a DType with no safetensors name: parse_dtype never returns it
 }
 
-constexpr std::size_t size_of(Dtype d) noexcept {
-  switch (d) {
-    case Dtype::I8: case Dtype::U8: case Dtype::Bool: return 1;
-    case Dtype::F16: case Dtype::BF16: case Dtype::I16: case Dtype::U16: return 2;
-    case Dtype::F32: case Dtype::I32: case Dtype::U32: return 4;
-    case Dtype::F64: case Dtype::I64: case Dtype::U64: return 8;
-  }
-  return 0;
-}
-
-constexpr std::optional<Dtype> parse_dtype(std::string_view s) noexcept {
-  for (Dtype d : all_dtypes) {
-    if (to_string(d) == s) return d;
+/// The DType a header's "dtype" string names; none for a name distribute does not know
+/// ("F8_E4M3", "I4", ...).
+constexpr std::optional<DType> parse_dtype(std::string_view name) noexcept {
+  if (name.empty()) return std::nullopt;
+  for (std::uint8_t code = 0; code < kNumDTypes; ++code) {
+    const auto d = static_cast<DType>(code);
+    if (dtype_name(d) == name) return d;
   }
   return std::nullopt;
 }
 
-/// The file dtype of a library element type.
-constexpr Dtype from_dtype(DType d) noexcept {
-  switch (d) {
-    case DType::F32: return Dtype::F32;
-    case DType::F64: return Dtype::F64;
-    case DType::I8: return Dtype::I8;
-    case DType::I16: return Dtype::I16;
-    case DType::I32: return Dtype::I32;
-    case DType::I64: return Dtype::I64;
-    case DType::U8: return Dtype::U8;
-    case DType::U16: return Dtype::U16;
-    case DType::U32: return Dtype::U32;
-    case DType::U64: return Dtype::U64;
-    case DType::Bool: return Dtype::Bool;
-  }
-  return Dtype::F32;
-}
-
-/// The library element type of a file dtype; none for F16/BF16.
-constexpr std::optional<DType> to_dtype(Dtype d) noexcept {
-  switch (d) {
-    case Dtype::F16: case Dtype::BF16: return std::nullopt;
-    case Dtype::F32: return DType::F32;
-    case Dtype::F64: return DType::F64;
-    case Dtype::I8: return DType::I8;
-    case Dtype::I16: return DType::I16;
-    case Dtype::I32: return DType::I32;
-    case Dtype::I64: return DType::I64;
-    case Dtype::U8: return DType::U8;
-    case Dtype::U16: return DType::U16;
-    case Dtype::U32: return DType::U32;
-    case Dtype::U64: return DType::U64;
-    case Dtype::Bool: return DType::Bool;
-  }
-  return std::nullopt;
-}
-
-/// "F32 (float32)"; "F16" for the types with no library counterpart.
-inline std::string describe(Dtype d) {
-  auto lib = to_dtype(d);
-  return lib ? fmt::format("{} ({})", to_string(d), distribute::to_string(*lib)) : std::string(to_string(d));
-}
-
-/// IEEE half precision, stored as its bit pattern. No arithmetic, no implicit conversion:
-/// distribute moves these values, it does not compute with them.
-struct float16 {
-  std::uint16_t bits = 0;
-  friend constexpr bool operator==(float16, float16) = default;
-};
-/// bfloat16 (the upper half of an IEEE float32), stored as its bit pattern.
-struct bfloat16 {
-  std::uint16_t bits = 0;
-  friend constexpr bool operator==(bfloat16, bfloat16) = default;
-};
-
-/// An element type a safetensors tensor can be read as or written from.
-template <class T>
-concept StorableElement = Element<T> || std::same_as<T, float16> || std::same_as<T, bfloat16>;
-
-template <StorableElement T>
-constexpr Dtype dtype_for() noexcept {
-  if constexpr (std::same_as<T, float16>) return Dtype::F16;
-  else if constexpr (std::same_as<T, bfloat16>) return Dtype::BF16;
-  else return from_dtype(dtype_of<T>());
-}
+/// For messages: "F16 (float16)", the file's name and the library's.
+inline std::string describe(DType d) { return fmt::format("{} ({})", dtype_name(d), distribute::to_string(d)); }
 
 /// Borrowed bytes of one tensor to write: the caller keeps them alive during the write.
 struct TensorView {
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::span<const std::byte> bytes;
 
   /// A view of `data` (row-major) as a tensor of `shape`; the element count must match.
-  template <StorableElement T>
+  template <Element T>
   static TensorView of(Shape shape, std::span<const T> data) {
     for (auto d : shape) {
       if (d < 0) throw InvalidArgument(fmt::format("safetensors: negative dimension in shape {}", shape_string(shape)));
@@ -5920,24 +7127,35 @@ struct TensorView {
       throw InvalidArgument(fmt::format("safetensors: shape {} holds {} elements but {} were given",
                                         shape_string(shape), num_elements(shape), data.size()));
     }
-    return TensorView{dtype_for<T>(), std::move(shape), std::as_bytes(data)};
+    return TensorView{dtype_of<T>(), std::move(shape), std::as_bytes(data)};
   }
 };
 
-/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type...).
+/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type, one whose
+/// dtype is known at run time) whose elements are row-major contiguous, as the file stores them:
+/// its bytes are borrowed, not copied.
 template <TensorLike U>
 TensorView view_of(const U& value) {
   static_assert(memory_space_v<U> == MemorySpace::host,
                 "safetensors::view_of: the value lives in device memory; copy it to the host first");
-  using E = element_t<U>;
-  return TensorView{dtype_for<E>(), shape_of(value),
-                    std::as_bytes(std::span<const E>(tensor_traits<U>::data(value), element_count(value)))};
+  const distribute::TensorView v = distribute::view_of(value);
+  if (v.memory != MemorySpace::host) {
+    throw InvalidArgument(fmt::format("safetensors::view_of: the {} value lives in device memory; copy it to the "
+                                      "host first",
+                                      distribute::describe(v)));
+  }
+  if (!v.contiguous()) {
+    throw InvalidArgument(fmt::format("safetensors::view_of: the {} value is not row-major contiguous, as a "
+                                      "safetensors file stores tensors; pass a contiguous copy",
+                                      distribute::describe(v)));
+  }
+  return TensorView{v.dtype, v.shape, std::span<const std::byte>(static_cast<const std::byte*>(v.data), v.bytes())};
 }
 
 /// One tensor read from a file (owns its bytes).
 struct StoredTensor {
   std::string name;
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::vector<std::byte> bytes;
 
@@ -5946,9 +7164,9 @@ struct StoredTensor {
 
   /// The elements as T, which must be exactly the stored dtype: F16 is not read as float, nor
   /// I32 as I64 (a silent conversion would hide a mismatch between a file and its reader).
-  template <StorableElement T>
+  template <Element T>
   std::vector<T> values() const {
-    check_dtype(dtype_for<T>());
+    check_dtype(dtype_of<T>());
     const std::size_t n = bytes.size() / sizeof(T);
     if constexpr (std::is_same_v<T, bool>) {
       std::vector<bool> out(n);
@@ -5968,7 +7186,7 @@ struct StoredTensor {
     return Tensor<T>(shape, values<T>());
   }
 
-  void check_dtype(Dtype wanted) const {
+  void check_dtype(DType wanted) const {
     if (wanted != dtype) {
       throw CheckpointError(fmt::format("tensor '{}' has dtype {} and cannot be read as {}; distribute does not "
                                         "convert between element types",
@@ -6043,7 +7261,7 @@ inline bool is_reserved_key(std::string_view key) {
 
 struct Entry {
   std::string name;
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
@@ -6060,7 +7278,7 @@ inline std::uint32_t header_digest(std::vector<const Entry*> entries, const Meta
     text += 'T';
     text += e->name;
     text += '\0';
-    text += to_string(e->dtype);
+    text += dtype_name(e->dtype);
     text += '\0';
     text += fmt::format("{}", fmt::join(e->shape, ","));
     text += '\0';
@@ -6164,9 +7382,14 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
     }
     auto d = parse_dtype(dtype->get_string());
     if (!d) {
+      std::string known;
+      for (std::uint8_t code = 0; code < kNumDTypes; ++code) {
+        const std::string_view n = dtype_name(static_cast<DType>(code));
+        if (!n.empty()) known += fmt::format("{}{}", known.empty() ? "" : ", ", n);
+      }
       throw CheckpointError(fmt::format("'{}': tensor '{}' has dtype \"{}\", which distribute does not know (known: "
-                                        "F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, BOOL)",
-                                        origin, name, std::string_view(dtype->get_string())));
+                                        "{})",
+                                        origin, name, std::string_view(dtype->get_string()), known));
     }
     e.dtype = *d;
     if (!shape->is_array()) {
@@ -6194,7 +7417,7 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
     if (e.end - e.begin != expected) {
       throw CheckpointError(fmt::format("'{}': tensor '{}' of dtype {} and shape {} needs {} bytes, but its "
                                         "data_offsets [{}, {}] span {}",
-                                        origin, name, to_string(e.dtype), shape_string(e.shape), expected, e.begin,
+                                        origin, name, dtype_name(e.dtype), shape_string(e.shape), expected, e.begin,
                                         e.end, e.end - e.begin));
     }
     if (e.end > payload_size) {
@@ -6279,7 +7502,7 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
 // After the bytes are in: BOOL must be 0/1 (anything else is not a bool in C++), and the CRC.
 inline void check_tensor_bytes(const Header& h, const StoredTensor& t, const std::string& origin,
                                const ReadOptions& options) {
-  if (t.dtype == Dtype::Bool) {
+  if (t.dtype == DType::Bool) {
     for (std::size_t i = 0; i < t.bytes.size(); ++i) {
       if (static_cast<unsigned>(t.bytes[i]) > 1) {
         throw CheckpointError(fmt::format("'{}': BOOL tensor '{}' holds byte {} at element {}; only 0 and 1 are "
@@ -6341,6 +7564,11 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (name.empty() || name == kMetadataKey) {
       throw InvalidArgument(fmt::format("safetensors: '{}' cannot be a tensor name", name));
     }
+    if (dtype_name(view.dtype).empty()) {
+      throw InvalidArgument(fmt::format("safetensors: tensor '{}' has dtype code {}, which safetensors files cannot "
+                                        "hold",
+                                        name, static_cast<unsigned>(view.dtype)));
+    }
     for (auto d : view.shape) {
       if (d < 0) {
         throw InvalidArgument(fmt::format("safetensors: tensor '{}' has a negative dimension in shape {}", name,
@@ -6351,7 +7579,7 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (view.bytes.size() != want) {
       throw InvalidArgument(fmt::format("safetensors: tensor '{}' of dtype {} and shape {} needs {} bytes, but {} "
                                         "were given",
-                                        name, to_string(view.dtype), shape_string(view.shape), want,
+                                        name, dtype_name(view.dtype), shape_string(view.shape), want,
                                         view.bytes.size()));
     }
     layout.order.emplace_back(&name, &view);
@@ -6384,7 +7612,9 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     boost::json::array shape;
     for (auto d : e.shape) shape.push_back(d);
     root[e.name] = boost::json::object{
-        {"dtype", to_string(e.dtype)}, {"shape", std::move(shape)}, {"data_offsets", boost::json::array{e.begin, e.end}}};
+        {"dtype", dtype_name(e.dtype)},
+        {"shape", std::move(shape)},
+        {"data_offsets", boost::json::array{e.begin, e.end}}};
   }
   std::string json = boost::json::serialize(root);
   json.append((8 - json.size() % 8) % 8, ' ');
@@ -6499,6 +7729,9 @@ DISTRIBUTE_END_NAMESPACE
 //                                 restored with a cross-replica assign (SUM: split over the copies)
 //   sharded (track_sharded)       one tensor, the shards concatenated along axis 0; restorable into
 //                                 any number of shards whose rows add up to the saved rows
+// Variables of any TensorLike type are tracked through their run-time views: the dtype comes from
+// the value, and the file holds the elements in row-major logical order whatever the value's
+// layout (a column-major matrix, a transposed view), restored into that layout through its strides.
 // Saving and restoring happen in cross-replica context (outside strategy.run()). A Checkpoint is
 // not thread-safe: one thread saves or restores at a time.
 
@@ -6841,125 +8074,49 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 namespace safetensors {
 
-/// The element types of a safetensors file, spelled as in the file. F16 and BF16 have no C++
-/// arithmetic type here: they are carried as raw 2-byte values (float16 / bfloat16 below).
-enum class Dtype : std::uint8_t { F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool };
-
-inline constexpr std::array<Dtype, 13> all_dtypes = {Dtype::F16, Dtype::BF16, Dtype::F32, Dtype::F64, Dtype::I8,
-                                                     Dtype::I16, Dtype::I32,  Dtype::I64, Dtype::U8,  Dtype::U16,
-                                                     Dtype::U32, Dtype::U64,  Dtype::Bool};
-
-/// "F32", "BOOL", ... as written in the header.
-constexpr std::string_view to_string(Dtype d) noexcept {
+/// A dtype as the file spells it: "F32", "BF16", "BOOL", ... (the element types are ds::DType;
+/// this is only their name in a safetensors header).
+constexpr std::string_view dtype_name(DType d) noexcept {
   switch (d) {
-    case Dtype::F16: return "F16";
-    case Dtype::BF16: return "BF16";
-    case Dtype::F32: return "F32";
-    case Dtype::F64: return "F64";
-    case Dtype::I8: return "I8";
-    case Dtype::I16: return "I16";
-    case Dtype::I32: return "I32";
-    case Dtype::I64: return "I64";
-    case Dtype::U8: return "U8";
-    case Dtype::U16: return "U16";
-    case Dtype::U32: return "U32";
-    case Dtype::U64: return "U64";
-    case Dtype::Bool: return "BOOL";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::I8: return "I8";
+    case DType::I16: return "I16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U8: return "U8";
+    case DType::U16: return "U16";
+    case DType::U32: return "U32";
+    case DType::U64: return "U64";
+    case DType::Bool: return "BOOL";
   }
-  return "?";
+  return {};  // a DType with no safetensors name: parse_dtype never returns it
 }
 
-constexpr std::size_t size_of(Dtype d) noexcept {
-  switch (d) {
-    case Dtype::I8: case Dtype::U8: case Dtype::Bool: return 1;
-    case Dtype::F16: case Dtype::BF16: case Dtype::I16: case Dtype::U16: return 2;
-    case Dtype::F32: case Dtype::I32: case Dtype::U32: return 4;
-    case Dtype::F64: case Dtype::I64: case Dtype::U64: return 8;
-  }
-  return 0;
-}
-
-constexpr std::optional<Dtype> parse_dtype(std::string_view s) noexcept {
-  for (Dtype d : all_dtypes) {
-    if (to_string(d) == s) return d;
+/// The DType a header's "dtype" string names; none for a name distribute does not know
+/// ("F8_E4M3", "I4", ...).
+constexpr std::optional<DType> parse_dtype(std::string_view name) noexcept {
+  if (name.empty()) return std::nullopt;
+  for (std::uint8_t code = 0; code < kNumDTypes; ++code) {
+    const auto d = static_cast<DType>(code);
+    if (dtype_name(d) == name) return d;
   }
   return std::nullopt;
 }
 
-/// The file dtype of a library element type.
-constexpr Dtype from_dtype(DType d) noexcept {
-  switch (d) {
-    case DType::F32: return Dtype::F32;
-    case DType::F64: return Dtype::F64;
-    case DType::I8: return Dtype::I8;
-    case DType::I16: return Dtype::I16;
-    case DType::I32: return Dtype::I32;
-    case DType::I64: return Dtype::I64;
-    case DType::U8: return Dtype::U8;
-    case DType::U16: return Dtype::U16;
-    case DType::U32: return Dtype::U32;
-    case DType::U64: return Dtype::U64;
-    case DType::Bool: return Dtype::Bool;
-  }
-  return Dtype::F32;
-}
-
-/// The library element type of a file dtype; none for F16/BF16.
-constexpr std::optional<DType> to_dtype(Dtype d) noexcept {
-  switch (d) {
-    case Dtype::F16: case Dtype::BF16: return std::nullopt;
-    case Dtype::F32: return DType::F32;
-    case Dtype::F64: return DType::F64;
-    case Dtype::I8: return DType::I8;
-    case Dtype::I16: return DType::I16;
-    case Dtype::I32: return DType::I32;
-    case Dtype::I64: return DType::I64;
-    case Dtype::U8: return DType::U8;
-    case Dtype::U16: return DType::U16;
-    case Dtype::U32: return DType::U32;
-    case Dtype::U64: return DType::U64;
-    case Dtype::Bool: return DType::Bool;
-  }
-  return std::nullopt;
-}
-
-/// "F32 (float32)"; "F16" for the types with no library counterpart.
-inline std::string describe(Dtype d) {
-  auto lib = to_dtype(d);
-  return lib ? fmt::format("{} ({})", to_string(d), distribute::to_string(*lib)) : std::string(to_string(d));
-}
-
-/// IEEE half precision, stored as its bit pattern. No arithmetic, no implicit conversion:
-/// distribute moves these values, it does not compute with them.
-struct float16 {
-  std::uint16_t bits = 0;
-  friend constexpr bool operator==(float16, float16) = default;
-};
-/// bfloat16 (the upper half of an IEEE float32), stored as its bit pattern.
-struct bfloat16 {
-  std::uint16_t bits = 0;
-  friend constexpr bool operator==(bfloat16, bfloat16) = default;
-};
-
-/// An element type a safetensors tensor can be read as or written from.
-template <class T>
-concept StorableElement = Element<T> || std::same_as<T, float16> || std::same_as<T, bfloat16>;
-
-template <StorableElement T>
-constexpr Dtype dtype_for() noexcept {
-  if constexpr (std::same_as<T, float16>) return Dtype::F16;
-  else if constexpr (std::same_as<T, bfloat16>) return Dtype::BF16;
-  else return from_dtype(dtype_of<T>());
-}
+/// For messages: "F16 (float16)", the file's name and the library's.
+inline std::string describe(DType d) { return fmt::format("{} ({})", dtype_name(d), distribute::to_string(d)); }
 
 /// Borrowed bytes of one tensor to write: the caller keeps them alive during the write.
 struct TensorView {
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::span<const std::byte> bytes;
 
   /// A view of `data` (row-major) as a tensor of `shape`; the element count must match.
-  template <StorableElement T>
+  template <Element T>
   static TensorView of(Shape shape, std::span<const T> data) {
     for (auto d : shape) {
       if (d < 0) throw InvalidArgument(fmt::format("safetensors: negative dimension in shape {}", shape_string(shape)));
@@ -6968,24 +8125,35 @@ struct TensorView {
       throw InvalidArgument(fmt::format("safetensors: shape {} holds {} elements but {} were given",
                                         shape_string(shape), num_elements(shape), data.size()));
     }
-    return TensorView{dtype_for<T>(), std::move(shape), std::as_bytes(data)};
+    return TensorView{dtype_of<T>(), std::move(shape), std::as_bytes(data)};
   }
 };
 
-/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type...).
+/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type, one whose
+/// dtype is known at run time) whose elements are row-major contiguous, as the file stores them:
+/// its bytes are borrowed, not copied.
 template <TensorLike U>
 TensorView view_of(const U& value) {
   static_assert(memory_space_v<U> == MemorySpace::host,
                 "safetensors::view_of: the value lives in device memory; copy it to the host first");
-  using E = element_t<U>;
-  return TensorView{dtype_for<E>(), shape_of(value),
-                    std::as_bytes(std::span<const E>(tensor_traits<U>::data(value), element_count(value)))};
+  const distribute::TensorView v = distribute::view_of(value);
+  if (v.memory != MemorySpace::host) {
+    throw InvalidArgument(fmt::format("safetensors::view_of: the {} value lives in device memory; copy it to the "
+                                      "host first",
+                                      distribute::describe(v)));
+  }
+  if (!v.contiguous()) {
+    throw InvalidArgument(fmt::format("safetensors::view_of: the {} value is not row-major contiguous, as a "
+                                      "safetensors file stores tensors; pass a contiguous copy",
+                                      distribute::describe(v)));
+  }
+  return TensorView{v.dtype, v.shape, std::span<const std::byte>(static_cast<const std::byte*>(v.data), v.bytes())};
 }
 
 /// One tensor read from a file (owns its bytes).
 struct StoredTensor {
   std::string name;
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::vector<std::byte> bytes;
 
@@ -6994,9 +8162,9 @@ struct StoredTensor {
 
   /// The elements as T, which must be exactly the stored dtype: F16 is not read as float, nor
   /// I32 as I64 (a silent conversion would hide a mismatch between a file and its reader).
-  template <StorableElement T>
+  template <Element T>
   std::vector<T> values() const {
-    check_dtype(dtype_for<T>());
+    check_dtype(dtype_of<T>());
     const std::size_t n = bytes.size() / sizeof(T);
     if constexpr (std::is_same_v<T, bool>) {
       std::vector<bool> out(n);
@@ -7016,7 +8184,7 @@ struct StoredTensor {
     return Tensor<T>(shape, values<T>());
   }
 
-  void check_dtype(Dtype wanted) const {
+  void check_dtype(DType wanted) const {
     if (wanted != dtype) {
       throw CheckpointError(fmt::format("tensor '{}' has dtype {} and cannot be read as {}; distribute does not "
                                         "convert between element types",
@@ -7091,7 +8259,7 @@ inline bool is_reserved_key(std::string_view key) {
 
 struct Entry {
   std::string name;
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
@@ -7108,7 +8276,7 @@ inline std::uint32_t header_digest(std::vector<const Entry*> entries, const Meta
     text += 'T';
     text += e->name;
     text += '\0';
-    text += to_string(e->dtype);
+    text += dtype_name(e->dtype);
     text += '\0';
     text += fmt::format("{}", fmt::join(e->shape, ","));
     text += '\0';
@@ -7212,9 +8380,14 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
     }
     auto d = parse_dtype(dtype->get_string());
     if (!d) {
+      std::string known;
+      for (std::uint8_t code = 0; code < kNumDTypes; ++code) {
+        const std::string_view n = dtype_name(static_cast<DType>(code));
+        if (!n.empty()) known += fmt::format("{}{}", known.empty() ? "" : ", ", n);
+      }
       throw CheckpointError(fmt::format("'{}': tensor '{}' has dtype \"{}\", which distribute does not know (known: "
-                                        "F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, BOOL)",
-                                        origin, name, std::string_view(dtype->get_string())));
+                                        "{})",
+                                        origin, name, std::string_view(dtype->get_string()), known));
     }
     e.dtype = *d;
     if (!shape->is_array()) {
@@ -7242,7 +8415,7 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
     if (e.end - e.begin != expected) {
       throw CheckpointError(fmt::format("'{}': tensor '{}' of dtype {} and shape {} needs {} bytes, but its "
                                         "data_offsets [{}, {}] span {}",
-                                        origin, name, to_string(e.dtype), shape_string(e.shape), expected, e.begin,
+                                        origin, name, dtype_name(e.dtype), shape_string(e.shape), expected, e.begin,
                                         e.end, e.end - e.begin));
     }
     if (e.end > payload_size) {
@@ -7327,7 +8500,7 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
 // After the bytes are in: BOOL must be 0/1 (anything else is not a bool in C++), and the CRC.
 inline void check_tensor_bytes(const Header& h, const StoredTensor& t, const std::string& origin,
                                const ReadOptions& options) {
-  if (t.dtype == Dtype::Bool) {
+  if (t.dtype == DType::Bool) {
     for (std::size_t i = 0; i < t.bytes.size(); ++i) {
       if (static_cast<unsigned>(t.bytes[i]) > 1) {
         throw CheckpointError(fmt::format("'{}': BOOL tensor '{}' holds byte {} at element {}; only 0 and 1 are "
@@ -7389,6 +8562,11 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (name.empty() || name == kMetadataKey) {
       throw InvalidArgument(fmt::format("safetensors: '{}' cannot be a tensor name", name));
     }
+    if (dtype_name(view.dtype).empty()) {
+      throw InvalidArgument(fmt::format("safetensors: tensor '{}' has dtype code {}, which safetensors files cannot "
+                                        "hold",
+                                        name, static_cast<unsigned>(view.dtype)));
+    }
     for (auto d : view.shape) {
       if (d < 0) {
         throw InvalidArgument(fmt::format("safetensors: tensor '{}' has a negative dimension in shape {}", name,
@@ -7399,7 +8577,7 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (view.bytes.size() != want) {
       throw InvalidArgument(fmt::format("safetensors: tensor '{}' of dtype {} and shape {} needs {} bytes, but {} "
                                         "were given",
-                                        name, to_string(view.dtype), shape_string(view.shape), want,
+                                        name, dtype_name(view.dtype), shape_string(view.shape), want,
                                         view.bytes.size()));
     }
     layout.order.emplace_back(&name, &view);
@@ -7432,7 +8610,9 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     boost::json::array shape;
     for (auto d : e.shape) shape.push_back(d);
     root[e.name] = boost::json::object{
-        {"dtype", to_string(e.dtype)}, {"shape", std::move(shape)}, {"data_offsets", boost::json::array{e.begin, e.end}}};
+        {"dtype", dtype_name(e.dtype)},
+        {"shape", std::move(shape)},
+        {"data_offsets", boost::json::array{e.begin, e.end}}};
   }
   std::string json = boost::json::serialize(root);
   json.append((8 - json.size() % 8) % 8, ' ');
@@ -8118,7 +9298,7 @@ struct CheckpointSnapshot {
 class Trackable {
  public:
   virtual ~Trackable() = default;
-  virtual safetensors::Dtype dtype() const = 0;
+  virtual DType dtype() const = 0;
   virtual Shape shape() const = 0;
   /// For messages: "variable 'w'", "sharded variable (2 shards: (4, 2), (3, 2))".
   virtual std::string describe() const = 0;
@@ -8127,10 +9307,20 @@ class Trackable {
   virtual void restore(const safetensors::StoredTensor& tensor) = 0;
 };
 
+// Checkpoints read and write values through host memory: a compile-time type says where its
+// values live in its type, a run-time one (torch::Tensor, DLPack) in each value's view.
 template <class T>
-void check_host_memory() {
+void check_host_memory(const Variable<T>& var, std::string_view name) {
   static_assert(memory_space_v<T> == MemorySpace::host,
                 "ds::Checkpoint: variables whose values live in device memory cannot be checkpointed yet");
+  if constexpr (DynamicTensorLike<T>) {
+    const TensorView v = view_of(var.values().front());
+    if (v.memory != MemorySpace::host) {
+      throw InvalidArgument(fmt::format("Checkpoint::track: '{}' (variable '{}') holds {} values in device memory, "
+                                        "which cannot be checkpointed yet; track a host copy",
+                                        name, var.name(), distribute::describe(v)));
+    }
+  }
 }
 
 // Reads a variable's checkpoint value: the primary copy, or the aggregate of a sync-on-read one.
@@ -8143,29 +9333,58 @@ T checkpoint_value(const Variable<T>& var, const std::string& name) {
   }
 }
 
-// Writes `shape`'s worth of elements from `data` into every copy of `var`.
+// A value's elements in the file's row-major order: borrowed when its memory already holds them
+// so, else copied into that order (a column-major matrix, a transposed or broadcast view).
 template <class T>
-void restore_variable(Variable<T>& var, const Shape& shape, const std::byte* data) {
-  using E = element_t<T>;
-  T value = tensor_traits<T>::make(shape);
-  const std::size_t n = static_cast<std::size_t>(num_elements(shape));
-  if (n) std::memcpy(tensor_traits<T>::data(value), data, n * sizeof(E));
-  if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>) {
-    // A SUM sync-on-read integer split as value/N per copy would lose the remainder (7 over 3
-    // copies reads back 6); give it to copy 0 so that the sum reads back exactly.
-    const std::size_t copies = var.values().size();
-    if (var.is_sync_on_read() && var.aggregation() == VariableAggregation::Sum && copies > 1) {
-      const E* src = tensor_traits<T>::data(value);
-      var.apply_to_copies([&](T& copy, int index) {
-        E* dst = tensor_traits<T>::data(copy);
-        for (std::size_t i = 0; i < n; ++i) {
-          const E share = static_cast<E>(src[i] / static_cast<E>(copies));
-          dst[i] = index == 0 ? static_cast<E>(src[i] - share * static_cast<E>(copies - 1)) : share;
-        }
-      });
-      return;
-    }
+CheckpointSnapshot snapshot_of(T value) {
+  const TensorView v = view_of(value);
+  if (v.contiguous()) {
+    auto owner = std::make_shared<const T>(std::move(value));
+    return CheckpointSnapshot{owner, safetensors::view_of(*owner)};
   }
+  auto bytes = std::make_shared<std::vector<std::byte>>(v.bytes());
+  copy_to_contiguous(v, bytes->data());
+  return CheckpointSnapshot{bytes, safetensors::TensorView{v.dtype, v.shape, *bytes}};
+}
+
+// A SUM sync-on-read integer split as value/N per copy would lose the remainder (7 over 3 copies
+// reads back 6); this gives it to copy 0 so that the sum reads back exactly. False (nothing
+// written) for the other dtypes, which the cross-replica assign splits.
+template <class T>
+bool restore_integer_sum(Variable<T>& var, DType dtype, const std::byte* data) {
+  return visit_dtype(dtype, [&](auto tag) {
+    using E = decltype(tag);
+    if constexpr (!std::is_integral_v<E> || std::is_same_v<E, bool>) {
+      return false;
+    } else {
+      const auto copies = static_cast<E>(var.values().size());
+      var.apply_to_copies([&](T& copy, int index) {
+        HostOperands ops("Checkpoint::restore");
+        ops.add(view_of(copy));
+        E* dst = static_cast<E*>(ops[0].data);
+        for (std::size_t i = 0; i < ops[0].count(); ++i) {
+          E src;
+          std::memcpy(&src, data + i * sizeof(E), sizeof(E));
+          const E share = static_cast<E>(src / copies);
+          dst[i] = index == 0 ? static_cast<E>(src - share * static_cast<E>(copies - 1)) : share;
+        }
+        ops.write_back();
+      });
+      return true;
+    }
+  });
+}
+
+// Writes `shape`'s worth of row-major `dtype` elements from `data` into every copy of `var`, each
+// copy in its own layout and memory (copies of handle types do not end up sharing one value).
+template <class T>
+void restore_variable(Variable<T>& var, DType dtype, const Shape& shape, const std::byte* data) {
+  if (var.is_sync_on_read() && var.aggregation() == VariableAggregation::Sum && var.values().size() > 1 &&
+      restore_integer_sum(var, dtype, data)) {
+    return;
+  }
+  T value = make_value<T>(dtype, shape);
+  copy_from_contiguous(data, view_of(value));
   var.assign(value);
 }
 
@@ -8173,15 +9392,14 @@ template <class T>
 class TrackedVariable final : public Trackable {
  public:
   explicit TrackedVariable(Variable<T> var) : var_(std::move(var)) {}
-  safetensors::Dtype dtype() const override { return safetensors::dtype_for<element_t<T>>(); }
+  DType dtype() const override { return value_dtype(var_.values().front()); }
   Shape shape() const override { return var_.shape(); }
   std::string describe() const override { return fmt::format("variable '{}'", var_.name()); }
   CheckpointSnapshot snapshot(const std::string& name) const override {
-    auto copy = std::make_shared<const T>(checkpoint_value(var_, name));
-    return CheckpointSnapshot{copy, safetensors::view_of(*copy)};
+    return snapshot_of(checkpoint_value(var_, name));
   }
   void restore(const safetensors::StoredTensor& tensor) override {
-    restore_variable(var_, tensor.shape, tensor.bytes.data());
+    restore_variable(var_, tensor.dtype, tensor.shape, tensor.bytes.data());
   }
 
  private:
@@ -8190,12 +9408,11 @@ class TrackedVariable final : public Trackable {
 
 template <class T>
 class TrackedShards final : public Trackable {
-  using E = element_t<T>;
-
  public:
   TrackedShards(std::vector<Variable<T>> shards, const std::string& name) : shards_(std::move(shards)) {
     if (shards_.empty()) throw InvalidArgument(fmt::format("Checkpoint: sharded variable '{}' has no shards", name));
     const Shape first = shards_.front().shape();
+    const DType first_dtype = value_dtype(shards_.front().values().front());
     for (std::size_t i = 0; i < shards_.size(); ++i) {
       const Shape s = shards_[i].shape();
       if (s.empty() || s.size() != first.size() || !std::equal(s.begin() + 1, s.end(), first.begin() + 1)) {
@@ -8203,9 +9420,14 @@ class TrackedShards final : public Trackable {
                                           "along axis 0 with shard 0's {}",
                                           i, shards_[i].name(), name, shape_string(s), shape_string(first)));
       }
+      if (const DType d = value_dtype(shards_[i].values().front()); d != first_dtype) {
+        throw InvalidArgument(fmt::format("Checkpoint: shard {} ('{}') of '{}' is {}, but shard 0 is {}; the shards "
+                                          "of one tensor share a dtype",
+                                          i, shards_[i].name(), name, to_string(d), to_string(first_dtype)));
+      }
     }
   }
-  safetensors::Dtype dtype() const override { return safetensors::dtype_for<E>(); }
+  DType dtype() const override { return value_dtype(shards_.front().values().front()); }
   Shape shape() const override {
     Shape s = shards_.front().shape();
     s[0] = 0;
@@ -8218,14 +9440,17 @@ class TrackedShards final : public Trackable {
     return fmt::format("sharded variable ({} shard{}: {})", shards_.size(), shards_.size() == 1 ? "" : "s", shapes);
   }
   CheckpointSnapshot snapshot(const std::string& name) const override {
-    auto bytes = std::make_shared<std::vector<std::byte>>();
-    bytes->reserve(static_cast<std::size_t>(num_elements(shape())) * sizeof(E));
+    const DType d = dtype();
+    const Shape all = shape();
+    auto bytes = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(num_elements(all)) * size_of(d));
+    std::byte* out = bytes->data();
     for (const auto& shard : shards_) {
       const T value = checkpoint_value(shard, name);
-      const auto* p = reinterpret_cast<const std::byte*>(tensor_traits<T>::data(value));
-      bytes->insert(bytes->end(), p, p + element_count(value) * sizeof(E));
+      const TensorView v = view_of(value);
+      copy_to_contiguous(v, out);
+      out += v.bytes();
     }
-    return CheckpointSnapshot{bytes, safetensors::TensorView{dtype(), shape(), *bytes}};
+    return CheckpointSnapshot{bytes, safetensors::TensorView{d, all, *bytes}};
   }
   void restore(const safetensors::StoredTensor& tensor) override {
     const std::byte* data = tensor.bytes.data();
@@ -8233,8 +9458,8 @@ class TrackedShards final : public Trackable {
     // (how many shards, which sizes) does not matter.
     for (auto& shard : shards_) {
       const Shape s = shard.shape();
-      restore_variable(shard, s, data);
-      data += static_cast<std::size_t>(num_elements(s)) * sizeof(E);
+      restore_variable(shard, tensor.dtype, s, data);
+      data += static_cast<std::size_t>(num_elements(s)) * size_of(tensor.dtype);
     }
   }
 
@@ -8265,7 +9490,7 @@ class Checkpoint {
   /// Tracks a variable (plain, mirrored or sync-on-read) under `name`, the tensor's name in the file.
   template <class T>
   Checkpoint& track(std::string name, const Variable<T>& variable) {
-    detail::check_host_memory<T>();
+    detail::check_host_memory(variable, name);
     return add(std::move(name), std::make_unique<detail::TrackedVariable<T>>(variable));
   }
 
@@ -8280,7 +9505,7 @@ class Checkpoint {
   /// agree on every dimension but the first.
   template <class T>
   Checkpoint& track_sharded(std::string name, std::vector<Variable<T>> shards) {
-    detail::check_host_memory<T>();
+    for (const auto& shard : shards) detail::check_host_memory(shard, name);
     auto tracked = std::make_unique<detail::TrackedShards<T>>(std::move(shards), name);
     return add(std::move(name), std::move(tracked));
   }
@@ -8452,6 +9677,9 @@ DISTRIBUTE_END_NAMESPACE
 //                                 restored with a cross-replica assign (SUM: split over the copies)
 //   sharded (track_sharded)       one tensor, the shards concatenated along axis 0; restorable into
 //                                 any number of shards whose rows add up to the saved rows
+// Variables of any TensorLike type are tracked through their run-time views: the dtype comes from
+// the value, and the file holds the elements in row-major logical order whatever the value's
+// layout (a column-major matrix, a transposed view), restored into that layout through its strides.
 // Saving and restoring happen in cross-replica context (outside strategy.run()). A Checkpoint is
 // not thread-safe: one thread saves or restores at a time.
 
@@ -8794,125 +10022,49 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 namespace safetensors {
 
-/// The element types of a safetensors file, spelled as in the file. F16 and BF16 have no C++
-/// arithmetic type here: they are carried as raw 2-byte values (float16 / bfloat16 below).
-enum class Dtype : std::uint8_t { F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool };
-
-inline constexpr std::array<Dtype, 13> all_dtypes = {Dtype::F16, Dtype::BF16, Dtype::F32, Dtype::F64, Dtype::I8,
-                                                     Dtype::I16, Dtype::I32,  Dtype::I64, Dtype::U8,  Dtype::U16,
-                                                     Dtype::U32, Dtype::U64,  Dtype::Bool};
-
-/// "F32", "BOOL", ... as written in the header.
-constexpr std::string_view to_string(Dtype d) noexcept {
+/// A dtype as the file spells it: "F32", "BF16", "BOOL", ... (the element types are ds::DType;
+/// this is only their name in a safetensors header).
+constexpr std::string_view dtype_name(DType d) noexcept {
   switch (d) {
-    case Dtype::F16: return "F16";
-    case Dtype::BF16: return "BF16";
-    case Dtype::F32: return "F32";
-    case Dtype::F64: return "F64";
-    case Dtype::I8: return "I8";
-    case Dtype::I16: return "I16";
-    case Dtype::I32: return "I32";
-    case Dtype::I64: return "I64";
-    case Dtype::U8: return "U8";
-    case Dtype::U16: return "U16";
-    case Dtype::U32: return "U32";
-    case Dtype::U64: return "U64";
-    case Dtype::Bool: return "BOOL";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::I8: return "I8";
+    case DType::I16: return "I16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U8: return "U8";
+    case DType::U16: return "U16";
+    case DType::U32: return "U32";
+    case DType::U64: return "U64";
+    case DType::Bool: return "BOOL";
   }
-  return "?";
+  return {};  // a DType with no safetensors name: parse_dtype never returns it
 }
 
-constexpr std::size_t size_of(Dtype d) noexcept {
-  switch (d) {
-    case Dtype::I8: case Dtype::U8: case Dtype::Bool: return 1;
-    case Dtype::F16: case Dtype::BF16: case Dtype::I16: case Dtype::U16: return 2;
-    case Dtype::F32: case Dtype::I32: case Dtype::U32: return 4;
-    case Dtype::F64: case Dtype::I64: case Dtype::U64: return 8;
-  }
-  return 0;
-}
-
-constexpr std::optional<Dtype> parse_dtype(std::string_view s) noexcept {
-  for (Dtype d : all_dtypes) {
-    if (to_string(d) == s) return d;
+/// The DType a header's "dtype" string names; none for a name distribute does not know
+/// ("F8_E4M3", "I4", ...).
+constexpr std::optional<DType> parse_dtype(std::string_view name) noexcept {
+  if (name.empty()) return std::nullopt;
+  for (std::uint8_t code = 0; code < kNumDTypes; ++code) {
+    const auto d = static_cast<DType>(code);
+    if (dtype_name(d) == name) return d;
   }
   return std::nullopt;
 }
 
-/// The file dtype of a library element type.
-constexpr Dtype from_dtype(DType d) noexcept {
-  switch (d) {
-    case DType::F32: return Dtype::F32;
-    case DType::F64: return Dtype::F64;
-    case DType::I8: return Dtype::I8;
-    case DType::I16: return Dtype::I16;
-    case DType::I32: return Dtype::I32;
-    case DType::I64: return Dtype::I64;
-    case DType::U8: return Dtype::U8;
-    case DType::U16: return Dtype::U16;
-    case DType::U32: return Dtype::U32;
-    case DType::U64: return Dtype::U64;
-    case DType::Bool: return Dtype::Bool;
-  }
-  return Dtype::F32;
-}
-
-/// The library element type of a file dtype; none for F16/BF16.
-constexpr std::optional<DType> to_dtype(Dtype d) noexcept {
-  switch (d) {
-    case Dtype::F16: case Dtype::BF16: return std::nullopt;
-    case Dtype::F32: return DType::F32;
-    case Dtype::F64: return DType::F64;
-    case Dtype::I8: return DType::I8;
-    case Dtype::I16: return DType::I16;
-    case Dtype::I32: return DType::I32;
-    case Dtype::I64: return DType::I64;
-    case Dtype::U8: return DType::U8;
-    case Dtype::U16: return DType::U16;
-    case Dtype::U32: return DType::U32;
-    case Dtype::U64: return DType::U64;
-    case Dtype::Bool: return DType::Bool;
-  }
-  return std::nullopt;
-}
-
-/// "F32 (float32)"; "F16" for the types with no library counterpart.
-inline std::string describe(Dtype d) {
-  auto lib = to_dtype(d);
-  return lib ? fmt::format("{} ({})", to_string(d), distribute::to_string(*lib)) : std::string(to_string(d));
-}
-
-/// IEEE half precision, stored as its bit pattern. No arithmetic, no implicit conversion:
-/// distribute moves these values, it does not compute with them.
-struct float16 {
-  std::uint16_t bits = 0;
-  friend constexpr bool operator==(float16, float16) = default;
-};
-/// bfloat16 (the upper half of an IEEE float32), stored as its bit pattern.
-struct bfloat16 {
-  std::uint16_t bits = 0;
-  friend constexpr bool operator==(bfloat16, bfloat16) = default;
-};
-
-/// An element type a safetensors tensor can be read as or written from.
-template <class T>
-concept StorableElement = Element<T> || std::same_as<T, float16> || std::same_as<T, bfloat16>;
-
-template <StorableElement T>
-constexpr Dtype dtype_for() noexcept {
-  if constexpr (std::same_as<T, float16>) return Dtype::F16;
-  else if constexpr (std::same_as<T, bfloat16>) return Dtype::BF16;
-  else return from_dtype(dtype_of<T>());
-}
+/// For messages: "F16 (float16)", the file's name and the library's.
+inline std::string describe(DType d) { return fmt::format("{} ({})", dtype_name(d), distribute::to_string(d)); }
 
 /// Borrowed bytes of one tensor to write: the caller keeps them alive during the write.
 struct TensorView {
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::span<const std::byte> bytes;
 
   /// A view of `data` (row-major) as a tensor of `shape`; the element count must match.
-  template <StorableElement T>
+  template <Element T>
   static TensorView of(Shape shape, std::span<const T> data) {
     for (auto d : shape) {
       if (d < 0) throw InvalidArgument(fmt::format("safetensors: negative dimension in shape {}", shape_string(shape)));
@@ -8921,24 +10073,35 @@ struct TensorView {
       throw InvalidArgument(fmt::format("safetensors: shape {} holds {} elements but {} were given",
                                         shape_string(shape), num_elements(shape), data.size()));
     }
-    return TensorView{dtype_for<T>(), std::move(shape), std::as_bytes(data)};
+    return TensorView{dtype_of<T>(), std::move(shape), std::as_bytes(data)};
   }
 };
 
-/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type...).
+/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type, one whose
+/// dtype is known at run time) whose elements are row-major contiguous, as the file stores them:
+/// its bytes are borrowed, not copied.
 template <TensorLike U>
 TensorView view_of(const U& value) {
   static_assert(memory_space_v<U> == MemorySpace::host,
                 "safetensors::view_of: the value lives in device memory; copy it to the host first");
-  using E = element_t<U>;
-  return TensorView{dtype_for<E>(), shape_of(value),
-                    std::as_bytes(std::span<const E>(tensor_traits<U>::data(value), element_count(value)))};
+  const distribute::TensorView v = distribute::view_of(value);
+  if (v.memory != MemorySpace::host) {
+    throw InvalidArgument(fmt::format("safetensors::view_of: the {} value lives in device memory; copy it to the "
+                                      "host first",
+                                      distribute::describe(v)));
+  }
+  if (!v.contiguous()) {
+    throw InvalidArgument(fmt::format("safetensors::view_of: the {} value is not row-major contiguous, as a "
+                                      "safetensors file stores tensors; pass a contiguous copy",
+                                      distribute::describe(v)));
+  }
+  return TensorView{v.dtype, v.shape, std::span<const std::byte>(static_cast<const std::byte*>(v.data), v.bytes())};
 }
 
 /// One tensor read from a file (owns its bytes).
 struct StoredTensor {
   std::string name;
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::vector<std::byte> bytes;
 
@@ -8947,9 +10110,9 @@ struct StoredTensor {
 
   /// The elements as T, which must be exactly the stored dtype: F16 is not read as float, nor
   /// I32 as I64 (a silent conversion would hide a mismatch between a file and its reader).
-  template <StorableElement T>
+  template <Element T>
   std::vector<T> values() const {
-    check_dtype(dtype_for<T>());
+    check_dtype(dtype_of<T>());
     const std::size_t n = bytes.size() / sizeof(T);
     if constexpr (std::is_same_v<T, bool>) {
       std::vector<bool> out(n);
@@ -8969,7 +10132,7 @@ struct StoredTensor {
     return Tensor<T>(shape, values<T>());
   }
 
-  void check_dtype(Dtype wanted) const {
+  void check_dtype(DType wanted) const {
     if (wanted != dtype) {
       throw CheckpointError(fmt::format("tensor '{}' has dtype {} and cannot be read as {}; distribute does not "
                                         "convert between element types",
@@ -9044,7 +10207,7 @@ inline bool is_reserved_key(std::string_view key) {
 
 struct Entry {
   std::string name;
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
@@ -9061,7 +10224,7 @@ inline std::uint32_t header_digest(std::vector<const Entry*> entries, const Meta
     text += 'T';
     text += e->name;
     text += '\0';
-    text += to_string(e->dtype);
+    text += dtype_name(e->dtype);
     text += '\0';
     text += fmt::format("{}", fmt::join(e->shape, ","));
     text += '\0';
@@ -9165,9 +10328,14 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
     }
     auto d = parse_dtype(dtype->get_string());
     if (!d) {
+      std::string known;
+      for (std::uint8_t code = 0; code < kNumDTypes; ++code) {
+        const std::string_view n = dtype_name(static_cast<DType>(code));
+        if (!n.empty()) known += fmt::format("{}{}", known.empty() ? "" : ", ", n);
+      }
       throw CheckpointError(fmt::format("'{}': tensor '{}' has dtype \"{}\", which distribute does not know (known: "
-                                        "F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, BOOL)",
-                                        origin, name, std::string_view(dtype->get_string())));
+                                        "{})",
+                                        origin, name, std::string_view(dtype->get_string()), known));
     }
     e.dtype = *d;
     if (!shape->is_array()) {
@@ -9195,7 +10363,7 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
     if (e.end - e.begin != expected) {
       throw CheckpointError(fmt::format("'{}': tensor '{}' of dtype {} and shape {} needs {} bytes, but its "
                                         "data_offsets [{}, {}] span {}",
-                                        origin, name, to_string(e.dtype), shape_string(e.shape), expected, e.begin,
+                                        origin, name, dtype_name(e.dtype), shape_string(e.shape), expected, e.begin,
                                         e.end, e.end - e.begin));
     }
     if (e.end > payload_size) {
@@ -9280,7 +10448,7 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
 // After the bytes are in: BOOL must be 0/1 (anything else is not a bool in C++), and the CRC.
 inline void check_tensor_bytes(const Header& h, const StoredTensor& t, const std::string& origin,
                                const ReadOptions& options) {
-  if (t.dtype == Dtype::Bool) {
+  if (t.dtype == DType::Bool) {
     for (std::size_t i = 0; i < t.bytes.size(); ++i) {
       if (static_cast<unsigned>(t.bytes[i]) > 1) {
         throw CheckpointError(fmt::format("'{}': BOOL tensor '{}' holds byte {} at element {}; only 0 and 1 are "
@@ -9342,6 +10510,11 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (name.empty() || name == kMetadataKey) {
       throw InvalidArgument(fmt::format("safetensors: '{}' cannot be a tensor name", name));
     }
+    if (dtype_name(view.dtype).empty()) {
+      throw InvalidArgument(fmt::format("safetensors: tensor '{}' has dtype code {}, which safetensors files cannot "
+                                        "hold",
+                                        name, static_cast<unsigned>(view.dtype)));
+    }
     for (auto d : view.shape) {
       if (d < 0) {
         throw InvalidArgument(fmt::format("safetensors: tensor '{}' has a negative dimension in shape {}", name,
@@ -9352,7 +10525,7 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (view.bytes.size() != want) {
       throw InvalidArgument(fmt::format("safetensors: tensor '{}' of dtype {} and shape {} needs {} bytes, but {} "
                                         "were given",
-                                        name, to_string(view.dtype), shape_string(view.shape), want,
+                                        name, dtype_name(view.dtype), shape_string(view.shape), want,
                                         view.bytes.size()));
     }
     layout.order.emplace_back(&name, &view);
@@ -9385,7 +10558,9 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     boost::json::array shape;
     for (auto d : e.shape) shape.push_back(d);
     root[e.name] = boost::json::object{
-        {"dtype", to_string(e.dtype)}, {"shape", std::move(shape)}, {"data_offsets", boost::json::array{e.begin, e.end}}};
+        {"dtype", dtype_name(e.dtype)},
+        {"shape", std::move(shape)},
+        {"data_offsets", boost::json::array{e.begin, e.end}}};
   }
   std::string json = boost::json::serialize(root);
   json.append((8 - json.size() % 8) % 8, ' ');
@@ -10071,7 +11246,7 @@ struct CheckpointSnapshot {
 class Trackable {
  public:
   virtual ~Trackable() = default;
-  virtual safetensors::Dtype dtype() const = 0;
+  virtual DType dtype() const = 0;
   virtual Shape shape() const = 0;
   /// For messages: "variable 'w'", "sharded variable (2 shards: (4, 2), (3, 2))".
   virtual std::string describe() const = 0;
@@ -10080,10 +11255,20 @@ class Trackable {
   virtual void restore(const safetensors::StoredTensor& tensor) = 0;
 };
 
+// Checkpoints read and write values through host memory: a compile-time type says where its
+// values live in its type, a run-time one (torch::Tensor, DLPack) in each value's view.
 template <class T>
-void check_host_memory() {
+void check_host_memory(const Variable<T>& var, std::string_view name) {
   static_assert(memory_space_v<T> == MemorySpace::host,
                 "ds::Checkpoint: variables whose values live in device memory cannot be checkpointed yet");
+  if constexpr (DynamicTensorLike<T>) {
+    const TensorView v = view_of(var.values().front());
+    if (v.memory != MemorySpace::host) {
+      throw InvalidArgument(fmt::format("Checkpoint::track: '{}' (variable '{}') holds {} values in device memory, "
+                                        "which cannot be checkpointed yet; track a host copy",
+                                        name, var.name(), distribute::describe(v)));
+    }
+  }
 }
 
 // Reads a variable's checkpoint value: the primary copy, or the aggregate of a sync-on-read one.
@@ -10096,29 +11281,58 @@ T checkpoint_value(const Variable<T>& var, const std::string& name) {
   }
 }
 
-// Writes `shape`'s worth of elements from `data` into every copy of `var`.
+// A value's elements in the file's row-major order: borrowed when its memory already holds them
+// so, else copied into that order (a column-major matrix, a transposed or broadcast view).
 template <class T>
-void restore_variable(Variable<T>& var, const Shape& shape, const std::byte* data) {
-  using E = element_t<T>;
-  T value = tensor_traits<T>::make(shape);
-  const std::size_t n = static_cast<std::size_t>(num_elements(shape));
-  if (n) std::memcpy(tensor_traits<T>::data(value), data, n * sizeof(E));
-  if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>) {
-    // A SUM sync-on-read integer split as value/N per copy would lose the remainder (7 over 3
-    // copies reads back 6); give it to copy 0 so that the sum reads back exactly.
-    const std::size_t copies = var.values().size();
-    if (var.is_sync_on_read() && var.aggregation() == VariableAggregation::Sum && copies > 1) {
-      const E* src = tensor_traits<T>::data(value);
-      var.apply_to_copies([&](T& copy, int index) {
-        E* dst = tensor_traits<T>::data(copy);
-        for (std::size_t i = 0; i < n; ++i) {
-          const E share = static_cast<E>(src[i] / static_cast<E>(copies));
-          dst[i] = index == 0 ? static_cast<E>(src[i] - share * static_cast<E>(copies - 1)) : share;
-        }
-      });
-      return;
-    }
+CheckpointSnapshot snapshot_of(T value) {
+  const TensorView v = view_of(value);
+  if (v.contiguous()) {
+    auto owner = std::make_shared<const T>(std::move(value));
+    return CheckpointSnapshot{owner, safetensors::view_of(*owner)};
   }
+  auto bytes = std::make_shared<std::vector<std::byte>>(v.bytes());
+  copy_to_contiguous(v, bytes->data());
+  return CheckpointSnapshot{bytes, safetensors::TensorView{v.dtype, v.shape, *bytes}};
+}
+
+// A SUM sync-on-read integer split as value/N per copy would lose the remainder (7 over 3 copies
+// reads back 6); this gives it to copy 0 so that the sum reads back exactly. False (nothing
+// written) for the other dtypes, which the cross-replica assign splits.
+template <class T>
+bool restore_integer_sum(Variable<T>& var, DType dtype, const std::byte* data) {
+  return visit_dtype(dtype, [&](auto tag) {
+    using E = decltype(tag);
+    if constexpr (!std::is_integral_v<E> || std::is_same_v<E, bool>) {
+      return false;
+    } else {
+      const auto copies = static_cast<E>(var.values().size());
+      var.apply_to_copies([&](T& copy, int index) {
+        HostOperands ops("Checkpoint::restore");
+        ops.add(view_of(copy));
+        E* dst = static_cast<E*>(ops[0].data);
+        for (std::size_t i = 0; i < ops[0].count(); ++i) {
+          E src;
+          std::memcpy(&src, data + i * sizeof(E), sizeof(E));
+          const E share = static_cast<E>(src / copies);
+          dst[i] = index == 0 ? static_cast<E>(src - share * static_cast<E>(copies - 1)) : share;
+        }
+        ops.write_back();
+      });
+      return true;
+    }
+  });
+}
+
+// Writes `shape`'s worth of row-major `dtype` elements from `data` into every copy of `var`, each
+// copy in its own layout and memory (copies of handle types do not end up sharing one value).
+template <class T>
+void restore_variable(Variable<T>& var, DType dtype, const Shape& shape, const std::byte* data) {
+  if (var.is_sync_on_read() && var.aggregation() == VariableAggregation::Sum && var.values().size() > 1 &&
+      restore_integer_sum(var, dtype, data)) {
+    return;
+  }
+  T value = make_value<T>(dtype, shape);
+  copy_from_contiguous(data, view_of(value));
   var.assign(value);
 }
 
@@ -10126,15 +11340,14 @@ template <class T>
 class TrackedVariable final : public Trackable {
  public:
   explicit TrackedVariable(Variable<T> var) : var_(std::move(var)) {}
-  safetensors::Dtype dtype() const override { return safetensors::dtype_for<element_t<T>>(); }
+  DType dtype() const override { return value_dtype(var_.values().front()); }
   Shape shape() const override { return var_.shape(); }
   std::string describe() const override { return fmt::format("variable '{}'", var_.name()); }
   CheckpointSnapshot snapshot(const std::string& name) const override {
-    auto copy = std::make_shared<const T>(checkpoint_value(var_, name));
-    return CheckpointSnapshot{copy, safetensors::view_of(*copy)};
+    return snapshot_of(checkpoint_value(var_, name));
   }
   void restore(const safetensors::StoredTensor& tensor) override {
-    restore_variable(var_, tensor.shape, tensor.bytes.data());
+    restore_variable(var_, tensor.dtype, tensor.shape, tensor.bytes.data());
   }
 
  private:
@@ -10143,12 +11356,11 @@ class TrackedVariable final : public Trackable {
 
 template <class T>
 class TrackedShards final : public Trackable {
-  using E = element_t<T>;
-
  public:
   TrackedShards(std::vector<Variable<T>> shards, const std::string& name) : shards_(std::move(shards)) {
     if (shards_.empty()) throw InvalidArgument(fmt::format("Checkpoint: sharded variable '{}' has no shards", name));
     const Shape first = shards_.front().shape();
+    const DType first_dtype = value_dtype(shards_.front().values().front());
     for (std::size_t i = 0; i < shards_.size(); ++i) {
       const Shape s = shards_[i].shape();
       if (s.empty() || s.size() != first.size() || !std::equal(s.begin() + 1, s.end(), first.begin() + 1)) {
@@ -10156,9 +11368,14 @@ class TrackedShards final : public Trackable {
                                           "along axis 0 with shard 0's {}",
                                           i, shards_[i].name(), name, shape_string(s), shape_string(first)));
       }
+      if (const DType d = value_dtype(shards_[i].values().front()); d != first_dtype) {
+        throw InvalidArgument(fmt::format("Checkpoint: shard {} ('{}') of '{}' is {}, but shard 0 is {}; the shards "
+                                          "of one tensor share a dtype",
+                                          i, shards_[i].name(), name, to_string(d), to_string(first_dtype)));
+      }
     }
   }
-  safetensors::Dtype dtype() const override { return safetensors::dtype_for<E>(); }
+  DType dtype() const override { return value_dtype(shards_.front().values().front()); }
   Shape shape() const override {
     Shape s = shards_.front().shape();
     s[0] = 0;
@@ -10171,14 +11388,17 @@ class TrackedShards final : public Trackable {
     return fmt::format("sharded variable ({} shard{}: {})", shards_.size(), shards_.size() == 1 ? "" : "s", shapes);
   }
   CheckpointSnapshot snapshot(const std::string& name) const override {
-    auto bytes = std::make_shared<std::vector<std::byte>>();
-    bytes->reserve(static_cast<std::size_t>(num_elements(shape())) * sizeof(E));
+    const DType d = dtype();
+    const Shape all = shape();
+    auto bytes = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(num_elements(all)) * size_of(d));
+    std::byte* out = bytes->data();
     for (const auto& shard : shards_) {
       const T value = checkpoint_value(shard, name);
-      const auto* p = reinterpret_cast<const std::byte*>(tensor_traits<T>::data(value));
-      bytes->insert(bytes->end(), p, p + element_count(value) * sizeof(E));
+      const TensorView v = view_of(value);
+      copy_to_contiguous(v, out);
+      out += v.bytes();
     }
-    return CheckpointSnapshot{bytes, safetensors::TensorView{dtype(), shape(), *bytes}};
+    return CheckpointSnapshot{bytes, safetensors::TensorView{d, all, *bytes}};
   }
   void restore(const safetensors::StoredTensor& tensor) override {
     const std::byte* data = tensor.bytes.data();
@@ -10186,8 +11406,8 @@ class TrackedShards final : public Trackable {
     // (how many shards, which sizes) does not matter.
     for (auto& shard : shards_) {
       const Shape s = shard.shape();
-      restore_variable(shard, s, data);
-      data += static_cast<std::size_t>(num_elements(s)) * sizeof(E);
+      restore_variable(shard, tensor.dtype, s, data);
+      data += static_cast<std::size_t>(num_elements(s)) * size_of(tensor.dtype);
     }
   }
 
@@ -10218,7 +11438,7 @@ class Checkpoint {
   /// Tracks a variable (plain, mirrored or sync-on-read) under `name`, the tensor's name in the file.
   template <class T>
   Checkpoint& track(std::string name, const Variable<T>& variable) {
-    detail::check_host_memory<T>();
+    detail::check_host_memory(variable, name);
     return add(std::move(name), std::make_unique<detail::TrackedVariable<T>>(variable));
   }
 
@@ -10233,7 +11453,7 @@ class Checkpoint {
   /// agree on every dimension but the first.
   template <class T>
   Checkpoint& track_sharded(std::string name, std::vector<Variable<T>> shards) {
-    detail::check_host_memory<T>();
+    for (const auto& shard : shards) detail::check_host_memory(shard, name);
     auto tracked = std::make_unique<detail::TrackedShards<T>>(std::move(shards), name);
     return add(std::move(name), std::move(tracked));
   }
@@ -10918,6 +12138,9 @@ DISTRIBUTE_END_NAMESPACE
 //                                 restored with a cross-replica assign (SUM: split over the copies)
 //   sharded (track_sharded)       one tensor, the shards concatenated along axis 0; restorable into
 //                                 any number of shards whose rows add up to the saved rows
+// Variables of any TensorLike type are tracked through their run-time views: the dtype comes from
+// the value, and the file holds the elements in row-major logical order whatever the value's
+// layout (a column-major matrix, a transposed view), restored into that layout through its strides.
 // Saving and restoring happen in cross-replica context (outside strategy.run()). A Checkpoint is
 // not thread-safe: one thread saves or restores at a time.
 
@@ -11260,125 +12483,49 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 namespace safetensors {
 
-/// The element types of a safetensors file, spelled as in the file. F16 and BF16 have no C++
-/// arithmetic type here: they are carried as raw 2-byte values (float16 / bfloat16 below).
-enum class Dtype : std::uint8_t { F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool };
-
-inline constexpr std::array<Dtype, 13> all_dtypes = {Dtype::F16, Dtype::BF16, Dtype::F32, Dtype::F64, Dtype::I8,
-                                                     Dtype::I16, Dtype::I32,  Dtype::I64, Dtype::U8,  Dtype::U16,
-                                                     Dtype::U32, Dtype::U64,  Dtype::Bool};
-
-/// "F32", "BOOL", ... as written in the header.
-constexpr std::string_view to_string(Dtype d) noexcept {
+/// A dtype as the file spells it: "F32", "BF16", "BOOL", ... (the element types are ds::DType;
+/// this is only their name in a safetensors header).
+constexpr std::string_view dtype_name(DType d) noexcept {
   switch (d) {
-    case Dtype::F16: return "F16";
-    case Dtype::BF16: return "BF16";
-    case Dtype::F32: return "F32";
-    case Dtype::F64: return "F64";
-    case Dtype::I8: return "I8";
-    case Dtype::I16: return "I16";
-    case Dtype::I32: return "I32";
-    case Dtype::I64: return "I64";
-    case Dtype::U8: return "U8";
-    case Dtype::U16: return "U16";
-    case Dtype::U32: return "U32";
-    case Dtype::U64: return "U64";
-    case Dtype::Bool: return "BOOL";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::I8: return "I8";
+    case DType::I16: return "I16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U8: return "U8";
+    case DType::U16: return "U16";
+    case DType::U32: return "U32";
+    case DType::U64: return "U64";
+    case DType::Bool: return "BOOL";
   }
-  return "?";
+  return {};  // a DType with no safetensors name: parse_dtype never returns it
 }
 
-constexpr std::size_t size_of(Dtype d) noexcept {
-  switch (d) {
-    case Dtype::I8: case Dtype::U8: case Dtype::Bool: return 1;
-    case Dtype::F16: case Dtype::BF16: case Dtype::I16: case Dtype::U16: return 2;
-    case Dtype::F32: case Dtype::I32: case Dtype::U32: return 4;
-    case Dtype::F64: case Dtype::I64: case Dtype::U64: return 8;
-  }
-  return 0;
-}
-
-constexpr std::optional<Dtype> parse_dtype(std::string_view s) noexcept {
-  for (Dtype d : all_dtypes) {
-    if (to_string(d) == s) return d;
+/// The DType a header's "dtype" string names; none for a name distribute does not know
+/// ("F8_E4M3", "I4", ...).
+constexpr std::optional<DType> parse_dtype(std::string_view name) noexcept {
+  if (name.empty()) return std::nullopt;
+  for (std::uint8_t code = 0; code < kNumDTypes; ++code) {
+    const auto d = static_cast<DType>(code);
+    if (dtype_name(d) == name) return d;
   }
   return std::nullopt;
 }
 
-/// The file dtype of a library element type.
-constexpr Dtype from_dtype(DType d) noexcept {
-  switch (d) {
-    case DType::F32: return Dtype::F32;
-    case DType::F64: return Dtype::F64;
-    case DType::I8: return Dtype::I8;
-    case DType::I16: return Dtype::I16;
-    case DType::I32: return Dtype::I32;
-    case DType::I64: return Dtype::I64;
-    case DType::U8: return Dtype::U8;
-    case DType::U16: return Dtype::U16;
-    case DType::U32: return Dtype::U32;
-    case DType::U64: return Dtype::U64;
-    case DType::Bool: return Dtype::Bool;
-  }
-  return Dtype::F32;
-}
-
-/// The library element type of a file dtype; none for F16/BF16.
-constexpr std::optional<DType> to_dtype(Dtype d) noexcept {
-  switch (d) {
-    case Dtype::F16: case Dtype::BF16: return std::nullopt;
-    case Dtype::F32: return DType::F32;
-    case Dtype::F64: return DType::F64;
-    case Dtype::I8: return DType::I8;
-    case Dtype::I16: return DType::I16;
-    case Dtype::I32: return DType::I32;
-    case Dtype::I64: return DType::I64;
-    case Dtype::U8: return DType::U8;
-    case Dtype::U16: return DType::U16;
-    case Dtype::U32: return DType::U32;
-    case Dtype::U64: return DType::U64;
-    case Dtype::Bool: return DType::Bool;
-  }
-  return std::nullopt;
-}
-
-/// "F32 (float32)"; "F16" for the types with no library counterpart.
-inline std::string describe(Dtype d) {
-  auto lib = to_dtype(d);
-  return lib ? fmt::format("{} ({})", to_string(d), distribute::to_string(*lib)) : std::string(to_string(d));
-}
-
-/// IEEE half precision, stored as its bit pattern. No arithmetic, no implicit conversion:
-/// distribute moves these values, it does not compute with them.
-struct float16 {
-  std::uint16_t bits = 0;
-  friend constexpr bool operator==(float16, float16) = default;
-};
-/// bfloat16 (the upper half of an IEEE float32), stored as its bit pattern.
-struct bfloat16 {
-  std::uint16_t bits = 0;
-  friend constexpr bool operator==(bfloat16, bfloat16) = default;
-};
-
-/// An element type a safetensors tensor can be read as or written from.
-template <class T>
-concept StorableElement = Element<T> || std::same_as<T, float16> || std::same_as<T, bfloat16>;
-
-template <StorableElement T>
-constexpr Dtype dtype_for() noexcept {
-  if constexpr (std::same_as<T, float16>) return Dtype::F16;
-  else if constexpr (std::same_as<T, bfloat16>) return Dtype::BF16;
-  else return from_dtype(dtype_of<T>());
-}
+/// For messages: "F16 (float16)", the file's name and the library's.
+inline std::string describe(DType d) { return fmt::format("{} ({})", dtype_name(d), distribute::to_string(d)); }
 
 /// Borrowed bytes of one tensor to write: the caller keeps them alive during the write.
 struct TensorView {
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::span<const std::byte> bytes;
 
   /// A view of `data` (row-major) as a tensor of `shape`; the element count must match.
-  template <StorableElement T>
+  template <Element T>
   static TensorView of(Shape shape, std::span<const T> data) {
     for (auto d : shape) {
       if (d < 0) throw InvalidArgument(fmt::format("safetensors: negative dimension in shape {}", shape_string(shape)));
@@ -11387,24 +12534,35 @@ struct TensorView {
       throw InvalidArgument(fmt::format("safetensors: shape {} holds {} elements but {} were given",
                                         shape_string(shape), num_elements(shape), data.size()));
     }
-    return TensorView{dtype_for<T>(), std::move(shape), std::as_bytes(data)};
+    return TensorView{dtype_of<T>(), std::move(shape), std::as_bytes(data)};
   }
 };
 
-/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type...).
+/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type, one whose
+/// dtype is known at run time) whose elements are row-major contiguous, as the file stores them:
+/// its bytes are borrowed, not copied.
 template <TensorLike U>
 TensorView view_of(const U& value) {
   static_assert(memory_space_v<U> == MemorySpace::host,
                 "safetensors::view_of: the value lives in device memory; copy it to the host first");
-  using E = element_t<U>;
-  return TensorView{dtype_for<E>(), shape_of(value),
-                    std::as_bytes(std::span<const E>(tensor_traits<U>::data(value), element_count(value)))};
+  const distribute::TensorView v = distribute::view_of(value);
+  if (v.memory != MemorySpace::host) {
+    throw InvalidArgument(fmt::format("safetensors::view_of: the {} value lives in device memory; copy it to the "
+                                      "host first",
+                                      distribute::describe(v)));
+  }
+  if (!v.contiguous()) {
+    throw InvalidArgument(fmt::format("safetensors::view_of: the {} value is not row-major contiguous, as a "
+                                      "safetensors file stores tensors; pass a contiguous copy",
+                                      distribute::describe(v)));
+  }
+  return TensorView{v.dtype, v.shape, std::span<const std::byte>(static_cast<const std::byte*>(v.data), v.bytes())};
 }
 
 /// One tensor read from a file (owns its bytes).
 struct StoredTensor {
   std::string name;
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::vector<std::byte> bytes;
 
@@ -11413,9 +12571,9 @@ struct StoredTensor {
 
   /// The elements as T, which must be exactly the stored dtype: F16 is not read as float, nor
   /// I32 as I64 (a silent conversion would hide a mismatch between a file and its reader).
-  template <StorableElement T>
+  template <Element T>
   std::vector<T> values() const {
-    check_dtype(dtype_for<T>());
+    check_dtype(dtype_of<T>());
     const std::size_t n = bytes.size() / sizeof(T);
     if constexpr (std::is_same_v<T, bool>) {
       std::vector<bool> out(n);
@@ -11435,7 +12593,7 @@ struct StoredTensor {
     return Tensor<T>(shape, values<T>());
   }
 
-  void check_dtype(Dtype wanted) const {
+  void check_dtype(DType wanted) const {
     if (wanted != dtype) {
       throw CheckpointError(fmt::format("tensor '{}' has dtype {} and cannot be read as {}; distribute does not "
                                         "convert between element types",
@@ -11510,7 +12668,7 @@ inline bool is_reserved_key(std::string_view key) {
 
 struct Entry {
   std::string name;
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
@@ -11527,7 +12685,7 @@ inline std::uint32_t header_digest(std::vector<const Entry*> entries, const Meta
     text += 'T';
     text += e->name;
     text += '\0';
-    text += to_string(e->dtype);
+    text += dtype_name(e->dtype);
     text += '\0';
     text += fmt::format("{}", fmt::join(e->shape, ","));
     text += '\0';
@@ -11631,9 +12789,14 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
     }
     auto d = parse_dtype(dtype->get_string());
     if (!d) {
+      std::string known;
+      for (std::uint8_t code = 0; code < kNumDTypes; ++code) {
+        const std::string_view n = dtype_name(static_cast<DType>(code));
+        if (!n.empty()) known += fmt::format("{}{}", known.empty() ? "" : ", ", n);
+      }
       throw CheckpointError(fmt::format("'{}': tensor '{}' has dtype \"{}\", which distribute does not know (known: "
-                                        "F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, BOOL)",
-                                        origin, name, std::string_view(dtype->get_string())));
+                                        "{})",
+                                        origin, name, std::string_view(dtype->get_string()), known));
     }
     e.dtype = *d;
     if (!shape->is_array()) {
@@ -11661,7 +12824,7 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
     if (e.end - e.begin != expected) {
       throw CheckpointError(fmt::format("'{}': tensor '{}' of dtype {} and shape {} needs {} bytes, but its "
                                         "data_offsets [{}, {}] span {}",
-                                        origin, name, to_string(e.dtype), shape_string(e.shape), expected, e.begin,
+                                        origin, name, dtype_name(e.dtype), shape_string(e.shape), expected, e.begin,
                                         e.end, e.end - e.begin));
     }
     if (e.end > payload_size) {
@@ -11746,7 +12909,7 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
 // After the bytes are in: BOOL must be 0/1 (anything else is not a bool in C++), and the CRC.
 inline void check_tensor_bytes(const Header& h, const StoredTensor& t, const std::string& origin,
                                const ReadOptions& options) {
-  if (t.dtype == Dtype::Bool) {
+  if (t.dtype == DType::Bool) {
     for (std::size_t i = 0; i < t.bytes.size(); ++i) {
       if (static_cast<unsigned>(t.bytes[i]) > 1) {
         throw CheckpointError(fmt::format("'{}': BOOL tensor '{}' holds byte {} at element {}; only 0 and 1 are "
@@ -11808,6 +12971,11 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (name.empty() || name == kMetadataKey) {
       throw InvalidArgument(fmt::format("safetensors: '{}' cannot be a tensor name", name));
     }
+    if (dtype_name(view.dtype).empty()) {
+      throw InvalidArgument(fmt::format("safetensors: tensor '{}' has dtype code {}, which safetensors files cannot "
+                                        "hold",
+                                        name, static_cast<unsigned>(view.dtype)));
+    }
     for (auto d : view.shape) {
       if (d < 0) {
         throw InvalidArgument(fmt::format("safetensors: tensor '{}' has a negative dimension in shape {}", name,
@@ -11818,7 +12986,7 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (view.bytes.size() != want) {
       throw InvalidArgument(fmt::format("safetensors: tensor '{}' of dtype {} and shape {} needs {} bytes, but {} "
                                         "were given",
-                                        name, to_string(view.dtype), shape_string(view.shape), want,
+                                        name, dtype_name(view.dtype), shape_string(view.shape), want,
                                         view.bytes.size()));
     }
     layout.order.emplace_back(&name, &view);
@@ -11851,7 +13019,9 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     boost::json::array shape;
     for (auto d : e.shape) shape.push_back(d);
     root[e.name] = boost::json::object{
-        {"dtype", to_string(e.dtype)}, {"shape", std::move(shape)}, {"data_offsets", boost::json::array{e.begin, e.end}}};
+        {"dtype", dtype_name(e.dtype)},
+        {"shape", std::move(shape)},
+        {"data_offsets", boost::json::array{e.begin, e.end}}};
   }
   std::string json = boost::json::serialize(root);
   json.append((8 - json.size() % 8) % 8, ' ');
@@ -12537,7 +13707,7 @@ struct CheckpointSnapshot {
 class Trackable {
  public:
   virtual ~Trackable() = default;
-  virtual safetensors::Dtype dtype() const = 0;
+  virtual DType dtype() const = 0;
   virtual Shape shape() const = 0;
   /// For messages: "variable 'w'", "sharded variable (2 shards: (4, 2), (3, 2))".
   virtual std::string describe() const = 0;
@@ -12546,10 +13716,20 @@ class Trackable {
   virtual void restore(const safetensors::StoredTensor& tensor) = 0;
 };
 
+// Checkpoints read and write values through host memory: a compile-time type says where its
+// values live in its type, a run-time one (torch::Tensor, DLPack) in each value's view.
 template <class T>
-void check_host_memory() {
+void check_host_memory(const Variable<T>& var, std::string_view name) {
   static_assert(memory_space_v<T> == MemorySpace::host,
                 "ds::Checkpoint: variables whose values live in device memory cannot be checkpointed yet");
+  if constexpr (DynamicTensorLike<T>) {
+    const TensorView v = view_of(var.values().front());
+    if (v.memory != MemorySpace::host) {
+      throw InvalidArgument(fmt::format("Checkpoint::track: '{}' (variable '{}') holds {} values in device memory, "
+                                        "which cannot be checkpointed yet; track a host copy",
+                                        name, var.name(), distribute::describe(v)));
+    }
+  }
 }
 
 // Reads a variable's checkpoint value: the primary copy, or the aggregate of a sync-on-read one.
@@ -12562,29 +13742,58 @@ T checkpoint_value(const Variable<T>& var, const std::string& name) {
   }
 }
 
-// Writes `shape`'s worth of elements from `data` into every copy of `var`.
+// A value's elements in the file's row-major order: borrowed when its memory already holds them
+// so, else copied into that order (a column-major matrix, a transposed or broadcast view).
 template <class T>
-void restore_variable(Variable<T>& var, const Shape& shape, const std::byte* data) {
-  using E = element_t<T>;
-  T value = tensor_traits<T>::make(shape);
-  const std::size_t n = static_cast<std::size_t>(num_elements(shape));
-  if (n) std::memcpy(tensor_traits<T>::data(value), data, n * sizeof(E));
-  if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>) {
-    // A SUM sync-on-read integer split as value/N per copy would lose the remainder (7 over 3
-    // copies reads back 6); give it to copy 0 so that the sum reads back exactly.
-    const std::size_t copies = var.values().size();
-    if (var.is_sync_on_read() && var.aggregation() == VariableAggregation::Sum && copies > 1) {
-      const E* src = tensor_traits<T>::data(value);
-      var.apply_to_copies([&](T& copy, int index) {
-        E* dst = tensor_traits<T>::data(copy);
-        for (std::size_t i = 0; i < n; ++i) {
-          const E share = static_cast<E>(src[i] / static_cast<E>(copies));
-          dst[i] = index == 0 ? static_cast<E>(src[i] - share * static_cast<E>(copies - 1)) : share;
-        }
-      });
-      return;
-    }
+CheckpointSnapshot snapshot_of(T value) {
+  const TensorView v = view_of(value);
+  if (v.contiguous()) {
+    auto owner = std::make_shared<const T>(std::move(value));
+    return CheckpointSnapshot{owner, safetensors::view_of(*owner)};
   }
+  auto bytes = std::make_shared<std::vector<std::byte>>(v.bytes());
+  copy_to_contiguous(v, bytes->data());
+  return CheckpointSnapshot{bytes, safetensors::TensorView{v.dtype, v.shape, *bytes}};
+}
+
+// A SUM sync-on-read integer split as value/N per copy would lose the remainder (7 over 3 copies
+// reads back 6); this gives it to copy 0 so that the sum reads back exactly. False (nothing
+// written) for the other dtypes, which the cross-replica assign splits.
+template <class T>
+bool restore_integer_sum(Variable<T>& var, DType dtype, const std::byte* data) {
+  return visit_dtype(dtype, [&](auto tag) {
+    using E = decltype(tag);
+    if constexpr (!std::is_integral_v<E> || std::is_same_v<E, bool>) {
+      return false;
+    } else {
+      const auto copies = static_cast<E>(var.values().size());
+      var.apply_to_copies([&](T& copy, int index) {
+        HostOperands ops("Checkpoint::restore");
+        ops.add(view_of(copy));
+        E* dst = static_cast<E*>(ops[0].data);
+        for (std::size_t i = 0; i < ops[0].count(); ++i) {
+          E src;
+          std::memcpy(&src, data + i * sizeof(E), sizeof(E));
+          const E share = static_cast<E>(src / copies);
+          dst[i] = index == 0 ? static_cast<E>(src - share * static_cast<E>(copies - 1)) : share;
+        }
+        ops.write_back();
+      });
+      return true;
+    }
+  });
+}
+
+// Writes `shape`'s worth of row-major `dtype` elements from `data` into every copy of `var`, each
+// copy in its own layout and memory (copies of handle types do not end up sharing one value).
+template <class T>
+void restore_variable(Variable<T>& var, DType dtype, const Shape& shape, const std::byte* data) {
+  if (var.is_sync_on_read() && var.aggregation() == VariableAggregation::Sum && var.values().size() > 1 &&
+      restore_integer_sum(var, dtype, data)) {
+    return;
+  }
+  T value = make_value<T>(dtype, shape);
+  copy_from_contiguous(data, view_of(value));
   var.assign(value);
 }
 
@@ -12592,15 +13801,14 @@ template <class T>
 class TrackedVariable final : public Trackable {
  public:
   explicit TrackedVariable(Variable<T> var) : var_(std::move(var)) {}
-  safetensors::Dtype dtype() const override { return safetensors::dtype_for<element_t<T>>(); }
+  DType dtype() const override { return value_dtype(var_.values().front()); }
   Shape shape() const override { return var_.shape(); }
   std::string describe() const override { return fmt::format("variable '{}'", var_.name()); }
   CheckpointSnapshot snapshot(const std::string& name) const override {
-    auto copy = std::make_shared<const T>(checkpoint_value(var_, name));
-    return CheckpointSnapshot{copy, safetensors::view_of(*copy)};
+    return snapshot_of(checkpoint_value(var_, name));
   }
   void restore(const safetensors::StoredTensor& tensor) override {
-    restore_variable(var_, tensor.shape, tensor.bytes.data());
+    restore_variable(var_, tensor.dtype, tensor.shape, tensor.bytes.data());
   }
 
  private:
@@ -12609,12 +13817,11 @@ class TrackedVariable final : public Trackable {
 
 template <class T>
 class TrackedShards final : public Trackable {
-  using E = element_t<T>;
-
  public:
   TrackedShards(std::vector<Variable<T>> shards, const std::string& name) : shards_(std::move(shards)) {
     if (shards_.empty()) throw InvalidArgument(fmt::format("Checkpoint: sharded variable '{}' has no shards", name));
     const Shape first = shards_.front().shape();
+    const DType first_dtype = value_dtype(shards_.front().values().front());
     for (std::size_t i = 0; i < shards_.size(); ++i) {
       const Shape s = shards_[i].shape();
       if (s.empty() || s.size() != first.size() || !std::equal(s.begin() + 1, s.end(), first.begin() + 1)) {
@@ -12622,9 +13829,14 @@ class TrackedShards final : public Trackable {
                                           "along axis 0 with shard 0's {}",
                                           i, shards_[i].name(), name, shape_string(s), shape_string(first)));
       }
+      if (const DType d = value_dtype(shards_[i].values().front()); d != first_dtype) {
+        throw InvalidArgument(fmt::format("Checkpoint: shard {} ('{}') of '{}' is {}, but shard 0 is {}; the shards "
+                                          "of one tensor share a dtype",
+                                          i, shards_[i].name(), name, to_string(d), to_string(first_dtype)));
+      }
     }
   }
-  safetensors::Dtype dtype() const override { return safetensors::dtype_for<E>(); }
+  DType dtype() const override { return value_dtype(shards_.front().values().front()); }
   Shape shape() const override {
     Shape s = shards_.front().shape();
     s[0] = 0;
@@ -12637,14 +13849,17 @@ class TrackedShards final : public Trackable {
     return fmt::format("sharded variable ({} shard{}: {})", shards_.size(), shards_.size() == 1 ? "" : "s", shapes);
   }
   CheckpointSnapshot snapshot(const std::string& name) const override {
-    auto bytes = std::make_shared<std::vector<std::byte>>();
-    bytes->reserve(static_cast<std::size_t>(num_elements(shape())) * sizeof(E));
+    const DType d = dtype();
+    const Shape all = shape();
+    auto bytes = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(num_elements(all)) * size_of(d));
+    std::byte* out = bytes->data();
     for (const auto& shard : shards_) {
       const T value = checkpoint_value(shard, name);
-      const auto* p = reinterpret_cast<const std::byte*>(tensor_traits<T>::data(value));
-      bytes->insert(bytes->end(), p, p + element_count(value) * sizeof(E));
+      const TensorView v = view_of(value);
+      copy_to_contiguous(v, out);
+      out += v.bytes();
     }
-    return CheckpointSnapshot{bytes, safetensors::TensorView{dtype(), shape(), *bytes}};
+    return CheckpointSnapshot{bytes, safetensors::TensorView{d, all, *bytes}};
   }
   void restore(const safetensors::StoredTensor& tensor) override {
     const std::byte* data = tensor.bytes.data();
@@ -12652,8 +13867,8 @@ class TrackedShards final : public Trackable {
     // (how many shards, which sizes) does not matter.
     for (auto& shard : shards_) {
       const Shape s = shard.shape();
-      restore_variable(shard, s, data);
-      data += static_cast<std::size_t>(num_elements(s)) * sizeof(E);
+      restore_variable(shard, tensor.dtype, s, data);
+      data += static_cast<std::size_t>(num_elements(s)) * size_of(tensor.dtype);
     }
   }
 
@@ -12684,7 +13899,7 @@ class Checkpoint {
   /// Tracks a variable (plain, mirrored or sync-on-read) under `name`, the tensor's name in the file.
   template <class T>
   Checkpoint& track(std::string name, const Variable<T>& variable) {
-    detail::check_host_memory<T>();
+    detail::check_host_memory(variable, name);
     return add(std::move(name), std::make_unique<detail::TrackedVariable<T>>(variable));
   }
 
@@ -12699,7 +13914,7 @@ class Checkpoint {
   /// agree on every dimension but the first.
   template <class T>
   Checkpoint& track_sharded(std::string name, std::vector<Variable<T>> shards) {
-    detail::check_host_memory<T>();
+    for (const auto& shard : shards) detail::check_host_memory(shard, name);
     auto tracked = std::make_unique<detail::TrackedShards<T>>(std::move(shards), name);
     return add(std::move(name), std::move(tracked));
   }
@@ -12871,6 +14086,9 @@ DISTRIBUTE_END_NAMESPACE
 //                                 restored with a cross-replica assign (SUM: split over the copies)
 //   sharded (track_sharded)       one tensor, the shards concatenated along axis 0; restorable into
 //                                 any number of shards whose rows add up to the saved rows
+// Variables of any TensorLike type are tracked through their run-time views: the dtype comes from
+// the value, and the file holds the elements in row-major logical order whatever the value's
+// layout (a column-major matrix, a transposed view), restored into that layout through its strides.
 // Saving and restoring happen in cross-replica context (outside strategy.run()). A Checkpoint is
 // not thread-safe: one thread saves or restores at a time.
 
@@ -13213,125 +14431,49 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 namespace safetensors {
 
-/// The element types of a safetensors file, spelled as in the file. F16 and BF16 have no C++
-/// arithmetic type here: they are carried as raw 2-byte values (float16 / bfloat16 below).
-enum class Dtype : std::uint8_t { F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, Bool };
-
-inline constexpr std::array<Dtype, 13> all_dtypes = {Dtype::F16, Dtype::BF16, Dtype::F32, Dtype::F64, Dtype::I8,
-                                                     Dtype::I16, Dtype::I32,  Dtype::I64, Dtype::U8,  Dtype::U16,
-                                                     Dtype::U32, Dtype::U64,  Dtype::Bool};
-
-/// "F32", "BOOL", ... as written in the header.
-constexpr std::string_view to_string(Dtype d) noexcept {
+/// A dtype as the file spells it: "F32", "BF16", "BOOL", ... (the element types are ds::DType;
+/// this is only their name in a safetensors header).
+constexpr std::string_view dtype_name(DType d) noexcept {
   switch (d) {
-    case Dtype::F16: return "F16";
-    case Dtype::BF16: return "BF16";
-    case Dtype::F32: return "F32";
-    case Dtype::F64: return "F64";
-    case Dtype::I8: return "I8";
-    case Dtype::I16: return "I16";
-    case Dtype::I32: return "I32";
-    case Dtype::I64: return "I64";
-    case Dtype::U8: return "U8";
-    case Dtype::U16: return "U16";
-    case Dtype::U32: return "U32";
-    case Dtype::U64: return "U64";
-    case Dtype::Bool: return "BOOL";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::I8: return "I8";
+    case DType::I16: return "I16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U8: return "U8";
+    case DType::U16: return "U16";
+    case DType::U32: return "U32";
+    case DType::U64: return "U64";
+    case DType::Bool: return "BOOL";
   }
-  return "?";
+  return {};  // a DType with no safetensors name: parse_dtype never returns it
 }
 
-constexpr std::size_t size_of(Dtype d) noexcept {
-  switch (d) {
-    case Dtype::I8: case Dtype::U8: case Dtype::Bool: return 1;
-    case Dtype::F16: case Dtype::BF16: case Dtype::I16: case Dtype::U16: return 2;
-    case Dtype::F32: case Dtype::I32: case Dtype::U32: return 4;
-    case Dtype::F64: case Dtype::I64: case Dtype::U64: return 8;
-  }
-  return 0;
-}
-
-constexpr std::optional<Dtype> parse_dtype(std::string_view s) noexcept {
-  for (Dtype d : all_dtypes) {
-    if (to_string(d) == s) return d;
+/// The DType a header's "dtype" string names; none for a name distribute does not know
+/// ("F8_E4M3", "I4", ...).
+constexpr std::optional<DType> parse_dtype(std::string_view name) noexcept {
+  if (name.empty()) return std::nullopt;
+  for (std::uint8_t code = 0; code < kNumDTypes; ++code) {
+    const auto d = static_cast<DType>(code);
+    if (dtype_name(d) == name) return d;
   }
   return std::nullopt;
 }
 
-/// The file dtype of a library element type.
-constexpr Dtype from_dtype(DType d) noexcept {
-  switch (d) {
-    case DType::F32: return Dtype::F32;
-    case DType::F64: return Dtype::F64;
-    case DType::I8: return Dtype::I8;
-    case DType::I16: return Dtype::I16;
-    case DType::I32: return Dtype::I32;
-    case DType::I64: return Dtype::I64;
-    case DType::U8: return Dtype::U8;
-    case DType::U16: return Dtype::U16;
-    case DType::U32: return Dtype::U32;
-    case DType::U64: return Dtype::U64;
-    case DType::Bool: return Dtype::Bool;
-  }
-  return Dtype::F32;
-}
-
-/// The library element type of a file dtype; none for F16/BF16.
-constexpr std::optional<DType> to_dtype(Dtype d) noexcept {
-  switch (d) {
-    case Dtype::F16: case Dtype::BF16: return std::nullopt;
-    case Dtype::F32: return DType::F32;
-    case Dtype::F64: return DType::F64;
-    case Dtype::I8: return DType::I8;
-    case Dtype::I16: return DType::I16;
-    case Dtype::I32: return DType::I32;
-    case Dtype::I64: return DType::I64;
-    case Dtype::U8: return DType::U8;
-    case Dtype::U16: return DType::U16;
-    case Dtype::U32: return DType::U32;
-    case Dtype::U64: return DType::U64;
-    case Dtype::Bool: return DType::Bool;
-  }
-  return std::nullopt;
-}
-
-/// "F32 (float32)"; "F16" for the types with no library counterpart.
-inline std::string describe(Dtype d) {
-  auto lib = to_dtype(d);
-  return lib ? fmt::format("{} ({})", to_string(d), distribute::to_string(*lib)) : std::string(to_string(d));
-}
-
-/// IEEE half precision, stored as its bit pattern. No arithmetic, no implicit conversion:
-/// distribute moves these values, it does not compute with them.
-struct float16 {
-  std::uint16_t bits = 0;
-  friend constexpr bool operator==(float16, float16) = default;
-};
-/// bfloat16 (the upper half of an IEEE float32), stored as its bit pattern.
-struct bfloat16 {
-  std::uint16_t bits = 0;
-  friend constexpr bool operator==(bfloat16, bfloat16) = default;
-};
-
-/// An element type a safetensors tensor can be read as or written from.
-template <class T>
-concept StorableElement = Element<T> || std::same_as<T, float16> || std::same_as<T, bfloat16>;
-
-template <StorableElement T>
-constexpr Dtype dtype_for() noexcept {
-  if constexpr (std::same_as<T, float16>) return Dtype::F16;
-  else if constexpr (std::same_as<T, bfloat16>) return Dtype::BF16;
-  else return from_dtype(dtype_of<T>());
-}
+/// For messages: "F16 (float16)", the file's name and the library's.
+inline std::string describe(DType d) { return fmt::format("{} ({})", dtype_name(d), distribute::to_string(d)); }
 
 /// Borrowed bytes of one tensor to write: the caller keeps them alive during the write.
 struct TensorView {
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::span<const std::byte> bytes;
 
   /// A view of `data` (row-major) as a tensor of `shape`; the element count must match.
-  template <StorableElement T>
+  template <Element T>
   static TensorView of(Shape shape, std::span<const T> data) {
     for (auto d : shape) {
       if (d < 0) throw InvalidArgument(fmt::format("safetensors: negative dimension in shape {}", shape_string(shape)));
@@ -13340,24 +14482,35 @@ struct TensorView {
       throw InvalidArgument(fmt::format("safetensors: shape {} holds {} elements but {} were given",
                                         shape_string(shape), num_elements(shape), data.size()));
     }
-    return TensorView{dtype_for<T>(), std::move(shape), std::as_bytes(data)};
+    return TensorView{dtype_of<T>(), std::move(shape), std::as_bytes(data)};
   }
 };
 
-/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type...).
+/// A view of any host TensorLike value (a scalar, std::vector, ds::Tensor, a user type, one whose
+/// dtype is known at run time) whose elements are row-major contiguous, as the file stores them:
+/// its bytes are borrowed, not copied.
 template <TensorLike U>
 TensorView view_of(const U& value) {
   static_assert(memory_space_v<U> == MemorySpace::host,
                 "safetensors::view_of: the value lives in device memory; copy it to the host first");
-  using E = element_t<U>;
-  return TensorView{dtype_for<E>(), shape_of(value),
-                    std::as_bytes(std::span<const E>(tensor_traits<U>::data(value), element_count(value)))};
+  const distribute::TensorView v = distribute::view_of(value);
+  if (v.memory != MemorySpace::host) {
+    throw InvalidArgument(fmt::format("safetensors::view_of: the {} value lives in device memory; copy it to the "
+                                      "host first",
+                                      distribute::describe(v)));
+  }
+  if (!v.contiguous()) {
+    throw InvalidArgument(fmt::format("safetensors::view_of: the {} value is not row-major contiguous, as a "
+                                      "safetensors file stores tensors; pass a contiguous copy",
+                                      distribute::describe(v)));
+  }
+  return TensorView{v.dtype, v.shape, std::span<const std::byte>(static_cast<const std::byte*>(v.data), v.bytes())};
 }
 
 /// One tensor read from a file (owns its bytes).
 struct StoredTensor {
   std::string name;
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::vector<std::byte> bytes;
 
@@ -13366,9 +14519,9 @@ struct StoredTensor {
 
   /// The elements as T, which must be exactly the stored dtype: F16 is not read as float, nor
   /// I32 as I64 (a silent conversion would hide a mismatch between a file and its reader).
-  template <StorableElement T>
+  template <Element T>
   std::vector<T> values() const {
-    check_dtype(dtype_for<T>());
+    check_dtype(dtype_of<T>());
     const std::size_t n = bytes.size() / sizeof(T);
     if constexpr (std::is_same_v<T, bool>) {
       std::vector<bool> out(n);
@@ -13388,7 +14541,7 @@ struct StoredTensor {
     return Tensor<T>(shape, values<T>());
   }
 
-  void check_dtype(Dtype wanted) const {
+  void check_dtype(DType wanted) const {
     if (wanted != dtype) {
       throw CheckpointError(fmt::format("tensor '{}' has dtype {} and cannot be read as {}; distribute does not "
                                         "convert between element types",
@@ -13463,7 +14616,7 @@ inline bool is_reserved_key(std::string_view key) {
 
 struct Entry {
   std::string name;
-  Dtype dtype = Dtype::F32;
+  DType dtype = DType::F32;
   Shape shape;
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
@@ -13480,7 +14633,7 @@ inline std::uint32_t header_digest(std::vector<const Entry*> entries, const Meta
     text += 'T';
     text += e->name;
     text += '\0';
-    text += to_string(e->dtype);
+    text += dtype_name(e->dtype);
     text += '\0';
     text += fmt::format("{}", fmt::join(e->shape, ","));
     text += '\0';
@@ -13584,9 +14737,14 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
     }
     auto d = parse_dtype(dtype->get_string());
     if (!d) {
+      std::string known;
+      for (std::uint8_t code = 0; code < kNumDTypes; ++code) {
+        const std::string_view n = dtype_name(static_cast<DType>(code));
+        if (!n.empty()) known += fmt::format("{}{}", known.empty() ? "" : ", ", n);
+      }
       throw CheckpointError(fmt::format("'{}': tensor '{}' has dtype \"{}\", which distribute does not know (known: "
-                                        "F16, BF16, F32, F64, I8, I16, I32, I64, U8, U16, U32, U64, BOOL)",
-                                        origin, name, std::string_view(dtype->get_string())));
+                                        "{})",
+                                        origin, name, std::string_view(dtype->get_string()), known));
     }
     e.dtype = *d;
     if (!shape->is_array()) {
@@ -13614,7 +14772,7 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
     if (e.end - e.begin != expected) {
       throw CheckpointError(fmt::format("'{}': tensor '{}' of dtype {} and shape {} needs {} bytes, but its "
                                         "data_offsets [{}, {}] span {}",
-                                        origin, name, to_string(e.dtype), shape_string(e.shape), expected, e.begin,
+                                        origin, name, dtype_name(e.dtype), shape_string(e.shape), expected, e.begin,
                                         e.end, e.end - e.begin));
     }
     if (e.end > payload_size) {
@@ -13699,7 +14857,7 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
 // After the bytes are in: BOOL must be 0/1 (anything else is not a bool in C++), and the CRC.
 inline void check_tensor_bytes(const Header& h, const StoredTensor& t, const std::string& origin,
                                const ReadOptions& options) {
-  if (t.dtype == Dtype::Bool) {
+  if (t.dtype == DType::Bool) {
     for (std::size_t i = 0; i < t.bytes.size(); ++i) {
       if (static_cast<unsigned>(t.bytes[i]) > 1) {
         throw CheckpointError(fmt::format("'{}': BOOL tensor '{}' holds byte {} at element {}; only 0 and 1 are "
@@ -13761,6 +14919,11 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (name.empty() || name == kMetadataKey) {
       throw InvalidArgument(fmt::format("safetensors: '{}' cannot be a tensor name", name));
     }
+    if (dtype_name(view.dtype).empty()) {
+      throw InvalidArgument(fmt::format("safetensors: tensor '{}' has dtype code {}, which safetensors files cannot "
+                                        "hold",
+                                        name, static_cast<unsigned>(view.dtype)));
+    }
     for (auto d : view.shape) {
       if (d < 0) {
         throw InvalidArgument(fmt::format("safetensors: tensor '{}' has a negative dimension in shape {}", name,
@@ -13771,7 +14934,7 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (view.bytes.size() != want) {
       throw InvalidArgument(fmt::format("safetensors: tensor '{}' of dtype {} and shape {} needs {} bytes, but {} "
                                         "were given",
-                                        name, to_string(view.dtype), shape_string(view.shape), want,
+                                        name, dtype_name(view.dtype), shape_string(view.shape), want,
                                         view.bytes.size()));
     }
     layout.order.emplace_back(&name, &view);
@@ -13804,7 +14967,9 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     boost::json::array shape;
     for (auto d : e.shape) shape.push_back(d);
     root[e.name] = boost::json::object{
-        {"dtype", to_string(e.dtype)}, {"shape", std::move(shape)}, {"data_offsets", boost::json::array{e.begin, e.end}}};
+        {"dtype", dtype_name(e.dtype)},
+        {"shape", std::move(shape)},
+        {"data_offsets", boost::json::array{e.begin, e.end}}};
   }
   std::string json = boost::json::serialize(root);
   json.append((8 - json.size() % 8) % 8, ' ');
@@ -14490,7 +15655,7 @@ struct CheckpointSnapshot {
 class Trackable {
  public:
   virtual ~Trackable() = default;
-  virtual safetensors::Dtype dtype() const = 0;
+  virtual DType dtype() const = 0;
   virtual Shape shape() const = 0;
   /// For messages: "variable 'w'", "sharded variable (2 shards: (4, 2), (3, 2))".
   virtual std::string describe() const = 0;
@@ -14499,10 +15664,20 @@ class Trackable {
   virtual void restore(const safetensors::StoredTensor& tensor) = 0;
 };
 
+// Checkpoints read and write values through host memory: a compile-time type says where its
+// values live in its type, a run-time one (torch::Tensor, DLPack) in each value's view.
 template <class T>
-void check_host_memory() {
+void check_host_memory(const Variable<T>& var, std::string_view name) {
   static_assert(memory_space_v<T> == MemorySpace::host,
                 "ds::Checkpoint: variables whose values live in device memory cannot be checkpointed yet");
+  if constexpr (DynamicTensorLike<T>) {
+    const TensorView v = view_of(var.values().front());
+    if (v.memory != MemorySpace::host) {
+      throw InvalidArgument(fmt::format("Checkpoint::track: '{}' (variable '{}') holds {} values in device memory, "
+                                        "which cannot be checkpointed yet; track a host copy",
+                                        name, var.name(), distribute::describe(v)));
+    }
+  }
 }
 
 // Reads a variable's checkpoint value: the primary copy, or the aggregate of a sync-on-read one.
@@ -14515,29 +15690,58 @@ T checkpoint_value(const Variable<T>& var, const std::string& name) {
   }
 }
 
-// Writes `shape`'s worth of elements from `data` into every copy of `var`.
+// A value's elements in the file's row-major order: borrowed when its memory already holds them
+// so, else copied into that order (a column-major matrix, a transposed or broadcast view).
 template <class T>
-void restore_variable(Variable<T>& var, const Shape& shape, const std::byte* data) {
-  using E = element_t<T>;
-  T value = tensor_traits<T>::make(shape);
-  const std::size_t n = static_cast<std::size_t>(num_elements(shape));
-  if (n) std::memcpy(tensor_traits<T>::data(value), data, n * sizeof(E));
-  if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>) {
-    // A SUM sync-on-read integer split as value/N per copy would lose the remainder (7 over 3
-    // copies reads back 6); give it to copy 0 so that the sum reads back exactly.
-    const std::size_t copies = var.values().size();
-    if (var.is_sync_on_read() && var.aggregation() == VariableAggregation::Sum && copies > 1) {
-      const E* src = tensor_traits<T>::data(value);
-      var.apply_to_copies([&](T& copy, int index) {
-        E* dst = tensor_traits<T>::data(copy);
-        for (std::size_t i = 0; i < n; ++i) {
-          const E share = static_cast<E>(src[i] / static_cast<E>(copies));
-          dst[i] = index == 0 ? static_cast<E>(src[i] - share * static_cast<E>(copies - 1)) : share;
-        }
-      });
-      return;
-    }
+CheckpointSnapshot snapshot_of(T value) {
+  const TensorView v = view_of(value);
+  if (v.contiguous()) {
+    auto owner = std::make_shared<const T>(std::move(value));
+    return CheckpointSnapshot{owner, safetensors::view_of(*owner)};
   }
+  auto bytes = std::make_shared<std::vector<std::byte>>(v.bytes());
+  copy_to_contiguous(v, bytes->data());
+  return CheckpointSnapshot{bytes, safetensors::TensorView{v.dtype, v.shape, *bytes}};
+}
+
+// A SUM sync-on-read integer split as value/N per copy would lose the remainder (7 over 3 copies
+// reads back 6); this gives it to copy 0 so that the sum reads back exactly. False (nothing
+// written) for the other dtypes, which the cross-replica assign splits.
+template <class T>
+bool restore_integer_sum(Variable<T>& var, DType dtype, const std::byte* data) {
+  return visit_dtype(dtype, [&](auto tag) {
+    using E = decltype(tag);
+    if constexpr (!std::is_integral_v<E> || std::is_same_v<E, bool>) {
+      return false;
+    } else {
+      const auto copies = static_cast<E>(var.values().size());
+      var.apply_to_copies([&](T& copy, int index) {
+        HostOperands ops("Checkpoint::restore");
+        ops.add(view_of(copy));
+        E* dst = static_cast<E*>(ops[0].data);
+        for (std::size_t i = 0; i < ops[0].count(); ++i) {
+          E src;
+          std::memcpy(&src, data + i * sizeof(E), sizeof(E));
+          const E share = static_cast<E>(src / copies);
+          dst[i] = index == 0 ? static_cast<E>(src - share * static_cast<E>(copies - 1)) : share;
+        }
+        ops.write_back();
+      });
+      return true;
+    }
+  });
+}
+
+// Writes `shape`'s worth of row-major `dtype` elements from `data` into every copy of `var`, each
+// copy in its own layout and memory (copies of handle types do not end up sharing one value).
+template <class T>
+void restore_variable(Variable<T>& var, DType dtype, const Shape& shape, const std::byte* data) {
+  if (var.is_sync_on_read() && var.aggregation() == VariableAggregation::Sum && var.values().size() > 1 &&
+      restore_integer_sum(var, dtype, data)) {
+    return;
+  }
+  T value = make_value<T>(dtype, shape);
+  copy_from_contiguous(data, view_of(value));
   var.assign(value);
 }
 
@@ -14545,15 +15749,14 @@ template <class T>
 class TrackedVariable final : public Trackable {
  public:
   explicit TrackedVariable(Variable<T> var) : var_(std::move(var)) {}
-  safetensors::Dtype dtype() const override { return safetensors::dtype_for<element_t<T>>(); }
+  DType dtype() const override { return value_dtype(var_.values().front()); }
   Shape shape() const override { return var_.shape(); }
   std::string describe() const override { return fmt::format("variable '{}'", var_.name()); }
   CheckpointSnapshot snapshot(const std::string& name) const override {
-    auto copy = std::make_shared<const T>(checkpoint_value(var_, name));
-    return CheckpointSnapshot{copy, safetensors::view_of(*copy)};
+    return snapshot_of(checkpoint_value(var_, name));
   }
   void restore(const safetensors::StoredTensor& tensor) override {
-    restore_variable(var_, tensor.shape, tensor.bytes.data());
+    restore_variable(var_, tensor.dtype, tensor.shape, tensor.bytes.data());
   }
 
  private:
@@ -14562,12 +15765,11 @@ class TrackedVariable final : public Trackable {
 
 template <class T>
 class TrackedShards final : public Trackable {
-  using E = element_t<T>;
-
  public:
   TrackedShards(std::vector<Variable<T>> shards, const std::string& name) : shards_(std::move(shards)) {
     if (shards_.empty()) throw InvalidArgument(fmt::format("Checkpoint: sharded variable '{}' has no shards", name));
     const Shape first = shards_.front().shape();
+    const DType first_dtype = value_dtype(shards_.front().values().front());
     for (std::size_t i = 0; i < shards_.size(); ++i) {
       const Shape s = shards_[i].shape();
       if (s.empty() || s.size() != first.size() || !std::equal(s.begin() + 1, s.end(), first.begin() + 1)) {
@@ -14575,9 +15777,14 @@ class TrackedShards final : public Trackable {
                                           "along axis 0 with shard 0's {}",
                                           i, shards_[i].name(), name, shape_string(s), shape_string(first)));
       }
+      if (const DType d = value_dtype(shards_[i].values().front()); d != first_dtype) {
+        throw InvalidArgument(fmt::format("Checkpoint: shard {} ('{}') of '{}' is {}, but shard 0 is {}; the shards "
+                                          "of one tensor share a dtype",
+                                          i, shards_[i].name(), name, to_string(d), to_string(first_dtype)));
+      }
     }
   }
-  safetensors::Dtype dtype() const override { return safetensors::dtype_for<E>(); }
+  DType dtype() const override { return value_dtype(shards_.front().values().front()); }
   Shape shape() const override {
     Shape s = shards_.front().shape();
     s[0] = 0;
@@ -14590,14 +15797,17 @@ class TrackedShards final : public Trackable {
     return fmt::format("sharded variable ({} shard{}: {})", shards_.size(), shards_.size() == 1 ? "" : "s", shapes);
   }
   CheckpointSnapshot snapshot(const std::string& name) const override {
-    auto bytes = std::make_shared<std::vector<std::byte>>();
-    bytes->reserve(static_cast<std::size_t>(num_elements(shape())) * sizeof(E));
+    const DType d = dtype();
+    const Shape all = shape();
+    auto bytes = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(num_elements(all)) * size_of(d));
+    std::byte* out = bytes->data();
     for (const auto& shard : shards_) {
       const T value = checkpoint_value(shard, name);
-      const auto* p = reinterpret_cast<const std::byte*>(tensor_traits<T>::data(value));
-      bytes->insert(bytes->end(), p, p + element_count(value) * sizeof(E));
+      const TensorView v = view_of(value);
+      copy_to_contiguous(v, out);
+      out += v.bytes();
     }
-    return CheckpointSnapshot{bytes, safetensors::TensorView{dtype(), shape(), *bytes}};
+    return CheckpointSnapshot{bytes, safetensors::TensorView{d, all, *bytes}};
   }
   void restore(const safetensors::StoredTensor& tensor) override {
     const std::byte* data = tensor.bytes.data();
@@ -14605,8 +15815,8 @@ class TrackedShards final : public Trackable {
     // (how many shards, which sizes) does not matter.
     for (auto& shard : shards_) {
       const Shape s = shard.shape();
-      restore_variable(shard, s, data);
-      data += static_cast<std::size_t>(num_elements(s)) * sizeof(E);
+      restore_variable(shard, tensor.dtype, s, data);
+      data += static_cast<std::size_t>(num_elements(s)) * size_of(tensor.dtype);
     }
   }
 
@@ -14637,7 +15847,7 @@ class Checkpoint {
   /// Tracks a variable (plain, mirrored or sync-on-read) under `name`, the tensor's name in the file.
   template <class T>
   Checkpoint& track(std::string name, const Variable<T>& variable) {
-    detail::check_host_memory<T>();
+    detail::check_host_memory(variable, name);
     return add(std::move(name), std::make_unique<detail::TrackedVariable<T>>(variable));
   }
 
@@ -14652,7 +15862,7 @@ class Checkpoint {
   /// agree on every dimension but the first.
   template <class T>
   Checkpoint& track_sharded(std::string name, std::vector<Variable<T>> shards) {
-    detail::check_host_memory<T>();
+    for (const auto& shard : shards) detail::check_host_memory(shard, name);
     auto tracked = std::make_unique<detail::TrackedShards<T>>(std::move(shards), name);
     return add(std::move(name), std::move(tracked));
   }
@@ -22169,6 +23379,8 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -22178,6 +23390,18 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+/// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
+/// float32 and round once (core/detail/elementwise.hpp's reduce_many).
+inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const std::byte* const> srcs, std::size_t n,
+                              ReduceOp op, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<const T*> typed(srcs.size());
+    for (std::size_t i = 0; i < srcs.size(); ++i) typed[i] = reinterpret_cast<const T*>(srcs[i]);
+    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), typed, n, op, divisor);
   });
 }
 
@@ -23130,7 +24354,7 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
   Reader r(in, "descriptor");
   const std::uint8_t kind = r.u8(), dtype = r.u8(), op = r.u8(), pad = r.u8();
   if (kind < 1 || kind > 4) throw FrameError(fmt::format("descriptor has unknown collective kind {}", kind));
-  if (dtype > static_cast<std::uint8_t>(DType::Bool)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
+  if (!is_dtype_code(dtype)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
   if (op > static_cast<std::uint8_t>(ReduceOp::Product)) throw FrameError(fmt::format("descriptor has unknown reduce op {}", op));
   if (pad != 0) throw FrameError("descriptor has a non-zero reserved byte");
   Descriptor d;
@@ -23178,6 +24402,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #include <memory>
 #include <new>
 #include <thread>
@@ -23189,6 +24414,8 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -23198,6 +24425,18 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+/// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
+/// float32 and round once (core/detail/elementwise.hpp's reduce_many).
+inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const std::byte* const> srcs, std::size_t n,
+                              ReduceOp op, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<const T*> typed(srcs.size());
+    for (std::size_t i = 0; i < srcs.size(); ++i) typed[i] = reinterpret_cast<const T*>(srcs[i]);
+    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), typed, n, op, divisor);
   });
 }
 
@@ -23461,9 +24700,9 @@ class SharedMemoryAllReduce {
       // is slot 0's), then published in the result slot for the others.
       if (hi > lo) {
         std::byte* const out = piece + lo * es;
-        if (rank_ != 0) std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
-        for (int r = 1; r < n_; ++r) reduce_bytes(dtype, out, slot(r) + lo * es, hi - lo, op);
-        if (op == ReduceOp::Mean) divide_bytes(dtype, out, hi - lo, n_);
+        sources_.resize(nu);
+        for (std::size_t r = 0; r < nu; ++r) sources_[r] = slot(static_cast<int>(r)) + lo * es;
+        reduce_many_bytes(dtype, out, sources_, hi - lo, op, n_);  // 16-bit floats: rounded once
         std::memcpy(result() + lo * es, out, (hi - lo) * es);
       }
       me.reduced.store(stamp, std::memory_order_release);
@@ -23519,6 +24758,7 @@ class SharedMemoryAllReduce {
   int rank_;
   std::size_t slot_bytes_;
   std::size_t min_bytes_;
+  std::vector<const std::byte*> sources_;  // this rank's slice in every slot
   std::uint64_t stamp_ = 0;
 };
 
@@ -27131,7 +28371,7 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
   Reader r(in, "descriptor");
   const std::uint8_t kind = r.u8(), dtype = r.u8(), op = r.u8(), pad = r.u8();
   if (kind < 1 || kind > 4) throw FrameError(fmt::format("descriptor has unknown collective kind {}", kind));
-  if (dtype > static_cast<std::uint8_t>(DType::Bool)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
+  if (!is_dtype_code(dtype)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
   if (op > static_cast<std::uint8_t>(ReduceOp::Product)) throw FrameError(fmt::format("descriptor has unknown reduce op {}", op));
   if (pad != 0) throw FrameError("descriptor has a non-zero reserved byte");
   Descriptor d;
@@ -27179,6 +28419,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #include <memory>
 #include <new>
 #include <thread>
@@ -27190,6 +28431,8 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -27199,6 +28442,18 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+/// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
+/// float32 and round once (core/detail/elementwise.hpp's reduce_many).
+inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const std::byte* const> srcs, std::size_t n,
+                              ReduceOp op, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<const T*> typed(srcs.size());
+    for (std::size_t i = 0; i < srcs.size(); ++i) typed[i] = reinterpret_cast<const T*>(srcs[i]);
+    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), typed, n, op, divisor);
   });
 }
 
@@ -27462,9 +28717,9 @@ class SharedMemoryAllReduce {
       // is slot 0's), then published in the result slot for the others.
       if (hi > lo) {
         std::byte* const out = piece + lo * es;
-        if (rank_ != 0) std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
-        for (int r = 1; r < n_; ++r) reduce_bytes(dtype, out, slot(r) + lo * es, hi - lo, op);
-        if (op == ReduceOp::Mean) divide_bytes(dtype, out, hi - lo, n_);
+        sources_.resize(nu);
+        for (std::size_t r = 0; r < nu; ++r) sources_[r] = slot(static_cast<int>(r)) + lo * es;
+        reduce_many_bytes(dtype, out, sources_, hi - lo, op, n_);  // 16-bit floats: rounded once
         std::memcpy(result() + lo * es, out, (hi - lo) * es);
       }
       me.reduced.store(stamp, std::memory_order_release);
@@ -27520,6 +28775,7 @@ class SharedMemoryAllReduce {
   int rank_;
   std::size_t slot_bytes_;
   std::size_t min_bytes_;
+  std::vector<const std::byte*> sources_;  // this rank's slice in every slot
   std::uint64_t stamp_ = 0;
 };
 
@@ -32254,6 +33510,8 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -32263,6 +33521,18 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+/// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
+/// float32 and round once (core/detail/elementwise.hpp's reduce_many).
+inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const std::byte* const> srcs, std::size_t n,
+                              ReduceOp op, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<const T*> typed(srcs.size());
+    for (std::size_t i = 0; i < srcs.size(); ++i) typed[i] = reinterpret_cast<const T*>(srcs[i]);
+    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), typed, n, op, divisor);
   });
 }
 
@@ -33215,7 +34485,7 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
   Reader r(in, "descriptor");
   const std::uint8_t kind = r.u8(), dtype = r.u8(), op = r.u8(), pad = r.u8();
   if (kind < 1 || kind > 4) throw FrameError(fmt::format("descriptor has unknown collective kind {}", kind));
-  if (dtype > static_cast<std::uint8_t>(DType::Bool)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
+  if (!is_dtype_code(dtype)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
   if (op > static_cast<std::uint8_t>(ReduceOp::Product)) throw FrameError(fmt::format("descriptor has unknown reduce op {}", op));
   if (pad != 0) throw FrameError("descriptor has a non-zero reserved byte");
   Descriptor d;
@@ -33263,6 +34533,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #include <memory>
 #include <new>
 #include <thread>
@@ -33274,6 +34545,8 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -33283,6 +34556,18 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+/// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
+/// float32 and round once (core/detail/elementwise.hpp's reduce_many).
+inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const std::byte* const> srcs, std::size_t n,
+                              ReduceOp op, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<const T*> typed(srcs.size());
+    for (std::size_t i = 0; i < srcs.size(); ++i) typed[i] = reinterpret_cast<const T*>(srcs[i]);
+    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), typed, n, op, divisor);
   });
 }
 
@@ -33546,9 +34831,9 @@ class SharedMemoryAllReduce {
       // is slot 0's), then published in the result slot for the others.
       if (hi > lo) {
         std::byte* const out = piece + lo * es;
-        if (rank_ != 0) std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
-        for (int r = 1; r < n_; ++r) reduce_bytes(dtype, out, slot(r) + lo * es, hi - lo, op);
-        if (op == ReduceOp::Mean) divide_bytes(dtype, out, hi - lo, n_);
+        sources_.resize(nu);
+        for (std::size_t r = 0; r < nu; ++r) sources_[r] = slot(static_cast<int>(r)) + lo * es;
+        reduce_many_bytes(dtype, out, sources_, hi - lo, op, n_);  // 16-bit floats: rounded once
         std::memcpy(result() + lo * es, out, (hi - lo) * es);
       }
       me.reduced.store(stamp, std::memory_order_release);
@@ -33604,6 +34889,7 @@ class SharedMemoryAllReduce {
   int rank_;
   std::size_t slot_bytes_;
   std::size_t min_bytes_;
+  std::vector<const std::byte*> sources_;  // this rank's slice in every slot
   std::uint64_t stamp_ = 0;
 };
 
@@ -37216,7 +38502,7 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
   Reader r(in, "descriptor");
   const std::uint8_t kind = r.u8(), dtype = r.u8(), op = r.u8(), pad = r.u8();
   if (kind < 1 || kind > 4) throw FrameError(fmt::format("descriptor has unknown collective kind {}", kind));
-  if (dtype > static_cast<std::uint8_t>(DType::Bool)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
+  if (!is_dtype_code(dtype)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
   if (op > static_cast<std::uint8_t>(ReduceOp::Product)) throw FrameError(fmt::format("descriptor has unknown reduce op {}", op));
   if (pad != 0) throw FrameError("descriptor has a non-zero reserved byte");
   Descriptor d;
@@ -37264,6 +38550,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #include <memory>
 #include <new>
 #include <thread>
@@ -37275,6 +38562,8 @@ DISTRIBUTE_END_NAMESPACE
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -37284,6 +38573,18 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+  });
+}
+
+/// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
+/// float32 and round once (core/detail/elementwise.hpp's reduce_many).
+inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const std::byte* const> srcs, std::size_t n,
+                              ReduceOp op, std::int64_t divisor) {
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<const T*> typed(srcs.size());
+    for (std::size_t i = 0; i < srcs.size(); ++i) typed[i] = reinterpret_cast<const T*>(srcs[i]);
+    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), typed, n, op, divisor);
   });
 }
 
@@ -37547,9 +38848,9 @@ class SharedMemoryAllReduce {
       // is slot 0's), then published in the result slot for the others.
       if (hi > lo) {
         std::byte* const out = piece + lo * es;
-        if (rank_ != 0) std::memcpy(out, slot(0) + lo * es, (hi - lo) * es);
-        for (int r = 1; r < n_; ++r) reduce_bytes(dtype, out, slot(r) + lo * es, hi - lo, op);
-        if (op == ReduceOp::Mean) divide_bytes(dtype, out, hi - lo, n_);
+        sources_.resize(nu);
+        for (std::size_t r = 0; r < nu; ++r) sources_[r] = slot(static_cast<int>(r)) + lo * es;
+        reduce_many_bytes(dtype, out, sources_, hi - lo, op, n_);  // 16-bit floats: rounded once
         std::memcpy(result() + lo * es, out, (hi - lo) * es);
       }
       me.reduced.store(stamp, std::memory_order_release);
@@ -37605,6 +38906,7 @@ class SharedMemoryAllReduce {
   int rank_;
   std::size_t slot_bytes_;
   std::size_t min_bytes_;
+  std::vector<const std::byte*> sources_;  // this rank's slice in every slot
   std::uint64_t stamp_ = 0;
 };
 
@@ -44383,7 +45685,8 @@ DISTRIBUTE_END_NAMESPACE
 //   DISTRIBUTE_REMOTE_FUNCTION(train_step);          // at namespace scope, in every process
 //
 // Arguments and results are serialised with cereal (scalars, strings, std::vector, std::array,
-// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes; a ds::Variable or
+// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes, a value of run-time
+// dtype (torch::Tensor) as dtype + shape + raw bytes; a ds::Variable or
 // ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
 // copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
 
@@ -44574,6 +45877,20 @@ DISTRIBUTE_BEGIN_NAMESPACE
 template <class T>
 class PerWorkerIterator;
 
+namespace half_bits {
+// cereal: the library's own 16-bit floats (in a std::vector, a std::array, ...) as their bits.
+template <class Archive, class Traits>
+void save(Archive& a, const float16_storage<Traits>& h) {
+  a(h.bits());
+}
+template <class Archive, class Traits>
+void load(Archive& a, float16_storage<Traits>& h) {
+  std::uint16_t b = 0;
+  a(b);
+  h = float16_storage<Traits>::from_bits(b);
+}
+}  // namespace half_bits
+
 namespace detail {
 
 using WireOut = cereal::BinaryOutputArchive;
@@ -44637,17 +45954,71 @@ struct wire {
   }
 };
 
+/// The element count of a shape read from the wire, checked: non-negative dimensions whose
+/// product (times the element size) fits in 63 bits.
+inline std::size_t checked_element_count(const Shape& shape, std::size_t element_size, const char* what) {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(d))) {
+      throw InvalidArgument(fmt::format("{}: shape {} read from the wire is negative or too large", what, shape_string(shape)));
+    }
+    n *= static_cast<std::uint64_t>(d);
+  }
+  if (n > (std::uint64_t{1} << 62) / element_size) {
+    throw InvalidArgument(fmt::format("{}: shape {} read from the wire is too large", what, shape_string(shape)));
+  }
+  return static_cast<std::size_t>(n);
+}
+
+/// A tensor's elements as raw bytes (any element type, 16-bit floats included), after their length.
+inline void save_elements(WireOut& a, const void* data, std::size_t bytes) {
+  a(static_cast<std::uint64_t>(bytes));
+  if (bytes) a(cereal::binary_data(data, bytes));
+}
+inline void load_elements(WireIn& a, void* data, std::size_t bytes, const char* what) {
+  std::uint64_t sent = 0;
+  a(sent);
+  if (sent != bytes) {
+    throw InvalidArgument(fmt::format("{}: {} bytes of elements arrived for a shape that holds {}", what, sent, bytes));
+  }
+  if (bytes) a(cereal::binary_data(data, bytes));
+}
+
 template <class E>
 struct wire<Tensor<E>> {
   static void save(WireOut& a, const Tensor<E>& t) {
     a(t.shape());
-    a(std::vector<E>(t.data(), t.data() + t.size()));
+    save_elements(a, t.data(), t.size() * sizeof(E));
   }
   static Tensor<E> load(WireIn& a) {
     Shape shape;
-    std::vector<E> data;
-    a(shape, data);
-    return Tensor<E>(std::move(shape), std::move(data));
+    a(shape);
+    const std::size_t n = checked_element_count(shape, sizeof(E), "a ds::Tensor argument");
+    Tensor<E> t = Tensor<E>::zeros(std::move(shape));
+    load_elements(a, t.data(), n * sizeof(E), "a ds::Tensor argument");
+    return t;
+  }
+};
+
+/// Values whose dtype is known at run time (torch::Tensor, DLPack): dtype, shape, row-major bytes.
+template <DynamicTensorLike T>
+struct wire<T> {
+  static void save(WireOut& a, const T& v) {
+    HostOperands in("a remote function's argument");
+    in.add(view_of(v), true);
+    a(static_cast<std::uint8_t>(in[0].dtype), in[0].shape);
+    save_elements(a, in[0].data, in[0].bytes());
+  }
+  static T load(WireIn& a) {
+    std::uint8_t code = 0;
+    Shape shape;
+    a(code, shape);
+    if (!is_dtype_code(code)) throw InvalidArgument(fmt::format("a tensor argument has an unknown dtype code {}", code));
+    const auto dtype = static_cast<DType>(code);
+    const std::size_t n = checked_element_count(shape, size_of(dtype), "a tensor argument");
+    RowMajorResult<T> out;
+    load_elements(a, out.allocate(dtype, shape), n * size_of(dtype), "a tensor argument");
+    return out.take();
   }
 };
 
@@ -44660,20 +46031,26 @@ struct wire<Variable<T>> {
                                         "ParameterServerStrategy::scope() can be passed to a scheduled function",
                                         v.name()));
     }
-    a(v.name(), v.shape(), h->task, h->key);
+    a(v.name(), v.shape(), static_cast<std::uint8_t>(value_dtype(v.values().front())), h->task, h->key);
   }
   static Variable<T> load(WireIn& a) {
     std::string name, key;
     Shape shape;
+    std::uint8_t code = 0;
     int task = 0;
-    a(name, shape, task, key);
+    a(name, shape, code, task, key);
+    if (!is_dtype_code(code)) {
+      throw InvalidArgument(fmt::format("variable '{}' arrived with an unknown dtype code {}", name, code));
+    }
     WorkerEnvironment* env = current_worker_environment();
     if (!env || !env->store) {
       throw InvalidArgument(fmt::format("variable '{}' arrived outside a worker: ps variable handles are read by the "
                                         "worker that runs a scheduled function",
                                         name));
     }
-    return Variable<T>::attach_remote(std::move(name), tensor_traits<T>::make(shape), RemoteHandle{env->store, task, key});
+    checked_element_count(shape, size_of(static_cast<DType>(code)), "a ps variable handle");
+    return Variable<T>::attach_remote(std::move(name), make_value<T>(static_cast<DType>(code), shape),
+                                      RemoteHandle{env->store, task, key});
   }
 };
 
@@ -48378,7 +49755,8 @@ DISTRIBUTE_END_NAMESPACE
 //   DISTRIBUTE_REMOTE_FUNCTION(train_step);          // at namespace scope, in every process
 //
 // Arguments and results are serialised with cereal (scalars, strings, std::vector, std::array,
-// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes; a ds::Variable or
+// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes, a value of run-time
+// dtype (torch::Tensor) as dtype + shape + raw bytes; a ds::Variable or
 // ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
 // copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
 
@@ -48569,6 +49947,20 @@ DISTRIBUTE_BEGIN_NAMESPACE
 template <class T>
 class PerWorkerIterator;
 
+namespace half_bits {
+// cereal: the library's own 16-bit floats (in a std::vector, a std::array, ...) as their bits.
+template <class Archive, class Traits>
+void save(Archive& a, const float16_storage<Traits>& h) {
+  a(h.bits());
+}
+template <class Archive, class Traits>
+void load(Archive& a, float16_storage<Traits>& h) {
+  std::uint16_t b = 0;
+  a(b);
+  h = float16_storage<Traits>::from_bits(b);
+}
+}  // namespace half_bits
+
 namespace detail {
 
 using WireOut = cereal::BinaryOutputArchive;
@@ -48632,17 +50024,71 @@ struct wire {
   }
 };
 
+/// The element count of a shape read from the wire, checked: non-negative dimensions whose
+/// product (times the element size) fits in 63 bits.
+inline std::size_t checked_element_count(const Shape& shape, std::size_t element_size, const char* what) {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(d))) {
+      throw InvalidArgument(fmt::format("{}: shape {} read from the wire is negative or too large", what, shape_string(shape)));
+    }
+    n *= static_cast<std::uint64_t>(d);
+  }
+  if (n > (std::uint64_t{1} << 62) / element_size) {
+    throw InvalidArgument(fmt::format("{}: shape {} read from the wire is too large", what, shape_string(shape)));
+  }
+  return static_cast<std::size_t>(n);
+}
+
+/// A tensor's elements as raw bytes (any element type, 16-bit floats included), after their length.
+inline void save_elements(WireOut& a, const void* data, std::size_t bytes) {
+  a(static_cast<std::uint64_t>(bytes));
+  if (bytes) a(cereal::binary_data(data, bytes));
+}
+inline void load_elements(WireIn& a, void* data, std::size_t bytes, const char* what) {
+  std::uint64_t sent = 0;
+  a(sent);
+  if (sent != bytes) {
+    throw InvalidArgument(fmt::format("{}: {} bytes of elements arrived for a shape that holds {}", what, sent, bytes));
+  }
+  if (bytes) a(cereal::binary_data(data, bytes));
+}
+
 template <class E>
 struct wire<Tensor<E>> {
   static void save(WireOut& a, const Tensor<E>& t) {
     a(t.shape());
-    a(std::vector<E>(t.data(), t.data() + t.size()));
+    save_elements(a, t.data(), t.size() * sizeof(E));
   }
   static Tensor<E> load(WireIn& a) {
     Shape shape;
-    std::vector<E> data;
-    a(shape, data);
-    return Tensor<E>(std::move(shape), std::move(data));
+    a(shape);
+    const std::size_t n = checked_element_count(shape, sizeof(E), "a ds::Tensor argument");
+    Tensor<E> t = Tensor<E>::zeros(std::move(shape));
+    load_elements(a, t.data(), n * sizeof(E), "a ds::Tensor argument");
+    return t;
+  }
+};
+
+/// Values whose dtype is known at run time (torch::Tensor, DLPack): dtype, shape, row-major bytes.
+template <DynamicTensorLike T>
+struct wire<T> {
+  static void save(WireOut& a, const T& v) {
+    HostOperands in("a remote function's argument");
+    in.add(view_of(v), true);
+    a(static_cast<std::uint8_t>(in[0].dtype), in[0].shape);
+    save_elements(a, in[0].data, in[0].bytes());
+  }
+  static T load(WireIn& a) {
+    std::uint8_t code = 0;
+    Shape shape;
+    a(code, shape);
+    if (!is_dtype_code(code)) throw InvalidArgument(fmt::format("a tensor argument has an unknown dtype code {}", code));
+    const auto dtype = static_cast<DType>(code);
+    const std::size_t n = checked_element_count(shape, size_of(dtype), "a tensor argument");
+    RowMajorResult<T> out;
+    load_elements(a, out.allocate(dtype, shape), n * size_of(dtype), "a tensor argument");
+    return out.take();
   }
 };
 
@@ -48655,20 +50101,26 @@ struct wire<Variable<T>> {
                                         "ParameterServerStrategy::scope() can be passed to a scheduled function",
                                         v.name()));
     }
-    a(v.name(), v.shape(), h->task, h->key);
+    a(v.name(), v.shape(), static_cast<std::uint8_t>(value_dtype(v.values().front())), h->task, h->key);
   }
   static Variable<T> load(WireIn& a) {
     std::string name, key;
     Shape shape;
+    std::uint8_t code = 0;
     int task = 0;
-    a(name, shape, task, key);
+    a(name, shape, code, task, key);
+    if (!is_dtype_code(code)) {
+      throw InvalidArgument(fmt::format("variable '{}' arrived with an unknown dtype code {}", name, code));
+    }
     WorkerEnvironment* env = current_worker_environment();
     if (!env || !env->store) {
       throw InvalidArgument(fmt::format("variable '{}' arrived outside a worker: ps variable handles are read by the "
                                         "worker that runs a scheduled function",
                                         name));
     }
-    return Variable<T>::attach_remote(std::move(name), tensor_traits<T>::make(shape), RemoteHandle{env->store, task, key});
+    checked_element_count(shape, size_of(static_cast<DType>(code)), "a ps variable handle");
+    return Variable<T>::attach_remote(std::move(name), make_value<T>(static_cast<DType>(code), shape),
+                                      RemoteHandle{env->store, task, key});
   }
 };
 
@@ -48998,7 +50450,7 @@ class VariableTable {
   };
 
   static DType checked_dtype(std::uint8_t d, const std::string& key) {
-    if (d > static_cast<std::uint8_t>(DType::Bool)) {
+    if (!is_dtype_code(d)) {
       throw InvalidArgument(fmt::format("variable '{}': unknown dtype code {}", key, d));
     }
     return static_cast<DType>(d);
@@ -50521,7 +51973,8 @@ DISTRIBUTE_END_NAMESPACE
 //   DISTRIBUTE_REMOTE_FUNCTION(train_step);          // at namespace scope, in every process
 //
 // Arguments and results are serialised with cereal (scalars, strings, std::vector, std::array,
-// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes; a ds::Variable or
+// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes, a value of run-time
+// dtype (torch::Tensor) as dtype + shape + raw bytes; a ds::Variable or
 // ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
 // copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
 
@@ -50712,6 +52165,20 @@ DISTRIBUTE_BEGIN_NAMESPACE
 template <class T>
 class PerWorkerIterator;
 
+namespace half_bits {
+// cereal: the library's own 16-bit floats (in a std::vector, a std::array, ...) as their bits.
+template <class Archive, class Traits>
+void save(Archive& a, const float16_storage<Traits>& h) {
+  a(h.bits());
+}
+template <class Archive, class Traits>
+void load(Archive& a, float16_storage<Traits>& h) {
+  std::uint16_t b = 0;
+  a(b);
+  h = float16_storage<Traits>::from_bits(b);
+}
+}  // namespace half_bits
+
 namespace detail {
 
 using WireOut = cereal::BinaryOutputArchive;
@@ -50775,17 +52242,71 @@ struct wire {
   }
 };
 
+/// The element count of a shape read from the wire, checked: non-negative dimensions whose
+/// product (times the element size) fits in 63 bits.
+inline std::size_t checked_element_count(const Shape& shape, std::size_t element_size, const char* what) {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(d))) {
+      throw InvalidArgument(fmt::format("{}: shape {} read from the wire is negative or too large", what, shape_string(shape)));
+    }
+    n *= static_cast<std::uint64_t>(d);
+  }
+  if (n > (std::uint64_t{1} << 62) / element_size) {
+    throw InvalidArgument(fmt::format("{}: shape {} read from the wire is too large", what, shape_string(shape)));
+  }
+  return static_cast<std::size_t>(n);
+}
+
+/// A tensor's elements as raw bytes (any element type, 16-bit floats included), after their length.
+inline void save_elements(WireOut& a, const void* data, std::size_t bytes) {
+  a(static_cast<std::uint64_t>(bytes));
+  if (bytes) a(cereal::binary_data(data, bytes));
+}
+inline void load_elements(WireIn& a, void* data, std::size_t bytes, const char* what) {
+  std::uint64_t sent = 0;
+  a(sent);
+  if (sent != bytes) {
+    throw InvalidArgument(fmt::format("{}: {} bytes of elements arrived for a shape that holds {}", what, sent, bytes));
+  }
+  if (bytes) a(cereal::binary_data(data, bytes));
+}
+
 template <class E>
 struct wire<Tensor<E>> {
   static void save(WireOut& a, const Tensor<E>& t) {
     a(t.shape());
-    a(std::vector<E>(t.data(), t.data() + t.size()));
+    save_elements(a, t.data(), t.size() * sizeof(E));
   }
   static Tensor<E> load(WireIn& a) {
     Shape shape;
-    std::vector<E> data;
-    a(shape, data);
-    return Tensor<E>(std::move(shape), std::move(data));
+    a(shape);
+    const std::size_t n = checked_element_count(shape, sizeof(E), "a ds::Tensor argument");
+    Tensor<E> t = Tensor<E>::zeros(std::move(shape));
+    load_elements(a, t.data(), n * sizeof(E), "a ds::Tensor argument");
+    return t;
+  }
+};
+
+/// Values whose dtype is known at run time (torch::Tensor, DLPack): dtype, shape, row-major bytes.
+template <DynamicTensorLike T>
+struct wire<T> {
+  static void save(WireOut& a, const T& v) {
+    HostOperands in("a remote function's argument");
+    in.add(view_of(v), true);
+    a(static_cast<std::uint8_t>(in[0].dtype), in[0].shape);
+    save_elements(a, in[0].data, in[0].bytes());
+  }
+  static T load(WireIn& a) {
+    std::uint8_t code = 0;
+    Shape shape;
+    a(code, shape);
+    if (!is_dtype_code(code)) throw InvalidArgument(fmt::format("a tensor argument has an unknown dtype code {}", code));
+    const auto dtype = static_cast<DType>(code);
+    const std::size_t n = checked_element_count(shape, size_of(dtype), "a tensor argument");
+    RowMajorResult<T> out;
+    load_elements(a, out.allocate(dtype, shape), n * size_of(dtype), "a tensor argument");
+    return out.take();
   }
 };
 
@@ -50798,20 +52319,26 @@ struct wire<Variable<T>> {
                                         "ParameterServerStrategy::scope() can be passed to a scheduled function",
                                         v.name()));
     }
-    a(v.name(), v.shape(), h->task, h->key);
+    a(v.name(), v.shape(), static_cast<std::uint8_t>(value_dtype(v.values().front())), h->task, h->key);
   }
   static Variable<T> load(WireIn& a) {
     std::string name, key;
     Shape shape;
+    std::uint8_t code = 0;
     int task = 0;
-    a(name, shape, task, key);
+    a(name, shape, code, task, key);
+    if (!is_dtype_code(code)) {
+      throw InvalidArgument(fmt::format("variable '{}' arrived with an unknown dtype code {}", name, code));
+    }
     WorkerEnvironment* env = current_worker_environment();
     if (!env || !env->store) {
       throw InvalidArgument(fmt::format("variable '{}' arrived outside a worker: ps variable handles are read by the "
                                         "worker that runs a scheduled function",
                                         name));
     }
-    return Variable<T>::attach_remote(std::move(name), tensor_traits<T>::make(shape), RemoteHandle{env->store, task, key});
+    checked_element_count(shape, size_of(static_cast<DType>(code)), "a ps variable handle");
+    return Variable<T>::attach_remote(std::move(name), make_value<T>(static_cast<DType>(code), shape),
+                                      RemoteHandle{env->store, task, key});
   }
 };
 
@@ -56000,12 +57527,12 @@ struct product_fn {
   DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return static_cast<T>(a * b); }
 };
 template <class T>
-struct min_fn {  // std::min(a, b)
-  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return b < a ? b : a; }
+struct min_fn {  // as the host kernels: a NaN on either side wins
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return (a < b || a != a) ? a : b; }
 };
 template <class T>
-struct max_fn {  // std::max(a, b)
-  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return a < b ? b : a; }
+struct max_fn {
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return (a > b || a != a) ? a : b; }
 };
 struct or_fn {
   DISTRIBUTE_HOST_DEVICE bool operator()(bool a, bool b) const { return a || b; }
@@ -56069,7 +57596,15 @@ void divide(T* acc, std::size_t n, std::int64_t divisor) {
 
 /// divide() for a buffer known only by its dtype (the NCCL collective's integer MEAN).
 inline void divide(void* acc, DType dtype, std::size_t n, std::int64_t divisor) {
-  visit_dtype(dtype, [&](auto t) { divide(static_cast<decltype(t)*>(acc), n, divisor); });
+  visit_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (detail::is_half_v<T>) {
+      throw InvalidArgument(fmt::format("a MEAN of {} values on the device is divided by NCCL (ncclAvg) only",
+                                        to_string(dtype)));
+    } else {
+      divide(static_cast<T*>(acc), n, divisor);
+    }
+  });
 }
 
 }  // namespace device_kernels
@@ -57045,12 +58580,12 @@ struct product_fn {
   DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return static_cast<T>(a * b); }
 };
 template <class T>
-struct min_fn {  // std::min(a, b)
-  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return b < a ? b : a; }
+struct min_fn {  // as the host kernels: a NaN on either side wins
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return (a < b || a != a) ? a : b; }
 };
 template <class T>
-struct max_fn {  // std::max(a, b)
-  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return a < b ? b : a; }
+struct max_fn {
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return (a > b || a != a) ? a : b; }
 };
 struct or_fn {
   DISTRIBUTE_HOST_DEVICE bool operator()(bool a, bool b) const { return a || b; }
@@ -57114,7 +58649,15 @@ void divide(T* acc, std::size_t n, std::int64_t divisor) {
 
 /// divide() for a buffer known only by its dtype (the NCCL collective's integer MEAN).
 inline void divide(void* acc, DType dtype, std::size_t n, std::int64_t divisor) {
-  visit_dtype(dtype, [&](auto t) { divide(static_cast<decltype(t)*>(acc), n, divisor); });
+  visit_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (detail::is_half_v<T>) {
+      throw InvalidArgument(fmt::format("a MEAN of {} values on the device is divided by NCCL (ncclAvg) only",
+                                        to_string(dtype)));
+    } else {
+      divide(static_cast<T*>(acc), n, divisor);
+    }
+  });
 }
 
 }  // namespace device_kernels
@@ -57718,6 +59261,12 @@ inline std::optional<ncclDataType_t> nccl_type(DType d) noexcept {
     case DType::U32: return ncclUint32;
     case DType::I64: return ncclInt64;
     case DType::U64: return ncclUint64;
+    case DType::F16: return ncclFloat16;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    case DType::BF16: return ncclBfloat16;
+#else
+    case DType::BF16: return std::nullopt;
+#endif
     case DType::I16:
     case DType::U16: return std::nullopt;
   }
@@ -57743,7 +59292,7 @@ inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, std::int64_t mean_
     case ReduceOp::Product: return {ncclProd, false};
     case ReduceOp::Mean:
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-      if ((dtype == DType::F32 || dtype == DType::F64) && mean_divisor == ranks) return {ncclAvg, false};
+      if (is_floating(dtype) && mean_divisor == ranks) return {ncclAvg, false};
 #endif
       return {ncclSum, mean_divisor > 1};
   }
@@ -58009,7 +59558,11 @@ class NcclCollectives final : public ReplicaCollectives {
       if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks_).divide_after) continue;
       visit_dtype(b.dtype, [&](auto t) {
         using T = decltype(t);
-        if constexpr (!std::is_same_v<T, bool>) {
+        if constexpr (is_half_v<T>) {
+          throw InvalidArgument(fmt::format("NcclAllReduce: MEAN of {} values needs ncclAvg (NCCL >= 2.10 and a "
+                                            "divisor equal to the number of ranks); reduce with SUM and divide",
+                                            to_string(b.dtype)));
+        } else if constexpr (!std::is_same_v<T, bool>) {
           auto* p = static_cast<T*>(b.data);
           device_kernels::run("MEAN division after ncclAllReduce", [&] {
             thrust::transform(thrust::cuda::par_nosync.on(stream), p, p + b.count(), p,
@@ -58656,12 +60209,12 @@ struct product_fn {
   DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return static_cast<T>(a * b); }
 };
 template <class T>
-struct min_fn {  // std::min(a, b)
-  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return b < a ? b : a; }
+struct min_fn {  // as the host kernels: a NaN on either side wins
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return (a < b || a != a) ? a : b; }
 };
 template <class T>
-struct max_fn {  // std::max(a, b)
-  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return a < b ? b : a; }
+struct max_fn {
+  DISTRIBUTE_HOST_DEVICE T operator()(const T& a, const T& b) const { return (a > b || a != a) ? a : b; }
 };
 struct or_fn {
   DISTRIBUTE_HOST_DEVICE bool operator()(bool a, bool b) const { return a || b; }
@@ -58725,7 +60278,15 @@ void divide(T* acc, std::size_t n, std::int64_t divisor) {
 
 /// divide() for a buffer known only by its dtype (the NCCL collective's integer MEAN).
 inline void divide(void* acc, DType dtype, std::size_t n, std::int64_t divisor) {
-  visit_dtype(dtype, [&](auto t) { divide(static_cast<decltype(t)*>(acc), n, divisor); });
+  visit_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (detail::is_half_v<T>) {
+      throw InvalidArgument(fmt::format("a MEAN of {} values on the device is divided by NCCL (ncclAvg) only",
+                                        to_string(dtype)));
+    } else {
+      divide(static_cast<T*>(acc), n, divisor);
+    }
+  });
 }
 
 }  // namespace device_kernels
@@ -59329,6 +60890,12 @@ inline std::optional<ncclDataType_t> nccl_type(DType d) noexcept {
     case DType::U32: return ncclUint32;
     case DType::I64: return ncclInt64;
     case DType::U64: return ncclUint64;
+    case DType::F16: return ncclFloat16;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    case DType::BF16: return ncclBfloat16;
+#else
+    case DType::BF16: return std::nullopt;
+#endif
     case DType::I16:
     case DType::U16: return std::nullopt;
   }
@@ -59354,7 +60921,7 @@ inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, std::int64_t mean_
     case ReduceOp::Product: return {ncclProd, false};
     case ReduceOp::Mean:
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-      if ((dtype == DType::F32 || dtype == DType::F64) && mean_divisor == ranks) return {ncclAvg, false};
+      if (is_floating(dtype) && mean_divisor == ranks) return {ncclAvg, false};
 #endif
       return {ncclSum, mean_divisor > 1};
   }
@@ -59620,7 +61187,11 @@ class NcclCollectives final : public ReplicaCollectives {
       if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks_).divide_after) continue;
       visit_dtype(b.dtype, [&](auto t) {
         using T = decltype(t);
-        if constexpr (!std::is_same_v<T, bool>) {
+        if constexpr (is_half_v<T>) {
+          throw InvalidArgument(fmt::format("NcclAllReduce: MEAN of {} values needs ncclAvg (NCCL >= 2.10 and a "
+                                            "divisor equal to the number of ranks); reduce with SUM and divide",
+                                            to_string(b.dtype)));
+        } else if constexpr (!std::is_same_v<T, bool>) {
           auto* p = static_cast<T*>(b.data);
           device_kernels::run("MEAN division after ncclAllReduce", [&] {
             thrust::transform(thrust::cuda::par_nosync.on(stream), p, p + b.count(), p,
