@@ -164,6 +164,12 @@ int main(int argc, char** argv) {
       collectives(s);
     } else if (scenario == "half") {
       half_and_runtime_types(s);
+    } else if (scenario == "mismatch_shape") {
+      // Same element count and dtype, another shape on worker 1.
+      s.run([&](ds::ReplicaContext& ctx) {
+        const ds::Shape shape = s.worker_index() == 1 ? ds::Shape{3, 2} : ds::Shape{2, 3};
+        return ctx.all_reduce("sum", ds::Tensor<float>::zeros(shape)).size();
+      });
     } else if (scenario == "mismatch_half") {
       // Same count, float16 on worker 1 and bfloat16 elsewhere.
       s.run([&](ds::ReplicaContext& ctx) {

@@ -77,6 +77,18 @@ inline test_types::DynTensor scale_any(test_types::DynTensor t, double factor) {
   return out;
 }
 
+/// A column-major argument and result (a type cereal cannot save): the transpose, times `factor`.
+inline test_types::ColMajor transpose_scaled(test_types::ColMajor m, float factor) {
+  test_types::ColMajor t;
+  t.rows = m.cols;
+  t.cols = m.rows;
+  t.data.resize(m.data.size());
+  for (std::int64_t r = 0; r < t.rows; ++r) {
+    for (std::int64_t c = 0; c < t.cols; ++c) t.data[static_cast<std::size_t>(c * t.rows + r)] = m.at(c, r) * factor;
+  }
+  return t;
+}
+
 /// A ps variable of run-time dtype: adds `delta`, returns what it reads back.
 inline test_types::DynTensor add_to_any(ds::Variable<test_types::DynTensor> v, test_types::DynTensor delta) {
   v.assign_add(delta);
@@ -95,5 +107,6 @@ DISTRIBUTE_REMOTE_FUNCTION(empty_closure);
 DISTRIBUTE_REMOTE_FUNCTION(add_half);
 DISTRIBUTE_REMOTE_FUNCTION(scale_any);
 DISTRIBUTE_REMOTE_FUNCTION(add_to_any);
+DISTRIBUTE_REMOTE_FUNCTION(transpose_scaled);
 
 }  // namespace ps_test

@@ -1341,7 +1341,7 @@ class FakeWorkerLink final : public ds::detail::CrossWorkerLink {
   FakeWorkerLink(int index, int count) : index_(index), count_(count) {}
   int num_workers() const noexcept override { return count_; }
   int worker_index() const noexcept override { return index_; }
-  void all_reduce(void*, std::size_t, ds::DType, ds::ReduceOp) override { FAIL("no collective expected"); }
+  void all_reduce(void*, std::size_t, ds::DType, ds::ReduceOp, std::uint32_t) override { FAIL("no collective expected"); }
   void all_gather(const void*, std::size_t, std::vector<std::byte>&, std::vector<std::size_t>&) override {
     FAIL("no collective expected");
   }

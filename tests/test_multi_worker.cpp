@@ -145,7 +145,7 @@ TEST_CASE("a worker SIGKILLed mid all-reduce with timeout_seconds set: still Pee
 }
 
 TEST_CASE("workers calling all_reduce on other shapes or dtypes: a clear InvalidArgument on every worker, no hang") {
-  for (const char* scenario : {"mismatch", "mismatch_dtype", "mismatch_half"}) {
+  for (const char* scenario : {"mismatch", "mismatch_dtype", "mismatch_half", "mismatch_shape"}) {
     CAPTURE(scenario);
     auto children = start_workers(3, scenario, 2, {{"TEST_TIMEOUT_SECONDS", "20"}});
     const auto started = std::chrono::steady_clock::now();
@@ -159,6 +159,9 @@ TEST_CASE("workers calling all_reduce on other shapes or dtypes: a clear Invalid
       if (std::string_view(scenario) == "mismatch_dtype") {
         CHECK(c.output.find("float64") != std::string::npos);
         CHECK(c.output.find("float32") != std::string::npos);
+      }
+      if (std::string_view(scenario) == "mismatch_shape") {  // as many elements, other shapes
+        CHECK(c.output.find("shapes #") != std::string::npos);
       }
       if (std::string_view(scenario) == "mismatch_half") {
         CHECK(c.output.find("float16") != std::string::npos);
@@ -293,9 +296,9 @@ class CountingLink final : public ds::detail::CrossWorkerLink {
   explicit CountingLink(ds::detail::CrossWorkerLink& inner) : inner_(&inner) {}
   int num_workers() const noexcept override { return inner_->num_workers(); }
   int worker_index() const noexcept override { return inner_->worker_index(); }
-  void all_reduce(void* data, std::size_t count, ds::DType dtype, ds::ReduceOp op) override {
+  void all_reduce(void* data, std::size_t count, ds::DType dtype, ds::ReduceOp op, std::uint32_t shapes = 0) override {
     ++all_reduces;
-    inner_->all_reduce(data, count, dtype, op);
+    inner_->all_reduce(data, count, dtype, op, shapes);
   }
   void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out,
                   std::vector<std::size_t>& sizes) override {

@@ -652,8 +652,16 @@ TEST_CASE("protocol payloads round-trip and reject bad values") {
   using namespace net::detail;
   const Descriptor d{CollectiveKind::AllReduce, ds::DType::I64, ds::ReduceOp::Max, 3, 123456789};
   const Descriptor back = decode_descriptor(encode(d));
-  CHECK(describe(back) == "all_reduce(count=123456789, dtype=int64, op=MAX)");
+  CHECK(describe(back) == "all_reduce(count=123456789, dtype=int64, op=MAX, shapes #00000003)");
   CHECK(back.root == 3);
+  CHECK(describe(Descriptor{CollectiveKind::AllReduce, ds::DType::F32, ds::ReduceOp::Sum, 0, 6}) ==
+        "all_reduce(count=6, dtype=float32, op=SUM)");
+  // All-reduces of as many elements in other shapes (another digest in root) do not agree.
+  CHECK_FALSE(compatible(Descriptor{CollectiveKind::AllReduce, ds::DType::F32, ds::ReduceOp::Sum, 7, 6},
+                         Descriptor{CollectiveKind::AllReduce, ds::DType::F32, ds::ReduceOp::Sum, 8, 6}));
+  CHECK(ds::detail::shapes_digest({2, 3}) != ds::detail::shapes_digest({3, 2}));
+  CHECK(ds::detail::shapes_digest({6}) != ds::detail::shapes_digest({1, 6}));
+  CHECK(ds::detail::shapes_digest({}) != 0);
   auto bad = encode(d);
   bad[1] = std::byte{99};
   CHECK_THROWS_WITH_AS(decode_descriptor(bad), "descriptor has unknown dtype 99", net::FrameError);

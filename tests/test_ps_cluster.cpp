@@ -309,7 +309,7 @@ TEST_CASE("arguments and results: tensors, vectors, a closure's own writes, shar
   }
 }
 
-TEST_CASE("float16, bfloat16 and run-time-dtype values through the ps: variables, arguments, results") {
+TEST_CASE("float16, bfloat16, run-time-dtype and column-major values through the ps: variables, arguments, results") {
   using test_types::DynTensor;
   Cluster cluster(1, 1);
   ds::ParameterServerStrategy strategy(cluster.resolver(), ds::FixedShardsPartitioner(1));
@@ -342,6 +342,13 @@ TEST_CASE("float16, bfloat16 and run-time-dtype values through the ps: variables
   CHECK(after.dtype == ds::DType::F16);
   CHECK(float(after.get<ds::float16>(1)) == 2.5f);
   CHECK(float(d.read_value().get<ds::float16>(0)) == 1.5f);
+
+  // A column-major type cereal cannot save travels as row-major bytes and comes back column-major.
+  const auto t = coordinator.schedule(&ps_test::transpose_scaled, test_types::ColMajor::from_rows({{1, 2, 3}, {4, 5, 6}}), 10.0f)
+                     .get();
+  CHECK(t.rows == 3);
+  CHECK(t.cols == 2);
+  CHECK(t.data == std::vector<float>{10, 20, 30, 40, 50, 60});  // [[10, 40], [20, 50], [30, 60]], column by column
 }
 
 TEST_CASE("a coordinator's checkpoint reads the ps tasks' values; restoring writes them there, into any shard count") {

@@ -29,13 +29,15 @@ namespace detail {
 inline void all_reduce_in_packs(CrossWorkerLink& link, std::span<BufferRef> buffers, ReduceOp op,
                                 std::size_t bytes_per_pack, std::vector<std::byte>& scratch) {
   for (const Pack& pack : make_packs(buffers, bytes_per_pack)) {
+    ShapesDigest shapes;
+    for (std::size_t k : pack.members) shapes.add(buffers[k].shape);
     if (pack.members.size() == 1) {  // a lone value travels from its own memory, no copy
       BufferRef& b = buffers[pack.members.front()];
-      link.all_reduce(b.data, b.count(), b.dtype, op);
+      link.all_reduce(b.data, b.count(), b.dtype, op, shapes.value());
     } else {
       scratch.resize(pack.bytes());
       pack_into(pack, buffers, scratch.data());
-      link.all_reduce(scratch.data(), pack.count, pack.dtype, op);
+      link.all_reduce(scratch.data(), pack.count, pack.dtype, op, shapes.value());
       unpack_from(pack, buffers, scratch.data());
     }
   }

@@ -68,8 +68,9 @@ class Communicator {
   }
 
   /// In place: every rank ends with the element-wise reduction of all ranks' buffers (bitwise
-  /// identical on every rank). MEAN divides by size() (integers truncate).
-  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
+  /// identical on every rank). MEAN divides by size() (integers truncate). `shapes`, when not 0,
+  /// is a digest of the shapes the buffer holds: ranks must agree on it as on count and dtype.
+  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op, std::uint32_t shapes = 0) {
     if (data == nullptr && count > 0) {
       throw InvalidArgument(fmt::format("all_reduce: data is null but count is {}", count));
     }
@@ -78,7 +79,7 @@ class Communicator {
     if (count > std::numeric_limits<std::size_t>::max() / es) {
       throw InvalidArgument(fmt::format("all_reduce: count {} of {} overflows the address space", count, to_string(dtype)));
     }
-    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, 0, count});
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, shapes, count});
     auto* bytes = static_cast<std::byte*>(data);
     if (size() == 1 || count == 0) return call.finish();
     detail::all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);

@@ -6,8 +6,8 @@
 //   DISTRIBUTE_REMOTE_FUNCTION(train_step);          // at namespace scope, in every process
 //
 // Arguments and results are serialised with cereal (scalars, strings, std::vector, std::array,
-// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes, a value of run-time
-// dtype (torch::Tensor) as dtype + shape + raw bytes; a ds::Variable or
+// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes, another tensor type
+// (torch::Tensor, DLPack, Eigen, xtensor) as dtype + shape + row-major bytes; a ds::Variable or
 // ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
 // copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
 #pragma once
@@ -177,8 +177,21 @@ struct wire<Tensor<E>> {
   }
 };
 
-/// Values whose dtype is known at run time (torch::Tensor, DLPack): dtype, shape, row-major bytes.
-template <DynamicTensorLike T>
+template <class T>
+inline constexpr bool is_library_tensor_v = false;
+template <class E>
+inline constexpr bool is_library_tensor_v<Tensor<E>> = true;
+
+/// Tensor values that travel as dtype, shape and row-major bytes: those whose dtype is known at
+/// run time (torch::Tensor, DLPack), and host values of other libraries that cereal cannot save
+/// (Eigen, xtensor; strided layouts included). std::vector, std::array and scalars keep cereal's form.
+template <class T>
+concept WireTensor = !is_library_tensor_v<T> && !is_view_v<T> &&
+                     (DynamicTensorLike<T> ||
+                      (StaticTensorLike<T> && memory_space_v<T> == MemorySpace::host &&
+                       !cereal::traits::is_output_serializable<T, WireOut>::value));
+
+template <WireTensor T>
 struct wire<T> {
   static void save(WireOut& a, const T& v) {
     HostOperands in("a remote function's argument");

@@ -33,8 +33,8 @@ class CommunicatorLink final : public CrossWorkerLink {
   explicit CommunicatorLink(std::unique_ptr<net::Communicator> comm) : comm_(std::move(comm)) {}
   int num_workers() const noexcept override { return comm_->size(); }
   int worker_index() const noexcept override { return comm_->rank(); }
-  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op) override {
-    comm_->all_reduce(data, count, dtype, op);
+  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op, std::uint32_t shapes = 0) override {
+    comm_->all_reduce(data, count, dtype, op, shapes);
   }
   void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out,
                   std::vector<std::size_t>& sizes) override {

@@ -4,15 +4,42 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/reduce_op.hpp>
+#include <distribute/core/shape.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
+
+/// A 32-bit digest of the shapes of the values one cross-worker all-reduce carries (FNV-1a over
+/// ranks and dimensions), which travels with the call's description: workers that pass as many
+/// elements in other shapes then disagree instead of reducing element by element. Never 0, which
+/// means "no shapes given".
+class ShapesDigest {
+ public:
+  void add(const Shape& shape) noexcept {
+    mix(static_cast<std::uint64_t>(shape.size()));
+    for (auto d : shape) mix(static_cast<std::uint64_t>(d));
+  }
+  std::uint32_t value() const noexcept { return hash_ == 0 ? 1 : hash_; }
+
+ private:
+  void mix(std::uint64_t v) noexcept {
+    for (int i = 0; i < 8; ++i, v >>= 8) hash_ = (hash_ ^ static_cast<std::uint32_t>(v & 0xff)) * 16777619u;
+  }
+  std::uint32_t hash_ = 2166136261u;
+};
+
+inline std::uint32_t shapes_digest(const Shape& shape) noexcept {
+  ShapesDigest d;
+  d.add(shape);
+  return d.value();
+}
 
 class CrossWorkerLink {
  public:
@@ -20,8 +47,9 @@ class CrossWorkerLink {
   virtual int num_workers() const noexcept = 0;
   virtual int worker_index() const noexcept = 0;
   /// In-place all-reduce over the workers. `op` is never Mean: callers sum and divide, since
-  /// only they know the replica count to divide by.
-  virtual void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op) = 0;
+  /// only they know the replica count to divide by. `shapes`: ShapesDigest of the values the
+  /// buffer holds (0: none given), part of the agreement check between the workers.
+  virtual void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op, std::uint32_t shapes = 0) = 0;
   /// Every worker's bytes, concatenated in worker order; `sizes[w]` = bytes from worker w.
   virtual void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out,
                           std::vector<std::size_t>& sizes) = 0;

@@ -70,7 +70,7 @@ U reduce_components(ReduceOp op, const std::vector<const U*>& parts, CrossWorker
       reduce_many<T>(static_cast<T*>(out), sources, n, local_op, static_cast<std::int64_t>(parts.size()));
       if (link) {
         const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
-        link->all_reduce(out, n, dtype, combine_op);
+        link->all_reduce(out, n, dtype, combine_op, shapes_digest(in[0].shape));
         if (op == ReduceOp::Mean) {
           divide(static_cast<T*>(out), n, static_cast<std::int64_t>(parts.size()) * link->num_workers());
         }

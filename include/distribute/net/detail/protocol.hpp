@@ -222,7 +222,7 @@ struct Descriptor {
   CollectiveKind kind = CollectiveKind::Barrier;
   DType dtype = DType::U8;
   ReduceOp op = ReduceOp::Sum;
-  std::uint32_t root = 0;
+  std::uint32_t root = 0;   // broadcast: the root rank; all_reduce: a digest of the shapes (0: none)
   std::uint64_t count = 0;  // all_reduce: elements; broadcast, all_gather: bytes
 };
 
@@ -231,7 +231,9 @@ inline constexpr std::size_t kDescriptorBytes = 16;
 inline std::string describe(const Descriptor& d) {
   switch (d.kind) {
     case CollectiveKind::AllReduce:
-      return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+      if (d.root == 0) return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+      return fmt::format("all_reduce(count={}, dtype={}, op={}, shapes #{:08x})", d.count, to_string(d.dtype),
+                         to_string(d.op), d.root);
     case CollectiveKind::AllGather: return fmt::format("all_gather(bytes={})", d.count);
     case CollectiveKind::Broadcast: return fmt::format("broadcast(bytes={}, root={})", d.count, d.root);
     case CollectiveKind::Barrier: return "barrier()";
@@ -243,7 +245,8 @@ inline std::string describe(const Descriptor& d) {
 inline bool compatible(const Descriptor& a, const Descriptor& b) noexcept {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
-    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op;
+    // root: the digest of the values' shapes (0 where the caller gave none).
+    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op && a.root == b.root;
     case CollectiveKind::Broadcast: return a.count == b.count && a.root == b.root;
     case CollectiveKind::AllGather:
     case CollectiveKind::Barrier: return true;

@@ -94,7 +94,7 @@ reduced_t<U> reduce_components_along(ReduceOp op, const std::vector<const U*>& p
         total += len;
       }
       if (link) {
-        link->all_reduce(acc.get(), out_n, dtype_of<Acc>(), combine_op);
+        link->all_reduce(acc.get(), out_n, dtype_of<Acc>(), combine_op, shapes_digest(out_shape));
         link->all_reduce(&total, 1, DType::I64, ReduceOp::Sum);
       }
       if (total == 0 && (op == ReduceOp::Min || op == ReduceOp::Max || op == ReduceOp::Mean)) {
