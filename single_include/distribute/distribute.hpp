@@ -531,6 +531,25 @@ constexpr DType dtype_of() noexcept {
   return element_dtype<T>::value;
 }
 
+/// The library's C++ type of a DType (ds::float16 and ds::bfloat16 for the 16-bit floats).
+template <DType D>
+struct dtype_type;
+template <> struct dtype_type<DType::F32> { using type = float; };
+template <> struct dtype_type<DType::F64> { using type = double; };
+template <> struct dtype_type<DType::I8> { using type = std::int8_t; };
+template <> struct dtype_type<DType::I16> { using type = std::int16_t; };
+template <> struct dtype_type<DType::I32> { using type = std::int32_t; };
+template <> struct dtype_type<DType::I64> { using type = std::int64_t; };
+template <> struct dtype_type<DType::U8> { using type = std::uint8_t; };
+template <> struct dtype_type<DType::U16> { using type = std::uint16_t; };
+template <> struct dtype_type<DType::U32> { using type = std::uint32_t; };
+template <> struct dtype_type<DType::U64> { using type = std::uint64_t; };
+template <> struct dtype_type<DType::Bool> { using type = bool; };
+template <> struct dtype_type<DType::F16> { using type = float16; };
+template <> struct dtype_type<DType::BF16> { using type = bfloat16; };
+template <DType D>
+using dtype_type_t = typename dtype_type<D>::type;
+
 /// Calls f(T{}) with the C++ type of a runtime DType.
 template <class F>
 decltype(auto) visit_dtype(DType d, F&& f) {
@@ -833,6 +852,7 @@ struct fmt::formatter<distribute::Tensor<T>> {
 #include <cstddef>
 #include <type_traits>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 // ---- begin <distribute/core/memory_space.hpp> ----
@@ -1145,6 +1165,14 @@ U make_value(DType dtype, const Shape& shape) {
   }
 }
 
+/// visit_dtype for values of U: a compile-time type has one dtype, so `f` is instantiated for it
+/// alone rather than for every DType (what a program that uses one element type pays to compile).
+template <TensorLike U, class F>
+decltype(auto) visit_value_dtype([[maybe_unused]] DType dtype, F&& f) {
+  if constexpr (StaticTensorLike<U>) return f(dtype_type_t<dtype_of<element_t<U>>()>{});
+  else return visit_dtype(dtype, std::forward<F>(f));
+}
+
 /// An independent copy of `u` (its own elements), through tensor_traits<U>::clone where the type's
 /// copy constructor shares them.
 template <TensorLike U>
@@ -1406,6 +1434,7 @@ struct fmt::formatter<distribute::Mirrored<T, S>> {
 // implementation (and a NCCL one can sit beside it), chosen from the cluster configuration.
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -1414,14 +1443,40 @@ struct fmt::formatter<distribute::Mirrored<T, S>> {
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
+/// A 32-bit digest of the shapes of the values one cross-worker all-reduce carries (FNV-1a over
+/// ranks and dimensions), which travels with the call's description: workers that pass as many
+/// elements in other shapes then disagree instead of reducing element by element. Never 0, which
+/// means "no shapes given".
+class ShapesDigest {
+ public:
+  void add(const Shape& shape) noexcept {
+    mix(static_cast<std::uint64_t>(shape.size()));
+    for (auto d : shape) mix(static_cast<std::uint64_t>(d));
+  }
+  std::uint32_t value() const noexcept { return hash_ == 0 ? 1 : hash_; }
+
+ private:
+  void mix(std::uint64_t v) noexcept {
+    for (int i = 0; i < 8; ++i, v >>= 8) hash_ = (hash_ ^ static_cast<std::uint32_t>(v & 0xff)) * 16777619u;
+  }
+  std::uint32_t hash_ = 2166136261u;
+};
+
+inline std::uint32_t shapes_digest(const Shape& shape) noexcept {
+  ShapesDigest d;
+  d.add(shape);
+  return d.value();
+}
+
 class CrossWorkerLink {
  public:
   virtual ~CrossWorkerLink() = default;
   virtual int num_workers() const noexcept = 0;
   virtual int worker_index() const noexcept = 0;
   /// In-place all-reduce over the workers. `op` is never Mean: callers sum and divide, since
-  /// only they know the replica count to divide by.
-  virtual void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op) = 0;
+  /// only they know the replica count to divide by. `shapes`: ShapesDigest of the values the
+  /// buffer holds (0: none given), part of the agreement check between the workers.
+  virtual void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op, std::uint32_t shapes = 0) = 0;
   /// Every worker's bytes, concatenated in worker order; `sizes[w]` = bytes from worker w.
   virtual void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out,
                           std::vector<std::size_t>& sizes) = 0;
@@ -1942,13 +1997,16 @@ void divide(T* acc, std::size_t n, std::int64_t divisor) noexcept {
   }
 }
 
-/// dst[i] = srcs[0][i] (op) srcs[1][i] (op) ...; Mean divides the sum by `divisor` when it is > 1.
-/// `dst` may be srcs[0]. 16-bit floats accumulate the whole reduction in float32 and round once.
+/// dst[i] = src_0[i] (op) src_1[i] (op) ..., where src_k = (const T*)srcs[k] + offset; Mean divides
+/// the sum by `divisor` when it is > 1. `dst` may be src_0. 16-bit floats accumulate the whole
+/// reduction in float32 and round once. (Untyped source pointers: one vector type serves every T.)
 template <class T>
-void reduce_many(T* dst, std::span<const T* const> srcs, std::size_t n, ReduceOp op, std::int64_t divisor) noexcept {
+void reduce_many(T* dst, std::span<const void* const> srcs, std::size_t n, ReduceOp op, std::int64_t divisor,
+                 std::size_t offset = 0) noexcept {
   if (srcs.empty() || n == 0) return;
+  auto src = [&](std::size_t k) { return static_cast<const T*>(srcs[k]) + offset; };
   if (srcs.size() == 1 && !(op == ReduceOp::Mean && divisor > 1)) {  // nothing to combine or round
-    if (dst != srcs[0]) std::copy(srcs[0], srcs[0] + n, dst);
+    if (dst != src(0)) std::copy(src(0), src(0) + n, dst);
     return;
   }
   if constexpr (is_half_v<T>) {
@@ -1956,9 +2014,9 @@ void reduce_many(T* dst, std::span<const T* const> srcs, std::size_t n, ReduceOp
     const auto d = static_cast<float>(divisor);
     for (std::size_t i = 0; i < n; i += kHalfBlock) {
       const std::size_t len = std::min(kHalfBlock, n - i);
-      widen(srcs[0] + i, acc, len);
+      widen(src(0) + i, acc, len);
       for (std::size_t k = 1; k < srcs.size(); ++k) {
-        widen(srcs[k] + i, next, len);
+        widen(src(k) + i, next, len);
         combine(acc, next, len, op);
       }
       if (op == ReduceOp::Mean && divisor > 1) {
@@ -1967,8 +2025,8 @@ void reduce_many(T* dst, std::span<const T* const> srcs, std::size_t n, ReduceOp
       narrow(acc, dst + i, len);
     }
   } else {
-    if (dst != srcs[0]) std::copy(srcs[0], srcs[0] + n, dst);
-    for (std::size_t k = 1; k < srcs.size(); ++k) combine(dst, srcs[k], n, op);
+    if (dst != src(0)) std::copy(src(0), src(0) + n, dst);
+    for (std::size_t k = 1; k < srcs.size(); ++k) combine(dst, src(k), n, op);
     if (op == ReduceOp::Mean && divisor > 1) divide(dst, n, divisor);
   }
 }
@@ -2658,7 +2716,7 @@ void apply_update(VariableUpdate kind, T& target, const T& value) {
     ops.add(view_of(target));
     ops.add(view_of(value), true);
     const std::size_t n = ops[0].count();
-    visit_dtype(ops[0].dtype, [&](auto t) {
+    visit_value_dtype<T>(ops[0].dtype, [&](auto t) {
       using E = decltype(t);
       E* dst = static_cast<E*>(ops[0].data);
       const E* src = static_cast<const E*>(ops[1].data);
@@ -2687,7 +2745,7 @@ T share_of(const T& value, int parts) {
   } else {
     HostOperands ops("Variable");
     ops.add(view_of(share));
-    visit_dtype(ops[0].dtype, [&](auto t) { divide(static_cast<decltype(t)*>(ops[0].data), ops[0].count(), parts); });
+    visit_value_dtype<T>(ops[0].dtype, [&](auto t) { divide(static_cast<decltype(t)*>(ops[0].data), ops[0].count(), parts); });
     ops.write_back();
   }
   return share;
@@ -3072,14 +3130,14 @@ U reduce_components(ReduceOp op, const std::vector<const U*>& parts, CrossWorker
     void* out = result.allocate(dtype, in[0].shape);
     const std::size_t n = in[0].count();
     const ReduceOp local_op = link && op == ReduceOp::Mean ? ReduceOp::Sum : op;
-    visit_dtype(dtype, [&](auto t) {
+    visit_value_dtype<U>(dtype, [&](auto t) {
       using T = decltype(t);
-      std::vector<const T*> sources;
-      for (const BufferRef& b : in.buffers()) sources.push_back(static_cast<const T*>(b.data));
+      std::vector<const void*> sources;
+      for (const BufferRef& b : in.buffers()) sources.push_back(b.data);
       reduce_many<T>(static_cast<T*>(out), sources, n, local_op, static_cast<std::int64_t>(parts.size()));
       if (link) {
         const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
-        link->all_reduce(out, n, dtype, combine_op);
+        link->all_reduce(out, n, dtype, combine_op, shapes_digest(in[0].shape));
         if (op == ReduceOp::Mean) {
           divide(static_cast<T*>(out), n, static_cast<std::int64_t>(parts.size()) * link->num_workers());
         }
@@ -5329,14 +5387,12 @@ void reduce_slice_across(const ReplicaGroup& group, std::size_t buffer_index, st
                          ReduceOp op, std::int64_t divisor) {
   const int n = group.size();
   constexpr std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / sizeof(T));
-  std::vector<const T*> sources(static_cast<std::size_t>(n));
+  std::vector<const void*> sources(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) sources[static_cast<std::size_t>(r)] = group.slot(r).buffers[buffer_index].data;
   for (std::size_t b = begin; b < end; b += block) {
     const std::size_t len = std::min(block, end - b);
     T* acc = static_cast<T*>(group.slot(0).buffers[buffer_index].data) + b;
-    for (int r = 0; r < n; ++r) {
-      sources[static_cast<std::size_t>(r)] = static_cast<const T*>(group.slot(r).buffers[buffer_index].data) + b;
-    }
-    reduce_many<T>(acc, sources, len, op, divisor);
+    reduce_many<T>(acc, sources, len, op, divisor, b);
     for (int r = 1; r < n; ++r) {
       std::memcpy(static_cast<T*>(group.slot(r).buffers[buffer_index].data) + b, acc, len * sizeof(T));
     }
@@ -5350,9 +5406,9 @@ inline void reduce_into(const ReplicaGroup& group, int target, const std::vector
   const BufferRef& dst = group.slot(target).buffers[buffer_index];
   visit_dtype(dst.dtype, [&](auto t) {
     using T = decltype(t);
-    std::vector<const T*> from{static_cast<const T*>(dst.data)};
+    std::vector<const void*> from{dst.data};
     for (int s : sources) {
-      if (s != target) from.push_back(static_cast<const T*>(group.slot(s).buffers[buffer_index].data));
+      if (s != target) from.push_back(group.slot(s).buffers[buffer_index].data);
     }
     reduce_many<T>(static_cast<T*>(dst.data), from, dst.count(), op, divisor);
   });
@@ -5787,13 +5843,15 @@ namespace detail {
 inline void all_reduce_in_packs(CrossWorkerLink& link, std::span<BufferRef> buffers, ReduceOp op,
                                 std::size_t bytes_per_pack, std::vector<std::byte>& scratch) {
   for (const Pack& pack : make_packs(buffers, bytes_per_pack)) {
+    ShapesDigest shapes;
+    for (std::size_t k : pack.members) shapes.add(buffers[k].shape);
     if (pack.members.size() == 1) {  // a lone value travels from its own memory, no copy
       BufferRef& b = buffers[pack.members.front()];
-      link.all_reduce(b.data, b.count(), b.dtype, op);
+      link.all_reduce(b.data, b.count(), b.dtype, op, shapes.value());
     } else {
       scratch.resize(pack.bytes());
       pack_into(pack, buffers, scratch.data());
-      link.all_reduce(scratch.data(), pack.count, pack.dtype, op);
+      link.all_reduce(scratch.data(), pack.count, pack.dtype, op, shapes.value());
       unpack_from(pack, buffers, scratch.data());
     }
   }
@@ -5967,7 +6025,7 @@ reduced_t<U> reduce_components_along(ReduceOp op, const std::vector<const U*>& p
     void* out = result.allocate(dtype, out_shape);
     const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
     std::int64_t total = 0;
-    visit_dtype(dtype, [&](auto t) {
+    visit_value_dtype<U>(dtype, [&](auto t) {
       using T = decltype(t);
       // 16-bit floats accumulate in float32 and round once at the end.
       using Acc = std::conditional_t<is_half_v<T>, float, T>;
@@ -5997,7 +6055,7 @@ reduced_t<U> reduce_components_along(ReduceOp op, const std::vector<const U*>& p
         total += len;
       }
       if (link) {
-        link->all_reduce(acc.get(), out_n, dtype_of<Acc>(), combine_op);
+        link->all_reduce(acc.get(), out_n, dtype_of<Acc>(), combine_op, shapes_digest(out_shape));
         link->all_reduce(&total, 1, DType::I64, ReduceOp::Sum);
       }
       if (total == 0 && (op == ReduceOp::Min || op == ReduceOp::Max || op == ReduceOp::Mean)) {
@@ -9352,7 +9410,7 @@ CheckpointSnapshot snapshot_of(T value) {
 // written) for the other dtypes, which the cross-replica assign splits.
 template <class T>
 bool restore_integer_sum(Variable<T>& var, DType dtype, const std::byte* data) {
-  return visit_dtype(dtype, [&](auto tag) {
+  return visit_value_dtype<T>(dtype, [&](auto tag) {
     using E = decltype(tag);
     if constexpr (!std::is_integral_v<E> || std::is_same_v<E, bool>) {
       return false;
@@ -11300,7 +11358,7 @@ CheckpointSnapshot snapshot_of(T value) {
 // written) for the other dtypes, which the cross-replica assign splits.
 template <class T>
 bool restore_integer_sum(Variable<T>& var, DType dtype, const std::byte* data) {
-  return visit_dtype(dtype, [&](auto tag) {
+  return visit_value_dtype<T>(dtype, [&](auto tag) {
     using E = decltype(tag);
     if constexpr (!std::is_integral_v<E> || std::is_same_v<E, bool>) {
       return false;
@@ -13761,7 +13819,7 @@ CheckpointSnapshot snapshot_of(T value) {
 // written) for the other dtypes, which the cross-replica assign splits.
 template <class T>
 bool restore_integer_sum(Variable<T>& var, DType dtype, const std::byte* data) {
-  return visit_dtype(dtype, [&](auto tag) {
+  return visit_value_dtype<T>(dtype, [&](auto tag) {
     using E = decltype(tag);
     if constexpr (!std::is_integral_v<E> || std::is_same_v<E, bool>) {
       return false;
@@ -15709,7 +15767,7 @@ CheckpointSnapshot snapshot_of(T value) {
 // written) for the other dtypes, which the cross-replica assign splits.
 template <class T>
 bool restore_integer_sum(Variable<T>& var, DType dtype, const std::byte* data) {
-  return visit_dtype(dtype, [&](auto tag) {
+  return visit_value_dtype<T>(dtype, [&](auto tag) {
     using E = decltype(tag);
     if constexpr (!std::is_integral_v<E> || std::is_same_v<E, bool>) {
       return false;
@@ -23380,7 +23438,6 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <vector>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -23395,13 +23452,11 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
 
 /// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
 /// float32 and round once (core/detail/elementwise.hpp's reduce_many).
-inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const std::byte* const> srcs, std::size_t n,
+inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const void* const> srcs, std::size_t n,
                               ReduceOp op, std::int64_t divisor) {
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    std::vector<const T*> typed(srcs.size());
-    for (std::size_t i = 0; i < srcs.size(); ++i) typed[i] = reinterpret_cast<const T*>(srcs[i]);
-    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), typed, n, op, divisor);
+    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), srcs, n, op, divisor);
   });
 }
 
@@ -24310,7 +24365,7 @@ struct Descriptor {
   CollectiveKind kind = CollectiveKind::Barrier;
   DType dtype = DType::U8;
   ReduceOp op = ReduceOp::Sum;
-  std::uint32_t root = 0;
+  std::uint32_t root = 0;   // broadcast: the root rank; all_reduce: a digest of the shapes (0: none)
   std::uint64_t count = 0;  // all_reduce: elements; broadcast, all_gather: bytes
 };
 
@@ -24319,7 +24374,9 @@ inline constexpr std::size_t kDescriptorBytes = 16;
 inline std::string describe(const Descriptor& d) {
   switch (d.kind) {
     case CollectiveKind::AllReduce:
-      return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+      if (d.root == 0) return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+      return fmt::format("all_reduce(count={}, dtype={}, op={}, shapes #{:08x})", d.count, to_string(d.dtype),
+                         to_string(d.op), d.root);
     case CollectiveKind::AllGather: return fmt::format("all_gather(bytes={})", d.count);
     case CollectiveKind::Broadcast: return fmt::format("broadcast(bytes={}, root={})", d.count, d.root);
     case CollectiveKind::Barrier: return "barrier()";
@@ -24331,7 +24388,8 @@ inline std::string describe(const Descriptor& d) {
 inline bool compatible(const Descriptor& a, const Descriptor& b) noexcept {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
-    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op;
+    // root: the digest of the values' shapes (0 where the caller gave none).
+    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op && a.root == b.root;
     case CollectiveKind::Broadcast: return a.count == b.count && a.root == b.root;
     case CollectiveKind::AllGather:
     case CollectiveKind::Barrier: return true;
@@ -24415,7 +24473,6 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <vector>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -24430,13 +24487,11 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
 
 /// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
 /// float32 and round once (core/detail/elementwise.hpp's reduce_many).
-inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const std::byte* const> srcs, std::size_t n,
+inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const void* const> srcs, std::size_t n,
                               ReduceOp op, std::int64_t divisor) {
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    std::vector<const T*> typed(srcs.size());
-    for (std::size_t i = 0; i < srcs.size(); ++i) typed[i] = reinterpret_cast<const T*>(srcs[i]);
-    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), typed, n, op, divisor);
+    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), srcs, n, op, divisor);
   });
 }
 
@@ -24758,7 +24813,7 @@ class SharedMemoryAllReduce {
   int rank_;
   std::size_t slot_bytes_;
   std::size_t min_bytes_;
-  std::vector<const std::byte*> sources_;  // this rank's slice in every slot
+  std::vector<const void*> sources_;  // this rank's slice in every slot
   std::uint64_t stamp_ = 0;
 };
 
@@ -28327,7 +28382,7 @@ struct Descriptor {
   CollectiveKind kind = CollectiveKind::Barrier;
   DType dtype = DType::U8;
   ReduceOp op = ReduceOp::Sum;
-  std::uint32_t root = 0;
+  std::uint32_t root = 0;   // broadcast: the root rank; all_reduce: a digest of the shapes (0: none)
   std::uint64_t count = 0;  // all_reduce: elements; broadcast, all_gather: bytes
 };
 
@@ -28336,7 +28391,9 @@ inline constexpr std::size_t kDescriptorBytes = 16;
 inline std::string describe(const Descriptor& d) {
   switch (d.kind) {
     case CollectiveKind::AllReduce:
-      return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+      if (d.root == 0) return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+      return fmt::format("all_reduce(count={}, dtype={}, op={}, shapes #{:08x})", d.count, to_string(d.dtype),
+                         to_string(d.op), d.root);
     case CollectiveKind::AllGather: return fmt::format("all_gather(bytes={})", d.count);
     case CollectiveKind::Broadcast: return fmt::format("broadcast(bytes={}, root={})", d.count, d.root);
     case CollectiveKind::Barrier: return "barrier()";
@@ -28348,7 +28405,8 @@ inline std::string describe(const Descriptor& d) {
 inline bool compatible(const Descriptor& a, const Descriptor& b) noexcept {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
-    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op;
+    // root: the digest of the values' shapes (0 where the caller gave none).
+    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op && a.root == b.root;
     case CollectiveKind::Broadcast: return a.count == b.count && a.root == b.root;
     case CollectiveKind::AllGather:
     case CollectiveKind::Barrier: return true;
@@ -28432,7 +28490,6 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <vector>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -28447,13 +28504,11 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
 
 /// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
 /// float32 and round once (core/detail/elementwise.hpp's reduce_many).
-inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const std::byte* const> srcs, std::size_t n,
+inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const void* const> srcs, std::size_t n,
                               ReduceOp op, std::int64_t divisor) {
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    std::vector<const T*> typed(srcs.size());
-    for (std::size_t i = 0; i < srcs.size(); ++i) typed[i] = reinterpret_cast<const T*>(srcs[i]);
-    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), typed, n, op, divisor);
+    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), srcs, n, op, divisor);
   });
 }
 
@@ -28775,7 +28830,7 @@ class SharedMemoryAllReduce {
   int rank_;
   std::size_t slot_bytes_;
   std::size_t min_bytes_;
-  std::vector<const std::byte*> sources_;  // this rank's slice in every slot
+  std::vector<const void*> sources_;  // this rank's slice in every slot
   std::uint64_t stamp_ = 0;
 };
 
@@ -31161,8 +31216,9 @@ class Communicator {
   }
 
   /// In place: every rank ends with the element-wise reduction of all ranks' buffers (bitwise
-  /// identical on every rank). MEAN divides by size() (integers truncate).
-  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
+  /// identical on every rank). MEAN divides by size() (integers truncate). `shapes`, when not 0,
+  /// is a digest of the shapes the buffer holds: ranks must agree on it as on count and dtype.
+  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op, std::uint32_t shapes = 0) {
     if (data == nullptr && count > 0) {
       throw InvalidArgument(fmt::format("all_reduce: data is null but count is {}", count));
     }
@@ -31171,7 +31227,7 @@ class Communicator {
     if (count > std::numeric_limits<std::size_t>::max() / es) {
       throw InvalidArgument(fmt::format("all_reduce: count {} of {} overflows the address space", count, to_string(dtype)));
     }
-    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, 0, count});
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, shapes, count});
     auto* bytes = static_cast<std::byte*>(data);
     if (size() == 1 || count == 0) return call.finish();
     detail::all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
@@ -33511,7 +33567,6 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <vector>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -33526,13 +33581,11 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
 
 /// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
 /// float32 and round once (core/detail/elementwise.hpp's reduce_many).
-inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const std::byte* const> srcs, std::size_t n,
+inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const void* const> srcs, std::size_t n,
                               ReduceOp op, std::int64_t divisor) {
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    std::vector<const T*> typed(srcs.size());
-    for (std::size_t i = 0; i < srcs.size(); ++i) typed[i] = reinterpret_cast<const T*>(srcs[i]);
-    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), typed, n, op, divisor);
+    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), srcs, n, op, divisor);
   });
 }
 
@@ -34441,7 +34494,7 @@ struct Descriptor {
   CollectiveKind kind = CollectiveKind::Barrier;
   DType dtype = DType::U8;
   ReduceOp op = ReduceOp::Sum;
-  std::uint32_t root = 0;
+  std::uint32_t root = 0;   // broadcast: the root rank; all_reduce: a digest of the shapes (0: none)
   std::uint64_t count = 0;  // all_reduce: elements; broadcast, all_gather: bytes
 };
 
@@ -34450,7 +34503,9 @@ inline constexpr std::size_t kDescriptorBytes = 16;
 inline std::string describe(const Descriptor& d) {
   switch (d.kind) {
     case CollectiveKind::AllReduce:
-      return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+      if (d.root == 0) return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+      return fmt::format("all_reduce(count={}, dtype={}, op={}, shapes #{:08x})", d.count, to_string(d.dtype),
+                         to_string(d.op), d.root);
     case CollectiveKind::AllGather: return fmt::format("all_gather(bytes={})", d.count);
     case CollectiveKind::Broadcast: return fmt::format("broadcast(bytes={}, root={})", d.count, d.root);
     case CollectiveKind::Barrier: return "barrier()";
@@ -34462,7 +34517,8 @@ inline std::string describe(const Descriptor& d) {
 inline bool compatible(const Descriptor& a, const Descriptor& b) noexcept {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
-    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op;
+    // root: the digest of the values' shapes (0 where the caller gave none).
+    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op && a.root == b.root;
     case CollectiveKind::Broadcast: return a.count == b.count && a.root == b.root;
     case CollectiveKind::AllGather:
     case CollectiveKind::Barrier: return true;
@@ -34546,7 +34602,6 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <vector>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -34561,13 +34616,11 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
 
 /// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
 /// float32 and round once (core/detail/elementwise.hpp's reduce_many).
-inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const std::byte* const> srcs, std::size_t n,
+inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const void* const> srcs, std::size_t n,
                               ReduceOp op, std::int64_t divisor) {
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    std::vector<const T*> typed(srcs.size());
-    for (std::size_t i = 0; i < srcs.size(); ++i) typed[i] = reinterpret_cast<const T*>(srcs[i]);
-    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), typed, n, op, divisor);
+    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), srcs, n, op, divisor);
   });
 }
 
@@ -34889,7 +34942,7 @@ class SharedMemoryAllReduce {
   int rank_;
   std::size_t slot_bytes_;
   std::size_t min_bytes_;
-  std::vector<const std::byte*> sources_;  // this rank's slice in every slot
+  std::vector<const void*> sources_;  // this rank's slice in every slot
   std::uint64_t stamp_ = 0;
 };
 
@@ -38458,7 +38511,7 @@ struct Descriptor {
   CollectiveKind kind = CollectiveKind::Barrier;
   DType dtype = DType::U8;
   ReduceOp op = ReduceOp::Sum;
-  std::uint32_t root = 0;
+  std::uint32_t root = 0;   // broadcast: the root rank; all_reduce: a digest of the shapes (0: none)
   std::uint64_t count = 0;  // all_reduce: elements; broadcast, all_gather: bytes
 };
 
@@ -38467,7 +38520,9 @@ inline constexpr std::size_t kDescriptorBytes = 16;
 inline std::string describe(const Descriptor& d) {
   switch (d.kind) {
     case CollectiveKind::AllReduce:
-      return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+      if (d.root == 0) return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
+      return fmt::format("all_reduce(count={}, dtype={}, op={}, shapes #{:08x})", d.count, to_string(d.dtype),
+                         to_string(d.op), d.root);
     case CollectiveKind::AllGather: return fmt::format("all_gather(bytes={})", d.count);
     case CollectiveKind::Broadcast: return fmt::format("broadcast(bytes={}, root={})", d.count, d.root);
     case CollectiveKind::Barrier: return "barrier()";
@@ -38479,7 +38534,8 @@ inline std::string describe(const Descriptor& d) {
 inline bool compatible(const Descriptor& a, const Descriptor& b) noexcept {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
-    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op;
+    // root: the digest of the values' shapes (0 where the caller gave none).
+    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op && a.root == b.root;
     case CollectiveKind::Broadcast: return a.count == b.count && a.root == b.root;
     case CollectiveKind::AllGather:
     case CollectiveKind::Barrier: return true;
@@ -38563,7 +38619,6 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <vector>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -38578,13 +38633,11 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
 
 /// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
 /// float32 and round once (core/detail/elementwise.hpp's reduce_many).
-inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const std::byte* const> srcs, std::size_t n,
+inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const void* const> srcs, std::size_t n,
                               ReduceOp op, std::int64_t divisor) {
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    std::vector<const T*> typed(srcs.size());
-    for (std::size_t i = 0; i < srcs.size(); ++i) typed[i] = reinterpret_cast<const T*>(srcs[i]);
-    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), typed, n, op, divisor);
+    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), srcs, n, op, divisor);
   });
 }
 
@@ -38906,7 +38959,7 @@ class SharedMemoryAllReduce {
   int rank_;
   std::size_t slot_bytes_;
   std::size_t min_bytes_;
-  std::vector<const std::byte*> sources_;  // this rank's slice in every slot
+  std::vector<const void*> sources_;  // this rank's slice in every slot
   std::uint64_t stamp_ = 0;
 };
 
@@ -41292,8 +41345,9 @@ class Communicator {
   }
 
   /// In place: every rank ends with the element-wise reduction of all ranks' buffers (bitwise
-  /// identical on every rank). MEAN divides by size() (integers truncate).
-  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
+  /// identical on every rank). MEAN divides by size() (integers truncate). `shapes`, when not 0,
+  /// is a digest of the shapes the buffer holds: ranks must agree on it as on count and dtype.
+  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op, std::uint32_t shapes = 0) {
     if (data == nullptr && count > 0) {
       throw InvalidArgument(fmt::format("all_reduce: data is null but count is {}", count));
     }
@@ -41302,7 +41356,7 @@ class Communicator {
     if (count > std::numeric_limits<std::size_t>::max() / es) {
       throw InvalidArgument(fmt::format("all_reduce: count {} of {} overflows the address space", count, to_string(dtype)));
     }
-    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, 0, count});
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, shapes, count});
     auto* bytes = static_cast<std::byte*>(data);
     if (size() == 1 || count == 0) return call.finish();
     detail::all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
@@ -41381,8 +41435,8 @@ class CommunicatorLink final : public CrossWorkerLink {
   explicit CommunicatorLink(std::unique_ptr<net::Communicator> comm) : comm_(std::move(comm)) {}
   int num_workers() const noexcept override { return comm_->size(); }
   int worker_index() const noexcept override { return comm_->rank(); }
-  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op) override {
-    comm_->all_reduce(data, count, dtype, op);
+  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op, std::uint32_t shapes = 0) override {
+    comm_->all_reduce(data, count, dtype, op, shapes);
   }
   void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out,
                   std::vector<std::size_t>& sizes) override {
@@ -45685,8 +45739,8 @@ DISTRIBUTE_END_NAMESPACE
 //   DISTRIBUTE_REMOTE_FUNCTION(train_step);          // at namespace scope, in every process
 //
 // Arguments and results are serialised with cereal (scalars, strings, std::vector, std::array,
-// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes, a value of run-time
-// dtype (torch::Tensor) as dtype + shape + raw bytes; a ds::Variable or
+// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes, another tensor type
+// (torch::Tensor, DLPack, Eigen, xtensor) as dtype + shape + row-major bytes; a ds::Variable or
 // ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
 // copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
 
@@ -46000,8 +46054,21 @@ struct wire<Tensor<E>> {
   }
 };
 
-/// Values whose dtype is known at run time (torch::Tensor, DLPack): dtype, shape, row-major bytes.
-template <DynamicTensorLike T>
+template <class T>
+inline constexpr bool is_library_tensor_v = false;
+template <class E>
+inline constexpr bool is_library_tensor_v<Tensor<E>> = true;
+
+/// Tensor values that travel as dtype, shape and row-major bytes: those whose dtype is known at
+/// run time (torch::Tensor, DLPack), and host values of other libraries that cereal cannot save
+/// (Eigen, xtensor; strided layouts included). std::vector, std::array and scalars keep cereal's form.
+template <class T>
+concept WireTensor = !is_library_tensor_v<T> && !is_view_v<T> &&
+                     (DynamicTensorLike<T> ||
+                      (StaticTensorLike<T> && memory_space_v<T> == MemorySpace::host &&
+                       !cereal::traits::is_output_serializable<T, WireOut>::value));
+
+template <WireTensor T>
 struct wire<T> {
   static void save(WireOut& a, const T& v) {
     HostOperands in("a remote function's argument");
@@ -49755,8 +49822,8 @@ DISTRIBUTE_END_NAMESPACE
 //   DISTRIBUTE_REMOTE_FUNCTION(train_step);          // at namespace scope, in every process
 //
 // Arguments and results are serialised with cereal (scalars, strings, std::vector, std::array,
-// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes, a value of run-time
-// dtype (torch::Tensor) as dtype + shape + raw bytes; a ds::Variable or
+// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes, another tensor type
+// (torch::Tensor, DLPack, Eigen, xtensor) as dtype + shape + row-major bytes; a ds::Variable or
 // ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
 // copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
 
@@ -50070,8 +50137,21 @@ struct wire<Tensor<E>> {
   }
 };
 
-/// Values whose dtype is known at run time (torch::Tensor, DLPack): dtype, shape, row-major bytes.
-template <DynamicTensorLike T>
+template <class T>
+inline constexpr bool is_library_tensor_v = false;
+template <class E>
+inline constexpr bool is_library_tensor_v<Tensor<E>> = true;
+
+/// Tensor values that travel as dtype, shape and row-major bytes: those whose dtype is known at
+/// run time (torch::Tensor, DLPack), and host values of other libraries that cereal cannot save
+/// (Eigen, xtensor; strided layouts included). std::vector, std::array and scalars keep cereal's form.
+template <class T>
+concept WireTensor = !is_library_tensor_v<T> && !is_view_v<T> &&
+                     (DynamicTensorLike<T> ||
+                      (StaticTensorLike<T> && memory_space_v<T> == MemorySpace::host &&
+                       !cereal::traits::is_output_serializable<T, WireOut>::value));
+
+template <WireTensor T>
 struct wire<T> {
   static void save(WireOut& a, const T& v) {
     HostOperands in("a remote function's argument");
@@ -51973,8 +52053,8 @@ DISTRIBUTE_END_NAMESPACE
 //   DISTRIBUTE_REMOTE_FUNCTION(train_step);          // at namespace scope, in every process
 //
 // Arguments and results are serialised with cereal (scalars, strings, std::vector, std::array,
-// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes, a value of run-time
-// dtype (torch::Tensor) as dtype + shape + raw bytes; a ds::Variable or
+// std::pair/tuple, std::optional, ...); ds::Tensor travels as shape + raw bytes, another tensor type
+// (torch::Tensor, DLPack, Eigen, xtensor) as dtype + shape + row-major bytes; a ds::Variable or
 // ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
 // copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
 
@@ -52288,8 +52368,21 @@ struct wire<Tensor<E>> {
   }
 };
 
-/// Values whose dtype is known at run time (torch::Tensor, DLPack): dtype, shape, row-major bytes.
-template <DynamicTensorLike T>
+template <class T>
+inline constexpr bool is_library_tensor_v = false;
+template <class E>
+inline constexpr bool is_library_tensor_v<Tensor<E>> = true;
+
+/// Tensor values that travel as dtype, shape and row-major bytes: those whose dtype is known at
+/// run time (torch::Tensor, DLPack), and host values of other libraries that cereal cannot save
+/// (Eigen, xtensor; strided layouts included). std::vector, std::array and scalars keep cereal's form.
+template <class T>
+concept WireTensor = !is_library_tensor_v<T> && !is_view_v<T> &&
+                     (DynamicTensorLike<T> ||
+                      (StaticTensorLike<T> && memory_space_v<T> == MemorySpace::host &&
+                       !cereal::traits::is_output_serializable<T, WireOut>::value));
+
+template <WireTensor T>
 struct wire<T> {
   static void save(WireOut& a, const T& v) {
     HostOperands in("a remote function's argument");

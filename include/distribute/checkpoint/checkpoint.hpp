@@ -129,7 +129,7 @@ CheckpointSnapshot snapshot_of(T value) {
 // written) for the other dtypes, which the cross-replica assign splits.
 template <class T>
 bool restore_integer_sum(Variable<T>& var, DType dtype, const std::byte* data) {
-  return visit_dtype(dtype, [&](auto tag) {
+  return visit_value_dtype<T>(dtype, [&](auto tag) {
     using E = decltype(tag);
     if constexpr (!std::is_integral_v<E> || std::is_same_v<E, bool>) {
       return false;

@@ -32,14 +32,12 @@ void reduce_slice_across(const ReplicaGroup& group, std::size_t buffer_index, st
                          ReduceOp op, std::int64_t divisor) {
   const int n = group.size();
   constexpr std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / sizeof(T));
-  std::vector<const T*> sources(static_cast<std::size_t>(n));
+  std::vector<const void*> sources(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) sources[static_cast<std::size_t>(r)] = group.slot(r).buffers[buffer_index].data;
   for (std::size_t b = begin; b < end; b += block) {
     const std::size_t len = std::min(block, end - b);
     T* acc = static_cast<T*>(group.slot(0).buffers[buffer_index].data) + b;
-    for (int r = 0; r < n; ++r) {
-      sources[static_cast<std::size_t>(r)] = static_cast<const T*>(group.slot(r).buffers[buffer_index].data) + b;
-    }
-    reduce_many<T>(acc, sources, len, op, divisor);
+    reduce_many<T>(acc, sources, len, op, divisor, b);
     for (int r = 1; r < n; ++r) {
       std::memcpy(static_cast<T*>(group.slot(r).buffers[buffer_index].data) + b, acc, len * sizeof(T));
     }
@@ -53,9 +51,9 @@ inline void reduce_into(const ReplicaGroup& group, int target, const std::vector
   const BufferRef& dst = group.slot(target).buffers[buffer_index];
   visit_dtype(dst.dtype, [&](auto t) {
     using T = decltype(t);
-    std::vector<const T*> from{static_cast<const T*>(dst.data)};
+    std::vector<const void*> from{dst.data};
     for (int s : sources) {
-      if (s != target) from.push_back(static_cast<const T*>(group.slot(s).buffers[buffer_index].data));
+      if (s != target) from.push_back(group.slot(s).buffers[buffer_index].data);
     }
     reduce_many<T>(static_cast<T*>(dst.data), from, dst.count(), op, divisor);
   });

@@ -113,6 +113,25 @@ constexpr DType dtype_of() noexcept {
   return element_dtype<T>::value;
 }
 
+/// The library's C++ type of a DType (ds::float16 and ds::bfloat16 for the 16-bit floats).
+template <DType D>
+struct dtype_type;
+template <> struct dtype_type<DType::F32> { using type = float; };
+template <> struct dtype_type<DType::F64> { using type = double; };
+template <> struct dtype_type<DType::I8> { using type = std::int8_t; };
+template <> struct dtype_type<DType::I16> { using type = std::int16_t; };
+template <> struct dtype_type<DType::I32> { using type = std::int32_t; };
+template <> struct dtype_type<DType::I64> { using type = std::int64_t; };
+template <> struct dtype_type<DType::U8> { using type = std::uint8_t; };
+template <> struct dtype_type<DType::U16> { using type = std::uint16_t; };
+template <> struct dtype_type<DType::U32> { using type = std::uint32_t; };
+template <> struct dtype_type<DType::U64> { using type = std::uint64_t; };
+template <> struct dtype_type<DType::Bool> { using type = bool; };
+template <> struct dtype_type<DType::F16> { using type = float16; };
+template <> struct dtype_type<DType::BF16> { using type = bfloat16; };
+template <DType D>
+using dtype_type_t = typename dtype_type<D>::type;
+
 /// Calls f(T{}) with the C++ type of a runtime DType.
 template <class F>
 decltype(auto) visit_dtype(DType d, F&& f) {

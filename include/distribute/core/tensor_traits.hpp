@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <type_traits>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include <distribute/core/dtype.hpp>
@@ -168,6 +169,14 @@ U make_value(DType dtype, const Shape& shape) {
     }
     return out;
   }
+}
+
+/// visit_dtype for values of U: a compile-time type has one dtype, so `f` is instantiated for it
+/// alone rather than for every DType (what a program that uses one element type pays to compile).
+template <TensorLike U, class F>
+decltype(auto) visit_value_dtype([[maybe_unused]] DType dtype, F&& f) {
+  if constexpr (StaticTensorLike<U>) return f(dtype_type_t<dtype_of<element_t<U>>()>{});
+  else return visit_dtype(dtype, std::forward<F>(f));
 }
 
 /// An independent copy of `u` (its own elements), through tensor_traits<U>::clone where the type's

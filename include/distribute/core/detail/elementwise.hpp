@@ -123,13 +123,16 @@ void divide(T* acc, std::size_t n, std::int64_t divisor) noexcept {
   }
 }
 
-/// dst[i] = srcs[0][i] (op) srcs[1][i] (op) ...; Mean divides the sum by `divisor` when it is > 1.
-/// `dst` may be srcs[0]. 16-bit floats accumulate the whole reduction in float32 and round once.
+/// dst[i] = src_0[i] (op) src_1[i] (op) ..., where src_k = (const T*)srcs[k] + offset; Mean divides
+/// the sum by `divisor` when it is > 1. `dst` may be src_0. 16-bit floats accumulate the whole
+/// reduction in float32 and round once. (Untyped source pointers: one vector type serves every T.)
 template <class T>
-void reduce_many(T* dst, std::span<const T* const> srcs, std::size_t n, ReduceOp op, std::int64_t divisor) noexcept {
+void reduce_many(T* dst, std::span<const void* const> srcs, std::size_t n, ReduceOp op, std::int64_t divisor,
+                 std::size_t offset = 0) noexcept {
   if (srcs.empty() || n == 0) return;
+  auto src = [&](std::size_t k) { return static_cast<const T*>(srcs[k]) + offset; };
   if (srcs.size() == 1 && !(op == ReduceOp::Mean && divisor > 1)) {  // nothing to combine or round
-    if (dst != srcs[0]) std::copy(srcs[0], srcs[0] + n, dst);
+    if (dst != src(0)) std::copy(src(0), src(0) + n, dst);
     return;
   }
   if constexpr (is_half_v<T>) {
@@ -137,9 +140,9 @@ void reduce_many(T* dst, std::span<const T* const> srcs, std::size_t n, ReduceOp
     const auto d = static_cast<float>(divisor);
     for (std::size_t i = 0; i < n; i += kHalfBlock) {
       const std::size_t len = std::min(kHalfBlock, n - i);
-      widen(srcs[0] + i, acc, len);
+      widen(src(0) + i, acc, len);
       for (std::size_t k = 1; k < srcs.size(); ++k) {
-        widen(srcs[k] + i, next, len);
+        widen(src(k) + i, next, len);
         combine(acc, next, len, op);
       }
       if (op == ReduceOp::Mean && divisor > 1) {
@@ -148,8 +151,8 @@ void reduce_many(T* dst, std::span<const T* const> srcs, std::size_t n, ReduceOp
       narrow(acc, dst + i, len);
     }
   } else {
-    if (dst != srcs[0]) std::copy(srcs[0], srcs[0] + n, dst);
-    for (std::size_t k = 1; k < srcs.size(); ++k) combine(dst, srcs[k], n, op);
+    if (dst != src(0)) std::copy(src(0), src(0) + n, dst);
+    for (std::size_t k = 1; k < srcs.size(); ++k) combine(dst, src(k), n, op);
     if (op == ReduceOp::Mean && divisor > 1) divide(dst, n, divisor);
   }
 }

@@ -63,10 +63,10 @@ U reduce_components(ReduceOp op, const std::vector<const U*>& parts, CrossWorker
     void* out = result.allocate(dtype, in[0].shape);
     const std::size_t n = in[0].count();
     const ReduceOp local_op = link && op == ReduceOp::Mean ? ReduceOp::Sum : op;
-    visit_dtype(dtype, [&](auto t) {
+    visit_value_dtype<U>(dtype, [&](auto t) {
       using T = decltype(t);
-      std::vector<const T*> sources;
-      for (const BufferRef& b : in.buffers()) sources.push_back(static_cast<const T*>(b.data));
+      std::vector<const void*> sources;
+      for (const BufferRef& b : in.buffers()) sources.push_back(b.data);
       reduce_many<T>(static_cast<T*>(out), sources, n, local_op, static_cast<std::int64_t>(parts.size()));
       if (link) {
         const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;

@@ -50,7 +50,7 @@ void apply_update(VariableUpdate kind, T& target, const T& value) {
     ops.add(view_of(target));
     ops.add(view_of(value), true);
     const std::size_t n = ops[0].count();
-    visit_dtype(ops[0].dtype, [&](auto t) {
+    visit_value_dtype<T>(ops[0].dtype, [&](auto t) {
       using E = decltype(t);
       E* dst = static_cast<E*>(ops[0].data);
       const E* src = static_cast<const E*>(ops[1].data);
@@ -79,7 +79,7 @@ T share_of(const T& value, int parts) {
   } else {
     HostOperands ops("Variable");
     ops.add(view_of(share));
-    visit_dtype(ops[0].dtype, [&](auto t) { divide(static_cast<decltype(t)*>(ops[0].data), ops[0].count(), parts); });
+    visit_value_dtype<T>(ops[0].dtype, [&](auto t) { divide(static_cast<decltype(t)*>(ops[0].data), ops[0].count(), parts); });
     ops.write_back();
   }
   return share;

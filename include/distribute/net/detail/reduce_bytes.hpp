@@ -4,7 +4,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <vector>
 
 #include <distribute/core/detail/elementwise.hpp>
 #include <distribute/core/dtype.hpp>
@@ -22,13 +21,11 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
 
 /// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
 /// float32 and round once (core/detail/elementwise.hpp's reduce_many).
-inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const std::byte* const> srcs, std::size_t n,
+inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const void* const> srcs, std::size_t n,
                               ReduceOp op, std::int64_t divisor) {
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    std::vector<const T*> typed(srcs.size());
-    for (std::size_t i = 0; i < srcs.size(); ++i) typed[i] = reinterpret_cast<const T*>(srcs[i]);
-    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), typed, n, op, divisor);
+    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), srcs, n, op, divisor);
   });
 }
 

@@ -166,7 +166,7 @@ class SharedMemoryAllReduce {
   int rank_;
   std::size_t slot_bytes_;
   std::size_t min_bytes_;
-  std::vector<const std::byte*> sources_;  // this rank's slice in every slot
+  std::vector<const void*> sources_;  // this rank's slice in every slot
   std::uint64_t stamp_ = 0;
 };
 

@@ -64,7 +64,7 @@ reduced_t<U> reduce_components_along(ReduceOp op, const std::vector<const U*>& p
     void* out = result.allocate(dtype, out_shape);
     const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
     std::int64_t total = 0;
-    visit_dtype(dtype, [&](auto t) {
+    visit_value_dtype<U>(dtype, [&](auto t) {
       using T = decltype(t);
       // 16-bit floats accumulate in float32 and round once at the end.
       using Acc = std::conditional_t<is_half_v<T>, float, T>;
