@@ -4,6 +4,7 @@ each is self-contained: it includes what it uses. Headers under detail/ are inte
 compiled through the public ones that include them (checking each alone too would double the
 cost of this test on a 2-core CI machine)."""
 import argparse
+import shlex
 import concurrent.futures
 import os
 import pathlib
@@ -38,7 +39,7 @@ def optional_part(rel: str):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cxx", default="c++")
+    ap.add_argument("--cxx", default="c++", help="the compiler command, with its wrapper if any (\"ccache g++\")")
     ap.add_argument("--include", required=True)
     args = ap.parse_args()
     root = pathlib.Path(args.include)
@@ -55,7 +56,7 @@ def main() -> int:
             f.write(f"#include <{rel}>\n#include <{rel}>\nint main() {{}}\n")
             name = f.name
         try:
-            r = subprocess.run([args.cxx, "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", f"-I{root}",
+            r = subprocess.run([*shlex.split(args.cxx), "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", f"-I{root}",
                                 *optional_part(rel)[1], name],
                                capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"})
             return rel, r.returncode, r.stderr
