@@ -163,6 +163,7 @@ TEST_CASE("16-bit floats through strategy.reduce, gather and variables") {
     w.assign_add(std::vector<ds::float16>(2, ds::float16(ctx.replica_id_in_sync_group() == 0 ? 0.25f : 0.75f)));
   });
   for (const auto& copy : w.values()) CHECK(float(copy[1]) == 1.5f);
+  CHECK(w.dtype() == ds::DType::F16);
 }
 
 TEST_CASE("empty and 0-d 16-bit values") {
@@ -252,6 +253,7 @@ TEST_CASE("run-time dtype: mirrored variables hold independent copies and are up
   CHECK(float(v.values()[1].get<ds::bfloat16>(0)) == 2.0f);
   CHECK(float(v.values()[1].get<ds::bfloat16>(1)) == 2.5f);
   CHECK(float(init.get<ds::bfloat16>(0)) == 1.0f);  // the initial value's memory is not a copy's
+  CHECK(v.dtype() == ds::DType::BF16);
   CHECK_THROWS_WITH_AS(v.assign(DynTensor::of<float>({2}, {1, 2})),
                        doctest::Contains("a float32 value of shape (2,) does not match variable 'v' (bfloat16 of shape (2,))"),
                        ds::InvalidArgument);

@@ -3328,6 +3328,8 @@ class Variable {
   VariableSynchronization synchronization() const noexcept { return storage_->spec().synchronization; }
   VariableAggregation aggregation() const noexcept { return storage_->spec().aggregation; }
   Shape shape() const { return storage_->shape(); }
+  /// The element type (TF's `Variable.dtype`); for run-time types, the one it was created with.
+  DType dtype() const { return value_dtype(storage_->copies().front()); }
   /// True when the variable was placed by a strategy (mirrored, sync-on-read, central...).
   bool is_distributed() const noexcept { return storage_->is_distributed(); }
   bool is_sync_on_read() const noexcept { return synchronization() == VariableSynchronization::OnRead; }

@@ -17,6 +17,7 @@
 #include <distribute/core/detail/remote_store.hpp>
 #include <distribute/core/detail/variable_factory.hpp>
 #include <distribute/core/detail/variable_storage.hpp>
+#include <distribute/core/dtype.hpp>
 #include <distribute/core/memory_space.hpp>
 #include <distribute/core/shape.hpp>
 #include <distribute/core/tensor_traits.hpp>
@@ -53,6 +54,8 @@ class Variable {
   VariableSynchronization synchronization() const noexcept { return storage_->spec().synchronization; }
   VariableAggregation aggregation() const noexcept { return storage_->spec().aggregation; }
   Shape shape() const { return storage_->shape(); }
+  /// The element type (TF's `Variable.dtype`); for run-time types, the one it was created with.
+  DType dtype() const { return value_dtype(storage_->copies().front()); }
   /// True when the variable was placed by a strategy (mirrored, sync-on-read, central...).
   bool is_distributed() const noexcept { return storage_->is_distributed(); }
   bool is_sync_on_read() const noexcept { return synchronization() == VariableSynchronization::OnRead; }
