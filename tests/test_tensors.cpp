@@ -319,7 +319,7 @@ TEST_CASE("strided views: a transposed run-time value is reduced and written bac
 TEST_CASE("tensor_traits that describe themselves wrongly are refused with a message") {
   DynTensor t = DynTensor::of<float>({2, 2}, {1, 2, 3, 4});
   t.strides = {1};  // rank 1 strides for a rank 2 tensor
-  CHECK_THROWS_WITH_AS(ds::view_of(t), doctest::Contains("gave 1 strides for a tensor of rank 2"), ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(ds::view_of(t), doctest::Contains("tensor_traits<test_types::DynTensor>::view gave 1 strides for a tensor of rank 2"), ds::InvalidArgument);
   t.strides = {-2, 1};
   CHECK_THROWS_WITH_AS(ds::view_of(t), doctest::Contains("negative stride"), ds::InvalidArgument);
   CHECK_THROWS_WITH_AS(ds::make_value<std::vector<float>>(ds::DType::BF16, {2}),

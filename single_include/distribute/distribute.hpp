@@ -902,10 +902,35 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <typeinfo>
 #include <vector>
 
 #include <fmt/format.h>
 
+// ---- begin <distribute/core/detail/type_name.hpp> ----
+// Readable C++ type names for error messages (typeid's are mangled).
+
+#include <cstdlib>
+#include <string>
+#include <typeinfo>
+
+#include <cxxabi.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+inline std::string type_name(const std::type_info& t) {
+  int status = 0;
+  char* p = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+  std::string out = (status == 0 && p) ? std::string(p) : std::string(t.name());
+  std::free(p);
+  return out;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/core/detail/type_name.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -959,20 +984,21 @@ inline std::string describe(const TensorView& v) {
 }
 
 /// Checks what a tensor_traits returned: strides match the shape's rank and are non-negative.
-inline void check_view(const TensorView& v, const char* type_name) {
+/// `type` names the value type in the message (demangled only when there is one to give).
+inline void check_view(const TensorView& v, const std::type_info& type) {
   if (!v.strides.empty() && v.strides.size() != v.shape.size()) {
-    throw InvalidArgument(fmt::format("tensor_traits<{}>::view gave {} strides for a tensor of rank {}", type_name,
-                                      v.strides.size(), v.shape.size()));
+    throw InvalidArgument(fmt::format("tensor_traits<{}>::view gave {} strides for a tensor of rank {}",
+                                      detail::type_name(type), v.strides.size(), v.shape.size()));
   }
   for (std::size_t d = 0; d < v.shape.size(); ++d) {
     if (v.shape[d] < 0) {
-      throw InvalidArgument(fmt::format("tensor_traits<{}>: negative dimension in shape {}", type_name,
+      throw InvalidArgument(fmt::format("tensor_traits<{}>: negative dimension in shape {}", detail::type_name(type),
                                         shape_string(v.shape)));
     }
     if (!v.strides.empty() && v.strides[d] < 0) {
       throw InvalidArgument(fmt::format("tensor_traits<{}>: negative stride in {}; flip the tensor into a "
                                         "contiguous copy first",
-                                        type_name, describe(v)));
+                                        detail::type_name(type), describe(v)));
     }
   }
 }
@@ -1112,13 +1138,13 @@ TensorView view_of(const U& u) {
     TensorView v{const_cast<E*>(tensor_traits<U>::data(u)), dtype_of<E>(), tensor_traits<U>::shape(u)};
     if constexpr (requires { tensor_traits<U>::strides(u); }) {
       v.strides = tensor_traits<U>::strides(u);
-      check_view(v, typeid(U).name());
+      check_view(v, typeid(U));
     }
     v.memory = memory_space_v<U>;
     return v;
   } else {
     TensorView v = tensor_traits<U>::view(u);
-    check_view(v, typeid(U).name());
+    check_view(v, typeid(U));
     return v;
   }
 }
@@ -1159,7 +1185,7 @@ U make_value(DType dtype, const Shape& shape) {
     if (v.dtype != dtype || v.shape != shape) {
       throw InvalidArgument(fmt::format("tensor_traits<{}>::make({}, {}) returned {}; it must return a value of "
                                         "that dtype and shape",
-                                        typeid(U).name(), to_string(dtype), shape_string(shape), describe(v)));
+                                        detail::type_name(typeid(U)), to_string(dtype), shape_string(shape), describe(v)));
     }
     return out;
   }
@@ -45746,8 +45772,6 @@ DISTRIBUTE_END_NAMESPACE
 // ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
 // copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
 
-#include <cxxabi.h>
-
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -45951,15 +45975,6 @@ namespace detail {
 
 using WireOut = cereal::BinaryOutputArchive;
 using WireIn = cereal::BinaryInputArchive;
-
-/// A readable C++ type name, for error messages.
-inline std::string type_name(const std::type_info& t) {
-  int status = 0;
-  char* p = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
-  std::string out = (status == 0 && p) ? std::string(p) : std::string(t.name());
-  std::free(p);
-  return out;
-}
 
 /// One element of a per-worker dataset, pulled by the closures that run on this worker.
 template <class T>
@@ -49829,8 +49844,6 @@ DISTRIBUTE_END_NAMESPACE
 // ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
 // copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
 
-#include <cxxabi.h>
-
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -50034,15 +50047,6 @@ namespace detail {
 
 using WireOut = cereal::BinaryOutputArchive;
 using WireIn = cereal::BinaryInputArchive;
-
-/// A readable C++ type name, for error messages.
-inline std::string type_name(const std::type_info& t) {
-  int status = 0;
-  char* p = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
-  std::string out = (status == 0 && p) ? std::string(p) : std::string(t.name());
-  std::free(p);
-  return out;
-}
 
 /// One element of a per-worker dataset, pulled by the closures that run on this worker.
 template <class T>
@@ -52060,8 +52064,6 @@ DISTRIBUTE_END_NAMESPACE
 // ds::ShardedVariable placed on ps tasks travels as a handle (the worker reads and updates the ps
 // copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
 
-#include <cxxabi.h>
-
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -52265,15 +52267,6 @@ namespace detail {
 
 using WireOut = cereal::BinaryOutputArchive;
 using WireIn = cereal::BinaryInputArchive;
-
-/// A readable C++ type name, for error messages.
-inline std::string type_name(const std::type_info& t) {
-  int status = 0;
-  char* p = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
-  std::string out = (status == 0 && p) ? std::string(p) : std::string(t.name());
-  std::free(p);
-  return out;
-}
 
 /// One element of a per-worker dataset, pulled by the closures that run on this worker.
 template <class T>

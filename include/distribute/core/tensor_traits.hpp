@@ -118,13 +118,13 @@ TensorView view_of(const U& u) {
     TensorView v{const_cast<E*>(tensor_traits<U>::data(u)), dtype_of<E>(), tensor_traits<U>::shape(u)};
     if constexpr (requires { tensor_traits<U>::strides(u); }) {
       v.strides = tensor_traits<U>::strides(u);
-      check_view(v, typeid(U).name());
+      check_view(v, typeid(U));
     }
     v.memory = memory_space_v<U>;
     return v;
   } else {
     TensorView v = tensor_traits<U>::view(u);
-    check_view(v, typeid(U).name());
+    check_view(v, typeid(U));
     return v;
   }
 }
@@ -165,7 +165,7 @@ U make_value(DType dtype, const Shape& shape) {
     if (v.dtype != dtype || v.shape != shape) {
       throw InvalidArgument(fmt::format("tensor_traits<{}>::make({}, {}) returned {}; it must return a value of "
                                         "that dtype and shape",
-                                        typeid(U).name(), to_string(dtype), shape_string(shape), describe(v)));
+                                        detail::type_name(typeid(U)), to_string(dtype), shape_string(shape), describe(v)));
     }
     return out;
   }

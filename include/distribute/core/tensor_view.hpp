@@ -7,10 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <typeinfo>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include <distribute/core/detail/type_name.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/memory_space.hpp>
@@ -68,20 +70,21 @@ inline std::string describe(const TensorView& v) {
 }
 
 /// Checks what a tensor_traits returned: strides match the shape's rank and are non-negative.
-inline void check_view(const TensorView& v, const char* type_name) {
+/// `type` names the value type in the message (demangled only when there is one to give).
+inline void check_view(const TensorView& v, const std::type_info& type) {
   if (!v.strides.empty() && v.strides.size() != v.shape.size()) {
-    throw InvalidArgument(fmt::format("tensor_traits<{}>::view gave {} strides for a tensor of rank {}", type_name,
-                                      v.strides.size(), v.shape.size()));
+    throw InvalidArgument(fmt::format("tensor_traits<{}>::view gave {} strides for a tensor of rank {}",
+                                      detail::type_name(type), v.strides.size(), v.shape.size()));
   }
   for (std::size_t d = 0; d < v.shape.size(); ++d) {
     if (v.shape[d] < 0) {
-      throw InvalidArgument(fmt::format("tensor_traits<{}>: negative dimension in shape {}", type_name,
+      throw InvalidArgument(fmt::format("tensor_traits<{}>: negative dimension in shape {}", detail::type_name(type),
                                         shape_string(v.shape)));
     }
     if (!v.strides.empty() && v.strides[d] < 0) {
       throw InvalidArgument(fmt::format("tensor_traits<{}>: negative stride in {}; flip the tensor into a "
                                         "contiguous copy first",
-                                        type_name, describe(v)));
+                                        detail::type_name(type), describe(v)));
     }
   }
 }

@@ -12,8 +12,6 @@
 // copy); a ds::PerWorkerIterator travels as its dataset's id and reads the worker's own iterator.
 #pragma once
 
-#include <cxxabi.h>
-
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -40,6 +38,7 @@
 #include <fmt/format.h>
 
 #include <distribute/core/detail/host_operands.hpp>
+#include <distribute/core/detail/type_name.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/tensor_traits.hpp>
 #include <distribute/core/tensor.hpp>
@@ -72,15 +71,6 @@ namespace detail {
 
 using WireOut = cereal::BinaryOutputArchive;
 using WireIn = cereal::BinaryInputArchive;
-
-/// A readable C++ type name, for error messages.
-inline std::string type_name(const std::type_info& t) {
-  int status = 0;
-  char* p = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
-  std::string out = (status == 0 && p) ? std::string(p) : std::string(t.name());
-  std::free(p);
-  return out;
-}
 
 /// One element of a per-worker dataset, pulled by the closures that run on this worker.
 template <class T>

@@ -35,6 +35,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <typeinfo>
 #include <vector>
 
 #include <fmt/format.h>
@@ -293,7 +294,7 @@ class Tensor {
   Tensor clone() const {
     require_host("clone");
     const TensorView v = view();
-    check_view(v, "distribute::dlpack::Tensor");
+    check_view(v, typeid(dlpack::Tensor));
     Tensor out = zeros(v.dtype, v.shape);
     copy_to_contiguous(v, out.data());
     return out;
@@ -308,7 +309,7 @@ class Tensor {
       throw InvalidArgument(fmt::format("DLPack tensor: to_vector<{}> of a {} tensor", to_string(dtype_of<T>()),
                                         to_string(v.dtype)));
     }
-    check_view(v, "distribute::dlpack::Tensor");
+    check_view(v, typeid(dlpack::Tensor));
     std::vector<T> out(v.count());
     copy_to_contiguous(v, out.data());
     return out;
