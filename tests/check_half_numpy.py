@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-from check_safetensors_numpy import REQUIREMENTS, SKIP, ensure_venv
+from check_safetensors_numpy import run_in_venv
 
 
 def run_case(helper, tmp, op, dtype, replicas, n, rng):
@@ -81,17 +81,7 @@ def checks(helper):
 
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--in-venv":
-        return checks(sys.argv[2])
-    if len(sys.argv) != 2:
-        print(__doc__)
-        return 2
-    python, problem = ensure_venv()
-    if python is None:
-        print(f"SKIP: no Python environment with {' '.join(REQUIREMENTS)}: {problem}")
-        return SKIP
-    helper = os.path.abspath(sys.argv[1])
-    return subprocess.run([str(python), os.path.abspath(__file__), "--in-venv", helper]).returncode
+    return run_in_venv(__file__, __doc__, checks)
 
 
 if __name__ == "__main__":

@@ -181,18 +181,23 @@ def checks(helper):
     return 0
 
 
-def main():
+def run_in_venv(script, doc, checks):
+    """`script <helper>` re-runs itself in the environment (`--in-venv <helper>`), where `checks` runs."""
     if len(sys.argv) == 3 and sys.argv[1] == "--in-venv":
         return checks(sys.argv[2])
     if len(sys.argv) != 2:
-        print(__doc__)
+        print(doc)
         return 2
     python, problem = ensure_venv()
     if python is None:
         print(f"SKIP: no Python environment with {' '.join(REQUIREMENTS)}: {problem}")
         return SKIP
     helper = os.path.abspath(sys.argv[1])
-    return subprocess.run([str(python), os.path.abspath(__file__), "--in-venv", helper]).returncode
+    return subprocess.run([str(python), os.path.abspath(script), "--in-venv", helper]).returncode
+
+
+def main():
+    return run_in_venv(__file__, __doc__, checks)
 
 
 if __name__ == "__main__":
