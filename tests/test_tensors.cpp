@@ -326,3 +326,28 @@ TEST_CASE("tensor_traits that describe themselves wrongly are refused with a mes
                        doctest::Contains("cannot hold bfloat16 values in a value of element type float32"),
                        ds::InvalidArgument);
 }
+
+namespace {
+// A run-time type whose make() ignores the dtype it is asked for: the library must notice.
+struct LyingTensor {
+  test_types::DynTensor t;
+};
+}  // namespace
+
+template <>
+struct distribute::tensor_traits<LyingTensor> {
+  static TensorView view(const LyingTensor& v) { return tensor_traits<test_types::DynTensor>::view(v.t); }
+  static LyingTensor make(DType, const Shape& shape) { return {tensor_traits<test_types::DynTensor>::make(DType::F32, shape)}; }
+};
+
+TEST_CASE("tensor_traits whose make() returns another dtype, or whose view has a negative dimension, are refused") {
+  CHECK_THROWS_WITH_AS(ds::make_value<LyingTensor>(ds::DType::BF16, {2}),
+                       "tensor_traits<(anonymous namespace)::LyingTensor>::make(bfloat16, (2,)) returned float32 (2,); it "
+                       "must return a value of that dtype and shape",
+                       ds::InvalidArgument);
+  DynTensor t = DynTensor::of<float>({2, 2}, {1, 2, 3, 4});
+  t.shape = {2, -2};
+  t.strides = {2, 1};
+  CHECK_THROWS_WITH_AS(ds::view_of(t), "tensor_traits<test_types::DynTensor>: negative dimension in shape (2, -2)",
+                       ds::InvalidArgument);
+}
