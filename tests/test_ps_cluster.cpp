@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -718,3 +719,24 @@ TEST_CASE("wire-level errors on both sides: handshakes out of order, a busy port
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("tensor arguments decoded from the wire: unknown dtype, overflowing shape, wrong byte count are typed errors") {
+  using test_types::DynTensor;
+  using Wire = ds::detail::wire<DynTensor>;
+  auto decode = [](auto write) {
+    std::stringstream bytes;
+    {
+      ds::detail::WireOut out(bytes);
+      write(out);
+    }
+    ds::detail::WireIn in(bytes);
+    return Wire::load(in);
+  };
+  CHECK_THROWS_WITH_AS(decode([](auto& out) { out(std::uint8_t{200}, ds::Shape{2}); }),
+                       "a tensor argument has an unknown dtype code 200", ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(decode([](auto& out) { out(std::uint8_t{0}, ds::Shape{std::int64_t{1} << 62, 4}); }),
+                       "a tensor argument: shape (4611686018427387904, 4) read from the wire is negative or too large",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(decode([](auto& out) { out(std::uint8_t{0}, ds::Shape{2}, std::uint64_t{12}); }),
+                       "a tensor argument: 12 bytes of elements arrived for a shape that holds 8", ds::InvalidArgument);
+}
