@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <distribute/version.hpp>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -879,43 +881,231 @@ TEST_CASE("--bind-to core gives each task its own equal share of the CPUs, or ea
   }
 }
 
-TEST_CASE("usage errors exit 2 and print the usage") {
+TEST_CASE("a usage error exits 2 and prints one line: what was wrong, and where the help is") {
   const std::string c = child();
-  const std::vector<std::vector<std::string>> bad = {
-      {},
-      {"-n", "2", c},                       // missing --
-      {"-n", "2", "--"},                    // no program
-      {"-n", "0", "--", c},                 // N < 1
-      {"-n", "-1", "--", c},
-      {"-n", "two", "--", c},
-      {"-n"},                               // missing value
-      {"--bogus", "-n", "1", "--", c},      // unknown option
-      {"--", c},                            // no -n
-      {"--ps", "2", "--", c},               // --ps without --workers
-      {"--ps", "0", "--workers", "1", "--", c},
-      {"--env", "NOEQUALS", "-n", "1", "--", c},
-      {"--env", "TF_CONFIG={}", "-n", "1", "--", c},
-      {"--timeout", "soon", "-n", "1", "--", c},
-      {"--keep-going=yes", "-n", "1", "--", c},
-      {"--restart-workers", "1", "-n", "2", "--", c},  // restarts need a ps cluster
-      {"--restart-workers", "x", "--ps", "1", "--workers", "1", "--", c},
-      {"--restart-delay", "-1", "--ps", "1", "--workers", "1", "--", c},
-      {"--env", "DISTRIBUTE_LAUNCH_RESTART=1", "-n", "1", "--", c},
-      {"--bind-to", "socket", "-n", "1", "--", c},
-      {"--bind-to", "-n", "1", "--", c},
+  struct Bad {
+    std::vector<std::string> args;
+    std::string message;
   };
-  for (const auto& args : bad) {
+  const std::vector<Bad> bad = {
+      {{}, "no program to run: give it after the options, e.g. 'distribute-launch -n 2 ./train'"},
+      {{"-n", "2", "--"}, "no program to run"},
+      {{"-n", "2"}, "no program to run"},
+      {{"-n", "0", "--", c}, "-n must be between 1 and 1024, got 0"},
+      {{"-np", "0", c}, "-np must be between 1 and 1024, got 0"},
+      {{"-n", "-1", "--", c}, "-n must be between 1 and 1024, got -1"},
+      {{"-n", "two", "--", c}, "-n expects an integer, got 'two'"},
+      {{"-np", "two", c}, "-np expects an integer, got 'two'"},
+      {{"-np3x", c}, "-np expects an integer, got '3x'"},
+      {{"-n"}, "-n needs a value"},
+      {{"-np"}, "-np needs a value"},
+      {{"--bogus", "-n", "1", "--", c}, "unknown option '--bogus'"},
+      {{"-x", "-n", "1", c}, "unknown option '-x'"},
+      {{"--", c}, "the number of workers (-n N) is required"},
+      {{c}, "the number of workers (-n N) is required"},
+      {{"--ps", "2", "--", c}, "--ps needs --workers M"},
+      {{"--ps", "0", "--workers", "1", "--", c}, "--ps must be between 1 and 1024, got 0"},
+      {{"--env", "NOEQUALS", "-n", "1", "--", c}, "--env expects K=V, got 'NOEQUALS'"},
+      {{"--env", "TF_CONFIG={}", "-n", "1", "--", c}, "--env cannot set TF_CONFIG: the launcher sets it for each task"},
+      {{"--env", "RANK=3", "-n", "1", c}, "--env cannot set RANK: the launcher sets it for each task"},
+      {{"--env", "MASTER_PORT=1", "-n", "1", c}, "--env cannot set MASTER_PORT: the launcher sets it for each task"},
+      {{"--timeout", "soon", "-n", "1", "--", c}, "--timeout expects a non-negative number of seconds, got 'soon'"},
+      {{"--keep-going=yes", "-n", "1", "--", c}, "--keep-going takes no value"},
+      {{"--restart-workers", "1", "-n", "2", "--", c},
+       "--restart-workers needs --ps (only a parameter-server cluster takes a worker back)"},
+      {{"--restart-workers", "x", "--ps", "1", "--workers", "1", "--", c}, "--restart-workers expects an integer, got 'x'"},
+      {{"--restart-delay", "-1", "--ps", "1", "--workers", "1", "--", c},
+       "--restart-delay expects a non-negative number of seconds, got '-1'"},
+      {{"--env", "DISTRIBUTE_LAUNCH_RESTART=1", "-n", "1", "--", c},
+       "--env cannot set DISTRIBUTE_LAUNCH_RESTART: the launcher sets it for each task"},
+      {{"--bind-to", "socket", "-n", "1", "--", c}, "--bind-to expects 'core' or 'none', got 'socket'"},
+      {{"--bind-to", "-n", "1", "--", c}, "--bind-to expects 'core' or 'none', got '-n'"},
+  };
+  for (const auto& [args, message] : bad) {
     std::string joined;
     for (const auto& a : args) joined += " " + a;
     const Result r = run(args);
     INFO("args:", joined, "\nstdout:\n", r.out, "\nstderr:\n", r.err);
     CHECK(r.code == 2);
-    CHECK(contains(r.err, "usage: distribute-launch"));
     CHECK(r.out.empty());
+    CHECK(lines(r.err).size() == 1);
+    CHECK(r.err.rfind("distribute-launch: " + message, 0) == 0);
+    CHECK(contains(r.err, "; see 'distribute-launch --help'\n"));
+    CHECK_FALSE(contains(r.err, "usage: distribute-launch"));  // the help is for --help only
   }
-  const Result help = run({"--help"});
-  CHECK(help.code == 0);
-  CHECK(contains(help.out, "usage: distribute-launch"));
+}
+
+TEST_CASE("--help prints the usage on stdout, --version the library's version") {
+  for (const char* opt : {"--help", "-h"}) {
+    const Result help = run({"-n", "2", opt, child()});
+    INFO(opt, "\nstdout:\n", help.out, "\nstderr:\n", help.err);
+    CHECK(help.code == 0);
+    CHECK(help.out.rfind("usage: distribute-launch -n N [options] [--] PROGRAM [ARGS...]\n", 0) == 0);
+    for (const char* names : {"-np N", "--version", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                              "MASTER_ADDR", "MASTER_PORT"})
+      CHECK(contains(help.out, names));
+    CHECK(help.err.empty());
+  }
+  const Result version = run({"--version"});
+  INFO("stdout:\n", version.out, "\nstderr:\n", version.err);
+  CHECK(version.code == 0);
+  CHECK(std::regex_match(version.out, std::regex(R"(distribute-launch \(distribute\) [0-9]+\.[0-9]+\.[0-9]+\n)")));
+  // The version of the library in this checkout (include/distribute/version.hpp).
+  CHECK(version.out == fmt::format("distribute-launch (distribute) {}\n", DISTRIBUTE_VERSION_STRING));
+  CHECK(version.err.empty());
+}
+
+TEST_CASE("-np N is -n N, and the program may follow the options without '--'") {
+  for (const std::vector<std::string>& count : std::vector<std::vector<std::string>>{
+           {"-np", "2"}, {"-np2"}, {"--np", "2"}, {"--np=2"}, {"-n", "2"}, {"-n2"}, {"--workers", "2"}}) {
+    std::vector<std::string> args = count;
+    args.insert(args.end(), {child(), "info", "exit", "0"});
+    const Result r = run(args);
+    INFO("count option: ", count[0], "\nstdout:\n", r.out, "\nstderr:\n", r.err);
+    CHECK(r.code == 0);
+    check_cluster(task_infos(r.out), {{"worker", 2}});
+  }
+  SUBCASE("everything after the program is the program's, options included") {
+    const Result r = run({"-n", "1", "--timeout", "30", child(), "print", "-n", "print", "--version", "print", "--"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    CHECK(r.code == 0);
+    CHECK(r.out == "[worker:0] -n\n[worker:0] --version\n[worker:0] --\n");
+  }
+  SUBCASE("'--' still ends the options") {
+    const Result r = run({"-np", "1", "--", child(), "print", "after --"});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    CHECK(r.code == 0);
+    CHECK(r.out == "[worker:0] after --\n");
+  }
+}
+
+namespace {
+// "[T:I] ENV NAME=VALUE" lines: task -> name -> value.
+std::map<std::string, std::map<std::string, std::string>> task_env(const std::string& out) {
+  static const std::regex re(R"(^\[([a-z]+:[0-9]+)\] ENV ([A-Z_]+)=(.*)$)");
+  std::map<std::string, std::map<std::string, std::string>> env;
+  for (const auto& line : lines(out)) {
+    std::smatch m;
+    if (std::regex_match(line, m, re)) env[m[1]][m[2]] = m[3];
+  }
+  return env;
+}
+
+// Sets an environment variable for the launcher (inherited by its tasks) for one scope.
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(std::string n, const char* value) : name(std::move(n)) { ::setenv(name.c_str(), value, 1); }
+  ~ScopedEnv() { ::unsetenv(name.c_str()); }
+};
+}  // namespace
+
+TEST_CASE("every task gets torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT") {
+  // Variables of an outer job (the launcher run under torchrun, say) must not leak into the tasks.
+  const ScopedEnv outer_rank("RANK", "17"), outer_world("WORLD_SIZE", "99"), outer_port("MASTER_PORT", "1");
+  struct Case {
+    std::vector<std::string> cluster;
+    std::vector<std::string> rank_order;  // tasks in RANK order
+  };
+  const std::vector<Case> cases = {
+      {{"-np", "3"}, {"worker:0", "worker:1", "worker:2"}},
+      {{"-n", "2", "--chief"}, {"chief:0", "worker:0", "worker:1"}},
+      // chief, workers, ps: the chief is rank 0 (MultiWorkerMirroredStrategy's order, chief first).
+      {{"--ps", "2", "--workers", "2"}, {"chief:0", "worker:0", "worker:1", "ps:0", "ps:1"}},
+  };
+  for (const auto& [cluster, order] : cases) {
+    std::vector<std::string> args = cluster;
+    args.push_back(child());
+    for (const char* v : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+      args.insert(args.end(), {"env", v});
+    // Every task reports before any ends (the ps tasks are stopped once the others are done).
+    const TempDir barrier;
+    args.insert(args.end(), {"info", "barrier", barrier.str(), std::to_string(order.size()), "@ps", "sleep", "30000"});
+    const Result r = run(args);
+    INFO("cluster: ", cluster[0], " ", cluster[1], "\nstdout:\n", r.out, "\nstderr:\n", r.err);
+    CHECK(r.code == 0);
+    const auto env = task_env(r.out);
+    const auto infos = task_infos(r.out);
+    REQUIRE(env.size() == order.size());
+    REQUIRE(infos.size() == order.size());
+    const std::string master_port = env.begin()->second.at("MASTER_PORT");
+    const std::string world = std::to_string(order.size());
+    for (std::size_t rank = 0; rank < order.size(); ++rank) {
+      const std::string& task = order[rank];
+      INFO("task ", task);
+      REQUIRE(env.count(task) == 1);
+      const auto& e = env.at(task);
+      CHECK(e.at("RANK") == std::to_string(rank));
+      CHECK(e.at("LOCAL_RANK") == std::to_string(rank));  // one host
+      CHECK(e.at("WORLD_SIZE") == world);
+      CHECK(e.at("LOCAL_WORLD_SIZE") == world);
+      CHECK(e.at("MASTER_ADDR") == "127.0.0.1");
+      CHECK(e.at("MASTER_PORT") == master_port);
+      // TF_CONFIG's address of the task of rank r is MASTER_PORT + 1 + r: MASTER_PORT is no task's.
+      const Json& tf = infos.at(task).tf;
+      const auto type = task.substr(0, task.find(':'));
+      const int index = std::stoi(task.substr(task.find(':') + 1));
+      const auto addresses = tf["cluster"][type].strings();
+      REQUIRE(index < static_cast<int>(addresses.size()));
+      CHECK(port_of(addresses[static_cast<std::size_t>(index)]) == std::stoi(master_port) + 1 + static_cast<int>(rank));
+    }
+  }
+}
+
+TEST_CASE("a torch-style program that reads only RANK, WORLD_SIZE and MASTER_* runs unchanged") {
+  const std::string torch_style = env_path("LAUNCHER_TORCH_STYLE");
+  SUBCASE("-np 3: rank 0 listens on MASTER_PORT, ranks 1 and 2 join it") {
+    const Result r = run({"-np", "3", torch_style});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    CHECK(r.code == 0);
+    CHECK(contains(r.out, "[worker:0] TORCH rank=0 local_rank=0 world_size=3 local_world_size=3 all 3 ranks joined\n"));
+    CHECK(contains(r.out, "[worker:1] TORCH rank=1 local_rank=1 world_size=3 local_world_size=3 joined\n"));
+    CHECK(contains(r.out, "[worker:2] TORCH rank=2 local_rank=2 world_size=3 local_world_size=3 joined\n"));
+  }
+  SUBCASE("a ps cluster: every task, ps included, has a rank") {
+    const Result r = run({"--ps", "1", "--workers", "2", torch_style});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    CHECK(r.code == 0);
+    CHECK(contains(r.out, "[chief:0] TORCH rank=0 local_rank=0 world_size=4 local_world_size=4 all 4 ranks joined\n"));
+    CHECK(contains(r.out, "[worker:1] TORCH rank=2 local_rank=2 world_size=4 local_world_size=4 joined\n"));
+  }
+  SUBCASE("without the launcher's variables it fails and says which is missing") {
+    const Result r = run({"-n", "1", "--", "env", "-u", "RANK", torch_style});
+    INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+    CHECK(r.code == 3);
+    CHECK(contains(r.err, "[worker:0] launcher_torch_style: RANK is not set\n"));
+  }
+}
+
+TEST_CASE("LauncherClusterResolver (port_offset 1) resolves the same cluster as TF_CONFIG under the launcher") {
+  const char* resolver_child = std::getenv("LAUNCHER_RESOLVER_CHILD");
+  if (!resolver_child || !*resolver_child) {
+    MESSAGE("LAUNCHER_RESOLVER_CHILD is not set (built without Boost.JSON): not checked");
+    return;
+  }
+  const Result r = run({"-np", "3", resolver_child});
+  INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
+  REQUIRE(r.code == 0);
+  static const std::regex tf_re(R"(^\[(worker:[0-9])\] RESOLVER tf_config=(\S+) (.*)$)");
+  static const std::regex launcher_re(R"(^\[(worker:[0-9])\] RESOLVER launcher=(\S+) local_rank=([0-9]+) (.*)$)");
+  std::map<std::string, std::pair<std::string, std::string>> tf, launched;
+  std::map<std::string, std::string> local_rank;
+  for (const auto& line : lines(r.out)) {
+    std::smatch m;
+    if (std::regex_match(line, m, tf_re)) tf[m[1]] = {m[2], m[3]};
+    if (std::regex_match(line, m, launcher_re)) {
+      launched[m[1]] = {m[2], m[4]};
+      local_rank[m[1]] = m[3];
+    }
+  }
+  REQUIRE(tf.size() == 3);
+  REQUIRE(launched.size() == 3);
+  for (int k = 0; k < 3; ++k) {
+    const std::string task = fmt::format("worker:{}", k);
+    INFO("task ", task);
+    CHECK(tf[task].first == task);
+    CHECK(launched[task] == tf[task]);  // the same task id and the same cluster JSON
+    CHECK(local_rank[task] == std::to_string(k));
+  }
 }
 
 }  // TEST_SUITE

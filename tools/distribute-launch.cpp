@@ -1,19 +1,26 @@
 // distribute-launch: start a local multi-process job with a correct TF_CONFIG per task.
 //
-//   distribute-launch -n N [options] -- prog args...
+//   distribute-launch -n N [options] [--] prog args...
 //       N "worker" tasks (index 0..N-1); with --chief also one "chief" task.
-//   distribute-launch --ps N --workers M [--chief|--no-chief] [options] -- prog args...
+//   distribute-launch --ps N --workers M [--chief|--no-chief] [options] [--] prog args...
 //       a parameter-server cluster: one chief (on by default in this mode), N "ps", M "worker".
+// The command line (options, usage text, --version) is parsed in launch_args.hpp.
 //
 // Every task gets the whole cluster in TF_CONFIG (TF's schema: {"cluster": {"chief": [...],
-// "worker": [...], "ps": [...]}, "task": {"type": T, "index": I}}), DISTRIBUTE_LAUNCH_TASK=T:I and,
-// with --token, DISTRIBUTE_CLUSTER_TOKEN. Output lines are forwarded with a "[T:I] " prefix.
+// "worker": [...], "ps": [...]}, "task": {"type": T, "index": I}}), DISTRIBUTE_LAUNCH_TASK=T:I,
+// torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and, with
+// --token, DISTRIBUTE_CLUSTER_TOKEN. Output lines are forwarded with a "[T:I] " prefix.
 //
 // Design notes (also in the usage text):
-//  * Ports: for every task the launcher binds a socket to port 0 on --host, reads the port the
-//    kernel picked, and closes all the sockets only after every port is picked (so they are
-//    distinct). Between that close and the task binding the port, another process could take it:
-//    a small race that the launcher does not retry.
+//  * Ranks: the tasks in TF_CONFIG's order (chief, workers, ps) are ranks 0..WORLD_SIZE-1, which
+//    is also MultiWorkerMirroredStrategy's order (the chief first). Every task runs on this host,
+//    so LOCAL_RANK = RANK and LOCAL_WORLD_SIZE = WORLD_SIZE.
+//  * Ports: one block of WORLD_SIZE + 1 consecutive free ports P..P+WORLD_SIZE on --host:
+//    MASTER_PORT = P (free for a torch-style rank 0 to listen on, as env:// rendezvous does) and
+//    rank r's TF_CONFIG address uses P+1+r. So LauncherClusterResolver (task i at MASTER_PORT +
+//    port_offset + i) with port_offset 1 resolves the same all-worker cluster as TF_CONFIG. Each
+//    port is checked free by binding and closing it; between that and the task binding it, another
+//    process could take it: a small race that the launcher does not retry.
 //  * Process groups: every task runs in its own process group (its pid is the group id), so a
 //    Ctrl-C at the terminal reaches only the launcher, which forwards it exactly once, to each
 //    task's whole group (the task and anything it spawned). When a task's main process exits, the
@@ -48,6 +55,8 @@
 //    pipes, so their stdio is block-buffered unless they flush or set line buffering.
 
 #include <fmt/format.h>
+
+#include "launch_args.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -86,196 +95,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kExitUsage = 2;
+using launch::kExitUsage;
+using launch::Options;
+using launch::UsageError;
 constexpr int kExitTimeout = 124;
-constexpr int kMaxTasks = 1024;
 constexpr std::size_t kMaxLine = 64 * 1024;  // longer lines are forwarded in pieces
-
-constexpr const char* kUsage = R"(usage: distribute-launch -n N [options] -- PROGRAM [ARGS...]
-       distribute-launch --ps N --workers M [--chief|--no-chief] [options] -- PROGRAM [ARGS...]
-
-Starts a local multi-process job: every task runs PROGRAM with TF_CONFIG describing the whole
-cluster (on free loopback ports) and its own task type and index.
-
-  -n N, --workers N   number of "worker" tasks (index 0..N-1), N >= 1
-  --ps N              parameter-server cluster with N "ps" tasks (N >= 1); a chief is added
-                      unless --no-chief
-  --chief, --no-chief add (or not) one "chief" task; default: on with --ps, off otherwise
-  --host ADDR         address put in TF_CONFIG and used to pick free ports (default 127.0.0.1)
-  --env K=V           extra environment variable for every task (repeatable)
-  --token auto|VALUE  set DISTRIBUTE_CLUSTER_TOKEN for every task; "auto" makes a random
-                      128-bit hex token from /dev/urandom
-  --timeout SECONDS   stop every task and exit 124 if the job runs longer
-  --grace SECONDS     time between SIGTERM and SIGKILL when stopping tasks (default 10)
-  --keep-going        a failing task does not stop the others (exit status: the first failure)
-  --restart-workers N with --ps: a worker task that fails (non-zero exit or a signal) is started
-                      again, at most N times per task; each start sets DISTRIBUTE_LAUNCH_RESTART
-                      to the number of restarts so far (0 at first)
-  --restart-delay S   seconds before such a restart (default 1)
-  --bind-to core|none core (default): bind each task to its own equal block of the CPUs
-                      available to the launcher, or with k times more tasks than CPUs and
-                      no ps tasks, k tasks to each CPU (Linux); otherwise, and with none: no
-                      binding
-  -h, --help          show this help
-
-Each task also gets DISTRIBUTE_LAUNCH_TASK=TYPE:INDEX and DISTRIBUTE_LAUNCH_RESTART=K. Its stdout and stderr lines are forwarded
-to the launcher's stdout and stderr with a "[TYPE:INDEX] " prefix.
-
-Exit status: 0 when every task succeeded (ps tasks are stopped once the chief and all workers are
-done); otherwise the status of the first task that failed (128+N if killed by signal N); 128+N
-when the launcher got signal N (forwarded to the tasks); 124 on --timeout; 2 on usage errors.
-Tasks run in their own process groups: SIGINT/SIGTERM/SIGHUP sent to the launcher are forwarded
-once to each task group; the tasks get --grace seconds, then SIGKILL. A second signal SIGKILLs
-them at once. Ports are picked by binding port 0 and closing; another process could take one
-before the task binds it (not retried).
-)";
-
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-// ------------------------------------------------------------------------------------------------
-// Options
-
-struct Options {
-  int workers = 0;
-  bool workers_given = false;
-  int ps = 0;
-  bool ps_given = false;
-  std::optional<bool> chief;
-  std::string host = "127.0.0.1";
-  std::vector<std::pair<std::string, std::string>> env;
-  std::optional<std::string> token;
-  double timeout = 0;  // 0: none
-  double grace = 10;
-  bool keep_going = false;
-  int restart_workers = 0;
-  double restart_delay = 1;
-  bool bind_to_core = true;     // --bind-to core|none
-  bool bind_to_given = false;
-  bool help = false;
-  std::vector<std::string> command;
-};
-
-int parse_count(std::string_view opt, std::string_view text, int min) {
-  int value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc{} || end != text.data() + text.size())
-    throw UsageError(fmt::format("{} expects an integer, got '{}'", opt, text));
-  if (value < min || value > kMaxTasks)
-    throw UsageError(fmt::format("{} must be between {} and {}, got {}", opt, min, kMaxTasks, value));
-  return value;
-}
-
-double parse_seconds(std::string_view opt, const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || errno != 0 || end != text.c_str() + text.size() || !std::isfinite(value) ||
-      value < 0 || value > 1e9)
-    throw UsageError(fmt::format("{} expects a non-negative number of seconds, got '{}'", opt, text));
-  return value;
-}
-
-bool is_reserved_env(std::string_view key) {
-  return key == "TF_CONFIG" || key == "DISTRIBUTE_LAUNCH_TASK" || key == "DISTRIBUTE_LAUNCH_RESTART";
-}
-
-Options parse_args(int argc, char** argv) {
-  Options o;
-  bool saw_separator = false;
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--") {
-      saw_separator = true;
-      ++i;
-      break;
-    }
-    if (arg == "-h" || arg == "--help") {
-      o.help = true;
-      return o;
-    }
-    // Accept "--opt=value", "--opt value", "-nN" and "-n N".
-    std::string name = arg;
-    std::optional<std::string> inline_value;
-    if (arg.rfind("--", 0) == 0) {
-      if (auto eq = arg.find('='); eq != std::string::npos) {
-        name = arg.substr(0, eq);
-        inline_value = arg.substr(eq + 1);
-      }
-    } else if (arg.rfind("-n", 0) == 0 && arg.size() > 2) {
-      name = "-n";
-      inline_value = arg.substr(2);
-    }
-    auto value = [&]() -> std::string {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= argc) throw UsageError(fmt::format("{} needs a value", name));
-      return argv[++i];
-    };
-    auto flag = [&] {
-      if (inline_value) throw UsageError(fmt::format("{} takes no value", name));
-    };
-    if (name == "-n" || name == "--workers") {
-      o.workers = parse_count(name, value(), 1);
-      o.workers_given = true;
-    } else if (name == "--ps") {
-      o.ps = parse_count(name, value(), 1);
-      o.ps_given = true;
-    } else if (name == "--chief") {
-      flag();
-      o.chief = true;
-    } else if (name == "--no-chief") {
-      flag();
-      o.chief = false;
-    } else if (name == "--host") {
-      o.host = value();
-      if (o.host.empty()) throw UsageError("--host must not be empty");
-    } else if (name == "--env") {
-      const std::string kv = value();
-      const auto eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0)
-        throw UsageError(fmt::format("--env expects K=V, got '{}'", kv));
-      std::string key = kv.substr(0, eq);
-      if (is_reserved_env(key))
-        throw UsageError(fmt::format("--env cannot set {}: the launcher sets it for each task", key));
-      o.env.emplace_back(std::move(key), kv.substr(eq + 1));
-    } else if (name == "--token") {
-      o.token = value();
-      if (o.token->empty()) throw UsageError("--token must be 'auto' or a non-empty value");
-    } else if (name == "--timeout") {
-      o.timeout = parse_seconds(name, value());
-      if (o.timeout <= 0) throw UsageError("--timeout must be positive");
-    } else if (name == "--grace") {
-      o.grace = parse_seconds(name, value());
-    } else if (name == "--keep-going") {
-      flag();
-      o.keep_going = true;
-    } else if (name == "--restart-workers") {
-      o.restart_workers = parse_count(name, value(), 0);
-    } else if (name == "--restart-delay") {
-      o.restart_delay = parse_seconds(name, value());
-    } else if (name == "--bind-to") {
-      const std::string v = value();
-      if (v != "core" && v != "none") throw UsageError(fmt::format("--bind-to expects 'core' or 'none', got '{}'", v));
-      o.bind_to_core = v == "core";
-      o.bind_to_given = true;
-    } else {
-      if (!arg.empty() && arg[0] == '-') throw UsageError(fmt::format("unknown option '{}'", arg));
-      throw UsageError(fmt::format("unexpected argument '{}' (put the program after '--')", arg));
-    }
-  }
-  if (!saw_separator) throw UsageError("missing '--' before the program to run");
-  for (; i < argc; ++i) o.command.emplace_back(argv[i]);
-  if (o.command.empty() || o.command[0].empty()) throw UsageError("no program given after '--'");
-  if (!o.workers_given)
-    throw UsageError(o.ps_given ? "--ps needs --workers M" : "the number of workers (-n N) is required");
-  // Only a parameter-server cluster survives a lost worker (its coordinator reschedules the
-  // closures); a synchronous job would only wait for the restarted task in a broken collective.
-  if (o.restart_workers > 0 && !o.ps_given)
-    throw UsageError("--restart-workers needs --ps (only a parameter-server cluster takes a worker back)");
-  return o;
-}
 
 // ------------------------------------------------------------------------------------------------
 // Small POSIX helpers
@@ -323,8 +147,10 @@ std::string json_escape(std::string_view s) {
   return out;
 }
 
-// Picks `n` distinct free TCP ports on `host` (see the race note at the top of the file).
-std::vector<int> pick_free_ports(const std::string& host, int n) {
+// Returns P such that ports P..P+n-1 on `host` are all free (see "Ports" at the top of the file):
+// P comes from binding port 0, the others are checked by binding them; a block with a port in
+// use is dropped and another P tried.
+int pick_port_block(const std::string& host, int n) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -332,33 +158,43 @@ std::vector<int> pick_free_ports(const std::string& host, int n) {
   addrinfo* res = nullptr;
   if (const int rc = ::getaddrinfo(host.c_str(), "0", &hints, &res); rc != 0 || res == nullptr)
     throw std::runtime_error(fmt::format("cannot resolve --host '{}': {}", host, ::gai_strerror(rc)));
-  std::vector<int> fds;
-  std::vector<int> ports;
-  std::string error;
-  for (int k = 0; k < n && error.empty(); ++k) {
-    const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      error = fmt::format("socket: {}", std::strerror(errno));
-      break;
-    }
-    fds.push_back(fd);
-    sockaddr_storage addr{};
-    socklen_t len = sizeof addr;
-    if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0) {
-      error = fmt::format("cannot bind a port on '{}': {}", host, std::strerror(errno));
-    } else if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      error = fmt::format("getsockname: {}", std::strerror(errno));
-    } else {
-      const int port = addr.ss_family == AF_INET6
-                           ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                           : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-      ports.push_back(port);
-    }
-  }
-  for (const int fd : fds) ::close(fd);
+  sockaddr_storage base_addr{};
+  std::memcpy(&base_addr, res->ai_addr, res->ai_addrlen);
+  const socklen_t addr_len = res->ai_addrlen;
+  const int family = res->ai_family;
   ::freeaddrinfo(res);
-  if (!error.empty()) throw std::runtime_error(error);
-  return ports;
+  auto port_ref = [&](sockaddr_storage& a) -> in_port_t& {
+    return family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&a)->sin6_port
+                              : reinterpret_cast<sockaddr_in*>(&a)->sin_port;
+  };
+  // Binds `port` (0: any) and closes again; returns the port bound, 0 when it is in use.
+  auto try_port = [&](int port) -> int {
+    const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error(fmt::format("socket: {}", std::strerror(errno)));
+    sockaddr_storage addr = base_addr;
+    port_ref(addr) = htons(static_cast<in_port_t>(port));
+    int got = 0;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), addr_len) == 0) {
+      socklen_t len = sizeof addr;
+      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) got = ntohs(port_ref(addr));
+    } else if (errno != EADDRINUSE && errno != EACCES) {
+      const int e = errno;
+      ::close(fd);
+      throw std::runtime_error(fmt::format("cannot bind a port on '{}': {}", host, std::strerror(e)));
+    }
+    ::close(fd);
+    return got;
+  };
+  constexpr int kAttempts = 200;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    const int base = try_port(0);
+    if (base == 0 || base + n - 1 > 65535) continue;
+    bool all_free = true;
+    for (int k = 1; k < n && all_free; ++k) all_free = try_port(base + k) == base + k;
+    if (all_free) return base;
+  }
+  throw std::runtime_error(
+      fmt::format("cannot find {} consecutive free ports on '{}' ({} blocks tried)", n, host, kAttempts));
 }
 
 std::string random_token() {
@@ -451,6 +287,7 @@ struct Stream {
 struct Task {
   std::string type;
   int index = 0;
+  int rank = 0;      // RANK: the place in the order chief, workers, ps
   std::string name;  // "worker:0"
   std::string prefix;  // "[worker:0] "
   pid_t pid = -1;
@@ -542,7 +379,13 @@ class Launcher {
     add("worker", opt_.workers);
     add("ps", opt_.ps_given ? opt_.ps : 0);
 
-    const auto ports = pick_free_ports(opt_.host, static_cast<int>(tasks_.size()));
+    // MASTER_PORT, then one port per task in rank order.
+    master_port_ = pick_port_block(opt_.host, static_cast<int>(tasks_.size()) + 1);
+    std::vector<int> ports;
+    for (std::size_t r = 0; r < tasks_.size(); ++r) {
+      tasks_[r].rank = static_cast<int>(r);
+      ports.push_back(master_port_ + 1 + static_cast<int>(r));
+    }
     const bool v6 = opt_.host.find(':') != std::string::npos;
     std::string cluster = "{";
     std::size_t k = 0;
@@ -625,7 +468,8 @@ class Launcher {
   }
 
   std::vector<std::string> environment_for(const Task& t) const {
-    std::set<std::string> overridden{"TF_CONFIG", "DISTRIBUTE_LAUNCH_TASK"};
+    // The task's own variables replace any the launcher inherited (e.g. RANK from an outer job).
+    std::set<std::string> overridden(std::begin(launch::kTaskVariables), std::end(launch::kTaskVariables));
     if (token_) overridden.insert("DISTRIBUTE_CLUSTER_TOKEN");
     // --env entries, the last one of a key wins; the launcher's own variables win over --env.
     std::vector<std::pair<std::string, std::string>> extra;
@@ -646,6 +490,14 @@ class Launcher {
                               cluster_json_, t.type, t.index));
     env.push_back(fmt::format("DISTRIBUTE_LAUNCH_TASK={}", t.name));
     env.push_back(fmt::format("DISTRIBUTE_LAUNCH_RESTART={}", t.restarts));
+    // torchrun's variables, so torch-style programs (and LauncherClusterResolver) run unchanged.
+    const std::size_t world = tasks_.size();
+    env.push_back(fmt::format("RANK={}", t.rank));
+    env.push_back(fmt::format("LOCAL_RANK={}", t.rank));
+    env.push_back(fmt::format("WORLD_SIZE={}", world));
+    env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", world));
+    env.push_back(fmt::format("MASTER_ADDR={}", opt_.host));
+    env.push_back(fmt::format("MASTER_PORT={}", master_port_));
     if (token_) env.push_back("DISTRIBUTE_CLUSTER_TOKEN=" + *token_);
     return env;
   }
@@ -955,6 +807,7 @@ class Launcher {
   Options opt_;
   std::vector<Task> tasks_;
   std::string cluster_json_;
+  int master_port_ = 0;
   std::optional<std::string> token_;
   std::optional<int> exit_code_;
   bool stopping_ = false;
@@ -982,13 +835,17 @@ int main(int argc, char** argv) {
   ensure_std_fds();
   Options opt;
   try {
-    opt = parse_args(argc, argv);
+    opt = launch::parse_args(argc, argv);
   } catch (const UsageError& e) {
-    write_all(2, fmt::format("distribute-launch: {}\n\n{}", e.what(), kUsage));
+    write_all(2, launch::usage_error_line(e));
     return kExitUsage;
   }
   if (opt.help) {
-    write_all(1, kUsage);
+    write_all(1, launch::kUsage);
+    return 0;
+  }
+  if (opt.version) {
+    write_all(1, launch::version_text());
     return 0;
   }
   try {
