@@ -3,16 +3,12 @@
 
 #include <distribute/version.hpp>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
+  __builtin_ia32_pause();  // _mm_pause without <immintrin.h>, 60k lines every program would parse
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif

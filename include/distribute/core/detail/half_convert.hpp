@@ -50,7 +50,13 @@ __attribute__((target("avx,f16c"))) inline void f16_narrow_f16c(const float* src
 }
 
 inline bool cpu_has_f16c() noexcept {
-  static const bool has = __builtin_cpu_supports("f16c") != 0 && __builtin_cpu_supports("avx") != 0;
+  // CPUID leaf 1, ECX bit 29 (F16C): clang's __builtin_cpu_supports knows no "f16c". "avx" also
+  // checks that the OS saves the YMM registers.
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1u), "c"(0u));
+    return (ecx & (1u << 29)) != 0 && __builtin_cpu_supports("avx") != 0;
+  }();
   return has;
 }
 #endif

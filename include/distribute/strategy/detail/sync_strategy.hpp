@@ -62,8 +62,9 @@ class ReplicaContextFor : public ReplicaContext {
   auto merge_call(F&& fn, A&&... args) {
     using Args = std::tuple<std::decay_t<A>...>;
     constexpr bool takes_strategy = std::is_invocable_v<F&, S&, PerReplica<std::decay_t<A>, S>...>;
-    using R = std::conditional_t<takes_strategy, std::invoke_result<F&, S&, PerReplica<std::decay_t<A>, S>...>,
-                                 std::invoke_result<F&, PerReplica<std::decay_t<A>, S>...>>::type;
+    using R = typename std::conditional_t<takes_strategy,
+                                          std::invoke_result<F&, S&, PerReplica<std::decay_t<A>, S>...>,
+                                          std::invoke_result<F&, PerReplica<std::decay_t<A>, S>...>>::type;
     using Stored = std::conditional_t<std::is_void_v<R>, bool, std::decay_t<R>>;
     struct Outcome {
       std::optional<Stored> value;
