@@ -232,8 +232,55 @@ TEST_CASE("TF_CONFIG: evaluator may be absent from the cluster; extras are ignor
   CHECK(v6.master_address() == "[::1]:2222");
   CHECK(ds::split_host_port(v6.master_address()) == ds::HostPort{"::1", 2222});
 
-  ds::TFConfigClusterResolver nulls(R"({"cluster": null, "task": null, "rpc_layer": null})");
+  ds::TFConfigClusterResolver nulls(R"({"rpc_layer": null, "environment": null})");
   CHECK(nulls.cluster_spec().empty());
+  CHECK(nulls.rpc_layer().empty());
+
+  // An evaluator outside the cluster may have any index (TF's resolver reports it as given).
+  ds::TFConfigClusterResolver eval3(R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "evaluator", "index": 3}})");
+  CHECK(eval3.task_id() == 3);
+  CHECK(eval3.is_chief());
+}
+
+TEST_CASE("TF_CONFIG: a task without a cluster is reported as given; the process is local mode's one worker") {
+  // TF 2.21: {"task": {"type": "worker", "index": 2}} -> cluster {}, task_type 'worker', task_id 2, master ''.
+  ds::TFConfigClusterResolver w2(R"({"task": {"type": "worker", "index": 2}})");
+  CHECK(w2.cluster_spec().empty());
+  CHECK(w2.task_type() == "worker");
+  CHECK(w2.task_id() == 2);
+  CHECK(w2.master() == "");
+  CHECK(w2.is_chief());
+  CHECK(w2.id_in_cluster() == 0);
+  CHECK(w2.worker_count() == 1);
+  ds::TFConfigClusterResolver ps(R"({"cluster": {}, "task": {"type": "ps", "index": 0}})");
+  CHECK(ps.task_type() == "ps");
+  CHECK_THROWS_WITH_AS(ds::TFConfigClusterResolver(R"({"task": {"type": "worker", "index": -1}})"),
+                       "TF_CONFIG: task.index -1 is negative", ds::ClusterConfigError);
+  CHECK_THROWS_WITH_AS(ds::TFConfigClusterResolver(R"({"task": {"type": "worker", "index": 1000000}})"),
+                       "TF_CONFIG: task.index 1000000 is out of range (at most 999999)", ds::ClusterConfigError);
+}
+
+TEST_CASE("ClusterResolver::master follows TF's TFConfigClusterResolver.master()") {
+  // Expected values: TF 2.21's TFConfigClusterResolver().master() for the same TF_CONFIG.
+  ds::TFConfigClusterResolver grpc(
+      R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}, "rpc_layer": "grpc"})");
+  CHECK(grpc.master() == "grpc://b:1");
+  CHECK(grpc.master("worker", 0) == "grpc://a:1");
+  CHECK(grpc.master("worker", 0, "") == "a:1");
+  ds::TFConfigClusterResolver plain(R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}})");
+  CHECK(plain.master() == "b:1");
+  ds::TFConfigClusterResolver one(R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}, "rpc_layer": "grpc"})");
+  CHECK(one.master() == "");  // one task: nobody to connect to
+  ds::TFConfigClusterResolver session(
+      R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}, "session_master": "s:1"})");
+  CHECK(session.master() == "s:1");
+  CHECK(ds::TFConfigClusterResolver("").master() == "");
+  ds::TFConfigClusterResolver eval(R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "evaluator", "index": 0}})");
+  CHECK_THROWS_WITH_AS(eval.master(), "ClusterResolver::master: job 'evaluator' is not in the cluster (jobs: worker)",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(plain.master("worker", 5), doctest::Contains("job 'worker' has no task 5"), ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(ds::TFConfigClusterResolver(R"({"session_master": 5})"),
+                       "TF_CONFIG: session_master must be a string, got number 5", ds::ClusterConfigError);
 }
 
 TEST_CASE("TF_CONFIG missing, blank or {} means a single local worker") {
@@ -350,11 +397,17 @@ TEST_CASE("TF_CONFIG: malformed configurations throw ClusterConfigError naming t
        "TF_CONFIG: task.index 1 is out of range for job 'chief' with 1 task"},
       {"sparse index absent", R"({"cluster": {"worker": {"0": "a:1", "3": "b:1"}}, "task": {"type": "worker", "index": 2}})",
        "TF_CONFIG: task.index 2 is not a task of job 'worker' (task indices: 0, 3)"},
-      {"absent evaluator index", R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "evaluator", "index": 1}})",
-       "TF_CONFIG: task.index 1 is out of range for job 'evaluator', which is not in cluster"},
-      {"empty cluster, ps", R"({"task": {"type": "ps", "index": 0}})", "TF_CONFIG: task.type 'ps' has no job in cluster: cluster is empty"},
-      {"empty cluster, worker 2", R"({"cluster": {}, "task": {"type": "worker", "index": 2}})",
-       "TF_CONFIG: task.index 2 is out of range: cluster is empty, so the only task is worker 0"},
+      {"absent evaluator huge index", R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "evaluator", "index": 1000000}})",
+       "TF_CONFIG: task.index 1000000 is out of range (at most 999999)"},
+      {"empty cluster, unknown type", R"({"task": {"type": "master", "index": 0}})",
+       "TF_CONFIG: task.type 'master' is not a task type; expected chief, worker, ps or evaluator"},
+      // null where TF raises: ClusterSpec(None), 'type' in None, int(None)
+      {"cluster null", R"({"cluster": null})", "TF_CONFIG: cluster must be an object of job name → task addresses, got null"},
+      {"task null", R"({"task": null})", "TF_CONFIG: task must be an object with type and index, got null"},
+      {"index null", R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": null}})",
+       "TF_CONFIG: task.index must be an integer, got null"},
+      {"type null", R"({"cluster": {"worker": ["a:1"]}, "task": {"type": null, "index": 0}})",
+       "TF_CONFIG: task.type must be a string, got null"},
       // other members
       {"rpc_layer number", R"({"rpc_layer": 5})", "TF_CONFIG: rpc_layer must be a string, got number 5"},
       {"environment array", R"({"environment": ["cloud"]})", "TF_CONFIG: environment must be a string, got array"},

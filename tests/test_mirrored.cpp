@@ -40,6 +40,10 @@ TEST_CASE("construction: replica counts, device lists and bad devices") {
                        doctest::Contains("is not a device of this process"), ds::InvalidArgument);
   CHECK_THROWS_WITH_AS(Mirrored(std::vector<std::string>{"banana"}), doctest::Contains("invalid device string 'banana'"),
                        ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(Mirrored(std::vector<std::string>{"/cpu:-1"}),
+                       "MirroredStrategy: device '/cpu:-1' has a negative device index", ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(Mirrored(std::vector<std::string>{"/cpu"}), "MirroredStrategy: device '/cpu' names no device index",
+                       ds::InvalidArgument);
   CHECK_THROWS_AS(Mirrored(std::vector<std::string>{}), ds::InvalidArgument);
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -29,7 +30,7 @@ namespace detail {
 inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
 
 /// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
-/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// (TF runs it beside the training cluster), with any index (TF's resolvers accept any).
 /// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
 inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
                                   std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
@@ -37,10 +38,8 @@ inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type
   if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
   if (!spec.has_job(type)) {
     if (type == "evaluator") {
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format(
-            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
-            cluster_name));
+      if (id > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
       }
       return;
     }
@@ -89,6 +88,7 @@ class ClusterResolver {
   /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
   /// own work, as in TF (it writes its own summaries).
   bool is_chief() const {
+    if (cluster_spec().empty()) return true;  // local mode: the one process
     const auto type = task_type();
     if (type == "chief" || type == "evaluator") return true;
     return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
@@ -113,6 +113,7 @@ class ClusterResolver {
   /// evaluator and for ps tasks, which have no replicas.
   int id_in_cluster() const {
     const auto& spec = cluster_spec();
+    if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
     const auto type = task_type();
     if (type == "chief") return 0;
     if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
@@ -134,6 +135,30 @@ class ClusterResolver {
     }
     return id_in_cluster() * local_replicas + local_id;
   }
+
+  /// TF's ClusterResolver.master() (TFConfigClusterResolver's rule): the session master when the
+  /// configuration names one; "" for a cluster of at most one task; else the address of task
+  /// (task_type, task_id) — this task unless given — as "rpc_layer://host:port" when there is
+  /// an RPC layer. InvalidArgument when that task is not in the cluster.
+  std::string master(std::optional<std::string> task_type = {}, std::optional<int> task_id = {},
+                     std::optional<std::string> rpc_layer = {}) const {
+    if (auto session = session_master()) return *session;
+    const auto& spec = cluster_spec();
+    const auto jobs = spec.jobs();
+    if (jobs.empty() || (jobs.size() == 1 && spec.task_indices(jobs.front()) == std::vector<int>{0})) return {};
+    const std::string type = task_type ? *task_type : this->task_type();
+    const int id = task_id ? *task_id : this->task_id();
+    if (!spec.has_job(type)) {
+      throw InvalidArgument(fmt::format("ClusterResolver::master: job '{}' is not in the cluster (jobs: {})", type,
+                                        fmt::join(jobs, ", ")));
+    }
+    const std::string layer = rpc_layer ? *rpc_layer : this->rpc_layer();
+    const std::string& address = spec.task_address(type, id);
+    return layer.empty() ? address : fmt::format("{}://{}", layer, address);
+  }
+
+  /// A master address that overrides master()'s rule (TF_CONFIG's "session_master"); none by default.
+  virtual std::optional<std::string> session_master() const { return std::nullopt; }
 
   /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
   /// (an empty spec), where there is nobody to connect to.

@@ -98,6 +98,9 @@ class TFConfigClusterResolver : public ClusterResolver {
   AcceleratorCounts num_accelerators() const override { return accelerators_; }
   std::string environment() const override { return environment_; }
 
+  /// TF_CONFIG's "session_master", which TF's master() returns first when it is set.
+  std::optional<std::string> session_master() const override { return session_master_; }
+
   /// False in local mode because TF_CONFIG was unset or blank.
   bool has_tf_config() const { return has_tf_config_; }
 
@@ -129,21 +132,19 @@ class TFConfigClusterResolver : public ClusterResolver {
     if (options.environment) environment_ = *options.environment;
 
     if (spec_.empty()) {
-      // Local mode: one process. A task, if one is named, must be that process.
+      // Local mode: one process. As TF's resolver, a task named without a cluster is reported
+      // as given (the helpers treat the process as worker 0 and the chief).
       task_type_ = type.value_or("worker");
       std::int64_t id = index.value_or(0);
       if (!detail::is_tf_config_task_type(task_type_)) {
         throw ClusterConfigError(fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator",
                                              type_label, task_type_));
       }
-      if (task_type_ == "ps") {
-        throw ClusterConfigError(fmt::format("{} 'ps' has no job in cluster: cluster is empty (local mode: one worker)", type_label));
+      if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+      if (id > detail::kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, detail::kMaxTaskIndex));
       }
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format("{} {} is out of range: cluster is empty, so the only task is {} 0", id_label, id,
-                                             task_type_));
-      }
-      task_id_ = 0;
+      task_id_ = static_cast<int>(id);
       return;
     }
     if (!type && !has_task_) {
@@ -171,7 +172,9 @@ class TFConfigClusterResolver : public ClusterResolver {
       throw ClusterConfigError(fmt::format("TF_CONFIG: the top level must be an object with cluster and task, got {}",
                                            detail::cluster_json_describe(doc)));
     }
-    if (const auto* cluster = detail::tf_config_member(*top, "cluster")) {
+    // cluster, task and task.index may be absent but not null: TF raises on a null one
+    // (ClusterSpec(None), 'type' in None, int(None)). rpc_layer and environment may be null.
+    if (const auto* cluster = top->if_contains("cluster")) {
       auto jobs = detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
       for (const auto& entry : jobs) {
         if (!detail::is_tf_config_task_type(entry.first)) {
@@ -189,24 +192,27 @@ class TFConfigClusterResolver : public ClusterResolver {
       }
       spec_ = ClusterSpec::from_sparse(std::move(jobs));
     }
-    if (const auto* task_value = detail::tf_config_member(*top, "task")) {
+    if (const auto* task_value = top->if_contains("task")) {
       has_task_ = true;
       const auto* task = task_value->if_object();
       if (task == nullptr) {
         throw ClusterConfigError(fmt::format("TF_CONFIG: task must be an object with type and index, got {}",
                                              detail::cluster_json_describe(*task_value)));
       }
-      if (const auto* t = detail::tf_config_member(*task, "type")) {
+      if (const auto* t = task->if_contains("type")) {
         if (!t->is_string()) {
           throw ClusterConfigError(
               fmt::format("TF_CONFIG: task.type must be a string, got {}", detail::cluster_json_describe(*t)));
         }
         type = std::string(t->get_string());
       }
-      if (const auto* i = detail::tf_config_member(*task, "index")) index = parse_index(*i);
+      if (const auto* i = task->if_contains("index")) index = parse_index(*i);
     }
     rpc_layer_ = detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
     environment_ = detail::tf_config_string(*top, "environment", "environment");
+    if (detail::tf_config_member(*top, "session_master")) {
+      session_master_ = detail::tf_config_string(*top, "session_master", "session_master");
+    }
   }
 
   static std::int64_t parse_index(const boost::json::value& v) {
@@ -226,6 +232,7 @@ class TFConfigClusterResolver : public ClusterResolver {
   AcceleratorCounts accelerators_;
   bool has_tf_config_ = false;
   bool has_task_ = false;  // TF_CONFIG has a "task" member
+  std::optional<std::string> session_master_;
 };
 
 DISTRIBUTE_END_NAMESPACE

@@ -3,10 +3,11 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -20,11 +21,14 @@ struct DeviceSpec {
   std::optional<std::string> job;
   std::optional<int> replica;
   std::optional<int> task;
-  std::optional<std::string> device_type;  // upper case: "CPU", "GPU"
+  std::optional<std::string> device_type;  // "CPU", "GPU", ... (TF upper-cases only cpu/gpu, and short forms)
   std::optional<int> device_index;
 
-  /// Parses "/job:w/replica:0/task:1/device:CPU:0", "/cpu:0", "GPU:1", "/device:GPU:*"... and
-  /// throws InvalidArgument naming the string and the part that is wrong.
+  /// Parses a device string exactly as TF's `tf.DeviceSpec.from_string` does:
+  /// "/job:w/replica:0/task:1/device:CPU:0", "/cpu:0", "GPU:1", "/cpu" (= "/device:CPU:*"),
+  /// "" and "//" (nothing set). Throws InvalidArgument naming the string and the part that is
+  /// wrong where TF raises. Only where Python's int() and ours part: non-ASCII digits, and
+  /// values beyond int (see docs/semantics.md).
   static DeviceSpec parse(std::string_view text);
 
   static DeviceSpec local(std::string_view type, int index) {
@@ -61,60 +65,98 @@ inline std::string upper(std::string_view s) {
   std::transform(u.begin(), u.end(), u.begin(), [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
   return u;
 }
-inline std::optional<int> parse_index(std::string_view s) {
-  int v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc{} || p != s.data() + s.size() || v < 0 || s.empty()) return std::nullopt;
-  return v;
+
+/// Python's int(s) for base 10 on ASCII text, as TF applies it to device-string fields:
+/// surrounding whitespace, a sign, and single underscores between digits are allowed.
+/// nullopt when Python would raise; values beyond int saturate (the caller reports them).
+inline std::optional<long long> parse_python_int(std::string_view s) {
+  auto space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f'); };
+  while (!s.empty() && space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && space(s.back())) s.remove_suffix(1);
+  bool negative = false;
+  if (!s.empty() && (s.front() == '+' || s.front() == '-')) {
+    negative = s.front() == '-';
+    s.remove_prefix(1);
+  }
+  if (s.empty() || s.front() == '_' || s.back() == '_') return std::nullopt;
+  long long v = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '_') {
+      if (s[i + 1] == '_') return std::nullopt;  // (the last character is not '_')
+      continue;
+    }
+    if (c < '0' || c > '9') return std::nullopt;
+    v = std::min(v * 10 + (c - '0'), 1LL << 40);  // saturates far beyond int
+  }
+  return negative ? -v : v;
+}
+
+/// The device types TF's DeviceSpec knows in short form ("cpu:0", "/tpu:1"): its
+/// _VALID_DEVICE_TYPES (pluggable devices add theirs in TF; there are none here).
+inline bool is_short_device_type(std::string_view upper_type) {
+  for (std::string_view t : {"CPU", "GPU", "TPU", "CUSTOM", "EPU"}) {
+    if (upper_type == t) return true;
+  }
+  return false;
+}
+
+inline std::vector<std::string_view> device_string_split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  for (;;) {
+    auto at = s.find(sep);
+    out.push_back(s.substr(0, at));
+    if (at == std::string_view::npos) return out;
+    s.remove_prefix(at + 1);
+  }
 }
 }  // namespace detail
 
+// TF's DeviceSpecV2._string_to_components, rule for rule: components split on '/', fields on
+// ':'; keys are case-sensitive; an empty component, or one that starts with ':', is skipped;
+// a later job/replica/task replaces an earlier one; replica and task are converted after the
+// whole string is read (so only the last one must be an integer).
 inline DeviceSpec DeviceSpec::parse(std::string_view text) {
   auto fail = [&](std::string_view why) -> DeviceSpec {
     throw InvalidArgument(fmt::format("invalid device string '{}': {}", text, why));
   };
-  if (text.empty()) return fail("it is empty");
+  auto integer = [&](std::string_view v, std::string_view what) -> int {
+    auto i = detail::parse_python_int(v);
+    if (!i) fail(fmt::format("{} '{}' is not an integer", what, v));
+    if (*i < std::numeric_limits<int>::min() || *i > std::numeric_limits<int>::max()) {
+      fail(fmt::format("{} '{}' is out of range for an int", what, v));  // Python's int has no bound
+    }
+    return static_cast<int>(*i);
+  };
   DeviceSpec spec;
-  std::string_view rest = text;
-  if (rest.front() == '/') rest.remove_prefix(1);
-  while (!rest.empty()) {
-    auto slash = rest.find('/');
-    std::string_view part = rest.substr(0, slash);
-    rest = slash == std::string_view::npos ? std::string_view{} : rest.substr(slash + 1);
-    if (part.empty()) return fail("empty component");
-    auto colon = part.find(':');
-    if (colon == std::string_view::npos) return fail(fmt::format("component '{}' has no ':'", part));
-    std::string key = detail::upper(part.substr(0, colon));
-    std::string_view value = part.substr(colon + 1);
-    auto index_or_fail = [&](std::string_view v, std::string_view what) -> int {
-      auto i = detail::parse_index(v);
-      if (!i) fail(fmt::format("{} '{}' is not a non-negative integer", what, v));
-      return *i;
-    };
-    if (key == "JOB") {
-      if (value.empty()) return fail("empty job name");
-      spec.job = std::string(value);
-    } else if (key == "REPLICA") {
-      spec.replica = index_or_fail(value, "replica");
-    } else if (key == "TASK") {
-      spec.task = index_or_fail(value, "task");
-    } else {
-      // "device:CPU:0", or the short forms "CPU:0" / "gpu:1".
-      std::string_view type_and_index = part;
-      if (key == "DEVICE") type_and_index = value;
-      auto c = type_and_index.find(':');
-      std::string type = detail::upper(type_and_index.substr(0, c));
-      if (type.empty() || !std::all_of(type.begin(), type.end(), [](char ch) { return std::isalpha(static_cast<unsigned char>(ch)) || ch == '_'; })) {
-        return fail(fmt::format("device type '{}' is not a name", type_and_index.substr(0, c)));
-      }
-      if (spec.device_type) return fail("more than one device component");
-      spec.device_type = type;
-      if (c != std::string_view::npos) {
-        auto idx = type_and_index.substr(c + 1);
-        if (idx != "*") spec.device_index = index_or_fail(idx, "device index");
-      }
+  std::optional<std::string_view> replica, task;
+  for (std::string_view component : detail::device_string_split(text, '/')) {
+    const auto y = detail::device_string_split(component, ':');
+    const std::string_view key = y[0];
+    const std::size_t ly = y.size();
+    if (ly == 2 && key == "job") {
+      spec.job = std::string(y[1]);
+    } else if (ly == 2 && key == "replica") {
+      replica = y[1];
+    } else if (ly == 2 && key == "task") {
+      task = y[1];
+    } else if (ly <= 2 && detail::is_short_device_type(detail::upper(key))) {
+      if (spec.device_type) return fail("more than one device type");
+      spec.device_type = detail::upper(key);  // "cpu:0" -> CPU, "tpu" -> TPU
+      if (ly == 2 && y[1] != "*") spec.device_index = integer(y[1], "device index");
+    } else if (ly == 3 && key == "device") {
+      if (spec.device_type) return fail("more than one device type");
+      // Only "cpu" and "gpu" are normalised in this form; other types are kept as written.
+      spec.device_type = y[1] == "cpu" || y[1] == "gpu" ? detail::upper(y[1]) : std::string(y[1]);
+      if (y[2] != "*") spec.device_index = integer(y[2], "device index");
+    } else if (!key.empty()) {
+      return fail(fmt::format("unknown attribute '{}' in component '{}' (expected job:NAME, replica:N, task:N, "
+                              "device:TYPE:N or CPU/GPU/TPU:N)",
+                              key, component));
     }
   }
+  if (replica) spec.replica = integer(*replica, "replica");
+  if (task) spec.task = integer(*task, "task");
   return spec;
 }
 

@@ -84,6 +84,9 @@ inline std::vector<std::string> cuda_devices(const std::vector<std::string>& nam
                                         strategy, name));
     }
     if (!d.device_index) throw InvalidArgument(fmt::format("{}: device '{}' names no device index", strategy, name));
+    if (*d.device_index < 0) {  // TF's DeviceSpec parses "/gpu:-1"; no device has that index
+      throw InvalidArgument(fmt::format("{}: device '{}' has a negative device index", strategy, name));
+    }
     if ((d.job && *d.job != "localhost") || (d.task && *d.task != 0) || (d.replica && *d.replica != 0)) {
       throw InvalidArgument(fmt::format("{}: device '{}' is not a device of this process (job localhost, task 0)",
                                         strategy, name));
