@@ -41,11 +41,13 @@ INTEGER_DTYPES = {"I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64",
 
 # ---- the environment ----------------------------------------------------------------------------
 
-def venv_path():
+def venv_path(requirements=REQUIREMENTS):
+    key = hashlib.sha256("\n".join([sys.base_prefix, sys.version, *requirements]).encode()).hexdigest()[:12]
     if os.environ.get("DISTRIBUTE_PYTHON_VENV"):
-        return Path(os.environ["DISTRIBUTE_PYTHON_VENV"])
+        # That one holds REQUIREMENTS; another list gets an environment beside it.
+        base = Path(os.environ["DISTRIBUTE_PYTHON_VENV"])
+        return base if requirements == REQUIREMENTS else base.with_name(f"{base.name}-{key}")
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    key = hashlib.sha256("\n".join([sys.base_prefix, sys.version, *REQUIREMENTS]).encode()).hexdigest()[:12]
     return cache / "distribute-venv" / f"py{sys.version_info.major}.{sys.version_info.minor}-{key}"
 
 
@@ -61,12 +63,12 @@ def run_logged(command, timeout):
     return None
 
 
-def ensure_venv():
+def ensure_venv(requirements=REQUIREMENTS):
     """Returns (python of the environment, None) or (None, why it could not be made)."""
-    venv = venv_path()
+    venv = venv_path(requirements)
     python = venv / "bin" / "python"
     marker = venv / "distribute-requirements.txt"
-    wanted = "\n".join(REQUIREMENTS) + "\n"
+    wanted = "\n".join(requirements) + "\n"
     try:
         venv.parent.mkdir(parents=True, exist_ok=True)
         # Several builds (plain, sanitizers) may run this test at once: one of them installs.
@@ -75,11 +77,11 @@ def ensure_venv():
             if marker.is_file() and marker.read_text() == wanted and python.exists():
                 return python, None
             shutil.rmtree(venv, ignore_errors=True)  # a half-made one from an interrupted run
-            print(f"creating {venv} with {' '.join(REQUIREMENTS)}", flush=True)
+            print(f"creating {venv} with {' '.join(requirements)}", flush=True)
             problem = run_logged([sys.executable, "-m", "venv", str(venv)], 120)
             if problem is None:
                 problem = run_logged([str(python), "-m", "pip", "install", "--disable-pip-version-check",
-                                      "--no-input", "-q", *REQUIREMENTS], 600)
+                                      "--no-input", "-q", *requirements], 600)
             if problem is not None:
                 shutil.rmtree(venv, ignore_errors=True)
                 return None, problem
@@ -181,16 +183,17 @@ def checks(helper):
     return 0
 
 
-def run_in_venv(script, doc, checks):
-    """`script <helper>` re-runs itself in the environment (`--in-venv <helper>`), where `checks` runs."""
+def run_in_venv(script, doc, checks, requirements=REQUIREMENTS):
+    """`script <helper>` re-runs itself in the environment (`--in-venv <helper>`), where `checks` runs.
+    Each list of `requirements` has its own environment."""
     if len(sys.argv) == 3 and sys.argv[1] == "--in-venv":
         return checks(sys.argv[2])
     if len(sys.argv) != 2:
         print(doc)
         return 2
-    python, problem = ensure_venv()
+    python, problem = ensure_venv(requirements)
     if python is None:
-        print(f"SKIP: no Python environment with {' '.join(REQUIREMENTS)}: {problem}")
+        print(f"SKIP: no Python environment with {' '.join(requirements)}: {problem}")
         return SKIP
     helper = os.path.abspath(sys.argv[1])
     return subprocess.run([str(python), os.path.abspath(script), "--in-venv", helper]).returncode

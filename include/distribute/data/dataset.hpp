@@ -49,6 +49,9 @@ struct Metadata {
   Options options;
   /// Set when the pipeline's source reads files: how many (AutoShardPolicy::File shards them).
   std::optional<std::size_t> num_files;
+  /// Set by batch(n, drop_remainder=true): every batch has n rows (TF: a static batch dimension).
+  /// distribute_datasets_from_function on one worker then drops a final step that would be partial.
+  bool static_batch = false;
 };
 
 template <class T>
@@ -162,7 +165,7 @@ class Dataset {
   /// of different shapes in one batch are an InvalidArgument naming both shapes.
   Dataset<batch_type> batch(std::int64_t batch_size, bool drop_remainder = false) const {
     if (batch_size < 1) throw InvalidArgument(fmt::format("batch: batch_size must be at least 1, got {}", batch_size));
-    return derive<batch_type>([batch_size, drop_remainder](detail::IteratorPtr<T> up) {
+    Dataset<batch_type> out = derive<batch_type>([batch_size, drop_remainder](detail::IteratorPtr<T> up) {
       return [up = std::move(up), batch_size, drop_remainder]() mutable -> std::optional<batch_type> {
         std::vector<T> items;
         items.reserve(detail::reserve_hint(batch_size));
@@ -177,6 +180,9 @@ class Dataset {
         return detail::batch_traits<T>::stack(std::move(items), "batch");
       };
     });
+    detail::Metadata m = detail::DatasetAccess::metadata(out);
+    m.static_batch = drop_remainder;
+    return detail::DatasetAccess::make<batch_type>(out.factory(), std::move(m));
   }
 
   /// Every `num_shards`-th element, starting at element `index` (TF's shard).
@@ -454,7 +460,7 @@ inline Dataset<std::string> from_text_files(std::vector<std::string> files) {
 /// The records of record files (TFRecord format, see record_file.hpp), file after file (TF's
 /// TFRecordDataset). A truncated or corrupted record is a DataLossError. A file source.
 inline Dataset<std::string> from_record_files(std::vector<std::string> files) {
-  return detail::file_source<detail::RecordReader>(std::move(files));
+  return detail::file_source<RecordReader>(std::move(files));
 }
 
 }  // namespace data

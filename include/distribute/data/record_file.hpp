@@ -66,11 +66,15 @@ inline std::string open_error(std::string_view what, const std::string& path) {
   return fmt::format("{}: cannot open '{}' ({})", what, path, std::strerror(errno));
 }
 
-/// Reads one record file front to back.
+}  // namespace detail
+
+/// Reads a record file (TFRecord format) front to back, checking both CRCs of every record (TF's
+/// tf_record_iterator). `who` names the caller in the error for a file that cannot be opened.
 class RecordReader {
  public:
-  explicit RecordReader(std::string path) : path_(std::move(path)), in_(path_, std::ios::binary) {
-    if (!in_) throw InvalidArgument(open_error("from_record_files", path_));
+  explicit RecordReader(std::string path, std::string_view who = "from_record_files")
+      : path_(std::move(path)), in_(path_, std::ios::binary) {
+    if (!in_) throw InvalidArgument(detail::open_error(who, path_));
   }
 
   /// The next record, nullopt at a clean end of file; DataLossError on a truncated or corrupted one.
@@ -80,6 +84,8 @@ class RecordReader {
     const auto got = static_cast<std::size_t>(in_.gcount());
     if (got == 0) return std::nullopt;
     if (got < sizeof header) fail("truncated record header");
+    using detail::load_le;
+    using detail::masked_crc32c;
     if (load_le(header + 8, 4) != masked_crc32c(header, 8)) fail("corrupted record length (checksum mismatch)");
     const std::uint64_t length = load_le(header, 8);
     std::string payload(static_cast<std::size_t>(length), '\0');
@@ -105,8 +111,6 @@ class RecordReader {
   std::uint64_t offset_ = 0;
 };
 
-}  // namespace detail
-
 /// Writes a record file (TFRecord format) record by record; close() or the destructor flushes it.
 class RecordWriter {
  public:
@@ -125,6 +129,14 @@ class RecordWriter {
     out_.write(reinterpret_cast<const char*>(footer), sizeof footer);
     if (!out_) throw Error(fmt::format("RecordWriter: writing '{}' failed ({})", path_, std::strerror(errno)));
   }
+
+  /// Hands what was written to the operating system (readers see every whole record written).
+  void flush() {
+    out_.flush();
+    if (!out_) throw Error(fmt::format("RecordWriter: writing '{}' failed ({})", path_, std::strerror(errno)));
+  }
+
+  const std::string& path() const noexcept { return path_; }
 
   void close() {
     out_.close();
