@@ -632,6 +632,26 @@ TEST_CASE("distribute_datasets_from_function: one call, InputContext, a batch pe
   CHECK(steps_of(dist) == Steps{{{0, 1}, {2, 3}}, {{4, 5}, {6, 7}}, {{8, 9}, {}}});
   CHECK(calls == 1);
 
+  // batch(n, drop_remainder=true): every batch is full, and (on one worker) a last step that
+  // would leave a replica without a batch is dropped. Expected steps: TF 2.21's
+  // MirroredStrategy.distribute_datasets_from_function on 2 and 3 logical CPUs.
+  auto from_fn = [](auto& strategy, I64 n, I64 b, bool drop) {
+    return steps_of(strategy.distribute_datasets_from_function(
+        [=](const ds::InputContext&) { return data::range(n).batch(b, drop); }));
+  };
+  CHECK(from_fn(two, 10, 2, true) == Steps{{{0, 1}, {2, 3}}, {{4, 5}, {6, 7}}});
+  CHECK(from_fn(two, 11, 2, true) == Steps{{{0, 1}, {2, 3}}, {{4, 5}, {6, 7}}});
+  CHECK(from_fn(two, 11, 2, false) == Steps{{{0, 1}, {2, 3}}, {{4, 5}, {6, 7}}, {{8, 9}, {10}}});
+  CHECK(from_fn(two, 7, 3, true) == Steps{{{0, 1, 2}, {3, 4, 5}}});
+  ds::MirroredStrategy<> three(3);
+  CHECK(from_fn(three, 10, 2, true) == Steps{{{0, 1}, {2, 3}, {4, 5}}});
+  CHECK(from_fn(three, 10, 2, false) == Steps{{{0, 1}, {2, 3}, {4, 5}}, {{6, 7}, {8, 9}, {}}});
+  CHECK(from_fn(three, 7, 3, true).empty());
+  // The batch stays full through later stages (map, prefetch); a later batch() decides anew.
+  CHECK(steps_of(two.distribute_datasets_from_function([](const ds::InputContext&) {
+          return data::range(10).batch(2, true).map([](ds::Tensor<I64> t) { return t; }).prefetch(2);
+        })) == Steps{{{0, 1}, {2, 3}}, {{4, 5}, {6, 7}}});
+
   ds::InputContext ctx{.num_input_pipelines = 2, .input_pipeline_id = 1, .num_replicas_in_sync = 4};
   CHECK(ctx.get_per_replica_batch_size(64) == 16);
   CHECK_THROWS_WITH_AS(ctx.get_per_replica_batch_size(10),

@@ -27,7 +27,10 @@
 //  * Prefetch: num_local_replicas pieces (one step) are prepared on a background thread.
 //
 // distribute_datasets_from_function(fn) — fn(InputContext) builds this worker's pipeline, already
-// sharded and batched per replica; each local replica takes the next batch each step.
+// sharded and batched per replica; each local replica takes the next batch each step. On one
+// worker, a pipeline batched with drop_remainder=true (every batch full, TF's static batch
+// dimension) ends before a step that would leave a replica without a batch, as TF's does; else
+// the rule below applies (TF, too, pads the last step whenever there are several workers).
 //
 // The end of the data (both): a step goes ahead as long as *any* replica of any worker has a
 // batch. Each step the workers all-reduce how many of their replicas got one (TF's agreement);
@@ -138,6 +141,7 @@ class DistributedDataset {
     distribute::detail::CrossWorkerLink* link = nullptr;
     std::optional<Batch> empty;  // what a replica without data gets: no rows, the last real inner shape
     bool finished = false;       // set on the end and on an error: a step that threw is not retried
+    bool drop_partial_step = false;  // end instead of a step where a local replica has no batch
 
     // A worker that fails sends this instead of its count, so the sum turns negative everywhere.
     static constexpr std::int64_t failed_worker = -(std::int64_t{1} << 40);
@@ -173,7 +177,7 @@ class DistributedDataset {
                                       "(worker {} of {} is stopping too; the error is reported on that worker)",
                                       placement.worker_index, placement.num_workers));
       }
-      if (replicas_with_data == 0) {
+      if (replicas_with_data == 0 || (drop_partial_step && batches.size() < local)) {
         finished = true;
         return std::nullopt;
       }
@@ -187,7 +191,7 @@ class DistributedDataset {
   /// A fresh pass: the pipeline restarts (and its prefetch thread starts).
   iterator begin() const {
     return iterator(StepSource{detail::DatasetAccess::make_iterator(per_replica_, context_), placement_, link_,
-                               std::nullopt, false});
+                               std::nullopt, false, drop_partial_step_});
   }
   std::default_sentinel_t end() const noexcept { return {}; }
 
@@ -196,6 +200,7 @@ class DistributedDataset {
   AutoShardPolicy auto_shard_policy() const noexcept { return policy_; }
 
  private:
+  bool drop_partial_step_ = false;
   friend struct detail::DistributedAccess;
 
   DistributedDataset(Dataset<Batch> per_replica, detail::PipelineContext context, detail::InputPlacement placement,
@@ -220,6 +225,10 @@ struct DistributedAccess {
   static DistributedDataset<T, S> make(Dataset<T> per_replica, PipelineContext context, InputPlacement placement,
                                        distribute::detail::CrossWorkerLink* link, AutoShardPolicy policy) {
     return DistributedDataset<T, S>(std::move(per_replica), context, placement, link, policy);
+  }
+  template <class S, class T>
+  static void set_drop_partial_step(DistributedDataset<T, S>& d, bool on) {
+    d.drop_partial_step_ = on;
   }
 };
 
@@ -285,8 +294,12 @@ auto distribute_datasets_from_function(F&& fn, const InputPlacement& placement,
                 "replica left without data at the end gets an empty batch, which only a batch type can express");
   const InputContext context{placement.num_workers, placement.worker_index, placement.num_replicas_in_sync};
   D dataset = fn(context);
-  return DistributedAccess::make<S>(dataset.prefetch(placement.num_local_replicas), PipelineContext{}, placement, link,
-                                    AutoShardPolicy::Off);
+  auto out = DistributedAccess::make<S>(dataset.prefetch(placement.num_local_replicas), PipelineContext{}, placement,
+                                        link, AutoShardPolicy::Off);
+  // TF (input_lib._enable_get_next_as_optional): partial steps only where batches may be short
+  // or there are several workers.
+  DistributedAccess::set_drop_partial_step(out, placement.num_workers == 1 && DatasetAccess::metadata(dataset).static_batch);
+  return out;
 }
 
 }  // namespace detail
