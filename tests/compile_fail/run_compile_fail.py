@@ -5,6 +5,8 @@ Each snippet's first line is a directive:
 
   // expect-error: <regex>   the snippet must NOT compile, and the compiler's diagnostics
                              must match <regex> (Python `re.search`, multi-line text)
+  // expect-error(N): <regex>  the same, and the diagnostics hold exactly N "error:" lines
+                             (a misuse should cost the user one error, not a cascade)
   // expect-ok               the snippet must compile (a control, so that a broken include
                              path or compiler cannot make every expect-error pass)
 
@@ -29,10 +31,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-DIRECTIVE_RE = re.compile(r"^\s*//\s*expect-(error|ok)\s*(?::\s*(.*?))?\s*$")
+DIRECTIVE_RE = re.compile(r"^\s*//\s*expect-(error|ok)(?:\((\d+)\))?\s*(?::\s*(.*?))?\s*$")
+ERROR_LINE_RE = re.compile(r"\berror:", re.M)
 
 
-def parse_directive(path: Path) -> tuple[str, re.Pattern[str] | None]:
+def parse_directive(path: Path) -> tuple[str, re.Pattern[str] | None, int | None]:
     with open(path, encoding="utf-8") as f:
         first = f.readline()
     m = DIRECTIVE_RE.match(first)
@@ -40,17 +43,18 @@ def parse_directive(path: Path) -> tuple[str, re.Pattern[str] | None]:
         raise ValueError(
             f"{path}: first line must be '// expect-error: <regex>' or '// expect-ok', "
             f"got {first.rstrip()!r}")
-    kind, regex = m.group(1), m.group(2)
+    kind, count, regex = m.group(1), m.group(2), m.group(3)
+    errors = int(count) if count is not None else None
     if kind == "error":
         if not regex:
             raise ValueError(f"{path}: '// expect-error:' needs a regex")
         try:
-            return kind, re.compile(regex, re.M)
+            return kind, re.compile(regex, re.M), errors
         except re.error as e:
             raise ValueError(f"{path}: bad regex {regex!r}: {e}") from None
-    if regex:
-        raise ValueError(f"{path}: '// expect-ok' takes no regex")
-    return kind, None
+    if regex or errors is not None:
+        raise ValueError(f"{path}: '// expect-ok' takes no regex and no count")
+    return kind, None, None
 
 
 def indent(text: str, limit: int = 60) -> str:
@@ -78,7 +82,7 @@ def as_single_header(snippet: Path, workdir: Path) -> Path:
 
 def run_one(cxx: list[str], include: str, flags: list[str], snippet: Path, workdir: Path | None) -> bool:
     try:
-        kind, regex = parse_directive(snippet)
+        kind, regex, errors = parse_directive(snippet)
         source = as_single_header(snippet, workdir) if workdir else snippet
     except (OSError, ValueError) as e:
         print(f"ERROR {snippet}: {e}")
@@ -107,7 +111,12 @@ def run_one(cxx: list[str], include: str, flags: list[str], snippet: Path, workd
         print(f"FAIL  {name}: compile failed as expected, but no diagnostic matches "
               f"/{regex.pattern}/; the compiler said:\n{indent(output)}")
         return False
-    print(f"PASS  {name}: rejected with a diagnostic matching /{regex.pattern}/")
+    found = len(ERROR_LINE_RE.findall(output))
+    if errors is not None and found != errors:
+        print(f"FAIL  {name}: expected exactly {errors} error(s), the compiler gave {found}:\n{indent(output)}")
+        return False
+    print(f"PASS  {name}: rejected with a diagnostic matching /{regex.pattern}/"
+          + (f", {found} error(s)" if errors is not None else ""))
     return True
 
 

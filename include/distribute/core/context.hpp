@@ -162,18 +162,25 @@ class ReplicaContext {
   /// several). All values of one call travel in one collective. Lvalues are left as they are (the
   /// result is a new value); rvalues are reduced in their own memory.
   template <class... U>
-    requires(sizeof...(U) > 0 && (TensorLike<std::remove_cvref_t<U>> && ...))
+    requires(sizeof...(U) > 0)
   auto all_reduce(ReduceOpArg op, U&&... values) {
-    std::tuple<std::remove_cvref_t<U>...> out(owned(std::forward<U>(values))...);
-    detail::HostOperands operands("all_reduce");
-    std::apply([&](auto&... v) { (add_operand(operands, v), ...); }, out);
-    for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
-    collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
-    operands.write_back();
-    if constexpr (sizeof...(U) == 1) {
-      return std::get<0>(std::move(out));
-    } else {
-      return out;
+    // Checked here rather than in the constraint: one error at the caller's line (the compiler names
+    // U in the note "in instantiation of ... all_reduce<...>"), and run(fn) still sees fn callable.
+    constexpr bool tensors = (TensorLike<std::remove_cvref_t<U>> && ...);
+    static_assert(tensors, "ds::ReplicaContext::all_reduce: a value's type has no ds::tensor_traits specialisation "
+                           "(it is not TensorLike; see docs/tensors.md)");
+    if constexpr (tensors) {
+      std::tuple<std::remove_cvref_t<U>...> out(owned(std::forward<U>(values))...);
+      detail::HostOperands operands("all_reduce");
+      std::apply([&](auto&... v) { (add_operand(operands, v), ...); }, out);
+      for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
+      collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
+      operands.write_back();
+      if constexpr (sizeof...(U) == 1) {
+        return std::get<0>(std::move(out));
+      } else {
+        return out;
+      }
     }
   }
 
@@ -202,22 +209,10 @@ class ReplicaContext {
 
   /// Concatenates every replica's value along `axis` (sizes along it may differ) on every replica.
   template <class U>
-    requires TensorLike<U>
-  gathered_t<U> all_gather(const U& value, int axis) {
-    using G = gathered_t<U>;
-    detail::RowMajorResult<G> result;
-    detail::HostOperands operands("all_gather");
-    add_operand(operands, const_cast<U&>(value), true);
-    const detail::BufferRef& in = operands[0];
-    auto rank = static_cast<int>(in.shape.size());
-    if (axis < 0 || axis >= rank) {
-      throw InvalidArgument(fmt::format("all_gather: axis {} is out of range for a value of shape {}; it must be in [0, {})",
-                                        axis, shape_string(in.shape), rank));
-    }
-    collectives_->all_gather(*group_, local_id_, in, axis, [&](const Shape& shape) -> void* {
-      return result.allocate(in.dtype, shape);
-    });
-    return result.take();
+  auto all_gather(const U& value, int axis) {
+    static_assert(TensorLike<U>, "ds::ReplicaContext::all_gather: the value's type has no ds::tensor_traits "
+                                 "specialisation (it is not TensorLike; see docs/tensors.md)");
+    if constexpr (TensorLike<U>) return all_gather_tensor(value, axis);
   }
 
   /// Every replica receives the value of replica `root` (a replica_id_in_sync_group).
@@ -277,6 +272,24 @@ class ReplicaContext {
   }
 
  private:
+  template <class U>
+  gathered_t<U> all_gather_tensor(const U& value, int axis) {
+    using G = gathered_t<U>;
+    detail::RowMajorResult<G> result;
+    detail::HostOperands operands("all_gather");
+    add_operand(operands, const_cast<U&>(value), true);
+    const detail::BufferRef& in = operands[0];
+    auto rank = static_cast<int>(in.shape.size());
+    if (axis < 0 || axis >= rank) {
+      throw InvalidArgument(fmt::format("all_gather: axis {} is out of range for a value of shape {}; it must be in [0, {})",
+                                        axis, shape_string(in.shape), rank));
+    }
+    collectives_->all_gather(*group_, local_id_, in, axis, [&](const Shape& shape) -> void* {
+      return result.allocate(in.dtype, shape);
+    });
+    return result.take();
+  }
+
   AnyStrategy* strategy_;
   detail::ReplicaGroup* group_;
   detail::ReplicaCollectives* collectives_;

@@ -168,6 +168,17 @@ concept packable_distributed_value =
       requires memory_space_v<std::remove_cvref_t<decltype(v.values().front())>> == MemorySpace::host;
     };
 
+/// The type of a value's components: the element of a distributed value or variable, else V.
+template <class V>
+struct component_of {
+  using type = V;
+};
+template <class V>
+  requires requires(const V& v) { v.values().front(); }
+struct component_of<V> {
+  using type = std::remove_cvref_t<decltype(std::declval<const V&>().values().front())>;
+};
+
 template <class T>
 struct is_tuple : std::false_type {};
 template <class... T>
@@ -242,71 +253,29 @@ class SyncStrategy : public AnyStrategy {
   /// Reduces across replicas (no axis): returns a value of the component type.
   template <class V>
   auto reduce(ReduceOpArg op, const V& value) {
-    if constexpr (requires { typename V::strategy_type; }) {
-      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
-                    "reduce: this distributed value was made by a strategy of another type");
-      return detail::reduce_components(op.op, pointers(value.values()), link_);
-    } else if constexpr (requires { value.values(); value.read_value(); }) {
-      return detail::reduce_components(op.op, pointers(value.values()), link_);  // a variable's copies
-    } else {
-      static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
-      return reduce_plain(op.op, value);
-    }
+    static_assert(TensorLike<typename detail::component_of<V>::type>,
+                  "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
+                  "TensorLike; see docs/tensors.md)");
+    if constexpr (TensorLike<typename detail::component_of<V>::type>) return reduce_value(op, value);
   }
 
   /// Reduces inside each component along `axis` and across replicas (a Tensor). With an axis,
   /// MEAN divides by the total number of elements along it, exact for uneven last batches.
   template <class V>
   auto reduce(ReduceOpArg op, const V& value, std::optional<std::int64_t> axis) {
-    auto components = [&]() -> decltype(auto) {
-      if constexpr (requires { typename V::strategy_type; }) {
-        static_assert(std::is_same_v<typename V::strategy_type, Derived>,
-                      "reduce: this distributed value was made by a strategy of another type");
-        return pointers(value.values());
-      } else if constexpr (requires { value.values(); value.read_value(); }) {
-        return pointers(value.values());
-      } else {
-        static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
-        return std::vector<const V*>{&value};
-      }
-    }();
-    using U = std::remove_cvref_t<decltype(*components.front())>;
-    using R = detail::reduced_t<U>;
-    constexpr bool distributed = requires { typename V::strategy_type; } || requires { value.read_value(); };
-    if (!axis) {
-      U r = [&] {
-        if constexpr (distributed) return detail::reduce_components(op.op, components, link_);
-        else return reduce_plain(op.op, value);
-      }();
-      if constexpr (memory_space_v<U> == MemorySpace::device) {
-        return detail::device_ops<U>::to_host(r);
-      } else if constexpr (std::is_same_v<R, U>) {
-        return r;
-      } else {
-        const TensorView v = view_of(r);
-        detail::RowMajorResult<R> out;
-        copy_to_contiguous(v, out.allocate(v.dtype, v.shape));
-        return out.take();
-      }
-    }
-    if constexpr (!distributed) {
-      if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
-    }
-    return detail::reduce_components_along(op.op, components, *axis, distributed ? link_ : nullptr);
+    static_assert(TensorLike<typename detail::component_of<V>::type>,
+                  "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
+                  "TensorLike; see docs/tensors.md)");
+    if constexpr (TensorLike<typename detail::component_of<V>::type>) return reduce_value(op, value, axis);
   }
 
   /// Concatenates the components along `axis` (in [0, rank)).
   template <class V>
   auto gather(const V& value, std::int64_t axis) {
-    if constexpr (requires { typename V::strategy_type; }) {
-      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
-                    "gather: this distributed value was made by a strategy of another type");
-      return gather_parts(pointers(value.values()), axis);
-    } else {
-      static_assert(TensorLike<V>, "gather: the value is neither a distributed value of this strategy nor TensorLike");
-      std::vector<const V*> parts(devices_.size(), &value);
-      return gather_parts(parts, axis);
-    }
+    static_assert(TensorLike<typename detail::component_of<V>::type>,
+                  "ds::Strategy::gather: the value's type has no ds::tensor_traits specialisation (it is not "
+                  "TensorLike; see docs/tensors.md)");
+    if constexpr (TensorLike<typename detail::component_of<V>::type>) return gather_value(value, axis);
   }
 
   /// The local components in replica order (a single value is returned as one component).
@@ -392,6 +361,73 @@ class SyncStrategy : public AnyStrategy {
   replica_context_type& replica_context(std::size_t i) noexcept { return *contexts_[i]; }
 
  private:
+  // The bodies of reduce and gather, for values whose components are TensorLike.
+  template <class V>
+  auto reduce_value(ReduceOpArg op, const V& value) {
+    if constexpr (requires { typename V::strategy_type; }) {
+      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                    "reduce: this distributed value was made by a strategy of another type");
+      return detail::reduce_components(op.op, pointers(value.values()), link_);
+    } else if constexpr (requires { value.values(); value.read_value(); }) {
+      return detail::reduce_components(op.op, pointers(value.values()), link_);  // a variable's copies
+    } else {
+      static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
+      return reduce_plain(op.op, value);
+    }
+  }
+
+  template <class V>
+  auto reduce_value(ReduceOpArg op, const V& value, std::optional<std::int64_t> axis) {
+    auto components = [&]() -> decltype(auto) {
+      if constexpr (requires { typename V::strategy_type; }) {
+        static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                      "reduce: this distributed value was made by a strategy of another type");
+        return pointers(value.values());
+      } else if constexpr (requires { value.values(); value.read_value(); }) {
+        return pointers(value.values());
+      } else {
+        static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
+        return std::vector<const V*>{&value};
+      }
+    }();
+    using U = std::remove_cvref_t<decltype(*components.front())>;
+    using R = detail::reduced_t<U>;
+    constexpr bool distributed = requires { typename V::strategy_type; } || requires { value.read_value(); };
+    if (!axis) {
+      U r = [&] {
+        if constexpr (distributed) return detail::reduce_components(op.op, components, link_);
+        else return reduce_plain(op.op, value);
+      }();
+      if constexpr (memory_space_v<U> == MemorySpace::device) {
+        return detail::device_ops<U>::to_host(r);
+      } else if constexpr (std::is_same_v<R, U>) {
+        return r;
+      } else {
+        const TensorView v = view_of(r);
+        detail::RowMajorResult<R> out;
+        copy_to_contiguous(v, out.allocate(v.dtype, v.shape));
+        return out.take();
+      }
+    }
+    if constexpr (!distributed) {
+      if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
+    }
+    return detail::reduce_components_along(op.op, components, *axis, distributed ? link_ : nullptr);
+  }
+
+  template <class V>
+  auto gather_value(const V& value, std::int64_t axis) {
+    if constexpr (requires { typename V::strategy_type; }) {
+      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                    "gather: this distributed value was made by a strategy of another type");
+      return gather_parts(pointers(value.values()), axis);
+    } else {
+      static_assert(TensorLike<V>, "gather: the value is neither a distributed value of this strategy nor TensorLike");
+      std::vector<const V*> parts(devices_.size(), &value);
+      return gather_parts(parts, axis);
+    }
+  }
+
   Derived& self() noexcept { return static_cast<Derived&>(*this); }
 
   template <class T>
