@@ -6,9 +6,11 @@ set -euo pipefail
 # Boost comes from boost_packages below (Boost.JSON needs >= 1.75, and the distributions' default
 # libboost-dev differs: 1.74 on Debian bookworm, 1.83 on Ubuntu 24.04).
 # python3-venv: tests/check_safetensors_numpy.py makes a virtual environment for numpy, safetensors
-# and ml_dtypes (from PyPI); without it that test is skipped.
-PACKAGES=(g++ meson ninja-build pkg-config cmake libfmt-dev doctest-dev libbenchmark-dev libssl-dev libcereal-dev
-          python3 python3-venv)
+# and ml_dtypes (from PyPI); without it that test is skipped. clang: CI builds with both compilers,
+# and the compile-fail tests check both compilers' diagnostics. time and nlohmann-json3-dev:
+# bench/compile_cost.py (/usr/bin/time -v, and its yardstick).
+PACKAGES=(g++ clang meson ninja-build pkg-config cmake libfmt-dev doctest-dev libbenchmark-dev libssl-dev
+          libcereal-dev python3 python3-venv time nlohmann-json3-dev)
 
 # The Boost packages to install, after `apt-get update`: the default ones when they are >= 1.75,
 # else the newest versioned pair >= 1.75 (bookworm: libboost1.81-dev + libboost-json1.81-dev), else
@@ -33,7 +35,7 @@ boost_packages() {
 
 missing=()
 have() { command -v "$1" >/dev/null 2>&1; }
-for tool in g++ meson ninja pkg-config cmake python3; do
+for tool in g++ clang++ meson ninja pkg-config cmake python3; do
   have "$tool" || missing+=("$tool")
 done
 if have python3 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
@@ -47,8 +49,9 @@ has_header() {
     [ -f "/usr/include/$1" ]
   fi
 }
+[ -x /usr/bin/time ] || missing+=(/usr/bin/time)
 for header in fmt/format.h doctest/doctest.h boost/json.hpp boost/asio.hpp benchmark/benchmark.h openssl/hmac.h \
-              cereal/cereal.hpp; do
+              cereal/cereal.hpp nlohmann/json.hpp; do
   has_header "$header" || missing+=("<$header>")
 done
 
