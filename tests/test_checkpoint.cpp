@@ -187,7 +187,8 @@ TEST_CASE("safetensors round trip: every dtype, ranks 0 to 4, in a file and in m
     CHECK(file.metadata.at("format") == "pt");
     CHECK(file.metadata.at("note") == "round trip");
     for (const auto& [name, view] : tensors) {
-      CAPTURE(name);
+      const std::string& tensor = name;  // a copy CAPTURE can take (clang 14 captures no bindings)
+      CAPTURE(tensor);
       const st::StoredTensor& t = file.at(name);
       CHECK(t.dtype == view.dtype);
       CHECK(t.shape == view.shape);
@@ -447,7 +448,8 @@ TEST_CASE("a flipped payload byte is caught by the tensor's checksum, naming the
   const std::uint64_t start = 8 + header_length(full);
   // Offsets in payload order: kernel (F32, 24 bytes), step (I64, 8), mask (U8, 4) — by width.
   for (const auto& [name, offset] : {std::pair{"step", 0}, std::pair{"dense/kernel", 8 + 13}, std::pair{"mask", 32 + 3}}) {
-    CAPTURE(name);
+    const char* tensor = name;  // a copy CAPTURE can take (clang 14 captures no bindings)
+    CAPTURE(tensor);
     auto bad = full;
     bad[start + offset] ^= std::byte{0x10};
     const std::string err = error_of([&] { st::parse(bad, "bad.safetensors"); });

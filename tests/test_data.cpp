@@ -760,7 +760,8 @@ TEST_SUITE("data_multi_worker") {
     for (std::size_t f = 0; f < files.size(); ++f) {
       for (int j = 0; j < file_lines[f]; ++j) lines_of[f].push_back(1000 * static_cast<I64>(f) + j);
     }
-    for (auto [workers, local] : {std::pair{1, 1}, {2, 1}, {3, 1}, {2, 2}}) {
+    for (const auto& layout : {std::pair{1, 1}, {2, 1}, {3, 1}, {2, 2}}) {
+      const int workers = layout.first, local = layout.second;  // not bindings: CAPTURE takes them
       CAPTURE(workers);
       CAPTURE(local);
       auto children = start_data_workers(workers, {"multiset", std::to_string(local), dir.path.string()});
