@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <span>
@@ -117,9 +118,14 @@ TEST_CASE("seed: gather of a (1,2,3) tensor over 4 replicas along axes 0, 1, 2")
   CHECK(g2.values() == std::vector<int>{0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5, 3, 4, 5, 3, 4, 5});
 
   CHECK_THROWS_WITH_AS(strategy.gather(values, 3),
-                       "gather: axis 3 is out of range for values of shape (1, 2, 3) (rank 3); it must be in [0, 3)",
+                       "gather: axis 3 is out of range for values of shape (1, 2, 3) (rank 3); it must be in [-3, 3)",
                        ds::InvalidArgument);
-  CHECK_THROWS_AS(strategy.gather(values, -1), ds::InvalidArgument);
+  // A negative axis counts from the end (TF's gather with one replica; see docs/semantics.md).
+  CHECK(strategy.gather(values, -1) == g2);
+  CHECK(strategy.gather(values, -3) == g0);
+  CHECK_THROWS_WITH_AS(strategy.gather(values, -4),
+                       "gather: axis -4 is out of range for values of shape (1, 2, 3) (rank 3); it must be in [-3, 3)",
+                       ds::InvalidArgument);
 }
 
 TEST_CASE("seed: gather of (2,1) components along axis 0, and uneven sizes") {
@@ -200,6 +206,102 @@ TEST_CASE("local_results and distribute_values_from_function (seed examples)") {
 
   CHECK(strategy.local_results(7) == std::vector<int>{7});
   CHECK(fmt::format("{}", picked) == "PerReplica{0: 3, 1: 2}");
+}
+
+TEST_CASE("local_results refers to the components without copying them") {
+  Mirrored strategy(3);
+  auto big = strategy.distribute_values_from_function(
+      [](const ds::ValueContext& ctx) { return std::vector<float>(1000, static_cast<float>(ctx.replica_id_in_sync_group)); });
+  const auto& components = strategy.local_results(big);
+  CHECK(&components == &big.values());
+  for (std::size_t i = 0; i < 3; ++i) CHECK(components[i].data() == big[i].data());
+  // What issue 23 found dangling: a reference to an element of the result.
+  const auto& first = strategy.local_results(big)[0];
+  CHECK(&first == &big[0]);
+  CHECK(first[999] == 0.0f);
+  // A variable's copies, likewise.
+  auto scope = strategy.scope();
+  ds::Variable<std::vector<float>> w(std::vector<float>{1, 2}, {.name = "w"});
+  CHECK(&strategy.local_results(w) == &w.values());
+  // A temporary distributed value: its components are moved out, not copied.
+  auto made = strategy.distribute_values_from_function([](const ds::ValueContext&) { return std::vector<float>(4, 1.0f); });
+  const float* data0 = made[0].data();
+  std::vector<std::vector<float>> moved = strategy.local_results(std::move(made));
+  CHECK(moved[0].data() == data0);
+}
+
+TEST_CASE("reduce takes the op as a std::string too") {
+  Mirrored strategy(2);
+  auto ids = strategy.run([] { return ds::get_replica_context()->replica_id_in_sync_group() + 1; });
+  const std::string sum = "sum";
+  CHECK(strategy.reduce(sum, ids) == 3);
+  CHECK(strategy.reduce(std::string("MEAN"), ids, std::nullopt) == ds::Tensor<int>(ds::Shape{}, {1}));
+  CHECK_THROWS_WITH_AS(strategy.reduce(std::string("avg"), ids),
+                       "unknown reduce op 'avg': expected one of SUM, MEAN, MIN, MAX, PRODUCT (any case)", ds::InvalidArgument);
+}
+
+TEST_CASE("reduce MEAN over zero elements is NaN for floating types, as in TF; undefined for integers, MIN and MAX") {
+  Mirrored strategy(2);
+  // TF 2.21: MirroredStrategy(2).reduce("MEAN", tf.zeros([0, 3]) per replica, axis=0) -> [nan nan nan]; SUM -> 0.
+  auto empty = strategy.distribute_values_from_function([](const ds::ValueContext&) { return ds::Tensor<float>(ds::Shape{0, 3}, {}); });
+  auto mean = strategy.reduce("mean", empty, 0);
+  REQUIRE(mean.shape() == ds::Shape{3});
+  for (float x : mean.values()) CHECK(std::isnan(x));
+  CHECK(strategy.reduce("sum", empty, 0) == ds::Tensor<float>({3}, {0, 0, 0}));
+  auto mean_all = strategy.reduce("mean", empty, {0, 1});
+  CHECK(std::isnan(mean_all.values().at(0)));
+  auto half = strategy.distribute_values_from_function([](const ds::ValueContext&) { return ds::Tensor<ds::float16>(ds::Shape{0, 2}, {}); });
+  CHECK(std::isnan(static_cast<float>(strategy.reduce("mean", half, 0).values().at(0))));
+  // An integer has no NaN (TF's MEAN returns float64 there); MIN/MAX are not TF's strategy.reduce ops.
+  auto ints = strategy.distribute_values_from_function([](const ds::ValueContext&) { return ds::Tensor<int>(ds::Shape{0, 3}, {}); });
+  CHECK_THROWS_WITH_AS(strategy.reduce("mean", ints, 0),
+                       "reduce: MEAN of int32 along axis 0 over zero elements is undefined (TF gives NaN; an integer has none)",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(strategy.reduce("max", empty, 0), "reduce: MAX of float32 along axis 0 over zero elements is undefined",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(strategy.reduce("min", ints, {0, 1}), "reduce: MIN of int32 over axes (0, 1) over zero elements is undefined",
+                       ds::InvalidArgument);
+}
+
+TEST_CASE("reduce over several axes, as TF's tuple axis") {
+  Mirrored strategy(2);
+  // Replica r holds reshape(range(6) + 10 r, [2, 3]). Expected values: TF 2.21's
+  // MirroredStrategy(2).reduce(op, v, axis=(...)).
+  auto v = strategy.distribute_values_from_function([](const ds::ValueContext& ctx) {
+    const float b = 10.0f * static_cast<float>(ctx.replica_id_in_sync_group);
+    return ds::Tensor<float>({2, 3}, {b, b + 1, b + 2, b + 3, b + 4, b + 5});
+  });
+  CHECK(strategy.reduce("sum", v, {0, 1}) == ds::Tensor<float>(ds::Shape{}, {90}));
+  CHECK(strategy.reduce("mean", v, {0, 1}) == ds::Tensor<float>(ds::Shape{}, {7.5f}));
+  CHECK(strategy.reduce("mean", v, {-1, 0}) == ds::Tensor<float>(ds::Shape{}, {7.5f}));
+  CHECK(strategy.reduce("sum", v, {}) == ds::Tensor<float>({2, 3}, {10, 12, 14, 16, 18, 20}));
+  CHECK(strategy.reduce("mean", v, {}) == ds::Tensor<float>({2, 3}, {5, 6, 7, 8, 9, 10}));
+  CHECK(strategy.reduce("sum", v, {0}) == ds::Tensor<float>({3}, {26, 30, 34}));
+  CHECK(strategy.reduce("mean", v, {1}) == ds::Tensor<float>({2}, {6, 9}));
+  const std::vector<std::int64_t> axes{1, 0};
+  CHECK(strategy.reduce("max", v, axes) == ds::Tensor<float>(ds::Shape{}, {15}));
+  // Components may differ along the reduced axes: MEAN divides by the total element count.
+  auto uneven = strategy.distribute_values_from_function([](const ds::ValueContext& ctx) {
+    const int rows = 2 + ctx.replica_id_in_sync_group;
+    return ds::Tensor<float>({rows, 3}, std::vector<float>(static_cast<std::size_t>(rows) * 3, 1.0f));
+  });
+  CHECK(strategy.reduce("mean", uneven, {0, 1}) == ds::Tensor<float>(ds::Shape{}, {1}));
+  CHECK(strategy.reduce("sum", uneven, {1, 0}) == ds::Tensor<float>(ds::Shape{}, {15}));
+  // TF raises on a repeated axis and on one out of range.
+  CHECK_THROWS_WITH_AS(strategy.reduce("sum", v, {1, 1}), "reduce: axis 1 is listed twice in (1, 1); each axis may be reduced once",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(strategy.reduce("sum", v, {0, -2}), "reduce: axis 0 is listed twice in (0, -2); each axis may be reduced once",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(strategy.reduce("sum", v, {0, 2}), "reduce: axis 2 is out of range for a value of rank 2 (valid: [-2, 2))",
+                       ds::InvalidArgument);
+  auto other = strategy.distribute_values_from_function([](const ds::ValueContext& ctx) {
+    const int n = 2 + ctx.replica_id_in_sync_group;
+    return ds::Tensor<float>({2, n, 2}, std::vector<float>(static_cast<std::size_t>(4 * n)));
+  });
+  CHECK_THROWS_WITH_AS(strategy.reduce("sum", other, {0, 2}),
+                       "reduce: replica 0's value is float32 of shape (2, 2, 2) but replica 1's is float32 of shape (2, 3, 2); "
+                       "they may only differ along the reduced axes (0, 2)",
+                       ds::InvalidArgument);
 }
 
 TEST_CASE("seed: distribute_values_from_function with values placed on extended().worker_devices()") {
@@ -363,6 +465,17 @@ TEST_CASE("all_gather: components may differ in size along the axis") {
   CHECK(cols[2] == std::vector<float>{0, 1, 2});
   CHECK_THROWS_WITH_AS(strategy.run([](ds::ReplicaContext& ctx) { return ctx.all_gather(1.0f, 0); }),
                        doctest::Contains("all_gather: axis 0 is out of range for a value of shape ()"), ds::InvalidArgument);
+  // A negative axis counts from the end: -1 of (2, r+1) components is axis 1.
+  auto last = strategy.run([](ds::ReplicaContext& ctx) {
+    const int r = ctx.replica_id_in_sync_group();
+    return ctx.all_gather(ds::Tensor<int>({2, r + 1}, std::vector<int>(static_cast<std::size_t>(2 * (r + 1)), r)), -1);
+  });
+  CHECK(last[1] == ds::Tensor<int>({2, 6}, {0, 1, 1, 2, 2, 2, 0, 1, 1, 2, 2, 2}));
+  CHECK(strategy.run([](ds::ReplicaContext& ctx) { return ctx.all_gather(ds::Tensor<int>({1, 1}, {7}), -2); })[0] ==
+        ds::Tensor<int>({3, 1}, {7, 7, 7}));
+  CHECK_THROWS_WITH_AS(strategy.run([](ds::ReplicaContext& ctx) { return ctx.all_gather(ds::Tensor<int>({1, 1}, {7}), -3); }),
+                       "all_gather: axis -3 is out of range for a value of shape (1, 1); it must be in [-2, 2)",
+                       ds::InvalidArgument);
 }
 
 TEST_CASE("merge_call runs once in cross-replica context and every replica gets the result") {

@@ -25,13 +25,40 @@ TEST_CASE("a variable created outside any scope is plain") {
   CHECK(alias == v);
 }
 
-TEST_CASE("plain variables are safe to update from several replicas") {
-  ds::Variable<std::int64_t> counter(0, {.name = "counter"});
+TEST_CASE("a plain variable updated in the replicas of a multi-replica strategy is InvalidArgument; reading is fine") {
+  // Without the check each of the 4 replicas would apply its update to the one copy: w = -400
+  // where a mirrored variable gives -100 (issue 23).
+  ds::Variable<std::vector<float>> w(std::vector<float>{0, 0}, {.name = "w"});
   Mirrored strategy(4);
-  strategy.run([&] {
-    for (int i = 0; i < 1000; ++i) counter.assign_add(1);
+  const std::string expected_tail =
+      ": variable 'w' is not distributed (it was created outside a strategy's scope()) and is updated in a replica "
+      "of MirroredStrategy with 4 replicas, each of which would apply its update to the one copy; create it under "
+      "strategy.scope() (reading it is fine)";
+  CHECK_THROWS_WITH_AS(strategy.run([&] { w.assign_sub(std::vector<float>{100, 100}); }), ("assign_sub" + expected_tail).c_str(),
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(strategy.run([&] { w.assign_add(std::vector<float>{1, 1}); }), ("assign_add" + expected_tail).c_str(),
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(strategy.run([&] { w.assign(std::vector<float>{1, 1}); }), ("assign" + expected_tail).c_str(),
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(strategy.run([&] { strategy.extended().update(w, [](std::vector<float>& c) { c[0] = 5; }); }),
+                       ("update" + expected_tail).c_str(), ds::InvalidArgument);
+  CHECK(w.read_value() == std::vector<float>{0, 0});  // nothing was applied
+  // Reading in the replicas is fine; so is updating in cross-replica context, in merge_call, or
+  // with one replica.
+  auto seen = strategy.run([&] { return w.read_value()[0]; });
+  CHECK(seen.values() == std::vector<float>{0, 0, 0, 0});
+  w.assign_add(std::vector<float>{1, 1});
+  strategy.run([&](ds::ReplicaContextFor<Mirrored>& ctx) {
+    ctx.merge_call([&](const ds::PerReplica<int, Mirrored>&) { w.assign_add(std::vector<float>{1, 1}); }, 0);
   });
-  CHECK(counter.read_value() == 4000);
+  Mirrored one(1);
+  one.run([&] { w.assign_add(std::vector<float>{1, 1}); });
+  CHECK(w.read_value() == std::vector<float>{3, 3});
+  // The same update on a variable created under scope() is applied once per replica copy.
+  auto scope = strategy.scope();
+  ds::Variable<std::vector<float>> m(std::vector<float>{0, 0}, {.name = "m"});
+  strategy.run([&] { m.assign_sub(std::vector<float>{100, 100}); });
+  CHECK(m.read_value() == std::vector<float>{-100, -100});
 }
 
 TEST_CASE("inside a MirroredStrategy scope a variable is mirrored on every replica") {

@@ -132,6 +132,7 @@ struct ReduceOpArg {
   ReduceOpArg(ReduceOp o) noexcept : op(o) {}  // NOLINT: implicit on purpose
   ReduceOpArg(std::string_view s) : op(parse_reduce_op(s)) {}  // NOLINT
   ReduceOpArg(const char* s) : op(parse_reduce_op(s)) {}  // NOLINT
+  ReduceOpArg(const std::string& s) : op(parse_reduce_op(s)) {}  // NOLINT: string -> string_view would be a 2nd conversion
 };
 
 /// Given to a step function (as its first argument, or through get_replica_context()):
@@ -280,10 +281,11 @@ class ReplicaContext {
     add_operand(operands, const_cast<U&>(value), true);
     const detail::BufferRef& in = operands[0];
     auto rank = static_cast<int>(in.shape.size());
-    if (axis < 0 || axis >= rank) {
-      throw InvalidArgument(fmt::format("all_gather: axis {} is out of range for a value of shape {}; it must be in [0, {})",
-                                        axis, shape_string(in.shape), rank));
+    if (axis < -rank || axis >= rank) {
+      throw InvalidArgument(fmt::format("all_gather: axis {} is out of range for a value of shape {}; it must be in [{}, {})",
+                                        axis, shape_string(in.shape), -rank, rank));
     }
+    if (axis < 0) axis += rank;  // from the end, as TF's all_gather takes it
     collectives_->all_gather(*group_, local_id_, in, axis, [&](const Shape& shape) -> void* {
       return result.allocate(in.dtype, shape);
     });

@@ -15,13 +15,14 @@ DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
 /// Checks that `parts` can be concatenated along `axis`: same dtype and rank, axis in
-/// [0, rank), equal dimensions except along axis. Names the offending parts' shapes.
+/// [0, rank) (callers count a negative axis from the end first), equal dimensions except along
+/// axis. Names the offending parts' shapes.
 inline void check_concat(const std::vector<const BufferRef*>& parts, std::int64_t axis, const char* what) {
   const BufferRef& first = *parts.front();
   const auto rank = static_cast<std::int64_t>(first.shape.size());
   if (axis < 0 || axis >= rank) {
-    throw InvalidArgument(fmt::format("{}: axis {} is out of range for values of shape {} (rank {}); it must be in [0, {})",
-                                      what, axis, shape_string(first.shape), rank, rank));
+    throw InvalidArgument(fmt::format("{}: axis {} is out of range for values of shape {} (rank {}); it must be in [{}, {})",
+                                      what, axis, shape_string(first.shape), rank, -rank, rank));
   }
   for (std::size_t r = 1; r < parts.size(); ++r) {
     const BufferRef& p = *parts[r];

@@ -1,5 +1,6 @@
 // A variable no strategy placed: one copy, which any thread may read and update, so every access
-// holds the storage's mutex.
+// holds the storage's mutex. Updating it from the replicas of a strategy with several replicas is
+// refused: each replica would apply its update to the one copy (4 replicas: 4 times).
 #pragma once
 
 #include <cstdint>
@@ -7,8 +8,12 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include <distribute/core/context.hpp>
 #include <distribute/core/detail/variable_copies.hpp>
 #include <distribute/core/detail/variable_storage.hpp>
+#include <distribute/core/error.hpp>
 #include <distribute/core/tensor_traits.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -34,17 +39,29 @@ class PlainStorage final : public VariableStorage<T> {
   }
 
   void apply_to_copies(CopyVisitor<T> fn) override {
+    check_not_in_replicas("update");
     std::lock_guard lock(mutex_);
     fn(copies_.front(), 0);
   }
 
  protected:
   void update_checked(VariableUpdate kind, const T& value) override {
+    check_not_in_replicas(update_name(kind));
     std::lock_guard lock(mutex_);
     apply_update(kind, copies_.front(), value);
   }
 
  private:
+  void check_not_in_replicas(const char* what) const {
+    const ReplicaContext* ctx = thread_context().replica;
+    if (ctx == nullptr || ctx->num_replicas_in_sync() < 2) return;
+    throw InvalidArgument(fmt::format(
+        "{}: variable '{}' is not distributed (it was created outside a strategy's scope()) and is updated in a replica "
+        "of {} with {} replicas, each of which would apply its update to the one copy; create it under "
+        "strategy.scope() (reading it is fine)",
+        what, this->spec().name, ctx->strategy().name(), ctx->num_replicas_in_sync()));
+  }
+
   std::vector<std::string> devices_;
   std::vector<T> copies_;
   mutable std::mutex mutex_;

@@ -7,9 +7,11 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -269,7 +271,23 @@ class SyncStrategy : public AnyStrategy {
     if constexpr (TensorLike<typename detail::component_of<V>::type>) return reduce_value(op, value, axis);
   }
 
-  /// Concatenates the components along `axis` (in [0, rank)).
+  /// Reduces inside each component over several axes (TF's tuple axis: reduce(op, v, {0, 1});
+  /// negative axes count from the end; each at most once) and across replicas (a Tensor). MEAN
+  /// divides by the total number of elements over them; no axes: across replicas only.
+  template <class V>
+  auto reduce(ReduceOpArg op, const V& value, std::initializer_list<std::int64_t> axes) {
+    return reduce(op, value, std::span<const std::int64_t>(axes.begin(), axes.size()));
+  }
+  /// The same with a run-time list of axes (a std::vector<std::int64_t>, ...).
+  template <class V>
+  auto reduce(ReduceOpArg op, const V& value, std::span<const std::int64_t> axes) {
+    static_assert(TensorLike<typename detail::component_of<V>::type>,
+                  "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
+                  "TensorLike; see docs/tensors.md)");
+    if constexpr (TensorLike<typename detail::component_of<V>::type>) return reduce_value_over(op, value, axes);
+  }
+
+  /// Concatenates the components along `axis` (in [-rank, rank); negative counts from the end).
   template <class V>
   auto gather(const V& value, std::int64_t axis) {
     static_assert(TensorLike<typename detail::component_of<V>::type>,
@@ -278,9 +296,12 @@ class SyncStrategy : public AnyStrategy {
     if constexpr (TensorLike<typename detail::component_of<V>::type>) return gather_value(value, axis);
   }
 
-  /// The local components in replica order (a single value is returned as one component).
+  /// The local components in replica order, not copied: a reference to the value's own
+  /// components (valid while `value` lives; `const auto& x = s.local_results(v)[0]` refers into
+  /// v). A temporary distributed value's components are moved out; a single (non-distributed)
+  /// value is returned as a vector of one copy.
   template <class V>
-  auto local_results(const V& value) {
+  decltype(auto) local_results(const V& value) {
     if constexpr (requires { typename V::strategy_type; }) {
       static_assert(std::is_same_v<typename V::strategy_type, Derived>,
                     "local_results: this distributed value was made by a strategy of another type");
@@ -290,6 +311,13 @@ class SyncStrategy : public AnyStrategy {
     } else {
       return std::vector<V>{value};
     }
+  }
+  template <class V>
+    requires(!std::is_reference_v<V> && requires { typename V::strategy_type; })
+  std::vector<typename V::value_type> local_results(V&& value) {
+    static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                  "local_results: this distributed value was made by a strategy of another type");
+    return std::move(value).values();
   }
 
   /// fn(ValueContext) once per local replica → PerReplica.
@@ -416,6 +444,20 @@ class SyncStrategy : public AnyStrategy {
   }
 
   template <class V>
+  auto reduce_value_over(ReduceOpArg op, const V& value, std::span<const std::int64_t> axes) {
+    if constexpr (requires { typename V::strategy_type; }) {
+      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                    "reduce: this distributed value was made by a strategy of another type");
+      return detail::reduce_components_over(op.op, pointers(value.values()), axes, link_);
+    } else if constexpr (requires { value.values(); value.read_value(); }) {
+      return detail::reduce_components_over(op.op, pointers(value.values()), axes, link_);  // a variable's copies
+    } else {
+      if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
+      return detail::reduce_components_over(op.op, std::vector<const V*>{&value}, axes, nullptr);
+    }
+  }
+
+  template <class V>
   auto gather_value(const V& value, std::int64_t axis) {
     if constexpr (requires { typename V::strategy_type; }) {
       static_assert(std::is_same_v<typename V::strategy_type, Derived>,
@@ -454,6 +496,9 @@ class SyncStrategy : public AnyStrategy {
 
   template <class U>
   auto gather_parts(const std::vector<const U*>& parts, std::int64_t axis) {
+    // A negative axis counts from the end (TF's gather does so with one replica; with several,
+    // TF 2.21's collectives fail on it: docs/semantics.md). One below -rank is reported as given.
+    if (const auto rank = static_cast<std::int64_t>(shape_of(*parts.front()).size()); axis < 0 && axis >= -rank) axis += rank;
     using G = gathered_t<U>;
     if constexpr (memory_space_v<U> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
       std::vector<detail::BufferRef> refs;
