@@ -1,11 +1,14 @@
 // Demo: an MLP classifier on the UCI optical handwritten digits (8x8 images), trained data-parallel.
 //
 //   digits [--strategy one_device|mirrored|multi_worker] [--replicas N] [--epochs E] [--batch B]
-//          [--hidden H] [--learning-rate LR] [--seed S] [--data PATH] [--out DIR]
+//          [--hidden H] [--learning-rate LR] [--seed S] [--data PATH] [--out DIR] [--logdir DIR]
+//          [--progress auto|bar|lines|off] [--progress-interval S]
 //   distribute-launch -n 3 -- digits --strategy multi_worker
 //
 // Prints one line per epoch and a final line, writes DIR/metrics-<strategy>.csv and
-// DIR/loss-<strategy>.svg (in multi_worker mode only the chief writes them). Exit status: 0 when the
+// DIR/loss-<strategy>.svg (in multi_worker mode only the chief writes them); with --logdir, the
+// loss, accuracy and examples/s per step and per epoch as TensorBoard scalars (chief only). Shows
+// the progress inside an epoch on stderr: a bar on a terminal, plain lines otherwise. Exit status: 0 when the
 // final test accuracy reaches 0.95, 1 when it does not, 2 for a usage error, 3 for any other error
 // (a missing or malformed data file, a cluster error).
 #include <chrono>
@@ -20,6 +23,7 @@
 
 #include "common/cli.hpp"
 #include "common/digits_mlp.hpp"
+#include "common/training_monitor.hpp"
 #include "common/training_report.hpp"
 
 // meson passes the source tree's examples/data; a plain compiler build run from the repository
@@ -51,12 +55,14 @@ using cli::UsageError;
 constexpr const char* kUsage =
     "usage: digits [--strategy one_device|mirrored|multi_worker] [--replicas N] [--epochs E] [--batch B]\n"
     "              [--hidden H] [--learning-rate LR] [--seed S] [--data PATH] [--out DIR]\n"
+    "              [--logdir DIR] [--progress auto|bar|lines|off] [--progress-interval S]\n"
     "       digits --strategies   (lists the strategies this build has)\n"
     "  --strategy    mirrored (default; --replicas host replicas, default 4), one_device, or multi_worker\n"
     "                (one process of a cluster, e.g. under `distribute-launch -n 3 --`; --replicas per worker,\n"
     "                default 1)\n"
     "  --data        the digits CSV (default: " DISTRIBUTE_EXAMPLES_DATA_DIR "/digits.csv)\n"
-    "  --out         where metrics-<strategy>.csv and loss-<strategy>.svg go (default: digits-out)\n";
+    "  --out         where metrics-<strategy>.csv and loss-<strategy>.svg go (default: digits-out)\n"
+    REPORT_MONITOR_USAGE;
 
 struct Options {
   std::string strategy = "mirrored";
@@ -65,6 +71,7 @@ struct Options {
   std::string data = DISTRIBUTE_EXAMPLES_DATA_DIR "/digits.csv";
   std::string out = "digits-out";
   bool list_strategies = false;
+  report::MonitorOptions monitor;
 };
 
 Options parse_args(int argc, char** argv) {
@@ -85,6 +92,7 @@ Options parse_args(int argc, char** argv) {
     else if (flag == "--data") o.data = value();
     else if (flag == "--out") o.out = value();
     else if (flag == "--strategies") o.list_strategies = true;
+    else if (o.monitor.parse(flag, value)) continue;
     else if (flag == "--help" || flag == "-h") throw UsageError("");
     else throw UsageError(fmt::format("unknown argument '{}'", flag));
   }
@@ -100,18 +108,24 @@ Options parse_args(int argc, char** argv) {
 /// returns the exit status. `description` names the strategy and its replicas for the header line.
 template <class Strategy>
 int train_and_report(Strategy& strategy, const Options& options, const digits::TrainTestSplit& data, bool is_chief,
-                     const std::string& description) {
+                     const std::string& description, std::shared_ptr<const ds::ClusterResolver> resolver = nullptr) {
   const auto& config = options.config;
   if (is_chief) {
     fmt::print("digits: {}; {} training / {} test examples, global batch {}, MLP 64-{}-10, lr {}, momentum {}\n",
                description, data.train.size(), data.test.size(), config.global_batch, config.hidden,
                config.learning_rate, config.momentum);
   }
+  report::TrainingMonitor monitor(options.monitor, is_chief, std::move(resolver));
   const auto start = std::chrono::steady_clock::now();
-  const auto result = digits::train(strategy, data, config, [&](const digits::EpochMetrics& m) {
-    if (!is_chief) return;
-    fmt::print("{}\n", report::epoch_line(m, config.epochs));
-  });
+  const auto result = digits::train(
+      strategy, data, config,
+      [&](const digits::EpochMetrics& m) {
+        monitor.epoch(m);
+        if (is_chief) fmt::print("{}\n", report::epoch_line(m, config.epochs));
+      },
+      [&](const digits::StepMetrics& s) { monitor.step(s); },
+      [&](int epoch, std::int64_t steps) { monitor.begin_epoch(epoch, config.epochs, steps); });
+  monitor.close();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const digits::EpochMetrics& last = result.history.back();
 
@@ -149,7 +163,9 @@ int run(const Options& options) {
   const std::string description =
       fmt::format("MultiWorkerMirroredStrategy<host>, {} workers x {} = {} replicas in sync", strategy.num_workers(),
                   strategy.num_replicas_in_sync() / strategy.num_workers(), strategy.num_replicas_in_sync());
-  return train_and_report(strategy, options, data, strategy.is_chief(), description);
+  // The writer asks the strategy's own resolver who the chief is (a pointer that does not own it).
+  return train_and_report(strategy, options, data, strategy.is_chief(), description,
+                          std::shared_ptr<const ds::ClusterResolver>(std::shared_ptr<const void>(), strategy.cluster_resolver()));
 #else
   throw UsageError("--strategy multi_worker: this build has no MultiWorkerMirroredStrategy (it needs Boost.Asio, "
                    "Boost.JSON and OpenSSL)");

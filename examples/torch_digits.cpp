@@ -4,13 +4,15 @@
 //
 //   torch_digits [--strategy one_device|mirrored|multi_worker] [--replicas N] [--epochs E] [--batch B]
 //                [--hidden H] [--learning-rate LR] [--seed S] [--grad-dtype f64|bf16]
-//                [--data PATH] [--out DIR] [--weights-out FILE]
+//                [--data PATH] [--out DIR] [--weights-out FILE] [--logdir DIR]
+//                [--progress auto|bar|lines|off] [--progress-interval S]
 //   distribute-launch -n 2 -- torch_digits --strategy multi_worker
 //
 // The model computes in float64, so that how a batch is split across replicas changes the
 // result only in the last bits: one_device, mirrored and multi_worker end with the same weights.
 // --grad-dtype bf16 sends the gradients as bfloat16 (a quarter of the bytes; the library sums them
-// in float32 and rounds once). Prints a line per epoch and a final line like examples/digits;
+// in float32 and rounds once). Prints a line per epoch and a final line like examples/digits, shows
+// the progress inside an epoch and writes TensorBoard scalars with --logdir as digits does;
 // --weights-out writes every parameter value, one per line. Exit status: 0 when the final test
 // accuracy reaches 0.95, 1 when not, 2 for a usage error, 3 for any other error.
 #include <torch/torch.h>
@@ -30,6 +32,7 @@
 
 #include "common/cli.hpp"
 #include "common/digits_mlp.hpp"
+#include "common/training_monitor.hpp"
 #include "common/training_report.hpp"
 
 #ifndef DISTRIBUTE_EXAMPLES_DATA_DIR
@@ -46,11 +49,13 @@ using cli::UsageError;
 constexpr const char* kUsage =
     "usage: torch_digits [--strategy one_device|mirrored|multi_worker] [--replicas N] [--epochs E] [--batch B]\n"
     "                    [--hidden H] [--learning-rate LR] [--seed S] [--grad-dtype f64|bf16]\n"
-    "                    [--data PATH] [--out DIR] [--weights-out FILE]\n"
+    "                    [--data PATH] [--out DIR] [--weights-out FILE] [--logdir DIR]\n"
+    "                    [--progress auto|bar|lines|off] [--progress-interval S]\n"
     "  --strategy     mirrored (default; --replicas host replicas, default 4), one_device, or multi_worker\n"
     "                 (one process of a cluster, e.g. under `distribute-launch -n 2 --`)\n"
     "  --grad-dtype   the gradients' dtype on the wire: f64 (default, the model's) or bf16\n"
-    "  --weights-out  write the final parameters there, one value per line\n";
+    "  --weights-out  write the final parameters there, one value per line\n"
+    REPORT_MONITOR_USAGE;
 
 struct Options {
   std::string strategy = "mirrored";
@@ -60,6 +65,7 @@ struct Options {
   std::string data = DISTRIBUTE_EXAMPLES_DATA_DIR "/digits.csv";
   std::string out = "digits-out";
   std::string weights_out;
+  report::MonitorOptions monitor;
 };
 
 Options parse_args(int argc, char** argv) {
@@ -84,6 +90,7 @@ Options parse_args(int argc, char** argv) {
     } else if (flag == "--data") o.data = value();
     else if (flag == "--out") o.out = value();
     else if (flag == "--weights-out") o.weights_out = value();
+    else if (o.monitor.parse(flag, value)) continue;
     else if (flag == "--help" || flag == "-h") throw UsageError("");
     else throw UsageError(fmt::format("unknown argument '{}'", flag));
   }
@@ -121,7 +128,7 @@ std::pair<torch::Tensor, torch::Tensor> batch_of(const digits::Examples& data, c
 
 template <class Strategy>
 int train(Strategy& strategy, const Options& options, const digits::TrainTestSplit& data, bool is_chief,
-          const std::string& description) {
+          const std::string& description, std::shared_ptr<const ds::ClusterResolver> resolver = nullptr) {
   const auto& config = options.config;
   const int local = strategy.num_local_replicas();
   const int replicas = strategy.num_replicas_in_sync();
@@ -148,12 +155,17 @@ int train(Strategy& strategy, const Options& options, const digits::TrainTestSpl
                                               .aggregation = ds::VariableAggregation::Sum});
   }();
 
+  // The batch's loss sum, correct predictions and examples over all replicas, from the step's
+  // all-reduce (set by each worker's first replica, read after run()).
+  double batch_totals[3] = {0, 0, 0};
+
   auto step = [&](ds::ReplicaContext& ctx, const ds::Tensor<std::int64_t>& ids) {
     const auto me = static_cast<std::size_t>(ctx.local_replica_id());
     Mlp& model = models[me];
     optimizers[me]->zero_grad();
     double loss_sum = 0, correct = 0;
     const auto n = static_cast<double>(ids.size());
+    double* totals_out = ctx.local_replica_id() == 0 ? batch_totals : nullptr;
     if (ids.size() > 0) {  // a replica's share of the last, partial batch may be empty
       auto [x, y] = batch_of(data.train, ids.values());
       auto logits = model->forward(x);
@@ -171,7 +183,10 @@ int train(Strategy& strategy, const Options& options, const digits::TrainTestSpl
       grads.push_back(options.bf16_gradients ? p.grad().to(torch::kBFloat16) : p.grad());
     }
     grads = ctx.batch_all_reduce(ds::ReduceOp::Sum, std::move(grads));  // in place: the .grad() memory itself
-    const double examples = ctx.all_reduce(ds::ReduceOp::Sum, n);
+    // The example count (and, for the step's figures, the loss and correct counts) in one all-reduce.
+    const std::vector<double> totals = ctx.all_reduce(ds::ReduceOp::Sum, std::vector<double>{n, loss_sum, correct});
+    const double examples = totals[0];
+    if (totals_out) totals_out[0] = totals[1], totals_out[1] = totals[2], totals_out[2] = totals[0];
     std::size_t k = 0;
     for (auto& p : model->parameters()) {
       if (options.bf16_gradients) p.mutable_grad().copy_(grads[k]);
@@ -203,14 +218,28 @@ int train(Strategy& strategy, const Options& options, const digits::TrainTestSpl
                options.bf16_gradients ? "bfloat16" : "float64");
   }
   std::vector<digits::EpochMetrics> history;
+  report::TrainingMonitor monitor(options.monitor, is_chief, std::move(resolver));
+  const std::int64_t steps = digits::steps_per_epoch(data.train.size(), config.global_batch);
   const auto start = std::chrono::steady_clock::now();
   for (int epoch = 1; epoch <= config.epochs; ++epoch) {
     const auto order =
         digits::detail::shuffled_indices(data.train.size(), config.seed * 1000003u + static_cast<unsigned>(epoch));
     const auto batches = ds::data::from_vector(order).batch(config.global_batch).with_options(
         {.auto_shard_policy = ds::data::AutoShardPolicy::Data});
+    monitor.begin_epoch(epoch, config.epochs, steps);
     const auto epoch_start = std::chrono::steady_clock::now();
-    for (auto& ids : strategy.distribute_dataset(batches)) strategy.run(step, ids);
+    std::int64_t step_in_epoch = 0;
+    auto step_start = epoch_start;
+    for (auto& ids : strategy.distribute_dataset(batches)) {
+      strategy.run(step, ids);
+      const auto now = std::chrono::steady_clock::now();
+      ++step_in_epoch;
+      monitor.step({.epoch = epoch, .step = step_in_epoch, .steps_per_epoch = steps,
+                    .global_step = (epoch - 1) * steps + step_in_epoch, .loss = batch_totals[0] / batch_totals[2],
+                    .accuracy = batch_totals[1] / batch_totals[2], .examples = batch_totals[2],
+                    .seconds = std::chrono::duration<double>(now - step_start).count()});
+      step_start = now;
+    }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
     const std::vector<double> totals = epoch_stats.read_value();
     epoch_stats.assign(std::vector<double>(3, 0.0));
@@ -221,8 +250,10 @@ int train(Strategy& strategy, const Options& options, const digits::TrainTestSpl
     m.test_accuracy = test_accuracy();
     m.examples_per_second = totals[2] / seconds;
     history.push_back(m);
+    monitor.epoch(m);
     if (is_chief) fmt::print("{}\n", report::epoch_line(m, config.epochs));
   }
+  monitor.close();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::string tag = "torch-" + options.strategy + (options.bf16_gradients ? "-bf16" : "");
   if (is_chief) {
@@ -262,7 +293,8 @@ int run(const Options& options) {
   ds::MultiWorkerMirroredStrategy<ds::host> strategy(communication, nullptr, options.replicas ? options.replicas : 1);
   return train(strategy, options, data, strategy.is_chief(),
                fmt::format("MultiWorkerMirroredStrategy<host>, {} workers, {} replicas in sync", strategy.num_workers(),
-                           strategy.num_replicas_in_sync()));
+                           strategy.num_replicas_in_sync()),
+               std::shared_ptr<const ds::ClusterResolver>(std::shared_ptr<const void>(), strategy.cluster_resolver()));
 }
 
 }  // namespace

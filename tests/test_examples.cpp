@@ -10,12 +10,20 @@
 // and 3 workers, one worker SIGKILLing itself mid-step and being restarted, in both suites.
 // examples/torch_digits.cpp (libtorch) trains with one_device, mirrored(4) and 2 workers to the same
 // weights, and with bfloat16 gradients, in the quick suite (it takes seconds).
+// What the examples show while training (quick suite): --logdir's TensorBoard scalars read back with
+// read_event_file and checked against the CSV (one process; a 2-worker job, where only the chief
+// writes), the progress inside an epoch as plain lines through a pipe and as a bar under a
+// pseudo-terminal (forkpty), and the bad values of the new options.
 // The programs come from the environment: DISTRIBUTE_DIGITS (the example), DISTRIBUTE_PARAMETER_SERVER
 // (absent when the build has no ps/ part), DISTRIBUTE_TORCH_DIGITS (absent without libtorch) and
 // DISTRIBUTE_LAUNCH (tools/distribute-launch), set by tests/meson.build.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <distribute/summary/event.hpp>
+
+#include <poll.h>
+#include <pty.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +34,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -570,4 +579,276 @@ TEST_CASE("torch_digits: a bad --grad-dtype is a usage error (exit 2)") {
   INFO(child.output);
   CHECK(child.status == 2);
   CHECK(child.output.find("--grad-dtype: 'fp8' is not f64 or bf16") != std::string::npos);
+}
+
+// ---- what the examples show while they train: TensorBoard scalars (--logdir), progress in an epoch
+
+namespace {
+
+/// The event files directly in `dir`.
+std::vector<fs::path> event_files(const fs::path& dir) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) out.push_back(e.path());
+  }
+  return out;
+}
+
+/// The scalars of an event file by tag: (step, value) in file order.
+std::map<std::string, std::vector<std::pair<std::int64_t, float>>> scalars_of(const fs::path& file) {
+  std::map<std::string, std::vector<std::pair<std::int64_t, float>>> out;
+  const auto events = distribute::summary::read_event_file(file.string());
+  REQUIRE(!events.empty());
+  CHECK(events[0].file_version == "brain.Event:2");
+  for (const auto& e : events) {
+    for (const auto& v : e.values) {
+      REQUIRE(v.simple_value.has_value());
+      out[v.tag].emplace_back(e.step, *v.simple_value);
+    }
+  }
+  return out;
+}
+
+/// The CSV's rows as numbers (epoch, loss, train_accuracy, test_accuracy, examples_per_second).
+std::vector<std::vector<double>> csv_rows(const fs::path& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);  // header
+  std::vector<std::vector<double>> rows;
+  while (std::getline(in, line)) {
+    std::vector<double> row;
+    std::istringstream fields(line);
+    for (std::string f; std::getline(fields, f, ',');) row.push_back(std::stod(f));
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+/// Checks the digits examples' scalars for `epochs` epochs of 45 steps against the CSV they wrote.
+void check_digits_scalars(const fs::path& event_file, const fs::path& csv, int epochs) {
+  INFO("event file ", event_file.string());
+  const auto scalars = scalars_of(event_file);
+  const std::vector<std::string> tags{"batch_accuracy", "batch_examples_per_second", "batch_loss", "epoch_accuracy",
+                                      "epoch_examples_per_second", "epoch_loss", "epoch_test_accuracy"};
+  std::vector<std::string> got;
+  for (const auto& [tag, points] : scalars) got.push_back(tag);
+  REQUIRE(got == tags);
+  const int steps = 45;  // ceil(1438 / 32)
+  for (const std::string tag : {"batch_loss", "batch_accuracy", "batch_examples_per_second"}) {
+    const auto& points = scalars.at(tag);
+    REQUIRE(points.size() == static_cast<std::size_t>(steps * epochs));
+    for (std::size_t i = 0; i < points.size(); ++i) {
+      CHECK(points[i].first == static_cast<std::int64_t>(i + 1));  // the global step
+      CHECK(points[i].second > 0);
+      CHECK(std::isfinite(points[i].second));
+    }
+  }
+  for (const auto& [step, accuracy] : scalars.at("batch_accuracy")) CHECK(accuracy <= 1.0f);
+  // The mean of the batch losses, weighted by the batches' sizes (44 of 32, 1 of 30), is the epoch's loss.
+  const auto rows = csv_rows(csv);
+  REQUIRE(rows.size() == static_cast<std::size_t>(epochs));
+  for (int e = 0; e < epochs; ++e) {
+    double sum = 0, examples = 0;
+    for (int s = 0; s < steps; ++s) {
+      const double n = s == steps - 1 ? 1438 - 32 * (steps - 1) : 32;
+      sum += n * scalars.at("batch_loss")[static_cast<std::size_t>(e * steps + s)].second;
+      examples += n;
+    }
+    CHECK(sum / examples == doctest::Approx(rows[static_cast<std::size_t>(e)][1]).epsilon(1e-4));
+    for (const auto& [tag, column] : std::vector<std::pair<std::string, int>>{
+             {"epoch_loss", 1}, {"epoch_accuracy", 2}, {"epoch_test_accuracy", 3}}) {
+      const auto& point = scalars.at(tag)[static_cast<std::size_t>(e)];
+      CHECK(point.first == e + 1);
+      CHECK(point.second == doctest::Approx(rows[static_cast<std::size_t>(e)][static_cast<std::size_t>(column)]).epsilon(1e-5));
+    }
+    CHECK(scalars.at("epoch_examples_per_second")[static_cast<std::size_t>(e)].second > 0);
+  }
+}
+
+/// Runs argv under a new pseudo-terminal (its stdout and stderr), reading what it writes, for at
+/// most 60 s; returns the output and sets `status`.
+std::string run_in_pty(const std::vector<std::string>& argv, int& status) {
+  int master = -1;
+  const pid_t pid = forkpty(&master, nullptr, nullptr, nullptr);
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  std::string output;
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  for (;;) {
+    pollfd p{master, POLLIN, 0};
+    if (poll(&p, 1, 100) > 0) {
+      char buf[4096];
+      const ssize_t n = read(master, buf, sizeof buf);
+      if (n <= 0) break;  // EIO: the child's side closed
+      output.append(buf, static_cast<std::size_t>(n));
+    }
+    if (std::chrono::steady_clock::now() > end) {
+      kill(pid, SIGKILL);
+      FAIL_CHECK("still running after 60 s under a pseudo-terminal");
+      break;
+    }
+  }
+  close(master);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return output;
+}
+
+/// The "progress: epoch e/E  step s/S (p%)  r steps/s  ETA m:ss  loss L" lines, as (epoch, step).
+std::vector<std::pair<int, int>> plain_progress_lines(const std::string& output, const std::string& prefix = "") {
+  static const std::regex re(
+      R"(progress: epoch ([0-9]+)/([0-9]+)  step ([0-9]+)/45 \(([0-9]+)%\)  [0-9]+\.[0-9] steps/s  ETA [0-9]+:[0-9]{2}  loss [0-9]+\.[0-9]{4})");
+  std::vector<std::pair<int, int>> out;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(prefix + "progress: ", 0) != 0) continue;
+    INFO("line: ", line);
+    std::smatch m;
+    const std::string rest = line.substr(prefix.size());
+    REQUIRE(std::regex_match(rest, m, re));
+    const int step = std::stoi(m[3].str());
+    CHECK(std::stoi(m[4].str()) == static_cast<int>(std::lround(100.0 * step / 45)));
+    out.emplace_back(std::stoi(m[1].str()), step);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("digits --logdir: loss, accuracy and examples/s per step and per epoch as TensorBoard scalars, beside the CSV") {
+  TempDir out;
+  const fs::path logdir = out.path / "logs";
+  const auto child = run({env_path("DISTRIBUTE_DIGITS"), "--strategy", "mirrored", "--epochs", "2", "--out",
+                          out.path.string(), "--logdir", logdir.string()});
+  INFO("output:\n", child.output);
+  REQUIRE(final_lines(child.output).size() == 1);
+  check_progress_lines(child.output, 2);  // the per-epoch lines are as before
+  const auto files = event_files(logdir);
+  REQUIRE(files.size() == 1);
+  CHECK(child.output.find(fmt::format("wrote TensorBoard scalars to {}\n", files[0].string())) != std::string::npos);
+  check_digits_scalars(files[0], out.path / "metrics-mirrored.csv", 2);
+}
+
+TEST_CASE("digits --logdir in a 2-worker job (distribute-launch -n 2): only the chief writes, one event file") {
+  if (!has_multi_worker()) {
+    MESSAGE("this build has no multi_worker strategy: skipped");
+    return;
+  }
+  TempDir out;
+  const fs::path logdir = out.path / "logs";
+  const auto launch = run({env_path("DISTRIBUTE_LAUNCH"), "-n", "2", "--timeout", "50", "--", env_path("DISTRIBUTE_DIGITS"),
+                           "--strategy", "multi_worker", "--epochs", "1", "--out", out.path.string(), "--logdir",
+                           logdir.string()});
+  INFO("launcher output:\n", launch.output);
+  REQUIRE(final_lines(launch.output, "[worker:1] ").size() == 1);  // worker 1 trained to the end
+  std::vector<fs::path> everything(fs::recursive_directory_iterator(logdir), fs::recursive_directory_iterator{});
+  REQUIRE(everything.size() == 1);  // one file, no per-task directories
+  CHECK(launch.output.find(fmt::format("[worker:0] wrote TensorBoard scalars to {}", everything[0].string())) !=
+        std::string::npos);
+  CHECK(launch.output.find("[worker:1] wrote TensorBoard") == std::string::npos);
+  check_digits_scalars(everything[0], out.path / "metrics-multi_worker.csv", 1);
+  // Progress inside the epoch: the chief's only (the launcher's pipes are not terminals: plain lines).
+  CHECK(launch.output.find("[worker:1] progress:") == std::string::npos);
+}
+
+TEST_CASE("digits progress: plain lines when the output is not a terminal, a bar with steps/s and ETA on one") {
+  const std::string digits = env_path("DISTRIBUTE_DIGITS");
+  TempDir out;
+  {  // A pipe: a plain line after every step with --progress-interval 0, in order.
+    const auto child = run({digits, "--strategy", "one_device", "--epochs", "2", "--progress-interval", "0", "--out",
+                            out.path.string()});
+    INFO("output:\n", child.output);
+    std::vector<std::pair<int, int>> expected;
+    for (int e = 1; e <= 2; ++e) {
+      for (int s = 1; s <= 45; ++s) expected.emplace_back(e, s);
+    }
+    CHECK(plain_progress_lines(child.output) == expected);
+    CHECK(child.output.find('\r') == std::string::npos);
+    check_progress_lines(child.output, 2);
+  }
+  {  // A pipe at the default interval (10 s): a run of a second has no progress lines, no bar.
+    const auto child = run({digits, "--strategy", "one_device", "--epochs", "2", "--out", out.path.string()});
+    INFO("output:\n", child.output);
+    CHECK(plain_progress_lines(child.output).empty());
+    CHECK(child.output.find('\r') == std::string::npos);
+  }
+  {  // A terminal: the bar, redrawn in place, then cleared for each epoch's line.
+    int status = -1;
+    const std::string output =
+        run_in_pty({digits, "--strategy", "one_device", "--epochs", "2", "--out", out.path.string()}, status);
+    INFO("output under a pseudo-terminal:\n", output);
+    CHECK(status == 0);
+    static const std::regex bar(
+        R"(\r\[([12])/2\] \[[=> ]{24}\] +([0-9]+)/45 +[0-9]+\.[0-9] steps/s  ETA [0-9]+:[0-9]{2}  loss [0-9]+\.[0-9]{4}\x1b\[K)");
+    std::vector<std::pair<int, int>> drawn;
+    for (auto it = std::sregex_iterator(output.begin(), output.end(), bar); it != std::sregex_iterator(); ++it) {
+      drawn.emplace_back(std::stoi((*it)[1].str()), std::stoi((*it)[2].str()));
+    }
+    REQUIRE(drawn.size() >= 4);  // at least the first and last step of each epoch
+    CHECK(drawn.front() == std::pair{1, 1});
+    CHECK(drawn.back() == std::pair{2, 45});
+    CHECK(std::is_sorted(drawn.begin(), drawn.end()));
+    CHECK(output.find("[1/2] [========================] 45/45") != std::string::npos);
+    CHECK(output.find("\r\x1b[Kepoch  1/2  loss ") != std::string::npos);  // cleared, then the epoch's line
+    CHECK(output.find("\r\x1b[Kepoch  2/2  loss ") != std::string::npos);
+    CHECK(output.find("progress: ") == std::string::npos);
+  }
+  {  // --progress off on a terminal: nothing but the usual lines.
+    int status = -1;
+    const std::string output = run_in_pty(
+        {digits, "--strategy", "one_device", "--epochs", "2", "--progress", "off", "--out", out.path.string()}, status);
+    INFO("output:\n", output);
+    CHECK(status == 0);
+    CHECK(output.find("\r[") == std::string::npos);
+    CHECK(output.find("epoch  2/2  loss ") != std::string::npos);
+  }
+}
+
+TEST_CASE("digits: bad --progress, --progress-interval and --logdir are errors that say what is wrong") {
+  const std::string digits = env_path("DISTRIBUTE_DIGITS");
+  TempDir out;
+  for (const auto& [args, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--progress", "fancy"}, "--progress: 'fancy' is not auto, bar, lines or off"},
+           {{"--progress-interval", "-1"}, "--progress-interval: -1 is negative"},
+           {{"--progress-interval", "soon"}, "--progress-interval: 'soon' is not a number"},
+       }) {
+    std::vector<std::string> argv{digits};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto child = run(argv);
+    INFO(child.output);
+    CHECK(child.status == 2);
+    CHECK(child.output.find(message) != std::string::npos);
+  }
+  const fs::path file = out.path / "a_file";
+  std::ofstream(file) << "x";
+  const auto child = run({digits, "--epochs", "1", "--logdir", file.string(), "--out", out.path.string()});
+  INFO(child.output);
+  CHECK(child.status == 3);
+  CHECK(child.output.find(fmt::format("digits: error: SummaryWriter: cannot create the log directory '{}': a file of "
+                                      "that name is in the way", file.string())) != std::string::npos);
+}
+
+TEST_CASE("torch_digits --logdir and progress lines: the same scalars as digits, a plain line per step") {
+  const std::string program = torch_digits_path();
+  if (program.empty()) {
+    MESSAGE("this build has no libtorch (Debian libtorch-dev): torch_digits skipped");
+    return;
+  }
+  TempDir out;
+  const fs::path logdir = out.path / "logs";
+  const auto child = run({program, "--strategy", "mirrored", "--replicas", "2", "--epochs", "2", "--out",
+                          out.path.string(), "--logdir", logdir.string(), "--progress-interval", "0"});
+  INFO("output:\n", child.output);
+  check_progress_lines(child.output, 2);
+  CHECK(plain_progress_lines(child.output).size() == 90);
+  const auto files = event_files(logdir);
+  REQUIRE(files.size() == 1);
+  check_digits_scalars(files[0], out.path / "metrics-torch-mirrored.csv", 2);
 }

@@ -287,6 +287,23 @@ struct EpochMetrics {
   double examples_per_second = 0;  // training examples of all replicas / the epoch's training time
 };
 
+/// One training step (one global batch), as every worker sees it after the step's all-reduce.
+struct StepMetrics {
+  int epoch = 0;
+  std::int64_t step = 0;             // 1-based within the epoch
+  std::int64_t steps_per_epoch = 0;
+  std::int64_t global_step = 0;      // steps done since training began (TF's optimizer.iterations)
+  double loss = 0;                   // the batch's mean cross-entropy
+  double accuracy = 0;               // the batch's training accuracy
+  double examples = 0;               // the batch's examples, over all replicas
+  double seconds = 0;                // the step's time
+};
+
+/// Steps in one epoch: global batches of `global_batch`, the last one partial.
+inline std::int64_t steps_per_epoch(std::int64_t examples, std::int64_t global_batch) {
+  return (examples + global_batch - 1) / global_batch;
+}
+
 struct TrainResult {
   std::vector<EpochMetrics> history;
   Parameters parameters;  // the final values (replica 0's copy; every copy is the same)
@@ -344,10 +361,13 @@ inline std::pair<std::int64_t, std::int64_t> replica_share(std::int64_t start, s
 /// Trains the MLP with `strategy` and returns the per-epoch metrics and the final parameters.
 /// Every worker of a multi-worker strategy calls this with the same data and config (and so the
 /// same batch order); `replica_id_in_sync_group` is global, so a worker's replicas take that
-/// worker's part of each global batch. `on_epoch` is called after every epoch on every worker.
+/// worker's part of each global batch. `on_epoch` is called after every epoch on every worker;
+/// `on_epoch_begin` (epoch, steps in it) before it and `on_step` after each of its steps.
 template <class Strategy>
 TrainResult train(Strategy& strategy, const TrainTestSplit& data, const TrainConfig& config,
-                  const std::function<void(const EpochMetrics&)>& on_epoch = {}) {
+                  const std::function<void(const EpochMetrics&)>& on_epoch = {},
+                  const std::function<void(const StepMetrics&)>& on_step = {},
+                  const std::function<void(int, std::int64_t)>& on_epoch_begin = {}) {
   if (config.global_batch <= 0) throw ds::InvalidArgument(fmt::format("global batch {} must be positive", config.global_batch));
   if (config.epochs <= 0) throw ds::InvalidArgument(fmt::format("epochs {} must be positive", config.epochs));
   if (config.hidden <= 0) throw ds::InvalidArgument(fmt::format("hidden units {} must be positive", config.hidden));
@@ -371,6 +391,10 @@ TrainResult train(Strategy& strategy, const TrainTestSplit& data, const TrainCon
   detail::ModelVariables& model = variables.model;
   ds::Variable<std::vector<double>>& epoch_stats = variables.epoch_stats;
 
+  // The batch's loss sum, correct predictions and examples over all replicas, from the step's
+  // all-reduce (set by each worker's first replica, read after run()).
+  double batch_totals[3] = {0, 0, 0};
+
   // One training step on one replica: `ids` are its piece of the global batch (distribute_dataset
   // cut it with TF's rebatching rule; the piece may be empty in the last, partial batch).
   auto step = [&](ds::ReplicaContext& ctx, const ds::Tensor<std::int64_t>& ids) {
@@ -383,10 +407,11 @@ TrainResult train(Strategy& strategy, const TrainTestSplit& data, const TrainCon
     }
     // The batch's mean gradient is (sum of every replica's gradient sum) / (examples in the batch),
     // exact however unevenly the batch was split: all four gradient sums and the example count go
-    // through one packed SUM all-reduce.
+    // through one packed SUM all-reduce (with the loss and correct counts, for the step's figures).
     auto [g_w1, g_b1, g_w2, g_b2, count] =
         ctx.all_reduce(ds::ReduceOp::Sum, std::move(g.w1), std::move(g.b1), std::move(g.w2), std::move(g.b2),
-                       std::vector<double>{static_cast<double>(ids.size())});
+                       std::vector<double>{static_cast<double>(ids.size()), stats.loss_sum, stats.correct});
+    if (ctx.local_replica_id() == 0) batch_totals[0] = count[1], batch_totals[1] = count[2], batch_totals[2] = count[0];
     const double inverse_count = 1.0 / count[0];
     for (auto* part : {&g_w1, &g_b1, &g_w2, &g_b2}) {
       for (double& x : *part) x *= inverse_count;
@@ -418,8 +443,23 @@ TrainResult train(Strategy& strategy, const TrainTestSplit& data, const TrainCon
     const auto batches = ds::data::from_vector(order)
                              .batch(config.global_batch)
                              .with_options({.auto_shard_policy = ds::data::AutoShardPolicy::Data});
+    const std::int64_t steps = steps_per_epoch(train_set.size(), config.global_batch);
+    if (on_epoch_begin) on_epoch_begin(epoch, steps);
     const auto start_time = std::chrono::steady_clock::now();
-    for (auto& ids : strategy.distribute_dataset(batches)) strategy.run(step, ids);
+    std::int64_t step_in_epoch = 0;
+    auto step_start = start_time;
+    for (auto& ids : strategy.distribute_dataset(batches)) {
+      strategy.run(step, ids);
+      ++step_in_epoch;
+      if (on_step) {
+        const auto now = std::chrono::steady_clock::now();
+        on_step({.epoch = epoch, .step = step_in_epoch, .steps_per_epoch = steps,
+                 .global_step = (epoch - 1) * steps + step_in_epoch, .loss = batch_totals[0] / batch_totals[2],
+                 .accuracy = batch_totals[1] / batch_totals[2], .examples = batch_totals[2],
+                 .seconds = std::chrono::duration<double>(now - step_start).count()});
+        step_start = now;
+      }
+    }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
     const std::vector<double> totals = epoch_stats.read_value();  // loss sum, correct, count over all replicas
     epoch_stats.assign(std::vector<double>(3, 0.0));
