@@ -9,7 +9,8 @@ set -euo pipefail
 # and ml_dtypes (from PyPI); without it that test is skipped. clang: CI builds with both compilers,
 # and the compile-fail tests check both compilers' diagnostics. time and nlohmann-json3-dev:
 # bench/compile_cost.py (/usr/bin/time -v, and its yardstick).
-PACKAGES=(g++ clang meson ninja-build pkg-config cmake libfmt-dev doctest-dev libbenchmark-dev libssl-dev
+# cmake and git: the CMake consumer checks (tests/consumer: add_subdirectory, FetchContent, cmake --install).
+PACKAGES=(g++ clang meson ninja-build pkg-config cmake git libfmt-dev doctest-dev libbenchmark-dev libssl-dev
           libcereal-dev python3 python3-venv time nlohmann-json3-dev)
 
 # The Boost packages to install, after `apt-get update`: the default ones when they are >= 1.75,
@@ -35,7 +36,7 @@ boost_packages() {
 
 missing=()
 have() { command -v "$1" >/dev/null 2>&1; }
-for tool in g++ clang++ meson ninja pkg-config cmake python3; do
+for tool in g++ clang++ meson ninja pkg-config cmake git python3; do
   have "$tool" || missing+=("$tool")
 done
 if have python3 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then

@@ -11,6 +11,23 @@
                   relocatable), then tests/consumer/cmake_project configured with
                   `cmake -DCMAKE_PREFIX_PATH=<prefix>` (find_package(distribute) and
                   distribute::distribute) and built with `cmake --build`; skipped without cmake
+  cmake_subdirectory, cmake_fetchcontent, cmake_install
+                  the README's CMake snippets as they stand (the ```cmake/```sh blocks marked
+                  <!-- cmake-consumer: NAME -->): its project block with, in place of the line
+                  "# ... distribute, one of the three ways below ...", the add_subdirectory block
+                  (the source in third_party/distribute), the FetchContent block (from a local
+                  git clone, file:///path/to/distribute replaced by its URL) or the find_package
+                  block after the README's `cmake --install` commands (path/to/distribute and
+                  /opt/distribute replaced). Each builds app.cpp (meson_subproject/main.cpp, on
+                  distribute::distribute) and train.cpp (cluster_program/train.cpp, on
+                  distribute::cluster) and runs both, train as two workers (with the installed
+                  distribute-launch after cmake --install). The source is a copy of the working
+                  tree's files (`git ls-files`), so uncommitted changes are what is tested.
+                  Skipped without cmake, git, Boost.JSON or OpenSSL
+  cmake_cuda      tests/consumer/cuda_project (find_package(distribute OPTIONAL_COMPONENTS cuda)
+                  after that `cmake --install`): a host-compiled MirroredStrategy<ds::cuda> program
+                  on distribute::cuda, run (on a machine without a GPU it reports Unavailable, which
+                  still proves the compile and link); skipped without the CUDA toolkit
 
 Each check runs the program and expects exit status 0 and "distribute <version>" on stdout,
 with <version> read from include/distribute/version.hpp. Everything happens in a fresh
@@ -19,23 +36,31 @@ temporary directory (kept on failure, or with --keep); no network is needed.
 Exit status: 0 when every check passed (skipped ones aside), 1 when one failed, 77 (meson's
 "skipped") when every check was skipped.
 
-Usage: run_consumer_tests.py --root REPO --cxx 'g++' [subproject|single_include|install|cmake|all]...
+Usage: run_consumer_tests.py --root REPO --cxx 'g++' [CHECK|all]...
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CHECKS = ("subproject", "single_include", "install", "cmake")
+CHECKS = ("subproject", "single_include", "install", "cmake", "cmake_subdirectory", "cmake_fetchcontent",
+          "cmake_install", "cmake_cuda")
+# The README's CMake snippets: <!-- cmake-consumer: NAME --> then a fenced block (indented in a list).
+SNIPPET_RE = re.compile(r"<!--\s*cmake-consumer:\s*([\w-]+)\s*-->[ \t]*\n[ \t]*```(\w*)[ \t]*\n(.*?)\n[ \t]*```",
+                        re.S)
+WAY_PLACEHOLDER = "# ... distribute, one of the three ways below ..."
 VERSION_RE = re.compile(r'^\s*#\s*define\s+DISTRIBUTE_VERSION_STRING\s+"([^"]*)"', re.M)
 
 
@@ -55,6 +80,14 @@ EXPECTED_EXTRA_FILES = frozenset({
     "share/pkgconfig/distribute.pc",
     "share/cmake/distribute/distributeConfig.cmake",
     "share/cmake/distribute/distributeConfigVersion.cmake",
+    "share/cmake/distribute/distributeParts.cmake",
+})
+# `cmake --install` of the root CMakeLists.txt: the same CMake package, no pkg-config file.
+EXPECTED_CMAKE_INSTALL_FILES = frozenset({
+    "share/cmake/distribute/distributeConfig.cmake",
+    "share/cmake/distribute/distributeConfigVersion.cmake",
+    "share/cmake/distribute/distributeParts.cmake",
+    "bin/distribute-launch",
 })
 # ... and besides them only programs under these directories (tools/: distribute-launch).
 ALLOWED_EXTRA_DIRS = ("bin",)
@@ -138,9 +171,10 @@ class Runner:
         self.sh([*self.meson, "install", "-C", str(build), "--quiet"], f"{what}: meson install")
         return prefix
 
-    def check_installed_files(self, what: str, prefix: Path) -> None:
+    def check_installed_files(self, what: str, prefix: Path,
+                              expected_extra: frozenset[str] = EXPECTED_EXTRA_FILES) -> None:
         """Under include/: exactly the headers of include/. Elsewhere: the pkg-config file and
-        the CMake package files (EXPECTED_EXTRA_FILES), and programs in ALLOWED_EXTRA_DIRS."""
+        the CMake package files (expected_extra), and programs in ALLOWED_EXTRA_DIRS."""
         src = {p.relative_to(self.root / "include") for p in (self.root / "include").rglob("*")
                if p.is_file()}
         dst = {p.relative_to(prefix / "include") for p in (prefix / "include").rglob("*")
@@ -154,15 +188,15 @@ class Runner:
         others = {p.relative_to(prefix).as_posix() for p in prefix.rglob("*")
                   if (p.is_file() or p.is_symlink())
                   and not p.relative_to(prefix).as_posix().startswith("include/")}
-        missing = EXPECTED_EXTRA_FILES - others
-        programs = {f for f in others - EXPECTED_EXTRA_FILES
+        missing = expected_extra - others
+        programs = {f for f in others - expected_extra
                     if f.split("/", 1)[0] in ALLOWED_EXTRA_DIRS}
-        extra = others - EXPECTED_EXTRA_FILES - programs
+        extra = others - expected_extra - programs
         if missing or extra:
             raise CheckFailed(f"{what}: unexpected files outside include/ under {prefix}: "
                               f"missing {sorted(missing)}, extra {sorted(extra)} "
-                              f"(the list is EXPECTED_EXTRA_FILES in {Path(__file__).name})")
-        for f in sorted(EXPECTED_EXTRA_FILES) + sorted(programs):
+                              f"(the lists are EXPECTED_*_FILES in {Path(__file__).name})")
+        for f in sorted(expected_extra) + sorted(programs):
             print(f"  installed {f}")
 
     def check_install(self) -> None:
@@ -204,6 +238,198 @@ class Runner:
             args.append(f"-DCMAKE_CXX_FLAGS={shlex.join(words[1:])}")
         return args
 
+    # -- the README's CMake snippets -------------------------------------------------------
+
+    def readme_snippets(self) -> dict[str, str]:
+        readme = self.root / "README.md"
+        found = {m.group(1): textwrap.dedent(m.group(3))
+                 for m in SNIPPET_RE.finditer(readme.read_text(encoding="utf-8"))}
+        for name in ("project", "add_subdirectory", "fetchcontent", "install", "find_package"):
+            if name not in found:
+                raise CheckFailed(f"README.md has no block marked <!-- cmake-consumer: {name} -->")
+        if WAY_PLACEHOLDER not in found["project"]:
+            raise CheckFailed(f"README.md's project block lacks the line {WAY_PLACEHOLDER!r}")
+        return found
+
+    def require_cmake_tools(self, what: str) -> str:
+        cmake = shutil.which("cmake")
+        if cmake is None:
+            raise CheckSkipped(f"{what}: cmake is not installed (not on PATH)")
+        if shutil.which("git") is None:
+            raise CheckSkipped(f"{what}: git is not installed (the source copy is made with git ls-files)")
+        # distribute::cluster (train.cpp) needs Boost.JSON and OpenSSL's headers.
+        for header in ("boost/json.hpp", "openssl/hmac.h"):
+            probe = subprocess.run([*self.cxx, "-std=c++20", "-x", "c++", "-E", "-", "-o", os.devnull],
+                                   input=f"#include <{header}>\n".encode(), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+            if probe.returncode != 0:
+                raise CheckSkipped(f"{what}: <{header}> is not found: no distribute::cluster to link train.cpp")
+        return cmake
+
+    def source_snapshot(self) -> Path:
+        """A copy of the working tree's files (tracked and untracked, not ignored), made a git
+        repository with one commit on branch main: what a user clones or vendors."""
+        snap = self.work / "snapshot" / "distribute"
+        if snap.exists():
+            return snap
+        files = self.sh(["git", "-C", str(self.root), "ls-files", "-z", "--cached", "--others",
+                         "--exclude-standard"], "listing the repository's files with git ls-files")
+        count = 0
+        for rel in files.split("\0"):
+            src = self.root / rel
+            if not rel or not src.is_file():
+                continue  # deleted in the working tree
+            dst = snap / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+            count += 1
+        git = ["git", "-C", str(snap), "-c", "user.name=consumer test", "-c", "user.email=consumer@test",
+               "-c", "init.defaultBranch=main"]
+        self.sh([*git, "init", "-q"], "git init of the source copy")
+        self.sh([*git, "checkout", "-q", "-b", "main"], "git checkout -b main")
+        self.sh([*git, "add", "-A"], "git add of the source copy")
+        self.sh([*git, "commit", "-q", "-m", "snapshot of the working tree"], "git commit of the source copy")
+        print(f"  copied {count} files of the working tree to {snap} (a git repository, branch main)")
+        return snap
+
+    def cmake_project(self, what: str, base: Path, way: str, replacements: dict[str, str]) -> Path:
+        """Writes the README's project block with the block of `way` in it, and app.cpp/train.cpp."""
+        snippets = self.readme_snippets()
+        block = snippets[way]
+        for old, new in replacements.items():
+            if old not in block:
+                raise CheckFailed(f"{what}: README.md's '{way}' block no longer contains {old!r}:\n{block}")
+            block = block.replace(old, new)
+        project = base / "project"
+        project.mkdir(parents=True)
+        text = snippets["project"].replace(WAY_PLACEHOLDER, block.rstrip("\n"))
+        (project / "CMakeLists.txt").write_text(text, encoding="utf-8")
+        shutil.copy2(self.main_cpp, project / "app.cpp")
+        shutil.copy2(HERE / "cluster_program" / "train.cpp", project / "train.cpp")
+        print(f"  {project / 'CMakeLists.txt'} (from README.md):")
+        print(textwrap.indent(text.rstrip("\n"), "    | "))
+        return project
+
+    def build_and_run_cmake_project(self, what: str, cmake: str, project: Path, build: Path,
+                                    extra: list[str], launcher: Path | None) -> None:
+        self.sh([cmake, "-S", str(project), "-B", str(build), "-DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF",
+                 *self.cmake_compiler_args(), *extra], f"{what}: cmake configure")
+        self.sh([cmake, "--build", str(build)], f"{what}: cmake --build")
+        self.run_program(build / "app", what)
+        self.run_two_workers(what, build / "train", launcher)
+
+    @staticmethod
+    def free_ports(n: int) -> list[int]:
+        socks = []
+        try:
+            for _ in range(n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", 0))
+                socks.append(s)
+            return [s.getsockname()[1] for s in socks]
+        finally:
+            for s in socks:
+                s.close()
+
+    def run_two_workers(self, what: str, exe: Path, launcher: Path | None) -> None:
+        """train.cpp as a 2-worker job: every worker must report the all-reduce of both (3)."""
+        if launcher is not None:
+            out = self.sh([str(launcher), "-n", "2", "--token", "auto", "--timeout", "120", str(exe)],
+                          f"{what}: {launcher.name} -n 2 {exe.name}")
+            outputs = {k: "\n".join(line for line in out.splitlines() if line.startswith(f"[worker:{k}] "))
+                       for k in range(2)}
+        else:
+            ports = self.free_ports(2)
+            cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+            procs = []
+            for k in range(2):
+                env = dict(os.environ, DISTRIBUTE_CLUSTER_TOKEN="consumer-test-token",
+                           TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": k}}))
+                procs.append(subprocess.Popen([str(exe)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              env=env))
+            print(f"$ TF_CONFIG=... {exe}  (2 workers: {cluster['worker']})", flush=True)
+            outputs = {}
+            for k, proc in enumerate(procs):
+                try:
+                    out, _ = proc.communicate(timeout=120)
+                except subprocess.TimeoutExpired:
+                    for p in procs:
+                        p.kill()
+                    raise CheckFailed(f"{what}: worker {k} of {exe.name} did not finish in 120 s") from None
+                outputs[k] = out.decode("utf-8", errors="replace")
+                if proc.returncode != 0:
+                    raise CheckFailed(f"{what}: worker {k} of {exe.name} exited {proc.returncode}:\n{outputs[k]}")
+        for k in range(2):
+            expected = f"distribute {self.version} cluster: worker {k} of 2, all-reduce 3,"
+            if expected not in outputs[k]:
+                raise CheckFailed(f"{what}: worker {k} printed {outputs[k]!r}, expected {expected!r}")
+            print(f"  worker {k} printed: {outputs[k].strip()}")
+
+    def check_cmake_subdirectory(self) -> None:
+        what = "CMake add_subdirectory consumer"
+        cmake = self.require_cmake_tools(what)
+        base = self.work / "cmake_subdirectory"
+        project = self.cmake_project(what, base, "add_subdirectory", {})
+        (project / "third_party").mkdir()
+        shutil.copytree(self.source_snapshot(), project / "third_party" / "distribute", symlinks=True)
+        self.build_and_run_cmake_project(what, cmake, project, base / "build", [], None)
+
+    def check_cmake_fetchcontent(self) -> None:
+        what = "CMake FetchContent consumer"
+        cmake = self.require_cmake_tools(what)
+        base = self.work / "cmake_fetchcontent"
+        url = self.source_snapshot().as_uri()
+        project = self.cmake_project(what, base, "fetchcontent", {"file:///path/to/distribute": url})
+        self.build_and_run_cmake_project(what, cmake, project, base / "build", [], None)
+
+    def cmake_install_prefix(self, what: str) -> Path:
+        """The README's install commands, run as written but for the paths (once per run)."""
+        prefix = self.work / "cmake_install" / "prefix"
+        if prefix.exists():
+            return prefix
+        base = prefix.parent
+        base.mkdir(parents=True, exist_ok=True)
+        snapshot = self.source_snapshot()
+        for line in self.readme_snippets()["install"].splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            words = [w.replace("path/to/distribute", str(snapshot)).replace("/opt/distribute", str(prefix))
+                     for w in shlex.split(line)]
+            if words[0] != "cmake":
+                raise CheckFailed(f"{what}: README.md's install block runs {words[0]!r}, not cmake: {line}")
+            if words[1:2] == ["-S"]:
+                words += self.cmake_compiler_args()
+            self.sh(words, f"{what}: {line}", cwd=base)
+        self.check_installed_files(what, prefix, EXPECTED_CMAKE_INSTALL_FILES)
+        return prefix
+
+    def check_cmake_install(self) -> None:
+        what = "CMake install + find_package consumer"
+        cmake = self.require_cmake_tools(what)
+        prefix = self.cmake_install_prefix(what)
+        base = self.work / "cmake_install"
+        project = self.cmake_project(what, base, "find_package", {})
+        self.build_and_run_cmake_project(what, cmake, project, base / "build", [f"-DCMAKE_PREFIX_PATH={prefix}"],
+                                         prefix / "bin" / "distribute-launch")
+
+    def check_cmake_cuda(self) -> None:
+        what = "CMake distribute::cuda consumer"
+        cmake = self.require_cmake_tools(what)
+        prefix = self.cmake_install_prefix(what)
+        build = self.work / "cmake_cuda" / "build"
+        out = self.sh([cmake, "-S", str(HERE / "cuda_project"), "-B", str(build), f"-DCMAKE_PREFIX_PATH={prefix}",
+                       "-DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF", *self.cmake_compiler_args()],
+                      f"{what}: cmake configure")
+        if "distribute::cuda: not found" in out:
+            raise CheckSkipped(f"{what}: no CUDA toolkit found, so no distribute::cuda")
+        print(f"  {next(line for line in out.splitlines() if 'distribute::cuda:' in line)}")
+        self.sh([cmake, "--build", str(build)], f"{what}: cmake --build")
+        out = self.sh([str(build / "cuda_app")], f"{what}: running the program")
+        if f"distribute {self.version} cuda: " not in out:
+            raise CheckFailed(f"{what}: the program printed {out!r}")
+        print(f"  program printed: {out.strip()}")
+
     def check_cmake(self) -> None:
         what = "CMake find_package consumer"
         cmake = shutil.which("cmake")
@@ -236,6 +462,19 @@ class Runner:
         else:
             raise CheckFailed(f"{what}: find_package(distribute {major + 1}.0) accepted "
                               f"distribute {self.version}")
+
+        # An unknown component is refused with a message that names it and the real ones.
+        try:
+            self.sh([cmake, "-S", str(project), "-B", str(base / "build-bad-component"), *common,
+                     "-DDISTRIBUTE_FIND_ARGS=COMPONENTS;nope"],
+                    f"{what}: cmake configure asking for component 'nope'")
+        except CheckFailed as e:
+            if "distribute has no component 'nope' (it has: cluster, cuda)" not in str(e):
+                raise CheckFailed(f"{what}: find_package(distribute COMPONENTS nope) failed without naming "
+                                  f"the component:\n{e}") from None
+            print("  find_package(distribute COMPONENTS nope) is refused, naming the component")
+        else:
+            raise CheckFailed(f"{what}: find_package(distribute COMPONENTS nope) succeeded")
 
         build = base / "build"
         out = self.sh([cmake, "-S", str(project), "-B", str(build), *common,
