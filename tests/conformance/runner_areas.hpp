@@ -1,0 +1,210 @@
+// One function per conformance area: the case's input (JSON, as driver.py wrote it) in, the
+// result (JSON, in the same form as the TensorFlow side's, tf_side.py) out; a distribute::Error
+// for a case that distribute refuses.
+#pragma once
+
+#include <distribute/distribute.hpp>
+
+#include <boost/json.hpp>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace conformance {
+namespace ds = distribute;
+namespace json = boost::json;
+using Mirrored = ds::MirroredStrategy<>;
+
+template <class T>
+json::value opt(const std::optional<T>& v) {
+  return v ? json::value(*v) : json::value(nullptr);
+}
+
+// ---- device strings ---------------------------------------------------------------------------
+
+/// tf.DeviceSpec.from_string(s): the five fields and to_string().
+inline json::value device_case(const json::value& in) {
+  const auto spec = ds::DeviceSpec::parse(std::string(in.as_string()));
+  return json::object{{"job", opt(spec.job)},
+                      {"replica", opt(spec.replica)},
+                      {"task", opt(spec.task)},
+                      {"device_type", opt(spec.device_type)},
+                      {"device_index", opt(spec.device_index)},
+                      {"string", spec.to_string()}};
+}
+
+// ---- TF_CONFIG --------------------------------------------------------------------------------
+
+/// TFConfigClusterResolver(): the cluster ({job: {index: address}}), task, RPC layer, master().
+inline json::value tf_config_case(const json::value& in) {
+  const ds::TFConfigClusterResolver r{std::string_view(in.as_string())};
+  json::object cluster;
+  const auto& spec = r.cluster_spec();
+  for (const auto& job : spec.jobs()) {
+    json::object tasks;
+    for (int i : spec.task_indices(job)) tasks[std::to_string(i)] = spec.task_address(job, i);
+    cluster[job] = std::move(tasks);
+  }
+  return json::object{{"cluster", std::move(cluster)},
+                      {"task_type", r.task_type()},
+                      {"task_id", r.task_id()},
+                      {"rpc_layer", r.rpc_layer()},
+                      {"master", r.master()}};
+}
+
+// ---- partitioners -----------------------------------------------------------------------------
+
+inline ds::DType dtype_named(const json::value& v) {
+  for (std::uint8_t code = 0; code < ds::kNumDTypes; ++code) {
+    if (ds::to_string(static_cast<ds::DType>(code)) == v.as_string()) return static_cast<ds::DType>(code);
+  }
+  throw ds::InvalidArgument("case_runner: unknown dtype");
+}
+
+inline std::vector<std::int64_t> int_list(const json::value& v) {
+  std::vector<std::int64_t> out;
+  for (const auto& x : v.as_array()) out.push_back(x.to_number<std::int64_t>());
+  return out;
+}
+
+/// FixedShardsPartitioner / MinSizePartitioner / MaxSizePartitioner(args...)(shape, dtype).
+inline json::value partitioner_case(const json::value& in) {
+  const auto& c = in.as_object();
+  const std::string kind(c.at("kind").as_string());
+  const auto args = int_list(c.at("args"));
+  const ds::Shape shape = int_list(c.at("shape"));
+  const ds::DType dtype = dtype_named(c.at("dtype"));
+  ds::Partitions p;
+  if (kind == "fixed") p = ds::FixedShardsPartitioner(args.at(0))(shape, dtype);
+  else if (kind == "min") p = ds::MinSizePartitioner(args.at(0), args.at(1), args.at(2))(shape, dtype);
+  else p = ds::MaxSizePartitioner(args.at(0), args.at(1), args.at(2))(shape, dtype);
+  return json::value_from(p);
+}
+
+// ---- tensors ----------------------------------------------------------------------------------
+
+template <class T>
+ds::Tensor<T> tensor_from(const json::value& v) {
+  const auto& o = v.as_object();
+  std::vector<T> values;
+  for (const auto& x : o.at("values").as_array()) values.push_back(x.to_number<T>());
+  return ds::Tensor<T>(int_list(o.at("shape")), std::move(values));
+}
+
+/// {"dtype", "shape", "values"}; non-finite floats as the strings "nan", "inf", "-inf" (JSON has none).
+template <class T>
+json::value tensor_json(const ds::Tensor<T>& t) {
+  json::array values;
+  for (const T& x : t.values()) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(x)) values.emplace_back("nan");
+      else if (std::isinf(x)) values.emplace_back(x > 0 ? "inf" : "-inf");
+      else values.emplace_back(static_cast<double>(x));
+    } else {
+      values.emplace_back(static_cast<std::int64_t>(x));
+    }
+  }
+  return json::object{{"dtype", ds::to_string(ds::dtype_of<T>())}, {"shape", json::value_from(t.shape())},
+                      {"values", std::move(values)}};
+}
+
+template <class T>
+json::value tensors_json(const std::vector<ds::Tensor<T>>& ts) {
+  json::array out;
+  for (const auto& t : ts) out.push_back(tensor_json(t));
+  return out;
+}
+
+/// One strategy per replica count, made once (a strategy starts its replica threads).
+inline Mirrored& strategy(int replicas) {
+  static std::unique_ptr<Mirrored> made[9];
+  if (replicas < 1 || replicas > 8) throw ds::InvalidArgument("case_runner: 1 to 8 replicas");
+  auto& s = made[replicas];
+  if (!s) s = std::make_unique<Mirrored>(replicas);
+  return *s;
+}
+
+/// A case on a PerReplica of tensors: strategy.reduce / gather / local_results, or the replica
+/// context's all_reduce / all_gather inside run().
+template <class T>
+json::value values_case(const json::object& c) {
+  Mirrored& s = strategy(static_cast<int>(c.at("replicas").to_number<std::int64_t>()));
+  const auto& components = c.at("components").as_array();
+  if (components.size() != static_cast<std::size_t>(s.num_replicas_in_sync())) {
+    throw ds::InvalidArgument("case_runner: one component per replica");
+  }
+  auto v = s.distribute_values_from_function([&](const ds::ValueContext& ctx) {
+    return tensor_from<T>(components.at(static_cast<std::size_t>(ctx.replica_id_in_sync_group)));
+  });
+  const std::string what(c.at("what").as_string());
+  const json::value& axis = c.at("axis");
+  if (what == "reduce") {
+    const std::string op(c.at("op").as_string());
+    if (axis.is_null()) return tensor_json(s.reduce(op, v));
+    if (axis.is_array()) return tensor_json(s.reduce(op, v, int_list(axis)));
+    return tensor_json(s.reduce(op, v, axis.to_number<std::int64_t>()));
+  }
+  if (what == "gather") return tensor_json(s.gather(v, axis.to_number<std::int64_t>()));
+  if (what == "local_results") return tensors_json(s.local_results(v));
+  if (what == "all_reduce") {
+    const std::string op(c.at("op").as_string());
+    return tensors_json(s.run([&](ds::ReplicaContext& ctx, const ds::Tensor<T>& x) { return ctx.all_reduce(op, x); }, v)
+                            .values());
+  }
+  if (what == "all_gather") {
+    const int a = static_cast<int>(axis.to_number<std::int64_t>());
+    return tensors_json(s.run([&](ds::ReplicaContext& ctx, const ds::Tensor<T>& x) { return ctx.all_gather(x, a); }, v)
+                            .values());
+  }
+  throw ds::InvalidArgument("case_runner: unknown values case '" + what + "'");
+}
+
+inline json::value values_case(const json::value& in) {
+  const auto& c = in.as_object();
+  const std::string dtype(c.at("dtype").as_string());
+  if (dtype == "float32") return values_case<float>(c);
+  if (dtype == "float64") return values_case<double>(c);
+  if (dtype == "int32") return values_case<std::int32_t>(c);
+  if (dtype == "int64") return values_case<std::int64_t>(c);
+  throw ds::InvalidArgument("case_runner: unknown dtype '" + dtype + "'");
+}
+
+// ---- datasets ---------------------------------------------------------------------------------
+
+/// distribute_dataset(range(n).batch(b, drop)) or distribute_datasets_from_function(fn returning
+/// range(n).batch(b, drop)): the elements each replica gets, step after step.
+inline json::value dataset_case(const json::value& in) {
+  const auto& c = in.as_object();
+  Mirrored& s = strategy(static_cast<int>(c.at("replicas").to_number<std::int64_t>()));
+  const auto n = c.at("n").to_number<std::int64_t>(), b = c.at("batch").to_number<std::int64_t>();
+  const bool drop = c.at("drop_remainder").as_bool();
+  json::array steps;
+  auto record = [&](const auto& dist) {
+    for (const auto& step : dist) {
+      json::array replicas;
+      for (const auto& batch : step.values()) replicas.push_back(json::value_from(batch.values()));
+      steps.push_back(std::move(replicas));
+    }
+  };
+  if (c.at("how").as_string() == "from_function") {
+    record(s.distribute_datasets_from_function(
+        [&](const ds::InputContext&) { return ds::data::range(n).batch(b, drop); }));
+  } else {
+    record(s.distribute_dataset(ds::data::range(n).batch(b, drop)));
+  }
+  return steps;
+}
+
+inline json::value run_case(const std::string& area, const json::value& in) {
+  if (area == "device") return device_case(in);
+  if (area == "tf_config") return tf_config_case(in);
+  if (area == "partitioner") return partitioner_case(in);
+  if (area == "values") return values_case(in);
+  if (area == "dataset") return dataset_case(in);
+  throw ds::InvalidArgument("case_runner: unknown area '" + area + "'");
+}
+
+}  // namespace conformance

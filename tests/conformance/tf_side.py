@@ -1,0 +1,270 @@
+"""The TensorFlow side of the conformance suite: case generators (randomised from a seed) and the
+same cases run through TensorFlow 2.21. Each area has gen(rng, count) -> [input] and
+tf(input) -> value (JSON-able, the form case_runner.cpp writes) or raises when TF refuses the case.
+Imported by driver.py inside the TensorFlow venv."""
+import json
+import math
+import os
+
+import numpy as np
+import tensorflow as tf
+
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(_cpus[0], [tf.config.LogicalDeviceConfiguration()] * 4)
+_strategies = {}
+
+
+def strategy(n):
+    if n not in _strategies:
+        _strategies[n] = tf.distribute.MirroredStrategy(["/cpu:%d" % i for i in range(n)])
+    return _strategies[n]
+
+
+# ---- device strings ---------------------------------------------------------------------------
+
+_KEYS = ["job", "replica", "task", "device", "cpu", "gpu", "CPU", "GPU", "Gpu", "tpu", "TPU", "custom", "epu",
+         "EPU", "foo", "JOB", "Task", "DEVICE", "", "xla_cpu"]
+_VALS = ["0", "1", "12", "-1", "+2", " 3", "1_0", "1__0", "_1", "x", "*", "", "worker", "a b", "007", "2147483648",
+         "-2147483648", "CPU", "cpu", "gpu", "Cpu", "foo", "3 ", "\t4", "0x1", "1.0"]
+
+
+def device_gen(rng, count):
+    out = []
+    for _ in range(count):
+        comps = []
+        for _ in range(rng.randint(0, 4)):
+            nf = rng.choice([1, 2, 2, 2, 3, 3, 4])
+            comps.append(":".join([rng.choice(_KEYS)] + [rng.choice(_VALS) for _ in range(nf - 1)]))
+        out.append(("/" if rng.random() < 0.7 else "") + "/".join(comps))
+    return out
+
+
+def device_tf(s):
+    d = tf.DeviceSpec.from_string(s)
+    return {"job": d.job, "replica": d.replica, "task": d.task, "device_type": d.device_type,
+            "device_index": d.device_index, "string": d.to_string()}
+
+
+# ---- TF_CONFIG ----------------------------------------------------------------------------------
+
+def _address(rng):
+    host = rng.choice(["a", "b", "host0", "10.0.0.1", "[::1]", "localhost", "", "w-1.example"])
+    port = rng.choice(["2222", "1", "65535", "0", "70000", "x", ""])
+    return rng.choice([host + ":" + port] * 8 + [host, "grpc://a:1", 7, None])
+
+
+def _job(rng):
+    n = rng.choice([0, 1, 1, 2, 3])
+    if rng.random() < 0.8:
+        return [_address(rng) for _ in range(n)]
+    return {str(rng.choice([0, 1, 2, 5, "a", -1][:5 if rng.random() < 0.9 else 6])): _address(rng) for _ in range(n)}
+
+
+def tf_config_gen(rng, count):
+    out = []
+    names = ["chief", "worker", "ps", "evaluator"]
+    for _ in range(count):
+        cfg = {}
+        r = rng.random()
+        if r < 0.8:
+            cfg["cluster"] = {j: _job(rng) for j in rng.sample(names + ["master"] * (rng.random() < 0.1),
+                                                               rng.randint(0, 3))}
+        elif r < 0.85:
+            cfg["cluster"] = None
+        if rng.random() < 0.85:
+            task = {}
+            if rng.random() < 0.95:
+                task["type"] = rng.choice(names * 4 + ["master", None, 1])
+            if rng.random() < 0.95:
+                task["index"] = rng.choice([0, 0, 1, 1, 2, 3, -1, "1", "x", 1.5, True, None, 1000000])
+            cfg["task"] = task if rng.random() < 0.97 else None
+        if rng.random() < 0.3:
+            cfg["rpc_layer"] = rng.choice(["grpc", "", None, "grpc+verbs"])
+        if rng.random() < 0.05:
+            cfg["session_master"] = rng.choice(["s:1", "grpc://s:2"])
+        out.append(json.dumps(cfg))
+    return out
+
+
+def tf_config_tf(text):
+    os.environ["TF_CONFIG"] = text
+    try:
+        r = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        spec = r.cluster_spec()
+        cluster = {}
+        for job in spec.jobs:
+            cluster[job] = {str(i): spec.task_address(job, i) for i in spec.task_indices(job)}
+        out = {"cluster": cluster, "task_type": r.task_type, "task_id": r.task_id,
+               "rpc_layer": r.rpc_layer or "", "master": r.master()}
+    finally:
+        del os.environ["TF_CONFIG"]
+    if out["task_type"] is None:  # local mode: ours reports worker 0
+        out["task_type"], out["task_id"] = "worker", 0 if out["task_id"] is None else out["task_id"]
+    if out["task_id"] is None:
+        out["task_id"] = 0
+    return out
+
+
+# ---- partitioners --------------------------------------------------------------------------------
+
+_P = tf.distribute.experimental.partitioners
+
+
+def partitioner_gen(rng, count):
+    out = []
+    for _ in range(count):
+        kind = rng.choice(["fixed", "min", "max"])
+        shape = [rng.choice([0, 1, 2, 3, 5, 8, 100, 1000, 4096]) for _ in range(rng.randint(1, 3))]
+        dtype = rng.choice(["float32", "float64", "int32", "int64", "int8", "float16"])
+        if kind == "fixed":
+            args = [rng.choice([1, 2, 3, 4, 7, 16, 1000])]
+        elif kind == "min":
+            args = [rng.choice([1, 4, 64, 1024, 256 << 10]), rng.choice([1, 2, 3, 8, 100]), 16]
+        else:
+            args = [rng.choice([1, 4, 63, 64, 1024, 4096, 1 << 20]), rng.choice([0, 1, 2, 5, 100]), 16]
+        out.append({"kind": kind, "args": args, "shape": shape, "dtype": dtype})
+    return out
+
+
+def partitioner_tf(c):
+    cls = {"fixed": _P.FixedShardsPartitioner, "min": _P.MinSizePartitioner, "max": _P.MaxSizePartitioner}[c["kind"]]
+    if c["kind"] == "max" and c["args"][1] == 0:
+        p = cls(c["args"][0], None, c["args"][2])  # TF's "no limit" is None; ours is 0
+    else:
+        p = cls(*c["args"])
+    return [int(x) for x in p(tf.TensorShape(c["shape"]), tf.as_dtype(c["dtype"]))]
+
+
+# ---- values: reduce, gather, local_results, all_reduce, all_gather -------------------------------
+
+def _tensor_json(t):
+    a = np.asarray(t)
+    vals = []
+    for x in a.reshape(-1).tolist():
+        if isinstance(x, float) and not math.isfinite(x):
+            vals.append("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
+        else:
+            vals.append(x)
+    return {"dtype": a.dtype.name, "shape": list(a.shape), "values": vals}
+
+
+def values_gen(rng, count):
+    out = []
+    for _ in range(count):
+        n = rng.randint(1, 4)
+        rank = rng.randint(0, 3)
+        shape = [rng.randint(1, 4) for _ in range(rank)]
+        dtype = rng.choice(["float32", "float64", "int32", "int64"])
+        what = rng.choice(["reduce"] * 5 + ["gather", "gather", "local_results", "all_reduce", "all_gather"])
+        axis = None
+        uneven = None  # the axis along which components may differ in size
+        if what == "reduce":
+            choice = rng.random()
+            if rank and choice < 0.45:
+                axis = rng.randint(-rank, rank - 1)
+                uneven = axis % rank if rng.random() < 0.5 else None
+            elif rank and choice < 0.7:
+                axis = rng.sample(range(-rank, rank), rng.randint(0, rank))
+                axis = [a for i, a in enumerate(axis) if all((a - b) % rank for b in axis[:i])]
+                uneven = axis[0] % rank if axis and rng.random() < 0.5 else None
+        elif what in ("gather", "all_gather"):
+            if rank == 0:
+                shape, rank = [2], 1
+            # A negative axis only with one replica: with several, TF 2.21's collective fails and
+            # poisons every later collective of the process ("Restart your program to reset"),
+            # so those cases are tests in test_mirrored.cpp instead (docs/semantics.md).
+            axis = rng.randint(0, rank - 1) if n > 1 or rng.random() < 0.5 else rng.randint(-rank, -1)
+            uneven = axis % rank if rng.random() < 0.5 else None
+        sizes = [rng.randint(0, 3) for _ in range(n)]
+        if what in ("gather", "all_gather") and not any(sizes):
+            sizes[rng.randrange(n)] = 1  # TF 2.21 crashes (SIGSEGV) gathering only empty tensors
+        components = []
+        for r in range(n):
+            s = list(shape)
+            if uneven is not None:
+                s[uneven] = sizes[r]
+            size = int(np.prod(s)) if s else 1
+            if dtype.startswith("float"):
+                vals = [round(rng.uniform(-100, 100), 3) for _ in range(size)]
+            else:
+                vals = [rng.randint(-1000, 1000) for _ in range(size)]
+            components.append({"shape": s, "values": vals})
+        op = rng.choice(["SUM", "MEAN", "sum", "Mean"])
+        out.append({"replicas": n, "dtype": dtype, "what": what, "op": op, "axis": axis, "components": components})
+    return out
+
+
+def values_tf(c):
+    s = strategy(c["replicas"])
+    dtype = tf.as_dtype(c["dtype"])
+    comps = [tf.constant(np.array(x["values"], dtype=dtype.as_numpy_dtype).reshape(x["shape"]))
+             for x in c["components"]]
+    v = s.experimental_distribute_values_from_function(lambda ctx: comps[ctx.replica_id_in_sync_group])
+    what, axis, op = c["what"], c["axis"], c["op"].upper()
+    if what == "reduce":
+        return _tensor_json(s.reduce(op, v, axis=tuple(axis) if isinstance(axis, list) else axis))
+    if what == "gather":
+        return _tensor_json(s.gather(v, axis=axis))
+    if what == "local_results":
+        return [_tensor_json(t) for t in s.experimental_local_results(v)]
+    if what == "all_reduce":
+        res = s.run(lambda x: tf.distribute.get_replica_context().all_reduce(op, x), args=(v,))
+    else:
+        res = s.run(lambda x: tf.distribute.get_replica_context().all_gather(x, axis=axis), args=(v,))
+    return [_tensor_json(t) for t in s.experimental_local_results(res)]
+
+
+# ---- datasets ------------------------------------------------------------------------------------
+
+def dataset_gen(rng, count):
+    out = []
+    for _ in range(count):
+        n = rng.randint(1, 4)
+        how = rng.choice(["distribute_dataset", "from_function"])
+        batch = rng.randint(1, 5) * (n if how == "distribute_dataset" and rng.random() < 0.5 else 1)
+        out.append({"replicas": n, "how": how, "n": rng.randint(0, 25), "batch": batch,
+                    "drop_remainder": rng.random() < 0.5})
+    return out
+
+
+def dataset_tf(c):
+    s = strategy(c["replicas"])
+
+    def make(_ctx=None):
+        return tf.data.Dataset.range(c["n"]).batch(c["batch"], drop_remainder=c["drop_remainder"])
+
+    if c["how"] == "from_function":
+        d = s.distribute_datasets_from_function(make)
+    else:
+        d = s.experimental_distribute_dataset(make())
+    return [[t.numpy().tolist() for t in s.experimental_local_results(step)] for step in d]
+
+
+AREAS = {
+    "device": (device_gen, device_tf),
+    "tf_config": (tf_config_gen, tf_config_tf),
+    "partitioner": (partitioner_gen, partitioner_tf),
+    "values": (values_gen, values_tf),
+    "dataset": (dataset_gen, dataset_tf),
+}
+
+
+def run_one(case):
+    """(True, value) or (False, TF's error) for one case."""
+    try:
+        return True, AREAS[case["area"]][1](case["input"])
+    except Exception as e:  # TF refuses the case
+        return False, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+
+
+if __name__ == "__main__":
+    # Serve mode: cases on stdin, one [id, ok, value] per line on stdout. driver.py runs the cases
+    # of one replica count per process: TF's collectives of MirroredStrategies of different sizes
+    # in one process share group keys and abort ("joining a group with size 4, but that group
+    # has size 3"), and a failed collective poisons the process's later ones.
+    import sys
+    for line in sys.stdin:
+        case = json.loads(line)
+        ok, value = run_one(case)
+        sys.stdout.write(json.dumps([case["id"], ok, value]) + "\n")
+    sys.stdout.flush()
