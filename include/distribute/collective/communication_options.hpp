@@ -41,6 +41,16 @@ struct CommunicationOptions {
   /// through shared memory instead of TCP (see net::CommunicatorOptions::shared_memory_min_bytes).
   /// Unset: 256 KiB; 0: always TCP.
   std::optional<std::size_t> shared_memory_min_bytes = std::nullopt;
+  /// Serve this worker's metrics (Prometheus text, GET /metrics; docs/observability.md) over HTTP
+  /// on its own host (its cluster address's host, never every interface), at this port plus the
+  /// worker's rank (the chief 0, then the workers), so one value serves a whole job; 0: a free
+  /// port each (see MultiWorkerMirroredStrategy::metrics_port()). Unset: the environment variable
+  /// DISTRIBUTE_METRICS_PORT, if set and non-empty; otherwise no metrics and no cost.
+  std::optional<int> metrics_port = std::nullopt;
+  /// Record a timeline of this task's collectives and run() steps (Chrome trace-event JSON,
+  /// observe/timeline.hpp) into this path with the task inserted before its extension
+  /// (tl.json -> tl.worker-1.json). Unset: DISTRIBUTE_TIMELINE, if non-empty; "": none.
+  std::optional<std::string> timeline = std::nullopt;
 };
 
 namespace detail {

@@ -122,7 +122,7 @@ class Communicator {
   /// Sends one message to `peer`; returns once it is handed to the kernel (`data` may then be
   /// reused). Messages between two ranks arrive in order; at most options().max_frame_bytes.
   void send(int peer, std::span<const std::byte> data) {
-    detail::Transport::Op call(*transport_, fmt::format("send to {}", peer_label(peer)), peer);
+    detail::Transport::Op call(*transport_, fmt::format("send to {}", peer_label(peer)), peer, observe::CallKind::Send);
     call.send_p2p(peer, data);
     call.finish();
   }
@@ -130,7 +130,7 @@ class Communicator {
   /// Receives the next message from `peer`, which must be exactly `data.size()` bytes (otherwise
   /// InvalidArgument; the message is consumed and the communicator stays usable).
   void recv(int peer, std::span<std::byte> data) {
-    detail::Transport::Op call(*transport_, fmt::format("recv from {}", peer_label(peer)), peer);
+    detail::Transport::Op call(*transport_, fmt::format("recv from {}", peer_label(peer)), peer, observe::CallKind::Recv);
     call.recv_p2p(peer, data);
     call.finish();
   }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -11,6 +12,9 @@
 #include <distribute/version.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+class CollectiveMetrics;
+}
 namespace net {
 
 struct CommunicatorOptions {
@@ -72,6 +76,9 @@ struct CommunicatorOptions {
   std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
+  /// When set, every call, connection retry and failure is counted there (observe/collective_metrics.hpp;
+  /// a multi-worker strategy sets it when metrics are on). Unset: nothing is counted.
+  std::shared_ptr<observe::CollectiveMetrics> metrics;
 };
 
 }  // namespace net

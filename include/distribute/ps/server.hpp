@@ -26,6 +26,7 @@
 #include <distribute/core/device.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
+#include <distribute/observe/metrics.hpp>
 #include <distribute/ps/detail/messages.hpp>
 #include <distribute/ps/detail/ps_client.hpp>
 #include <distribute/ps/detail/rpc.hpp>
@@ -363,30 +364,36 @@ class Server {
     return r;
   }
 
-  std::string metrics() const {
+  std::string metrics() {
+    std::call_once(metrics_registered_, [this] { register_metrics(); });
+    return metrics_.expose();
+  }
+
+  // The counters stay this server's atomics (the request path is unchanged); the registry reads
+  // them when scraped and writes the text, labelled task_type/task_index like every task's.
+  void register_metrics() {
     static constexpr const char* ops[] = {"other",  "ping",   "create",      "read",         "read_rows",
                                           "update", "commit", "run_closure", "make_dataset", "stop"};
-    const std::string labels = fmt::format("job=\"{}\",task=\"{}\"", job_, task_);
-    std::string out = "# HELP distribute_requests_total Requests served, by operation.\n"
-                      "# TYPE distribute_requests_total counter\n";
+    auto read = [](const std::atomic<std::uint64_t>& a) { return [&a] { return static_cast<double>(a.load()); }; };
     for (std::size_t i = 0; i < requests_.size(); ++i) {
-      out += fmt::format("distribute_requests_total{{{},op=\"{}\"}} {}\n", labels, ops[i], requests_[i].load());
+      metrics_.callback("distribute_requests_total", "Requests served, by operation.", "counter", {{"op", ops[i]}},
+                        read(requests_[i]));
     }
-    auto gauge = [&](const char* name, const char* help, const char* type, auto value) {
-      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{{{}}} {}\n", name, help, name, type, name, labels, value);
-    };
     if (job_ == "ps") {
-      gauge("distribute_variables", "Variables held by this ps task.", "gauge", table_->size());
-      gauge("distribute_variable_bytes", "Bytes of variable values held by this ps task.", "gauge", table_->bytes());
-      gauge("distribute_commits_applied_total", "Closure commits applied.", "counter", commits_applied_.load());
-      gauge("distribute_commits_duplicate_total", "Closure commits ignored because a retry's commit was already applied.",
-            "counter", commits_duplicate_.load());
+      metrics_.callback("distribute_variables", "Variables held by this ps task.", "gauge", {},
+                        [this] { return static_cast<double>(table_->size()); });
+      metrics_.callback("distribute_variable_bytes", "Bytes of variable values held by this ps task.", "gauge", {},
+                        [this] { return static_cast<double>(table_->bytes()); });
+      metrics_.callback("distribute_commits_applied_total", "Closure commits applied.", "counter", {}, read(commits_applied_));
+      metrics_.callback("distribute_commits_duplicate_total",
+                        "Closure commits ignored because a retry's commit was already applied.", "counter", {},
+                        read(commits_duplicate_));
     } else {
-      gauge("distribute_closures_total", "Closures run to completion on this worker.", "counter", closures_run_.load());
-      gauge("distribute_closures_failed_total", "Closures that raised an error on this worker.", "counter",
-            closures_failed_.load());
+      metrics_.callback("distribute_closures_total", "Closures run to completion on this worker.", "counter", {},
+                        read(closures_run_));
+      metrics_.callback("distribute_closures_failed_total", "Closures that raised an error on this worker.", "counter", {},
+                        read(closures_failed_));
     }
-    return out;
   }
 
   ClusterSpec spec_;
@@ -400,6 +407,8 @@ class Server {
   std::unique_ptr<detail::VariableTable> table_;
   std::array<std::atomic<std::uint64_t>, 10> requests_{};
   std::atomic<std::uint64_t> commits_applied_{0}, commits_duplicate_{0}, closures_run_{0}, closures_failed_{0};
+  observe::MetricsRegistry metrics_{job_, task_};
+  std::once_flag metrics_registered_;
   std::mutex mutex_;
   std::condition_variable stopped_cv_;
   bool stopped_ = false;

@@ -21,6 +21,8 @@
 #include <distribute/collective/multi_worker.hpp>
 #include <distribute/core/detail/cross_worker.hpp>
 #include <distribute/net/communicator.hpp>
+#include <distribute/net/detail/address.hpp>
+#include <distribute/strategy/detail/observability.hpp>
 #include <distribute/strategy/detail/sync_strategy.hpp>
 #include <distribute/strategy/mirrored.hpp>
 
@@ -54,6 +56,7 @@ class CommunicatorLink final : public CrossWorkerLink {
 /// a cluster of more than one worker, the communicator connected to every other worker.
 struct MultiWorkerSetup {
   std::shared_ptr<ClusterResolver> resolver;
+  std::unique_ptr<TaskMetrics> metrics;  // before link: outlives the communicator that counts into it
   std::unique_ptr<CommunicatorLink> link;
   CommunicationImplementation implementation = CommunicationImplementation::Ring;  // resolved: Ring or Nccl
 
@@ -92,7 +95,11 @@ struct MultiWorkerSetup {
     setup.implementation = implementation;
     const ClusterSpec& spec = resolver->cluster_spec();
     const std::string type = resolver->task_type();
-    if (spec.empty()) return setup;  // a single-worker cluster: no communication
+    const std::optional<int> metrics_port = metrics_port_setting(options);
+    if (spec.empty()) {  // a single-worker cluster: no communication
+      start_timeline(options, type.empty() ? "worker" : type, resolver->task_id());
+      return setup;
+    }
     if (type != "chief" && type != "worker") {
       throw ClusterConfigError(fmt::format(
           "MultiWorkerMirroredStrategy runs on chief and worker tasks; this task is '{}' (task.type)", type));
@@ -106,8 +113,15 @@ struct MultiWorkerSetup {
         names.push_back(fmt::format("{}:{}", job, index));
       }
     }
+    start_timeline(options, type, resolver->task_id());
     if (addresses.size() <= 1) return setup;
     net::CommunicatorOptions comm_options;
+    if (metrics_port) {
+      const int rank = resolver->id_in_cluster();
+      const auto own = net::detail::parse_host_port(addresses[static_cast<std::size_t>(rank)]);
+      setup.metrics = TaskMetrics::start(type, resolver->task_id(), own.host, *metrics_port, rank);
+      comm_options.metrics = setup.metrics->collectives;
+    }
     comm_options.cluster_token = options.cluster_token;  // unset: net/ reads DISTRIBUTE_CLUSTER_TOKEN
     if (options.loopback_congestion_control) comm_options.loopback_congestion_control = *options.loopback_congestion_control;
     if (options.shared_memory_min_bytes) comm_options.shared_memory_min_bytes = *options.shared_memory_min_bytes;
@@ -145,6 +159,12 @@ class MultiWorkerMirroredStrategy
 
   /// The cluster this strategy runs in.
   const ClusterResolver* cluster_resolver() const noexcept { return resolver.get(); }
+  /// The port this task serves its metrics on (GET /metrics), when metrics are on
+  /// (CommunicationOptions::metrics_port or DISTRIBUTE_METRICS_PORT, in a cluster of several workers).
+  std::optional<std::uint16_t> metrics_port() const noexcept {
+    return metrics ? std::optional<std::uint16_t>(metrics->server->port()) : std::nullopt;
+  }
+
   /// True on the worker that writes checkpoints and summaries (the chief, else worker 0).
   bool is_chief() const { return this->worker_index() == 0; }
   /// Waits until every worker reaches this point.

@@ -352,12 +352,17 @@ inline void all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::s
   const CommunicatorOptions& o = tr.options();
   const std::size_t bytes = count * size_of(dtype);
   if (SharedMemoryAllReduce* shm = tr.shared_memory(); shm != nullptr && bytes >= shm->min_bytes()) {
+    op.set_algorithm("shared_memory");
+    op.count_bytes(bytes, bytes);  // this rank's values into the segment, the result out of it
     shared_memory_all_reduce(tr, op, *shm, data, count, dtype, rop);
   } else if (bytes <= std::min(o.direct_max_bytes, o.max_frame_bytes)) {
+    op.set_algorithm("direct");
     direct_all_reduce(tr, op, data, count, dtype, rop, scratch);
   } else if (bytes <= o.halving_doubling_max_bytes && halving_doubling_applies(tr.size())) {
+    op.set_algorithm("halving_doubling");
     halving_doubling_all_reduce(tr, op, data, count, dtype, rop, scratch);
   } else {
+    op.set_algorithm("ring");
     ring_all_reduce(tr, op, data, count, dtype, rop, scratch);
   }
 }
@@ -368,6 +373,7 @@ inline void chain_broadcast(Transport& tr, Transport::Op& op, std::byte* data, s
   const int n = tr.size(), r = tr.rank();
   if (bytes == 0 || n == 1) return op.finish();
   if (bytes <= std::min(tr.options().direct_max_bytes, tr.options().max_frame_bytes)) {
+    op.set_algorithm("direct");
     if (r == root) {
       for (int k = 0; k < n; ++k) {
         if (k != r) op.send(k, 0, std::span<const std::byte>(data, bytes));
@@ -377,6 +383,7 @@ inline void chain_broadcast(Transport& tr, Transport::Op& op, std::byte* data, s
     }
     return op.finish();
   }
+  op.set_algorithm("chain");
   const std::size_t chunk = tr.chunk_bytes();
   const std::size_t nch = (bytes + chunk - 1) / chunk;
   const int pos = (r - root + n) % n, prev = (r - 1 + n) % n, next = (r + 1) % n;
@@ -398,6 +405,7 @@ inline void chain_broadcast(Transport& tr, Transport::Op& op, std::byte* data, s
 /// descriptors, so no extra round is needed to learn them.
 inline void direct_all_gather(Transport& tr, Transport::Op& op, const std::byte* data, std::size_t bytes,
                               std::vector<std::byte>& out, std::vector<std::size_t>& sizes) {
+  op.set_algorithm("direct");
   const int n = tr.size(), r = tr.rank();
   const std::size_t chunk = tr.chunk_bytes();
   auto pieces = [&](std::size_t total) { return (total + chunk - 1) / chunk; };

@@ -55,6 +55,8 @@
 #include <distribute/net/detail/transfer_all.hpp>
 #include <distribute/net/frame.hpp>
 #include <distribute/net/options.hpp>
+#include <distribute/observe/collective_metrics.hpp>
+#include <distribute/observe/timeline.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
@@ -211,6 +213,8 @@ struct Peer {
   std::map<MsgKey, std::deque<TransferPtr>> posted;
   std::map<MsgKey, std::deque<Blob>> unexpected;
   std::map<std::uint64_t, Descriptor> descriptors;
+  // When each of those arrived: kept only while the timeline records (waiting vs moving data).
+  std::map<std::uint64_t, Clock::time_point> descriptor_at;
   std::uint64_t p2p_sent = 0;
   std::uint64_t p2p_received = 0;
 };
@@ -577,6 +581,7 @@ class Transport {
     Peer& p = peer(j);
     if (closing_ || p.state != Peer::State::Connecting) return;
     p.last_error = std::move(reason);
+    if (metrics_) metrics_->retry();
     const auto delay = p.backoff;
     p.backoff = std::min(p.backoff * 2, std::chrono::milliseconds(1000));
     p.retry_timer->expires_after(delay);
@@ -868,6 +873,7 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
+        if (observe::timeline_enabled()) p.descriptor_at[p.rx.seq] = Clock::now();
         if (descriptor_wakes_locked(p.rx.seq)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
@@ -1306,6 +1312,14 @@ class Transport {
   void fail_locked(Failure f, bool broadcast) {
     if (failure_) return;
     failure_ = f;
+    if (metrics_) metrics_->failure(static_cast<int>(f.kind));
+    if (observe::timeline_enabled()) {
+      try {
+        observe::Timeline::instance().instant("communicator failed", "failure", observe::Timeline::now_ns(),
+                                              fmt::format("\"message\":\"{}\"", observe::detail::json_escape(f.message)));
+      } catch (...) {
+      }
+    }
     if (broadcast) {
       const auto payload = encode(f);
       for (auto& p : peers_) {
@@ -1453,6 +1467,7 @@ class Transport {
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   CommunicatorOptions options_;
+  observe::CollectiveMetrics* metrics_ = options_.metrics.get();  // null: no metrics
   int rank_;
   int size_;
   std::size_t chunk_bytes_ = 0;
@@ -1491,10 +1506,11 @@ class Transport {
 class Transport::Op {
  public:
   /// A collective: takes the next collective number and announces `desc` to every peer.
-  Op(Transport& t, const Descriptor& desc) : t_(t), collective_(true), mine_(desc) {
+  Op(Transport& t, const Descriptor& desc)
+      : t_(t), collective_(true), mine_(desc), kind_(static_cast<observe::CallKind>(static_cast<int>(desc.kind) - 1)) {
     std::unique_lock lk(t_.mu_);
     label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_seq_);
-    if (t_.failure_) raise_failure_locked();
+    if (t_.failure_) fail_at_start(lk);
     seq_ = t_.next_seq_++;
     start();
     const auto payload = encode(desc);
@@ -1508,25 +1524,41 @@ class Transport::Op {
     }
   }
 
-  /// Point-to-point with `peer`.
-  Op(Transport& t, std::string label, int peer) : t_(t), collective_(false), label_(std::move(label)) {
+  /// Point-to-point with `peer`; `kind` (Send or Recv) counts it in the metrics and timeline,
+  /// unset leaves it out (the transport's own set-up messages).
+  Op(Transport& t, std::string label, int peer, std::optional<observe::CallKind> kind = std::nullopt)
+      : t_(t), collective_(false), label_(std::move(label)), kind_(kind.value_or(observe::CallKind::Send)), observed_(kind.has_value()) {
     if (peer < 0 || peer >= t_.size_ || peer == t_.rank_) {
       throw InvalidArgument(fmt::format("{}: peer {} is not another rank of this cluster of {} (this is rank {})", label_,
                                         peer, t_.size_, t_.rank_));
     }
     std::unique_lock lk(t_.mu_);
-    if (t_.failure_) raise_failure_locked();
+    if (t_.failure_) fail_at_start(lk);
     start();
   }
 
   ~Op() {
-    if (!finished_) abandon();
+    if (!finished_) {
+      abandon();
+      if (start_ns_ != 0) report(true);
+    }
   }
 
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
   std::uint64_t seq() const noexcept { return seq_; }
+
+  /// Names the algorithm or path this call takes, for the timeline ("ring", "shared_memory"...).
+  void set_algorithm(const char* name) noexcept { algorithm_ = name; }
+
+  /// Counts bytes moved outside the transport's frames (through shared memory), for the metrics.
+  void count_bytes(std::size_t sent, std::size_t received) {
+    if (start_ns_ == 0) return;
+    std::lock_guard lk(t_.mu_);
+    sent_ += sent;
+    received_ += received;
+  }
 
   /// Unless finish() completed: stops this Op's transfers and waits until neither the io thread
   /// nor a continuation touches the caller's memory (what the destructor does). An algorithm
@@ -1647,11 +1679,67 @@ class Transport::Op {
     if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
     transfers_.clear();
     finished_ = true;
+    lk.unlock();
+    if (start_ns_ != 0) report(false);
   }
 
  private:
   void start() {
     if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
+    // Off, observing costs this branch (and the byte counts below, plain adds under a held lock).
+    if (observed_ && (t_.metrics_ != nullptr || observe::timeline_enabled())) start_ns_ = observe::Timeline::now_ns();
+  }
+
+  // A call on a broken communicator: observed like one that failed, then its error.
+  [[noreturn]] void fail_at_start(std::unique_lock<NotifyingMutex>& lk) {
+    start();
+    if (start_ns_ != 0) {
+      lk.unlock();
+      report(true);
+      lk.lock();
+    }
+    raise_failure_locked();
+  }
+
+  // The call's end, into the metrics and the timeline (once). A failed call also writes the
+  // timeline out at once: the process may not get to exit normally.
+  void report(bool failed) noexcept {
+    const std::int64_t end = observe::Timeline::now_ns();
+    try {
+      if (t_.metrics_) t_.metrics_->call(kind_, static_cast<double>(end - start_ns_) / 1e9, sent_, received_, failed);
+      if (!observe::timeline_enabled()) return;
+      std::string error;
+      if (failed) {
+        std::lock_guard lk(t_.mu_);
+        error = t_.failure_ ? t_.failure_->message : std::string("ended by an error");
+      }
+      const std::size_t bytes = !collective_ ? std::max(sent_, received_)
+                                : mine_.kind == CollectiveKind::AllReduce ? mine_.count * size_of(mine_.dtype)
+                                                                         : mine_.count;
+      const std::int64_t joined = joined_ns_ == 0 ? end : std::clamp(joined_ns_, start_ns_, end);
+      std::string args = fmt::format("\"call\":\"{}\",\"bytes\":{},\"sent\":{},\"received\":{}", label_, bytes, sent_, received_);
+      if (algorithm_) args += fmt::format(",\"algorithm\":\"{}\"", algorithm_);
+      if (collective_ && joined_ns_ != 0) {
+        args += fmt::format(",\"wait_for_peers_us\":{:.3f},\"transfer_us\":{:.3f}", (joined - start_ns_) / 1000.0,
+                            (end - joined) / 1000.0);
+      }
+      if (failed) args += fmt::format(",\"error\":\"{}\"", observe::detail::json_escape(error));
+      auto& tl = observe::Timeline::instance();
+      const char* name = observe::kCallKindNames[static_cast<std::size_t>(kind_)];
+      tl.complete(name, "collective", start_ns_, end, std::move(args));
+      if (collective_ && joined_ns_ != 0) {
+        // Waiting for every peer to announce the same call (a straggler shows here), then moving data.
+        if (joined > start_ns_) tl.complete("wait for peers", "collective", start_ns_, joined);
+        if (end > joined) tl.complete("transfer", "collective", joined, end);
+      }
+      if (failed) {
+        tl.instant(fmt::format("{} failed", name), "failure", end,
+                   fmt::format("\"error\":\"{}\"", observe::detail::json_escape(error)));
+        tl.flush();
+      }
+    } catch (...) {
+      // Observing must never turn a call's outcome into another error.
+    }
   }
 
   TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data, bool direct = true) {
@@ -1675,6 +1763,7 @@ class Transport::Op {
       t->state = Transfer::State::Failed;
       return t;
     }
+    sent_ += data.size();
     t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f), direct);
     return t;
   }
@@ -1700,6 +1789,7 @@ class Transport::Op {
         t->state = Transfer::State::Failed;
         return t;
       }
+      received_ += dst.size();
       if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
         early = std::move(it->second.front());
         it->second.pop_front();
@@ -1829,6 +1919,7 @@ class Transport::Op {
         auto it = p->descriptors.find(seq_);
         all_[static_cast<std::size_t>(p->rank)] = it->second;
         p->descriptors.erase(it);
+        if (!p->descriptor_at.empty()) note_joined_locked(*p);
       }
     }
     descs_ok_ = true;
@@ -1843,6 +1934,17 @@ class Transport::Op {
         raise_failure_locked();
       }
     }
+  }
+
+  // The timeline's "waiting for peers" ends when the last peer's descriptor arrived.
+  void note_joined_locked(Peer& p) {
+    auto at = p.descriptor_at.find(seq_);
+    if (at == p.descriptor_at.end()) return;
+    if (start_ns_ != 0) {
+      joined_ns_ = std::max<std::int64_t>(
+          joined_ns_, std::chrono::duration_cast<std::chrono::nanoseconds>(at->second.time_since_epoch()).count());
+    }
+    p.descriptor_at.erase(p.descriptor_at.begin(), std::next(at));
   }
 
   void abandon() noexcept {
@@ -1901,6 +2003,13 @@ class Transport::Op {
   bool finished_ = false;
   bool abandoning_ = false;
   bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
+  // Observing (start_ns_ 0: not observed).
+  observe::CallKind kind_;
+  bool observed_ = true;
+  const char* algorithm_ = nullptr;
+  std::int64_t start_ns_ = 0;
+  std::int64_t joined_ns_ = 0;  // when the last peer's descriptor arrived (timeline only)
+  std::size_t sent_ = 0, received_ = 0;
 };
 
 /// Declared after the locals that an Op's continuations capture: if the scope is left before the

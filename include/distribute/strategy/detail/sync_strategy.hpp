@@ -34,6 +34,7 @@
 #include <distribute/core/values.hpp>
 #include <distribute/core/variable.hpp>
 #include <distribute/data/distributed_dataset.hpp>
+#include <distribute/observe/timeline.hpp>
 #include <distribute/strategy/detail/reduce_values.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -584,6 +585,9 @@ class SyncStrategy : public AnyStrategy {
                                         tc.replica->strategy().name()));
     }
     std::lock_guard serial(run_mutex_);  // one step at a time per strategy
+    observe::TimelineSpan span("run", "step");  // off: a relaxed load and a branch
+    if (span.active()) span.set_args(fmt::format("\"step\":{}", run_steps_));
+    ++run_steps_;
     const std::size_t n = devices_.size();
     errors_.assign(n, nullptr);
     error_order_.assign(n, 0);
@@ -636,6 +640,7 @@ class SyncStrategy : public AnyStrategy {
   std::vector<std::unique_ptr<replica_context_type>> contexts_;
   std::unique_ptr<detail::HostReplicaThreads> threads_;
   std::mutex run_mutex_;
+  std::uint64_t run_steps_ = 0;  // run() calls so far, for the timeline
   std::vector<std::exception_ptr> errors_;
   std::vector<unsigned> error_order_;
 

@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Timelines of real 2-worker MultiWorkerMirrored jobs that fail, checked against the Chrome
+trace-event format, then merged by tools/merge_timelines.py.
+
+Usage: check_timeline.py <observability_helper> <merge_timelines.py>
+
+1. mismatch: after 3 all-reduces worker 0 all-reduces and worker 1 broadcasts: both exit with
+   InvalidArgument; each file holds 4 "run" steps, 3 all_reduce spans with their bytes and
+   algorithm, and the failed call with the library's mismatch message.
+2. kill: after 3 all-reduces of 400000 bytes worker 1 SIGKILLs itself; worker 0's file is valid
+   JSON and shows the failed all_reduce with the PeerFailure; worker 1's file (written when its
+   timeline started) is valid JSON too.
+The format: valid JSON; every event has name/ph/pid/tid; only X (complete, dur >= 0), i and M
+phases; ts non-decreasing per thread; spans on a thread nest (no partial overlap).
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+HELPER = None
+MERGE = None
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def run_job(scenario, tmp):
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    procs = []
+    for i in range(2):
+        env = dict(os.environ)
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+        env["DISTRIBUTE_TIMELINE"] = os.path.join(tmp, f"{scenario}.json")
+        env.pop("DISTRIBUTE_METRICS_PORT", None)
+        procs.append(subprocess.Popen([HELPER, scenario], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise Failure(f"{scenario}: a worker did not finish within 120 s")
+        outs.append((p.returncode, out))
+    return outs, [os.path.join(tmp, f"{scenario}.worker-{i}.json") for i in range(2)]
+
+
+def check_format(path):
+    """Loads a trace file and checks the trace-event rules; returns its events."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise Failure(f"{path}: not valid JSON: {e}")
+    events = data.get("traceEvents")
+    check(isinstance(events, list), f"{path}: no traceEvents list")
+    last_ts = {}
+    open_spans = {}
+    for e in events:
+        for key in ("name", "ph", "pid", "tid"):
+            check(key in e, f"{path}: event without {key}: {e}")
+        ph = e["ph"]
+        check(ph in ("X", "i", "M"), f"{path}: unexpected phase {ph} (B/E pairs are not used): {e}")
+        if ph == "M":
+            continue
+        check(isinstance(e.get("ts"), (int, float)), f"{path}: event without a numeric ts: {e}")
+        thread = (e["pid"], e["tid"])
+        check(e["ts"] >= last_ts.get(thread, float("-inf")), f"{path}: ts goes back on thread {thread}: {e}")
+        last_ts[thread] = e["ts"]
+        if ph == "X":
+            check(isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0, f"{path}: X event without dur >= 0: {e}")
+            # In whole nanoseconds: the file's microseconds have 3 decimals, which floats do not add exactly.
+            start, end = round(e["ts"] * 1000), round(e["ts"] * 1000) + round(e["dur"] * 1000)
+            stack = open_spans.setdefault(thread, [])
+            while stack and stack[-1] <= start:
+                stack.pop()
+            # Inside the enclosing span, or it overlaps it partially (a broken nesting).
+            if stack:
+                check(end <= stack[-1], f"{path}: span overlaps its parent partially: {e}")
+            stack.append(end)
+    return events
+
+
+def spans(events, name):
+    return [e for e in events if e.get("ph") == "X" and e["name"] == name]
+
+
+def check_mismatch(tmp):
+    outs, files = run_job("mismatch", tmp)
+    for i, (rc, out) in enumerate(outs):
+        check(rc == 4 and "mismatched collectives" in out,
+              f"mismatch: worker {i} exited {rc} (want 4, InvalidArgument):\n{out}")
+    for i, path in enumerate(files):
+        events = check_format(path)
+        runs = spans(events, "run")
+        check(len(runs) == 4, f"{path}: {len(runs)} run steps, expected 4")
+        check([r["args"].get("step") for r in runs] == [0, 1, 2, 3], f"{path}: run steps {runs}")
+        reduces = [e for e in spans(events, "all_reduce") if "error" not in e["args"]]
+        check(len(reduces) == 3, f"{path}: {len(reduces)} successful all_reduce spans, expected 3")
+        for r in reduces:
+            check(r["args"]["bytes"] == 4000 and r["args"]["algorithm"] == "direct",
+                  f"{path}: all_reduce args {r['args']} (want 4000 bytes, direct)")
+            check(r["args"]["sent"] == 4000 and r["args"]["received"] == 4000, f"{path}: bytes moved {r['args']}")
+            check("wait_for_peers_us" in r["args"] and "transfer_us" in r["args"], f"{path}: no wait/transfer split")
+        kind = "all_reduce" if i == 0 else "broadcast"
+        failed = [e for e in spans(events, kind) if "error" in e["args"]]
+        check(len(failed) == 1 and "mismatched collectives" in failed[0]["args"]["error"],
+              f"{path}: the failed {kind} is not recorded with the mismatch: {failed}")
+        check(any(e["ph"] == "i" and "failed" in e["name"] for e in events), f"{path}: no failure instant event")
+    print("ok: mismatch timelines (4 steps, 3 all-reduces with bytes and algorithm, the failed call with its error)")
+    return files
+
+
+def check_kill(tmp):
+    outs, files = run_job("kill", tmp)
+    rc0, out0 = outs[0]
+    check(rc0 == 3 and "PeerFailure" in out0, f"kill: worker 0 exited {rc0} (want 3, PeerFailure):\n{out0}")
+    check(outs[1][0] < 0, f"kill: worker 1 exited {outs[1][0]}, expected to die by SIGKILL")
+    events = check_format(files[0])
+    reduces = spans(events, "all_reduce")
+    check(len(reduces) == 4, f"{files[0]}: {len(reduces)} all_reduce spans, expected 4 (3 done, 1 failed)")
+    check(all(r["args"]["bytes"] == 400000 for r in reduces), f"{files[0]}: all_reduce bytes {reduces}")
+    check("error" in reduces[-1]["args"] and "error" not in reduces[0]["args"], f"{files[0]}: failure not on the last")
+    check(any(e["ph"] == "i" for e in events), f"{files[0]}: no failure instant event")
+    check_format(files[1])  # the killed worker's file: valid, whatever it holds
+    print("ok: kill timelines (worker 0 shows the failed all-reduce; both files valid JSON)")
+    return files
+
+
+def check_merge(files, tmp, name):
+    out = os.path.join(tmp, f"{name}-merged.json")
+    r = subprocess.run([sys.executable, MERGE, out, *files], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0, f"merge_timelines.py failed ({r.returncode}): {r.stderr}")
+    events = check_format(out)
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    check(names == {1: "worker:0", 2: "worker:1"}, f"{out}: processes {names}")
+    per_pid = {}
+    for e in events:
+        if e["ph"] == "X" and e["name"] == "run":
+            per_pid[e["pid"]] = per_pid.get(e["pid"], 0) + 1
+    check(per_pid.get(1, 0) >= 3, f"{out}: worker:0 has {per_pid.get(1, 0)} run steps")
+    check(min(e["ts"] for e in events if e["ph"] != "M") >= 0, f"{out}: negative ts after alignment")
+    print(f"ok: {name} files merged into one trace, a process per task")
+
+
+def check_merge_errors(tmp):
+    bad = os.path.join(tmp, "bad.json")
+    with open(bad, "w") as f:
+        f.write("{\"traceEvents\": [")
+    r = subprocess.run([sys.executable, MERGE, os.path.join(tmp, "o.json"), bad], capture_output=True, text=True)
+    check(r.returncode == 1 and "bad.json" in r.stderr, f"a truncated file: {r.returncode} {r.stderr}")
+    r = subprocess.run([sys.executable, MERGE, os.path.join(tmp, "o.json"), os.path.join(tmp, "none-*.json")],
+                       capture_output=True, text=True)
+    check(r.returncode == 2 and "no file matches" in r.stderr, f"a pattern matching nothing: {r.returncode} {r.stderr}")
+    print("ok: merge_timelines.py refuses a truncated file and a pattern that matches nothing")
+
+
+def main():
+    global HELPER, MERGE
+    if len(sys.argv) != 3:
+        print(__doc__)
+        return 2
+    HELPER, MERGE = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    with tempfile.TemporaryDirectory(prefix="distribute-timeline-") as tmp:
+        try:
+            check_merge(check_mismatch(tmp), tmp, "mismatch")
+            check_merge(check_kill(tmp), tmp, "kill")
+            check_merge_errors(tmp)
+        except Failure as e:
+            print(f"FAIL: {e}")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
