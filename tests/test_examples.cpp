@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "../examples/common/progress.hpp"
 #include "support/processes.hpp"
 
 namespace fs = std::filesystem;
@@ -721,6 +722,24 @@ std::vector<std::pair<int, int>> plain_progress_lines(const std::string& output,
 }
 
 }  // namespace
+
+TEST_CASE("progress texts: the bar and the plain line for a given state, ETAs rounded up") {
+  CHECK(progress::duration_text(0) == "0:00");
+  CHECK(progress::duration_text(0.2) == "0:01");
+  CHECK(progress::duration_text(59.5) == "1:00");
+  CHECK(progress::duration_text(3725) == "1:02:05");
+  CHECK(progress::duration_text(-3) == "0:00");
+  // 20 of 45 steps in 4 s: 5 steps/s, 25 steps left: 5 s.
+  const progress::State s{.epoch = 3, .epochs = 12, .step = 20, .steps = 45, .elapsed = 4.0, .loss = 0.22114};
+  CHECK(progress::bar_text(s) == "[3/12] [==========>             ] 20/45      5.0 steps/s  ETA 0:05  loss 0.2211");
+  CHECK(progress::line_text(s) == "progress: epoch 3/12  step 20/45 (44%)  5.0 steps/s  ETA 0:05  loss 0.2211");
+  const progress::State done{.epoch = 1, .epochs = 1, .step = 7, .steps = 7, .elapsed = 1.0, .loss = 1.0};
+  CHECK(progress::bar_text(done, 4) == "[1/1] [====] 7/7      7.0 steps/s  ETA 0:00  loss 1.0000");
+  progress::Mode mode = progress::Mode::Off;
+  CHECK(progress::parse_mode("lines", mode));
+  CHECK(mode == progress::Mode::Lines);
+  CHECK_FALSE(progress::parse_mode("fancy", mode));
+}
 
 TEST_CASE("digits --logdir: loss, accuracy and examples/s per step and per epoch as TensorBoard scalars, beside the CSV") {
   TempDir out;
