@@ -23,6 +23,7 @@
                   distribute::cluster) and runs both, train as two workers (with the installed
                   distribute-launch after cmake --install). The source is a copy of the working
                   tree's files (`git ls-files`), so uncommitted changes are what is tested.
+                  cmake_subdirectory also builds app.cpp with -DDISTRIBUTE_SINGLE_INCLUDE=ON.
                   Skipped without cmake, git, Boost.JSON or OpenSSL
   cmake_cuda      tests/consumer/cuda_project (find_package(distribute OPTIONAL_COMPONENTS cuda)
                   after that `cmake --install`): a host-compiled MirroredStrategy<ds::cuda> program
@@ -373,6 +374,20 @@ class Runner:
         (project / "third_party").mkdir()
         shutil.copytree(self.source_snapshot(), project / "third_party" / "distribute", symlinks=True)
         self.build_and_run_cmake_project(what, cmake, project, base / "build", [], None)
+        # -DDISTRIBUTE_SINGLE_INCLUDE=ON: the same targets on the one generated header.
+        build = base / "build-single-include"
+        self.sh([cmake, "-S", str(project), "-B", str(build), "-DDISTRIBUTE_SINGLE_INCLUDE=ON",
+                 "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON", *self.cmake_compiler_args()],
+                f"{what}: cmake configure with -DDISTRIBUTE_SINGLE_INCLUDE=ON")
+        self.sh([cmake, "--build", str(build), "--target", "app"], f"{what}: cmake --build --target app")
+        commands = json.loads((build / "compile_commands.json").read_text(encoding="utf-8"))
+        app_command = next(c["command"] for c in commands if c["file"].endswith("app.cpp"))
+        single = str(project / "third_party" / "distribute" / "single_include")
+        if single not in app_command or str(project / "third_party" / "distribute" / "include ") in app_command:
+            raise CheckFailed(f"{what}: with DISTRIBUTE_SINGLE_INCLUDE=ON app.cpp is not compiled against "
+                              f"{single} alone: {app_command}")
+        print(f"  DISTRIBUTE_SINGLE_INCLUDE=ON: app.cpp compiles with -I{single}")
+        self.run_program(build / "app", f"{what} (DISTRIBUTE_SINGLE_INCLUDE=ON)")
 
     def check_cmake_fetchcontent(self) -> None:
         what = "CMake FetchContent consumer"

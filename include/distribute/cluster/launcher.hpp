@@ -27,7 +27,8 @@ struct LauncherOptions {
   /// Used when MASTER_PORT is unset.
   std::optional<int> master_port;
   /// Task i's port is MASTER_PORT + port_offset + i. torchrun's agent already listens on
-  /// MASTER_PORT itself, so under torchrun use 1 or more.
+  /// MASTER_PORT itself, so under torchrun use 1 or more. Under distribute-launch (-n N), 1 gives
+  /// the same addresses as the TF_CONFIG it sets (it leaves MASTER_PORT free for a torch rank 0).
   int port_offset = 0;
   std::string rpc_layer = "grpc";
   AcceleratorCounts num_accelerators;
