@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 TF_REQUIREMENT = "tensorflow==2.21.*"
 # Cases per area at --cases 2400 (scaled for other totals); TF's side costs most in values/dataset.
-WEIGHTS = {"device": 0.375, "tf_config": 0.29, "partitioner": 0.21, "values": 0.1, "dataset": 0.025}
+WEIGHTS = {"device": 0.35, "tf_config": 0.27, "partitioner": 0.19, "values": 0.1, "dataset": 0.025, "sharded": 0.065}
 
 
 def ensure_tensorflow():
@@ -165,9 +165,11 @@ def main():
     # started first; the rest (n = 1 included) here meanwhile.
     groups = {}
     for c in cases:
-        n = c["input"].get("replicas", 1) if isinstance(c["input"], dict) else 1
-        if n > 1:
-            groups.setdefault(n, []).append(c)
+        inp = c["input"] if isinstance(c["input"], dict) else {}
+        if inp.get("replicas", 1) > 1:
+            groups.setdefault(f"replicas-{inp['replicas']}", []).append(c)
+        elif "num_ps" in inp:  # a ParameterServerStrategy connects its process to a cluster
+            groups.setdefault(f"ps-{inp['num_ps']}", []).append(c)
     procs = []
     for _, group in sorted(groups.items()):
         proc = subprocess.Popen([sys.executable, str(HERE / "tf_side.py")], stdin=subprocess.PIPE,

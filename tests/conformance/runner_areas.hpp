@@ -8,6 +8,7 @@
 #include <boost/json.hpp>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -198,7 +199,57 @@ inline json::value dataset_case(const json::value& in) {
   return steps;
 }
 
+// ---- sharded variables --------------------------------------------------------------------------
+
+inline ds::VariablePartitioner partitioner_of(const json::object& c) {
+  const std::string kind(c.at("kind").as_string());
+  const auto args = int_list(c.at("args"));
+  if (kind == "fixed") return ds::FixedShardsPartitioner(args.at(0));
+  if (kind == "min") return ds::MinSizePartitioner(args.at(0), args.at(1), args.at(2));
+  return ds::MaxSizePartitioner(args.at(0), args.at(1), args.at(2));
+}
+
+/// A variable of `shape` made with `partitioner` by a ParameterServerStrategy of num_ps ps tasks
+/// (TF's rules, ps/partitioner.hpp): its shards' shapes (a ShardedVariable's, when it has more than
+/// one) and their devices, round-robin over the ps tasks continuing from the previous case's.
+inline ds::RoundRobinPlacement& ps_placement(int num_ps) {
+  static std::map<int, std::unique_ptr<ds::RoundRobinPlacement>> placements;  // one per cluster, whatever T
+  auto& placement = placements[num_ps];
+  if (!placement) placement = std::make_unique<ds::RoundRobinPlacement>(num_ps);
+  return *placement;
+}
+
+template <class T>
+json::value sharded_case(const json::object& c) {
+  ds::RoundRobinPlacement* placement = &ps_placement(static_cast<int>(c.at("num_ps").to_number<std::int64_t>()));
+  const ds::Shape shape = int_list(c.at("shape"));
+  const ds::Tensor<T> value(shape, std::vector<T>(static_cast<std::size_t>(ds::num_elements(shape))));
+  const auto shards = shape.empty() ? 1 : ds::shards_along_first_axis(partitioner_of(c.at("partitioner").as_object())(shape, ds::dtype_of<T>()), shape);
+  json::array shapes, devices;
+  if (shards == 1) {
+    shapes.push_back(json::value_from(shape));
+    devices.push_back(json::value(placement->next_device()));
+  } else {
+    const ds::ShardedVariable<ds::Tensor<T>> v(value, shards);
+    for (const auto& shard : v.variables()) {
+      shapes.push_back(json::value_from(shard.shape()));
+      devices.push_back(json::value(placement->next_device()));
+    }
+  }
+  return json::object{{"shapes", std::move(shapes)}, {"devices", std::move(devices)}};
+}
+
+inline json::value sharded_case(const json::value& in) {
+  const auto& c = in.as_object();
+  const std::string dtype(c.at("dtype").as_string());
+  if (dtype == "float32") return sharded_case<float>(c);
+  if (dtype == "float64") return sharded_case<double>(c);
+  if (dtype == "int32") return sharded_case<std::int32_t>(c);
+  throw ds::InvalidArgument("case_runner: unknown dtype '" + dtype + "'");
+}
+
 inline json::value run_case(const std::string& area, const json::value& in) {
+  if (area == "sharded") return sharded_case(in);
   if (area == "device") return device_case(in);
   if (area == "tf_config") return tf_config_case(in);
   if (area == "partitioner") return partitioner_case(in);

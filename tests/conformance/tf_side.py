@@ -126,12 +126,14 @@ def partitioner_gen(rng, count):
     return out
 
 
-def partitioner_tf(c):
+def partitioner_tf(c, make_only=False):
     cls = {"fixed": _P.FixedShardsPartitioner, "min": _P.MinSizePartitioner, "max": _P.MaxSizePartitioner}[c["kind"]]
     if c["kind"] == "max" and c["args"][1] == 0:
         p = cls(c["args"][0], None, c["args"][2])  # TF's "no limit" is None; ours is 0
     else:
         p = cls(*c["args"])
+    if make_only:
+        return p
     return [int(x) for x in p(tf.TensorShape(c["shape"]), tf.as_dtype(c["dtype"]))]
 
 
@@ -240,12 +242,58 @@ def dataset_tf(c):
     return [[t.numpy().tolist() for t in s.experimental_local_results(step)] for step in d]
 
 
+# ---- sharded variables (ParameterServerStrategy on an in-process cluster) -----------------------
+
+_ps = {}
+
+
+def ps_strategy(num_ps):
+    """One in-process cluster (1 worker, num_ps ps) and strategy per process: driver.py runs each
+    num_ps in its own process, and the cases in order, since placement is round-robin across them."""
+    if num_ps not in _ps:
+        import socket
+
+        def free_port():
+            with socket.socket() as s:
+                s.bind(("localhost", 0))
+                return s.getsockname()[1]
+        spec = {"worker": ["localhost:%d" % free_port()], "ps": ["localhost:%d" % free_port() for _ in range(num_ps)]}
+        cs = tf.train.ClusterSpec(spec)
+        servers = [tf.distribute.Server(cs, job_name=j, task_index=i, protocol="grpc", start=True)
+                   for j in spec for i in range(len(spec[j]))]
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cs, rpc_layer="grpc")
+        _ps[num_ps] = (tf.distribute.experimental.ParameterServerStrategy(resolver), servers)
+    return _ps[num_ps][0]
+
+
+def sharded_gen(rng, count):
+    out = []
+    for p in partitioner_gen(rng, count):
+        shape = [rng.choice([1, 2, 3, 4, 5, 7, 10, 13, 64, 100]) for _ in range(rng.choice([0, 1, 1, 2, 2, 3]))]
+        out.append({"num_ps": rng.choice([2, 3]), "partitioner": {"kind": p["kind"], "args": p["args"]},
+                    "shape": shape, "dtype": rng.choice(["float32", "float64", "int32"])})
+    return out
+
+
+def sharded_tf(c):
+    s = ps_strategy(c["num_ps"])
+    p = c["partitioner"]
+    # The partitioner is a constructor argument; one strategy per process serves every case (a
+    # new strategy per case costs a second), so the case sets it on the strategy's extended.
+    s.extended._variable_partitioner = partitioner_tf({**p, "shape": None, "dtype": None}, make_only=True)
+    with s.scope():
+        v = tf.Variable(tf.zeros(c["shape"], tf.as_dtype(c["dtype"])))
+    parts = getattr(v, "variables", [v])
+    return {"shapes": [list(x.shape) for x in parts], "devices": [x.device for x in parts]}
+
+
 AREAS = {
     "device": (device_gen, device_tf),
     "tf_config": (tf_config_gen, tf_config_tf),
     "partitioner": (partitioner_gen, partitioner_tf),
     "values": (values_gen, values_tf),
     "dataset": (dataset_gen, dataset_tf),
+    "sharded": (sharded_gen, sharded_tf),
 }
 
 
