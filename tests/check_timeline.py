@@ -8,8 +8,8 @@ Usage: check_timeline.py <observability_helper> <merge_timelines.py>
    InvalidArgument; each file holds 4 "run" steps, 3 all_reduce spans with their bytes and
    algorithm, and the failed call with the library's mismatch message.
 2. kill: after 3 all-reduces of 400000 bytes worker 1 SIGKILLs itself; worker 0's file is valid
-   JSON and shows the failed all_reduce with the PeerFailure; worker 1's file (written when its
-   timeline started) is valid JSON too.
+   JSON and shows its last all_reduce failed (the third or the fourth: worker 0 may still have
+   been finishing the third); worker 1's file (written when its timeline started) is valid too.
 The format: valid JSON; every event has name/ph/pid/tid; only X (complete, dur >= 0), i and M
 phases; ts non-decreasing per thread; spans on a thread nest (no partial overlap).
 """
@@ -139,9 +139,12 @@ def check_kill(tmp):
     check(outs[1][0] < 0, f"kill: worker 1 exited {outs[1][0]}, expected to die by SIGKILL")
     events = check_format(files[0])
     reduces = spans(events, "all_reduce")
-    check(len(reduces) == 4, f"{files[0]}: {len(reduces)} all_reduce spans, expected 4 (3 done, 1 failed)")
+    # Worker 1 dies after its third all-reduce returned; worker 0's third may still have been
+    # finishing (then it is the one that fails) or done (then its fourth fails).
+    check(len(reduces) in (3, 4), f"{files[0]}: {len(reduces)} all_reduce spans, expected 3 or 4")
     check(all(r["args"]["bytes"] == 400000 for r in reduces), f"{files[0]}: all_reduce bytes {reduces}")
-    check("error" in reduces[-1]["args"] and "error" not in reduces[0]["args"], f"{files[0]}: failure not on the last")
+    check("error" in reduces[-1]["args"] and all("error" not in r["args"] for r in reduces[:-1]),
+          f"{files[0]}: the failure is not the last all_reduce, or not only it: {reduces}")
     check(any(e["ph"] == "i" for e in events), f"{files[0]}: no failure instant event")
     check_format(files[1])  # the killed worker's file: valid, whatever it holds
     print("ok: kill timelines (worker 0 shows the failed all-reduce; both files valid JSON)")

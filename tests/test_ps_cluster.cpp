@@ -161,6 +161,14 @@ TEST_CASE("1 chief, 2 ps, 3 workers: 1000 closures each add 1 to a ps variable: 
   for (auto n : per_worker) CHECK(n > 0);  // every worker took part
   // The ps task holding the counter served the commits and says so on /metrics.
   CHECK(metric_sum({cluster.ports[1]}, "distribute_commits_applied_total") == 1000);
+  // Labelled task_type/task_index (Prometheus sets `job` itself on every scraped series).
+  const std::string ps1 = http_get(cluster.ports[1], "/metrics");
+  CHECK(ps1.find("\ndistribute_commits_applied_total{task_type=\"ps\",task_index=\"1\"} 1000\n") != std::string::npos);
+  CHECK(ps1.find("# TYPE distribute_requests_total counter\n") != std::string::npos);
+  CHECK(ps1.find("job=") == std::string::npos);
+  const std::string worker0 = http_get(cluster.ports[2], "/metrics");
+  CHECK(worker0.find("distribute_closures_total{task_type=\"worker\",task_index=\"0\"} ") != std::string::npos);
+  CHECK(worker0.find("job=") == std::string::npos);
   CHECK(http_get(cluster.ports[0], "/healthz") == "200 ok\n");
   CHECK(http_get(cluster.ports[2], "/nothing-here").rfind("404", 0) == 0);
   coordinator.shutdown_cluster();

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include <distribute/net/communicator.hpp>
+#include <distribute/observe/collective_metrics.hpp>
+#include <distribute/observe/timeline.hpp>
 
 #include "common.hpp"
 
@@ -36,6 +38,14 @@ int main(int argc, char** argv) {
   knob("MW_SHM_SLOT_BYTES", opt.shared_memory_slot_bytes);
   if (const char* v = std::getenv("MW_BUSY_POLL_US"); v != nullptr && *v != '\0') {
     opt.busy_poll = std::chrono::microseconds(std::strtoll(v, nullptr, 10));
+  }
+  // Observability's cost (docs/performance.md): DISTRIBUTE_TIMELINE records this rank's timeline
+  // as a multi-worker strategy would (written at exit); MW_METRICS=1 counts every call.
+  if (const char* tl = std::getenv("DISTRIBUTE_TIMELINE"); tl != nullptr && *tl != '\0') {
+    ds::observe::Timeline::instance().start(ds::observe::timeline_file(tl, "worker", rank), "worker", rank);
+  }
+  if (const char* m = std::getenv("MW_METRICS"); m != nullptr && std::string(m) == "1") {
+    opt.metrics = std::make_shared<ds::observe::CollectiveMetrics>(std::make_shared<ds::observe::MetricsRegistry>("worker", rank));
   }
   ds::net::Communicator comm(addrs, rank, opt, names);
 

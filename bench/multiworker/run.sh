@@ -89,6 +89,10 @@ run_impl() {  # impl np
   case $1 in
     ours) run_ours "$2" ours ;;
     ours_tcp) MW_SHM_MIN_BYTES=0 run_ours "$2" ours_tcp ;;
+    # With a timeline recorded (docs/observability.md), and with metrics counted: their cost.
+    ours_timeline) DISTRIBUTE_TIMELINE=$BUILD/timeline.json run_ours "$2" ours_timeline ;;
+    ours_tcp_timeline) MW_SHM_MIN_BYTES=0 DISTRIBUTE_TIMELINE=$BUILD/timeline.json run_ours "$2" ours_tcp_timeline ;;
+    ours_metrics) MW_METRICS=1 run_ours "$2" ours_metrics ;;
     gloo_ring) run_gloo "$2" ring ;;
     gloo_hd) run_gloo "$2" hd ;;
     mpi_tcp) run_mpi_tcp "$2" ;;
@@ -135,6 +139,14 @@ for n in sorted({k[1] for k in best}):
         oa, ob = bw(b, o, n)
         print(f"| {n} | {size(b)} | {o:.3f} | {oa:.2f} | {ob:.2f} | {ot:.3f} | {gr:.3f} | {gh:.3f} | {mt:.3f} | {mv:.3f} "
               f"| {min(gr, gh) / o:.2f}× | {min(mt, mv) / o:.2f}× | {mt / ot:.2f}× |")
+extra = sorted({k for k in best if k[0] in ("ours_timeline", "ours_tcp_timeline", "ours_metrics")})
+if extra:
+    print()
+    print("| observing | np | size | ms | without | cost |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
+    for impl, n, b in extra:
+        base = best.get(("ours_tcp" if impl.startswith("ours_tcp") else "ours", n, b), float("nan"))
+        print(f"| {impl} | {n} | {size(b)} | {best[(impl, n, b)]:.3f} | {base:.3f} | {(best[(impl, n, b)] / base - 1) * 100:+.1f}% |")
 print()
 print("algbw/busbw in GB/s (1e9); 'X vs Y' = Y's time / X's (> 1: X faster); 'best' = the faster of the two")
 print("gloo algorithms / of OpenMPI over TCP and over shared memory (vader).")

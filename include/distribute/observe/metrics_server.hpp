@@ -11,7 +11,7 @@
 #include <thread>
 
 #include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 #include <fmt/format.h>
 
@@ -53,10 +53,10 @@ class MetricsServer {
   std::uint16_t port() const noexcept { return port_; }
 
  private:
-  using Stream = boost::beast::tcp_stream;
   struct Session {
-    explicit Session(boost::asio::ip::tcp::socket s) : stream(std::move(s)) {}
-    Stream stream;
+    explicit Session(boost::asio::ip::tcp::socket s) : stream(std::move(s)), deadline(stream.get_executor()) {}
+    boost::asio::ip::tcp::socket stream;
+    boost::asio::steady_timer deadline;  // a client that says nothing is dropped after 5 s
     boost::beast::flat_buffer buffer;
     boost::beast::http::request<boost::beast::http::string_body> req;
     boost::beast::http::response<boost::beast::http::string_body> res;
@@ -72,9 +72,18 @@ class MetricsServer {
 
   void serve(std::shared_ptr<Session> s) {
     namespace http = boost::beast::http;
-    s->stream.expires_after(std::chrono::seconds(5));
+    s->deadline.expires_after(std::chrono::seconds(5));
+    s->deadline.async_wait([s](const boost::system::error_code& ec) {
+      if (!ec) {
+        boost::system::error_code ignored;
+        s->stream.close(ignored);
+      }
+    });
     http::async_read(s->stream, s->buffer, s->req, [this, s](const boost::system::error_code& ec, std::size_t) {
-      if (ec) return;
+      if (ec) {
+        s->deadline.cancel();
+        return;
+      }
       const auto target = s->req.target();
       s->res.version(s->req.version());
       s->res.set(http::field::server, "distribute");
@@ -98,8 +107,9 @@ class MetricsServer {
       }
       s->res.prepare_payload();
       http::async_write(s->stream, s->res, [s](const boost::system::error_code&, std::size_t) {
+        s->deadline.cancel();
         boost::system::error_code ignored;
-        s->stream.socket().shutdown(boost::asio::ip::tcp::socket::shutdown_send, ignored);
+        s->stream.shutdown(boost::asio::ip::tcp::socket::shutdown_send, ignored);
       });
     });
   }
