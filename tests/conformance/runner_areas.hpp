@@ -150,6 +150,15 @@ json::value values_case(const json::object& c) {
   }
   if (what == "gather") return tensor_json(s.gather(v, axis.to_number<std::int64_t>()));
   if (what == "local_results") return tensors_json(s.local_results(v));
+  if (what == "from_function") {  // what each replica's function sees, and its value there
+    auto seen = s.distribute_values_from_function([&](const ds::ValueContext& ctx) {
+      const auto& mine = tensor_from<T>(components.at(static_cast<std::size_t>(ctx.replica_id_in_sync_group)));
+      return std::make_pair(ds::Tensor<std::int32_t>{ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync}, mine);
+    });
+    json::array out;
+    for (const auto& [ids, value] : s.local_results(seen)) out.push_back(json::array{tensor_json(ids), tensor_json(value)});
+    return out;
+  }
   if (what == "all_reduce") {
     const std::string op(c.at("op").as_string());
     return tensors_json(s.run([&](ds::ReplicaContext& ctx, const ds::Tensor<T>& x) { return ctx.all_reduce(op, x); }, v)

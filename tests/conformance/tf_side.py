@@ -157,7 +157,8 @@ def values_gen(rng, count):
         rank = rng.randint(0, 3)
         shape = [rng.randint(1, 4) for _ in range(rank)]
         dtype = rng.choice(["float32", "float64", "int32", "int64"])
-        what = rng.choice(["reduce"] * 5 + ["gather", "gather", "local_results", "all_reduce", "all_gather"])
+        what = rng.choice(["reduce"] * 5 + ["gather", "gather", "local_results", "all_reduce", "all_gather",
+                                            "from_function"])
         axis = None
         uneven = None  # the axis along which components may differ in size
         if what == "reduce":
@@ -209,6 +210,12 @@ def values_tf(c):
         return _tensor_json(s.gather(v, axis=axis))
     if what == "local_results":
         return [_tensor_json(t) for t in s.experimental_local_results(v)]
+    if what == "from_function":
+        seen = s.experimental_distribute_values_from_function(
+            lambda ctx: (tf.constant([ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync], tf.int32),
+                         comps[ctx.replica_id_in_sync_group]))
+        ids, vals = (s.experimental_local_results(x) for x in seen)
+        return [[_tensor_json(i), _tensor_json(x)] for i, x in zip(ids, vals)]
     if what == "all_reduce":
         res = s.run(lambda x: tf.distribute.get_replica_context().all_reduce(op, x), args=(v,))
     else:
