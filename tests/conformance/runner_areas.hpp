@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -257,7 +258,86 @@ inline json::value sharded_case(const json::value& in) {
   throw ds::InvalidArgument("case_runner: unknown dtype '" + dtype + "'");
 }
 
+// ---- safetensors ------------------------------------------------------------------------------
+
+/// Calls fn(T{}) with the element type named (the dtypes numpy and safetensors share).
+template <class F>
+decltype(auto) with_dtype(std::string_view name, F&& fn) {
+  if (name == "float32") return fn(float{});
+  if (name == "float64") return fn(double{});
+  if (name == "float16") return fn(ds::float16{});
+  if (name == "int8") return fn(std::int8_t{});
+  if (name == "int16") return fn(std::int16_t{});
+  if (name == "int32") return fn(std::int32_t{});
+  if (name == "int64") return fn(std::int64_t{});
+  if (name == "uint8") return fn(std::uint8_t{});
+  if (name == "bool") return fn(bool{});
+  throw ds::InvalidArgument("case_runner: unknown dtype '" + std::string(name) + "'");
+}
+
+/// A safetensors file's tensors ({name: {"dtype", "shape", "values"}}) and metadata (without
+/// the keys distribute adds for itself), as safetensors.numpy reads it.
+inline json::value safetensors_json(const ds::safetensors::File& file) {
+  json::object tensors;
+  for (const auto& t : file.tensors) {
+    json::array values;
+    with_dtype(ds::to_string(t.dtype), [&](auto tag) {
+      using T = decltype(tag);
+      for (const auto& x : t.template values<T>()) {
+        if constexpr (std::is_same_v<T, bool>) values.emplace_back(static_cast<bool>(x));
+        else if constexpr (std::is_integral_v<T>) values.emplace_back(static_cast<std::int64_t>(x));
+        else if constexpr (std::is_same_v<T, ds::float16>) values.emplace_back(static_cast<double>(static_cast<float>(x)));
+        else values.emplace_back(static_cast<double>(x));
+      }
+    });
+    tensors[t.name] = json::object{{"dtype", ds::to_string(t.dtype)}, {"shape", json::value_from(t.shape)},
+                                   {"values", std::move(values)}};
+  }
+  json::object metadata;
+  for (const auto& [k, v] : file.metadata) {
+    if (k.rfind("distribute.", 0) != 0) metadata[k] = v;
+  }
+  return json::object{{"tensors", std::move(tensors)}, {"metadata", std::move(metadata)}};
+}
+
+/// "read": the file Python wrote at `path`, as we read it. "write": we write the case's tensors
+/// and metadata to `path` (driver.py then reads it with safetensors.numpy) and report what we wrote.
+inline json::value safetensors_case(const json::value& in) {
+  const auto& c = in.as_object();
+  const std::string path(c.at("path").as_string());
+  if (c.at("how").as_string() == "read") return safetensors_json(ds::safetensors::read(path));
+  std::vector<std::shared_ptr<void>> keep;  // the values the views point into
+  ds::safetensors::TensorMap tensors;
+  for (const auto& [name, t] : c.at("tensors").as_object()) {
+    const auto& o = t.as_object();
+    with_dtype(std::string(o.at("dtype").as_string()), [&](auto tag) {
+      using T = decltype(tag);
+      auto data = std::make_shared<std::vector<T>>();
+      for (const auto& x : o.at("values").as_array()) {
+        if constexpr (std::is_same_v<T, bool>) data->push_back(x.as_bool());
+        else if constexpr (std::is_integral_v<T>) data->push_back(static_cast<T>(x.to_number<std::int64_t>()));
+        else data->push_back(T(x.to_number<double>()));
+      }
+      if constexpr (std::is_same_v<T, bool>) {
+        auto bytes = std::make_shared<std::vector<std::uint8_t>>(data->begin(), data->end());
+        tensors.emplace(std::string(name), ds::safetensors::TensorView{ds::DType::Bool, int_list(o.at("shape")),
+                                                                       std::as_bytes(std::span(*bytes))});
+        keep.push_back(bytes);
+      } else {
+        tensors.emplace(std::string(name), ds::safetensors::TensorView::of(int_list(o.at("shape")),
+                                                                           std::span<const T>(*data)));
+        keep.push_back(data);
+      }
+    });
+  }
+  ds::safetensors::Metadata metadata;
+  for (const auto& [k, v] : c.at("metadata").as_object()) metadata[std::string(k)] = std::string(v.as_string());
+  ds::safetensors::write(path, tensors, metadata);
+  return safetensors_json(ds::safetensors::read(path));
+}
+
 inline json::value run_case(const std::string& area, const json::value& in) {
+  if (area == "safetensors") return safetensors_case(in);
   if (area == "sharded") return sharded_case(in);
   if (area == "device") return device_case(in);
   if (area == "tf_config") return tf_config_case(in);

@@ -294,6 +294,62 @@ def sharded_tf(c):
     return {"shapes": [list(x.shape) for x in parts], "devices": [x.device for x in parts]}
 
 
+# ---- safetensors: files written by Python read by us, and the other way ---------------------------
+
+_ST_DTYPES = ["float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool"]
+
+
+def safetensors_gen(rng, count, directory):
+    out = []
+    for i in range(count):
+        tensors = {}
+        for k in range(rng.randint(0, 4)):
+            dtype = rng.choice(_ST_DTYPES)
+            shape = [rng.randint(0, 4) for _ in range(rng.randint(0, 3))]
+            size = int(np.prod(shape)) if shape else 1
+            if dtype == "bool":
+                values = [rng.random() < 0.5 for _ in range(size)]
+            elif dtype.startswith("float"):
+                values = [rng.choice([round(rng.uniform(-1e3, 1e3), rng.randint(0, 6)), 0.0, -0.0, 1e-7, 65504.0])
+                          for _ in range(size)]
+            else:
+                info = np.iinfo(dtype)
+                values = [rng.choice([rng.randint(int(info.min), int(info.max)), 0, int(info.min), int(info.max)])
+                          for _ in range(size)]
+            name = rng.choice(["w", "bias", "layer.%d.kernel" % k, "embedding/table", "x" * 40, "ü"]) + str(k)
+            tensors[name] = {"dtype": dtype, "shape": shape, "values": values}
+        metadata = {rng.choice(["step", "format", "note"]) + str(j): rng.choice(["1", "pt", "", "ünïcode", "a b"])
+                    for j in range(rng.randint(0, 2))}
+        out.append({"how": rng.choice(["read", "write"]), "path": os.path.join(directory, "case%d.safetensors" % i),
+                    "tensors": tensors, "metadata": metadata})
+    return out
+
+
+def _st_arrays(c):
+    return {name: np.array(t["values"], dtype=t["dtype"]).reshape(t["shape"]) for name, t in c["tensors"].items()}
+
+
+def _st_read(path):
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+    with safe_open(path, framework="np") as f:
+        metadata = {k: v for k, v in (f.metadata() or {}).items() if not k.startswith("distribute.")}
+    tensors = {}
+    for name, a in load_file(path).items():
+        vals = [bool(x) for x in a.reshape(-1)] if a.dtype == np.bool_ else a.reshape(-1).tolist()
+        tensors[name] = {"dtype": a.dtype.name, "shape": list(a.shape), "values": vals}
+    return {"tensors": tensors, "metadata": metadata}
+
+
+def safetensors_tf(c):
+    """"read": Python writes the file (safetensors.numpy.save_file) and reads it back, which our read
+    must match. "write": what Python reads from the file ours wrote (called after the runner)."""
+    if c["how"] == "read":
+        from safetensors.numpy import save_file
+        save_file(_st_arrays(c), c["path"], metadata=c["metadata"] or None)
+    return _st_read(c["path"])
+
+
 AREAS = {
     "device": (device_gen, device_tf),
     "tf_config": (tf_config_gen, tf_config_tf),
@@ -301,6 +357,7 @@ AREAS = {
     "values": (values_gen, values_tf),
     "dataset": (dataset_gen, dataset_tf),
     "sharded": (sharded_gen, sharded_tf),
+    "safetensors": (safetensors_gen, safetensors_tf),
 }
 
 
