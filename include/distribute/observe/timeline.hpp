@@ -53,6 +53,15 @@ inline std::string json_escape(std::string_view s) {
   return out;
 }
 
+/// A cross-worker call's numbers, kept as numbers and written out only by flush(): recording one
+/// call allocates nothing.
+struct CallArgs {
+  std::int64_t seq = -1;  // the collective's number (-1: point-to-point)
+  std::uint64_t bytes = 0, sent = 0, received = 0;
+  const char* algorithm = nullptr;  // a literal
+  std::int64_t wait_ns = -1;        // waiting for peers; the rest of the span moved data (-1: unknown)
+};
+
 struct TraceEvent {
   std::string name;
   const char* category;  // a literal
@@ -60,7 +69,23 @@ struct TraceEvent {
   std::int64_t ts_ns;
   std::int64_t dur_ns;
   std::string args;  // a JSON object's members, without braces ("" for none)
+  bool has_call = false;
+  CallArgs call{};
 };
+
+inline std::string call_args_json(const TraceEvent& e) {
+  std::string out;
+  const CallArgs& c = e.call;
+  if (c.seq >= 0) out += fmt::format("\"seq\":{},", c.seq);
+  out += fmt::format("\"bytes\":{},\"sent\":{},\"received\":{}", c.bytes, c.sent, c.received);
+  if (c.algorithm) out += fmt::format(",\"algorithm\":\"{}\"", c.algorithm);
+  if (c.wait_ns >= 0) {
+    out += fmt::format(",\"wait_for_peers_us\":{:.3f},\"transfer_us\":{:.3f}", c.wait_ns / 1000.0,
+                       (e.dur_ns - c.wait_ns) / 1000.0);
+  }
+  if (!e.args.empty()) out += "," + e.args;
+  return out;
+}
 
 struct ThreadBuffer {
   std::mutex mutex;  // taken by its thread per event (uncontended) and by flush()
@@ -134,6 +159,15 @@ class Timeline {
     record({std::move(name), category, 'X', start_ns, std::max<std::int64_t>(end_ns - start_ns, 0), std::move(args)});
   }
 
+  /// A cross-worker call [start, end) on the calling thread, its numbers formatted only when written;
+  /// `extra`: more JSON members (an error), or "".
+  void call(const char* name, std::int64_t start_ns, std::int64_t end_ns, const detail::CallArgs& args, std::string extra = {}) {
+    detail::TraceEvent e{name, "collective", 'X', start_ns, std::max<std::int64_t>(end_ns - start_ns, 0), std::move(extra)};
+    e.has_call = true;
+    e.call = args;
+    record(std::move(e));
+  }
+
   /// A moment on the calling thread (a failure).
   void instant(std::string name, const char* category, std::int64_t at_ns, std::string args = {}) {
     record({std::move(name), category, 'i', at_ns, 0, std::move(args)});
@@ -197,7 +231,7 @@ class Timeline {
                            json_escape_(e.name), e.category, e.phase, task_index_, b->tid, e.ts_ns / 1000.0);
         if (e.phase == 'X') out += fmt::format(",\"dur\":{:.3f}", e.dur_ns / 1000.0);
         if (e.phase == 'i') out += ",\"s\":\"t\"";
-        out += fmt::format(",\"args\":{{{}}}}}", e.args);
+        out += fmt::format(",\"args\":{{{}}}}}", e.has_call ? detail::call_args_json(e) : e.args);
       }
     }
     out += "\n]}\n";

@@ -1717,16 +1717,17 @@ class Transport::Op {
                                 : mine_.kind == CollectiveKind::AllReduce ? mine_.count * size_of(mine_.dtype)
                                                                          : mine_.count;
       const std::int64_t joined = joined_ns_ == 0 ? end : std::clamp(joined_ns_, start_ns_, end);
-      std::string args = fmt::format("\"call\":\"{}\",\"bytes\":{},\"sent\":{},\"received\":{}", label_, bytes, sent_, received_);
-      if (algorithm_) args += fmt::format(",\"algorithm\":\"{}\"", algorithm_);
-      if (collective_ && joined_ns_ != 0) {
-        args += fmt::format(",\"wait_for_peers_us\":{:.3f},\"transfer_us\":{:.3f}", (joined - start_ns_) / 1000.0,
-                            (end - joined) / 1000.0);
-      }
-      if (failed) args += fmt::format(",\"error\":\"{}\"", observe::detail::json_escape(error));
+      observe::detail::CallArgs args;
+      args.seq = collective_ ? static_cast<std::int64_t>(seq_) : -1;
+      args.bytes = bytes;
+      args.sent = sent_;
+      args.received = received_;
+      args.algorithm = algorithm_;
+      if (collective_ && joined_ns_ != 0) args.wait_ns = joined - start_ns_;
       auto& tl = observe::Timeline::instance();
       const char* name = observe::kCallKindNames[static_cast<std::size_t>(kind_)];
-      tl.complete(name, "collective", start_ns_, end, std::move(args));
+      tl.call(name, start_ns_, end, args,
+              failed ? fmt::format("\"error\":\"{}\"", observe::detail::json_escape(error)) : std::string());
       if (collective_ && joined_ns_ != 0) {
         // Waiting for every peer to announce the same call (a straggler shows here), then moving data.
         if (joined > start_ns_) tl.complete("wait for peers", "collective", start_ns_, joined);
