@@ -245,10 +245,7 @@ TEST_CASE("the timeline: an unwritable file is refused; spans of two threads com
                        doctest::Contains("already records into"), ds::InvalidArgument);
   tl.complete("late", "test", 5000, 6000, "\"n\":1");  // recorded after the one below, starts later
   tl.complete("early \"quoted\"", "test", 1000, 9000);
-  std::thread other([&] {
-    obs::TimelineSpan s("other thread", "test");
-    s.set_args("\"k\":\"v\"");
-  });
+  std::thread other([&] { obs::TimelineSpan s("other thread", "test", 12); });
   other.join();
   tl.instant("moment", "test", 7000);
   tl.flush();
@@ -271,6 +268,7 @@ TEST_CASE("the timeline: an unwritable file is refused; spans of two threads com
     CHECK(ts >= last_ts[tid]);
     last_ts[tid] = ts;
     by_tid[tid].push_back(std::string(e.at("name").as_string()));
+    if (e.at("name").as_string() == "other thread") CHECK(e.at("args").at("step").as_int64() == 12);
     if (e.at("name").as_string() == "late") {
       CHECK(ts == 5.0);
       CHECK(e.at("dur").to_number<double>() == 1.0);
