@@ -10,6 +10,8 @@ Usage: check_timeline.py <observability_helper> <merge_timelines.py>
 2. kill: after 3 all-reduces of 400000 bytes worker 1 SIGKILLs itself; worker 0's file is valid
    JSON and shows its last all_reduce failed (the third or the fourth: worker 0 may still have
    been finishing the third); worker 1's file (written when its timeline started) is valid too.
+3. a one-worker job (no TF_CONFIG) records its run steps; an unwritable DISTRIBUTE_TIMELINE and a
+   DISTRIBUTE_METRICS_PORT out of range stop the strategy's constructor with InvalidArgument.
 The format: valid JSON; every event has name/ph/pid/tid; only X (complete, dur >= 0), i and M
 phases; ts non-decreasing per thread; spans on a thread nest (no partial overlap).
 """
@@ -179,6 +181,26 @@ def check_merge_errors(tmp):
     print("ok: merge_timelines.py refuses a truncated file and a pattern that matches nothing")
 
 
+def check_bad_settings(tmp):
+    """A one-worker job (no TF_CONFIG) still records its steps; bad settings stop the strategy's constructor."""
+    env = dict(os.environ, TF_CONFIG="", DISTRIBUTE_TIMELINE=os.path.join(tmp, "single.json"))
+    env.pop("DISTRIBUTE_METRICS_PORT", None)
+    r = subprocess.run([HELPER, "mismatch"], env=env, capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0, f"one worker: exit {r.returncode}: {r.stdout}")
+    events = check_format(os.path.join(tmp, "single.worker-0.json"))
+    check(len(spans(events, "run")) == 4, f"one worker: {len(spans(events, 'run'))} run steps, expected 4")
+    env["DISTRIBUTE_TIMELINE"] = os.path.join(tmp, "no-such-dir", "t.json")
+    r = subprocess.run([HELPER, "mismatch"], env=env, capture_output=True, text=True, timeout=60)
+    check(r.returncode == 4 and "timeline: cannot write" in r.stdout and "no-such-dir/t.worker-0.json" in r.stdout,
+          f"an unwritable DISTRIBUTE_TIMELINE: exit {r.returncode}: {r.stdout}")
+    env["DISTRIBUTE_TIMELINE"] = ""
+    env["DISTRIBUTE_METRICS_PORT"] = "99999"
+    r = subprocess.run([HELPER, "mismatch"], env=env, capture_output=True, text=True, timeout=60)
+    check(r.returncode == 4 and "DISTRIBUTE_METRICS_PORT='99999' is not a port number" in r.stdout,
+          f"a bad DISTRIBUTE_METRICS_PORT: exit {r.returncode}: {r.stdout}")
+    print("ok: a one-worker job records its steps; an unwritable timeline and a bad metrics port are InvalidArgument")
+
+
 def main():
     global HELPER, MERGE
     if len(sys.argv) != 3:
@@ -190,6 +212,7 @@ def main():
             check_merge(check_mismatch(tmp), tmp, "mismatch")
             check_merge(check_kill(tmp), tmp, "kill")
             check_merge_errors(tmp)
+            check_bad_settings(tmp)
         except Failure as e:
             print(f"FAIL: {e}")
             return 1
