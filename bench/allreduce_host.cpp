@@ -7,6 +7,10 @@
 //       out, so the payload is never copied or reallocated: the benchmark checks that every buffer
 //       keeps its address, and reports allocs_per_iter (every heap allocation in the timed loop,
 //       the library's own small ones included: 1 + N per step today, see docs/performance.md).
+//   allreduce_const<Ops>/bytes:B/replicas:N  each replica reduces a const std::vector<float> it
+//       keeps (an lvalue: the library may not write it) and assigns the result to a vector it
+//       keeps, `out = ctx.all_reduce(ds::ReduceOp::Sum, std::as_const(in))`: what a step that
+//       reduces gradients it still needs costs, result allocation included.
 //   memcpy/bytes:B/replicas:N  one thread copies N×B bytes (the same total bytes the replicas
 //       hold) from one pre-touched buffer to another: the single-thread memory-bandwidth limit.
 //
@@ -128,6 +132,52 @@ void BM_AllReduce(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
 }
 
+template <class Ops>
+void BM_AllReduceConst(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const int n = static_cast<int>(state.range(1));
+  const std::size_t count = bytes / sizeof(float);
+  ds::MirroredStrategy<ds::host, Ops> strategy(n);
+
+  std::vector<std::vector<float>> inputs(static_cast<std::size_t>(n)), outputs(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) inputs[static_cast<std::size_t>(r)].assign(count, static_cast<float>(r + 1));
+  auto step = [&](ds::ReplicaContext& ctx) {
+    const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+    outputs[r] = ctx.all_reduce(ds::ReduceOp::Sum, std::as_const(inputs[r]));
+  };
+  try {
+    strategy.run(step);
+  } catch (const std::exception& e) {
+    state.SkipWithError((std::string("the warm-up step failed: ") + e.what()).c_str());
+    return;
+  }
+  const float expected = static_cast<float>(n * (n + 1) / 2);
+  for (int r = 0; r < n; ++r) {
+    const auto& in = inputs[static_cast<std::size_t>(r)];
+    const auto& out = outputs[static_cast<std::size_t>(r)];
+    if (out.size() != count || out.front() != expected || out[count / 2] != expected || out.back() != expected ||
+        in.front() != static_cast<float>(r + 1) || in.back() != static_cast<float>(r + 1)) {
+      state.SkipWithError("all_reduce of const inputs returned a wrong sum or wrote its input");
+      return;
+    }
+  }
+  bench::IterationTimes times(state);
+  for (auto _ : state) {
+    times.start();
+    try {
+      strategy.run(step);
+    } catch (const std::exception& e) {
+      state.SkipWithError((std::string("a step failed: ") + e.what()).c_str());
+      break;
+    }
+    times.stop();
+  }
+  if (state.error_occurred()) return;
+  const double median = times.report(state);
+  set_bandwidth_counters(state, median, bytes, n);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
+}
+
 void BM_Memcpy(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   const int n = static_cast<int>(state.range(1));
@@ -175,6 +225,9 @@ void register_all() {
     for (std::size_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 4) {
       configure(benchmark::RegisterBenchmark("memcpy", BM_Memcpy), bytes, n);
       register_policies(Policies{}, bytes, n);
+      configure(benchmark::RegisterBenchmark("allreduce_const<SharedMemoryAllReduce>",
+                                             BM_AllReduceConst<ds::SharedMemoryAllReduce>),
+                bytes, n);
     }
   }
 }
