@@ -21,6 +21,13 @@
 #define BOOST_ASIO_DISABLE_VARIABLE_TEMPLATES 1
 #endif
 
+// nvcc: Boost.System's error_code::assign(e, &BOOST_CURRENT_LOCATION) (Beast's BOOST_BEAST_ASSIGN_EC,
+// observe/metrics_server.hpp) finds no overload through nvcc's front end; without source
+// locations error codes are the same, less where they were set.
+#if defined(__NVCC__) && !defined(BOOST_DISABLE_CURRENT_LOCATION)
+#define BOOST_DISABLE_CURRENT_LOCATION 1
+#endif
+
 // Every public name lives in distribute::v0 so that two incompatible builds of the
 // library linked into one program fail to link instead of silently mixing layouts.
 #define DISTRIBUTE_BEGIN_NAMESPACE \
