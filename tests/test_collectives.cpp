@@ -135,9 +135,8 @@ TEST_CASE("every policy: exact integer results and mismatched inputs are rejecte
 
 namespace {
 
-// all_reduce of lvalues (read where they are, results written to new values) beside an rvalue
-// and a column-major lvalue (staged): sums and means checked against loops over the inputs, the
-// inputs left as they were.
+// all_reduce of lvalues beside an rvalue and a column-major lvalue (staged): sums and means
+// checked against loops over the inputs, the results new values, the inputs left as they were.
 template <class Ops>
 void check_lvalues_out_of_place(int n) {
   CAPTURE(n);
@@ -204,7 +203,7 @@ void check_lvalues_out_of_place(int n) {
 
 }  // namespace
 
-TEST_CASE("all_reduce of lvalues writes new values and leaves the inputs as they were (every policy, 1..5 replicas)") {
+TEST_CASE("all_reduce of lvalues returns new values and leaves the inputs as they were (every policy, 1..5 replicas)") {
   for (int n = 1; n <= 5; ++n) {
     check_lvalues_out_of_place<ds::SharedMemoryAllReduce>(n);
     check_lvalues_out_of_place<ds::ReductionToOneDevice>(n);

@@ -58,7 +58,7 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
         group, replica, call,
         [&] {  // local replicas into replica 0
           if (replica != 0) return;
-          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, 0, local_, i, combine_op, 0, true);
+          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, 0, local_, i, combine_op, 0);
         },
         [&] {  // replica 0: across the workers, one collective per pack
           if (replica == 0) cross_worker_all_reduce(buffers, combine_op, op == ReduceOp::Mean);

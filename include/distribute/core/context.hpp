@@ -171,22 +171,11 @@ class ReplicaContext {
     static_assert(tensors, "ds::ReplicaContext::all_reduce: a value's type has no ds::tensor_traits specialisation "
                            "(it is not TensorLike; see docs/tensors.md)");
     if constexpr (tensors) {
-      // Lvalues are reduced out of place: read where they are, results written into new values
-      // (one pass; a copy first, then an in-place reduction, would be two). Rvalues in place.
-      using Args = std::tuple<U&&...>;
-      Args args(std::forward<U>(values)...);
-      constexpr auto each = std::index_sequence_for<U...>{};
-      auto out = [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return std::tuple<std::remove_cvref_t<U>...>(
-            result_value<std::tuple_element_t<I, std::tuple<U...>>>(std::get<I>(std::move(args)))...);
-      }(each);
+      // Lvalues are copied and the copies reduced in place: measured faster than reading them
+      // where they are and writing new values (docs/performance.md, "tried and rejected").
+      std::tuple<std::remove_cvref_t<U>...> out(owned(std::forward<U>(values))...);
       detail::HostOperands operands("all_reduce");
-      const bool read_sources = collectives_->reads_sources();
-      [&]<std::size_t... I>(std::index_sequence<I...>) {
-        (add_result_operand<std::tuple_element_t<I, std::tuple<U...>>>(operands, std::get<I>(args), std::get<I>(out),
-                                                                        read_sources),
-         ...);
-      }(each);
+      std::apply([&](auto&... v) { (add_operand(operands, v), ...); }, out);
       for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
       collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
       operands.write_back();
@@ -271,33 +260,6 @@ class ReplicaContext {
   static std::remove_cvref_t<V> owned(V&& v) {
     if constexpr (std::is_lvalue_reference_v<V>) return clone_value(v);
     else return std::move(v);
-  }
-
-  // all_reduce's result for one argument: an rvalue is moved in and reduced in its own memory; a
-  // host lvalue gets a new value of its dtype and shape for the collective to write (out of
-  // place); a view type or device value as owned() says.
-  template <class V>
-  static constexpr bool out_of_place_v = std::is_lvalue_reference_v<V> && !is_view_v<std::remove_cvref_t<V>> &&
-                                         memory_space_v<std::remove_cvref_t<V>> == MemorySpace::host;
-
-  template <class V>
-  static std::remove_cvref_t<V> result_value(V&& v) {
-    if constexpr (out_of_place_v<V>) {
-      const TensorView in = view_of(v);
-      return make_value<std::remove_cvref_t<V>>(in.dtype, in.shape);
-    } else {
-      return owned(std::forward<V>(v));
-    }
-  }
-
-  template <class V, class R>
-  static void add_result_operand(detail::HostOperands& operands, const std::remove_reference_t<V>& in, R& out,
-                                 bool read_source) {
-    if constexpr (out_of_place_v<V>) {
-      operands.add_out_of_place(view_of(in), view_of(out), read_source);
-    } else {
-      add_operand(operands, out);
-    }
   }
 
   template <class U>

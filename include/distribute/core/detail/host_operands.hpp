@@ -48,20 +48,6 @@ class HostOperands {
     buffers_.push_back(std::move(ref));
   }
 
-  /// Adds a result `out` of the value `in` (same dtype and shape), for a collective that reads
-  /// `in` and writes `out`: both row-major contiguous, it reads `in` where it is (BufferRef::source)
-  /// when `read_source`, else `in` is first copied into `out`'s (or its staging) memory.
-  void add_out_of_place(const TensorView& in, const TensorView& out, bool read_source) {
-    add(out);
-    BufferRef& ref = buffers_.back();
-    const bool staged = !staged_.empty() && staged_.back().index == buffers_.size() - 1;
-    if (read_source && !staged && in.memory == MemorySpace::host && in.contiguous()) {
-      ref.source = in.data;
-    } else if (ref.bytes() > 0) {
-      copy_to_contiguous(in, ref.data);
-    }
-  }
-
   /// Adds a buffer built elsewhere (device memory, see core/memory_space.hpp).
   void add(BufferRef ref) { buffers_.push_back(std::move(ref)); }
 
