@@ -32,6 +32,13 @@
 #define BOOST_ASIO_DISABLE_VARIABLE_TEMPLATES 1
 #endif
 
+// nvcc: Boost.System's error_code::assign(e, &BOOST_CURRENT_LOCATION) (Beast's BOOST_BEAST_ASSIGN_EC,
+// observe/metrics_server.hpp) finds no overload through nvcc's front end; without source
+// locations error codes are the same, less where they were set.
+#if defined(__NVCC__) && !defined(BOOST_DISABLE_CURRENT_LOCATION)
+#define BOOST_DISABLE_CURRENT_LOCATION 1
+#endif
+
 // Every public name lives in distribute::v0 so that two incompatible builds of the
 // library linked into one program fail to link instead of silently mixing layouts.
 #define DISTRIBUTE_BEGIN_NAMESPACE \
@@ -47,10 +54,11 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -130,11 +138,14 @@ struct DeviceSpec {
   std::optional<std::string> job;
   std::optional<int> replica;
   std::optional<int> task;
-  std::optional<std::string> device_type;  // upper case: "CPU", "GPU"
+  std::optional<std::string> device_type;  // "CPU", "GPU", ... (TF upper-cases only cpu/gpu, and short forms)
   std::optional<int> device_index;
 
-  /// Parses "/job:w/replica:0/task:1/device:CPU:0", "/cpu:0", "GPU:1", "/device:GPU:*"... and
-  /// throws InvalidArgument naming the string and the part that is wrong.
+  /// Parses a device string exactly as TF's `tf.DeviceSpec.from_string` does:
+  /// "/job:w/replica:0/task:1/device:CPU:0", "/cpu:0", "GPU:1", "/cpu" (= "/device:CPU:*"),
+  /// "" and "//" (nothing set). Throws InvalidArgument naming the string and the part that is
+  /// wrong where TF raises. Only where Python's int() and ours part: non-ASCII digits, and
+  /// values beyond int (see docs/semantics.md).
   static DeviceSpec parse(std::string_view text);
 
   static DeviceSpec local(std::string_view type, int index) {
@@ -171,60 +182,98 @@ inline std::string upper(std::string_view s) {
   std::transform(u.begin(), u.end(), u.begin(), [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
   return u;
 }
-inline std::optional<int> parse_index(std::string_view s) {
-  int v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc{} || p != s.data() + s.size() || v < 0 || s.empty()) return std::nullopt;
-  return v;
+
+/// Python's int(s) for base 10 on ASCII text, as TF applies it to device-string fields:
+/// surrounding whitespace, a sign, and single underscores between digits are allowed.
+/// nullopt when Python would raise; values beyond int saturate (the caller reports them).
+inline std::optional<long long> parse_python_int(std::string_view s) {
+  auto space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f'); };
+  while (!s.empty() && space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && space(s.back())) s.remove_suffix(1);
+  bool negative = false;
+  if (!s.empty() && (s.front() == '+' || s.front() == '-')) {
+    negative = s.front() == '-';
+    s.remove_prefix(1);
+  }
+  if (s.empty() || s.front() == '_' || s.back() == '_') return std::nullopt;
+  long long v = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '_') {
+      if (s[i + 1] == '_') return std::nullopt;  // (the last character is not '_')
+      continue;
+    }
+    if (c < '0' || c > '9') return std::nullopt;
+    v = std::min(v * 10 + (c - '0'), 1LL << 40);  // saturates far beyond int
+  }
+  return negative ? -v : v;
+}
+
+/// The device types TF's DeviceSpec knows in short form ("cpu:0", "/tpu:1"): its
+/// _VALID_DEVICE_TYPES (pluggable devices add theirs in TF; there are none here).
+inline bool is_short_device_type(std::string_view upper_type) {
+  for (std::string_view t : {"CPU", "GPU", "TPU", "CUSTOM", "EPU"}) {
+    if (upper_type == t) return true;
+  }
+  return false;
+}
+
+inline std::vector<std::string_view> device_string_split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  for (;;) {
+    auto at = s.find(sep);
+    out.push_back(s.substr(0, at));
+    if (at == std::string_view::npos) return out;
+    s.remove_prefix(at + 1);
+  }
 }
 }  // namespace detail
 
+// TF's DeviceSpecV2._string_to_components, rule for rule: components split on '/', fields on
+// ':'; keys are case-sensitive; an empty component, or one that starts with ':', is skipped;
+// a later job/replica/task replaces an earlier one; replica and task are converted after the
+// whole string is read (so only the last one must be an integer).
 inline DeviceSpec DeviceSpec::parse(std::string_view text) {
   auto fail = [&](std::string_view why) -> DeviceSpec {
     throw InvalidArgument(fmt::format("invalid device string '{}': {}", text, why));
   };
-  if (text.empty()) return fail("it is empty");
+  auto integer = [&](std::string_view v, std::string_view what) -> int {
+    auto i = detail::parse_python_int(v);
+    if (!i) fail(fmt::format("{} '{}' is not an integer", what, v));
+    if (*i < std::numeric_limits<int>::min() || *i > std::numeric_limits<int>::max()) {
+      fail(fmt::format("{} '{}' is out of range for an int", what, v));  // Python's int has no bound
+    }
+    return static_cast<int>(*i);
+  };
   DeviceSpec spec;
-  std::string_view rest = text;
-  if (rest.front() == '/') rest.remove_prefix(1);
-  while (!rest.empty()) {
-    auto slash = rest.find('/');
-    std::string_view part = rest.substr(0, slash);
-    rest = slash == std::string_view::npos ? std::string_view{} : rest.substr(slash + 1);
-    if (part.empty()) return fail("empty component");
-    auto colon = part.find(':');
-    if (colon == std::string_view::npos) return fail(fmt::format("component '{}' has no ':'", part));
-    std::string key = detail::upper(part.substr(0, colon));
-    std::string_view value = part.substr(colon + 1);
-    auto index_or_fail = [&](std::string_view v, std::string_view what) -> int {
-      auto i = detail::parse_index(v);
-      if (!i) fail(fmt::format("{} '{}' is not a non-negative integer", what, v));
-      return *i;
-    };
-    if (key == "JOB") {
-      if (value.empty()) return fail("empty job name");
-      spec.job = std::string(value);
-    } else if (key == "REPLICA") {
-      spec.replica = index_or_fail(value, "replica");
-    } else if (key == "TASK") {
-      spec.task = index_or_fail(value, "task");
-    } else {
-      // "device:CPU:0", or the short forms "CPU:0" / "gpu:1".
-      std::string_view type_and_index = part;
-      if (key == "DEVICE") type_and_index = value;
-      auto c = type_and_index.find(':');
-      std::string type = detail::upper(type_and_index.substr(0, c));
-      if (type.empty() || !std::all_of(type.begin(), type.end(), [](char ch) { return std::isalpha(static_cast<unsigned char>(ch)) || ch == '_'; })) {
-        return fail(fmt::format("device type '{}' is not a name", type_and_index.substr(0, c)));
-      }
-      if (spec.device_type) return fail("more than one device component");
-      spec.device_type = type;
-      if (c != std::string_view::npos) {
-        auto idx = type_and_index.substr(c + 1);
-        if (idx != "*") spec.device_index = index_or_fail(idx, "device index");
-      }
+  std::optional<std::string_view> replica, task;
+  for (std::string_view component : detail::device_string_split(text, '/')) {
+    const auto y = detail::device_string_split(component, ':');
+    const std::string_view key = y[0];
+    const std::size_t ly = y.size();
+    if (ly == 2 && key == "job") {
+      spec.job = std::string(y[1]);
+    } else if (ly == 2 && key == "replica") {
+      replica = y[1];
+    } else if (ly == 2 && key == "task") {
+      task = y[1];
+    } else if (ly <= 2 && detail::is_short_device_type(detail::upper(key))) {
+      if (spec.device_type) return fail("more than one device type");
+      spec.device_type = detail::upper(key);  // "cpu:0" -> CPU, "tpu" -> TPU
+      if (ly == 2 && y[1] != "*") spec.device_index = integer(y[1], "device index");
+    } else if (ly == 3 && key == "device") {
+      if (spec.device_type) return fail("more than one device type");
+      // Only "cpu" and "gpu" are normalised in this form; other types are kept as written.
+      spec.device_type = y[1] == "cpu" || y[1] == "gpu" ? detail::upper(y[1]) : std::string(y[1]);
+      if (y[2] != "*") spec.device_index = integer(y[2], "device index");
+    } else if (!key.empty()) {
+      return fail(fmt::format("unknown attribute '{}' in component '{}' (expected job:NAME, replica:N, task:N, "
+                              "device:TYPE:N or CPU/GPU/TPU:N)",
+                              key, component));
     }
   }
+  if (replica) spec.replica = integer(*replica, "replica");
+  if (task) spec.task = integer(*task, "task");
   return spec;
 }
 
@@ -1544,16 +1593,12 @@ DISTRIBUTE_END_NAMESPACE
 // A spin-wait hint, for loops that poll memory another thread or process writes.
 
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
+  __builtin_ia32_pause();  // _mm_pause without <immintrin.h>, 60k lines every program would parse
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
@@ -1840,7 +1885,13 @@ __attribute__((target("avx,f16c"))) inline void f16_narrow_f16c(const float* src
 }
 
 inline bool cpu_has_f16c() noexcept {
-  static const bool has = __builtin_cpu_supports("f16c") != 0 && __builtin_cpu_supports("avx") != 0;
+  // CPUID leaf 1, ECX bit 29 (F16C): clang's __builtin_cpu_supports knows no "f16c". "avx" also
+  // checks that the OS saves the YMM registers.
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1u), "c"(0u));
+    return (ecx & (1u << 29)) != 0 && __builtin_cpu_supports("avx") != 0;
+  }();
   return has;
 }
 #endif
@@ -2314,6 +2365,7 @@ struct ReduceOpArg {
   ReduceOpArg(ReduceOp o) noexcept : op(o) {}  // NOLINT: implicit on purpose
   ReduceOpArg(std::string_view s) : op(parse_reduce_op(s)) {}  // NOLINT
   ReduceOpArg(const char* s) : op(parse_reduce_op(s)) {}  // NOLINT
+  ReduceOpArg(const std::string& s) : op(parse_reduce_op(s)) {}  // NOLINT: string -> string_view would be a 2nd conversion
 };
 
 /// Given to a step function (as its first argument, or through get_replica_context()):
@@ -2344,18 +2396,27 @@ class ReplicaContext {
   /// several). All values of one call travel in one collective. Lvalues are left as they are (the
   /// result is a new value); rvalues are reduced in their own memory.
   template <class... U>
-    requires(sizeof...(U) > 0 && (TensorLike<std::remove_cvref_t<U>> && ...))
+    requires(sizeof...(U) > 0)
   auto all_reduce(ReduceOpArg op, U&&... values) {
-    std::tuple<std::remove_cvref_t<U>...> out(owned(std::forward<U>(values))...);
-    detail::HostOperands operands("all_reduce");
-    std::apply([&](auto&... v) { (add_operand(operands, v), ...); }, out);
-    for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
-    collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
-    operands.write_back();
-    if constexpr (sizeof...(U) == 1) {
-      return std::get<0>(std::move(out));
-    } else {
-      return out;
+    // Checked here rather than in the constraint: one error at the caller's line (the compiler names
+    // U in the note "in instantiation of ... all_reduce<...>"), and run(fn) still sees fn callable.
+    constexpr bool tensors = (TensorLike<std::remove_cvref_t<U>> && ...);
+    static_assert(tensors, "ds::ReplicaContext::all_reduce: a value's type has no ds::tensor_traits specialisation "
+                           "(it is not TensorLike; see docs/tensors.md)");
+    if constexpr (tensors) {
+      // Lvalues are copied and the copies reduced in place: measured faster than reading them
+      // where they are and writing new values (docs/performance.md, "tried and rejected").
+      std::tuple<std::remove_cvref_t<U>...> out(owned(std::forward<U>(values))...);
+      detail::HostOperands operands("all_reduce");
+      std::apply([&](auto&... v) { (add_operand(operands, v), ...); }, out);
+      for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
+      collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
+      operands.write_back();
+      if constexpr (sizeof...(U) == 1) {
+        return std::get<0>(std::move(out));
+      } else {
+        return out;
+      }
     }
   }
 
@@ -2384,22 +2445,10 @@ class ReplicaContext {
 
   /// Concatenates every replica's value along `axis` (sizes along it may differ) on every replica.
   template <class U>
-    requires TensorLike<U>
-  gathered_t<U> all_gather(const U& value, int axis) {
-    using G = gathered_t<U>;
-    detail::RowMajorResult<G> result;
-    detail::HostOperands operands("all_gather");
-    add_operand(operands, const_cast<U&>(value), true);
-    const detail::BufferRef& in = operands[0];
-    auto rank = static_cast<int>(in.shape.size());
-    if (axis < 0 || axis >= rank) {
-      throw InvalidArgument(fmt::format("all_gather: axis {} is out of range for a value of shape {}; it must be in [0, {})",
-                                        axis, shape_string(in.shape), rank));
-    }
-    collectives_->all_gather(*group_, local_id_, in, axis, [&](const Shape& shape) -> void* {
-      return result.allocate(in.dtype, shape);
-    });
-    return result.take();
+  auto all_gather(const U& value, int axis) {
+    static_assert(TensorLike<U>, "ds::ReplicaContext::all_gather: the value's type has no ds::tensor_traits "
+                                 "specialisation (it is not TensorLike; see docs/tensors.md)");
+    if constexpr (TensorLike<U>) return all_gather_tensor(value, axis);
   }
 
   /// Every replica receives the value of replica `root` (a replica_id_in_sync_group).
@@ -2459,6 +2508,25 @@ class ReplicaContext {
   }
 
  private:
+  template <class U>
+  gathered_t<U> all_gather_tensor(const U& value, int axis) {
+    using G = gathered_t<U>;
+    detail::RowMajorResult<G> result;
+    detail::HostOperands operands("all_gather");
+    add_operand(operands, const_cast<U&>(value), true);
+    const detail::BufferRef& in = operands[0];
+    auto rank = static_cast<int>(in.shape.size());
+    if (axis < -rank || axis >= rank) {
+      throw InvalidArgument(fmt::format("all_gather: axis {} is out of range for a value of shape {}; it must be in [{}, {})",
+                                        axis, shape_string(in.shape), -rank, rank));
+    }
+    if (axis < 0) axis += rank;  // from the end, as TF's all_gather takes it
+    collectives_->all_gather(*group_, local_id_, in, axis, [&](const Shape& shape) -> void* {
+      return result.allocate(in.dtype, shape);
+    });
+    return result.take();
+  }
+
   AnyStrategy* strategy_;
   detail::ReplicaGroup* group_;
   detail::ReplicaCollectives* collectives_;
@@ -2949,12 +3017,15 @@ DISTRIBUTE_END_NAMESPACE
 // ---- end <distribute/core/detail/mirrored_storage.hpp> ----
 // ---- begin <distribute/core/detail/plain_storage.hpp> ----
 // A variable no strategy placed: one copy, which any thread may read and update, so every access
-// holds the storage's mutex.
+// holds the storage's mutex. Updating it from the replicas of a strategy with several replicas is
+// refused: each replica would apply its update to the one copy (4 replicas: 4 times).
 
 #include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -2980,17 +3051,29 @@ class PlainStorage final : public VariableStorage<T> {
   }
 
   void apply_to_copies(CopyVisitor<T> fn) override {
+    check_not_in_replicas("update");
     std::lock_guard lock(mutex_);
     fn(copies_.front(), 0);
   }
 
  protected:
   void update_checked(VariableUpdate kind, const T& value) override {
+    check_not_in_replicas(update_name(kind));
     std::lock_guard lock(mutex_);
     apply_update(kind, copies_.front(), value);
   }
 
  private:
+  void check_not_in_replicas(const char* what) const {
+    const ReplicaContext* ctx = thread_context().replica;
+    if (ctx == nullptr || ctx->num_replicas_in_sync() < 2) return;
+    throw InvalidArgument(fmt::format(
+        "{}: variable '{}' is not distributed (it was created outside a strategy's scope()) and is updated in a replica "
+        "of {} with {} replicas, each of which would apply its update to the one copy; create it under "
+        "strategy.scope() (reading it is fine)",
+        what, this->spec().name, ctx->strategy().name(), ctx->num_replicas_in_sync()));
+  }
+
   std::vector<std::string> devices_;
   std::vector<T> copies_;
   mutable std::mutex mutex_;
@@ -3518,11 +3601,15 @@ inline std::string open_error(std::string_view what, const std::string& path) {
   return fmt::format("{}: cannot open '{}' ({})", what, path, std::strerror(errno));
 }
 
-/// Reads one record file front to back.
+}  // namespace detail
+
+/// Reads a record file (TFRecord format) front to back, checking both CRCs of every record (TF's
+/// tf_record_iterator). `who` names the caller in the error for a file that cannot be opened.
 class RecordReader {
  public:
-  explicit RecordReader(std::string path) : path_(std::move(path)), in_(path_, std::ios::binary) {
-    if (!in_) throw InvalidArgument(open_error("from_record_files", path_));
+  explicit RecordReader(std::string path, std::string_view who = "from_record_files")
+      : path_(std::move(path)), in_(path_, std::ios::binary) {
+    if (!in_) throw InvalidArgument(detail::open_error(who, path_));
   }
 
   /// The next record, nullopt at a clean end of file; DataLossError on a truncated or corrupted one.
@@ -3532,6 +3619,8 @@ class RecordReader {
     const auto got = static_cast<std::size_t>(in_.gcount());
     if (got == 0) return std::nullopt;
     if (got < sizeof header) fail("truncated record header");
+    using detail::load_le;
+    using detail::masked_crc32c;
     if (load_le(header + 8, 4) != masked_crc32c(header, 8)) fail("corrupted record length (checksum mismatch)");
     const std::uint64_t length = load_le(header, 8);
     std::string payload(static_cast<std::size_t>(length), '\0');
@@ -3557,8 +3646,6 @@ class RecordReader {
   std::uint64_t offset_ = 0;
 };
 
-}  // namespace detail
-
 /// Writes a record file (TFRecord format) record by record; close() or the destructor flushes it.
 class RecordWriter {
  public:
@@ -3577,6 +3664,14 @@ class RecordWriter {
     out_.write(reinterpret_cast<const char*>(footer), sizeof footer);
     if (!out_) throw Error(fmt::format("RecordWriter: writing '{}' failed ({})", path_, std::strerror(errno)));
   }
+
+  /// Hands what was written to the operating system (readers see every whole record written).
+  void flush() {
+    out_.flush();
+    if (!out_) throw Error(fmt::format("RecordWriter: writing '{}' failed ({})", path_, std::strerror(errno)));
+  }
+
+  const std::string& path() const noexcept { return path_; }
 
   void close() {
     out_.close();
@@ -4180,6 +4275,9 @@ struct Metadata {
   Options options;
   /// Set when the pipeline's source reads files: how many (AutoShardPolicy::File shards them).
   std::optional<std::size_t> num_files;
+  /// Set by batch(n, drop_remainder=true): every batch has n rows (TF: a static batch dimension).
+  /// distribute_datasets_from_function on one worker then drops a final step that would be partial.
+  bool static_batch = false;
 };
 
 template <class T>
@@ -4293,7 +4391,7 @@ class Dataset {
   /// of different shapes in one batch are an InvalidArgument naming both shapes.
   Dataset<batch_type> batch(std::int64_t batch_size, bool drop_remainder = false) const {
     if (batch_size < 1) throw InvalidArgument(fmt::format("batch: batch_size must be at least 1, got {}", batch_size));
-    return derive<batch_type>([batch_size, drop_remainder](detail::IteratorPtr<T> up) {
+    Dataset<batch_type> out = derive<batch_type>([batch_size, drop_remainder](detail::IteratorPtr<T> up) {
       return [up = std::move(up), batch_size, drop_remainder]() mutable -> std::optional<batch_type> {
         std::vector<T> items;
         items.reserve(detail::reserve_hint(batch_size));
@@ -4308,6 +4406,9 @@ class Dataset {
         return detail::batch_traits<T>::stack(std::move(items), "batch");
       };
     });
+    detail::Metadata m = detail::DatasetAccess::metadata(out);
+    m.static_batch = drop_remainder;
+    return detail::DatasetAccess::make<batch_type>(out.factory(), std::move(m));
   }
 
   /// Every `num_shards`-th element, starting at element `index` (TF's shard).
@@ -4585,7 +4686,7 @@ inline Dataset<std::string> from_text_files(std::vector<std::string> files) {
 /// The records of record files (TFRecord format, see record_file.hpp), file after file (TF's
 /// TFRecordDataset). A truncated or corrupted record is a DataLossError. A file source.
 inline Dataset<std::string> from_record_files(std::vector<std::string> files) {
-  return detail::file_source<detail::RecordReader>(std::move(files));
+  return detail::file_source<RecordReader>(std::move(files));
 }
 
 }  // namespace data
@@ -4659,7 +4760,10 @@ DISTRIBUTE_END_NAMESPACE
 //  * Prefetch: num_local_replicas pieces (one step) are prepared on a background thread.
 //
 // distribute_datasets_from_function(fn) — fn(InputContext) builds this worker's pipeline, already
-// sharded and batched per replica; each local replica takes the next batch each step.
+// sharded and batched per replica; each local replica takes the next batch each step. On one
+// worker, a pipeline batched with drop_remainder=true (every batch full, TF's static batch
+// dimension) ends before a step that would leave a replica without a batch, as TF's does; else
+// the rule below applies (TF, too, pads the last step whenever there are several workers).
 //
 // The end of the data (both): a step goes ahead as long as *any* replica of any worker has a
 // batch. Each step the workers all-reduce how many of their replicas got one (TF's agreement);
@@ -4759,6 +4863,7 @@ class DistributedDataset {
     distribute::detail::CrossWorkerLink* link = nullptr;
     std::optional<Batch> empty;  // what a replica without data gets: no rows, the last real inner shape
     bool finished = false;       // set on the end and on an error: a step that threw is not retried
+    bool drop_partial_step = false;  // end instead of a step where a local replica has no batch
 
     // A worker that fails sends this instead of its count, so the sum turns negative everywhere.
     static constexpr std::int64_t failed_worker = -(std::int64_t{1} << 40);
@@ -4794,7 +4899,7 @@ class DistributedDataset {
                                       "(worker {} of {} is stopping too; the error is reported on that worker)",
                                       placement.worker_index, placement.num_workers));
       }
-      if (replicas_with_data == 0) {
+      if (replicas_with_data == 0 || (drop_partial_step && batches.size() < local)) {
         finished = true;
         return std::nullopt;
       }
@@ -4808,7 +4913,7 @@ class DistributedDataset {
   /// A fresh pass: the pipeline restarts (and its prefetch thread starts).
   iterator begin() const {
     return iterator(StepSource{detail::DatasetAccess::make_iterator(per_replica_, context_), placement_, link_,
-                               std::nullopt, false});
+                               std::nullopt, false, drop_partial_step_});
   }
   std::default_sentinel_t end() const noexcept { return {}; }
 
@@ -4817,6 +4922,7 @@ class DistributedDataset {
   AutoShardPolicy auto_shard_policy() const noexcept { return policy_; }
 
  private:
+  bool drop_partial_step_ = false;
   friend struct detail::DistributedAccess;
 
   DistributedDataset(Dataset<Batch> per_replica, detail::PipelineContext context, detail::InputPlacement placement,
@@ -4841,6 +4947,10 @@ struct DistributedAccess {
   static DistributedDataset<T, S> make(Dataset<T> per_replica, PipelineContext context, InputPlacement placement,
                                        distribute::detail::CrossWorkerLink* link, AutoShardPolicy policy) {
     return DistributedDataset<T, S>(std::move(per_replica), context, placement, link, policy);
+  }
+  template <class S, class T>
+  static void set_drop_partial_step(DistributedDataset<T, S>& d, bool on) {
+    d.drop_partial_step_ = on;
   }
 };
 
@@ -4906,8 +5016,12 @@ auto distribute_datasets_from_function(F&& fn, const InputPlacement& placement,
                 "replica left without data at the end gets an empty batch, which only a batch type can express");
   const InputContext context{placement.num_workers, placement.worker_index, placement.num_replicas_in_sync};
   D dataset = fn(context);
-  return DistributedAccess::make<S>(dataset.prefetch(placement.num_local_replicas), PipelineContext{}, placement, link,
-                                    AutoShardPolicy::Off);
+  auto out = DistributedAccess::make<S>(dataset.prefetch(placement.num_local_replicas), PipelineContext{}, placement,
+                                        link, AutoShardPolicy::Off);
+  // TF (input_lib._enable_get_next_as_optional): partial steps only where batches may be short
+  // or there are several workers.
+  DistributedAccess::set_drop_partial_step(out, placement.num_workers == 1 && DatasetAccess::metadata(dataset).static_batch);
+  return out;
 }
 
 }  // namespace detail
@@ -4952,6 +5066,9 @@ inline std::vector<std::string> host_devices(const std::vector<std::string>& nam
     }
     if (!d.device_index) {
       throw InvalidArgument(fmt::format("{}: device '{}' names no device index", strategy, name));
+    }
+    if (*d.device_index < 0) {  // TF's DeviceSpec parses "/cpu:-1"; no device has that index
+      throw InvalidArgument(fmt::format("{}: device '{}' has a negative device index", strategy, name));
     }
     if ((d.job && *d.job != "localhost") || (d.task && *d.task != 0) || (d.replica && *d.replica != 0)) {
       throw InvalidArgument(fmt::format("{}: device '{}' is not a device of this process (job localhost, task 0)",
@@ -5154,6 +5271,16 @@ struct CommunicationOptions {
   /// through shared memory instead of TCP (see net::CommunicatorOptions::shared_memory_min_bytes).
   /// Unset: 256 KiB; 0: always TCP.
   std::optional<std::size_t> shared_memory_min_bytes = std::nullopt;
+  /// Serve this worker's metrics (Prometheus text, GET /metrics; docs/observability.md) over HTTP
+  /// on its own host (its cluster address's host, never every interface), at this port plus the
+  /// worker's rank (the chief 0, then the workers), so one value serves a whole job; 0: a free
+  /// port each (see MultiWorkerMirroredStrategy::metrics_port()). Unset: the environment variable
+  /// DISTRIBUTE_METRICS_PORT, if set and non-empty; otherwise no metrics and no cost.
+  std::optional<int> metrics_port = std::nullopt;
+  /// Record a timeline of this task's collectives and run() steps (Chrome trace-event JSON,
+  /// observe/timeline.hpp) into this path with the task inserted before its extension
+  /// (tl.json -> tl.worker-1.json). Unset: DISTRIBUTE_TIMELINE, if non-empty; "": none.
+  std::optional<std::string> timeline = std::nullopt;
 };
 
 namespace detail {
@@ -5208,13 +5335,14 @@ DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
 /// Checks that `parts` can be concatenated along `axis`: same dtype and rank, axis in
-/// [0, rank), equal dimensions except along axis. Names the offending parts' shapes.
+/// [0, rank) (callers count a negative axis from the end first), equal dimensions except along
+/// axis. Names the offending parts' shapes.
 inline void check_concat(const std::vector<const BufferRef*>& parts, std::int64_t axis, const char* what) {
   const BufferRef& first = *parts.front();
   const auto rank = static_cast<std::int64_t>(first.shape.size());
   if (axis < 0 || axis >= rank) {
-    throw InvalidArgument(fmt::format("{}: axis {} is out of range for values of shape {} (rank {}); it must be in [0, {})",
-                                      what, axis, shape_string(first.shape), rank, rank));
+    throw InvalidArgument(fmt::format("{}: axis {} is out of range for values of shape {} (rank {}); it must be in [{}, {})",
+                                      what, axis, shape_string(first.shape), rank, -rank, rank));
   }
   for (std::size_t r = 1; r < parts.size(); ++r) {
     const BufferRef& p = *parts[r];
@@ -5726,9 +5854,11 @@ DISTRIBUTE_END_NAMESPACE
 #include <atomic>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -5997,6 +6127,292 @@ std::unique_ptr<ReplicaCollectives> make_multi_worker_collectives(const Collecti
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE
 // ---- end <distribute/collective/multi_worker.hpp> ----
+// ---- begin <distribute/observe/timeline.hpp> ----
+// Timeline: what this task did and when, as Chrome trace-event JSON (Perfetto, chrome://tracing),
+// one file per task: every cross-worker collective (kind, bytes, algorithm, waiting for peers vs
+// moving data) and every strategy run() step. Horovod's timeline, for this library.
+//
+// Off unless started: DISTRIBUTE_TIMELINE=path (or CommunicationOptions::timeline) makes a
+// multi-worker strategy start it with its task's name; it then writes path with the task inserted
+// before the extension (timeline.json -> timeline.worker-1.json). Recording appends to a buffer of
+// the calling thread; the file is written whole (to a temporary, then renamed: it is always valid
+// JSON) by flush(): at exit, and when a collective fails so that the trace shows the failure.
+// tools/merge_timelines.py merges the tasks' files into one, a process per task.
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+namespace detail {
+/// Whether the timeline records: the one thing the hot path reads when it is off.
+inline std::atomic<bool> timeline_on{false};
+
+inline std::string json_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) out += fmt::format("\\u{:04x}", c);
+        else out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+/// A cross-worker call's numbers, kept as numbers and written out only by flush(): recording one
+/// call allocates nothing.
+struct CallArgs {
+  std::int64_t seq = -1;  // the collective's number (-1: point-to-point)
+  std::uint64_t bytes = 0, sent = 0, received = 0;
+  const char* algorithm = nullptr;  // a literal
+  std::int64_t wait_ns = -1;        // waiting for peers; the rest of the span moved data (-1: unknown)
+};
+
+struct TraceEvent {
+  std::string name;
+  const char* category;  // a literal
+  char phase;            // 'X' complete, 'i' instant
+  std::int64_t ts_ns;
+  std::int64_t dur_ns;
+  std::string args;  // a JSON object's members, without braces ("" for none)
+  bool has_call = false;
+  CallArgs call{};
+};
+
+inline std::string call_args_json(const TraceEvent& e) {
+  std::string out;
+  const CallArgs& c = e.call;
+  if (c.seq >= 0) out += fmt::format("\"seq\":{},", c.seq);
+  out += fmt::format("\"bytes\":{},\"sent\":{},\"received\":{}", c.bytes, c.sent, c.received);
+  if (c.algorithm) out += fmt::format(",\"algorithm\":\"{}\"", c.algorithm);
+  if (c.wait_ns >= 0) {
+    out += fmt::format(",\"wait_for_peers_us\":{:.3f},\"transfer_us\":{:.3f}", c.wait_ns / 1000.0,
+                       (e.dur_ns - c.wait_ns) / 1000.0);
+  }
+  if (!e.args.empty()) out += "," + e.args;
+  return out;
+}
+
+struct ThreadBuffer {
+  std::mutex mutex;  // taken by its thread per event (uncontended) and by flush()
+  std::vector<TraceEvent> events;
+  int tid = 0;
+};
+}  // namespace detail
+
+/// Whether the timeline records now (a relaxed load: cheap enough for every call).
+inline bool timeline_enabled() noexcept { return detail::timeline_on.load(std::memory_order_relaxed); }
+
+/// The file a task writes for DISTRIBUTE_TIMELINE=`path`: the task ("worker-1") before the extension.
+inline std::string timeline_file(std::string_view path, std::string_view task_type, int task_index) {
+  const std::string task = fmt::format("{}-{}", task_type, task_index);
+  const auto slash = path.find_last_of('/');
+  const auto dot = path.find_last_of('.');
+  if (dot == std::string_view::npos || (slash != std::string_view::npos && dot < slash) || dot == 0 ||
+      (slash != std::string_view::npos && dot == slash + 1)) {
+    return fmt::format("{}.{}.json", path, task);
+  }
+  return fmt::format("{}.{}{}", path.substr(0, dot), task, path.substr(dot));
+}
+
+class Timeline {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// The process's timeline.
+  static Timeline& instance() {
+    static Timeline t;
+    return t;
+  }
+
+  ~Timeline() {
+    try {
+      flush();
+    } catch (...) {
+    }
+  }
+
+  /// Starts recording into `file` (written by flush()) as task `task_type`:`task_index`. Throws
+  /// InvalidArgument when the file cannot be written, or when another file is being recorded.
+  void start(std::string file, std::string task_type, int task_index) {
+    std::lock_guard lock(mutex_);
+    if (!file_.empty() && file_ != file) {
+      throw InvalidArgument(fmt::format("timeline: this process already records into '{}', not '{}'", file_, file));
+    }
+    if (std::FILE* f = std::fopen(file.c_str(), "w")) {
+      std::fclose(f);
+    } else {
+      throw InvalidArgument(fmt::format("timeline: cannot write '{}' (DISTRIBUTE_TIMELINE): {}", file, std::strerror(errno)));
+    }
+    file_ = std::move(file);
+    task_type_ = std::move(task_type);
+    task_index_ = task_index;
+    detail::timeline_on.store(true, std::memory_order_relaxed);
+    write_locked();  // valid (empty) from the start
+  }
+
+  /// Stops recording (what is recorded stays, and is written by the next flush()).
+  void stop() noexcept { detail::timeline_on.store(false, std::memory_order_relaxed); }
+
+  const std::string& file() const noexcept { return file_; }
+
+  static std::int64_t now_ns() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  }
+
+  /// A span [start, end) on the calling thread. `args`: JSON members ("\"bytes\":4"), or "".
+  void complete(std::string name, const char* category, std::int64_t start_ns, std::int64_t end_ns, std::string args = {}) {
+    record({std::move(name), category, 'X', start_ns, std::max<std::int64_t>(end_ns - start_ns, 0), std::move(args)});
+  }
+
+  /// A cross-worker call [start, end) on the calling thread, its numbers formatted only when written;
+  /// `extra`: more JSON members (an error), or "".
+  void call(const char* name, std::int64_t start_ns, std::int64_t end_ns, const detail::CallArgs& args, std::string extra = {}) {
+    detail::TraceEvent e{name, "collective", 'X', start_ns, std::max<std::int64_t>(end_ns - start_ns, 0), std::move(extra)};
+    e.has_call = true;
+    e.call = args;
+    record(std::move(e));
+  }
+
+  /// A moment on the calling thread (a failure).
+  void instant(std::string name, const char* category, std::int64_t at_ns, std::string args = {}) {
+    record({std::move(name), category, 'i', at_ns, 0, std::move(args)});
+  }
+
+  /// Writes every event recorded so far (the whole file again: it stays valid JSON).
+  void flush() {
+    std::lock_guard lock(mutex_);
+    if (!file_.empty()) write_locked();
+  }
+
+ private:
+  Timeline() = default;
+
+  detail::ThreadBuffer& buffer() {
+    thread_local std::shared_ptr<detail::ThreadBuffer> mine;
+    if (!mine) {
+      mine = std::make_shared<detail::ThreadBuffer>();
+      std::lock_guard lock(mutex_);
+      mine->tid = static_cast<int>(buffers_.size()) + 1;
+      buffers_.push_back(mine);
+    }
+    return *mine;
+  }
+
+  void record(detail::TraceEvent e) {
+    detail::ThreadBuffer& b = buffer();
+    std::lock_guard lock(b.mutex);
+    b.events.push_back(std::move(e));
+  }
+
+  void write_locked() {
+    const auto steady = Clock::now();
+    const auto wall = std::chrono::system_clock::now();
+    // What to add to a ts to get microseconds since the Unix epoch: lets the merge script align
+    // files of tasks on different hosts, whose steady clocks do not agree.
+    const std::int64_t wall_minus_steady_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(wall.time_since_epoch()).count() -
+        std::chrono::duration_cast<std::chrono::microseconds>(steady.time_since_epoch()).count();
+    const std::string task = fmt::format("{}:{}", task_type_, task_index_);
+    std::string out = fmt::format(
+        "{{\"displayTimeUnit\":\"ms\",\"otherData\":{{\"task\":\"{}\",\"task_type\":\"{}\",\"task_index\":{},"
+        "\"wall_minus_steady_us\":{}}},\"traceEvents\":[\n",
+        json_escape_(task), json_escape_(task_type_), task_index_, wall_minus_steady_us);
+    out += fmt::format("{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"tid\":0,\"args\":{{\"name\":\"{}\"}}}}",
+                       task_index_, json_escape_(task));
+    for (const auto& b : buffers_) {
+      std::vector<detail::TraceEvent> events;
+      {
+        std::lock_guard lock(b->mutex);
+        events = b->events;
+      }
+      // Sorted by start, enclosing spans first: ts never goes back within a thread.
+      std::stable_sort(events.begin(), events.end(), [](const auto& x, const auto& y) {
+        return x.ts_ns != y.ts_ns ? x.ts_ns < y.ts_ns : x.dur_ns > y.dur_ns;
+      });
+      out += fmt::format(",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{},\"tid\":{},\"args\":{{\"name\":\"thread {}\"}}}}",
+                         task_index_, b->tid, b->tid);
+      for (const auto& e : events) {
+        out += fmt::format(",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"{}\",\"pid\":{},\"tid\":{},\"ts\":{:.3f}",
+                           json_escape_(e.name), e.category, e.phase, task_index_, b->tid, e.ts_ns / 1000.0);
+        if (e.phase == 'X') out += fmt::format(",\"dur\":{:.3f}", e.dur_ns / 1000.0);
+        if (e.phase == 'i') out += ",\"s\":\"t\"";
+        out += fmt::format(",\"args\":{{{}}}}}", e.has_call ? detail::call_args_json(e) : e.args);
+      }
+    }
+    out += "\n]}\n";
+    const std::string tmp = file_ + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    if (!f) return;  // flushing must not throw into a failing collective; start() checked the place
+    const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+    if (std::fclose(f) == 0 && ok) std::rename(tmp.c_str(), file_.c_str());
+  }
+
+  static std::string json_escape_(std::string_view s) { return detail::json_escape(s); }
+
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<detail::ThreadBuffer>> buffers_;
+  std::string file_;
+  std::string task_type_;
+  int task_index_ = 0;
+};
+
+/// Records a span of the calling thread from construction to destruction when the timeline is
+/// on (`number` >= 0 goes into its args as "step"); when it is off, one relaxed load and a branch
+/// (its members are trivial: nothing to build or destroy on the hot path).
+class TimelineSpan {
+ public:
+  TimelineSpan(const char* name, const char* category, std::int64_t number = -1) noexcept
+      : name_(name), category_(category), number_(number) {
+    if (timeline_enabled()) start_ = Timeline::now_ns();
+  }
+  ~TimelineSpan() {
+    if (start_ != 0) record();
+  }
+  TimelineSpan(const TimelineSpan&) = delete;
+  TimelineSpan& operator=(const TimelineSpan&) = delete;
+  bool active() const noexcept { return start_ != 0; }
+
+ private:
+  void record() noexcept {
+    try {
+      Timeline::instance().complete(name_, category_, start_, Timeline::now_ns(),
+                                    number_ >= 0 ? fmt::format("\"step\":{}", number_) : std::string());
+    } catch (...) {
+    }
+  }
+
+  const char* name_;
+  const char* category_;
+  std::int64_t number_;
+  std::int64_t start_ = 0;
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/observe/timeline.hpp> ----
 // ---- begin <distribute/strategy/detail/reduce_values.hpp> ----
 // Cross-replica reduction of per-replica components on the calling thread (strategy.reduce).
 
@@ -6007,10 +6423,13 @@ DISTRIBUTE_END_NAMESPACE
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -6025,6 +6444,33 @@ auto reduced_type_tag() {
 }
 template <TensorLike U>
 using reduced_t = typename decltype(reduced_type_tag<U>())::type;
+
+/// The start of a reduction of type Acc with `op` (Mean sums): a replica, or a worker, with no
+/// rows changes nothing.
+template <class Acc>
+Acc reduction_identity(ReduceOp combine_op) {
+  if (combine_op == ReduceOp::Min) return std::numeric_limits<Acc>::has_infinity ? std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::max();
+  if (combine_op == ReduceOp::Max) return std::numeric_limits<Acc>::has_infinity ? -std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::lowest();
+  if (combine_op == ReduceOp::Product) return Acc{1};
+  return Acc{};
+}
+
+/// The end of a reduction over `total` elements (all workers'): Mean's division and the store.
+/// Over zero elements Mean is NaN for floating types, as in TF (0/0); integers have no NaN, and
+/// Min/Max (which TF's strategy.reduce does not offer) have no value: InvalidArgument.
+template <class T, class Acc>
+void finish_reduction(ReduceOp op, Acc* acc, void* out, std::size_t out_n, std::int64_t total, std::string_view along) {
+  if (total == 0 && (op == ReduceOp::Min || op == ReduceOp::Max || (op == ReduceOp::Mean && !std::is_floating_point_v<Acc>))) {
+    throw InvalidArgument(fmt::format("reduce: {} of {} {} over zero elements is undefined{}", op, to_string(dtype_of<T>()),
+                                      along, op == ReduceOp::Mean ? " (TF gives NaN; an integer has none)" : ""));
+  }
+  if (op == ReduceOp::Mean) {
+    if (total == 0) std::fill(acc, acc + out_n, std::numeric_limits<Acc>::quiet_NaN());
+    else divide(acc, out_n, total);
+  }
+  if constexpr (is_half_v<T>) narrow(acc, static_cast<T*>(out), out_n);
+  else if (out_n) std::memcpy(out, acc, out_n * sizeof(T));
+}
 
 /// Reduces each component along `axis` and then across components (and workers). Components
 /// may differ in size along `axis` (an uneven last batch); Mean divides by the total count along it.
@@ -6057,14 +6503,9 @@ reduced_t<U> reduce_components_along(ReduceOp op, const std::vector<const U*>& p
       using T = decltype(t);
       // 16-bit floats accumulate in float32 and round once at the end.
       using Acc = std::conditional_t<is_half_v<T>, float, T>;
-      // Start from the op's identity so that a replica (or worker) with no rows changes nothing.
-      Acc identity{};
-      if (combine_op == ReduceOp::Min) identity = std::numeric_limits<Acc>::has_infinity ? std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::max();
-      if (combine_op == ReduceOp::Max) identity = std::numeric_limits<Acc>::has_infinity ? -std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::lowest();
-      if (combine_op == ReduceOp::Product) identity = Acc{1};
       // (arrays, not std::vector: Acc may be bool)
       std::unique_ptr<Acc[]> acc(new Acc[out_n]), row(new Acc[inner_n]);
-      std::fill(acc.get(), acc.get() + out_n, identity);
+      std::fill(acc.get(), acc.get() + out_n, reduction_identity<Acc>(combine_op));
       for (std::size_t p = 0; p < parts.size(); ++p) {
         const std::int64_t len = in[p].shape[axis];
         const T* src = static_cast<const T*>(in[p].data);
@@ -6086,12 +6527,99 @@ reduced_t<U> reduce_components_along(ReduceOp op, const std::vector<const U*>& p
         link->all_reduce(acc.get(), out_n, dtype_of<Acc>(), combine_op, shapes_digest(out_shape));
         link->all_reduce(&total, 1, DType::I64, ReduceOp::Sum);
       }
-      if (total == 0 && (op == ReduceOp::Min || op == ReduceOp::Max || op == ReduceOp::Mean)) {
-        throw InvalidArgument(fmt::format("reduce: {} along axis {} over zero elements is undefined", op, axis));
+      finish_reduction<T>(op, acc.get(), out, out_n, total, fmt::format("along axis {}", axis));
+    });
+    return result.take();
+  }
+}
+
+/// Reduces each component over every axis in `axes_arg` (TF's tuple axis; negative axes count
+/// from the end; none: across components only) and then across components (and workers).
+/// Components may differ along the reduced axes; Mean divides by the total element count.
+template <TensorLike U>
+reduced_t<U> reduce_components_over(ReduceOp op, const std::vector<const U*>& parts,
+                                    std::span<const std::int64_t> axes_arg, CrossWorkerLink* link = nullptr) {
+  if constexpr (memory_space_v<U> == MemorySpace::device) {  // on host copies (backends/cuda)
+    const auto host = device_ops<U>::host_copies(parts);
+    return reduce_components_over(op, host.pointers(), axes_arg, link);
+  } else {
+    if (parts.empty()) throw InvalidArgument("reduce: there are no values to reduce");
+    const Shape first = shape_of(*parts.front());
+    const std::size_t rank = first.size();
+    std::vector<bool> reduced(rank, false);
+    for (std::int64_t a : axes_arg) {
+      const std::size_t axis = normalize_axis(a, rank, "reduce");
+      if (reduced[axis]) {
+        throw InvalidArgument(fmt::format("reduce: axis {} is listed twice in ({}); each axis may be reduced once", axis,
+                                          fmt::join(axes_arg, ", ")));
       }
-      if (op == ReduceOp::Mean) divide(acc.get(), out_n, total);
-      if constexpr (is_half_v<T>) narrow(acc.get(), static_cast<T*>(out), out_n);
-      else if (out_n) std::memcpy(out, acc.get(), out_n * sizeof(T));
+      reduced[axis] = true;
+    }
+    if (axes_arg.size() == 1) return reduce_components_along(op, parts, axes_arg[0], link);
+    HostOperands in("reduce");
+    for (const U* p : parts) in.add(view_of(*p), true);
+    for (std::size_t r = 1; r < parts.size(); ++r) {
+      bool ok = in[r].dtype == in[0].dtype && in[r].shape.size() == rank;
+      for (std::size_t d = 0; ok && d < rank; ++d) ok = reduced[d] || in[r].shape[d] == first[d];
+      if (!ok) {
+        throw InvalidArgument(fmt::format("reduce: replica 0's value is {} of shape {} but replica {}'s is {} of shape {}; "
+                                          "they may only differ along the reduced axes ({})",
+                                          to_string(in[0].dtype), shape_string(first), r, to_string(in[r].dtype),
+                                          shape_string(in[r].shape), fmt::join(axes_arg, ", ")));
+      }
+    }
+    const DType dtype = in[0].dtype;
+    check_op_for_dtype(op, dtype, "reduce");
+    Shape out_shape;
+    for (std::size_t d = 0; d < rank; ++d) {
+      if (!reduced[d]) out_shape.push_back(first[d]);
+    }
+    const auto out_n = static_cast<std::size_t>(num_elements(out_shape));
+    RowMajorResult<reduced_t<U>> result;
+    void* out = result.allocate(dtype, out_shape);
+    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    std::int64_t total = 0;
+    visit_value_dtype<U>(dtype, [&](auto t) {
+      using T = decltype(t);
+      using Acc = std::conditional_t<is_half_v<T>, float, T>;
+      std::unique_ptr<Acc[]> acc(new Acc[out_n]);
+      std::fill(acc.get(), acc.get() + out_n, reduction_identity<Acc>(combine_op));
+      for (std::size_t p = 0; p < parts.size(); ++p) {
+        const Shape& shape = in[p].shape;
+        // Each element's place in the output: an odometer over the component's indices, where a
+        // reduced axis moves no output position.
+        std::vector<std::int64_t> out_stride(rank, 0), index(rank, 0);
+        std::int64_t stride = 1, count = 1;
+        for (std::size_t d = rank; d-- > 0;) {
+          if (reduced[d]) {
+            count *= shape[d];
+          } else {
+            out_stride[d] = stride;
+            stride *= shape[d];
+          }
+        }
+        const T* src = static_cast<const T*>(in[p].data);
+        const std::int64_t n = num_elements(shape);
+        std::int64_t o = 0;
+        for (std::int64_t e = 0; e < n; ++e) {
+          Acc x;
+          if constexpr (is_half_v<T>) widen(src + e, &x, 1);
+          else x = src[e];
+          combine(acc.get() + o, &x, 1, combine_op);
+          for (std::size_t d = rank; d-- > 0;) {  // next index; o follows
+            o += out_stride[d];
+            if (++index[d] < shape[d]) break;
+            o -= out_stride[d] * shape[d];
+            index[d] = 0;
+          }
+        }
+        total += count;
+      }
+      if (link) {
+        link->all_reduce(acc.get(), out_n, dtype_of<Acc>(), combine_op, shapes_digest(out_shape));
+        link->all_reduce(&total, 1, DType::I64, ReduceOp::Sum);
+      }
+      finish_reduction<T>(op, acc.get(), out, out_n, total, fmt::format("over axes ({})", fmt::join(axes_arg, ", ")));
     });
     return result.take();
   }
@@ -6129,8 +6657,9 @@ class ReplicaContextFor : public ReplicaContext {
   auto merge_call(F&& fn, A&&... args) {
     using Args = std::tuple<std::decay_t<A>...>;
     constexpr bool takes_strategy = std::is_invocable_v<F&, S&, PerReplica<std::decay_t<A>, S>...>;
-    using R = std::conditional_t<takes_strategy, std::invoke_result<F&, S&, PerReplica<std::decay_t<A>, S>...>,
-                                 std::invoke_result<F&, PerReplica<std::decay_t<A>, S>...>>::type;
+    using R = typename std::conditional_t<takes_strategy,
+                                          std::invoke_result<F&, S&, PerReplica<std::decay_t<A>, S>...>,
+                                          std::invoke_result<F&, PerReplica<std::decay_t<A>, S>...>>::type;
     using Stored = std::conditional_t<std::is_void_v<R>, bool, std::decay_t<R>>;
     struct Outcome {
       std::optional<Stored> value;
@@ -6234,6 +6763,17 @@ concept packable_distributed_value =
       requires memory_space_v<std::remove_cvref_t<decltype(v.values().front())>> == MemorySpace::host;
     };
 
+/// The type of a value's components: the element of a distributed value or variable, else V.
+template <class V>
+struct component_of {
+  using type = V;
+};
+template <class V>
+  requires requires(const V& v) { v.values().front(); }
+struct component_of<V> {
+  using type = std::remove_cvref_t<decltype(std::declval<const V&>().values().front())>;
+};
+
 template <class T>
 struct is_tuple : std::false_type {};
 template <class... T>
@@ -6308,76 +6848,53 @@ class SyncStrategy : public AnyStrategy {
   /// Reduces across replicas (no axis): returns a value of the component type.
   template <class V>
   auto reduce(ReduceOpArg op, const V& value) {
-    if constexpr (requires { typename V::strategy_type; }) {
-      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
-                    "reduce: this distributed value was made by a strategy of another type");
-      return detail::reduce_components(op.op, pointers(value.values()), link_);
-    } else if constexpr (requires { value.values(); value.read_value(); }) {
-      return detail::reduce_components(op.op, pointers(value.values()), link_);  // a variable's copies
-    } else {
-      static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
-      return reduce_plain(op.op, value);
-    }
+    static_assert(TensorLike<typename detail::component_of<V>::type>,
+                  "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
+                  "TensorLike; see docs/tensors.md)");
+    if constexpr (TensorLike<typename detail::component_of<V>::type>) return reduce_value(op, value);
   }
 
   /// Reduces inside each component along `axis` and across replicas (a Tensor). With an axis,
   /// MEAN divides by the total number of elements along it, exact for uneven last batches.
   template <class V>
   auto reduce(ReduceOpArg op, const V& value, std::optional<std::int64_t> axis) {
-    auto components = [&]() -> decltype(auto) {
-      if constexpr (requires { typename V::strategy_type; }) {
-        static_assert(std::is_same_v<typename V::strategy_type, Derived>,
-                      "reduce: this distributed value was made by a strategy of another type");
-        return pointers(value.values());
-      } else if constexpr (requires { value.values(); value.read_value(); }) {
-        return pointers(value.values());
-      } else {
-        static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
-        return std::vector<const V*>{&value};
-      }
-    }();
-    using U = std::remove_cvref_t<decltype(*components.front())>;
-    using R = detail::reduced_t<U>;
-    constexpr bool distributed = requires { typename V::strategy_type; } || requires { value.read_value(); };
-    if (!axis) {
-      U r = [&] {
-        if constexpr (distributed) return detail::reduce_components(op.op, components, link_);
-        else return reduce_plain(op.op, value);
-      }();
-      if constexpr (memory_space_v<U> == MemorySpace::device) {
-        return detail::device_ops<U>::to_host(r);
-      } else if constexpr (std::is_same_v<R, U>) {
-        return r;
-      } else {
-        const TensorView v = view_of(r);
-        detail::RowMajorResult<R> out;
-        copy_to_contiguous(v, out.allocate(v.dtype, v.shape));
-        return out.take();
-      }
-    }
-    if constexpr (!distributed) {
-      if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
-    }
-    return detail::reduce_components_along(op.op, components, *axis, distributed ? link_ : nullptr);
+    static_assert(TensorLike<typename detail::component_of<V>::type>,
+                  "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
+                  "TensorLike; see docs/tensors.md)");
+    if constexpr (TensorLike<typename detail::component_of<V>::type>) return reduce_value(op, value, axis);
   }
 
-  /// Concatenates the components along `axis` (in [0, rank)).
+  /// Reduces inside each component over several axes (TF's tuple axis: reduce(op, v, {0, 1});
+  /// negative axes count from the end; each at most once) and across replicas (a Tensor). MEAN
+  /// divides by the total number of elements over them; no axes: across replicas only.
+  template <class V>
+  auto reduce(ReduceOpArg op, const V& value, std::initializer_list<std::int64_t> axes) {
+    return reduce(op, value, std::span<const std::int64_t>(axes.begin(), axes.size()));
+  }
+  /// The same with a run-time list of axes (a std::vector<std::int64_t>, ...).
+  template <class V>
+  auto reduce(ReduceOpArg op, const V& value, std::span<const std::int64_t> axes) {
+    static_assert(TensorLike<typename detail::component_of<V>::type>,
+                  "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
+                  "TensorLike; see docs/tensors.md)");
+    if constexpr (TensorLike<typename detail::component_of<V>::type>) return reduce_value_over(op, value, axes);
+  }
+
+  /// Concatenates the components along `axis` (in [-rank, rank); negative counts from the end).
   template <class V>
   auto gather(const V& value, std::int64_t axis) {
-    if constexpr (requires { typename V::strategy_type; }) {
-      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
-                    "gather: this distributed value was made by a strategy of another type");
-      return gather_parts(pointers(value.values()), axis);
-    } else {
-      static_assert(TensorLike<V>, "gather: the value is neither a distributed value of this strategy nor TensorLike");
-      std::vector<const V*> parts(devices_.size(), &value);
-      return gather_parts(parts, axis);
-    }
+    static_assert(TensorLike<typename detail::component_of<V>::type>,
+                  "ds::Strategy::gather: the value's type has no ds::tensor_traits specialisation (it is not "
+                  "TensorLike; see docs/tensors.md)");
+    if constexpr (TensorLike<typename detail::component_of<V>::type>) return gather_value(value, axis);
   }
 
-  /// The local components in replica order (a single value is returned as one component).
+  /// The local components in replica order, not copied: a reference to the value's own
+  /// components (valid while `value` lives; `const auto& x = s.local_results(v)[0]` refers into
+  /// v). A temporary distributed value's components are moved out; a single (non-distributed)
+  /// value is returned as a vector of one copy.
   template <class V>
-  auto local_results(const V& value) {
+  decltype(auto) local_results(const V& value) {
     if constexpr (requires { typename V::strategy_type; }) {
       static_assert(std::is_same_v<typename V::strategy_type, Derived>,
                     "local_results: this distributed value was made by a strategy of another type");
@@ -6387,6 +6904,13 @@ class SyncStrategy : public AnyStrategy {
     } else {
       return std::vector<V>{value};
     }
+  }
+  template <class V>
+    requires(!std::is_reference_v<V> && requires { typename V::strategy_type; })
+  std::vector<typename V::value_type> local_results(V&& value) {
+    static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                  "local_results: this distributed value was made by a strategy of another type");
+    return std::move(value).values();
   }
 
   /// fn(ValueContext) once per local replica → PerReplica.
@@ -6458,6 +6982,87 @@ class SyncStrategy : public AnyStrategy {
   replica_context_type& replica_context(std::size_t i) noexcept { return *contexts_[i]; }
 
  private:
+  // The bodies of reduce and gather, for values whose components are TensorLike.
+  template <class V>
+  auto reduce_value(ReduceOpArg op, const V& value) {
+    if constexpr (requires { typename V::strategy_type; }) {
+      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                    "reduce: this distributed value was made by a strategy of another type");
+      return detail::reduce_components(op.op, pointers(value.values()), link_);
+    } else if constexpr (requires { value.values(); value.read_value(); }) {
+      return detail::reduce_components(op.op, pointers(value.values()), link_);  // a variable's copies
+    } else {
+      static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
+      return reduce_plain(op.op, value);
+    }
+  }
+
+  template <class V>
+  auto reduce_value(ReduceOpArg op, const V& value, std::optional<std::int64_t> axis) {
+    auto components = [&]() -> decltype(auto) {
+      if constexpr (requires { typename V::strategy_type; }) {
+        static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                      "reduce: this distributed value was made by a strategy of another type");
+        return pointers(value.values());
+      } else if constexpr (requires { value.values(); value.read_value(); }) {
+        return pointers(value.values());
+      } else {
+        static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
+        return std::vector<const V*>{&value};
+      }
+    }();
+    using U = std::remove_cvref_t<decltype(*components.front())>;
+    using R = detail::reduced_t<U>;
+    constexpr bool distributed = requires { typename V::strategy_type; } || requires { value.read_value(); };
+    if (!axis) {
+      U r = [&] {
+        if constexpr (distributed) return detail::reduce_components(op.op, components, link_);
+        else return reduce_plain(op.op, value);
+      }();
+      if constexpr (memory_space_v<U> == MemorySpace::device) {
+        return detail::device_ops<U>::to_host(r);
+      } else if constexpr (std::is_same_v<R, U>) {
+        return r;
+      } else {
+        const TensorView v = view_of(r);
+        detail::RowMajorResult<R> out;
+        copy_to_contiguous(v, out.allocate(v.dtype, v.shape));
+        return out.take();
+      }
+    }
+    if constexpr (!distributed) {
+      if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
+    }
+    return detail::reduce_components_along(op.op, components, *axis, distributed ? link_ : nullptr);
+  }
+
+  template <class V>
+  auto reduce_value_over(ReduceOpArg op, const V& value, std::span<const std::int64_t> axes) {
+    if constexpr (requires { typename V::strategy_type; }) {
+      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                    "reduce: this distributed value was made by a strategy of another type");
+      return detail::reduce_components_over(op.op, pointers(value.values()), axes, link_);
+    } else if constexpr (requires { value.values(); value.read_value(); }) {
+      return detail::reduce_components_over(op.op, pointers(value.values()), axes, link_);  // a variable's copies
+    } else {
+      if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
+      return detail::reduce_components_over(op.op, std::vector<const V*>{&value}, axes, nullptr);
+    }
+  }
+
+  template <class V>
+  auto gather_value(const V& value, std::int64_t axis) {
+    if constexpr (requires { typename V::strategy_type; }) {
+      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+                    "gather: this distributed value was made by a strategy of another type");
+      return gather_parts(pointers(value.values()), axis);
+    } else {
+      static_assert(TensorLike<V>, "gather: the value is neither a distributed value of this strategy nor TensorLike");
+      std::vector<const V*> parts(devices_.size(), &value);
+      return gather_parts(parts, axis);
+    }
+  }
+
   Derived& self() noexcept { return static_cast<Derived&>(*this); }
 
   template <class T>
@@ -6484,6 +7089,9 @@ class SyncStrategy : public AnyStrategy {
 
   template <class U>
   auto gather_parts(const std::vector<const U*>& parts, std::int64_t axis) {
+    // A negative axis counts from the end (TF's gather does so with one replica; with several,
+    // TF 2.21's collectives fail on it: docs/semantics.md). One below -rank is reported as given.
+    if (const auto rank = static_cast<std::int64_t>(shape_of(*parts.front()).size()); axis < 0 && axis >= -rank) axis += rank;
     using G = gathered_t<U>;
     if constexpr (memory_space_v<U> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
       std::vector<detail::BufferRef> refs;
@@ -6569,6 +7177,7 @@ class SyncStrategy : public AnyStrategy {
                                         tc.replica->strategy().name()));
     }
     std::lock_guard serial(run_mutex_);  // one step at a time per strategy
+    const observe::TimelineSpan span("run", "step", static_cast<std::int64_t>(run_steps_++));  // off: a load, a branch
     const std::size_t n = devices_.size();
     errors_.assign(n, nullptr);
     error_order_.assign(n, 0);
@@ -6621,6 +7230,7 @@ class SyncStrategy : public AnyStrategy {
   std::vector<std::unique_ptr<replica_context_type>> contexts_;
   std::unique_ptr<detail::HostReplicaThreads> threads_;
   std::mutex run_mutex_;
+  std::uint64_t run_steps_ = 0;  // run() calls so far, for the timeline
   std::vector<std::exception_ptr> errors_;
   std::vector<unsigned> error_order_;
 
@@ -17423,6 +18033,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -17949,7 +18560,7 @@ namespace detail {
 inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
 
 /// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
-/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// (TF runs it beside the training cluster), with any index (TF's resolvers accept any).
 /// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
 inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
                                   std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
@@ -17957,10 +18568,8 @@ inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type
   if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
   if (!spec.has_job(type)) {
     if (type == "evaluator") {
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format(
-            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
-            cluster_name));
+      if (id > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
       }
       return;
     }
@@ -18009,6 +18618,7 @@ class ClusterResolver {
   /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
   /// own work, as in TF (it writes its own summaries).
   bool is_chief() const {
+    if (cluster_spec().empty()) return true;  // local mode: the one process
     const auto type = task_type();
     if (type == "chief" || type == "evaluator") return true;
     return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
@@ -18033,6 +18643,7 @@ class ClusterResolver {
   /// evaluator and for ps tasks, which have no replicas.
   int id_in_cluster() const {
     const auto& spec = cluster_spec();
+    if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
     const auto type = task_type();
     if (type == "chief") return 0;
     if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
@@ -18054,6 +18665,30 @@ class ClusterResolver {
     }
     return id_in_cluster() * local_replicas + local_id;
   }
+
+  /// TF's ClusterResolver.master() (TFConfigClusterResolver's rule): the session master when the
+  /// configuration names one; "" for a cluster of at most one task; else the address of task
+  /// (task_type, task_id) — this task unless given — as "rpc_layer://host:port" when there is
+  /// an RPC layer. InvalidArgument when that task is not in the cluster.
+  std::string master(std::optional<std::string> task_type = {}, std::optional<int> task_id = {},
+                     std::optional<std::string> rpc_layer = {}) const {
+    if (auto session = session_master()) return *session;
+    const auto& spec = cluster_spec();
+    const auto jobs = spec.jobs();
+    if (jobs.empty() || (jobs.size() == 1 && spec.task_indices(jobs.front()) == std::vector<int>{0})) return {};
+    const std::string type = task_type ? *task_type : this->task_type();
+    const int id = task_id ? *task_id : this->task_id();
+    if (!spec.has_job(type)) {
+      throw InvalidArgument(fmt::format("ClusterResolver::master: job '{}' is not in the cluster (jobs: {})", type,
+                                        fmt::join(jobs, ", ")));
+    }
+    const std::string layer = rpc_layer ? *rpc_layer : this->rpc_layer();
+    const std::string& address = spec.task_address(type, id);
+    return layer.empty() ? address : fmt::format("{}://{}", layer, address);
+  }
+
+  /// A master address that overrides master()'s rule (TF_CONFIG's "session_master"); none by default.
+  virtual std::optional<std::string> session_master() const { return std::nullopt; }
 
   /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
   /// (an empty spec), where there is nobody to connect to.
@@ -18142,6 +18777,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -18668,7 +19304,7 @@ namespace detail {
 inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
 
 /// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
-/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// (TF runs it beside the training cluster), with any index (TF's resolvers accept any).
 /// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
 inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
                                   std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
@@ -18676,10 +19312,8 @@ inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type
   if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
   if (!spec.has_job(type)) {
     if (type == "evaluator") {
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format(
-            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
-            cluster_name));
+      if (id > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
       }
       return;
     }
@@ -18728,6 +19362,7 @@ class ClusterResolver {
   /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
   /// own work, as in TF (it writes its own summaries).
   bool is_chief() const {
+    if (cluster_spec().empty()) return true;  // local mode: the one process
     const auto type = task_type();
     if (type == "chief" || type == "evaluator") return true;
     return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
@@ -18752,6 +19387,7 @@ class ClusterResolver {
   /// evaluator and for ps tasks, which have no replicas.
   int id_in_cluster() const {
     const auto& spec = cluster_spec();
+    if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
     const auto type = task_type();
     if (type == "chief") return 0;
     if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
@@ -18773,6 +19409,30 @@ class ClusterResolver {
     }
     return id_in_cluster() * local_replicas + local_id;
   }
+
+  /// TF's ClusterResolver.master() (TFConfigClusterResolver's rule): the session master when the
+  /// configuration names one; "" for a cluster of at most one task; else the address of task
+  /// (task_type, task_id) — this task unless given — as "rpc_layer://host:port" when there is
+  /// an RPC layer. InvalidArgument when that task is not in the cluster.
+  std::string master(std::optional<std::string> task_type = {}, std::optional<int> task_id = {},
+                     std::optional<std::string> rpc_layer = {}) const {
+    if (auto session = session_master()) return *session;
+    const auto& spec = cluster_spec();
+    const auto jobs = spec.jobs();
+    if (jobs.empty() || (jobs.size() == 1 && spec.task_indices(jobs.front()) == std::vector<int>{0})) return {};
+    const std::string type = task_type ? *task_type : this->task_type();
+    const int id = task_id ? *task_id : this->task_id();
+    if (!spec.has_job(type)) {
+      throw InvalidArgument(fmt::format("ClusterResolver::master: job '{}' is not in the cluster (jobs: {})", type,
+                                        fmt::join(jobs, ", ")));
+    }
+    const std::string layer = rpc_layer ? *rpc_layer : this->rpc_layer();
+    const std::string& address = spec.task_address(type, id);
+    return layer.empty() ? address : fmt::format("{}://{}", layer, address);
+  }
+
+  /// A master address that overrides master()'s rule (TF_CONFIG's "session_master"); none by default.
+  virtual std::optional<std::string> session_master() const { return std::nullopt; }
 
   /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
   /// (an empty spec), where there is nobody to connect to.
@@ -19483,6 +20143,9 @@ class TFConfigClusterResolver : public ClusterResolver {
   AcceleratorCounts num_accelerators() const override { return accelerators_; }
   std::string environment() const override { return environment_; }
 
+  /// TF_CONFIG's "session_master", which TF's master() returns first when it is set.
+  std::optional<std::string> session_master() const override { return session_master_; }
+
   /// False in local mode because TF_CONFIG was unset or blank.
   bool has_tf_config() const { return has_tf_config_; }
 
@@ -19514,21 +20177,19 @@ class TFConfigClusterResolver : public ClusterResolver {
     if (options.environment) environment_ = *options.environment;
 
     if (spec_.empty()) {
-      // Local mode: one process. A task, if one is named, must be that process.
+      // Local mode: one process. As TF's resolver, a task named without a cluster is reported
+      // as given (the helpers treat the process as worker 0 and the chief).
       task_type_ = type.value_or("worker");
       std::int64_t id = index.value_or(0);
       if (!detail::is_tf_config_task_type(task_type_)) {
         throw ClusterConfigError(fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator",
                                              type_label, task_type_));
       }
-      if (task_type_ == "ps") {
-        throw ClusterConfigError(fmt::format("{} 'ps' has no job in cluster: cluster is empty (local mode: one worker)", type_label));
+      if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+      if (id > detail::kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, detail::kMaxTaskIndex));
       }
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format("{} {} is out of range: cluster is empty, so the only task is {} 0", id_label, id,
-                                             task_type_));
-      }
-      task_id_ = 0;
+      task_id_ = static_cast<int>(id);
       return;
     }
     if (!type && !has_task_) {
@@ -19556,7 +20217,9 @@ class TFConfigClusterResolver : public ClusterResolver {
       throw ClusterConfigError(fmt::format("TF_CONFIG: the top level must be an object with cluster and task, got {}",
                                            detail::cluster_json_describe(doc)));
     }
-    if (const auto* cluster = detail::tf_config_member(*top, "cluster")) {
+    // cluster, task and task.index may be absent but not null: TF raises on a null one
+    // (ClusterSpec(None), 'type' in None, int(None)). rpc_layer and environment may be null.
+    if (const auto* cluster = top->if_contains("cluster")) {
       auto jobs = detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
       for (const auto& entry : jobs) {
         if (!detail::is_tf_config_task_type(entry.first)) {
@@ -19574,24 +20237,27 @@ class TFConfigClusterResolver : public ClusterResolver {
       }
       spec_ = ClusterSpec::from_sparse(std::move(jobs));
     }
-    if (const auto* task_value = detail::tf_config_member(*top, "task")) {
+    if (const auto* task_value = top->if_contains("task")) {
       has_task_ = true;
       const auto* task = task_value->if_object();
       if (task == nullptr) {
         throw ClusterConfigError(fmt::format("TF_CONFIG: task must be an object with type and index, got {}",
                                              detail::cluster_json_describe(*task_value)));
       }
-      if (const auto* t = detail::tf_config_member(*task, "type")) {
+      if (const auto* t = task->if_contains("type")) {
         if (!t->is_string()) {
           throw ClusterConfigError(
               fmt::format("TF_CONFIG: task.type must be a string, got {}", detail::cluster_json_describe(*t)));
         }
         type = std::string(t->get_string());
       }
-      if (const auto* i = detail::tf_config_member(*task, "index")) index = parse_index(*i);
+      if (const auto* i = task->if_contains("index")) index = parse_index(*i);
     }
     rpc_layer_ = detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
     environment_ = detail::tf_config_string(*top, "environment", "environment");
+    if (detail::tf_config_member(*top, "session_master")) {
+      session_master_ = detail::tf_config_string(*top, "session_master", "session_master");
+    }
   }
 
   static std::int64_t parse_index(const boost::json::value& v) {
@@ -19611,6 +20277,7 @@ class TFConfigClusterResolver : public ClusterResolver {
   AcceleratorCounts accelerators_;
   bool has_tf_config_ = false;
   bool has_task_ = false;  // TF_CONFIG has a "task" member
+  std::optional<std::string> session_master_;
 };
 
 DISTRIBUTE_END_NAMESPACE
@@ -19757,6 +20424,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -20283,7 +20951,7 @@ namespace detail {
 inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
 
 /// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
-/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// (TF runs it beside the training cluster), with any index (TF's resolvers accept any).
 /// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
 inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
                                   std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
@@ -20291,10 +20959,8 @@ inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type
   if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
   if (!spec.has_job(type)) {
     if (type == "evaluator") {
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format(
-            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
-            cluster_name));
+      if (id > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
       }
       return;
     }
@@ -20343,6 +21009,7 @@ class ClusterResolver {
   /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
   /// own work, as in TF (it writes its own summaries).
   bool is_chief() const {
+    if (cluster_spec().empty()) return true;  // local mode: the one process
     const auto type = task_type();
     if (type == "chief" || type == "evaluator") return true;
     return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
@@ -20367,6 +21034,7 @@ class ClusterResolver {
   /// evaluator and for ps tasks, which have no replicas.
   int id_in_cluster() const {
     const auto& spec = cluster_spec();
+    if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
     const auto type = task_type();
     if (type == "chief") return 0;
     if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
@@ -20388,6 +21056,30 @@ class ClusterResolver {
     }
     return id_in_cluster() * local_replicas + local_id;
   }
+
+  /// TF's ClusterResolver.master() (TFConfigClusterResolver's rule): the session master when the
+  /// configuration names one; "" for a cluster of at most one task; else the address of task
+  /// (task_type, task_id) — this task unless given — as "rpc_layer://host:port" when there is
+  /// an RPC layer. InvalidArgument when that task is not in the cluster.
+  std::string master(std::optional<std::string> task_type = {}, std::optional<int> task_id = {},
+                     std::optional<std::string> rpc_layer = {}) const {
+    if (auto session = session_master()) return *session;
+    const auto& spec = cluster_spec();
+    const auto jobs = spec.jobs();
+    if (jobs.empty() || (jobs.size() == 1 && spec.task_indices(jobs.front()) == std::vector<int>{0})) return {};
+    const std::string type = task_type ? *task_type : this->task_type();
+    const int id = task_id ? *task_id : this->task_id();
+    if (!spec.has_job(type)) {
+      throw InvalidArgument(fmt::format("ClusterResolver::master: job '{}' is not in the cluster (jobs: {})", type,
+                                        fmt::join(jobs, ", ")));
+    }
+    const std::string layer = rpc_layer ? *rpc_layer : this->rpc_layer();
+    const std::string& address = spec.task_address(type, id);
+    return layer.empty() ? address : fmt::format("{}://{}", layer, address);
+  }
+
+  /// A master address that overrides master()'s rule (TF_CONFIG's "session_master"); none by default.
+  virtual std::optional<std::string> session_master() const { return std::nullopt; }
 
   /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
   /// (an empty spec), where there is nobody to connect to.
@@ -21438,6 +22130,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -21964,7 +22657,7 @@ namespace detail {
 inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
 
 /// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
-/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// (TF runs it beside the training cluster), with any index (TF's resolvers accept any).
 /// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
 inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
                                   std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
@@ -21972,10 +22665,8 @@ inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type
   if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
   if (!spec.has_job(type)) {
     if (type == "evaluator") {
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format(
-            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
-            cluster_name));
+      if (id > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
       }
       return;
     }
@@ -22024,6 +22715,7 @@ class ClusterResolver {
   /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
   /// own work, as in TF (it writes its own summaries).
   bool is_chief() const {
+    if (cluster_spec().empty()) return true;  // local mode: the one process
     const auto type = task_type();
     if (type == "chief" || type == "evaluator") return true;
     return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
@@ -22048,6 +22740,7 @@ class ClusterResolver {
   /// evaluator and for ps tasks, which have no replicas.
   int id_in_cluster() const {
     const auto& spec = cluster_spec();
+    if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
     const auto type = task_type();
     if (type == "chief") return 0;
     if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
@@ -22069,6 +22762,30 @@ class ClusterResolver {
     }
     return id_in_cluster() * local_replicas + local_id;
   }
+
+  /// TF's ClusterResolver.master() (TFConfigClusterResolver's rule): the session master when the
+  /// configuration names one; "" for a cluster of at most one task; else the address of task
+  /// (task_type, task_id) — this task unless given — as "rpc_layer://host:port" when there is
+  /// an RPC layer. InvalidArgument when that task is not in the cluster.
+  std::string master(std::optional<std::string> task_type = {}, std::optional<int> task_id = {},
+                     std::optional<std::string> rpc_layer = {}) const {
+    if (auto session = session_master()) return *session;
+    const auto& spec = cluster_spec();
+    const auto jobs = spec.jobs();
+    if (jobs.empty() || (jobs.size() == 1 && spec.task_indices(jobs.front()) == std::vector<int>{0})) return {};
+    const std::string type = task_type ? *task_type : this->task_type();
+    const int id = task_id ? *task_id : this->task_id();
+    if (!spec.has_job(type)) {
+      throw InvalidArgument(fmt::format("ClusterResolver::master: job '{}' is not in the cluster (jobs: {})", type,
+                                        fmt::join(jobs, ", ")));
+    }
+    const std::string layer = rpc_layer ? *rpc_layer : this->rpc_layer();
+    const std::string& address = spec.task_address(type, id);
+    return layer.empty() ? address : fmt::format("{}://{}", layer, address);
+  }
+
+  /// A master address that overrides master()'s rule (TF_CONFIG's "session_master"); none by default.
+  virtual std::optional<std::string> session_master() const { return std::nullopt; }
 
   /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
   /// (an empty spec), where there is nobody to connect to.
@@ -22647,7 +23364,8 @@ struct LauncherOptions {
   /// Used when MASTER_PORT is unset.
   std::optional<int> master_port;
   /// Task i's port is MASTER_PORT + port_offset + i. torchrun's agent already listens on
-  /// MASTER_PORT itself, so under torchrun use 1 or more.
+  /// MASTER_PORT itself, so under torchrun use 1 or more. Under distribute-launch (-n N), 1 gives
+  /// the same addresses as the TF_CONFIG it sets (it leaves MASTER_PORT free for a torch rank 0).
   int port_offset = 0;
   std::string rpc_layer = "grpc";
   AcceleratorCounts num_accelerators;
@@ -22787,6 +23505,3116 @@ class LauncherClusterResolver : public ClusterResolver {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_LAUNCHER_HPP
 // ---- end <distribute/cluster/launcher.hpp> ----
+// summary/: SummaryWriter, TensorBoard event files (its chief comes from cluster/'s resolvers);
+// 0.15% more preprocessed lines than the rest of the umbrella, a compile time within the noise
+// ---- begin <distribute/summary/event.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_EVENT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_EVENT_HPP
+// TensorBoard's event files: a record file (TFRecord framing, data/record_file.hpp) of `Event`
+// messages (tensorflow/core/util/event.proto, summary.proto). The part of them that scalars use:
+//
+//   message Event   { double wall_time = 1; int64 step = 2;
+//                     oneof what { string file_version = 3; Summary summary = 5; ... } }
+//   message Summary { repeated Value value = 1; }
+//   message Summary.Value { string tag = 1; oneof value { float simple_value = 2; ... } }
+//
+// Scalars are written as `simple_value`, which TensorBoard's scalar dashboard and its
+// EventAccumulator.Scalars(tag) read (TF 2 writes a tensor with scalars-plugin metadata, which
+// TensorBoard converts to the same). Reading (read_event_file, TF's summary_iterator) skips the
+// fields it does not know, so it reads files that TensorFlow or TensorBoard wrote.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/summary/detail/protobuf_wire.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_DETAIL_PROTOBUF_WIRE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_DETAIL_PROTOBUF_WIRE_HPP
+// The few pieces of the protocol-buffer wire format that event files need (varints, 64- and 32-bit
+// fixed fields, length-delimited fields), by hand: the messages are three small ones with five
+// scalar fields, and protobuf's own library would mean code generation and a large dependency.
+// https://protobuf.dev/programming-guides/encoding/
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace summary::detail {
+
+enum class WireType : std::uint8_t { Varint = 0, Fixed64 = 1, LengthDelimited = 2, Fixed32 = 5 };
+
+/// Appends fields to a message's bytes (little-endian, as the format is on every host).
+class WireWriter {
+ public:
+  void varint_field(int field, std::uint64_t v) {
+    key(field, WireType::Varint);
+    varint(v);
+  }
+  /// int64 fields are varints of the two's complement (a negative value takes ten bytes).
+  void int64_field(int field, std::int64_t v) { varint_field(field, static_cast<std::uint64_t>(v)); }
+  void double_field(int field, double v) {
+    key(field, WireType::Fixed64);
+    std::uint64_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    fixed(bits, 8);
+  }
+  void float_field(int field, float v) {
+    key(field, WireType::Fixed32);
+    std::uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    fixed(bits, 4);
+  }
+  /// A string, bytes or embedded message (its bytes).
+  void bytes_field(int field, std::string_view bytes) {
+    key(field, WireType::LengthDelimited);
+    varint(bytes.size());
+    out_.append(bytes);
+  }
+
+  const std::string& bytes() const& noexcept { return out_; }
+  std::string bytes() && noexcept { return std::move(out_); }
+
+ private:
+  void key(int field, WireType type) { varint((static_cast<std::uint64_t>(field) << 3) | static_cast<std::uint64_t>(type)); }
+  void varint(std::uint64_t v) {
+    while (v >= 0x80) {
+      out_.push_back(static_cast<char>((v & 0x7F) | 0x80));
+      v >>= 7;
+    }
+    out_.push_back(static_cast<char>(v));
+  }
+  void fixed(std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
+  }
+
+  std::string out_;
+};
+
+/// One field read from a message: its number, wire type and value (`number` for varints and fixed
+/// fields, `bytes` for length-delimited ones).
+struct WireField {
+  int field = 0;
+  WireType type = WireType::Varint;
+  std::uint64_t number = 0;
+  std::string_view bytes;
+
+  double as_double() const noexcept {
+    double d;
+    std::memcpy(&d, &number, sizeof d);
+    return d;
+  }
+  float as_float() const noexcept {
+    const auto bits = static_cast<std::uint32_t>(number);
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  }
+};
+
+/// Reads a message's fields in order. next() gives nullopt at the end; `error()` says why it
+/// stopped early on malformed input (a truncated field, an overlong varint, a group or an unknown
+/// wire type), empty otherwise.
+class WireReader {
+ public:
+  explicit WireReader(std::string_view message) : in_(message) {}
+
+  std::optional<WireField> next() {
+    if (in_.empty() || !error_.empty()) return std::nullopt;
+    std::uint64_t key = 0;
+    if (!varint(key)) return fail("truncated or overlong field key");
+    WireField f;
+    f.field = static_cast<int>(key >> 3);
+    if (f.field == 0 || (key >> 3) > 0x1FFFFFFF) return fail("field number 0 or out of range");
+    switch (key & 7) {
+      case 0:
+        f.type = WireType::Varint;
+        if (!varint(f.number)) return fail("truncated or overlong varint");
+        break;
+      case 1:
+        f.type = WireType::Fixed64;
+        if (!fixed(f.number, 8)) return fail("truncated 64-bit field");
+        break;
+      case 5:
+        f.type = WireType::Fixed32;
+        if (!fixed(f.number, 4)) return fail("truncated 32-bit field");
+        break;
+      case 2: {
+        f.type = WireType::LengthDelimited;
+        std::uint64_t length = 0;
+        if (!varint(length)) return fail("truncated length");
+        if (length > in_.size()) return fail("length-delimited field longer than the message");
+        f.bytes = in_.substr(0, static_cast<std::size_t>(length));
+        in_.remove_prefix(static_cast<std::size_t>(length));
+        break;
+      }
+      default: return fail("unsupported wire type " + std::to_string(key & 7));
+    }
+    return f;
+  }
+
+  const std::string& error() const noexcept { return error_; }
+
+ private:
+  std::nullopt_t fail(std::string why) {
+    error_ = std::move(why);
+    return std::nullopt;
+  }
+  bool varint(std::uint64_t& v) {
+    v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (in_.empty()) return false;
+      const auto byte = static_cast<unsigned char>(in_.front());
+      in_.remove_prefix(1);
+      v |= static_cast<std::uint64_t>(byte & 0x7F) << shift;
+      if (!(byte & 0x80)) return true;
+    }
+    return false;
+  }
+  bool fixed(std::uint64_t& v, std::size_t n) {
+    if (in_.size() < n) return false;
+    v = 0;
+    for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in_[i])) << (8 * i);
+    in_.remove_prefix(n);
+    return true;
+  }
+
+  std::string_view in_;
+  std::string error_;
+};
+
+}  // namespace summary::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_DETAIL_PROTOBUF_WIRE_HPP
+// ---- end <distribute/summary/detail/protobuf_wire.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace summary {
+
+/// The first event of every file: which format the rest is in.
+inline constexpr std::string_view kFileVersion = "brain.Event:2";
+
+/// A Summary.Value holding a scalar. `simple_value` is absent for values of other kinds
+/// (images, histograms, tensors) that a file may hold.
+struct ScalarValue {
+  std::string tag;
+  std::optional<float> simple_value;
+};
+
+/// One Event: its time (seconds since the epoch), its step, and either the file version (the
+/// first event of a file) or summary values.
+struct Event {
+  double wall_time = 0;
+  std::int64_t step = 0;
+  std::string file_version;
+  std::vector<ScalarValue> values;
+};
+
+/// The Event message's bytes. A step of 0 is left out, as proto3 leaves default values out; a
+/// simple_value is always written, 0 included (it is a member of a oneof, whose presence counts).
+inline std::string encode_event(const Event& event) {
+  detail::WireWriter w;
+  w.double_field(1, event.wall_time);
+  if (event.step != 0) w.int64_field(2, event.step);
+  if (!event.file_version.empty()) w.bytes_field(3, event.file_version);
+  if (!event.values.empty()) {
+    detail::WireWriter summary;
+    for (const ScalarValue& v : event.values) {
+      detail::WireWriter value;
+      value.bytes_field(1, v.tag);
+      if (v.simple_value) value.float_field(2, *v.simple_value);
+      summary.bytes_field(1, value.bytes());
+    }
+    w.bytes_field(5, summary.bytes());
+  }
+  return std::move(w).bytes();
+}
+
+namespace detail {
+
+/// Reads `message` field by field with `on_field`; DataLossError (naming `what`) when it is malformed.
+template <class OnField>
+void read_message(std::string_view message, std::string_view what, OnField&& on_field) {
+  WireReader reader(message);
+  while (auto f = reader.next()) on_field(*f);
+  if (!reader.error().empty()) throw data::DataLossError(fmt::format("malformed {} message: {}", what, reader.error()));
+}
+
+inline void expect_type(const WireField& f, WireType type, std::string_view what) {
+  if (f.type != type) {
+    throw data::DataLossError(fmt::format("malformed {} message: field {} has wire type {}, expected {}", what, f.field,
+                                          static_cast<int>(f.type), static_cast<int>(type)));
+  }
+}
+
+}  // namespace detail
+
+/// Parses an Event message; DataLossError when the bytes are not one.
+inline Event decode_event(std::string_view bytes) {
+  using detail::WireType;
+  Event event;
+  detail::read_message(bytes, "Event", [&](const detail::WireField& f) {
+    switch (f.field) {
+      case 1: detail::expect_type(f, WireType::Fixed64, "Event"); event.wall_time = f.as_double(); break;
+      case 2: detail::expect_type(f, WireType::Varint, "Event"); event.step = static_cast<std::int64_t>(f.number); break;
+      case 3: detail::expect_type(f, WireType::LengthDelimited, "Event"); event.file_version = f.bytes; break;
+      case 5:
+        detail::expect_type(f, WireType::LengthDelimited, "Event");
+        detail::read_message(f.bytes, "Summary", [&](const detail::WireField& s) {
+          if (s.field != 1) return;
+          detail::expect_type(s, WireType::LengthDelimited, "Summary");
+          ScalarValue value;
+          detail::read_message(s.bytes, "Summary.Value", [&](const detail::WireField& v) {
+            if (v.field == 1) {
+              detail::expect_type(v, WireType::LengthDelimited, "Summary.Value");
+              value.tag = v.bytes;
+            } else if (v.field == 2) {
+              detail::expect_type(v, WireType::Fixed32, "Summary.Value");
+              value.simple_value = v.as_float();
+            }
+          });
+          event.values.push_back(std::move(value));
+        });
+        break;
+      default: break;  // graph_def, log_message, session_log...: not ours to read
+    }
+  });
+  return event;
+}
+
+/// Every event of an event file, in order (TF's tf.compat.v1.train.summary_iterator), with both
+/// CRCs of every record checked. data::DataLossError for a truncated or corrupted record (naming
+/// the file and the byte offset of the record) or a record that is not an Event.
+inline std::vector<Event> read_event_file(const std::string& path) {
+  data::RecordReader reader(path, "read_event_file");
+  std::vector<Event> events;
+  while (auto record = reader.next()) {
+    try {
+      events.push_back(decode_event(*record));
+    } catch (const data::DataLossError& e) {
+      throw data::DataLossError(fmt::format("event file '{}': record {}: {}", path, events.size(), e.what()));
+    }
+  }
+  return events;
+}
+
+}  // namespace summary
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_EVENT_HPP
+// ---- end <distribute/summary/event.hpp> ----
+// ---- begin <distribute/summary/summary_writer.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_SUMMARY_WRITER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_SUMMARY_WRITER_HPP
+// SummaryWriter: scalars for TensorBoard (TF's tf.summary.create_file_writer + tf.summary.scalar).
+//
+//   ds::SummaryWriter writer("logs/run1");          // logs/run1/events.out.tfevents.<time>.<host>.<pid>.<n>.v2
+//   writer.scalar("loss", 0.25, /*step=*/100);
+//   writer.flush();                                  // also every max_queue events, flush_interval, close()
+//   $ tensorboard --logdir logs
+//
+// In a multi-worker job only the chief writes (TF's advice for summaries: the workers hold the same
+// model); on the other tasks the writer checks its arguments and writes nothing. The chief is
+// decided the way MultiWorkerMirroredStrategy decides it: by the cluster resolver (TF_CONFIG by
+// default; without it, one process, the chief). `.all_tasks = true` makes every task write, each
+// into its own run, logdir/<task type>_<task index>, so TensorBoard shows them side by side.
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), with any index (TF's resolvers accept any).
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    if (cluster_spec().empty()) return true;  // local mode: the one process
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// TF's ClusterResolver.master() (TFConfigClusterResolver's rule): the session master when the
+  /// configuration names one; "" for a cluster of at most one task; else the address of task
+  /// (task_type, task_id) — this task unless given — as "rpc_layer://host:port" when there is
+  /// an RPC layer. InvalidArgument when that task is not in the cluster.
+  std::string master(std::optional<std::string> task_type = {}, std::optional<int> task_id = {},
+                     std::optional<std::string> rpc_layer = {}) const {
+    if (auto session = session_master()) return *session;
+    const auto& spec = cluster_spec();
+    const auto jobs = spec.jobs();
+    if (jobs.empty() || (jobs.size() == 1 && spec.task_indices(jobs.front()) == std::vector<int>{0})) return {};
+    const std::string type = task_type ? *task_type : this->task_type();
+    const int id = task_id ? *task_id : this->task_id();
+    if (!spec.has_job(type)) {
+      throw InvalidArgument(fmt::format("ClusterResolver::master: job '{}' is not in the cluster (jobs: {})", type,
+                                        fmt::join(jobs, ", ")));
+    }
+    const std::string layer = rpc_layer ? *rpc_layer : this->rpc_layer();
+    const std::string& address = spec.task_address(type, id);
+    return layer.empty() ? address : fmt::format("{}://{}", layer, address);
+  }
+
+  /// A master address that overrides master()'s rule (TF_CONFIG's "session_master"); none by default.
+  virtual std::optional<std::string> session_master() const { return std::nullopt; }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/tf_config.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+// TFConfigClusterResolver: the cluster from the TF_CONFIG environment variable, fully validated.
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/cluster/cluster_resolver.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ClusterResolver: where this process sits in the cluster; SimpleClusterResolver for explicit specs.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Environment variables handed to a resolver instead of the process environment (tests, or a
+/// program that computes them). Lookups by string_view do not allocate.
+using EnvVars = detail::EnvMap;
+
+/// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
+using AcceleratorCounts = std::map<std::string, int>;
+
+namespace detail {
+
+inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
+
+/// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
+/// (TF runs it beside the training cluster), with any index (TF's resolvers accept any).
+/// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
+inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
+                                  std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
+  if (type.empty()) throw ClusterConfigError(fmt::format("{} is empty", type_label));
+  if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+  if (!spec.has_job(type)) {
+    if (type == "evaluator") {
+      if (id > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
+      }
+      return;
+    }
+    throw ClusterConfigError(fmt::format("{} '{}' has no job in {} (jobs: {})", type_label, type, cluster_name,
+                                         spec.empty() ? std::string("none") : fmt::format("{}", fmt::join(spec.jobs(), ", "))));
+  }
+  auto indices = spec.task_indices(type);
+  bool dense = indices.empty() || indices.back() + 1 == static_cast<int>(indices.size());
+  if (dense && id >= static_cast<std::int64_t>(indices.size())) {
+    throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
+                                         cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
+  }
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+    throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
+                                         fmt::join(indices, ", ")));
+  }
+}
+
+inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
+  return spec.has_job(job) ? spec.num_tasks(job) : 0;
+}
+
+}  // namespace detail
+
+/// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
+/// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
+/// launcher's environment) once, at construction, and validate it there, so the getters are
+/// cheap and cannot fail. Users may derive their own.
+///
+/// The helpers below follow TF's multi_worker_util. A cluster with an empty spec is local mode:
+/// one process, which is worker 0 and the chief.
+class ClusterResolver {
+ public:
+  virtual ~ClusterResolver() = default;
+
+  virtual const ClusterSpec& cluster_spec() const = 0;
+  /// "chief", "worker", "ps" or "evaluator" (custom resolvers may use other job names).
+  virtual std::string task_type() const = 0;
+  virtual int task_id() const = 0;
+  /// "grpc" and the like; empty when the configuration names none.
+  virtual std::string rpc_layer() const = 0;
+  virtual AcceleratorCounts num_accelerators() const = 0;
+  /// TF's free-form environment string ("cloud", "google"); empty unless configured.
+  virtual std::string environment() const { return {}; }
+
+  /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
+  /// own work, as in TF (it writes its own summaries).
+  bool is_chief() const {
+    if (cluster_spec().empty()) return true;  // local mode: the one process
+    const auto type = task_type();
+    if (type == "chief" || type == "evaluator") return true;
+    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+  }
+
+  /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
+  /// evaluator, the evaluators (it trains with nobody). ClusterConfigError for other tasks.
+  int worker_count() const {
+    const auto& spec = cluster_spec();
+    const auto type = task_type();
+    if (spec.empty()) return 1;
+    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type != "chief" && type != "worker") {
+      throw ClusterConfigError(
+          fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
+    }
+    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+  }
+
+  /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
+  /// i + 1 when there is a chief, else i (TF's id_in_cluster). ClusterConfigError for the
+  /// evaluator and for ps tasks, which have no replicas.
+  int id_in_cluster() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
+    const auto type = task_type();
+    if (type == "chief") return 0;
+    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "evaluator") {
+      throw ClusterConfigError(
+          "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
+    }
+    throw ClusterConfigError(fmt::format(
+        "ClusterResolver::id_in_cluster: task type '{}' has no id in the cluster; only chief and worker tasks do", type));
+  }
+
+  /// The global id of local replica `local_id` when every task runs `local_replicas`:
+  /// id_in_cluster() * local_replicas + local_id.
+  int global_replica_id(int local_replicas, int local_id) const {
+    if (local_replicas < 1 || local_id < 0 || local_id >= local_replicas) {
+      throw InvalidArgument(fmt::format(
+          "ClusterResolver::global_replica_id: local replica {} is out of range for {} local replicas", local_id,
+          local_replicas));
+    }
+    return id_in_cluster() * local_replicas + local_id;
+  }
+
+  /// TF's ClusterResolver.master() (TFConfigClusterResolver's rule): the session master when the
+  /// configuration names one; "" for a cluster of at most one task; else the address of task
+  /// (task_type, task_id) — this task unless given — as "rpc_layer://host:port" when there is
+  /// an RPC layer. InvalidArgument when that task is not in the cluster.
+  std::string master(std::optional<std::string> task_type = {}, std::optional<int> task_id = {},
+                     std::optional<std::string> rpc_layer = {}) const {
+    if (auto session = session_master()) return *session;
+    const auto& spec = cluster_spec();
+    const auto jobs = spec.jobs();
+    if (jobs.empty() || (jobs.size() == 1 && spec.task_indices(jobs.front()) == std::vector<int>{0})) return {};
+    const std::string type = task_type ? *task_type : this->task_type();
+    const int id = task_id ? *task_id : this->task_id();
+    if (!spec.has_job(type)) {
+      throw InvalidArgument(fmt::format("ClusterResolver::master: job '{}' is not in the cluster (jobs: {})", type,
+                                        fmt::join(jobs, ", ")));
+    }
+    const std::string layer = rpc_layer ? *rpc_layer : this->rpc_layer();
+    const std::string& address = spec.task_address(type, id);
+    return layer.empty() ? address : fmt::format("{}://{}", layer, address);
+  }
+
+  /// A master address that overrides master()'s rule (TF_CONFIG's "session_master"); none by default.
+  virtual std::optional<std::string> session_master() const { return std::nullopt; }
+
+  /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
+  /// (an empty spec), where there is nobody to connect to.
+  std::string master_address() const {
+    const auto& spec = cluster_spec();
+    if (spec.empty()) return {};
+    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
+    throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
+                                         fmt::join(spec.jobs(), ", ")));
+  }
+
+ protected:
+  ClusterResolver() = default;
+  ClusterResolver(const ClusterResolver&) = default;
+  ClusterResolver(ClusterResolver&&) = default;
+  ClusterResolver& operator=(const ClusterResolver&) = default;
+  ClusterResolver& operator=(ClusterResolver&&) = default;
+};
+
+/// A resolver for a spec the program already has (TF's SimpleClusterResolver). The task must
+/// exist in the spec unless the spec is empty (local mode); ClusterConfigError otherwise.
+class SimpleClusterResolver : public ClusterResolver {
+ public:
+  SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type, int task_id, std::string rpc_layer = "grpc",
+                        AcceleratorCounts num_accelerators = {}, std::string environment = {})
+      : spec_(std::move(cluster_spec)),
+        task_type_(std::move(task_type)),
+        task_id_(task_id),
+        rpc_layer_(std::move(rpc_layer)),
+        accelerators_(std::move(num_accelerators)),
+        environment_(std::move(environment)) {
+    if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
+    if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
+    if (!spec_.empty()) {
+      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+                                    "SimpleClusterResolver: task_id", "the cluster spec");
+    }
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("SimpleClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+ private:
+  ClusterSpec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  AcceleratorCounts accelerators_;
+  std::string environment_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_RESOLVER_HPP
+// ---- end <distribute/cluster/cluster_resolver.hpp> ----
+// ---- begin <distribute/cluster/cluster_spec.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ClusterSpec: job name → task addresses, TF's tf.train.ClusterSpec, with JSON in and out.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+// ---- begin <distribute/cluster/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// Task addresses: "host:port", IPv6 hosts in brackets ("[::1]:2222").
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// A task address split into its parts. `host` carries no brackets, so it can go straight to a
+/// resolver; to_string() puts them back for IPv6 hosts.
+struct HostPort {
+  std::string host;
+  int port = 0;
+
+  std::string to_string() const {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+namespace detail {
+
+inline bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+}
+
+/// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
+/// "address 'X' " (so every caller can put its own field name in front).
+inline std::optional<HostPort> split_host_port(std::string_view address, std::string& why) {
+  auto fail = [&](std::string reason) -> std::optional<HostPort> {
+    why = std::move(reason);
+    return std::nullopt;
+  };
+  if (address.empty()) return fail("is empty");
+  if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
+    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
+                            address.substr(0, scheme + 3)));
+  }
+  std::string_view host;
+  std::string_view port;
+  if (address.front() == '[') {
+    auto close = address.find(']');
+    if (close == std::string_view::npos) return fail("has an unclosed '['");
+    host = address.substr(1, close - 1);
+    auto rest = address.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
+    port = rest.substr(1);
+    if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
+    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
+    auto zone = host.find('%');
+    auto ip = host.substr(0, zone);
+    bool ok = ip.find(':') != std::string_view::npos &&
+              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
+    if (zone != std::string_view::npos) {
+      auto z = host.substr(zone + 1);
+      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
+    }
+    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string_view::npos) return fail("has no port; expected host:port");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
+    }
+    if (host.empty()) return fail("has an empty host; expected host:port");
+    if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
+      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+    }
+  }
+  if (port.empty()) return fail("has an empty port; expected host:port");
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
+    return fail(fmt::format("has port '{}', which is not a number", port));
+  }
+  if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
+    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+  }
+  return HostPort{std::string(host), p};
+}
+
+}  // namespace detail
+
+/// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
+/// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
+inline HostPort split_host_port(std::string_view address) {
+  std::string why;
+  auto hp = detail::split_host_port(address, why);
+  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  return *hp;
+}
+
+/// True when split_host_port(address) would succeed.
+inline bool is_valid_address(std::string_view address) {
+  std::string why;
+  return detail::split_host_port(address, why).has_value();
+}
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_ADDRESS_HPP
+// ---- end <distribute/cluster/address.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
+/// the largest) cannot be made to allocate gigabytes by one stray sparse key.
+inline constexpr std::int64_t kMaxTaskIndex = 999'999;
+
+/// job → (task index → address): the one representation of dense and sparse jobs alike.
+using ClusterJobs = std::map<std::string, std::map<int, std::string>>;
+
+/// "cluster.worker" under TF_CONFIG, "worker" for a bare ClusterSpec.
+inline std::string cluster_field(std::string_view root, std::string_view job) {
+  return root.empty() ? std::string(job) : fmt::format("{}.{}", root, job);
+}
+
+/// Checks job names, task indices and addresses, and that no two tasks share an address.
+/// Messages start with `who` ("TF_CONFIG", "ClusterSpec") and name the field under `root`.
+inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who, std::string_view root) {
+  std::map<std::string, std::string> owner;  // address → the field that first used it
+  for (const auto& [job, tasks] : jobs) {
+    // TF device names only allow these in a job name ("/job:<name>/...").
+    bool name_ok = !job.empty() && std::isalpha(static_cast<unsigned char>(job.front())) &&
+                   std::all_of(job.begin(), job.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!name_ok) {
+      throw ClusterConfigError(fmt::format("{}: job name '{}'{} is not a valid name (a letter, then letters, digits or '_')",
+                                           who, job, root.empty() ? "" : fmt::format(" in {}", root)));
+    }
+    for (const auto& [index, address] : tasks) {
+      std::string field = fmt::format("{}[{}]", cluster_field(root, job), index);
+      if (index < 0 || index > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
+      }
+      std::string why;
+      if (!detail::split_host_port(address, why)) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
+      }
+      auto [it, fresh] = owner.emplace(address, field);
+      if (!fresh) {
+        throw ClusterConfigError(fmt::format("{}: {} address '{}' is already used by {}; every task needs its own address",
+                                             who, field, address, it->second));
+      }
+    }
+  }
+}
+
+/// Reads the JSON shape of a cluster: an object of job → list of addresses (dense) or object of
+/// "index" → address (sparse). Only the shape is checked here; validate_cluster_jobs does the rest.
+inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::string_view who, std::string_view root) {
+  std::string what = root.empty() ? std::string("the cluster JSON") : std::string(root);
+  const auto* obj = v.if_object();
+  if (obj == nullptr) {
+    throw ClusterConfigError(fmt::format("{}: {} must be an object of job name → task addresses, got {}", who, what,
+                                         cluster_json_describe(v)));
+  }
+  ClusterJobs jobs;
+  for (const auto& [key, tasks] : *obj) {
+    std::string job(key);
+    std::string field = cluster_field(root, job);
+    auto& out = jobs[job];
+    auto address_of = [&](const boost::json::value& a, std::string_view index) -> std::string {
+      if (!a.is_string()) {
+        throw ClusterConfigError(fmt::format("{}: {}[{}] must be a \"host:port\" string, got {}", who, field, index,
+                                             cluster_json_describe(a)));
+      }
+      return std::string(a.get_string());
+    };
+    if (const auto* list = tasks.if_array()) {
+      if (static_cast<std::int64_t>(list->size()) > kMaxTaskIndex + 1) {
+        throw ClusterConfigError(fmt::format("{}: {} lists {} tasks, more than {}", who, field, list->size(), kMaxTaskIndex + 1));
+      }
+      for (std::size_t i = 0; i < list->size(); ++i) out[static_cast<int>(i)] = address_of((*list)[i], std::to_string(i));
+    } else if (const auto* sparse = tasks.if_object()) {
+      for (const auto& [index_key, address] : *sparse) {
+        std::string_view k = index_key;
+        std::int64_t index = -1;
+        auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+        bool digits = !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || ec != std::errc{} || end != k.data() + k.size() || index > kMaxTaskIndex) {
+          throw ClusterConfigError(fmt::format("{}: {} has key '{}', which is not a task index (an integer in [0, {}])", who,
+                                               field, k, kMaxTaskIndex));
+        }
+        if (out.count(static_cast<int>(index)) != 0) {
+          throw ClusterConfigError(fmt::format("{}: {} gives task index {} twice", who, field, index));
+        }
+        out[static_cast<int>(index)] = address_of(address, k);
+      }
+    } else {
+      throw ClusterConfigError(fmt::format(
+          "{}: {} must be a list of \"host:port\" addresses or an object of task index → address, got {}", who, field,
+          cluster_json_describe(tasks)));
+    }
+  }
+  return jobs;
+}
+
+}  // namespace detail
+
+/// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
+/// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
+/// {"0": "a:1", "3": "b:2"} form, used when a task only needs to know some of its peers).
+/// Every address is validated as host:port, and no two tasks may share one. Jobs are kept in
+/// name order, as TF sorts them.
+class ClusterSpec {
+ public:
+  using DenseJobs = std::map<std::string, std::vector<std::string>>;
+  using SparseJobs = std::map<std::string, std::map<int, std::string>>;
+
+  /// An empty cluster: a single process, no peers.
+  ClusterSpec() = default;
+
+  /// From dense jobs: `ds::ClusterSpec({{"worker", {"a:2222", "b:2222"}}, {"ps", {"c:2222"}}})`.
+  /// Throws ClusterConfigError naming the bad job name or address. Implicit: a spec is nothing
+  /// but its jobs. The initializer-list form keeps `({{"ps", {"a:1"}}})` (one job, one task)
+  /// from being ambiguous with the copy constructor.
+  ClusterSpec(std::initializer_list<DenseJobs::value_type> jobs) : ClusterSpec(DenseJobs(jobs)) {}
+  ClusterSpec(const DenseJobs& jobs) {
+    for (const auto& [job, addresses] : jobs) {
+      auto& tasks = jobs_[job];
+      for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
+    }
+    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+  }
+
+  /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
+  static ClusterSpec from_sparse(SparseJobs jobs) {
+    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    ClusterSpec spec;
+    spec.jobs_ = std::move(jobs);
+    return spec;
+  }
+
+  /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
+  /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
+  /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
+  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(const boost::json::value& json) {
+    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+  }
+  // boost::json::value converts from text too; these say which overload text means.
+  static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const std::string& json) { return from_json(std::string_view(json)); }
+  static ClusterSpec from_json(const boost::json::object& json) { return from_json(boost::json::value(json)); }
+
+  /// The JSON object TF writes: dense jobs as lists, sparse jobs as {"index": address}.
+  boost::json::object to_json_value() const {
+    boost::json::object out;
+    for (const auto& [job, tasks] : jobs_) {
+      if (is_dense(tasks)) {
+        boost::json::array list;
+        for (const auto& entry : tasks) list.emplace_back(entry.second);
+        out[job] = std::move(list);
+      } else {
+        boost::json::object sparse;
+        for (const auto& [index, address] : tasks) sparse[std::to_string(index)] = address;
+        out[job] = std::move(sparse);
+      }
+    }
+    return out;
+  }
+  std::string to_json() const { return boost::json::serialize(to_json_value()); }
+
+  bool empty() const { return jobs_.empty(); }
+  bool has_job(std::string_view job) const { return find(job) != jobs_.end(); }
+  bool has_task(std::string_view job, int index) const {
+    auto it = find(job);
+    return it != jobs_.end() && it->second.count(index) != 0;
+  }
+
+  /// Job names in order.
+  std::vector<std::string> jobs() const {
+    std::vector<std::string> names;
+    for (const auto& entry : jobs_) names.push_back(entry.first);
+    return names;
+  }
+
+  /// Number of tasks defined in `job` (for a sparse job, not its largest index + 1).
+  int num_tasks(std::string_view job) const { return static_cast<int>(tasks_of(job, "num_tasks").size()); }
+
+  /// The task indices of `job`, ascending.
+  std::vector<int> task_indices(std::string_view job) const {
+    std::vector<int> out;
+    for (const auto& entry : tasks_of(job, "task_indices")) out.push_back(entry.first);
+    return out;
+  }
+
+  /// The address of task `index` of `job`; InvalidArgument if there is no such task.
+  const std::string& task_address(std::string_view job, int index) const {
+    const auto& tasks = tasks_of(job, "task_address");
+    auto it = tasks.find(index);
+    if (it == tasks.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::task_address: job '{}' has no task {} (task indices: {})", job, index,
+                                        fmt::join(task_indices(job), ", ")));
+    }
+    return it->second;
+  }
+
+  /// TF's job_tasks: the addresses by index, a slot per index up to the largest; slots of a
+  /// sparse job that no task fills are empty strings (TF's None).
+  std::vector<std::string> job_tasks(std::string_view job) const {
+    const auto& tasks = tasks_of(job, "job_tasks");
+    std::vector<std::string> out(tasks.empty() ? 0 : static_cast<std::size_t>(tasks.rbegin()->first) + 1);
+    for (const auto& [index, address] : tasks) out[static_cast<std::size_t>(index)] = address;
+    return out;
+  }
+
+  /// Everything, as job → (index → address).
+  const SparseJobs& as_dict() const { return jobs_; }
+
+  friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
+
+ private:
+  static bool is_dense(const std::map<int, std::string>& tasks) {
+    return tasks.empty() || tasks.rbegin()->first + 1 == static_cast<int>(tasks.size());
+  }
+  SparseJobs::const_iterator find(std::string_view job) const {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& entry) { return entry.first == job; });
+  }
+  const std::map<int, std::string>& tasks_of(std::string_view job, std::string_view what) const {
+    auto it = find(job);
+    if (it == jobs_.end()) {
+      throw InvalidArgument(fmt::format("ClusterSpec::{}: no job '{}' in the cluster (jobs: {})", what, job,
+                                        jobs_.empty() ? std::string("none") : fmt::format("{}", fmt::join(jobs(), ", "))));
+    }
+    return it->second;
+  }
+
+  SparseJobs jobs_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
+// ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/cluster/detail/env.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// Reading environment variables, from the process or from an injected map (tests).
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+/// Looks variables up in `map` when one is given, else in the process environment. Resolvers
+/// take a map in a constructor overload so tests never have to mutate the real environment
+/// (setenv is not thread-safe and would leak between test cases).
+class EnvReader {
+ public:
+  EnvReader() = default;
+  explicit EnvReader(const EnvMap* map) : map_(map) {}
+
+  std::optional<std::string> get(std::string_view name) const {
+    if (map_ != nullptr) {
+      auto it = map_->find(name);
+      if (it == map_->end()) return std::nullopt;
+      return it->second;
+    }
+    // std::getenv needs a NUL-terminated name.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+ private:
+  const EnvMap* map_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optional leading '-'; no spaces, signs or suffixes).
+inline std::optional<std::int64_t> parse_env_integer(std::string_view s) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// The integer value of variable `name`, which must be set and lie in [lo, hi]. `who` prefixes
+/// the message ("SlurmClusterResolver") so the user knows which resolver read it.
+inline int require_env_int(const EnvReader& env, std::string_view who, std::string_view name, std::int64_t lo,
+                           std::int64_t hi, std::string_view hint = {}) {
+  auto raw = env.get(name);
+  if (!raw) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
+  auto v = parse_env_integer(*raw);
+  if (!v) throw ClusterConfigError(fmt::format("{}: {}='{}' is not an integer", who, name, *raw));
+  if (*v < lo || *v > hi) {
+    throw ClusterConfigError(fmt::format("{}: {}={} is out of range; it must be in [{}, {}]", who, name, *v, lo, hi));
+  }
+  return static_cast<int>(*v);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_ENV_HPP
+// ---- end <distribute/cluster/detail/env.hpp> ----
+// ---- begin <distribute/cluster/detail/json.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// Boost.JSON helpers shared by ClusterSpec and TFConfigClusterResolver: parsing text with the
+// error position, describing a value in a message, reading integers strictly.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
+/// character offset and Boost.JSON's own message.
+inline boost::json::value cluster_parse_json(std::string_view text, std::string_view who) {
+  boost::json::parser parser;
+  boost::system::error_code ec;
+  std::size_t consumed = parser.write(text.data(), text.size(), ec);
+  if (ec) {
+    throw ClusterConfigError(fmt::format("{}: invalid JSON at offset {}: {}", who, consumed, ec.message()));
+  }
+  return parser.release();
+}
+
+/// "array", "object", "null", or the value itself for scalars ("number 1.5", "string \"x\"",
+/// "bool true"), for "..., got X" in messages.
+inline std::string cluster_json_describe(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return fmt::format("bool {}", v.get_bool());
+    case boost::json::kind::int64: return fmt::format("number {}", v.get_int64());
+    case boost::json::kind::uint64: return fmt::format("number {}", v.get_uint64());
+    // fmt, not serialize(): serialize writes 1.5 as "1.5E0".
+    case boost::json::kind::double_: return fmt::format("number {}", v.get_double());
+    case boost::json::kind::string: return fmt::format("string {}", boost::json::serialize(v));
+    case boost::json::kind::array: return "array";
+    case boost::json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+/// The value as an integer if it is a JSON integer that fits in int64 (1.0 and "1" are not).
+inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64() && v.get_uint64() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(v.get_uint64());
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_DETAIL_JSON_HPP
+// ---- end <distribute/cluster/detail/json.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// Explicit values that take precedence over TF_CONFIG's, as TF's constructor arguments do.
+/// Set the fields you need (`ds::TFConfigOptions o; o.task_id = 1;`); designated initializers
+/// that leave fields out trip GCC 12's -Wmissing-field-initializers.
+struct TFConfigOptions {
+  std::optional<std::string> task_type;
+  std::optional<int> task_id;
+  std::optional<std::string> rpc_layer;
+  std::optional<std::string> environment;
+  /// Reported by num_accelerators(); TF_CONFIG itself says nothing about devices.
+  AcceleratorCounts num_accelerators;
+};
+
+namespace detail {
+
+inline constexpr std::array<std::string_view, 4> kTFConfigTaskTypes = {"chief", "worker", "ps", "evaluator"};
+
+inline bool is_tf_config_task_type(std::string_view type) {
+  return std::find(kTFConfigTaskTypes.begin(), kTFConfigTaskTypes.end(), type) != kTFConfigTaskTypes.end();
+}
+
+inline bool tf_config_is_blank(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
+}
+
+/// A member that TF reads with dict.get(): absent and null both mean "not given".
+inline const boost::json::value* tf_config_member(const boost::json::object& obj, std::string_view key) {
+  const auto* v = obj.if_contains(key);
+  return v == nullptr || v->is_null() ? nullptr : v;
+}
+
+inline std::string tf_config_string(const boost::json::object& obj, std::string_view key, std::string_view field) {
+  const auto* v = tf_config_member(obj, key);
+  if (v == nullptr) return {};
+  if (!v->is_string()) {
+    throw ClusterConfigError(fmt::format("TF_CONFIG: {} must be a string, got {}", field, cluster_json_describe(*v)));
+  }
+  return std::string(v->get_string());
+}
+
+}  // namespace detail
+
+/// Reads the cluster from TF_CONFIG, TF's schema:
+///
+///     {"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"],
+///                  "ps": {"0": "host3:2222"}},
+///      "task": {"type": "worker", "index": 1},
+///      "rpc_layer": "grpc", "environment": "cloud"}
+///
+/// Jobs are lists (dense) or objects of "index" → address (sparse). Everything is checked at
+/// construction and ClusterConfigError names the field that is wrong: JSON syntax (with
+/// Boost.JSON's message), the types of `cluster`, `task`, `task.type`, `task.index`,
+/// `rpc_layer`, `environment`; job names (chief, worker, ps, evaluator); at most one chief and
+/// one evaluator; every address host:port and used once; the task's job present (an evaluator
+/// may be absent, as in TF) and its index in range. Unknown top-level keys are ignored, as TF
+/// does; `task.index` may also be a string of digits, which TF's int() accepts.
+///
+/// TF_CONFIG unset or blank (or `{}`) means local mode: an empty spec, task worker 0.
+class TFConfigClusterResolver : public ClusterResolver {
+ public:
+  /// Reads the TF_CONFIG environment variable.
+  TFConfigClusterResolver() : TFConfigClusterResolver(TFConfigOptions{}) {}
+  explicit TFConfigClusterResolver(const TFConfigOptions& options) { init(detail::EnvReader{}.get("TF_CONFIG"), options); }
+  /// Reads TF_CONFIG from `env` instead of the process environment.
+  explicit TFConfigClusterResolver(const EnvVars& env, const TFConfigOptions& options = {}) {
+    init(detail::EnvReader{&env}.get("TF_CONFIG"), options);
+  }
+  /// Parses `tf_config` as the value of TF_CONFIG (blank text: as if it were unset).
+  explicit TFConfigClusterResolver(std::string_view tf_config, const TFConfigOptions& options = {}) {
+    init(std::string(tf_config), options);
+  }
+
+  const ClusterSpec& cluster_spec() const override { return spec_; }
+  std::string task_type() const override { return task_type_; }
+  int task_id() const override { return task_id_; }
+  std::string rpc_layer() const override { return rpc_layer_; }
+  AcceleratorCounts num_accelerators() const override { return accelerators_; }
+  std::string environment() const override { return environment_; }
+
+  /// TF_CONFIG's "session_master", which TF's master() returns first when it is set.
+  std::optional<std::string> session_master() const override { return session_master_; }
+
+  /// False in local mode because TF_CONFIG was unset or blank.
+  bool has_tf_config() const { return has_tf_config_; }
+
+ private:
+  void init(const std::optional<std::string>& text, const TFConfigOptions& options) {
+    accelerators_ = options.num_accelerators;
+    for (const auto& [device, count] : accelerators_) {
+      if (count < 0) {
+        throw ClusterConfigError(fmt::format("TFConfigClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
+      }
+    }
+    has_tf_config_ = text && !detail::tf_config_is_blank(*text);
+    std::optional<std::string> type;
+    std::optional<std::int64_t> index;
+    if (has_tf_config_) parse(*text, type, index);
+
+    // Explicit options win over TF_CONFIG; the labels say where a bad value came from.
+    std::string type_label = "TF_CONFIG: task.type";
+    std::string id_label = "TF_CONFIG: task.index";
+    if (options.task_type) {
+      type = options.task_type;
+      type_label = "TFConfigClusterResolver: task_type";
+    }
+    if (options.task_id) {
+      index = *options.task_id;
+      id_label = "TFConfigClusterResolver: task_id";
+    }
+    if (options.rpc_layer) rpc_layer_ = *options.rpc_layer;
+    if (options.environment) environment_ = *options.environment;
+
+    if (spec_.empty()) {
+      // Local mode: one process. As TF's resolver, a task named without a cluster is reported
+      // as given (the helpers treat the process as worker 0 and the chief).
+      task_type_ = type.value_or("worker");
+      std::int64_t id = index.value_or(0);
+      if (!detail::is_tf_config_task_type(task_type_)) {
+        throw ClusterConfigError(fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator",
+                                             type_label, task_type_));
+      }
+      if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+      if (id > detail::kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, detail::kMaxTaskIndex));
+      }
+      task_id_ = static_cast<int>(id);
+      return;
+    }
+    if (!type && !has_task_) {
+      throw ClusterConfigError("TF_CONFIG: task is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!type) {
+      throw ClusterConfigError("TF_CONFIG: task.type is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!index) {
+      throw ClusterConfigError("TF_CONFIG: task.index is missing; with a cluster, every process needs task.type and task.index");
+    }
+    if (!detail::is_tf_config_task_type(*type)) {
+      throw ClusterConfigError(
+          fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator", type_label, *type));
+    }
+    detail::check_task_in_cluster(spec_, *type, *index, type_label, id_label, "cluster");
+    task_type_ = *type;
+    task_id_ = static_cast<int>(*index);
+  }
+
+  void parse(const std::string& text, std::optional<std::string>& type, std::optional<std::int64_t>& index) {
+    auto doc = detail::cluster_parse_json(text, "TF_CONFIG");
+    const auto* top = doc.if_object();
+    if (top == nullptr) {
+      throw ClusterConfigError(fmt::format("TF_CONFIG: the top level must be an object with cluster and task, got {}",
+                                           detail::cluster_json_describe(doc)));
+    }
+    // cluster, task and task.index may be absent but not null: TF raises on a null one
+    // (ClusterSpec(None), 'type' in None, int(None)). rpc_layer and environment may be null.
+    if (const auto* cluster = top->if_contains("cluster")) {
+      auto jobs = detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
+      for (const auto& entry : jobs) {
+        if (!detail::is_tf_config_task_type(entry.first)) {
+          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster has job '{}'; jobs must be chief, worker, ps or evaluator",
+                                               entry.first));
+        }
+      }
+      detail::validate_cluster_jobs(jobs, "TF_CONFIG", "cluster");
+      for (std::string_view single : {"chief", "evaluator"}) {
+        auto it = jobs.find(std::string(single));
+        if (it != jobs.end() && it->second.size() > 1) {
+          throw ClusterConfigError(fmt::format("TF_CONFIG: cluster.{} has {} tasks; there can be at most one {}", single,
+                                               it->second.size(), single));
+        }
+      }
+      spec_ = ClusterSpec::from_sparse(std::move(jobs));
+    }
+    if (const auto* task_value = top->if_contains("task")) {
+      has_task_ = true;
+      const auto* task = task_value->if_object();
+      if (task == nullptr) {
+        throw ClusterConfigError(fmt::format("TF_CONFIG: task must be an object with type and index, got {}",
+                                             detail::cluster_json_describe(*task_value)));
+      }
+      if (const auto* t = task->if_contains("type")) {
+        if (!t->is_string()) {
+          throw ClusterConfigError(
+              fmt::format("TF_CONFIG: task.type must be a string, got {}", detail::cluster_json_describe(*t)));
+        }
+        type = std::string(t->get_string());
+      }
+      if (const auto* i = task->if_contains("index")) index = parse_index(*i);
+    }
+    rpc_layer_ = detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
+    environment_ = detail::tf_config_string(*top, "environment", "environment");
+    if (detail::tf_config_member(*top, "session_master")) {
+      session_master_ = detail::tf_config_string(*top, "session_master", "session_master");
+    }
+  }
+
+  static std::int64_t parse_index(const boost::json::value& v) {
+    if (auto i = detail::cluster_json_integer(v)) return *i;
+    if (v.is_string()) {
+      std::string_view s = v.get_string();
+      if (auto i = detail::parse_env_integer(s)) return *i;
+    }
+    throw ClusterConfigError(fmt::format("TF_CONFIG: task.index must be an integer, got {}", detail::cluster_json_describe(v)));
+  }
+
+  ClusterSpec spec_;
+  std::string task_type_ = "worker";
+  int task_id_ = 0;
+  std::string rpc_layer_;
+  std::string environment_;
+  AcceleratorCounts accelerators_;
+  bool has_tf_config_ = false;
+  bool has_task_ = false;  // TF_CONFIG has a "task" member
+  std::optional<std::string> session_master_;
+};
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_TF_CONFIG_HPP
+// ---- end <distribute/cluster/tf_config.hpp> ----
+// ---- begin <distribute/summary/event.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_EVENT_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_EVENT_HPP
+// TensorBoard's event files: a record file (TFRecord framing, data/record_file.hpp) of `Event`
+// messages (tensorflow/core/util/event.proto, summary.proto). The part of them that scalars use:
+//
+//   message Event   { double wall_time = 1; int64 step = 2;
+//                     oneof what { string file_version = 3; Summary summary = 5; ... } }
+//   message Summary { repeated Value value = 1; }
+//   message Summary.Value { string tag = 1; oneof value { float simple_value = 2; ... } }
+//
+// Scalars are written as `simple_value`, which TensorBoard's scalar dashboard and its
+// EventAccumulator.Scalars(tag) read (TF 2 writes a tensor with scalars-plugin metadata, which
+// TensorBoard converts to the same). Reading (read_event_file, TF's summary_iterator) skips the
+// fields it does not know, so it reads files that TensorFlow or TensorBoard wrote.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/summary/detail/protobuf_wire.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_DETAIL_PROTOBUF_WIRE_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_DETAIL_PROTOBUF_WIRE_HPP
+// The few pieces of the protocol-buffer wire format that event files need (varints, 64- and 32-bit
+// fixed fields, length-delimited fields), by hand: the messages are three small ones with five
+// scalar fields, and protobuf's own library would mean code generation and a large dependency.
+// https://protobuf.dev/programming-guides/encoding/
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace summary::detail {
+
+enum class WireType : std::uint8_t { Varint = 0, Fixed64 = 1, LengthDelimited = 2, Fixed32 = 5 };
+
+/// Appends fields to a message's bytes (little-endian, as the format is on every host).
+class WireWriter {
+ public:
+  void varint_field(int field, std::uint64_t v) {
+    key(field, WireType::Varint);
+    varint(v);
+  }
+  /// int64 fields are varints of the two's complement (a negative value takes ten bytes).
+  void int64_field(int field, std::int64_t v) { varint_field(field, static_cast<std::uint64_t>(v)); }
+  void double_field(int field, double v) {
+    key(field, WireType::Fixed64);
+    std::uint64_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    fixed(bits, 8);
+  }
+  void float_field(int field, float v) {
+    key(field, WireType::Fixed32);
+    std::uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    fixed(bits, 4);
+  }
+  /// A string, bytes or embedded message (its bytes).
+  void bytes_field(int field, std::string_view bytes) {
+    key(field, WireType::LengthDelimited);
+    varint(bytes.size());
+    out_.append(bytes);
+  }
+
+  const std::string& bytes() const& noexcept { return out_; }
+  std::string bytes() && noexcept { return std::move(out_); }
+
+ private:
+  void key(int field, WireType type) { varint((static_cast<std::uint64_t>(field) << 3) | static_cast<std::uint64_t>(type)); }
+  void varint(std::uint64_t v) {
+    while (v >= 0x80) {
+      out_.push_back(static_cast<char>((v & 0x7F) | 0x80));
+      v >>= 7;
+    }
+    out_.push_back(static_cast<char>(v));
+  }
+  void fixed(std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
+  }
+
+  std::string out_;
+};
+
+/// One field read from a message: its number, wire type and value (`number` for varints and fixed
+/// fields, `bytes` for length-delimited ones).
+struct WireField {
+  int field = 0;
+  WireType type = WireType::Varint;
+  std::uint64_t number = 0;
+  std::string_view bytes;
+
+  double as_double() const noexcept {
+    double d;
+    std::memcpy(&d, &number, sizeof d);
+    return d;
+  }
+  float as_float() const noexcept {
+    const auto bits = static_cast<std::uint32_t>(number);
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  }
+};
+
+/// Reads a message's fields in order. next() gives nullopt at the end; `error()` says why it
+/// stopped early on malformed input (a truncated field, an overlong varint, a group or an unknown
+/// wire type), empty otherwise.
+class WireReader {
+ public:
+  explicit WireReader(std::string_view message) : in_(message) {}
+
+  std::optional<WireField> next() {
+    if (in_.empty() || !error_.empty()) return std::nullopt;
+    std::uint64_t key = 0;
+    if (!varint(key)) return fail("truncated or overlong field key");
+    WireField f;
+    f.field = static_cast<int>(key >> 3);
+    if (f.field == 0 || (key >> 3) > 0x1FFFFFFF) return fail("field number 0 or out of range");
+    switch (key & 7) {
+      case 0:
+        f.type = WireType::Varint;
+        if (!varint(f.number)) return fail("truncated or overlong varint");
+        break;
+      case 1:
+        f.type = WireType::Fixed64;
+        if (!fixed(f.number, 8)) return fail("truncated 64-bit field");
+        break;
+      case 5:
+        f.type = WireType::Fixed32;
+        if (!fixed(f.number, 4)) return fail("truncated 32-bit field");
+        break;
+      case 2: {
+        f.type = WireType::LengthDelimited;
+        std::uint64_t length = 0;
+        if (!varint(length)) return fail("truncated length");
+        if (length > in_.size()) return fail("length-delimited field longer than the message");
+        f.bytes = in_.substr(0, static_cast<std::size_t>(length));
+        in_.remove_prefix(static_cast<std::size_t>(length));
+        break;
+      }
+      default: return fail("unsupported wire type " + std::to_string(key & 7));
+    }
+    return f;
+  }
+
+  const std::string& error() const noexcept { return error_; }
+
+ private:
+  std::nullopt_t fail(std::string why) {
+    error_ = std::move(why);
+    return std::nullopt;
+  }
+  bool varint(std::uint64_t& v) {
+    v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (in_.empty()) return false;
+      const auto byte = static_cast<unsigned char>(in_.front());
+      in_.remove_prefix(1);
+      v |= static_cast<std::uint64_t>(byte & 0x7F) << shift;
+      if (!(byte & 0x80)) return true;
+    }
+    return false;
+  }
+  bool fixed(std::uint64_t& v, std::size_t n) {
+    if (in_.size() < n) return false;
+    v = 0;
+    for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in_[i])) << (8 * i);
+    in_.remove_prefix(n);
+    return true;
+  }
+
+  std::string_view in_;
+  std::string error_;
+};
+
+}  // namespace summary::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_DETAIL_PROTOBUF_WIRE_HPP
+// ---- end <distribute/summary/detail/protobuf_wire.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace summary {
+
+/// The first event of every file: which format the rest is in.
+inline constexpr std::string_view kFileVersion = "brain.Event:2";
+
+/// A Summary.Value holding a scalar. `simple_value` is absent for values of other kinds
+/// (images, histograms, tensors) that a file may hold.
+struct ScalarValue {
+  std::string tag;
+  std::optional<float> simple_value;
+};
+
+/// One Event: its time (seconds since the epoch), its step, and either the file version (the
+/// first event of a file) or summary values.
+struct Event {
+  double wall_time = 0;
+  std::int64_t step = 0;
+  std::string file_version;
+  std::vector<ScalarValue> values;
+};
+
+/// The Event message's bytes. A step of 0 is left out, as proto3 leaves default values out; a
+/// simple_value is always written, 0 included (it is a member of a oneof, whose presence counts).
+inline std::string encode_event(const Event& event) {
+  detail::WireWriter w;
+  w.double_field(1, event.wall_time);
+  if (event.step != 0) w.int64_field(2, event.step);
+  if (!event.file_version.empty()) w.bytes_field(3, event.file_version);
+  if (!event.values.empty()) {
+    detail::WireWriter summary;
+    for (const ScalarValue& v : event.values) {
+      detail::WireWriter value;
+      value.bytes_field(1, v.tag);
+      if (v.simple_value) value.float_field(2, *v.simple_value);
+      summary.bytes_field(1, value.bytes());
+    }
+    w.bytes_field(5, summary.bytes());
+  }
+  return std::move(w).bytes();
+}
+
+namespace detail {
+
+/// Reads `message` field by field with `on_field`; DataLossError (naming `what`) when it is malformed.
+template <class OnField>
+void read_message(std::string_view message, std::string_view what, OnField&& on_field) {
+  WireReader reader(message);
+  while (auto f = reader.next()) on_field(*f);
+  if (!reader.error().empty()) throw data::DataLossError(fmt::format("malformed {} message: {}", what, reader.error()));
+}
+
+inline void expect_type(const WireField& f, WireType type, std::string_view what) {
+  if (f.type != type) {
+    throw data::DataLossError(fmt::format("malformed {} message: field {} has wire type {}, expected {}", what, f.field,
+                                          static_cast<int>(f.type), static_cast<int>(type)));
+  }
+}
+
+}  // namespace detail
+
+/// Parses an Event message; DataLossError when the bytes are not one.
+inline Event decode_event(std::string_view bytes) {
+  using detail::WireType;
+  Event event;
+  detail::read_message(bytes, "Event", [&](const detail::WireField& f) {
+    switch (f.field) {
+      case 1: detail::expect_type(f, WireType::Fixed64, "Event"); event.wall_time = f.as_double(); break;
+      case 2: detail::expect_type(f, WireType::Varint, "Event"); event.step = static_cast<std::int64_t>(f.number); break;
+      case 3: detail::expect_type(f, WireType::LengthDelimited, "Event"); event.file_version = f.bytes; break;
+      case 5:
+        detail::expect_type(f, WireType::LengthDelimited, "Event");
+        detail::read_message(f.bytes, "Summary", [&](const detail::WireField& s) {
+          if (s.field != 1) return;
+          detail::expect_type(s, WireType::LengthDelimited, "Summary");
+          ScalarValue value;
+          detail::read_message(s.bytes, "Summary.Value", [&](const detail::WireField& v) {
+            if (v.field == 1) {
+              detail::expect_type(v, WireType::LengthDelimited, "Summary.Value");
+              value.tag = v.bytes;
+            } else if (v.field == 2) {
+              detail::expect_type(v, WireType::Fixed32, "Summary.Value");
+              value.simple_value = v.as_float();
+            }
+          });
+          event.values.push_back(std::move(value));
+        });
+        break;
+      default: break;  // graph_def, log_message, session_log...: not ours to read
+    }
+  });
+  return event;
+}
+
+/// Every event of an event file, in order (TF's tf.compat.v1.train.summary_iterator), with both
+/// CRCs of every record checked. data::DataLossError for a truncated or corrupted record (naming
+/// the file and the byte offset of the record) or a record that is not an Event.
+inline std::vector<Event> read_event_file(const std::string& path) {
+  data::RecordReader reader(path, "read_event_file");
+  std::vector<Event> events;
+  while (auto record = reader.next()) {
+    try {
+      events.push_back(decode_event(*record));
+    } catch (const data::DataLossError& e) {
+      throw data::DataLossError(fmt::format("event file '{}': record {}: {}", path, events.size(), e.what()));
+    }
+  }
+  return events;
+}
+
+}  // namespace summary
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_EVENT_HPP
+// ---- end <distribute/summary/event.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace summary {
+
+/// tf.summary.create_file_writer's arguments, and who writes in a multi-worker job.
+struct SummaryWriterOptions {
+  /// Events held in memory before they are written (TF's max_queue: written when more are queued).
+  int max_queue = 10;
+  /// The longest time between writes to the file (TF's flush_millis, 2 minutes), checked when an
+  /// event is added (no thread of its own).
+  std::chrono::milliseconds flush_interval{120'000};
+  /// The end of the event file's name (TF's filename_suffix).
+  std::string filename_suffix = ".v2";
+  /// Every task writes (each into logdir/<task type>_<task index>), not only the chief.
+  bool all_tasks = false;
+  /// Which task this is; nullptr: TFConfigClusterResolver (the TF_CONFIG environment variable).
+  std::shared_ptr<const ClusterResolver> cluster_resolver = nullptr;
+};
+
+namespace detail {
+
+/// Whether `s` is well-formed UTF-8: a protobuf `string` must be, and TensorBoard's reader rejects
+/// the whole file otherwise.
+inline bool is_utf8(std::string_view s) noexcept {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t extra = 0;
+    std::uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      extra = 1, cp = c & 0x1Fu;
+    } else if ((c & 0xF0) == 0xE0) {
+      extra = 2, cp = c & 0x0Fu;
+    } else if ((c & 0xF8) == 0xF0) {
+      extra = 3, cp = c & 0x07u;
+    } else {
+      return false;
+    }
+    if (i + extra >= s.size()) return false;  // the sequence is cut short
+    for (std::size_t k = 1; k <= extra; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3Fu);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8.
+    static constexpr std::uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[extra] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return false;
+    i += extra + 1;
+  }
+  return true;
+}
+
+inline std::string hostname() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || !*name) return "localhost";
+  return name;
+}
+
+inline double wall_time_now() {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  return static_cast<double>(us.count()) / 1e6;  // TF's resolution
+}
+
+}  // namespace detail
+
+/// Writes scalar summaries to a TensorBoard event file. Thread-safe. Not copyable or movable
+/// (hold it in a unique_ptr or optional to pass it around).
+class SummaryWriter {
+ public:
+  /// Opens a new event file in `logdir` (created with its parents when missing), named like
+  /// TF 2's: events.out.tfevents.<seconds, 10 digits>.<hostname>.<pid>.<n in this process><suffix>,
+  /// and writes the file-version event to it. InvalidArgument when `logdir` cannot be created or
+  /// the file cannot be written there, or for a bad option; ClusterConfigError from the resolver.
+  explicit SummaryWriter(std::string logdir, SummaryWriterOptions options = {}) : options_(std::move(options)) {
+    if (logdir.empty()) throw InvalidArgument("SummaryWriter: the log directory is empty");
+    if (options_.max_queue < 0) {
+      throw InvalidArgument(fmt::format("SummaryWriter: max_queue {} is negative", options_.max_queue));
+    }
+    if (options_.flush_interval.count() < 0) {
+      throw InvalidArgument(fmt::format("SummaryWriter: flush_interval {} ms is negative", options_.flush_interval.count()));
+    }
+    if (options_.filename_suffix.find('/') != std::string::npos) {
+      throw InvalidArgument(fmt::format("SummaryWriter: filename_suffix '{}' has a '/'", options_.filename_suffix));
+    }
+    auto resolver = options_.cluster_resolver;
+    if (!resolver) resolver = std::make_shared<TFConfigClusterResolver>();
+    const bool multi_task = !resolver->cluster_spec().empty();
+    writes_ = options_.all_tasks || resolver->is_chief();
+    std::filesystem::path dir(logdir);
+    if (options_.all_tasks && multi_task) dir /= fmt::format("{}_{}", resolver->task_type(), resolver->task_id());
+    logdir_ = dir.string();
+    if (!writes_) return;
+
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (!std::filesystem::is_directory(dir)) {
+      const bool in_the_way = std::filesystem::exists(dir);
+      throw InvalidArgument(fmt::format("SummaryWriter: cannot create the log directory '{}': {}", logdir_,
+                                        in_the_way ? "a file of that name is in the way" : ec.message()));
+    }
+    static std::atomic<int> writers_in_process{0};
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+    path_ = (dir / fmt::format("events.out.tfevents.{:010d}.{}.{}.{}{}", seconds, detail::hostname(), ::getpid(),
+                               writers_in_process++, options_.filename_suffix)).string();
+    try {
+      file_.emplace(path_);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("SummaryWriter: cannot write an event file in '{}': {}", logdir_, e.what()));
+    }
+    Event version;
+    version.wall_time = detail::wall_time_now();
+    version.file_version = kFileVersion;
+    file_->write(encode_event(version));
+    file_->flush();
+    last_flush_ = std::chrono::steady_clock::now();
+  }
+
+  SummaryWriter(const SummaryWriter&) = delete;
+  SummaryWriter& operator=(const SummaryWriter&) = delete;
+
+  /// Flushes and closes; errors are dropped here (call close() to see them).
+  ~SummaryWriter() {
+    try {
+      close();
+    } catch (...) {
+    }
+  }
+
+  /// Adds `value` (stored as float32, as TensorBoard's simple_value is) under `tag` at `step`, with
+  /// the current wall time. NaN and infinities are written as they are (TensorBoard shows them).
+  /// InvalidArgument for an empty tag or one that is not UTF-8, and after close(); Error when the
+  /// file cannot be written.
+  void scalar(std::string_view tag, double value, std::int64_t step) {
+    if (tag.empty()) throw InvalidArgument(fmt::format("SummaryWriter::scalar: the tag is empty (step {})", step));
+    if (!detail::is_utf8(tag)) {
+      throw InvalidArgument(fmt::format("SummaryWriter::scalar: the tag is not valid UTF-8 ({} bytes, step {})", tag.size(), step));
+    }
+    std::lock_guard lock(mutex_);
+    if (closed_) throw InvalidArgument(fmt::format("SummaryWriter::scalar('{}'): the writer is closed", tag));
+    if (!writes_) return;
+    Event event;
+    event.wall_time = detail::wall_time_now();
+    event.step = step;
+    event.values.push_back({std::string(tag), static_cast<float>(value)});
+    queue_.push_back(encode_event(event));
+    if (static_cast<int>(queue_.size()) > options_.max_queue ||
+        std::chrono::steady_clock::now() - last_flush_ >= options_.flush_interval) {
+      flush_locked();
+    }
+  }
+
+  /// Writes the queued events to the file and hands them to the operating system.
+  void flush() {
+    std::lock_guard lock(mutex_);
+    if (!closed_) flush_locked();
+  }
+
+  /// Flushes and closes the file; later scalar() calls are errors, flush() and close() do nothing.
+  void close() {
+    std::lock_guard lock(mutex_);
+    if (closed_) return;
+    closed_ = true;
+    if (!file_) return;
+    flush_locked();
+    file_->close();
+  }
+
+  /// Whether this task writes (the chief, or every task with all_tasks).
+  bool writes() const noexcept { return writes_; }
+  /// The directory of this writer's events (logdir, or logdir/<task>_<i> with all_tasks in a cluster).
+  const std::string& logdir() const noexcept { return logdir_; }
+  /// The event file's path; empty on a task that does not write.
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  void flush_locked() {
+    if (!file_) return;
+    for (const auto& record : queue_) file_->write(record);
+    queue_.clear();
+    file_->flush();
+    last_flush_ = std::chrono::steady_clock::now();
+  }
+
+  SummaryWriterOptions options_;
+  bool writes_ = false;
+  std::string logdir_, path_;
+  std::mutex mutex_;
+  std::optional<data::RecordWriter> file_;
+  std::vector<std::string> queue_;
+  std::chrono::steady_clock::time_point last_flush_{};
+  bool closed_ = false;
+};
+
+/// TF's tf.summary.create_file_writer(logdir, max_queue, flush_millis, filename_suffix).
+inline SummaryWriter create_file_writer(std::string logdir, SummaryWriterOptions options = {}) {
+  return SummaryWriter(std::move(logdir), std::move(options));
+}
+
+}  // namespace summary
+
+using summary::SummaryWriter;
+using summary::SummaryWriterOptions;
+
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_SUMMARY_SUMMARY_WRITER_HPP
+// ---- end <distribute/summary/summary_writer.hpp> ----
 #endif
 
 // ps/: partitioners, round-robin ps placement, sharded variables; ParameterServerStrategy also
@@ -25166,12 +28994,16 @@ DISTRIBUTE_END_NAMESPACE
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+class CollectiveMetrics;
+}
 namespace net {
 
 struct CommunicatorOptions {
@@ -25233,12 +29065,342 @@ struct CommunicatorOptions {
   std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
+  /// When set, every call, connection retry and failure is counted there (observe/collective_metrics.hpp;
+  /// a multi-worker strategy sets it when metrics are on). Unset: nothing is counted.
+  std::shared_ptr<observe::CollectiveMetrics> metrics;
 };
 
 }  // namespace net
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
 // ---- end <distribute/net/options.hpp> ----
+// ---- begin <distribute/observe/collective_metrics.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+// The metrics of a task's cross-worker calls (net::Communicator): by kind, calls, bytes sent and
+// received and a latency histogram; connection retries; failures that broke the communicator, by
+// reason. Registered once in the task's MetricsRegistry; recording is a few relaxed atomic adds.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+// ---- begin <distribute/observe/metrics.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// Metrics of one task in Prometheus's text format (version 0.0.4): counters, gauges read when
+// scraped, and histograms, every series labelled with the task it belongs to. One registry per
+// task; the parameter-server Server and the multi-worker collectives both expose theirs through it.
+//
+//   ds::observe::MetricsRegistry reg("worker", 1);
+//   auto& calls = reg.counter("distribute_collectives_total", "Collectives called.", {{"kind", "all_reduce"}});
+//   calls.add();                      // a relaxed atomic add: safe from any thread
+//   std::string text = reg.expose();  // what GET /metrics returns
+//
+// The task's labels are `task_type` and `task_index`, never `job`: Prometheus sets `job` itself on
+// every scraped series (the scrape configuration's job name) and would rename ours `exported_job`.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+/// Label names and values of one series, besides the task's own.
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+/// A monotonically increasing count.
+class Counter {
+ public:
+  void add(std::uint64_t n = 1) noexcept { value_.fetch_add(n, std::memory_order_relaxed); }
+  std::uint64_t value() const noexcept { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint64_t> value_{0};
+};
+
+/// Observations counted into cumulative buckets (upper bounds, in the unit of the observations),
+/// with their sum and count, as Prometheus histograms are.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), buckets_(bounds_.size() + 1) {}
+
+  void observe(double v) noexcept {
+    const auto i = static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+    buckets_[i].fetch_add(1, std::memory_order_relaxed);
+    // The sum in nanounits keeps it an integer atomic (a double's fetch_add is a CAS loop).
+    sum_nano_.fetch_add(static_cast<std::uint64_t>(std::max(v, 0.0) * 1e9), std::memory_order_relaxed);
+  }
+  const std::vector<double>& bounds() const noexcept { return bounds_; }
+  /// Observations in bucket i alone (not cumulative); the last is above every bound.
+  std::uint64_t bucket(std::size_t i) const noexcept { return buckets_[i].load(std::memory_order_relaxed); }
+  std::uint64_t count() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& b : buckets_) n += b.load(std::memory_order_relaxed);
+    return n;
+  }
+  double sum() const noexcept { return static_cast<double>(sum_nano_.load(std::memory_order_relaxed)) / 1e9; }
+
+ private:
+  std::vector<double> bounds_;
+  std::deque<std::atomic<std::uint64_t>> buckets_;  // deque: atomics cannot move
+  std::atomic<std::uint64_t> sum_nano_{0};
+};
+
+/// Latency buckets (seconds) for collectives and requests: 50 µs to 10 s.
+inline std::vector<double> latency_buckets() {
+  return {50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1, 2.5, 5, 10};
+}
+
+namespace detail {
+
+inline bool valid_name(std::string_view s, bool label) {
+  if (s.empty()) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (!label && c == ':');
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return !(label && s.starts_with("__"));
+}
+
+/// A label value as the text format writes it: backslash, double quote and newline escaped.
+inline std::string escape_label_value(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+/// HELP text: backslash and newline escaped.
+inline std::string escape_help(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+inline std::string format_value(double v) {
+  if (v == std::numeric_limits<double>::infinity()) return "+Inf";
+  return fmt::format("{}", v);
+}
+
+}  // namespace detail
+
+/// The metrics of one task. Registering is done once, up front (it takes a lock); the references
+/// it returns stay valid as long as the registry and are updated lock-free.
+class MetricsRegistry {
+ public:
+  /// `task_type` ("worker", "ps", "chief"...) and `task_index` label every series.
+  MetricsRegistry(std::string task_type, int task_index) : task_type_(std::move(task_type)), task_index_(task_index) {}
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  const std::string& task_type() const noexcept { return task_type_; }
+  int task_index() const noexcept { return task_index_; }
+
+  Counter& counter(std::string_view name, std::string_view help, const Labels& labels = {}) {
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "counter", labels);
+    s.counter = std::make_unique<Counter>();
+    return *s.counter;
+  }
+
+  Histogram& histogram(std::string_view name, std::string_view help, const Labels& labels = {},
+                       std::vector<double> bounds = latency_buckets()) {
+    if (bounds.empty() || !std::is_sorted(bounds.begin(), bounds.end()) ||
+        std::adjacent_find(bounds.begin(), bounds.end()) != bounds.end()) {
+      throw InvalidArgument(fmt::format("metric '{}': histogram bounds must be non-empty and strictly increasing", name));
+    }
+    for (const auto& [k, v] : labels) {
+      if (k == "le") throw InvalidArgument(fmt::format("metric '{}': 'le' is the histogram's own label", name));
+    }
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "histogram", labels);
+    s.histogram = std::make_unique<Histogram>(std::move(bounds));
+    return *s.histogram;
+  }
+
+  /// A value read when scraped (`type` "gauge" or "counter"): sizes, or counts kept elsewhere.
+  void callback(std::string_view name, std::string_view help, std::string_view type, const Labels& labels,
+                std::function<double()> read) {
+    if (type != "gauge" && type != "counter") {
+      throw InvalidArgument(fmt::format("metric '{}': a callback is a gauge or a counter, not '{}'", name, type));
+    }
+    std::lock_guard lock(mutex_);
+    add(name, help, type, labels).read = std::move(read);
+  }
+
+  /// Every series in the text format, families in registration order.
+  std::string expose() const {
+    std::lock_guard lock(mutex_);
+    std::string out;
+    for (const Family& f : families_) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", f.name, detail::escape_help(f.help), f.name, f.type);
+      for (const Series& s : f.series) {
+        if (s.histogram) {
+          const Histogram& h = *s.histogram;
+          std::uint64_t cumulative = 0;
+          for (std::size_t i = 0; i <= h.bounds().size(); ++i) {
+            cumulative += h.bucket(i);
+            const double le = i < h.bounds().size() ? h.bounds()[i] : std::numeric_limits<double>::infinity();
+            out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", f.name, s.labels, detail::format_value(le), cumulative);
+          }
+          out += fmt::format("{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", f.name, s.labels, detail::format_value(h.sum()),
+                             f.name, s.labels, cumulative);
+        } else if (s.counter) {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, s.counter->value());
+        } else {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, detail::format_value(s.read()));
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Series {
+    std::string labels;  // rendered: task_type="...",task_index="...",k="v"
+    std::unique_ptr<Counter> counter;
+    std::unique_ptr<Histogram> histogram;
+    std::function<double()> read;
+  };
+  struct Family {
+    std::string name, help, type;
+    std::vector<std::string> label_names;
+    std::deque<Series> series;  // deque: references handed out stay valid
+  };
+
+  Series& add(std::string_view name, std::string_view help, std::string_view type, const Labels& labels) {
+    if (!detail::valid_name(name, false)) {
+      throw InvalidArgument(fmt::format("'{}' is not a valid Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)", name));
+    }
+    std::vector<std::string> names;
+    std::string rendered = fmt::format("task_type=\"{}\",task_index=\"{}\"", detail::escape_label_value(task_type_), task_index_);
+    for (const auto& [k, v] : labels) {
+      if (!detail::valid_name(k, true)) {
+        throw InvalidArgument(fmt::format("metric '{}': '{}' is not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*, not __...)", name, k));
+      }
+      if (k == "task_type" || k == "task_index" || k == "job" || k == "instance") {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' is reserved (the task's labels are task_type and "
+                                          "task_index; job and instance are Prometheus's own)", name, k));
+      }
+      if (std::find(names.begin(), names.end(), k) != names.end()) {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' given twice", name, k));
+      }
+      names.push_back(k);
+      rendered += fmt::format(",{}=\"{}\"", k, detail::escape_label_value(v));
+    }
+    auto it = std::find_if(families_.begin(), families_.end(), [&](const Family& f) { return f.name == name; });
+    if (it == families_.end()) {
+      families_.push_back(Family{std::string(name), std::string(help), std::string(type), names, {}});
+      it = std::prev(families_.end());
+    } else if (it->type != type || it->label_names != names) {
+      throw InvalidArgument(fmt::format("metric '{}' is already registered as a {} with other labels or type", name, it->type));
+    }
+    for (const Series& s : it->series) {
+      if (s.labels == rendered) throw InvalidArgument(fmt::format("metric '{}{{{}}}' is registered twice", name, rendered));
+    }
+    return it->series.emplace_back(Series{std::move(rendered), nullptr, nullptr, {}});
+  }
+
+  std::string task_type_;
+  int task_index_;
+  mutable std::mutex mutex_;
+  std::deque<Family> families_;
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// ---- end <distribute/observe/metrics.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+enum class CallKind : std::uint8_t { AllReduce, AllGather, Broadcast, Barrier, Send, Recv };
+inline constexpr std::array<const char*, 6> kCallKindNames = {"all_reduce", "all_gather", "broadcast",
+                                                               "barrier",    "send",       "recv"};
+/// Why a communicator broke: net::detail::FailureKind's values, 1-based, in this order.
+inline constexpr std::array<const char*, 4> kFailureReasons = {"peer_lost", "timeout", "mismatch", "config"};
+
+class CollectiveMetrics {
+ public:
+  explicit CollectiveMetrics(std::shared_ptr<MetricsRegistry> registry) : registry_(std::move(registry)) {
+    MetricsRegistry& r = *registry_;
+    for (std::size_t k = 0; k < kCallKindNames.size(); ++k) {
+      const Labels kind{{"kind", kCallKindNames[k]}};
+      calls_[k] = &r.counter("distribute_collectives_total", "Cross-worker calls completed or failed, by kind.", kind);
+      failed_[k] = &r.counter("distribute_collectives_failed_total", "Cross-worker calls that ended by an error, by kind.", kind);
+      sent_[k] = &r.counter("distribute_collective_bytes_sent_total",
+                            "Payload bytes this task sent to its peers (sockets or shared memory), by kind.", kind);
+      received_[k] = &r.counter("distribute_collective_bytes_received_total",
+                                "Payload bytes this task received from its peers (sockets or shared memory), by kind.", kind);
+      latency_[k] = &r.histogram("distribute_collective_latency_seconds",
+                                 "Time from a call's start to its end on this task, by kind.", kind);
+    }
+    retries_ = &r.counter("distribute_connect_retries_total", "Connection attempts to a peer that were retried.");
+    for (std::size_t k = 0; k < kFailureReasons.size(); ++k) {
+      failures_[k] = &r.counter("distribute_peer_failures_total",
+                                "Failures that broke this task's communicator (the first one only: it stays broken), "
+                                "by reason.",
+                                {{"reason", kFailureReasons[k]}});
+    }
+  }
+
+  void call(CallKind kind, double seconds, std::uint64_t sent, std::uint64_t received, bool failed) noexcept {
+    const auto k = static_cast<std::size_t>(kind);
+    calls_[k]->add();
+    if (failed) failed_[k]->add();
+    sent_[k]->add(sent);
+    received_[k]->add(received);
+    latency_[k]->observe(seconds);
+  }
+  void retry() noexcept { retries_->add(); }
+  /// `reason`: a FailureKind's value (1-based).
+  void failure(int reason) noexcept {
+    if (reason >= 1 && reason <= static_cast<int>(failures_.size())) failures_[static_cast<std::size_t>(reason - 1)]->add();
+  }
+
+  const std::shared_ptr<MetricsRegistry>& registry() const noexcept { return registry_; }
+
+ private:
+  std::shared_ptr<MetricsRegistry> registry_;
+  std::array<Counter*, kCallKindNames.size()> calls_{}, failed_{}, sent_{}, received_{};
+  std::array<Histogram*, kCallKindNames.size()> latency_{};
+  Counter* retries_ = nullptr;
+  std::array<Counter*, kFailureReasons.size()> failures_{};
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+// ---- end <distribute/observe/collective_metrics.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
@@ -25395,6 +29557,8 @@ struct Peer {
   std::map<MsgKey, std::deque<TransferPtr>> posted;
   std::map<MsgKey, std::deque<Blob>> unexpected;
   std::map<std::uint64_t, Descriptor> descriptors;
+  // When each of those arrived: kept only while the timeline records (waiting vs moving data).
+  std::map<std::uint64_t, Clock::time_point> descriptor_at;
   std::uint64_t p2p_sent = 0;
   std::uint64_t p2p_received = 0;
 };
@@ -25761,6 +29925,7 @@ class Transport {
     Peer& p = peer(j);
     if (closing_ || p.state != Peer::State::Connecting) return;
     p.last_error = std::move(reason);
+    if (metrics_) metrics_->retry();
     const auto delay = p.backoff;
     p.backoff = std::min(p.backoff * 2, std::chrono::milliseconds(1000));
     p.retry_timer->expires_after(delay);
@@ -26052,6 +30217,7 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
+        if (observe::timeline_enabled()) p.descriptor_at[p.rx.seq] = Clock::now();
         if (descriptor_wakes_locked(p.rx.seq)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
@@ -26490,6 +30656,14 @@ class Transport {
   void fail_locked(Failure f, bool broadcast) {
     if (failure_) return;
     failure_ = f;
+    if (metrics_) metrics_->failure(static_cast<int>(f.kind));
+    if (observe::timeline_enabled()) {
+      try {
+        observe::Timeline::instance().instant("communicator failed", "failure", observe::Timeline::now_ns(),
+                                              fmt::format("\"message\":\"{}\"", observe::detail::json_escape(f.message)));
+      } catch (...) {
+      }
+    }
     if (broadcast) {
       const auto payload = encode(f);
       for (auto& p : peers_) {
@@ -26637,6 +30811,7 @@ class Transport {
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   CommunicatorOptions options_;
+  observe::CollectiveMetrics* metrics_ = options_.metrics.get();  // null: no metrics
   int rank_;
   int size_;
   std::size_t chunk_bytes_ = 0;
@@ -26675,10 +30850,11 @@ class Transport {
 class Transport::Op {
  public:
   /// A collective: takes the next collective number and announces `desc` to every peer.
-  Op(Transport& t, const Descriptor& desc) : t_(t), collective_(true), mine_(desc) {
+  Op(Transport& t, const Descriptor& desc)
+      : t_(t), collective_(true), mine_(desc), kind_(static_cast<observe::CallKind>(static_cast<int>(desc.kind) - 1)) {
     std::unique_lock lk(t_.mu_);
     label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_seq_);
-    if (t_.failure_) raise_failure_locked();
+    if (t_.failure_) fail_at_start(lk);
     seq_ = t_.next_seq_++;
     start();
     const auto payload = encode(desc);
@@ -26692,25 +30868,41 @@ class Transport::Op {
     }
   }
 
-  /// Point-to-point with `peer`.
-  Op(Transport& t, std::string label, int peer) : t_(t), collective_(false), label_(std::move(label)) {
+  /// Point-to-point with `peer`; `kind` (Send or Recv) counts it in the metrics and timeline,
+  /// unset leaves it out (the transport's own set-up messages).
+  Op(Transport& t, std::string label, int peer, std::optional<observe::CallKind> kind = std::nullopt)
+      : t_(t), collective_(false), label_(std::move(label)), kind_(kind.value_or(observe::CallKind::Send)), observed_(kind.has_value()) {
     if (peer < 0 || peer >= t_.size_ || peer == t_.rank_) {
       throw InvalidArgument(fmt::format("{}: peer {} is not another rank of this cluster of {} (this is rank {})", label_,
                                         peer, t_.size_, t_.rank_));
     }
     std::unique_lock lk(t_.mu_);
-    if (t_.failure_) raise_failure_locked();
+    if (t_.failure_) fail_at_start(lk);
     start();
   }
 
   ~Op() {
-    if (!finished_) abandon();
+    if (!finished_) {
+      abandon();
+      if (start_ns_ != 0) report(true);
+    }
   }
 
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
   std::uint64_t seq() const noexcept { return seq_; }
+
+  /// Names the algorithm or path this call takes, for the timeline ("ring", "shared_memory"...).
+  void set_algorithm(const char* name) noexcept { algorithm_ = name; }
+
+  /// Counts bytes moved outside the transport's frames (through shared memory), for the metrics.
+  void count_bytes(std::size_t sent, std::size_t received) {
+    if (start_ns_ == 0) return;
+    std::lock_guard lk(t_.mu_);
+    sent_ += sent;
+    received_ += received;
+  }
 
   /// Unless finish() completed: stops this Op's transfers and waits until neither the io thread
   /// nor a continuation touches the caller's memory (what the destructor does). An algorithm
@@ -26831,11 +31023,68 @@ class Transport::Op {
     if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
     transfers_.clear();
     finished_ = true;
+    lk.unlock();
+    if (start_ns_ != 0) report(false);
   }
 
  private:
   void start() {
     if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
+    // Off, observing costs this branch (and the byte counts below, plain adds under a held lock).
+    if (observed_ && (t_.metrics_ != nullptr || observe::timeline_enabled())) start_ns_ = observe::Timeline::now_ns();
+  }
+
+  // A call on a broken communicator: observed like one that failed, then its error.
+  [[noreturn]] void fail_at_start(std::unique_lock<NotifyingMutex>& lk) {
+    start();
+    if (start_ns_ != 0) {
+      lk.unlock();
+      report(true);
+      lk.lock();
+    }
+    raise_failure_locked();
+  }
+
+  // The call's end, into the metrics and the timeline (once). A failed call also writes the
+  // timeline out at once: the process may not get to exit normally.
+  void report(bool failed) noexcept {
+    const std::int64_t end = observe::Timeline::now_ns();
+    try {
+      if (t_.metrics_) t_.metrics_->call(kind_, static_cast<double>(end - start_ns_) / 1e9, sent_, received_, failed);
+      if (!observe::timeline_enabled()) return;
+      std::string error;
+      if (failed) {
+        std::lock_guard lk(t_.mu_);
+        error = t_.failure_ ? t_.failure_->message : std::string("ended by an error");
+      }
+      const std::size_t bytes = !collective_ ? std::max(sent_, received_)
+                                : mine_.kind == CollectiveKind::AllReduce ? mine_.count * size_of(mine_.dtype)
+                                                                         : mine_.count;
+      const std::int64_t joined = joined_ns_ == 0 ? end : std::clamp(joined_ns_, start_ns_, end);
+      observe::detail::CallArgs args;
+      args.seq = collective_ ? static_cast<std::int64_t>(seq_) : -1;
+      args.bytes = bytes;
+      args.sent = sent_;
+      args.received = received_;
+      args.algorithm = algorithm_;
+      if (collective_ && joined_ns_ != 0) args.wait_ns = joined - start_ns_;
+      auto& tl = observe::Timeline::instance();
+      const char* name = observe::kCallKindNames[static_cast<std::size_t>(kind_)];
+      tl.call(name, start_ns_, end, args,
+              failed ? fmt::format("\"error\":\"{}\"", observe::detail::json_escape(error)) : std::string());
+      if (collective_ && joined_ns_ != 0) {
+        // Waiting for every peer to announce the same call (a straggler shows here), then moving data.
+        if (joined > start_ns_) tl.complete("wait for peers", "collective", start_ns_, joined);
+        if (end > joined) tl.complete("transfer", "collective", joined, end);
+      }
+      if (failed) {
+        tl.instant(fmt::format("{} failed", name), "failure", end,
+                   fmt::format("\"error\":\"{}\"", observe::detail::json_escape(error)));
+        tl.flush();
+      }
+    } catch (...) {
+      // Observing must never turn a call's outcome into another error.
+    }
   }
 
   TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data, bool direct = true) {
@@ -26859,6 +31108,7 @@ class Transport::Op {
       t->state = Transfer::State::Failed;
       return t;
     }
+    sent_ += data.size();
     t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f), direct);
     return t;
   }
@@ -26884,6 +31134,7 @@ class Transport::Op {
         t->state = Transfer::State::Failed;
         return t;
       }
+      received_ += dst.size();
       if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
         early = std::move(it->second.front());
         it->second.pop_front();
@@ -27013,6 +31264,7 @@ class Transport::Op {
         auto it = p->descriptors.find(seq_);
         all_[static_cast<std::size_t>(p->rank)] = it->second;
         p->descriptors.erase(it);
+        if (!p->descriptor_at.empty()) note_joined_locked(*p);
       }
     }
     descs_ok_ = true;
@@ -27027,6 +31279,17 @@ class Transport::Op {
         raise_failure_locked();
       }
     }
+  }
+
+  // The timeline's "waiting for peers" ends when the last peer's descriptor arrived.
+  void note_joined_locked(Peer& p) {
+    auto at = p.descriptor_at.find(seq_);
+    if (at == p.descriptor_at.end()) return;
+    if (start_ns_ != 0) {
+      joined_ns_ = std::max<std::int64_t>(
+          joined_ns_, std::chrono::duration_cast<std::chrono::nanoseconds>(at->second.time_since_epoch()).count());
+    }
+    p.descriptor_at.erase(p.descriptor_at.begin(), std::next(at));
   }
 
   void abandon() noexcept {
@@ -27085,6 +31348,13 @@ class Transport::Op {
   bool finished_ = false;
   bool abandoning_ = false;
   bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
+  // Observing (start_ns_ 0: not observed).
+  observe::CallKind kind_;
+  bool observed_ = true;
+  const char* algorithm_ = nullptr;
+  std::int64_t start_ns_ = 0;
+  std::int64_t joined_ns_ = 0;  // when the last peer's descriptor arrived (timeline only)
+  std::size_t sent_ = 0, received_ = 0;
 };
 
 /// Declared after the locals that an Op's continuations capture: if the scope is left before the
@@ -27434,12 +31704,17 @@ inline void all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::s
   const CommunicatorOptions& o = tr.options();
   const std::size_t bytes = count * size_of(dtype);
   if (SharedMemoryAllReduce* shm = tr.shared_memory(); shm != nullptr && bytes >= shm->min_bytes()) {
+    op.set_algorithm("shared_memory");
+    op.count_bytes(bytes, bytes);  // this rank's values into the segment, the result out of it
     shared_memory_all_reduce(tr, op, *shm, data, count, dtype, rop);
   } else if (bytes <= std::min(o.direct_max_bytes, o.max_frame_bytes)) {
+    op.set_algorithm("direct");
     direct_all_reduce(tr, op, data, count, dtype, rop, scratch);
   } else if (bytes <= o.halving_doubling_max_bytes && halving_doubling_applies(tr.size())) {
+    op.set_algorithm("halving_doubling");
     halving_doubling_all_reduce(tr, op, data, count, dtype, rop, scratch);
   } else {
+    op.set_algorithm("ring");
     ring_all_reduce(tr, op, data, count, dtype, rop, scratch);
   }
 }
@@ -27450,6 +31725,7 @@ inline void chain_broadcast(Transport& tr, Transport::Op& op, std::byte* data, s
   const int n = tr.size(), r = tr.rank();
   if (bytes == 0 || n == 1) return op.finish();
   if (bytes <= std::min(tr.options().direct_max_bytes, tr.options().max_frame_bytes)) {
+    op.set_algorithm("direct");
     if (r == root) {
       for (int k = 0; k < n; ++k) {
         if (k != r) op.send(k, 0, std::span<const std::byte>(data, bytes));
@@ -27459,6 +31735,7 @@ inline void chain_broadcast(Transport& tr, Transport::Op& op, std::byte* data, s
     }
     return op.finish();
   }
+  op.set_algorithm("chain");
   const std::size_t chunk = tr.chunk_bytes();
   const std::size_t nch = (bytes + chunk - 1) / chunk;
   const int pos = (r - root + n) % n, prev = (r - 1 + n) % n, next = (r + 1) % n;
@@ -27480,6 +31757,7 @@ inline void chain_broadcast(Transport& tr, Transport::Op& op, std::byte* data, s
 /// descriptors, so no extra round is needed to learn them.
 inline void direct_all_gather(Transport& tr, Transport::Op& op, const std::byte* data, std::size_t bytes,
                               std::vector<std::byte>& out, std::vector<std::size_t>& sizes) {
+  op.set_algorithm("direct");
   const int n = tr.size(), r = tr.rank();
   const std::size_t chunk = tr.chunk_bytes();
   auto pieces = [&](std::size_t total) { return (total + chunk - 1) / chunk; };
@@ -29183,12 +33461,16 @@ DISTRIBUTE_END_NAMESPACE
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+class CollectiveMetrics;
+}
 namespace net {
 
 struct CommunicatorOptions {
@@ -29250,12 +33532,342 @@ struct CommunicatorOptions {
   std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
+  /// When set, every call, connection retry and failure is counted there (observe/collective_metrics.hpp;
+  /// a multi-worker strategy sets it when metrics are on). Unset: nothing is counted.
+  std::shared_ptr<observe::CollectiveMetrics> metrics;
 };
 
 }  // namespace net
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
 // ---- end <distribute/net/options.hpp> ----
+// ---- begin <distribute/observe/collective_metrics.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+// The metrics of a task's cross-worker calls (net::Communicator): by kind, calls, bytes sent and
+// received and a latency histogram; connection retries; failures that broke the communicator, by
+// reason. Registered once in the task's MetricsRegistry; recording is a few relaxed atomic adds.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+// ---- begin <distribute/observe/metrics.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// Metrics of one task in Prometheus's text format (version 0.0.4): counters, gauges read when
+// scraped, and histograms, every series labelled with the task it belongs to. One registry per
+// task; the parameter-server Server and the multi-worker collectives both expose theirs through it.
+//
+//   ds::observe::MetricsRegistry reg("worker", 1);
+//   auto& calls = reg.counter("distribute_collectives_total", "Collectives called.", {{"kind", "all_reduce"}});
+//   calls.add();                      // a relaxed atomic add: safe from any thread
+//   std::string text = reg.expose();  // what GET /metrics returns
+//
+// The task's labels are `task_type` and `task_index`, never `job`: Prometheus sets `job` itself on
+// every scraped series (the scrape configuration's job name) and would rename ours `exported_job`.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+/// Label names and values of one series, besides the task's own.
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+/// A monotonically increasing count.
+class Counter {
+ public:
+  void add(std::uint64_t n = 1) noexcept { value_.fetch_add(n, std::memory_order_relaxed); }
+  std::uint64_t value() const noexcept { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint64_t> value_{0};
+};
+
+/// Observations counted into cumulative buckets (upper bounds, in the unit of the observations),
+/// with their sum and count, as Prometheus histograms are.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), buckets_(bounds_.size() + 1) {}
+
+  void observe(double v) noexcept {
+    const auto i = static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+    buckets_[i].fetch_add(1, std::memory_order_relaxed);
+    // The sum in nanounits keeps it an integer atomic (a double's fetch_add is a CAS loop).
+    sum_nano_.fetch_add(static_cast<std::uint64_t>(std::max(v, 0.0) * 1e9), std::memory_order_relaxed);
+  }
+  const std::vector<double>& bounds() const noexcept { return bounds_; }
+  /// Observations in bucket i alone (not cumulative); the last is above every bound.
+  std::uint64_t bucket(std::size_t i) const noexcept { return buckets_[i].load(std::memory_order_relaxed); }
+  std::uint64_t count() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& b : buckets_) n += b.load(std::memory_order_relaxed);
+    return n;
+  }
+  double sum() const noexcept { return static_cast<double>(sum_nano_.load(std::memory_order_relaxed)) / 1e9; }
+
+ private:
+  std::vector<double> bounds_;
+  std::deque<std::atomic<std::uint64_t>> buckets_;  // deque: atomics cannot move
+  std::atomic<std::uint64_t> sum_nano_{0};
+};
+
+/// Latency buckets (seconds) for collectives and requests: 50 µs to 10 s.
+inline std::vector<double> latency_buckets() {
+  return {50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1, 2.5, 5, 10};
+}
+
+namespace detail {
+
+inline bool valid_name(std::string_view s, bool label) {
+  if (s.empty()) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (!label && c == ':');
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return !(label && s.starts_with("__"));
+}
+
+/// A label value as the text format writes it: backslash, double quote and newline escaped.
+inline std::string escape_label_value(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+/// HELP text: backslash and newline escaped.
+inline std::string escape_help(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+inline std::string format_value(double v) {
+  if (v == std::numeric_limits<double>::infinity()) return "+Inf";
+  return fmt::format("{}", v);
+}
+
+}  // namespace detail
+
+/// The metrics of one task. Registering is done once, up front (it takes a lock); the references
+/// it returns stay valid as long as the registry and are updated lock-free.
+class MetricsRegistry {
+ public:
+  /// `task_type` ("worker", "ps", "chief"...) and `task_index` label every series.
+  MetricsRegistry(std::string task_type, int task_index) : task_type_(std::move(task_type)), task_index_(task_index) {}
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  const std::string& task_type() const noexcept { return task_type_; }
+  int task_index() const noexcept { return task_index_; }
+
+  Counter& counter(std::string_view name, std::string_view help, const Labels& labels = {}) {
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "counter", labels);
+    s.counter = std::make_unique<Counter>();
+    return *s.counter;
+  }
+
+  Histogram& histogram(std::string_view name, std::string_view help, const Labels& labels = {},
+                       std::vector<double> bounds = latency_buckets()) {
+    if (bounds.empty() || !std::is_sorted(bounds.begin(), bounds.end()) ||
+        std::adjacent_find(bounds.begin(), bounds.end()) != bounds.end()) {
+      throw InvalidArgument(fmt::format("metric '{}': histogram bounds must be non-empty and strictly increasing", name));
+    }
+    for (const auto& [k, v] : labels) {
+      if (k == "le") throw InvalidArgument(fmt::format("metric '{}': 'le' is the histogram's own label", name));
+    }
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "histogram", labels);
+    s.histogram = std::make_unique<Histogram>(std::move(bounds));
+    return *s.histogram;
+  }
+
+  /// A value read when scraped (`type` "gauge" or "counter"): sizes, or counts kept elsewhere.
+  void callback(std::string_view name, std::string_view help, std::string_view type, const Labels& labels,
+                std::function<double()> read) {
+    if (type != "gauge" && type != "counter") {
+      throw InvalidArgument(fmt::format("metric '{}': a callback is a gauge or a counter, not '{}'", name, type));
+    }
+    std::lock_guard lock(mutex_);
+    add(name, help, type, labels).read = std::move(read);
+  }
+
+  /// Every series in the text format, families in registration order.
+  std::string expose() const {
+    std::lock_guard lock(mutex_);
+    std::string out;
+    for (const Family& f : families_) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", f.name, detail::escape_help(f.help), f.name, f.type);
+      for (const Series& s : f.series) {
+        if (s.histogram) {
+          const Histogram& h = *s.histogram;
+          std::uint64_t cumulative = 0;
+          for (std::size_t i = 0; i <= h.bounds().size(); ++i) {
+            cumulative += h.bucket(i);
+            const double le = i < h.bounds().size() ? h.bounds()[i] : std::numeric_limits<double>::infinity();
+            out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", f.name, s.labels, detail::format_value(le), cumulative);
+          }
+          out += fmt::format("{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", f.name, s.labels, detail::format_value(h.sum()),
+                             f.name, s.labels, cumulative);
+        } else if (s.counter) {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, s.counter->value());
+        } else {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, detail::format_value(s.read()));
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Series {
+    std::string labels;  // rendered: task_type="...",task_index="...",k="v"
+    std::unique_ptr<Counter> counter;
+    std::unique_ptr<Histogram> histogram;
+    std::function<double()> read;
+  };
+  struct Family {
+    std::string name, help, type;
+    std::vector<std::string> label_names;
+    std::deque<Series> series;  // deque: references handed out stay valid
+  };
+
+  Series& add(std::string_view name, std::string_view help, std::string_view type, const Labels& labels) {
+    if (!detail::valid_name(name, false)) {
+      throw InvalidArgument(fmt::format("'{}' is not a valid Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)", name));
+    }
+    std::vector<std::string> names;
+    std::string rendered = fmt::format("task_type=\"{}\",task_index=\"{}\"", detail::escape_label_value(task_type_), task_index_);
+    for (const auto& [k, v] : labels) {
+      if (!detail::valid_name(k, true)) {
+        throw InvalidArgument(fmt::format("metric '{}': '{}' is not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*, not __...)", name, k));
+      }
+      if (k == "task_type" || k == "task_index" || k == "job" || k == "instance") {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' is reserved (the task's labels are task_type and "
+                                          "task_index; job and instance are Prometheus's own)", name, k));
+      }
+      if (std::find(names.begin(), names.end(), k) != names.end()) {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' given twice", name, k));
+      }
+      names.push_back(k);
+      rendered += fmt::format(",{}=\"{}\"", k, detail::escape_label_value(v));
+    }
+    auto it = std::find_if(families_.begin(), families_.end(), [&](const Family& f) { return f.name == name; });
+    if (it == families_.end()) {
+      families_.push_back(Family{std::string(name), std::string(help), std::string(type), names, {}});
+      it = std::prev(families_.end());
+    } else if (it->type != type || it->label_names != names) {
+      throw InvalidArgument(fmt::format("metric '{}' is already registered as a {} with other labels or type", name, it->type));
+    }
+    for (const Series& s : it->series) {
+      if (s.labels == rendered) throw InvalidArgument(fmt::format("metric '{}{{{}}}' is registered twice", name, rendered));
+    }
+    return it->series.emplace_back(Series{std::move(rendered), nullptr, nullptr, {}});
+  }
+
+  std::string task_type_;
+  int task_index_;
+  mutable std::mutex mutex_;
+  std::deque<Family> families_;
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// ---- end <distribute/observe/metrics.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+enum class CallKind : std::uint8_t { AllReduce, AllGather, Broadcast, Barrier, Send, Recv };
+inline constexpr std::array<const char*, 6> kCallKindNames = {"all_reduce", "all_gather", "broadcast",
+                                                               "barrier",    "send",       "recv"};
+/// Why a communicator broke: net::detail::FailureKind's values, 1-based, in this order.
+inline constexpr std::array<const char*, 4> kFailureReasons = {"peer_lost", "timeout", "mismatch", "config"};
+
+class CollectiveMetrics {
+ public:
+  explicit CollectiveMetrics(std::shared_ptr<MetricsRegistry> registry) : registry_(std::move(registry)) {
+    MetricsRegistry& r = *registry_;
+    for (std::size_t k = 0; k < kCallKindNames.size(); ++k) {
+      const Labels kind{{"kind", kCallKindNames[k]}};
+      calls_[k] = &r.counter("distribute_collectives_total", "Cross-worker calls completed or failed, by kind.", kind);
+      failed_[k] = &r.counter("distribute_collectives_failed_total", "Cross-worker calls that ended by an error, by kind.", kind);
+      sent_[k] = &r.counter("distribute_collective_bytes_sent_total",
+                            "Payload bytes this task sent to its peers (sockets or shared memory), by kind.", kind);
+      received_[k] = &r.counter("distribute_collective_bytes_received_total",
+                                "Payload bytes this task received from its peers (sockets or shared memory), by kind.", kind);
+      latency_[k] = &r.histogram("distribute_collective_latency_seconds",
+                                 "Time from a call's start to its end on this task, by kind.", kind);
+    }
+    retries_ = &r.counter("distribute_connect_retries_total", "Connection attempts to a peer that were retried.");
+    for (std::size_t k = 0; k < kFailureReasons.size(); ++k) {
+      failures_[k] = &r.counter("distribute_peer_failures_total",
+                                "Failures that broke this task's communicator (the first one only: it stays broken), "
+                                "by reason.",
+                                {{"reason", kFailureReasons[k]}});
+    }
+  }
+
+  void call(CallKind kind, double seconds, std::uint64_t sent, std::uint64_t received, bool failed) noexcept {
+    const auto k = static_cast<std::size_t>(kind);
+    calls_[k]->add();
+    if (failed) failed_[k]->add();
+    sent_[k]->add(sent);
+    received_[k]->add(received);
+    latency_[k]->observe(seconds);
+  }
+  void retry() noexcept { retries_->add(); }
+  /// `reason`: a FailureKind's value (1-based).
+  void failure(int reason) noexcept {
+    if (reason >= 1 && reason <= static_cast<int>(failures_.size())) failures_[static_cast<std::size_t>(reason - 1)]->add();
+  }
+
+  const std::shared_ptr<MetricsRegistry>& registry() const noexcept { return registry_; }
+
+ private:
+  std::shared_ptr<MetricsRegistry> registry_;
+  std::array<Counter*, kCallKindNames.size()> calls_{}, failed_{}, sent_{}, received_{};
+  std::array<Histogram*, kCallKindNames.size()> latency_{};
+  Counter* retries_ = nullptr;
+  std::array<Counter*, kFailureReasons.size()> failures_{};
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+// ---- end <distribute/observe/collective_metrics.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
@@ -29412,6 +34024,8 @@ struct Peer {
   std::map<MsgKey, std::deque<TransferPtr>> posted;
   std::map<MsgKey, std::deque<Blob>> unexpected;
   std::map<std::uint64_t, Descriptor> descriptors;
+  // When each of those arrived: kept only while the timeline records (waiting vs moving data).
+  std::map<std::uint64_t, Clock::time_point> descriptor_at;
   std::uint64_t p2p_sent = 0;
   std::uint64_t p2p_received = 0;
 };
@@ -29778,6 +34392,7 @@ class Transport {
     Peer& p = peer(j);
     if (closing_ || p.state != Peer::State::Connecting) return;
     p.last_error = std::move(reason);
+    if (metrics_) metrics_->retry();
     const auto delay = p.backoff;
     p.backoff = std::min(p.backoff * 2, std::chrono::milliseconds(1000));
     p.retry_timer->expires_after(delay);
@@ -30069,6 +34684,7 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
+        if (observe::timeline_enabled()) p.descriptor_at[p.rx.seq] = Clock::now();
         if (descriptor_wakes_locked(p.rx.seq)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
@@ -30507,6 +35123,14 @@ class Transport {
   void fail_locked(Failure f, bool broadcast) {
     if (failure_) return;
     failure_ = f;
+    if (metrics_) metrics_->failure(static_cast<int>(f.kind));
+    if (observe::timeline_enabled()) {
+      try {
+        observe::Timeline::instance().instant("communicator failed", "failure", observe::Timeline::now_ns(),
+                                              fmt::format("\"message\":\"{}\"", observe::detail::json_escape(f.message)));
+      } catch (...) {
+      }
+    }
     if (broadcast) {
       const auto payload = encode(f);
       for (auto& p : peers_) {
@@ -30654,6 +35278,7 @@ class Transport {
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   CommunicatorOptions options_;
+  observe::CollectiveMetrics* metrics_ = options_.metrics.get();  // null: no metrics
   int rank_;
   int size_;
   std::size_t chunk_bytes_ = 0;
@@ -30692,10 +35317,11 @@ class Transport {
 class Transport::Op {
  public:
   /// A collective: takes the next collective number and announces `desc` to every peer.
-  Op(Transport& t, const Descriptor& desc) : t_(t), collective_(true), mine_(desc) {
+  Op(Transport& t, const Descriptor& desc)
+      : t_(t), collective_(true), mine_(desc), kind_(static_cast<observe::CallKind>(static_cast<int>(desc.kind) - 1)) {
     std::unique_lock lk(t_.mu_);
     label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_seq_);
-    if (t_.failure_) raise_failure_locked();
+    if (t_.failure_) fail_at_start(lk);
     seq_ = t_.next_seq_++;
     start();
     const auto payload = encode(desc);
@@ -30709,25 +35335,41 @@ class Transport::Op {
     }
   }
 
-  /// Point-to-point with `peer`.
-  Op(Transport& t, std::string label, int peer) : t_(t), collective_(false), label_(std::move(label)) {
+  /// Point-to-point with `peer`; `kind` (Send or Recv) counts it in the metrics and timeline,
+  /// unset leaves it out (the transport's own set-up messages).
+  Op(Transport& t, std::string label, int peer, std::optional<observe::CallKind> kind = std::nullopt)
+      : t_(t), collective_(false), label_(std::move(label)), kind_(kind.value_or(observe::CallKind::Send)), observed_(kind.has_value()) {
     if (peer < 0 || peer >= t_.size_ || peer == t_.rank_) {
       throw InvalidArgument(fmt::format("{}: peer {} is not another rank of this cluster of {} (this is rank {})", label_,
                                         peer, t_.size_, t_.rank_));
     }
     std::unique_lock lk(t_.mu_);
-    if (t_.failure_) raise_failure_locked();
+    if (t_.failure_) fail_at_start(lk);
     start();
   }
 
   ~Op() {
-    if (!finished_) abandon();
+    if (!finished_) {
+      abandon();
+      if (start_ns_ != 0) report(true);
+    }
   }
 
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
   std::uint64_t seq() const noexcept { return seq_; }
+
+  /// Names the algorithm or path this call takes, for the timeline ("ring", "shared_memory"...).
+  void set_algorithm(const char* name) noexcept { algorithm_ = name; }
+
+  /// Counts bytes moved outside the transport's frames (through shared memory), for the metrics.
+  void count_bytes(std::size_t sent, std::size_t received) {
+    if (start_ns_ == 0) return;
+    std::lock_guard lk(t_.mu_);
+    sent_ += sent;
+    received_ += received;
+  }
 
   /// Unless finish() completed: stops this Op's transfers and waits until neither the io thread
   /// nor a continuation touches the caller's memory (what the destructor does). An algorithm
@@ -30848,11 +35490,68 @@ class Transport::Op {
     if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
     transfers_.clear();
     finished_ = true;
+    lk.unlock();
+    if (start_ns_ != 0) report(false);
   }
 
  private:
   void start() {
     if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
+    // Off, observing costs this branch (and the byte counts below, plain adds under a held lock).
+    if (observed_ && (t_.metrics_ != nullptr || observe::timeline_enabled())) start_ns_ = observe::Timeline::now_ns();
+  }
+
+  // A call on a broken communicator: observed like one that failed, then its error.
+  [[noreturn]] void fail_at_start(std::unique_lock<NotifyingMutex>& lk) {
+    start();
+    if (start_ns_ != 0) {
+      lk.unlock();
+      report(true);
+      lk.lock();
+    }
+    raise_failure_locked();
+  }
+
+  // The call's end, into the metrics and the timeline (once). A failed call also writes the
+  // timeline out at once: the process may not get to exit normally.
+  void report(bool failed) noexcept {
+    const std::int64_t end = observe::Timeline::now_ns();
+    try {
+      if (t_.metrics_) t_.metrics_->call(kind_, static_cast<double>(end - start_ns_) / 1e9, sent_, received_, failed);
+      if (!observe::timeline_enabled()) return;
+      std::string error;
+      if (failed) {
+        std::lock_guard lk(t_.mu_);
+        error = t_.failure_ ? t_.failure_->message : std::string("ended by an error");
+      }
+      const std::size_t bytes = !collective_ ? std::max(sent_, received_)
+                                : mine_.kind == CollectiveKind::AllReduce ? mine_.count * size_of(mine_.dtype)
+                                                                         : mine_.count;
+      const std::int64_t joined = joined_ns_ == 0 ? end : std::clamp(joined_ns_, start_ns_, end);
+      observe::detail::CallArgs args;
+      args.seq = collective_ ? static_cast<std::int64_t>(seq_) : -1;
+      args.bytes = bytes;
+      args.sent = sent_;
+      args.received = received_;
+      args.algorithm = algorithm_;
+      if (collective_ && joined_ns_ != 0) args.wait_ns = joined - start_ns_;
+      auto& tl = observe::Timeline::instance();
+      const char* name = observe::kCallKindNames[static_cast<std::size_t>(kind_)];
+      tl.call(name, start_ns_, end, args,
+              failed ? fmt::format("\"error\":\"{}\"", observe::detail::json_escape(error)) : std::string());
+      if (collective_ && joined_ns_ != 0) {
+        // Waiting for every peer to announce the same call (a straggler shows here), then moving data.
+        if (joined > start_ns_) tl.complete("wait for peers", "collective", start_ns_, joined);
+        if (end > joined) tl.complete("transfer", "collective", joined, end);
+      }
+      if (failed) {
+        tl.instant(fmt::format("{} failed", name), "failure", end,
+                   fmt::format("\"error\":\"{}\"", observe::detail::json_escape(error)));
+        tl.flush();
+      }
+    } catch (...) {
+      // Observing must never turn a call's outcome into another error.
+    }
   }
 
   TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data, bool direct = true) {
@@ -30876,6 +35575,7 @@ class Transport::Op {
       t->state = Transfer::State::Failed;
       return t;
     }
+    sent_ += data.size();
     t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f), direct);
     return t;
   }
@@ -30901,6 +35601,7 @@ class Transport::Op {
         t->state = Transfer::State::Failed;
         return t;
       }
+      received_ += dst.size();
       if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
         early = std::move(it->second.front());
         it->second.pop_front();
@@ -31030,6 +35731,7 @@ class Transport::Op {
         auto it = p->descriptors.find(seq_);
         all_[static_cast<std::size_t>(p->rank)] = it->second;
         p->descriptors.erase(it);
+        if (!p->descriptor_at.empty()) note_joined_locked(*p);
       }
     }
     descs_ok_ = true;
@@ -31044,6 +35746,17 @@ class Transport::Op {
         raise_failure_locked();
       }
     }
+  }
+
+  // The timeline's "waiting for peers" ends when the last peer's descriptor arrived.
+  void note_joined_locked(Peer& p) {
+    auto at = p.descriptor_at.find(seq_);
+    if (at == p.descriptor_at.end()) return;
+    if (start_ns_ != 0) {
+      joined_ns_ = std::max<std::int64_t>(
+          joined_ns_, std::chrono::duration_cast<std::chrono::nanoseconds>(at->second.time_since_epoch()).count());
+    }
+    p.descriptor_at.erase(p.descriptor_at.begin(), std::next(at));
   }
 
   void abandon() noexcept {
@@ -31102,6 +35815,13 @@ class Transport::Op {
   bool finished_ = false;
   bool abandoning_ = false;
   bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
+  // Observing (start_ns_ 0: not observed).
+  observe::CallKind kind_;
+  bool observed_ = true;
+  const char* algorithm_ = nullptr;
+  std::int64_t start_ns_ = 0;
+  std::int64_t joined_ns_ = 0;  // when the last peer's descriptor arrived (timeline only)
+  std::size_t sent_ = 0, received_ = 0;
 };
 
 /// Declared after the locals that an Op's continuations capture: if the scope is left before the
@@ -31129,12 +35849,16 @@ DISTRIBUTE_END_NAMESPACE
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+class CollectiveMetrics;
+}
 namespace net {
 
 struct CommunicatorOptions {
@@ -31196,6 +35920,9 @@ struct CommunicatorOptions {
   std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
+  /// When set, every call, connection retry and failure is counted there (observe/collective_metrics.hpp;
+  /// a multi-worker strategy sets it when metrics are on). Unset: nothing is counted.
+  std::shared_ptr<observe::CollectiveMetrics> metrics;
 };
 
 }  // namespace net
@@ -31298,7 +36025,7 @@ class Communicator {
   /// Sends one message to `peer`; returns once it is handed to the kernel (`data` may then be
   /// reused). Messages between two ranks arrive in order; at most options().max_frame_bytes.
   void send(int peer, std::span<const std::byte> data) {
-    detail::Transport::Op call(*transport_, fmt::format("send to {}", peer_label(peer)), peer);
+    detail::Transport::Op call(*transport_, fmt::format("send to {}", peer_label(peer)), peer, observe::CallKind::Send);
     call.send_p2p(peer, data);
     call.finish();
   }
@@ -31306,7 +36033,7 @@ class Communicator {
   /// Receives the next message from `peer`, which must be exactly `data.size()` bytes (otherwise
   /// InvalidArgument; the message is consumed and the communicator stays usable).
   void recv(int peer, std::span<std::byte> data) {
-    detail::Transport::Op call(*transport_, fmt::format("recv from {}", peer_label(peer)), peer);
+    detail::Transport::Op call(*transport_, fmt::format("recv from {}", peer_label(peer)), peer, observe::CallKind::Recv);
     call.recv_p2p(peer, data);
     call.finish();
   }
@@ -31350,6 +36077,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -31876,7 +36604,7 @@ namespace detail {
 inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
 
 /// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
-/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// (TF runs it beside the training cluster), with any index (TF's resolvers accept any).
 /// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
 inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
                                   std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
@@ -31884,10 +36612,8 @@ inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type
   if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
   if (!spec.has_job(type)) {
     if (type == "evaluator") {
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format(
-            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
-            cluster_name));
+      if (id > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
       }
       return;
     }
@@ -31936,6 +36662,7 @@ class ClusterResolver {
   /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
   /// own work, as in TF (it writes its own summaries).
   bool is_chief() const {
+    if (cluster_spec().empty()) return true;  // local mode: the one process
     const auto type = task_type();
     if (type == "chief" || type == "evaluator") return true;
     return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
@@ -31960,6 +36687,7 @@ class ClusterResolver {
   /// evaluator and for ps tasks, which have no replicas.
   int id_in_cluster() const {
     const auto& spec = cluster_spec();
+    if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
     const auto type = task_type();
     if (type == "chief") return 0;
     if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
@@ -31981,6 +36709,30 @@ class ClusterResolver {
     }
     return id_in_cluster() * local_replicas + local_id;
   }
+
+  /// TF's ClusterResolver.master() (TFConfigClusterResolver's rule): the session master when the
+  /// configuration names one; "" for a cluster of at most one task; else the address of task
+  /// (task_type, task_id) — this task unless given — as "rpc_layer://host:port" when there is
+  /// an RPC layer. InvalidArgument when that task is not in the cluster.
+  std::string master(std::optional<std::string> task_type = {}, std::optional<int> task_id = {},
+                     std::optional<std::string> rpc_layer = {}) const {
+    if (auto session = session_master()) return *session;
+    const auto& spec = cluster_spec();
+    const auto jobs = spec.jobs();
+    if (jobs.empty() || (jobs.size() == 1 && spec.task_indices(jobs.front()) == std::vector<int>{0})) return {};
+    const std::string type = task_type ? *task_type : this->task_type();
+    const int id = task_id ? *task_id : this->task_id();
+    if (!spec.has_job(type)) {
+      throw InvalidArgument(fmt::format("ClusterResolver::master: job '{}' is not in the cluster (jobs: {})", type,
+                                        fmt::join(jobs, ", ")));
+    }
+    const std::string layer = rpc_layer ? *rpc_layer : this->rpc_layer();
+    const std::string& address = spec.task_address(type, id);
+    return layer.empty() ? address : fmt::format("{}://{}", layer, address);
+  }
+
+  /// A master address that overrides master()'s rule (TF_CONFIG's "session_master"); none by default.
+  virtual std::optional<std::string> session_master() const { return std::nullopt; }
 
   /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
   /// (an empty spec), where there is nobody to connect to.
@@ -32069,6 +36821,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -32595,7 +37348,7 @@ namespace detail {
 inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
 
 /// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
-/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// (TF runs it beside the training cluster), with any index (TF's resolvers accept any).
 /// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
 inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
                                   std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
@@ -32603,10 +37356,8 @@ inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type
   if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
   if (!spec.has_job(type)) {
     if (type == "evaluator") {
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format(
-            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
-            cluster_name));
+      if (id > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
       }
       return;
     }
@@ -32655,6 +37406,7 @@ class ClusterResolver {
   /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
   /// own work, as in TF (it writes its own summaries).
   bool is_chief() const {
+    if (cluster_spec().empty()) return true;  // local mode: the one process
     const auto type = task_type();
     if (type == "chief" || type == "evaluator") return true;
     return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
@@ -32679,6 +37431,7 @@ class ClusterResolver {
   /// evaluator and for ps tasks, which have no replicas.
   int id_in_cluster() const {
     const auto& spec = cluster_spec();
+    if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
     const auto type = task_type();
     if (type == "chief") return 0;
     if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
@@ -32700,6 +37453,30 @@ class ClusterResolver {
     }
     return id_in_cluster() * local_replicas + local_id;
   }
+
+  /// TF's ClusterResolver.master() (TFConfigClusterResolver's rule): the session master when the
+  /// configuration names one; "" for a cluster of at most one task; else the address of task
+  /// (task_type, task_id) — this task unless given — as "rpc_layer://host:port" when there is
+  /// an RPC layer. InvalidArgument when that task is not in the cluster.
+  std::string master(std::optional<std::string> task_type = {}, std::optional<int> task_id = {},
+                     std::optional<std::string> rpc_layer = {}) const {
+    if (auto session = session_master()) return *session;
+    const auto& spec = cluster_spec();
+    const auto jobs = spec.jobs();
+    if (jobs.empty() || (jobs.size() == 1 && spec.task_indices(jobs.front()) == std::vector<int>{0})) return {};
+    const std::string type = task_type ? *task_type : this->task_type();
+    const int id = task_id ? *task_id : this->task_id();
+    if (!spec.has_job(type)) {
+      throw InvalidArgument(fmt::format("ClusterResolver::master: job '{}' is not in the cluster (jobs: {})", type,
+                                        fmt::join(jobs, ", ")));
+    }
+    const std::string layer = rpc_layer ? *rpc_layer : this->rpc_layer();
+    const std::string& address = spec.task_address(type, id);
+    return layer.empty() ? address : fmt::format("{}://{}", layer, address);
+  }
+
+  /// A master address that overrides master()'s rule (TF_CONFIG's "session_master"); none by default.
+  virtual std::optional<std::string> session_master() const { return std::nullopt; }
 
   /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
   /// (an empty spec), where there is nobody to connect to.
@@ -33410,6 +38187,9 @@ class TFConfigClusterResolver : public ClusterResolver {
   AcceleratorCounts num_accelerators() const override { return accelerators_; }
   std::string environment() const override { return environment_; }
 
+  /// TF_CONFIG's "session_master", which TF's master() returns first when it is set.
+  std::optional<std::string> session_master() const override { return session_master_; }
+
   /// False in local mode because TF_CONFIG was unset or blank.
   bool has_tf_config() const { return has_tf_config_; }
 
@@ -33441,21 +38221,19 @@ class TFConfigClusterResolver : public ClusterResolver {
     if (options.environment) environment_ = *options.environment;
 
     if (spec_.empty()) {
-      // Local mode: one process. A task, if one is named, must be that process.
+      // Local mode: one process. As TF's resolver, a task named without a cluster is reported
+      // as given (the helpers treat the process as worker 0 and the chief).
       task_type_ = type.value_or("worker");
       std::int64_t id = index.value_or(0);
       if (!detail::is_tf_config_task_type(task_type_)) {
         throw ClusterConfigError(fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator",
                                              type_label, task_type_));
       }
-      if (task_type_ == "ps") {
-        throw ClusterConfigError(fmt::format("{} 'ps' has no job in cluster: cluster is empty (local mode: one worker)", type_label));
+      if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+      if (id > detail::kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, detail::kMaxTaskIndex));
       }
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format("{} {} is out of range: cluster is empty, so the only task is {} 0", id_label, id,
-                                             task_type_));
-      }
-      task_id_ = 0;
+      task_id_ = static_cast<int>(id);
       return;
     }
     if (!type && !has_task_) {
@@ -33483,7 +38261,9 @@ class TFConfigClusterResolver : public ClusterResolver {
       throw ClusterConfigError(fmt::format("TF_CONFIG: the top level must be an object with cluster and task, got {}",
                                            detail::cluster_json_describe(doc)));
     }
-    if (const auto* cluster = detail::tf_config_member(*top, "cluster")) {
+    // cluster, task and task.index may be absent but not null: TF raises on a null one
+    // (ClusterSpec(None), 'type' in None, int(None)). rpc_layer and environment may be null.
+    if (const auto* cluster = top->if_contains("cluster")) {
       auto jobs = detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
       for (const auto& entry : jobs) {
         if (!detail::is_tf_config_task_type(entry.first)) {
@@ -33501,24 +38281,27 @@ class TFConfigClusterResolver : public ClusterResolver {
       }
       spec_ = ClusterSpec::from_sparse(std::move(jobs));
     }
-    if (const auto* task_value = detail::tf_config_member(*top, "task")) {
+    if (const auto* task_value = top->if_contains("task")) {
       has_task_ = true;
       const auto* task = task_value->if_object();
       if (task == nullptr) {
         throw ClusterConfigError(fmt::format("TF_CONFIG: task must be an object with type and index, got {}",
                                              detail::cluster_json_describe(*task_value)));
       }
-      if (const auto* t = detail::tf_config_member(*task, "type")) {
+      if (const auto* t = task->if_contains("type")) {
         if (!t->is_string()) {
           throw ClusterConfigError(
               fmt::format("TF_CONFIG: task.type must be a string, got {}", detail::cluster_json_describe(*t)));
         }
         type = std::string(t->get_string());
       }
-      if (const auto* i = detail::tf_config_member(*task, "index")) index = parse_index(*i);
+      if (const auto* i = task->if_contains("index")) index = parse_index(*i);
     }
     rpc_layer_ = detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
     environment_ = detail::tf_config_string(*top, "environment", "environment");
+    if (detail::tf_config_member(*top, "session_master")) {
+      session_master_ = detail::tf_config_string(*top, "session_master", "session_master");
+    }
   }
 
   static std::int64_t parse_index(const boost::json::value& v) {
@@ -33538,6 +38321,7 @@ class TFConfigClusterResolver : public ClusterResolver {
   AcceleratorCounts accelerators_;
   bool has_tf_config_ = false;
   bool has_task_ = false;  // TF_CONFIG has a "task" member
+  std::optional<std::string> session_master_;
 };
 
 DISTRIBUTE_END_NAMESPACE
@@ -35295,12 +40079,16 @@ DISTRIBUTE_END_NAMESPACE
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+class CollectiveMetrics;
+}
 namespace net {
 
 struct CommunicatorOptions {
@@ -35362,12 +40150,342 @@ struct CommunicatorOptions {
   std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
+  /// When set, every call, connection retry and failure is counted there (observe/collective_metrics.hpp;
+  /// a multi-worker strategy sets it when metrics are on). Unset: nothing is counted.
+  std::shared_ptr<observe::CollectiveMetrics> metrics;
 };
 
 }  // namespace net
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
 // ---- end <distribute/net/options.hpp> ----
+// ---- begin <distribute/observe/collective_metrics.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+// The metrics of a task's cross-worker calls (net::Communicator): by kind, calls, bytes sent and
+// received and a latency histogram; connection retries; failures that broke the communicator, by
+// reason. Registered once in the task's MetricsRegistry; recording is a few relaxed atomic adds.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+// ---- begin <distribute/observe/metrics.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// Metrics of one task in Prometheus's text format (version 0.0.4): counters, gauges read when
+// scraped, and histograms, every series labelled with the task it belongs to. One registry per
+// task; the parameter-server Server and the multi-worker collectives both expose theirs through it.
+//
+//   ds::observe::MetricsRegistry reg("worker", 1);
+//   auto& calls = reg.counter("distribute_collectives_total", "Collectives called.", {{"kind", "all_reduce"}});
+//   calls.add();                      // a relaxed atomic add: safe from any thread
+//   std::string text = reg.expose();  // what GET /metrics returns
+//
+// The task's labels are `task_type` and `task_index`, never `job`: Prometheus sets `job` itself on
+// every scraped series (the scrape configuration's job name) and would rename ours `exported_job`.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+/// Label names and values of one series, besides the task's own.
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+/// A monotonically increasing count.
+class Counter {
+ public:
+  void add(std::uint64_t n = 1) noexcept { value_.fetch_add(n, std::memory_order_relaxed); }
+  std::uint64_t value() const noexcept { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint64_t> value_{0};
+};
+
+/// Observations counted into cumulative buckets (upper bounds, in the unit of the observations),
+/// with their sum and count, as Prometheus histograms are.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), buckets_(bounds_.size() + 1) {}
+
+  void observe(double v) noexcept {
+    const auto i = static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+    buckets_[i].fetch_add(1, std::memory_order_relaxed);
+    // The sum in nanounits keeps it an integer atomic (a double's fetch_add is a CAS loop).
+    sum_nano_.fetch_add(static_cast<std::uint64_t>(std::max(v, 0.0) * 1e9), std::memory_order_relaxed);
+  }
+  const std::vector<double>& bounds() const noexcept { return bounds_; }
+  /// Observations in bucket i alone (not cumulative); the last is above every bound.
+  std::uint64_t bucket(std::size_t i) const noexcept { return buckets_[i].load(std::memory_order_relaxed); }
+  std::uint64_t count() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& b : buckets_) n += b.load(std::memory_order_relaxed);
+    return n;
+  }
+  double sum() const noexcept { return static_cast<double>(sum_nano_.load(std::memory_order_relaxed)) / 1e9; }
+
+ private:
+  std::vector<double> bounds_;
+  std::deque<std::atomic<std::uint64_t>> buckets_;  // deque: atomics cannot move
+  std::atomic<std::uint64_t> sum_nano_{0};
+};
+
+/// Latency buckets (seconds) for collectives and requests: 50 µs to 10 s.
+inline std::vector<double> latency_buckets() {
+  return {50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1, 2.5, 5, 10};
+}
+
+namespace detail {
+
+inline bool valid_name(std::string_view s, bool label) {
+  if (s.empty()) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (!label && c == ':');
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return !(label && s.starts_with("__"));
+}
+
+/// A label value as the text format writes it: backslash, double quote and newline escaped.
+inline std::string escape_label_value(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+/// HELP text: backslash and newline escaped.
+inline std::string escape_help(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+inline std::string format_value(double v) {
+  if (v == std::numeric_limits<double>::infinity()) return "+Inf";
+  return fmt::format("{}", v);
+}
+
+}  // namespace detail
+
+/// The metrics of one task. Registering is done once, up front (it takes a lock); the references
+/// it returns stay valid as long as the registry and are updated lock-free.
+class MetricsRegistry {
+ public:
+  /// `task_type` ("worker", "ps", "chief"...) and `task_index` label every series.
+  MetricsRegistry(std::string task_type, int task_index) : task_type_(std::move(task_type)), task_index_(task_index) {}
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  const std::string& task_type() const noexcept { return task_type_; }
+  int task_index() const noexcept { return task_index_; }
+
+  Counter& counter(std::string_view name, std::string_view help, const Labels& labels = {}) {
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "counter", labels);
+    s.counter = std::make_unique<Counter>();
+    return *s.counter;
+  }
+
+  Histogram& histogram(std::string_view name, std::string_view help, const Labels& labels = {},
+                       std::vector<double> bounds = latency_buckets()) {
+    if (bounds.empty() || !std::is_sorted(bounds.begin(), bounds.end()) ||
+        std::adjacent_find(bounds.begin(), bounds.end()) != bounds.end()) {
+      throw InvalidArgument(fmt::format("metric '{}': histogram bounds must be non-empty and strictly increasing", name));
+    }
+    for (const auto& [k, v] : labels) {
+      if (k == "le") throw InvalidArgument(fmt::format("metric '{}': 'le' is the histogram's own label", name));
+    }
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "histogram", labels);
+    s.histogram = std::make_unique<Histogram>(std::move(bounds));
+    return *s.histogram;
+  }
+
+  /// A value read when scraped (`type` "gauge" or "counter"): sizes, or counts kept elsewhere.
+  void callback(std::string_view name, std::string_view help, std::string_view type, const Labels& labels,
+                std::function<double()> read) {
+    if (type != "gauge" && type != "counter") {
+      throw InvalidArgument(fmt::format("metric '{}': a callback is a gauge or a counter, not '{}'", name, type));
+    }
+    std::lock_guard lock(mutex_);
+    add(name, help, type, labels).read = std::move(read);
+  }
+
+  /// Every series in the text format, families in registration order.
+  std::string expose() const {
+    std::lock_guard lock(mutex_);
+    std::string out;
+    for (const Family& f : families_) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", f.name, detail::escape_help(f.help), f.name, f.type);
+      for (const Series& s : f.series) {
+        if (s.histogram) {
+          const Histogram& h = *s.histogram;
+          std::uint64_t cumulative = 0;
+          for (std::size_t i = 0; i <= h.bounds().size(); ++i) {
+            cumulative += h.bucket(i);
+            const double le = i < h.bounds().size() ? h.bounds()[i] : std::numeric_limits<double>::infinity();
+            out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", f.name, s.labels, detail::format_value(le), cumulative);
+          }
+          out += fmt::format("{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", f.name, s.labels, detail::format_value(h.sum()),
+                             f.name, s.labels, cumulative);
+        } else if (s.counter) {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, s.counter->value());
+        } else {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, detail::format_value(s.read()));
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Series {
+    std::string labels;  // rendered: task_type="...",task_index="...",k="v"
+    std::unique_ptr<Counter> counter;
+    std::unique_ptr<Histogram> histogram;
+    std::function<double()> read;
+  };
+  struct Family {
+    std::string name, help, type;
+    std::vector<std::string> label_names;
+    std::deque<Series> series;  // deque: references handed out stay valid
+  };
+
+  Series& add(std::string_view name, std::string_view help, std::string_view type, const Labels& labels) {
+    if (!detail::valid_name(name, false)) {
+      throw InvalidArgument(fmt::format("'{}' is not a valid Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)", name));
+    }
+    std::vector<std::string> names;
+    std::string rendered = fmt::format("task_type=\"{}\",task_index=\"{}\"", detail::escape_label_value(task_type_), task_index_);
+    for (const auto& [k, v] : labels) {
+      if (!detail::valid_name(k, true)) {
+        throw InvalidArgument(fmt::format("metric '{}': '{}' is not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*, not __...)", name, k));
+      }
+      if (k == "task_type" || k == "task_index" || k == "job" || k == "instance") {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' is reserved (the task's labels are task_type and "
+                                          "task_index; job and instance are Prometheus's own)", name, k));
+      }
+      if (std::find(names.begin(), names.end(), k) != names.end()) {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' given twice", name, k));
+      }
+      names.push_back(k);
+      rendered += fmt::format(",{}=\"{}\"", k, detail::escape_label_value(v));
+    }
+    auto it = std::find_if(families_.begin(), families_.end(), [&](const Family& f) { return f.name == name; });
+    if (it == families_.end()) {
+      families_.push_back(Family{std::string(name), std::string(help), std::string(type), names, {}});
+      it = std::prev(families_.end());
+    } else if (it->type != type || it->label_names != names) {
+      throw InvalidArgument(fmt::format("metric '{}' is already registered as a {} with other labels or type", name, it->type));
+    }
+    for (const Series& s : it->series) {
+      if (s.labels == rendered) throw InvalidArgument(fmt::format("metric '{}{{{}}}' is registered twice", name, rendered));
+    }
+    return it->series.emplace_back(Series{std::move(rendered), nullptr, nullptr, {}});
+  }
+
+  std::string task_type_;
+  int task_index_;
+  mutable std::mutex mutex_;
+  std::deque<Family> families_;
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// ---- end <distribute/observe/metrics.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+enum class CallKind : std::uint8_t { AllReduce, AllGather, Broadcast, Barrier, Send, Recv };
+inline constexpr std::array<const char*, 6> kCallKindNames = {"all_reduce", "all_gather", "broadcast",
+                                                               "barrier",    "send",       "recv"};
+/// Why a communicator broke: net::detail::FailureKind's values, 1-based, in this order.
+inline constexpr std::array<const char*, 4> kFailureReasons = {"peer_lost", "timeout", "mismatch", "config"};
+
+class CollectiveMetrics {
+ public:
+  explicit CollectiveMetrics(std::shared_ptr<MetricsRegistry> registry) : registry_(std::move(registry)) {
+    MetricsRegistry& r = *registry_;
+    for (std::size_t k = 0; k < kCallKindNames.size(); ++k) {
+      const Labels kind{{"kind", kCallKindNames[k]}};
+      calls_[k] = &r.counter("distribute_collectives_total", "Cross-worker calls completed or failed, by kind.", kind);
+      failed_[k] = &r.counter("distribute_collectives_failed_total", "Cross-worker calls that ended by an error, by kind.", kind);
+      sent_[k] = &r.counter("distribute_collective_bytes_sent_total",
+                            "Payload bytes this task sent to its peers (sockets or shared memory), by kind.", kind);
+      received_[k] = &r.counter("distribute_collective_bytes_received_total",
+                                "Payload bytes this task received from its peers (sockets or shared memory), by kind.", kind);
+      latency_[k] = &r.histogram("distribute_collective_latency_seconds",
+                                 "Time from a call's start to its end on this task, by kind.", kind);
+    }
+    retries_ = &r.counter("distribute_connect_retries_total", "Connection attempts to a peer that were retried.");
+    for (std::size_t k = 0; k < kFailureReasons.size(); ++k) {
+      failures_[k] = &r.counter("distribute_peer_failures_total",
+                                "Failures that broke this task's communicator (the first one only: it stays broken), "
+                                "by reason.",
+                                {{"reason", kFailureReasons[k]}});
+    }
+  }
+
+  void call(CallKind kind, double seconds, std::uint64_t sent, std::uint64_t received, bool failed) noexcept {
+    const auto k = static_cast<std::size_t>(kind);
+    calls_[k]->add();
+    if (failed) failed_[k]->add();
+    sent_[k]->add(sent);
+    received_[k]->add(received);
+    latency_[k]->observe(seconds);
+  }
+  void retry() noexcept { retries_->add(); }
+  /// `reason`: a FailureKind's value (1-based).
+  void failure(int reason) noexcept {
+    if (reason >= 1 && reason <= static_cast<int>(failures_.size())) failures_[static_cast<std::size_t>(reason - 1)]->add();
+  }
+
+  const std::shared_ptr<MetricsRegistry>& registry() const noexcept { return registry_; }
+
+ private:
+  std::shared_ptr<MetricsRegistry> registry_;
+  std::array<Counter*, kCallKindNames.size()> calls_{}, failed_{}, sent_{}, received_{};
+  std::array<Histogram*, kCallKindNames.size()> latency_{};
+  Counter* retries_ = nullptr;
+  std::array<Counter*, kFailureReasons.size()> failures_{};
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+// ---- end <distribute/observe/collective_metrics.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
@@ -35524,6 +40642,8 @@ struct Peer {
   std::map<MsgKey, std::deque<TransferPtr>> posted;
   std::map<MsgKey, std::deque<Blob>> unexpected;
   std::map<std::uint64_t, Descriptor> descriptors;
+  // When each of those arrived: kept only while the timeline records (waiting vs moving data).
+  std::map<std::uint64_t, Clock::time_point> descriptor_at;
   std::uint64_t p2p_sent = 0;
   std::uint64_t p2p_received = 0;
 };
@@ -35890,6 +41010,7 @@ class Transport {
     Peer& p = peer(j);
     if (closing_ || p.state != Peer::State::Connecting) return;
     p.last_error = std::move(reason);
+    if (metrics_) metrics_->retry();
     const auto delay = p.backoff;
     p.backoff = std::min(p.backoff * 2, std::chrono::milliseconds(1000));
     p.retry_timer->expires_after(delay);
@@ -36181,6 +41302,7 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
+        if (observe::timeline_enabled()) p.descriptor_at[p.rx.seq] = Clock::now();
         if (descriptor_wakes_locked(p.rx.seq)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
@@ -36619,6 +41741,14 @@ class Transport {
   void fail_locked(Failure f, bool broadcast) {
     if (failure_) return;
     failure_ = f;
+    if (metrics_) metrics_->failure(static_cast<int>(f.kind));
+    if (observe::timeline_enabled()) {
+      try {
+        observe::Timeline::instance().instant("communicator failed", "failure", observe::Timeline::now_ns(),
+                                              fmt::format("\"message\":\"{}\"", observe::detail::json_escape(f.message)));
+      } catch (...) {
+      }
+    }
     if (broadcast) {
       const auto payload = encode(f);
       for (auto& p : peers_) {
@@ -36766,6 +41896,7 @@ class Transport {
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   CommunicatorOptions options_;
+  observe::CollectiveMetrics* metrics_ = options_.metrics.get();  // null: no metrics
   int rank_;
   int size_;
   std::size_t chunk_bytes_ = 0;
@@ -36804,10 +41935,11 @@ class Transport {
 class Transport::Op {
  public:
   /// A collective: takes the next collective number and announces `desc` to every peer.
-  Op(Transport& t, const Descriptor& desc) : t_(t), collective_(true), mine_(desc) {
+  Op(Transport& t, const Descriptor& desc)
+      : t_(t), collective_(true), mine_(desc), kind_(static_cast<observe::CallKind>(static_cast<int>(desc.kind) - 1)) {
     std::unique_lock lk(t_.mu_);
     label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_seq_);
-    if (t_.failure_) raise_failure_locked();
+    if (t_.failure_) fail_at_start(lk);
     seq_ = t_.next_seq_++;
     start();
     const auto payload = encode(desc);
@@ -36821,25 +41953,41 @@ class Transport::Op {
     }
   }
 
-  /// Point-to-point with `peer`.
-  Op(Transport& t, std::string label, int peer) : t_(t), collective_(false), label_(std::move(label)) {
+  /// Point-to-point with `peer`; `kind` (Send or Recv) counts it in the metrics and timeline,
+  /// unset leaves it out (the transport's own set-up messages).
+  Op(Transport& t, std::string label, int peer, std::optional<observe::CallKind> kind = std::nullopt)
+      : t_(t), collective_(false), label_(std::move(label)), kind_(kind.value_or(observe::CallKind::Send)), observed_(kind.has_value()) {
     if (peer < 0 || peer >= t_.size_ || peer == t_.rank_) {
       throw InvalidArgument(fmt::format("{}: peer {} is not another rank of this cluster of {} (this is rank {})", label_,
                                         peer, t_.size_, t_.rank_));
     }
     std::unique_lock lk(t_.mu_);
-    if (t_.failure_) raise_failure_locked();
+    if (t_.failure_) fail_at_start(lk);
     start();
   }
 
   ~Op() {
-    if (!finished_) abandon();
+    if (!finished_) {
+      abandon();
+      if (start_ns_ != 0) report(true);
+    }
   }
 
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
   std::uint64_t seq() const noexcept { return seq_; }
+
+  /// Names the algorithm or path this call takes, for the timeline ("ring", "shared_memory"...).
+  void set_algorithm(const char* name) noexcept { algorithm_ = name; }
+
+  /// Counts bytes moved outside the transport's frames (through shared memory), for the metrics.
+  void count_bytes(std::size_t sent, std::size_t received) {
+    if (start_ns_ == 0) return;
+    std::lock_guard lk(t_.mu_);
+    sent_ += sent;
+    received_ += received;
+  }
 
   /// Unless finish() completed: stops this Op's transfers and waits until neither the io thread
   /// nor a continuation touches the caller's memory (what the destructor does). An algorithm
@@ -36960,11 +42108,68 @@ class Transport::Op {
     if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
     transfers_.clear();
     finished_ = true;
+    lk.unlock();
+    if (start_ns_ != 0) report(false);
   }
 
  private:
   void start() {
     if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
+    // Off, observing costs this branch (and the byte counts below, plain adds under a held lock).
+    if (observed_ && (t_.metrics_ != nullptr || observe::timeline_enabled())) start_ns_ = observe::Timeline::now_ns();
+  }
+
+  // A call on a broken communicator: observed like one that failed, then its error.
+  [[noreturn]] void fail_at_start(std::unique_lock<NotifyingMutex>& lk) {
+    start();
+    if (start_ns_ != 0) {
+      lk.unlock();
+      report(true);
+      lk.lock();
+    }
+    raise_failure_locked();
+  }
+
+  // The call's end, into the metrics and the timeline (once). A failed call also writes the
+  // timeline out at once: the process may not get to exit normally.
+  void report(bool failed) noexcept {
+    const std::int64_t end = observe::Timeline::now_ns();
+    try {
+      if (t_.metrics_) t_.metrics_->call(kind_, static_cast<double>(end - start_ns_) / 1e9, sent_, received_, failed);
+      if (!observe::timeline_enabled()) return;
+      std::string error;
+      if (failed) {
+        std::lock_guard lk(t_.mu_);
+        error = t_.failure_ ? t_.failure_->message : std::string("ended by an error");
+      }
+      const std::size_t bytes = !collective_ ? std::max(sent_, received_)
+                                : mine_.kind == CollectiveKind::AllReduce ? mine_.count * size_of(mine_.dtype)
+                                                                         : mine_.count;
+      const std::int64_t joined = joined_ns_ == 0 ? end : std::clamp(joined_ns_, start_ns_, end);
+      observe::detail::CallArgs args;
+      args.seq = collective_ ? static_cast<std::int64_t>(seq_) : -1;
+      args.bytes = bytes;
+      args.sent = sent_;
+      args.received = received_;
+      args.algorithm = algorithm_;
+      if (collective_ && joined_ns_ != 0) args.wait_ns = joined - start_ns_;
+      auto& tl = observe::Timeline::instance();
+      const char* name = observe::kCallKindNames[static_cast<std::size_t>(kind_)];
+      tl.call(name, start_ns_, end, args,
+              failed ? fmt::format("\"error\":\"{}\"", observe::detail::json_escape(error)) : std::string());
+      if (collective_ && joined_ns_ != 0) {
+        // Waiting for every peer to announce the same call (a straggler shows here), then moving data.
+        if (joined > start_ns_) tl.complete("wait for peers", "collective", start_ns_, joined);
+        if (end > joined) tl.complete("transfer", "collective", joined, end);
+      }
+      if (failed) {
+        tl.instant(fmt::format("{} failed", name), "failure", end,
+                   fmt::format("\"error\":\"{}\"", observe::detail::json_escape(error)));
+        tl.flush();
+      }
+    } catch (...) {
+      // Observing must never turn a call's outcome into another error.
+    }
   }
 
   TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data, bool direct = true) {
@@ -36988,6 +42193,7 @@ class Transport::Op {
       t->state = Transfer::State::Failed;
       return t;
     }
+    sent_ += data.size();
     t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f), direct);
     return t;
   }
@@ -37013,6 +42219,7 @@ class Transport::Op {
         t->state = Transfer::State::Failed;
         return t;
       }
+      received_ += dst.size();
       if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
         early = std::move(it->second.front());
         it->second.pop_front();
@@ -37142,6 +42349,7 @@ class Transport::Op {
         auto it = p->descriptors.find(seq_);
         all_[static_cast<std::size_t>(p->rank)] = it->second;
         p->descriptors.erase(it);
+        if (!p->descriptor_at.empty()) note_joined_locked(*p);
       }
     }
     descs_ok_ = true;
@@ -37156,6 +42364,17 @@ class Transport::Op {
         raise_failure_locked();
       }
     }
+  }
+
+  // The timeline's "waiting for peers" ends when the last peer's descriptor arrived.
+  void note_joined_locked(Peer& p) {
+    auto at = p.descriptor_at.find(seq_);
+    if (at == p.descriptor_at.end()) return;
+    if (start_ns_ != 0) {
+      joined_ns_ = std::max<std::int64_t>(
+          joined_ns_, std::chrono::duration_cast<std::chrono::nanoseconds>(at->second.time_since_epoch()).count());
+    }
+    p.descriptor_at.erase(p.descriptor_at.begin(), std::next(at));
   }
 
   void abandon() noexcept {
@@ -37214,6 +42433,13 @@ class Transport::Op {
   bool finished_ = false;
   bool abandoning_ = false;
   bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
+  // Observing (start_ns_ 0: not observed).
+  observe::CallKind kind_;
+  bool observed_ = true;
+  const char* algorithm_ = nullptr;
+  std::int64_t start_ns_ = 0;
+  std::int64_t joined_ns_ = 0;  // when the last peer's descriptor arrived (timeline only)
+  std::size_t sent_ = 0, received_ = 0;
 };
 
 /// Declared after the locals that an Op's continuations capture: if the scope is left before the
@@ -37563,12 +42789,17 @@ inline void all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::s
   const CommunicatorOptions& o = tr.options();
   const std::size_t bytes = count * size_of(dtype);
   if (SharedMemoryAllReduce* shm = tr.shared_memory(); shm != nullptr && bytes >= shm->min_bytes()) {
+    op.set_algorithm("shared_memory");
+    op.count_bytes(bytes, bytes);  // this rank's values into the segment, the result out of it
     shared_memory_all_reduce(tr, op, *shm, data, count, dtype, rop);
   } else if (bytes <= std::min(o.direct_max_bytes, o.max_frame_bytes)) {
+    op.set_algorithm("direct");
     direct_all_reduce(tr, op, data, count, dtype, rop, scratch);
   } else if (bytes <= o.halving_doubling_max_bytes && halving_doubling_applies(tr.size())) {
+    op.set_algorithm("halving_doubling");
     halving_doubling_all_reduce(tr, op, data, count, dtype, rop, scratch);
   } else {
+    op.set_algorithm("ring");
     ring_all_reduce(tr, op, data, count, dtype, rop, scratch);
   }
 }
@@ -37579,6 +42810,7 @@ inline void chain_broadcast(Transport& tr, Transport::Op& op, std::byte* data, s
   const int n = tr.size(), r = tr.rank();
   if (bytes == 0 || n == 1) return op.finish();
   if (bytes <= std::min(tr.options().direct_max_bytes, tr.options().max_frame_bytes)) {
+    op.set_algorithm("direct");
     if (r == root) {
       for (int k = 0; k < n; ++k) {
         if (k != r) op.send(k, 0, std::span<const std::byte>(data, bytes));
@@ -37588,6 +42820,7 @@ inline void chain_broadcast(Transport& tr, Transport::Op& op, std::byte* data, s
     }
     return op.finish();
   }
+  op.set_algorithm("chain");
   const std::size_t chunk = tr.chunk_bytes();
   const std::size_t nch = (bytes + chunk - 1) / chunk;
   const int pos = (r - root + n) % n, prev = (r - 1 + n) % n, next = (r + 1) % n;
@@ -37609,6 +42842,7 @@ inline void chain_broadcast(Transport& tr, Transport::Op& op, std::byte* data, s
 /// descriptors, so no extra round is needed to learn them.
 inline void direct_all_gather(Transport& tr, Transport::Op& op, const std::byte* data, std::size_t bytes,
                               std::vector<std::byte>& out, std::vector<std::size_t>& sizes) {
+  op.set_algorithm("direct");
   const int n = tr.size(), r = tr.rank();
   const std::size_t chunk = tr.chunk_bytes();
   auto pieces = [&](std::size_t total) { return (total + chunk - 1) / chunk; };
@@ -39312,12 +44546,16 @@ DISTRIBUTE_END_NAMESPACE
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+class CollectiveMetrics;
+}
 namespace net {
 
 struct CommunicatorOptions {
@@ -39379,12 +44617,342 @@ struct CommunicatorOptions {
   std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
+  /// When set, every call, connection retry and failure is counted there (observe/collective_metrics.hpp;
+  /// a multi-worker strategy sets it when metrics are on). Unset: nothing is counted.
+  std::shared_ptr<observe::CollectiveMetrics> metrics;
 };
 
 }  // namespace net
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_OPTIONS_HPP
 // ---- end <distribute/net/options.hpp> ----
+// ---- begin <distribute/observe/collective_metrics.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+// The metrics of a task's cross-worker calls (net::Communicator): by kind, calls, bytes sent and
+// received and a latency histogram; connection retries; failures that broke the communicator, by
+// reason. Registered once in the task's MetricsRegistry; recording is a few relaxed atomic adds.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+// ---- begin <distribute/observe/metrics.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// Metrics of one task in Prometheus's text format (version 0.0.4): counters, gauges read when
+// scraped, and histograms, every series labelled with the task it belongs to. One registry per
+// task; the parameter-server Server and the multi-worker collectives both expose theirs through it.
+//
+//   ds::observe::MetricsRegistry reg("worker", 1);
+//   auto& calls = reg.counter("distribute_collectives_total", "Collectives called.", {{"kind", "all_reduce"}});
+//   calls.add();                      // a relaxed atomic add: safe from any thread
+//   std::string text = reg.expose();  // what GET /metrics returns
+//
+// The task's labels are `task_type` and `task_index`, never `job`: Prometheus sets `job` itself on
+// every scraped series (the scrape configuration's job name) and would rename ours `exported_job`.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+/// Label names and values of one series, besides the task's own.
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+/// A monotonically increasing count.
+class Counter {
+ public:
+  void add(std::uint64_t n = 1) noexcept { value_.fetch_add(n, std::memory_order_relaxed); }
+  std::uint64_t value() const noexcept { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint64_t> value_{0};
+};
+
+/// Observations counted into cumulative buckets (upper bounds, in the unit of the observations),
+/// with their sum and count, as Prometheus histograms are.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), buckets_(bounds_.size() + 1) {}
+
+  void observe(double v) noexcept {
+    const auto i = static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+    buckets_[i].fetch_add(1, std::memory_order_relaxed);
+    // The sum in nanounits keeps it an integer atomic (a double's fetch_add is a CAS loop).
+    sum_nano_.fetch_add(static_cast<std::uint64_t>(std::max(v, 0.0) * 1e9), std::memory_order_relaxed);
+  }
+  const std::vector<double>& bounds() const noexcept { return bounds_; }
+  /// Observations in bucket i alone (not cumulative); the last is above every bound.
+  std::uint64_t bucket(std::size_t i) const noexcept { return buckets_[i].load(std::memory_order_relaxed); }
+  std::uint64_t count() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& b : buckets_) n += b.load(std::memory_order_relaxed);
+    return n;
+  }
+  double sum() const noexcept { return static_cast<double>(sum_nano_.load(std::memory_order_relaxed)) / 1e9; }
+
+ private:
+  std::vector<double> bounds_;
+  std::deque<std::atomic<std::uint64_t>> buckets_;  // deque: atomics cannot move
+  std::atomic<std::uint64_t> sum_nano_{0};
+};
+
+/// Latency buckets (seconds) for collectives and requests: 50 µs to 10 s.
+inline std::vector<double> latency_buckets() {
+  return {50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1, 2.5, 5, 10};
+}
+
+namespace detail {
+
+inline bool valid_name(std::string_view s, bool label) {
+  if (s.empty()) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (!label && c == ':');
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return !(label && s.starts_with("__"));
+}
+
+/// A label value as the text format writes it: backslash, double quote and newline escaped.
+inline std::string escape_label_value(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+/// HELP text: backslash and newline escaped.
+inline std::string escape_help(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+inline std::string format_value(double v) {
+  if (v == std::numeric_limits<double>::infinity()) return "+Inf";
+  return fmt::format("{}", v);
+}
+
+}  // namespace detail
+
+/// The metrics of one task. Registering is done once, up front (it takes a lock); the references
+/// it returns stay valid as long as the registry and are updated lock-free.
+class MetricsRegistry {
+ public:
+  /// `task_type` ("worker", "ps", "chief"...) and `task_index` label every series.
+  MetricsRegistry(std::string task_type, int task_index) : task_type_(std::move(task_type)), task_index_(task_index) {}
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  const std::string& task_type() const noexcept { return task_type_; }
+  int task_index() const noexcept { return task_index_; }
+
+  Counter& counter(std::string_view name, std::string_view help, const Labels& labels = {}) {
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "counter", labels);
+    s.counter = std::make_unique<Counter>();
+    return *s.counter;
+  }
+
+  Histogram& histogram(std::string_view name, std::string_view help, const Labels& labels = {},
+                       std::vector<double> bounds = latency_buckets()) {
+    if (bounds.empty() || !std::is_sorted(bounds.begin(), bounds.end()) ||
+        std::adjacent_find(bounds.begin(), bounds.end()) != bounds.end()) {
+      throw InvalidArgument(fmt::format("metric '{}': histogram bounds must be non-empty and strictly increasing", name));
+    }
+    for (const auto& [k, v] : labels) {
+      if (k == "le") throw InvalidArgument(fmt::format("metric '{}': 'le' is the histogram's own label", name));
+    }
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "histogram", labels);
+    s.histogram = std::make_unique<Histogram>(std::move(bounds));
+    return *s.histogram;
+  }
+
+  /// A value read when scraped (`type` "gauge" or "counter"): sizes, or counts kept elsewhere.
+  void callback(std::string_view name, std::string_view help, std::string_view type, const Labels& labels,
+                std::function<double()> read) {
+    if (type != "gauge" && type != "counter") {
+      throw InvalidArgument(fmt::format("metric '{}': a callback is a gauge or a counter, not '{}'", name, type));
+    }
+    std::lock_guard lock(mutex_);
+    add(name, help, type, labels).read = std::move(read);
+  }
+
+  /// Every series in the text format, families in registration order.
+  std::string expose() const {
+    std::lock_guard lock(mutex_);
+    std::string out;
+    for (const Family& f : families_) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", f.name, detail::escape_help(f.help), f.name, f.type);
+      for (const Series& s : f.series) {
+        if (s.histogram) {
+          const Histogram& h = *s.histogram;
+          std::uint64_t cumulative = 0;
+          for (std::size_t i = 0; i <= h.bounds().size(); ++i) {
+            cumulative += h.bucket(i);
+            const double le = i < h.bounds().size() ? h.bounds()[i] : std::numeric_limits<double>::infinity();
+            out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", f.name, s.labels, detail::format_value(le), cumulative);
+          }
+          out += fmt::format("{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", f.name, s.labels, detail::format_value(h.sum()),
+                             f.name, s.labels, cumulative);
+        } else if (s.counter) {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, s.counter->value());
+        } else {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, detail::format_value(s.read()));
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Series {
+    std::string labels;  // rendered: task_type="...",task_index="...",k="v"
+    std::unique_ptr<Counter> counter;
+    std::unique_ptr<Histogram> histogram;
+    std::function<double()> read;
+  };
+  struct Family {
+    std::string name, help, type;
+    std::vector<std::string> label_names;
+    std::deque<Series> series;  // deque: references handed out stay valid
+  };
+
+  Series& add(std::string_view name, std::string_view help, std::string_view type, const Labels& labels) {
+    if (!detail::valid_name(name, false)) {
+      throw InvalidArgument(fmt::format("'{}' is not a valid Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)", name));
+    }
+    std::vector<std::string> names;
+    std::string rendered = fmt::format("task_type=\"{}\",task_index=\"{}\"", detail::escape_label_value(task_type_), task_index_);
+    for (const auto& [k, v] : labels) {
+      if (!detail::valid_name(k, true)) {
+        throw InvalidArgument(fmt::format("metric '{}': '{}' is not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*, not __...)", name, k));
+      }
+      if (k == "task_type" || k == "task_index" || k == "job" || k == "instance") {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' is reserved (the task's labels are task_type and "
+                                          "task_index; job and instance are Prometheus's own)", name, k));
+      }
+      if (std::find(names.begin(), names.end(), k) != names.end()) {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' given twice", name, k));
+      }
+      names.push_back(k);
+      rendered += fmt::format(",{}=\"{}\"", k, detail::escape_label_value(v));
+    }
+    auto it = std::find_if(families_.begin(), families_.end(), [&](const Family& f) { return f.name == name; });
+    if (it == families_.end()) {
+      families_.push_back(Family{std::string(name), std::string(help), std::string(type), names, {}});
+      it = std::prev(families_.end());
+    } else if (it->type != type || it->label_names != names) {
+      throw InvalidArgument(fmt::format("metric '{}' is already registered as a {} with other labels or type", name, it->type));
+    }
+    for (const Series& s : it->series) {
+      if (s.labels == rendered) throw InvalidArgument(fmt::format("metric '{}{{{}}}' is registered twice", name, rendered));
+    }
+    return it->series.emplace_back(Series{std::move(rendered), nullptr, nullptr, {}});
+  }
+
+  std::string task_type_;
+  int task_index_;
+  mutable std::mutex mutex_;
+  std::deque<Family> families_;
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// ---- end <distribute/observe/metrics.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+enum class CallKind : std::uint8_t { AllReduce, AllGather, Broadcast, Barrier, Send, Recv };
+inline constexpr std::array<const char*, 6> kCallKindNames = {"all_reduce", "all_gather", "broadcast",
+                                                               "barrier",    "send",       "recv"};
+/// Why a communicator broke: net::detail::FailureKind's values, 1-based, in this order.
+inline constexpr std::array<const char*, 4> kFailureReasons = {"peer_lost", "timeout", "mismatch", "config"};
+
+class CollectiveMetrics {
+ public:
+  explicit CollectiveMetrics(std::shared_ptr<MetricsRegistry> registry) : registry_(std::move(registry)) {
+    MetricsRegistry& r = *registry_;
+    for (std::size_t k = 0; k < kCallKindNames.size(); ++k) {
+      const Labels kind{{"kind", kCallKindNames[k]}};
+      calls_[k] = &r.counter("distribute_collectives_total", "Cross-worker calls completed or failed, by kind.", kind);
+      failed_[k] = &r.counter("distribute_collectives_failed_total", "Cross-worker calls that ended by an error, by kind.", kind);
+      sent_[k] = &r.counter("distribute_collective_bytes_sent_total",
+                            "Payload bytes this task sent to its peers (sockets or shared memory), by kind.", kind);
+      received_[k] = &r.counter("distribute_collective_bytes_received_total",
+                                "Payload bytes this task received from its peers (sockets or shared memory), by kind.", kind);
+      latency_[k] = &r.histogram("distribute_collective_latency_seconds",
+                                 "Time from a call's start to its end on this task, by kind.", kind);
+    }
+    retries_ = &r.counter("distribute_connect_retries_total", "Connection attempts to a peer that were retried.");
+    for (std::size_t k = 0; k < kFailureReasons.size(); ++k) {
+      failures_[k] = &r.counter("distribute_peer_failures_total",
+                                "Failures that broke this task's communicator (the first one only: it stays broken), "
+                                "by reason.",
+                                {{"reason", kFailureReasons[k]}});
+    }
+  }
+
+  void call(CallKind kind, double seconds, std::uint64_t sent, std::uint64_t received, bool failed) noexcept {
+    const auto k = static_cast<std::size_t>(kind);
+    calls_[k]->add();
+    if (failed) failed_[k]->add();
+    sent_[k]->add(sent);
+    received_[k]->add(received);
+    latency_[k]->observe(seconds);
+  }
+  void retry() noexcept { retries_->add(); }
+  /// `reason`: a FailureKind's value (1-based).
+  void failure(int reason) noexcept {
+    if (reason >= 1 && reason <= static_cast<int>(failures_.size())) failures_[static_cast<std::size_t>(reason - 1)]->add();
+  }
+
+  const std::shared_ptr<MetricsRegistry>& registry() const noexcept { return registry_; }
+
+ private:
+  std::shared_ptr<MetricsRegistry> registry_;
+  std::array<Counter*, kCallKindNames.size()> calls_{}, failed_{}, sent_{}, received_{};
+  std::array<Histogram*, kCallKindNames.size()> latency_{};
+  Counter* retries_ = nullptr;
+  std::array<Counter*, kFailureReasons.size()> failures_{};
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+// ---- end <distribute/observe/collective_metrics.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
@@ -39541,6 +45109,8 @@ struct Peer {
   std::map<MsgKey, std::deque<TransferPtr>> posted;
   std::map<MsgKey, std::deque<Blob>> unexpected;
   std::map<std::uint64_t, Descriptor> descriptors;
+  // When each of those arrived: kept only while the timeline records (waiting vs moving data).
+  std::map<std::uint64_t, Clock::time_point> descriptor_at;
   std::uint64_t p2p_sent = 0;
   std::uint64_t p2p_received = 0;
 };
@@ -39907,6 +45477,7 @@ class Transport {
     Peer& p = peer(j);
     if (closing_ || p.state != Peer::State::Connecting) return;
     p.last_error = std::move(reason);
+    if (metrics_) metrics_->retry();
     const auto delay = p.backoff;
     p.backoff = std::min(p.backoff * 2, std::chrono::milliseconds(1000));
     p.retry_timer->expires_after(delay);
@@ -40198,6 +45769,7 @@ class Transport {
         if (!p.descriptors.emplace(p.rx.seq, d).second) {
           throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
         }
+        if (observe::timeline_enabled()) p.descriptor_at[p.rx.seq] = Clock::now();
         if (descriptor_wakes_locked(p.rx.seq)) mu_.notify_all_locked();
       }
     } catch (const FrameError& e) {
@@ -40636,6 +46208,14 @@ class Transport {
   void fail_locked(Failure f, bool broadcast) {
     if (failure_) return;
     failure_ = f;
+    if (metrics_) metrics_->failure(static_cast<int>(f.kind));
+    if (observe::timeline_enabled()) {
+      try {
+        observe::Timeline::instance().instant("communicator failed", "failure", observe::Timeline::now_ns(),
+                                              fmt::format("\"message\":\"{}\"", observe::detail::json_escape(f.message)));
+      } catch (...) {
+      }
+    }
     if (broadcast) {
       const auto payload = encode(f);
       for (auto& p : peers_) {
@@ -40783,6 +46363,7 @@ class Transport {
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   CommunicatorOptions options_;
+  observe::CollectiveMetrics* metrics_ = options_.metrics.get();  // null: no metrics
   int rank_;
   int size_;
   std::size_t chunk_bytes_ = 0;
@@ -40821,10 +46402,11 @@ class Transport {
 class Transport::Op {
  public:
   /// A collective: takes the next collective number and announces `desc` to every peer.
-  Op(Transport& t, const Descriptor& desc) : t_(t), collective_(true), mine_(desc) {
+  Op(Transport& t, const Descriptor& desc)
+      : t_(t), collective_(true), mine_(desc), kind_(static_cast<observe::CallKind>(static_cast<int>(desc.kind) - 1)) {
     std::unique_lock lk(t_.mu_);
     label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_seq_);
-    if (t_.failure_) raise_failure_locked();
+    if (t_.failure_) fail_at_start(lk);
     seq_ = t_.next_seq_++;
     start();
     const auto payload = encode(desc);
@@ -40838,25 +46420,41 @@ class Transport::Op {
     }
   }
 
-  /// Point-to-point with `peer`.
-  Op(Transport& t, std::string label, int peer) : t_(t), collective_(false), label_(std::move(label)) {
+  /// Point-to-point with `peer`; `kind` (Send or Recv) counts it in the metrics and timeline,
+  /// unset leaves it out (the transport's own set-up messages).
+  Op(Transport& t, std::string label, int peer, std::optional<observe::CallKind> kind = std::nullopt)
+      : t_(t), collective_(false), label_(std::move(label)), kind_(kind.value_or(observe::CallKind::Send)), observed_(kind.has_value()) {
     if (peer < 0 || peer >= t_.size_ || peer == t_.rank_) {
       throw InvalidArgument(fmt::format("{}: peer {} is not another rank of this cluster of {} (this is rank {})", label_,
                                         peer, t_.size_, t_.rank_));
     }
     std::unique_lock lk(t_.mu_);
-    if (t_.failure_) raise_failure_locked();
+    if (t_.failure_) fail_at_start(lk);
     start();
   }
 
   ~Op() {
-    if (!finished_) abandon();
+    if (!finished_) {
+      abandon();
+      if (start_ns_ != 0) report(true);
+    }
   }
 
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
   std::uint64_t seq() const noexcept { return seq_; }
+
+  /// Names the algorithm or path this call takes, for the timeline ("ring", "shared_memory"...).
+  void set_algorithm(const char* name) noexcept { algorithm_ = name; }
+
+  /// Counts bytes moved outside the transport's frames (through shared memory), for the metrics.
+  void count_bytes(std::size_t sent, std::size_t received) {
+    if (start_ns_ == 0) return;
+    std::lock_guard lk(t_.mu_);
+    sent_ += sent;
+    received_ += received;
+  }
 
   /// Unless finish() completed: stops this Op's transfers and waits until neither the io thread
   /// nor a continuation touches the caller's memory (what the destructor does). An algorithm
@@ -40977,11 +46575,68 @@ class Transport::Op {
     if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
     transfers_.clear();
     finished_ = true;
+    lk.unlock();
+    if (start_ns_ != 0) report(false);
   }
 
  private:
   void start() {
     if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
+    // Off, observing costs this branch (and the byte counts below, plain adds under a held lock).
+    if (observed_ && (t_.metrics_ != nullptr || observe::timeline_enabled())) start_ns_ = observe::Timeline::now_ns();
+  }
+
+  // A call on a broken communicator: observed like one that failed, then its error.
+  [[noreturn]] void fail_at_start(std::unique_lock<NotifyingMutex>& lk) {
+    start();
+    if (start_ns_ != 0) {
+      lk.unlock();
+      report(true);
+      lk.lock();
+    }
+    raise_failure_locked();
+  }
+
+  // The call's end, into the metrics and the timeline (once). A failed call also writes the
+  // timeline out at once: the process may not get to exit normally.
+  void report(bool failed) noexcept {
+    const std::int64_t end = observe::Timeline::now_ns();
+    try {
+      if (t_.metrics_) t_.metrics_->call(kind_, static_cast<double>(end - start_ns_) / 1e9, sent_, received_, failed);
+      if (!observe::timeline_enabled()) return;
+      std::string error;
+      if (failed) {
+        std::lock_guard lk(t_.mu_);
+        error = t_.failure_ ? t_.failure_->message : std::string("ended by an error");
+      }
+      const std::size_t bytes = !collective_ ? std::max(sent_, received_)
+                                : mine_.kind == CollectiveKind::AllReduce ? mine_.count * size_of(mine_.dtype)
+                                                                         : mine_.count;
+      const std::int64_t joined = joined_ns_ == 0 ? end : std::clamp(joined_ns_, start_ns_, end);
+      observe::detail::CallArgs args;
+      args.seq = collective_ ? static_cast<std::int64_t>(seq_) : -1;
+      args.bytes = bytes;
+      args.sent = sent_;
+      args.received = received_;
+      args.algorithm = algorithm_;
+      if (collective_ && joined_ns_ != 0) args.wait_ns = joined - start_ns_;
+      auto& tl = observe::Timeline::instance();
+      const char* name = observe::kCallKindNames[static_cast<std::size_t>(kind_)];
+      tl.call(name, start_ns_, end, args,
+              failed ? fmt::format("\"error\":\"{}\"", observe::detail::json_escape(error)) : std::string());
+      if (collective_ && joined_ns_ != 0) {
+        // Waiting for every peer to announce the same call (a straggler shows here), then moving data.
+        if (joined > start_ns_) tl.complete("wait for peers", "collective", start_ns_, joined);
+        if (end > joined) tl.complete("transfer", "collective", joined, end);
+      }
+      if (failed) {
+        tl.instant(fmt::format("{} failed", name), "failure", end,
+                   fmt::format("\"error\":\"{}\"", observe::detail::json_escape(error)));
+        tl.flush();
+      }
+    } catch (...) {
+      // Observing must never turn a call's outcome into another error.
+    }
   }
 
   TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data, bool direct = true) {
@@ -41005,6 +46660,7 @@ class Transport::Op {
       t->state = Transfer::State::Failed;
       return t;
     }
+    sent_ += data.size();
     t_.send_now_or_enqueue(lk, t_.peer(peer), std::move(f), direct);
     return t;
   }
@@ -41030,6 +46686,7 @@ class Transport::Op {
         t->state = Transfer::State::Failed;
         return t;
       }
+      received_ += dst.size();
       if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
         early = std::move(it->second.front());
         it->second.pop_front();
@@ -41159,6 +46816,7 @@ class Transport::Op {
         auto it = p->descriptors.find(seq_);
         all_[static_cast<std::size_t>(p->rank)] = it->second;
         p->descriptors.erase(it);
+        if (!p->descriptor_at.empty()) note_joined_locked(*p);
       }
     }
     descs_ok_ = true;
@@ -41173,6 +46831,17 @@ class Transport::Op {
         raise_failure_locked();
       }
     }
+  }
+
+  // The timeline's "waiting for peers" ends when the last peer's descriptor arrived.
+  void note_joined_locked(Peer& p) {
+    auto at = p.descriptor_at.find(seq_);
+    if (at == p.descriptor_at.end()) return;
+    if (start_ns_ != 0) {
+      joined_ns_ = std::max<std::int64_t>(
+          joined_ns_, std::chrono::duration_cast<std::chrono::nanoseconds>(at->second.time_since_epoch()).count());
+    }
+    p.descriptor_at.erase(p.descriptor_at.begin(), std::next(at));
   }
 
   void abandon() noexcept {
@@ -41231,6 +46900,13 @@ class Transport::Op {
   bool finished_ = false;
   bool abandoning_ = false;
   bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
+  // Observing (start_ns_ 0: not observed).
+  observe::CallKind kind_;
+  bool observed_ = true;
+  const char* algorithm_ = nullptr;
+  std::int64_t start_ns_ = 0;
+  std::int64_t joined_ns_ = 0;  // when the last peer's descriptor arrived (timeline only)
+  std::size_t sent_ = 0, received_ = 0;
 };
 
 /// Declared after the locals that an Op's continuations capture: if the scope is left before the
@@ -41258,12 +46934,16 @@ DISTRIBUTE_END_NAMESPACE
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+class CollectiveMetrics;
+}
 namespace net {
 
 struct CommunicatorOptions {
@@ -41325,6 +47005,9 @@ struct CommunicatorOptions {
   std::string loopback_congestion_control = "reno";
   /// Where refused connections are reported; default: one line on stderr.
   std::function<void(std::string_view)> log;
+  /// When set, every call, connection retry and failure is counted there (observe/collective_metrics.hpp;
+  /// a multi-worker strategy sets it when metrics are on). Unset: nothing is counted.
+  std::shared_ptr<observe::CollectiveMetrics> metrics;
 };
 
 }  // namespace net
@@ -41427,7 +47110,7 @@ class Communicator {
   /// Sends one message to `peer`; returns once it is handed to the kernel (`data` may then be
   /// reused). Messages between two ranks arrive in order; at most options().max_frame_bytes.
   void send(int peer, std::span<const std::byte> data) {
-    detail::Transport::Op call(*transport_, fmt::format("send to {}", peer_label(peer)), peer);
+    detail::Transport::Op call(*transport_, fmt::format("send to {}", peer_label(peer)), peer, observe::CallKind::Send);
     call.send_p2p(peer, data);
     call.finish();
   }
@@ -41435,7 +47118,7 @@ class Communicator {
   /// Receives the next message from `peer`, which must be exactly `data.size()` bytes (otherwise
   /// InvalidArgument; the message is consumed and the communicator stays usable).
   void recv(int peer, std::span<std::byte> data) {
-    detail::Transport::Op call(*transport_, fmt::format("recv from {}", peer_label(peer)), peer);
+    detail::Transport::Op call(*transport_, fmt::format("recv from {}", peer_label(peer)), peer, observe::CallKind::Recv);
     call.recv_p2p(peer, data);
     call.finish();
   }
@@ -41453,6 +47136,1097 @@ class Communicator {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_COMMUNICATOR_HPP
 // ---- end <distribute/net/communicator.hpp> ----
+// ---- begin <distribute/net/detail/address.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// "host:port" strings as they appear in cluster specs ("127.0.0.1:2222", "worker0:2222",
+// "[::1]:2222").
+
+#include <cctype>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+struct HostPort {
+  std::string host;
+  std::string port;  // decimal, 1..65535
+};
+
+inline HostPort parse_host_port(std::string_view address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    throw InvalidArgument(fmt::format("address '{}' is not of the form host:port", address));
+  }
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') {
+      throw InvalidArgument(fmt::format("address '{}' has an unterminated [IPv6] host", address));
+    }
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned long value = 0;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c)) || port.size() > 5) {
+      throw InvalidArgument(fmt::format("address '{}' has an invalid port '{}'", address, port));
+    }
+    value = value * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (value == 0 || value > 65535) {
+    throw InvalidArgument(fmt::format("address '{}' has port {} outside 1..65535", address, value));
+  }
+  return HostPort{std::string(host), std::string(port)};
+}
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_NET_DETAIL_ADDRESS_HPP
+// ---- end <distribute/net/detail/address.hpp> ----
+// ---- begin <distribute/strategy/detail/observability.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_DETAIL_OBSERVABILITY_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_DETAIL_OBSERVABILITY_HPP
+// What a multi-worker strategy's task turns on to be seen: metrics served over HTTP and a
+// timeline file (CommunicationOptions::metrics_port / timeline, or DISTRIBUTE_METRICS_PORT /
+// DISTRIBUTE_TIMELINE). Off, nothing is built and the collectives only test a null pointer.
+
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+
+// ---- begin <distribute/observe/collective_metrics.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+// The metrics of a task's cross-worker calls (net::Communicator): by kind, calls, bytes sent and
+// received and a latency histogram; connection retries; failures that broke the communicator, by
+// reason. Registered once in the task's MetricsRegistry; recording is a few relaxed atomic adds.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+// ---- begin <distribute/observe/metrics.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// Metrics of one task in Prometheus's text format (version 0.0.4): counters, gauges read when
+// scraped, and histograms, every series labelled with the task it belongs to. One registry per
+// task; the parameter-server Server and the multi-worker collectives both expose theirs through it.
+//
+//   ds::observe::MetricsRegistry reg("worker", 1);
+//   auto& calls = reg.counter("distribute_collectives_total", "Collectives called.", {{"kind", "all_reduce"}});
+//   calls.add();                      // a relaxed atomic add: safe from any thread
+//   std::string text = reg.expose();  // what GET /metrics returns
+//
+// The task's labels are `task_type` and `task_index`, never `job`: Prometheus sets `job` itself on
+// every scraped series (the scrape configuration's job name) and would rename ours `exported_job`.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+/// Label names and values of one series, besides the task's own.
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+/// A monotonically increasing count.
+class Counter {
+ public:
+  void add(std::uint64_t n = 1) noexcept { value_.fetch_add(n, std::memory_order_relaxed); }
+  std::uint64_t value() const noexcept { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint64_t> value_{0};
+};
+
+/// Observations counted into cumulative buckets (upper bounds, in the unit of the observations),
+/// with their sum and count, as Prometheus histograms are.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), buckets_(bounds_.size() + 1) {}
+
+  void observe(double v) noexcept {
+    const auto i = static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+    buckets_[i].fetch_add(1, std::memory_order_relaxed);
+    // The sum in nanounits keeps it an integer atomic (a double's fetch_add is a CAS loop).
+    sum_nano_.fetch_add(static_cast<std::uint64_t>(std::max(v, 0.0) * 1e9), std::memory_order_relaxed);
+  }
+  const std::vector<double>& bounds() const noexcept { return bounds_; }
+  /// Observations in bucket i alone (not cumulative); the last is above every bound.
+  std::uint64_t bucket(std::size_t i) const noexcept { return buckets_[i].load(std::memory_order_relaxed); }
+  std::uint64_t count() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& b : buckets_) n += b.load(std::memory_order_relaxed);
+    return n;
+  }
+  double sum() const noexcept { return static_cast<double>(sum_nano_.load(std::memory_order_relaxed)) / 1e9; }
+
+ private:
+  std::vector<double> bounds_;
+  std::deque<std::atomic<std::uint64_t>> buckets_;  // deque: atomics cannot move
+  std::atomic<std::uint64_t> sum_nano_{0};
+};
+
+/// Latency buckets (seconds) for collectives and requests: 50 µs to 10 s.
+inline std::vector<double> latency_buckets() {
+  return {50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1, 2.5, 5, 10};
+}
+
+namespace detail {
+
+inline bool valid_name(std::string_view s, bool label) {
+  if (s.empty()) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (!label && c == ':');
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return !(label && s.starts_with("__"));
+}
+
+/// A label value as the text format writes it: backslash, double quote and newline escaped.
+inline std::string escape_label_value(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+/// HELP text: backslash and newline escaped.
+inline std::string escape_help(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+inline std::string format_value(double v) {
+  if (v == std::numeric_limits<double>::infinity()) return "+Inf";
+  return fmt::format("{}", v);
+}
+
+}  // namespace detail
+
+/// The metrics of one task. Registering is done once, up front (it takes a lock); the references
+/// it returns stay valid as long as the registry and are updated lock-free.
+class MetricsRegistry {
+ public:
+  /// `task_type` ("worker", "ps", "chief"...) and `task_index` label every series.
+  MetricsRegistry(std::string task_type, int task_index) : task_type_(std::move(task_type)), task_index_(task_index) {}
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  const std::string& task_type() const noexcept { return task_type_; }
+  int task_index() const noexcept { return task_index_; }
+
+  Counter& counter(std::string_view name, std::string_view help, const Labels& labels = {}) {
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "counter", labels);
+    s.counter = std::make_unique<Counter>();
+    return *s.counter;
+  }
+
+  Histogram& histogram(std::string_view name, std::string_view help, const Labels& labels = {},
+                       std::vector<double> bounds = latency_buckets()) {
+    if (bounds.empty() || !std::is_sorted(bounds.begin(), bounds.end()) ||
+        std::adjacent_find(bounds.begin(), bounds.end()) != bounds.end()) {
+      throw InvalidArgument(fmt::format("metric '{}': histogram bounds must be non-empty and strictly increasing", name));
+    }
+    for (const auto& [k, v] : labels) {
+      if (k == "le") throw InvalidArgument(fmt::format("metric '{}': 'le' is the histogram's own label", name));
+    }
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "histogram", labels);
+    s.histogram = std::make_unique<Histogram>(std::move(bounds));
+    return *s.histogram;
+  }
+
+  /// A value read when scraped (`type` "gauge" or "counter"): sizes, or counts kept elsewhere.
+  void callback(std::string_view name, std::string_view help, std::string_view type, const Labels& labels,
+                std::function<double()> read) {
+    if (type != "gauge" && type != "counter") {
+      throw InvalidArgument(fmt::format("metric '{}': a callback is a gauge or a counter, not '{}'", name, type));
+    }
+    std::lock_guard lock(mutex_);
+    add(name, help, type, labels).read = std::move(read);
+  }
+
+  /// Every series in the text format, families in registration order.
+  std::string expose() const {
+    std::lock_guard lock(mutex_);
+    std::string out;
+    for (const Family& f : families_) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", f.name, detail::escape_help(f.help), f.name, f.type);
+      for (const Series& s : f.series) {
+        if (s.histogram) {
+          const Histogram& h = *s.histogram;
+          std::uint64_t cumulative = 0;
+          for (std::size_t i = 0; i <= h.bounds().size(); ++i) {
+            cumulative += h.bucket(i);
+            const double le = i < h.bounds().size() ? h.bounds()[i] : std::numeric_limits<double>::infinity();
+            out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", f.name, s.labels, detail::format_value(le), cumulative);
+          }
+          out += fmt::format("{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", f.name, s.labels, detail::format_value(h.sum()),
+                             f.name, s.labels, cumulative);
+        } else if (s.counter) {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, s.counter->value());
+        } else {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, detail::format_value(s.read()));
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Series {
+    std::string labels;  // rendered: task_type="...",task_index="...",k="v"
+    std::unique_ptr<Counter> counter;
+    std::unique_ptr<Histogram> histogram;
+    std::function<double()> read;
+  };
+  struct Family {
+    std::string name, help, type;
+    std::vector<std::string> label_names;
+    std::deque<Series> series;  // deque: references handed out stay valid
+  };
+
+  Series& add(std::string_view name, std::string_view help, std::string_view type, const Labels& labels) {
+    if (!detail::valid_name(name, false)) {
+      throw InvalidArgument(fmt::format("'{}' is not a valid Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)", name));
+    }
+    std::vector<std::string> names;
+    std::string rendered = fmt::format("task_type=\"{}\",task_index=\"{}\"", detail::escape_label_value(task_type_), task_index_);
+    for (const auto& [k, v] : labels) {
+      if (!detail::valid_name(k, true)) {
+        throw InvalidArgument(fmt::format("metric '{}': '{}' is not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*, not __...)", name, k));
+      }
+      if (k == "task_type" || k == "task_index" || k == "job" || k == "instance") {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' is reserved (the task's labels are task_type and "
+                                          "task_index; job and instance are Prometheus's own)", name, k));
+      }
+      if (std::find(names.begin(), names.end(), k) != names.end()) {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' given twice", name, k));
+      }
+      names.push_back(k);
+      rendered += fmt::format(",{}=\"{}\"", k, detail::escape_label_value(v));
+    }
+    auto it = std::find_if(families_.begin(), families_.end(), [&](const Family& f) { return f.name == name; });
+    if (it == families_.end()) {
+      families_.push_back(Family{std::string(name), std::string(help), std::string(type), names, {}});
+      it = std::prev(families_.end());
+    } else if (it->type != type || it->label_names != names) {
+      throw InvalidArgument(fmt::format("metric '{}' is already registered as a {} with other labels or type", name, it->type));
+    }
+    for (const Series& s : it->series) {
+      if (s.labels == rendered) throw InvalidArgument(fmt::format("metric '{}{{{}}}' is registered twice", name, rendered));
+    }
+    return it->series.emplace_back(Series{std::move(rendered), nullptr, nullptr, {}});
+  }
+
+  std::string task_type_;
+  int task_index_;
+  mutable std::mutex mutex_;
+  std::deque<Family> families_;
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// ---- end <distribute/observe/metrics.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+enum class CallKind : std::uint8_t { AllReduce, AllGather, Broadcast, Barrier, Send, Recv };
+inline constexpr std::array<const char*, 6> kCallKindNames = {"all_reduce", "all_gather", "broadcast",
+                                                               "barrier",    "send",       "recv"};
+/// Why a communicator broke: net::detail::FailureKind's values, 1-based, in this order.
+inline constexpr std::array<const char*, 4> kFailureReasons = {"peer_lost", "timeout", "mismatch", "config"};
+
+class CollectiveMetrics {
+ public:
+  explicit CollectiveMetrics(std::shared_ptr<MetricsRegistry> registry) : registry_(std::move(registry)) {
+    MetricsRegistry& r = *registry_;
+    for (std::size_t k = 0; k < kCallKindNames.size(); ++k) {
+      const Labels kind{{"kind", kCallKindNames[k]}};
+      calls_[k] = &r.counter("distribute_collectives_total", "Cross-worker calls completed or failed, by kind.", kind);
+      failed_[k] = &r.counter("distribute_collectives_failed_total", "Cross-worker calls that ended by an error, by kind.", kind);
+      sent_[k] = &r.counter("distribute_collective_bytes_sent_total",
+                            "Payload bytes this task sent to its peers (sockets or shared memory), by kind.", kind);
+      received_[k] = &r.counter("distribute_collective_bytes_received_total",
+                                "Payload bytes this task received from its peers (sockets or shared memory), by kind.", kind);
+      latency_[k] = &r.histogram("distribute_collective_latency_seconds",
+                                 "Time from a call's start to its end on this task, by kind.", kind);
+    }
+    retries_ = &r.counter("distribute_connect_retries_total", "Connection attempts to a peer that were retried.");
+    for (std::size_t k = 0; k < kFailureReasons.size(); ++k) {
+      failures_[k] = &r.counter("distribute_peer_failures_total",
+                                "Failures that broke this task's communicator (the first one only: it stays broken), "
+                                "by reason.",
+                                {{"reason", kFailureReasons[k]}});
+    }
+  }
+
+  void call(CallKind kind, double seconds, std::uint64_t sent, std::uint64_t received, bool failed) noexcept {
+    const auto k = static_cast<std::size_t>(kind);
+    calls_[k]->add();
+    if (failed) failed_[k]->add();
+    sent_[k]->add(sent);
+    received_[k]->add(received);
+    latency_[k]->observe(seconds);
+  }
+  void retry() noexcept { retries_->add(); }
+  /// `reason`: a FailureKind's value (1-based).
+  void failure(int reason) noexcept {
+    if (reason >= 1 && reason <= static_cast<int>(failures_.size())) failures_[static_cast<std::size_t>(reason - 1)]->add();
+  }
+
+  const std::shared_ptr<MetricsRegistry>& registry() const noexcept { return registry_; }
+
+ private:
+  std::shared_ptr<MetricsRegistry> registry_;
+  std::array<Counter*, kCallKindNames.size()> calls_{}, failed_{}, sent_{}, received_{};
+  std::array<Histogram*, kCallKindNames.size()> latency_{};
+  Counter* retries_ = nullptr;
+  std::array<Counter*, kFailureReasons.size()> failures_{};
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_COLLECTIVE_METRICS_HPP
+// ---- end <distribute/observe/collective_metrics.hpp> ----
+// ---- begin <distribute/observe/metrics.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// Metrics of one task in Prometheus's text format (version 0.0.4): counters, gauges read when
+// scraped, and histograms, every series labelled with the task it belongs to. One registry per
+// task; the parameter-server Server and the multi-worker collectives both expose theirs through it.
+//
+//   ds::observe::MetricsRegistry reg("worker", 1);
+//   auto& calls = reg.counter("distribute_collectives_total", "Collectives called.", {{"kind", "all_reduce"}});
+//   calls.add();                      // a relaxed atomic add: safe from any thread
+//   std::string text = reg.expose();  // what GET /metrics returns
+//
+// The task's labels are `task_type` and `task_index`, never `job`: Prometheus sets `job` itself on
+// every scraped series (the scrape configuration's job name) and would rename ours `exported_job`.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+/// Label names and values of one series, besides the task's own.
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+/// A monotonically increasing count.
+class Counter {
+ public:
+  void add(std::uint64_t n = 1) noexcept { value_.fetch_add(n, std::memory_order_relaxed); }
+  std::uint64_t value() const noexcept { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint64_t> value_{0};
+};
+
+/// Observations counted into cumulative buckets (upper bounds, in the unit of the observations),
+/// with their sum and count, as Prometheus histograms are.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), buckets_(bounds_.size() + 1) {}
+
+  void observe(double v) noexcept {
+    const auto i = static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+    buckets_[i].fetch_add(1, std::memory_order_relaxed);
+    // The sum in nanounits keeps it an integer atomic (a double's fetch_add is a CAS loop).
+    sum_nano_.fetch_add(static_cast<std::uint64_t>(std::max(v, 0.0) * 1e9), std::memory_order_relaxed);
+  }
+  const std::vector<double>& bounds() const noexcept { return bounds_; }
+  /// Observations in bucket i alone (not cumulative); the last is above every bound.
+  std::uint64_t bucket(std::size_t i) const noexcept { return buckets_[i].load(std::memory_order_relaxed); }
+  std::uint64_t count() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& b : buckets_) n += b.load(std::memory_order_relaxed);
+    return n;
+  }
+  double sum() const noexcept { return static_cast<double>(sum_nano_.load(std::memory_order_relaxed)) / 1e9; }
+
+ private:
+  std::vector<double> bounds_;
+  std::deque<std::atomic<std::uint64_t>> buckets_;  // deque: atomics cannot move
+  std::atomic<std::uint64_t> sum_nano_{0};
+};
+
+/// Latency buckets (seconds) for collectives and requests: 50 µs to 10 s.
+inline std::vector<double> latency_buckets() {
+  return {50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1, 2.5, 5, 10};
+}
+
+namespace detail {
+
+inline bool valid_name(std::string_view s, bool label) {
+  if (s.empty()) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (!label && c == ':');
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return !(label && s.starts_with("__"));
+}
+
+/// A label value as the text format writes it: backslash, double quote and newline escaped.
+inline std::string escape_label_value(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+/// HELP text: backslash and newline escaped.
+inline std::string escape_help(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+inline std::string format_value(double v) {
+  if (v == std::numeric_limits<double>::infinity()) return "+Inf";
+  return fmt::format("{}", v);
+}
+
+}  // namespace detail
+
+/// The metrics of one task. Registering is done once, up front (it takes a lock); the references
+/// it returns stay valid as long as the registry and are updated lock-free.
+class MetricsRegistry {
+ public:
+  /// `task_type` ("worker", "ps", "chief"...) and `task_index` label every series.
+  MetricsRegistry(std::string task_type, int task_index) : task_type_(std::move(task_type)), task_index_(task_index) {}
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  const std::string& task_type() const noexcept { return task_type_; }
+  int task_index() const noexcept { return task_index_; }
+
+  Counter& counter(std::string_view name, std::string_view help, const Labels& labels = {}) {
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "counter", labels);
+    s.counter = std::make_unique<Counter>();
+    return *s.counter;
+  }
+
+  Histogram& histogram(std::string_view name, std::string_view help, const Labels& labels = {},
+                       std::vector<double> bounds = latency_buckets()) {
+    if (bounds.empty() || !std::is_sorted(bounds.begin(), bounds.end()) ||
+        std::adjacent_find(bounds.begin(), bounds.end()) != bounds.end()) {
+      throw InvalidArgument(fmt::format("metric '{}': histogram bounds must be non-empty and strictly increasing", name));
+    }
+    for (const auto& [k, v] : labels) {
+      if (k == "le") throw InvalidArgument(fmt::format("metric '{}': 'le' is the histogram's own label", name));
+    }
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "histogram", labels);
+    s.histogram = std::make_unique<Histogram>(std::move(bounds));
+    return *s.histogram;
+  }
+
+  /// A value read when scraped (`type` "gauge" or "counter"): sizes, or counts kept elsewhere.
+  void callback(std::string_view name, std::string_view help, std::string_view type, const Labels& labels,
+                std::function<double()> read) {
+    if (type != "gauge" && type != "counter") {
+      throw InvalidArgument(fmt::format("metric '{}': a callback is a gauge or a counter, not '{}'", name, type));
+    }
+    std::lock_guard lock(mutex_);
+    add(name, help, type, labels).read = std::move(read);
+  }
+
+  /// Every series in the text format, families in registration order.
+  std::string expose() const {
+    std::lock_guard lock(mutex_);
+    std::string out;
+    for (const Family& f : families_) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", f.name, detail::escape_help(f.help), f.name, f.type);
+      for (const Series& s : f.series) {
+        if (s.histogram) {
+          const Histogram& h = *s.histogram;
+          std::uint64_t cumulative = 0;
+          for (std::size_t i = 0; i <= h.bounds().size(); ++i) {
+            cumulative += h.bucket(i);
+            const double le = i < h.bounds().size() ? h.bounds()[i] : std::numeric_limits<double>::infinity();
+            out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", f.name, s.labels, detail::format_value(le), cumulative);
+          }
+          out += fmt::format("{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", f.name, s.labels, detail::format_value(h.sum()),
+                             f.name, s.labels, cumulative);
+        } else if (s.counter) {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, s.counter->value());
+        } else {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, detail::format_value(s.read()));
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Series {
+    std::string labels;  // rendered: task_type="...",task_index="...",k="v"
+    std::unique_ptr<Counter> counter;
+    std::unique_ptr<Histogram> histogram;
+    std::function<double()> read;
+  };
+  struct Family {
+    std::string name, help, type;
+    std::vector<std::string> label_names;
+    std::deque<Series> series;  // deque: references handed out stay valid
+  };
+
+  Series& add(std::string_view name, std::string_view help, std::string_view type, const Labels& labels) {
+    if (!detail::valid_name(name, false)) {
+      throw InvalidArgument(fmt::format("'{}' is not a valid Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)", name));
+    }
+    std::vector<std::string> names;
+    std::string rendered = fmt::format("task_type=\"{}\",task_index=\"{}\"", detail::escape_label_value(task_type_), task_index_);
+    for (const auto& [k, v] : labels) {
+      if (!detail::valid_name(k, true)) {
+        throw InvalidArgument(fmt::format("metric '{}': '{}' is not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*, not __...)", name, k));
+      }
+      if (k == "task_type" || k == "task_index" || k == "job" || k == "instance") {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' is reserved (the task's labels are task_type and "
+                                          "task_index; job and instance are Prometheus's own)", name, k));
+      }
+      if (std::find(names.begin(), names.end(), k) != names.end()) {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' given twice", name, k));
+      }
+      names.push_back(k);
+      rendered += fmt::format(",{}=\"{}\"", k, detail::escape_label_value(v));
+    }
+    auto it = std::find_if(families_.begin(), families_.end(), [&](const Family& f) { return f.name == name; });
+    if (it == families_.end()) {
+      families_.push_back(Family{std::string(name), std::string(help), std::string(type), names, {}});
+      it = std::prev(families_.end());
+    } else if (it->type != type || it->label_names != names) {
+      throw InvalidArgument(fmt::format("metric '{}' is already registered as a {} with other labels or type", name, it->type));
+    }
+    for (const Series& s : it->series) {
+      if (s.labels == rendered) throw InvalidArgument(fmt::format("metric '{}{{{}}}' is registered twice", name, rendered));
+    }
+    return it->series.emplace_back(Series{std::move(rendered), nullptr, nullptr, {}});
+  }
+
+  std::string task_type_;
+  int task_index_;
+  mutable std::mutex mutex_;
+  std::deque<Family> families_;
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// ---- end <distribute/observe/metrics.hpp> ----
+// ---- begin <distribute/observe/metrics_server.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_SERVER_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_SERVER_HPP
+// MetricsServer: answers GET /metrics (a MetricsRegistry's text) and GET /healthz over HTTP/1.1
+// (Boost.Beast, as the parameter-server Server's port does), for tasks that have no HTTP port of
+// their own (MultiWorkerMirroredStrategy workers). It binds the task's own host, never every
+// interface, and serves from one background thread; a client has 5 s to send its request.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+
+// ---- begin <distribute/observe/metrics.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// Metrics of one task in Prometheus's text format (version 0.0.4): counters, gauges read when
+// scraped, and histograms, every series labelled with the task it belongs to. One registry per
+// task; the parameter-server Server and the multi-worker collectives both expose theirs through it.
+//
+//   ds::observe::MetricsRegistry reg("worker", 1);
+//   auto& calls = reg.counter("distribute_collectives_total", "Collectives called.", {{"kind", "all_reduce"}});
+//   calls.add();                      // a relaxed atomic add: safe from any thread
+//   std::string text = reg.expose();  // what GET /metrics returns
+//
+// The task's labels are `task_type` and `task_index`, never `job`: Prometheus sets `job` itself on
+// every scraped series (the scrape configuration's job name) and would rename ours `exported_job`.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+/// Label names and values of one series, besides the task's own.
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+/// A monotonically increasing count.
+class Counter {
+ public:
+  void add(std::uint64_t n = 1) noexcept { value_.fetch_add(n, std::memory_order_relaxed); }
+  std::uint64_t value() const noexcept { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint64_t> value_{0};
+};
+
+/// Observations counted into cumulative buckets (upper bounds, in the unit of the observations),
+/// with their sum and count, as Prometheus histograms are.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), buckets_(bounds_.size() + 1) {}
+
+  void observe(double v) noexcept {
+    const auto i = static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+    buckets_[i].fetch_add(1, std::memory_order_relaxed);
+    // The sum in nanounits keeps it an integer atomic (a double's fetch_add is a CAS loop).
+    sum_nano_.fetch_add(static_cast<std::uint64_t>(std::max(v, 0.0) * 1e9), std::memory_order_relaxed);
+  }
+  const std::vector<double>& bounds() const noexcept { return bounds_; }
+  /// Observations in bucket i alone (not cumulative); the last is above every bound.
+  std::uint64_t bucket(std::size_t i) const noexcept { return buckets_[i].load(std::memory_order_relaxed); }
+  std::uint64_t count() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& b : buckets_) n += b.load(std::memory_order_relaxed);
+    return n;
+  }
+  double sum() const noexcept { return static_cast<double>(sum_nano_.load(std::memory_order_relaxed)) / 1e9; }
+
+ private:
+  std::vector<double> bounds_;
+  std::deque<std::atomic<std::uint64_t>> buckets_;  // deque: atomics cannot move
+  std::atomic<std::uint64_t> sum_nano_{0};
+};
+
+/// Latency buckets (seconds) for collectives and requests: 50 µs to 10 s.
+inline std::vector<double> latency_buckets() {
+  return {50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1, 2.5, 5, 10};
+}
+
+namespace detail {
+
+inline bool valid_name(std::string_view s, bool label) {
+  if (s.empty()) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (!label && c == ':');
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return !(label && s.starts_with("__"));
+}
+
+/// A label value as the text format writes it: backslash, double quote and newline escaped.
+inline std::string escape_label_value(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+/// HELP text: backslash and newline escaped.
+inline std::string escape_help(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+inline std::string format_value(double v) {
+  if (v == std::numeric_limits<double>::infinity()) return "+Inf";
+  return fmt::format("{}", v);
+}
+
+}  // namespace detail
+
+/// The metrics of one task. Registering is done once, up front (it takes a lock); the references
+/// it returns stay valid as long as the registry and are updated lock-free.
+class MetricsRegistry {
+ public:
+  /// `task_type` ("worker", "ps", "chief"...) and `task_index` label every series.
+  MetricsRegistry(std::string task_type, int task_index) : task_type_(std::move(task_type)), task_index_(task_index) {}
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  const std::string& task_type() const noexcept { return task_type_; }
+  int task_index() const noexcept { return task_index_; }
+
+  Counter& counter(std::string_view name, std::string_view help, const Labels& labels = {}) {
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "counter", labels);
+    s.counter = std::make_unique<Counter>();
+    return *s.counter;
+  }
+
+  Histogram& histogram(std::string_view name, std::string_view help, const Labels& labels = {},
+                       std::vector<double> bounds = latency_buckets()) {
+    if (bounds.empty() || !std::is_sorted(bounds.begin(), bounds.end()) ||
+        std::adjacent_find(bounds.begin(), bounds.end()) != bounds.end()) {
+      throw InvalidArgument(fmt::format("metric '{}': histogram bounds must be non-empty and strictly increasing", name));
+    }
+    for (const auto& [k, v] : labels) {
+      if (k == "le") throw InvalidArgument(fmt::format("metric '{}': 'le' is the histogram's own label", name));
+    }
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "histogram", labels);
+    s.histogram = std::make_unique<Histogram>(std::move(bounds));
+    return *s.histogram;
+  }
+
+  /// A value read when scraped (`type` "gauge" or "counter"): sizes, or counts kept elsewhere.
+  void callback(std::string_view name, std::string_view help, std::string_view type, const Labels& labels,
+                std::function<double()> read) {
+    if (type != "gauge" && type != "counter") {
+      throw InvalidArgument(fmt::format("metric '{}': a callback is a gauge or a counter, not '{}'", name, type));
+    }
+    std::lock_guard lock(mutex_);
+    add(name, help, type, labels).read = std::move(read);
+  }
+
+  /// Every series in the text format, families in registration order.
+  std::string expose() const {
+    std::lock_guard lock(mutex_);
+    std::string out;
+    for (const Family& f : families_) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", f.name, detail::escape_help(f.help), f.name, f.type);
+      for (const Series& s : f.series) {
+        if (s.histogram) {
+          const Histogram& h = *s.histogram;
+          std::uint64_t cumulative = 0;
+          for (std::size_t i = 0; i <= h.bounds().size(); ++i) {
+            cumulative += h.bucket(i);
+            const double le = i < h.bounds().size() ? h.bounds()[i] : std::numeric_limits<double>::infinity();
+            out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", f.name, s.labels, detail::format_value(le), cumulative);
+          }
+          out += fmt::format("{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", f.name, s.labels, detail::format_value(h.sum()),
+                             f.name, s.labels, cumulative);
+        } else if (s.counter) {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, s.counter->value());
+        } else {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, detail::format_value(s.read()));
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Series {
+    std::string labels;  // rendered: task_type="...",task_index="...",k="v"
+    std::unique_ptr<Counter> counter;
+    std::unique_ptr<Histogram> histogram;
+    std::function<double()> read;
+  };
+  struct Family {
+    std::string name, help, type;
+    std::vector<std::string> label_names;
+    std::deque<Series> series;  // deque: references handed out stay valid
+  };
+
+  Series& add(std::string_view name, std::string_view help, std::string_view type, const Labels& labels) {
+    if (!detail::valid_name(name, false)) {
+      throw InvalidArgument(fmt::format("'{}' is not a valid Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)", name));
+    }
+    std::vector<std::string> names;
+    std::string rendered = fmt::format("task_type=\"{}\",task_index=\"{}\"", detail::escape_label_value(task_type_), task_index_);
+    for (const auto& [k, v] : labels) {
+      if (!detail::valid_name(k, true)) {
+        throw InvalidArgument(fmt::format("metric '{}': '{}' is not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*, not __...)", name, k));
+      }
+      if (k == "task_type" || k == "task_index" || k == "job" || k == "instance") {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' is reserved (the task's labels are task_type and "
+                                          "task_index; job and instance are Prometheus's own)", name, k));
+      }
+      if (std::find(names.begin(), names.end(), k) != names.end()) {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' given twice", name, k));
+      }
+      names.push_back(k);
+      rendered += fmt::format(",{}=\"{}\"", k, detail::escape_label_value(v));
+    }
+    auto it = std::find_if(families_.begin(), families_.end(), [&](const Family& f) { return f.name == name; });
+    if (it == families_.end()) {
+      families_.push_back(Family{std::string(name), std::string(help), std::string(type), names, {}});
+      it = std::prev(families_.end());
+    } else if (it->type != type || it->label_names != names) {
+      throw InvalidArgument(fmt::format("metric '{}' is already registered as a {} with other labels or type", name, it->type));
+    }
+    for (const Series& s : it->series) {
+      if (s.labels == rendered) throw InvalidArgument(fmt::format("metric '{}{{{}}}' is registered twice", name, rendered));
+    }
+    return it->series.emplace_back(Series{std::move(rendered), nullptr, nullptr, {}});
+  }
+
+  std::string task_type_;
+  int task_index_;
+  mutable std::mutex mutex_;
+  std::deque<Family> families_;
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// ---- end <distribute/observe/metrics.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+class MetricsServer {
+ public:
+  /// Listens on `host`:`port` (0: a free port, see port()); throws Unavailable when it cannot.
+  MetricsServer(std::shared_ptr<const MetricsRegistry> registry, const std::string& host, std::uint16_t port)
+      : registry_(std::move(registry)), acceptor_(io_) {
+    namespace asio = boost::asio;
+    boost::system::error_code ec;
+    asio::ip::tcp::resolver resolver(io_);
+    auto endpoints = resolver.resolve(host, std::to_string(port), ec);
+    if (ec || endpoints.empty()) {
+      throw Unavailable(fmt::format("metrics: cannot resolve the host '{}': {}", host, ec.message()));
+    }
+    const auto ep = endpoints.begin()->endpoint();
+    acceptor_.open(ep.protocol(), ec);
+    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(ep, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) throw Unavailable(fmt::format("metrics: cannot listen on {}:{}: {}", host, port, ec.message()));
+    port_ = acceptor_.local_endpoint().port();
+    accept();
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+  ~MetricsServer() {
+    io_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::uint16_t port() const noexcept { return port_; }
+
+ private:
+  struct Session {
+    explicit Session(boost::asio::ip::tcp::socket s) : stream(std::move(s)), deadline(stream.get_executor()) {}
+    boost::asio::ip::tcp::socket stream;
+    boost::asio::steady_timer deadline;  // a client that says nothing is dropped after 5 s
+    boost::beast::flat_buffer buffer;
+    boost::beast::http::request<boost::beast::http::string_body> req;
+    boost::beast::http::response<boost::beast::http::string_body> res;
+  };
+
+  void accept() {
+    acceptor_.async_accept([this](const boost::system::error_code& ec, boost::asio::ip::tcp::socket socket) {
+      if (ec == boost::asio::error::operation_aborted) return;
+      if (!ec) serve(std::make_shared<Session>(std::move(socket)));
+      accept();
+    });
+  }
+
+  void serve(std::shared_ptr<Session> s) {
+    namespace http = boost::beast::http;
+    s->deadline.expires_after(std::chrono::seconds(5));
+    s->deadline.async_wait([s](const boost::system::error_code& ec) {
+      if (!ec) {
+        boost::system::error_code ignored;
+        s->stream.close(ignored);
+      }
+    });
+    http::async_read(s->stream, s->buffer, s->req, [this, s](const boost::system::error_code& ec, std::size_t) {
+      if (ec) {
+        s->deadline.cancel();
+        return;
+      }
+      const auto target = s->req.target();
+      s->res.version(s->req.version());
+      s->res.set(http::field::server, "distribute");
+      s->res.keep_alive(false);
+      if (s->req.method() != http::verb::get) {
+        s->res.result(http::status::method_not_allowed);
+        s->res.set(http::field::content_type, "text/plain; charset=utf-8");
+        s->res.body() = "only GET\n";
+      } else if (target == "/metrics") {
+        s->res.result(http::status::ok);
+        s->res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+        s->res.body() = registry_->expose();
+      } else if (target == "/healthz") {
+        s->res.result(http::status::ok);
+        s->res.set(http::field::content_type, "text/plain; charset=utf-8");
+        s->res.body() = "ok\n";
+      } else {
+        s->res.result(http::status::not_found);
+        s->res.set(http::field::content_type, "text/plain; charset=utf-8");
+        s->res.body() = "not found\n";
+      }
+      s->res.prepare_payload();
+      http::async_write(s->stream, s->res, [s](const boost::system::error_code&, std::size_t) {
+        s->deadline.cancel();
+        boost::system::error_code ignored;
+        s->stream.shutdown(boost::asio::ip::tcp::socket::shutdown_send, ignored);
+      });
+    });
+  }
+
+  std::shared_ptr<const MetricsRegistry> registry_;
+  boost::asio::io_context io_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_SERVER_HPP
+// ---- end <distribute/observe/metrics_server.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace detail {
+
+/// The metrics port base from the options or DISTRIBUTE_METRICS_PORT (unset: metrics off).
+inline std::optional<int> metrics_port_setting(const CommunicationOptions& options) {
+  if (options.metrics_port) {
+    if (*options.metrics_port < 0 || *options.metrics_port > 65535) {
+      throw InvalidArgument(fmt::format("CommunicationOptions::metrics_port must be in [0, 65535], got {}", *options.metrics_port));
+    }
+    return options.metrics_port;
+  }
+  const char* env = std::getenv("DISTRIBUTE_METRICS_PORT");
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  const std::string v(env);
+  int port = -1;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), port);
+  if (ec != std::errc() || end != v.data() + v.size() || port < 0 || port > 65535) {
+    throw InvalidArgument(fmt::format("DISTRIBUTE_METRICS_PORT='{}' is not a port number in [0, 65535] (the first task's "
+                                      "metrics port; 0 for any free port)",
+                                      v));
+  }
+  return port;
+}
+
+/// The timeline path from the options or DISTRIBUTE_TIMELINE ("" or unset: none).
+inline std::string timeline_setting(const CommunicationOptions& options) {
+  if (options.timeline) return *options.timeline;
+  const char* env = std::getenv("DISTRIBUTE_TIMELINE");
+  return env ? std::string(env) : std::string();
+}
+
+/// One task's metrics: the registry, the collectives' counters in it, and the HTTP server.
+struct TaskMetrics {
+  std::shared_ptr<observe::MetricsRegistry> registry;
+  std::shared_ptr<observe::CollectiveMetrics> collectives;
+  std::unique_ptr<observe::MetricsServer> server;
+
+  /// Serves on `host` at `port_base` + `rank` (0: any free port).
+  static std::unique_ptr<TaskMetrics> start(const std::string& task_type, int task_index, const std::string& host,
+                                            int port_base, int rank) {
+    const int port = port_base == 0 ? 0 : port_base + rank;
+    if (port > 65535) {
+      throw InvalidArgument(fmt::format("metrics port {} + rank {} is beyond 65535 (DISTRIBUTE_METRICS_PORT / "
+                                        "CommunicationOptions::metrics_port)",
+                                        port_base, rank));
+    }
+    auto m = std::make_unique<TaskMetrics>();
+    m->registry = std::make_shared<observe::MetricsRegistry>(task_type, task_index);
+    m->collectives = std::make_shared<observe::CollectiveMetrics>(m->registry);
+    m->server = std::make_unique<observe::MetricsServer>(m->registry, host, static_cast<std::uint16_t>(port));
+    return m;
+  }
+};
+
+/// Starts the process's timeline for this task when asked to.
+inline void start_timeline(const CommunicationOptions& options, const std::string& task_type, int task_index) {
+  const std::string path = timeline_setting(options);
+  if (path.empty()) return;
+  observe::Timeline::instance().start(observe::timeline_file(path, task_type, task_index), task_type, task_index);
+}
+
+}  // namespace detail
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_STRATEGY_DETAIL_OBSERVABILITY_HPP
+// ---- end <distribute/strategy/detail/observability.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
@@ -41484,6 +48258,7 @@ class CommunicatorLink final : public CrossWorkerLink {
 /// a cluster of more than one worker, the communicator connected to every other worker.
 struct MultiWorkerSetup {
   std::shared_ptr<ClusterResolver> resolver;
+  std::unique_ptr<TaskMetrics> metrics;  // before link: outlives the communicator that counts into it
   std::unique_ptr<CommunicatorLink> link;
   CommunicationImplementation implementation = CommunicationImplementation::Ring;  // resolved: Ring or Nccl
 
@@ -41522,7 +48297,11 @@ struct MultiWorkerSetup {
     setup.implementation = implementation;
     const ClusterSpec& spec = resolver->cluster_spec();
     const std::string type = resolver->task_type();
-    if (spec.empty()) return setup;  // a single-worker cluster: no communication
+    const std::optional<int> metrics_port = metrics_port_setting(options);
+    if (spec.empty()) {  // a single-worker cluster: no communication
+      start_timeline(options, type.empty() ? "worker" : type, resolver->task_id());
+      return setup;
+    }
     if (type != "chief" && type != "worker") {
       throw ClusterConfigError(fmt::format(
           "MultiWorkerMirroredStrategy runs on chief and worker tasks; this task is '{}' (task.type)", type));
@@ -41536,8 +48315,15 @@ struct MultiWorkerSetup {
         names.push_back(fmt::format("{}:{}", job, index));
       }
     }
+    start_timeline(options, type, resolver->task_id());
     if (addresses.size() <= 1) return setup;
     net::CommunicatorOptions comm_options;
+    if (metrics_port) {
+      const int rank = resolver->id_in_cluster();
+      const auto own = net::detail::parse_host_port(addresses[static_cast<std::size_t>(rank)]);
+      setup.metrics = TaskMetrics::start(type, resolver->task_id(), own.host, *metrics_port, rank);
+      comm_options.metrics = setup.metrics->collectives;
+    }
     comm_options.cluster_token = options.cluster_token;  // unset: net/ reads DISTRIBUTE_CLUSTER_TOKEN
     if (options.loopback_congestion_control) comm_options.loopback_congestion_control = *options.loopback_congestion_control;
     if (options.shared_memory_min_bytes) comm_options.shared_memory_min_bytes = *options.shared_memory_min_bytes;
@@ -41575,6 +48361,12 @@ class MultiWorkerMirroredStrategy
 
   /// The cluster this strategy runs in.
   const ClusterResolver* cluster_resolver() const noexcept { return resolver.get(); }
+  /// The port this task serves its metrics on (GET /metrics), when metrics are on
+  /// (CommunicationOptions::metrics_port or DISTRIBUTE_METRICS_PORT, in a cluster of several workers).
+  std::optional<std::uint16_t> metrics_port() const noexcept {
+    return metrics ? std::optional<std::uint16_t>(metrics->server->port()) : std::nullopt;
+  }
+
   /// True on the worker that writes checkpoints and summaries (the chief, else worker 0).
   bool is_chief() const { return this->worker_index() == 0; }
   /// Waits until every worker reaches this point.
@@ -41621,6 +48413,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -42147,7 +48940,7 @@ namespace detail {
 inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
 
 /// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
-/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// (TF runs it beside the training cluster), with any index (TF's resolvers accept any).
 /// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
 inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
                                   std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
@@ -42155,10 +48948,8 @@ inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type
   if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
   if (!spec.has_job(type)) {
     if (type == "evaluator") {
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format(
-            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
-            cluster_name));
+      if (id > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
       }
       return;
     }
@@ -42207,6 +48998,7 @@ class ClusterResolver {
   /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
   /// own work, as in TF (it writes its own summaries).
   bool is_chief() const {
+    if (cluster_spec().empty()) return true;  // local mode: the one process
     const auto type = task_type();
     if (type == "chief" || type == "evaluator") return true;
     return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
@@ -42231,6 +49023,7 @@ class ClusterResolver {
   /// evaluator and for ps tasks, which have no replicas.
   int id_in_cluster() const {
     const auto& spec = cluster_spec();
+    if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
     const auto type = task_type();
     if (type == "chief") return 0;
     if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
@@ -42252,6 +49045,30 @@ class ClusterResolver {
     }
     return id_in_cluster() * local_replicas + local_id;
   }
+
+  /// TF's ClusterResolver.master() (TFConfigClusterResolver's rule): the session master when the
+  /// configuration names one; "" for a cluster of at most one task; else the address of task
+  /// (task_type, task_id) — this task unless given — as "rpc_layer://host:port" when there is
+  /// an RPC layer. InvalidArgument when that task is not in the cluster.
+  std::string master(std::optional<std::string> task_type = {}, std::optional<int> task_id = {},
+                     std::optional<std::string> rpc_layer = {}) const {
+    if (auto session = session_master()) return *session;
+    const auto& spec = cluster_spec();
+    const auto jobs = spec.jobs();
+    if (jobs.empty() || (jobs.size() == 1 && spec.task_indices(jobs.front()) == std::vector<int>{0})) return {};
+    const std::string type = task_type ? *task_type : this->task_type();
+    const int id = task_id ? *task_id : this->task_id();
+    if (!spec.has_job(type)) {
+      throw InvalidArgument(fmt::format("ClusterResolver::master: job '{}' is not in the cluster (jobs: {})", type,
+                                        fmt::join(jobs, ", ")));
+    }
+    const std::string layer = rpc_layer ? *rpc_layer : this->rpc_layer();
+    const std::string& address = spec.task_address(type, id);
+    return layer.empty() ? address : fmt::format("{}://{}", layer, address);
+  }
+
+  /// A master address that overrides master()'s rule (TF_CONFIG's "session_master"); none by default.
+  virtual std::optional<std::string> session_master() const { return std::nullopt; }
 
   /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
   /// (an empty spec), where there is nobody to connect to.
@@ -42340,6 +49157,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -42866,7 +49684,7 @@ namespace detail {
 inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
 
 /// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
-/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// (TF runs it beside the training cluster), with any index (TF's resolvers accept any).
 /// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
 inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
                                   std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
@@ -42874,10 +49692,8 @@ inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type
   if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
   if (!spec.has_job(type)) {
     if (type == "evaluator") {
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format(
-            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
-            cluster_name));
+      if (id > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
       }
       return;
     }
@@ -42926,6 +49742,7 @@ class ClusterResolver {
   /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
   /// own work, as in TF (it writes its own summaries).
   bool is_chief() const {
+    if (cluster_spec().empty()) return true;  // local mode: the one process
     const auto type = task_type();
     if (type == "chief" || type == "evaluator") return true;
     return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
@@ -42950,6 +49767,7 @@ class ClusterResolver {
   /// evaluator and for ps tasks, which have no replicas.
   int id_in_cluster() const {
     const auto& spec = cluster_spec();
+    if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
     const auto type = task_type();
     if (type == "chief") return 0;
     if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
@@ -42971,6 +49789,30 @@ class ClusterResolver {
     }
     return id_in_cluster() * local_replicas + local_id;
   }
+
+  /// TF's ClusterResolver.master() (TFConfigClusterResolver's rule): the session master when the
+  /// configuration names one; "" for a cluster of at most one task; else the address of task
+  /// (task_type, task_id) — this task unless given — as "rpc_layer://host:port" when there is
+  /// an RPC layer. InvalidArgument when that task is not in the cluster.
+  std::string master(std::optional<std::string> task_type = {}, std::optional<int> task_id = {},
+                     std::optional<std::string> rpc_layer = {}) const {
+    if (auto session = session_master()) return *session;
+    const auto& spec = cluster_spec();
+    const auto jobs = spec.jobs();
+    if (jobs.empty() || (jobs.size() == 1 && spec.task_indices(jobs.front()) == std::vector<int>{0})) return {};
+    const std::string type = task_type ? *task_type : this->task_type();
+    const int id = task_id ? *task_id : this->task_id();
+    if (!spec.has_job(type)) {
+      throw InvalidArgument(fmt::format("ClusterResolver::master: job '{}' is not in the cluster (jobs: {})", type,
+                                        fmt::join(jobs, ", ")));
+    }
+    const std::string layer = rpc_layer ? *rpc_layer : this->rpc_layer();
+    const std::string& address = spec.task_address(type, id);
+    return layer.empty() ? address : fmt::format("{}://{}", layer, address);
+  }
+
+  /// A master address that overrides master()'s rule (TF_CONFIG's "session_master"); none by default.
+  virtual std::optional<std::string> session_master() const { return std::nullopt; }
 
   /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
   /// (an empty spec), where there is nobody to connect to.
@@ -43681,6 +50523,9 @@ class TFConfigClusterResolver : public ClusterResolver {
   AcceleratorCounts num_accelerators() const override { return accelerators_; }
   std::string environment() const override { return environment_; }
 
+  /// TF_CONFIG's "session_master", which TF's master() returns first when it is set.
+  std::optional<std::string> session_master() const override { return session_master_; }
+
   /// False in local mode because TF_CONFIG was unset or blank.
   bool has_tf_config() const { return has_tf_config_; }
 
@@ -43712,21 +50557,19 @@ class TFConfigClusterResolver : public ClusterResolver {
     if (options.environment) environment_ = *options.environment;
 
     if (spec_.empty()) {
-      // Local mode: one process. A task, if one is named, must be that process.
+      // Local mode: one process. As TF's resolver, a task named without a cluster is reported
+      // as given (the helpers treat the process as worker 0 and the chief).
       task_type_ = type.value_or("worker");
       std::int64_t id = index.value_or(0);
       if (!detail::is_tf_config_task_type(task_type_)) {
         throw ClusterConfigError(fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator",
                                              type_label, task_type_));
       }
-      if (task_type_ == "ps") {
-        throw ClusterConfigError(fmt::format("{} 'ps' has no job in cluster: cluster is empty (local mode: one worker)", type_label));
+      if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+      if (id > detail::kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, detail::kMaxTaskIndex));
       }
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format("{} {} is out of range: cluster is empty, so the only task is {} 0", id_label, id,
-                                             task_type_));
-      }
-      task_id_ = 0;
+      task_id_ = static_cast<int>(id);
       return;
     }
     if (!type && !has_task_) {
@@ -43754,7 +50597,9 @@ class TFConfigClusterResolver : public ClusterResolver {
       throw ClusterConfigError(fmt::format("TF_CONFIG: the top level must be an object with cluster and task, got {}",
                                            detail::cluster_json_describe(doc)));
     }
-    if (const auto* cluster = detail::tf_config_member(*top, "cluster")) {
+    // cluster, task and task.index may be absent but not null: TF raises on a null one
+    // (ClusterSpec(None), 'type' in None, int(None)). rpc_layer and environment may be null.
+    if (const auto* cluster = top->if_contains("cluster")) {
       auto jobs = detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
       for (const auto& entry : jobs) {
         if (!detail::is_tf_config_task_type(entry.first)) {
@@ -43772,24 +50617,27 @@ class TFConfigClusterResolver : public ClusterResolver {
       }
       spec_ = ClusterSpec::from_sparse(std::move(jobs));
     }
-    if (const auto* task_value = detail::tf_config_member(*top, "task")) {
+    if (const auto* task_value = top->if_contains("task")) {
       has_task_ = true;
       const auto* task = task_value->if_object();
       if (task == nullptr) {
         throw ClusterConfigError(fmt::format("TF_CONFIG: task must be an object with type and index, got {}",
                                              detail::cluster_json_describe(*task_value)));
       }
-      if (const auto* t = detail::tf_config_member(*task, "type")) {
+      if (const auto* t = task->if_contains("type")) {
         if (!t->is_string()) {
           throw ClusterConfigError(
               fmt::format("TF_CONFIG: task.type must be a string, got {}", detail::cluster_json_describe(*t)));
         }
         type = std::string(t->get_string());
       }
-      if (const auto* i = detail::tf_config_member(*task, "index")) index = parse_index(*i);
+      if (const auto* i = task->if_contains("index")) index = parse_index(*i);
     }
     rpc_layer_ = detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
     environment_ = detail::tf_config_string(*top, "environment", "environment");
+    if (detail::tf_config_member(*top, "session_master")) {
+      session_master_ = detail::tf_config_string(*top, "session_master", "session_master");
+    }
   }
 
   static std::int64_t parse_index(const boost::json::value& v) {
@@ -43809,6 +50657,7 @@ class TFConfigClusterResolver : public ClusterResolver {
   AcceleratorCounts accelerators_;
   bool has_tf_config_ = false;
   bool has_task_ = false;  // TF_CONFIG has a "task" member
+  std::optional<std::string> session_master_;
 };
 
 DISTRIBUTE_END_NAMESPACE
@@ -46820,6 +53669,258 @@ class ClusterSpec {
 DISTRIBUTE_END_NAMESPACE
 #endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_CLUSTER_CLUSTER_SPEC_HPP
 // ---- end <distribute/cluster/cluster_spec.hpp> ----
+// ---- begin <distribute/observe/metrics.hpp> ----
+#ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+#define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// Metrics of one task in Prometheus's text format (version 0.0.4): counters, gauges read when
+// scraped, and histograms, every series labelled with the task it belongs to. One registry per
+// task; the parameter-server Server and the multi-worker collectives both expose theirs through it.
+//
+//   ds::observe::MetricsRegistry reg("worker", 1);
+//   auto& calls = reg.counter("distribute_collectives_total", "Collectives called.", {{"kind", "all_reduce"}});
+//   calls.add();                      // a relaxed atomic add: safe from any thread
+//   std::string text = reg.expose();  // what GET /metrics returns
+//
+// The task's labels are `task_type` and `task_index`, never `job`: Prometheus sets `job` itself on
+// every scraped series (the scrape configuration's job name) and would rename ours `exported_job`.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace observe {
+
+/// Label names and values of one series, besides the task's own.
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+/// A monotonically increasing count.
+class Counter {
+ public:
+  void add(std::uint64_t n = 1) noexcept { value_.fetch_add(n, std::memory_order_relaxed); }
+  std::uint64_t value() const noexcept { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint64_t> value_{0};
+};
+
+/// Observations counted into cumulative buckets (upper bounds, in the unit of the observations),
+/// with their sum and count, as Prometheus histograms are.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), buckets_(bounds_.size() + 1) {}
+
+  void observe(double v) noexcept {
+    const auto i = static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+    buckets_[i].fetch_add(1, std::memory_order_relaxed);
+    // The sum in nanounits keeps it an integer atomic (a double's fetch_add is a CAS loop).
+    sum_nano_.fetch_add(static_cast<std::uint64_t>(std::max(v, 0.0) * 1e9), std::memory_order_relaxed);
+  }
+  const std::vector<double>& bounds() const noexcept { return bounds_; }
+  /// Observations in bucket i alone (not cumulative); the last is above every bound.
+  std::uint64_t bucket(std::size_t i) const noexcept { return buckets_[i].load(std::memory_order_relaxed); }
+  std::uint64_t count() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& b : buckets_) n += b.load(std::memory_order_relaxed);
+    return n;
+  }
+  double sum() const noexcept { return static_cast<double>(sum_nano_.load(std::memory_order_relaxed)) / 1e9; }
+
+ private:
+  std::vector<double> bounds_;
+  std::deque<std::atomic<std::uint64_t>> buckets_;  // deque: atomics cannot move
+  std::atomic<std::uint64_t> sum_nano_{0};
+};
+
+/// Latency buckets (seconds) for collectives and requests: 50 µs to 10 s.
+inline std::vector<double> latency_buckets() {
+  return {50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1, 2.5, 5, 10};
+}
+
+namespace detail {
+
+inline bool valid_name(std::string_view s, bool label) {
+  if (s.empty()) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (!label && c == ':');
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return !(label && s.starts_with("__"));
+}
+
+/// A label value as the text format writes it: backslash, double quote and newline escaped.
+inline std::string escape_label_value(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+/// HELP text: backslash and newline escaped.
+inline std::string escape_help(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+inline std::string format_value(double v) {
+  if (v == std::numeric_limits<double>::infinity()) return "+Inf";
+  return fmt::format("{}", v);
+}
+
+}  // namespace detail
+
+/// The metrics of one task. Registering is done once, up front (it takes a lock); the references
+/// it returns stay valid as long as the registry and are updated lock-free.
+class MetricsRegistry {
+ public:
+  /// `task_type` ("worker", "ps", "chief"...) and `task_index` label every series.
+  MetricsRegistry(std::string task_type, int task_index) : task_type_(std::move(task_type)), task_index_(task_index) {}
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  const std::string& task_type() const noexcept { return task_type_; }
+  int task_index() const noexcept { return task_index_; }
+
+  Counter& counter(std::string_view name, std::string_view help, const Labels& labels = {}) {
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "counter", labels);
+    s.counter = std::make_unique<Counter>();
+    return *s.counter;
+  }
+
+  Histogram& histogram(std::string_view name, std::string_view help, const Labels& labels = {},
+                       std::vector<double> bounds = latency_buckets()) {
+    if (bounds.empty() || !std::is_sorted(bounds.begin(), bounds.end()) ||
+        std::adjacent_find(bounds.begin(), bounds.end()) != bounds.end()) {
+      throw InvalidArgument(fmt::format("metric '{}': histogram bounds must be non-empty and strictly increasing", name));
+    }
+    for (const auto& [k, v] : labels) {
+      if (k == "le") throw InvalidArgument(fmt::format("metric '{}': 'le' is the histogram's own label", name));
+    }
+    std::lock_guard lock(mutex_);
+    Series& s = add(name, help, "histogram", labels);
+    s.histogram = std::make_unique<Histogram>(std::move(bounds));
+    return *s.histogram;
+  }
+
+  /// A value read when scraped (`type` "gauge" or "counter"): sizes, or counts kept elsewhere.
+  void callback(std::string_view name, std::string_view help, std::string_view type, const Labels& labels,
+                std::function<double()> read) {
+    if (type != "gauge" && type != "counter") {
+      throw InvalidArgument(fmt::format("metric '{}': a callback is a gauge or a counter, not '{}'", name, type));
+    }
+    std::lock_guard lock(mutex_);
+    add(name, help, type, labels).read = std::move(read);
+  }
+
+  /// Every series in the text format, families in registration order.
+  std::string expose() const {
+    std::lock_guard lock(mutex_);
+    std::string out;
+    for (const Family& f : families_) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", f.name, detail::escape_help(f.help), f.name, f.type);
+      for (const Series& s : f.series) {
+        if (s.histogram) {
+          const Histogram& h = *s.histogram;
+          std::uint64_t cumulative = 0;
+          for (std::size_t i = 0; i <= h.bounds().size(); ++i) {
+            cumulative += h.bucket(i);
+            const double le = i < h.bounds().size() ? h.bounds()[i] : std::numeric_limits<double>::infinity();
+            out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", f.name, s.labels, detail::format_value(le), cumulative);
+          }
+          out += fmt::format("{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", f.name, s.labels, detail::format_value(h.sum()),
+                             f.name, s.labels, cumulative);
+        } else if (s.counter) {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, s.counter->value());
+        } else {
+          out += fmt::format("{}{{{}}} {}\n", f.name, s.labels, detail::format_value(s.read()));
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Series {
+    std::string labels;  // rendered: task_type="...",task_index="...",k="v"
+    std::unique_ptr<Counter> counter;
+    std::unique_ptr<Histogram> histogram;
+    std::function<double()> read;
+  };
+  struct Family {
+    std::string name, help, type;
+    std::vector<std::string> label_names;
+    std::deque<Series> series;  // deque: references handed out stay valid
+  };
+
+  Series& add(std::string_view name, std::string_view help, std::string_view type, const Labels& labels) {
+    if (!detail::valid_name(name, false)) {
+      throw InvalidArgument(fmt::format("'{}' is not a valid Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)", name));
+    }
+    std::vector<std::string> names;
+    std::string rendered = fmt::format("task_type=\"{}\",task_index=\"{}\"", detail::escape_label_value(task_type_), task_index_);
+    for (const auto& [k, v] : labels) {
+      if (!detail::valid_name(k, true)) {
+        throw InvalidArgument(fmt::format("metric '{}': '{}' is not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*, not __...)", name, k));
+      }
+      if (k == "task_type" || k == "task_index" || k == "job" || k == "instance") {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' is reserved (the task's labels are task_type and "
+                                          "task_index; job and instance are Prometheus's own)", name, k));
+      }
+      if (std::find(names.begin(), names.end(), k) != names.end()) {
+        throw InvalidArgument(fmt::format("metric '{}': label '{}' given twice", name, k));
+      }
+      names.push_back(k);
+      rendered += fmt::format(",{}=\"{}\"", k, detail::escape_label_value(v));
+    }
+    auto it = std::find_if(families_.begin(), families_.end(), [&](const Family& f) { return f.name == name; });
+    if (it == families_.end()) {
+      families_.push_back(Family{std::string(name), std::string(help), std::string(type), names, {}});
+      it = std::prev(families_.end());
+    } else if (it->type != type || it->label_names != names) {
+      throw InvalidArgument(fmt::format("metric '{}' is already registered as a {} with other labels or type", name, it->type));
+    }
+    for (const Series& s : it->series) {
+      if (s.labels == rendered) throw InvalidArgument(fmt::format("metric '{}{{{}}}' is registered twice", name, rendered));
+    }
+    return it->series.emplace_back(Series{std::move(rendered), nullptr, nullptr, {}});
+  }
+
+  std::string task_type_;
+  int task_index_;
+  mutable std::mutex mutex_;
+  std::deque<Family> families_;
+};
+
+}  // namespace observe
+DISTRIBUTE_END_NAMESPACE
+#endif  // DISTRIBUTE_AMALGAMATED_DISTRIBUTE_OBSERVE_METRICS_HPP
+// ---- end <distribute/observe/metrics.hpp> ----
 // ---- begin <distribute/ps/detail/messages.hpp> ----
 #ifndef DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
 #define DISTRIBUTE_AMALGAMATED_DISTRIBUTE_PS_DETAIL_MESSAGES_HPP
@@ -50770,30 +57871,36 @@ class Server {
     return r;
   }
 
-  std::string metrics() const {
+  std::string metrics() {
+    std::call_once(metrics_registered_, [this] { register_metrics(); });
+    return metrics_.expose();
+  }
+
+  // The counters stay this server's atomics (the request path is unchanged); the registry reads
+  // them when scraped and writes the text, labelled task_type/task_index like every task's.
+  void register_metrics() {
     static constexpr const char* ops[] = {"other",  "ping",   "create",      "read",         "read_rows",
                                           "update", "commit", "run_closure", "make_dataset", "stop"};
-    const std::string labels = fmt::format("job=\"{}\",task=\"{}\"", job_, task_);
-    std::string out = "# HELP distribute_requests_total Requests served, by operation.\n"
-                      "# TYPE distribute_requests_total counter\n";
+    auto read = [](const std::atomic<std::uint64_t>& a) { return [&a] { return static_cast<double>(a.load()); }; };
     for (std::size_t i = 0; i < requests_.size(); ++i) {
-      out += fmt::format("distribute_requests_total{{{},op=\"{}\"}} {}\n", labels, ops[i], requests_[i].load());
+      metrics_.callback("distribute_requests_total", "Requests served, by operation.", "counter", {{"op", ops[i]}},
+                        read(requests_[i]));
     }
-    auto gauge = [&](const char* name, const char* help, const char* type, auto value) {
-      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{{{}}} {}\n", name, help, name, type, name, labels, value);
-    };
     if (job_ == "ps") {
-      gauge("distribute_variables", "Variables held by this ps task.", "gauge", table_->size());
-      gauge("distribute_variable_bytes", "Bytes of variable values held by this ps task.", "gauge", table_->bytes());
-      gauge("distribute_commits_applied_total", "Closure commits applied.", "counter", commits_applied_.load());
-      gauge("distribute_commits_duplicate_total", "Closure commits ignored because a retry's commit was already applied.",
-            "counter", commits_duplicate_.load());
+      metrics_.callback("distribute_variables", "Variables held by this ps task.", "gauge", {},
+                        [this] { return static_cast<double>(table_->size()); });
+      metrics_.callback("distribute_variable_bytes", "Bytes of variable values held by this ps task.", "gauge", {},
+                        [this] { return static_cast<double>(table_->bytes()); });
+      metrics_.callback("distribute_commits_applied_total", "Closure commits applied.", "counter", {}, read(commits_applied_));
+      metrics_.callback("distribute_commits_duplicate_total",
+                        "Closure commits ignored because a retry's commit was already applied.", "counter", {},
+                        read(commits_duplicate_));
     } else {
-      gauge("distribute_closures_total", "Closures run to completion on this worker.", "counter", closures_run_.load());
-      gauge("distribute_closures_failed_total", "Closures that raised an error on this worker.", "counter",
-            closures_failed_.load());
+      metrics_.callback("distribute_closures_total", "Closures run to completion on this worker.", "counter", {},
+                        read(closures_run_));
+      metrics_.callback("distribute_closures_failed_total", "Closures that raised an error on this worker.", "counter", {},
+                        read(closures_failed_));
     }
-    return out;
   }
 
   ClusterSpec spec_;
@@ -50807,6 +57914,8 @@ class Server {
   std::unique_ptr<detail::VariableTable> table_;
   std::array<std::atomic<std::uint64_t>, 10> requests_{};
   std::atomic<std::uint64_t> commits_applied_{0}, commits_duplicate_{0}, closures_run_{0}, closures_failed_{0};
+  observe::MetricsRegistry metrics_{job_, task_};
+  std::once_flag metrics_registered_;
   std::mutex mutex_;
   std::condition_variable stopped_cv_;
   bool stopped_ = false;
@@ -52686,6 +59795,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -53212,7 +60322,7 @@ namespace detail {
 inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
 
 /// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
-/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// (TF runs it beside the training cluster), with any index (TF's resolvers accept any).
 /// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
 inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
                                   std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
@@ -53220,10 +60330,8 @@ inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type
   if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
   if (!spec.has_job(type)) {
     if (type == "evaluator") {
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format(
-            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
-            cluster_name));
+      if (id > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
       }
       return;
     }
@@ -53272,6 +60380,7 @@ class ClusterResolver {
   /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
   /// own work, as in TF (it writes its own summaries).
   bool is_chief() const {
+    if (cluster_spec().empty()) return true;  // local mode: the one process
     const auto type = task_type();
     if (type == "chief" || type == "evaluator") return true;
     return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
@@ -53296,6 +60405,7 @@ class ClusterResolver {
   /// evaluator and for ps tasks, which have no replicas.
   int id_in_cluster() const {
     const auto& spec = cluster_spec();
+    if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
     const auto type = task_type();
     if (type == "chief") return 0;
     if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
@@ -53317,6 +60427,30 @@ class ClusterResolver {
     }
     return id_in_cluster() * local_replicas + local_id;
   }
+
+  /// TF's ClusterResolver.master() (TFConfigClusterResolver's rule): the session master when the
+  /// configuration names one; "" for a cluster of at most one task; else the address of task
+  /// (task_type, task_id) — this task unless given — as "rpc_layer://host:port" when there is
+  /// an RPC layer. InvalidArgument when that task is not in the cluster.
+  std::string master(std::optional<std::string> task_type = {}, std::optional<int> task_id = {},
+                     std::optional<std::string> rpc_layer = {}) const {
+    if (auto session = session_master()) return *session;
+    const auto& spec = cluster_spec();
+    const auto jobs = spec.jobs();
+    if (jobs.empty() || (jobs.size() == 1 && spec.task_indices(jobs.front()) == std::vector<int>{0})) return {};
+    const std::string type = task_type ? *task_type : this->task_type();
+    const int id = task_id ? *task_id : this->task_id();
+    if (!spec.has_job(type)) {
+      throw InvalidArgument(fmt::format("ClusterResolver::master: job '{}' is not in the cluster (jobs: {})", type,
+                                        fmt::join(jobs, ", ")));
+    }
+    const std::string layer = rpc_layer ? *rpc_layer : this->rpc_layer();
+    const std::string& address = spec.task_address(type, id);
+    return layer.empty() ? address : fmt::format("{}://{}", layer, address);
+  }
+
+  /// A master address that overrides master()'s rule (TF_CONFIG's "session_master"); none by default.
+  virtual std::optional<std::string> session_master() const { return std::nullopt; }
 
   /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
   /// (an empty spec), where there is nobody to connect to.
@@ -53405,6 +60539,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -53931,7 +61066,7 @@ namespace detail {
 inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
 
 /// Checks that task (type, id) exists in `spec`. An evaluator may be missing from the cluster
-/// (TF runs it beside the training cluster), and then it is the only evaluator, index 0.
+/// (TF runs it beside the training cluster), with any index (TF's resolvers accept any).
 /// `type_label`/`id_label` name the fields ("TF_CONFIG: task.type"), `cluster_name` the spec.
 inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type, std::int64_t id,
                                   std::string_view type_label, std::string_view id_label, std::string_view cluster_name) {
@@ -53939,10 +61074,8 @@ inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type
   if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
   if (!spec.has_job(type)) {
     if (type == "evaluator") {
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format(
-            "{} {} is out of range for job 'evaluator', which is not in {} and so has one task (index 0)", id_label, id,
-            cluster_name));
+      if (id > kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
       }
       return;
     }
@@ -53991,6 +61124,7 @@ class ClusterResolver {
   /// The chief task; without a chief job, worker 0. The evaluator also counts as chief of its
   /// own work, as in TF (it writes its own summaries).
   bool is_chief() const {
+    if (cluster_spec().empty()) return true;  // local mode: the one process
     const auto type = task_type();
     if (type == "chief" || type == "evaluator") return true;
     return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
@@ -54015,6 +61149,7 @@ class ClusterResolver {
   /// evaluator and for ps tasks, which have no replicas.
   int id_in_cluster() const {
     const auto& spec = cluster_spec();
+    if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
     const auto type = task_type();
     if (type == "chief") return 0;
     if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
@@ -54036,6 +61171,30 @@ class ClusterResolver {
     }
     return id_in_cluster() * local_replicas + local_id;
   }
+
+  /// TF's ClusterResolver.master() (TFConfigClusterResolver's rule): the session master when the
+  /// configuration names one; "" for a cluster of at most one task; else the address of task
+  /// (task_type, task_id) — this task unless given — as "rpc_layer://host:port" when there is
+  /// an RPC layer. InvalidArgument when that task is not in the cluster.
+  std::string master(std::optional<std::string> task_type = {}, std::optional<int> task_id = {},
+                     std::optional<std::string> rpc_layer = {}) const {
+    if (auto session = session_master()) return *session;
+    const auto& spec = cluster_spec();
+    const auto jobs = spec.jobs();
+    if (jobs.empty() || (jobs.size() == 1 && spec.task_indices(jobs.front()) == std::vector<int>{0})) return {};
+    const std::string type = task_type ? *task_type : this->task_type();
+    const int id = task_id ? *task_id : this->task_id();
+    if (!spec.has_job(type)) {
+      throw InvalidArgument(fmt::format("ClusterResolver::master: job '{}' is not in the cluster (jobs: {})", type,
+                                        fmt::join(jobs, ", ")));
+    }
+    const std::string layer = rpc_layer ? *rpc_layer : this->rpc_layer();
+    const std::string& address = spec.task_address(type, id);
+    return layer.empty() ? address : fmt::format("{}://{}", layer, address);
+  }
+
+  /// A master address that overrides master()'s rule (TF_CONFIG's "session_master"); none by default.
+  virtual std::optional<std::string> session_master() const { return std::nullopt; }
 
   /// The address everyone rendezvous with: the chief's, else worker 0's. Empty in local mode
   /// (an empty spec), where there is nobody to connect to.
@@ -54746,6 +61905,9 @@ class TFConfigClusterResolver : public ClusterResolver {
   AcceleratorCounts num_accelerators() const override { return accelerators_; }
   std::string environment() const override { return environment_; }
 
+  /// TF_CONFIG's "session_master", which TF's master() returns first when it is set.
+  std::optional<std::string> session_master() const override { return session_master_; }
+
   /// False in local mode because TF_CONFIG was unset or blank.
   bool has_tf_config() const { return has_tf_config_; }
 
@@ -54777,21 +61939,19 @@ class TFConfigClusterResolver : public ClusterResolver {
     if (options.environment) environment_ = *options.environment;
 
     if (spec_.empty()) {
-      // Local mode: one process. A task, if one is named, must be that process.
+      // Local mode: one process. As TF's resolver, a task named without a cluster is reported
+      // as given (the helpers treat the process as worker 0 and the chief).
       task_type_ = type.value_or("worker");
       std::int64_t id = index.value_or(0);
       if (!detail::is_tf_config_task_type(task_type_)) {
         throw ClusterConfigError(fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator",
                                              type_label, task_type_));
       }
-      if (task_type_ == "ps") {
-        throw ClusterConfigError(fmt::format("{} 'ps' has no job in cluster: cluster is empty (local mode: one worker)", type_label));
+      if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
+      if (id > detail::kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, detail::kMaxTaskIndex));
       }
-      if (id != 0) {
-        throw ClusterConfigError(fmt::format("{} {} is out of range: cluster is empty, so the only task is {} 0", id_label, id,
-                                             task_type_));
-      }
-      task_id_ = 0;
+      task_id_ = static_cast<int>(id);
       return;
     }
     if (!type && !has_task_) {
@@ -54819,7 +61979,9 @@ class TFConfigClusterResolver : public ClusterResolver {
       throw ClusterConfigError(fmt::format("TF_CONFIG: the top level must be an object with cluster and task, got {}",
                                            detail::cluster_json_describe(doc)));
     }
-    if (const auto* cluster = detail::tf_config_member(*top, "cluster")) {
+    // cluster, task and task.index may be absent but not null: TF raises on a null one
+    // (ClusterSpec(None), 'type' in None, int(None)). rpc_layer and environment may be null.
+    if (const auto* cluster = top->if_contains("cluster")) {
       auto jobs = detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
       for (const auto& entry : jobs) {
         if (!detail::is_tf_config_task_type(entry.first)) {
@@ -54837,24 +61999,27 @@ class TFConfigClusterResolver : public ClusterResolver {
       }
       spec_ = ClusterSpec::from_sparse(std::move(jobs));
     }
-    if (const auto* task_value = detail::tf_config_member(*top, "task")) {
+    if (const auto* task_value = top->if_contains("task")) {
       has_task_ = true;
       const auto* task = task_value->if_object();
       if (task == nullptr) {
         throw ClusterConfigError(fmt::format("TF_CONFIG: task must be an object with type and index, got {}",
                                              detail::cluster_json_describe(*task_value)));
       }
-      if (const auto* t = detail::tf_config_member(*task, "type")) {
+      if (const auto* t = task->if_contains("type")) {
         if (!t->is_string()) {
           throw ClusterConfigError(
               fmt::format("TF_CONFIG: task.type must be a string, got {}", detail::cluster_json_describe(*t)));
         }
         type = std::string(t->get_string());
       }
-      if (const auto* i = detail::tf_config_member(*task, "index")) index = parse_index(*i);
+      if (const auto* i = task->if_contains("index")) index = parse_index(*i);
     }
     rpc_layer_ = detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
     environment_ = detail::tf_config_string(*top, "environment", "environment");
+    if (detail::tf_config_member(*top, "session_master")) {
+      session_master_ = detail::tf_config_string(*top, "session_master", "session_master");
+    }
   }
 
   static std::int64_t parse_index(const boost::json::value& v) {
@@ -54874,6 +62039,7 @@ class TFConfigClusterResolver : public ClusterResolver {
   AcceleratorCounts accelerators_;
   bool has_tf_config_ = false;
   bool has_task_ = false;  // TF_CONFIG has a "task" member
+  std::optional<std::string> session_master_;
 };
 
 DISTRIBUTE_END_NAMESPACE
@@ -59895,6 +67061,9 @@ inline std::vector<std::string> cuda_devices(const std::vector<std::string>& nam
                                         strategy, name));
     }
     if (!d.device_index) throw InvalidArgument(fmt::format("{}: device '{}' names no device index", strategy, name));
+    if (*d.device_index < 0) {  // TF's DeviceSpec parses "/gpu:-1"; no device has that index
+      throw InvalidArgument(fmt::format("{}: device '{}' has a negative device index", strategy, name));
+    }
     if ((d.job && *d.job != "localhost") || (d.task && *d.task != 0) || (d.replica && *d.replica != 0)) {
       throw InvalidArgument(fmt::format("{}: device '{}' is not a device of this process (job localhost, task 0)",
                                         strategy, name));
