@@ -2,6 +2,7 @@
 // (tests/launcher_child.cpp) are found through the environment variables DISTRIBUTE_LAUNCH and
 // LAUNCHER_CHILD, which tests/meson.build sets. Every launcher run is bounded in time: past its
 // limit the launcher is SIGKILLed (its tasks die with it through PR_SET_PDEATHSIG) and the test fails.
+#include <boost/json.hpp>
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -11,7 +12,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -226,144 +226,24 @@ std::size_t count(const std::string& haystack, std::string_view needle) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// A minimal JSON reader, enough to check TF_CONFIG.
+// TF_CONFIG read with Boost.JSON. at() throws on a missing key or a value of the wrong kind, so a
+// malformed TF_CONFIG fails the test with Boost's message.
 
-struct Json {
-  enum class Kind { Null, Bool, Number, String, Array, Object } kind = Kind::Null;
-  bool boolean = false;
-  double number = 0;
-  std::string string;
-  std::vector<Json> array;
-  std::vector<std::pair<std::string, Json>> object;
+namespace json = boost::json;
 
-  const Json* find(std::string_view key) const {
-    for (const auto& [k, v] : object)
-      if (k == key) return &v;
-    return nullptr;
-  }
-  const Json& operator[](std::string_view key) const {
-    if (kind != Kind::Object) throw std::runtime_error(fmt::format("not an object looking up '{}'", key));
-    if (const Json* v = find(key)) return *v;
-    throw std::runtime_error(fmt::format("no key '{}'", key));
-  }
-  std::vector<std::string> keys() const {
-    std::vector<std::string> k;
-    for (const auto& kv : object) k.push_back(kv.first);
-    return k;
-  }
-  std::vector<std::string> strings() const {
-    if (kind != Kind::Array) throw std::runtime_error("not an array");
-    std::vector<std::string> s;
-    for (const auto& v : array) {
-      if (v.kind != Kind::String) throw std::runtime_error("not a string");
-      s.push_back(v.string);
-    }
-    return s;
-  }
-};
+// An object's keys in their order in the text (json::object keeps insertion order).
+std::vector<std::string> keys(const json::value& v) {
+  std::vector<std::string> k;
+  for (const auto& kv : v.as_object()) k.emplace_back(kv.key());
+  return k;
+}
 
-class JsonReader {
- public:
-  explicit JsonReader(std::string_view text) : s_(text) {}
-  Json parse() {
-    Json v = value();
-    ws();
-    if (pos_ != s_.size()) fail("trailing characters");
-    return v;
-  }
-
- private:
-  [[noreturn]] void fail(const char* what) const {
-    throw std::runtime_error(fmt::format("JSON: {} at offset {} in {}", what, pos_, s_));
-  }
-  void ws() {
-    while (pos_ < s_.size() && std::strchr(" \t\r\n", s_[pos_])) ++pos_;
-  }
-  bool eat(char c) {
-    ws();
-    if (pos_ < s_.size() && s_[pos_] == c) {
-      ++pos_;
-      return true;
-    }
-    return false;
-  }
-  void expect(char c) {
-    if (!eat(c)) fail(fmt::format("expected '{}'", c).c_str());
-  }
-  Json value() {
-    ws();
-    if (pos_ >= s_.size()) fail("unexpected end");
-    Json v;
-    const char c = s_[pos_];
-    if (c == '{') {
-      ++pos_;
-      v.kind = Json::Kind::Object;
-      if (eat('}')) return v;
-      do {
-        ws();
-        std::string key = str();
-        expect(':');
-        v.object.emplace_back(std::move(key), value());
-      } while (eat(','));
-      expect('}');
-    } else if (c == '[') {
-      ++pos_;
-      v.kind = Json::Kind::Array;
-      if (eat(']')) return v;
-      do v.array.push_back(value());
-      while (eat(','));
-      expect(']');
-    } else if (c == '"') {
-      v.kind = Json::Kind::String;
-      v.string = str();
-    } else if (s_.substr(pos_, 4) == "true" || s_.substr(pos_, 5) == "false") {
-      v.kind = Json::Kind::Bool;
-      v.boolean = c == 't';
-      pos_ += v.boolean ? 4 : 5;
-    } else if (s_.substr(pos_, 4) == "null") {
-      pos_ += 4;
-    } else {
-      const std::size_t start = pos_;
-      while (pos_ < s_.size() && std::strchr("+-.0123456789eE", s_[pos_])) ++pos_;
-      if (start == pos_) fail("unexpected character");
-      v.kind = Json::Kind::Number;
-      v.number = std::stod(std::string(s_.substr(start, pos_ - start)));
-    }
-    return v;
-  }
-  std::string str() {
-    if (pos_ >= s_.size() || s_[pos_] != '"') fail("expected a string");
-    ++pos_;
-    std::string out;
-    while (pos_ < s_.size() && s_[pos_] != '"') {
-      char c = s_[pos_++];
-      if (c == '\\') {
-        if (pos_ >= s_.size()) fail("bad escape");
-        const char e = s_[pos_++];
-        switch (e) {
-          case 'n': c = '\n'; break;
-          case 't': c = '\t'; break;
-          case 'r': c = '\r'; break;
-          case 'b': c = '\b'; break;
-          case 'f': c = '\f'; break;
-          case 'u':
-            if (pos_ + 4 > s_.size()) fail("bad \\u escape");
-            c = static_cast<char>(std::stoi(std::string(s_.substr(pos_, 4)), nullptr, 16));
-            pos_ += 4;
-            break;
-          default: c = e;
-        }
-      }
-      out += c;
-    }
-    if (pos_ >= s_.size()) fail("unterminated string");
-    ++pos_;
-    return out;
-  }
-
-  std::string_view s_;
-  std::size_t pos_ = 0;
-};
+// An array of strings.
+std::vector<std::string> strings(const json::value& v) {
+  std::vector<std::string> s;
+  for (const auto& e : v.as_array()) s.emplace_back(e.as_string());
+  return s;
+}
 
 // ------------------------------------------------------------------------------------------------
 // What the children print with `info`: "[T:I] INFO task=T:I pid=P tf_config=JSON".
@@ -373,7 +253,7 @@ struct TaskInfo {
   std::string env_task;     // DISTRIBUTE_LAUNCH_TASK as the child saw it
   int pid = 0;
   std::string raw;
-  Json tf;
+  json::value tf;
 };
 
 std::map<std::string, TaskInfo> task_infos(const std::string& out) {
@@ -387,7 +267,7 @@ std::map<std::string, TaskInfo> task_infos(const std::string& out) {
     t.env_task = m[2];
     t.pid = std::stoi(m[3]);
     t.raw = m[4];
-    t.tf = JsonReader(t.raw).parse();
+    t.tf = json::parse(t.raw);
     infos[t.prefix_task] = std::move(t);
   }
   return infos;
@@ -401,19 +281,19 @@ int port_of(const std::string& address) {
 }
 
 // Checks that every task saw the same cluster, with the expected job sizes and distinct ports,
-// and its own type and index. Returns the cluster.
-Json check_cluster(const std::map<std::string, TaskInfo>& infos, const std::map<std::string, int>& jobs) {
+// and its own type and index.
+void check_cluster(const std::map<std::string, TaskInfo>& infos, const std::map<std::string, int>& jobs) {
   int total = 0;
   for (const auto& [job, n] : jobs) total += n;
   REQUIRE(static_cast<int>(infos.size()) == total);
-  const Json& cluster = infos.begin()->second.tf["cluster"];
+  const json::value& cluster = infos.begin()->second.tf.at("cluster");
   std::vector<std::string> expected_keys;
   for (const char* job : {"chief", "worker", "ps"})
     if (jobs.count(job) && jobs.at(job) > 0) expected_keys.push_back(job);
-  CHECK(cluster.keys() == expected_keys);
+  CHECK(keys(cluster) == expected_keys);
   std::set<int> ports;
   for (const auto& [job, n] : jobs) {
-    const auto addresses = cluster[job].strings();
+    const auto addresses = strings(cluster.at(job));
     CHECK(static_cast<int>(addresses.size()) == n);
     for (const auto& a : addresses) ports.insert(port_of(a));
   }
@@ -424,20 +304,24 @@ Json check_cluster(const std::map<std::string, TaskInfo>& infos, const std::map<
     const auto& raw = infos.begin()->second.raw;
     return raw.substr(0, raw.find("\"task\""));
   }();
-  for (const auto& [name, t] : infos) {
+  for (const auto& entry : infos) {  // no structured binding: INFO captures it, and clang 14 cannot
+    const std::string& name = entry.first;
+    const TaskInfo& t = entry.second;
     INFO("task ", name, ": ", t.raw);
     CHECK(t.env_task == name);
     CHECK(t.raw.substr(0, t.raw.find("\"task\"")) == cluster_text);  // the same cluster everywhere
-    const Json& task = t.tf["task"];
-    CHECK(fmt::format("{}:{}", task["type"].string, static_cast<int>(task["index"].number)) == name);
-    CHECK(task["index"].kind == Json::Kind::Number);
-    CHECK(jobs.count(task["type"].string) == 1);
+    const json::value& task = t.tf.at("task");
+    CHECK(task.at("index").is_int64());
+    const std::string type(task.at("type").as_string());
+    CHECK(fmt::format("{}:{}", type, task.at("index").as_int64()) == name);
+    CHECK(jobs.count(type) == 1);
   }
-  return cluster;
 }
 
 void check_all_gone(const std::map<std::string, TaskInfo>& infos) {
-  for (const auto& [name, t] : infos) {
+  for (const auto& entry : infos) {  // no structured binding: INFO captures it, and clang 14 cannot
+    const std::string& name = entry.first;
+    const TaskInfo& t = entry.second;
     INFO("task ", name, " pid ", t.pid);
     CHECK(process_gone(t.pid));
   }
@@ -1012,7 +896,9 @@ TEST_CASE("every task gets torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_
       // chief, workers, ps: the chief is rank 0 (MultiWorkerMirroredStrategy's order, chief first).
       {{"--ps", "2", "--workers", "2"}, {"chief:0", "worker:0", "worker:1", "ps:0", "ps:1"}},
   };
-  for (const auto& [cluster, order] : cases) {
+  for (const Case& c : cases) {  // no structured binding: INFO captures it, and clang 14 cannot
+    const std::vector<std::string>& cluster = c.cluster;
+    const std::vector<std::string>& order = c.rank_order;
     std::vector<std::string> args = cluster;
     args.push_back(child());
     for (const char* v : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
@@ -1041,10 +927,10 @@ TEST_CASE("every task gets torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_
       CHECK(e.at("MASTER_ADDR") == "127.0.0.1");
       CHECK(e.at("MASTER_PORT") == master_port);
       // TF_CONFIG's address of the task of rank r is MASTER_PORT + 1 + r: MASTER_PORT is no task's.
-      const Json& tf = infos.at(task).tf;
+      const json::value& tf = infos.at(task).tf;
       const auto type = task.substr(0, task.find(':'));
       const int index = std::stoi(task.substr(task.find(':') + 1));
-      const auto addresses = tf["cluster"][type].strings();
+      const auto addresses = strings(tf.at("cluster").at(type));
       REQUIRE(index < static_cast<int>(addresses.size()));
       CHECK(port_of(addresses[static_cast<std::size_t>(index)]) == std::stoi(master_port) + 1 + static_cast<int>(rank));
     }
