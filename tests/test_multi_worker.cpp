@@ -432,7 +432,10 @@ TEST_CASE("batch_reduce_to across workers packs its values: one collective per p
   // bytes_per_pack 0: one pack per element type (float32: a and b; float64: c) = 2 collectives.
   // bytes_per_pack 2: taken in reverse order, b's pack (4 bytes) exceeds 2 bytes, so a starts
   // another = 3. A large bytes_per_pack is one pack per type again = 2.
-  for (auto [bytes_per_pack, expected] : {std::pair<std::size_t, int>{0, 2}, {2, 3}, {1 << 20, 2}}) {
+  for (const auto& pack_case : {std::pair<std::size_t, int>{0, 2}, {2, 3}, {1 << 20, 2}}) {
+    // Named copies, not a structured binding: CAPTURE and the lambda take them, and clang 14 cannot.
+    const std::size_t bytes_per_pack = pack_case.first;
+    const int expected = pack_case.second;
     CAPTURE(bytes_per_pack);
     const auto addresses = loopback_addresses(2);
     std::vector<int> batched(2, -1), separate(2, -1), mean_calls(2, -1);
