@@ -13,7 +13,16 @@ Usage: check_timeline.py <observability_helper> <merge_timelines.py>
 3. a one-worker job (no TF_CONFIG) records its run steps; an unwritable DISTRIBUTE_TIMELINE and a
    DISTRIBUTE_METRICS_PORT out of range stop the strategy's constructor with InvalidArgument.
 The format: valid JSON; every event has name/ph/pid/tid; only X (complete, dur >= 0), i and M
-phases; ts non-decreasing per thread; spans on a thread nest (no partial overlap).
+phases, and b/e (async spans: each b has one e of the same cat, id and name, not before it);
+ts non-decreasing per thread; X spans on a thread nest (no partial overlap).
+
+Usage: check_timeline.py <ps_helper> <merge_timelines.py>: the parameter-server chief instead
+(check_metrics_prometheus.run_coordinator_job: 1 ps, 2 workers, 40 closures of 50 ms, worker 1
+SIGKILLed and restarted) with DISTRIBUTE_TIMELINE: chief-0's file has each closure as an async
+span (schedule() to its end) with its worker and outcome ok, each attempt as a span on its
+worker's dispatcher thread (the lost ones with outcome worker_lost, as many as the chief
+retried), "worker lost" and "worker back" instant events for worker 1, in that order; it merges.
+An unwritable DISTRIBUTE_TIMELINE and a bad DISTRIBUTE_METRICS_PORT: tests/test_ps_cluster.cpp.
 """
 import json
 import os
@@ -79,17 +88,28 @@ def check_format(path):
     check(isinstance(events, list), f"{path}: no traceEvents list")
     last_ts = {}
     open_spans = {}
+    async_open, async_done = {}, set()
     for e in events:
         for key in ("name", "ph", "pid", "tid"):
             check(key in e, f"{path}: event without {key}: {e}")
         ph = e["ph"]
-        check(ph in ("X", "i", "M"), f"{path}: unexpected phase {ph} (B/E pairs are not used): {e}")
+        check(ph in ("X", "i", "M", "b", "e"), f"{path}: unexpected phase {ph} (B/E pairs are not used): {e}")
         if ph == "M":
             continue
         check(isinstance(e.get("ts"), (int, float)), f"{path}: event without a numeric ts: {e}")
         thread = (e["pid"], e["tid"])
         check(e["ts"] >= last_ts.get(thread, float("-inf")), f"{path}: ts goes back on thread {thread}: {e}")
         last_ts[thread] = e["ts"]
+        if ph in ("b", "e"):
+            check("id" in e and "cat" in e, f"{path}: async event without id or cat: {e}")
+            key = (e["pid"], e["cat"], e["id"], e["name"])
+            if ph == "b":
+                check(key not in async_open and key not in async_done, f"{path}: async span begun twice: {e}")
+                async_open[key] = e["ts"]
+            else:
+                check(key in async_open and e["ts"] >= async_open[key], f"{path}: async end without its begin: {e}")
+                async_done.add(key)
+                del async_open[key]
         if ph == "X":
             check(isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0, f"{path}: X event without dur >= 0: {e}")
             # In whole nanoseconds: the file's microseconds have 3 decimals, which floats do not add exactly.
@@ -101,6 +121,7 @@ def check_format(path):
             if stack:
                 check(end <= stack[-1], f"{path}: span overlaps its parent partially: {e}")
             stack.append(end)
+    check(not async_open, f"{path}: async spans never ended: {sorted(async_open)}")
     return events
 
 
@@ -169,6 +190,17 @@ def check_merge(files, tmp, name):
     print(f"ok: {name} files merged into one trace, a process per task")
 
 
+def check_merge_chief(files, tmp):
+    out = os.path.join(tmp, "chief-merged.json")
+    r = subprocess.run([sys.executable, MERGE, out, *files], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0, f"merge_timelines.py failed ({r.returncode}): {r.stderr}")
+    events = check_format(out)
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    check(names == {1: "chief:0"}, f"{out}: processes {names}")
+    check(sum(e["ph"] == "b" for e in events) == 40, f"{out}: closures lost in the merge")
+    print("ok: the chief's timeline merges")
+
+
 def check_merge_errors(tmp):
     bad = os.path.join(tmp, "bad.json")
     with open(bad, "w") as f:
@@ -201,12 +233,59 @@ def check_bad_settings(tmp):
     print("ok: a one-worker job records its steps; an unwritable timeline and a bad metrics port are InvalidArgument")
 
 
+def check_coordinator(tmp):
+    from check_metrics_prometheus import PS_CLOSURES, run_coordinator_job
+    path = os.path.join(tmp, "coord.json")
+    stats = {}
+    run_coordinator_job(HELPER, {"DISTRIBUTE_TIMELINE": path}, lambda port, s: stats.update(s=s))
+    counter, retried, _ = stats["s"]
+    check(counter == PS_CLOSURES and retried > 0, f"coordinator: counter {counter}, {retried} retried")
+    file = os.path.join(tmp, "coord.chief-0.json")
+    events = check_format(file)
+    closures = [e for e in events if e["ph"] == "b" and e["cat"] == "closure"]
+    check(sorted(e["args"]["closure"] for e in closures) == list(range(1, PS_CLOSURES + 1)),
+          f"{file}: closure spans {[e['args'].get('closure') for e in closures]}")
+    check(all(e["name"] == "slow_add_one" and e["args"]["outcome"] == "ok" and e["args"]["worker"] in (0, 1)
+              for e in closures), f"{file}: closure span args {[e['args'] for e in closures]}")
+    attempts = [e for e in events if e["ph"] == "X" and e["cat"] == "closure_attempt"]
+    ok = [a for a in attempts if a["args"]["outcome"] == "ok"]
+    lost = [a for a in attempts if a["args"]["outcome"] == "worker_lost"]
+    check(len(ok) == PS_CLOSURES and len(lost) == retried and len(attempts) == len(ok) + len(lost),
+          f"{file}: {len(ok)} ok and {len(lost)} lost attempts of {len(attempts)} (retried {retried})")
+    check(all(a["args"]["worker"] == 1 and a["args"]["error"] for a in lost), f"{file}: lost attempts {lost}")
+    # Each dispatcher thread runs one worker's closures, one at a time.
+    for a in attempts:
+        check(all(b["args"]["worker"] == a["args"]["worker"] for b in attempts if b["tid"] == a["tid"]),
+              f"{file}: attempts of two workers on thread {a['tid']}")
+    # A closure's span holds its last attempt, on the same worker.
+    begin = {e["args"]["closure"]: e for e in closures}
+    for a in ok:
+        b = begin[a["args"]["closure"]]
+        check(b["ts"] <= a["ts"] and b["args"]["worker"] == a["args"]["worker"], f"{file}: attempt {a} outside {b}")
+    instants = [(e["name"], e["args"].get("worker")) for e in sorted(events, key=lambda e: e.get("ts", 0))
+                if e["ph"] == "i"]
+    check(instants == [("worker lost", 1), ("worker back", 1)], f"{file}: instant events {instants}")
+    print(f"ok: the chief's timeline: {PS_CLOSURES} closures as async spans, {len(attempts)} attempts "
+          f"({len(lost)} lost with worker 1), worker lost and back")
+    return [file]
+
+
 def main():
     global HELPER, MERGE
     if len(sys.argv) != 3:
         print(__doc__)
         return 2
     HELPER, MERGE = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    if os.path.basename(HELPER).startswith("ps_helper"):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        with tempfile.TemporaryDirectory(prefix="distribute-timeline-") as tmp:
+            try:
+                files = check_coordinator(tmp)
+                check_merge_chief(files, tmp)
+            except Failure as e:
+                print(f"FAIL: {e}")
+                return 1
+        return 0
     with tempfile.TemporaryDirectory(prefix="distribute-timeline-") as tmp:
         try:
             check_merge(check_mismatch(tmp), tmp, "mismatch")

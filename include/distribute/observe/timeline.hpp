@@ -65,12 +65,13 @@ struct CallArgs {
 struct TraceEvent {
   std::string name;
   const char* category;  // a literal
-  char phase;            // 'X' complete, 'i' instant
+  char phase;            // 'X' complete, 'i' instant, 'b'/'e' an async span's ends
   std::int64_t ts_ns;
   std::int64_t dur_ns;
   std::string args;  // a JSON object's members, without braces ("" for none)
   bool has_call = false;
   CallArgs call{};
+  std::uint64_t id = 0;  // 'b'/'e': the async span's id
 };
 
 inline std::string call_args_json(const TraceEvent& e) {
@@ -168,6 +169,21 @@ class Timeline {
     record(std::move(e));
   }
 
+  /// A span [start, end) that may overlap others of its thread (Chrome's async 'b'/'e' pair, shown
+  /// on a track of its own): work that waits in a queue, such as a coordinator's closures. Both
+  /// ends are recorded now, on the calling thread; `id` tells the spans of one `category` apart.
+  void async_span(std::string name, const char* category, std::uint64_t id, std::int64_t start_ns, std::int64_t end_ns,
+                  std::string args = {}) {
+    detail::TraceEvent b{name, category, 'b', start_ns, 0, std::move(args)};
+    b.id = id;
+    detail::TraceEvent e{std::move(name), category, 'e', std::max(end_ns, start_ns), 0, {}};
+    e.id = id;
+    detail::ThreadBuffer& buf = buffer();
+    std::lock_guard lock(buf.mutex);
+    buf.events.push_back(std::move(b));
+    buf.events.push_back(std::move(e));
+  }
+
   /// A moment on the calling thread (a failure).
   void instant(std::string name, const char* category, std::int64_t at_ns, std::string args = {}) {
     record({std::move(name), category, 'i', at_ns, 0, std::move(args)});
@@ -231,6 +247,7 @@ class Timeline {
                            json_escape_(e.name), e.category, e.phase, task_index_, b->tid, e.ts_ns / 1000.0);
         if (e.phase == 'X') out += fmt::format(",\"dur\":{:.3f}", e.dur_ns / 1000.0);
         if (e.phase == 'i') out += ",\"s\":\"t\"";
+        if (e.phase == 'b' || e.phase == 'e') out += fmt::format(",\"id\":\"0x{:x}\"", e.id);
         out += fmt::format(",\"args\":{{{}}}}}", e.has_call ? detail::call_args_json(e) : e.args);
       }
     }

@@ -30,6 +30,7 @@
 #include <fmt/format.h>
 
 #include <distribute/core/error.hpp>
+#include <distribute/ps/detail/coordinator_observability.hpp>
 #include <distribute/ps/detail/messages.hpp>
 #include <distribute/ps/detail/rpc.hpp>
 #include <distribute/ps/remote_function.hpp>
@@ -50,6 +51,12 @@ struct CoordinatorOptions {
   std::chrono::milliseconds connect_timeout{60000};
   /// Lost and returning workers are reported here; default: one line on stderr.
   std::function<void(std::string_view)> log = {};
+  /// Serve GET /metrics on the chief's own host at this port (0: a free one, see
+  /// ClusterCoordinator::metrics_port()). Unset: DISTRIBUTE_METRICS_PORT, else no metrics.
+  std::optional<int> metrics_port = std::nullopt;
+  /// Record a timeline of the closures into this path, "chief-<index>" inserted before its
+  /// extension (docs/observability.md). Unset: DISTRIBUTE_TIMELINE; "": none.
+  std::optional<std::string> timeline = std::nullopt;
 };
 
 namespace detail {
@@ -60,6 +67,8 @@ struct ClosureState {
   bool finished = false;
   std::vector<std::byte> result;  // serialised
   std::exception_ptr error;
+  std::shared_ptr<CoordinatorMetrics> metrics;  // null unless the coordinator serves metrics
+  std::int64_t scheduled_ns = 0;                // set when the coordinator observes
 
   void finish(std::vector<std::byte> r) {
     std::lock_guard lock(mutex);
@@ -99,6 +108,7 @@ class RemoteValue {
   /// Waits for the closure; returns its result or rethrows its error (Cancelled when an earlier
   /// closure's error cancelled it).
   R get() const {
+    if (state_->metrics) state_->metrics->fetches->add();
     state_->wait();
     if (state_->error) std::rethrow_exception(state_->error);
     if constexpr (!std::is_void_v<R>) return std::get<0>(detail::load_values<R>(detail::as_chars(state_->result), "closure result"));
@@ -126,6 +136,19 @@ class ClusterCoordinator {
                             "a coordinator needs the ps tasks");
     }
     const ClusterSpec& spec = strategy.cluster_resolver()->cluster_spec();
+    {
+      CommunicationOptions settings;
+      settings.metrics_port = options_.metrics_port;
+      settings.timeline = options_.timeline;
+      // The coordinator is the chief (ParameterServerStrategy checked there is exactly one).
+      observe_ = detail::CoordinatorObservability::start(
+          settings, 0, spec.task_address("chief", 0),
+          [this] {
+            std::lock_guard lock(mutex_);
+            return static_cast<double>(queue_.size());
+          },
+          [this] { return static_cast<double>(num_workers_up()); });
+    }
     detail::RpcOptions rpc;
     rpc.cluster_token = strategy.options().cluster_token;
     rpc.connect_timeout = options_.connect_timeout;
@@ -158,7 +181,10 @@ class ClusterCoordinator {
 
   /// Stops dispatching; closures still queued fail with Cancelled. The servers keep running
   /// (shutdown_cluster() stops them).
-  ~ClusterCoordinator() { stop_threads("the ClusterCoordinator was destroyed"); }
+  ~ClusterCoordinator() {
+    stop_threads("the ClusterCoordinator was destroyed");
+    if (observe_) observe_->stop();
+  }
 
   /// Schedules `fn(args...)` on some worker; returns at once (blocking only while the queue is
   /// full). `fn` must be registered (DISTRIBUTE_REMOTE_FUNCTION); arguments convert to its
@@ -268,6 +294,12 @@ class ClusterCoordinator {
     std::lock_guard lock(mutex_);
     return retried_;
   }
+  /// The port GET /metrics is served on (CoordinatorOptions::metrics_port or
+  /// DISTRIBUTE_METRICS_PORT; resolves 0), or nullopt when metrics are off.
+  std::optional<std::uint16_t> metrics_port() const noexcept {
+    if (!observe_ || !observe_->server) return std::nullopt;
+    return observe_->server->port();
+  }
   /// How many closures each worker completed (index = worker task).
   std::vector<std::uint64_t> closures_completed_per_worker() {
     std::lock_guard lock(mutex_);
@@ -307,6 +339,10 @@ class ClusterCoordinator {
 
   std::shared_ptr<detail::ClosureState> enqueue(const detail::RemoteFunctionEntry& entry, std::string args) {
     auto state = std::make_shared<detail::ClosureState>();
+    if (observe_) {
+      state->metrics = observe_->metrics;
+      state->scheduled_ns = observe::Timeline::now_ns();
+    }
     std::unique_lock lock(mutex_);
     throw_pending_locked();
     space_cv_.wait(lock, [&] { return queue_.size() < options_.max_queued_closures || error_ || fatal_ || stopping_; });
@@ -318,6 +354,7 @@ class ClusterCoordinator {
     }
     queue_.push_back(detail::Closure{++closure_ids_, 0, entry.name, entry.signature, std::move(args), state});
     ++outstanding_;
+    if (state->metrics) state->metrics->scheduled->add();
     work_cv_.notify_all();  // not notify_one: the heartbeat thread waits on this condition too
     return state;
   }
@@ -351,6 +388,7 @@ class ClusterCoordinator {
     for (auto& c : queue_) {
       c.state->fail(std::make_exception_ptr(Cancelled(fmt::format("closure #{} ({}) was cancelled: {}", c.id, c.function, why))));
       --outstanding_;
+      if (observe_) observe_closure(c, -1, 0, "cancelled", why);
     }
     queue_.clear();
     space_cv_.notify_all();
@@ -362,7 +400,7 @@ class ClusterCoordinator {
     if (outstanding_ == 0) idle_cv_.notify_all();
   }
 
-  void mark_down(Worker& w, const std::string& reason) {
+  void mark_down(Worker& w, const std::string& reason, detail::WorkerLoss kind = detail::WorkerLoss::ConnectionLost) {
     {
       std::lock_guard lock(mutex_);
       if (!w.up) return;
@@ -371,6 +409,17 @@ class ClusterCoordinator {
     w.run->abort();
     w.ping->abort();
     log(fmt::format("lost worker {} ({}): {}; its closures go to the other workers", w.index, w.run->address(), reason));
+    if (observe_) {
+      const auto k = static_cast<std::size_t>(kind);
+      if (observe_->metrics) observe_->metrics->worker_failures[k]->add();
+      if (observe::timeline_enabled()) {
+        observe::Timeline::instance().instant(
+            "worker lost", "coordinator", observe::Timeline::now_ns(),
+            fmt::format("\"worker\":{},\"reason\":\"{}\",\"error\":\"{}\"", w.index, detail::kWorkerLossReasons[k],
+                        observe::detail::json_escape(reason)));
+        observe::Timeline::instance().flush();  // a job that then fails may not exit normally
+      }
+    }
   }
 
   void lose_ps(const std::string& what) {
@@ -409,6 +458,13 @@ class ClusterCoordinator {
       w.up = true;
     }
     log(fmt::format("worker {} ({}) is back; it receives closures again", w.index, w.run->address()));
+    if (observe_) {
+      if (observe_->metrics) observe_->metrics->recoveries->add();
+      if (observe::timeline_enabled()) {
+        observe::Timeline::instance().instant("worker back", "coordinator", observe::Timeline::now_ns(),
+                                              fmt::format("\"worker\":{}", w.index));
+      }
+    }
     work_cv_.notify_all();
     return true;
   }
@@ -444,8 +500,10 @@ class ClusterCoordinator {
 
   void run_closure(Worker& w, detail::Closure c) {
     detail::RunClosureMsg m{session_, c.id, c.attempt, c.function, c.signature, c.args};
+    const std::int64_t start_ns = observe_ ? observe::Timeline::now_ns() : 0;
     try {
       auto reply = w.run->call(detail::RpcOp::RunClosure, detail::encode_message(m));
+      if (observe_) observe_closure(c, w.index, start_ns, "ok");  // before get() can return
       c.state->finish(std::move(reply));
       std::lock_guard lock(mutex_);
       ++w.completed;
@@ -454,11 +512,14 @@ class ClusterCoordinator {
       mark_down(w, e.what());
       std::lock_guard lock(mutex_);
       if (stopping_ || fatal_) {
+        const char* why = fatal_ ? "a ps task was lost" : "shutdown";
+        if (observe_) observe_closure(c, w.index, start_ns, "cancelled", why);
         c.state->fail(std::make_exception_ptr(Cancelled(fmt::format("closure #{} ({}) was cancelled: {}", c.id,
-                                                                    c.function, fatal_ ? "a ps task was lost" : "shutdown"))));
+                                                                    c.function, why))));
         closure_done_locked();
         return;
       }
+      if (observe_) observe_closure(c, w.index, start_ns, "worker_lost", e.what());
       ++c.attempt;
       ++retried_;
       queue_.push_front(std::move(c));  // first in line: it was scheduled earliest
@@ -470,6 +531,7 @@ class ClusterCoordinator {
       } catch (...) {
         error = std::current_exception();
       }
+      if (observe_) observe_closure(c, w.index, start_ns, "error", e.what());
       c.state->fail(error);
       if (e.kind() == "PeerFailure") {  // the worker lost a ps task: nothing can go on
         lose_ps(fmt::format("closure #{} ({}) on worker {}: {}", c.id, c.function, w.index, e.what()));
@@ -483,6 +545,32 @@ class ClusterCoordinator {
         cancel_queued_locked(fmt::format("closure #{} ({}) failed on worker {}: {}", c.id, c.function, w.index, e.what()));
       }
       closure_done_locked();
+    }
+  }
+
+  /// Records a closure attempt's end (`worker` -1 and `start_ns` 0: cancelled in the queue):
+  /// "worker_lost" is retried, any other outcome is the closure's last.
+  void observe_closure(const detail::Closure& c, int worker, std::int64_t start_ns, const char* outcome,
+                       const std::string& error = {}) {
+    const std::int64_t end_ns = observe::Timeline::now_ns();
+    const bool last = std::string_view(outcome) != "worker_lost";
+    if (const auto& m = observe_->metrics) {
+      const std::string_view o(outcome);
+      if (o == "ok") m->completed->add();
+      else if (o == "error") m->failed->add();
+      else if (o == "cancelled") m->cancelled->add();
+      else m->retried->add();
+      if (last) m->latency->observe(static_cast<double>(end_ns - c.state->scheduled_ns) / 1e9);
+    }
+    if (!observe::timeline_enabled()) return;
+    auto& timeline = observe::Timeline::instance();
+    if (start_ns != 0) {  // the attempt, on this worker's dispatcher thread
+      timeline.complete(c.function, "closure_attempt", start_ns, end_ns,
+                        detail::closure_trace_args(c.id, c.function, worker, c.attempt, outcome, error));
+    }
+    if (last) {  // the closure, schedule() to its end: overlaps others (they queue), hence async
+      timeline.async_span(c.function, "closure", c.id, c.state->scheduled_ns, end_ns,
+                          detail::closure_trace_args(c.id, c.function, worker, c.attempt, outcome, error));
     }
   }
 
@@ -508,7 +596,7 @@ class ClusterCoordinator {
           w->ping->call(detail::RpcOp::Ping, {}, options_.heartbeat_timeout);
         } catch (const std::exception& e) {
           w->ping->disconnect();
-          mark_down(*w, fmt::format("no heartbeat: {}", e.what()));
+          mark_down(*w, fmt::format("no heartbeat: {}", e.what()), detail::WorkerLoss::NoHeartbeat);
         }
       }
     }
@@ -534,6 +622,8 @@ class ClusterCoordinator {
   std::exception_ptr error_;  // the first closure error, until rethrown
   std::exception_ptr fatal_;  // a lost ps task
   bool stopping_ = false;
+  // Last: its server (whose gauges read the members above) stops first.
+  std::unique_ptr<detail::CoordinatorObservability> observe_;
 };
 
 DISTRIBUTE_END_NAMESPACE

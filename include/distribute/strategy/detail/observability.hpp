@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -23,10 +24,12 @@ DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
 /// The metrics port base from the options or DISTRIBUTE_METRICS_PORT (unset: metrics off).
-inline std::optional<int> metrics_port_setting(const CommunicationOptions& options) {
+/// `option`: how the option is named in messages (a ClusterCoordinator has its own).
+inline std::optional<int> metrics_port_setting(const CommunicationOptions& options,
+                                               std::string_view option = "CommunicationOptions::metrics_port") {
   if (options.metrics_port) {
     if (*options.metrics_port < 0 || *options.metrics_port > 65535) {
-      throw InvalidArgument(fmt::format("CommunicationOptions::metrics_port must be in [0, 65535], got {}", *options.metrics_port));
+      throw InvalidArgument(fmt::format("{} must be in [0, 65535], got {}", option, *options.metrics_port));
     }
     return options.metrics_port;
   }
