@@ -748,3 +748,72 @@ TEST_CASE("tensor arguments decoded from the wire: unknown dtype, overflowing sh
   CHECK_THROWS_WITH_AS(decode([](auto& out) { out(std::uint8_t{0}, ds::Shape{2}, std::uint64_t{12}); }),
                        "a tensor argument: 12 bytes of elements arrived for a shape that holds 8", ds::InvalidArgument);
 }
+
+TEST_CASE("the coordinator's metrics and timeline settings: bad values, a port in use, off by default, port 0") {
+  Cluster cluster(1, 1);
+  ds::ParameterServerStrategy strategy(cluster.resolver());
+  ::unsetenv("DISTRIBUTE_METRICS_PORT");
+  ::unsetenv("DISTRIBUTE_TIMELINE");
+  auto make = [&](ds::CoordinatorOptions o) { ds::ClusterCoordinator c(strategy, std::move(o)); };
+  {
+    auto o = quiet_options();
+    o.metrics_port = 70000;
+    CHECK_THROWS_WITH_AS(make(o), "CoordinatorOptions::metrics_port must be in [0, 65535], got 70000", ds::InvalidArgument);
+    o.metrics_port = -1;
+    CHECK_THROWS_WITH_AS(make(o), "CoordinatorOptions::metrics_port must be in [0, 65535], got -1", ds::InvalidArgument);
+  }
+  ::setenv("DISTRIBUTE_METRICS_PORT", "91x", 1);
+  CHECK_THROWS_WITH_AS(make(quiet_options()),
+                       "DISTRIBUTE_METRICS_PORT='91x' is not a port number in [0, 65535] (the first task's metrics "
+                       "port; 0 for any free port)",
+                       ds::InvalidArgument);
+  {
+    auto o = quiet_options();
+    o.metrics_port = 0;  // the option wins over the variable
+    ds::ClusterCoordinator c(strategy, o);
+    CHECK(c.metrics_port().has_value());
+  }
+  ::unsetenv("DISTRIBUTE_METRICS_PORT");
+  {
+    auto o = quiet_options();
+    o.timeline = "/nonexistent-distribute-dir/t.json";
+    CHECK_THROWS_WITH_AS(make(o), doctest::Contains("timeline: cannot write '/nonexistent-distribute-dir/t.chief-0.json'"),
+                         ds::InvalidArgument);
+  }
+  {
+    boost::asio::io_context io;
+    boost::asio::ip::tcp::acceptor busy(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+    auto o = quiet_options();
+    o.metrics_port = busy.local_endpoint().port();
+    CHECK_THROWS_AS(make(o), ds::Unavailable);
+  }
+  {
+    ds::ClusterCoordinator off(strategy, quiet_options());
+    CHECK_FALSE(off.metrics_port().has_value());  // nothing set: nothing served
+  }
+  // Served on the chief's host, port 0 resolved; the series count what happened.
+  auto o = quiet_options();
+  o.metrics_port = 0;
+  ds::ClusterCoordinator coordinator(strategy, o);
+  REQUIRE(coordinator.metrics_port().has_value());
+  const int port = *coordinator.metrics_port();
+  auto scope = strategy.scope();
+  ds::Variable<float> counter(0.0f, {.name = "counter"});
+  std::vector<ds::RemoteValue<int>> results;
+  for (int i = 0; i < 5; ++i) results.push_back(coordinator.schedule(&ps_test::twice_unless_13, i));
+  coordinator.join();
+  CHECK(results[3].get() == 6);
+  CHECK(results[4].fetch() == 8);
+  coordinator.schedule(&ps_test::twice_unless_13, 13);
+  CHECK_THROWS_WITH(coordinator.join(), doctest::Contains("closure 13 fails on purpose"));
+  const std::string text = http_get(port, "/metrics");
+  const std::string labels = "{task_type=\"chief\",task_index=\"0\"}";
+  CHECK(text.find("distribute_coordinator_closures_scheduled_total" + labels + " 6\n") != std::string::npos);
+  CHECK(text.find("distribute_coordinator_closures_completed_total" + labels + " 5\n") != std::string::npos);
+  CHECK(text.find("distribute_coordinator_closures_failed_total" + labels + " 1\n") != std::string::npos);
+  CHECK(text.find("distribute_coordinator_closures_retried_total" + labels + " 0\n") != std::string::npos);
+  CHECK(text.find("distribute_coordinator_remote_value_fetches_total" + labels + " 2\n") != std::string::npos);
+  CHECK(text.find("distribute_coordinator_closure_latency_seconds_count" + labels + " 6\n") != std::string::npos);
+  CHECK(text.find("distribute_coordinator_workers_up" + labels + " 1\n") != std::string::npos);
+  CHECK(text.find("job=") == std::string::npos);
+}
