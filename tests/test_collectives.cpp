@@ -212,6 +212,30 @@ TEST_CASE("all_reduce of lvalues returns new values and leaves the inputs as the
   }
 }
 
+TEST_CASE("all_reduce of a 40 MiB lvalue (a copy on huge pages where the kernel has them): exact sums, input unchanged") {
+  const std::size_t count = (std::size_t{40} << 20) / sizeof(std::int32_t);
+  ds::MirroredStrategy<ds::host> strategy(2);
+  std::vector<std::vector<std::int32_t>> inputs(2);
+  for (std::size_t r = 0; r < 2; ++r) {
+    inputs[r].resize(count);
+    for (std::size_t k = 0; k < count; ++k) inputs[r][k] = static_cast<std::int32_t>(k % 1000) * (r == 0 ? 1 : -3);
+  }
+  auto out = strategy.run([&](ds::ReplicaContext& ctx) {
+    return ctx.all_reduce(ds::ReduceOp::Sum, std::as_const(inputs[static_cast<std::size_t>(ctx.local_replica_id())]));
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    const auto& sum = out.values()[r];
+    REQUIRE(sum.size() == count);
+    std::size_t wrong = 0, changed = 0;
+    for (std::size_t k = 0; k < count; ++k) {
+      if (sum[k] != -2 * static_cast<std::int32_t>(k % 1000)) ++wrong;
+      if (inputs[r][k] != static_cast<std::int32_t>(k % 1000) * (r == 0 ? 1 : -3)) ++changed;
+    }
+    CHECK(wrong == 0);
+    CHECK(changed == 0);
+  }
+}
+
 TEST_CASE("packing follows TF's rule: reverse order, new pack after bytes_per_pack, dtypes apart") {
   // Ten float32 values of 400 bytes each and bytes_per_pack 1000: packs of 3 values
   // (400, 800, 1200 > 1000 closes the pack), taken from the last value backwards.

@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include <distribute/core/detail/huge_pages.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/memory_space.hpp>
 #include <distribute/core/shape.hpp>
@@ -219,6 +220,15 @@ struct tensor_traits<std::vector<T>> {
       throw InvalidArgument(fmt::format("cannot hold shape {} in a std::vector (rank 1); use ds::Tensor", shape_string(s)));
     }
     return std::vector<T>(static_cast<std::size_t>(s[0]));
+  }
+  /// The copy all_reduce makes of an lvalue: huge pages asked for before it is written (see
+  /// core/detail/huge_pages.hpp), which makes a 64 MiB copy ~3x cheaper on a fresh mapping.
+  static std::vector<T> clone(const std::vector<T>& v) {
+    std::vector<T> out;
+    out.reserve(v.size());
+    detail::advise_huge_pages(out.data(), v.size() * sizeof(T));
+    out.assign(v.begin(), v.end());
+    return out;
   }
 };
 
