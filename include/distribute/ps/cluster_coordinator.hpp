@@ -409,17 +409,7 @@ class ClusterCoordinator {
     w.run->abort();
     w.ping->abort();
     log(fmt::format("lost worker {} ({}): {}; its closures go to the other workers", w.index, w.run->address(), reason));
-    if (observe_) {
-      const auto k = static_cast<std::size_t>(kind);
-      if (observe_->metrics) observe_->metrics->worker_failures[k]->add();
-      if (observe::timeline_enabled()) {
-        observe::Timeline::instance().instant(
-            "worker lost", "coordinator", observe::Timeline::now_ns(),
-            fmt::format("\"worker\":{},\"reason\":\"{}\",\"error\":\"{}\"", w.index, detail::kWorkerLossReasons[k],
-                        observe::detail::json_escape(reason)));
-        observe::Timeline::instance().flush();  // a job that then fails may not exit normally
-      }
-    }
+    if (observe_) observe_->worker_lost(w.index, kind, reason);
   }
 
   void lose_ps(const std::string& what) {
@@ -458,13 +448,7 @@ class ClusterCoordinator {
       w.up = true;
     }
     log(fmt::format("worker {} ({}) is back; it receives closures again", w.index, w.run->address()));
-    if (observe_) {
-      if (observe_->metrics) observe_->metrics->recoveries->add();
-      if (observe::timeline_enabled()) {
-        observe::Timeline::instance().instant("worker back", "coordinator", observe::Timeline::now_ns(),
-                                              fmt::format("\"worker\":{}", w.index));
-      }
-    }
+    if (observe_) observe_->worker_back(w.index);
     work_cv_.notify_all();
     return true;
   }
@@ -548,30 +532,9 @@ class ClusterCoordinator {
     }
   }
 
-  /// Records a closure attempt's end (`worker` -1 and `start_ns` 0: cancelled in the queue):
-  /// "worker_lost" is retried, any other outcome is the closure's last.
   void observe_closure(const detail::Closure& c, int worker, std::int64_t start_ns, const char* outcome,
                        const std::string& error = {}) {
-    const std::int64_t end_ns = observe::Timeline::now_ns();
-    const bool last = std::string_view(outcome) != "worker_lost";
-    if (const auto& m = observe_->metrics) {
-      const std::string_view o(outcome);
-      if (o == "ok") m->completed->add();
-      else if (o == "error") m->failed->add();
-      else if (o == "cancelled") m->cancelled->add();
-      else m->retried->add();
-      if (last) m->latency->observe(static_cast<double>(end_ns - c.state->scheduled_ns) / 1e9);
-    }
-    if (!observe::timeline_enabled()) return;
-    auto& timeline = observe::Timeline::instance();
-    if (start_ns != 0) {  // the attempt, on this worker's dispatcher thread
-      timeline.complete(c.function, "closure_attempt", start_ns, end_ns,
-                        detail::closure_trace_args(c.id, c.function, worker, c.attempt, outcome, error));
-    }
-    if (last) {  // the closure, schedule() to its end: overlaps others (they queue), hence async
-      timeline.async_span(c.function, "closure", c.id, c.state->scheduled_ns, end_ns,
-                          detail::closure_trace_args(c.id, c.function, worker, c.attempt, outcome, error));
-    }
+    observe_->closure_ended(c.id, c.function, c.attempt, c.state->scheduled_ns, worker, start_ns, outcome, error);
   }
 
   void heartbeat_loop() {
