@@ -1,7 +1,7 @@
 // How fast `rep movsb` copies 64 KiB for each (destination - source) mod 64, the instruction the
 // Linux kernel uses to copy socket data on CPUs with FSRM. A diagnostic for docs/performance.md
-// (multi-worker section), not part of the build:
-//   g++ -O2 bench/copy_alignment.cpp -o /tmp/copy_alignment && /tmp/copy_alignment
+// (multi-worker section), built beside the benchmarks (not run by `meson test --benchmark`):
+//   ninja -C build-bench bench/bench_copy_alignment && build-bench/bench/bench_copy_alignment
 #if !defined(__x86_64__)
 #error "x86-64 only: it times the rep movsb instruction"
 #endif
