@@ -58043,6 +58043,7 @@ DISTRIBUTE_END_NAMESPACE
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -59818,6 +59819,15 @@ struct CoordinatorMetrics {
   }
 };
 
+/// JSON members describing a closure attempt's outcome for the timeline ("" error: none).
+inline std::string closure_trace_args(std::uint64_t id, const std::string& function, int worker, std::uint32_t attempt,
+                                      const char* outcome, const std::string& error = {}) {
+  std::string out = fmt::format("\"closure\":{},\"function\":\"{}\",\"worker\":{},\"attempt\":{},\"outcome\":\"{}\"", id,
+                                observe::detail::json_escape(function), worker, attempt, outcome);
+  if (!error.empty()) out += fmt::format(",\"error\":\"{}\"", observe::detail::json_escape(error));
+  return out;
+}
+
 /// The coordinator's observability, when some is on: metrics (with their HTTP server) and/or the
 /// timeline. `settings` are the coordinator's options in CommunicationOptions' form.
 struct CoordinatorObservability {
@@ -59853,21 +59863,51 @@ struct CoordinatorObservability {
     return o;
   }
 
+  /// A closure attempt ended (`worker` -1 and `start_ns` 0: cancelled in the queue). "worker_lost"
+  /// is retried; any other outcome ("ok", "error", "cancelled") is the closure's last.
+  void closure_ended(std::uint64_t id, const std::string& function, std::uint32_t attempt, std::int64_t scheduled_ns,
+                     int worker, std::int64_t start_ns, const char* outcome, const std::string& error) {
+    const std::int64_t end_ns = observe::Timeline::now_ns();
+    const std::string_view o(outcome);
+    const bool last = o != "worker_lost";
+    if (metrics) {
+      if (o == "ok") metrics->completed->add();
+      else if (o == "error") metrics->failed->add();
+      else if (o == "cancelled") metrics->cancelled->add();
+      else metrics->retried->add();
+      if (last) metrics->latency->observe(static_cast<double>(end_ns - scheduled_ns) / 1e9);
+    }
+    if (!observe::timeline_enabled()) return;
+    auto& t = observe::Timeline::instance();
+    const std::string args = closure_trace_args(id, function, worker, attempt, outcome, error);
+    if (start_ns != 0) t.complete(function, "closure_attempt", start_ns, end_ns, args);  // on its worker's dispatcher thread
+    // The closure, schedule() to its end: it overlaps others (they queue), hence an async span.
+    if (last) t.async_span(function, "closure", id, scheduled_ns, end_ns, args);
+  }
+
+  void worker_lost(int worker, WorkerLoss kind, const std::string& error) {
+    const auto k = static_cast<std::size_t>(kind);
+    if (metrics) metrics->worker_failures[k]->add();
+    if (!observe::timeline_enabled()) return;
+    observe::Timeline::instance().instant("worker lost", "coordinator", observe::Timeline::now_ns(),
+                                          fmt::format("\"worker\":{},\"reason\":\"{}\",\"error\":\"{}\"", worker,
+                                                      kWorkerLossReasons[k], observe::detail::json_escape(error)));
+    observe::Timeline::instance().flush();  // a job that then fails may not exit normally
+  }
+
+  void worker_back(int worker) {
+    if (metrics) metrics->recoveries->add();
+    if (!observe::timeline_enabled()) return;
+    observe::Timeline::instance().instant("worker back", "coordinator", observe::Timeline::now_ns(),
+                                          fmt::format("\"worker\":{}", worker));
+  }
+
   /// Stops serving (before the gauges' coordinator goes) and writes the timeline.
   void stop() {
     server.reset();
     if (timeline) observe::Timeline::instance().flush();
   }
 };
-
-/// JSON members describing a closure attempt's outcome for the timeline ("" error: none).
-inline std::string closure_trace_args(std::uint64_t id, const std::string& function, int worker, std::uint32_t attempt,
-                                      const char* outcome, const std::string& error = {}) {
-  std::string out = fmt::format("\"closure\":{},\"function\":\"{}\",\"worker\":{},\"attempt\":{},\"outcome\":\"{}\"", id,
-                                observe::detail::json_escape(function), worker, attempt, outcome);
-  if (!error.empty()) out += fmt::format(",\"error\":\"{}\"", observe::detail::json_escape(error));
-  return out;
-}
 
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE
@@ -66274,17 +66314,7 @@ class ClusterCoordinator {
     w.run->abort();
     w.ping->abort();
     log(fmt::format("lost worker {} ({}): {}; its closures go to the other workers", w.index, w.run->address(), reason));
-    if (observe_) {
-      const auto k = static_cast<std::size_t>(kind);
-      if (observe_->metrics) observe_->metrics->worker_failures[k]->add();
-      if (observe::timeline_enabled()) {
-        observe::Timeline::instance().instant(
-            "worker lost", "coordinator", observe::Timeline::now_ns(),
-            fmt::format("\"worker\":{},\"reason\":\"{}\",\"error\":\"{}\"", w.index, detail::kWorkerLossReasons[k],
-                        observe::detail::json_escape(reason)));
-        observe::Timeline::instance().flush();  // a job that then fails may not exit normally
-      }
-    }
+    if (observe_) observe_->worker_lost(w.index, kind, reason);
   }
 
   void lose_ps(const std::string& what) {
@@ -66323,13 +66353,7 @@ class ClusterCoordinator {
       w.up = true;
     }
     log(fmt::format("worker {} ({}) is back; it receives closures again", w.index, w.run->address()));
-    if (observe_) {
-      if (observe_->metrics) observe_->metrics->recoveries->add();
-      if (observe::timeline_enabled()) {
-        observe::Timeline::instance().instant("worker back", "coordinator", observe::Timeline::now_ns(),
-                                              fmt::format("\"worker\":{}", w.index));
-      }
-    }
+    if (observe_) observe_->worker_back(w.index);
     work_cv_.notify_all();
     return true;
   }
@@ -66413,30 +66437,9 @@ class ClusterCoordinator {
     }
   }
 
-  /// Records a closure attempt's end (`worker` -1 and `start_ns` 0: cancelled in the queue):
-  /// "worker_lost" is retried, any other outcome is the closure's last.
   void observe_closure(const detail::Closure& c, int worker, std::int64_t start_ns, const char* outcome,
                        const std::string& error = {}) {
-    const std::int64_t end_ns = observe::Timeline::now_ns();
-    const bool last = std::string_view(outcome) != "worker_lost";
-    if (const auto& m = observe_->metrics) {
-      const std::string_view o(outcome);
-      if (o == "ok") m->completed->add();
-      else if (o == "error") m->failed->add();
-      else if (o == "cancelled") m->cancelled->add();
-      else m->retried->add();
-      if (last) m->latency->observe(static_cast<double>(end_ns - c.state->scheduled_ns) / 1e9);
-    }
-    if (!observe::timeline_enabled()) return;
-    auto& timeline = observe::Timeline::instance();
-    if (start_ns != 0) {  // the attempt, on this worker's dispatcher thread
-      timeline.complete(c.function, "closure_attempt", start_ns, end_ns,
-                        detail::closure_trace_args(c.id, c.function, worker, c.attempt, outcome, error));
-    }
-    if (last) {  // the closure, schedule() to its end: overlaps others (they queue), hence async
-      timeline.async_span(c.function, "closure", c.id, c.state->scheduled_ns, end_ns,
-                          detail::closure_trace_args(c.id, c.function, worker, c.attempt, outcome, error));
-    }
+    observe_->closure_ended(c.id, c.function, c.attempt, c.state->scheduled_ns, worker, start_ns, outcome, error);
   }
 
   void heartbeat_loop() {
