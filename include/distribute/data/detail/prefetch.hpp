@@ -79,7 +79,9 @@ class PrefetchIterator final : public ElementIterator<T> {
     }
     {
       std::lock_guard lock(mutex_);
-      error_ = error;
+      // Moved, not copied: the consumer then holds the only reference and the exception dies on its
+      // thread (a copy left here would be released last on this one, after the consumer read it).
+      error_ = std::move(error);
       done_ = true;
     }
     not_empty_.notify_all();
