@@ -26,32 +26,15 @@ An unwritable DISTRIBUTE_TIMELINE and a bad DISTRIBUTE_METRICS_PORT: tests/test_
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_metrics_prometheus import Failure, check, free_ports  # noqa: E402
+
 HELPER = None
 MERGE = None
-
-
-class Failure(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failure(what)
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def run_job(scenario, tmp):
