@@ -72,6 +72,24 @@ void set_bandwidth_counters(benchmark::State& state, double seconds, std::size_t
   state.counters["busbw_GBps"] = benchmark::Counter(algbw * 2.0 * (n - 1) / n);
 }
 
+// Runs `step` once per benchmark iteration and returns the median seconds; a failed step ends the
+// benchmark with SkipWithError (a step that moved its buffers in leaves nothing to measure).
+template <class Strategy, class Step>
+double timed_steps(benchmark::State& state, Strategy& strategy, Step& step) {
+  bench::IterationTimes times(state);
+  for (auto _ : state) {
+    times.start();
+    try {
+      strategy.run(step);
+    } catch (const std::exception& e) {
+      state.SkipWithError((std::string("a step failed: ") + e.what()).c_str());
+      break;
+    }
+    times.stop();
+  }
+  return state.error_occurred() ? 0.0 : times.report(state);
+}
+
 template <class Ops>
 void BM_AllReduce(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
@@ -107,20 +125,8 @@ void BM_AllReduce(benchmark::State& state) {
   // Zeros from here on: the sums stay finite (no overflow to inf) whatever the iteration count.
   for (auto& b : buffers) std::memset(b.data(), 0, bytes);
 
-  bench::IterationTimes times(state);
-  for (auto _ : state) {
-    times.start();
-    try {
-      strategy.run(step);
-    } catch (const std::exception& e) {
-      // The moved-in buffers are gone; the measurement is void. Report it instead of aborting.
-      state.SkipWithError((std::string("a step failed: ") + e.what()).c_str());
-      break;
-    }
-    times.stop();
-  }
+  const double median = timed_steps(state, strategy, step);
   if (state.error_occurred()) return;
-  const double median = times.report(state);
 
   for (int r = 0; r < n; ++r) {
     if (buffers[static_cast<std::size_t>(r)].data() != addresses[static_cast<std::size_t>(r)]) {
@@ -161,19 +167,8 @@ void BM_AllReduceConst(benchmark::State& state) {
       return;
     }
   }
-  bench::IterationTimes times(state);
-  for (auto _ : state) {
-    times.start();
-    try {
-      strategy.run(step);
-    } catch (const std::exception& e) {
-      state.SkipWithError((std::string("a step failed: ") + e.what()).c_str());
-      break;
-    }
-    times.stop();
-  }
+  const double median = timed_steps(state, strategy, step);
   if (state.error_occurred()) return;
-  const double median = times.report(state);
   set_bandwidth_counters(state, median, bytes, n);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
 }
