@@ -6694,17 +6694,20 @@ reduced_t<U> reduce_components_over(ReduceOp op, const std::vector<const U*>& pa
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE
 // ---- end <distribute/strategy/detail/reduce_values.hpp> ----
+// ---- begin <distribute/strategy/detail/replica_context_for.hpp> ----
+// ReplicaContextFor<S>: the replica context `run` of strategy S hands to a step function, with
+// merge_call (values merged across the replicas as PerReplica<T, S>).
+
+#include <cstddef>
+#include <exception>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
 
 DISTRIBUTE_BEGIN_NAMESPACE
-
-/// What distribute_values_from_function passes to its function.
-struct ValueContext {
-  int replica_id_in_sync_group = 0;
-  int num_replicas_in_sync = 1;
-};
-
-template <class S>
-class StrategyExtended;
 
 /// The replica context `run` hands to a step function of strategy S. Adds merge_call, whose
 /// merged values are PerReplica<T, S> that S's reduce/update accept.
@@ -6784,6 +6787,20 @@ class ReplicaContextFor : public ReplicaContext {
 
   S* typed_;
 };
+
+DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/strategy/detail/replica_context_for.hpp> ----
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
+/// What distribute_values_from_function passes to its function.
+struct ValueContext {
+  int replica_id_in_sync_group = 0;
+  int num_replicas_in_sync = 1;
+};
+
+template <class S>
+class StrategyExtended;
 
 namespace detail {
 
@@ -7304,6 +7321,22 @@ class SyncStrategy : public AnyStrategy {
   friend class StrategyExtended;
 };
 
+DISTRIBUTE_END_NAMESPACE
+
+// ---- begin <distribute/strategy/detail/strategy_extended.hpp> ----
+// StrategyExtended<S>: strategy.extended(), the lower-level members of a strategy (TF's
+// StrategyExtended). Included by sync_strategy.hpp after SyncStrategy, whose privates it reads.
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+
+
+DISTRIBUTE_BEGIN_NAMESPACE
+
 /// strategy.extended(): the lower-level members of a strategy, as TF's StrategyExtended.
 template <class S>
 class StrategyExtended {
@@ -7358,6 +7391,7 @@ class StrategyExtended {
 };
 
 DISTRIBUTE_END_NAMESPACE
+// ---- end <distribute/strategy/detail/strategy_extended.hpp> ----
 // ---- end <distribute/strategy/detail/sync_strategy.hpp> ----
 
 DISTRIBUTE_BEGIN_NAMESPACE

@@ -36,6 +36,7 @@
 #include <distribute/data/distributed_dataset.hpp>
 #include <distribute/observe/timeline.hpp>
 #include <distribute/strategy/detail/reduce_values.hpp>
+#include <distribute/strategy/detail/replica_context_for.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -47,85 +48,6 @@ struct ValueContext {
 
 template <class S>
 class StrategyExtended;
-
-/// The replica context `run` hands to a step function of strategy S. Adds merge_call, whose
-/// merged values are PerReplica<T, S> that S's reduce/update accept.
-template <class S>
-class ReplicaContextFor : public ReplicaContext {
- public:
-  ReplicaContextFor(S& strategy, detail::ReplicaGroup& group, detail::ReplicaCollectives& collectives, int local_id,
-                    int global_id, std::string device)
-      : ReplicaContext(strategy, group, collectives, local_id, global_id, std::move(device)), typed_(&strategy) {}
-
-  S& strategy() const noexcept { return *typed_; }
-
-  /// Runs fn once, in cross-replica context, with each argument merged across the replicas
-  /// into a PerReplica; fn may take the strategy first. Every replica receives fn's result.
-  template <class F, class... A>
-  auto merge_call(F&& fn, A&&... args) {
-    using Args = std::tuple<std::decay_t<A>...>;
-    constexpr bool takes_strategy = std::is_invocable_v<F&, S&, PerReplica<std::decay_t<A>, S>...>;
-    using R = typename std::conditional_t<takes_strategy,
-                                          std::invoke_result<F&, S&, PerReplica<std::decay_t<A>, S>...>,
-                                          std::invoke_result<F&, PerReplica<std::decay_t<A>, S>...>>::type;
-    using Stored = std::conditional_t<std::is_void_v<R>, bool, std::decay_t<R>>;
-    struct Outcome {
-      std::optional<Stored> value;
-      std::exception_ptr error;
-    };
-    Args mine(std::forward<A>(args)...);
-    Outcome outcome;
-    auto& g = group();
-    detail::CollectiveCall call{detail::CollectiveKind::MergeCall};
-    call.merge_type = &typeid(Args);
-    call.merge_args = &mine;
-    call.merge_outcome = &outcome;
-    // Replica 0 runs fn while the others wait in the exchange; its outcome is read after it.
-    detail::exchange(g, local_replica_id(), call, [&] {
-      if (local_replica_id() != 0) return;
-      try {
-        detail::ReplicaContextSwitch cross_replica(nullptr);
-        ScopeGuard in_scope(*typed_);
-        auto merged = merge_args<Args>(std::index_sequence_for<A...>{});
-        auto invoke = [&](auto&&... m) -> decltype(auto) {
-          if constexpr (takes_strategy) return fn(*typed_, std::move(m)...);
-          else return fn(std::move(m)...);
-        };
-        if constexpr (std::is_void_v<R>) {
-          std::apply(invoke, std::move(merged));
-          outcome.value.emplace(true);
-        } else {
-          outcome.value.emplace(std::apply(invoke, std::move(merged)));
-        }
-      } catch (...) {
-        outcome.error = std::current_exception();
-      }
-    });
-    const Outcome& root = *static_cast<const Outcome*>(g.slot(0).merge_outcome);
-    std::exception_ptr error = root.error;
-    std::optional<Stored> result;
-    if (!error) result = root.value;
-    g.arrive_and_wait(local_replica_id(), call.kind);  // replica 0's outcome stays alive until read
-    if (error) std::rethrow_exception(error);
-    if constexpr (!std::is_void_v<R>) return std::move(*result);
-  }
-
- private:
-  template <class Args, std::size_t... I>
-  auto merge_args(std::index_sequence<I...>) {
-    auto& g = group();
-    auto component = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
-      using T = std::tuple_element_t<K, Args>;
-      std::vector<T> values;
-      values.reserve(static_cast<std::size_t>(g.size()));
-      for (int r = 0; r < g.size(); ++r) values.push_back(std::get<K>(*static_cast<Args*>(g.slot(r).merge_args)));
-      return PerReplica<T, S>(std::move(values));
-    };
-    return std::make_tuple(component(std::integral_constant<std::size_t, I>{})...);
-  }
-
-  S* typed_;
-};
 
 namespace detail {
 
@@ -646,57 +568,6 @@ class SyncStrategy : public AnyStrategy {
   friend class StrategyExtended;
 };
 
-/// strategy.extended(): the lower-level members of a strategy, as TF's StrategyExtended.
-template <class S>
-class StrategyExtended {
- public:
-  explicit StrategyExtended(S& strategy) noexcept : strategy_(&strategy) {}
-
-  std::vector<std::string> worker_devices() const { return strategy_->worker_devices(); }
-
-  /// True if `var` was created in this strategy's scope.
-  template <class T>
-  bool variable_created_in_scope(const Variable<T>& var) const noexcept {
-    return var.is_distributed() && var.strategy_id() == strategy_->id();
-  }
-
-  /// Applies fn(copy, args...) to each copy of `var` in cross-replica context (with PerReplica /
-  /// Mirrored arguments unwrapped per copy), or to the local copy in replica context.
-  template <class T, class F, class... A>
-  void update(Variable<T>& var, F&& fn, A&&... args) {
-    if (var.is_distributed() && var.strategy_id() != strategy_->id()) {
-      throw InvalidArgument(fmt::format("extended().update: variable '{}' was not created in this {}'s scope",
-                                        var.name(), strategy_->name()));
-    }
-    var.apply_to_copies([&](T& copy, [[maybe_unused]] int i) {
-      fn(copy, detail::unwrap_for_replica<S>(args, static_cast<std::size_t>(i))...);
-    });
-  }
-
-  /// Variables created while the returned guard lives are placed with `var`. Every replica holds
-  /// every variable in these strategies, so this only checks `var` belongs here.
-  template <class T>
-  [[nodiscard]] ScopeGuard colocate_vars_with(const Variable<T>& var) {
-    if (var.is_distributed() && var.strategy_id() != strategy_->id()) {
-      throw InvalidArgument(fmt::format("colocate_vars_with: variable '{}' was not created in this {}'s scope",
-                                        var.name(), strategy_->name()));
-    }
-    return ScopeGuard(*strategy_);
-  }
-
-  /// Reduces several distributed values in one call; returns a tuple of the results. Across
-  /// workers, values in host memory travel in packs (CommunicationOptions::bytes_per_pack, the
-  /// rule of collective/packing.hpp): one cross-worker collective per pack, not per value.
-  template <class... V>
-  auto batch_reduce_to(ReduceOpArg op, const V&... values) {
-    if constexpr (sizeof...(V) > 1 && (detail::packable_distributed_value<V, S> && ...)) {
-      if (strategy_->link_) return strategy_->reduce_in_packs(op.op, values...);
-    }
-    return std::make_tuple(strategy_->reduce(op, values)...);
-  }
-
- private:
-  S* strategy_;
-};
-
 DISTRIBUTE_END_NAMESPACE
+
+#include <distribute/strategy/detail/strategy_extended.hpp>  // after SyncStrategy: it reads its privates
