@@ -523,12 +523,12 @@ TEST_CASE("CommunicationOptions::cluster_token: a wrong or missing token fails c
 
 #if defined(__linux__)
 TEST_CASE("CommunicationOptions::shared_memory_min_bytes reaches the communicator") {
-  // Each worker that uses shared memory maps the segment once; its name is gone by then, so
-  // /proc/self/maps shows it as "/dev/shm/distribute-... (deleted)".
+  // Each worker that uses shared memory maps the segment once; it has no name in /dev/shm, so
+  // /proc/self/maps shows it as "/memfd:distribute-... (deleted)".
   auto segments_mapped = [] {
     std::ifstream maps("/proc/self/maps");
     int count = 0;
-    for (std::string line; std::getline(maps, line);) count += line.find("/dev/shm/distribute-") != std::string::npos ? 1 : 0;
+    for (std::string line; std::getline(maps, line);) count += line.find("/memfd:distribute-") != std::string::npos ? 1 : 0;
     return count;
   };
   for (const std::optional<std::size_t> min_bytes : {std::optional<std::size_t>{}, std::optional<std::size_t>{0}}) {

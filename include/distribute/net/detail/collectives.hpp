@@ -267,10 +267,11 @@ inline constexpr std::size_t kMaxSharedSlotBytes = std::size_t{1} << 30;
 
 /// Gives the transport a shared-memory all-reduce when every rank can map one segment. Every rank
 /// runs this once, right after the cluster has formed and before any other call (it exchanges
-/// point-to-point messages). Rank 0 creates the segment and offers its name, a nonce written in
-/// it and its options; each rank maps it and answers whether that worked and the nonce matched;
-/// rank 0 unlinks the name and tells everyone whether all succeeded. A rank on another host (or
-/// with another /dev/shm) cannot map it or reads another nonce, and then no rank uses it.
+/// point-to-point messages). Rank 0 creates the (nameless) segment and offers the path to its
+/// descriptor, a nonce written in it and its options; each rank maps it and answers whether that
+/// worked and the nonce matched; rank 0 closes the descriptor and tells everyone whether all
+/// succeeded. A rank on another host (or in another pid namespace) cannot map it or reads another
+/// nonce, and then no rank uses it.
 inline void setup_shared_memory(Transport& tr) {
   const int n = tr.size(), r = tr.rank();
   if (n == 1) return;
@@ -312,7 +313,7 @@ inline void setup_shared_memory(Transport& tr) {
       }
       call.finish();
     }
-    if (segment) segment->unlink();
+    if (segment) segment->close_handle();
     ok = segment && std::all_of(answers.begin() + 1, answers.end(), [](std::uint64_t a) { return a == 1; }) ? 1 : 0;
     Transport::Op call(tr, "shared-memory set-up", 1);
     for (int k = 1; k < n; ++k) call.send_p2p(k, std::as_bytes(std::span<const std::uint64_t>(&ok, 1)));

@@ -1,12 +1,16 @@
-// A POSIX shared-memory segment that the ranks of one communicator map when they run on one host.
-// Rank 0 creates it under a random name and unlinks the name as soon as every rank has mapped it
-// (or failed to), so nothing is left in /dev/shm when a process is killed later. Its pages are
-// reserved with posix_fallocate at creation: a full /dev/shm is an error here, not a SIGBUS later.
+// A shared-memory segment that the ranks of one communicator map when they run on one host.
+// Rank 0 creates it with memfd_create: it never has a name in /dev/shm, so no rank can leave it
+// behind whichever dies when (a named segment outlives a creator killed before it unlinks the
+// name). The other ranks open it through /proc/<pid>/fd/<fd> of rank 0 while rank 0 holds the
+// descriptor (during set-up); the kernel frees the memory when the last descriptor and mapping go.
+// Its pages are reserved with posix_fallocate at creation: no memory means an error here (and TCP),
+// not a SIGBUS later.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
@@ -27,47 +31,71 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
 
+/// True for "/proc/<digits>/fd/<digits>": the only paths SharedSegment::open accepts, since the
+/// path comes off the wire (a peer must not make us open an arbitrary file).
+inline bool is_proc_fd_path(std::string_view path) {
+  auto digits = [&](std::string_view prefix, char end) {
+    if (!path.starts_with(prefix)) return false;
+    path.remove_prefix(prefix.size());
+    std::size_t n = 0;
+    while (n < path.size() && n < 10 && path[n] >= '0' && path[n] <= '9') ++n;
+    if (n == 0 || (end != '\0' ? n >= path.size() || path[n] != end : n != path.size())) return false;
+    path.remove_prefix(n);
+    return true;
+  };
+  return digits("/proc/", '/') && digits("/fd/", '\0');
+}
+
 class SharedSegment {
  public:
 #if defined(DISTRIBUTE_NET_SHARED_MEMORY)
-  /// A new zero-filled segment of `bytes` under a fresh random name. Throws Unavailable.
+  /// A new zero-filled anonymous segment of `bytes`; name() is the path other processes of this
+  /// user open it by until close_handle(). Throws Unavailable.
   static std::unique_ptr<SharedSegment> create(std::size_t bytes) {
     const Nonce n = random_nonce();
-    std::string name = "/distribute-";
-    for (std::size_t i = 0; i < 8; ++i) name += fmt::format("{:02x}", static_cast<unsigned>(n[i]));
-    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
-    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
-    seg->owner_ = true;  // from here on the destructor removes the name
+    std::string label = "distribute-";
+    for (std::size_t i = 0; i < 8; ++i) label += fmt::format("{:02x}", static_cast<unsigned>(n[i]));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(label));
+    const int fd = ::memfd_create(label.c_str(), MFD_CLOEXEC);
+    if (fd < 0) throw Unavailable(fmt::format("memfd_create({}): {}", label, std::strerror(errno)));
+    seg->fd_ = fd;  // from here on the destructor closes it
+    seg->name_ = fmt::format("/proc/{}/fd/{}", ::getpid(), fd);
     seg->map(fd, bytes, true);
     return seg;
   }
 
-  /// Maps the segment `name` that another process created. Throws Unavailable.
+  /// Maps the segment that another process created, by its create()'s name(). Throws Unavailable.
   static std::unique_ptr<SharedSegment> open(const std::string& name, std::size_t bytes) {
-    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name, false));
-    const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
-    if (fd < 0) throw Unavailable(fmt::format("shm_open({}): {}", name, std::strerror(errno)));
+    if (!is_proc_fd_path(name)) throw Unavailable(fmt::format("shared-memory segment '{}' is not /proc/<pid>/fd/<fd>", name));
+    auto seg = std::unique_ptr<SharedSegment>(new SharedSegment(name));
+    // O_NONBLOCK: a descriptor that is a FIFO must not block us (the nonce check rejects it later).
+    const int fd = ::open(name.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) throw Unavailable(fmt::format("open({}): {}", name, std::strerror(errno)));
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
     seg->map(fd, bytes, false);
     return seg;
   }
 
   ~SharedSegment() {
     if (base_ != nullptr) ::munmap(base_, size_);
-    unlink();
+    close_handle();
   }
 
-  /// Removes the name (creator only; once is enough): the mapping stays valid.
-  void unlink() noexcept {
-    if (owner_) ::shm_unlink(name_.c_str());
-    owner_ = false;
+  /// Creator: closes the descriptor others open the segment by (once all have, or have failed
+  /// to); the mapping stays valid. Once is enough.
+  void close_handle() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
   }
 #else
   static std::unique_ptr<SharedSegment> create(std::size_t) { throw Unavailable("shared memory: not supported on this OS"); }
   static std::unique_ptr<SharedSegment> open(const std::string&, std::size_t) {
     throw Unavailable("shared memory: not supported on this OS");
   }
-  void unlink() noexcept {}
+  void close_handle() noexcept {}
 #endif
 
   SharedSegment(const SharedSegment&) = delete;
@@ -78,15 +106,11 @@ class SharedSegment {
   const std::string& name() const noexcept { return name_; }
 
  private:
-  SharedSegment(std::string name, bool owner) : name_(std::move(name)), owner_(owner) {}
+  explicit SharedSegment(std::string name) : name_(std::move(name)) {}
 
 #if defined(DISTRIBUTE_NET_SHARED_MEMORY)
-  // Takes ownership of `fd` (closed here whatever happens: the mapping keeps the memory).
+  // Maps `fd` (which the caller closes; the mapping keeps the memory).
   void map(int fd, std::size_t bytes, bool reserve) {
-    struct Closer {
-      int fd;
-      ~Closer() { ::close(fd); }
-    } closer{fd};
     if (reserve) {
       if (::ftruncate(fd, static_cast<::off_t>(bytes)) != 0) {
         throw Unavailable(fmt::format("ftruncate({}, {}): {}", name_, bytes, std::strerror(errno)));
@@ -96,7 +120,7 @@ class SharedSegment {
       }
     } else {
       struct ::stat st{};
-      if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
+      if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) != bytes) {
         throw Unavailable(fmt::format("{} is not the {} bytes expected", name_, bytes));
       }
     }
@@ -105,10 +129,11 @@ class SharedSegment {
     base_ = p;
     size_ = bytes;
   }
+
+  int fd_ = -1;
 #endif
 
   std::string name_;
-  bool owner_ = false;
   void* base_ = nullptr;
   std::size_t size_ = 0;
 };
