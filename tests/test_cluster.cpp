@@ -1,5 +1,6 @@
 // Clusters: ClusterSpec and its JSON, TF_CONFIG, Slurm and launcher resolvers, multi-worker ids.
 #include <distribute/distribute.hpp>
+#include <distribute/net/detail/address.hpp>
 
 #include <doctest/doctest.h>
 
@@ -831,4 +832,117 @@ TEST_CASE("Resolvers are usable through the ClusterResolver base") {
     CHECK_FALSE(r->is_chief());
     CHECK(r->master_address().rfind("a:", 0) == 0);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bounds on what a resolver accepts (issue 20): hostlists that expand beyond a bound, hosts
+// longer than 253 bytes, and IPv6 literals that are not addresses.
+
+namespace {
+doctest::Contains contains(const std::string& s) { return doctest::Contains(s.c_str()); }
+}  // namespace
+
+TEST_CASE("Slurm hostlist: cross products expand in order, up to the bounds") {
+  CHECK(ds::SlurmClusterResolver::expand_hostlist("a[1-2,5]b[08-10]c") ==
+        std::vector<std::string>{"a1b08c", "a1b09c", "a1b10c", "a2b08c", "a2b09c", "a2b10c", "a5b08c", "a5b09c", "a5b10c"});
+  CHECK(ds::SlurmClusterResolver::expand_hostlist("x[1][2][3]y,z") == std::vector<std::string>{"x123y", "z"});
+  // 10^6 names of 7 bytes: exactly the name bound, 6.7 MiB of text.
+  const auto million = ds::SlurmClusterResolver::expand_hostlist("n[0-9][0-9][0-9][0-9][0-9][0-9]");
+  REQUIRE(million.size() == 1000000);
+  CHECK(million.front() == "n000000");
+  CHECK(million[123456] == "n123456");
+  CHECK(million.back() == "n999999");
+  // 253 bytes is a host name; the list that makes it is fine.
+  const std::string longest(250, 'h');
+  CHECK(ds::SlurmClusterResolver::expand_hostlist(longest + "[100-101]") ==
+        std::vector<std::string>{longest + "100", longest + "101"});
+}
+
+TEST_CASE("Slurm hostlist: a list that expands beyond the bounds is refused before it is built") {
+  const std::string pad(300, 'x');
+  const BadCase cases[] = {
+      // The issue's 418 bytes that took 17 s and 0.7 GB: a million names of 306 bytes.
+      {"418 bytes, 300 MB of names", nullptr, "it expands to more than 16 MiB of host names"},
+      {"1.2 KB: many elements", nullptr, "it names more than 1000000 hosts"},
+      {"one element over the name bound", "n[0-9][0-9][0-9][0-9][0-9][0-9][0-9]", "names more than 1000000 hosts"},
+      {"one range over the name bound", "n[0-999999,0-1]", "names more than 1000000 hosts"},
+      {"name over 253 bytes", nullptr, "is longer than 253 bytes"},
+  };
+  const std::string texts[] = {
+      pad + "[0-9][0-9][0-9][0-9][0-9][0-9]" + std::string(418 - 330, 'y'),
+      [] {
+        std::string t;
+        for (int i = 0; i < 60; ++i) t += fmt::format("{}r{}[0-99][0-99][0-9]", i ? "," : "", i);  // 60 x 100000
+        return t;
+      }(),
+      "", "", std::string(250, 'h') + "[998-1000]",
+  };
+  for (std::size_t i = 0; i < std::size(cases); ++i) {
+    const std::string text = cases[i].text != nullptr ? std::string(cases[i].text) : texts[i];
+    INFO(cases[i].name);
+    CHECK_THROWS_WITH_AS(ds::SlurmClusterResolver::expand_hostlist(text), contains(cases[i].expected),
+                         ds::ClusterConfigError);
+  }
+  // The message quotes a long list by its start and its length, and names the long host.
+  CHECK_THROWS_WITH_AS(ds::SlurmClusterResolver::expand_hostlist(texts[0]),
+                       contains(fmt::format("hostlist '{}...' (418 bytes) is not a valid hostlist", pad.substr(0, 64))),
+                       ds::ClusterConfigError);
+  CHECK_THROWS_WITH_AS(ds::SlurmClusterResolver::expand_hostlist(texts[4]),
+                       contains(fmt::format("host '{}...' (254 bytes) is longer than 253 bytes", std::string(32, 'h'))),
+                       ds::ClusterConfigError);
+  // Through the resolver, with the variable's name.
+  const std::string long_node(254, 'n');
+  CHECK_THROWS_WITH_AS(ds::SlurmClusterResolver({}, slurm_env("0", "2", long_node.c_str(), "2")),
+                       contains("SlurmClusterResolver: SLURM_STEP_NODELIST"), ds::ClusterConfigError);
+  CHECK_THROWS_WITH_AS(ds::SlurmClusterResolver({}, slurm_env("0", "2", long_node.c_str(), "2")),
+                       contains(fmt::format("host '{}...' (254 bytes) is longer than 253 bytes", std::string(32, 'n'))),
+                       ds::ClusterConfigError);
+}
+
+TEST_CASE("every resolver refuses hosts over 253 bytes and IPv6 literals that are not addresses, naming the host") {
+  const std::string h253(253, 'h'), h254(254, 'h');
+  const std::string long_msg = fmt::format("host '{}...' (254 bytes) is longer than 253 bytes", std::string(32, 'h'));
+  // cluster/address.hpp
+  CHECK(ds::split_host_port(h253 + ":1") == ds::HostPort{h253, 1});
+  CHECK(ds::split_host_port("[1:2:3:4:5:6:7:8]:1") == ds::HostPort{"1:2:3:4:5:6:7:8", 1});
+  const BadCase cases[] = {
+      {"[a:1]", "[a:1]:80", "address '[a:1]:80' has 'a:1' in brackets, which is not an IPv6 address"},
+      {"[:]", "[:]:80", "address '[:]:80' has ':' in brackets, which is not an IPv6 address"},
+      {"[:::]", "[:::]:80", "has ':::' in brackets, which is not an IPv6 address"},
+      {"nine groups", "[1:2:3:4:5:6:7:8:9]:80", "has '1:2:3:4:5:6:7:8:9' in brackets"},
+      {"bad IPv4 tail", "[::ffff:1.2.3.256]:80", "has '::ffff:1.2.3.256' in brackets"},
+      {"empty zone", "[fe80::1%]:80", "has 'fe80::1%' in brackets"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.name);
+    CHECK_THROWS_WITH_AS(ds::split_host_port(c.text), contains(c.expected), ds::ClusterConfigError);
+  }
+  CHECK_THROWS_WITH_AS(ds::split_host_port(h254 + ":1"), contains(long_msg), ds::ClusterConfigError);
+  CHECK_THROWS_WITH_AS(ds::split_host_port("[" + std::string(254, 'a') + "]:1"),
+                       contains(fmt::format("host '{}...' (254 bytes) is longer than 253 bytes", std::string(32, 'a'))),
+                       ds::ClusterConfigError);
+  // TF_CONFIG (and ClusterSpec, SimpleClusterResolver: the same validation)
+  CHECK_THROWS_WITH_AS(ds::TFConfigClusterResolver(R"({"cluster": {"worker": ["[a:1]:2222"]}})"),
+                       "TF_CONFIG: cluster.worker[0] address '[a:1]:2222' has 'a:1' in brackets, which is not an IPv6 address",
+                       ds::ClusterConfigError);
+  CHECK_THROWS_WITH_AS(ds::TFConfigClusterResolver(fmt::format(R"({{"cluster": {{"worker": ["{}:2222"]}}}})", h254)),
+                       contains(long_msg), ds::ClusterConfigError);
+  CHECK_THROWS_WITH_AS(ds::ClusterSpec({{"ps", {"[:]:1"}}}), contains("has ':' in brackets, which is not an IPv6 address"),
+                       ds::ClusterConfigError);
+  // The launcher's MASTER_ADDR
+  for (const std::string& addr : {h254, std::string("a:1"), std::string(":")}) {
+    INFO(addr.size());
+    CHECK_THROWS_WITH_AS(ds::LauncherClusterResolver({}, {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", addr}, {"MASTER_PORT", "1"}}),
+                         contains(fmt::format("MASTER_ADDR='{}' is not a host name or IP address", addr)),
+                         ds::ClusterConfigError);
+  }
+  // net/'s parser (the communicator's and the parameter server's addresses)
+  using ds::net::detail::parse_host_port;
+  CHECK(parse_host_port(h253 + ":1").host == h253);
+  CHECK(parse_host_port("[fe80::1%eth0]:1").host == "fe80::1%eth0");
+  CHECK_THROWS_WITH_AS(parse_host_port("[a:1]:80"), "address '[a:1]:80': host 'a:1' is not an IPv6 address", ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(parse_host_port("[:]:80"), "address '[:]:80': host ':' is not an IPv6 address", ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(parse_host_port("a:1:80"), "address 'a:1:80' has an IPv6 host without brackets; write [host]:port",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(parse_host_port(h254 + ":1"), ("address: " + long_msg).c_str(), ds::InvalidArgument);
 }

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <distribute/core/error.hpp>
+#include <distribute/core/host_name.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -28,10 +29,6 @@ struct HostPort {
 };
 
 namespace detail {
-
-inline bool is_hostname_char(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
-}
 
 /// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
 /// "address 'X' " (so every caller can put its own field name in front).
@@ -55,16 +52,9 @@ inline std::optional<HostPort> split_host_port(std::string_view address, std::st
     if (rest.empty() || rest.front() != ':') return fail("has no ':port' after ']'; expected [host]:port");
     port = rest.substr(1);
     if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
-    // An IPv6 literal: hex digits, ':' and '.' (IPv4-mapped tail), then an optional "%zone".
-    auto zone = host.find('%');
-    auto ip = host.substr(0, zone);
-    bool ok = ip.find(':') != std::string_view::npos &&
-              std::all_of(ip.begin(), ip.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.'; });
-    if (zone != std::string_view::npos) {
-      auto z = host.substr(zone + 1);
-      ok = ok && !z.empty() && std::all_of(z.begin(), z.end(), is_hostname_char);
-    }
-    if (!ok) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+    if (host.size() > kMaxHostNameBytes) return fail(fmt::format("has a {}", host_problem(host, true)));
+    // An IPv6 literal (inet_pton decides), then an optional "%zone".
+    if (!host_problem(host, true).empty()) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
   } else {
     auto colon = address.rfind(':');
     if (colon == std::string_view::npos) return fail("has no port; expected host:port");
@@ -74,6 +64,7 @@ inline std::optional<HostPort> split_host_port(std::string_view address, std::st
       return fail("has an IPv6 host without brackets; write [host]:port, e.g. [::1]:2222");
     }
     if (host.empty()) return fail("has an empty host; expected host:port");
+    if (host.size() > kMaxHostNameBytes) return fail(fmt::format("has a {}", host_problem(host, false)));
     if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
       return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
     }

@@ -19,6 +19,7 @@
 #include <distribute/cluster/cluster_resolver.hpp>
 #include <distribute/cluster/cluster_spec.hpp>
 #include <distribute/cluster/detail/env.hpp>
+#include <distribute/cluster/detail/slurm_hostlist.hpp>
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -39,110 +40,6 @@ struct SlurmOptions {
 };
 
 namespace detail {
-
-/// Slurm's numbers are at most this: large enough for any real cluster, small enough that a
-/// typo such as "node[1-99999999]" is an error and not an out-of-memory.
-inline constexpr std::int64_t kSlurmMaxCount = 1'000'000;
-
-/// "0-3" → {0, 3, 1} (low, high, digits of low): one item of a hostlist range.
-struct SlurmRangeItem {
-  std::int64_t low = 0;
-  std::int64_t high = 0;
-  std::size_t width = 0;
-};
-
-inline std::optional<std::int64_t> slurm_number(std::string_view s) {
-  if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return std::nullopt;
-  }
-  return parse_env_integer(s);
-}
-
-/// Expands Slurm's compressed host list: "node[01-03,07]", "a,b[1-2]", "rack[1-2]-n[1-2]".
-/// Zero padding follows the low end of each range ("[08-10]" → 08, 09, 10); several ranges in
-/// one name expand left to right, the leftmost varying slowest. `label` starts every message.
-inline std::vector<std::string> slurm_expand_hostlist(std::string_view text, std::string_view label) {
-  auto fail = [&](const std::string& why) -> std::vector<std::string> {
-    throw ClusterConfigError(fmt::format("{} '{}' is not a valid hostlist: {}", label, text, why));
-  };
-  if (text.empty()) return fail("it is empty");
-  std::vector<std::string> hosts;
-  std::size_t pos = 0;
-  while (pos <= text.size()) {
-    // One comma-separated element (commas inside brackets separate range items, not hosts).
-    std::size_t end = pos;
-    bool in_brackets = false;
-    for (; end < text.size(); ++end) {
-      char c = text[end];
-      if (c == '[') {
-        if (in_brackets) return fail(fmt::format("'[' at offset {} is nested in another '['", end));
-        in_brackets = true;
-      } else if (c == ']') {
-        if (!in_brackets) return fail(fmt::format("']' at offset {} has no matching '['", end));
-        in_brackets = false;
-      } else if (c == ',' && !in_brackets) {
-        break;
-      }
-    }
-    if (in_brackets) return fail("a '[' is never closed");
-    std::string_view element = text.substr(pos, end - pos);
-    if (element.empty()) return fail(fmt::format("empty host name at offset {}", pos));
-
-    std::vector<std::string> names{""};
-    std::size_t i = 0;
-    while (i < element.size()) {
-      if (element[i] != '[') {
-        std::size_t j = element.find('[', i);
-        std::string_view literal = element.substr(i, j == std::string_view::npos ? std::string_view::npos : j - i);
-        if (auto bad = std::find_if_not(literal.begin(), literal.end(), is_hostname_char); bad != literal.end()) {
-          return fail(fmt::format("host name '{}' has the invalid character '{}'", element, *bad));
-        }
-        for (auto& n : names) n += literal;
-        i += literal.size();
-        continue;
-      }
-      std::size_t close = element.find(']', i);
-      std::string_view range = element.substr(i + 1, close - i - 1);
-      if (range.empty()) return fail(fmt::format("'{}' has an empty range '[]'", element));
-      std::vector<SlurmRangeItem> items;
-      std::int64_t count = 0;
-      std::size_t start = 0;
-      while (start <= range.size()) {
-        std::size_t comma = std::min(range.find(',', start), range.size());
-        std::string_view item = range.substr(start, comma - start);
-        std::size_t dash = item.find('-');
-        std::string_view lo = item.substr(0, dash);
-        std::string_view hi = dash == std::string_view::npos ? lo : item.substr(dash + 1);
-        auto l = slurm_number(lo);
-        auto h = slurm_number(hi);
-        if (!l || !h) return fail(fmt::format("range item '{}' in '{}' is not N or N-M with decimal numbers", item, element));
-        if (*h < *l) return fail(fmt::format("range item '{}' in '{}' goes down", item, element));
-        items.push_back({*l, *h, lo.size()});
-        count += *h - *l + 1;
-        if (count > kSlurmMaxCount) return fail(fmt::format("'{}' names more than {} hosts", element, kSlurmMaxCount));
-        start = comma + 1;
-      }
-      if (static_cast<std::int64_t>(names.size()) * count > kSlurmMaxCount) {
-        return fail(fmt::format("'{}' names more than {} hosts", element, kSlurmMaxCount));
-      }
-      std::vector<std::string> next;
-      next.reserve(names.size() * static_cast<std::size_t>(count));
-      for (const auto& n : names) {
-        for (const auto& it : items) {
-          for (std::int64_t v = it.low; v <= it.high; ++v) next.push_back(fmt::format("{}{:0{}}", n, v, it.width));
-        }
-      }
-      names = std::move(next);
-      i = close + 1;
-    }
-    hosts.insert(hosts.end(), names.begin(), names.end());
-    if (static_cast<std::int64_t>(hosts.size()) > kSlurmMaxCount) return fail(fmt::format("it names more than {} hosts", kSlurmMaxCount));
-    if (end == text.size()) break;
-    pos = end + 1;
-    if (pos == text.size()) return fail("it ends with ','");
-  }
-  return hosts;
-}
 
 /// Expands Slurm's tasks-per-node list: "2(x3),1" → 2, 2, 2, 1.
 inline std::vector<int> slurm_expand_tasks_per_node(std::string_view text, std::string_view label) {

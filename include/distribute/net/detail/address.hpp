@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <distribute/core/error.hpp>
+#include <distribute/core/host_name.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
@@ -25,11 +26,22 @@ inline HostPort parse_host_port(std::string_view address) {
   }
   std::string_view host = address.substr(0, colon);
   const std::string_view port = address.substr(colon + 1);
-  if (host.front() == '[') {
+  const bool bracketed = host.front() == '[';
+  if (bracketed) {
     if (host.size() < 3 || host.back() != ']') {
       throw InvalidArgument(fmt::format("address '{}' has an unterminated [IPv6] host", address));
     }
     host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string_view::npos) {
+    throw InvalidArgument(fmt::format("address '{}' has an IPv6 host without brackets; write [host]:port", address));
+  }
+  // Names are looked up, not checked character by character here (cluster/address.hpp does that
+  // for cluster specs); their length and IPv6 literals are checked wherever an address comes from.
+  if (host.size() > kMaxHostNameBytes || bracketed) {
+    if (auto why = host_problem(host, bracketed); !why.empty()) {
+      throw InvalidArgument(host.size() > kMaxHostNameBytes ? fmt::format("address: {}", why)
+                                                             : fmt::format("address '{}': {}", address, why));
+    }
   }
   unsigned long value = 0;
   for (char c : port) {
