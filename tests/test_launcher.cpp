@@ -9,6 +9,7 @@
 #include <distribute/version.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -32,6 +33,8 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "support/processes.hpp"
 
 namespace {
 
@@ -765,6 +768,157 @@ TEST_CASE("--bind-to core gives each task its own equal share of the CPUs, or ea
   }
 }
 
+// ------------------------------------------------------------------------------------------------
+// Across nodes: one launcher per node (here all on loopback), meeting at node 0's --master-port.
+
+namespace {
+
+std::vector<std::string> node_args(int nnodes, int rank, int port, int tasks) {
+  return {"--nnodes", std::to_string(nnodes), "--node-rank", std::to_string(rank), "--master-addr", "127.0.0.1",
+          "--master-port", std::to_string(port), "-n", std::to_string(tasks)};
+}
+
+std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::string env_of(const std::string& out, const std::string& task, const std::string& name) {
+  const std::string prefix = fmt::format("[{}] ENV {}=", task, name);
+  const auto at = out.find(prefix);
+  if (at == std::string::npos) return "unset";
+  return out.substr(at + prefix.size(), out.find('\n', at) - at - prefix.size());
+}
+
+}  // namespace
+
+TEST_CASE("--nnodes 2: two launchers agree on one cluster; ranks follow the node ranks") {
+  const int port = test_support::free_ports(1)[0];
+  const std::vector<std::string> program = {child(), "info", "env", "RANK", "env", "LOCAL_RANK", "env", "WORLD_SIZE",
+                                            "env", "LOCAL_WORLD_SIZE", "env", "GROUP_RANK", "env", "MASTER_ADDR",
+                                            "env", "MASTER_PORT"};
+  // Node 1 starts first: it retries until node 0 listens.
+  Job node1(node_args(2, 1, port, 2) + program);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Job node0(node_args(2, 0, port, 1) + program);
+  const Result r0 = node0.finish(60), r1 = node1.finish(60);
+  INFO("node 0 stdout:\n", r0.out, "\nnode 0 stderr:\n", r0.err, "\nnode 1 stdout:\n", r1.out, "\nnode 1 stderr:\n",
+       r1.err);
+  REQUIRE_FALSE(r0.timed_out);
+  REQUIRE_FALSE(r1.timed_out);
+  CHECK(r0.code == 0);
+  CHECK(r1.code == 0);
+  CHECK(contains(r1.err, "node 1: 2 nodes, 3 tasks; this node's are ranks 1..2"));
+  auto infos = task_infos(r0.out);
+  for (auto& entry : task_infos(r1.out)) infos.insert(std::move(entry));
+  check_cluster(infos, {{"worker", 3}});
+  const std::map<std::string, std::array<std::string, 5>> expected = {
+      // RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK
+      {"worker:0", {"0", "0", "3", "1", "0"}},
+      {"worker:1", {"1", "0", "3", "2", "1"}},
+      {"worker:2", {"2", "1", "3", "2", "1"}}};
+  const std::string master_port = env_of(r0.out, "worker:0", "MASTER_PORT");
+  std::set<int> task_ports;
+  for (const auto& entry : infos)
+    for (const auto& a : strings(entry.second.tf.at("cluster").at("worker"))) task_ports.insert(port_of(a));
+  for (const auto& [task, want] : expected) {
+    const std::string& out = task == "worker:0" ? r0.out : r1.out;
+    INFO(task);
+    CHECK(env_of(out, task, "RANK") == want[0]);
+    CHECK(env_of(out, task, "LOCAL_RANK") == want[1]);
+    CHECK(env_of(out, task, "WORLD_SIZE") == want[2]);
+    CHECK(env_of(out, task, "LOCAL_WORLD_SIZE") == want[3]);
+    CHECK(env_of(out, task, "GROUP_RANK") == want[4]);
+    CHECK(env_of(out, task, "MASTER_ADDR") == "127.0.0.1");
+    CHECK(env_of(out, task, "MASTER_PORT") == master_port);  // node 0's, the same everywhere
+  }
+  CHECK(master_port != std::to_string(port));  // not the launchers' meeting port
+  CHECK(task_ports.count(std::stoi(master_port)) == 0);
+}
+
+TEST_CASE("--nnodes: a task failing on one node stops every node, and every launcher exits with its status") {
+  const int port = test_support::free_ports(1)[0];
+  TempDir dir;
+  const std::vector<std::string> program = {child(), "info", "barrier", dir.str(), "4", "@worker:3", "exit", "3",
+                                            "@all", "sleep", "60000", "print", "not stopped"};
+  Job node0(node_args(2, 0, port, 2) + program);
+  Job node1(node_args(2, 1, port, 2) + program);
+  const Result r1 = node1.finish(60), r0 = node0.finish(60);
+  INFO("node 0 stdout:\n", r0.out, "\nnode 0 stderr:\n", r0.err, "\nnode 1 stdout:\n", r1.out, "\nnode 1 stderr:\n",
+       r1.err);
+  REQUIRE_FALSE(r0.timed_out);
+  REQUIRE_FALSE(r1.timed_out);
+  CHECK(r1.code == 3);
+  CHECK(r0.code == 3);
+  CHECK(contains(r1.err, "worker:3 exited with status 3; stopping the other tasks"));
+  CHECK(contains(r0.err, "node 1 failed with status 3; stopping this node's tasks"));
+  CHECK(r0.seconds < 30);  // the sleepers (60 s) were stopped
+  CHECK_FALSE(contains(r0.out + r1.out, "not stopped"));
+  check_all_gone(task_infos(r0.out));
+  check_all_gone(task_infos(r1.out));
+}
+
+TEST_CASE("--nnodes: a node whose launcher dies stops the job on the others") {
+  const int port = test_support::free_ports(1)[0];
+  SUBCASE("node 1's launcher is SIGKILLed") {
+    Job node0(node_args(2, 0, port, 1) + std::vector<std::string>{child(), "info", "print", "ready", "sleep", "60000"});
+    Job node1(node_args(2, 1, port, 1) + std::vector<std::string>{child(), "info", "print", "ready", "sleep", "60000"});
+    REQUIRE(node1.wait_for([](const Result& r) { return contains(r.out, "] ready\n"); }, 30));
+    REQUIRE(node0.wait_for([](const Result& r) { return contains(r.out, "] ready\n"); }, 30));
+    node1.signal(SIGKILL);
+    const Result r0 = node0.finish(30);
+    INFO("node 0 stdout:\n", r0.out, "\nnode 0 stderr:\n", r0.err);
+    REQUIRE_FALSE(r0.timed_out);
+    CHECK(r0.code == 1);
+    CHECK(contains(r0.err, "node 1 launcher was lost (its connection closed); stopping this node's tasks"));
+    check_all_gone(task_infos(r0.out));
+    check_all_gone(task_infos(node1.finish(10).out));  // PR_SET_PDEATHSIG
+  }
+  SUBCASE("node 0's launcher is SIGKILLed") {
+    Job node0(node_args(2, 0, port, 1) + std::vector<std::string>{child(), "info", "print", "ready", "sleep", "60000"});
+    Job node1(node_args(2, 1, port, 1) + std::vector<std::string>{child(), "info", "print", "ready", "sleep", "60000"});
+    REQUIRE(node0.wait_for([](const Result& r) { return contains(r.out, "] ready\n"); }, 30));
+    REQUIRE(node1.wait_for([](const Result& r) { return contains(r.out, "] ready\n"); }, 30));
+    node0.signal(SIGKILL);
+    const Result r1 = node1.finish(30);
+    INFO("node 1 stdout:\n", r1.out, "\nnode 1 stderr:\n", r1.err);
+    REQUIRE_FALSE(r1.timed_out);
+    CHECK(r1.code == 1);
+    CHECK(contains(r1.err, "node 0 launcher was lost (its connection closed); stopping this node's tasks"));
+    check_all_gone(task_infos(r1.out));
+  }
+}
+
+TEST_CASE("--nnodes: launchers that disagree, or a node that never comes, fail with what was wrong") {
+  const int port = test_support::free_ports(1)[0];
+  SUBCASE("another --nnodes") {
+    Job node0(node_args(2, 0, port, 1) + std::vector<std::string>{child(), "info"});
+    Job node1(node_args(3, 1, port, 1) + std::vector<std::string>{child(), "info"});
+    const Result r0 = node0.finish(60), r1 = node1.finish(60);
+    INFO("node 0 stderr:\n", r0.err, "\nnode 1 stderr:\n", r1.err);
+    CHECK(r0.code == 1);
+    CHECK(r1.code == 1);
+    CHECK(contains(r0.err, "node 0: the launchers could not agree on the job: node 1 was started with --nnodes 3, "
+                           "node 0 with --nnodes 2"));
+    CHECK(contains(r1.err, "node 1: the launchers could not agree on the job: node 0 refused this node: node 0 was "
+                           "started with --nnodes 2, this node with --nnodes 3"));
+    CHECK(task_infos(r0.out + r1.out).empty());  // nothing was started
+  }
+  SUBCASE("a node that never joins: --rdzv-timeout") {
+    const Result r0 = run(node_args(2, 0, port, 1) + std::vector<std::string>{"--rdzv-timeout", "1", child(), "info"});
+    INFO("node 0 stderr:\n", r0.err);
+    CHECK(r0.code == 1);
+    CHECK(contains(r0.err, "timed out after --rdzv-timeout waiting for node(s) 1 to join"));
+    CHECK(r0.seconds < 10);
+  }
+  SUBCASE("no node 0 to join") {
+    const Result r1 = run(node_args(2, 1, port, 1) + std::vector<std::string>{"--rdzv-timeout", "1", child(), "info"});
+    INFO("node 1 stderr:\n", r1.err);
+    CHECK(r1.code == 1);
+    CHECK(contains(r1.err, fmt::format("cannot reach node 0 at 127.0.0.1:{} within --rdzv-timeout", port)));
+  }
+}
+
 TEST_CASE("a usage error exits 2 and prints one line: what was wrong, and where the help is") {
   const std::string c = child();
   struct Bad {
@@ -788,6 +942,15 @@ TEST_CASE("a usage error exits 2 and prints one line: what was wrong, and where 
       {{"--", c}, "the number of workers (-n N) is required"},
       {{c}, "the number of workers (-n N) is required"},
       {{"--ps", "2", "--", c}, "--ps needs --workers M"},
+      {{"--nnodes", "2", "-n", "1", c}, "--nnodes needs --node-rank R (0 for the node that --master-addr names)"},
+      {{"--nnodes", "2", "--node-rank", "2", "-n", "1", c}, "--node-rank must be below --nnodes 2, got 2"},
+      {{"--nnodes", "2", "--node-rank", "1", "-n", "1", c},
+       "--nnodes needs --master-addr and --master-port (where node 0's launcher listens)"},
+      {{"--node-rank", "1", "-n", "1", c}, "--node-rank 1 needs --nnodes"},
+      {{"--master-port", "70000", "-n", "1", c}, "--master-port expects a port between 1 and 65535, got '70000'"},
+      {{"--nnodes", "2", "--node-rank", "0", "--master-addr", "h", "--master-port", "1", "--ps", "1", "--workers",
+        "1", c},
+       "--nnodes starts worker tasks only (-n N per node); --ps and --chief are for one host"},
       {{"--ps", "0", "--workers", "1", "--", c}, "--ps must be between 1 and 1024, got 0"},
       {{"--env", "NOEQUALS", "-n", "1", "--", c}, "--env expects K=V, got 'NOEQUALS'"},
       {{"--env", "TF_CONFIG={}", "-n", "1", "--", c}, "--env cannot set TF_CONFIG: the launcher sets it for each task"},

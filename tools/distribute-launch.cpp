@@ -8,13 +8,16 @@
 //
 // Every task gets the whole cluster in TF_CONFIG (TF's schema: {"cluster": {"chief": [...],
 // "worker": [...], "ps": [...]}, "task": {"type": T, "index": I}}), DISTRIBUTE_LAUNCH_TASK=T:I,
-// torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and, with
-// --token, DISTRIBUTE_CLUSTER_TOKEN. Output lines are forwarded with a "[T:I] " prefix.
+// torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
+// DISTRIBUTE_CLUSTER_TOKEN (a random one per job unless --token or --no-token says otherwise; in the
+// environment, never on a command line). Output lines are forwarded with a "[T:I] " prefix.
 //
 // Design notes (also in the usage text):
 //  * Ranks: the tasks in TF_CONFIG's order (chief, workers, ps) are ranks 0..WORLD_SIZE-1, which
-//    is also MultiWorkerMirroredStrategy's order (the chief first). Every task runs on this host,
-//    so LOCAL_RANK = RANK and LOCAL_WORLD_SIZE = WORLD_SIZE.
+//    is also MultiWorkerMirroredStrategy's order (the chief first). On one host LOCAL_RANK = RANK
+//    and LOCAL_WORLD_SIZE = WORLD_SIZE.
+//  * Across nodes (--nnodes): one launcher per node; they meet at node 0 and stop together
+//    (launch_nodes.hpp). Ranks follow the node ranks.
 //  * Ports: one block of WORLD_SIZE + 1 consecutive free ports P..P+WORLD_SIZE on --host:
 //    MASTER_PORT = P (free for a torch-style rank 0 to listen on, as env:// rendezvous does) and
 //    rank r's TF_CONFIG address uses P+1+r. So LauncherClusterResolver (task i at MASTER_PORT +
@@ -57,6 +60,7 @@
 #include <fmt/format.h>
 
 #include "launch_args.hpp"
+#include "launch_nodes.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -287,7 +291,8 @@ struct Stream {
 struct Task {
   std::string type;
   int index = 0;
-  int rank = 0;      // RANK: the place in the order chief, workers, ps
+  int rank = 0;      // RANK: the place in the order chief, workers, ps (across nodes: node by node)
+  int local_rank = 0;  // LOCAL_RANK: the place among this launcher's tasks
   std::string name;  // "worker:0"
   std::string prefix;  // "[worker:0] "
   pid_t pid = -1;
@@ -350,6 +355,18 @@ class Launcher {
   explicit Launcher(Options o) : opt_(std::move(o)) {}
 
   int run() {
+    // Secure by default: a job gets a token unless told --no-token (or given one by the caller's
+    // environment, which the tasks inherit).
+    if (!opt_.token && !opt_.no_token) {
+      const char* inherited = std::getenv("DISTRIBUTE_CLUSTER_TOKEN");
+      if (inherited == nullptr || *inherited == '\0') opt_.token = "auto";
+    }
+    if (opt_.no_token) unset_inherited_token_ = true;
+    if (opt_.token) {
+      token_generated_ = *opt_.token == "auto";
+      token_ = token_generated_ ? random_token() : *opt_.token;
+    }
+    if (opt_.nnodes > 1) meet_nodes();
     build_tasks();
     install_signal_handlers();
     if (opt_.timeout > 0)
@@ -357,6 +374,7 @@ class Launcher {
                                          std::chrono::duration<double>(opt_.timeout));
     spawn_all();
     loop();
+    if (opt_.nnodes > 1) return finish_nodes();
     return exit_code_.value_or(0);
   }
 
@@ -379,14 +397,21 @@ class Launcher {
     add("worker", opt_.workers);
     add("ps", opt_.ps_given ? opt_.ps : 0);
 
+    for (std::size_t k = 0; k < tasks_.size(); ++k) tasks_[k].local_rank = static_cast<int>(k);
+    if (opt_.nnodes > 1) {
+      build_node_tasks();
+      assign_cpus();
+      return;
+    }
     // MASTER_PORT, then one port per task in rank order.
     master_port_ = pick_port_block(opt_.host, static_cast<int>(tasks_.size()) + 1);
+    master_addr_ = opt_.host;
+    world_size_ = static_cast<int>(tasks_.size());
     std::vector<int> ports;
     for (std::size_t r = 0; r < tasks_.size(); ++r) {
       tasks_[r].rank = static_cast<int>(r);
       ports.push_back(master_port_ + 1 + static_cast<int>(r));
     }
-    const bool v6 = opt_.host.find(':') != std::string::npos;
     std::string cluster = "{";
     std::size_t k = 0;
     for (const char* type : {"chief", "worker", "ps"}) {
@@ -394,8 +419,7 @@ class Launcher {
       for (const auto& t : tasks_) {
         if (t.type != type) continue;
         if (!list.empty()) list += ", ";
-        list += fmt::format("\"{}\"", json_escape(v6 ? fmt::format("[{}]:{}", opt_.host, ports[k])
-                                                     : fmt::format("{}:{}", opt_.host, ports[k])));
+        list += fmt::format("\"{}\"", json_escape(host_port(opt_.host, ports[k])));
         ++k;
       }
       if (list.empty()) continue;
@@ -405,8 +429,163 @@ class Launcher {
     cluster += "}";
     cluster_json_ = cluster;
     assign_cpus();
+  }
 
-    if (opt_.token) token_ = *opt_.token == "auto" ? random_token() : *opt_.token;
+  static std::string host_port(const std::string& host, int port) {
+    return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  }
+
+  // ---- across nodes (launch_nodes.hpp) ------------------------------------------------------
+
+  // Meets the other nodes' launchers and keeps the agreed cluster in node_agreement_.
+  void meet_nodes() {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(opt_.rdzv_timeout));
+    launch::NodeEntry me;
+    me.node_rank = opt_.node_rank;
+    me.tasks = opt_.workers;
+    try {
+      if (opt_.node_rank == 0) {
+        me.host = opt_.host_given ? opt_.host : opt_.master_addr;
+        launch::nodes_detail::check_word(me.host, "--host");
+        // One port more on node 0: MASTER_PORT for torch-style rank 0, as on one host.
+        const int base = pick_port_block(me.host, me.tasks + 1);
+        me.port_base = base + 1;
+        const int listen_fd = launch::listen_for_nodes(opt_.master_addr, opt_.master_port);
+        note("node 0: waiting for {} other node(s) on {}", opt_.nnodes - 1, host_port(opt_.master_addr, opt_.master_port));
+        launch::NodeAgreement agreed;
+        try {
+          node_links_ = launch::gather_nodes(listen_fd, opt_.nnodes, me, me.host, base,
+                                             token_generated_ ? token_ : std::nullopt, deadline, agreed);
+        } catch (...) {
+          ::close(listen_fd);
+          throw;
+        }
+        ::close(listen_fd);  // the job's members are known: later connections are refused
+        node_agreement_ = std::move(agreed);
+      } else {
+        launch::NodeLink link = launch::connect_to_master(opt_.master_addr, opt_.master_port, deadline);
+        me.host = opt_.host_given ? opt_.host : link.local_address();
+        launch::nodes_detail::check_word(me.host, "--host");
+        me.port_base = pick_port_block(me.host, me.tasks);
+        if (!link.send(launch::hello_line(opt_.nnodes, me)))
+          throw launch::RendezvousError("node 0 closed the connection before this node joined");
+        node_agreement_ = launch::parse_agreement(link.read_line(deadline, "node 0's cluster"));
+        node_links_.resize(1);
+        node_links_[0] = std::move(link);
+        // A token this node made up yields to node 0's: one token per job.
+        if (node_agreement_.token && (!token_ || token_generated_)) token_ = node_agreement_.token;
+      }
+    } catch (const launch::RendezvousError& e) {
+      throw std::runtime_error(fmt::format("node {}: the launchers could not agree on the job: {}", opt_.node_rank,
+                                           e.what()));
+    }
+    note("node {}: {} nodes, {} tasks; this node's are ranks {}..{}", opt_.node_rank, node_agreement_.nodes.size(),
+         node_agreement_.world_size(), node_agreement_.rank_offset(opt_.node_rank),
+         node_agreement_.rank_offset(opt_.node_rank) + opt_.workers - 1);
+  }
+
+  // This node's tasks: worker:RANK, with the whole job's cluster in TF_CONFIG.
+  void build_node_tasks() {
+    const auto& a = node_agreement_;
+    const int offset = a.rank_offset(opt_.node_rank);
+    for (auto& t : tasks_) {
+      t.rank = offset + t.local_rank;
+      t.index = t.rank;
+      t.name = fmt::format("worker:{}", t.index);
+      t.prefix = fmt::format("[{}] ", t.name);
+    }
+    std::string list;
+    for (const auto& node : a.nodes)
+      for (int k = 0; k < node.tasks; ++k)
+        list += fmt::format("{}\"{}\"", list.empty() ? "" : ", ", json_escape(host_port(node.host, node.port_base + k)));
+    cluster_json_ = fmt::format("{{\"worker\": [{}]}}", list);
+    world_size_ = a.world_size();
+    master_addr_ = a.master_addr;
+    master_port_ = a.master_port;
+  }
+
+  // The first failure of this node (a task, a signal, --timeout) is told to the others at once.
+  void tell_nodes_of_failure() {
+    if (opt_.nnodes <= 1 || !exit_code_ || failure_told_) return;
+    failure_told_ = true;
+    if (opt_.node_rank == 0) {
+      for (auto& l : node_links_)
+        if (l.open()) l.send(fmt::format("STOP 0 {}", *exit_code_));
+    } else if (!node_links_.empty()) {
+      node_links_[0].send(fmt::format("FAIL {}", *exit_code_));
+    }
+  }
+
+  // What the other launchers said (node 0: FAIL/DONE from the nodes; the others: STOP/END).
+  void handle_node_messages() {
+    for (auto& link : node_links_) {
+      if (!link.open()) continue;
+      std::vector<std::string> lines = link.take_pending();
+      for (auto& l : link.read_lines()) lines.push_back(std::move(l));
+      for (const auto& line : lines) {
+        const auto w = launch::nodes_detail::words(line);
+        if (w.empty()) continue;
+        const int code = w.size() >= 2 ? std::atoi(std::string(w.back()).c_str()) : 1;
+        if (opt_.node_rank == 0 && (w[0] == "FAIL" || w[0] == "DONE")) {
+          if (w[0] == "DONE") nodes_done_.insert(link.peer_node());
+          if (code != 0) node_failed(link.peer_node(), code, fmt::format("failed with status {}", code));
+        } else if (w[0] == "STOP") {
+          node_failed(0, code, fmt::format("says the job failed (status {})", code));
+        } else if (w[0] == "END") {
+          job_end_ = code;
+        }
+      }
+      if (link.eof()) {
+        const int peer = link.peer_node();
+        link.close();
+        if (job_end_) continue;
+        if (opt_.node_rank == 0 && nodes_done_.count(peer)) continue;
+        node_failed(peer, 1, "launcher was lost (its connection closed)");
+      }
+    }
+  }
+
+  void node_failed(int node, int code, const std::string& what) {
+    if (stopping_ && exit_code_) return;
+    if (!exit_code_) exit_code_ = code;
+    if (any_running()) note("node {} {}; stopping this node's tasks", node, what);
+    else note("node {} {}", node, what);
+    failure_told_ = failure_told_ || opt_.node_rank != 0;  // a node does not echo node 0's verdict
+    tell_nodes_of_failure();
+    begin_stop(SIGTERM);
+  }
+
+  bool waiting_for_nodes() const {
+    if (opt_.nnodes <= 1) return false;
+    if (opt_.node_rank != 0) return !job_end_ && !node_links_.empty() && node_links_[0].open();
+    for (std::size_t r = 1; r < node_links_.size(); ++r)
+      if (node_links_[r].open() && !nodes_done_.count(static_cast<int>(r))) return true;
+    return false;
+  }
+
+  // After this node's tasks: node 0 waits for every node's DONE and sends the verdict (END); the
+  // others send DONE and wait for it. Returns the job's exit status.
+  int finish_nodes() {
+    const int mine = exit_code_.value_or(0);
+    if (opt_.node_rank != 0) {
+      if (!node_links_.empty() && node_links_[0].open()) node_links_[0].send(fmt::format("DONE {}", mine));
+    }
+    while (waiting_for_nodes()) {
+      std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+      for (auto& l : node_links_)
+        if (l.open()) fds.push_back({l.fd(), POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) break;
+      handle_signals();
+      handle_node_messages();
+    }
+    if (opt_.node_rank == 0) {
+      const int verdict = exit_code_.value_or(0);
+      for (auto& l : node_links_)
+        if (l.open()) l.send(fmt::format("END {}", verdict));
+      return verdict;
+    }
+    return job_end_ ? (*job_end_ != 0 && mine == 0 ? *job_end_ : mine) : exit_code_.value_or(1);
   }
 
   // --bind-to core: task i gets the i-th of tasks_.size() equal, contiguous blocks of the CPUs this
@@ -470,7 +649,7 @@ class Launcher {
   std::vector<std::string> environment_for(const Task& t) const {
     // The task's own variables replace any the launcher inherited (e.g. RANK from an outer job).
     std::set<std::string> overridden(std::begin(launch::kTaskVariables), std::end(launch::kTaskVariables));
-    if (token_) overridden.insert("DISTRIBUTE_CLUSTER_TOKEN");
+    if (token_ || unset_inherited_token_) overridden.insert("DISTRIBUTE_CLUSTER_TOKEN");
     // --env entries, the last one of a key wins; the launcher's own variables win over --env.
     std::vector<std::pair<std::string, std::string>> extra;
     std::set<std::string> seen;
@@ -491,12 +670,12 @@ class Launcher {
     env.push_back(fmt::format("DISTRIBUTE_LAUNCH_TASK={}", t.name));
     env.push_back(fmt::format("DISTRIBUTE_LAUNCH_RESTART={}", t.restarts));
     // torchrun's variables, so torch-style programs (and LauncherClusterResolver) run unchanged.
-    const std::size_t world = tasks_.size();
     env.push_back(fmt::format("RANK={}", t.rank));
-    env.push_back(fmt::format("LOCAL_RANK={}", t.rank));
-    env.push_back(fmt::format("WORLD_SIZE={}", world));
-    env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", world));
-    env.push_back(fmt::format("MASTER_ADDR={}", opt_.host));
+    env.push_back(fmt::format("LOCAL_RANK={}", t.local_rank));
+    env.push_back(fmt::format("WORLD_SIZE={}", world_size_));
+    env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", tasks_.size()));
+    env.push_back(fmt::format("GROUP_RANK={}", opt_.node_rank));
+    env.push_back(fmt::format("MASTER_ADDR={}", master_addr_));
     env.push_back(fmt::format("MASTER_PORT={}", master_port_));
     if (token_) env.push_back("DISTRIBUTE_CLUSTER_TOKEN=" + *token_);
     return env;
@@ -759,6 +938,10 @@ class Launcher {
       handle_signals();
       reap();
       on_deadlines();
+      if (opt_.nnodes > 1) {
+        tell_nodes_of_failure();
+        handle_node_messages();
+      }
 
       fds.clear();
       streams.clear();
@@ -793,12 +976,15 @@ class Launcher {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Clock::now()).count();
         timeout_ms = static_cast<int>(std::clamp<long long>(left + 1, 0, 60'000));
       }
+      const std::size_t task_fds = fds.size();
+      for (auto& l : node_links_)
+        if (l.open()) fds.push_back({l.fd(), POLLIN, 0});  // read in handle_node_messages
       const int n = ::poll(fds.data(), fds.size(), timeout_ms);
       if (n < 0) {
         if (errno == EINTR) continue;
         throw std::runtime_error(fmt::format("poll: {}", std::strerror(errno)));
       }
-      for (std::size_t k = 1; k < fds.size(); ++k) {
+      for (std::size_t k = 1; k < task_fds; ++k) {
         if (fds[k].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) drain(*owners[k - 1], *streams[k - 1]);
       }
     }
@@ -808,7 +994,18 @@ class Launcher {
   std::vector<Task> tasks_;
   std::string cluster_json_;
   int master_port_ = 0;
+  std::string master_addr_;
+  int world_size_ = 0;
   std::optional<std::string> token_;
+  bool unset_inherited_token_ = false;  // --no-token: the tasks do not inherit the launcher's token
+  bool token_generated_ = false;
+  // Across nodes: node 0 holds a link to every other node (index = node rank, [0] unused); the
+  // others hold one, to node 0.
+  launch::NodeAgreement node_agreement_;
+  std::vector<launch::NodeLink> node_links_;
+  std::set<int> nodes_done_;        // node 0: nodes whose tasks are all done (DONE received)
+  std::optional<int> job_end_;      // the others: node 0's verdict (END)
+  bool failure_told_ = false;
   std::optional<int> exit_code_;
   bool stopping_ = false;
   int signals_received_ = 0;

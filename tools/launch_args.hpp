@@ -44,7 +44,10 @@ an option starts PROGRAM; everything after it is PROGRAM's. "--" ends the option
   --host ADDR         address put in TF_CONFIG and used to pick free ports (default 127.0.0.1)
   --env K=V           extra environment variable for every task (repeatable)
   --token auto|VALUE  set DISTRIBUTE_CLUSTER_TOKEN for every task; "auto" makes a random
-                      128-bit hex token from /dev/urandom
+                      128-bit hex token from /dev/urandom. The default: the launcher's own
+                      DISTRIBUTE_CLUSTER_TOKEN if set, else "auto" (every job has a token; it
+                      travels in the environment, never on a command line)
+  --no-token          no cluster token: any process that can connect may join the job
   --timeout SECONDS   stop every task and exit 124 if the job runs longer
   --grace SECONDS     time between SIGTERM and SIGKILL when stopping tasks (default 10)
   --keep-going        a failing task does not stop the others (exit status: the first failure)
@@ -52,6 +55,13 @@ an option starts PROGRAM; everything after it is PROGRAM's. "--" ends the option
                       again, at most N times per task; each start sets DISTRIBUTE_LAUNCH_RESTART
                       to the number of restarts so far (0 at first)
   --restart-delay S   seconds before such a restart (default 1)
+  --nnodes N          the job spans N nodes, one launcher on each (torchrun's options); -n is
+                      then this node's number of tasks (may differ between nodes)
+  --node-rank R       this node's place, 0..N-1; ranks follow the node ranks
+  --master-addr H     where node 0's launcher listens for the others (node 0: an address of
+                      its own; the other launchers connect to it)
+  --master-port P     that port (node 0's tasks get another one as MASTER_PORT)
+  --rdzv-timeout S    how long the launchers wait for each other (default 300)
   --bind-to core|none core (default): bind each task to its own equal block of the CPUs
                       available to the launcher, or with k times more tasks than CPUs and
                       no ps tasks, k tasks to each CPU (Linux); otherwise, and with none: no
@@ -60,8 +70,9 @@ an option starts PROGRAM; everything after it is PROGRAM's. "--" ends the option
   --version           show the version
 
 Each task also gets DISTRIBUTE_LAUNCH_TASK=TYPE:INDEX, DISTRIBUTE_LAUNCH_RESTART=K and torchrun's
-variables: RANK (the task's place in the order chief, workers, ps: 0..WORLD_SIZE-1), LOCAL_RANK
-(= RANK: all tasks run on this host), WORLD_SIZE and LOCAL_WORLD_SIZE (the number of tasks),
+variables: RANK (the task's place in the order chief, workers, ps: 0..WORLD_SIZE-1; across nodes
+node by node), LOCAL_RANK (its place on this node), WORLD_SIZE and LOCAL_WORLD_SIZE (the number of
+tasks, of this node's tasks), GROUP_RANK (--node-rank),
 MASTER_ADDR (--host) and MASTER_PORT (a free port no task's TF_CONFIG address uses; the tasks'
 ports are MASTER_PORT+1+RANK). Its stdout and stderr lines are forwarded to the launcher's stdout
 and stderr with a "[TYPE:INDEX] " prefix.
@@ -98,6 +109,7 @@ struct Options {
   std::string host = "127.0.0.1";
   std::vector<std::pair<std::string, std::string>> env;
   std::optional<std::string> token;
+  bool no_token = false;  // --no-token: none, not even the default one
   double timeout = 0;  // 0: none
   double grace = 10;
   bool keep_going = false;
@@ -107,13 +119,21 @@ struct Options {
   bool bind_to_given = false;
   bool help = false;
   bool version = false;
+  bool host_given = false;
+  // Across nodes (torchrun's names): one launcher per node; -n is then the tasks of this node.
+  int nnodes = 1;
+  int node_rank = 0;
+  bool node_rank_given = false;
+  std::string master_addr;
+  int master_port = 0;
+  double rdzv_timeout = 300;
   std::vector<std::string> command;
 };
 
 // Variables the launcher sets for each task itself: --env cannot set them.
 constexpr std::string_view kTaskVariables[] = {
     "TF_CONFIG", "DISTRIBUTE_LAUNCH_TASK", "DISTRIBUTE_LAUNCH_RESTART", "RANK", "LOCAL_RANK",
-    "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+    "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"};
 
 inline bool is_reserved_env(std::string_view key) {
   for (const auto v : kTaskVariables)
@@ -198,6 +218,25 @@ inline Options parse_args(int argc, const char* const* argv) {
     } else if (name == "--host") {
       o.host = value();
       if (o.host.empty()) throw UsageError("--host must not be empty");
+      o.host_given = true;
+    } else if (name == "--nnodes") {
+      o.nnodes = parse_count(name, value(), 1);
+    } else if (name == "--node-rank" || name == "--node_rank") {
+      o.node_rank = parse_count(name, value(), 0);
+      o.node_rank_given = true;
+    } else if (name == "--master-addr" || name == "--master_addr") {
+      o.master_addr = value();
+      if (o.master_addr.empty()) throw UsageError("--master-addr must not be empty");
+    } else if (name == "--master-port" || name == "--master_port") {
+      const std::string v = value();
+      int port = 0;
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), port);
+      if (ec != std::errc{} || end != v.data() + v.size() || port < 1 || port > 65535)
+        throw UsageError(fmt::format("{} expects a port between 1 and 65535, got '{}'", name, v));
+      o.master_port = port;
+    } else if (name == "--rdzv-timeout") {
+      o.rdzv_timeout = parse_seconds(name, value());
+      if (o.rdzv_timeout <= 0) throw UsageError("--rdzv-timeout must be positive");
     } else if (name == "--env") {
       const std::string kv = value();
       const auto eq = kv.find('=');
@@ -209,6 +248,11 @@ inline Options parse_args(int argc, const char* const* argv) {
     } else if (name == "--token") {
       o.token = value();
       if (o.token->empty()) throw UsageError("--token must be 'auto' or a non-empty value");
+      if (o.no_token) throw UsageError("--token and --no-token exclude each other");
+    } else if (name == "--no-token") {
+      flag();
+      if (o.token) throw UsageError("--token and --no-token exclude each other");
+      o.no_token = true;
     } else if (name == "--timeout") {
       o.timeout = parse_seconds(name, value());
       if (o.timeout <= 0) throw UsageError("--timeout must be positive");
@@ -238,6 +282,17 @@ inline Options parse_args(int argc, const char* const* argv) {
     throw UsageError(o.ps_given ? "--ps needs --workers M" : "the number of workers (-n N) is required");
   // Only a parameter-server cluster survives a lost worker (its coordinator reschedules the
   // closures); a synchronous job would only wait for the restarted task in a broken collective.
+  if (o.nnodes > 1) {
+    if (!o.node_rank_given) throw UsageError("--nnodes needs --node-rank R (0 for the node that --master-addr names)");
+    if (o.node_rank >= o.nnodes)
+      throw UsageError(fmt::format("--node-rank must be below --nnodes {}, got {}", o.nnodes, o.node_rank));
+    if (o.master_addr.empty() || o.master_port == 0)
+      throw UsageError("--nnodes needs --master-addr and --master-port (where node 0's launcher listens)");
+    if (o.ps_given || o.chief.value_or(false))
+      throw UsageError("--nnodes starts worker tasks only (-n N per node); --ps and --chief are for one host");
+  } else if (o.node_rank_given && o.node_rank != 0) {
+    throw UsageError(fmt::format("--node-rank {} needs --nnodes", o.node_rank));
+  }
   if (o.restart_workers > 0 && !o.ps_given)
     throw UsageError("--restart-workers needs --ps (only a parameter-server cluster takes a worker back)");
   return o;
