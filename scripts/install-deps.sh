@@ -69,6 +69,15 @@ optional torch/csrc/api/include/torch/torch.h libtorch-dev  # Debian puts the C+
 optional dlpack/dlpack.h libdlpack-dev
 optional xtensor/xarray.hpp libxtensor-dev
 
+# libFuzzer (scripts/fuzz.sh): clang's runtime libraries, Debian's libclang-rt-<clang version>-dev.
+fuzzer_links() {
+  have clang++ && printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' |
+    clang++ -fsanitize=fuzzer -x c++ - -o /dev/null >/dev/null 2>&1
+}
+if have clang++ && ! fuzzer_links; then
+  missing+=(libFuzzer)
+fi
+
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0
 fi
@@ -94,6 +103,11 @@ read -r -a BOOST <<<"$(boost_packages)"
 echo "install-deps: installing ${PACKAGES[*]} ${BOOST[*]}" >&2
 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
   apt-get install -y --no-install-recommends "${PACKAGES[@]}" "${BOOST[@]}"
+if have clang++ && ! fuzzer_links; then
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+    "libclang-rt-$(clang++ -dumpversion | cut -d. -f1)-dev" ||
+    echo "install-deps: no libclang-rt package for this clang; scripts/fuzz.sh will not build" >&2
+fi
 for package in "${OPTIONAL_PACKAGES[@]}"; do
   candidate="$(apt-cache policy "$package" 2>/dev/null | awk '/Candidate:/ { print $2 }')"
   if [ -z "$candidate" ] || [ "$candidate" = "(none)" ]; then
