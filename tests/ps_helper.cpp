@@ -72,6 +72,21 @@ int chief(int n, const std::string& cluster_json) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `ps_helper tf-config`: the task TF_CONFIG names (as distribute-launch starts it), with the
+  // token the environment gives; prints "serving JOB at ADDRESS" (tests/test_hostile_input.cpp).
+  if (argc == 2 && std::string(argv[1]) == "tf-config") {
+    try {
+      ds::TFConfigClusterResolver r;
+      ds::Server server(r.cluster_spec(), r.task_type(), r.task_id());
+      std::printf("serving %s at %s\n", r.task_type().c_str(), r.cluster_spec().task_address(r.task_type(), r.task_id()).c_str());
+      std::fflush(stdout);
+      server.join();
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ps_helper tf-config: %s\n", e.what());
+      return 1;
+    }
+  }
   if (argc != 4) {
     std::fprintf(stderr, "usage: ps_helper ps|worker INDEX CLUSTER_JSON, or ps_helper chief N CLUSTER_JSON\n");
     return 2;

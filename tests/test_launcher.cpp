@@ -615,6 +615,37 @@ TEST_CASE("--env, --token and DISTRIBUTE_LAUNCH_TASK reach every task") {
   }
 }
 
+TEST_CASE("secure default: a random token per job unless --no-token; a token the caller set is kept") {
+  static const std::regex tok(R"(^\[worker:[01]\] ENV DISTRIBUTE_CLUSTER_TOKEN=([0-9a-f]{32})$)");
+  auto tokens_of = [](const Result& r) {
+    std::set<std::string> tokens;
+    for (const auto& line : lines(r.out)) {
+      std::smatch m;
+      if (std::regex_match(line, m, tok)) tokens.insert(m[1]);
+    }
+    return tokens;
+  };
+  ::unsetenv("DISTRIBUTE_CLUSTER_TOKEN");
+  const Result a = run({"-n", "2", "--", child(), "env", "DISTRIBUTE_CLUSTER_TOKEN"});
+  const Result b = run({"-n", "2", "--", child(), "env", "DISTRIBUTE_CLUSTER_TOKEN"});
+  INFO("stdout:\n", a.out, "\n", b.out, "\nstderr:\n", a.err, b.err);
+  CHECK(a.code == 0);
+  CHECK(b.code == 0);
+  CHECK(count(a.out, "ENV DISTRIBUTE_CLUSTER_TOKEN=") == 2);
+  REQUIRE(tokens_of(a).size() == 1);  // one token for the job's tasks...
+  REQUIRE(tokens_of(b).size() == 1);
+  CHECK(*tokens_of(a).begin() != *tokens_of(b).begin());  // ...and another for the next job
+  CHECK_FALSE(contains(a.out + a.err, "--token"));
+  ::setenv("DISTRIBUTE_CLUSTER_TOKEN", "callers-own", 1);
+  const Result kept = run({"-n", "1", "--", child(), "env", "DISTRIBUTE_CLUSTER_TOKEN"});
+  const Result none = run({"--no-token", "-n", "1", "--", child(), "env", "DISTRIBUTE_CLUSTER_TOKEN"});
+  ::unsetenv("DISTRIBUTE_CLUSTER_TOKEN");
+  INFO("stdout:\n", kept.out, "\n", none.out);
+  CHECK(contains(kept.out, "[worker:0] ENV DISTRIBUTE_CLUSTER_TOKEN=callers-own\n"));
+  CHECK(none.code == 0);
+  CHECK(contains(none.out, "[worker:0] ENV DISTRIBUTE_CLUSTER_TOKEN unset\n"));  // not even the caller's
+}
+
 TEST_CASE("what a task leaves behind in its process group is killed when it exits") {
   const Result r = run({"-n", "1", "--", child(), "grandchild", "exit", "0"});
   INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
@@ -967,6 +998,9 @@ TEST_CASE("a usage error exits 2 and prints one line: what was wrong, and where 
        "--env cannot set DISTRIBUTE_LAUNCH_RESTART: the launcher sets it for each task"},
       {{"--bind-to", "socket", "-n", "1", "--", c}, "--bind-to expects 'core' or 'none', got 'socket'"},
       {{"--bind-to", "-n", "1", "--", c}, "--bind-to expects 'core' or 'none', got '-n'"},
+      {{"--token", "x", "--no-token", "-n", "1", "--", c}, "--token and --no-token exclude each other"},
+      {{"--no-token", "--token", "auto", "-n", "1", "--", c}, "--token and --no-token exclude each other"},
+      {{"--no-token=1", "-n", "1", "--", c}, "--no-token takes no value"},
   };
   for (const auto& [args, message] : bad) {
     std::string joined;

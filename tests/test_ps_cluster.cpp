@@ -558,9 +558,11 @@ TEST_CASE("ds::Server rejects a job, protocol or task it cannot serve; logs refu
   no_token.connect_timeout = 2000ms;
   ds::detail::RpcClient stranger(fmt::format("127.0.0.1:{}", ports[0]), "ps 0", no_token);
   CHECK_THROWS_WITH_AS(stranger.call(ds::detail::RpcOp::Ping, {}),
-                       doctest::Contains("refused the connection: the peer did not present the cluster token"),
+                       doctest::Contains("refused the connection (its log says why; the usual cause is a cluster "
+                                         "token that differs or is missing: DISTRIBUTE_CLUSTER_TOKEN)"),
                        ds::detail::ConnectionLost);
   CHECK(logged("refused a connection from 127.0.0.1:"));
+  CHECK(logged("the peer did not present the cluster token"));  // the reason: in the log, not to the peer
   boost::asio::io_context io;
   boost::asio::ip::tcp::socket s(io);
   s.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(ports[0])});

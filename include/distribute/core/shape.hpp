@@ -2,7 +2,7 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
+#include <functional>  // (kept: headers that include this one use it)
 #include <numeric>
 #include <string>
 #include <vector>
@@ -15,15 +15,43 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 using Shape = std::vector<std::int64_t>;
 
-/// Number of elements a shape holds (1 for a scalar).
-inline std::int64_t num_elements(const Shape& shape) {
-  return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>{});
-}
-
 /// "(4, 2, 3)", "(3,)" and "()" as in Python.
 inline std::string shape_string(const Shape& shape) {
   if (shape.size() == 1) return fmt::format("({},)", shape[0]);
   return fmt::format("({})", fmt::join(shape, ", "));
+}
+
+/// The bytes of `count` elements of `element_size` bytes, or false when that overflows 64 bits.
+/// Every size and count read from the wire goes through this or checked_byte_size below.
+[[nodiscard]] inline bool checked_mul(std::uint64_t count, std::uint64_t element_size, std::uint64_t& out) noexcept {
+  return !__builtin_mul_overflow(count, element_size, &out);
+}
+
+/// Number of elements a shape holds (1 for a scalar). A negative dimension or a product beyond
+/// 64-bit signed arithmetic is InvalidArgument: shapes also arrive from the wire and from files.
+inline std::int64_t num_elements(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0) throw InvalidArgument(fmt::format("shape {} has a negative dimension", shape_string(shape)));
+    if (__builtin_mul_overflow(n, d, &n)) {
+      throw InvalidArgument(fmt::format("shape {}: its number of elements overflows 64 bits", shape_string(shape)));
+    }
+  }
+  return n;
+}
+
+/// The bytes a shape's elements take, checked: InvalidArgument naming `what` when a dimension is
+/// negative or the count or the bytes exceed `limit` (default: what a size_t offset can address).
+inline std::size_t checked_byte_size(const Shape& shape, std::size_t element_size, const char* what,
+                                     std::uint64_t limit = std::uint64_t{1} << 62) {
+  const std::uint64_t max_count = limit / (element_size ? element_size : 1);
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0 || !checked_mul(n, static_cast<std::uint64_t>(d), n) || n > max_count) {
+      throw InvalidArgument(fmt::format("{}: shape {} read from the wire is negative or too large", what, shape_string(shape)));
+    }
+  }
+  return static_cast<std::size_t>(n * element_size);  // <= limit: checked above
 }
 
 /// Normalises an axis that may be negative (Python style) against a rank; throws naming both.

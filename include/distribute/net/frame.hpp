@@ -48,6 +48,10 @@ inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
 inline constexpr std::uint64_t kMaxControlPayload = 64 * 1024;
+/// Before a peer has proved the cluster token, no frame may claim more than this (the handshake
+/// frames of the collectives and of the ps service are far smaller): a stranger can make a task
+/// hold a few KiB per connection at most.
+inline constexpr std::uint64_t kMaxPreAuthPayload = 4 * 1024;
 /// A sender pads a bulk payload so that its place in the byte stream has the same alignment mod 64
 /// as its address, and ends every frame on a multiple of 64 in the stream: the kernel's copy into
 /// the socket then meets a destination aligned like its source, which some CPUs copy many times

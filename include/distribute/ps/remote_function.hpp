@@ -70,7 +70,7 @@ void load(Archive& a, float16_storage<Traits>& h) {
 namespace detail {
 
 using WireOut = cereal::BinaryOutputArchive;
-using WireIn = cereal::BinaryInputArchive;
+using WireIn = WireReader;  // checks every length read against the bytes left
 
 /// One element of a per-worker dataset, pulled by the closures that run on this worker.
 template <class T>
@@ -121,33 +121,24 @@ struct wire {
   }
 };
 
-/// The element count of a shape read from the wire, checked: non-negative dimensions whose
-/// product (times the element size) fits in 63 bits.
-inline std::size_t checked_element_count(const Shape& shape, std::size_t element_size, const char* what) {
-  std::uint64_t n = 1;
-  for (std::int64_t d : shape) {
-    if (d < 0 || (d > 0 && n > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(d))) {
-      throw InvalidArgument(fmt::format("{}: shape {} read from the wire is negative or too large", what, shape_string(shape)));
-    }
-    n *= static_cast<std::uint64_t>(d);
-  }
-  if (n > (std::uint64_t{1} << 62) / element_size) {
-    throw InvalidArgument(fmt::format("{}: shape {} read from the wire is too large", what, shape_string(shape)));
-  }
-  return static_cast<std::size_t>(n);
-}
-
 /// A tensor's elements as raw bytes (any element type, 16-bit floats included), after their length.
 inline void save_elements(WireOut& a, const void* data, std::size_t bytes) {
   a(static_cast<std::uint64_t>(bytes));
   if (bytes) a(cereal::binary_data(data, bytes));
 }
-inline void load_elements(WireIn& a, void* data, std::size_t bytes, const char* what) {
+/// Reads the length that precedes a tensor's elements and checks it, before anything is allocated:
+/// it must be what the shape holds, and that many bytes must be there.
+inline void expect_elements(WireIn& a, std::size_t bytes, const char* what) {
   std::uint64_t sent = 0;
   a(sent);
   if (sent != bytes) {
     throw InvalidArgument(fmt::format("{}: {} bytes of elements arrived for a shape that holds {}", what, sent, bytes));
   }
+  if (bytes > a.remaining()) {
+    throw InvalidArgument(fmt::format("{}: {} bytes of elements claimed, {} left in the message", what, bytes, a.remaining()));
+  }
+}
+inline void load_elements(WireIn& a, void* data, std::size_t bytes) {
   if (bytes) a(cereal::binary_data(data, bytes));
 }
 
@@ -160,9 +151,10 @@ struct wire<Tensor<E>> {
   static Tensor<E> load(WireIn& a) {
     Shape shape;
     a(shape);
-    const std::size_t n = checked_element_count(shape, sizeof(E), "a ds::Tensor argument");
+    const std::size_t bytes = checked_byte_size(shape, sizeof(E), "a ds::Tensor argument");
+    expect_elements(a, bytes, "a ds::Tensor argument");
     Tensor<E> t = Tensor<E>::zeros(std::move(shape));
-    load_elements(a, t.data(), n * sizeof(E), "a ds::Tensor argument");
+    load_elements(a, t.data(), bytes);
     return t;
   }
 };
@@ -195,9 +187,10 @@ struct wire<T> {
     a(code, shape);
     if (!is_dtype_code(code)) throw InvalidArgument(fmt::format("a tensor argument has an unknown dtype code {}", code));
     const auto dtype = static_cast<DType>(code);
-    const std::size_t n = checked_element_count(shape, size_of(dtype), "a tensor argument");
+    const std::size_t bytes = checked_byte_size(shape, size_of(dtype), "a tensor argument");
+    expect_elements(a, bytes, "a tensor argument");
     RowMajorResult<T> out;
-    load_elements(a, out.allocate(dtype, shape), n * size_of(dtype), "a tensor argument");
+    load_elements(a, out.allocate(dtype, shape), bytes);
     return out.take();
   }
 };
@@ -228,7 +221,7 @@ struct wire<Variable<T>> {
                                         "worker that runs a scheduled function",
                                         name));
     }
-    checked_element_count(shape, size_of(static_cast<DType>(code)), "a ps variable handle");
+    checked_byte_size(shape, size_of(static_cast<DType>(code)), "a ps variable handle");
     return Variable<T>::attach_remote(std::move(name), make_value<T>(static_cast<DType>(code), shape),
                                       RemoteHandle{env->store, task, key});
   }
@@ -287,8 +280,10 @@ std::tuple<Ts...> load_values(std::string_view bytes, const char* what) {
     return std::tuple<Ts...>{wire<Ts>::load(a)...};
   } catch (const cereal::Exception& e) {
     throw InvalidArgument(fmt::format("malformed {}: {}", what, e.what()));
-  } catch (const std::bad_alloc&) {
+  } catch (const std::bad_alloc&) {  // a user type's own load that allocates on a length
     throw InvalidArgument(fmt::format("malformed {}: a size beyond memory", what));
+  } catch (const std::length_error& e) {
+    throw InvalidArgument(fmt::format("malformed {}: a length beyond what a container holds ({})", what, e.what()));
   }
 }
 

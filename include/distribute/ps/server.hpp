@@ -30,6 +30,7 @@
 #include <distribute/ps/detail/messages.hpp>
 #include <distribute/ps/detail/ps_client.hpp>
 #include <distribute/ps/detail/rpc.hpp>
+#include <distribute/ps/detail/rpc_server.hpp>
 #include <distribute/ps/remote_function.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -39,8 +40,15 @@ struct ServerOptions {
   std::optional<std::string> cluster_token = std::nullopt;
   /// A worker's first call to a ps task waits this long for it to come up.
   std::chrono::milliseconds connect_timeout{60000};
+  /// The whole handshake: how long a connection that has not proved the token may stay.
   std::chrono::milliseconds handshake_timeout{5000};
-  /// Refused connections and malformed frames are reported here; default: stderr.
+  /// Once a request has begun, each piece of it (each MiB) must arrive within this.
+  std::chrono::milliseconds read_timeout{30000};
+  /// Connections in their handshake at once; more are closed when accepted (and no more than the
+  /// descriptor limit allows: see docs/parameter-server.md).
+  std::size_t max_pending_connections = 64;
+  /// Refused connections and malformed frames are reported here (a few lines a second at most);
+  /// default: stderr.
   std::function<void(std::string_view)> log = {};
 };
 
@@ -50,6 +58,9 @@ namespace detail {
 /// so no read sees half a closure.
 class VariableTable {
  public:
+  /// What one read of rows may return (RpcOptions::max_frame_bytes' default).
+  static constexpr std::uint64_t kMaxReadRowsBytes = std::uint64_t{1} << 31;
+
   explicit VariableTable(std::string device) : device_(std::move(device)) {}
 
   void create(CreateVarMsg m) {
@@ -57,7 +68,8 @@ class VariableTable {
     for (auto d : m.shape) {
       if (d < 0) throw InvalidArgument(fmt::format("variable '{}': negative dimension in shape {}", m.key, shape_string(m.shape)));
     }
-    const auto want = static_cast<std::size_t>(num_elements(m.shape)) * size_of(dtype);
+    const auto what = fmt::format("variable '{}'", m.key);
+    const std::size_t want = checked_byte_size(m.shape, size_of(dtype), what.c_str());
     if (m.bytes.size() != want) {
       throw InvalidArgument(fmt::format("variable '{}': {} bytes for shape {} of {} (expected {})", m.key, m.bytes.size(),
                                         shape_string(m.shape), to_string(dtype), want));
@@ -85,7 +97,12 @@ class VariableTable {
       throw InvalidArgument(fmt::format("variable '{}' on {}: rows of {} bytes asked for, its rows have {}", m.key, device_,
                                         m.row_bytes, row_bytes));
     }
-    std::string out(m.rows.size() * row_bytes, '\0');
+    std::uint64_t out_bytes = 0;  // the ids are bounded by the request's size, the product is checked
+    if (!checked_mul(m.rows.size(), row_bytes, out_bytes) || out_bytes > kMaxReadRowsBytes) {
+      throw InvalidArgument(fmt::format("variable '{}' on {}: {} rows of {} bytes exceed the {} bytes one read may return",
+                                        m.key, device_, m.rows.size(), row_bytes, kMaxReadRowsBytes));
+    }
+    std::string out(static_cast<std::size_t>(out_bytes), '\0');
     for (std::size_t i = 0; i < m.rows.size(); ++i) {
       const auto r = m.rows[i];
       if (r < 0 || r >= rows) {
@@ -200,6 +217,8 @@ class Server {
     rpc.cluster_token = options_.cluster_token;
     rpc.handshake_timeout = options_.handshake_timeout;
     rpc.connect_timeout = options_.connect_timeout;
+    rpc.read_timeout = options_.read_timeout;
+    rpc.max_pending_connections = options_.max_pending_connections;
     rpc.log = options_.log;
     rpc_options_ = rpc;
     rpc_ = std::make_unique<detail::RpcServer>(

@@ -24,6 +24,7 @@ namespace net::detail {
 
 /// Handshake frames are tiny; this bounds what an unauthenticated socket may make us read.
 inline constexpr std::uint64_t kMaxHandshakePayload = 1024;
+static_assert(kMaxHandshakePayload <= kMaxPreAuthPayload, "the collectives' handshake stays under the pre-auth cap");
 
 class Writer {
  public:

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include <distribute/core/error.hpp>
+#include <distribute/ps/detail/wire_reader.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
@@ -132,16 +133,18 @@ std::vector<std::byte> encode_message(const M& m) {
   return std::move(sink.bytes);
 }
 
-/// Malformed bytes throw InvalidArgument naming `what`, never read past the end.
+/// Malformed bytes throw InvalidArgument naming `what`, never read past the end and never
+/// allocate more than the bytes there are (WireReader checks every length against them). A pure
+/// function of the bytes, so it can be fuzzed.
 template <class M>
 M decode_message(std::span<const std::byte> bytes, const char* what) {
   SpanReadBuffer buffer(bytes);
   std::istream in(&buffer);
   M m;
   try {
-    cereal::BinaryInputArchive ar(in);
+    WireReader ar(in);
     ar(m);
-  } catch (const std::exception& e) {  // cereal::Exception, or a bad_alloc from a bogus size
+  } catch (const std::exception& e) {  // cereal::Exception naming the bogus size
     throw InvalidArgument(fmt::format("malformed {} message ({} bytes): {}", what, bytes.size(), e.what()));
   }
   return m;

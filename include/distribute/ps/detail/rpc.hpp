@@ -1,8 +1,7 @@
-// The parameter-server service's wire layer: request/reply calls over TCP (Boost.Asio), framed with
-// net/frame.hpp's versioned header (Request/Reply frames), authenticated with the cluster token by
-// HMAC-SHA256 challenge-response both ways before any call, and every client-side wait bounded by a
-// deadline. The same port answers plain HTTP GETs (/healthz, /metrics) through Boost.Beast, sniffed
-// from the first bytes, so a server needs one address only.
+// The parameter-server service's wire layer, client side and what both sides share: request/reply
+// calls over TCP (Boost.Asio), framed with net/frame.hpp's versioned header (Request/Reply frames),
+// authenticated with the cluster token by HMAC-SHA256 challenge-response both ways before any call,
+// every wait bounded by a deadline. The server is in rpc_server.hpp.
 #pragma once
 
 #include <array>
@@ -32,6 +31,7 @@
 #include <distribute/core/error.hpp>
 #include <distribute/net/detail/address.hpp>
 #include <distribute/net/detail/auth.hpp>
+#include <distribute/net/detail/refusal_log.hpp>
 #include <distribute/net/detail/transfer_all.hpp>
 #include <distribute/net/frame.hpp>
 
@@ -70,11 +70,27 @@ enum class RpcOp : std::uint64_t {
   Stop = 9,
 };
 
+/// A read or write did not complete within its deadline.
+class TimedOut : public ConnectionLost {
+ public:
+  using ConnectionLost::ConnectionLost;
+};
+
 struct RpcOptions {
   /// How long a first connection retries (with back-off) while the server starts.
   std::chrono::milliseconds connect_timeout{60000};
   /// The whole handshake; also how long a silent stranger may hold a socket.
   std::chrono::milliseconds handshake_timeout{5000};
+  /// Server: once a request has begun, each piece of it (its header's rest, each MiB of payload)
+  /// must arrive within this, so a half-sent frame does not hold a connection forever.
+  std::chrono::milliseconds read_timeout{30000};
+  /// Server: how long an authenticated connection may stay silent between requests (none: as long
+  /// as it likes; a coordinator's connections are idle between closures).
+  std::optional<std::chrono::milliseconds> idle_timeout = std::nullopt;
+  /// Server: connections still in their handshake (or an HTTP request) at once; beyond it a new
+  /// connection is closed as soon as it is accepted. Also capped by the descriptor limit
+  /// (RLIMIT_NOFILE), so that strangers cannot use up the descriptors a worker needs.
+  std::size_t max_pending_connections = 64;
   /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
   /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
   std::optional<std::string> cluster_token = std::nullopt;
@@ -151,8 +167,8 @@ class FramedStream {
       close();
       io_.restart();
       io_.run();
-      throw ConnectionLost(fmt::format("{}: timed out after {} ms", what,
-                                       std::chrono::duration_cast<std::chrono::milliseconds>(*timeout).count()));
+      throw TimedOut(fmt::format("{}: timed out after {} ms", what,
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(*timeout).count()));
     }
     if (ec) throw ConnectionLost(fmt::format("{}: {}", what, describe(ec)));
   }
@@ -191,14 +207,41 @@ class FramedStream {
         timeout, what);
   }
 
-  /// Reads one frame whose first `have` header bytes were already read into `head`.
-  net::Frame read_frame(std::size_t max_bytes, std::optional<RpcClock::duration> timeout, std::string_view what,
-                        net::HeaderBytes head = {}, std::size_t have = 0) {
-    read_exact(std::span(head).subspan(have), timeout, what);
+  /// Reads some bytes, at least one, into `dst`; returns how many.
+  std::size_t read_some(std::span<std::byte> dst, std::optional<RpcClock::duration> timeout, std::string_view what) {
+    std::size_t got = 0;
+    run([&](boost::system::error_code& ec) {
+          asio::async_read(socket_, asio::buffer(dst.data(), dst.size()), asio::transfer_at_least(1),
+                           [&ec, &got](const boost::system::error_code& e, std::size_t n) {
+                             got = n;
+                             ec = e;
+                           });
+        },
+        timeout, what);
+    return got;
+  }
+
+  /// Payloads are read this much at a time, the buffer growing as bytes arrive: a header that
+  /// claims much and sends little costs the reader what was sent, not what was claimed.
+  static constexpr std::size_t kReadChunk = std::size_t{1} << 20;
+
+  /// Reads one frame whose first `have` header bytes were already read into `head`: the first byte
+  /// within `first` (none: no limit), every later piece within `rest` (none: as `first`).
+  net::Frame read_frame(std::size_t max_bytes, std::optional<RpcClock::duration> first, std::string_view what,
+                        net::HeaderBytes head = {}, std::size_t have = 0,
+                        std::optional<RpcClock::duration> rest = std::nullopt) {
+    if (!rest) rest = first;
+    if (have == 0) have = read_some(head, first, what);
+    read_exact(std::span(head).subspan(have), rest, what);
     net::Frame f;
     f.header = net::decode_header(head, max_bytes);  // FrameError on malformed input
-    f.payload.resize(static_cast<std::size_t>(f.header.length));
-    read_exact(f.payload, timeout, what);
+    const auto length = static_cast<std::size_t>(f.header.length);
+    for (std::size_t got = 0; got < length;) {
+      const std::size_t step = std::min(kReadChunk, length - got);
+      f.payload.resize(got + step);
+      read_exact(std::span(f.payload).subspan(got, step), rest, what);
+      got += step;
+    }
     return f;
   }
 
@@ -339,6 +382,11 @@ class RpcClient {
         return;
       } catch (const RemoteError& e) {  // refused by the server: retrying will not help
         stream->close();
+        if (std::string_view(e.what()) == net::detail::kRefusedText) {  // a server says no more to anyone
+          throw ConnectionLost(fmt::format("{} ({}) refused the connection (its log says why; the usual cause is a "
+                                           "cluster token that differs or is missing: DISTRIBUTE_CLUSTER_TOKEN)",
+                                           peer_, address_));
+        }
         throw ConnectionLost(fmt::format("{} ({}) refused the connection: {}", peer_, address_, e.what()));
       } catch (const std::exception& e) {
         stream->close();
@@ -361,7 +409,7 @@ class RpcClient {
     const auto what = fmt::format("handshake with {} ({})", peer_, address_);
     const net::detail::Nonce mine = net::detail::random_nonce();
     s.write_frame(net::FrameType::Hello, 0, 0, mine, limit, what);
-    net::Frame challenge = s.read_frame(net::kMaxControlPayload, limit, what);
+    net::Frame challenge = s.read_frame(net::kMaxPreAuthPayload, limit, what);
     if (challenge.header.type == net::FrameType::Reject) throw RemoteError("Error", std::string(as_chars(challenge.payload)));
     if (challenge.header.type != net::FrameType::Challenge || challenge.payload.size() < net::detail::kNonceBytes) {
       throw ConnectionLost(fmt::format("{}: expected a challenge, got a {} frame", what, net::to_string(challenge.header.type)));
@@ -379,7 +427,7 @@ class RpcClient {
       response.assign(mac.begin(), mac.end());
     }
     s.write_frame(net::FrameType::Response, 0, 0, response, limit, what);
-    net::Frame verdict = s.read_frame(net::kMaxControlPayload, limit, what);
+    net::Frame verdict = s.read_frame(net::kMaxPreAuthPayload, limit, what);
     if (verdict.header.type == net::FrameType::Reject) throw RemoteError("Error", std::string(as_chars(verdict.payload)));
     if (verdict.header.type != net::FrameType::Welcome) {
       throw ConnectionLost(fmt::format("{}: expected welcome, got a {} frame", what, net::to_string(verdict.header.type)));
@@ -395,229 +443,6 @@ class RpcClient {
   std::mutex abort_mutex_;
   std::shared_ptr<FramedStream> live_;  // what abort() interrupts (connecting or connected)
   std::uint64_t seq_ = 0;
-};
-
-/// The server side: accepts connections on `address`, one thread per connection (peers are the
-/// coordinator and the workers: few), answers each request with `handler(op, payload)`; an
-/// exception from the handler becomes an error reply. HTTP GETs get `http(target)`.
-class RpcServer {
- public:
-  using Handler = std::function<std::vector<std::byte>(RpcOp, std::span<const std::byte>)>;
-  /// Returns {status, content type, body} for an HTTP GET of `target`.
-  struct HttpReply {
-    unsigned status = 404;
-    std::string content_type = "text/plain; charset=utf-8";
-    std::string body = "not found\n";
-  };
-  using HttpHandler = std::function<HttpReply(std::string_view target)>;
-
-  RpcServer(std::string address, std::string name, RpcOptions options, Handler handler, HttpHandler http)
-      : name_(std::move(name)), options_(std::move(options)), token_(net::detail::effective_cluster_token(options_.cluster_token)),
-        handler_(std::move(handler)), http_(std::move(http)), acceptor_(io_) {
-    const auto hp = net::detail::parse_host_port(address);
-    tcp::resolver resolver(io_);
-    boost::system::error_code ec;
-    auto endpoints = resolver.resolve(hp.host, hp.port, ec);
-    if (ec || endpoints.empty()) {
-      throw Unavailable(fmt::format("{}: cannot resolve the address '{}': {}", name_, address, ec.message()));
-    }
-    const tcp::endpoint ep = endpoints.begin()->endpoint();
-    acceptor_.open(ep.protocol());
-    acceptor_.set_option(asio::socket_base::reuse_address(true));
-    acceptor_.bind(ep, ec);
-    if (ec) {
-      throw Unavailable(fmt::format("{}: cannot listen on {}: {}", name_, address, ec.message()));
-    }
-    acceptor_.listen();
-    port_ = acceptor_.local_endpoint().port();
-    accept_thread_ = std::thread([this] { accept_loop(); });
-  }
-
-  RpcServer(const RpcServer&) = delete;
-  RpcServer& operator=(const RpcServer&) = delete;
-  ~RpcServer() { stop(); }
-
-  std::uint16_t port() const noexcept { return port_; }
-
-  /// Stops accepting, fails every open connection and waits for their threads. Idempotent.
-  void stop() {
-    if (stopped_.exchange(true)) return;
-    ::shutdown(acceptor_.native_handle(), SHUT_RDWR);  // wakes the blocked accept
-    if (accept_thread_.joinable()) accept_thread_.join();
-    boost::system::error_code ignored;
-    acceptor_.close(ignored);
-    std::list<Connection> conns;
-    {
-      std::lock_guard lock(mutex_);
-      conns.splice(conns.end(), connections_);
-    }
-    for (auto& c : conns) c.stream->abort();
-    for (auto& c : conns) {
-      if (c.thread.joinable()) c.thread.join();
-    }
-  }
-
- private:
-  struct Connection {
-    std::shared_ptr<FramedStream> stream;
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> finished = std::make_shared<std::atomic<bool>>(false);
-  };
-
-  void log(const std::string& line) const {
-    if (options_.log) {
-      options_.log(line);
-    } else {
-      std::fputs((line + "\n").c_str(), stderr);
-    }
-  }
-
-  void accept_loop() {
-    while (!stopped_) {
-      auto stream = std::make_shared<FramedStream>();
-      boost::system::error_code ec;
-      acceptor_.accept(stream->socket(), ec);
-      if (ec || stopped_) return;
-      stream->adopt_accepted();
-      std::lock_guard lock(mutex_);
-      for (auto it = connections_.begin(); it != connections_.end();) {  // reap finished ones
-        if (it->finished->load()) {
-          it->thread.join();
-          it = connections_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      Connection c;
-      c.stream = stream;
-      auto finished = c.finished;
-      c.thread = std::thread([this, stream, finished] {
-        serve(*stream);
-        stream->close();
-        finished->store(true);
-      });
-      connections_.push_back(std::move(c));
-    }
-  }
-
-  std::string peer_of(FramedStream& s) {
-    boost::system::error_code ec;
-    auto ep = s.socket().remote_endpoint(ec);
-    return ec ? std::string("?") : fmt::format("{}:{}", ep.address().to_string(), ep.port());
-  }
-
-  void serve(FramedStream& s) {
-    const std::string who = peer_of(s);
-    net::HeaderBytes head{};
-    try {
-      s.read_exact(std::span(head).first(4), options_.handshake_timeout, "first bytes");
-    } catch (const std::exception&) {
-      return;
-    }
-    if (std::memcmp(head.data(), "GET ", 4) == 0) return serve_http(s, head);
-    try {
-      net::Frame hello = s.read_frame(net::kMaxControlPayload, options_.handshake_timeout, "hello", head, 4);
-      if (!accept_peer(s, hello, who)) return;
-      for (;;) {
-        net::Frame req = s.read_frame(options_.max_frame_bytes, std::nullopt, "request");
-        if (req.header.type != net::FrameType::Request) {
-          log(fmt::format("{}: closing the connection from {}: unexpected {} frame", name_, who,
-                          net::to_string(req.header.type)));
-          return;
-        }
-        std::vector<std::byte> out;
-        std::uint64_t status = 0;
-        const auto op = static_cast<RpcOp>(req.header.tag);
-        try {
-          out = handler_(op, req.payload);
-        } catch (const std::exception& e) {
-          status = 1;
-          out = to_bytes(error_kind(e) + "|" + e.what());
-        }
-        s.write_frame(net::FrameType::Reply, req.header.seq, status, out, std::nullopt, "reply");
-        if (op == RpcOp::Stop && status == 0) return;
-      }
-    } catch (const net::FrameError& e) {
-      log(fmt::format("{}: closing the connection from {}: malformed frame: {}", name_, who, e.what()));
-    } catch (const std::exception&) {
-      // The peer went away (EOF, reset) or we are stopping: nothing to report.
-    }
-  }
-
-  bool accept_peer(FramedStream& s, const net::Frame& hello, const std::string& who) {
-    const auto limit = options_.handshake_timeout;
-    auto reject = [&](const std::string& reason) {
-      log(fmt::format("{}: refused a connection from {}: {}", name_, who, reason));
-      try {
-        s.write_frame(net::FrameType::Reject, 0, 0, to_bytes(reason), limit, "reject");
-      } catch (const std::exception&) {
-      }
-      return false;
-    };
-    if (hello.header.type != net::FrameType::Hello || hello.payload.size() != net::detail::kNonceBytes) {
-      return reject(fmt::format("expected a hello frame, got {}", net::to_string(hello.header.type)));
-    }
-    const net::detail::Nonce mine = net::detail::random_nonce();
-    std::vector<std::byte> challenge(mine.begin(), mine.end());
-    if (token_) {
-      const auto mac = handshake_mac(*token_, "ps-server", hello.payload, mine);
-      challenge.insert(challenge.end(), mac.begin(), mac.end());
-    }
-    s.write_frame(net::FrameType::Challenge, 0, 0, challenge, limit, "challenge");
-    net::Frame response = s.read_frame(net::kMaxControlPayload, limit, "response");
-    if (response.header.type != net::FrameType::Response) {
-      return reject(fmt::format("expected a response frame, got {}", net::to_string(response.header.type)));
-    }
-    if (token_) {
-      const auto want = handshake_mac(*token_, "ps-client", mine, hello.payload);
-      if (response.payload.size() != want.size()) return reject("the peer did not present the cluster token");
-      if (!net::detail::macs_equal(want, *reinterpret_cast<const net::detail::Mac*>(response.payload.data()))) {
-        return reject("the peer's proof of the cluster token is wrong");
-      }
-    }
-    s.write_frame(net::FrameType::Welcome, 0, 0, {}, limit, "welcome");
-    return true;
-  }
-
-  void serve_http(FramedStream& s, const net::HeaderBytes& head) {
-    namespace http = boost::beast::http;
-    try {
-      boost::beast::flat_buffer buffer;
-      auto space = buffer.prepare(4);
-      std::memcpy(space.data(), head.data(), 4);
-      buffer.commit(4);
-      http::request<http::string_body> req;
-      s.run([&](boost::system::error_code& ec) {
-             http::async_read(s.socket(), buffer, req, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
-           },
-           options_.handshake_timeout, "http request");
-      HttpReply r = http_ ? http_(std::string_view(req.target().data(), req.target().size())) : HttpReply{};
-      http::response<http::string_body> res{static_cast<http::status>(r.status), req.version()};
-      res.set(http::field::content_type, r.content_type);
-      res.set(http::field::server, "distribute");
-      res.keep_alive(false);
-      res.body() = std::move(r.body);
-      res.prepare_payload();
-      s.run([&](boost::system::error_code& ec) {
-             http::async_write(s.socket(), res, [&ec](const boost::system::error_code& e, std::size_t) { ec = e; });
-           },
-           options_.handshake_timeout, "http reply");
-    } catch (const std::exception&) {
-    }
-  }
-
-  std::string name_;
-  RpcOptions options_;
-  std::optional<std::string> token_;
-  Handler handler_;
-  HttpHandler http_;
-  asio::io_context io_;
-  tcp::acceptor acceptor_;
-  std::uint16_t port_ = 0;
-  std::atomic<bool> stopped_{false};
-  std::thread accept_thread_;
-  std::mutex mutex_;
-  std::list<Connection> connections_;
 };
 
 }  // namespace detail
