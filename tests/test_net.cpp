@@ -1377,8 +1377,11 @@ TEST_CASE("processes: mismatched collectives throw InvalidArgument on every rank
   Watchdog dog(120s, "processes: mismatch");
   // The 4 MiB "ring-" variants run twice: through shared memory (the default on one host) and
   // over TCP (the ring).
+  // On one host every collective agrees through shared memory; " tcp" runs the same over TCP only,
+  // where the descriptors go to rank 0 and its table comes back.
   for (const std::string variant : {"count", "ring-count", "op", "dtype", "kind", "ring-kind", "root", "order", "ring-count tcp",
-                                    "ring-kind tcp", "ring-halves tcp", "ring-halves"}) {
+                                    "ring-kind tcp", "ring-halves tcp", "ring-halves", "count tcp", "op tcp", "dtype tcp",
+                                    "kind tcp", "root tcp", "order tcp"}) {
     // Two against two: a rank's own partner's descriptor may arrive after the disagreeing ones.
     for (int n : variant.starts_with("ring-halves") ? std::vector<int>{4} : std::vector<int>{2, 3}) {
       CAPTURE(variant);
@@ -1580,4 +1583,146 @@ TEST_CASE("processes: with a cluster token, strangers and impostors are refused 
     CHECK(logs.find("(claiming to be worker:2): it refused this rank's proof of the cluster token") != std::string::npos);
     return false;
   });
+}
+
+// =============================================================================================
+// Agreement and set-up costs (issue 21, item 2)
+
+namespace {
+
+/// Plays rank 1 of a 2-rank cluster by hand against a real rank 0 listening on `port`: the
+/// handshake (no token) and the shared-memory set-up (it answers that it could not map the segment).
+struct FakeRank1 {
+  std::optional<RawSocket> s;
+  explicit FakeRank1(int port) {
+    for (int attempt = 0; attempt < 200 && !s; ++attempt) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<std::uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+      ::close(fd);
+      if (ok) {
+        s.emplace(port);
+      } else {
+        std::this_thread::sleep_for(10ms);
+      }
+    }
+    REQUIRE(s.has_value());
+    net::detail::Hello hello{2, 1, 0, false, net::detail::random_nonce()};
+    s->send_bytes(net::encode_frame({net::FrameType::Hello, 0, 0, 0}, net::detail::encode(hello)));
+    REQUIRE(next().type == net::FrameType::Challenge);
+    s->send_bytes(net::encode_frame({net::FrameType::Response, 0, 0, 0}, net::detail::Mac{}));
+    REQUIRE(next().type == net::FrameType::Welcome);
+    // Shared-memory set-up: rank 0's offer, our answer (not mapped), its verdict.
+    REQUIRE(next().type == net::FrameType::PointToPoint);
+    const std::uint64_t no = 0;
+    s->send_bytes(net::encode_frame({net::FrameType::PointToPoint, 0, 0, 0}, std::as_bytes(std::span(&no, 1))));
+    REQUIRE(next().type == net::FrameType::PointToPoint);
+  }
+  std::vector<std::byte> read_exact(std::size_t n) const {
+    std::vector<std::byte> out(n);
+    std::size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::recv(s->fd, out.data() + got, n - got, 0);
+      REQUIRE(r > 0);
+      got += static_cast<std::size_t>(r);
+    }
+    return out;
+  }
+  std::vector<std::byte> payload;
+  /// The next frame other than a heartbeat; its payload goes to `payload`.
+  net::FrameHeader next() {
+    for (;;) {
+      const auto h = net::decode_header(read_exact(net::kFrameHeaderBytes), 1u << 20);
+      const auto body = read_exact(static_cast<std::size_t>(h.pad + h.length + h.tail));
+      payload.assign(body.begin() + h.pad, body.begin() + static_cast<std::ptrdiff_t>(h.pad + h.length));
+      if (h.type != net::FrameType::Heartbeat) return h;
+    }
+  }
+  /// Whether any byte arrives within `wait`.
+  bool quiet_for(std::chrono::milliseconds wait) const {
+    pollfd p{s->fd, POLLIN, 0};
+    return ::poll(&p, 1, static_cast<int>(wait.count())) == 0;
+  }
+  void send_descriptor(std::uint64_t seq, std::span<const std::byte> bytes) const {
+    s->send_bytes(net::encode_frame({net::FrameType::Descriptor, 0, seq, 0}, bytes));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("transport in threads: over TCP a rank sends its descriptor to rank 0 alone, which answers with every rank's") {
+  Watchdog dog(60s, "threads: descriptor table");
+  const auto ports = free_ports(2);
+  std::string error;
+  std::atomic<int> barriers{0};
+  std::thread rank0([&] {
+    net::CommunicatorOptions opt;
+    opt.connect_timeout = 20s;
+    opt.shared_memory_min_bytes = 0;  // TCP: descriptors travel as frames
+    opt.heartbeat_interval = 5s;      // no heartbeat among the frames read below
+    opt.heartbeat_timeout = 20s;
+    try {
+      net::Communicator comm(addresses_of(ports), 0, opt, worker_names(2));
+      comm.barrier();
+      ++barriers;
+      comm.barrier();  // rank 1 sends a malformed descriptor for this one
+      ++barriers;
+    } catch (const ds::PeerFailure& e) {
+      error = e.what();
+    }
+  });
+  FakeRank1 fake(ports[0]);
+  // Rank 0 entered collective #0 but sends nothing until it holds every rank's descriptor.
+  CHECK(fake.quiet_for(200ms));
+  const net::detail::Descriptor barrier{net::detail::CollectiveKind::Barrier, ds::DType::U8, ds::ReduceOp::Sum, 0, 0};
+  fake.send_descriptor(0, net::detail::encode(barrier));
+  const auto h = fake.next();
+  CHECK(h.type == net::FrameType::Descriptor);
+  CHECK(h.seq == 0);
+  REQUIRE(fake.payload.size() == 2 * net::detail::kDescriptorBytes);
+  for (std::size_t r = 0; r < 2; ++r) {
+    const auto d = net::detail::decode_descriptor(std::span(fake.payload).subspan(r * 16, 16));
+    CHECK(d.kind == net::detail::CollectiveKind::Barrier);
+  }
+  // A descriptor of the wrong size drops the peer, naming the frame (once the first barrier has
+  // returned: a failure that comes first may end it too).
+  for (int i = 0; i < 1000 && barriers == 0; ++i) std::this_thread::sleep_for(5ms);
+  const std::vector<std::byte> too_long(32, std::byte{0});
+  fake.send_descriptor(1, too_long);
+  rank0.join();
+  CHECK(barriers == 1);
+  CHECK(error.find("lost task worker:1") != std::string::npos);
+  CHECK(error.find("it sent a malformed frame: descriptor frame of 32 bytes (expected 16)") != std::string::npos);
+}
+
+TEST_CASE("communicator in threads: a rank that starts before its peer listens retries within milliseconds") {
+  Watchdog dog(60s, "threads: connect back-off");
+  const auto ports = free_ports(2);
+  auto registry = std::make_shared<ds::observe::MetricsRegistry>("worker", 1);
+  std::thread rank1([&] {
+    net::CommunicatorOptions opt;
+    opt.connect_timeout = 20s;
+    opt.metrics = std::make_shared<ds::observe::CollectiveMetrics>(registry);
+    net::Communicator comm(addresses_of(ports), 1, opt, worker_names(2));
+    comm.barrier();
+  });
+  std::this_thread::sleep_for(300ms);
+  {
+    net::CommunicatorOptions opt;
+    opt.connect_timeout = 20s;
+    net::Communicator comm(addresses_of(ports), 0, opt, worker_names(2));
+    comm.barrier();
+  }
+  rank1.join();
+  // Attempts 1, 2, 4 ... ms apart, then every 50 ms: about 10 refused in 300 ms (a first wait of
+  // 50 ms doubling, as before, made 3).
+  const std::string text = registry->expose();
+  const auto at = text.find("distribute_connect_retries_total{");
+  REQUIRE(at != std::string::npos);
+  const auto value = std::stoull(text.substr(text.find("} ", at) + 2));
+  CAPTURE(text.substr(at, 120));
+  CHECK(value >= 6);
 }

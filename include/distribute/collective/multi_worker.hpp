@@ -14,6 +14,7 @@
 
 #include <distribute/collective/communication_options.hpp>
 #include <distribute/collective/detail/device_staging.hpp>
+#include <distribute/collective/detail/scatter.hpp>
 #include <distribute/collective/detail/validate.hpp>
 #include <distribute/collective/packing.hpp>
 #include <distribute/collective/shared_memory.hpp>
@@ -113,6 +114,103 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
         });
   }
 
+  /// Local replicas reduce into replica 0's input; one cross-worker reduce-scatter leaves each
+  /// worker the rows of its replicas' parts; each replica copies its part out.
+  void reduce_scatter(ReplicaGroup& group, int replica, BufferRef input, ReduceOp op,
+                      const std::function<void*(const Shape&)>& allocate) override {
+    const CollectiveCall call{CollectiveKind::ReduceScatter, op, std::span<BufferRef>(&input, 1)};
+    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    const int local = group.size(), n = static_cast<int>(mean_divisor_), w = link_->worker_index();
+    exchange(
+        group, replica, call,
+        [&] {
+          if (replica != 0) return;
+          reduce_into(group, 0, local_, 0, combine_op, 0);
+          const std::size_t row = row_elements(input.shape);
+          std::vector<std::size_t> counts;
+          for (int v = 0; v < link_->num_workers(); ++v) {
+            std::int64_t rows = 0;
+            for (int i = 0; i < local; ++i) rows += split_rows(input.shape[0], n, v * local + i).rows;
+            counts.push_back(static_cast<std::size_t>(rows) * row);
+          }
+          link_->reduce_scatter(input.data, counts, input.dtype, combine_op, shapes_digest(input.shape));
+          if (op != ReduceOp::Mean) return;
+          const BufferRef first = part_of(input, n, w * local);
+          visit_dtype(input.dtype, [&](auto t) {
+            divide(static_cast<decltype(t)*>(first.data), counts[static_cast<std::size_t>(w)], mean_divisor_);
+          });
+        },
+        [&] {
+          if (group.collective_failed_replica() >= 0) return;
+          const BufferRef part = part_of(group.slot(0).buffers[0], n, w * local + replica);
+          void* out = allocate(part.shape);
+          if (part.bytes() > 0) std::memcpy(out, part.data, part.bytes());
+        });
+  }
+
+  /// Replica 0 gathers every replica's pieces' shapes over the link (the agreement check), sends
+  /// each worker the pieces for its replicas in one all_to_all, and every replica copies its
+  /// pieces out: from the local replicas' buffers, or from what arrived.
+  void all_to_all(ReplicaGroup& group, int replica, std::span<BufferRef> pieces, bool split,
+                  const std::function<std::vector<void*>(const std::vector<Shape>&)>& allocate) override {
+    const int n = static_cast<int>(mean_divisor_);
+    // root 0: checked in the first phase, on the table of every worker's replicas.
+    const CollectiveCall call{CollectiveKind::AllToAll, ReduceOp::Sum, pieces, split ? 1 : 0, 0};
+    const int local = group.size(), w = link_->worker_index(), workers = link_->num_workers();
+    auto piece_bytes = [&](int from, int to) {
+      const auto& s = sides_[static_cast<std::size_t>(from)];
+      return static_cast<std::size_t>(num_elements(s.shapes[static_cast<std::size_t>(to)])) * size_of(s.dtypes[0]);
+    };
+    exchange(
+        group, replica, call,
+        [&] {
+          if (replica != 0) return;
+          sides_ = gather_sides(*link_, group);
+          check_all_to_all(sides_, n);
+          // To worker v: for each of its replicas, the pieces of each of ours, in that order.
+          std::vector<std::size_t> send_bytes(static_cast<std::size_t>(workers), 0), recv_bytes(send_bytes);
+          std::vector<std::byte> send;
+          received_at_.assign(static_cast<std::size_t>(n) * static_cast<std::size_t>(local), 0);
+          std::size_t in = 0;
+          for (int v = 0; v < workers; ++v) {
+            if (v == w) continue;
+            for (int to = v * local; to < (v + 1) * local; ++to) {
+              for (int i = 0; i < local; ++i) {
+                const BufferRef& b = group.slot(i).buffers[static_cast<std::size_t>(to)];
+                const auto* p = static_cast<const std::byte*>(b.data);
+                send.insert(send.end(), p, p + b.bytes());
+                send_bytes[static_cast<std::size_t>(v)] += b.bytes();
+              }
+            }
+            for (int i = 0; i < local; ++i) {  // from worker v, in the order it sends
+              for (int from = v * local; from < (v + 1) * local; ++from) {
+                received_at_[static_cast<std::size_t>(from) * static_cast<std::size_t>(local) + static_cast<std::size_t>(i)] = in;
+                in += piece_bytes(from, w * local + i);
+                recv_bytes[static_cast<std::size_t>(v)] += piece_bytes(from, w * local + i);
+              }
+            }
+          }
+          received_.resize(in);
+          link_->all_to_all(send.data(), send_bytes, received_.data(), recv_bytes);
+        },
+        [&] {
+          if (group.collective_failed_replica() >= 0) return;  // replica 0 failed: no table to read
+          const int me = w * local + replica;
+          std::vector<Shape> shapes;
+          for (int from = 0; from < n; ++from) shapes.push_back(sides_[static_cast<std::size_t>(from)].shapes[static_cast<std::size_t>(me)]);
+          const std::vector<void*> out = allocate(shapes);
+          for (int from = 0; from < n; ++from) {
+            const std::size_t bytes = piece_bytes(from, me);
+            if (bytes == 0) continue;
+            const void* src = from / local == w
+                                  ? group.slot(from % local).buffers[static_cast<std::size_t>(me)].data
+                                  : received_.data() + received_at_[static_cast<std::size_t>(from) * static_cast<std::size_t>(local) +
+                                                                    static_cast<std::size_t>(replica)];
+            std::memcpy(out[static_cast<std::size_t>(from)], src, bytes);
+          }
+        });
+  }
+
  private:
   void cross_worker_all_reduce(std::span<BufferRef> buffers, ReduceOp combine_op, bool mean) {
     all_reduce_in_packs(*link_, buffers, combine_op, bytes_per_pack_, scratch_);
@@ -127,6 +225,9 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
   std::vector<int> local_;
   std::vector<std::byte> scratch_;  // packs of several values (used by replica 0 only)
   GatheredBytes gathered_;          // replica 0's all_gather result, read by all
+  std::vector<AllToAllSide> sides_;        // replica 0's all_to_all table, read by all
+  std::vector<std::byte> received_;        // the pieces from other workers
+  std::vector<std::size_t> received_at_;   // [from * local + local replica]: where its piece starts
 };
 
 /// Whether cross-device ops policy `Ops` can also run across workers (NcclAllReduce with NCCL

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <distribute/collective/communication_options.hpp>
+#include <distribute/collective/detail/scatter.hpp>
 #include <distribute/collective/detail/validate.hpp>
 #include <distribute/core/detail/elementwise.hpp>
 #include <distribute/core/detail/replica_group.hpp>
@@ -114,6 +115,39 @@ class SharedMemoryCollectives : public ReplicaCollectives {
     exchange(group, replica, call, [&] {
       if (replica != root && buffer.bytes() > 0) {
         std::memcpy(buffer.data, group.slot(root).buffers[0].data, buffer.bytes());
+      }
+    });
+  }
+
+  /// Each replica reduces its own part straight out of every replica's input.
+  void reduce_scatter(ReplicaGroup& group, int replica, BufferRef input, ReduceOp op,
+                      const std::function<void*(const Shape&)>& allocate) override {
+    const CollectiveCall call{CollectiveKind::ReduceScatter, op, std::span<BufferRef>(&input, 1)};
+    exchange(group, replica, call, [&] {
+      const BufferRef part = part_of(input, group.size(), replica);
+      void* out = allocate(part.shape);
+      const std::size_t offset = (static_cast<std::byte*>(part.data) - static_cast<std::byte*>(input.data)) / size_of(input.dtype);
+      std::vector<const void*> sources;
+      for (int r = 0; r < group.size(); ++r) sources.push_back(group.slot(r).buffers[0].data);
+      visit_dtype(input.dtype, [&](auto t) {
+        using T = decltype(t);
+        reduce_many<T>(static_cast<T*>(out), sources, part.count(), op, mean_divisor_, offset);
+      });
+    });
+  }
+
+  /// Each replica copies the pieces addressed to it out of every replica's list.
+  void all_to_all(ReplicaGroup& group, int replica, std::span<BufferRef> pieces, bool split,
+                  const std::function<std::vector<void*>(const std::vector<Shape>&)>& allocate) override {
+    const CollectiveCall call{CollectiveKind::AllToAll, ReduceOp::Sum, pieces, split ? 1 : 0, group.size()};
+    exchange(group, replica, call, [&] {
+      const auto me = static_cast<std::size_t>(replica);
+      std::vector<Shape> shapes;
+      for (int r = 0; r < group.size(); ++r) shapes.push_back(group.slot(r).buffers[me].shape);
+      const std::vector<void*> out = allocate(shapes);
+      for (int r = 0; r < group.size(); ++r) {
+        const BufferRef& from = group.slot(r).buffers[me];
+        if (from.bytes() > 0) std::memcpy(out[static_cast<std::size_t>(r)], from.data, from.bytes());
       }
     });
   }

@@ -22,6 +22,7 @@
 #include <distribute/core/detail/elementwise.hpp>
 #include <distribute/core/detail/host_operands.hpp>
 #include <distribute/core/detail/remote_store.hpp>
+#include <distribute/core/detail/split_rows.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
 #include <distribute/core/tensor_traits.hpp>
@@ -232,6 +233,80 @@ class ReplicaContext {
     collectives_->broadcast(*group_, local_id_, operands[0], root);
     operands.write_back();
     return value;
+  }
+
+  /// Reduces `value` (rank >= 1; the same dtype and shape on every replica) across all replicas
+  /// and returns this replica's part of the result along axis 0. The rows are cut into
+  /// num_replicas_in_sync() parts as np.array_split does: the first dim0 % n parts have one row
+  /// more; replica i receives part i (so a [10] value over 4 replicas gives 3, 3, 2, 2 elements).
+  template <class V>
+  auto reduce_scatter(ReduceOpArg op, V&& value_in) {
+    using U = std::remove_cvref_t<V>;
+    static_assert(TensorLike<U>, "ds::ReplicaContext::reduce_scatter: the value's type has no ds::tensor_traits "
+                                 "specialisation (it is not TensorLike; see docs/tensors.md)");
+    if constexpr (TensorLike<U>) {
+      U value = owned(std::forward<V>(value_in));  // the collectives may reduce into it
+      detail::HostOperands operands("reduce_scatter");
+      add_operand(operands, value);
+      detail::check_has_axis0(operands[0].shape, "reduce_scatter");
+      detail::check_op_for_dtype(op.op, operands[0].dtype, "reduce_scatter");
+      const DType dtype = operands[0].dtype;
+      detail::RowMajorResult<gathered_t<U>> result;
+      collectives_->reduce_scatter(*group_, local_id_, operands[0], op.op,
+                                   [&](const Shape& shape) -> void* { return result.allocate(dtype, shape); });
+      return result.take();
+    }
+  }
+
+  /// One value cut along axis 0 into num_replicas_in_sync() parts (np.array_split's rule, as
+  /// reduce_scatter): part j goes to replica j, and this replica receives the part addressed to
+  /// it by every replica, concatenated along axis 0 in replica order. Replicas may cut values of
+  /// different lengths; the other axes and the dtype must agree.
+  template <class U>
+    requires TensorLike<U>
+  gathered_t<U> all_to_all(const U& value) {
+    detail::HostOperands operands("all_to_all");
+    add_operand(operands, const_cast<U&>(value), true);
+    const detail::BufferRef& in = operands[0];
+    detail::check_has_axis0(in.shape, "all_to_all");
+    const int n = num_replicas_in_sync();
+    std::vector<detail::BufferRef> pieces;
+    for (int j = 0; j < n; ++j) pieces.push_back(detail::part_of(in, n, j));
+    detail::RowMajorResult<gathered_t<U>> result;
+    collectives_->all_to_all(*group_, local_id_, pieces, true, [&](const std::vector<Shape>& shapes) {
+      Shape total = shapes.front();
+      for (std::size_t k = 1; k < shapes.size(); ++k) total[0] += shapes[k][0];
+      auto* out = static_cast<std::byte*>(result.allocate(in.dtype, total));
+      std::vector<void*> at;
+      for (const Shape& s : shapes) {
+        at.push_back(out);
+        out += static_cast<std::size_t>(num_elements(s)) * size_of(in.dtype);
+      }
+      return at;
+    });
+    return result.take();
+  }
+
+  /// num_replicas_in_sync() values: values[j] goes to replica j, and this replica receives the
+  /// value addressed to it by every replica, in replica order. Shapes may differ from value to
+  /// value; dtypes may not. (A std::vector of scalars is one rank-1 value: the overload above.)
+  template <class U>
+    requires TensorLike<U> && (!TensorLike<std::vector<U>>)
+  std::vector<gathered_t<U>> all_to_all(const std::vector<U>& values) {
+    detail::HostOperands operands("all_to_all");
+    for (const U& v : values) add_operand(operands, const_cast<U&>(v), true);
+    std::vector<detail::RowMajorResult<gathered_t<U>>> results;
+    collectives_->all_to_all(*group_, local_id_, operands.buffers(), false, [&](const std::vector<Shape>& shapes) {
+      results.resize(shapes.size());
+      std::vector<void*> at;
+      const DType dtype = operands[0].dtype;
+      for (std::size_t k = 0; k < shapes.size(); ++k) at.push_back(results[k].allocate(dtype, shapes[k]));
+      return at;
+    });
+    std::vector<gathered_t<U>> out;
+    out.reserve(results.size());
+    for (auto& r : results) out.push_back(r.take());
+    return out;
   }
 
   /// Runs fn on replica 0 once every replica has arrived; all replicas leave together after it.

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <string>
@@ -24,6 +25,7 @@
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
 #include <distribute/net/detail/collectives.hpp>
+#include <distribute/net/detail/scatter_collectives.hpp>
 #include <distribute/net/detail/transport.hpp>
 #include <distribute/net/options.hpp>
 
@@ -111,6 +113,38 @@ class Communicator {
     detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::Broadcast, DType::U8, ReduceOp::Sum,
                                                                static_cast<std::uint32_t>(root), bytes});
     detail::chain_broadcast(*transport_, call, static_cast<std::byte*>(data), bytes, root);
+  }
+
+  /// In place: `data` holds sum(counts) elements (counts.size() == size()); on return the
+  /// counts[rank()] elements after those of the lower ranks hold their reduction over every rank
+  /// (the others are scratch). MEAN divides by size(). `shapes` as for all_reduce.
+  void reduce_scatter(void* data, std::span<const std::size_t> counts, DType dtype, ReduceOp op, std::uint32_t shapes = 0) {
+    if (counts.size() != static_cast<std::size_t>(size())) {
+      throw InvalidArgument(fmt::format("reduce_scatter: {} counts for a cluster of {}", counts.size(), size()));
+    }
+    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    if (data == nullptr && total > 0) throw InvalidArgument(fmt::format("reduce_scatter: data is null but count is {}", total));
+    ::distribute::detail::check_op_for_dtype(op, dtype, "reduce_scatter");
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::ReduceScatter, dtype, op, shapes, total});
+    if (size() == 1 || total == 0) return call.finish();
+    detail::reduce_scatter(*transport_, call, static_cast<std::byte*>(data), counts, dtype, op, scratch_);
+  }
+
+  /// send_bytes[k] bytes of `send` (block k, after the blocks before it) go to rank k, and
+  /// recv_bytes[k] bytes from rank k land in block k of `recv`. Every rank must expect what the
+  /// others send it (a receive of another size fails the communicator); the buffers must not overlap.
+  void all_to_all(const void* send, std::span<const std::size_t> send_bytes, void* recv,
+                  std::span<const std::size_t> recv_bytes) {
+    if (send_bytes.size() != static_cast<std::size_t>(size()) || recv_bytes.size() != static_cast<std::size_t>(size())) {
+      throw InvalidArgument(fmt::format("all_to_all: {} send and {} receive sizes for a cluster of {}", send_bytes.size(),
+                                        recv_bytes.size(), size()));
+    }
+    const std::size_t out = std::accumulate(send_bytes.begin(), send_bytes.end(), std::size_t{0});
+    const std::size_t in = std::accumulate(recv_bytes.begin(), recv_bytes.end(), std::size_t{0});
+    if ((send == nullptr && out > 0) || (recv == nullptr && in > 0)) throw InvalidArgument("all_to_all: a buffer is null");
+    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllToAll, DType::U8, ReduceOp::Sum, 0, out});
+    detail::direct_all_to_all(*transport_, call, static_cast<const std::byte*>(send), send_bytes,
+                              static_cast<std::byte*>(recv), recv_bytes);
   }
 
   /// Returns once every rank has entered the barrier.

@@ -19,7 +19,7 @@ namespace net {
 
 struct CommunicatorOptions {
   /// Total time the constructor waits for every peer to appear; connects are retried with
-  /// exponential back-off (50 ms doubling to 1 s) until then, because peers start in any order.
+  /// exponential back-off (1 ms doubling to 50 ms) until then, because peers start in any order.
   std::chrono::milliseconds connect_timeout{60000};
   /// One handshake (hello, challenge, response, welcome) must finish within this; it also bounds
   /// how long a stranger that connects and says nothing holds a socket.
@@ -58,12 +58,13 @@ struct CommunicatorOptions {
   /// calls, and it yields between polls to threads that need the core. Zero (or less): always
   /// sleep.
   std::chrono::microseconds busy_poll{100};
-  /// When every rank runs on this host (and can map one POSIX shared-memory segment, which the
+  /// When every rank runs on this host (and can map one shared-memory segment, which the
   /// constructor tries), all-reduces of at least this many bytes go through shared memory instead
   /// of TCP: two copies per rank and a reduction, no TCP stack (docs/performance.md, multi-worker
-  /// section). The TCP connections still carry the call's descriptor, heartbeats and failures.
-  /// 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
-  std::size_t shared_memory_min_bytes = std::size_t{256} << 10;
+  /// section); the default, 1, sends every all-reduce that way. The segment then also carries every
+  /// collective's descriptor (the agreement check); the TCP connections carry heartbeats and
+  /// failures. 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
+  std::size_t shared_memory_min_bytes = 1;
   /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
   /// pieces of this size (rounded up to whole 64-byte lines, at most 1 GiB). Rank 0's value counts.
   std::size_t shared_memory_slot_bytes = std::size_t{1} << 20;

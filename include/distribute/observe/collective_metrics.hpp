@@ -14,9 +14,11 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace observe {
 
-enum class CallKind : std::uint8_t { AllReduce, AllGather, Broadcast, Barrier, Send, Recv };
-inline constexpr std::array<const char*, 6> kCallKindNames = {"all_reduce", "all_gather", "broadcast",
-                                                               "barrier",    "send",       "recv"};
+/// The collectives first, in net::detail::CollectiveKind's order (whose value - 1 is theirs).
+enum class CallKind : std::uint8_t { AllReduce, AllGather, Broadcast, Barrier, ReduceScatter, AllToAll, Send, Recv };
+inline constexpr std::array<const char*, 8> kCallKindNames = {"all_reduce", "all_gather",     "broadcast",
+                                                               "barrier",    "reduce_scatter", "all_to_all",
+                                                               "send",       "recv"};
 /// Why a communicator broke: net::detail::FailureKind's values, 1-based, in this order.
 inline constexpr std::array<const char*, 4> kFailureReasons = {"peer_lost", "timeout", "mismatch", "config"};
 

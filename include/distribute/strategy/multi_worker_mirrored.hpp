@@ -43,6 +43,14 @@ class CommunicatorLink final : public CrossWorkerLink {
     comm_->all_gather(data, bytes, out, sizes);
   }
   void broadcast(void* data, std::size_t bytes, int root) override { comm_->broadcast(data, bytes, root); }
+  void reduce_scatter(void* data, std::span<const std::size_t> counts, DType dtype, ReduceOp op,
+                      std::uint32_t shapes = 0) override {
+    comm_->reduce_scatter(data, counts, dtype, op, shapes);
+  }
+  void all_to_all(const void* send, std::span<const std::size_t> send_bytes, void* recv,
+                  std::span<const std::size_t> recv_bytes) override {
+    comm_->all_to_all(send, send_bytes, recv, recv_bytes);
+  }
   void barrier() override { comm_->barrier(); }
   void close() noexcept override { comm_.reset(); }  // ~Communicator says goodbye
   std::optional<std::string> failure() const override { return comm_ ? comm_->failure() : std::nullopt; }

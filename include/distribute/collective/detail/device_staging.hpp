@@ -90,6 +90,41 @@ class DeviceStagingCollectives final : public ReplicaCollectives {
     staging.copy_back();
   }
 
+  void reduce_scatter(ReplicaGroup& group, int replica, BufferRef input, ReduceOp op,
+                      const std::function<void*(const Shape&)>& allocate) override {
+    if (input.memory != MemorySpace::device) return inner_->reduce_scatter(group, replica, input, op, allocate);
+    HostStaging staging(std::span<const BufferRef>(&input, 1));
+    std::vector<std::byte> part;
+    Shape shape;
+    inner_->reduce_scatter(group, replica, staging.buffers()[0], op, [&](const Shape& s) -> void* {
+      shape = s;
+      part.resize(static_cast<std::size_t>(num_elements(s)) * size_of(input.dtype));
+      return part.data();
+    });
+    input.device->copy(allocate(shape), part.data(), part.size());
+  }
+
+  void all_to_all(ReplicaGroup& group, int replica, std::span<BufferRef> pieces, bool split,
+                  const std::function<std::vector<void*>(const std::vector<Shape>&)>& allocate) override {
+    if (!any_in_device_memory(pieces)) return inner_->all_to_all(group, replica, pieces, split, allocate);
+    HostStaging staging(pieces);
+    std::vector<std::vector<std::byte>> received;
+    std::vector<Shape> shapes;
+    inner_->all_to_all(group, replica, staging.buffers(), split, [&](const std::vector<Shape>& s) {
+      shapes = s;
+      std::vector<void*> out;
+      for (const Shape& shape : s) {
+        received.emplace_back(static_cast<std::size_t>(num_elements(shape)) * size_of(pieces[0].dtype));
+        out.push_back(received.back().data());
+      }
+      return out;
+    });
+    const std::vector<void*> out = allocate(shapes);
+    for (std::size_t k = 0; k < out.size(); ++k) {
+      if (!received[k].empty()) pieces[0].device->copy(out[k], received[k].data(), received[k].size());
+    }
+  }
+
  private:
   std::unique_ptr<ReplicaCollectives> inner_;
 };

@@ -8,11 +8,17 @@
 
 #include <fmt/format.h>
 
+#include <distribute/collective/detail/scatter.hpp>
 #include <distribute/core/detail/concat.hpp>
 #include <distribute/core/detail/replica_group.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
+
+/// How many replicas an all_to_all spans (num_replicas_in_sync): its call carries it in `root`;
+/// 0 where the whole table is checked later, once gathered from every worker (so that every
+/// worker reports the same mismatch instead of one worker alone).
+inline int all_to_all_replicas(const ReplicaGroup& group) { return group.slot(0).root; }
 
 inline void validate_same_call(const ReplicaGroup& group) {
   const CollectiveCall& c0 = group.slot(0);
@@ -64,12 +70,32 @@ inline void validate_same_call(const ReplicaGroup& group) {
         }
         break;
       }
+      case CollectiveKind::ReduceScatter: {
+        const auto& a = c0.buffers[0];
+        const auto& b = c.buffers[0];
+        if (c.op != c0.op) {
+          throw InvalidArgument(
+              fmt::format("reduce_scatter: replica 0 reduces with {} but replica {} with {}", c0.op, r, c.op));
+        }
+        if (a.dtype != b.dtype || a.shape != b.shape) {
+          throw InvalidArgument(fmt::format("reduce_scatter: replica 0 passes {} of shape {} but replica {} passes {} of shape {}",
+                                            to_string(a.dtype), shape_string(a.shape), r, to_string(b.dtype),
+                                            shape_string(b.shape)));
+        }
+        break;
+      }
+      case CollectiveKind::AllToAll: break;  // below, on the whole table
       case CollectiveKind::MergeCall:
         if (c.merge_type != c0.merge_type && *c.merge_type != *c0.merge_type) {
           throw InvalidArgument(fmt::format("merge_call: replica {} passed other argument types than replica 0", r));
         }
         break;
     }
+  }
+  if (kind == CollectiveKind::AllToAll) {
+    std::vector<AllToAllSide> sides;
+    for (int r = 0; r < group.size(); ++r) sides.push_back(side_of(group.slot(r)));
+    if (all_to_all_replicas(group) > 0) check_all_to_all(sides, all_to_all_replicas(group));
   }
   if (kind == CollectiveKind::AllGather) {
     std::vector<const BufferRef*> parts;

@@ -6,10 +6,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <distribute/core/dtype.hpp>
+#include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
 #include <distribute/core/shape.hpp>
 
@@ -55,6 +57,21 @@ class CrossWorkerLink {
                           std::vector<std::size_t>& sizes) = 0;
   /// Worker `root`'s bytes into everyone's `data`.
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
+  /// In place: `data` holds sum(counts) elements; on return elements [offset of worker w,
+  /// + counts[w]) of worker w hold their reduction over the workers (the rest is scratch). `op`
+  /// is never Mean. `shapes` as for all_reduce.
+  virtual void reduce_scatter(void* data, std::span<const std::size_t> counts, DType dtype, ReduceOp op,
+                              std::uint32_t shapes = 0) {
+    (void)data, (void)counts, (void)dtype, (void)op, (void)shapes;
+    throw Unavailable("reduce_scatter: this cross-worker link does not implement it");
+  }
+  /// Block w of `send` (send_bytes[w] bytes, in worker order) goes to worker w; block u of `recv`
+  /// (recv_bytes[u]) comes from worker u. Both sides know every size (the callers agreed on them).
+  virtual void all_to_all(const void* send, std::span<const std::size_t> send_bytes, void* recv,
+                          std::span<const std::size_t> recv_bytes) {
+    (void)send, (void)send_bytes, (void)recv, (void)recv_bytes;
+    throw Unavailable("all_to_all: this cross-worker link does not implement it");
+  }
   virtual void barrier() = 0;
   /// Leaves the cluster cleanly before the process exits without unwinding (the preemption
   /// handler): the peers see a goodbye, not a lost task. Nothing may use the link afterwards.

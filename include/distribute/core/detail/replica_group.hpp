@@ -42,7 +42,7 @@ struct BufferRef {
   std::size_t bytes() const { return count() * size_of(dtype); }
 };
 
-enum class CollectiveKind : std::uint8_t { AllReduce, AllGather, Broadcast, MergeCall };
+enum class CollectiveKind : std::uint8_t { AllReduce, AllGather, Broadcast, MergeCall, ReduceScatter, AllToAll };
 
 constexpr std::string_view to_string(CollectiveKind k) noexcept {
   switch (k) {
@@ -50,6 +50,8 @@ constexpr std::string_view to_string(CollectiveKind k) noexcept {
     case CollectiveKind::AllGather: return "all_gather";
     case CollectiveKind::Broadcast: return "broadcast";
     case CollectiveKind::MergeCall: return "merge_call";
+    case CollectiveKind::ReduceScatter: return "reduce_scatter";
+    case CollectiveKind::AllToAll: return "all_to_all";
   }
   return "?";
 }
@@ -59,7 +61,7 @@ struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::AllReduce;
   ReduceOp op = ReduceOp::Sum;
   std::span<BufferRef> buffers = {};
-  int axis = 0;
+  int axis = 0;  // all_gather: the axis; all_to_all: 1 when the pieces are one value split along axis 0
   int root = 0;
   const std::type_info* merge_type = nullptr;
   void* merge_args = nullptr;
@@ -197,6 +199,22 @@ class ReplicaCollectives {
                           const std::function<void*(const Shape&)>& allocate) = 0;
   /// Copies root's buffer into every replica's buffer.
   virtual void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) = 0;
+  /// Reduces `input` (rank >= 1, the same dtype and shape on every replica) across all replicas
+  /// and writes this replica's part of axis 0 (collective/detail/scatter.hpp's split) to
+  /// `allocate(part shape)`. `input` may be overwritten (the callers pass their own copy).
+  virtual void reduce_scatter(ReplicaGroup& group, int replica, BufferRef input, ReduceOp op,
+                              const std::function<void*(const Shape&)>& allocate) {
+    (void)group, (void)replica, (void)input, (void)op, (void)allocate;
+    throw Unavailable("reduce_scatter: these cross-device ops do not implement it");
+  }
+  /// `pieces[j]` goes to the replica with replica_id_in_sync_group j. `allocate(shapes)` is given
+  /// the shapes of the pieces this replica receives, from replica 0, 1, ..., and returns where
+  /// each goes. `split`: the pieces are one value cut along axis 0 (their other axes must agree).
+  virtual void all_to_all(ReplicaGroup& group, int replica, std::span<BufferRef> pieces, bool split,
+                          const std::function<std::vector<void*>(const std::vector<Shape>&)>& allocate) {
+    (void)group, (void)replica, (void)pieces, (void)split, (void)allocate;
+    throw Unavailable("all_to_all: these cross-device ops do not implement it");
+  }
 };
 
 }  // namespace detail

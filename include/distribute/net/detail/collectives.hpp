@@ -255,8 +255,8 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
   shm.run(
       data, count, dtype, rop, [&] { op.check_progress(-1); },
       [&] {
-        (void)op.descriptors();  // throws: the TCP descriptors name the mismatch the same way on every rank
-        op.fail(FailureKind::Peer, fmt::format("{}: the shared-memory descriptors disagree but the TCP ones agree",
+        (void)op.descriptors();  // throws: the announced descriptors name the mismatch the same way on every rank
+        op.fail(FailureKind::Peer, fmt::format("{}: the shared-memory stamps disagree but the announced descriptors agree",
                                               tr.task_name(tr.rank())));
       });
   op.finish();

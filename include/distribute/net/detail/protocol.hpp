@@ -206,7 +206,8 @@ inline Failure decode_abort(std::span<const std::byte> in) {
 
 // ---- collective descriptor -----------------------------------------------------------------
 
-enum class CollectiveKind : std::uint8_t { AllReduce = 1, AllGather = 2, Broadcast = 3, Barrier = 4 };
+/// (observe::CallKind lists the same kinds first, in this order.)
+enum class CollectiveKind : std::uint8_t { AllReduce = 1, AllGather = 2, Broadcast = 3, Barrier = 4, ReduceScatter = 5, AllToAll = 6 };
 
 constexpr std::string_view to_string(CollectiveKind k) noexcept {
   switch (k) {
@@ -214,6 +215,8 @@ constexpr std::string_view to_string(CollectiveKind k) noexcept {
     case CollectiveKind::AllGather: return "all_gather";
     case CollectiveKind::Broadcast: return "broadcast";
     case CollectiveKind::Barrier: return "barrier";
+    case CollectiveKind::ReduceScatter: return "reduce_scatter";
+    case CollectiveKind::AllToAll: return "all_to_all";
   }
   return "?";
 }
@@ -238,6 +241,10 @@ inline std::string describe(const Descriptor& d) {
     case CollectiveKind::AllGather: return fmt::format("all_gather(bytes={})", d.count);
     case CollectiveKind::Broadcast: return fmt::format("broadcast(bytes={}, root={})", d.count, d.root);
     case CollectiveKind::Barrier: return "barrier()";
+    case CollectiveKind::ReduceScatter:
+      return fmt::format("reduce_scatter(count={}, dtype={}, op={}, shapes #{:08x})", d.count, to_string(d.dtype),
+                         to_string(d.op), d.root);
+    case CollectiveKind::AllToAll: return "all_to_all()";
   }
   return "?";
 }
@@ -247,9 +254,11 @@ inline bool compatible(const Descriptor& a, const Descriptor& b) noexcept {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     // root: the digest of the values' shapes (0 where the caller gave none).
-    case CollectiveKind::AllReduce: return a.count == b.count && a.dtype == b.dtype && a.op == b.op && a.root == b.root;
+    case CollectiveKind::AllReduce:
+    case CollectiveKind::ReduceScatter: return a.count == b.count && a.dtype == b.dtype && a.op == b.op && a.root == b.root;
     case CollectiveKind::Broadcast: return a.count == b.count && a.root == b.root;
-    case CollectiveKind::AllGather:
+    case CollectiveKind::AllGather:  // all_to_all: the callers agreed on every size before
+    case CollectiveKind::AllToAll:
     case CollectiveKind::Barrier: return true;
   }
   return false;
@@ -269,7 +278,7 @@ inline std::vector<std::byte> encode(const Descriptor& d) {
 inline Descriptor decode_descriptor(std::span<const std::byte> in) {
   Reader r(in, "descriptor");
   const std::uint8_t kind = r.u8(), dtype = r.u8(), op = r.u8(), pad = r.u8();
-  if (kind < 1 || kind > 4) throw FrameError(fmt::format("descriptor has unknown collective kind {}", kind));
+  if (kind < 1 || kind > 6) throw FrameError(fmt::format("descriptor has unknown collective kind {}", kind));
   if (!is_dtype_code(dtype)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
   if (op > static_cast<std::uint8_t>(ReduceOp::Product)) throw FrameError(fmt::format("descriptor has unknown reduce op {}", op));
   if (pad != 0) throw FrameError("descriptor has a non-zero reserved byte");

@@ -14,11 +14,13 @@
 // Every element is reduced by one rank in one order, so all ranks end bitwise identical. Stamps
 // count pieces since the segment was made and advance alike on every rank.
 //
-// The TCP side still carries the call's descriptor and every failure: while waiting here, a rank
-// asks the Op (`check`) every few hundred polls, which throws on a lost peer (EOF, heartbeat),
-// a passed deadline, or a descriptor that disagrees. Each rank also leaves its call's count, dtype
-// and op next to its stamp, and a rank that reads a different one stops before touching the data
-// and lets the TCP descriptors name the mismatch.
+// The segment also carries every collective's descriptor (the agreement check, announce() and
+// announced()), whatever path its data takes: no descriptor frames at all on one host. The TCP side
+// still carries every failure: while waiting here, a rank asks the Op (`check`) every few hundred
+// polls, which throws on a lost peer (EOF, heartbeat), a passed deadline, or an announced
+// descriptor that disagrees. Each rank also leaves its call's count, dtype and op next to its
+// stamp, and a rank that reads a different one stops before touching the data and lets the
+// announced descriptors name the mismatch.
 #pragma once
 
 #include <algorithm>
@@ -30,17 +32,29 @@
 #include <vector>
 #include <memory>
 #include <new>
+#include <optional>
 #include <thread>
 
 #include <distribute/core/detail/cpu_relax.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
+#include <distribute/net/detail/protocol.hpp>
 #include <distribute/net/detail/reduce_bytes.hpp>
 #include <distribute/net/detail/shared_segment.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
+
+/// A rank's descriptor of collective `seq`, in the segment. Two per rank (by seq % 2) suffice: a
+/// rank announces seq + 2 only after every rank finished seq + 1, which each did only after reading
+/// every announcement of seq.
+struct SharedAnnouncement {
+  std::atomic<std::uint64_t> seq1{0};  // seq + 1 once the fields below are written (0: none yet)
+  std::uint64_t count = 0;
+  std::uint32_t root = 0;
+  std::uint8_t kind = 0, dtype = 0, op = 0;
+};
 
 /// One rank's control line in the segment; each counter on its own cache line.
 struct SharedRankControl {
@@ -51,6 +65,7 @@ struct SharedRankControl {
   alignas(64) std::uint64_t count = 0;
   std::uint32_t dtype = 0;
   std::uint32_t op = 0;
+  alignas(64) SharedAnnouncement announce[2];
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
 
@@ -72,6 +87,30 @@ class SharedMemoryAllReduce {
 
   std::size_t min_bytes() const noexcept { return min_bytes_; }
   SharedSegment& segment() noexcept { return *segment_; }
+
+  /// Publishes this rank's descriptor of collective `seq` (the agreement check on one host).
+  void announce(std::uint64_t seq, const Descriptor& d) noexcept {
+    SharedAnnouncement& a = control(rank_).announce[seq % 2];
+    a.count = d.count;
+    a.root = d.root;
+    a.kind = static_cast<std::uint8_t>(d.kind);
+    a.dtype = static_cast<std::uint8_t>(d.dtype);
+    a.op = static_cast<std::uint8_t>(d.op);
+    a.seq1.store(seq + 1, std::memory_order_release);
+  }
+
+  /// Rank `r`'s descriptor of collective `seq`, once it announced it.
+  std::optional<Descriptor> announced(int r, std::uint64_t seq) const noexcept {
+    const SharedAnnouncement& a = control(r).announce[seq % 2];
+    if (a.seq1.load(std::memory_order_acquire) != seq + 1) return std::nullopt;
+    Descriptor d;
+    d.kind = static_cast<CollectiveKind>(a.kind);
+    d.dtype = static_cast<DType>(a.dtype);
+    d.op = static_cast<ReduceOp>(a.op);
+    d.root = a.root;
+    d.count = a.count;
+    return d;
+  }
 
   /// `check()` throws when the call cannot complete (see the header comment); `mismatch()` is
   /// called when a rank's shared descriptor differs from ours, and must throw.

@@ -178,7 +178,7 @@ struct Peer {
   bool socket_done = false;  // closed, or its read side reached EOF
   // Connecting to ranks below ours.
   std::optional<asio::steady_timer> retry_timer;
-  std::chrono::milliseconds backoff{50};
+  std::chrono::milliseconds backoff{1};
   std::string last_error = "no attempt yet";
   // Writing.
   std::deque<OutFrame> queue;
@@ -247,6 +247,8 @@ inline constexpr std::size_t kBatchFrames = 64;
 inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
 // After an error, how long in-flight I/O on the caller's memory may finish before its socket is cut.
 inline constexpr std::chrono::milliseconds kAbandonGrace{500};
+// The longest wait between two connection attempts to a peer that is not listening yet.
+inline constexpr std::chrono::milliseconds kMaxConnectBackoff{50};
 // How long a clean shutdown waits for goodbyes to be written and answered.
 inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
 
@@ -582,8 +584,10 @@ class Transport {
     if (closing_ || p.state != Peer::State::Connecting) return;
     p.last_error = std::move(reason);
     if (metrics_) metrics_->retry();
+    // 1, 2, 4 ... ms, then every 50 ms: peers start within milliseconds of each other, and a
+    // refused connect costs a round trip, so a late peer is met soon after it listens.
     const auto delay = p.backoff;
-    p.backoff = std::min(p.backoff * 2, std::chrono::milliseconds(1000));
+    p.backoff = std::min(p.backoff * 2, kMaxConnectBackoff);
     p.retry_timer->expires_after(delay);
     p.retry_timer->async_wait([this, j](const boost::system::error_code& ec) {
       if (!ec) start_connect(j);
@@ -868,18 +872,65 @@ class Transport {
           fail_locked(std::move(f), true);
         }
       } else {
-        const Descriptor d = decode_descriptor(p.rx_control);
         std::lock_guard lk(mu_);
-        if (!p.descriptors.emplace(p.rx.seq, d).second) {
-          throw FrameError(fmt::format("second descriptor for collective #{}", p.rx.seq));
-        }
-        if (observe::timeline_enabled()) p.descriptor_at[p.rx.seq] = Clock::now();
-        if (descriptor_wakes_locked(p.rx.seq)) mu_.notify_all_locked();
+        on_descriptor_locked(p);
       }
     } catch (const FrameError& e) {
       return protocol_error(p, e.what());
     }
     read_header(p);
+  }
+
+  // Descriptors over TCP (no shared memory): every rank sends its own to rank 0 alone, and rank 0,
+  // once it holds every rank's, sends the whole table to every rank: 2(n-1) frames per collective
+  // instead of n(n-1), and every rank still compares every rank's call (the same pair is named
+  // everywhere). The table's entries count as each peer's descriptor.
+  void on_descriptor_locked(Peer& p) {
+    const std::uint64_t seq = p.rx.seq;
+    const std::size_t n = static_cast<std::size_t>(size_);
+    auto store = [&](Peer& from, const Descriptor& d) {
+      if (!from.descriptors.emplace(seq, d).second) {
+        throw FrameError(fmt::format("second descriptor of {} for collective #{}", from.name, seq));
+      }
+    };
+    if (rank_ == 0) {
+      if (p.rx_control.size() != kDescriptorBytes) {
+        throw FrameError(fmt::format("descriptor frame of {} bytes (expected {})", p.rx_control.size(), kDescriptorBytes));
+      }
+      store(p, decode_descriptor(p.rx_control));
+      relay_descriptors_locked();
+    } else {
+      if (p.rank != 0 || p.rx_control.size() != n * kDescriptorBytes) {
+        throw FrameError(fmt::format("descriptor frame of {} bytes from rank {} (only rank 0 sends them, {} bytes)",
+                                     p.rx_control.size(), p.rank, n * kDescriptorBytes));
+      }
+      const std::span<const std::byte> table(p.rx_control);
+      for (std::size_t r = 0; r < n; ++r) {
+        if (static_cast<int>(r) == rank_) continue;
+        store(*peers_[r], decode_descriptor(table.subspan(r * kDescriptorBytes, kDescriptorBytes)));
+      }
+    }
+    if (observe::timeline_enabled()) p.descriptor_at[seq] = Clock::now();
+    if (descriptor_wakes_locked(seq)) mu_.notify_all_locked();
+  }
+
+  // Rank 0: once its own call and every peer's descriptor of it are in, sends the table out.
+  void relay_descriptors_locked() {
+    if (!root_pending_) return;
+    const std::uint64_t seq = root_pending_->first;
+    for (const auto& p : peers_) {
+      if (p->rank != rank_ && p->descriptors.count(seq) == 0) return;
+    }
+    std::vector<std::byte> table;
+    table.reserve(static_cast<std::size_t>(size_) * kDescriptorBytes);
+    for (const auto& p : peers_) {
+      const auto bytes = encode(p->rank == rank_ ? root_pending_->second : p->descriptors.at(seq));
+      table.insert(table.end(), bytes.begin(), bytes.end());
+    }
+    root_pending_.reset();
+    for (auto& p : peers_) {
+      if (p->rank != rank_ && p->state == Peer::State::Open) enqueue_control_locked(*p, FrameType::Descriptor, seq, table);
+    }
   }
 
   // Whether a peer's descriptor must wake the waiting threads. A thread in Op::wait_until (the
@@ -1491,6 +1542,8 @@ class Transport {
   // Set once after construction when every rank mapped one segment (setup_shared_memory);
   // used by the calling thread only.
   std::unique_ptr<SharedMemoryAllReduce> shared_memory_;
+  // Rank 0 over TCP: its call whose descriptor table is not sent yet (relay_descriptors_locked).
+  std::optional<std::pair<std::uint64_t, Descriptor>> root_pending_;
   // The call of the thread in Op::wait_until, if one is there (descriptor_wakes_locked).
   const Descriptor* quiet_desc_ = nullptr;
   std::uint64_t quiet_seq_ = 0;
@@ -1513,14 +1566,18 @@ class Transport::Op {
     if (t_.failure_) fail_at_start(lk);
     seq_ = t_.next_seq_++;
     start();
-    const auto payload = encode(desc);
-    for (auto& p : t_.peers_) {
-      if (p->rank == t_.rank_) continue;
+    if (t_.size_ == 1) return;
+    if (SharedMemoryAllReduce* shm = t_.shared_memory_.get()) {
+      shm->announce(seq_, desc);  // every rank reads every announcement: no frames
+    } else if (t_.rank_ == 0) {
+      t_.root_pending_.emplace(seq_, desc);
+      t_.relay_descriptors_locked();  // when every peer's came first
+    } else {
       OutFrame f;
-      f.set_header(FrameHeader{FrameType::Descriptor, payload.size(), seq_, 0});
-      f.owned = payload;
+      f.owned = encode(desc);
+      f.set_header(FrameHeader{FrameType::Descriptor, f.owned.size(), seq_, 0});
       f.size = f.owned.size();
-      t_.send_now_or_enqueue(lk, *p, std::move(f));
+      t_.send_now_or_enqueue(lk, t_.peer(0), std::move(f));
     }
   }
 
@@ -1844,6 +1901,7 @@ class Transport::Op {
 
   template <class Done>
   void block(std::unique_lock<NotifyingMutex>& lk, Done&& done, int waiting_on, std::string_view what) {
+    int polls = 0;
     for (;;) {
       if (done()) return;
       if (t_.failure_) raise_failure_locked();
@@ -1856,6 +1914,12 @@ class Transport::Op {
         if (done()) return;  // the poll may have been what it waited for
       }
       const ProgressWaiter waiter(t_.progress_waiters_, quiet_ ? 0 : 1);
+      if (collective_ && !descs_ok_ && t_.shared_memory_) {
+        // The peers' descriptors come through shared memory, which wakes no one: look again soon.
+        if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, what);
+        poll_pause(lk, polls++);
+        continue;
+      }
       if (!deadline_) {
         t_.mu_.wait(lk);
         continue;
@@ -1863,6 +1927,21 @@ class Transport::Op {
       if (Clock::now() >= *deadline_) time_out_locked(waiting_on, what);
       t_.mu_.wait_until(lk, *deadline_);
     }
+  }
+
+  // Between two looks at shared memory: yields the core a few times (the peer is usually about to
+  // write), then sleeps in steps from 20 us to 1 ms, woken early by any transport event.
+  void poll_pause(std::unique_lock<NotifyingMutex>& lk, int round) {
+    if (round < 64) {
+      lk.unlock();
+      std::this_thread::yield();
+      lk.lock();
+      return;
+    }
+    const auto step = std::chrono::microseconds(std::min(1000, 20 << std::min(6, (round - 64) / 8)));
+    auto until = Clock::now() + step;
+    if (deadline_) until = std::min(until, *deadline_);
+    t_.mu_.wait_until(lk, until);
   }
 
   [[noreturn]] void time_out_locked(int waiting_on, std::string_view what) {
@@ -1894,16 +1973,23 @@ class Transport::Op {
     if (descs_ok_) return "the other ranks";
     std::string names;
     for (const auto& p : t_.peers_) {
-      if (p->rank == t_.rank_ || p->descriptors.count(seq_) != 0) continue;
+      if (p->rank == t_.rank_ || joined_locked(*p)) continue;
       names += (names.empty() ? "" : ", ") + p->name;
     }
     return names.empty() ? std::string("the other ranks") : fmt::format("{} to join", names);
   }
 
+  // Whether rank `r`'s descriptor of this call is in (in shared memory, or from TCP).
+  bool joined_locked(const Peer& p) const {
+    if (const SharedMemoryAllReduce* shm = t_.shared_memory_.get()) return shm->announced(p.rank, seq_).has_value();
+    return p.descriptors.count(seq_) != 0;
+  }
+
   void poll_descriptors_locked() {
     if (descs_ok_) return;
+    const SharedMemoryAllReduce* shm = t_.shared_memory_.get();
     for (auto& p : t_.peers_) {
-      if (p->rank == t_.rank_ || p->descriptors.count(seq_) != 0) continue;
+      if (p->rank == t_.rank_ || joined_locked(*p)) continue;
       if (p->state != Peer::State::Open) {
         t_.fail_locked(Failure{FailureKind::Peer, fmt::format("{} ({}) closed its communicator before joining collective #{}",
                                                               p->name, p->address, seq_)},
@@ -1916,6 +2002,8 @@ class Transport::Op {
     for (auto& p : t_.peers_) {
       if (p->rank == t_.rank_) {
         all_[static_cast<std::size_t>(p->rank)] = mine_;
+      } else if (shm != nullptr) {
+        all_[static_cast<std::size_t>(p->rank)] = *shm->announced(p->rank, seq_);
       } else {
         auto it = p->descriptors.find(seq_);
         all_[static_cast<std::size_t>(p->rank)] = it->second;
