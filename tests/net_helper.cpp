@@ -4,6 +4,10 @@
 //              [--connect-timeout MS] [--variant V] [--count N] [--iters N]
 //              [--direct-max BYTES] [--hd-max BYTES] [--chunk-bytes BYTES] [--busy-poll-us US]
 //              [--shm-min BYTES] [--shm-slot BYTES]
+//   net_helper MODE --rank R --addresses HOST:PORT,HOST:PORT,... [options as above]
+//
+// --addresses replaces --ports where the ranks run on different (simulated) hosts
+// (tests/support/netns_hosts.py).
 //
 // The last ones set the all-reduce thresholds (options.hpp), so that a test can drive every
 // algorithm (shared memory, direct, halving-doubling, ring) over every size instead of the one the
@@ -25,6 +29,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -65,6 +71,15 @@ Args parse(int argc, char** argv) {
         const std::string port = value.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
         a.names.push_back(fmt::format("worker:{}", a.addresses.size()));
         a.addresses.push_back("127.0.0.1:" + port);
+        if (comma == std::string::npos) break;
+        at = comma + 1;
+      }
+    } else if (key == "--addresses") {
+      std::size_t at = 0;
+      while (at <= value.size()) {
+        const auto comma = value.find(',', at);
+        a.names.push_back(fmt::format("worker:{}", a.addresses.size()));
+        a.addresses.push_back(value.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
         if (comma == std::string::npos) break;
         at = comma + 1;
       }
@@ -173,6 +188,15 @@ std::byte pattern(int r, std::size_t i) { return static_cast<std::byte>((r * 31 
 void run_collectives(ds::net::Communicator& comm) {
   const int n = comm.size(), me = comm.rank();
   say(comm.uses_shared_memory() ? "SHARED MEMORY on" : "SHARED MEMORY off");
+  // Which host this rank runs on and what carries its all-reduce data to each peer (the
+  // multi-host test checks shared memory only inside a host). Today one segment spans every rank
+  // or none, so every pair reports the same.
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  say(fmt::format("HOST {}", host));
+  for (int k = 0; k < n; ++k) {
+    if (k != me) say(fmt::format("PAIR {} {} {}", me, k, comm.uses_shared_memory() ? "shm" : "tcp"));
+  }
   say("READY");
   const std::size_t big_f32 = (std::size_t{1} << 20) / 4 + 3;  // 1 MiB of float32 + 3 elements
   const std::size_t big_i64 = (std::size_t{1} << 20) / 8 + 3;

@@ -1,0 +1,73 @@
+"""Multi-host test: 2 simulated hosts x 2 workers (tests/support/netns_hosts.py), each worker a
+net_helper running the collectives battery (every op, odd sizes, exact results checked in the
+helper) across the hosts. Checks every worker's results, that each runs on its host, and what
+carries each pair's all-reduce data: never shared memory across hosts.
+
+    python3 tests/check_multihost.py NET_HELPER
+
+Exit 77 (SKIP) where the machine cannot simulate hosts (not root, no `ip netns`/`unshare`).
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from netns_hosts import Hosts, Unsupported  # noqa: E402
+
+HOSTS, PER_HOST = 2, 2
+
+
+def main():
+    helper = os.path.abspath(sys.argv[1])
+    n = HOSTS * PER_HOST
+    host_of = [r // PER_HOST for r in range(n)]
+    failures = []
+    try:
+        with Hosts(HOSTS) as hosts:
+            addresses = ",".join(f"{hosts.address(host_of[r])}:{29500 + r}" for r in range(n))
+            commands = {h: [] for h in range(HOSTS)}
+            for r in range(n):
+                commands[host_of[r]].append([helper, "collectives", "--rank", str(r), "--addresses", addresses,
+                                             "--op-timeout", "60000", "--connect-timeout", "30000",
+                                             "--token", "multihost-test"])
+            out = hosts.run(commands, timeout=240)
+    except Unsupported as e:
+        print(f"SKIP: {e}")
+        return 77
+    pairs = {}
+    for h in range(HOSTS):
+        for i, (rc, text) in enumerate(out[h]):
+            r = h * PER_HOST + i
+            print(f"---- worker {r} on host{h} (exit {rc}):\n{text}")
+            if rc != 0:
+                failures.append(f"worker {r} exited with {rc}")
+            if f"HOST host{h}\n" not in text:
+                failures.append(f"worker {r} does not run on host{h}")
+            # The helper checks every result itself: exit 0 and no WRONG line means all were exact.
+            if "READY" not in text or "WRONG" in text:
+                failures.append(f"worker {r} did not run the battery exactly")
+            for line in text.splitlines():
+                if line.startswith("PAIR "):
+                    _, a, b, how = line.split()
+                    pairs[(int(a), int(b))] = how
+    for a in range(n):
+        for b in range(n):
+            if a == b:
+                continue
+            how = pairs.get((a, b))
+            if how is None:
+                failures.append(f"worker {a} reported no transport for worker {b}")
+            elif host_of[a] != host_of[b] and how != "tcp":
+                failures.append(f"workers {a} (host{host_of[a]}) and {b} (host{host_of[b]}) use {how} across hosts")
+            elif host_of[a] == host_of[b] and how != "shm":
+                # One segment spans every rank or none (net/detail/collectives.hpp): with two hosts
+                # the workers of a host talk over TCP too. Issue 21 item 1 (topology) makes this shm.
+                print(f"KNOWN: workers {a} and {b} share host{host_of[a]} but use {how} (no topology yet)")
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print(f"OK: {HOSTS} hosts x {PER_HOST} workers, every collective exact, no shared memory across hosts")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
