@@ -18,10 +18,13 @@
 
 #include <fmt/format.h>
 
+#include <distribute/net/detail/shared_segment.hpp>
+
 #include "support/processes.hpp"
 
 namespace {
 
+namespace nd = distribute::net::detail;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
@@ -64,6 +67,8 @@ std::optional<std::string> segment_of(pid_t pid) {
   }
   return std::nullopt;
 }
+
+doctest::Contains contains(const std::string& s) { return doctest::Contains(s.c_str()); }
 
 std::set<std::string> dev_shm_names() {
   std::set<std::string> out;
@@ -146,4 +151,38 @@ TEST_CASE("processes: rank 0 SIGKILLed at 20 points of the shared-memory set-up 
   CHECK(labels.size() == offsets_ms.size());  // one segment per job, each seen
   MESSAGE(fmt::format("{} kills, {} before rank 0's first all-reduce returned; {:.1f} s in all", offsets_ms.size(),
                       before_ready, std::chrono::duration<double>(Clock::now() - start).count()));
+}
+
+TEST_CASE("SharedSegment: nameless, opened by its creator's /proc path; a path off the wire that is anything else is refused") {
+  auto seg = nd::SharedSegment::create(4096);
+  CHECK(nd::is_proc_fd_path(seg->name()));
+  CHECK(seg->name().starts_with(fmt::format("/proc/{}/fd/", ::getpid())));
+  CHECK(dev_shm_names().count(*segment_label(*segment_of(::getpid()))) == 0);  // never in /dev/shm
+  auto peer = nd::SharedSegment::open(seg->name(), 4096);
+  seg->data()[100] = std::byte{42};
+  CHECK(peer->data()[100] == std::byte{42});  // one memory
+  CHECK_THROWS_WITH_AS(nd::SharedSegment::open(seg->name(), 8192),
+                       contains(fmt::format("{} is not the 8192 bytes expected", seg->name())), distribute::Unavailable);
+  const std::string path = seg->name();
+  seg->close_handle();  // set-up over: the segment can no longer be opened, the mappings stay
+  CHECK_THROWS_WITH_AS(nd::SharedSegment::open(path, 4096), contains(fmt::format("open({}): ", path)),
+                       distribute::Unavailable);
+  CHECK(peer->data()[100] == std::byte{42});
+
+  for (const char* bad : {"/etc/passwd", "/dev/shm/distribute-0011223344556677", "/proc/self/fd/0", "/proc/1/fd/",
+                          "/proc//fd/3", "/proc/1/fd/3/..", "proc/1/fd/3", "/proc/12345678901/fd/3", ""}) {
+    INFO(bad);
+    CHECK_FALSE(nd::is_proc_fd_path(bad));
+    CHECK_THROWS_WITH_AS(nd::SharedSegment::open(bad, 4096),
+                         contains(fmt::format("shared-memory segment '{}' is not /proc/<pid>/fd/<fd>", bad)),
+                         distribute::Unavailable);
+  }
+  // A descriptor that is not a file (a pipe) is refused, not blocked on.
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const std::string pipe_path = fmt::format("/proc/{}/fd/{}", ::getpid(), fds[0]);
+  CHECK_THROWS_WITH_AS(nd::SharedSegment::open(pipe_path, 4096), contains(fmt::format("{} is not the 4096 bytes expected", pipe_path)),
+                       distribute::Unavailable);
+  ::close(fds[0]);
+  ::close(fds[1]);
 }
