@@ -75,7 +75,12 @@ struct CommunicatorOptions {
   /// multi-worker section). Connections to other hosts always keep the system's choice. Linux
   /// only; a name the kernel refuses throws InvalidArgument from the constructor.
   std::string loopback_congestion_control = "reno";
-  /// Where refused connections are reported; default: one line on stderr.
+  /// Connections still in their handshake at once; beyond it a new connection is closed as soon as
+  /// it is accepted, so strangers cannot hold every descriptor (each holds one for at most
+  /// handshake_timeout).
+  std::size_t max_pending_connections = 64;
+  /// Where refused connections are reported (a few lines a second at most; the refused peer is
+  /// told only "refused"); default: one line on stderr.
   std::function<void(std::string_view)> log;
   /// When set, every call, connection retry and failure is counted there (observe/collective_metrics.hpp;
   /// a multi-worker strategy sets it when metrics are on). Unset: nothing is counted.

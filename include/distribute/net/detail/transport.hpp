@@ -50,6 +50,7 @@
 #include <distribute/net/detail/auth.hpp>
 #include <distribute/net/detail/congestion_control.hpp>
 #include <distribute/net/detail/notifying_mutex.hpp>
+#include <distribute/net/detail/refusal_log.hpp>
 #include <distribute/net/detail/protocol.hpp>
 #include <distribute/net/detail/shared_memory_all_reduce.hpp>
 #include <distribute/net/detail/transfer_all.hpp>
@@ -234,6 +235,7 @@ struct Handshake {
   bool timed_out = false;
   bool finished = false;
   std::uint64_t written = 0;  // bytes this side wrote during the handshake
+  std::shared_ptr<void> pending;  // acceptor side: counts against max_pending_connections until reset
 };
 
 // A payload larger than this is read in pieces so that a long frame still counts as traffic.
@@ -453,7 +455,10 @@ class Transport {
       if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
       if (!ec) acceptor_->bind(entry.endpoint(), ec);
       if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
-      if (!ec) return;
+      if (!ec) {
+        if (!token_ && !is_loopback(entry.endpoint().address())) log(no_token_warning(self.name, self.address));
+        return;
+      }
       acceptor_.reset();
     }
     throw Unavailable(fmt::format("{} cannot listen on {}: {}", self.name, self.address,
@@ -537,6 +542,16 @@ class Transport {
                       });
   }
 
+  // What a connector reports when a peer refused it (an acceptor tells the peer no more than "refused").
+  std::string refused_by(const Peer& p, const std::string& text) const {
+    if (text == kRefusedText) {
+      return fmt::format("{} at {} refused {} (its log says why; cluster specs or cluster tokens that differ are the usual "
+                         "cause)",
+                         p.name, p.address, me());
+    }
+    return fmt::format("{} at {} refused {}: {}", p.name, p.address, me(), text);
+  }
+
   // Connector side: ranks connect to every lower rank, retrying while it is not up yet.
   void start_connect(int j) {
     {
@@ -607,7 +622,7 @@ class Transport {
         const Peer& p = peer(j);
         if (fh.type == FrameType::Reject) {
           return setup_fail(FailureKind::Config,
-                            fmt::format("{} at {} refused {}: {}", p.name, p.address, me(), decode_text(h->in)));
+                            refused_by(p, decode_text(h->in)));
         }
         if (fh.type != FrameType::Challenge) {
           return retry_connect(j, fmt::format("{} answered with a {} frame instead of a challenge", p.address, to_string(fh.type)));
@@ -650,7 +665,7 @@ class Transport {
             const Peer& p2 = peer(j);
             if (fh2.type == FrameType::Reject) {
               return setup_fail(FailureKind::Config,
-                                fmt::format("{} at {} refused {}: {}", p2.name, p2.address, me(), decode_text(h->in)));
+                                refused_by(p2, decode_text(h->in)));
             }
             if (fh2.type != FrameType::Welcome) {
               return retry_connect(j, fmt::format("{} answered with a {} frame instead of a welcome", p2.address,
@@ -666,6 +681,8 @@ class Transport {
   }
 
   // Acceptor side: anyone may connect; only a peer that proves the token and a valid rank joins.
+  // At most max_pending_connections handshakes at once (more are closed when accepted); an accept
+  // error (out of descriptors, buffers, memory) backs off 10 ms doubling to 500 ms and goes on.
   void do_accept() {
     acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted) return;
@@ -674,12 +691,24 @@ class Transport {
         if (closing_) return;
       }
       if (!ec) {
-        auto h = std::make_shared<Handshake>(std::move(socket));
-        server_handshake(h);
+        accept_backoff_ = std::chrono::milliseconds(10);
+        if (pending_handshakes_->load() >= options_.max_pending_connections) {
+          boost::system::error_code ignored;
+          const auto remote = socket.remote_endpoint(ignored);
+          log_limited(fmt::format("{}: refused connection from {}:{}: {} connections are already in their handshake", me(),
+                                  remote.address().to_string(), remote.port(), options_.max_pending_connections));
+          socket.close(ignored);
+        } else {
+          auto h = std::make_shared<Handshake>(std::move(socket));
+          pending_handshakes_->fetch_add(1);
+          h->pending = std::shared_ptr<void>(nullptr, [n = pending_handshakes_](void*) { n->fetch_sub(1); });
+          server_handshake(h);
+        }
         do_accept();
       } else {
-        // E.g. out of descriptors: back off instead of spinning on the error.
-        auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
+        log_limited(fmt::format("{}: accept failed: {}; retrying in {} ms", me(), ec.message(), accept_backoff_.count()));
+        auto timer = std::make_shared<asio::steady_timer>(io_, accept_backoff_);
+        accept_backoff_ = std::min(accept_backoff_ * 2, std::chrono::milliseconds(500));
         timer->async_wait([this, timer](const boost::system::error_code& e) {
           if (!e) do_accept();
         });
@@ -687,13 +716,20 @@ class Transport {
     });
   }
 
+  // Lines a stranger can cause: a few a second at most.
+  void log_limited(const std::string& line) {
+    if (std::string admitted = refusal_limiter_.admit(line); !admitted.empty()) log(admitted);
+  }
+
+  // The peer reads only "refused"; the reason goes to the (rate-limited) local log.
   void refuse(const std::shared_ptr<Handshake>& h, const std::string& reason, bool reply) {
     const std::string who = h->peer >= 0 ? fmt::format(" (claiming to be {})", peer(h->peer).name) : std::string();
-    log(fmt::format("{}: refused connection from {}{}: {}", me(), h->remote, who, reason));
+    log_limited(fmt::format("{}: refused connection from {}{}: {}", me(), h->remote, who, reason));
     h->finished = true;
     h->timer.cancel();
+    h->pending.reset();
     if (reply) {
-      handshake_write(h, FrameType::Reject, std::as_bytes(std::span(reason.data(), reason.size())), [h](const std::string&) {
+      handshake_write(h, FrameType::Reject, std::as_bytes(std::span(kRefusedText.data(), kRefusedText.size())), [h](const std::string&) {
         boost::system::error_code ignored;
         h->socket.close(ignored);
       });
@@ -784,6 +820,7 @@ class Transport {
             }
             h->finished = true;
             h->timer.cancel();
+            h->pending.reset();
             register_peer(h->peer, std::move(h->socket), h->written);
           });
         });
@@ -1525,6 +1562,9 @@ class Transport {
   std::optional<std::string> token_;
   std::vector<std::unique_ptr<Peer>> peers_;
   std::optional<tcp::acceptor> acceptor_;
+  std::chrono::milliseconds accept_backoff_{10};  // io thread only
+  std::shared_ptr<std::atomic<std::size_t>> pending_handshakes_ = std::make_shared<std::atomic<std::size_t>>(0);
+  RateLimiter refusal_limiter_;
   std::optional<asio::steady_timer> heartbeat_timer_;
 
   // The transport's lock and its condition: waiters are woken after it is released.
