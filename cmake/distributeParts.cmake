@@ -14,6 +14,9 @@
 #   distribute_cuda_INCLUDE_DIRS, distribute_cuda_REASON, distribute_WITH_NCCL
 #       the ds::cuda backend: CUDA::cudart (CMake >= 3.17, FindCUDAToolkit) and NCCL where found
 #       (libnccl + nccl.h; without them DISTRIBUTE_NO_NCCL).
+#   distribute_mpi_FOUND, distribute_mpi_LINK, distribute_mpi_REASON
+#       CommunicationImplementation::Mpi (net/mpi.hpp): the cluster part + MPI's C library
+#       (FindMPI: MPI::MPI_C; Open MPI or MPICH), with DISTRIBUTE_WITH_MPI defined.
 macro(_distribute_find_parts)
   # --- cluster
   set(distribute_cluster_FOUND FALSE)
@@ -64,6 +67,22 @@ macro(_distribute_find_parts)
       else()
         list(APPEND distribute_cuda_DEFINITIONS DISTRIBUTE_NO_NCCL)  # nccl.h may be visible without the library
       endif()
+    endif()
+  endif()
+
+  # --- mpi
+  set(distribute_mpi_FOUND FALSE)
+  set(distribute_mpi_LINK "")
+  set(distribute_mpi_REASON "")
+  if(NOT distribute_cluster_FOUND)
+    set(distribute_mpi_REASON "distribute::mpi needs distribute::cluster: ${distribute_cluster_REASON}")
+  else()
+    find_package(MPI QUIET COMPONENTS C)
+    if(NOT TARGET MPI::MPI_C)
+      set(distribute_mpi_REASON "no MPI C library was found (Debian/Ubuntu: libopenmpi-dev or libmpich-dev)")
+    else()
+      set(distribute_mpi_FOUND TRUE)
+      set(distribute_mpi_LINK MPI::MPI_C)
     endif()
   endif()
 endmacro()

@@ -3,7 +3,7 @@
 
 The convention the documents follow (and this script enforces):
 
-  * A compile line is a command that starts with g++, c++ or clang++: an inline code span
+  * A compile line is a command that starts with g++, c++, clang++ or mpicxx (MPI's wrapper): an inline code span
     (`g++ -std=c++20 ... first.cpp -lfmt -pthread`) or a line of a fenced block (a trailing
     backslash continues it on the next line).
   * It names the program it builds, NAME.cpp, and somewhere in README.md or docs/ a fenced code
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 EXIT_SKIPPED = 77
-COMPILERS = ("g++", "c++", "clang++")
+COMPILERS = ("g++", "c++", "clang++", "mpicxx")
 RUN_TIMEOUT = 120
 COMPILE_TIMEOUT = 600
 

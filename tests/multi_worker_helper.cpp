@@ -1,6 +1,7 @@
 // One worker process of the multi-worker tests. Reads TF_CONFIG like a user's program, runs a
 // scenario, checks its own results against exact expected values and prints what it saw.
 //   multi_worker_helper SCENARIO LOCAL_REPLICAS
+// TEST_IMPLEMENTATION=MPI: the workers talk through MPI (built with MPI: started by mpirun).
 // Exit codes: 0 ok, 1 wrong result, 3 PeerFailure/CollectiveTimeout, 4 InvalidArgument, 5 other error.
 #include <distribute/distribute.hpp>
 
@@ -11,6 +12,8 @@
 #include <string_view>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -154,12 +157,16 @@ int main(int argc, char** argv) {
   try {
     ds::CommunicationOptions options;
     if (const char* t = std::getenv("TEST_TIMEOUT_SECONDS")) options.timeout_seconds = std::atof(t);
+    if (const char* i = std::getenv("TEST_IMPLEMENTATION"); i && std::string_view(i) == "MPI") {
+      options.implementation = ds::CommunicationImplementation::Mpi;
+    }
     if (const char* p = std::getenv("TEST_BYTES_PER_PACK")) options.bytes_per_pack = std::strtoull(p, nullptr, 10);
     if (const char* m = std::getenv("TEST_SHARED_MEMORY_MIN_BYTES")) {
       options.shared_memory_min_bytes = std::strtoull(m, nullptr, 10);
     }
     Strategy s(options, nullptr, local);
-    fmt::print("worker {} of {}: {} replicas in sync\n", s.worker_index(), s.num_workers(), s.num_replicas_in_sync());
+    fmt::print("worker {} of {}: {} replicas in sync (pid {})\n", s.worker_index(), s.num_workers(),
+               s.num_replicas_in_sync(), ::getpid());
     if (scenario == "collectives") {
       collectives(s);
     } else if (scenario == "half") {

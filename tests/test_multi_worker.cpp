@@ -366,7 +366,7 @@ std::shared_ptr<ds::ClusterResolver> resolver_for(const std::vector<std::string>
 
 }  // namespace
 
-TEST_CASE("communication_implementation(): AUTO and RING resolve to RING on the host backend, NCCL is refused") {
+TEST_CASE("communication_implementation(): AUTO and RING resolve to RING on the host backend, NCCL and MPI (not compiled in) are refused") {
   using Setup = ds::detail::MultiWorkerSetup;
   using CI = ds::CommunicationImplementation;
   static_assert(!ds::detail::spans_workers_v<ds::SharedMemoryAllReduce>);
@@ -374,6 +374,13 @@ TEST_CASE("communication_implementation(): AUTO and RING resolve to RING on the 
   CHECK(Setup::resolve<ds::host>(CI::Ring) == CI::Ring);
   CHECK_THROWS_WITH_AS(Setup::resolve<ds::host>(CI::Nccl), doctest::Contains("NCCL needs the cuda backend"),
                        ds::InvalidArgument);
+  // This file is compiled without MPI (tests/test_mpi.cpp runs the helper built with it).
+  CHECK_THROWS_WITH_AS(ds::MultiWorkerMirroredStrategy<>({.implementation = CI::Mpi}),
+                       "MultiWorkerMirroredStrategy: CommunicationImplementation MPI is not compiled into this program: "
+                       "build with MPI's compiler wrapper (mpicxx) and -DDISTRIBUTE_WITH_MPI, or link the CMake target "
+                       "distribute::mpi (meson: distribute_mpi_dep)",
+                       ds::InvalidArgument);
+  CHECK(ds::to_string(CI::Mpi) == "MPI");
   // A single-worker cluster reports its resolved choice too.
   auto alone = std::make_shared<ds::TFConfigClusterResolver>(std::string_view(""));
   CHECK(ds::MultiWorkerMirroredStrategy<>({}, alone).communication_implementation() == CI::Ring);

@@ -11,13 +11,17 @@
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
-enum class CommunicationImplementation { Auto, Ring, Nccl };
+/// How the workers of a MultiWorkerMirroredStrategy communicate. AUTO: NCCL for GPUs where it is
+/// compiled in, else RING (TCP, and shared memory between workers on one host). MPI: MPI's
+/// collectives, in a program started by mpirun/mpiexec/srun and compiled with MPI (net/mpi.hpp).
+enum class CommunicationImplementation { Auto, Ring, Nccl, Mpi };
 
 constexpr std::string_view to_string(CommunicationImplementation i) noexcept {
   switch (i) {
     case CommunicationImplementation::Auto: return "AUTO";
     case CommunicationImplementation::Ring: return "RING";
     case CommunicationImplementation::Nccl: return "NCCL";
+    case CommunicationImplementation::Mpi: return "MPI";
   }
   return "?";
 }

@@ -21,6 +21,7 @@
 #include <distribute/collective/multi_worker.hpp>
 #include <distribute/core/detail/cross_worker.hpp>
 #include <distribute/net/communicator.hpp>
+#include <distribute/net/mpi.hpp>
 #include <distribute/net/detail/address.hpp>
 #include <distribute/strategy/detail/observability.hpp>
 #include <distribute/strategy/detail/sync_strategy.hpp>
@@ -65,8 +66,8 @@ class CommunicatorLink final : public CrossWorkerLink {
 struct MultiWorkerSetup {
   std::shared_ptr<ClusterResolver> resolver;
   std::unique_ptr<TaskMetrics> metrics;  // before link: outlives the communicator that counts into it
-  std::unique_ptr<CommunicatorLink> link;
-  CommunicationImplementation implementation = CommunicationImplementation::Ring;  // resolved: Ring or Nccl
+  std::unique_ptr<CrossWorkerLink> link;
+  CommunicationImplementation implementation = CommunicationImplementation::Ring;  // resolved: never Auto
 
   /// AUTO is NCCL where the backend's cross-device ops span workers (ds::cuda compiled by nvcc
   /// with NCCL), RING otherwise; an explicit NCCL that cannot run is InvalidArgument.
@@ -84,6 +85,20 @@ struct MultiWorkerSetup {
           "NCCL is compiled in only by a CUDA compiler (nvcc) with <nccl.h>; use RING or AUTO",
           Backend::name));
     }
+    if (requested == CommunicationImplementation::Mpi) {
+      if (Backend::name != std::string_view("host")) {
+        throw InvalidArgument(fmt::format(
+            "MultiWorkerMirroredStrategy: CommunicationImplementation MPI carries host values; the {} backend "
+            "communicates with NCCL (or AUTO)",
+            Backend::name));
+      }
+      if (net::mpi_link_factory() == nullptr) {
+        throw InvalidArgument(
+            "MultiWorkerMirroredStrategy: CommunicationImplementation MPI is not compiled into this program: build "
+            "with MPI's compiler wrapper (mpicxx) and -DDISTRIBUTE_WITH_MPI, or link the CMake target distribute::mpi "
+            "(meson: distribute_mpi_dep)");
+      }
+    }
     if (requested == CommunicationImplementation::Auto) {
       return nccl ? CommunicationImplementation::Nccl : CommunicationImplementation::Ring;
     }
@@ -92,15 +107,16 @@ struct MultiWorkerSetup {
 
   template <class Backend>
   static MultiWorkerSetup make(const CommunicationOptions& options, std::shared_ptr<ClusterResolver> resolver) {
-    if (!resolver) resolver = std::make_shared<TFConfigClusterResolver>();
     const CommunicationImplementation implementation = resolve<Backend>(options.implementation);
+    if (!resolver && implementation != CommunicationImplementation::Mpi) resolver = std::make_shared<TFConfigClusterResolver>();
     if (options.timeout_seconds && !(*options.timeout_seconds > 0)) {
       throw InvalidArgument(fmt::format("MultiWorkerMirroredStrategy: timeout_seconds must be positive, got {}",
                                         *options.timeout_seconds));
     }
     MultiWorkerSetup setup;
-    setup.resolver = resolver;
     setup.implementation = implementation;
+    if (implementation == CommunicationImplementation::Mpi) return make_mpi(options, std::move(resolver), setup);
+    setup.resolver = resolver;
     const ClusterSpec& spec = resolver->cluster_spec();
     const std::string type = resolver->task_type();
     const std::optional<int> metrics_port = metrics_port_setting(options);
@@ -140,6 +156,37 @@ struct MultiWorkerSetup {
     setup.link = std::make_unique<CommunicatorLink>(std::make_unique<net::Communicator>(
         std::move(addresses), resolver->id_in_cluster(), comm_options, std::move(names)));
     return setup;
+  }
+
+  /// MPI: the workers are MPI_COMM_WORLD's ranks. Without a resolver the cluster is read from MPI
+  /// (every rank a worker, named by its host); a resolver given must agree with MPI on the
+  /// number of workers and this one's index.
+  static MultiWorkerSetup make_mpi(const CommunicationOptions& options, std::shared_ptr<ClusterResolver> resolver,
+                                   MultiWorkerSetup& setup) {
+    net::MpiLinkOptions mpi_options;
+    if (options.timeout_seconds) {
+      mpi_options.operation_timeout =
+          std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
+    }
+    auto link = net::mpi_link_factory()(mpi_options);
+    const int size = link->num_workers(), rank = link->worker_index();
+    if (resolver) {
+      if (resolver->worker_count() != size || resolver->id_in_cluster() != rank) {
+        throw ClusterConfigError(fmt::format(
+            "MultiWorkerMirroredStrategy (MPI): the cluster resolver says worker {} of {}, MPI says rank {} of {}",
+            resolver->id_in_cluster(), resolver->worker_count(), rank, size));
+      }
+    } else if (size > 1) {
+      std::vector<std::string> workers;
+      for (int w = 0; w < size; ++w) workers.push_back(fmt::format("mpi-rank-{}:1", w));  // MPI has the addresses
+      resolver = std::make_shared<SimpleClusterResolver>(ClusterSpec({{"worker", workers}}), "worker", rank, "mpi");
+    } else {
+      resolver = std::make_shared<SimpleClusterResolver>(ClusterSpec(), "worker", 0, "mpi");
+    }
+    setup.resolver = std::move(resolver);
+    start_timeline(options, "worker", rank);
+    if (size > 1) setup.link = std::move(link);
+    return std::move(setup);
   }
 };
 
