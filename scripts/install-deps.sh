@@ -68,6 +68,9 @@ optional eigen3/Eigen/Core libeigen3-dev
 optional torch/csrc/api/include/torch/torch.h libtorch-dev  # Debian puts the C++ API under torch/csrc/api/include
 optional dlpack/dlpack.h libdlpack-dev
 optional xtensor/xarray.hpp libxtensor-dev
+# MPI (net/mpi.hpp; the 'mpi' suite runs under both): Open MPI and MPICH, each with its launcher.
+have mpirun.openmpi || { OPTIONAL_PACKAGES+=(openmpi-bin libopenmpi-dev); missing+=(openmpi); }
+have mpiexec.mpich || { OPTIONAL_PACKAGES+=(mpich libmpich-dev); missing+=(mpich); }
 
 # libFuzzer (scripts/fuzz.sh): clang's runtime libraries, Debian's libclang-rt-<clang version>-dev.
 fuzzer_links() {
