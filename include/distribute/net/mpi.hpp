@@ -390,8 +390,9 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
     return std::string(text, static_cast<std::size_t>(len));
   }
 
-  // Drives `r` to completion with MPI_Test (which is also what makes MPI progress), spinning
-  // first and yielding the CPU once a call takes longer, until the operation timeout.
+  // Drives `r` to completion with MPI_Test (which is also what makes MPI progress), spinning as
+  // MPI's own blocking calls do, yielding the CPU once a call takes longer than 10 ms, until the
+  // operation timeout.
   void wait(MPI_Request& r, const char* what) {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
@@ -408,7 +409,7 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
                            "cancel the collective, so this link is now unusable)",
                            what, name(rank_), timeout_->count()));
         }
-        if (waited > std::chrono::milliseconds(1)) std::this_thread::yield();
+        if (waited > std::chrono::milliseconds(10)) std::this_thread::yield();
       }
     }
   }

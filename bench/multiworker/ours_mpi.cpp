@@ -1,0 +1,42 @@
+// The MPI transport's all-reduce (net/mpi.hpp's MpiLink: the descriptor check, then
+// MPI_Iallreduce driven by MPI_Test) across the ranks mpirun starts, timed like mpi_allreduce.cpp
+// so that the two measure the same call and the difference is our transport's overhead.
+//   mpirun -np N ... ours_mpi LABEL      Rank 0 prints one CSV line per size (see common.hpp).
+#include <distribute/net/mpi.hpp>
+
+#include <cstdio>
+#include <vector>
+
+#include "common.hpp"
+
+namespace ds = distribute;
+
+int main(int argc, char** argv) {
+  ds::net::detail::MpiLink link({});  // initialises MPI (and finalises it at exit)
+  const int rank = link.worker_index(), size = link.num_workers();
+  const char* label = argc > 1 ? argv[1] : "ours_mpi";
+  auto all_reduce = [&](std::vector<float>& buf) {
+    link.all_reduce(buf.data(), buf.size(), ds::DType::F32, ds::ReduceOp::Sum);
+  };
+  for (std::size_t bytes : mw::sizes()) {
+    std::vector<float> buf(bytes / sizeof(float));
+    mw::fill(buf, rank);
+    all_reduce(buf);
+    if (!mw::check(buf, size)) {
+      std::fprintf(stderr, "ours_mpi: wrong result at %zu bytes\n", bytes);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (int w = 0; w < mw::warmup_for(bytes); ++w) all_reduce(buf);
+    const int iters = mw::iters_for(bytes);
+    std::vector<double> t(iters);
+    for (int i = 0; i < iters; ++i) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = mw::now_s();
+      all_reduce(buf);
+      t[i] = mw::now_s() - t0;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, t.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (rank == 0) mw::print_row(label, size, bytes, t);
+  }
+  return 0;
+}
