@@ -111,6 +111,58 @@ void scatter(Strategy& s) {
     for (const auto& v : got.values()) expect_eq(v, std::vector<std::int64_t>{root, root * 7, 100003}, "broadcast");
   }
 }
+// Several all-reduces in flight per step, waited in order; exact sums.
+void async(Strategy& s) {
+  const int n = s.num_replicas_in_sync();
+  for (int step = 0; step < 5; ++step) {
+    auto out = s.run([&](ds::ReplicaContext& ctx) {
+      const int r = ctx.replica_id_in_sync_group();
+      std::vector<ds::CollectiveHandle<std::vector<std::int64_t>>> handles;
+      for (int k = 0; k < 6; ++k) {
+        std::vector<std::int64_t> v(static_cast<std::size_t>(1 + k * 40000));
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = 1000 * k + r + static_cast<std::int64_t>(i) + step;
+        handles.push_back(ctx.all_reduce_async("sum", std::move(v)));
+      }
+      std::vector<std::vector<std::int64_t>> results;
+      for (auto& h : handles) results.push_back(h.wait());
+      return results;
+    });
+    for (const auto& results : out.values()) {
+      for (int k = 0; k < 6; ++k) {
+        const auto& v = results[static_cast<std::size_t>(k)];
+        bool exact = v.size() == static_cast<std::size_t>(1 + k * 40000);
+        for (std::size_t i = 0; exact && i < v.size(); ++i) {
+          exact = v[i] == n * (1000L * k + static_cast<std::int64_t>(i) + step) + n * (n - 1L) / 2;
+        }
+        if (!exact) {
+          fmt::print("MISMATCH async all-reduce {} of step {}\n", k, step);
+          ++failures;
+        }
+      }
+    }
+  }
+}
+
+// Steps of 4 all-reduces in flight until a peer dies (the test SIGKILLs one); wait() must throw.
+void async_kill(Strategy& s) {
+  for (int step = 0; step < 100000; ++step) {
+    s.run([&](ds::ReplicaContext& ctx) {
+      std::vector<ds::CollectiveHandle<std::vector<float>>> handles;
+      for (int k = 0; k < 4; ++k) handles.push_back(ctx.all_reduce_async("sum", std::vector<float>(1 << 18, 1.0f)));
+      for (auto& h : handles) {
+        try {
+          (void)h.wait();
+        } catch (const ds::PeerFailure& e) {
+          fmt::print("wait() threw PeerFailure: {}\n", e.what());
+          std::fflush(stdout);
+          throw;
+        }
+      }
+    });
+    if (step == 0) fmt::print("first step done\n");
+    std::fflush(stdout);
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -127,6 +179,10 @@ int main(int argc, char** argv) {
     const int w = s.worker_index();
     if (scenario == "scatter") {
       scatter(s);
+    } else if (scenario == "async") {
+      async(s);
+    } else if (scenario == "async_kill") {
+      async_kill(s);
     } else if (scenario == "mismatch_reduce_scatter") {  // as many elements, another shape on worker 1
       s.run([&](ds::ReplicaContext& ctx) {
         return ctx.reduce_scatter("sum", ds::Tensor<float>::zeros(w == 1 ? ds::Shape{3, 4} : ds::Shape{4, 3})).size();

@@ -368,6 +368,34 @@ TEST_CASE("gpu: all_gather (uneven, axis 0 and 1), broadcast, reduce and gather 
   CHECK(strategy.gather(rows, 0).to_host() == expect_gather);
 }
 
+TEST_CASE("gpu: reduce_scatter (even and uneven parts, SUM and integer MEAN) and all_to_all through NCCL" *
+          doctest::test_suite("gpu")) {
+  const int n = ds::cuda::device_count();
+  ds::MirroredStrategy<ds::cuda> strategy;
+  ds::MirroredStrategy<ds::host> reference(n);
+  for (std::int64_t rows : {std::int64_t{4} * n, std::int64_t{4} * n + 1, std::int64_t{1}}) {
+    CAPTURE(rows);
+    // Replica r's [rows, 3] value: element k is r * 1000 + k (int64, so SUM and MEAN are exact).
+    auto make = [rows](int r) {
+      std::vector<std::int64_t> v(static_cast<std::size_t>(rows * 3));
+      for (std::size_t k = 0; k < v.size(); ++k) v[k] = r * 1000 + static_cast<std::int64_t>(k);
+      return ds::Tensor<std::int64_t>({rows, 3}, v);
+    };
+    for (auto op : {ds::ReduceOp::Sum, ds::ReduceOp::Mean}) {
+      auto got = strategy.run([&](ds::ReplicaContext& ctx) {
+        return ctx.reduce_scatter(op, ds::DeviceTensor<std::int64_t>::from_host(make(ctx.replica_id_in_sync_group())));
+      });
+      auto want = reference.run([&](ds::ReplicaContext& ctx) { return ctx.reduce_scatter(op, make(ctx.replica_id_in_sync_group())); });
+      for (int i = 0; i < n; ++i) CHECK(got[static_cast<std::size_t>(i)].to_host() == want[static_cast<std::size_t>(i)]);
+    }
+    auto split = strategy.run([&](ds::ReplicaContext& ctx) {
+      return ctx.all_to_all(ds::DeviceTensor<std::int64_t>::from_host(make(ctx.replica_id_in_sync_group())));
+    });
+    auto split_want = reference.run([&](ds::ReplicaContext& ctx) { return ctx.all_to_all(make(ctx.replica_id_in_sync_group())); });
+    for (int i = 0; i < n; ++i) CHECK(split[static_cast<std::size_t>(i)].to_host() == split_want[static_cast<std::size_t>(i)]);
+  }
+}
+
 TEST_CASE("gpu: variables are mirrored on every GPU and updated through NCCL" * doctest::test_suite("gpu")) {
   const int n = ds::cuda::device_count();
   ds::MirroredStrategy<ds::cuda> strategy;

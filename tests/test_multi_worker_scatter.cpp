@@ -5,11 +5,16 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <map>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
+
+#include <fmt/format.h>
+#include <unistd.h>
 
 #include "support/processes.hpp"
 
@@ -68,6 +73,54 @@ TEST_CASE("reduce_scatter and all_to_all mismatched across workers: InvalidArgum
       INFO(c.output);
       CHECK(c.status == 4);
       CHECK(c.output.find(text) != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("all_reduce_async across 2 and 3 workers x 1 and 2 local replicas: 6 in flight per step, exact sums") {
+  for (int workers = 2; workers <= 3; ++workers) {
+    for (int local = 1; local <= 2; ++local) {
+      CAPTURE(workers);
+      CAPTURE(local);
+      auto children = start_workers(workers, "async", local);
+      CHECK(test_support::wait_all(children, 120s));
+      for (auto& c : children) {
+        INFO(c.output);
+        CHECK(c.status == 0);
+        CHECK(c.output.find("OK") != std::string::npos);
+      }
+    }
+  }
+}
+
+TEST_CASE("a worker SIGKILLed with 4 all_reduce_async in flight: every survivor's wait() throws PeerFailure (10 times)") {
+  for (int trial = 0; trial < 10; ++trial) {
+    CAPTURE(trial);
+    const int victim = trial % 3;
+    auto children = start_workers(3, "async_kill", 1, {{"TEST_TIMEOUT_SECONDS", "30"}});
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    for (bool all_started = false; !all_started && std::chrono::steady_clock::now() < deadline;) {
+      all_started = true;
+      for (auto& c : children) {
+        char buf[4096];
+        ssize_t got;
+        while ((got = read(c.out_fd, buf, sizeof buf)) > 0) c.output.append(buf, static_cast<std::size_t>(got));
+        all_started = all_started && c.output.find("first step done") != std::string::npos;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(7 * trial));
+    kill(children[static_cast<std::size_t>(victim)].pid, SIGKILL);
+    const auto killed_at = std::chrono::steady_clock::now();
+    CHECK(test_support::wait_all(children, 30s));  // nobody hangs
+    CHECK(std::chrono::steady_clock::now() - killed_at < 12s);
+    for (int i = 0; i < 3; ++i) {
+      if (i == victim) continue;
+      const auto& c = children[static_cast<std::size_t>(i)];
+      INFO("worker ", i, " output:\n", c.output);
+      CHECK(c.status == 3);
+      CHECK(c.output.find("wait() threw PeerFailure") != std::string::npos);
+      CHECK(c.output.find(fmt::format("worker:{}", victim)) != std::string::npos);
     }
   }
 }

@@ -59,6 +59,8 @@
 #include <distribute/backends/cuda/error.hpp>
 #include <distribute/collective/communication_options.hpp>
 #include <distribute/collective/detail/bootstrap.hpp>
+#include <distribute/collective/detail/nccl_support.hpp>
+#include <distribute/collective/detail/nccl_scatter.hpp>
 #include <distribute/collective/detail/device_staging.hpp>
 #include <distribute/collective/detail/validate.hpp>
 #include <distribute/collective/packing.hpp>
@@ -70,79 +72,7 @@
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
-/// An NCCL call failed. Carries the ncclResult_t and NCCL's own description of the failure.
-class NcclError : public Error {
- public:
-  NcclError(int code, const std::string& message) : Error(message), code_(code) {}
-  int code() const noexcept { return code_; }
-
- private:
-  int code_;
-};
-
 namespace detail {
-
-/// Throws NcclError naming `call` unless `r` is ncclSuccess (or, for group calls, in progress).
-inline void nccl_check(ncclResult_t r, std::string_view call, ncclComm_t comm = nullptr) {
-  if (r == ncclSuccess) return;
-  std::string message = fmt::format("{} failed: {} ({})", call, ncclGetErrorString(r), static_cast<int>(r));
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
-  if (const char* last = ncclGetLastError(comm); last && *last) message += fmt::format("; NCCL says: {}", last);
-#else
-  (void)comm;
-#endif
-  throw NcclError(static_cast<int>(r), message);
-}
-
-/// NCCL's element type for a dtype; none for 16-bit integers, which NCCL does not reduce.
-inline std::optional<ncclDataType_t> nccl_type(DType d) noexcept {
-  switch (d) {
-    case DType::F32: return ncclFloat32;
-    case DType::F64: return ncclFloat64;
-    case DType::I8: return ncclInt8;
-    case DType::U8: return ncclUint8;
-    case DType::Bool: return ncclUint8;  // 0/1 bytes: OR is Max, AND is Min
-    case DType::I32: return ncclInt32;
-    case DType::U32: return ncclUint32;
-    case DType::I64: return ncclInt64;
-    case DType::U64: return ncclUint64;
-    case DType::F16: return ncclFloat16;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-    case DType::BF16: return ncclBfloat16;
-#else
-    case DType::BF16: return std::nullopt;
-#endif
-    case DType::I16:
-    case DType::U16: return std::nullopt;
-  }
-  return std::nullopt;
-}
-
-/// The NCCL reduction for `op` on `dtype`. MEAN becomes ncclAvg where that matches our MEAN
-/// (floats, dividing by the local replicas, NCCL >= 2.10); otherwise a SUM, divided afterwards
-/// so that integer MEAN truncates exactly as the host kernels do.
-struct NcclReduction {
-  ncclRedOp_t op = ncclSum;
-  bool divide_after = false;
-};
-inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, std::int64_t mean_divisor, int ranks) noexcept {
-  if (dtype == DType::Bool) {
-    const bool any = op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::Mean;
-    return {any ? ncclMax : ncclMin, false};
-  }
-  switch (op) {
-    case ReduceOp::Sum: return {ncclSum, false};
-    case ReduceOp::Min: return {ncclMin, false};
-    case ReduceOp::Max: return {ncclMax, false};
-    case ReduceOp::Product: return {ncclProd, false};
-    case ReduceOp::Mean:
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-      if (is_floating(dtype) && mean_divisor == ranks) return {ncclAvg, false};
-#endif
-      return {ncclSum, mean_divisor > 1};
-  }
-  return {ncclSum, false};
-}
 
 class NcclCollectives final : public ReplicaCollectives {
  public:
@@ -271,6 +201,73 @@ class NcclCollectives final : public ReplicaCollectives {
     if (stream) wait(group, replica, stream, CollectiveKind::Broadcast);
   }
 
+  /// ncclReduceScatter (equal parts) or one ncclReduce per part (np.array_split's uneven parts).
+  void reduce_scatter(ReplicaGroup& group, int replica, BufferRef input, ReduceOp op,
+                      const std::function<void*(const Shape&)>& allocate) override {
+    const CollectiveCall call{CollectiveKind::ReduceScatter, op, std::span<BufferRef>(&input, 1)};
+    bool nccl = false;
+    cudaStream_t stream = nullptr;
+    issue_in_exchange(group, replica, call, [&](bool& issuing) {
+      nccl = takes(group, /*reduction=*/true);
+      if (!nccl) return;
+      const int me = rank_offset_ + replica;
+      void* out = allocate(part_of(input, ranks_, me).shape);
+      stream = cuda_replica_stream();
+      issuing = true;
+      enqueue_reduce_scatter(comm_of(replica), stream, input, ranks_, me, out, op, mean_divisor_);
+    });
+    if (!nccl) return fallback_->reduce_scatter(group, replica, input, op, allocate);
+    wait(group, replica, stream, CollectiveKind::ReduceScatter);
+  }
+
+  /// Grouped ncclSend/ncclRecv. Every replica's pieces' shapes are known from the published
+  /// calls, across workers from one all_gather of them over the link (which is also the check
+  /// that the calls agree); NCCL runs when every piece everywhere is in device memory.
+  void all_to_all(ReplicaGroup& group, int replica, std::span<BufferRef> pieces, bool split,
+                  const std::function<std::vector<void*>(const std::vector<Shape>&)>& allocate) override {
+    const CollectiveCall call{CollectiveKind::AllToAll, ReduceOp::Sum, pieces, split ? 1 : 0, link_ ? 0 : ranks_};
+    bool nccl = false, issuing = false;
+    cudaStream_t stream = nullptr;
+    try {
+      exchange(
+          group, replica, call,
+          [&] {
+            if (replica != 0) return;
+            sides_.clear();
+            if (link_) {
+              sides_ = gather_sides(*link_, group);
+              check_all_to_all(sides_, ranks_);
+            } else {
+              for (int r = 0; r < group.size(); ++r) sides_.push_back(side_of(group.slot(r)));
+            }
+          },
+          [&] {
+            if (group.collective_failed_replica() >= 0) return;
+            if (aborted_.load(std::memory_order_acquire)) {
+              throw Unavailable("NcclAllReduce: the NCCL communicators were aborted after a failed step; create a new strategy");
+            }
+            nccl = group.size() == static_cast<int>(comms_.size()) && sides_.front().device;
+            if (!nccl) return;
+            const auto me = static_cast<std::size_t>(rank_offset_ + replica);
+            std::vector<Shape> shapes;
+            std::vector<std::size_t> received;
+            for (const AllToAllSide& side : sides_) {
+              shapes.push_back(side.shapes[me]);
+              received.push_back(static_cast<std::size_t>(num_elements(side.shapes[me])) * size_of(side.dtypes[0]));
+            }
+            const std::vector<void*> out = allocate(shapes);
+            stream = cuda_replica_stream();
+            issuing = true;
+            enqueue_all_to_all(comm_of(replica), stream, pieces, received, out);
+          });
+    } catch (...) {
+      if (issuing) abort_communicator(replica);
+      throw;
+    }
+    if (!nccl) return fallback_->all_to_all(group, replica, pieces, split, allocate);
+    wait(group, replica, stream, CollectiveKind::AllToAll);
+  }
+
  private:
   NcclCollectives(const CollectivesConfig& config, std::unique_ptr<ReplicaCollectives> fallback, CrossWorkerLink* link)
       : mean_divisor_(config.num_replicas_in_sync),
@@ -326,7 +323,7 @@ class NcclCollectives final : public ReplicaCollectives {
   static std::string describe(const ReplicaGroup& group) {
     const CollectiveCall& c = group.slot(0);
     std::string out = fmt::format("{}(", to_string(c.kind));
-    if (c.kind == CollectiveKind::AllReduce) out += fmt::format("{}", c.op);
+    if (c.kind == CollectiveKind::AllReduce || c.kind == CollectiveKind::ReduceScatter) out += fmt::format("{}", c.op);
     if (c.kind == CollectiveKind::Broadcast) out += fmt::format("root {}", c.root);
     for (const BufferRef& b : c.buffers) {
       out += fmt::format(", {}{} {}", b.memory == MemorySpace::device ? "device " : "", to_string(b.dtype),
@@ -401,20 +398,7 @@ class NcclCollectives final : public ReplicaCollectives {
     copy_members(false);
     for (const BufferRef& b : buffers) {
       if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks_).divide_after) continue;
-      visit_dtype(b.dtype, [&](auto t) {
-        using T = decltype(t);
-        if constexpr (is_half_v<T>) {
-          throw InvalidArgument(fmt::format("NcclAllReduce: MEAN of {} values needs ncclAvg (NCCL >= 2.10 and a "
-                                            "divisor equal to the number of ranks); reduce with SUM and divide",
-                                            to_string(b.dtype)));
-        } else if constexpr (!std::is_same_v<T, bool>) {
-          auto* p = static_cast<T*>(b.data);
-          device_kernels::run("MEAN division after ncclAllReduce", [&] {
-            thrust::transform(thrust::cuda::par_nosync.on(stream), p, p + b.count(), p,
-                              device_kernels::divide_by_fn<T>{static_cast<T>(mean_divisor_)});
-          });
-        }
-      });
+      divide_on_device(b, mean_divisor_, stream, "MEAN division after ncclAllReduce");
     }
   }
 
@@ -569,6 +553,7 @@ class NcclCollectives final : public ReplicaCollectives {
   int rank_offset_ = 0;  // this process's first rank
   std::vector<Scratch> scratch_;  // per replica, on its GPU: packs of several values
   std::atomic<bool> aborted_{false};
+  std::vector<AllToAllSide> sides_;  // replica 0's all_to_all table, read by all
 };
 
 }  // namespace detail

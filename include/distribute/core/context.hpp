@@ -7,6 +7,7 @@
 #include <exception>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -17,6 +18,8 @@
 
 #include <fmt/format.h>
 
+#include <distribute/core/collective_handle.hpp>
+#include <distribute/core/detail/async_queue.hpp>
 #include <distribute/core/detail/cross_worker.hpp>
 #include <distribute/core/detail/replica_group.hpp>
 #include <distribute/core/detail/elementwise.hpp>
@@ -166,6 +169,46 @@ class ReplicaContext {
   template <class... U>
     requires(sizeof...(U) > 0)
   auto all_reduce(ReduceOpArg op, U&&... values) {
+    drain_async();
+    return all_reduce_now(op, std::forward<U>(values)...);
+  }
+
+  /// Starts the all-reduce of `values` and returns at once; the handle's wait() gives what
+  /// all_reduce would have returned. The collective runs on this replica's collective thread
+  /// while the step goes on; several may be in flight, and they complete in the order they were
+  /// started (every replica must start the same ones in the same order). Lvalues are copied now.
+  /// A failure (a lost peer, a timeout, a mismatch) is thrown by wait(), and by the replica's
+  /// next collective or the end of its step if no wait() saw it; a synchronous collective first
+  /// waits for the asynchronous ones started before it.
+  template <class... U>
+    requires(sizeof...(U) > 0)
+  auto all_reduce_async(ReduceOpArg op, U&&... values) {
+    constexpr bool tensors = (TensorLike<std::remove_cvref_t<U>> && ...);
+    static_assert(tensors, "ds::ReplicaContext::all_reduce_async: a value's type has no ds::tensor_traits "
+                           "specialisation (it is not TensorLike; see docs/tensors.md)");
+    if constexpr (tensors) {
+      using R = decltype(std::declval<ReplicaContext&>().all_reduce_now(op, std::declval<std::remove_cvref_t<U>>()...));
+      auto in = std::make_shared<std::tuple<std::remove_cvref_t<U>...>>(owned(std::forward<U>(values))...);
+      auto result = std::make_shared<std::optional<R>>();
+      if (!async_) async_ = std::make_unique<detail::AsyncQueue>(async_thread_setup_);
+      auto completion = async_->submit([this, op, in, result] {
+        result->emplace(std::apply([&](auto&... v) { return all_reduce_now(op, std::move(v)...); }, *in));
+      });
+      return CollectiveHandle<R>(std::move(completion), std::move(result));
+    }
+  }
+
+  /// Waits for this replica's asynchronous collectives; rethrows an error no wait() has seen.
+  void drain_async() {
+    if (async_) async_->drain();
+  }
+
+  /// How the strategy prepares this replica's collective thread (binds it to the device).
+  void set_async_thread_setup(std::function<void()> setup) { async_thread_setup_ = std::move(setup); }
+
+ private:
+  template <class... U>
+  auto all_reduce_now(ReduceOpArg op, U&&... values) {
     // Checked here rather than in the constraint: one error at the caller's line (the compiler names
     // U in the note "in instantiation of ... all_reduce<...>"), and run(fn) still sees fn callable.
     constexpr bool tensors = (TensorLike<std::remove_cvref_t<U>> && ...);
@@ -188,6 +231,7 @@ class ReplicaContext {
     }
   }
 
+ public:
   /// Reduces a run-time list of values (e.g. every gradient of a model) in one collective;
   /// returns them in the same order (an lvalue list is left as it is).
   template <class V>
@@ -195,6 +239,7 @@ class ReplicaContext {
              TensorLike<typename std::remove_cvref_t<V>::value_type> &&
              std::same_as<std::remove_cvref_t<V>, std::vector<typename std::remove_cvref_t<V>::value_type>>
   auto batch_all_reduce(ReduceOpArg op, V&& values_in) {
+    drain_async();
     using U = typename std::remove_cvref_t<V>::value_type;
     std::vector<U> values;
     if constexpr (std::is_lvalue_reference_v<V>) {
@@ -216,6 +261,7 @@ class ReplicaContext {
   auto all_gather(const U& value, int axis) {
     static_assert(TensorLike<U>, "ds::ReplicaContext::all_gather: the value's type has no ds::tensor_traits "
                                  "specialisation (it is not TensorLike; see docs/tensors.md)");
+    drain_async();
     if constexpr (TensorLike<U>) return all_gather_tensor(value, axis);
   }
 
@@ -227,6 +273,7 @@ class ReplicaContext {
       throw InvalidArgument(
           fmt::format("broadcast: root {} is not a replica id (0..{})", root, num_replicas_in_sync() - 1));
     }
+    drain_async();
     std::remove_cvref_t<V> value = owned(std::forward<V>(value_in));
     detail::HostOperands operands("broadcast");
     add_operand(operands, value);
@@ -245,6 +292,7 @@ class ReplicaContext {
     static_assert(TensorLike<U>, "ds::ReplicaContext::reduce_scatter: the value's type has no ds::tensor_traits "
                                  "specialisation (it is not TensorLike; see docs/tensors.md)");
     if constexpr (TensorLike<U>) {
+      drain_async();
       U value = owned(std::forward<V>(value_in));  // the collectives may reduce into it
       detail::HostOperands operands("reduce_scatter");
       add_operand(operands, value);
@@ -265,6 +313,7 @@ class ReplicaContext {
   template <class U>
     requires TensorLike<U>
   gathered_t<U> all_to_all(const U& value) {
+    drain_async();
     detail::HostOperands operands("all_to_all");
     add_operand(operands, const_cast<U&>(value), true);
     const detail::BufferRef& in = operands[0];
@@ -293,6 +342,7 @@ class ReplicaContext {
   template <class U>
     requires TensorLike<U> && (!TensorLike<std::vector<U>>)
   std::vector<gathered_t<U>> all_to_all(const std::vector<U>& values) {
+    drain_async();
     detail::HostOperands operands("all_to_all");
     for (const U& v : values) add_operand(operands, const_cast<U&>(v), true);
     std::vector<detail::RowMajorResult<gathered_t<U>>> results;
@@ -313,6 +363,7 @@ class ReplicaContext {
   /// (How a single shared copy is updated without racing the other replicas' reads.)
   template <class F>
   void run_once(F&& fn) {
+    drain_async();
     group_->arrive_and_wait(local_id_, detail::CollectiveKind::MergeCall);
     std::exception_ptr error;
     if (local_id_ == 0) {
@@ -375,6 +426,8 @@ class ReplicaContext {
   int local_id_;
   int global_id_;
   std::string device_;
+  std::function<void()> async_thread_setup_;
+  std::unique_ptr<detail::AsyncQueue> async_;  // started by the first all_reduce_async
 };
 
 

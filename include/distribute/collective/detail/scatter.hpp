@@ -23,6 +23,7 @@ namespace detail {
 /// One replica's side of an all_to_all, as every replica checks it.
 struct AllToAllSide {
   bool split = false;
+  bool device = false;  // every piece in device memory (the NCCL path takes only those)
   std::vector<DType> dtypes;
   std::vector<Shape> shapes;  // shapes[j]: the piece for replica j
 };
@@ -40,6 +41,10 @@ inline void check_all_to_all(const std::vector<AllToAllSide>& sides, int n) {
   const AllToAllSide& s0 = sides.front();
   for (std::size_t g = 0; g < sides.size(); ++g) {
     const AllToAllSide& s = sides[g];
+    if (s.device != s0.device) {
+      throw InvalidArgument(fmt::format("all_to_all: replica 0 passes values in {} memory but replica {} in {} memory",
+                                        s0.device ? "device" : "host", g, s.device ? "device" : "host"));
+    }
     if (s.split != s0.split) {
       throw InvalidArgument(fmt::format("all_to_all: replica 0 passed {} but replica {} passed {}",
                                         s0.split ? "one value to split" : "a list of values", g,
@@ -65,7 +70,9 @@ inline void check_all_to_all(const std::vector<AllToAllSide>& sides, int n) {
 inline AllToAllSide side_of(const CollectiveCall& c) {
   AllToAllSide s;
   s.split = c.axis == 1;
+  s.device = !c.buffers.empty();
   for (const BufferRef& b : c.buffers) {
+    s.device = s.device && b.memory == MemorySpace::device;
     s.dtypes.push_back(b.dtype);
     s.shapes.push_back(b.shape);
   }
@@ -73,16 +80,17 @@ inline AllToAllSide side_of(const CollectiveCall& c) {
 }
 
 /// The local replicas' sides as bytes for the workers' all_gather, and back. Layout per side:
-/// u8 split, u32 pieces, then per piece u8 dtype, u32 rank, i64 dims.
+/// u8 split, u8 device, u32 pieces, then per piece u8 dtype, u32 rank, i64 dims.
 inline void encode_sides(const std::vector<AllToAllSide>& sides, std::vector<std::byte>& out) {
   auto put = [&](const void* p, std::size_t n) {
     const auto* b = static_cast<const std::byte*>(p);
     out.insert(out.end(), b, b + n);
   };
   for (const AllToAllSide& s : sides) {
-    const std::uint8_t split = s.split ? 1 : 0;
+    const std::uint8_t split = s.split ? 1 : 0, device = s.device ? 1 : 0;
     const auto pieces = static_cast<std::uint32_t>(s.shapes.size());
     put(&split, 1);
+    put(&device, 1);
     put(&pieces, 4);
     for (std::size_t j = 0; j < s.shapes.size(); ++j) {
       const auto dtype = static_cast<std::uint8_t>(s.dtypes[j]);
@@ -103,11 +111,13 @@ inline std::vector<AllToAllSide> decode_sides(std::span<const std::byte> in, std
   };
   std::vector<AllToAllSide> sides(count);
   for (AllToAllSide& s : sides) {
-    std::uint8_t split = 0;
+    std::uint8_t split = 0, device = 0;
     std::uint32_t pieces = 0;
     get(&split, 1);
+    get(&device, 1);
     get(&pieces, 4);
     s.split = split != 0;
+    s.device = device != 0;
     for (std::uint32_t j = 0; j < pieces; ++j) {
       std::uint8_t dtype = 0;
       std::uint32_t rank = 0;

@@ -41,6 +41,7 @@ class ReplicaContextFor : public ReplicaContext {
       std::optional<Stored> value;
       std::exception_ptr error;
     };
+    drain_async();
     Args mine(std::forward<A>(args)...);
     Outcome outcome;
     auto& g = group();

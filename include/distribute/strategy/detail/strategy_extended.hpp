@@ -52,6 +52,21 @@ class StrategyExtended {
     return ScopeGuard(*strategy_);
   }
 
+  /// ReplicaContext::all_reduce_async of the calling replica of this strategy: inside a step
+  /// function only (in cross-replica context, batch_reduce_to reduces distributed values).
+  template <class... U>
+    requires(sizeof...(U) > 0)
+  auto all_reduce_async(ReduceOpArg op, U&&... values) {
+    ReplicaContext* ctx = detail::thread_context().replica;
+    if (ctx == nullptr || ctx->strategy().id() != strategy_->id()) {
+      throw InvalidArgument(fmt::format("extended().all_reduce_async: call it inside a step function of this {} "
+                                        "(replica context); in cross-replica context batch_reduce_to reduces "
+                                        "distributed values",
+                                        strategy_->name()));
+    }
+    return ctx->all_reduce_async(op, std::forward<U>(values)...);
+  }
+
   /// Reduces several distributed values in one call; returns a tuple of the results. Across
   /// workers, values in host memory travel in packs (CommunicationOptions::bytes_per_pack, the
   /// rule of collective/packing.hpp): one cross-worker collective per pack, not per value.

@@ -299,6 +299,8 @@ class SyncStrategy : public AnyStrategy {
       contexts_.push_back(std::make_unique<replica_context_type>(self(), group_, *collectives_, i,
                                                                  worker_index_ * local + i,
                                                                  devices_[static_cast<std::size_t>(i)]));
+      contexts_.back()->set_async_thread_setup(
+          [this, i] { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); });
     }
     if (devices_.size() > 1 || !Backend::single_replica_on_caller_thread) {
       threads_ = std::make_unique<detail::HostReplicaThreads>(
@@ -518,10 +520,15 @@ class SyncStrategy : public AnyStrategy {
       detail::ReplicaContextSwitch in_replica(contexts_[i].get());
       try {
         body(i);
+        contexts_[i]->drain_async();  // the step's asynchronous collectives end with it
       } catch (...) {
         errors_[i] = std::current_exception();
         error_order_[i] = ++error_counter;
         group_.abort();
+        try {
+          contexts_[i]->drain_async();  // released by the abort; their errors are this one's echo
+        } catch (...) {
+        }
       }
       group_.finish(replica);
     };
