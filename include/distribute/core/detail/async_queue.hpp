@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include <distribute/version.hpp>
+
 #if defined(__linux__)
 #include <pthread.h>
 #endif
