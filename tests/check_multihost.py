@@ -1,9 +1,9 @@
-"""Multi-host test: 2 simulated hosts x 2 workers (tests/support/netns_hosts.py), each worker a
+"""Multi-host test: simulated hosts x workers (2 x 2 unless told) (tests/support/netns_hosts.py), each worker a
 net_helper running the collectives battery (every op, odd sizes, exact results checked in the
 helper) across the hosts. Checks every worker's results, that each runs on its host, and what
-carries each pair's all-reduce data: never shared memory across hosts.
+carries each pair's all-reduce data: shared memory inside each host, never across hosts.
 
-    python3 tests/check_multihost.py NET_HELPER
+    python3 tests/check_multihost.py NET_HELPER [HOSTS [WORKERS_PER_HOST]]   (default 2 2)
 
 Exit 77 (SKIP) where the machine cannot simulate hosts (not root, no `ip netns`/`unshare`).
 """
@@ -13,11 +13,10 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 from netns_hosts import Hosts, Unsupported  # noqa: E402
 
-HOSTS, PER_HOST = 2, 2
-
-
 def main():
     helper = os.path.abspath(sys.argv[1])
+    HOSTS = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    PER_HOST = int(sys.argv[3]) if len(sys.argv) > 3 else 2
     n = HOSTS * PER_HOST
     host_of = [r // PER_HOST for r in range(n)]
     failures = []
@@ -59,13 +58,11 @@ def main():
             elif host_of[a] != host_of[b] and how != "tcp":
                 failures.append(f"workers {a} (host{host_of[a]}) and {b} (host{host_of[b]}) use {how} across hosts")
             elif host_of[a] == host_of[b] and how != "shm":
-                # One segment spans every rank or none (net/detail/collectives.hpp): with two hosts
-                # the workers of a host talk over TCP too. Issue 21 item 1 (topology) makes this shm.
-                print(f"KNOWN: workers {a} and {b} share host{host_of[a]} but use {how} (no topology yet)")
+                failures.append(f"workers {a} and {b} share host{host_of[a]} but use {how}")
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1
-    print(f"OK: {HOSTS} hosts x {PER_HOST} workers, every collective exact, no shared memory across hosts")
+    print(f"OK: {HOSTS} hosts x {PER_HOST} workers, every collective exact, shared memory inside each host only")
     return 0
 
 

@@ -189,13 +189,12 @@ void run_collectives(ds::net::Communicator& comm) {
   const int n = comm.size(), me = comm.rank();
   say(comm.uses_shared_memory() ? "SHARED MEMORY on" : "SHARED MEMORY off");
   // Which host this rank runs on and what carries its all-reduce data to each peer (the
-  // multi-host test checks shared memory only inside a host). Today one segment spans every rank
-  // or none, so every pair reports the same.
+  // multi-host test checks shared memory inside a host and never across).
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   say(fmt::format("HOST {}", host));
   for (int k = 0; k < n; ++k) {
-    if (k != me) say(fmt::format("PAIR {} {} {}", me, k, comm.uses_shared_memory() ? "shm" : "tcp"));
+    if (k != me) say(fmt::format("PAIR {} {} {}", me, k, comm.shares_memory_with(k) ? "shm" : "tcp"));
   }
   say("READY");
   const std::size_t big_f32 = (std::size_t{1} << 20) / 4 + 3;  // 1 MiB of float32 + 3 elements

@@ -1643,7 +1643,7 @@ TEST_CASE("processes: with a cluster token, strangers and impostors are refused 
 namespace {
 
 /// Plays rank 1 of a 2-rank cluster by hand against a real rank 0 listening on `port`: the
-/// handshake (no token) and the shared-memory set-up (it answers that it could not map the segment).
+/// handshake (no token) and the topology set-up (net/detail/topology.hpp) as a rank on another host.
 struct FakeRank1 {
   std::optional<RawSocket> s;
   explicit FakeRank1(int port) {
@@ -1667,11 +1667,16 @@ struct FakeRank1 {
     REQUIRE(next().type == net::FrameType::Challenge);
     s->send_bytes(net::encode_frame({net::FrameType::Response, 0, 0, 0}, net::detail::Mac{}));
     REQUIRE(next().type == net::FrameType::Welcome);
-    // Shared-memory set-up: rank 0's offer, our answer (not mapped), its verdict.
+    // Topology: our hostname to rank 0 and its table back, then our group (ourselves) and that table.
+    std::array<std::byte, 64> host{};
+    std::memcpy(host.data(), "fake-host", 9);
+    s->send_bytes(net::encode_frame({net::FrameType::PointToPoint, 0, 0, 0}, host));
     REQUIRE(next().type == net::FrameType::PointToPoint);
-    const std::uint64_t no = 0;
-    s->send_bytes(net::encode_frame({net::FrameType::PointToPoint, 0, 0, 0}, std::as_bytes(std::span(&no, 1))));
+    REQUIRE(payload.size() == 2 * host.size());
+    const std::uint64_t group = 1;
+    s->send_bytes(net::encode_frame({net::FrameType::PointToPoint, 0, 1, 0}, std::as_bytes(std::span(&group, 1))));
     REQUIRE(next().type == net::FrameType::PointToPoint);
+    REQUIRE(payload.size() == 2 * sizeof group);
   }
   std::vector<std::byte> read_exact(std::size_t n) const {
     std::vector<std::byte> out(n);

@@ -25,6 +25,7 @@
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
 #include <distribute/net/detail/collectives.hpp>
+#include <distribute/net/detail/topology.hpp>
 #include <distribute/net/detail/scatter_collectives.hpp>
 #include <distribute/net/detail/transport.hpp>
 #include <distribute/net/options.hpp>
@@ -62,6 +63,11 @@ class Communicator {
   /// Whether all-reduces of at least options().shared_memory_min_bytes (rank 0's value) go
   /// through shared memory: every rank runs on this host, enabled it, and mapped one segment.
   bool uses_shared_memory() const noexcept { return transport_->shared_memory() != nullptr; }
+
+  /// Whether all-reduce data between this rank and `peer` goes through shared memory: every pair
+  /// when uses_shared_memory(); with ranks on several hosts, the pairs on one host (hostname and a
+  /// shared-memory probe agree), whose all-reduces are hierarchical. A diagnostic.
+  bool shares_memory_with(int peer) const noexcept { return transport_->shares_memory_with(peer); }
 
   /// The message of the error that poisoned this communicator, if one did.
   std::optional<std::string> failure() const {

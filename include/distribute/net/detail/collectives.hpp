@@ -20,6 +20,7 @@
 #include <distribute/core/detail/elementwise.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/reduce_op.hpp>
+#include <distribute/net/detail/hierarchical_all_reduce.hpp>
 #include <distribute/net/detail/reduce_bytes.hpp>
 #include <distribute/net/detail/transport.hpp>
 
@@ -262,97 +263,17 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
   op.finish();
 }
 
-/// The largest slot setup_shared_memory offers or accepts.
-inline constexpr std::size_t kMaxSharedSlotBytes = std::size_t{1} << 30;
-
-/// Gives the transport a shared-memory all-reduce when every rank can map one segment. Every rank
-/// runs this once, right after the cluster has formed and before any other call (it exchanges
-/// point-to-point messages). Rank 0 creates the (nameless) segment and offers the path to its
-/// descriptor, a nonce written in it and its options; each rank maps it and answers whether that
-/// worked and the nonce matched; rank 0 closes the descriptor and tells everyone whether all
-/// succeeded. A rank on another host (or in another pid namespace) cannot map it or reads another
-/// nonce, and then no rank uses it.
-inline void setup_shared_memory(Transport& tr) {
-  const int n = tr.size(), r = tr.rank();
-  if (n == 1) return;
-  constexpr std::size_t kNameBytes = 64;
-  // Offer: name (NUL-padded; empty: none), nonce, min_bytes, slot_bytes.
-  std::array<std::byte, kNameBytes + kNonceBytes + 16> offer{};
-  auto u64_at = [&](std::size_t at) -> std::byte* { return offer.data() + kNameBytes + kNonceBytes + at; };
-  const CommunicatorOptions& o = tr.options();
-  std::unique_ptr<SharedSegment> segment;
-  std::size_t min_bytes = 0, slot_bytes = 0;
-  if (r == 0) {
-    min_bytes = o.shared_memory_min_bytes;
-    // Whole cache lines (every slot stays aligned for every dtype), at most 1 GiB.
-    slot_bytes = (std::clamp<std::size_t>(o.shared_memory_slot_bytes, 64, kMaxSharedSlotBytes) + 63) / 64 * 64;
-    if (min_bytes > 0) {
-      try {
-        segment = SharedSegment::create(SharedMemoryAllReduce::segment_bytes(n, slot_bytes));
-        SharedMemoryAllReduce::initialize(*segment, n);
-        const Nonce nonce = random_nonce();
-        // The nonce sits where the result slot starts; the first all-reduce overwrites it.
-        std::memcpy(segment->data() + segment->size() - slot_bytes, nonce.data(), nonce.size());
-        std::memcpy(offer.data(), segment->name().data(), std::min(segment->name().size(), kNameBytes - 1));
-        std::memcpy(offer.data() + kNameBytes, nonce.data(), nonce.size());
-        std::memcpy(u64_at(0), &min_bytes, 8);
-        std::memcpy(u64_at(8), &slot_bytes, 8);
-      } catch (const Error&) {
-        segment.reset();  // no offer: TCP only
-      }
-    }
-  }
-  std::uint64_t ok = 0;
-  if (r == 0) {
-    std::vector<std::uint64_t> answers(static_cast<std::size_t>(n), 0);
-    {
-      Transport::Op call(tr, "shared-memory set-up", 1);
-      for (int k = 1; k < n; ++k) call.send_p2p(k, offer);
-      for (int k = 1; k < n; ++k) {
-        call.recv_p2p(k, std::as_writable_bytes(std::span<std::uint64_t>(&answers[static_cast<std::size_t>(k)], 1)));
-      }
-      call.finish();
-    }
-    if (segment) segment->close_handle();
-    ok = segment && std::all_of(answers.begin() + 1, answers.end(), [](std::uint64_t a) { return a == 1; }) ? 1 : 0;
-    Transport::Op call(tr, "shared-memory set-up", 1);
-    for (int k = 1; k < n; ++k) call.send_p2p(k, std::as_bytes(std::span<const std::uint64_t>(&ok, 1)));
-    call.finish();
-  } else {
-    Transport::Op call(tr, "shared-memory set-up", 0);
-    call.recv_p2p(0, offer);
-    call.finish();
-    std::uint64_t mapped = 0;
-    const std::string name(reinterpret_cast<const char*>(offer.data()), ::strnlen(reinterpret_cast<const char*>(offer.data()), kNameBytes));
-    std::memcpy(&min_bytes, u64_at(0), 8);
-    std::memcpy(&slot_bytes, u64_at(8), 8);
-    if (!name.empty() && o.shared_memory_min_bytes > 0 && slot_bytes >= 64 && slot_bytes % 64 == 0 &&
-        slot_bytes <= kMaxSharedSlotBytes) {
-      try {
-        segment = SharedSegment::open(name, SharedMemoryAllReduce::segment_bytes(n, slot_bytes));
-        mapped = std::memcmp(segment->data() + segment->size() - slot_bytes, offer.data() + kNameBytes, kNonceBytes) == 0 ? 1 : 0;
-      } catch (const Error&) {
-        segment.reset();
-      }
-    }
-    Transport::Op answer(tr, "shared-memory set-up", 0);
-    answer.send_p2p(0, std::as_bytes(std::span<const std::uint64_t>(&mapped, 1)));
-    answer.recv_p2p(0, std::as_writable_bytes(std::span<std::uint64_t>(&ok, 1)));
-    answer.finish();
-    if (mapped == 0) ok = 0;
-  }
-  if (ok == 1) {
-    tr.set_shared_memory(std::make_unique<SharedMemoryAllReduce>(std::move(segment), n, r, slot_bytes, min_bytes));
-  }
-}
-
 /// The one place that picks an all-reduce algorithm, by size and rank count (options.hpp says
 /// when each runs). `count` > 0 and more than one rank.
 inline void all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype, ReduceOp rop,
                        std::vector<std::byte>& scratch) {
   const CommunicatorOptions& o = tr.options();
   const std::size_t bytes = count * size_of(dtype);
-  if (SharedMemoryAllReduce* shm = tr.shared_memory(); shm != nullptr && bytes >= shm->min_bytes()) {
+  if (!tr.group_of().empty()) {
+    // Several hosts, some with ranks that share memory (topology.hpp): the same choice on every rank.
+    op.set_algorithm("hierarchical");
+    hierarchical_all_reduce(tr, op, data, count, dtype, rop, scratch);
+  } else if (SharedMemoryAllReduce* shm = tr.shared_memory(); shm != nullptr && bytes >= shm->min_bytes()) {
     op.set_algorithm("shared_memory");
     op.count_bytes(bytes, bytes);  // this rank's values into the segment, the result out of it
     shared_memory_all_reduce(tr, op, *shm, data, count, dtype, rop);

@@ -35,6 +35,14 @@
 #include <optional>
 #include <thread>
 
+#if defined(__linux__)
+#include <climits>
+#include <ctime>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include <distribute/core/detail/cpu_relax.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
@@ -66,8 +74,34 @@ struct SharedRankControl {
   std::uint32_t dtype = 0;
   std::uint32_t op = 0;
   alignas(64) SharedAnnouncement announce[2];
+  // Rank 0's line only: bumped by every announcement, and a futex word that a rank waiting for
+  // announcements sleeps on (`waiters` of them: an announcement wakes them only when there are).
+  alignas(64) std::atomic<std::uint32_t> epoch{0};
+  std::atomic<std::uint32_t> waiters{0};
 };
+static_assert(sizeof(std::atomic<std::uint32_t>) == 4, "a futex word is 32 bits");
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
+
+// A futex on a word in memory that several processes map (not FUTEX_PRIVATE): the waiter sleeps
+// in the kernel until another process's wake or the timeout. Elsewhere: a short sleep.
+inline void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t seen, std::chrono::microseconds timeout) noexcept {
+#if defined(__linux__)
+  const auto us = timeout.count();
+  ::timespec ts{static_cast<std::time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+#else
+  (void)word;
+  (void)seen;
+  std::this_thread::sleep_for(std::min(timeout, std::chrono::microseconds(50)));
+#endif
+}
+inline void futex_wake(std::atomic<std::uint32_t>& word) noexcept {
+#if defined(__linux__)
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+#else
+  (void)word;
+#endif
+}
 
 class SharedMemoryAllReduce {
  public:
@@ -97,6 +131,21 @@ class SharedMemoryAllReduce {
     a.dtype = static_cast<std::uint8_t>(d.dtype);
     a.op = static_cast<std::uint8_t>(d.op);
     a.seq1.store(seq + 1, std::memory_order_release);
+    SharedRankControl& c0 = control(0);
+    c0.epoch.fetch_add(1, std::memory_order_seq_cst);
+    if (c0.waiters.load(std::memory_order_seq_cst) > 0) futex_wake(c0.epoch);
+  }
+
+  /// The count of announcements so far: read it before looking at them, then wait_announcement().
+  std::uint32_t announce_epoch() const noexcept { return control(0).epoch.load(std::memory_order_seq_cst); }
+
+  /// Sleeps until a rank announces something after `seen` was read (at once if one did), or
+  /// `timeout` passes (the caller looks at its sockets then: failures come that way).
+  void wait_announcement(std::uint32_t seen, std::chrono::microseconds timeout) const noexcept {
+    SharedRankControl& c0 = control(0);
+    c0.waiters.fetch_add(1, std::memory_order_seq_cst);
+    if (c0.epoch.load(std::memory_order_seq_cst) == seen) futex_wait(c0.epoch, seen, timeout);
+    c0.waiters.fetch_sub(1, std::memory_order_seq_cst);
   }
 
   /// Rank `r`'s descriptor of collective `seq`, once it announced it.
@@ -157,6 +206,25 @@ class SharedMemoryAllReduce {
       wait_all(&SharedRankControl::reduced, stamp, check);
       std::memcpy(piece, result(), lo * es);
       std::memcpy(piece + hi * es, result() + hi * es, (len - hi) * es);
+      me.left.store(stamp, std::memory_order_release);
+    }
+  }
+
+  /// Copies `bytes` of rank 0's (in this segment) `data` into every other rank's, through the
+  /// result slot in pieces; stamps advance as in run(). `check` as for run().
+  template <class Check>
+  void broadcast_from_first(std::byte* data, std::size_t bytes, Check&& check) {
+    for (std::size_t first = 0; first < bytes; first += slot_bytes_) {
+      const std::size_t len = std::min(slot_bytes_, bytes - first);
+      const std::uint64_t stamp = ++stamp_;
+      wait_all(&SharedRankControl::left, stamp - 1, check);
+      SharedRankControl& me = control(rank_);
+      if (rank_ == 0) std::memcpy(result(), data + first, len);
+      me.count = bytes;
+      me.arrived.store(stamp, std::memory_order_release);
+      wait_all(&SharedRankControl::arrived, stamp, check);
+      if (rank_ != 0) std::memcpy(data + first, result(), len);
+      me.reduced.store(stamp, std::memory_order_release);
       me.left.store(stamp, std::memory_order_release);
     }
   }

@@ -357,6 +357,24 @@ class Transport {
   SharedMemoryAllReduce* shared_memory() const noexcept { return shared_memory_.get(); }
   void set_shared_memory(std::unique_ptr<SharedMemoryAllReduce> s) noexcept { shared_memory_ = std::move(s); }
 
+  /// With ranks on several hosts (topology.hpp): `group_of[k]` names rank k's host group by its
+  /// lowest rank; `members` are this rank's group (sorted) and `host_memory` their segment (null for
+  /// a group of one). Set once after construction.
+  void set_topology(std::vector<int> group_of, std::vector<int> members, std::unique_ptr<SharedMemoryAllReduce> host_memory) {
+    group_of_ = std::move(group_of);
+    host_members_ = std::move(members);
+    host_memory_ = std::move(host_memory);
+  }
+  SharedMemoryAllReduce* host_memory() const noexcept { return host_memory_.get(); }
+  const std::vector<int>& group_of() const noexcept { return group_of_; }
+  const std::vector<int>& host_members() const noexcept { return host_members_; }
+  /// Whether all-reduce data between this rank and `r` goes through shared memory.
+  bool shares_memory_with(int r) const noexcept {
+    if (r == rank_ || r < 0 || r >= size_) return false;
+    if (shared_memory_) return true;
+    return host_memory_ && std::find(host_members_.begin(), host_members_.end(), r) != host_members_.end();
+  }
+
   /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
   std::string congestion_control(int r) {
     std::lock_guard lk(mu_);
@@ -1582,6 +1600,10 @@ class Transport {
   // Set once after construction when every rank mapped one segment (setup_shared_memory);
   // used by the calling thread only.
   std::unique_ptr<SharedMemoryAllReduce> shared_memory_;
+  // Several hosts (set_topology): groups by rank, this rank's group and its segment.
+  std::vector<int> group_of_;
+  std::vector<int> host_members_;
+  std::unique_ptr<SharedMemoryAllReduce> host_memory_;
   // Rank 0 over TCP: its call whose descriptor table is not sent yet (relay_descriptors_locked).
   std::optional<std::pair<std::uint64_t, Descriptor>> root_pending_;
   // The call of the thread in Op::wait_until, if one is there (descriptor_wakes_locked).
@@ -1760,7 +1782,9 @@ class Transport::Op {
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
   const std::vector<Descriptor>& descriptors() {
     std::unique_lock lk(t_.mu_);
+    agreement_only_ = true;
     block(lk, [&] { return descs_ok_; }, -1, "");
+    agreement_only_ = false;
     return all_;
   }
 
@@ -1773,7 +1797,10 @@ class Transport::Op {
       const TransferPtr t = transfers_[i];
       block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
     }
-    if (collective_) block(lk, [&] { return descs_ok_; }, -1, "");
+    if (collective_) {
+      agreement_only_ = true;
+      block(lk, [&] { return descs_ok_; }, -1, "");
+    }
     transfers_.clear();
     finished_ = true;
     lk.unlock();
@@ -1943,6 +1970,8 @@ class Transport::Op {
   void block(std::unique_lock<NotifyingMutex>& lk, Done&& done, int waiting_on, std::string_view what) {
     int polls = 0;
     for (;;) {
+      // Read before the announcements are looked at (poll_pause sleeps only if none came since).
+      const std::uint32_t epoch = collective_ && t_.shared_memory_ ? t_.shared_memory_->announce_epoch() : 0;
       if (done()) return;
       if (t_.failure_) raise_failure_locked();
       if (collective_) {
@@ -1955,9 +1984,9 @@ class Transport::Op {
       }
       const ProgressWaiter waiter(t_.progress_waiters_, quiet_ ? 0 : 1);
       if (collective_ && !descs_ok_ && t_.shared_memory_) {
-        // The peers' descriptors come through shared memory, which wakes no one: look again soon.
+        // The peers' descriptors come through shared memory, which does not wake the mutex.
         if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, what);
-        poll_pause(lk, polls++);
+        poll_pause(lk, epoch, polls++);
         continue;
       }
       if (!deadline_) {
@@ -1969,19 +1998,25 @@ class Transport::Op {
     }
   }
 
-  // Between two looks at shared memory: yields the core a few times (the peer is usually about to
-  // write), then sleeps in steps from 20 us to 1 ms, woken early by any transport event.
-  void poll_pause(std::unique_lock<NotifyingMutex>& lk, int round) {
-    if (round < 64) {
-      lk.unlock();
-      std::this_thread::yield();
-      lk.lock();
+  // Between two looks at shared memory. Waiting for the descriptors alone (finish, descriptors):
+  // sleeps until a rank announces a call after `epoch` was read, or 1 ms passes (a failure, which
+  // comes through the sockets, is seen within that). Waiting for transfers too: on the mutex, which
+  // they wake, for 20 us doubling to 1 ms.
+  void poll_pause(std::unique_lock<NotifyingMutex>& lk, std::uint32_t epoch, int round) {
+    auto wait = agreement_only_ ? std::chrono::microseconds(1000)
+                                : std::chrono::microseconds(std::min(1000, 20 << std::min(6, round)));
+    if (deadline_) {
+      wait = std::clamp(std::chrono::duration_cast<std::chrono::microseconds>(*deadline_ - Clock::now()),
+                        std::chrono::microseconds(1), wait);
+    }
+    if (!agreement_only_) {
+      t_.mu_.wait_until(lk, Clock::now() + wait);
       return;
     }
-    const auto step = std::chrono::microseconds(std::min(1000, 20 << std::min(6, (round - 64) / 8)));
-    auto until = Clock::now() + step;
-    if (deadline_) until = std::min(until, *deadline_);
-    t_.mu_.wait_until(lk, until);
+    const SharedMemoryAllReduce* shm = t_.shared_memory_.get();
+    lk.unlock();
+    shm->wait_announcement(epoch, wait);
+    lk.lock();
   }
 
   [[noreturn]] void time_out_locked(int waiting_on, std::string_view what) {
@@ -2132,6 +2167,7 @@ class Transport::Op {
   bool finished_ = false;
   bool abandoning_ = false;
   bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
+  bool agreement_only_ = false;  // in block() for the descriptors alone (poll_pause)
   // Observing (start_ns_ 0: not observed).
   observe::CallKind kind_;
   bool observed_ = true;
