@@ -389,6 +389,33 @@ TEST_CASE("a stranger without the token is refused while training goes on; the r
   stop_child(ps);
 }
 
+TEST_CASE("a ds::Server listening beyond loopback without a token warns once at start; with a token, or on loopback, not") {
+  const auto ports = test_support::free_ports(3);
+  auto spec_on = [&](const std::string& host) {
+    return ds::ClusterSpec(ds::ClusterSpec::DenseJobs{{"chief", {fmt::format("127.0.0.1:{}", ports[2])}},
+                                                      {"ps", {fmt::format("{}:{}", host, ports[0])}},
+                                                      {"worker", {fmt::format("127.0.0.1:{}", ports[1])}}});
+  };
+  auto lines_of = [&](const std::string& host, const char* token) {
+    Log log;
+    ds::ServerOptions options;
+    options.cluster_token = token;
+    options.log = log.sink();
+    { ds::Server server(spec_on(host), "ps", 0, "tcp", options); }
+    std::lock_guard lock(log.mutex);
+    return log.lines;
+  };
+  const auto open = lines_of("0.0.0.0", "");
+  REQUIRE(open.size() == 1);
+  CHECK(open[0] == fmt::format("WARNING: /job:ps/replica:0/task:0/device:CPU:0 listens on 0.0.0.0:{}, reachable from other "
+                               "machines, without a cluster token: anyone who can connect can join, run registered "
+                               "functions and read or change state. Set DISTRIBUTE_CLUSTER_TOKEN (the launcher does by "
+                               "default) or listen on a loopback address",
+                               ports[0]));
+  CHECK(lines_of("0.0.0.0", "s3cret").empty());
+  CHECK(lines_of("127.0.0.1", "").empty());
+}
+
 TEST_CASE("a stranger against a cluster the launcher started without --token is refused: the launcher made a token") {
   const char* launcher = std::getenv("DISTRIBUTE_LAUNCH");
   if (launcher == nullptr) {
