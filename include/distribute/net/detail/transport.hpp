@@ -50,7 +50,7 @@
 #include <distribute/net/detail/auth.hpp>
 #include <distribute/net/detail/congestion_control.hpp>
 #include <distribute/net/detail/notifying_mutex.hpp>
-#include <distribute/net/detail/refusal_log.hpp>
+#include <distribute/net/refusal_log.hpp>
 #include <distribute/net/detail/protocol.hpp>
 #include <distribute/net/detail/shared_memory_all_reduce.hpp>
 #include <distribute/net/detail/transfer_all.hpp>

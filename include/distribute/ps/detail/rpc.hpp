@@ -31,7 +31,7 @@
 #include <distribute/core/error.hpp>
 #include <distribute/net/detail/address.hpp>
 #include <distribute/net/detail/auth.hpp>
-#include <distribute/net/detail/refusal_log.hpp>
+#include <distribute/net/refusal_log.hpp>
 #include <distribute/net/detail/transfer_all.hpp>
 #include <distribute/net/frame.hpp>
 
@@ -382,7 +382,7 @@ class RpcClient {
         return;
       } catch (const RemoteError& e) {  // refused by the server: retrying will not help
         stream->close();
-        if (std::string_view(e.what()) == net::detail::kRefusedText) {  // a server says no more to anyone
+        if (std::string_view(e.what()) == net::kRefusedText) {  // a server says no more to anyone
           throw ConnectionLost(fmt::format("{} ({}) refused the connection (its log says why; the usual cause is a "
                                            "cluster token that differs or is missing: DISTRIBUTE_CLUSTER_TOKEN)",
                                            peer_, address_));

@@ -37,7 +37,7 @@
 #include <distribute/core/error.hpp>
 #include <distribute/net/detail/address.hpp>
 #include <distribute/net/detail/auth.hpp>
-#include <distribute/net/detail/refusal_log.hpp>
+#include <distribute/net/refusal_log.hpp>
 #include <distribute/net/frame.hpp>
 #include <distribute/ps/detail/rpc.hpp>
 
@@ -88,7 +88,7 @@ class RpcServer {
     }
     acceptor_.listen();
     port_ = acceptor_.local_endpoint().port();
-    if (!token_ && !ep.address().is_loopback()) log(net::detail::no_token_warning(name_, address));
+    if (!token_ && !ep.address().is_loopback()) log(net::no_token_warning(name_, address));
     accept_thread_ = std::thread([this] { accept_loop(); });
   }
 
@@ -285,7 +285,7 @@ class RpcServer {
     auto reject = [&](const std::string& reason) {
       log_limited(fmt::format("{}: refused a connection from {}: {}", name_, who, reason));
       try {
-        const std::string_view text = net::detail::kRefusedText;
+        const std::string_view text = net::kRefusedText;
         s.write_frame(net::FrameType::Reject, 0, 0, to_bytes(text), left(), "reject");
       } catch (const std::exception&) {
       }
@@ -355,7 +355,7 @@ class RpcServer {
   tcp::acceptor acceptor_;
   std::size_t max_pending_;
   std::atomic<std::size_t> pending_{0};
-  net::detail::RateLimiter limiter_;
+  net::RateLimiter limiter_;
   std::uint16_t port_ = 0;
   std::atomic<bool> stopped_{false};
   std::thread accept_thread_;

@@ -1,4 +1,4 @@
-// What a server does with a connection it refuses: the peer is told only "refused" (a stranger
+// Shared by net/ and ps/ (internal use): what a server does with a connection it refuses: the peer is told only "refused" (a stranger
 // learns nothing of the cluster), the reason goes to the local log, at most a few lines a second
 // so that a flood of strangers cannot flood the log. Used by the collectives' acceptor and the
 // parameter-server RPC alike.
@@ -16,7 +16,7 @@
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace net::detail {
+namespace net {
 
 /// The whole text a refused peer reads.
 inline constexpr std::string_view kRefusedText = "refused";
@@ -71,5 +71,5 @@ inline std::string no_token_warning(std::string_view who, std::string_view addre
       who, address);
 }
 
-}  // namespace net::detail
+}  // namespace net
 DISTRIBUTE_END_NAMESPACE
