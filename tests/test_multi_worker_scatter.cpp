@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <map>
+#include <numeric>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -17,6 +18,8 @@
 #include <unistd.h>
 
 #include "support/processes.hpp"
+
+namespace ds = distribute;
 
 using namespace std::chrono_literals;
 
@@ -122,5 +125,128 @@ TEST_CASE("a worker SIGKILLed with 4 all_reduce_async in flight: every survivor'
       CHECK(c.output.find("wait() threw PeerFailure") != std::string::npos);
       CHECK(c.output.find(fmt::format("worker:{}", victim)) != std::string::npos);
     }
+  }
+}
+
+// ---- net::Communicator::reduce_scatter and all_to_all, ranks as threads over real sockets ----
+
+namespace {
+// Runs fn(rank) for each of n ranks, each in a thread with its own Communicator; returns what
+// each threw ("" for none).
+template <class F>
+std::vector<std::string> run_ranks(int n, F&& fn) {
+  const auto ports = test_support::free_ports(n);
+  std::vector<std::string> addresses, errors(static_cast<std::size_t>(n));
+  for (int p : ports) addresses.push_back(fmt::format("127.0.0.1:{}", p));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ds::net::CommunicatorOptions options;
+        options.shared_memory_min_bytes = 0;  // TCP: the shared-memory path is the all-reduce's
+        ds::net::Communicator comm(addresses, r, options);
+        fn(comm, r);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+}  // namespace
+
+TEST_CASE("net::Communicator::reduce_scatter: uneven segments (one empty), SUM and MEAN, exact; chunked") {
+  for (int n = 2; n <= 4; ++n) {
+    CAPTURE(n);
+    // Segment k has 3k elements (segment 0 empty); element e of rank r is r * 100 + e.
+    std::vector<std::size_t> counts;
+    for (int k = 0; k < n; ++k) counts.push_back(static_cast<std::size_t>(3 * k) + (k == n - 1 ? 200000 : 0));
+    std::vector<std::string> problems(static_cast<std::size_t>(n));
+    const auto errors = run_ranks(n, [&](ds::net::Communicator& comm, int r) {
+      std::size_t total = 0, begin = 0;
+      for (int k = 0; k < n; ++k) {
+        if (k < r) begin += counts[static_cast<std::size_t>(k)];
+        total += counts[static_cast<std::size_t>(k)];
+      }
+      for (auto op : {ds::ReduceOp::Sum, ds::ReduceOp::Mean}) {
+        std::vector<double> v(total);
+        for (std::size_t e = 0; e < total; ++e) v[e] = r * 100.0 + static_cast<double>(e);
+        comm.reduce_scatter(v.data(), counts, ds::DType::F64, op);
+        for (std::size_t e = begin; e < begin + counts[static_cast<std::size_t>(r)]; ++e) {
+          // sum over ranks of (rank * 100 + e); MEAN: that over n
+          const double sum = 100.0 * n * (n - 1) / 2 + static_cast<double>(n) * static_cast<double>(e);
+          if (v[e] != (op == ds::ReduceOp::Sum ? sum : sum / n)) {
+            problems[static_cast<std::size_t>(r)] = fmt::format("element {}: {} (op {})", e, v[e], op);
+            break;
+          }
+        }
+      }
+    });
+    for (int r = 0; r < n; ++r) {
+      CHECK(errors[static_cast<std::size_t>(r)] == "");
+      CHECK(problems[static_cast<std::size_t>(r)] == "");
+    }
+  }
+}
+
+TEST_CASE("net::Communicator::all_to_all: blocks of every size between every pair, exact; argument errors") {
+  const int n = 3;
+  std::vector<std::string> problems(n);
+  // Rank r sends (r + 1) * (k + 1) * 1000 bytes of value r * 16 + k to rank k.
+  auto bytes = [](int from, int to) { return static_cast<std::size_t>((from + 1) * (to + 1) * 1000); };
+  const auto errors = run_ranks(n, [&](ds::net::Communicator& comm, int r) {
+    std::vector<std::size_t> send_bytes, recv_bytes;
+    std::vector<std::byte> send;
+    for (int k = 0; k < n; ++k) {
+      send_bytes.push_back(bytes(r, k));
+      recv_bytes.push_back(bytes(k, r));
+      send.insert(send.end(), bytes(r, k), static_cast<std::byte>(r * 16 + k));
+    }
+    std::vector<std::byte> recv(std::accumulate(recv_bytes.begin(), recv_bytes.end(), std::size_t{0}));
+    comm.all_to_all(send.data(), send_bytes, recv.data(), recv_bytes);
+    std::size_t at = 0;
+    for (int k = 0; k < n; ++k) {
+      for (std::size_t b = 0; b < bytes(k, r); ++b) {
+        if (recv[at + b] != static_cast<std::byte>(k * 16 + r)) {
+          problems[static_cast<std::size_t>(r)] = fmt::format("byte {} from rank {}", b, k);
+          break;
+        }
+      }
+      at += bytes(k, r);
+    }
+    if (r == 0) {  // argument errors: thrown before anything is sent, the communicator stays usable
+      const std::vector<std::size_t> two{1, 1};
+      std::vector<float> v(2);
+      try {
+        comm.reduce_scatter(v.data(), two, ds::DType::F32, ds::ReduceOp::Sum);
+        problems[0] += "; no error for 2 counts";
+      } catch (const ds::InvalidArgument& e) {
+        if (std::string(e.what()) != "reduce_scatter: 2 counts for a cluster of 3") problems[0] += e.what();
+      }
+      try {
+        comm.reduce_scatter(nullptr, std::vector<std::size_t>{1, 0, 0}, ds::DType::F32, ds::ReduceOp::Sum);
+        problems[0] += "; no error for null data";
+      } catch (const ds::InvalidArgument& e) {
+        if (std::string(e.what()) != "reduce_scatter: data is null but count is 1") problems[0] += e.what();
+      }
+      try {
+        comm.all_to_all(send.data(), two, recv.data(), send_bytes);
+        problems[0] += "; no error for 2 sizes";
+      } catch (const ds::InvalidArgument& e) {
+        if (std::string(e.what()) != "all_to_all: 2 send and 3 receive sizes for a cluster of 3") problems[0] += e.what();
+      }
+      try {
+        comm.all_to_all(nullptr, send_bytes, recv.data(), recv_bytes);
+        problems[0] += "; no error for a null buffer";
+      } catch (const ds::InvalidArgument& e) {
+        if (std::string(e.what()) != "all_to_all: a buffer is null") problems[0] += e.what();
+      }
+    }
+    comm.barrier();
+  });
+  for (int r = 0; r < n; ++r) {
+    CHECK(errors[static_cast<std::size_t>(r)] == "");
+    CHECK(problems[static_cast<std::size_t>(r)] == "");
   }
 }
