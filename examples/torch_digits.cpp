@@ -3,7 +3,7 @@
 // all-reduced as torch::Tensors, in place, with no copy into std::vector.
 //
 //   torch_digits [--strategy one_device|mirrored|multi_worker] [--replicas N] [--epochs E] [--batch B]
-//                [--hidden H] [--learning-rate LR] [--seed S] [--grad-dtype f64|bf16]
+//                [--hidden H] [--learning-rate LR] [--seed S] [--grad-dtype f64|bf16] [--overlap]
 //                [--data PATH] [--out DIR] [--weights-out FILE] [--logdir DIR]
 //                [--progress auto|bar|lines|off] [--progress-interval S]
 //   distribute-launch -n 2 -- torch_digits --strategy multi_worker
@@ -11,7 +11,8 @@
 // The model computes in float64, so that how a batch is split across replicas changes the
 // result only in the last bits: one_device, mirrored and multi_worker end with the same weights.
 // --grad-dtype bf16 sends the gradients as bfloat16 (a quarter of the bytes; the library sums them
-// in float32 and rounds once). Prints a line per epoch and a final line like examples/digits, shows
+// in float32 and rounds once). --overlap all-reduces the gradients bucket by bucket while backward
+// is still computing the others (adapters/torch_bucketer.hpp), with the same results. Prints a line per epoch and a final line like examples/digits, shows
 // the progress inside an epoch and writes TensorBoard scalars with --logdir as digits does;
 // --weights-out writes every parameter value, one per line. Exit status: 0 when the final test
 // accuracy reaches 0.95, 1 when not, 2 for a usage error, 3 for any other error.
@@ -19,6 +20,7 @@
 
 #include <distribute/distribute.hpp>
 #include <distribute/adapters/torch.hpp>
+#include <distribute/adapters/torch_bucketer.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -48,12 +50,13 @@ using cli::UsageError;
 
 constexpr const char* kUsage =
     "usage: torch_digits [--strategy one_device|mirrored|multi_worker] [--replicas N] [--epochs E] [--batch B]\n"
-    "                    [--hidden H] [--learning-rate LR] [--seed S] [--grad-dtype f64|bf16]\n"
+    "                    [--hidden H] [--learning-rate LR] [--seed S] [--grad-dtype f64|bf16] [--overlap]\n"
     "                    [--data PATH] [--out DIR] [--weights-out FILE] [--logdir DIR]\n"
     "                    [--progress auto|bar|lines|off] [--progress-interval S]\n"
     "  --strategy     mirrored (default; --replicas host replicas, default 4), one_device, or multi_worker\n"
     "                 (one process of a cluster, e.g. under `distribute-launch -n 2 --`)\n"
     "  --grad-dtype   the gradients' dtype on the wire: f64 (default, the model's) or bf16\n"
+    "  --overlap      all-reduce gradients in buckets while backward runs (same results)\n"
     "  --weights-out  write the final parameters there, one value per line\n"
     REPORT_MONITOR_USAGE;
 
@@ -62,6 +65,7 @@ struct Options {
   int replicas = 0;
   digits::TrainConfig config;
   bool bf16_gradients = false;
+  bool overlap = false;
   std::string data = DISTRIBUTE_EXAMPLES_DATA_DIR "/digits.csv";
   std::string out = "digits-out";
   std::string weights_out;
@@ -87,6 +91,8 @@ Options parse_args(int argc, char** argv) {
       const std::string d = value();
       if (d != "f64" && d != "bf16") throw UsageError(fmt::format("--grad-dtype: '{}' is not f64 or bf16", d));
       o.bf16_gradients = d == "bf16";
+    } else if (flag == "--overlap") {
+      o.overlap = true;
     } else if (flag == "--data") o.data = value();
     else if (flag == "--out") o.out = value();
     else if (flag == "--weights-out") o.weights_out = value();
@@ -142,6 +148,17 @@ int train(Strategy& strategy, const Options& options, const digits::TrainTestSpl
     optimizers.push_back(std::make_unique<torch::optim::SGD>(
         models.back()->parameters(), torch::optim::SGDOptions(config.learning_rate).momentum(config.momentum)));
   }
+  // --overlap: each replica's gradients go out in buckets of 64 KiB while its backward runs.
+  std::vector<ds::adapters::torch::GradientBucketer> bucketers;
+  if (options.overlap) {
+    for (auto& m : models) {
+      bucketers.emplace_back(m->parameters(),
+                             ds::adapters::torch::BucketerOptions{
+                                 .bytes_per_pack = 64 << 10,
+                                 .op = ds::ReduceOp::Sum,
+                                 .wire = options.bf16_gradients ? std::optional(torch::kBFloat16) : std::nullopt});
+    }
+  }
   // Every replica starts from replica 0's parameters (of the chief, across workers): a broadcast
   // into each parameter's own memory through its handle.
   strategy.run([&](ds::ReplicaContext& ctx) {
@@ -171,6 +188,7 @@ int train(Strategy& strategy, const Options& options, const digits::TrainTestSpl
       auto logits = model->forward(x);
       auto loss = torch::nn::functional::cross_entropy(
           logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      if (options.overlap) bucketers[me].prepare(ctx);
       loss.backward();
       loss_sum = loss.item<double>();
       correct = logits.argmax(1).eq(y).sum().item<double>();
@@ -178,18 +196,23 @@ int train(Strategy& strategy, const Options& options, const digits::TrainTestSpl
     // The batch's mean gradient: every replica's gradient sum, summed, over the examples of the
     // whole batch (exact however unevenly it was split).
     std::vector<torch::Tensor> grads;
-    for (auto& p : model->parameters()) {
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-      grads.push_back(options.bf16_gradients ? p.grad().to(torch::kBFloat16) : p.grad());
+    if (options.overlap) {
+      if (ids.size() == 0) bucketers[me].prepare(ctx);  // no backward: it sends zeros
+      bucketers[me].finish();  // the buckets' sums, already in .grad()
+    } else {
+      for (auto& p : model->parameters()) {
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        grads.push_back(options.bf16_gradients ? p.grad().to(torch::kBFloat16) : p.grad());
+      }
+      grads = ctx.batch_all_reduce(ds::ReduceOp::Sum, std::move(grads));  // in place: the .grad() memory itself
     }
-    grads = ctx.batch_all_reduce(ds::ReduceOp::Sum, std::move(grads));  // in place: the .grad() memory itself
     // The example count (and, for the step's figures, the loss and correct counts) in one all-reduce.
     const std::vector<double> totals = ctx.all_reduce(ds::ReduceOp::Sum, std::vector<double>{n, loss_sum, correct});
     const double examples = totals[0];
     if (totals_out) totals_out[0] = totals[1], totals_out[1] = totals[2], totals_out[2] = totals[0];
     std::size_t k = 0;
     for (auto& p : model->parameters()) {
-      if (options.bf16_gradients) p.mutable_grad().copy_(grads[k]);
+      if (options.bf16_gradients && !options.overlap) p.mutable_grad().copy_(grads[k]);
       p.mutable_grad().div_(examples);
       ++k;
     }

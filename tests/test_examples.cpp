@@ -540,7 +540,7 @@ double max_difference(const std::vector<double>& a, const std::vector<double>& b
 
 }  // namespace
 
-TEST_CASE("torch_digits: one_device, mirrored(4) and 2 workers reach 95% with the same weights; bf16 gradients too") {
+TEST_CASE("torch_digits: one_device, mirrored(4) and 2 workers reach 95% with the same weights; bf16 gradients and --overlap too") {
   const std::string program = torch_digits_path();
   if (program.empty()) {
     MESSAGE("this build has no libtorch (Debian libtorch-dev): torch_digits skipped");
@@ -568,6 +568,12 @@ TEST_CASE("torch_digits: one_device, mirrored(4) and 2 workers reach 95% with th
   CHECK(max_difference(one, workers) <= 1e-5);
   const auto bf16 = train("bf16", {program, "--strategy", "mirrored", "--replicas", "4", "--grad-dtype", "bf16"});
   CHECK(max_difference(one, bf16) > 0.0);  // the gradients did travel in bfloat16
+  // --overlap (buckets all-reduced while backward runs): the same sums, so the very same weights.
+  CHECK(train("mirrored_overlap", {program, "--strategy", "mirrored", "--replicas", "4", "--overlap"}) == mirrored);
+  CHECK(train("multi_worker_overlap", {env_path("DISTRIBUTE_LAUNCH"), "-n", "2", "--timeout", "120", "--", program,
+                                       "--strategy", "multi_worker", "--overlap"}) == workers);
+  CHECK(train("bf16_overlap", {program, "--strategy", "mirrored", "--replicas", "4", "--grad-dtype", "bf16",
+                               "--overlap"}) == bf16);
 }
 
 TEST_CASE("torch_digits: a bad --grad-dtype is a usage error (exit 2)") {
