@@ -3,7 +3,8 @@
 
 The adapters (include/distribute/adapters/*.hpp, not part of the umbrella) are written beside it,
 as single_include/distribute/adapters/*.hpp, with their includes of the library's headers replaced
-by one include of the single header (every library header they use must be part of it).
+by one include of the single header (every library header they use must be part of it); an
+adapter's include of another adapter stays as it is.
 
 Every `#include <distribute/...>` (or "distribute/...") is replaced, recursively, by the
 text of that header; every other include is left where it is. `#pragma once` lines of
@@ -143,6 +144,9 @@ def generate(root: Path) -> dict[Path, str]:
         included = False
         for line in adapter.read_text(encoding="utf-8").splitlines():
             m = INCLUDE_RE.match(line)
+            if m and m.group(1).startswith("distribute/adapters/"):
+                lines.append(line)  # another adapter: written beside this one, included as it is
+                continue
             if m:
                 if m.group(1) not in amalgamator.emitted:
                     raise AmalgamateError(f"<{rel}> includes <{m.group(1)}>, which the single header does not hold")
