@@ -71,7 +71,7 @@ command -v ccache >/dev/null 2>&1 && CCACHE=ccache
 build_one() {
   local t="$1"
   # shellcheck disable=SC2086  # LIBS holds several flags
-  $CCACHE "$CXX_FUZZ" -std=c++20 -O1 -g -fno-omit-frame-pointer \
+  $CCACHE "$CXX_FUZZ" -std=c++20 -O1 -gline-tables-only -fno-omit-frame-pointer \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -Iinclude "tests/fuzz/$t.cpp" -o "$FUZZ_BUILD/$t" ${LIBS[$t]}
 }
