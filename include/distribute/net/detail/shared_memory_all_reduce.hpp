@@ -74,6 +74,9 @@ struct SharedRankControl {
   std::uint32_t dtype = 0;
   std::uint32_t op = 0;
   alignas(64) SharedAnnouncement announce[2];
+  // run_small's call (count, dtype << 8 | op) by stamp parity: a rank may write the next one
+  // while a slower one still reads this one.
+  std::uint64_t small_call[2][2] = {};
   // Rank 0's line only: bumped by every announcement, and a futex word that a rank waiting for
   // announcements sleeps on (`waiters` of them: an announcement wakes them only when there are).
   alignas(64) std::atomic<std::uint32_t> epoch{0};
@@ -166,6 +169,7 @@ class SharedMemoryAllReduce {
   template <class Check, class Mismatch>
   void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch) {
     const std::size_t es = size_of(dtype);
+    if (count * es <= std::min(kSmallBytes, slot_bytes_ / 2)) return run_small(data, count, dtype, op, check, mismatch);
     const std::size_t piece_elems = std::max<std::size_t>(1, slot_bytes_ / es);
     const auto nu = static_cast<std::size_t>(n_);
     for (std::size_t first = 0; first < count; first += piece_elems) {
@@ -208,6 +212,37 @@ class SharedMemoryAllReduce {
       std::memcpy(piece + hi * es, result() + hi * es, (len - hi) * es);
       me.left.store(stamp, std::memory_order_release);
     }
+  }
+
+  /// All-reduces up to this many bytes in one step (run_small).
+  static constexpr std::size_t kSmallBytes = std::size_t{32} << 10;
+
+  /// A small buffer in one step: each rank copies it into its half-slot of this stamp's parity,
+  /// waits for every rank's, and reduces all of them in rank order itself (the same result on
+  /// every rank). One wait instead of run()'s three: the half it writes was last read at stamp - 2,
+  /// which every rank finished before it arrived at stamp - 1, which this rank waited for. It still
+  /// publishes `reduced` and `left`, which run()'s next piece waits on.
+  template <class Check, class Mismatch>
+  void run_small(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check& check, Mismatch& mismatch) {
+    const std::size_t bytes = count * size_of(dtype);
+    const std::uint64_t stamp = ++stamp_;
+    const std::size_t half = stamp % 2 == 0 ? 0 : slot_bytes_ / 2 / 64 * 64;  // whole lines: aligned for every dtype
+    SharedRankControl& me = control(rank_);
+    std::memcpy(slot(rank_) + half, data, bytes);
+    const std::uint64_t call = static_cast<std::uint64_t>(dtype) << 8 | static_cast<std::uint64_t>(op);
+    me.small_call[stamp % 2][0] = count;
+    me.small_call[stamp % 2][1] = call;
+    me.arrived.store(stamp, std::memory_order_release);
+    wait_all(&SharedRankControl::arrived, stamp, check);
+    for (int r = 0; r < n_; ++r) {
+      const SharedRankControl& c = control(r);
+      if (c.small_call[stamp % 2][0] != count || c.small_call[stamp % 2][1] != call) mismatch();
+    }
+    sources_.resize(nu());
+    for (std::size_t r = 0; r < nu(); ++r) sources_[r] = slot(static_cast<int>(r)) + half;
+    reduce_many_bytes(dtype, data, sources_, count, op, n_);
+    me.reduced.store(stamp, std::memory_order_release);
+    me.left.store(stamp, std::memory_order_release);
   }
 
   /// Copies `bytes` of rank 0's (in this segment) `data` into every other rank's, through the
