@@ -171,6 +171,9 @@ int main(int argc, char** argv) {
   try {
     ds::CommunicationOptions options;
     if (const char* t = std::getenv("TEST_TIMEOUT_SECONDS")) options.timeout_seconds = std::atof(t);
+    if (const char* i = std::getenv("TEST_IMPLEMENTATION"); i && std::string_view(i) == "MPI") {
+      options.implementation = ds::CommunicationImplementation::Mpi;  // built with MPI, started by mpirun
+    }
     if (const char* m = std::getenv("TEST_SHARED_MEMORY_MIN_BYTES")) {
       options.shared_memory_min_bytes = std::strtoull(m, nullptr, 10);
     }

@@ -31,6 +31,7 @@ namespace {
 struct Mpi {
   std::string name;
   std::string helper;
+  std::string scatter_helper;  // tests/scatter_worker_helper.cpp, built with the same MPI
   std::vector<std::string> launcher;  // up to "-np"
   std::vector<std::string> survive_a_dead_rank;  // the launcher's flag to let the others run on
   // Whether the survivors of a dead rank live on to see it as an error: Open MPI's mpirun with
@@ -41,12 +42,16 @@ struct Mpi {
 
 std::vector<Mpi> installed_mpis() {
   std::vector<Mpi> out;
-  const char* h = std::getenv("MPI_OPENMPI_HELPER");
-  const char* l = std::getenv("MPI_OPENMPI_LAUNCHER");
-  if (h && *h && l && *l) out.push_back({"Open MPI", h, {l, "--oversubscribe"}, {"--enable-recovery"}, true});
-  h = std::getenv("MPI_MPICH_HELPER");
-  l = std::getenv("MPI_MPICH_LAUNCHER");
-  if (h && *h && l && *l) out.push_back({"MPICH", h, {l}, {}, false});
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+  };
+  if (!env("MPI_OPENMPI_HELPER").empty() && !env("MPI_OPENMPI_LAUNCHER").empty())
+    out.push_back({"Open MPI", env("MPI_OPENMPI_HELPER"), env("MPI_OPENMPI_SCATTER_HELPER"),
+                   {env("MPI_OPENMPI_LAUNCHER"), "--oversubscribe"}, {"--enable-recovery"}, true});
+  if (!env("MPI_MPICH_HELPER").empty() && !env("MPI_MPICH_LAUNCHER").empty())
+    out.push_back({"MPICH", env("MPI_MPICH_HELPER"), env("MPI_MPICH_SCATTER_HELPER"), {env("MPI_MPICH_LAUNCHER")}, {},
+                   false});
   return out;
 }
 
@@ -80,17 +85,18 @@ const std::map<std::string, std::string> kEnv = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}
 
 test_support::Child start(const Mpi& mpi, int np, std::vector<std::string> helper_args,
                           std::vector<std::string> extra_launcher_args = {},
-                          std::map<std::string, std::string> env = kEnv) {
+                          std::map<std::string, std::string> env = kEnv, const std::string& helper = {}) {
   std::vector<std::string> argv = mpi.launcher;
   argv.insert(argv.end(), extra_launcher_args.begin(), extra_launcher_args.end());
-  argv.insert(argv.end(), {"-np", std::to_string(np), mpi.helper});
+  argv.insert(argv.end(), {"-np", std::to_string(np), helper.empty() ? mpi.helper : helper});
   argv.insert(argv.end(), helper_args.begin(), helper_args.end());
   return test_support::spawn(argv, env);
 }
 
-test_support::Child run(const Mpi& mpi, int np, std::vector<std::string> helper_args) {
+test_support::Child run(const Mpi& mpi, int np, std::vector<std::string> helper_args,
+                        const std::string& helper = {}) {
   std::vector<test_support::Child> job;
-  job.push_back(start(mpi, np, std::move(helper_args)));
+  job.push_back(start(mpi, np, std::move(helper_args), {}, kEnv, helper));
   CHECK_MESSAGE(test_support::wait_all(job, 120s), "the MPI job did not end within 120 s");
   return std::move(job[0]);
 }
@@ -120,6 +126,26 @@ TEST_CASE("MPI: the collectives battery gives exact results on every rank, 2 to 
     CHECK(half.status == 0);
     CHECK(count(half.output, "MISMATCH") == 0);
     CHECK(count(half.output, "OK\n") == 3);
+  }
+}
+
+TEST_CASE("MPI: reduce_scatter, all_to_all and all_reduce_async give exact results, 2 to 4 ranks, 1 and 2 local replicas") {
+  for (const auto& mpi : installed_mpis()) {
+    REQUIRE_MESSAGE(!mpi.scatter_helper.empty(), "MPI_*_SCATTER_HELPER is not set (run through meson test)");
+    for (int np : {2, 3, 4}) {
+      for (const char* local : {"1", "2"}) {
+        for (const char* scenario : {"scatter", "async"}) {
+          const auto job = run(mpi, np, {scenario, local}, mpi.scatter_helper);
+          INFO(mpi.name, " -np ", np, ", ", local, " local replicas, ", scenario, ":\n", job.output);
+          CHECK(job.status == 0);
+          CHECK(count(job.output, "OK\n") == static_cast<std::size_t>(np));
+          CHECK(count(job.output, "MISMATCH") == 0);
+        }
+      }
+    }
+    const auto mismatch = run(mpi, 2, {"mismatch_reduce_scatter", "1"}, mpi.scatter_helper);
+    INFO(mpi.name, " mismatch_reduce_scatter:\n", mismatch.output);
+    CHECK(count(mismatch.output, "InvalidArgument: ") == 2);
   }
 }
 
