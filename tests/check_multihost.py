@@ -4,17 +4,62 @@ helper) across the hosts. Checks every worker's results, that each runs on its h
 carries each pair's all-reduce data: shared memory inside each host, never across hosts.
 
     python3 tests/check_multihost.py NET_HELPER [HOSTS [WORKERS_PER_HOST]]   (default 2 2)
+    python3 tests/check_multihost.py NET_HELPER kill-worker|kill-host
+
+The kill scenarios: 2 hosts x 2 workers all-reducing in a loop (hierarchical: shared memory inside
+each host); one worker of host 1, or the whole of host 1, is SIGKILLed after 3 s, and every survivor
+must end with PeerFailure within the heartbeat timeout (3 s) plus slack.
 
 Exit 77 (SKIP) where the machine cannot simulate hosts (not root, no `ip netns`/`unshare`).
 """
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 from netns_hosts import Hosts, Unsupported  # noqa: E402
 
+def kill_scenario(helper, what):
+    n, per_host, hb_timeout = 4, 2, 3.0
+    try:
+        with Hosts(2) as hosts:
+            addresses = ",".join(f"{hosts.address(r // per_host)}:{29600 + r}" for r in range(n))
+            commands = {0: [], 1: []}
+            for r in range(n):
+                argv = [helper, "loop", "--rank", str(r), "--addresses", addresses, "--count", "100000",
+                        "--iters", "100000000", "--hb-interval", "500", "--hb-timeout", str(int(hb_timeout * 1000)),
+                        "--connect-timeout", "30000", "--token", "multihost-test"]
+                if what == "kill-worker" and r == 3:
+                    argv = ["sh", "-c", '"$@" & p=$!; sleep 3; kill -9 $p; wait $p', "sh", *argv]
+                commands[r // per_host].append(argv)
+            start = time.monotonic()
+            out = hosts.run(commands, timeout=60, kill_host=(1, 3) if what == "kill-host" else None)
+            took = time.monotonic() - start
+    except Unsupported as e:
+        print(f"SKIP: {e}")
+        return 77
+    failures = []
+    survivors = [0, 1, 2] if what == "kill-worker" else [0, 1]
+    for r in range(n):
+        rc, text = out[r // per_host][r % per_host]
+        print(f"---- worker {r} on host{r // per_host} (exit {rc}):\n{text}")
+        if r in survivors:
+            if rc != 3 or "EXC PeerFailure" not in text or "READY" not in text:
+                failures.append(f"worker {r} did not end with PeerFailure after running (exit {rc})")
+    # Killed at 3 s; every survivor must have given up within the heartbeat timeout and some slack.
+    if took > 3 + hb_timeout + 10:
+        failures.append(f"the survivors took {took:.1f} s to end")
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print(f"OK: {what}: every survivor ended with PeerFailure, all done {took:.1f} s after the start")
+    return 0
+
+
 def main():
     helper = os.path.abspath(sys.argv[1])
+    if len(sys.argv) > 2 and sys.argv[2].startswith("kill-"):
+        return kill_scenario(helper, sys.argv[2])
     HOSTS = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     PER_HOST = int(sys.argv[3]) if len(sys.argv) > 3 else 2
     n = HOSTS * PER_HOST

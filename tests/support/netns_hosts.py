@@ -90,13 +90,15 @@ class Hosts:
         # Inside: a private /dev/shm, the host's name, then the command (pid 1 of the host's pid
         # namespace is this shell: when it ends, every process left on the host is killed).
         script = f"mount -t tmpfs -o size=512m,mode=1777 tmpfs /dev/shm && hostname host{k} && exec \"$@\""
+        # --kill-child: killing this process (run's kill_host) kills pid 1, and with it the whole host.
         return ["ip", "netns", "exec", self.names[k], "unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc",
-                "--propagation", "private", "sh", "-c", script, "sh", *argv]
+                "--propagation", "private", "--kill-child", "sh", "-c", script, "sh", *argv]
 
-    def run(self, commands, timeout):
+    def run(self, commands, timeout, kill_host=None):
         """commands: {host: [argv, ...]}; runs every command at once, each on its host (the
         commands of one host share it), and returns {host: [(exit code, output), ...]}. A command
-        still running after `timeout` seconds is killed (exit code None)."""
+        still running after `timeout` seconds is killed (exit code None). kill_host=(k, seconds):
+        every process of host k is SIGKILLed that long after the start (a machine lost)."""
         with tempfile.TemporaryDirectory(prefix="ds-hosts-") as tmp:
             procs = []
             for k, argvs in commands.items():
@@ -108,6 +110,9 @@ class Hosts:
                 lines.append("wait")
                 procs.append(subprocess.Popen(self._wrap(k, ["sh", "-c", "\n".join(lines)]), start_new_session=True))
             deadline = time.monotonic() + timeout
+            if kill_host is not None:
+                time.sleep(kill_host[1])
+                procs[list(commands).index(kill_host[0])].kill()
             for p in procs:
                 try:
                     p.wait(timeout=max(0.1, deadline - time.monotonic()))
