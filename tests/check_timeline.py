@@ -125,8 +125,9 @@ def check_mismatch(tmp):
         reduces = [e for e in spans(events, "all_reduce") if "error" not in e["args"]]
         check(len(reduces) == 3, f"{path}: {len(reduces)} successful all_reduce spans, expected 3")
         for r in reduces:
-            check(r["args"]["bytes"] == 4000 and r["args"]["algorithm"] == "direct",
-                  f"{path}: all_reduce args {r['args']} (want 4000 bytes, direct)")
+            # One host: every all-reduce goes through shared memory (shared_memory_min_bytes defaults to 1).
+            check(r["args"]["bytes"] == 4000 and r["args"]["algorithm"] == "shared_memory",
+                  f"{path}: all_reduce args {r['args']} (want 4000 bytes, shared_memory)")
             check(r["args"]["sent"] == 4000 and r["args"]["received"] == 4000, f"{path}: bytes moved {r['args']}")
             check("wait_for_peers_us" in r["args"] and "transfer_us" in r["args"], f"{path}: no wait/transfer split")
         kind = "all_reduce" if i == 0 else "broadcast"

@@ -2079,6 +2079,8 @@ class Transport::Op {
         all_[static_cast<std::size_t>(p->rank)] = mine_;
       } else if (shm != nullptr) {
         all_[static_cast<std::size_t>(p->rank)] = *shm->announced(p->rank, seq_);
+        // The timeline's "waiting for peers" ends when this rank saw the last announcement.
+        if (start_ns_ != 0) joined_ns_ = observe::Timeline::now_ns();
       } else {
         auto it = p->descriptors.find(seq_);
         all_[static_cast<std::size_t>(p->rank)] = it->second;
