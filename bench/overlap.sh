@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Communication behind backward (issue: overlap): steps/s of a libtorch MLP (~21 M parameters) at
+# MultiWorker np=2 over TCP, gradients all-reduced after backward (sync) or bucket by bucket while backward
+# runs (overlap, GradientBucketer), beside PyTorch DDP over gloo with the same model, data and batch
+# (bench/overlap_ddp.py; skipped when python3-torch is missing). The three alternate, REPS passes; the
+# table keeps each one's best pass. Ours runs over TCP even on one host (shared memory off), as across hosts.
+#
+#   bench/overlap.sh                          # from the repository root
+#   BATCH=32 REPS=3 HIDDEN=2048 LAYERS=5 bench/overlap.sh
+#
+# Needs: libtorch-dev (and python3-torch for the DDP column), libboost-json-dev, libssl-dev, libfmt-dev.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-/tmp/distribute-overlap}
+REPS=${REPS:-3}
+HIDDEN=${HIDDEN:-2048}
+LAYERS=${LAYERS:-5}
+BATCH=${BATCH:-16}
+STEPS=${STEPS:-20}
+mkdir -p "$BUILD"
+echo "building in $BUILD ..." >&2
+TORCH_INC=(-isystem /usr/include/torch/csrc/api/include)
+g++ -std=c++20 -O2 -DNDEBUG -I"$ROOT/include" "${TORCH_INC[@]}" "$ROOT/bench/overlap_mlp.cpp" -o "$BUILD/overlap_mlp" \
+  -ltorch -ltorch_cpu -lc10 -lfmt -lboost_json -lcrypto -pthread &
+g++ -std=c++20 -O2 -I"$ROOT/include" "$ROOT/tools/distribute-launch.cpp" -o "$BUILD/distribute-launch" -lfmt
+wait
+sync; sleep 3
+
+ARGS=(--hidden "$HIDDEN" --layers "$LAYERS" --batch "$BATCH" --steps "$STEPS")
+CSV=$BUILD/results.csv
+: > "$CSV"
+PYTORCH=${PYTORCH:-/usr/bin/python3}  # Debian's python3-torch lives in the system interpreter
+have_ddp=0
+"$PYTORCH" -c 'import torch.distributed' 2>/dev/null && have_ddp=1 || echo "python3-torch missing: no DDP column" >&2
+for ((pass = 1; pass <= REPS; pass++)); do
+  echo "pass $pass/$REPS ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg))" >&2
+  for overlap in 0 1; do
+    MW_SHM_MIN_BYTES=0 "$BUILD/distribute-launch" -n 2 --timeout 600 "$BUILD/overlap_mlp" --overlap $overlap "${ARGS[@]}" |
+      sed -n 's/^\[worker:0\] //p' >> "$CSV"
+  done
+  if [ "$have_ddp" = 1 ]; then
+    "$BUILD/distribute-launch" -n 2 --timeout 600 "$PYTORCH" "$ROOT/bench/overlap_ddp.py" "${ARGS[@]}" |
+      sed -n 's/^\[worker:0\] //p' >> "$CSV"
+  fi
+done
+
+python3 - "$CSV" <<'PY'
+import csv, sys
+best, parts = {}, {}
+for row in csv.reader(open(sys.argv[1])):
+    _, mode, workers, params, batch, steps, sps, step_ms, ar_ms, comp_ms = row
+    if float(sps) > best.get(mode, (0,))[0]:
+        best[mode] = (float(sps), float(step_ms), params, batch)
+    if ar_ms:
+        parts.setdefault("allreduce", []).append(float(ar_ms))
+        parts.setdefault("compute", []).append(float(comp_ms))
+sync = best.get("sync")
+print(f"model: {sync[2] if sync else '?'} parameters, batch {sync[3] if sync else '?'} per worker, 2 workers over TCP")
+if parts:
+    ar, comp = min(parts["allreduce"]), min(parts["compute"])
+    print(f"one all-reduce of every gradient alone: {ar:.1f} ms; forward + backward alone: {comp:.1f} ms "
+          f"(communication {100 * ar / (ar + comp):.0f}% of a synchronous step)")
+print("| mode | steps/s | ms/step | vs sync |")
+print("| --- | ---: | ---: | ---: |")
+for mode in ("sync", "overlap", "ddp"):
+    if mode in best:
+        s = best[mode]
+        print(f"| {mode} | {s[0]:.2f} | {s[1]:.1f} | {s[0] / sync[0]:.2f}x |")
+if "ddp" in best and "overlap" in best:
+    print(f"ours (overlap) vs DDP: {best['overlap'][0] / best['ddp'][0]:.2f}x the steps/s")
+PY
