@@ -255,10 +255,11 @@ inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, RankGr
 /// for and reduces every chunk that starts before element k (once sent).
 class DirectExchange {
  public:
+  /// `chunk_bytes`: the pieces (0: the transport's chunk_bytes).
   DirectExchange(Transport& tr, Transport::Op& op, RankGroup grp, std::byte* data, std::size_t count, DType dtype,
-                 ReduceOp rop, std::int64_t divisor, std::vector<std::byte>& scratch)
+                 ReduceOp rop, std::int64_t divisor, std::vector<std::byte>& scratch, std::size_t chunk_bytes = 0)
       : op_(op), grp_(grp), data_(data), count_(count), dtype_(dtype), rop_(rop), divisor_(divisor),
-        es_(size_of(dtype)), chunk_(std::max<std::size_t>(1, tr.chunk_bytes() / es_)),
+        es_(size_of(dtype)), chunk_(std::max<std::size_t>(1, (chunk_bytes > 0 ? chunk_bytes : tr.chunk_bytes()) / es_)),
         chunks_((count + chunk_ - 1) / chunk_) {
     const auto others = static_cast<std::size_t>(grp.size() - 1);
     if (scratch.size() < others * count * es_) scratch.resize(others * count * es_);

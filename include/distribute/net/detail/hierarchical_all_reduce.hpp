@@ -35,6 +35,11 @@ namespace net::detail {
 /// The TCP algorithms a part's leaders may run across hosts (all_reduce.hpp's table picks one).
 enum class AcrossHosts { Direct, HalvingDoubling, Ring };
 
+/// The pieces the direct exchange across hosts moves, and the shared-memory rounds that feed it
+/// and drain it: small enough that the network starts early and little is left to copy once the
+/// last piece is in, large enough that each round's synchronization is cheap beside its copies.
+inline constexpr std::size_t kAcrossHostsPieceBytes = std::size_t{128} << 10;
+
 /// `slices`: 1 .. topo.fewest_per_host(), alike on every rank; `across`: how each part's leaders
 /// all-reduce it (alike on every rank).
 inline void hierarchical_all_reduce(Transport& tr, Transport::Op& op, const Topology& topo, int slices, AcrossHosts across,
@@ -59,7 +64,9 @@ inline void hierarchical_all_reduce(Transport& tr, Transport::Op& op, const Topo
   const RankGroup group{leaders, host};
   std::byte* const part = data + first * es;
   std::optional<DirectExchange> direct;
-  if (leads && len > 0 && across == AcrossHosts::Direct) direct.emplace(tr, op, group, part, len, dtype, rop, n, scratch);
+  const bool pipelined = across == AcrossHosts::Direct;
+  const std::size_t round_bytes = pipelined ? kAcrossHostsPieceBytes : 0;
+  if (leads && len > 0 && pipelined) direct.emplace(tr, op, group, part, len, dtype, rop, n, scratch, kAcrossHostsPieceBytes);
 
   auto check = [&] { op.check_progress(-1); };
   auto mismatch = [&] {
@@ -82,7 +89,7 @@ inline void hierarchical_all_reduce(Transport& tr, Transport::Op& op, const Topo
   if (shm != nullptr) {
     op.count_bytes(bytes + mine, (ranks_here - 1) * mine + bytes - mine);
     const auto quiet = tr.exempt_from_busy_poll();
-    shm->reduce_scatter(data, count, dtype, partial, slices, check, mismatch, reduced);
+    shm->reduce_scatter(data, count, dtype, partial, slices, round_bytes, check, mismatch, reduced);
   } else {
     reduced(first, len);
   }
@@ -95,7 +102,7 @@ inline void hierarchical_all_reduce(Transport& tr, Transport::Op& op, const Topo
   }
   if (shm != nullptr) {
     const auto quiet = tr.exempt_from_busy_poll();
-    shm->all_gather(data, count, dtype, slices, check, mismatch, needed);
+    shm->all_gather(data, count, dtype, slices, round_bytes, check, mismatch, needed);
   } else {
     needed(first, len);
   }

@@ -280,12 +280,14 @@ class SharedMemoryAllReduce {
   /// share each), and rank s reduces piece s of every slot into its buffer, then calls
   /// `on_reduced(first, count)` with the elements it just finished. A rank reads others' slots
   /// only between their `arrived` and its own `left`, and every writer waits for every `left`.
+  /// `round_bytes` (0: no limit) caps each part's share of a round, so that a caller that sends
+  /// what was reduced gets its first pieces early.
   template <class Check, class Mismatch, class OnReduced>
-  void reduce_scatter(std::byte* data, std::size_t count, DType dtype, ReduceOp op, int slices, Check&& check,
-                      Mismatch&& mismatch, OnReduced&& on_reduced) {
+  void reduce_scatter(std::byte* data, std::size_t count, DType dtype, ReduceOp op, int slices, std::size_t round_bytes,
+                      Check&& check, Mismatch&& mismatch, OnReduced&& on_reduced) {
     const std::size_t es = size_of(dtype);
     const auto su = static_cast<std::size_t>(slices);
-    const std::size_t share = slot_bytes_ / su / es;  // elements of each part per round
+    const std::size_t share = std::min(slot_bytes_ / su, round_bytes > 0 ? round_bytes : slot_bytes_) / es;  // per part and round
     if (share == 0) {
       // A slot too small to split (a few bytes per part): an all-reduce leaves every part everywhere.
       run(data, count, dtype, op, check, mismatch);
@@ -300,13 +302,13 @@ class SharedMemoryAllReduce {
     SharedRankControl& me = control(rank_);
     for (std::size_t done = 0; done < longest; done += share) {
       const std::uint64_t stamp = ++stamp_;
-      wait_all(&SharedRankControl::left, stamp - 1, check);
+      wait_all(&SharedRankControl::left, stamp - 1, check, kYieldAcrossHosts);
       for (int s = 0; s < slices; ++s) {
         const auto [first, len] = round_piece(count, slices, s, done, share);
         std::memcpy(slot(rank_) + static_cast<std::size_t>(s) * share * es, data + first * es, len * es);
       }
       publish(me, count, dtype, call, stamp);
-      wait_all(&SharedRankControl::arrived, stamp, check);
+      wait_all(&SharedRankControl::arrived, stamp, check, kYieldAcrossHosts);
       agree(count, dtype, call, mismatch);
       if (rank_ < slices) {
         const auto [first, len] = round_piece(count, slices, rank_, done, share);
@@ -327,26 +329,26 @@ class SharedMemoryAllReduce {
   /// ends with all of them. In rounds of a slot per part: rank s first calls
   /// `before_publish(first, count)` (the elements must be final when it returns), copies them into
   /// its own slot, and every other rank copies them out. The last round waits until every rank
-  /// has copied, so that no read of a slot outlives the call.
+  /// has copied, so that no read of a slot outlives the call. `round_bytes` as for reduce_scatter().
   template <class Check, class Mismatch, class BeforePublish>
-  void all_gather(std::byte* data, std::size_t count, DType dtype, int slices, Check&& check, Mismatch&& mismatch,
-                  BeforePublish&& before_publish) {
+  void all_gather(std::byte* data, std::size_t count, DType dtype, int slices, std::size_t round_bytes, Check&& check,
+                  Mismatch&& mismatch, BeforePublish&& before_publish) {
     const std::size_t es = size_of(dtype);
-    const std::size_t share = slot_bytes_ / es;
+    const std::size_t share = std::max<std::size_t>(1, std::min(slot_bytes_, round_bytes > 0 ? round_bytes : slot_bytes_) / es);
     const std::size_t longest = even_part(count, slices, 0).second;
     const std::uint32_t call = 2u << 8 | static_cast<std::uint32_t>(slices) << 16;
     SharedRankControl& me = control(rank_);
     for (std::size_t done = 0; done < longest; done += share) {
       const std::uint64_t stamp = ++stamp_;
       const bool last = done + share >= longest;
-      wait_all(&SharedRankControl::left, stamp - 1, check);
+      wait_all(&SharedRankControl::left, stamp - 1, check, kYieldAcrossHosts);
       if (rank_ < slices) {
         const auto [first, len] = round_piece(count, slices, rank_, done, share);
         if (len > 0) before_publish(first, len);
         std::memcpy(slot(rank_), data + first * es, len * es);
       }
       publish(me, count, dtype, call, stamp);
-      wait_all(&SharedRankControl::arrived, stamp, check);
+      wait_all(&SharedRankControl::arrived, stamp, check, kYieldAcrossHosts);
       agree(count, dtype, call, mismatch);
       for (int s = 0; s < slices; ++s) {
         if (s == rank_) continue;
@@ -354,7 +356,7 @@ class SharedMemoryAllReduce {
         std::memcpy(data + first * es, slot(s), len * es);
       }
       me.reduced.store(stamp, std::memory_order_release);
-      if (last) wait_all(&SharedRankControl::reduced, stamp, check);
+      if (last) wait_all(&SharedRankControl::reduced, stamp, check, kYieldAcrossHosts);
       me.left.store(stamp, std::memory_order_release);
     }
   }
@@ -390,12 +392,20 @@ class SharedMemoryAllReduce {
   std::byte* result() const noexcept { return slot(n_); }
   std::size_t nu() const noexcept { return static_cast<std::size_t>(n_); }
 
+  // How long a wait yields the core before it sleeps. On one host the others are a copy away. In
+  // a hierarchical all-reduce (reduce_scatter, all_gather) they may be waiting for the network
+  // themselves, and a rank that yields for long takes turns on the core with them: 2 ms there
+  // took a 1 MiB all-reduce across two simulated hosts from 11-12 to 16-17 ms (docs/performance.md).
+  static constexpr std::chrono::microseconds kYieldOneHost{2000};
+  static constexpr std::chrono::microseconds kYieldAcrossHosts{50};
+
   // Until every rank's `counter` reaches `stamp`: spins briefly (the others are usually a copy
-  // away), then yields the core (which may be shared with them), then sleeps in short steps so
-  // that a rank still computing its step does not cost a whole core. `check` runs every 256
-  // rounds once spinning has not sufficed.
+  // away), then yields the core (which may be shared with them) for `yield_for`, then sleeps in
+  // short steps so that a rank still computing its step does not cost a whole core. `check` runs
+  // every 256 rounds once spinning has not sufficed.
   template <class Check>
-  void wait_all(std::atomic<std::uint64_t> SharedRankControl::*counter, std::uint64_t stamp, Check& check) const {
+  void wait_all(std::atomic<std::uint64_t> SharedRankControl::*counter, std::uint64_t stamp, Check& check,
+                std::chrono::microseconds yield_for = kYieldOneHost) const {
     auto ready = [&] {
       for (int r = 0; r < n_; ++r) {
         if ((control(r).*counter).load(std::memory_order_acquire) < stamp) return false;
@@ -411,7 +421,7 @@ class SharedMemoryAllReduce {
     for (std::uint32_t i = 0;; ++i) {
       if (ready()) return;
       if (i % 256 == 0) check();
-      if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2)) {
+      if (std::chrono::steady_clock::now() - start < yield_for) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
