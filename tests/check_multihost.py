@@ -126,6 +126,7 @@ def main():
         return 77
     pairs = {}
     sent = {}
+    link = {}  # host -> {all-reduce bytes: bytes out of its eth0}
     for h in range(HOSTS):
         for i, (rc, text) in enumerate(out[h]):
             r = on_host[h][i]
@@ -144,6 +145,9 @@ def main():
                 elif line.startswith("SENT "):
                     _, amount, _, size = line.split()
                     sent[r] = (int(amount), int(size))
+                elif line.startswith("LINK "):
+                    _, amount, _, size = line.split()
+                    link.setdefault(h, {})[int(size)] = int(amount)
     for a in range(n):
         for b in range(n):
             if a == b:
@@ -171,6 +175,28 @@ def main():
             if abs(amount - want) > 0.02 * want:
                 failures.append(f"worker {r} sent {amount} bytes in an all-reduce of {size}, want about {want:.0f} "
                                 f"({'leader of a part' if leads else 'no part'} of {parts})")
+    # How often each host's data crosses between hosts (its eth0 bytes, with the TCP/IP headers and the
+    # acknowledgements of what it received: within 12% above): once in each direction through a host's
+    # leaders (hierarchical; 2(H-1)/H with more than 2 hosts, the ring or halving-doubling among
+    # leaders), likewise two ranks on two hosts (direct) and halving-doubling nearest partners first on
+    # 2 hosts of 2 (4 MiB); the ring placed host by host crosses each host boundary with 2(n-1)/n of it
+    # (8 MiB, TCP only). Farthest partners first would send twice the buffer out of each host.
+    contiguous = host_of == sorted(host_of) and len({len(rs) for rs in on_host.values()}) == 1
+    for size in (4 << 20, 8 << 20):
+        if shared:
+            want = size * (1.0 if HOSTS == 2 else 2.0 * (HOSTS - 1) / HOSTS)
+        elif n == 2 and HOSTS == 2:
+            want = size
+        elif HOSTS == 2 and n == 4 and contiguous:
+            want = size if size <= 4 << 20 else size * 2.0 * (n - 1) / n
+        else:
+            continue
+        for h in range(HOSTS):
+            got = link.get(h, {}).get(size)
+            if got is None:
+                failures.append(f"host{h} reported no eth0 count for the {size}-byte all-reduce")
+            elif not want <= got <= 1.12 * want:
+                failures.append(f"host{h} sent {got} bytes out in a {size}-byte all-reduce, want {want:.0f} to {1.12 * want:.0f}")
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1

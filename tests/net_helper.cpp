@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -239,6 +240,16 @@ void identical_case(ds::net::Communicator& comm, ds::ReduceOp op, std::size_t co
 
 std::byte pattern(int r, std::size_t i) { return static_cast<std::byte>((r * 31 + static_cast<int>(i % 251)) & 0xFF); }
 
+// Bytes this host sent through eth0, where there is one.
+std::optional<std::uint64_t> eth0_tx_bytes() {
+  std::FILE* f = std::fopen("/sys/class/net/eth0/statistics/tx_bytes", "r");
+  if (f == nullptr) return std::nullopt;
+  unsigned long long v = 0;
+  const bool ok = std::fscanf(f, "%llu", &v) == 1;
+  std::fclose(f);
+  return ok ? std::optional<std::uint64_t>(v) : std::nullopt;
+}
+
 // This task's distribute_collective_bytes_sent_total{kind="all_reduce"}.
 std::uint64_t sent_by_all_reduces(const ds::observe::CollectiveMetrics& metrics) {
   const std::string text = metrics.registry()->expose();
@@ -382,12 +393,21 @@ void run_collectives(ds::net::Communicator& comm, const ds::observe::CollectiveM
   check(!comm.failure().has_value(), "communicator poisoned after the battery");
 
   // What one large all-reduce made this rank send (the metrics: TCP payload and what it put into
-  // shared memory), for the multi-host test to check who carries the data across hosts.
+  // shared memory), for the multi-host test to check who carries the data across hosts; and what
+  // left this host through eth0 (a simulated host's only way out) in a 4 and an 8 MiB all-reduce,
+  // for it to check how often the data crosses between hosts.
   if (metrics != nullptr) {
-    std::vector<float> grads((std::size_t{8} << 20) / 4 + 4, 1.0f);
-    const std::uint64_t before = sent_by_all_reduces(*metrics);
-    comm.all_reduce(std::span<float>(grads), ds::ReduceOp::Sum);
-    say(fmt::format("SENT {} of {}", sent_by_all_reduces(*metrics) - before, grads.size() * sizeof(float)));
+    for (std::size_t bytes : {std::size_t{4} << 20, std::size_t{8} << 20}) {
+      std::vector<float> grads(bytes / 4, 1.0f);
+      comm.barrier();
+      const std::uint64_t before = sent_by_all_reduces(*metrics);
+      const auto link_before = eth0_tx_bytes();
+      comm.all_reduce(std::span<float>(grads), ds::ReduceOp::Sum);
+      comm.barrier();  // every rank's data has been received: none of it is still on its way out
+      const auto link_after = eth0_tx_bytes();
+      if (bytes == (std::size_t{8} << 20)) say(fmt::format("SENT {} of {}", sent_by_all_reduces(*metrics) - before, bytes));
+      if (link_before && link_after) say(fmt::format("LINK {} of {}", *link_after - *link_before, bytes));
+    }
   }
 }
 
