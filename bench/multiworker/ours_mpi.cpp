@@ -1,10 +1,12 @@
-// The MPI transport's all-reduce (net/mpi.hpp's MpiLink: the descriptor check, then
-// MPI_Iallreduce driven by MPI_Test) across the ranks mpirun starts, timed like mpi_allreduce.cpp
+// The MPI transport's all-reduce (net/mpi.hpp's MpiLink: the descriptor check, then MPI_Allreduce,
+// or with MW_MPI_TIMEOUT_MS MPI_Iallreduce driven by MPI_Test) across the ranks mpirun starts, timed like mpi_allreduce.cpp
 // so that the two measure the same call and the difference is our transport's overhead.
 //   mpirun -np N ... ours_mpi LABEL      Rank 0 prints one CSV line per size (see common.hpp).
 #include <distribute/net/mpi.hpp>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "common.hpp"
@@ -12,7 +14,13 @@
 namespace ds = distribute;
 
 int main(int argc, char** argv) {
-  ds::net::detail::MpiLink link({});  // initialises MPI (and finalises it at exit)
+  // MW_MPI_TIMEOUT_MS: an operation timeout, as CommunicationOptions::timeout_seconds sets (the
+  // collectives are then non-blocking calls driven by MPI_Test).
+  ds::net::detail::MpiLinkOptions options;
+  if (const char* ms = std::getenv("MW_MPI_TIMEOUT_MS"); ms != nullptr && std::atoll(ms) > 0) {
+    options.operation_timeout = std::chrono::milliseconds(std::atoll(ms));
+  }
+  ds::net::detail::MpiLink link(options);  // initialises MPI (and finalises it at exit)
   const int rank = link.worker_index(), size = link.num_workers();
   const char* label = argc > 1 ? argv[1] : "ours_mpi";
   auto all_reduce = [&](std::vector<float>& buf) {
