@@ -397,8 +397,8 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
   }
 
   // One collective: MPI's blocking call when no timeout is set (MPI's own algorithms and progress,
-  // what a program calling MPI directly gets; Open MPI's non-blocking collectives (libnbc) took 1.2
-  // to 12 times as long, docs/performance.md), else the non-blocking one driven by wait() until the
+  // what a program calling MPI directly gets; Open MPI's non-blocking collectives (libnbc) took up to
+  // 8.6 times as long, docs/performance.md), else the non-blocking one driven by wait() until the
   // timeout. Either way an error MPI returns fails the link.
   template <class Blocking, class Start>
   void run(Blocking&& blocking, Start&& start, const char* what) {
