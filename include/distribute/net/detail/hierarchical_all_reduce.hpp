@@ -54,7 +54,8 @@ inline void hierarchical_all_reduce(Transport& tr, Transport::Op& op, const Topo
   const ReduceOp partial = rop == ReduceOp::Mean ? ReduceOp::Sum : rop;  // divided once, by the leader
   const std::int64_t n = tr.size();
   const bool leads = local < slices;
-  const auto [first, len] = even_part(count, slices, leads ? local : 0);
+  const auto mine_part = even_part(count, slices, leads ? local : 0);  // not a structured binding: lambdas use it
+  const std::size_t first = mine_part.first, len = mine_part.second;
 
   // This part's leaders, host by host: this rank is the host-th.
   std::vector<int> leaders;
