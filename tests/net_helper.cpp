@@ -18,13 +18,17 @@
 // 0 ok, 1 wrong result, 2 usage, 3 PeerFailure, 4 CollectiveTimeout, 5 InvalidArgument,
 // 6 ClusterConfigError, 7 Unavailable (e.g. the port was taken: the test retries), 8 other.
 #include <distribute/distribute.hpp>
+#include <distribute/observe/collective_metrics.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -183,9 +187,82 @@ void all_reduce_case(ds::net::Communicator& comm, ds::ReduceOp op, std::size_t c
   }
 }
 
+// ---- all_reduce of inexact values: bitwise identical on every rank ---------------------------
+
+// Values whose sums round differently in every order (magnitudes 1e-3 .. 1e3, both signs).
+double inexact(int r, std::size_t i) {
+  return std::sin(static_cast<double>(r) * 7919.0 + static_cast<double>(i) * 0.37) * std::pow(10.0, static_cast<double>(i % 7) - 3.0);
+}
+
+std::uint64_t fnv1a(const void* data, std::size_t bytes) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+  return h;
+}
+
+// Every rank's result must hash alike (all_gather of the hashes), and SUM, MEAN, MIN and MAX must
+// be near the exact value (MIN and MAX exactly it).
+template <class T>
+void identical_case(ds::net::Communicator& comm, ds::ReduceOp op, std::size_t count) {
+  const int n = comm.size();
+  std::vector<T> data(count);
+  for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<T>(inexact(comm.rank(), i));
+  comm.all_reduce(std::span<T>(data), op);
+  const std::uint64_t mine = fnv1a(data.data(), data.size() * sizeof(T));
+  std::vector<std::byte> out;
+  std::vector<std::size_t> sizes;
+  comm.all_gather(&mine, sizeof mine, out, sizes);
+  for (int r = 0; r < n; ++r) {
+    std::uint64_t theirs = 0;
+    std::memcpy(&theirs, out.data() + static_cast<std::size_t>(r) * sizeof theirs, sizeof theirs);
+    check(theirs == mine, "all_reduce {} {} count {}: rank {}'s result differs bitwise from rank {}'s",
+          ds::to_string(ds::dtype_of<T>()), ds::to_string(op), count, r, comm.rank());
+  }
+  if (op == ds::ReduceOp::Product) return;
+  const double tolerance = sizeof(T) == 4 ? 1e-4 : 1e-12;
+  for (std::size_t i = 0; i < count; ++i) {
+    long double want = static_cast<T>(inexact(0, i));
+    for (int r = 1; r < n; ++r) {
+      const long double v = static_cast<T>(inexact(r, i));
+      want = op == ds::ReduceOp::Min ? std::min(want, v) : op == ds::ReduceOp::Max ? std::max(want, v) : want + v;
+    }
+    if (op == ds::ReduceOp::Mean) want /= n;
+    const bool exact = op == ds::ReduceOp::Min || op == ds::ReduceOp::Max;
+    const long double err = std::fabs(static_cast<long double>(data[i]) - want);
+    const long double scale = std::pow(10.0L, static_cast<long double>(i % 7) - 3.0L) * n;
+    if (exact ? data[i] != static_cast<T>(want) : err > tolerance * scale) {
+      check(false, "all_reduce {} {} count {}: element {} is {} but should be near {}", ds::to_string(ds::dtype_of<T>()),
+            ds::to_string(op), count, i, static_cast<double>(data[i]), static_cast<double>(want));
+      return;
+    }
+  }
+}
+
 std::byte pattern(int r, std::size_t i) { return static_cast<std::byte>((r * 31 + static_cast<int>(i % 251)) & 0xFF); }
 
-void run_collectives(ds::net::Communicator& comm) {
+// Bytes this host sent through eth0, where there is one.
+std::optional<std::uint64_t> eth0_tx_bytes() {
+  std::FILE* f = std::fopen("/sys/class/net/eth0/statistics/tx_bytes", "r");
+  if (f == nullptr) return std::nullopt;
+  unsigned long long v = 0;
+  const bool ok = std::fscanf(f, "%llu", &v) == 1;
+  std::fclose(f);
+  return ok ? std::optional<std::uint64_t>(v) : std::nullopt;
+}
+
+// This task's distribute_collective_bytes_sent_total{kind="all_reduce"}.
+std::uint64_t sent_by_all_reduces(const ds::observe::CollectiveMetrics& metrics) {
+  const std::string text = metrics.registry()->expose();
+  const std::string series = "distribute_collective_bytes_sent_total{";
+  for (std::size_t at = text.find(series); at != std::string::npos; at = text.find(series, at + 1)) {
+    const std::size_t end = text.find('\n', at);
+    const std::string line = text.substr(at, end - at);
+    if (line.find("kind=\"all_reduce\"") != std::string::npos) return std::stoull(line.substr(line.rfind(' ') + 1));
+  }
+  return 0;
+}
+
+void run_collectives(ds::net::Communicator& comm, const ds::observe::CollectiveMetrics* metrics) {
   const int n = comm.size(), me = comm.rank();
   say(comm.uses_shared_memory() ? "SHARED MEMORY on" : "SHARED MEMORY off");
   // Which host this rank runs on and what carries its all-reduce data to each peer (the
@@ -210,6 +287,17 @@ void run_collectives(ds::net::Communicator& comm) {
   // Fewer elements than ranks (empty ring segments) and a buffer that spans many chunks.
   all_reduce_case<float>(comm, ds::ReduceOp::Sum, static_cast<std::size_t>(n - 1));
   all_reduce_case<double>(comm, ds::ReduceOp::Sum, 3 * (std::size_t{1} << 20) + 1);
+  // Inexact values, whose result depends on the order of reduction: every rank must end with the
+  // same bits. Sizes: fewer elements than ranks, one small message, and buffers cut in parts that
+  // span many shared-memory rounds and TCP chunks (6 MiB + 20 bytes of float32).
+  const std::size_t huge_f32 = (std::size_t{6} << 20) / 4 + 5;
+  for (auto op : {ds::ReduceOp::Sum, ds::ReduceOp::Mean, ds::ReduceOp::Min, ds::ReduceOp::Max, ds::ReduceOp::Product}) {
+    for (std::size_t count : {std::size_t{1}, static_cast<std::size_t>(n - 1), std::size_t{5001}, big_f32, huge_f32}) {
+      if (count > 0) identical_case<float>(comm, op, count);
+    }
+  }
+  identical_case<double>(comm, ds::ReduceOp::Sum, big_i64);
+  identical_case<double>(comm, ds::ReduceOp::Mean, 3 * (std::size_t{1} << 20) + 1);
   {
     std::vector<std::uint8_t> flags(100, 0);
     if (me == n - 1) flags[42] = 1;
@@ -303,6 +391,24 @@ void run_collectives(ds::net::Communicator& comm) {
   }
   comm.barrier();
   check(!comm.failure().has_value(), "communicator poisoned after the battery");
+
+  // What one large all-reduce made this rank send (the metrics: TCP payload and what it put into
+  // shared memory), for the multi-host test to check who carries the data across hosts; and what
+  // left this host through eth0 (a simulated host's only way out) in a 4 and an 8 MiB all-reduce,
+  // for it to check how often the data crosses between hosts.
+  if (metrics != nullptr) {
+    for (std::size_t bytes : {std::size_t{4} << 20, std::size_t{8} << 20}) {
+      std::vector<float> grads(bytes / 4, 1.0f);
+      comm.barrier();
+      const std::uint64_t before = sent_by_all_reduces(*metrics);
+      const auto link_before = eth0_tx_bytes();
+      comm.all_reduce(std::span<float>(grads), ds::ReduceOp::Sum);
+      comm.barrier();  // every rank's data has been received: none of it is still on its way out
+      const auto link_after = eth0_tx_bytes();
+      if (bytes == (std::size_t{8} << 20)) say(fmt::format("SENT {} of {}", sent_by_all_reduces(*metrics) - before, bytes));
+      if (link_before && link_after) say(fmt::format("LINK {} of {}", *link_after - *link_before, bytes));
+    }
+  }
 }
 
 // ---- mismatched collectives ---------------------------------------------------------------
@@ -402,10 +508,13 @@ void run_auth(ds::net::Communicator& comm, int iters) {
   say("OK auth");
 }
 
-int run(const Args& a, std::unique_ptr<ds::net::Communicator>& comm) {
+int run(Args a, std::unique_ptr<ds::net::Communicator>& comm) {
+  if (a.mode == "collectives") {
+    a.options.metrics = std::make_shared<ds::observe::CollectiveMetrics>(std::make_shared<ds::observe::MetricsRegistry>("worker", a.rank));
+  }
   comm = std::make_unique<ds::net::Communicator>(a.addresses, a.rank, a.options, a.names);
   if (a.mode == "collectives") {
-    run_collectives(*comm);
+    run_collectives(*comm, a.options.metrics.get());
   } else if (a.mode == "mismatch") {
     run_mismatch(*comm, a.variant);
   } else if (a.mode == "loop") {

@@ -739,6 +739,46 @@ TEST_CASE("blob pool: an early frame reuses the smallest spare buffer that fits,
   CHECK(taken == fit);
 }
 
+TEST_CASE("all-reduce table: the algorithm docs/multi-worker.md's table names for each case") {
+  using net::detail::AllReduceAlgorithm;
+  using net::detail::AllReduceCase;
+  using Where = AllReduceCase::Where;
+  net::detail::AllReduceLimits limits;
+  limits.shared_min = 1;
+  limits.direct_max = std::size_t{32} << 10;
+  limits.halving_doubling_max = std::size_t{4} << 20;
+  auto pick = [&](Where where, std::size_t bytes, int ranks, int hosts) {
+    return net::detail::choose_all_reduce(AllReduceCase{where, bytes, ranks, hosts}, limits);
+  };
+  constexpr std::size_t KiB = 1024, MiB = 1024 * 1024;
+  // One host with a segment: shared memory from shared_min; below it, the TCP rows.
+  CHECK(pick(Where::OneHostShared, 4, 8, 1).algorithm == AllReduceAlgorithm::SharedMemory);
+  CHECK(pick(Where::OneHostShared, 64 * MiB, 2, 1).algorithm == AllReduceAlgorithm::SharedMemory);
+  limits.shared_min = 256 * KiB;
+  CHECK(pick(Where::OneHostShared, 4 * KiB, 4, 1).algorithm == AllReduceAlgorithm::Direct);
+  CHECK(pick(Where::OneHostShared, 128 * KiB, 4, 1).algorithm == AllReduceAlgorithm::HalvingDoubling);
+  CHECK(pick(Where::OneHostShared, 128 * KiB, 2, 1).algorithm == AllReduceAlgorithm::Ring);
+  limits.shared_min = 1;
+  // Several hosts sharing segments: one part up to direct_max, a part per worker of the smallest host above.
+  CHECK(pick(Where::HostsSharing, 32 * KiB, 4, 2).algorithm == AllReduceAlgorithm::Hierarchical);
+  CHECK(pick(Where::HostsSharing, 32 * KiB, 4, 2).one_part);
+  CHECK(pick(Where::HostsSharing, 32 * KiB + 1, 4, 2).algorithm == AllReduceAlgorithm::Hierarchical);
+  CHECK_FALSE(pick(Where::HostsSharing, 32 * KiB + 1, 4, 2).one_part);
+  CHECK_FALSE(pick(Where::HostsSharing, 64 * MiB, 6, 3).one_part);
+  // Over TCP: direct when small, and for two ranks on two hosts at any size (not on one host).
+  CHECK(pick(Where::Tcp, 32 * KiB, 16, 16).algorithm == AllReduceAlgorithm::Direct);
+  CHECK(pick(Where::Tcp, 64 * MiB, 2, 2).algorithm == AllReduceAlgorithm::Direct);
+  CHECK(pick(Where::Tcp, 64 * MiB, 2, 1).algorithm == AllReduceAlgorithm::Ring);
+  // Halving-doubling for a power of two >= 4 up to its limit; the ring otherwise.
+  CHECK(pick(Where::Tcp, 4 * MiB, 4, 2).algorithm == AllReduceAlgorithm::HalvingDoubling);
+  CHECK(pick(Where::Tcp, 1 * MiB, 8, 2).algorithm == AllReduceAlgorithm::HalvingDoubling);
+  CHECK(pick(Where::Tcp, 4 * MiB + 1, 4, 2).algorithm == AllReduceAlgorithm::Ring);
+  CHECK(pick(Where::Tcp, 1 * MiB, 6, 3).algorithm == AllReduceAlgorithm::Ring);
+  CHECK(pick(Where::Tcp, 1 * MiB, 3, 3).algorithm == AllReduceAlgorithm::Ring);
+  limits.halving_doubling_max = 0;
+  CHECK(pick(Where::Tcp, 1 * MiB, 4, 1).algorithm == AllReduceAlgorithm::Ring);
+}
+
 TEST_CASE("addresses: host:port parsing") {
   using net::detail::parse_host_port;
   CHECK(parse_host_port("127.0.0.1:5000").host == "127.0.0.1");

@@ -14,8 +14,10 @@ Each header's text is emitted once, like `#pragma once` would. The one subtlety 
 header whose first inclusion sits inside a preprocessor conditional (for example the
 umbrella's `#if __has_include(<boost/asio.hpp>)` block): its text is then wrapped in a
 generated include guard, and it is inlined again (under the same guard) wherever it is
-included later, so it is still there when that first conditional was false. A header
-first reached unconditionally is emitted exactly once and later includes are dropped.
+included later, so it is still there when that first conditional was false; but not where
+the later include sits inside every conditional block that held an earlier copy (the same
+branch of each, still open): that copy is compiled whenever the later include would be. A
+header first reached unconditionally is emitted exactly once and later includes are dropped.
 
 Usage:
   python3 tools/amalgamate.py            # (re)write the single header
@@ -39,6 +41,7 @@ STALE_MESSAGE = f"{OUTPUT.as_posix()} is stale; run python3 tools/amalgamate.py"
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"](distribute/[^>"]+)[>"]')
 PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\b")
 IF_RE = re.compile(r"^\s*#\s*(if|ifdef|ifndef)\b")
+ELSE_RE = re.compile(r"^\s*#\s*(else|elif|elifdef|elifndef)\b")
 ENDIF_RE = re.compile(r"^\s*#\s*endif\b")
 VERSION_RE = re.compile(r'^\s*#\s*define\s+DISTRIBUTE_VERSION_STRING\s+"([^"]*)"', re.M)
 
@@ -53,6 +56,11 @@ class Amalgamator:
         # header -> True once emitted unconditionally, False while only emitted under #if
         self.emitted: dict[str, bool] = {}
         self.stack: list[str] = []
+        # The conditional blocks open at this point of the output, innermost last (each branch
+        # of an #if/#else has its own number), and where each guarded copy of a header sits.
+        self.blocks: list[int] = []
+        self.next_block = 0
+        self.copies: dict[str, list[tuple[int, ...]]] = {}
 
     @staticmethod
     def guard_name(header: str) -> str:
@@ -72,16 +80,24 @@ class Amalgamator:
         state = self.emitted.get(header)
         if state is True:
             return []
+        here = tuple(self.blocks)
+        if any(here[: len(c)] == c for c in self.copies.get(header, [])):
+            return []  # inside every block around an earlier copy: compiled whenever this would be
         # state is None (first time) or False (so far only emitted under some #if, which
         # may have been false): inline it here; the guard keeps it to one definition.
         lines = self.read(header, included_from)
         guarded = conditional or state is False
         self.emitted[header] = not conditional
+        if guarded:
+            self.copies.setdefault(header, []).append(here)
+            self.open_block()  # the generated guard
         self.stack.append(header)
         try:
             body = self.expand_lines(lines, header, conditional)
         finally:
             self.stack.pop()
+            if guarded:
+                self.blocks.pop()
         out = [f"// ---- begin <{header}> ----"]
         if guarded:
             guard = self.guard_name(header)
@@ -104,10 +120,19 @@ class Amalgamator:
                 continue
             if IF_RE.match(line):
                 depth += 1
-            elif ENDIF_RE.match(line):
-                depth = max(depth - 1, 0)
+                self.open_block()
+            elif ELSE_RE.match(line) and depth > 0:
+                self.blocks.pop()
+                self.open_block()
+            elif ENDIF_RE.match(line) and depth > 0:
+                depth -= 1
+                self.blocks.pop()
             out.append(line)
         return out
+
+    def open_block(self) -> None:
+        self.blocks.append(self.next_block)
+        self.next_block += 1
 
 
 def read_version(include_dir: Path) -> str:

@@ -1,4 +1,5 @@
-// gloo (Debian libgloo-dev) all-reduce across N processes on loopback (tcp device on 127.0.0.1).
+// gloo (Debian libgloo-dev) all-reduce across N processes on loopback (tcp device on 127.0.0.1, or
+// MW_GLOO_HOST).
 //   gloo_allreduce RANK SIZE STORE_DIR ALGO     ALGO: ring (gloo::allreduce, segmented ring, what
 //   PyTorch uses) or hd (legacy AllreduceHalvingDoubling).
 // FileStore rendezvous in STORE_DIR. Rank 0 prints one CSV line per size (see common.hpp).
@@ -32,7 +33,9 @@ int main(int argc, char** argv) {
   const int rank = std::atoi(argv[1]), size = std::atoi(argv[2]);
   const std::string dir = argv[3], algo = argv[4];
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  // MW_GLOO_HOST: the address this rank's device binds (two_hosts.py: the simulated host's).
+  const char* host = std::getenv("MW_GLOO_HOST");
+  attr.hostname = host != nullptr && *host != '\0' ? host : "127.0.0.1";
   auto dev = gloo::transport::tcp::CreateDevice(attr);
   gloo::rendezvous::FileStore store(dir);
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);

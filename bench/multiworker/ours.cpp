@@ -1,4 +1,4 @@
-// distribute's TCP Communicator all-reduce across N processes on loopback.
+// distribute's TCP Communicator all-reduce across N processes on loopback (or where MW_ADDRESSES says).
 //   ours RANK SIZE BASE_PORT   (rank r listens on 127.0.0.1:BASE_PORT+r)
 // Rank 0 prints one CSV line per size (see common.hpp).
 #include <chrono>
@@ -19,8 +19,20 @@ int main(int argc, char** argv) {
   if (argc < 4) { std::fprintf(stderr, "usage: ours RANK SIZE BASE_PORT\n"); return 2; }
   const int rank = std::atoi(argv[1]), size = std::atoi(argv[2]), base = std::atoi(argv[3]);
   std::vector<std::string> addrs, names;
+  // MW_ADDRESSES="HOST:PORT,HOST:PORT,..." (one per rank) replaces 127.0.0.1:BASE_PORT+r: ranks on
+  // several (simulated) hosts, two_hosts.py.
+  const char* listed = std::getenv("MW_ADDRESSES");
+  for (std::string rest = listed != nullptr ? listed : ""; !rest.empty();) {
+    const auto comma = rest.find(',');
+    addrs.push_back(rest.substr(0, comma));
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  }
+  if (!addrs.empty() && static_cast<int>(addrs.size()) != size) {
+    std::fprintf(stderr, "ours: MW_ADDRESSES lists %zu addresses for %d ranks\n", addrs.size(), size);
+    return 2;
+  }
   for (int i = 0; i < size; ++i) {
-    addrs.push_back("127.0.0.1:" + std::to_string(base + i));
+    if (listed == nullptr) addrs.push_back("127.0.0.1:" + std::to_string(base + i));
     names.push_back("worker:" + std::to_string(i));
   }
   ds::net::CommunicatorOptions opt;

@@ -24,9 +24,10 @@
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
+#include <distribute/net/detail/all_reduce.hpp>
 #include <distribute/net/detail/collectives.hpp>
-#include <distribute/net/detail/topology.hpp>
 #include <distribute/net/detail/scatter_collectives.hpp>
+#include <distribute/net/detail/topology.hpp>
 #include <distribute/net/detail/transport.hpp>
 #include <distribute/net/options.hpp>
 
@@ -43,9 +44,8 @@ class Communicator {
   Communicator(std::vector<std::string> addresses, int rank, CommunicatorOptions options = {},
                std::vector<std::string> task_names = {})
       : transport_(std::make_unique<detail::Transport>(std::move(addresses), rank, std::move(options),
-                                                       std::move(task_names))) {
-    detail::setup_shared_memory(*transport_);
-  }
+                                                       std::move(task_names))),
+        topology_(detail::learn_topology(*transport_)) {}
 
   /// Clean shutdown: says goodbye to every peer, waits (at most 2 s) for the goodbyes to be
   /// written and answered, closes the sockets and joins the network thread. Never throws.
@@ -67,7 +67,12 @@ class Communicator {
   /// Whether all-reduce data between this rank and `peer` goes through shared memory: every pair
   /// when uses_shared_memory(); with ranks on several hosts, the pairs on one host (hostname and a
   /// shared-memory probe agree), whose all-reduces are hierarchical. A diagnostic.
-  bool shares_memory_with(int peer) const noexcept { return transport_->shares_memory_with(peer); }
+  bool shares_memory_with(int peer) const noexcept {
+    if (peer == rank() || peer < 0 || peer >= size()) return false;
+    if (uses_shared_memory()) return true;
+    return topology_.host_memory != nullptr &&
+           topology_.host_of[static_cast<std::size_t>(peer)] == topology_.host_of[static_cast<std::size_t>(rank())];
+  }
 
   /// The message of the error that poisoned this communicator, if one did.
   std::optional<std::string> failure() const {
@@ -90,7 +95,7 @@ class Communicator {
     detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, shapes, count});
     auto* bytes = static_cast<std::byte*>(data);
     if (size() == 1 || count == 0) return call.finish();
-    detail::all_reduce(*transport_, call, bytes, count, dtype, op, scratch_);
+    detail::all_reduce(*transport_, call, topology_, bytes, count, dtype, op, scratch_);
   }
 
   template <Element T>
@@ -181,6 +186,7 @@ class Communicator {
   }
 
   std::unique_ptr<detail::Transport> transport_;
+  detail::Topology topology_;
   std::vector<std::byte> scratch_;  // kept between calls: where reduce-scatter receives land
 };
 

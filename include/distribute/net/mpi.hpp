@@ -12,10 +12,10 @@
 // Every call is checked like the TCP transport's: the workers first agree on what they call (one
 // small MPI_Allreduce of each worker's descriptor as maximum and minimum; only when they differ
 // are the descriptors gathered to say who called what), so a mismatch is an InvalidArgument on
-// every worker, never a truncated message or a wrong sum. Collectives run as MPI's non-blocking
-// calls driven to completion with MPI_Test until CommunicationOptions::timeout_seconds: a worker
-// that never joins becomes CollectiveTimeout, an error MPI returns (MPI_ERRORS_RETURN) becomes
-// PeerFailure. MPI cannot cancel a collective, so either leaves the link unusable: every later
+// every worker, never a truncated message or a wrong sum. Without CommunicationOptions::
+// timeout_seconds collectives are MPI's blocking calls; with it, MPI's non-blocking calls driven
+// to completion with MPI_Test until the timeout: a worker that never joins becomes
+// CollectiveTimeout. An error MPI returns (MPI_ERRORS_RETURN) becomes PeerFailure either way. MPI cannot cancel a collective, so either leaves the link unusable: every later
 // call throws the same error, as on TCP. Whether a dead rank is seen at all is up to the MPI
 // runtime: Open MPI's mpirun ends the whole job when a rank dies, unless told otherwise.
 #pragma once
@@ -218,9 +218,9 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
     agree({CollectiveKind::AllGather, DType::U8, ReduceOp::Sum, 0, 0});
     std::vector<std::uint64_t> all(static_cast<std::size_t>(size_));
     const std::uint64_t mine = bytes;
-    MPI_Request r;
-    check(MPI_Iallgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm_, &r), "all_gather");
-    wait(r, "all_gather (sizes)");
+    run([&] { return MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm_); },
+        [&](MPI_Request* r) { return MPI_Iallgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm_, r); },
+        "all_gather (sizes)");
     std::vector<int> counts(all.size()), displs(all.size());
     std::uint64_t total = 0;
     sizes.assign(all.size(), 0);
@@ -231,10 +231,12 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
       total += all[w];
     }
     out.resize(static_cast<std::size_t>(total));
-    check(MPI_Iallgatherv(data, counts[static_cast<std::size_t>(rank_)], MPI_BYTE, out.data(), counts.data(),
-                          displs.data(), MPI_BYTE, comm_, &r),
-          "all_gather");
-    wait(r, "all_gather");
+    const int own = counts[static_cast<std::size_t>(rank_)];
+    run([&] { return MPI_Allgatherv(data, own, MPI_BYTE, out.data(), counts.data(), displs.data(), MPI_BYTE, comm_); },
+        [&](MPI_Request* r) {
+          return MPI_Iallgatherv(data, own, MPI_BYTE, out.data(), counts.data(), displs.data(), MPI_BYTE, comm_, r);
+        },
+        "all_gather");
   }
 
   void broadcast(void* data, std::size_t bytes, int root) override {
@@ -243,9 +245,9 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
     auto* p = static_cast<std::byte*>(data);
     for (std::size_t done = 0; done < bytes;) {
       const std::size_t n = std::min<std::size_t>(bytes - done, kMaxChunk);
-      MPI_Request r;
-      check(MPI_Ibcast(p + done, static_cast<int>(n), MPI_BYTE, root, comm_, &r), "broadcast");
-      wait(r, "broadcast");
+      run([&] { return MPI_Bcast(p + done, static_cast<int>(n), MPI_BYTE, root, comm_); },
+          [&](MPI_Request* r) { return MPI_Ibcast(p + done, static_cast<int>(n), MPI_BYTE, root, comm_, r); },
+          "broadcast");
       done += n;
     }
   }
@@ -264,9 +266,11 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
     const std::size_t width = size_of(dtype);
     std::vector<std::byte> mine(counts[static_cast<std::size_t>(rank_)] * width);
     auto [type, mpi_op] = type_and_op(dtype, op);
-    MPI_Request r;
-    check(MPI_Ireduce_scatter(data, mine.data(), recv.data(), type, mpi_op, comm_, &r), "reduce_scatter");
-    wait(r, "reduce_scatter");
+    run([&, type = type, mpi_op = mpi_op] { return MPI_Reduce_scatter(data, mine.data(), recv.data(), type, mpi_op, comm_); },
+        [&, type = type, mpi_op = mpi_op](MPI_Request* r) {
+          return MPI_Ireduce_scatter(data, mine.data(), recv.data(), type, mpi_op, comm_, r);
+        },
+        "reduce_scatter");
     std::memcpy(static_cast<std::byte*>(data) + offset * width, mine.data(), mine.size());
   }
 
@@ -284,18 +288,17 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
       rd[w] = int_count(q, "all_to_all");
       q += recv_bytes[w];
     }
-    MPI_Request r;
-    check(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, comm_, &r),
-          "all_to_all");
-    wait(r, "all_to_all");
+    run([&] { return MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, comm_); },
+        [&](MPI_Request* r) {
+          return MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, comm_, r);
+        },
+        "all_to_all");
   }
 
   void barrier() override {
     std::lock_guard lock(mutex_);
     agree({CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, 0, 0});
-    MPI_Request r;
-    check(MPI_Ibarrier(comm_, &r), "barrier");
-    wait(r, "barrier");
+    run([&] { return MPI_Barrier(comm_); }, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }, "barrier");
   }
 
   void close() noexcept override {
@@ -342,9 +345,12 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
     const std::size_t width = size_of(dtype);
     for (std::size_t done = 0; done < count;) {
       const std::size_t n = std::min(count - done, kMaxChunk);
-      MPI_Request r;
-      check(MPI_Iallreduce(MPI_IN_PLACE, p + done * width, static_cast<int>(n), type, mpi_op, comm_, &r), what);
-      wait(r, what);
+      std::byte* const at = p + done * width;
+      run([&, type = type, mpi_op = mpi_op] { return MPI_Allreduce(MPI_IN_PLACE, at, static_cast<int>(n), type, mpi_op, comm_); },
+          [&, type = type, mpi_op = mpi_op](MPI_Request* r) {
+            return MPI_Iallreduce(MPI_IN_PLACE, at, static_cast<int>(n), type, mpi_op, comm_, r);
+          },
+          what);
       done += n;
     }
   }
@@ -390,6 +396,18 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
     return std::string(text, static_cast<std::size_t>(len));
   }
 
+  // One collective: MPI's blocking call when no timeout is set (MPI's own algorithms and progress,
+  // what a program calling MPI directly gets; Open MPI's non-blocking collectives (libnbc) took up to
+  // 8.6 times as long, docs/performance.md), else the non-blocking one driven by wait() until the
+  // timeout. Either way an error MPI returns fails the link.
+  template <class Blocking, class Start>
+  void run(Blocking&& blocking, Start&& start, const char* what) {
+    if (!timeout_) return check(blocking(), what);
+    MPI_Request r;
+    check(start(&r), what);
+    wait(r, what);
+  }
+
   // Drives `r` to completion with MPI_Test (which is also what makes MPI progress), spinning as
   // MPI's own blocking calls do, yielding the CPU once a call takes longer than 10 ms, until the
   // operation timeout.
@@ -422,15 +440,16 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
     const std::uint64_t packed = pack(mine);
     std::uint64_t words[4] = {packed, mine.count, ~packed, ~static_cast<std::uint64_t>(mine.count)};
     if (!significant_count(mine.kind)) words[1] = 0, words[3] = ~std::uint64_t{0};
-    MPI_Request r;
-    check(MPI_Iallreduce(MPI_IN_PLACE, words, 4, MPI_UINT64_T, MPI_MAX, comm_, &r), "collective agreement");
-    wait(r, "collective agreement");
+    run([&] { return MPI_Allreduce(MPI_IN_PLACE, words, 4, MPI_UINT64_T, MPI_MAX, comm_); },
+        [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, words, 4, MPI_UINT64_T, MPI_MAX, comm_, r); },
+        "collective agreement");
     if (words[0] == ~words[2] && words[1] == ~words[3]) return;
     // They differ: gather them all for the message (every worker is here, since the reduction completed).
     std::uint64_t own[2] = {packed, mine.count};
     std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(size_));
-    check(MPI_Iallgather(own, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_, &r), "collective agreement");
-    wait(r, "collective agreement");
+    run([&] { return MPI_Allgather(own, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_); },
+        [&](MPI_Request* r) { return MPI_Iallgather(own, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_, r); },
+        "collective agreement");
     const Descriptor first = unpack(all[0], all[1]);
     for (int w = 1; w < size_; ++w) {
       const Descriptor d = unpack(all[2 * static_cast<std::size_t>(w)], all[2 * static_cast<std::size_t>(w) + 1]);

@@ -41,12 +41,18 @@ struct CommunicatorOptions {
   /// sending, receiving and reducing overlap. (256 KiB was the default until fewer, larger frames
   /// measured faster: docs/performance.md, multi-worker section.)
   std::size_t chunk_bytes = std::size_t{512} << 10;
-  /// all_reduce picks its algorithm by buffer size and rank count n, in this order:
-  ///  - at most direct_max_bytes: direct (every rank sends its buffer to every other and reduces
-  ///    all n; one hop, latency wins over bandwidth for small buffers);
-  ///  - at most halving_doubling_max_bytes, n a power of two >= 4: halving-doubling (recursive
-  ///    halving reduce-scatter + recursive doubling all-gather, 2 log2(n) steps);
-  ///  - otherwise: the chunk-pipelined ring (2(n-1) steps whose chunks overlap).
+  /// all_reduce picks its algorithm in one table (net/detail/all_reduce.hpp), by where the ranks
+  /// run and the buffer's size:
+  ///  - every rank on this host, one shared segment: shared memory (shared_memory_min_bytes);
+  ///  - several hosts, some ranks sharing one: hierarchical (through each host's segment, across
+  ///    hosts by one leader per host up to direct_max_bytes, above it by a leader per part, as
+  ///    many parts as the smallest host has ranks);
+  ///  - otherwise over TCP: up to direct_max_bytes, direct (every rank sends its buffer to every
+  ///    other and reduces all n; one hop, latency wins over bandwidth for small buffers), also at
+  ///    any size for two ranks on two hosts; up to halving_doubling_max_bytes with n a power of
+  ///    two >= 4, halving-doubling (recursive halving reduce-scatter + recursive doubling
+  ///    all-gather, 2 log2(n) steps, nearest partners first); else the chunk-pipelined ring
+  ///    (2(n-1) steps whose chunks overlap).
   /// The ring and halving-doubling send the same bytes; halving-doubling has fewer steps, the ring
   /// overlaps each step with the next. Both cut a step's data into chunks of about chunk_bytes.
   std::size_t direct_max_bytes = std::size_t{32} << 10;
@@ -64,6 +70,8 @@ struct CommunicatorOptions {
   /// section); the default, 1, sends every all-reduce that way. The segment then also carries every
   /// collective's descriptor (the agreement check); the TCP connections carry heartbeats and
   /// failures. 0 on any rank: TCP only, for every rank; otherwise rank 0's value counts for all.
+  /// With ranks on several hosts each host maps a segment of its own for the hierarchical
+  /// all-reduce, whatever the size; 0 on any rank of a host leaves that host's ranks on TCP.
   std::size_t shared_memory_min_bytes = 1;
   /// Each rank's slot in that segment (which holds ranks + 1 slots): larger buffers go through in
   /// pieces of this size (rounded up to whole 64-byte lines, at most 1 GiB). Rank 0's value counts.

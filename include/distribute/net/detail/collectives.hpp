@@ -1,7 +1,9 @@
-// The collective algorithms over the transport: a chunked, pipelined ring all-reduce, a
-// halving-doubling all-reduce for power-of-two rank counts, a one-hop all-reduce for small buffers, a pipelined chain broadcast, and an all-gather of uneven sizes.
-// Each runs inside one Transport::Op, whose descriptor exchange checks that every rank is doing
-// the same thing.
+// The TCP all-reduce algorithms, each among a group of ranks (every rank, or one rank per host in
+// a hierarchical all-reduce): a chunked, pipelined ring, halving-doubling for power-of-two groups,
+// and a direct exchange (every rank sends its buffer to every other, chunked); the shared-memory
+// all-reduce of one host; and broadcast and all-gather. all_reduce.hpp's table picks among the
+// all-reduces. Each runs inside one Transport::Op, whose descriptor exchange checks that every
+// rank is doing the same thing; the all-reduces leave finish() to their caller.
 #pragma once
 
 #include <algorithm>
@@ -17,15 +19,27 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include <distribute/core/detail/elementwise.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/reduce_op.hpp>
-#include <distribute/net/detail/hierarchical_all_reduce.hpp>
+#include <distribute/net/detail/shared_memory_all_reduce.hpp>
 #include <distribute/net/detail/reduce_bytes.hpp>
 #include <distribute/net/detail/transport.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
+
+/// The ranks an algorithm runs among, in the order it places them (positions 0 .. size()-1), and
+/// this rank's position. Every member must pass the same list.
+struct RankGroup {
+  std::span<const int> ranks;
+  int me = 0;
+
+  int size() const noexcept { return static_cast<int>(ranks.size()); }
+  int at(int position) const noexcept { return ranks[static_cast<std::size_t>(position)]; }
+};
 
 /// How the ring cuts `count` elements: n segments (sizes differ by at most one element), each cut
 /// into the same number of chunks so that chunk c of every step forms one pipeline.
@@ -52,18 +66,19 @@ struct RingGeometry {
   std::size_t max_chunk = 0;
 };
 
-/// Ring all-reduce: n-1 reduce-scatter steps then n-1 all-gather steps, each step's segment cut in
-/// chunks. Chunk c moves on as soon as it is reduced: each receive carries a continuation that
-/// reduces the chunk, sends it to the right and posts the receive two steps on, so the thread that
-/// read the chunk (the io thread, as a rule) forwards it at once, and the calling thread sleeps
-/// until the last chunk is in instead of being woken for every one. Every segment is reduced along
-/// one chain and then copied, so all ranks end with bitwise identical results.
-inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
-                            ReduceOp rop, std::vector<std::byte>& scratch) {
-  const int n = tr.size(), r = tr.rank();
+/// Ring all-reduce among `g`: n-1 reduce-scatter steps then n-1 all-gather steps, each step's
+/// segment cut in chunks. Chunk c moves on as soon as it is reduced: each receive carries a
+/// continuation that reduces the chunk, sends it to the right and posts the receive two steps on,
+/// so the thread that read the chunk (the io thread, as a rule) forwards it at once, and the
+/// calling thread sleeps until the last chunk is in instead of being woken for every one. Every
+/// segment is reduced along one chain and then copied, so all members end bitwise identical. MEAN
+/// divides by `divisor`. Returns with every transfer settled.
+inline void ring_all_reduce(Transport& tr, Transport::Op& op, RankGroup grp, std::byte* data, std::size_t count, DType dtype,
+                            ReduceOp rop, std::int64_t divisor, std::vector<std::byte>& scratch) {
+  const int n = grp.size(), r = grp.me;
   const std::size_t es = size_of(dtype);
   const RingGeometry g(count, n, std::max<std::size_t>(1, tr.chunk_bytes() / es));
-  const int left = (r - 1 + n) % n, right = (r + 1) % n;
+  const int left = grp.at((r - 1 + n) % n), right = grp.at((r + 1) % n);
   const int steps = 2 * (n - 1);
   // Reduce-scatter receives land in scratch: two step slots (step t+2 is posted as step t drains),
   // each with a fixed region per chunk index so no posted region overlaps an unconsumed one.
@@ -95,7 +110,7 @@ inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, s
     if (t < n - 1) {
       const auto [b, len] = g.chunk(recv_seg(t), c);
       reduce_bytes(dtype, data + b * es, scratch_at(t, c), len, rop);
-      if (t == n - 2 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, n);
+      if (t == n - 2 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, divisor);
     }
     if (t + 1 < steps) send(t + 1, c);
     if (t + 2 < steps) post(t + 2, c);
@@ -114,25 +129,28 @@ inline void ring_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, s
   }
   for (std::size_t c = 0; c < g.nchunks; ++c) send(0, c);
   op.wait_until([&] { return arrived.load(std::memory_order_acquire) == total; }, left);
-  op.finish();
+  op.settle();  // every continuation has returned: the locals above may go
 }
 
 /// True when a halving-doubling all-reduce can run on `n` ranks (a power of two, at least 4: on 2
 /// ranks it is the ring's two steps without the ring's overlap of one step with the next).
 inline bool halving_doubling_applies(int n) { return n >= 4 && (n & (n - 1)) == 0; }
 
-/// Halving-doubling all-reduce (Rabenseifner) for a power-of-two number of ranks: log2(n)
-/// reduce-scatter steps by recursive halving, then log2(n) all-gather steps by recursive
-/// doubling, instead of the ring's 2(n-1) steps; the bytes each rank sends are the ring's
-/// (2(n-1)/n of the buffer). In the step with distance d a rank exchanges with rank r^d: halving,
-/// it sends the half of its current range that the partner keeps and reduces the partner's copy
-/// of its own half; doubling, it sends its range and receives the partner's adjacent one. Each
-/// step's exchange is cut into chunks of about chunk_bytes, reduced as they arrive. Segment s
-/// (the ring's cut) ends reduced on rank s alone and is then copied, so all ranks end bitwise
-/// identical.
-inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
-                                        ReduceOp rop, std::vector<std::byte>& scratch) {
-  const int n = tr.size(), r = tr.rank();
+/// Halving-doubling all-reduce (Rabenseifner) among a power-of-two group: log2(n) reduce-scatter
+/// steps by recursive halving, then log2(n) all-gather steps by recursive doubling, instead of the
+/// ring's 2(n-1) steps; the bytes each rank sends are the ring's (2(n-1)/n of the buffer).
+/// Nearest partners first: in halving step s a member exchanges with position me ^ 2^s, so with
+/// the group in host order (Topology::tcp_order) the large early steps stay inside a host and only
+/// the small late ones cross hosts (farthest first would send half the buffer across in each
+/// direction twice). Halving, a member keeps the lower or upper half of its current range (by bit
+/// s of its position), sends the other half to its partner and reduces the partner's copy of its
+/// own; doubling retraces the steps backwards, each member sending its range and receiving the
+/// partner's adjacent one. Each step's exchange is cut into chunks of about chunk_bytes, reduced
+/// as they arrive. Every segment (the ring's cut) ends reduced on one member alone and is then
+/// copied, so all end bitwise identical. MEAN divides by `divisor`.
+inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, RankGroup grp, std::byte* data, std::size_t count,
+                                        DType dtype, ReduceOp rop, std::int64_t divisor, std::vector<std::byte>& scratch) {
+  const int n = grp.size(), r = grp.me;
   const std::size_t es = size_of(dtype);
   const std::size_t chunk_elems = std::max<std::size_t>(1, tr.chunk_bytes() / es);
   const RingGeometry g(count, n, 1);
@@ -151,26 +169,28 @@ inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, std::b
   };
   auto tag = [](int step, std::size_t c) { return (static_cast<std::uint64_t>(step) << 32) | c; };
 
-  // Where each step's exchange lies: the range this rank keeps (receives into) and the one it
-  // sends, as the first segment of each (both d segments long).
+  // Each halving step: the partner (a rank), and the ranges this member keeps (receives into) and
+  // sends, as first segment and segment count (both halves of the range it held before the step).
   struct Step {
-    int d, partner, keep, give;
+    int partner, keep, give, len;
   };
   std::vector<Step> halving;
-  for (int lo = 0, d = n / 2; d >= 1; d /= 2) {
-    const bool lower = (r & d) == 0;
-    halving.push_back(Step{d, r ^ d, lower ? lo : lo + d, lower ? lo + d : lo});
-    lo = lower ? lo : lo + d;
+  for (int s = 0, lo = 0, len = n; s < steps; ++s) {
+    const int half = len / 2;
+    const bool lower = (r & (1 << s)) == 0;
+    halving.push_back(Step{grp.at(r ^ (1 << s)), lower ? lo : lo + half, lower ? lo + half : lo, half});
+    lo = halving.back().keep;
+    len = half;
   }
   // Reduce-scatter receives land in scratch, each step in its own region, all posted up front.
   std::vector<std::size_t> at(static_cast<std::size_t>(steps) + 1, 0);
   for (int s = 0; s < steps; ++s) {
-    at[static_cast<std::size_t>(s) + 1] = at[static_cast<std::size_t>(s)] + range(halving[s].keep, halving[s].d).second * es;
+    at[static_cast<std::size_t>(s) + 1] = at[static_cast<std::size_t>(s)] + range(halving[s].keep, halving[s].len).second * es;
   }
   if (scratch.size() < at.back()) scratch.resize(at.back());
   std::vector<std::vector<TransferPtr>> in(static_cast<std::size_t>(steps));
   for (int s = 0; s < steps; ++s) {
-    const auto rg = range(halving[s].keep, halving[s].d);
+    const auto rg = range(halving[s].keep, halving[s].len);
     const std::size_t nch = pieces(rg.second);
     for (std::size_t c = 0; c < nch; ++c) {
       const auto [b, len] = piece(rg, c, nch);
@@ -190,15 +210,15 @@ inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, std::b
   std::vector<std::vector<TransferPtr>> given(static_cast<std::size_t>(steps));
   for (int s = 0; s < steps; ++s) {
     const Step& st = halving[s];
-    send_range(s, st.partner, range(st.give, st.d), given[s]);
-    const auto rg = range(st.keep, st.d);
+    send_range(s, st.partner, range(st.give, st.len), given[s]);
+    const auto rg = range(st.keep, st.len);
     const std::size_t nch = pieces(rg.second);
     for (std::size_t c = 0; c < nch; ++c) {
       op.wait(in[s][c]);
       in[s][c].reset();
       const auto [b, len] = piece(rg, c, nch);
       reduce_bytes(dtype, data + b * es, scratch.data() + at[s] + (b - rg.first) * es, len, rop);
-      if (s == steps - 1 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, n);
+      if (s == steps - 1 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, divisor);
     }
   }
   // All-gather by recursive doubling, the halving steps backwards: the partner's range is the one
@@ -208,7 +228,7 @@ inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, std::b
   }
   std::vector<std::vector<TransferPtr>> back(static_cast<std::size_t>(steps));
   for (int s = steps - 1; s >= 0; --s) {
-    const auto rg = range(halving[s].give, halving[s].d);
+    const auto rg = range(halving[s].give, halving[s].len);
     const std::size_t nch = pieces(rg.second);
     for (std::size_t c = 0; c < nch; ++c) {
       const auto [b, len] = piece(rg, c, nch);
@@ -218,35 +238,99 @@ inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, std::b
   std::vector<TransferPtr> sent;
   for (int s = steps - 1; s >= 0; --s) {
     const Step& st = halving[s];
-    send_range(2 * steps - 1 - s, st.partner, range(st.keep, st.d), sent);
+    send_range(2 * steps - 1 - s, st.partner, range(st.keep, st.len), sent);
     for (const TransferPtr& t : back[s]) op.wait(t);
   }
-  op.finish();
 }
 
-/// Small buffers: every rank sends its buffer to every other and reduces all n in rank order, so
-/// the result is bitwise identical everywhere and costs one hop instead of 2(n-1).
-inline void direct_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
-                              ReduceOp rop, std::vector<std::byte>& scratch) {
-  const int n = tr.size(), r = tr.rank();
-  const std::size_t bytes = count * size_of(dtype);
-  if (scratch.size() < static_cast<std::size_t>(n - 1) * bytes) scratch.resize(static_cast<std::size_t>(n - 1) * bytes);
-  auto slot = [&](int k) { return scratch.data() + static_cast<std::size_t>(k < r ? k : k - 1) * bytes; };
-  for (int k = 0; k < n; ++k) {
-    if (k != r) op.recv(k, 0, std::span<std::byte>(slot(k), bytes));
+/// Direct all-reduce among a group: every member sends its buffer to every other, in chunks of
+/// about chunk_bytes, and reduces each chunk of all n buffers in position order, so the result is
+/// bitwise identical everywhere after one hop. Small buffers take it at any group size (latency
+/// beats bandwidth), and two members on two hosts at any size: then it sends what any algorithm
+/// must, in one step instead of the ring's two.
+///
+/// In two halves, so that a hierarchical all-reduce can send chunks as its shared-memory
+/// reduce-scatter produces them and reduce them as its all-gather needs them: send_up_to(k) sends
+/// the chunks within the first k elements (they must be final in `data`), finish_up_to(k) waits
+/// for and reduces every chunk that starts before element k (once sent).
+class DirectExchange {
+ public:
+  /// `chunk_bytes`: the pieces (0: the transport's chunk_bytes).
+  DirectExchange(Transport& tr, Transport::Op& op, RankGroup grp, std::byte* data, std::size_t count, DType dtype,
+                 ReduceOp rop, std::int64_t divisor, std::vector<std::byte>& scratch, std::size_t chunk_bytes = 0)
+      : op_(op), grp_(grp), data_(data), count_(count), dtype_(dtype), rop_(rop), divisor_(divisor),
+        es_(size_of(dtype)), chunk_(std::max<std::size_t>(1, (chunk_bytes > 0 ? chunk_bytes : tr.chunk_bytes()) / es_)),
+        chunks_((count + chunk_ - 1) / chunk_) {
+    const auto others = static_cast<std::size_t>(grp.size() - 1);
+    if (scratch.size() < others * count * es_) scratch.resize(others * count * es_);
+    scratch_ = scratch.data();
+    recvs_.resize(others * chunks_);
+    sends_.resize(others * chunks_);
+    for (int p = 0; p < grp.size(); ++p) {
+      if (p == grp.me) continue;
+      for (std::size_t c = 0; c < chunks_; ++c) {
+        const auto [b, len] = chunk(c);
+        recvs_[index(p, c)] = op.recv(grp.at(p), c, std::span<std::byte>(slot(p) + b * es_, len * es_));
+      }
+    }
   }
-  for (int k = 0; k < n; ++k) {
-    if (k != r) op.send(k, 0, std::span<const std::byte>(data, bytes));
+
+  void send_up_to(std::size_t elements) {
+    for (; sent_ < chunks_ && std::min((sent_ + 1) * chunk_, count_) <= elements; ++sent_) {
+      const auto [b, len] = chunk(sent_);
+      for (int p = 0; p < grp_.size(); ++p) {
+        if (p != grp_.me) sends_[index(p, sent_)] = op_.send(grp_.at(p), sent_, std::span<const std::byte>(data_ + b * es_, len * es_));
+      }
+    }
   }
-  op.finish();  // also: our buffer is no longer being sent, so it may be overwritten
-  if (r == 0) {
-    for (int k = 1; k < n; ++k) reduce_bytes(dtype, data, slot(k), count, rop);
-  } else {
-    std::byte* acc = slot(0);
-    for (int k = 1; k < n; ++k) reduce_bytes(dtype, acc, k == r ? data : slot(k), count, rop);
-    std::memcpy(data, acc, bytes);
+
+  void finish_up_to(std::size_t elements) {
+    for (; done_ < sent_ && done_ * chunk_ < elements; ++done_) {
+      const auto [b, len] = chunk(done_);
+      for (int p = 0; p < grp_.size(); ++p) {
+        if (p == grp_.me) continue;
+        op_.wait(recvs_[index(p, done_)]);
+        op_.wait(sends_[index(p, done_)]);  // our chunk is out: it may be overwritten
+      }
+      std::byte* const mine = data_ + b * es_;
+      if (grp_.me == 0) {
+        for (int p = 1; p < grp_.size(); ++p) reduce_bytes(dtype_, mine, slot(p) + b * es_, len, rop_);
+      } else {
+        std::byte* const acc = slot(0) + b * es_;
+        for (int p = 1; p < grp_.size(); ++p) reduce_bytes(dtype_, acc, p == grp_.me ? mine : slot(p) + b * es_, len, rop_);
+        std::memcpy(mine, acc, len * es_);
+      }
+      if (rop_ == ReduceOp::Mean) divide_bytes(dtype_, mine, len, divisor_);
+    }
   }
-  if (rop == ReduceOp::Mean) divide_bytes(dtype, data, count, n);
+
+ private:
+  std::pair<std::size_t, std::size_t> chunk(std::size_t c) const {
+    return {c * chunk_, std::min(chunk_, count_ - c * chunk_)};
+  }
+  std::size_t index(int p, std::size_t c) const {
+    return static_cast<std::size_t>(p < grp_.me ? p : p - 1) * chunks_ + c;
+  }
+  std::byte* slot(int p) const { return scratch_ + static_cast<std::size_t>(p < grp_.me ? p : p - 1) * count_ * es_; }
+
+  Transport::Op& op_;
+  RankGroup grp_;
+  std::byte* data_;
+  std::size_t count_;
+  DType dtype_;
+  ReduceOp rop_;
+  std::int64_t divisor_;
+  std::size_t es_, chunk_, chunks_;
+  std::byte* scratch_ = nullptr;
+  std::vector<TransferPtr> recvs_, sends_;
+  std::size_t sent_ = 0, done_ = 0;
+};
+
+inline void direct_all_reduce(Transport& tr, Transport::Op& op, RankGroup grp, std::byte* data, std::size_t count, DType dtype,
+                              ReduceOp rop, std::int64_t divisor, std::vector<std::byte>& scratch) {
+  DirectExchange exchange(tr, op, grp, data, count, dtype, rop, divisor, scratch);
+  exchange.send_up_to(count);
+  exchange.finish_up_to(count);
 }
 
 /// All-reduce through the transport's shared-memory segment (shared_memory_all_reduce.hpp).
@@ -260,33 +344,6 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
         op.fail(FailureKind::Peer, fmt::format("{}: the shared-memory stamps disagree but the announced descriptors agree",
                                               tr.task_name(tr.rank())));
       });
-  op.finish();
-}
-
-/// The one place that picks an all-reduce algorithm, by size and rank count (options.hpp says
-/// when each runs). `count` > 0 and more than one rank.
-inline void all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype, ReduceOp rop,
-                       std::vector<std::byte>& scratch) {
-  const CommunicatorOptions& o = tr.options();
-  const std::size_t bytes = count * size_of(dtype);
-  if (!tr.group_of().empty()) {
-    // Several hosts, some with ranks that share memory (topology.hpp): the same choice on every rank.
-    op.set_algorithm("hierarchical");
-    hierarchical_all_reduce(tr, op, data, count, dtype, rop, scratch);
-  } else if (SharedMemoryAllReduce* shm = tr.shared_memory(); shm != nullptr && bytes >= shm->min_bytes()) {
-    op.set_algorithm("shared_memory");
-    op.count_bytes(bytes, bytes);  // this rank's values into the segment, the result out of it
-    shared_memory_all_reduce(tr, op, *shm, data, count, dtype, rop);
-  } else if (bytes <= std::min(o.direct_max_bytes, o.max_frame_bytes)) {
-    op.set_algorithm("direct");
-    direct_all_reduce(tr, op, data, count, dtype, rop, scratch);
-  } else if (bytes <= o.halving_doubling_max_bytes && halving_doubling_applies(tr.size())) {
-    op.set_algorithm("halving_doubling");
-    halving_doubling_all_reduce(tr, op, data, count, dtype, rop, scratch);
-  } else {
-    op.set_algorithm("ring");
-    ring_all_reduce(tr, op, data, count, dtype, rop, scratch);
-  }
 }
 
 /// Broadcast: small payloads go from the root to everyone directly; large ones flow down the chain

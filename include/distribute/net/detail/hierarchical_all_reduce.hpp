@@ -1,94 +1,112 @@
-// All-reduce across hosts (topology.hpp found several, some with ranks sharing a segment): the
-// ranks of each host reduce through their segment, the host leaders (each group's lowest rank)
-// exchange their hosts' sums over TCP and reduce them in host order, and each leader copies the
-// result to its host's ranks through the segment. Every host's data crosses the network once
-// towards every other host; all ranks end bitwise identical (one order of reduction everywhere).
-//
-// The exchange between leaders is direct (each sends its whole buffer to every other): with two
-// hosts that is the least any algorithm sends; with many hosts a ring of leaders would send less
-// (issue 21: the reduce-scatter inside the host, the slices across hosts and the algorithm table
-// come next).
+// All-reduce across hosts (topology.hpp found several, some with ranks sharing a segment), in three
+// steps, with the buffer cut in `slices` parts (even_part):
+//   1. reduce-scatter inside each host through its segment: part s ends reduced over the host on
+//      the host's s-th rank (its leader for part s);
+//   2. each part's leaders (one per host) all-reduce it across hosts over TCP, by the algorithm
+//      that all_reduce.hpp's table picks for them;
+//   3. all-gather inside each host through its segment.
+// With as many parts as the smallest host has ranks, every rank of that host leads a part, so no
+// one rank carries every byte that crosses the network, and each host's data crosses the network
+// once in each direction. A host of one rank does steps 1 and 3 in no time (it leads the one
+// part there is). The direct exchange across hosts is pipelined with both shared-memory steps: a
+// leader sends each piece as soon as it has reduced it, and reduces what arrived as the all-gather
+// needs it. Every part is reduced in one order on one rank per host (host order across), so all
+// ranks end bitwise identical.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
-#include <cstring>
-#include <span>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/reduce_op.hpp>
+#include <distribute/net/detail/collectives.hpp>
 #include <distribute/net/detail/reduce_bytes.hpp>
 #include <distribute/net/detail/shared_memory_all_reduce.hpp>
+#include <distribute/net/detail/topology.hpp>
 #include <distribute/net/detail/transport.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
 
-inline void hierarchical_all_reduce(Transport& tr, Transport::Op& op, std::byte* data, std::size_t count, DType dtype,
-                                    ReduceOp rop, std::vector<std::byte>& scratch) {
-  const int n = tr.size(), r = tr.rank();
-  const std::vector<int>& group_of = tr.group_of();
+/// The TCP algorithms a part's leaders may run across hosts (all_reduce.hpp's table picks one).
+enum class AcrossHosts { Direct, HalvingDoubling, Ring };
+
+/// The pieces the direct exchange across hosts moves, and the shared-memory rounds that feed it
+/// and drain it: small enough that the network starts early and little is left to copy once the
+/// last piece is in, large enough that each round's synchronization is cheap beside its copies.
+inline constexpr std::size_t kAcrossHostsPieceBytes = std::size_t{128} << 10;
+
+/// `slices`: 1 .. topo.fewest_per_host(), alike on every rank; `across`: how each part's leaders
+/// all-reduce it (alike on every rank).
+inline void hierarchical_all_reduce(Transport& tr, Transport::Op& op, const Topology& topo, int slices, AcrossHosts across,
+                                    std::byte* data, std::size_t count, DType dtype, ReduceOp rop,
+                                    std::vector<std::byte>& scratch) {
+  const int r = tr.rank();
+  const int host = topo.host_of[static_cast<std::size_t>(r)];
+  const std::vector<int>& here = topo.hosts[static_cast<std::size_t>(host)];
+  const int local = static_cast<int>(std::find(here.begin(), here.end(), r) - here.begin());
+  SharedMemoryAllReduce* const shm = topo.host_memory.get();  // null: this rank is a host of its own
+  const std::size_t es = size_of(dtype);
+  const ReduceOp partial = rop == ReduceOp::Mean ? ReduceOp::Sum : rop;  // divided once, by the leader
+  const std::int64_t n = tr.size();
+  const bool leads = local < slices;
+  const auto mine_part = even_part(count, slices, leads ? local : 0);  // not a structured binding: lambdas use it
+  const std::size_t first = mine_part.first, len = mine_part.second;
+
+  // This part's leaders, host by host: this rank is the host-th.
   std::vector<int> leaders;
-  for (int k = 0; k < n; ++k) {
-    if (group_of[static_cast<std::size_t>(k)] == k) leaders.push_back(k);
+  if (leads) {
+    for (const auto& h : topo.hosts) leaders.push_back(h[static_cast<std::size_t>(local)]);
   }
-  const bool leader = group_of[static_cast<std::size_t>(r)] == r;
-  SharedMemoryAllReduce* const shm = tr.host_memory();  // null: this rank is a host of its own
-  const std::size_t es = size_of(dtype), bytes = count * es;
-  const ReduceOp partial = rop == ReduceOp::Mean ? ReduceOp::Sum : rop;  // divided once, at the end
+  const RankGroup group{leaders, host};
+  std::byte* const part = data + first * es;
+  std::optional<DirectExchange> direct;
+  const bool pipelined = across == AcrossHosts::Direct;
+  const std::size_t round_bytes = pipelined ? kAcrossHostsPieceBytes : 0;
+  if (leads && len > 0 && pipelined) direct.emplace(tr, op, group, part, len, dtype, rop, n, scratch, kAcrossHostsPieceBytes);
+
   auto check = [&] { op.check_progress(-1); };
   auto mismatch = [&] {
     (void)op.descriptors();  // throws: the descriptors name the mismatch the same way on every rank
     op.fail(FailureKind::Peer, fmt::format("{}: the shared-memory stamps disagree but the descriptors agree",
                                           tr.task_name(tr.rank())));
   };
+  auto reduced = [&](std::size_t from, std::size_t elements) {
+    if (direct) direct->send_up_to(from + elements - first);
+  };
+  auto needed = [&](std::size_t from, std::size_t elements) {
+    if (direct) direct->finish_up_to(from + elements - first);
+  };
+
+  // Through the segment (the metrics count it as sent and received, as shared_memory's path does):
+  // every rank's buffer in and, for a leader, its part of every other rank's out; then a leader's
+  // result in and every other part out.
+  const std::size_t bytes = count * es, mine = leads ? len * es : 0;
+  const std::size_t ranks_here = here.size();
   if (shm != nullptr) {
+    op.count_bytes(bytes + mine, (ranks_here - 1) * mine + bytes - mine);
     const auto quiet = tr.exempt_from_busy_poll();
-    shm->run(data, count, dtype, partial, check, mismatch);
+    shm->reduce_scatter(data, count, dtype, partial, slices, round_bytes, check, mismatch, reduced);
+  } else {
+    reduced(first, len);
   }
-  if (leader && leaders.size() > 1) {
-    const std::size_t others = leaders.size() - 1;
-    if (scratch.size() < others * bytes) scratch.resize(others * bytes);
-    auto slot = [&](std::size_t i) {  // i: index in leaders, not ours
-      const std::size_t mine = static_cast<std::size_t>(std::find(leaders.begin(), leaders.end(), r) - leaders.begin());
-      return scratch.data() + (i < mine ? i : i - 1) * bytes;
-    };
-    const std::size_t chunk = tr.chunk_bytes();
-    const std::size_t pieces = (bytes + chunk - 1) / chunk;
-    std::vector<TransferPtr> transfers;
-    for (std::size_t i = 0; i < leaders.size(); ++i) {
-      if (leaders[i] == r) continue;
-      for (std::size_t c = 0; c < pieces; ++c) {
-        const std::size_t len = std::min(chunk, bytes - c * chunk);
-        transfers.push_back(op.recv(leaders[i], c, std::span<std::byte>(slot(i) + c * chunk, len)));
-      }
-    }
-    for (std::size_t i = 0; i < leaders.size(); ++i) {
-      if (leaders[i] == r) continue;
-      for (std::size_t c = 0; c < pieces; ++c) {
-        const std::size_t len = std::min(chunk, bytes - c * chunk);
-        transfers.push_back(op.send(leaders[i], c, std::span<const std::byte>(data + c * chunk, len)));
-      }
-    }
-    for (const TransferPtr& t : transfers) op.wait(t);  // our buffer is no longer being sent either
-    // Host order on every leader: leaders[0] + leaders[1] + ...
-    if (leaders[0] == r) {
-      for (std::size_t i = 1; i < leaders.size(); ++i) reduce_bytes(dtype, data, slot(i), count, partial);
+  if (leads && len > 0 && across != AcrossHosts::Direct) {
+    if (across == AcrossHosts::HalvingDoubling) {
+      halving_doubling_all_reduce(tr, op, group, part, len, dtype, rop, n, scratch);
     } else {
-      std::byte* acc = slot(0);
-      for (std::size_t i = 1; i < leaders.size(); ++i) reduce_bytes(dtype, acc, leaders[i] == r ? data : slot(i), count, partial);
-      std::memcpy(data, acc, bytes);
+      ring_all_reduce(tr, op, group, part, len, dtype, rop, n, scratch);
     }
   }
-  if (leader && rop == ReduceOp::Mean) divide_bytes(dtype, data, count, n);
   if (shm != nullptr) {
     const auto quiet = tr.exempt_from_busy_poll();
-    shm->broadcast_from_first(data, bytes, check);
+    shm->all_gather(data, count, dtype, slices, round_bytes, check, mismatch, needed);
+  } else {
+    needed(first, len);
   }
-  op.finish();
 }
 
 }  // namespace net::detail

@@ -49,7 +49,8 @@ inline void reduce_scatter(Transport& tr, Transport::Op& op, std::byte* data, st
   if (SharedMemoryAllReduce* shm = tr.shared_memory(); shm != nullptr && total * es >= shm->min_bytes()) {
     op.set_algorithm("shared_memory");
     op.count_bytes(total * es, counts[static_cast<std::size_t>(r)] * es);
-    return shared_memory_all_reduce(tr, op, *shm, data, total, dtype, rop);
+    shared_memory_all_reduce(tr, op, *shm, data, total, dtype, rop);
+    return op.finish();
   }
   op.set_algorithm("direct");
   std::vector<std::size_t> offset(static_cast<std::size_t>(n), 0);

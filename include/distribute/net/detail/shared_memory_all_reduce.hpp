@@ -34,6 +34,7 @@
 #include <new>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #if defined(__linux__)
 #include <climits>
@@ -104,6 +105,14 @@ inline void futex_wake(std::atomic<std::uint32_t>& word) noexcept {
 #else
   (void)word;
 #endif
+}
+
+/// Part k of `count` elements cut in `parts` (sizes differ by at most one element, the longer
+/// first), as [first element, count): the ring's cut.
+inline std::pair<std::size_t, std::size_t> even_part(std::size_t count, int parts, int k) noexcept {
+  const auto p = static_cast<std::size_t>(parts), u = static_cast<std::size_t>(k);
+  const std::size_t base = count / p, rem = count % p;
+  return {u * base + std::min(u, rem), base + (u < rem ? 1 : 0)};
 }
 
 class SharedMemoryAllReduce {
@@ -264,7 +273,116 @@ class SharedMemoryAllReduce {
     }
   }
 
+  /// Reduce-scatter into `slices` (1 .. ranks) parts of the buffer cut as even_part() cuts it:
+  /// part s ends reduced over this segment's ranks (in rank order) in the buffer of rank s, for
+  /// hierarchical_all_reduce.hpp. In rounds, so that each part goes through every slot at once:
+  /// each round every rank copies the next piece of every part into its slot (a slot/slices
+  /// share each), and rank s reduces piece s of every slot into its buffer, then calls
+  /// `on_reduced(first, count)` with the elements it just finished. A rank reads others' slots
+  /// only between their `arrived` and its own `left`, and every writer waits for every `left`.
+  /// `round_bytes` (0: no limit) caps each part's share of a round, so that a caller that sends
+  /// what was reduced gets its first pieces early.
+  template <class Check, class Mismatch, class OnReduced>
+  void reduce_scatter(std::byte* data, std::size_t count, DType dtype, ReduceOp op, int slices, std::size_t round_bytes,
+                      Check&& check, Mismatch&& mismatch, OnReduced&& on_reduced) {
+    const std::size_t es = size_of(dtype);
+    const auto su = static_cast<std::size_t>(slices);
+    const std::size_t share = std::min(slot_bytes_ / su, round_bytes > 0 ? round_bytes : slot_bytes_) / es;  // per part and round
+    if (share == 0) {
+      // A slot too small to split (a few bytes per part): an all-reduce leaves every part everywhere.
+      run(data, count, dtype, op, check, mismatch);
+      if (rank_ < slices) {
+        const auto [first, len] = even_part(count, slices, rank_);
+        on_reduced(first, len);
+      }
+      return;
+    }
+    const std::size_t longest = even_part(count, slices, 0).second;
+    const std::uint32_t call = static_cast<std::uint32_t>(op) | 1u << 8 | static_cast<std::uint32_t>(slices) << 16;
+    SharedRankControl& me = control(rank_);
+    for (std::size_t done = 0; done < longest; done += share) {
+      const std::uint64_t stamp = ++stamp_;
+      wait_all(&SharedRankControl::left, stamp - 1, check, kYieldAcrossHosts);
+      for (int s = 0; s < slices; ++s) {
+        const auto [first, len] = round_piece(count, slices, s, done, share);
+        std::memcpy(slot(rank_) + static_cast<std::size_t>(s) * share * es, data + first * es, len * es);
+      }
+      publish(me, count, dtype, call, stamp);
+      wait_all(&SharedRankControl::arrived, stamp, check, kYieldAcrossHosts);
+      agree(count, dtype, call, mismatch);
+      if (rank_ < slices) {
+        const auto [first, len] = round_piece(count, slices, rank_, done, share);
+        sources_.resize(nu());
+        for (std::size_t r = 0; r < nu(); ++r) sources_[r] = slot(static_cast<int>(r)) + static_cast<std::size_t>(rank_) * share * es;
+        reduce_many_bytes(dtype, data + first * es, sources_, len, op, 1);
+        me.reduced.store(stamp, std::memory_order_release);
+        me.left.store(stamp, std::memory_order_release);
+        if (len > 0) on_reduced(first, len);
+      } else {
+        me.reduced.store(stamp, std::memory_order_release);
+        me.left.store(stamp, std::memory_order_release);
+      }
+    }
+  }
+
+  /// All-gather of the parts reduce_scatter() left: rank s (< slices) holds part s, and every rank
+  /// ends with all of them. In rounds of a slot per part: rank s first calls
+  /// `before_publish(first, count)` (the elements must be final when it returns), copies them into
+  /// its own slot, and every other rank copies them out. The last round waits until every rank
+  /// has copied, so that no read of a slot outlives the call. `round_bytes` as for reduce_scatter().
+  template <class Check, class Mismatch, class BeforePublish>
+  void all_gather(std::byte* data, std::size_t count, DType dtype, int slices, std::size_t round_bytes, Check&& check,
+                  Mismatch&& mismatch, BeforePublish&& before_publish) {
+    const std::size_t es = size_of(dtype);
+    const std::size_t share = std::max<std::size_t>(1, std::min(slot_bytes_, round_bytes > 0 ? round_bytes : slot_bytes_) / es);
+    const std::size_t longest = even_part(count, slices, 0).second;
+    const std::uint32_t call = 2u << 8 | static_cast<std::uint32_t>(slices) << 16;
+    SharedRankControl& me = control(rank_);
+    for (std::size_t done = 0; done < longest; done += share) {
+      const std::uint64_t stamp = ++stamp_;
+      const bool last = done + share >= longest;
+      wait_all(&SharedRankControl::left, stamp - 1, check, kYieldAcrossHosts);
+      if (rank_ < slices) {
+        const auto [first, len] = round_piece(count, slices, rank_, done, share);
+        if (len > 0) before_publish(first, len);
+        std::memcpy(slot(rank_), data + first * es, len * es);
+      }
+      publish(me, count, dtype, call, stamp);
+      wait_all(&SharedRankControl::arrived, stamp, check, kYieldAcrossHosts);
+      agree(count, dtype, call, mismatch);
+      for (int s = 0; s < slices; ++s) {
+        if (s == rank_) continue;
+        const auto [first, len] = round_piece(count, slices, s, done, share);
+        std::memcpy(data + first * es, slot(s), len * es);
+      }
+      me.reduced.store(stamp, std::memory_order_release);
+      if (last) wait_all(&SharedRankControl::reduced, stamp, check, kYieldAcrossHosts);
+      me.left.store(stamp, std::memory_order_release);
+    }
+  }
+
  private:
+  // [first element, count) of part s's piece in the round that starts `done` elements into it.
+  static std::pair<std::size_t, std::size_t> round_piece(std::size_t count, int parts, int s, std::size_t done,
+                                                         std::size_t share) {
+    const auto [first, len] = even_part(count, parts, s);
+    if (done >= len) return {first + len, 0};
+    return {first + done, std::min(share, len - done)};
+  }
+  void publish(SharedRankControl& me, std::size_t count, DType dtype, std::uint32_t call, std::uint64_t stamp) noexcept {
+    me.count = count;
+    me.dtype = static_cast<std::uint32_t>(dtype);
+    me.op = call;
+    me.arrived.store(stamp, std::memory_order_release);
+  }
+  template <class Mismatch>
+  void agree(std::size_t count, DType dtype, std::uint32_t call, Mismatch& mismatch) const {
+    for (int r = 0; r < n_; ++r) {
+      const SharedRankControl& c = control(r);
+      if (c.count != count || c.dtype != static_cast<std::uint32_t>(dtype) || c.op != call) mismatch();
+    }
+  }
+
   SharedRankControl& control(int r) const noexcept {
     return *std::launder(reinterpret_cast<SharedRankControl*>(segment_->data() + static_cast<std::size_t>(r) * sizeof(SharedRankControl)));
   }
@@ -274,12 +392,20 @@ class SharedMemoryAllReduce {
   std::byte* result() const noexcept { return slot(n_); }
   std::size_t nu() const noexcept { return static_cast<std::size_t>(n_); }
 
+  // How long a wait yields the core before it sleeps. On one host the others are a copy away. In
+  // a hierarchical all-reduce (reduce_scatter, all_gather) they may be waiting for the network
+  // themselves, and a rank that yields for long takes turns on the core with them: 2 ms there
+  // took a 1 MiB all-reduce across two simulated hosts from 11-12 to 16-17 ms (docs/performance.md).
+  static constexpr std::chrono::microseconds kYieldOneHost{2000};
+  static constexpr std::chrono::microseconds kYieldAcrossHosts{50};
+
   // Until every rank's `counter` reaches `stamp`: spins briefly (the others are usually a copy
-  // away), then yields the core (which may be shared with them), then sleeps in short steps so
-  // that a rank still computing its step does not cost a whole core. `check` runs every 256
-  // rounds once spinning has not sufficed.
+  // away), then yields the core (which may be shared with them) for `yield_for`, then sleeps in
+  // short steps so that a rank still computing its step does not cost a whole core. `check` runs
+  // every 256 rounds once spinning has not sufficed.
   template <class Check>
-  void wait_all(std::atomic<std::uint64_t> SharedRankControl::*counter, std::uint64_t stamp, Check& check) const {
+  void wait_all(std::atomic<std::uint64_t> SharedRankControl::*counter, std::uint64_t stamp, Check& check,
+                std::chrono::microseconds yield_for = kYieldOneHost) const {
     auto ready = [&] {
       for (int r = 0; r < n_; ++r) {
         if ((control(r).*counter).load(std::memory_order_acquire) < stamp) return false;
@@ -295,7 +421,7 @@ class SharedMemoryAllReduce {
     for (std::uint32_t i = 0;; ++i) {
       if (ready()) return;
       if (i % 256 == 0) check();
-      if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2)) {
+      if (std::chrono::steady_clock::now() - start < yield_for) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(50));

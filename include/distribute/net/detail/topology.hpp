@@ -1,4 +1,4 @@
-// Which ranks share a host, learnt once at construction, and the shared memory of each host.
+// Where the ranks run, learnt once at construction, and the shared memory of each host.
 //
 // A rank's host is its hostname plus a shared-memory probe, not its address: every rank sends its
 // hostname to rank 0, which sends back the table; the ranks of one hostname then try to map one
@@ -8,8 +8,8 @@
 //
 // One group holding every rank: the segment carries every collective's descriptor and every
 // all-reduce (Transport::shared_memory). Several groups: each group's segment carries its part of
-// the hierarchical all-reduce (Transport::host_memory, hierarchical_all_reduce.hpp) and the
-// descriptors go over TCP.
+// the hierarchical all-reduce (Topology::host_memory, hierarchical_all_reduce.hpp) and the
+// descriptors go over TCP. all_reduce.hpp's table reads the Topology to pick an algorithm.
 #pragma once
 
 #include <algorithm>
@@ -152,19 +152,76 @@ inline std::string host_name() {
   return std::string(buf).substr(0, 63);
 }
 
+/// Where the ranks run, as the collectives see it.
+struct Topology {
+  /// The hosts, each its ranks in ascending order, ordered by their lowest rank. Ranks of one
+  /// hostname whose segment could not be shared (the probe failed, shared memory is off) are
+  /// hosts of their own here. One host holding every rank: the transport's segment carries it.
+  std::vector<std::vector<int>> hosts;
+  /// Rank -> index in `hosts`.
+  std::vector<int> host_of;
+  /// Every rank, hostname by hostname (in the order of each hostname's lowest rank; ranks ascending
+  /// inside): the order the TCP algorithms place ranks in, so that ring neighbours and
+  /// halving-doubling's first partners share a host wherever they can.
+  std::vector<int> tcp_order;
+  /// Rank -> its hostname's index (by lowest rank); an unreadable hostname is a host of its own.
+  std::vector<int> hostname_of;
+  /// With ranks on several hosts, this rank's host's segment (null: it is alone on its host).
+  std::unique_ptr<SharedMemoryAllReduce> host_memory;
+
+  /// Several hosts, and some hold ranks that share a segment: all-reduces go hierarchically.
+  bool hierarchical() const noexcept {
+    return hosts.size() > 1 && std::any_of(hosts.begin(), hosts.end(), [](const auto& h) { return h.size() > 1; });
+  }
+  /// The fewest ranks any host holds: the slices a hierarchical all-reduce cuts a large buffer in.
+  int fewest_per_host() const noexcept {
+    std::size_t fewest = host_of.size();
+    for (const auto& h : hosts) fewest = std::min(fewest, h.size());
+    return static_cast<int>(fewest);
+  }
+};
+
 /// Learns the hosts and maps each host's segment (see the header comment). Every rank runs this
-/// once, right after the cluster has formed and before any other call.
-inline void setup_shared_memory(Transport& tr) {
+/// once, right after the cluster has formed and before any other call; a segment shared by every
+/// rank goes to the transport.
+inline Topology learn_topology(Transport& tr) {
   const int n = tr.size(), r = tr.rank();
-  if (n == 1) return;
+  Topology topo;
+  topo.hosts = {{}};
+  for (int k = 0; k < n; ++k) topo.hosts[0].push_back(k);
+  topo.host_of.assign(static_cast<std::size_t>(n), 0);
+  topo.tcp_order = topo.hosts[0];
+  topo.hostname_of.assign(static_cast<std::size_t>(n), 0);
+  if (n == 1) return topo;
   std::array<std::byte, 64> mine{};
   const std::string host = host_name();
   std::memcpy(mine.data(), host.data(), host.size());
   const auto names = exchange_through_root(tr, mine);
+  // An unreadable hostname shares with no one.
+  auto same_name = [&](int a, int b) {
+    const auto ua = static_cast<std::size_t>(a), ub = static_cast<std::size_t>(b);
+    return a == b || (names[ua][0] != std::byte{0} && names[ua] == names[ub]);
+  };
+  for (int k = 0; k < n; ++k) {
+    int first = k;
+    for (int j = 0; j < k; ++j) {
+      if (same_name(j, k)) {
+        first = j;
+        break;
+      }
+    }
+    topo.hostname_of[static_cast<std::size_t>(k)] = first;
+  }
+  topo.tcp_order.clear();
+  for (int k = 0; k < n; ++k) {
+    if (topo.hostname_of[static_cast<std::size_t>(k)] != k) continue;
+    for (int j = k; j < n; ++j) {
+      if (topo.hostname_of[static_cast<std::size_t>(j)] == k) topo.tcp_order.push_back(j);
+    }
+  }
   std::vector<int> members;
   for (int k = 0; k < n; ++k) {
-    // An unreadable hostname shares with no one.
-    if (k == r || (!host.empty() && names[static_cast<std::size_t>(k)] == mine)) members.push_back(k);
+    if (same_name(k, r)) members.push_back(k);
   }
   std::unique_ptr<SharedMemoryAllReduce> shm;
   if (members.size() >= 2) shm = setup_group_segment(tr, members);
@@ -173,21 +230,26 @@ inline void setup_shared_memory(Transport& tr) {
   const std::uint64_t leader = static_cast<std::uint64_t>(shm ? members[0] : r);
   std::memcpy(group.data(), &leader, 8);
   const auto groups = exchange_through_root(tr, group);
-  std::vector<int> group_of(static_cast<std::size_t>(n));
+  topo.hosts.clear();
   for (int k = 0; k < n; ++k) {
     std::uint64_t g = 0;
     std::memcpy(&g, groups[static_cast<std::size_t>(k)].data(), 8);
-    group_of[static_cast<std::size_t>(k)] = static_cast<int>(g);
+    if (static_cast<int>(g) == k) {
+      topo.host_of[static_cast<std::size_t>(k)] = static_cast<int>(topo.hosts.size());
+      topo.hosts.push_back({k});
+    } else {
+      // A group's leader is its lowest rank: its host is already listed.
+      const int h = topo.host_of[static_cast<std::size_t>(g)];
+      topo.host_of[static_cast<std::size_t>(k)] = h;
+      topo.hosts[static_cast<std::size_t>(h)].push_back(k);
+    }
   }
-  if (!shm) members = {r};
-  if (static_cast<int>(members.size()) == n) {
+  if (topo.hosts.size() == 1) {
     tr.set_shared_memory(std::move(shm));  // one host: descriptors and every all-reduce
-    return;
+  } else {
+    topo.host_memory = std::move(shm);
   }
-  // Some host has ranks that share memory: hierarchical all-reduces. None does: TCP as before (a
-  // decision every rank makes alike from the same table).
-  const bool any_shared = std::any_of(group_of.begin(), group_of.end(), [&, k = 0](int g) mutable { return g != k++; });
-  if (any_shared) tr.set_topology(std::move(group_of), std::move(members), std::move(shm));
+  return topo;
 }
 
 }  // namespace net::detail

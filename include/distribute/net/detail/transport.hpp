@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <future>
 #include <map>
@@ -356,24 +357,6 @@ class Transport {
   /// The shared-memory all-reduce, when every rank mapped one segment at construction.
   SharedMemoryAllReduce* shared_memory() const noexcept { return shared_memory_.get(); }
   void set_shared_memory(std::unique_ptr<SharedMemoryAllReduce> s) noexcept { shared_memory_ = std::move(s); }
-
-  /// With ranks on several hosts (topology.hpp): `group_of[k]` names rank k's host group by its
-  /// lowest rank; `members` are this rank's group (sorted) and `host_memory` their segment (null for
-  /// a group of one). Set once after construction.
-  void set_topology(std::vector<int> group_of, std::vector<int> members, std::unique_ptr<SharedMemoryAllReduce> host_memory) {
-    group_of_ = std::move(group_of);
-    host_members_ = std::move(members);
-    host_memory_ = std::move(host_memory);
-  }
-  SharedMemoryAllReduce* host_memory() const noexcept { return host_memory_.get(); }
-  const std::vector<int>& group_of() const noexcept { return group_of_; }
-  const std::vector<int>& host_members() const noexcept { return host_members_; }
-  /// Whether all-reduce data between this rank and `r` goes through shared memory.
-  bool shares_memory_with(int r) const noexcept {
-    if (r == rank_ || r < 0 || r >= size_) return false;
-    if (shared_memory_) return true;
-    return host_memory_ && std::find(host_members_.begin(), host_members_.end(), r) != host_members_.end();
-  }
 
   /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
   std::string congestion_control(int r) {
@@ -1597,13 +1580,9 @@ class Transport {
   // Threads blocked in Op::block that want waking whenever a transfer completes; one in
   // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
   int progress_waiters_ = 0;
-  // Set once after construction when every rank mapped one segment (setup_shared_memory);
+  // Set once after construction when every rank mapped one segment (learn_topology);
   // used by the calling thread only.
   std::unique_ptr<SharedMemoryAllReduce> shared_memory_;
-  // Several hosts (set_topology): groups by rank, this rank's group and its segment.
-  std::vector<int> group_of_;
-  std::vector<int> host_members_;
-  std::unique_ptr<SharedMemoryAllReduce> host_memory_;
   // Rank 0 over TCP: its call whose descriptor table is not sent yet (relay_descriptors_locked).
   std::optional<std::pair<std::uint64_t, Descriptor>> root_pending_;
   // The call of the thread in Op::wait_until, if one is there (descriptor_wakes_locked).
@@ -1788,15 +1767,18 @@ class Transport::Op {
     return all_;
   }
 
+  /// Waits for every transfer started so far (continuations included) and goes on: for an
+  /// algorithm run as one step of a larger one, which finish() ends.
+  void settle() {
+    std::unique_lock lk(t_.mu_);
+    settle_locked(lk);
+  }
+
   /// Waits for every transfer and, for a collective, every peer's agreeing descriptor. After it
   /// the transport holds no reference to the caller's memory.
   void finish() {
     std::unique_lock lk(t_.mu_);
-    // By index: a continuation may append transfers whenever the mutex is released.
-    for (std::size_t i = 0; i < transfers_.size(); ++i) {
-      const TransferPtr t = transfers_[i];
-      block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
-    }
+    settle_locked(lk);
     if (collective_) {
       agreement_only_ = true;
       block(lk, [&] { return descs_ok_; }, -1, "");
@@ -1808,6 +1790,15 @@ class Transport::Op {
   }
 
  private:
+  void settle_locked(std::unique_lock<NotifyingMutex>& lk) {
+    // By index: a continuation may append transfers whenever the mutex is released.
+    for (std::size_t i = 0; i < transfers_.size(); ++i) {
+      const TransferPtr t = transfers_[i];
+      block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
+    }
+    transfers_.clear();
+  }
+
   void start() {
     if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
     // Off, observing costs this branch (and the byte counts below, plain adds under a held lock).
@@ -2179,17 +2170,21 @@ class Transport::Op {
   std::size_t sent_ = 0, received_ = 0;
 };
 
-/// Declared after the locals that an Op's continuations capture: if the scope is left before the
-/// Op finished (an exception), the Op is abandoned while those locals still exist.
+/// Declared after the locals that an Op's continuations capture: if the scope is left by an
+/// exception, the Op is abandoned while those locals still exist. An algorithm that returns
+/// normally has settled or finished the Op first.
 class ContinuationScope {
  public:
-  explicit ContinuationScope(Transport::Op& op) noexcept : op_(op) {}
-  ~ContinuationScope() { op_.abandon_unless_finished(); }
+  explicit ContinuationScope(Transport::Op& op) noexcept : op_(op), unwinding_(std::uncaught_exceptions()) {}
+  ~ContinuationScope() {
+    if (std::uncaught_exceptions() > unwinding_) op_.abandon_unless_finished();
+  }
   ContinuationScope(const ContinuationScope&) = delete;
   ContinuationScope& operator=(const ContinuationScope&) = delete;
 
  private:
   Transport::Op& op_;
+  int unwinding_;
 };
 
 }  // namespace net::detail
