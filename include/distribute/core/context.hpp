@@ -173,6 +173,47 @@ class ReplicaContext {
     return all_reduce_now(op, std::forward<U>(values)...);
   }
 
+  /// `output = all_reduce(op, input)` in `output`'s memory: each replica's input is read where it is
+  /// and the result written into its output in one pass, with no allocation once `output` has
+  /// the input's dtype and shape (a buffer kept across steps is reused every step; one of another
+  /// dtype or shape is first replaced by a new value, which a view type cannot be). `output` may be
+  /// `input` itself (in place) but may not otherwise overlap it, nor another replica's input or
+  /// output: InvalidArgument. The result is bitwise what all_reduce returns.
+  template <class U>
+  void all_reduce_into(ReduceOpArg op, const U& input, U& output) {
+    static_assert(TensorLike<U>, "ds::ReplicaContext::all_reduce_into: the value's type has no ds::tensor_traits "
+                                 "specialisation (it is not TensorLike; see docs/tensors.md)");
+    if constexpr (TensorLike<U>) {
+      static_assert(memory_space_v<U> == MemorySpace::host,
+                    "ds::ReplicaContext::all_reduce_into takes host values; reduce device values with all_reduce");
+      drain_async();
+      const TensorView in = view_of(input);
+      if constexpr (!is_view_v<U>) {
+        if (&input != &output && (value_dtype(output) != in.dtype || shape_of(output) != in.shape)) {
+          output = make_value<U>(in.dtype, in.shape);
+        }
+      }
+      const TensorView out = view_of(output);
+      if (out.dtype != in.dtype || out.shape != in.shape) {
+        throw InvalidArgument(fmt::format("all_reduce_into: the output is a view of {}; it cannot hold the result, {}",
+                                          describe(out), describe(in)));
+      }
+      const bool in_place = detail::same_elements(in, out);
+      if (!in_place && detail::overlap(in, out)) {
+        throw InvalidArgument(fmt::format("all_reduce_into: the output ({}) overlaps the input ({}) without being "
+                                          "it; pass the input itself to reduce in place, or an output of its own",
+                                          describe(out), describe(in)));
+      }
+      detail::HostOperands operands("all_reduce_into");
+      if (in_place) add_operand(operands, output);
+      else operands.add_out_of_place(in, out, collectives_->reads_sources());
+      operands[0].caller_output = true;
+      detail::check_op_for_dtype(op.op, in.dtype, "all_reduce_into");
+      collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
+      operands.write_back();
+    }
+  }
+
   /// Starts the all-reduce of `values` and returns at once; the handle's wait() gives what
   /// all_reduce would have returned. The collective runs on this replica's collective thread
   /// while the step goes on; several may be in flight, and they complete in the order they were
@@ -215,11 +256,18 @@ class ReplicaContext {
     static_assert(tensors, "ds::ReplicaContext::all_reduce: a value's type has no ds::tensor_traits specialisation "
                            "(it is not TensorLike; see docs/tensors.md)");
     if constexpr (tensors) {
-      // Lvalues are copied and the copies reduced in place: measured faster than reading them
-      // where they are and writing new values (docs/performance.md, "tried and rejected").
-      std::tuple<std::remove_cvref_t<U>...> out(owned(std::forward<U>(values))...);
+      // An lvalue is read where it is and its result written into a new value (out of place, one
+      // pass); an rvalue is reduced in its own memory.
+      std::tuple<U&&...> args(std::forward<U>(values)...);
+      constexpr auto each = std::index_sequence_for<U...>{};
+      auto out = [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple<std::remove_cvref_t<U>...>(result_value<U>(std::get<I>(std::move(args)))...);
+      }(each);
       detail::HostOperands operands("all_reduce");
-      std::apply([&](auto&... v) { (add_operand(operands, v), ...); }, out);
+      const bool read_sources = collectives_->reads_sources();
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (add_result_operand<U>(operands, std::get<I>(args), std::get<I>(out), read_sources), ...);
+      }(each);
       for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
       collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
       operands.write_back();
@@ -386,6 +434,34 @@ class ReplicaContext {
   static std::remove_cvref_t<V> owned(V&& v) {
     if constexpr (std::is_lvalue_reference_v<V>) return clone_value(v);
     else return std::move(v);
+  }
+
+  // Whether all_reduce reduces an argument of type V (as forwarded) out of place: an lvalue in host
+  // memory that owns it. A view type or a device value is copied (owned()) and reduced in place.
+  template <class V>
+  static constexpr bool out_of_place_v = std::is_lvalue_reference_v<V> && !is_view_v<std::remove_cvref_t<V>> &&
+                                         memory_space_v<std::remove_cvref_t<V>> == MemorySpace::host;
+
+  // all_reduce's result for one argument: a new value of the lvalue's dtype and shape for the
+  // collective to write, else owned() (an rvalue moved in and reduced in its own memory).
+  template <class V>
+  static std::remove_cvref_t<V> result_value(V&& v) {
+    if constexpr (out_of_place_v<V>) {
+      const TensorView in = view_of(v);
+      return make_value<std::remove_cvref_t<V>>(in.dtype, in.shape);
+    } else {
+      return owned(std::forward<V>(v));
+    }
+  }
+
+  template <class V, class R>
+  static void add_result_operand(detail::HostOperands& operands, const std::remove_reference_t<V>& in, R& out,
+                                 bool read_source) {
+    if constexpr (out_of_place_v<V>) {
+      operands.add_out_of_place(view_of(in), view_of(out), read_source);
+    } else {
+      add_operand(operands, out);
+    }
   }
 
   template <class U>

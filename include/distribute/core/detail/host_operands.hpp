@@ -48,6 +48,19 @@ class HostOperands {
     buffers_.push_back(std::move(ref));
   }
 
+  /// Adds `out` for a collective that reads `in` (the same dtype and shape) and writes `out`: when
+  /// `read_source` and `in` is row-major contiguous host memory, the collective reads it where it is
+  /// (BufferRef::source); else `in` is copied first into the memory the collective writes.
+  void add_out_of_place(const TensorView& in, const TensorView& out, bool read_source) {
+    add(out);
+    BufferRef& ref = buffers_.back();
+    if (read_source && in.memory == MemorySpace::host && in.contiguous()) {
+      ref.source = in.data;
+    } else if (ref.bytes() > 0) {
+      copy_to_contiguous(in, ref.data);
+    }
+  }
+
   /// Adds a buffer built elsewhere (device memory, see core/memory_space.hpp).
   void add(BufferRef ref) { buffers_.push_back(std::move(ref)); }
 
