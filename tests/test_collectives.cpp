@@ -267,14 +267,20 @@ void check_into_across_steps(int n, std::size_t size, ds::ReduceOp op) {
       ctx.all_reduce_into(op, in, outputs[r]);
       auto plain = ctx.all_reduce(op, in);
       auto in_place = ctx.all_reduce(op, std::vector<T>(in));
-      return std::make_tuple(plain, in_place);
+      const std::vector<std::vector<T>> list{in, std::vector<T>(in.rbegin(), in.rend())};
+      auto batched = ctx.batch_all_reduce(op, list);  // a list lvalue: out of place as well
+      CHECK(list[0] == in);
+      return std::make_tuple(plain, in_place, batched);
     });
-    const auto& [plain, in_place] = out;
+    const auto& [plain, in_place, batched] = out;
     CHECK(inputs == inputs_before);
     for (int r = 0; r < n; ++r) {
       const auto k = static_cast<std::size_t>(r);
       CHECK(same_bits(outputs[k], in_place[r]));
       CHECK(same_bits(plain[r], in_place[r]));
+      REQUIRE(batched[r].size() == 2);
+      CHECK(same_bits(batched[r][0], in_place[r]));
+      CHECK(same_bits(batched[r][1], std::vector<T>(in_place[r].rbegin(), in_place[r].rend())));
       CHECK(same_bits(outputs[k], outputs[0]));
       if (step > 0 && size > 0) CHECK(outputs[k].data() == kept[k]);
       kept[k] = outputs[k].data();
@@ -375,6 +381,24 @@ TEST_CASE("all_reduce_into: in place, column-major and run-time-typed outputs, o
     CHECK(inputs[0].get<double>(0) == 11.5);
     CHECK(inputs[1].get<double>(1) == 22.5);
   }
+  // An output of another type: a std::vector reduced into a ds::Tensor kept across two steps.
+  {
+    ds::MirroredStrategy<ds::host> strategy(2);
+    std::vector<ds::Tensor<std::int32_t>> outputs(2);
+    std::vector<const std::int32_t*> kept(2);
+    for (int step = 0; step < 2; ++step) {
+      strategy.run([&](ds::ReplicaContext& ctx) {
+        const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+        const std::vector<std::int32_t> in{static_cast<std::int32_t>(r) + step, 7};
+        ctx.all_reduce_into(ds::ReduceOp::Sum, in, outputs[r]);
+      });
+      for (std::size_t r = 0; r < 2; ++r) {
+        CHECK(outputs[r] == ds::Tensor<std::int32_t>{1 + 2 * step, 14});
+        if (step == 1) CHECK(outputs[r].data() == kept[r]);
+        kept[r] = outputs[r].data();
+      }
+    }
+  }
   // The same outputs through strategies of other sizes and policies: always the new strategy's
   // result; the memory is kept wherever the shape stays.
   {
@@ -447,6 +471,13 @@ TEST_CASE("all_reduce_into: an output overlapping its input or another replica's
                        "an output of its own",
                        ds::InvalidArgument);
   CHECK(values == std::vector<std::vector<float>>{{1, 2}, {3, 4}});
+  // An output whose element type cannot hold the input's.
+  CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) {
+                         const std::vector<float> in(2, 1.0f);
+                         std::vector<double> out;
+                         ctx.all_reduce_into(ds::ReduceOp::Sum, in, out);
+                       }),
+                       "cannot hold float32 values in a value of element type float64", ds::InvalidArgument);
   // Replicas that disagree on the value: all_reduce's mismatch message; MEAN of booleans.
   CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) {
                          const std::vector<float> in(ctx.local_replica_id() == 0 ? 2 : 3, 1.0f);

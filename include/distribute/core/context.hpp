@@ -173,24 +173,26 @@ class ReplicaContext {
     return all_reduce_now(op, std::forward<U>(values)...);
   }
 
-  /// `output = all_reduce(op, input)` in `output`'s memory: each replica's input is read where it is
-  /// and the result written into its output in one pass, with no allocation once `output` has
-  /// the input's dtype and shape (a buffer kept across steps is reused every step; one of another
-  /// dtype or shape is first replaced by a new value, which a view type cannot be). `output` may be
-  /// `input` itself (in place) but may not otherwise overlap it, nor another replica's input or
-  /// output: InvalidArgument. The result is bitwise what all_reduce returns.
-  template <class U>
-  void all_reduce_into(ReduceOpArg op, const U& input, U& output) {
-    static_assert(TensorLike<U>, "ds::ReplicaContext::all_reduce_into: the value's type has no ds::tensor_traits "
-                                 "specialisation (it is not TensorLike; see docs/tensors.md)");
-    if constexpr (TensorLike<U>) {
-      static_assert(memory_space_v<U> == MemorySpace::host,
+  /// The all-reduce of `input` written into `output`'s memory: each replica's input is read where
+  /// it is and the result written into its output in one pass, with no allocation once `output`
+  /// has the input's dtype and shape (an output kept across steps is reused every step; one of
+  /// another dtype or shape is first replaced by a new value, which a view type cannot be).
+  /// `output` may be `input` itself (in place) but may not otherwise overlap it, nor another
+  /// replica's input or output: InvalidArgument. The elements are bitwise what all_reduce returns.
+  template <class In, class Out>
+  void all_reduce_into(ReduceOpArg op, const In& input, Out& output) {
+    constexpr bool tensors = TensorLike<In> && TensorLike<Out>;
+    static_assert(tensors, "ds::ReplicaContext::all_reduce_into: a value's type has no ds::tensor_traits "
+                           "specialisation (it is not TensorLike; see docs/tensors.md)");
+    if constexpr (tensors) {
+      static_assert(memory_space_v<In> == MemorySpace::host && memory_space_v<Out> == MemorySpace::host,
                     "ds::ReplicaContext::all_reduce_into takes host values; reduce device values with all_reduce");
       drain_async();
       const TensorView in = view_of(input);
-      if constexpr (!is_view_v<U>) {
-        if (&input != &output && (value_dtype(output) != in.dtype || shape_of(output) != in.shape)) {
-          output = make_value<U>(in.dtype, in.shape);
+      if constexpr (!is_view_v<Out>) {
+        if (static_cast<const void*>(&input) != static_cast<const void*>(&output) &&
+            (value_dtype(output) != in.dtype || shape_of(output) != in.shape)) {
+          output = make_value<Out>(in.dtype, in.shape);
         }
       }
       const TensorView out = view_of(output);
@@ -290,14 +292,23 @@ class ReplicaContext {
     drain_async();
     using U = typename std::remove_cvref_t<V>::value_type;
     std::vector<U> values;
-    if constexpr (std::is_lvalue_reference_v<V>) {
-      values.reserve(values_in.size());
-      for (const auto& v : values_in) values.push_back(clone_value(v));
-    } else {
-      values = std::move(values_in);
-    }
     detail::HostOperands operands("batch_all_reduce");
-    for (auto& v : values) add_operand(operands, v);
+    if constexpr (out_of_place_v<const U&> && std::is_lvalue_reference_v<V>) {  // as all_reduce's lvalues
+      values.reserve(values_in.size());
+      for (const auto& v : values_in) values.push_back(result_value<const U&>(v));
+      const bool read_sources = collectives_->reads_sources();
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        add_result_operand<const U&>(operands, values_in[i], values[i], read_sources);
+      }
+    } else {
+      if constexpr (std::is_lvalue_reference_v<V>) {
+        values.reserve(values_in.size());
+        for (const auto& v : values_in) values.push_back(clone_value(v));
+      } else {
+        values = std::move(values_in);
+      }
+      for (auto& v : values) add_operand(operands, v);
+    }
     for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "batch_all_reduce");
     collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
     operands.write_back();
