@@ -188,7 +188,9 @@ class ReplicaContext {
       static_assert(memory_space_v<In> == MemorySpace::host && memory_space_v<Out> == MemorySpace::host,
                     "ds::ReplicaContext::all_reduce_into takes host values; reduce device values with all_reduce");
       drain_async();
+      detail::HostOperands operands("all_reduce_into");
       const TensorView in = view_of(input);
+      operands.check_host(in);
       if constexpr (!is_view_v<Out>) {
         if (static_cast<const void*>(&input) != static_cast<const void*>(&output) &&
             (value_dtype(output) != in.dtype || shape_of(output) != in.shape)) {
@@ -206,7 +208,6 @@ class ReplicaContext {
                                           "it; pass the input itself to reduce in place, or an output of its own",
                                           describe(out), describe(in)));
       }
-      detail::HostOperands operands("all_reduce_into");
       if (in_place) add_operand(operands, output);
       else operands.add_out_of_place(in, out, collectives_->reads_sources());
       operands[0].caller_output = true;
@@ -453,26 +454,33 @@ class ReplicaContext {
   static constexpr bool out_of_place_v = std::is_lvalue_reference_v<V> && !is_view_v<std::remove_cvref_t<V>> &&
                                          memory_space_v<std::remove_cvref_t<V>> == MemorySpace::host;
 
+  // The same for one value: a run-time-typed lvalue whose elements are in device memory is copied
+  // (owned()), so that it meets the errors every other device value does.
+  template <class V>
+  static bool out_of_place(const std::remove_reference_t<V>& v) {
+    if constexpr (!out_of_place_v<V>) return false;
+    else if constexpr (DynamicTensorLike<std::remove_cvref_t<V>>) return view_of(v).memory == MemorySpace::host;
+    else return true;
+  }
+
   // all_reduce's result for one argument: a new value of the lvalue's dtype and shape for the
   // collective to write, else owned() (an rvalue moved in and reduced in its own memory).
   template <class V>
   static std::remove_cvref_t<V> result_value(V&& v) {
     if constexpr (out_of_place_v<V>) {
-      const TensorView in = view_of(v);
-      return make_value<std::remove_cvref_t<V>>(in.dtype, in.shape);
-    } else {
-      return owned(std::forward<V>(v));
+      if (out_of_place<V>(v)) {
+        const TensorView in = view_of(v);
+        return make_value<std::remove_cvref_t<V>>(in.dtype, in.shape);
+      }
     }
+    return owned(std::forward<V>(v));
   }
 
   template <class V, class R>
   static void add_result_operand(detail::HostOperands& operands, const std::remove_reference_t<V>& in, R& out,
                                  bool read_source) {
-    if constexpr (out_of_place_v<V>) {
-      operands.add_out_of_place(view_of(in), view_of(out), read_source);
-    } else {
-      add_operand(operands, out);
-    }
+    if (out_of_place<V>(in)) operands.add_out_of_place(view_of(in), view_of(out), read_source);
+    else add_operand(operands, out);
   }
 
   template <class U>

@@ -25,11 +25,7 @@ class HostOperands {
 
   /// Adds a value's view; `i`-th added is buffers()[i]. write_back() leaves `read_only` ones alone.
   void add(const TensorView& v, bool read_only = false) {
-    if (v.memory != MemorySpace::host) {
-      throw InvalidArgument(fmt::format("{}: a {} value in device memory cannot go through the host collectives; "
-                                        "use a strategy of the device's backend",
-                                        what_, describe(v)));
-    }
+    check_host(v);
     if (!read_only && !v.strides.empty()) {
       for (std::size_t d = 0; d < v.shape.size(); ++d) {
         if (v.strides[d] == 0 && v.shape[d] > 1) {
@@ -48,10 +44,21 @@ class HostOperands {
     buffers_.push_back(std::move(ref));
   }
 
+  /// Refuses a value in device memory (which only the device strategies' collectives take).
+  void check_host(const TensorView& v) const {
+    if (v.memory != MemorySpace::host) {
+      throw InvalidArgument(fmt::format("{}: a {} value in device memory cannot go through the host collectives; "
+                                        "use a strategy of the device's backend",
+                                        what_, describe(v)));
+    }
+  }
+
   /// Adds `out` for a collective that reads `in` (the same dtype and shape) and writes `out`: when
   /// `read_source` and `in` is row-major contiguous host memory, the collective reads it where it is
-  /// (BufferRef::source); else `in` is copied first into the memory the collective writes.
+  /// (BufferRef::source); else `in` is copied first into the memory the collective writes. Both
+  /// in host memory, as add() requires.
   void add_out_of_place(const TensorView& in, const TensorView& out, bool read_source) {
+    check_host(in);
     add(out);
     BufferRef& ref = buffers_.back();
     if (read_source && in.memory == MemorySpace::host && in.contiguous()) {
