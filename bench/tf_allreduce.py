@@ -133,7 +133,7 @@ def table(tf_ms: dict[int, float], mine: dict[tuple[str, int], float], sizes: li
         c, i, m, cp = (mine.get((row, s)) for row in ("allreduce_const", "allreduce_into", "allreduce", "memcpy"))
 
         def f(x):
-            return f"{x:.3f}" if x is not None else "–"
+            return f"{x:.4g}" if x is not None else "–"
 
         def ratio(a, b):
             return f"{a / b:.2f}" if a is not None and b else "–"

@@ -191,13 +191,14 @@ class ReplicaContext {
       detail::HostOperands operands("all_reduce_into");
       const TensorView in = view_of(input);
       operands.check_host(in);
+      TensorView out = view_of(output);
       if constexpr (!is_view_v<Out>) {
         if (static_cast<const void*>(&input) != static_cast<const void*>(&output) &&
-            (value_dtype(output) != in.dtype || shape_of(output) != in.shape)) {
+            (out.dtype != in.dtype || out.shape != in.shape)) {
           output = make_value<Out>(in.dtype, in.shape);
+          out = view_of(output);
         }
       }
-      const TensorView out = view_of(output);
       if (out.dtype != in.dtype || out.shape != in.shape) {
         throw InvalidArgument(fmt::format("all_reduce_into: the output is a view of {}; it cannot hold the result, {}",
                                           describe(out), describe(in)));
@@ -209,7 +210,7 @@ class ReplicaContext {
                                           describe(out), describe(in)));
       }
       if (in_place) add_operand(operands, output);
-      else operands.add_out_of_place(in, out, collectives_->reads_sources());
+      else operands.add_out_of_place(in, std::move(out), collectives_->reads_sources());
       operands[0].caller_output = true;
       detail::check_op_for_dtype(op.op, in.dtype, "all_reduce_into");
       collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
@@ -263,13 +264,15 @@ class ReplicaContext {
       // pass); an rvalue is reduced in its own memory.
       std::tuple<U&&...> args(std::forward<U>(values)...);
       constexpr auto each = std::index_sequence_for<U...>{};
+      std::array<Shape, sizeof...(U)> shapes;  // each lvalue's, measured once
       auto out = [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return std::tuple<std::remove_cvref_t<U>...>(result_value<U>(std::get<I>(std::move(args)))...);
+        return std::tuple<std::remove_cvref_t<U>...>(result_value<U>(std::get<I>(std::move(args)), shapes[I])...);
       }(each);
       detail::HostOperands operands("all_reduce");
       const bool read_sources = collectives_->reads_sources();
       [&]<std::size_t... I>(std::index_sequence<I...>) {
-        (add_result_operand<U>(operands, std::get<I>(args), std::get<I>(out), read_sources), ...);
+        (add_result_operand<U>(operands, std::get<I>(args), std::get<I>(out), std::move(shapes[I]), read_sources),
+         ...);
       }(each);
       for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
       collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
@@ -296,10 +299,11 @@ class ReplicaContext {
     detail::HostOperands operands("batch_all_reduce");
     if constexpr (out_of_place_v<const U&> && std::is_lvalue_reference_v<V>) {  // as all_reduce's lvalues
       values.reserve(values_in.size());
-      for (const auto& v : values_in) values.push_back(result_value<const U&>(v));
+      std::vector<Shape> shapes(values_in.size());
+      for (std::size_t i = 0; i < values_in.size(); ++i) values.push_back(result_value<const U&>(values_in[i], shapes[i]));
       const bool read_sources = collectives_->reads_sources();
       for (std::size_t i = 0; i < values.size(); ++i) {
-        add_result_operand<const U&>(operands, values_in[i], values[i], read_sources);
+        add_result_operand<const U&>(operands, values_in[i], values[i], std::move(shapes[i]), read_sources);
       }
     } else {
       if constexpr (std::is_lvalue_reference_v<V>) {
@@ -463,24 +467,35 @@ class ReplicaContext {
     else return true;
   }
 
-  // all_reduce's result for one argument: a new value of the lvalue's dtype and shape for the
-  // collective to write, else owned() (an rvalue moved in and reduced in its own memory).
+  // all_reduce's result for one argument: a new value of the lvalue's dtype and shape (left in
+  // `shape`) for the collective to write, else owned() (an rvalue moved in and reduced in its own
+  // memory).
   template <class V>
-  static std::remove_cvref_t<V> result_value(V&& v) {
+  static std::remove_cvref_t<V> result_value(V&& v, [[maybe_unused]] Shape& shape) {
     if constexpr (out_of_place_v<V>) {
       if (out_of_place<V>(v)) {
-        const TensorView in = view_of(v);
-        return make_value<std::remove_cvref_t<V>>(in.dtype, in.shape);
+        shape = shape_of(v);
+        return make_value<std::remove_cvref_t<V>>(value_dtype(v), shape);
       }
     }
     return owned(std::forward<V>(v));
   }
 
+  // Adds the result `out` of argument `in` to the collective's operands; `shape`: what
+  // result_value left.
   template <class V, class R>
   static void add_result_operand(detail::HostOperands& operands, const std::remove_reference_t<V>& in, R& out,
-                                 bool read_source) {
-    if (out_of_place<V>(in)) operands.add_out_of_place(view_of(in), view_of(out), read_source);
-    else add_operand(operands, out);
+                                 [[maybe_unused]] Shape&& shape, bool read_source) {
+    using T = std::remove_cvref_t<V>;
+    if (!out_of_place<V>(in)) return add_operand(operands, out);
+    if constexpr (StaticTensorLike<T> && !requires { tensor_traits<T>::strides(in); }) {
+      // Row-major contiguous host memory, by its type: no views to build.
+      operands.add_out_of_place(tensor_traits<T>::data(in),
+                                detail::BufferRef{tensor_traits<T>::data(out), dtype_of<element_t<T>>(), std::move(shape)},
+                                read_source);
+    } else {
+      operands.add_out_of_place(view_of(in), view_of(out), read_source);
+    }
   }
 
   template <class U>
