@@ -11,6 +11,9 @@
 //       keeps (an lvalue: the library may not write it) and assigns the result to a vector it
 //       keeps, `out = ctx.all_reduce(ds::ReduceOp::Sum, std::as_const(in))`: what a step that
 //       reduces gradients it still needs costs, result allocation included.
+//   allreduce_into<Ops>/bytes:B/replicas:N  the same const inputs reduced into an output each
+//       replica keeps, `ctx.all_reduce_into(ds::ReduceOp::Sum, std::as_const(in), out)`: one pass
+//       into memory reused every step (the benchmark checks that no output is reallocated).
 //   memcpy/bytes:B/replicas:N  one thread copies N×B bytes (the same total bytes the replicas
 //       hold) from one pre-touched buffer to another: the single-thread memory-bandwidth limit.
 //
@@ -173,6 +176,49 @@ void BM_AllReduceConst(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
 }
 
+template <class Ops>
+void BM_AllReduceInto(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const int n = static_cast<int>(state.range(1));
+  const std::size_t count = bytes / sizeof(float);
+  ds::MirroredStrategy<ds::host, Ops> strategy(n);
+
+  std::vector<std::vector<float>> inputs(static_cast<std::size_t>(n)), outputs(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) inputs[static_cast<std::size_t>(r)].assign(count, static_cast<float>(r + 1));
+  auto step = [&](ds::ReplicaContext& ctx) {
+    const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+    ctx.all_reduce_into(ds::ReduceOp::Sum, std::as_const(inputs[r]), outputs[r]);
+  };
+  try {
+    strategy.run(step);  // the outputs are made here, at the inputs' size, and kept from then on
+  } catch (const std::exception& e) {
+    state.SkipWithError((std::string("the warm-up step failed: ") + e.what()).c_str());
+    return;
+  }
+  const float expected = static_cast<float>(n * (n + 1) / 2);
+  std::vector<const float*> addresses;
+  for (int r = 0; r < n; ++r) {
+    const auto& in = inputs[static_cast<std::size_t>(r)];
+    const auto& out = outputs[static_cast<std::size_t>(r)];
+    if (out.size() != count || out.front() != expected || out[count / 2] != expected || out.back() != expected ||
+        in.front() != static_cast<float>(r + 1) || in.back() != static_cast<float>(r + 1)) {
+      state.SkipWithError("all_reduce_into returned a wrong sum or wrote its input");
+      return;
+    }
+    addresses.push_back(out.data());
+  }
+  const double median = timed_steps(state, strategy, step);
+  if (state.error_occurred()) return;
+  for (int r = 0; r < n; ++r) {
+    if (outputs[static_cast<std::size_t>(r)].data() != addresses[static_cast<std::size_t>(r)]) {
+      state.SkipWithError("a replica's output was reallocated: all_reduce_into did not write it in place");
+      return;
+    }
+  }
+  set_bandwidth_counters(state, median, bytes, n);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
+}
+
 void BM_Memcpy(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   const int n = static_cast<int>(state.range(1));
@@ -222,6 +268,9 @@ void register_all() {
       register_policies(Policies{}, bytes, n);
       configure(benchmark::RegisterBenchmark("allreduce_const<SharedMemoryAllReduce>",
                                              BM_AllReduceConst<ds::SharedMemoryAllReduce>),
+                bytes, n);
+      configure(benchmark::RegisterBenchmark("allreduce_into<SharedMemoryAllReduce>",
+                                             BM_AllReduceInto<ds::SharedMemoryAllReduce>),
                 bytes, n);
     }
   }

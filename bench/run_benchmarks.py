@@ -150,13 +150,14 @@ def allreduce_table(rounds: list[list[dict]]) -> tuple[list[str], dict]:
     policies: list[str] = []
     for r in rounds:
         for b in r:
-            m = re.match(r"^(memcpy|allreduce<([^>]*)>)/bytes:(\d+)/replicas:(\d+)", b["name"])
+            m = re.match(r"^(memcpy|allreduce(_const|_into)?<([^>]*)>)/bytes:(\d+)/replicas:(\d+)", b["name"])
             if not m:
                 continue
-            kind = "memcpy" if m.group(1) == "memcpy" else m.group(2)
+            how = {"_const": " (const lvalues)", "_into": " (const lvalues, into kept outputs)"}.get(m.group(2), "")
+            kind = "memcpy" if m.group(1) == "memcpy" else m.group(3) + how
             if kind != "memcpy" and kind not in policies:
                 policies.append(kind)
-            cells.setdefault((int(m.group(3)), int(m.group(4))), {}).setdefault(kind, []).append(b)
+            cells.setdefault((int(m.group(4)), int(m.group(5))), {}).setdefault(kind, []).append(b)
     lines = [
         "| replicas | size per replica | policy | memcpy N×size (p50) | all-reduce (p50) | spread of all-reduce "
         "| algbw GB/s | busbw GB/s | all-reduce / memcpy | spread of ratio | heap allocs/iter |",

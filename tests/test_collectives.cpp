@@ -236,6 +236,271 @@ TEST_CASE("all_reduce of a 40 MiB lvalue (a copy on huge pages where the kernel 
   }
 }
 
+namespace {
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+// Three steps with inputs that change every step, into outputs kept across them (empty at first,
+// so the first step makes them): every result is bitwise what all_reduce of a moved copy gives
+// (the in-place reduction), the plain all_reduce of the lvalue gives the same bits, the inputs
+// are left as they were, and from the second step on every output keeps its memory.
+template <class Ops, class T>
+void check_into_across_steps(int n, std::size_t size, ds::ReduceOp op) {
+  CAPTURE(n);
+  CAPTURE(size);
+  const auto op_name = fmt::format("{}", op);
+  CAPTURE(op_name);
+  ds::MirroredStrategy<ds::host, Ops> strategy(n);
+  std::vector<std::vector<T>> outputs(static_cast<std::size_t>(n));
+  std::vector<const T*> kept(static_cast<std::size_t>(n), nullptr);
+  for (int step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    std::vector<std::vector<T>> inputs;
+    for (int r = 0; r < n; ++r) inputs.push_back(input<T>(r + 10 * step, size));
+    const auto inputs_before = inputs;
+    auto out = strategy.run([&](ds::ReplicaContext& ctx) {
+      const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+      const std::vector<T>& in = inputs[r];
+      ctx.all_reduce_into(op, in, outputs[r]);
+      auto plain = ctx.all_reduce(op, in);
+      auto in_place = ctx.all_reduce(op, std::vector<T>(in));
+      const std::vector<std::vector<T>> list{in, std::vector<T>(in.rbegin(), in.rend())};
+      auto batched = ctx.batch_all_reduce(op, list);  // a list lvalue: out of place as well
+      CHECK(list[0] == in);
+      return std::make_tuple(plain, in_place, batched);
+    });
+    const auto& [plain, in_place, batched] = out;
+    CHECK(inputs == inputs_before);
+    for (int r = 0; r < n; ++r) {
+      const auto k = static_cast<std::size_t>(r);
+      CHECK(same_bits(outputs[k], in_place[r]));
+      CHECK(same_bits(plain[r], in_place[r]));
+      REQUIRE(batched[r].size() == 2);
+      CHECK(same_bits(batched[r][0], in_place[r]));
+      CHECK(same_bits(batched[r][1], std::vector<T>(in_place[r].rbegin(), in_place[r].rend())));
+      CHECK(same_bits(outputs[k], outputs[0]));
+      if (step > 0 && size > 0) CHECK(outputs[k].data() == kept[k]);
+      kept[k] = outputs[k].data();
+    }
+  }
+  // The results against a loop over the inputs of the last step (integers: exact).
+  if constexpr (std::is_integral_v<T>) {
+    for (std::size_t i = 0; i < size; ++i) {
+      std::int64_t sum = 0;
+      for (int r = 0; r < n; ++r) sum += static_cast<std::int64_t>(input<T>(r + 20, size)[i]);
+      if (op == ds::ReduceOp::Sum && outputs[0][i] != static_cast<T>(sum)) FAIL_CHECK("wrong sum at " << i);
+    }
+  }
+}
+
+template <class Ops>
+void check_into_policy() {
+  for (int n = 1; n <= 5; ++n) {
+    for (std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{1001}}) {
+      check_into_across_steps<Ops, std::int64_t>(n, size, ds::ReduceOp::Sum);
+      check_into_across_steps<Ops, std::int32_t>(n, size, ds::ReduceOp::Max);
+      check_into_across_steps<Ops, float>(n, size, ds::ReduceOp::Sum);
+      check_into_across_steps<Ops, float>(n, size, ds::ReduceOp::Mean);
+      check_into_across_steps<Ops, double>(n, size, ds::ReduceOp::Mean);
+      check_into_across_steps<Ops, ds::bfloat16>(n, size, ds::ReduceOp::Sum);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("all_reduce_into: bitwise all_reduce's result, into outputs kept across steps (every policy, 1..5 replicas)") {
+  check_into_policy<ds::SharedMemoryAllReduce>();
+  check_into_policy<ds::ReductionToOneDevice>();
+  check_into_policy<ds::HierarchicalCopyAllReduce>();
+  check_into_policy<ds::HierarchicalCopyAllReduceWith<3>>();
+}
+
+TEST_CASE("all_reduce_into: in place, column-major and run-time-typed outputs, one output across strategies") {
+  // The input itself as the output: reduced in place.
+  {
+    ds::MirroredStrategy<ds::host> strategy(3);
+    std::vector<std::vector<std::int64_t>> values{{1, 2}, {10, 20}, {100, 200}};
+    strategy.run([&](ds::ReplicaContext& ctx) {
+      auto& v = values[static_cast<std::size_t>(ctx.local_replica_id())];
+      ctx.all_reduce_into(ds::ReduceOp::Sum, v, v);
+    });
+    for (const auto& v : values) CHECK(v == std::vector<std::int64_t>{111, 222});
+  }
+  // A column-major output (written through a row-major staging buffer) kept across two steps.
+  {
+    ds::MirroredStrategy<ds::host> strategy(2);
+    std::vector<test_types::ColMajor> inputs{test_types::ColMajor::from_rows({{1, 2, 3}, {4, 5, 6}}),
+                                            test_types::ColMajor::from_rows({{10, 20, 30}, {40, 50, 60}})};
+    std::vector<test_types::ColMajor> outputs(2);
+    std::vector<const float*> kept(2);
+    for (int step = 0; step < 2; ++step) {
+      strategy.run([&](ds::ReplicaContext& ctx) {
+        const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+        ctx.all_reduce_into(ds::ReduceOp::Sum, std::as_const(inputs[r]), outputs[r]);
+      });
+      for (std::size_t r = 0; r < 2; ++r) {
+        REQUIRE(outputs[r].rows == 2);
+        REQUIRE(outputs[r].cols == 3);
+        CHECK(outputs[r].at(0, 1) == 22);
+        CHECK(outputs[r].at(1, 0) == 44);
+        CHECK(outputs[r].at(1, 2) == 66);
+        if (step == 1) CHECK(outputs[r].data.data() == kept[r]);
+        kept[r] = outputs[r].data.data();
+      }
+    }
+    CHECK(inputs[0].at(1, 2) == 6);
+  }
+  // A run-time-typed output of another dtype is replaced; one that shares the input's storage (as
+  // a copy of a torch::Tensor does) is the input's memory: reduced in place.
+  {
+    ds::MirroredStrategy<ds::host> strategy(2);
+    std::vector<test_types::DynTensor> inputs{test_types::DynTensor::of<double>({2}, {1.5, 2.5}),
+                                             test_types::DynTensor::of<double>({2}, {10.0, 20.0})};
+    std::vector<test_types::DynTensor> outputs{test_types::DynTensor::of<float>({3}, {0, 0, 0}),
+                                              test_types::DynTensor::of<float>({3}, {0, 0, 0})};
+    strategy.run([&](ds::ReplicaContext& ctx) {
+      const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+      ctx.all_reduce_into(ds::ReduceOp::Sum, std::as_const(inputs[r]), outputs[r]);
+    });
+    for (const auto& o : outputs) {
+      CHECK(o.dtype == ds::DType::F64);
+      CHECK(o.shape == ds::Shape{2});
+      CHECK(o.get<double>(0) == 11.5);
+      CHECK(o.get<double>(1) == 22.5);
+    }
+    CHECK(inputs[0].get<double>(0) == 1.5);
+    std::vector<test_types::DynTensor> handles = inputs;  // the same storage
+    strategy.run([&](ds::ReplicaContext& ctx) {
+      const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+      ctx.all_reduce_into(ds::ReduceOp::Sum, std::as_const(inputs[r]), handles[r]);
+    });
+    CHECK(inputs[0].get<double>(0) == 11.5);
+    CHECK(inputs[1].get<double>(1) == 22.5);
+  }
+  // An output of another type: a std::vector reduced into a ds::Tensor kept across two steps.
+  {
+    ds::MirroredStrategy<ds::host> strategy(2);
+    std::vector<ds::Tensor<std::int32_t>> outputs(2);
+    std::vector<const std::int32_t*> kept(2);
+    for (int step = 0; step < 2; ++step) {
+      strategy.run([&](ds::ReplicaContext& ctx) {
+        const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+        const std::vector<std::int32_t> in{static_cast<std::int32_t>(r) + step, 7};
+        ctx.all_reduce_into(ds::ReduceOp::Sum, in, outputs[r]);
+      });
+      for (std::size_t r = 0; r < 2; ++r) {
+        CHECK(outputs[r] == ds::Tensor<std::int32_t>{1 + 2 * step, 14});
+        if (step == 1) CHECK(outputs[r].data() == kept[r]);
+        kept[r] = outputs[r].data();
+      }
+    }
+  }
+  // The same outputs through strategies of other sizes and policies: always the new strategy's
+  // result; the memory is kept wherever the shape stays.
+  {
+    std::vector<std::vector<float>> outputs(4);
+    auto step = [&](auto& strategy, float scale) {
+      strategy.run([&](ds::ReplicaContext& ctx) {
+        const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+        const std::vector<float> in(5, scale * static_cast<float>(r + 1));
+        ctx.all_reduce_into(ds::ReduceOp::Sum, in, outputs[r]);
+      });
+    };
+    ds::MirroredStrategy<ds::host> four(4);
+    ds::MirroredStrategy<ds::host, ds::ReductionToOneDevice> two(2);
+    step(four, 1.0f);
+    const float* first = outputs[0].data();
+    for (const auto& o : outputs) CHECK(o == std::vector<float>(5, 10.0f));
+    step(two, 2.0f);
+    CHECK(outputs[0].data() == first);
+    CHECK(outputs[0] == std::vector<float>(5, 6.0f));
+    CHECK(outputs[1] == std::vector<float>(5, 6.0f));
+    CHECK(outputs[3] == std::vector<float>(5, 10.0f));  // replica 3 of the first strategy, untouched
+    step(four, 3.0f);
+    CHECK(outputs[0].data() == first);
+    for (const auto& o : outputs) CHECK(o == std::vector<float>(5, 30.0f));
+  }
+}
+
+TEST_CASE("all_reduce_into: an output overlapping its input or another replica's buffers is refused") {
+  ds::MirroredStrategy<ds::host> strategy(2);
+  // Within one replica: a view one element into the input's storage, and its transpose.
+  auto storage_of = [](std::initializer_list<float> v) { return test_types::DynTensor::of<float>({static_cast<std::int64_t>(v.size())}, v); };
+  std::vector<test_types::DynTensor> inputs{storage_of({1, 2, 3, 4, 5}), storage_of({1, 2, 3, 4, 5})};
+  for (auto& in : inputs) in.shape = {4};
+  CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) {
+                         const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+                         test_types::DynTensor shifted = inputs[r];
+                         shifted.offset = 1;
+                         ctx.all_reduce_into(ds::ReduceOp::Sum, std::as_const(inputs[r]), shifted);
+                       }),
+                       "all_reduce_into: the output (float32 (4,)) overlaps the input (float32 (4,)) without being it; "
+                       "pass the input itself to reduce in place, or an output of its own",
+                       ds::InvalidArgument);
+  std::vector<test_types::DynTensor> squares{test_types::DynTensor::of<float>({2, 2}, {1, 2, 3, 4}),
+                                            test_types::DynTensor::of<float>({2, 2}, {1, 2, 3, 4})};
+  CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) {
+                         const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+                         test_types::DynTensor t = squares[r].transposed();
+                         ctx.all_reduce_into(ds::ReduceOp::Sum, std::as_const(squares[r]), t);
+                       }),
+                       "all_reduce_into: the output (float32 (2, 2) strides (1, 2)) overlaps the input (float32 (2, 2)) "
+                       "without being it; pass the input itself to reduce in place, or an output of its own",
+                       ds::InvalidArgument);
+  CHECK(squares[0].get<float>(1) == 2);  // nothing written
+  // Across replicas: one output shared by both, and an output that is the other replica's input.
+  std::vector<float> shared(3, 0.0f);
+  CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) {
+                         const std::vector<float> in(3, 1.0f);
+                         ctx.all_reduce_into(ds::ReduceOp::Sum, in, shared);
+                       }),
+                       "all_reduce_into: the output of replica 0 overlaps the output of replica 1; every replica "
+                       "needs an output of its own",
+                       ds::InvalidArgument);
+  CHECK(shared == std::vector<float>(3, 0.0f));
+  std::vector<std::vector<float>> values{{1, 2}, {3, 4}};
+  CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) {
+                         const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+                         ctx.all_reduce_into(ds::ReduceOp::Sum, std::as_const(values[r]), values[1 - r]);
+                       }),
+                       "all_reduce_into: the output of replica 0 overlaps the input of replica 1; every replica needs "
+                       "an output of its own",
+                       ds::InvalidArgument);
+  CHECK(values == std::vector<std::vector<float>>{{1, 2}, {3, 4}});
+  // An output whose element type cannot hold the input's.
+  CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) {
+                         const std::vector<float> in(2, 1.0f);
+                         std::vector<double> out;
+                         ctx.all_reduce_into(ds::ReduceOp::Sum, in, out);
+                       }),
+                       "cannot hold float32 values in a value of element type float64", ds::InvalidArgument);
+  // Replicas that disagree on the value: all_reduce's mismatch message; MEAN of booleans.
+  CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) {
+                         const std::vector<float> in(ctx.local_replica_id() == 0 ? 2 : 3, 1.0f);
+                         std::vector<float> out;
+                         ctx.all_reduce_into(ds::ReduceOp::Sum, in, out);
+                       }),
+                       "all_reduce: value 0 is float32 of shape (2,) on replica 0 but float32 of shape (3,) on replica 1",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) {
+                         test_types::DynTensor flags = test_types::DynTensor::of<bool>({2}, {true, false});
+                         test_types::DynTensor out;
+                         ctx.all_reduce_into(ds::ReduceOp::Mean, std::as_const(flags), out);
+                       }),
+                       "all_reduce_into: MEAN is not defined for bool values", ds::InvalidArgument);
+  // The strategy still works.
+  std::vector<std::vector<float>> outputs(2);
+  strategy.run([&](ds::ReplicaContext& ctx) {
+    const std::vector<float> in(2, 2.0f);
+    ctx.all_reduce_into(ds::ReduceOp::Sum, in, outputs[static_cast<std::size_t>(ctx.local_replica_id())]);
+  });
+  CHECK(outputs[1] == std::vector<float>{4, 4});
+}
+
 TEST_CASE("packing follows TF's rule: reverse order, new pack after bytes_per_pack, dtypes apart") {
   // Ten float32 values of 400 bytes each and bytes_per_pack 1000: packs of 3 values
   // (400, 800, 1200 > 1000 closes the pack), taken from the last value backwards.

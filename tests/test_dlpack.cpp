@@ -403,6 +403,16 @@ TEST_CASE("dlpack: tensors on a device are refused by the host collectives with 
   };
   CHECK_THROWS_WITH_AS(lvalue(), doctest::Contains("clone needs host memory but the elements are on kDLCUDA:1"),
                        ds::InvalidArgument);
+  auto into = [&] {
+    strategy.run([&](ds::ReplicaContext& ctx) {
+      dl::Tensor out;
+      ctx.all_reduce_into(ds::ReduceOp::Sum, on_gpu, out);
+    });
+  };
+  CHECK_THROWS_WITH_AS(into(),
+                       "all_reduce_into: a float32 (2,) value in device memory cannot go through the host collectives; "
+                       "use a strategy of the device's backend",
+                       ds::InvalidArgument);
   auto per_replica = strategy.run([&](ds::ReplicaContext&) { return on_gpu; });
   CHECK_THROWS_WITH_AS(strategy.reduce(ds::ReduceOp::Sum, per_replica),
                        doctest::Contains("value in device memory cannot go through the host collectives"),

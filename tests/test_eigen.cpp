@@ -110,6 +110,33 @@ TEST_CASE("Eigen::Map: an rvalue map is reduced in the memory it views, strides 
   });
 }
 
+TEST_CASE("Eigen::Map: all_reduce_into writes the memory a map views; a map of another shape is refused") {
+  ds::MirroredStrategy<ds::host> strategy(2);
+  std::vector<std::vector<float>> memory(2, std::vector<float>(9, -1.0f));
+  strategy.run([&](ds::ReplicaContext& ctx) {
+    const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+    Eigen::MatrixXf in(2, 2);
+    in << 1, 2, 3, 4;
+    in *= float(r + 1);
+    // A strided 2x2 window of this replica's memory (outer stride 3) receives the sum.
+    Eigen::Map<Eigen::MatrixXf, 0, Eigen::OuterStride<>> out(memory[r].data() + 1, 2, 2, Eigen::OuterStride<>(3));
+    ctx.all_reduce_into(ds::ReduceOp::Sum, std::as_const(in), out);
+    CHECK(in(1, 0) == 3.0f * float(r + 1));
+  });
+  for (const auto& m : memory) {
+    // Column-major with outer stride 3 from offset 1: (0,0) at 1, (1,0) at 2, (0,1) at 4, (1,1) at 5.
+    CHECK(m == std::vector<float>{-1, 3, 9, -1, 6, 12, -1, -1, -1});
+  }
+  CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) {
+                         const auto r = static_cast<std::size_t>(ctx.local_replica_id());
+                         const Eigen::Map<const Eigen::VectorXf> in(memory[r].data(), 3);
+                         Eigen::Map<Eigen::VectorXf> out(memory[r].data() + 4, 2);
+                         ctx.all_reduce_into(ds::ReduceOp::Sum, in, out);
+                       }),
+                       "all_reduce_into: the output is a view of float32 (2,) strides (1,); it cannot hold the result, float32 (3,) strides (1,)",
+                       ds::InvalidArgument);
+}
+
 TEST_CASE_TEMPLATE("Eigen::Tensor of either layout: gather along every axis", T, Eigen::Tensor<int, 3>,
                    RowMajorTensor3i) {
   ds::MirroredStrategy<ds::host> strategy(2);

@@ -44,11 +44,11 @@ class HierarchicalCopyCollectives : public SharedMemoryCollectives {
           if (!is_leader) return;
           const auto& members = groups_[static_cast<std::size_t>(
               std::find(leaders_.begin(), leaders_.end(), replica) - leaders_.begin())];
-          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, replica, members, i, op, 0);
+          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, replica, members, i, op, 0, ReadFrom::inputs);
         },
         [&] {  // 2. the first leader reduces the leaders
           if (replica != root) return;
-          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, root, leaders_, i, op, mean_divisor_);
+          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, root, leaders_, i, op, mean_divisor_, ReadFrom::partial_results);
         },
         [&] {  // 3. the other leaders fetch the result
           if (is_leader && replica != root) copy_buffers(group, root, replica);

@@ -59,7 +59,7 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
         group, replica, call,
         [&] {  // local replicas into replica 0
           if (replica != 0) return;
-          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, 0, local_, i, combine_op, 0);
+          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, 0, local_, i, combine_op, 0, ReadFrom::inputs);
         },
         [&] {  // replica 0: across the workers, one collective per pack
           if (replica == 0) cross_worker_all_reduce(buffers, combine_op, op == ReduceOp::Mean);
@@ -125,7 +125,7 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
         group, replica, call,
         [&] {
           if (replica != 0) return;
-          reduce_into(group, 0, local_, 0, combine_op, 0);
+          reduce_into(group, 0, local_, 0, combine_op, 0, ReadFrom::inputs);
           const std::size_t row = row_elements(input.shape);
           std::vector<std::size_t> counts;
           for (int v = 0; v < link_->num_workers(); ++v) {

@@ -1,7 +1,8 @@
 // The host default cross-device op: replicas are threads of one process, so they reduce straight
 // out of each other's buffers. Replica r reduces slice r of every buffer across all replicas and
 // writes the result into slice r of every replica's buffer: a reduce-scatter and an all-gather
-// fused into one pass, in place, with no scratch buffer and two barriers per call.
+// fused into one pass, with no scratch buffer and two barriers per call. In place, or out of
+// place (each input read where it is, BufferRef::source) at the same cost.
 #pragma once
 
 #include <algorithm>
@@ -34,7 +35,7 @@ void reduce_slice_across(const ReplicaGroup& group, std::size_t buffer_index, st
   const int n = group.size();
   constexpr std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / sizeof(T));
   std::vector<const void*> sources(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) sources[static_cast<std::size_t>(r)] = group.slot(r).buffers[buffer_index].data;
+  for (int r = 0; r < n; ++r) sources[static_cast<std::size_t>(r)] = group.slot(r).buffers[buffer_index].input();
   for (std::size_t b = begin; b < end; b += block) {
     const std::size_t len = std::min(block, end - b);
     T* acc = static_cast<T*>(group.slot(0).buffers[buffer_index].data) + b;
@@ -45,16 +46,21 @@ void reduce_slice_across(const ReplicaGroup& group, std::size_t buffer_index, st
   }
 }
 
-/// Reduces buffer `buffer_index` of every replica in `sources` into replica `target`'s buffer
-/// (element range [begin, end)); Mean divides when `divisor` > 1.
+/// Which of a replica's buffers a reduction step reads: its input (BufferRef::source when out of
+/// place), as a first step does, or `data`, where an earlier step left a partial result.
+enum class ReadFrom : bool { inputs, partial_results };
+
+/// Reduces buffer `buffer_index` of every replica in `sources` into replica `target`'s buffer;
+/// Mean divides when `divisor` > 1.
 inline void reduce_into(const ReplicaGroup& group, int target, const std::vector<int>& sources, std::size_t buffer_index,
-                        ReduceOp op, std::int64_t divisor) {
+                        ReduceOp op, std::int64_t divisor, ReadFrom from_what) {
   const BufferRef& dst = group.slot(target).buffers[buffer_index];
+  auto read = [&](const BufferRef& b) { return from_what == ReadFrom::inputs ? b.input() : b.data; };
   visit_dtype(dst.dtype, [&](auto t) {
     using T = decltype(t);
-    std::vector<const void*> from{dst.data};
+    std::vector<const void*> from{read(dst)};
     for (int s : sources) {
-      if (s != target) from.push_back(group.slot(s).buffers[buffer_index].data);
+      if (s != target) from.push_back(read(group.slot(s).buffers[buffer_index]));
     }
     reduce_many<T>(static_cast<T*>(dst.data), from, dst.count(), op, divisor);
   });
@@ -76,6 +82,10 @@ class SharedMemoryCollectives : public ReplicaCollectives {
   /// that divide after a further cross-worker step).
   explicit SharedMemoryCollectives(std::int64_t mean_divisor) : mean_divisor_(mean_divisor) {}
 
+  /// Out of place costs what in place does: each block of every input is read once and the
+  /// result written to every output (the subclasses' first steps read inputs, ReadFrom::inputs).
+  bool reads_sources() const noexcept override { return true; }
+
   void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
     const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
     exchange(group, replica, call, [&] {
@@ -84,6 +94,7 @@ class SharedMemoryCollectives : public ReplicaCollectives {
       for (std::size_t i = 0; i < buffers.size(); ++i) {
         const std::size_t count = buffers[i].count();
         if (group.size() == 1) {
+          if (buffers[i].source != nullptr && count > 0) std::memcpy(buffers[i].data, buffers[i].source, buffers[i].bytes());
           if (op == ReduceOp::Mean && mean_divisor_ > 1) {
             visit_dtype(buffers[i].dtype, [&](auto t) {
               divide(static_cast<decltype(t)*>(buffers[i].data), count, mean_divisor_);

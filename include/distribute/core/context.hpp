@@ -173,6 +173,51 @@ class ReplicaContext {
     return all_reduce_now(op, std::forward<U>(values)...);
   }
 
+  /// The all-reduce of `input` written into `output`'s memory: each replica's input is read where
+  /// it is and the result written into its output in one pass, with no allocation once `output`
+  /// has the input's dtype and shape (an output kept across steps is reused every step; one of
+  /// another dtype or shape is first replaced by a new value, which a view type cannot be).
+  /// `output` may be `input` itself (in place) but may not otherwise overlap it, nor another
+  /// replica's input or output: InvalidArgument. The elements are bitwise what all_reduce returns.
+  template <class In, class Out>
+  void all_reduce_into(ReduceOpArg op, const In& input, Out& output) {
+    constexpr bool tensors = TensorLike<In> && TensorLike<Out>;
+    static_assert(tensors, "ds::ReplicaContext::all_reduce_into: a value's type has no ds::tensor_traits "
+                           "specialisation (it is not TensorLike; see docs/tensors.md)");
+    if constexpr (tensors) {
+      static_assert(memory_space_v<In> == MemorySpace::host && memory_space_v<Out> == MemorySpace::host,
+                    "ds::ReplicaContext::all_reduce_into takes host values; reduce device values with all_reduce");
+      drain_async();
+      detail::HostOperands operands("all_reduce_into");
+      const TensorView in = view_of(input);
+      operands.check_host(in);
+      TensorView out = view_of(output);
+      if constexpr (!is_view_v<Out>) {
+        if (static_cast<const void*>(&input) != static_cast<const void*>(&output) &&
+            (out.dtype != in.dtype || out.shape != in.shape)) {
+          output = make_value<Out>(in.dtype, in.shape);
+          out = view_of(output);
+        }
+      }
+      if (out.dtype != in.dtype || out.shape != in.shape) {
+        throw InvalidArgument(fmt::format("all_reduce_into: the output is a view of {}; it cannot hold the result, {}",
+                                          describe(out), describe(in)));
+      }
+      const bool in_place = detail::same_elements(in, out);
+      if (!in_place && detail::overlap(in, out)) {
+        throw InvalidArgument(fmt::format("all_reduce_into: the output ({}) overlaps the input ({}) without being "
+                                          "it; pass the input itself to reduce in place, or an output of its own",
+                                          describe(out), describe(in)));
+      }
+      if (in_place) add_operand(operands, output);
+      else operands.add_out_of_place(in, std::move(out), collectives_->reads_sources());
+      operands[0].caller_output = true;
+      detail::check_op_for_dtype(op.op, in.dtype, "all_reduce_into");
+      collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
+      operands.write_back();
+    }
+  }
+
   /// Starts the all-reduce of `values` and returns at once; the handle's wait() gives what
   /// all_reduce would have returned. The collective runs on this replica's collective thread
   /// while the step goes on; several may be in flight, and they complete in the order they were
@@ -215,11 +260,20 @@ class ReplicaContext {
     static_assert(tensors, "ds::ReplicaContext::all_reduce: a value's type has no ds::tensor_traits specialisation "
                            "(it is not TensorLike; see docs/tensors.md)");
     if constexpr (tensors) {
-      // Lvalues are copied and the copies reduced in place: measured faster than reading them
-      // where they are and writing new values (docs/performance.md, "tried and rejected").
-      std::tuple<std::remove_cvref_t<U>...> out(owned(std::forward<U>(values))...);
+      // An lvalue is read where it is and its result written into a new value (out of place, one
+      // pass); an rvalue is reduced in its own memory.
+      std::tuple<U&&...> args(std::forward<U>(values)...);
+      constexpr auto each = std::index_sequence_for<U...>{};
+      std::array<Shape, sizeof...(U)> shapes;  // each lvalue's, measured once
+      auto out = [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple<std::remove_cvref_t<U>...>(result_value<U>(std::get<I>(std::move(args)), shapes[I])...);
+      }(each);
       detail::HostOperands operands("all_reduce");
-      std::apply([&](auto&... v) { (add_operand(operands, v), ...); }, out);
+      const bool read_sources = collectives_->reads_sources();
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (add_result_operand<U>(operands, std::get<I>(args), std::get<I>(out), std::move(shapes[I]), read_sources),
+         ...);
+      }(each);
       for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
       collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
       operands.write_back();
@@ -242,14 +296,24 @@ class ReplicaContext {
     drain_async();
     using U = typename std::remove_cvref_t<V>::value_type;
     std::vector<U> values;
-    if constexpr (std::is_lvalue_reference_v<V>) {
-      values.reserve(values_in.size());
-      for (const auto& v : values_in) values.push_back(clone_value(v));
-    } else {
-      values = std::move(values_in);
-    }
     detail::HostOperands operands("batch_all_reduce");
-    for (auto& v : values) add_operand(operands, v);
+    if constexpr (out_of_place_v<const U&> && std::is_lvalue_reference_v<V>) {  // as all_reduce's lvalues
+      values.reserve(values_in.size());
+      std::vector<Shape> shapes(values_in.size());
+      for (std::size_t i = 0; i < values_in.size(); ++i) values.push_back(result_value<const U&>(values_in[i], shapes[i]));
+      const bool read_sources = collectives_->reads_sources();
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        add_result_operand<const U&>(operands, values_in[i], values[i], std::move(shapes[i]), read_sources);
+      }
+    } else {
+      if constexpr (std::is_lvalue_reference_v<V>) {
+        values.reserve(values_in.size());
+        for (const auto& v : values_in) values.push_back(clone_value(v));
+      } else {
+        values = std::move(values_in);
+      }
+      for (auto& v : values) add_operand(operands, v);
+    }
     for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "batch_all_reduce");
     collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
     operands.write_back();
@@ -386,6 +450,52 @@ class ReplicaContext {
   static std::remove_cvref_t<V> owned(V&& v) {
     if constexpr (std::is_lvalue_reference_v<V>) return clone_value(v);
     else return std::move(v);
+  }
+
+  // Whether all_reduce reduces an argument of type V (as forwarded) out of place: an lvalue in host
+  // memory that owns it. A view type or a device value is copied (owned()) and reduced in place.
+  template <class V>
+  static constexpr bool out_of_place_v = std::is_lvalue_reference_v<V> && !is_view_v<std::remove_cvref_t<V>> &&
+                                         memory_space_v<std::remove_cvref_t<V>> == MemorySpace::host;
+
+  // The same for one value: a run-time-typed lvalue whose elements are in device memory is copied
+  // (owned()), so that it meets the errors every other device value does.
+  template <class V>
+  static bool out_of_place(const std::remove_reference_t<V>& v) {
+    if constexpr (!out_of_place_v<V>) return false;
+    else if constexpr (DynamicTensorLike<std::remove_cvref_t<V>>) return view_of(v).memory == MemorySpace::host;
+    else return true;
+  }
+
+  // all_reduce's result for one argument: a new value of the lvalue's dtype and shape (left in
+  // `shape`) for the collective to write, else owned() (an rvalue moved in and reduced in its own
+  // memory).
+  template <class V>
+  static std::remove_cvref_t<V> result_value(V&& v, [[maybe_unused]] Shape& shape) {
+    if constexpr (out_of_place_v<V>) {
+      if (out_of_place<V>(v)) {
+        shape = shape_of(v);
+        return make_value<std::remove_cvref_t<V>>(value_dtype(v), shape);
+      }
+    }
+    return owned(std::forward<V>(v));
+  }
+
+  // Adds the result `out` of argument `in` to the collective's operands; `shape`: what
+  // result_value left.
+  template <class V, class R>
+  static void add_result_operand(detail::HostOperands& operands, const std::remove_reference_t<V>& in, R& out,
+                                 [[maybe_unused]] Shape&& shape, bool read_source) {
+    using T = std::remove_cvref_t<V>;
+    if (!out_of_place<V>(in)) return add_operand(operands, out);
+    if constexpr (StaticTensorLike<T> && !requires { tensor_traits<T>::strides(in); }) {
+      // Row-major contiguous host memory, by its type: no views to build.
+      operands.add_out_of_place(tensor_traits<T>::data(in),
+                                detail::BufferRef{tensor_traits<T>::data(out), dtype_of<element_t<T>>(), std::move(shape)},
+                                read_source);
+    } else {
+      operands.add_out_of_place(view_of(in), view_of(out), read_source);
+    }
   }
 
   template <class U>

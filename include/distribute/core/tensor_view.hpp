@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -90,6 +91,29 @@ inline void check_view(const TensorView& v, const std::type_info& type) {
 }
 
 namespace detail {
+
+/// The bytes [first, last) a view's elements lie in (its gaps included); empty for no elements.
+inline std::pair<const std::byte*, const std::byte*> extent(const TensorView& v) {
+  const auto* first = static_cast<const std::byte*>(v.data);
+  if (v.count() == 0) return {first, first};
+  if (v.strides.empty()) return {first, first + v.bytes()};
+  std::int64_t last = 0;
+  for (std::size_t d = 0; d < v.shape.size(); ++d) last += (v.shape[d] - 1) * v.strides[d];
+  return {first, first + (static_cast<std::size_t>(last) + 1) * size_of(v.dtype)};
+}
+
+/// Whether two views share a byte of memory.
+inline bool overlap(const TensorView& a, const TensorView& b) {
+  const auto [a0, a1] = extent(a);
+  const auto [b0, b1] = extent(b);
+  return a0 < b1 && b0 < a1;
+}
+
+/// Whether two views of one dtype and shape are the same elements (the same memory and layout).
+inline bool same_elements(const TensorView& a, const TensorView& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.shape != b.shape) return false;
+  return (a.contiguous() && b.contiguous()) || a.strides == b.strides;
+}
 
 // Walks the elements of a strided view in row-major order, calling run(offset_in_elements, len)
 // for each run of elements contiguous in memory (the innermost axis when its stride is 1).

@@ -61,6 +61,10 @@ class DeviceStagingCollectives final : public ReplicaCollectives {
  public:
   explicit DeviceStagingCollectives(std::unique_ptr<ReplicaCollectives> inner) : inner_(std::move(inner)) {}
 
+  /// Out-of-place buffers are host buffers (an input in device memory is copied into its result
+  /// first), which the staging leaves as they are.
+  bool reads_sources() const noexcept override { return inner_->reads_sources(); }
+
   void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
     if (!any_in_device_memory(buffers)) return inner_->all_reduce(group, replica, buffers, op);
     HostStaging staging(buffers);

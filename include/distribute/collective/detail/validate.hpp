@@ -4,7 +4,9 @@
 // of them, and no replica leaves (freeing the buffers it published) while others still read them.
 #pragma once
 
+#include <cstddef>
 #include <exception>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -19,6 +21,33 @@ namespace detail {
 /// 0 where the whole table is checked later, once gathered from every worker (so that every
 /// worker reports the same mismatch instead of one worker alone).
 inline int all_to_all_replicas(const ReplicaGroup& group) { return group.slot(0).root; }
+
+/// all_reduce_into: a replica's output must be its own, apart from every other replica's input
+/// and output (each replica writes its slice of every output while the others read the inputs).
+inline void check_outputs_apart(const ReplicaGroup& group, std::size_t i) {
+  auto range = [](const void* p, std::size_t bytes) {
+    const auto* b = static_cast<const std::byte*>(p);
+    return std::pair{b, b + bytes};
+  };
+  auto overlaps = [](auto a, auto b) { return a.first < b.second && b.first < a.second; };
+  for (int r = 0; r < group.size(); ++r) {
+    const BufferRef& mine = group.slot(r).buffers[i];
+    if (!mine.caller_output || mine.bytes() == 0) continue;
+    const auto out = range(mine.data, mine.bytes());
+    for (int q = 0; q < group.size(); ++q) {
+      if (q == r) continue;
+      const BufferRef& other = group.slot(q).buffers[i];
+      const char* what = overlaps(out, range(other.data, other.bytes()))      ? "output"
+                         : overlaps(out, range(other.input(), other.bytes())) ? "input"
+                                                                               : nullptr;
+      if (what != nullptr) {
+        throw InvalidArgument(fmt::format("all_reduce_into: the output of replica {} overlaps the {} of replica {}; "
+                                          "every replica needs an output of its own",
+                                          r, what, q));
+      }
+    }
+  }
+}
 
 inline void validate_same_call(const ReplicaGroup& group) {
   const CollectiveCall& c0 = group.slot(0);
@@ -91,6 +120,9 @@ inline void validate_same_call(const ReplicaGroup& group) {
         }
         break;
     }
+  }
+  if (kind == CollectiveKind::AllReduce) {
+    for (std::size_t i = 0; i < c0.buffers.size(); ++i) check_outputs_apart(group, i);
   }
   if (kind == CollectiveKind::AllToAll) {
     std::vector<AllToAllSide> sides;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -24,12 +25,8 @@ class HostOperands {
   explicit HostOperands(const char* what) : what_(what) {}
 
   /// Adds a value's view; `i`-th added is buffers()[i]. write_back() leaves `read_only` ones alone.
-  void add(const TensorView& v, bool read_only = false) {
-    if (v.memory != MemorySpace::host) {
-      throw InvalidArgument(fmt::format("{}: a {} value in device memory cannot go through the host collectives; "
-                                        "use a strategy of the device's backend",
-                                        what_, describe(v)));
-    }
+  void add(TensorView v, bool read_only = false) {
+    check_host(v);
     if (!read_only && !v.strides.empty()) {
       for (std::size_t d = 0; d < v.shape.size(); ++d) {
         if (v.strides[d] == 0 && v.shape[d] > 1) {
@@ -39,13 +36,48 @@ class HostOperands {
         }
       }
     }
-    BufferRef ref{v.data, v.dtype, v.shape};
-    if (!v.contiguous()) {
-      auto& s = staged_.emplace_back(Staged{buffers_.size(), v, std::vector<std::byte>(v.bytes()), read_only});
-      copy_to_contiguous(v, s.bytes.data());
-      ref.data = s.bytes.data();
+    if (v.contiguous()) {
+      buffers_.push_back(BufferRef{v.data, v.dtype, std::move(v.shape)});
+      return;
     }
+    BufferRef ref{nullptr, v.dtype, v.shape};
+    const std::size_t bytes = v.bytes();
+    auto& s = staged_.emplace_back(Staged{buffers_.size(), std::move(v), std::vector<std::byte>(bytes), read_only});
+    copy_to_contiguous(s.view, s.bytes.data());
+    ref.data = s.bytes.data();
     buffers_.push_back(std::move(ref));
+  }
+
+  /// Refuses a value in device memory (which only the device strategies' collectives take).
+  void check_host(const TensorView& v) const {
+    if (v.memory != MemorySpace::host) {
+      throw InvalidArgument(fmt::format("{}: a {} value in device memory cannot go through the host collectives; "
+                                        "use a strategy of the device's backend",
+                                        what_, describe(v)));
+    }
+  }
+
+  /// Adds `out` for a collective that reads `in` (the same dtype and shape) and writes `out`: when
+  /// `read_source` and `in` is row-major contiguous host memory, the collective reads it where it is
+  /// (BufferRef::source); else `in` is copied first into the memory the collective writes. Both
+  /// in host memory, as add() requires.
+  void add_out_of_place(const TensorView& in, TensorView out, bool read_source) {
+    check_host(in);
+    add(std::move(out));
+    BufferRef& ref = buffers_.back();
+    if (read_source && in.memory == MemorySpace::host && in.contiguous()) {
+      ref.source = in.data;
+    } else if (ref.bytes() > 0) {
+      copy_to_contiguous(in, ref.data);
+    }
+  }
+
+  /// The same for values whose elements are row-major contiguous in host memory (known from their
+  /// type): `in` points at the input's elements, `out` is the result's buffer.
+  void add_out_of_place(const void* in, BufferRef out, bool read_source) {
+    if (read_source) out.source = in;
+    else if (out.bytes() > 0) std::memcpy(out.data, in, out.bytes());
+    buffers_.push_back(std::move(out));
   }
 
   /// Adds a buffer built elsewhere (device memory, see core/memory_space.hpp).

@@ -38,6 +38,13 @@ struct BufferRef {
   /// collectives either hand them to a device library (NCCL) or copy them through `device`.
   MemorySpace memory = MemorySpace::host;
   const DeviceMemoryAccess* device = nullptr;  // set when memory == device
+  /// Out of place: the collective reads this replica's value here and writes the result to `data`
+  /// (host memory, for collectives whose reads_sources() is true). Null: in place, at `data`.
+  const void* source = nullptr;
+  const void* input() const noexcept { return source != nullptr ? source : data; }
+  /// `data` is memory the caller gave for the result (all_reduce_into): every replica checks it
+  /// against the other replicas' inputs and outputs before any is written.
+  bool caller_output = false;
   std::size_t count() const { return static_cast<std::size_t>(num_elements(shape)); }
   std::size_t bytes() const { return count() * size_of(dtype); }
 };
@@ -191,9 +198,11 @@ class ReplicaGroup {
 class ReplicaCollectives {
  public:
   virtual ~ReplicaCollectives() = default;
-  /// In-place all-reduce of `buffers` (same dtypes/shapes on every replica). Mean divides by
-  /// `num_replicas_in_sync`.
+  /// All-reduce of `buffers` (same dtypes/shapes on every replica): in place, or out of place for
+  /// buffers with a `source` where reads_sources(). Mean divides by `num_replicas_in_sync`.
   virtual void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) = 0;
+  /// Whether all_reduce reads BufferRef::source (else a caller copies the input into `data` first).
+  virtual bool reads_sources() const noexcept { return false; }
   /// Concatenation along `axis`; `allocate(shape)` returns where this replica's result goes.
   virtual void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
                           const std::function<void*(const Shape&)>& allocate) = 0;
