@@ -49,8 +49,7 @@ class Transport::Op {
     if (SharedMemoryAllReduce* shm = t_.shared_memory_.get()) {
       shm->announce(seq_, desc);  // every rank reads every announcement: no frames
     } else if (t_.rank_ == 0) {
-      t_.root_pending_.emplace(seq_, desc);
-      t_.relay_descriptors_locked();  // when every peer's came first
+      t_.descriptors_.announce_root_locked(t_.peers_, t_.rank_, seq_, desc);  // sent when every peer's is in
     } else {
       OutFrame f;
       f.owned = encode(desc);
@@ -154,17 +153,17 @@ class Transport::Op {
   void wait_until(Done&& done, int waiting_on) {
     std::unique_lock lk(t_.mu_);
     quiet_ = true;
-    const bool announce = collective_ && t_.quiet_desc_ == nullptr;
+    const bool announce = collective_ && t_.descriptors_.quiet_desc == nullptr;
     if (announce) {
-      t_.quiet_desc_ = &mine_;
-      t_.quiet_seq_ = seq_;
+      t_.descriptors_.quiet_desc = &mine_;
+      t_.descriptors_.quiet_seq = seq_;
     }
     struct Loud {  // destroyed before lk: runs with the mutex held
       Op& op;
       bool announced;
       ~Loud() {
         op.quiet_ = false;
-        if (announced) op.t_.quiet_desc_ = nullptr;
+        if (announced) op.t_.descriptors_.quiet_desc = nullptr;
       }
     } loud{*this, announce};
     block(
@@ -332,10 +331,7 @@ class Transport::Op {
         return t;
       }
       received_ += dst.size();
-      if (auto it = p.unexpected.find(key); it != p.unexpected.end()) {
-        early = std::move(it->second.front());
-        it->second.pop_front();
-        if (it->second.empty()) p.unexpected.erase(it);
+      if (p.take_early_locked(key, early)) {
         t->state = Transfer::State::Active;  // abandon() must wait for the copy and the continuation
       } else if (p.state() != Connection::State::Open) {
         t->state = Transfer::State::Failed;
@@ -355,7 +351,7 @@ class Transport::Op {
     } else {
       std::lock_guard lk(t_.mu_);
       t->state = Transfer::State::Failed;
-      t->error = Failure{FailureKind::Mismatch, t_.size_mismatch(t_.peer(peer), early.size, dst.size(), t->key)};
+      t->error = Failure{FailureKind::Mismatch, t_.peer(peer).size_mismatch(early.size, dst.size(), t->key, t_.me())};
       t_.mu_.notify_all_locked();  // posted by a continuation, the caller waits in wait_until
     }
     return t;
@@ -539,9 +535,8 @@ class Transport::Op {
         Peer& p = t_.peer(t->peer);
         if (t->is_send) {
           p.conn.unqueue_locked(t);
-        } else if (auto it = p.posted.find(t->key); it != p.posted.end()) {
-          std::erase(it->second, t);
-          if (it->second.empty()) p.posted.erase(it);
+        } else {
+          p.unpost_locked(t);
         }
         t->state = Transfer::State::Failed;
       }

@@ -38,10 +38,13 @@
 #include <distribute/net/detail/congestion_control.hpp>
 #include <distribute/net/detail/connection.hpp>
 #include <distribute/net/detail/connector.hpp>
+#include <distribute/net/detail/descriptor_exchange.hpp>
 #include <distribute/net/detail/event_loop.hpp>
 #include <distribute/net/detail/handshake.hpp>
 #include <distribute/net/detail/listener.hpp>
+#include <distribute/net/detail/mesh_terms.hpp>
 #include <distribute/net/detail/notifying_mutex.hpp>
+#include <distribute/net/detail/peer.hpp>
 #include <distribute/net/detail/protocol.hpp>
 #include <distribute/net/detail/shared_memory_all_reduce.hpp>
 #include <distribute/net/detail/transfer.hpp>
@@ -60,36 +63,6 @@ inline constexpr std::chrono::milliseconds kAbandonGrace{500};
 inline constexpr std::chrono::milliseconds kMaxConnectBackoff{50};
 // How long a clean shutdown waits for goodbyes to be written and answered.
 inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
-
-/// One other rank: its connection and what its frames are matched against.
-struct Peer {
-  Peer(ConnectionOwner& owner, NotifyingMutex& mu, asio::io_context& io, int r, std::string name, std::string address,
-       std::size_t max_frame_bytes)
-      : conn(owner, mu, io, r, std::move(name), std::move(address), max_frame_bytes), rank(r) {}
-  Connection conn;
-  int rank;
-  HostPort endpoint;
-  const std::string& name() const noexcept { return conn.name(); }
-  const std::string& address() const noexcept { return conn.address(); }
-  Connection::State& state() noexcept { return conn.state; }
-  Connection::State state() const noexcept { return conn.state; }
-  bool claimed = false;  // an accepted handshake is completing for this rank
-  // Connecting to ranks below ours.
-  std::optional<Dialer> dialer;
-  std::string last_error = "no attempt yet";
-  // The frame being read (io thread only): the receive it goes to, or the buffer it waits in.
-  TransferPtr rx_transfer;
-  Blob rx_blob;
-  bool rx_keep = false;
-  // Matching (guarded by the mutex).
-  std::map<MsgKey, std::deque<TransferPtr>> posted;
-  std::map<MsgKey, std::deque<Blob>> unexpected;
-  std::map<std::uint64_t, Descriptor> descriptors;
-  // When each of those arrived: kept only while the timeline records (waiting vs moving data).
-  std::map<std::uint64_t, Clock::time_point> descriptor_at;
-  std::uint64_t p2p_sent = 0;
-  std::uint64_t p2p_received = 0;
-};
 
 class Transport final : private ConnectionOwner {
  public:
@@ -117,6 +90,7 @@ class Transport final : private ConnectionOwner {
     chunk_bytes_ = std::min(options_.chunk_bytes, options_.max_frame_bytes);
     token_ = effective_cluster_token(options_.cluster_token);
     handshaker_.emplace(token_, options_.handshake_timeout);
+    std::vector<MeshTerms::Rank> ranks;
     for (int i = 0; i < size_; ++i) {
       auto p = std::make_unique<Peer>(static_cast<ConnectionOwner&>(*this), mu_, loop_.io(), i,
                                       task_names.empty() ? fmt::format("rank {}", i) : task_names[static_cast<std::size_t>(i)],
@@ -128,8 +102,10 @@ class Transport final : private ConnectionOwner {
         }
       }
       if (i < rank_) p->dialer.emplace(loop_.io(), *handshaker_, p->endpoint, options_.loopback_congestion_control, kMaxConnectBackoff);
+      ranks.push_back(MeshTerms::Rank{p->name(), p->address()});
       peers_.push_back(std::move(p));
     }
+    terms_.emplace(rank_, std::move(ranks), token_.has_value());
     if (size_ == 1) return;
 
     listener_.emplace(loop_.io(), Listener::Options{me(), "Communicator", options_.loopback_congestion_control,
@@ -260,40 +236,8 @@ class Transport final : private ConnectionOwner {
     mu_.notify_all_locked();
   }
 
-  // What a connector reports when a peer refused it (an acceptor tells the peer no more than "refused").
-  std::string refused_by(const Peer& p, const std::string& text) const {
-    if (text == kRefusedText) {
-      return fmt::format("{} at {} refused {} (its log says why; cluster specs or cluster tokens that differ are the usual "
-                         "cause)",
-                         p.name(), p.address(), me());
-    }
-    return fmt::format("{} at {} refused {}: {}", p.name(), p.address(), me(), text);
-  }
-
   // Connector side: ranks connect to every lower rank, retrying while it is not up yet.
   void start_dialing(int j) {
-    auto terms = std::make_shared<ConnectorTerms>();
-    const Peer& p = peer(j);
-    terms->hello = Hello{static_cast<std::uint32_t>(size_), static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(j)};
-    terms->peer_name = p.name();
-    terms->peer_address = p.address();
-    terms->me = me();
-    terms->check = [this, j](const Challenge& c) -> std::string {
-      const Peer& q = peer(j);
-      if (c.size != static_cast<std::uint32_t>(size_) || c.rank != static_cast<std::uint32_t>(j) ||
-          c.peer_rank != static_cast<std::uint32_t>(rank_) || c.service) {
-        return fmt::format("{} answered as rank {} of a {}-rank cluster, but {} (rank {} of {}) lists it as {} (rank {}): the "
-                           "processes were given different cluster specs",
-                           q.address(), c.rank, c.size, me(), rank_, size_, q.name(), j);
-      }
-      if (c.has_token != token_.has_value()) {
-        return token_ ? fmt::format("{} at {} uses no cluster token but {} does", q.name(), q.address(), me())
-                      : fmt::format("{} at {} requires a cluster token (DISTRIBUTE_CLUSTER_TOKEN) but {} has none", q.name(),
-                                    q.address(), me());
-      }
-      return {};
-    };
-    terms->refused = [this, j](const std::string& text) { return refused_by(peer(j), text); };
     Dialer::Hooks hooks;
     hooks.wanted = [this, j] {
       std::lock_guard lk(mu_);
@@ -315,7 +259,7 @@ class Transport final : private ConnectionOwner {
       log(fmt::format("{}: connecting to {} with the system's congestion control: '{}' is refused by the kernel: {}", me(),
                       peer(j).name(), options_.loopback_congestion_control, why));
     };
-    peer(j).dialer->start(std::move(terms), std::move(hooks));
+    peer(j).dialer->start(terms_->connector(j), std::move(hooks));
   }
 
   // Acceptor side: anyone may connect; only a peer that proves the token and a valid rank joins.
@@ -325,38 +269,19 @@ class Transport final : private ConnectionOwner {
       if (closing_) return false;
     }
     if (!acceptor_terms_) {
-      auto terms = std::make_shared<AcceptorTerms>();
-      terms->me = me();
-      terms->admit = [this](Handshake& hs, const Hello& hello) -> std::string {
-        if (hello.service) return "it is a client of a service, not a rank of this cluster";
-        if (hello.size != static_cast<std::uint32_t>(size_) || hello.to_rank != static_cast<std::uint32_t>(rank_)) {
-          return fmt::format("it believes in a {}-rank cluster and called rank {}, but this is rank {} of {}", hello.size,
-                             hello.to_rank, rank_, size_);
-        }
-        if (hello.from_rank <= static_cast<std::uint32_t>(rank_) || hello.from_rank >= static_cast<std::uint32_t>(size_)) {
-          return fmt::format("it claims rank {}, but only ranks {}..{} connect to rank {}", hello.from_rank, rank_ + 1, size_ - 1,
-                             rank_);
-        }
-        hs.claimed = fmt::format(" (claiming to be {})", peer(static_cast<int>(hello.from_rank)).name());
-        if (hello.has_token != token_.has_value()) {
-          return token_ ? std::string("it presented no cluster token, and this cluster requires one")
-                        : std::string("it presented a cluster token, and this rank has none");
-        }
-        return {};
-      };
-      terms->claim = [this](const Hello& hello) -> std::string {
-        std::lock_guard lk(mu_);
-        Peer& p = peer(static_cast<int>(hello.from_rank));
-        if (closing_ || p.state() != Connection::State::Connecting || p.claimed) return fmt::format("{} is already connected", p.name());
-        p.claimed = true;
-        return {};
-      };
-      terms->unclaim = [this](const Hello& hello) {
-        std::lock_guard lk(mu_);
-        peer(static_cast<int>(hello.from_rank)).claimed = false;
-      };
-      terms->log = [this](const std::string& l) { log_limited(l); };
-      acceptor_terms_ = std::move(terms);
+      acceptor_terms_ = terms_->acceptor(
+          [this](int from) -> std::string {
+            std::lock_guard lk(mu_);
+            Peer& p = peer(from);
+            if (closing_ || p.state() != Connection::State::Connecting || p.claimed) return fmt::format("{} is already connected", p.name());
+            p.claimed = true;
+            return {};
+          },
+          [this](int from) {
+            std::lock_guard lk(mu_);
+            peer(from).claimed = false;
+          },
+          [this](const std::string& l) { log_limited(l); });
     }
     handshaker_->accept(h, acceptor_terms_, [this](const HandshakePtr& done) {
       register_peer(static_cast<int>(done->hello.from_rank), std::move(done->socket), done->written);
@@ -425,18 +350,14 @@ class Transport final : private ConnectionOwner {
     {
       std::lock_guard lk(mu_);
       p.rx_transfer.reset();
-      auto it = p.posted.find(key);
-      if (it != p.posted.end()) {
-        TransferPtr t = std::move(it->second.front());
-        it->second.pop_front();
-        if (it->second.empty()) p.posted.erase(it);
+      if (TransferPtr t = p.take_posted_locked(key)) {
         if (t->size == length) {
           t->state = Transfer::State::Active;
           p.rx_transfer = std::move(t);
           return p.rx_transfer->dst;
         }
         t->state = Transfer::State::Failed;
-        t->error = Failure{FailureKind::Mismatch, size_mismatch(p, length, t->size, key)};
+        t->error = Failure{FailureKind::Mismatch, p.size_mismatch(length, t->size, key, me())};
         keep = false;  // read and drop it: the stream stays in step
         mu_.notify_all_locked();
       }
@@ -464,13 +385,10 @@ class Transport final : private ConnectionOwner {
     } else if (p.rx_keep) {
       // Its receive may have been posted while the frame was arriving: hand it over now.
       const MsgKey key{h.type, h.seq, h.tag};
-      auto it = p.posted.find(key);
-      if (it == p.posted.end()) {
+      TransferPtr t = p.take_posted_locked(key);
+      if (!t) {
         p.unexpected[key].push_back(std::move(p.rx_blob));
       } else {
-        TransferPtr t = std::move(it->second.front());
-        it->second.pop_front();
-        if (it->second.empty()) p.posted.erase(it);
         if (t->size == p.rx_blob.size) {
           t->state = Transfer::State::Active;
           lk.unlock();
@@ -479,7 +397,7 @@ class Transport final : private ConnectionOwner {
           complete_receive_locked(lk, t);
         } else {
           t->state = Transfer::State::Failed;
-          t->error = Failure{FailureKind::Mismatch, size_mismatch(p, p.rx_blob.size, t->size, key)};
+          t->error = Failure{FailureKind::Mismatch, p.size_mismatch(p.rx_blob.size, t->size, key, me())};
           mu_.notify_all_locked();
         }
       }
@@ -517,70 +435,9 @@ class Transport final : private ConnectionOwner {
 
   // ---- descriptors ----------------------------------------------------------------------------
 
-  // Descriptors over TCP (no shared memory): every rank sends its own to rank 0 alone, and rank 0,
-  // once it holds every rank's, sends the whole table to every rank: 2(n-1) frames per collective
-  // instead of n(n-1), and every rank still compares every rank's call (the same pair is named
-  // everywhere). The table's entries count as each peer's descriptor.
   void on_descriptor_locked(Peer& p, std::uint64_t seq, std::span<const std::byte> payload) {
-    const std::size_t n = static_cast<std::size_t>(size_);
-    auto store = [&](Peer& from, const Descriptor& d) {
-      if (!from.descriptors.emplace(seq, d).second) {
-        throw FrameError(fmt::format("second descriptor of {} for collective #{}", from.name(), seq));
-      }
-    };
-    if (rank_ == 0) {
-      if (payload.size() != kDescriptorBytes) {
-        throw FrameError(fmt::format("descriptor frame of {} bytes (expected {})", payload.size(), kDescriptorBytes));
-      }
-      store(p, decode_descriptor(payload));
-      relay_descriptors_locked();
-    } else {
-      if (p.rank != 0 || payload.size() != n * kDescriptorBytes) {
-        throw FrameError(fmt::format("descriptor frame of {} bytes from rank {} (only rank 0 sends them, {} bytes)",
-                                     payload.size(), p.rank, n * kDescriptorBytes));
-      }
-      for (std::size_t r = 0; r < n; ++r) {
-        if (static_cast<int>(r) == rank_) continue;
-        store(*peers_[r], decode_descriptor(payload.subspan(r * kDescriptorBytes, kDescriptorBytes)));
-      }
-    }
-    if (observe::timeline_enabled()) p.descriptor_at[seq] = Clock::now();
-    if (descriptor_wakes_locked(seq)) mu_.notify_all_locked();
-  }
-
-  // Rank 0: once its own call and every peer's descriptor of it are in, sends the table out.
-  void relay_descriptors_locked() {
-    if (!root_pending_) return;
-    const std::uint64_t seq = root_pending_->first;
-    for (const auto& p : peers_) {
-      if (p->rank != rank_ && p->descriptors.count(seq) == 0) return;
-    }
-    std::vector<std::byte> table;
-    table.reserve(static_cast<std::size_t>(size_) * kDescriptorBytes);
-    for (const auto& p : peers_) {
-      const auto bytes = encode(p->rank == rank_ ? root_pending_->second : p->descriptors.at(seq));
-      table.insert(table.end(), bytes.begin(), bytes.end());
-    }
-    root_pending_.reset();
-    for (auto& p : peers_) {
-      if (p->rank != rank_ && p->state() == Connection::State::Open) p->conn.enqueue_control_locked(FrameType::Descriptor, seq, table);
-    }
-  }
-
-  // Whether a peer's descriptor must wake the waiting threads. A thread in Op::wait_until (the
-  // ring) need not wake for one that agrees with its own call: it checks every descriptor once its
-  // data is in, and a descriptor that disagrees still wakes it at once. Sparing that wake-up saves
-  // two context switches per call where the caller and the io thread share a core.
-  // Disagreement is judged once every descriptor is in, so the thread is woken for every
-  // arrival (the last one included) while any descriptor of its call disagrees, whichever
-  // came first.
-  bool descriptor_wakes_locked(std::uint64_t seq) const {
-    if (progress_waiters_ > 0 || quiet_desc_ == nullptr || quiet_seq_ != seq) return true;
-    for (const auto& p : peers_) {
-      const auto it = p->descriptors.find(seq);
-      if (it != p->descriptors.end() && !compatible(*quiet_desc_, it->second)) return true;
-    }
-    return false;
+    descriptors_.receive_locked(peers_, rank_, p, seq, payload);
+    if (descriptors_.wakes_locked(peers_, seq, progress_waiters_)) mu_.notify_all_locked();
   }
 
   // ---- receives -------------------------------------------------------------------------------
@@ -614,12 +471,6 @@ class Transport final : private ConnectionOwner {
     if (wake || progress_waiters_ > 0) mu_.notify_all_locked();
   }
 
-  std::string size_mismatch(const Peer& p, std::size_t got, std::size_t want, const MsgKey& key) const {
-    std::string msg = fmt::format("{} sent {} bytes where {} expected {}", p.name(), got, me(), want);
-    if (key.type == FrameType::Data) msg += fmt::format(" (collective #{}, piece {})", key.seq, key.tag);
-    return msg;
-  }
-
   // ---- failure --------------------------------------------------------------------------------
 
   /// Records the first failure; `broadcast`: tell every peer (found here, or relayed).
@@ -643,22 +494,10 @@ class Transport final : private ConnectionOwner {
     mu_.notify_all_locked();
   }
 
-  // Fails what waits on `p` and cannot complete any more (posted receives, queued sends).
-  void fail_pending_locked(Peer& p, const Failure& f) {
-    for (auto& [key, list] : p.posted) {
-      for (auto& t : list) {
-        t->state = Transfer::State::Failed;
-        t->error = f;
-      }
-    }
-    p.posted.clear();
-    p.conn.fail_queued_locked(f);
-  }
-
   void on_goodbye_locked(Peer& p) {
     if (p.state() != Connection::State::Open) return;
     p.state() = Connection::State::Closed;
-    fail_pending_locked(p, closed_failure_locked(p.conn));
+    p.fail_pending_locked(closed_failure_locked(p.conn));
     // It sends nothing more; end our side too once what is being written is out.
     p.conn.half_close_when_written_locked();
     mu_.notify_all_locked();
@@ -674,7 +513,7 @@ class Transport final : private ConnectionOwner {
     const Failure loss = loss_locked(p.conn, reason);
     p.state() = expected ? Connection::State::Closed : Connection::State::Failed;
     p.conn.close_locked();
-    fail_pending_locked(p, loss);
+    p.fail_pending_locked(loss);
     if (!expected) fail_locked(loss, true);
     mu_.notify_all_locked();
   }
@@ -755,6 +594,7 @@ class Transport final : private ConnectionOwner {
   std::size_t chunk_bytes_ = 0;
   std::optional<std::string> token_;
   std::optional<Handshaker> handshaker_;
+  std::optional<MeshTerms> terms_;
   std::shared_ptr<const AcceptorTerms> acceptor_terms_;  // io thread only
   std::vector<std::unique_ptr<Peer>> peers_;
   std::optional<Listener> listener_;
@@ -780,11 +620,8 @@ class Transport final : private ConnectionOwner {
   std::vector<int> group_of_;
   std::vector<int> host_members_;
   std::unique_ptr<SharedMemoryAllReduce> host_memory_;
-  // Rank 0 over TCP: its call whose descriptor table is not sent yet (relay_descriptors_locked).
-  std::optional<std::pair<std::uint64_t, Descriptor>> root_pending_;
-  // The call of the thread in Op::wait_until, if one is there (descriptor_wakes_locked).
-  const Descriptor* quiet_desc_ = nullptr;
-  std::uint64_t quiet_seq_ = 0;
+  // Collectives' descriptors over TCP (when no shared memory carries them).
+  DescriptorExchange descriptors_;
 };
 
 }  // namespace net::detail
