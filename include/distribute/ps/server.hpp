@@ -29,8 +29,8 @@
 #include <distribute/observe/metrics.hpp>
 #include <distribute/ps/detail/messages.hpp>
 #include <distribute/ps/detail/ps_client.hpp>
+#include <distribute/net/rpc_server.hpp>
 #include <distribute/ps/detail/rpc.hpp>
-#include <distribute/ps/detail/rpc_server.hpp>
 #include <distribute/ps/remote_function.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -42,7 +42,8 @@ struct ServerOptions {
   std::chrono::milliseconds connect_timeout{60000};
   /// The whole handshake: how long a connection that has not proved the token may stay.
   std::chrono::milliseconds handshake_timeout{5000};
-  /// Once a request has begun, each piece of it (each MiB) must arrive within this.
+  /// Once a request has begun, its bytes must keep coming: a request that sends nothing for this
+  /// long is dropped with its connection.
   std::chrono::milliseconds read_timeout{30000};
   /// Connections in their handshake at once; more are closed when accepted (and no more than the
   /// descriptor limit allows: see docs/parameter-server.md).
@@ -221,10 +222,14 @@ class Server {
     rpc.max_pending_connections = options_.max_pending_connections;
     rpc.log = options_.log;
     rpc_options_ = rpc;
-    rpc_ = std::make_unique<detail::RpcServer>(
+    // A worker's closures and datasets run on the server's handler threads; everything else (a ps
+    // task's variables, pings) on its network thread.
+    const bool worker = job_ == "worker";
+    rpc_ = std::make_unique<net::RpcServer>(
         spec_.task_address(job_, task_), device_, rpc,
-        [this](detail::RpcOp op, std::span<const std::byte> payload) { return handle(op, payload); },
-        [this](std::string_view target) { return http(target); });
+        [this](std::uint64_t op, std::span<const std::byte> payload) { return handle(static_cast<detail::RpcOp>(op), payload); },
+        [this](std::string_view target) { return http(target); },
+        [worker](std::uint64_t op) { return worker && detail::takes_long(static_cast<detail::RpcOp>(op)); });
   }
 
   Server(const Server&) = delete;
@@ -370,8 +375,8 @@ class Server {
     return result;
   }
 
-  detail::RpcServer::HttpReply http(std::string_view target) {
-    detail::RpcServer::HttpReply r;
+  net::RpcServer::HttpReply http(std::string_view target) {
+    net::RpcServer::HttpReply r;
     if (target == "/healthz") {
       r.status = 200;
       r.body = "ok\n";
@@ -433,7 +438,7 @@ class Server {
   bool stopped_ = false;
   std::shared_ptr<detail::PsClientStore> store_;
   std::map<std::uint64_t, std::shared_ptr<void>> datasets_;
-  std::unique_ptr<detail::RpcServer> rpc_;  // last: stopped (in ~Server) before the rest goes
+  std::unique_ptr<net::RpcServer> rpc_;  // last: stopped (in ~Server) before the rest goes
 };
 
 DISTRIBUTE_END_NAMESPACE

@@ -134,6 +134,12 @@ class Connection {
   bool is_open_locked() const noexcept { return state == State::Open; }
   /// Closed, or its read side reached EOF (or never had a socket).
   bool done_locked() const noexcept { return !socket_ || socket_done_; }
+  /// Its reading has ended (an error, EOF, a malformed frame, or the socket closed): no read of
+  /// it is pending.
+  bool read_ended() const noexcept { return read_ended_.load(std::memory_order_acquire); }
+  /// Nothing of the event loop refers to it any more (no read, write or posted handler pending):
+  /// it may be destroyed.
+  bool quiescent_locked() const noexcept { return read_ended() && !writing_ && !direct_sending_ && !close_posted_; }
   bool has_socket() const noexcept { return socket_.has_value() && socket_->is_open(); }
   tcp::socket& socket() { return *socket_; }
 
@@ -239,8 +245,10 @@ class Connection {
     if (close_deferred_) {
       // Sockets are closed on the io thread only, as everywhere else.
       close_deferred_ = false;
+      close_posted_ = true;
       asio::post(io_, [this] {
         std::lock_guard g(mu_);
+        close_posted_ = false;
         close_locked();
         mu_.notify_all_locked();
       });
@@ -489,8 +497,14 @@ class Connection {
     read_header();
   }
 
-  void read_failed(const boost::system::error_code& ec) { owner_.on_read_failed(*this, describe_error(ec), false); }
-  void malformed(const std::string& what) { owner_.on_read_failed(*this, what, true); }
+  void read_failed(const boost::system::error_code& ec) {
+    read_ended_.store(true, std::memory_order_release);
+    owner_.on_read_failed(*this, describe_error(ec), false);
+  }
+  void malformed(const std::string& what) {
+    read_ended_.store(true, std::memory_order_release);
+    owner_.on_read_failed(*this, what, true);
+  }
 
   // ---- writing (the mutex held) ------------------------------------------------------------------
 
@@ -513,7 +527,7 @@ class Connection {
     tx_pos_ += f.wire_bytes();
   }
 
-  static constexpr bool may_pad(FrameType t) noexcept { return t == FrameType::Data || t == FrameType::PointToPoint; }
+  static constexpr bool may_pad(FrameType t) noexcept { return bulk_frame(t); }
 
   void write_next_locked() {
     if (state != State::Open || queue_.empty() || !socket_) {
@@ -591,6 +605,7 @@ class Connection {
   bool half_close_pending_ = false;
   bool direct_sending_ = false;  // the calling thread is writing on the socket (mutex released)
   bool close_deferred_ = false;  // close_locked was called meanwhile: close once that write returns
+  bool close_posted_ = false;    // that close is posted to the io thread, not run yet
   std::uint64_t tx_pos_ = 0;     // bytes of the stream given to frames so far (handshake included)
   // Reading (event loop only).
   HeaderBytes rx_header_{};
@@ -602,6 +617,7 @@ class Connection {
   std::size_t rx_done_ = 0;
   std::size_t rx_pad_left_ = 0;  // front padding not read yet (read together with the payload)
   bool rx_low_water_ = false;    // SO_RCVLOWAT is raised for the payload being read
+  std::atomic<bool> read_ended_{false};
   // When a byte last arrived; written by the event loop, read for heartbeats and timeout messages.
   std::atomic<Clock::rep> last_rx_{0};
 };

@@ -220,6 +220,9 @@ class Handshaker {
         preread);
   }
 
+  /// Closes h's socket unless it finishes (h->finished) within the handshake's deadline.
+  void arm_deadline(const HandshakePtr& h) { arm_timer(h); }
+
  private:
   std::string error_of(const Handshake& h, const boost::system::error_code& ec) const {
     if (h.timed_out) return fmt::format("handshake timed out after {} ms", timeout_.count());
