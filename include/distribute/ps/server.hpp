@@ -114,20 +114,13 @@ class VariableTable {
     return out;
   }
 
-  void update(const UpdateVarMsg& m) {
-    std::unique_lock lock(mutex_);
-    apply_locked(m);
-  }
+  /// An update whose value the message owns, or one read in place in a request.
+  void update(const UpdateVarMsg& m) { update_any(m); }
+  void update(const UpdateVarView& m) { update_any(m); }
 
   /// Applies a closure's updates, unless this closure's updates were applied before (a retry).
-  bool commit(const CommitMsg& m) {
-    std::unique_lock lock(mutex_);
-    if (committed_.count({m.session, m.closure})) return false;
-    for (const auto& u : m.updates) check_locked(u);  // all or nothing
-    for (const auto& u : m.updates) apply_locked(u);
-    committed_.insert({m.session, m.closure});
-    return true;
-  }
+  bool commit(const CommitMsg& m) { return commit_any(m); }
+  bool commit(const CommitView& m) { return commit_any(m); }
 
   std::size_t size() const {
     std::shared_lock lock(mutex_);
@@ -141,6 +134,22 @@ class VariableTable {
   }
 
  private:
+  template <class Bytes>
+  void update_any(const BasicUpdateVarMsg<Bytes>& m) {
+    std::unique_lock lock(mutex_);
+    apply_locked(m);
+  }
+
+  template <class Update>
+  bool commit_any(const BasicCommitMsg<Update>& m) {
+    std::unique_lock lock(mutex_);
+    if (committed_.count({m.session, m.closure})) return false;
+    for (const auto& u : m.updates) check_locked(u);  // all or nothing
+    for (const auto& u : m.updates) apply_locked(u);
+    committed_.insert({m.session, m.closure});
+    return true;
+  }
+
   struct Stored {
     DType dtype;
     Shape shape;
@@ -164,23 +173,24 @@ class VariableTable {
     return it->second;
   }
 
-  void check_locked(const UpdateVarMsg& m) const {
+  template <class Bytes>
+  void check_locked(const BasicUpdateVarMsg<Bytes>& m) const {
     const Stored& v = find(m.key, m.dtype);
-    if (m.bytes.size() != v.bytes.size()) {
+    if (bytes_of(m.bytes).size() != v.bytes.size()) {
       throw InvalidArgument(fmt::format("update of variable '{}' on {}: {} bytes for a variable of {} (shape {})", m.key,
-                                        device_, m.bytes.size(), v.bytes.size(), shape_string(v.shape)));
+                                        device_, bytes_of(m.bytes).size(), v.bytes.size(), shape_string(v.shape)));
     }
     if (m.kind > static_cast<std::uint8_t>(RemoteUpdate::Sub)) {
       throw InvalidArgument(fmt::format("update of variable '{}': unknown kind {}", m.key, m.kind));
     }
   }
 
-  void apply_locked(const UpdateVarMsg& m) {
+  template <class Bytes>
+  void apply_locked(const BasicUpdateVarMsg<Bytes>& m) {
     check_locked(m);
     Stored& v = vars_.find(m.key)->second;
-    apply_update_bytes(v.dtype, static_cast<RemoteUpdate>(m.kind),
-                       {reinterpret_cast<std::byte*>(v.bytes.data()), v.bytes.size()},
-                       {reinterpret_cast<const std::byte*>(m.bytes.data()), m.bytes.size()});
+    apply_update_bytes(v.dtype, static_cast<RemoteUpdate>(m.kind), {reinterpret_cast<std::byte*>(v.bytes.data()), v.bytes.size()},
+                       bytes_of(m.bytes));
   }
 
   std::string device_;
@@ -283,10 +293,10 @@ class Server {
       case RpcOp::ReadVar: return to_bytes(table_->read(decode_message<ReadVarMsg>(payload, "read")));
       case RpcOp::ReadRows: return to_bytes(table_->read_rows(decode_message<ReadRowsMsg>(payload, "read-rows")));
       case RpcOp::UpdateVar:
-        table_->update(decode_message<UpdateVarMsg>(payload, "update"));
+        table_->update(decode_message<UpdateVarView>(payload, "update"));  // the value read in place
         return {};
       case RpcOp::Commit: {
-        const bool applied = table_->commit(decode_message<CommitMsg>(payload, "commit"));
+        const bool applied = table_->commit(decode_message<CommitView>(payload, "commit"));
         (applied ? commits_applied_ : commits_duplicate_).fetch_add(1);
         return {std::byte{applied ? std::uint8_t{1} : std::uint8_t{0}}};
       }
@@ -304,7 +314,7 @@ class Server {
   std::vector<std::byte> handle_worker(detail::RpcOp op, std::span<const std::byte> payload) {
     using namespace detail;
     switch (op) {
-      case RpcOp::RunClosure: return detail::to_bytes(run_closure(decode_message<RunClosureMsg>(payload, "run-closure")));
+      case RpcOp::RunClosure: return detail::to_bytes(run_closure(decode_message<RunClosureView>(payload, "run-closure")));
       case RpcOp::MakeDataset: {
         const auto m = decode_message<MakeDatasetMsg>(payload, "make-dataset");
         const RemoteFunctionEntry& f = registered(m.function, m.signature);
@@ -337,12 +347,13 @@ class Server {
     return *f;
   }
 
-  std::string run_closure(const detail::RunClosureMsg& m) {
+  std::string run_closure(const detail::RunClosureView& m) {
     const detail::RemoteFunctionEntry& f = registered(m.function, m.signature);
     const auto store = ps_store();
     detail::WorkerEnvironment env;
     env.store = store;
     env.worker_name = device_;
+    env.handles = &handles_;
     env.dataset_iterator = [this](std::uint64_t id) -> std::shared_ptr<void> {
       std::lock_guard lock(mutex_);
       auto it = datasets_.find(id);
@@ -364,7 +375,7 @@ class Server {
     detail::current_transaction() = &txn;
     std::string result;
     try {
-      result = f.invoke(m.args);
+      result = f.invoke(m.args.chars());
     } catch (...) {
       closures_failed_.fetch_add(1);
       throw;
@@ -438,6 +449,7 @@ class Server {
   bool stopped_ = false;
   std::shared_ptr<detail::PsClientStore> store_;
   std::map<std::uint64_t, std::shared_ptr<void>> datasets_;
+  detail::HandleCache handles_;  // the ps variables closures named before
   std::unique_ptr<net::RpcServer> rpc_;  // last: stopped (in ~Server) before the rest goes
 };
 
