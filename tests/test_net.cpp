@@ -497,17 +497,19 @@ TEST_CASE("frame header: round trip, and every malformed header is rejected with
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(0, 'X'), 1 << 20), doctest::Contains("bad frame magic 0x544e5358"),
                        net::FrameError);
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(4, 9), 1 << 20),
-                       "unsupported protocol version 9 (this build speaks version 3)", net::FrameError);
-  // Older peers (version 1 had reserved bytes where pad and tail are now, version 2 no tail) are
+                       "unsupported protocol version 9 (this build speaks version 4)", net::FrameError);
+  // Older peers (version 1 had reserved bytes where pad and tail are now, version 2 no tail,
+  // version 3 no padding on the ps service's frames nor a service flag in the handshake) are
   // refused by their version.
-  CHECK_THROWS_WITH_AS(net::decode_header(mutated(4, 1), 1 << 20),
-                       "unsupported protocol version 1 (this build speaks version 3)", net::FrameError);
-  CHECK_THROWS_WITH_AS(net::decode_header(mutated(4, 2), 1 << 20),
-                       "unsupported protocol version 2 (this build speaks version 3)", net::FrameError);
+  for (const int old : {1, 2, 3}) {
+    const std::string expected = fmt::format("unsupported protocol version {} (this build speaks version 4)", old);
+    CHECK_THROWS_WITH_AS(net::decode_header(mutated(4, static_cast<std::uint8_t>(old)), 1 << 20), expected.c_str(),
+                         net::FrameError);
+  }
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(5, 0), 1 << 20), "unknown frame type 0", net::FrameError);
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(5, 200), 1 << 20), "unknown frame type 200", net::FrameError);
   // Padding: below 64 bytes, and only before Data and PointToPoint payloads.
-  for (const auto type : {net::FrameType::Data, net::FrameType::PointToPoint}) {
+  for (const auto type : {net::FrameType::Data, net::FrameType::PointToPoint, net::FrameType::Request, net::FrameType::Reply}) {
     for (const std::uint8_t pad : {0, 1, 16, 63}) {
       const net::FrameHeader padded{type, 100, 1, 2, pad};
       const auto padded_bytes = net::encode_header(padded);
@@ -519,12 +521,12 @@ TEST_CASE("frame header: round trip, and every malformed header is rejected with
                        "data frame with 64 bytes of padding before its payload (allowed: fewer than 64)", net::FrameError);
   CHECK_THROWS_WITH_AS(net::decode_header(net::encode_header({net::FrameType::Descriptor, 16, 0, 0, 8}), 1 << 20),
                        "descriptor frame with 8 bytes of padding before its payload (allowed: none)", net::FrameError);
-  CHECK_THROWS_WITH_AS(net::decode_header(net::encode_header({net::FrameType::Request, 16, 0, 0, 1}), 1 << 20),
-                       "request frame with 1 bytes of padding before its payload (allowed: none)", net::FrameError);
-  // Tails: below 64 bytes, on the frames exchanged after the handshake, not on the handshake's
-  // nor the ps service's (their readers do not skip one).
-  for (const auto type : {net::FrameType::Heartbeat, net::FrameType::Goodbye, net::FrameType::Abort,
-                          net::FrameType::Descriptor, net::FrameType::Data, net::FrameType::PointToPoint}) {
+  CHECK_THROWS_WITH_AS(net::decode_header(net::encode_header({net::FrameType::Goodbye, 0, 0, 0, 1}), 1 << 20),
+                       "goodbye frame with 1 bytes of padding before its payload (allowed: none)", net::FrameError);
+  // Tails: below 64 bytes, on the frames exchanged after the handshake (the collectives' and the
+  // ps service's), not on the handshake's (their reader does not skip one).
+  for (const auto type : {net::FrameType::Heartbeat, net::FrameType::Goodbye, net::FrameType::Abort, net::FrameType::Descriptor,
+                          net::FrameType::Data, net::FrameType::PointToPoint, net::FrameType::Request, net::FrameType::Reply}) {
     for (const std::uint8_t tail : {0, 1, 32, 63}) {
       const net::FrameHeader tailed{type, 0, 1, 2, 0, tail};
       const auto tailed_bytes = net::encode_header(tailed);
@@ -537,7 +539,7 @@ TEST_CASE("frame header: round trip, and every malformed header is rejected with
   CHECK_THROWS_WITH_AS(net::decode_header(mutated(7, 255), 1 << 20),
                        "data frame with 255 bytes of padding after its payload (allowed: fewer than 64)", net::FrameError);
   for (const auto type : {net::FrameType::Hello, net::FrameType::Challenge, net::FrameType::Response,
-                          net::FrameType::Welcome, net::FrameType::Reject, net::FrameType::Request, net::FrameType::Reply}) {
+                          net::FrameType::Welcome, net::FrameType::Reject}) {
     const std::string expected = fmt::format("{} frame with 5 bytes of padding after its payload (allowed: none)", net::to_string(type));
     CHECK_THROWS_WITH_AS(net::decode_header(net::encode_header({type, 0, 0, 0, 0, 5}), 1 << 20), expected.c_str(),
                          net::FrameError);
@@ -678,6 +680,17 @@ TEST_CASE("protocol payloads round-trip and reject bad values") {
   CHECK(h2.from_rank == 3);
   CHECK(h2.nonce == h.nonce);
   CHECK(h2.has_token);
+  CHECK_FALSE(h2.service);
+  // A service client (the ps RPC) says so in the flags; flags beyond the two known are malformed.
+  const Hello client = decode_hello(encode(Hello{0, 0, 0, false, random_nonce(), true}));
+  CHECK(client.service);
+  CHECK_FALSE(client.has_token);
+  auto flagged = encode(h);
+  flagged[12] = std::byte{4};
+  CHECK_THROWS_WITH_AS(decode_hello(flagged), "hello has unknown flags 0x4", net::FrameError);
+  const Challenge c = decode_challenge(encode(Challenge{0, 0, 0, true, random_nonce(), Mac{}, true}));
+  CHECK(c.service);
+  CHECK(c.has_token);
   const Failure f = decode_abort(encode(Failure{FailureKind::Timeout, "slow"}));
   CHECK(f.kind == FailureKind::Timeout);
   CHECK(f.message == "slow");
@@ -695,6 +708,9 @@ TEST_CASE("auth: OpenSSL HMAC-SHA256 (RFC 4231 case 2), nonces, token from optio
   CHECK_FALSE(macs_equal(handshake_proof("t", true, a, b, 2, 0, 1), handshake_proof("t", false, a, b, 2, 0, 1)));
   CHECK_FALSE(macs_equal(handshake_proof("t", true, a, b, 2, 0, 1), handshake_proof("u", true, a, b, 2, 0, 1)));
   CHECK(macs_equal(handshake_proof("t", true, a, b, 2, 0, 1), handshake_proof("t", true, a, b, 2, 0, 1)));
+  // A service's proofs are not a mesh's: one handshake's proof never passes in the other.
+  CHECK_FALSE(macs_equal(handshake_proof("t", true, a, b, 0, 0, 0, true), handshake_proof("t", true, a, b, 0, 0, 0, false)));
+  CHECK_FALSE(macs_equal(handshake_proof("t", true, a, b, 0, 0, 0, true), handshake_proof("t", false, a, b, 0, 0, 0, true)));
 
   ::unsetenv("DISTRIBUTE_CLUSTER_TOKEN");
   CHECK_FALSE(effective_cluster_token(std::nullopt).has_value());

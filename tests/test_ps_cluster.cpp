@@ -561,7 +561,7 @@ TEST_CASE("ds::Server rejects a job, protocol or task it cannot serve; logs refu
                        doctest::Contains("refused the connection (its log says why; the usual cause is a cluster "
                                          "token that differs or is missing: DISTRIBUTE_CLUSTER_TOKEN)"),
                        ds::detail::ConnectionLost);
-  CHECK(logged("refused a connection from 127.0.0.1:"));
+  CHECK(logged("refused connection from 127.0.0.1:"));
   CHECK(logged("the peer did not present the cluster token"));  // the reason: in the log, not to the peer
   boost::asio::io_context io;
   boost::asio::ip::tcp::socket s(io);
@@ -672,18 +672,19 @@ TEST_CASE("wire-level errors on both sides: handshakes out of order, a busy port
     tcp::socket s(io);
     s.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(ports[0])});
     boost::asio::write(s, boost::asio::buffer(net::encode_frame({net::FrameType::Request, 0, 1, 1}, {})));
-    CHECK(wait_until([&] { return log.has("expected a hello frame, got request"); }, 5s));
+    CHECK(wait_until([&] { return log.has("expected a hello frame, got a request frame"); }, 5s));
   }
-  // A client holding a token refuses a server that cannot prove it.
+  // A client holding a token meets a server without one: the server refuses it (and says why in its log).
   dd::RpcOptions with_token;
   with_token.cluster_token = "s3cret";
   with_token.connect_timeout = 2000ms;
   dd::RpcClient suspicious(spec.task_address("ps", 0), "ps 0", with_token);
-  CHECK_THROWS_WITH_AS(suspicious.connect(2000ms), doctest::Contains("ps 0 did not prove the cluster token"),
-                       dd::ConnectionLost);
+  CHECK_THROWS_WITH_AS(suspicious.connect(2000ms), doctest::Contains("ps 0 (127.0.0.1:"), dd::ConnectionLost);
+  CHECK(wait_until([&] { return log.has("the peer presented a cluster token, and this server has none"); }, 5s));
 
-  // A fake server that completes the handshake, then answers with `reply`.
-  auto fake_server = [&](std::vector<std::byte> reply) {
+  // A fake server that completes the handshake (its challenge carrying `proof`, and claiming a
+  // token when `token`), then answers with `reply`.
+  auto fake_server = [&](std::vector<std::byte> reply, bool token = false, std::optional<std::string> client_token = "") {
     boost::asio::io_context io;
     tcp::acceptor acceptor(io, {boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(ports[1])});
     std::thread peer([&] {
@@ -696,8 +697,11 @@ TEST_CASE("wire-level errors on both sides: handshakes out of order, a busy port
         boost::asio::read(s, boost::asio::buffer(payload));
       };
       read_frame();  // hello
-      const auto nonce = net::detail::random_nonce();
-      boost::asio::write(s, boost::asio::buffer(net::encode_frame({net::FrameType::Challenge, 0, 0, 0}, nonce)));
+      // A challenge with a proof made without the token (all zero bytes).
+      const net::detail::Challenge challenge{0, 0, 0, token, net::detail::random_nonce(), net::detail::Mac{}, true};
+      boost::asio::write(s, boost::asio::buffer(net::encode_frame({net::FrameType::Challenge, 0, 0, 0},
+                                                                  net::detail::encode(challenge))));
+      if (token) return;  // the client refuses this proof
       read_frame();  // response
       boost::asio::write(s, boost::asio::buffer(net::encode_frame({net::FrameType::Welcome, 0, 0, 0}, {})));
       read_frame();  // the request
@@ -707,7 +711,8 @@ TEST_CASE("wire-level errors on both sides: handshakes out of order, a busy port
       s.read_some(boost::asio::buffer(buf), ec);  // until the client hangs up
     });
     dd::RpcOptions no_token;
-    no_token.cluster_token = "";
+    no_token.cluster_token = client_token;
+    no_token.connect_timeout = 5000ms;
     dd::RpcClient client(fmt::format("127.0.0.1:{}", ports[1]), "fake", no_token);
     std::string error;
     try {
@@ -726,6 +731,9 @@ TEST_CASE("wire-level errors on both sides: handshakes out of order, a busy port
   CHECK_MESSAGE(fake_server(bad_magic).find(fmt::format("fake (127.0.0.1:{}) sent a malformed reply: bad frame magic",
                                                         ports[1])) == 0,
                 "a reply with a bad magic is malformed");
+  // A client holding a token refuses a server that cannot prove it.
+  CHECK(fake_server({}, true, "s3cret") ==
+        fmt::format("fake at 127.0.0.1:{} failed to prove it holds the cluster token (the tokens differ)", ports[1]));
 }
 
 }  // TEST_SUITE

@@ -55,8 +55,8 @@ void table(std::uint8_t op, std::span<const std::byte> in) {
       case 0: t.create(dd::decode_message<dd::CreateVarMsg>(in, "create")); break;
       case 1: (void)t.read(dd::decode_message<dd::ReadVarMsg>(in, "read")); break;
       case 2: (void)t.read_rows(dd::decode_message<dd::ReadRowsMsg>(in, "read-rows")); break;
-      case 3: t.update(dd::decode_message<dd::UpdateVarMsg>(in, "update")); break;
-      case 4: (void)t.commit(dd::decode_message<dd::CommitMsg>(in, "commit")); break;
+      case 3: t.update(dd::decode_message<dd::UpdateVarView>(in, "update")); break;
+      case 4: (void)t.commit(dd::decode_message<dd::CommitView>(in, "commit")); break;
     }
   });
 }
@@ -71,9 +71,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 1: message<dd::CreateVarMsg>(in); break;
     case 2: message<dd::ReadVarMsg>(in); break;
     case 3: message<dd::ReadRowsMsg>(in); break;
-    case 4: message<dd::UpdateVarMsg>(in); break;
-    case 5: message<dd::CommitMsg>(in); break;
-    case 6: message<dd::RunClosureMsg>(in); break;
+    case 4: message<dd::UpdateVarView>(in); break;  // as a ps task reads them: values in place
+    case 5: message<dd::CommitView>(in); break;
+    case 6: message<dd::RunClosureView>(in); break;
     case 7: message<dd::MakeDatasetMsg>(in); break;
     case 8: table(data[1], in.subspan(1)); break;
     case 9: arguments<ds::Tensor<float>>(in); break;

@@ -5,11 +5,10 @@
 //        0     4  magic "DSNT"
 //        4     1  protocol version (kProtocolVersion)
 //        5     1  FrameType
-//        6     1  pad: zero bytes between header and payload (Data and PointToPoint frames only,
-//                 below kMaxFramePad; zero for every other type)
-//        7     1  tail: zero bytes after the payload (the frame types the transport exchanges
-//                 after its handshake, below kMaxFramePad; zero for the handshake and the ps
-//                 service's frames)
+//        6     1  pad: zero bytes between header and payload (Data, PointToPoint, Request and
+//                 Reply frames only, below kMaxFramePad; zero for every other type)
+//        7     1  tail: zero bytes after the payload (the frame types exchanged after the
+//                 handshake, below kMaxFramePad; zero for the handshake's)
 //        8     8  payload length
 //       16     8  sequence number (collective number, point-to-point message number)
 //       24     8  tag (chunk within a collective)
@@ -42,8 +41,9 @@ class FrameError : public InvalidArgument {
 
 inline constexpr std::uint32_t kFrameMagic = 0x544E5344;  // "DSNT" read as a little-endian u32
 // Version 2 added the pad byte (version 1 had two reserved bytes there); version 3 the tail byte
-// (reserved before).
-inline constexpr std::uint8_t kProtocolVersion = 3;
+// (reserved before); version 4 padding on Request and Reply frames, which travel on the transport's
+// connections, and the service flag of the handshake.
+inline constexpr std::uint8_t kProtocolVersion = 4;
 inline constexpr std::size_t kFrameHeaderBytes = 32;
 /// Frames other than Data and PointToPoint are small; a larger claim is malformed whatever the
 /// configured limit, so a stranger cannot make a peer allocate much.
@@ -121,9 +121,12 @@ constexpr bool known_frame_type(std::uint8_t t) noexcept {
   return t >= static_cast<std::uint8_t>(FrameType::Hello) && t <= static_cast<std::uint8_t>(FrameType::Reply);
 }
 
-/// The frames the transport exchanges once connected: the only ones that may carry a tail.
-constexpr bool steady_state_frame(FrameType t) noexcept {
-  return t >= FrameType::Heartbeat && t <= FrameType::PointToPoint;
+/// The frames exchanged once connected: the only ones that may carry a tail.
+constexpr bool steady_state_frame(FrameType t) noexcept { return t >= FrameType::Heartbeat && t <= FrameType::Reply; }
+
+/// The frames whose payload may be padded in front (bulk data: see kMaxFramePad).
+constexpr bool bulk_frame(FrameType t) noexcept {
+  return t == FrameType::Data || t == FrameType::PointToPoint || t == FrameType::Request || t == FrameType::Reply;
 }
 
 }  // namespace detail
@@ -168,7 +171,7 @@ inline FrameHeader decode_header(std::span<const std::byte> bytes, std::uint64_t
                                    where, allowed ? fmt::format("fewer than {}", kMaxFramePad) : std::string("none")));
     }
   };
-  check_padding(h.pad, h.type == FrameType::Data || h.type == FrameType::PointToPoint, "before");
+  check_padding(h.pad, detail::bulk_frame(h.type), "before");
   check_padding(h.tail, detail::steady_state_frame(h.type), "after");
   h.length = detail::load_le(bytes.data() + 8, 8);
   h.seq = detail::load_le(bytes.data() + 16, 8);

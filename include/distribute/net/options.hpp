@@ -1,4 +1,5 @@
-// Tuning and security knobs of the TCP communicator.
+// Tuning and security knobs of the transport's users: the communicator (collectives) and the
+// request/response protocol the parameter-server service runs on it (RpcOptions).
 #pragma once
 
 #include <chrono>
@@ -93,6 +94,40 @@ struct CommunicatorOptions {
   /// When set, every call, connection retry and failure is counted there (observe/collective_metrics.hpp;
   /// a multi-worker strategy sets it when metrics are on). Unset: nothing is counted.
   std::shared_ptr<observe::CollectiveMetrics> metrics;
+};
+
+struct RpcOptions {
+  /// How long a first connection retries (with back-off) while the server starts.
+  std::chrono::milliseconds connect_timeout{60000};
+  /// The whole handshake; also how long a silent stranger may hold a socket.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Server: once a request has begun, its bytes must keep coming: a request that sends nothing
+  /// for this long is dropped with its connection, so a half-sent frame holds nothing for long.
+  std::chrono::milliseconds read_timeout{30000};
+  /// Server: how long an authenticated connection may go without a request (none: as long as it
+  /// likes; a coordinator's connections are idle between closures).
+  std::optional<std::chrono::milliseconds> idle_timeout = std::nullopt;
+  /// An otherwise idle connection carries a heartbeat this often, both ways.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  /// A peer that sent nothing (not even a heartbeat) for this long is lost: a client's call fails
+  /// with ConnectionLost, a server drops the connection. Zero disables it.
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  /// Server: connections still in their handshake (or an HTTP request) at once; beyond it a new
+  /// connection is closed as soon as it is accepted. Also capped by the descriptor limit
+  /// (RLIMIT_NOFILE), so that strangers cannot use up the descriptors a worker needs.
+  std::size_t max_pending_connections = 64;
+  /// Server: threads that run the requests that may take long (a worker's closures); requests
+  /// beyond them wait their turn. Quick requests run on the network thread.
+  std::size_t handler_threads = 4;
+  /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
+  /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
+  std::optional<std::string> cluster_token = std::nullopt;
+  /// Largest request or reply accepted in one frame.
+  std::size_t max_frame_bytes = std::size_t{1} << 31;
+  /// TCP congestion control for loopback connections (see CommunicatorOptions).
+  std::string loopback_congestion_control = "reno";
+  /// Refused connections are reported here; default: one line on stderr.
+  std::function<void(std::string_view)> log = {};
 };
 
 }  // namespace net

@@ -33,6 +33,7 @@
 #include <distribute/ps/detail/coordinator_observability.hpp>
 #include <distribute/ps/detail/messages.hpp>
 #include <distribute/ps/detail/rpc.hpp>
+#include <distribute/ps/detail/spare_buffers.hpp>
 #include <distribute/ps/remote_function.hpp>
 #include <distribute/strategy/parameter_server.hpp>
 
@@ -197,9 +198,8 @@ class ClusterCoordinator {
       throw InvalidArgument("ClusterCoordinator::schedule: the function is not registered; register it with "
                             "DISTRIBUTE_REMOTE_FUNCTION(name) (or ds::register_remote_function) in every process");
     }
-    std::tuple<std::decay_t<P>...> converted(std::forward<A>(args)...);
-    std::string bytes = std::apply([](const auto&... v) { return detail::save_values(v...); }, converted);
-    return RemoteValue<R>(enqueue(*entry, std::move(bytes)));
+    // Arguments of the parameter types are written from where they are; others are converted first.
+    return schedule_converted<R, std::decay_t<P>...>(*entry, detail::as_parameter<std::decay_t<P>>(std::forward<A>(args))...);
   }
 
   /// Schedules the function registered as `name`; the argument types must be its parameter types
@@ -335,6 +335,15 @@ class ClusterCoordinator {
   bool is_up(Worker& w) {
     std::lock_guard lock(mutex_);
     return w.up;
+  }
+
+  // The arguments in their parameter types, written into a kept buffer (the closure keeps them
+  // until it is done, for a retry; then they go back).
+  template <class R, class... P>
+  RemoteValue<R> schedule_converted(const detail::RemoteFunctionEntry& entry, const P&... args) {
+    std::string bytes = arg_buffers_.take(detail::saved_size<P...>(args...));
+    detail::save_values_into<P...>(bytes, args...);
+    return RemoteValue<R>(enqueue(entry, std::move(bytes)));
   }
 
   std::shared_ptr<detail::ClosureState> enqueue(const detail::RemoteFunctionEntry& entry, std::string args) {
@@ -483,10 +492,16 @@ class ClusterCoordinator {
   }
 
   void run_closure(Worker& w, detail::Closure c) {
-    detail::RunClosureMsg m{session_, c.id, c.attempt, c.function, c.signature, c.args};
+    struct GiveBack {  // the arguments' buffer, once the closure is done (a retry moved it on)
+      detail::SpareBuffers& spare;
+      detail::Closure& closure;
+      ~GiveBack() { spare.give(std::move(closure.args)); }
+    } give_back{arg_buffers_, c};
+    // The arguments go out from where the closure keeps them (for a retry), without a copy.
+    const detail::RunClosureView m{session_, c.id, c.attempt, c.function, c.signature, detail::WireBytes{detail::bytes_of(c.args)}};
     const std::int64_t start_ns = observe_ ? observe::Timeline::now_ns() : 0;
     try {
-      auto reply = w.run->call(detail::RpcOp::RunClosure, detail::encode_message(m));
+      auto reply = w.run->call(detail::RpcOp::RunClosure, detail::encode_reusing(m));
       if (observe_) observe_closure(c, w.index, start_ns, "ok");  // before get() can return
       c.state->finish(std::move(reply));
       std::lock_guard lock(mutex_);
@@ -568,6 +583,7 @@ class ClusterCoordinator {
   ParameterServerStrategy& strategy_;
   CoordinatorOptions options_;
   std::uint64_t session_;
+  detail::SpareBuffers arg_buffers_;  // closures' argument buffers, kept for the next ones
   std::vector<std::unique_ptr<detail::RpcClient>> ps_pings_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::thread heartbeat_;

@@ -94,10 +94,31 @@ class WorkerIteratorState {
 
 /// What a worker turns handles back into: its ps client and its per-worker datasets. Set on the
 /// thread that runs a closure.
+/// The ps variable handles a worker decoded before, by variable and type. Closures name the same
+/// variables again and again, and a handle holds a value of its variable's dtype and shape: built
+/// once, not allocated and zero-filled for every closure. Thread-safe.
+class HandleCache {
+ public:
+  template <class H, class Make>
+  H get(const std::string& key, Make&& make) {
+    std::lock_guard lock(mutex_);
+    if (auto it = handles_.find(key); it != handles_.end()) return *std::static_pointer_cast<H>(it->second);
+    auto h = std::make_shared<H>(make());
+    if (handles_.size() < kMaxHandles) handles_.emplace(key, h);
+    return *h;
+  }
+
+ private:
+  static constexpr std::size_t kMaxHandles = 4096;
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<void>> handles_;
+};
+
 struct WorkerEnvironment {
   std::shared_ptr<RemoteVariableStore> store;
   std::function<std::shared_ptr<void>(std::uint64_t dataset_id)> dataset_iterator;
   std::string worker_name;
+  HandleCache* handles = nullptr;  // the worker's, when it keeps them
 };
 
 inline WorkerEnvironment*& current_worker_environment() {
@@ -222,8 +243,12 @@ struct wire<Variable<T>> {
                                         name));
     }
     checked_byte_size(shape, size_of(static_cast<DType>(code)), "a ps variable handle");
-    return Variable<T>::attach_remote(std::move(name), make_value<T>(static_cast<DType>(code), shape),
-                                      RemoteHandle{env->store, task, key});
+    auto make = [&] {
+      return Variable<T>::attach_remote(name, make_value<T>(static_cast<DType>(code), shape), RemoteHandle{env->store, task, key});
+    };
+    if (!env->handles) return make();
+    return env->handles->get<Variable<T>>(
+        fmt::format("{}\n{}\n{}\n{}\n{}\n{}", typeid(T).name(), task, key, code, shape_string(shape), name), make);
   }
 };
 
@@ -260,14 +285,67 @@ struct wire<PerWorkerIterator<T>> {
   }
 };
 
+/// cereal writes a stream: this one appends to a string, or only counts (sizing a value first).
+class StringSink : public std::streambuf {
+ public:
+  explicit StringSink(std::string* out) : out_(out) {}
+  std::size_t size() const noexcept { return size_; }
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (!traits_type::eq_int_type(c, traits_type::eof())) {
+      ++size_;
+      if (out_) out_->push_back(traits_type::to_char_type(c));
+    }
+    return traits_type::not_eof(c);
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    size_ += static_cast<std::size_t>(n);
+    if (out_) out_->append(s, static_cast<std::size_t>(n));
+    return n;
+  }
+
+ private:
+  std::string* out_;
+  std::size_t size_ = 0;
+};
+
+/// An argument as its parameter type P: itself when it is one (no copy), else converted.
+template <class P, class A>
+decltype(auto) as_parameter(A&& a) {
+  if constexpr (std::is_same_v<std::decay_t<A>, P>) {
+    return static_cast<const P&>(a);
+  } else {
+    return P(std::forward<A>(a));
+  }
+}
+
+/// The bytes save_values writes for `values`, counted without writing them.
 template <class... Ts>
-std::string save_values(const Ts&... values) {
-  std::ostringstream out(std::ios::binary);
+std::size_t saved_size(const Ts&... values) {
+  StringSink count(nullptr);
   {
+    std::ostream out(&count);
     WireOut a(out);
     (wire<Ts>::save(a, values), ...);
   }
-  return std::move(out).str();
+  return count.size();
+}
+
+/// Appends the values' wire form to `out`.
+template <class... Ts>
+void save_values_into(std::string& out, const Ts&... values) {
+  StringSink sink(&out);
+  std::ostream stream(&sink);
+  WireOut a(stream);
+  (wire<Ts>::save(a, values), ...);
+}
+
+template <class... Ts>
+std::string save_values(const Ts&... values) {
+  std::string out;
+  save_values_into(out, values...);
+  return out;
 }
 
 /// Loads a tuple in order (braced initialisation evaluates left to right).

@@ -29,8 +29,8 @@
 #include <distribute/observe/metrics.hpp>
 #include <distribute/ps/detail/messages.hpp>
 #include <distribute/ps/detail/ps_client.hpp>
+#include <distribute/net/rpc_server.hpp>
 #include <distribute/ps/detail/rpc.hpp>
-#include <distribute/ps/detail/rpc_server.hpp>
 #include <distribute/ps/remote_function.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -42,7 +42,8 @@ struct ServerOptions {
   std::chrono::milliseconds connect_timeout{60000};
   /// The whole handshake: how long a connection that has not proved the token may stay.
   std::chrono::milliseconds handshake_timeout{5000};
-  /// Once a request has begun, each piece of it (each MiB) must arrive within this.
+  /// Once a request has begun, its bytes must keep coming: a request that sends nothing for this
+  /// long is dropped with its connection.
   std::chrono::milliseconds read_timeout{30000};
   /// Connections in their handshake at once; more are closed when accepted (and no more than the
   /// descriptor limit allows: see docs/parameter-server.md).
@@ -113,20 +114,13 @@ class VariableTable {
     return out;
   }
 
-  void update(const UpdateVarMsg& m) {
-    std::unique_lock lock(mutex_);
-    apply_locked(m);
-  }
+  /// An update whose value the message owns, or one read in place in a request.
+  void update(const UpdateVarMsg& m) { update_any(m); }
+  void update(const UpdateVarView& m) { update_any(m); }
 
   /// Applies a closure's updates, unless this closure's updates were applied before (a retry).
-  bool commit(const CommitMsg& m) {
-    std::unique_lock lock(mutex_);
-    if (committed_.count({m.session, m.closure})) return false;
-    for (const auto& u : m.updates) check_locked(u);  // all or nothing
-    for (const auto& u : m.updates) apply_locked(u);
-    committed_.insert({m.session, m.closure});
-    return true;
-  }
+  bool commit(const CommitMsg& m) { return commit_any(m); }
+  bool commit(const CommitView& m) { return commit_any(m); }
 
   std::size_t size() const {
     std::shared_lock lock(mutex_);
@@ -140,6 +134,22 @@ class VariableTable {
   }
 
  private:
+  template <class Bytes>
+  void update_any(const BasicUpdateVarMsg<Bytes>& m) {
+    std::unique_lock lock(mutex_);
+    apply_locked(m);
+  }
+
+  template <class Update>
+  bool commit_any(const BasicCommitMsg<Update>& m) {
+    std::unique_lock lock(mutex_);
+    if (committed_.count({m.session, m.closure})) return false;
+    for (const auto& u : m.updates) check_locked(u);  // all or nothing
+    for (const auto& u : m.updates) apply_locked(u);
+    committed_.insert({m.session, m.closure});
+    return true;
+  }
+
   struct Stored {
     DType dtype;
     Shape shape;
@@ -163,23 +173,24 @@ class VariableTable {
     return it->second;
   }
 
-  void check_locked(const UpdateVarMsg& m) const {
+  template <class Bytes>
+  void check_locked(const BasicUpdateVarMsg<Bytes>& m) const {
     const Stored& v = find(m.key, m.dtype);
-    if (m.bytes.size() != v.bytes.size()) {
+    if (bytes_of(m.bytes).size() != v.bytes.size()) {
       throw InvalidArgument(fmt::format("update of variable '{}' on {}: {} bytes for a variable of {} (shape {})", m.key,
-                                        device_, m.bytes.size(), v.bytes.size(), shape_string(v.shape)));
+                                        device_, bytes_of(m.bytes).size(), v.bytes.size(), shape_string(v.shape)));
     }
     if (m.kind > static_cast<std::uint8_t>(RemoteUpdate::Sub)) {
       throw InvalidArgument(fmt::format("update of variable '{}': unknown kind {}", m.key, m.kind));
     }
   }
 
-  void apply_locked(const UpdateVarMsg& m) {
+  template <class Bytes>
+  void apply_locked(const BasicUpdateVarMsg<Bytes>& m) {
     check_locked(m);
     Stored& v = vars_.find(m.key)->second;
-    apply_update_bytes(v.dtype, static_cast<RemoteUpdate>(m.kind),
-                       {reinterpret_cast<std::byte*>(v.bytes.data()), v.bytes.size()},
-                       {reinterpret_cast<const std::byte*>(m.bytes.data()), m.bytes.size()});
+    apply_update_bytes(v.dtype, static_cast<RemoteUpdate>(m.kind), {reinterpret_cast<std::byte*>(v.bytes.data()), v.bytes.size()},
+                       bytes_of(m.bytes));
   }
 
   std::string device_;
@@ -221,10 +232,14 @@ class Server {
     rpc.max_pending_connections = options_.max_pending_connections;
     rpc.log = options_.log;
     rpc_options_ = rpc;
-    rpc_ = std::make_unique<detail::RpcServer>(
+    // A worker's closures and datasets run on the server's handler threads; everything else (a ps
+    // task's variables, pings) on its network thread.
+    const bool worker = job_ == "worker";
+    rpc_ = std::make_unique<net::RpcServer>(
         spec_.task_address(job_, task_), device_, rpc,
-        [this](detail::RpcOp op, std::span<const std::byte> payload) { return handle(op, payload); },
-        [this](std::string_view target) { return http(target); });
+        [this](std::uint64_t op, std::span<const std::byte> payload) { return handle(static_cast<detail::RpcOp>(op), payload); },
+        [this](std::string_view target) { return http(target); },
+        [worker](std::uint64_t op) { return worker && detail::takes_long(static_cast<detail::RpcOp>(op)); });
   }
 
   Server(const Server&) = delete;
@@ -278,10 +293,10 @@ class Server {
       case RpcOp::ReadVar: return to_bytes(table_->read(decode_message<ReadVarMsg>(payload, "read")));
       case RpcOp::ReadRows: return to_bytes(table_->read_rows(decode_message<ReadRowsMsg>(payload, "read-rows")));
       case RpcOp::UpdateVar:
-        table_->update(decode_message<UpdateVarMsg>(payload, "update"));
+        table_->update(decode_message<UpdateVarView>(payload, "update"));  // the value read in place
         return {};
       case RpcOp::Commit: {
-        const bool applied = table_->commit(decode_message<CommitMsg>(payload, "commit"));
+        const bool applied = table_->commit(decode_message<CommitView>(payload, "commit"));
         (applied ? commits_applied_ : commits_duplicate_).fetch_add(1);
         return {std::byte{applied ? std::uint8_t{1} : std::uint8_t{0}}};
       }
@@ -299,7 +314,7 @@ class Server {
   std::vector<std::byte> handle_worker(detail::RpcOp op, std::span<const std::byte> payload) {
     using namespace detail;
     switch (op) {
-      case RpcOp::RunClosure: return detail::to_bytes(run_closure(decode_message<RunClosureMsg>(payload, "run-closure")));
+      case RpcOp::RunClosure: return detail::to_bytes(run_closure(decode_message<RunClosureView>(payload, "run-closure")));
       case RpcOp::MakeDataset: {
         const auto m = decode_message<MakeDatasetMsg>(payload, "make-dataset");
         const RemoteFunctionEntry& f = registered(m.function, m.signature);
@@ -332,12 +347,13 @@ class Server {
     return *f;
   }
 
-  std::string run_closure(const detail::RunClosureMsg& m) {
+  std::string run_closure(const detail::RunClosureView& m) {
     const detail::RemoteFunctionEntry& f = registered(m.function, m.signature);
     const auto store = ps_store();
     detail::WorkerEnvironment env;
     env.store = store;
     env.worker_name = device_;
+    env.handles = &handles_;
     env.dataset_iterator = [this](std::uint64_t id) -> std::shared_ptr<void> {
       std::lock_guard lock(mutex_);
       auto it = datasets_.find(id);
@@ -359,7 +375,7 @@ class Server {
     detail::current_transaction() = &txn;
     std::string result;
     try {
-      result = f.invoke(m.args);
+      result = f.invoke(m.args.chars());
     } catch (...) {
       closures_failed_.fetch_add(1);
       throw;
@@ -370,8 +386,8 @@ class Server {
     return result;
   }
 
-  detail::RpcServer::HttpReply http(std::string_view target) {
-    detail::RpcServer::HttpReply r;
+  net::RpcServer::HttpReply http(std::string_view target) {
+    net::RpcServer::HttpReply r;
     if (target == "/healthz") {
       r.status = 200;
       r.body = "ok\n";
@@ -433,7 +449,8 @@ class Server {
   bool stopped_ = false;
   std::shared_ptr<detail::PsClientStore> store_;
   std::map<std::uint64_t, std::shared_ptr<void>> datasets_;
-  std::unique_ptr<detail::RpcServer> rpc_;  // last: stopped (in ~Server) before the rest goes
+  detail::HandleCache handles_;  // the ps variables closures named before
+  std::unique_ptr<net::RpcServer> rpc_;  // last: stopped (in ~Server) before the rest goes
 };
 
 DISTRIBUTE_END_NAMESPACE

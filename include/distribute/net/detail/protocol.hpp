@@ -87,12 +87,17 @@ class Reader {
 
 // ---- handshake ---------------------------------------------------------------------------
 
+// Flags of a hello and a challenge.
+inline constexpr std::uint32_t kHandshakeToken = 1;    // the sender holds a cluster token
+inline constexpr std::uint32_t kHandshakeService = 2;  // a client of a service (RPC), not a rank of a mesh
+
 struct Hello {
-  std::uint32_t size = 0;       // cluster size the connector believes in
+  std::uint32_t size = 0;       // cluster size the connector believes in (0 for a service client)
   std::uint32_t from_rank = 0;  // the connector
   std::uint32_t to_rank = 0;    // whom it believes it is calling
   bool has_token = false;
   Nonce nonce{};
+  bool service = false;
 };
 
 struct Challenge {
@@ -102,10 +107,15 @@ struct Challenge {
   bool has_token = false;
   Nonce nonce{};
   Mac proof{};  // HMAC(token, acceptor label, nonces, ranks); zero without a token
+  bool service = false;  // echo of Hello::service
 };
 
+constexpr std::uint32_t handshake_flags(bool has_token, bool service) noexcept {
+  return (has_token ? kHandshakeToken : 0) | (service ? kHandshakeService : 0);
+}
+
 inline std::vector<std::byte> encode(const Hello& h) {
-  return Writer().u32(h.size).u32(h.from_rank).u32(h.to_rank).u32(h.has_token ? 1 : 0).bytes(h.nonce).take();
+  return Writer().u32(h.size).u32(h.from_rank).u32(h.to_rank).u32(handshake_flags(h.has_token, h.service)).bytes(h.nonce).take();
 }
 
 inline Hello decode_hello(std::span<const std::byte> in) {
@@ -115,8 +125,9 @@ inline Hello decode_hello(std::span<const std::byte> in) {
   h.from_rank = r.u32();
   h.to_rank = r.u32();
   const std::uint32_t flags = r.u32();
-  if (flags > 1) throw FrameError(fmt::format("hello has unknown flags 0x{:x}", flags));
-  h.has_token = flags == 1;
+  if (flags > (kHandshakeToken | kHandshakeService)) throw FrameError(fmt::format("hello has unknown flags 0x{:x}", flags));
+  h.has_token = (flags & kHandshakeToken) != 0;
+  h.service = (flags & kHandshakeService) != 0;
   h.nonce = r.array<kNonceBytes>();
   r.done();
   return h;
@@ -127,7 +138,7 @@ inline std::vector<std::byte> encode(const Challenge& c) {
       .u32(c.size)
       .u32(c.rank)
       .u32(c.peer_rank)
-      .u32(c.has_token ? 1 : 0)
+      .u32(handshake_flags(c.has_token, c.service))
       .bytes(c.nonce)
       .bytes(c.proof)
       .take();
@@ -140,8 +151,9 @@ inline Challenge decode_challenge(std::span<const std::byte> in) {
   c.rank = r.u32();
   c.peer_rank = r.u32();
   const std::uint32_t flags = r.u32();
-  if (flags > 1) throw FrameError(fmt::format("challenge has unknown flags 0x{:x}", flags));
-  c.has_token = flags == 1;
+  if (flags > (kHandshakeToken | kHandshakeService)) throw FrameError(fmt::format("challenge has unknown flags 0x{:x}", flags));
+  c.has_token = (flags & kHandshakeToken) != 0;
+  c.service = (flags & kHandshakeService) != 0;
   c.nonce = r.array<kNonceBytes>();
   c.proof = r.array<kMacBytes>();
   r.done();
@@ -156,12 +168,17 @@ inline Mac decode_response(std::span<const std::byte> in) {
 }
 
 /// The proof each side sends: distinct labels for the two directions so that one side's proof
-/// can never be replayed as the other's, and both nonces and both ranks bound in.
+/// can never be replayed as the other's, and for a mesh's ranks and a service's clients, with both
+/// nonces and both ranks bound in.
 inline Mac handshake_proof(std::string_view token, bool from_acceptor, const Nonce& connector_nonce,
                            const Nonce& acceptor_nonce, std::uint32_t size, std::uint32_t acceptor_rank,
-                           std::uint32_t connector_rank) {
+                           std::uint32_t connector_rank, bool service = false) {
   Writer w;
-  w.text(from_acceptor ? "distribute.net/v1 acceptor proof" : "distribute.net/v1 connector proof");
+  if (service) {
+    w.text(from_acceptor ? "distribute.rpc/v1 server proof" : "distribute.rpc/v1 client proof");
+  } else {
+    w.text(from_acceptor ? "distribute.net/v1 acceptor proof" : "distribute.net/v1 connector proof");
+  }
   w.bytes(connector_nonce).bytes(acceptor_nonce).u32(size).u32(acceptor_rank).u32(connector_rank);
   const auto msg = w.take();
   return hmac_sha256(token, msg);

@@ -1,6 +1,7 @@
 // The parameter-server service's messages, serialised with cereal's binary archives (every process
 // of a cluster runs the same binary, so layout and endianness agree). Tensor values travel as raw
-// bytes in a std::string, which cereal writes as one block.
+// bytes in one block: a std::string where the message owns them, WireBytes where a server reads
+// them in place in the request (the ...View messages: no copy, no allocation per request).
 #pragma once
 
 #include <cstdint>
@@ -57,34 +58,46 @@ struct ReadRowsMsg {
   void serialize(A& a) { a(key, dtype, rows, row_bytes); }
 };
 
-struct UpdateVarMsg {
+template <class Bytes>
+struct BasicUpdateVarMsg {
   std::string key;
   std::uint8_t kind = 0;  // RemoteUpdate
   std::uint8_t dtype = 0;
-  std::string bytes;
+  Bytes bytes;
   template <class A>
   void serialize(A& a) { a(key, kind, dtype, bytes); }
 };
+using UpdateVarMsg = BasicUpdateVarMsg<std::string>;
+using UpdateVarView = BasicUpdateVarMsg<WireBytes>;
 
 /// A closure's updates to one ps task, applied together and at most once per (session, closure).
-struct CommitMsg {
+template <class Update>
+struct BasicCommitMsg {
   std::uint64_t session = 0;
   std::uint64_t closure = 0;
-  std::vector<UpdateVarMsg> updates;
+  std::vector<Update> updates;
   template <class A>
   void serialize(A& a) { a(session, closure, updates); }
 };
+using CommitMsg = BasicCommitMsg<UpdateVarMsg>;
+using CommitView = BasicCommitMsg<UpdateVarView>;
 
-struct RunClosureMsg {
+template <class Bytes>
+struct BasicRunClosureMsg {
   std::uint64_t session = 0;
   std::uint64_t closure = 0;
   std::uint32_t attempt = 0;
   std::string function;
   std::string signature;
-  std::string args;
+  Bytes args;
   template <class A>
   void serialize(A& a) { a(session, closure, attempt, function, signature, args); }
 };
+using RunClosureMsg = BasicRunClosureMsg<std::string>;
+using RunClosureView = BasicRunClosureMsg<WireBytes>;
+
+inline std::span<const std::byte> bytes_of(const std::string& s) noexcept { return std::as_bytes(std::span(s.data(), s.size())); }
+inline std::span<const std::byte> bytes_of(const WireBytes& b) noexcept { return b.bytes; }
 
 struct MakeDatasetMsg {
   std::uint64_t dataset = 0;
@@ -96,16 +109,8 @@ struct MakeDatasetMsg {
   void serialize(A& a) { a(dataset, function, signature, num_workers, worker_index); }
 };
 
-/// cereal's archives read a stream; this one reads bytes where they are, without a copy.
-class SpanReadBuffer : public std::streambuf {
- public:
-  explicit SpanReadBuffer(std::span<const std::byte> bytes) {
-    char* p = const_cast<char*>(reinterpret_cast<const char*>(bytes.data()));  // only read
-    setg(p, p, p + bytes.size());
-  }
-};
-
-/// ...and this one writes straight into the byte vector that goes on the wire.
+/// cereal's archives write a stream: this one writes straight into the byte vector that goes on
+/// the wire.
 class ByteSink : public std::streambuf {
  public:
   std::vector<std::byte> bytes;
@@ -131,6 +136,23 @@ std::vector<std::byte> encode_message(const M& m) {
     ar(m);
   }
   return std::move(sink.bytes);
+}
+
+/// Encodes `m` into a buffer of this thread's that is kept from one message to the next, so that
+/// sending one costs no allocation once a message of its size was sent: the bytes are valid until
+/// this thread encodes again (a call that sends them returns before that).
+template <class M>
+std::span<const std::byte> encode_reusing(const M& m) {
+  static constexpr std::size_t kKeptBytes = std::size_t{64} << 20;  // a larger buffer is not kept
+  thread_local ByteSink sink;
+  sink.bytes.clear();
+  if (sink.bytes.capacity() > kKeptBytes) sink.bytes.shrink_to_fit();
+  {
+    std::ostream out(&sink);
+    cereal::BinaryOutputArchive ar(out);
+    ar(m);
+  }
+  return sink.bytes;
 }
 
 /// Malformed bytes throw InvalidArgument naming `what`, never read past the end and never

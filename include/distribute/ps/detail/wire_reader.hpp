@@ -9,7 +9,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <istream>
+#include <limits>
+#include <span>
+#include <streambuf>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -20,6 +24,30 @@
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
+
+/// cereal's archives read a stream; this one reads bytes where they are, without a copy, and can
+/// hand out a view of the next bytes (WireBytes).
+class SpanReadBuffer : public std::streambuf {
+ public:
+  explicit SpanReadBuffer(std::span<const std::byte> bytes) {
+    char* p = const_cast<char*>(reinterpret_cast<const char*>(bytes.data()));  // only read
+    setg(p, p, p + bytes.size());
+  }
+  /// The next `n` bytes, skipped; fewer left is an error of the caller's to check first.
+  std::span<const std::byte> take(std::size_t n) {
+    const auto* at = reinterpret_cast<const std::byte*>(gptr());
+    gbump(static_cast<int>(n));
+    return {at, n};
+  }
+};
+
+/// Bytes of a message read where they lie in the bytes being decoded (a request, which outlives
+/// the decoded message) instead of copied into a string; written like a std::string (a size, then
+/// the bytes), so a message holding them has the layout of one holding a string.
+struct WireBytes {
+  std::span<const std::byte> bytes;
+  std::string_view chars() const noexcept { return {reinterpret_cast<const char*>(bytes.data()), bytes.size()}; }
+};
 
 class WireReader : public cereal::InputArchive<WireReader, cereal::AllowEmptyClassElision> {
  public:
@@ -44,6 +72,15 @@ class WireReader : public cereal::InputArchive<WireReader, cereal::AllowEmptyCla
     }
     const auto n = b->in_avail();
     return n > 0 ? static_cast<std::uint64_t>(n) : 0;
+  }
+
+  /// The next `n` bytes where they lie (they fit: check_fits first); only from a SpanReadBuffer.
+  std::span<const std::byte> view(std::size_t n) {
+    auto* span = dynamic_cast<SpanReadBuffer*>(stream_.rdbuf());
+    if (span == nullptr || n > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+      throw cereal::Exception(fmt::format("a block of {} bytes cannot be read in place here", n));
+    }
+    return span->take(n);
   }
 
   /// Throws unless `count` elements of at least `min_bytes` each fit in what is left.
@@ -97,6 +134,19 @@ void CEREAL_LOAD_FUNCTION_NAME(WireReader& ar, std::basic_string<CharT, Traits, 
   ar.check_fits(size, sizeof(CharT), "a string");
   str.resize(static_cast<std::size_t>(size));
   ar.loadBinary(str.data(), static_cast<std::streamsize>(size * sizeof(CharT)));
+}
+
+inline void CEREAL_LOAD_FUNCTION_NAME(WireReader& ar, WireBytes& b) {
+  cereal::size_type size = 0;
+  ar(size);
+  ar.check_fits(size, 1, "a string");
+  b.bytes = ar.view(static_cast<std::size_t>(size));
+}
+
+template <class Archive>
+void CEREAL_SAVE_FUNCTION_NAME(Archive& ar, const WireBytes& b) {
+  ar(cereal::make_size_tag(static_cast<cereal::size_type>(b.bytes.size())));
+  ar(cereal::binary_data(b.bytes.data(), b.bytes.size()));
 }
 
 template <class T, class A>

@@ -1,0 +1,606 @@
+// The mesh of a communicator: one authenticated connection to every other rank (so every rank hears
+// at once when any rank dies), formed at construction (each rank connects to the ranks below it and
+// accepts the ones above), the matching of incoming frames to the receives calls post, the
+// agreement on each collective (descriptors), heartbeats, and failure: the first failure (a peer
+// lost, a timeout, mismatched collectives) poisons the transport, is sent to every peer in an Abort
+// frame, and every later call throws it. The calls themselves are Transport::Op (call.hpp).
+//
+// Receives are matched by (type, sequence, tag): a frame whose receive is already posted is read
+// straight into the caller's buffer; an early one is buffered until its receive is posted. A
+// receive may carry a continuation that the io thread runs as soon as the frame is in (reduce, send
+// on, post the next receive), so a pipelined collective does not wake the calling thread for every
+// chunk.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <distribute/core/error.hpp>
+#include <distribute/net/detail/address.hpp>
+#include <distribute/net/detail/auth.hpp>
+#include <distribute/net/detail/congestion_control.hpp>
+#include <distribute/net/detail/connection.hpp>
+#include <distribute/net/detail/connector.hpp>
+#include <distribute/net/detail/descriptor_exchange.hpp>
+#include <distribute/net/detail/event_loop.hpp>
+#include <distribute/net/detail/handshake.hpp>
+#include <distribute/net/detail/listener.hpp>
+#include <distribute/net/detail/mesh_terms.hpp>
+#include <distribute/net/detail/notifying_mutex.hpp>
+#include <distribute/net/detail/peer.hpp>
+#include <distribute/net/detail/protocol.hpp>
+#include <distribute/net/detail/shared_memory_all_reduce.hpp>
+#include <distribute/net/detail/transfer.hpp>
+#include <distribute/net/frame.hpp>
+#include <distribute/net/options.hpp>
+#include <distribute/net/refusal_log.hpp>
+#include <distribute/observe/collective_metrics.hpp>
+#include <distribute/observe/timeline.hpp>
+
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net::detail {
+
+// After an error, how long in-flight I/O on the caller's memory may finish before its socket is cut.
+inline constexpr std::chrono::milliseconds kAbandonGrace{500};
+// The longest wait between two connection attempts to a peer that is not listening yet.
+inline constexpr std::chrono::milliseconds kMaxConnectBackoff{50};
+// How long a clean shutdown waits for goodbyes to be written and answered.
+inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
+
+class Transport final : private ConnectionOwner {
+ public:
+  class Op;
+
+  Transport(std::vector<std::string> addresses, int rank, CommunicatorOptions options,
+            std::vector<std::string> task_names)
+      : loop_(options.busy_poll), options_(std::move(options)), rank_(rank), size_(static_cast<int>(addresses.size())) {
+    if (addresses.empty()) throw InvalidArgument("Communicator: the address list is empty");
+    if (rank < 0 || rank >= size_) {
+      throw InvalidArgument(fmt::format("Communicator: rank {} is out of range for {} addresses", rank, size_));
+    }
+    if (!task_names.empty() && task_names.size() != addresses.size()) {
+      throw InvalidArgument(fmt::format("Communicator: {} task names given for {} addresses", task_names.size(),
+                                        addresses.size()));
+    }
+    if (options_.chunk_bytes == 0) throw InvalidArgument("Communicator: chunk_bytes must be positive, got 0");
+    if (options_.max_frame_bytes < 4096) {
+      throw InvalidArgument(fmt::format("Communicator: max_frame_bytes must be at least 4096, got {}", options_.max_frame_bytes));
+    }
+    if (options_.heartbeat_interval.count() <= 0) {
+      throw InvalidArgument(fmt::format("Communicator: heartbeat_interval must be positive, got {} ms",
+                                        options_.heartbeat_interval.count()));
+    }
+    chunk_bytes_ = std::min(options_.chunk_bytes, options_.max_frame_bytes);
+    token_ = effective_cluster_token(options_.cluster_token);
+    handshaker_.emplace(token_, options_.handshake_timeout);
+    std::vector<MeshTerms::Rank> ranks;
+    for (int i = 0; i < size_; ++i) {
+      auto p = std::make_unique<Peer>(static_cast<ConnectionOwner&>(*this), mu_, loop_.io(), i,
+                                      task_names.empty() ? fmt::format("rank {}", i) : task_names[static_cast<std::size_t>(i)],
+                                      addresses[static_cast<std::size_t>(i)], options_.max_frame_bytes);
+      p->endpoint = parse_host_port(p->address());
+      for (int j = 0; j < i; ++j) {
+        if (peers_[static_cast<std::size_t>(j)]->address() == p->address()) {
+          throw InvalidArgument(fmt::format("Communicator: ranks {} and {} have the same address '{}'", j, i, p->address()));
+        }
+      }
+      if (i < rank_) p->dialer.emplace(loop_.io(), *handshaker_, p->endpoint, options_.loopback_congestion_control, kMaxConnectBackoff);
+      ranks.push_back(MeshTerms::Rank{p->name(), p->address()});
+      peers_.push_back(std::move(p));
+    }
+    terms_.emplace(rank_, std::move(ranks), token_.has_value());
+    if (size_ == 1) return;
+
+    listener_.emplace(loop_.io(), Listener::Options{me(), "Communicator", options_.loopback_congestion_control,
+                                                    options_.max_pending_connections,
+                                                    [this](const std::string& l) { log_limited(l); },
+                                                    [this](const std::string& l) { log(l); }});
+    listener_->listen(peer(rank_).address(), token_.has_value());
+    loop_.start([this](const std::exception& e) {
+      // A handler must not take the process down; the transport is unusable afterwards.
+      std::lock_guard lk(mu_);
+      fail_locked(Failure{FailureKind::Peer, fmt::format("internal error in the network thread of {}: {}", me(), e.what())}, true);
+    });
+    loop_.post([this] {
+      listener_->start([this](const HandshakePtr& h) { return on_accepted(h); });
+      for (int j = 0; j < rank_; ++j) start_dialing(j);
+      // Heartbeats start now, not once the cluster has formed: peers that connected early must
+      // keep hearing from us while a late one is still awaited.
+      heartbeat_tick();
+    });
+
+    std::unique_lock lk(mu_);
+    const auto deadline = Clock::now() + options_.connect_timeout;
+    const bool formed = mu_.wait_until(lk, deadline, [&] { return open_count_ == size_ - 1 || setup_failure_ || failure_; });
+    if (!formed || setup_failure_ || failure_ || open_count_ != size_ - 1) {
+      Failure f = setup_failure_ ? *setup_failure_ : failure_ ? *failure_ : Failure{FailureKind::Peer, missing_peers_locked()};
+      lk.unlock();
+      shutdown();
+      raise(f.kind, f.message);
+    }
+  }
+
+  ~Transport() { shutdown(); }
+
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const std::string& task_name(int r) const { return peer_at(r).name(); }
+  const std::string& address(int r) const { return peer_at(r).address(); }
+  const CommunicatorOptions& options() const noexcept { return options_; }
+  std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
+
+  std::optional<Failure> failure() const {
+    std::lock_guard lk(mu_);
+    return failure_;
+  }
+
+  /// For the life of the result, one Op in flight does not make the io thread busy-poll: its
+  /// data does not come through the sockets (shared memory), and the polling thread would take
+  /// turns on the core with the one copying.
+  ScopedCount<std::atomic<int>> exempt_from_busy_poll() noexcept { return loop_.exempt_from_busy_poll(); }
+
+  /// The shared-memory all-reduce, when every rank mapped one segment at construction.
+  SharedMemoryAllReduce* shared_memory() const noexcept { return shared_memory_.get(); }
+  void set_shared_memory(std::unique_ptr<SharedMemoryAllReduce> s) noexcept { shared_memory_ = std::move(s); }
+
+  /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
+  std::string congestion_control(int r) {
+    std::lock_guard lk(mu_);
+    (void)peer_at(r);  // throws for a rank out of range
+    Peer& p = peer(r);
+    if (r == rank_ || !p.conn.has_socket()) return {};
+    return congestion_control_of(p.conn.socket().native_handle());
+  }
+
+ private:
+  const Peer& peer_at(int r) const {
+    if (r < 0 || r >= size_) throw InvalidArgument(fmt::format("rank {} is out of range for a cluster of {}", r, size_));
+    return *peers_[static_cast<std::size_t>(r)];
+  }
+  Peer& peer(int r) { return *peers_[static_cast<std::size_t>(r)]; }
+  Peer& peer(const Connection& c) { return *peers_[static_cast<std::size_t>(c.id())]; }
+  const Peer& peer(const Connection& c) const { return *peers_[static_cast<std::size_t>(c.id())]; }
+  const std::string& me() const { return peers_[static_cast<std::size_t>(rank_)]->name(); }
+
+  void log(const std::string& line) const {
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      fmt::print(stderr, "distribute.net: {}\n", line);
+    }
+  }
+
+  // Lines a stranger can cause: a few a second at most.
+  void log_limited(const std::string& line) {
+    if (std::string admitted = refusal_limiter_.admit(line); !admitted.empty()) log(admitted);
+  }
+
+  // ---- forming the mesh -----------------------------------------------------------------------
+
+  std::string missing_peers_locked() const {
+    std::string out;
+    for (const auto& p : peers_) {
+      if (p->rank == rank_ || p->state() == Connection::State::Open) continue;
+      if (!out.empty()) out += "; ";
+      if (p->rank < rank_) {
+        out += fmt::format("could not connect to {} at {} (last error: {})", p->name(), p->address(), p->last_error);
+      } else {
+        out += fmt::format("{} ({}) never connected", p->name(), p->address());
+      }
+    }
+    return fmt::format("{}: the cluster of {} did not form within {} ms: {}", me(), size_, options_.connect_timeout.count(),
+                       out);
+  }
+
+  void setup_fail(FailureKind kind, std::string message) {
+    std::lock_guard lk(mu_);
+    if (!setup_failure_) setup_failure_ = Failure{kind, std::move(message)};
+    mu_.notify_all_locked();
+  }
+
+  // Connector side: ranks connect to every lower rank, retrying while it is not up yet.
+  void start_dialing(int j) {
+    Dialer::Hooks hooks;
+    hooks.wanted = [this, j] {
+      std::lock_guard lk(mu_);
+      return !closing_ && peer(j).state() == Connection::State::Connecting;
+    };
+    hooks.retry = [this, j](const std::string& reason) {
+      std::lock_guard lk(mu_);
+      Peer& q = peer(j);
+      if (closing_ || q.state() != Connection::State::Connecting) return false;
+      q.last_error = reason;
+      if (metrics_) metrics_->retry();
+      return true;
+    };
+    hooks.connected = [this, j](const HandshakePtr& h) { register_peer(j, std::move(h->socket), h->written); };
+    hooks.refused = [this](const std::string& message) { setup_fail(FailureKind::Config, message); };
+    hooks.congestion_refused = [this, j](const std::string& why) {
+      if (congestion_refusal_logged_) return;
+      congestion_refusal_logged_ = true;  // once, not once per connection attempt
+      log(fmt::format("{}: connecting to {} with the system's congestion control: '{}' is refused by the kernel: {}", me(),
+                      peer(j).name(), options_.loopback_congestion_control, why));
+    };
+    peer(j).dialer->start(terms_->connector(j), std::move(hooks));
+  }
+
+  // Acceptor side: anyone may connect; only a peer that proves the token and a valid rank joins.
+  bool on_accepted(const HandshakePtr& h) {
+    {
+      std::lock_guard lk(mu_);
+      if (closing_) return false;
+    }
+    if (!acceptor_terms_) {
+      acceptor_terms_ = terms_->acceptor(
+          [this](int from) -> std::string {
+            std::lock_guard lk(mu_);
+            Peer& p = peer(from);
+            if (closing_ || p.state() != Connection::State::Connecting || p.claimed) return fmt::format("{} is already connected", p.name());
+            p.claimed = true;
+            return {};
+          },
+          [this](int from) {
+            std::lock_guard lk(mu_);
+            peer(from).claimed = false;
+          },
+          [this](const std::string& l) { log_limited(l); });
+    }
+    handshaker_->accept(h, acceptor_terms_, [this](const HandshakePtr& done) {
+      register_peer(static_cast<int>(done->hello.from_rank), std::move(done->socket), done->written);
+    });
+    return true;
+  }
+
+  void register_peer(int j, tcp::socket socket, std::uint64_t handshake_bytes) {
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    std::unique_lock lk(mu_);
+    Peer& p = peer(j);
+    if (closing_ || p.state() != Connection::State::Connecting) {
+      socket.close(ignored);
+      return;
+    }
+    p.conn.open_locked(std::move(socket), handshake_bytes);
+    p.claimed = false;
+    ++open_count_;
+    mu_.notify_all_locked();
+    lk.unlock();
+    p.conn.start_reading();
+  }
+
+  // ---- what the connections report (ConnectionOwner) ------------------------------------------
+
+  FrameIntake intake(const Connection&, FrameType type) const noexcept override {
+    switch (type) {
+      case FrameType::Heartbeat: return FrameIntake::Heartbeat;
+      case FrameType::Goodbye: return FrameIntake::Goodbye;
+      case FrameType::Abort:
+      case FrameType::Descriptor: return FrameIntake::Control;
+      case FrameType::Data:
+      case FrameType::PointToPoint: return FrameIntake::Bulk;
+      default: return FrameIntake::Refuse;
+    }
+  }
+
+  void on_goodbye(Connection& c) override {
+    std::lock_guard lk(mu_);
+    on_goodbye_locked(peer(c));
+  }
+
+  void on_control(Connection& c, const FrameHeader& h, std::span<const std::byte> payload) override {
+    Peer& p = peer(c);
+    if (h.type == FrameType::Abort) {
+      Failure f = decode_abort(payload);
+      std::lock_guard lk(mu_);
+      if (!closing_) {
+        if (f.message.find(" (reported by ") == std::string::npos) f.message += fmt::format(" (reported by {})", p.name());
+        // Relayed before anything else we send: a peer that hears our goodbye later must have
+        // heard why first, or it would blame our departure instead of the real loss.
+        fail_locked(std::move(f), true);
+      }
+    } else {
+      std::lock_guard lk(mu_);
+      on_descriptor_locked(p, h.seq, payload);
+    }
+  }
+
+  std::byte* begin_bulk(Connection& c, const FrameHeader& h) override {
+    Peer& p = peer(c);
+    const MsgKey key{h.type, h.seq, h.tag};
+    const auto length = static_cast<std::size_t>(h.length);
+    bool keep = true;
+    {
+      std::lock_guard lk(mu_);
+      p.rx_transfer.reset();
+      if (TransferPtr t = p.take_posted_locked(key)) {
+        if (t->size == length) {
+          t->state = Transfer::State::Active;
+          p.rx_transfer = std::move(t);
+          return p.rx_transfer->dst;
+        }
+        t->state = Transfer::State::Failed;
+        t->error = Failure{FailureKind::Mismatch, p.size_mismatch(length, t->size, key, me())};
+        keep = false;  // read and drop it: the stream stays in step
+        mu_.notify_all_locked();
+      }
+    }
+    try {
+      {
+        std::lock_guard lk(mu_);
+        p.rx_blob = blobs_.take(length);
+      }
+      if (!p.rx_blob.data) p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length, length};
+    } catch (const std::bad_alloc&) {
+      throw FrameError(fmt::format("cannot buffer a frame of {} bytes: out of memory", length));
+    }
+    p.rx_keep = keep;
+    return p.rx_blob.data.get();
+  }
+
+  void end_bulk(Connection& c) override {
+    Peer& p = peer(c);
+    const FrameHeader& h = c.current();
+    std::unique_lock lk(mu_);
+    if (p.rx_transfer) {
+      const TransferPtr t = std::move(p.rx_transfer);  // leaves rx_transfer empty
+      complete_receive_locked(lk, t);
+    } else if (p.rx_keep) {
+      // Its receive may have been posted while the frame was arriving: hand it over now.
+      const MsgKey key{h.type, h.seq, h.tag};
+      TransferPtr t = p.take_posted_locked(key);
+      if (!t) {
+        p.unexpected[key].push_back(std::move(p.rx_blob));
+      } else {
+        if (t->size == p.rx_blob.size) {
+          t->state = Transfer::State::Active;
+          lk.unlock();
+          if (t->size > 0) std::memcpy(t->dst, p.rx_blob.data.get(), t->size);
+          lk.lock();
+          complete_receive_locked(lk, t);
+        } else {
+          t->state = Transfer::State::Failed;
+          t->error = Failure{FailureKind::Mismatch, p.size_mismatch(p.rx_blob.size, t->size, key, me())};
+          mu_.notify_all_locked();
+        }
+      }
+    }
+    blobs_.give(std::move(p.rx_blob));
+    p.rx_blob = Blob{};
+  }
+
+  void on_read_failed(Connection& c, const std::string& reason, bool malformed) override {
+    Peer& p = peer(c);
+    std::lock_guard lk(mu_);
+    if (p.rx_transfer) {
+      p.rx_transfer->state = Transfer::State::Failed;
+      p.rx_transfer->error = loss_locked(c, reason);
+      p.rx_transfer.reset();
+    }
+    if (!malformed) p.rx_blob = Blob{};
+    peer_down_locked(p, malformed ? fmt::format("it sent a malformed frame: {}", reason) : reason);
+  }
+
+  Failure loss_locked(const Connection& c, const std::string& reason) const override {
+    if (c.state == Connection::State::Failed && failure_) return *failure_;
+    if (c.state == Connection::State::Closed) return closed_failure_locked(c);
+    return Failure{FailureKind::Peer, fmt::format("lost task {} ({}): {}", c.name(), c.address(), reason)};
+  }
+
+  Failure closed_failure_locked(const Connection& c) const override {
+    if (c.state == Connection::State::Failed && failure_) return *failure_;
+    return Failure{FailureKind::Peer, fmt::format("{} ({}) has closed its communicator", c.name(), c.address())};
+  }
+
+  void on_write_failed_locked(Connection& c, const std::string& reason) override { peer_down_locked(peer(c), reason); }
+
+  bool wake_on_progress_locked() const noexcept override { return progress_waiters_ > 0; }
+
+  // ---- descriptors ----------------------------------------------------------------------------
+
+  void on_descriptor_locked(Peer& p, std::uint64_t seq, std::span<const std::byte> payload) {
+    descriptors_.receive_locked(peers_, rank_, p, seq, payload);
+    if (descriptors_.wakes_locked(peers_, seq, progress_waiters_)) mu_.notify_all_locked();
+  }
+
+  // ---- receives -------------------------------------------------------------------------------
+
+  // A receive's bytes are in place (state Active, `lk` held): runs its continuation, if any, with
+  // the mutex released, then marks it Done. A continuation that throws fails the receive, and
+  // with it the collective.
+  void complete_receive_locked(std::unique_lock<NotifyingMutex>& lk, const TransferPtr& t) {
+    bool wake = progress_waiters_ > 0;
+    if (t->on_arrival) {
+      const std::function<bool()> next = std::move(t->on_arrival);
+      t->on_arrival = nullptr;
+      std::optional<std::string> error;
+      lk.unlock();
+      try {
+        wake = next() || wake;
+      } catch (const std::exception& e) {
+        error = e.what();
+      } catch (...) {
+        error = "unknown exception";
+      }
+      lk.lock();
+      if (error) {
+        t->state = Transfer::State::Failed;
+        t->error = Failure{FailureKind::Peer, fmt::format("{} failed while passing on received data: {}", me(), *error)};
+        mu_.notify_all_locked();
+        return;
+      }
+    }
+    t->state = Transfer::State::Done;
+    if (wake || progress_waiters_ > 0) mu_.notify_all_locked();
+  }
+
+  // ---- failure --------------------------------------------------------------------------------
+
+  /// Records the first failure; `broadcast`: tell every peer (found here, or relayed).
+  void fail_locked(Failure f, bool broadcast) {
+    if (failure_) return;
+    failure_ = f;
+    if (metrics_) metrics_->failure(static_cast<int>(f.kind));
+    if (observe::timeline_enabled()) {
+      try {
+        observe::Timeline::instance().instant("communicator failed", "failure", observe::Timeline::now_ns(),
+                                              fmt::format("\"message\":\"{}\"", observe::detail::json_escape(f.message)));
+      } catch (...) {
+      }
+    }
+    if (broadcast) {
+      const auto payload = encode(f);
+      for (auto& p : peers_) {
+        if (p->rank != rank_ && p->state() == Connection::State::Open) p->conn.enqueue_control_locked(FrameType::Abort, 0, payload);
+      }
+    }
+    mu_.notify_all_locked();
+  }
+
+  void on_goodbye_locked(Peer& p) {
+    if (p.state() != Connection::State::Open) return;
+    p.state() = Connection::State::Closed;
+    p.fail_pending_locked(closed_failure_locked(p.conn));
+    // It sends nothing more; end our side too once what is being written is out.
+    p.conn.half_close_when_written_locked();
+    mu_.notify_all_locked();
+  }
+
+  void peer_down_locked(Peer& p, const std::string& reason) {
+    if (p.state() == Connection::State::Closed || p.state() == Connection::State::Failed) {
+      p.conn.close_locked();
+      mu_.notify_all_locked();
+      return;
+    }
+    const bool expected = closing_;  // during our own shutdown every error is expected
+    const Failure loss = loss_locked(p.conn, reason);
+    p.state() = expected ? Connection::State::Closed : Connection::State::Failed;
+    p.conn.close_locked();
+    p.fail_pending_locked(loss);
+    if (!expected) fail_locked(loss, true);
+    mu_.notify_all_locked();
+  }
+
+  // ---- heartbeats -----------------------------------------------------------------------------
+
+  void heartbeat_tick() {
+    if (!heartbeat_timer_) heartbeat_timer_.emplace(loop_.io());
+    heartbeat_timer_->expires_after(options_.heartbeat_interval);
+    heartbeat_timer_->async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      on_heartbeat();
+      heartbeat_tick();
+    });
+  }
+
+  void on_heartbeat() {
+    std::lock_guard lk(mu_);
+    if (closing_) return;
+    const auto now = Clock::now();
+    for (auto& pp : peers_) {
+      Peer& p = *pp;
+      if (p.rank == rank_ || p.state() != Connection::State::Open) continue;
+      const auto silent = p.conn.silence(now);
+      if (options_.heartbeat_timeout.count() > 0 && silent > options_.heartbeat_timeout) {
+        if (p.conn.bytes_waiting()) continue;  // alive: this thread is behind
+        peer_down_locked(p, fmt::format("no heartbeat for {:.1f} s", std::chrono::duration<double>(silent).count()));
+        continue;
+      }
+      if (p.conn.idle_locked() && now - p.conn.last_tx >= options_.heartbeat_interval / 2) {
+        p.conn.enqueue_control_locked(FrameType::Heartbeat, 0, {});
+      }
+    }
+  }
+
+  // ---- shutdown -------------------------------------------------------------------------------
+
+  void shutdown() noexcept {
+    if (!loop_.started()) return;
+    try {
+      {
+        std::unique_lock lk(mu_);
+        closing_ = true;
+        for (auto& p : peers_) {
+          if (p->rank != rank_ && p->state() == Connection::State::Open) {
+            p->conn.enqueue_control_locked(FrameType::Goodbye, 0, {}, true);
+          }
+        }
+        // A poisoned transport has told its peers already; a stopped peer would only delay us.
+        mu_.wait_for(lk, failure_ ? kShutdownGrace / 4 : kShutdownGrace, [&] {
+          return std::all_of(peers_.begin(), peers_.end(), [](const auto& p) { return p->conn.done_locked(); });
+        });
+      }
+      std::promise<void> closed;
+      loop_.post([this, &closed] {
+        if (listener_) listener_->close();
+        if (heartbeat_timer_) heartbeat_timer_->cancel();
+        std::lock_guard lk(mu_);
+        for (auto& p : peers_) {
+          if (p->dialer) p->dialer->cancel();
+          p->conn.close_locked();
+        }
+        closed.set_value();
+      });
+      closed.get_future().wait_for(kShutdownGrace);
+    } catch (...) {
+      // Shutting down must not throw; stopping the event loop below releases everything anyway.
+    }
+    loop_.stop();
+  }
+
+  // Members. loop_ comes first so that its io_context outlives every socket and timer that uses it.
+  EventLoop loop_;
+  CommunicatorOptions options_;
+  observe::CollectiveMetrics* metrics_ = options_.metrics.get();  // null: no metrics
+  int rank_;
+  int size_;
+  std::size_t chunk_bytes_ = 0;
+  std::optional<std::string> token_;
+  std::optional<Handshaker> handshaker_;
+  std::optional<MeshTerms> terms_;
+  std::shared_ptr<const AcceptorTerms> acceptor_terms_;  // io thread only
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::optional<Listener> listener_;
+  RateLimiter refusal_limiter_;
+  std::optional<asio::steady_timer> heartbeat_timer_;
+
+  // The transport's lock and its condition: waiters are woken after it is released.
+  mutable NotifyingMutex mu_;
+  int open_count_ = 0;
+  bool closing_ = false;
+  std::optional<Failure> failure_;
+  std::optional<Failure> setup_failure_;
+  std::uint64_t next_seq_ = 0;
+  BlobPool blobs_;
+  bool congestion_refusal_logged_ = false;  // io thread only
+  // Threads blocked in Op::block that want waking whenever a transfer completes; one in
+  // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
+  int progress_waiters_ = 0;
+  // Set once after construction when every rank mapped one segment (learn_topology);
+  // used by the calling thread only.
+  std::unique_ptr<SharedMemoryAllReduce> shared_memory_;
+  // Collectives' descriptors over TCP (when no shared memory carries them).
+  DescriptorExchange descriptors_;
+};
+
+}  // namespace net::detail
+DISTRIBUTE_END_NAMESPACE
