@@ -2,6 +2,7 @@
 # Builds everything (tests, examples, benchmarks) and runs the whole test suite,
 # then checks that single_include/ is up to date.
 #   bash scripts/test.sh [extra `meson test` args, e.g. --suite host]
+#   DISTRIBUTE_SETUP_ARGS=-Dbench=false bash scripts/test.sh   # without building the benchmarks
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,10 +19,12 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "test.sh: nvcc was not on PATH; using $CUDACXX"
 fi
 
+# DISTRIBUTE_SETUP_ARGS: options for `meson setup` (CI passes -Dbench=false).
+read -r -a setup_args <<< "${DISTRIBUTE_SETUP_ARGS:-}"
 if [ -f build/meson-private/coredata.dat ]; then
-  meson setup --reconfigure build
+  meson setup --reconfigure build "${setup_args[@]}"
 else
-  meson setup build
+  meson setup build "${setup_args[@]}"
 fi
 meson compile -C build
 meson test -C build --print-errorlogs "$@"
