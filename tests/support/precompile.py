@@ -49,6 +49,10 @@ def main() -> int:
     if r.returncode != 0:
         return r.returncode
     os.replace(tmp, gch)
+    # g++ that finds the .gch where it is not usable (a second include of the umbrella: its #pragma once is
+    # then checked against this directory) reads the header of the .gch's own directory: this one forwards.
+    with open(os.path.join(os.path.dirname(gch), "distribute.hpp"), "w", encoding="utf-8") as f:
+        f.write(f'#include "{os.path.abspath(header)}"\n')
     with open(stamp, "w", encoding="utf-8") as f:
         f.write(gch + "\n")
     return 0
