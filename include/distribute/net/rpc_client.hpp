@@ -52,11 +52,14 @@ class RpcClient final : private detail::ConnectionOwner, private detail::Ticking
     std::unique_lock lk(mu_);
     retire_locked();
     // Nothing of the loop may touch this client once it is gone: wait until every connection it
-    // had is closed on the loop and its last read and write have returned.
-    mu_.wait(lk, [&] {
+    // had is closed on the loop and its last read and write have returned (a connection ends its
+    // read without a notification, so this polls).
+    const auto done = [&] {
       reap_locked();
       return retired_.empty() && posts_ == 0;
-    });
+    };
+    while (!mu_.wait_for(lk, std::chrono::milliseconds(2), done)) {
+    }
   }
 
   RpcClient(const RpcClient&) = delete;
@@ -344,7 +347,7 @@ class RpcClient final : private detail::ConnectionOwner, private detail::Ticking
                                           : fmt::format("call to {} ({}): {}", peer_, address_, reason);
     lose_locked(c, std::move(why));
     c.close_locked();
-    mu_.notify_all_locked();  // a destructor may wait for this connection to go quiet
+    mu_.notify_all_locked();  // a call may wait for its reply
   }
 
   detail::Failure loss_locked(const detail::Connection&, const std::string& reason) const override {

@@ -113,9 +113,14 @@ class RpcServer final : private detail::ConnectionOwner {
       for (auto& [id, c] : clients_) {
         if (c->conn.is_open_locked()) c->conn.enqueue_control_locked(FrameType::Goodbye, 0, {}, true);
       }
-      mu_.wait_for(lk, kGoodbyeGrace, [&] {
+      // A connection ends its read without a notification (connection.hpp): poll until the grace ends.
+      const auto all_ended = [&] {
         return std::all_of(clients_.begin(), clients_.end(), [](const auto& e) { return e.second->conn.read_ended(); });
-      });
+      };
+      const auto grace_end = std::chrono::steady_clock::now() + kGoodbyeGrace;
+      while (!all_ended() && std::chrono::steady_clock::now() < grace_end) {
+        mu_.wait_for(lk, std::chrono::milliseconds(2), all_ended);
+      }
     }
     pool_.stop();  // a closure being run finishes first
     std::promise<void> closed;

@@ -498,12 +498,20 @@ class Connection {
   }
 
   void read_failed(const boost::system::error_code& ec) {
-    read_ended_.store(true, std::memory_order_release);
     owner_.on_read_failed(*this, describe_error(ec), false);
+    end_read();
   }
   void malformed(const std::string& what) {
-    read_ended_.store(true, std::memory_order_release);
     owner_.on_read_failed(*this, what, true);
+    end_read();
+  }
+  // After the owner's handler, under the owner's mutex, and the last thing this connection does: an
+  // owner waiting for its connections to end their reads (a destructor) may free this connection and
+  // itself as soon as it sees the flag. No notification, whose wake-up would touch the mutex after its
+  // release: such a wait polls.
+  void end_read() {
+    const std::lock_guard g(mu_);
+    read_ended_.store(true, std::memory_order_release);
   }
 
   // ---- writing (the mutex held) ------------------------------------------------------------------
