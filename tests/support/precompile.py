@@ -37,10 +37,13 @@ def main() -> int:
             skip = True
         elif w not in ALONE and not w.endswith(os.path.basename(ref["file"])):
             flags.append(w)
+    gch = os.path.abspath(os.path.join(outdir, "distribute", "distribute.hpp.gch"))
+    # The library's header: the first on the include path that is not the forwarding one written below
+    # (OUTDIR comes first there, and a rebuild would otherwise precompile the forwarder itself).
     header = next(os.path.join(ref["directory"], w[2:], "distribute", "distribute.hpp")
                   for w in flags if w.startswith("-I")
+                  and os.path.realpath(os.path.join(ref["directory"], w[2:])) != os.path.realpath(outdir)
                   and os.path.exists(os.path.join(ref["directory"], w[2:], "distribute", "distribute.hpp")))
-    gch = os.path.abspath(os.path.join(outdir, "distribute", "distribute.hpp.gch"))
     os.makedirs(os.path.dirname(gch), exist_ok=True)
     tmp = gch + ".tmp"
     cmd = [*flags, "-x", "c++-header", header, "-o", tmp, "-MD", "-MF", os.path.abspath(depfile),
