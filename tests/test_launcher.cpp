@@ -852,7 +852,8 @@ TEST_CASE("--nnodes 2: two launchers agree on one cluster; ranks follow the node
   std::set<int> task_ports;
   for (const auto& entry : infos)
     for (const auto& a : strings(entry.second.tf.at("cluster").at("worker"))) task_ports.insert(port_of(a));
-  for (const auto& [task, want] : expected) {
+  for (const auto& [task_name, want] : expected) {
+    const std::string& task = task_name;  // clang 14 cannot capture a structured binding (INFO's lambda)
     const std::string& out = task == "worker:0" ? r0.out : r1.out;
     INFO(task);
     CHECK(env_of(out, task, "RANK") == want[0]);

@@ -66,7 +66,8 @@ TEST_CASE("reduce_scatter and all_to_all mismatched across workers: InvalidArgum
       {"mismatch_all_to_all_count", "passed 5 values but there are 4 replicas in sync"},
       {"mismatch_all_to_all_dtype", "is float64 but value 0 of replica 0 is float32"},
   };
-  for (const auto& [scenario, text] : expect) {
+  for (const auto& [scenario_name, text] : expect) {
+    const std::string& scenario = scenario_name;  // clang 14 cannot capture a structured binding (INFO's lambda)
     INFO(scenario);
     auto children = start_workers(2, scenario, 2, {{"TEST_TIMEOUT_SECONDS", "20"}});
     const auto started = std::chrono::steady_clock::now();
