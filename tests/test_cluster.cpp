@@ -1,4 +1,5 @@
 // Clusters: ClusterSpec and its JSON, TF_CONFIG, Slurm and launcher resolvers, multi-worker ids.
+#define DISTRIBUTE_WITH_MULTI_WORKER
 #include <distribute/distribute.hpp>
 #include <distribute/net/detail/address.hpp>
 

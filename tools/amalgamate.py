@@ -8,14 +8,17 @@ adapter's include of another adapter stays as it is.
 
 Every `#include <distribute/...>` (or "distribute/...") is replaced, recursively, by the
 text of that header; every other include is left where it is. `#pragma once` lines of
-the inlined headers are dropped (the amalgamation carries one of its own).
+the inlined headers are dropped (each gets a generated include guard instead).
 
-Each header's text is emitted once, like `#pragma once` would. The one subtlety is a
-header whose first inclusion sits inside a preprocessor conditional (for example the
-umbrella's `#if __has_include(<boost/asio.hpp>)` block): its text is then wrapped in a
-generated include guard, and it is inlined again (under the same guard) wherever it is
-included later, so it is still there when that first conditional was false. A header
-first reached unconditionally is emitted exactly once and later includes are dropped.
+Each header's text is emitted once, like `#pragma once` would, inside a generated include
+guard. A header whose first inclusion sits inside a preprocessor conditional (for example
+the umbrella's `#if defined(DISTRIBUTE_DETAIL_PART_PS)` block) is inlined again (under the
+same guard) wherever it is included later, so it is still there when that first conditional
+was false; a header first reached unconditionally is emitted once and later includes are
+dropped. The umbrella's own text has no guard and the amalgamation no `#pragma once`, as
+the umbrella has none: including the single header again after defining a part's switch
+(DISTRIBUTE_WITH_PS, ...) adds that part, and the guards keep everything else to one
+definition.
 
 Usage:
   python3 tools/amalgamate.py            # (re)write the single header
@@ -75,7 +78,7 @@ class Amalgamator:
         # state is None (first time) or False (so far only emitted under some #if, which
         # may have been false): inline it here; the guard keeps it to one definition.
         lines = self.read(header, included_from)
-        guarded = conditional or state is False
+        guarded = header != UMBRELLA  # the umbrella may be included again (see above)
         self.emitted[header] = not conditional
         self.stack.append(header)
         try:
@@ -136,7 +139,7 @@ def generate(root: Path) -> dict[Path, str]:
     version = read_version(include_dir)
     amalgamator = Amalgamator(include_dir)
     body = amalgamator.expand(UMBRELLA, conditional=False, included_from=None)
-    banner = [f"// distribute {version}: tf.distribute for C++, single-header edition."] + BANNER + ["#pragma once", ""]
+    banner = [f"// distribute {version}: tf.distribute for C++, single-header edition."] + BANNER + [""]
     out = {OUTPUT: "\n".join(banner + body) + "\n"}
     for adapter in sorted((include_dir / "distribute" / "adapters").glob("*.hpp")):
         rel = adapter.relative_to(include_dir).as_posix()
