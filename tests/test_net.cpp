@@ -3,6 +3,7 @@
 // mismatches, SIGKILL, SIGSTOP and authentication. Every test runs under a watchdog that kills its
 // processes and fails the run instead of hanging.
 #define DISTRIBUTE_WITH_MULTI_WORKER
+#define DISTRIBUTE_WITH_NET
 #include <distribute/distribute.hpp>
 
 #include <doctest/doctest.h>

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Builds single_include/distribute/distribute.hpp from include/distribute/distribute.hpp.
 
-The adapters (include/distribute/adapters/*.hpp, not part of the umbrella) are written beside it,
-as single_include/distribute/adapters/*.hpp, with their includes of the library's headers replaced
-by one include of the single header (every library header they use must be part of it); an
-adapter's include of another adapter stays as it is.
+The adapters (include/distribute/adapters/*.hpp, not part of the umbrella) and src.hpp (the
+translation unit of DISTRIBUTE_SEPARATE_COMPILATION, version.hpp) are written beside it, as
+single_include/distribute/adapters/*.hpp and single_include/distribute/src.hpp, with their includes
+of the library's headers replaced by one include of the single header (every library header they
+use must be part of it); an adapter's include of another adapter stays as it is.
 
 Every `#include <distribute/...>` (or "distribute/...") is replaced, recursively, by the
 text of that header; every other include is left where it is. `#pragma once` lines of
@@ -141,7 +142,8 @@ def generate(root: Path) -> dict[Path, str]:
     body = amalgamator.expand(UMBRELLA, conditional=False, included_from=None)
     banner = [f"// distribute {version}: tf.distribute for C++, single-header edition."] + BANNER + [""]
     out = {OUTPUT: "\n".join(banner + body) + "\n"}
-    for adapter in sorted((include_dir / "distribute" / "adapters").glob("*.hpp")):
+    beside = sorted((include_dir / "distribute" / "adapters").glob("*.hpp")) + [include_dir / "distribute" / "src.hpp"]
+    for adapter in beside:
         rel = adapter.relative_to(include_dir).as_posix()
         lines: list[str] = []
         included = False
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                 stale = True
         if stale:
             return 1
-        print(f"{OUTPUT.as_posix()} (and {len(files) - 1} adapters) are up to date")
+        print(f"{OUTPUT.as_posix()} (and the {len(files) - 1} files beside it) are up to date")
         return 0
 
     for rel, text in files.items():

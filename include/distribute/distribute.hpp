@@ -9,14 +9,15 @@
 //   DISTRIBUTE_WITH_CHECKPOINT    checkpoint/: safetensors, Checkpoint, CheckpointManager,
 //                                 PreemptionCheckpointHandler                    (Boost.JSON)
 //   DISTRIBUTE_WITH_CLUSTER       cluster/: ClusterSpec and the cluster resolvers (Boost.JSON)
-//   DISTRIBUTE_WITH_MULTI_WORKER  + net/ and MultiWorkerMirroredStrategy        (+ Boost.Asio, OpenSSL)
+//   DISTRIBUTE_WITH_MULTI_WORKER  + MultiWorkerMirroredStrategy                 (+ Boost.Asio, OpenSSL)
+//   DISTRIBUTE_WITH_NET           net::Communicator, the TCP collectives themselves (Boost.Asio, OpenSSL)
 //   DISTRIBUTE_WITH_PS            + ps/: ParameterServerStrategy, ds::Server, ClusterCoordinator,
 //                                 remote functions, ShardedVariable, partitioners (+ Boost.Beast, cereal)
 //   DISTRIBUTE_WITH_SUMMARY       + summary/: SummaryWriter (TensorBoard event files)
 //   DISTRIBUTE_WITH_ALL           all of the above
 //
 // "+" means the part brings the one above it too (MULTI_WORKER brings CLUSTER, PS brings
-// MULTI_WORKER; SUMMARY brings CLUSTER). DISTRIBUTE_WITH_MPI (net/mpi.hpp) brings MULTI_WORKER.
+// MULTI_WORKER and NET; SUMMARY brings CLUSTER). DISTRIBUTE_WITH_MPI (net/mpi.hpp) brings MULTI_WORKER.
 // The GPU parts keep their own switches (at the end of this file).
 //
 // A part's own headers give it without a switch (#include <distribute/strategy/multi_worker_mirrored.hpp>).
@@ -36,11 +37,14 @@
     defined(DISTRIBUTE_DETAIL_PART_PS)
 #define DISTRIBUTE_DETAIL_PART_MULTI_WORKER 1
 #endif
+#if defined(DISTRIBUTE_WITH_ALL) || defined(DISTRIBUTE_WITH_NET) || defined(DISTRIBUTE_DETAIL_PART_PS)
+#define DISTRIBUTE_DETAIL_PART_NET 1
+#endif
 #if defined(DISTRIBUTE_WITH_ALL) || defined(DISTRIBUTE_WITH_SUMMARY)
 #define DISTRIBUTE_DETAIL_PART_SUMMARY 1
 #endif
-#if defined(DISTRIBUTE_WITH_ALL) || defined(DISTRIBUTE_WITH_CLUSTER) || defined(DISTRIBUTE_DETAIL_PART_MULTI_WORKER) || \
-    defined(DISTRIBUTE_DETAIL_PART_SUMMARY)
+#if defined(DISTRIBUTE_WITH_ALL) || defined(DISTRIBUTE_WITH_CLUSTER) || \
+    defined(DISTRIBUTE_DETAIL_PART_MULTI_WORKER) || defined(DISTRIBUTE_DETAIL_PART_SUMMARY)
 #define DISTRIBUTE_DETAIL_PART_CLUSTER 1
 #endif
 #if defined(DISTRIBUTE_WITH_ALL) || defined(DISTRIBUTE_WITH_CHECKPOINT)
@@ -52,8 +56,9 @@
     !__has_include(<boost/json.hpp>)
 #error "distribute: the cluster and checkpoint parts need Boost.JSON (<boost/json.hpp>; Debian: libboost-json-dev)"
 #endif
-#if defined(DISTRIBUTE_DETAIL_PART_MULTI_WORKER) && (!__has_include(<boost/asio.hpp>) || !__has_include(<openssl/hmac.h>))
-#error "distribute: DISTRIBUTE_WITH_MULTI_WORKER needs Boost.Asio and OpenSSL (Debian: libboost-dev, libssl-dev)"
+#if (defined(DISTRIBUTE_DETAIL_PART_MULTI_WORKER) || defined(DISTRIBUTE_DETAIL_PART_NET)) && \
+    (!__has_include(<boost/asio.hpp>) || !__has_include(<openssl/hmac.h>))
+#error "distribute: DISTRIBUTE_WITH_MULTI_WORKER and _NET need Boost.Asio and OpenSSL (Debian: libboost-dev libssl-dev)"
 #endif
 #if defined(DISTRIBUTE_DETAIL_PART_PS) && !__has_include(<cereal/cereal.hpp>)
 #error "distribute: DISTRIBUTE_WITH_PS needs cereal (<cereal/cereal.hpp>; Debian: libcereal-dev)"
@@ -119,8 +124,12 @@
 
 #if defined(DISTRIBUTE_DETAIL_PART_MULTI_WORKER) && !defined(DISTRIBUTE_DETAIL_HAS_MULTI_WORKER)
 #define DISTRIBUTE_DETAIL_HAS_MULTI_WORKER 1
-#include <distribute/net/communicator.hpp>
 #include <distribute/strategy/multi_worker_mirrored.hpp>
+#endif
+
+#if defined(DISTRIBUTE_DETAIL_PART_NET) && !defined(DISTRIBUTE_DETAIL_HAS_NET)
+#define DISTRIBUTE_DETAIL_HAS_NET 1
+#include <distribute/net/communicator.hpp>
 #endif
 
 #if defined(DISTRIBUTE_DETAIL_PART_PS) && !defined(DISTRIBUTE_DETAIL_HAS_PS)
@@ -153,22 +162,24 @@ using namespace parts_not_included;
 // A class (template) of a part not included: using it (constructing one, naming it with template
 // arguments) fails the static_assert; naming it bare where a type is needed fails with a note
 // that points here, to the line that names the switch.
-#define DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(name, part_switch, header)                                     \
+#define DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(name, part_switch, header) \
+  DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS_AS(name, "distribute::" #name, part_switch, header)
+#define DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS_AS(name, shown, part_switch, header)                           \
   template <class... A>                                                                                    \
   class name {                                                                                             \
     static_assert(::distribute::parts_not_included::asked_for<A...>,                                       \
-                  "distribute::" #name " is not included: #define " part_switch                           \
+                  shown " is not included: #define " part_switch                                          \
                   " before #include <distribute/distribute.hpp> (or include <" header ">)");              \
                                                                                                            \
    public:                                                                                                 \
     template <class... U>                                                                                  \
     name(U&&...) {}                                                                                        \
   }
-#define DISTRIBUTE_DETAIL_NOT_INCLUDED_FUNCTION(name, part_switch, header)                                  \
+#define DISTRIBUTE_DETAIL_NOT_INCLUDED_FUNCTION(name, shown, part_switch, header)                           \
   template <class... A>                                                                                    \
   void name(A&&...) {                                                                                      \
     static_assert(::distribute::parts_not_included::asked_for<A...>,                                       \
-                  "distribute::" #name "() is not included: #define " part_switch                         \
+                  shown "() is not included: #define " part_switch                                        \
                   " before #include <distribute/distribute.hpp> (or include <" header ">)");              \
   }
 #endif
@@ -183,8 +194,8 @@ DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(CheckpointManager, "DISTRIBUTE_WITH_CHECKPO
                                      "distribute/checkpoint/checkpoint_manager.hpp");
 DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(CheckpointManagerOptions, "DISTRIBUTE_WITH_CHECKPOINT",
                                      "distribute/checkpoint/checkpoint_manager.hpp");
-DISTRIBUTE_DETAIL_NOT_INCLUDED_FUNCTION(latest_checkpoint, "DISTRIBUTE_WITH_CHECKPOINT",
-                                        "distribute/checkpoint/checkpoint_manager.hpp")
+DISTRIBUTE_DETAIL_NOT_INCLUDED_FUNCTION(latest_checkpoint, "distribute::latest_checkpoint",
+                                        "DISTRIBUTE_WITH_CHECKPOINT", "distribute/checkpoint/checkpoint_manager.hpp")
 DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(PreemptionCheckpointHandler, "DISTRIBUTE_WITH_CHECKPOINT",
                                      "distribute/checkpoint/preemption.hpp");
 DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(PreemptionOptions, "DISTRIBUTE_WITH_CHECKPOINT",
@@ -213,11 +224,17 @@ DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(LauncherClusterResolver, "DISTRIBUTE_WITH_C
 namespace distribute::parts_not_included {
 DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(SummaryWriter, "DISTRIBUTE_WITH_SUMMARY", "distribute/summary/summary_writer.hpp");
 namespace summary {
-DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(SummaryWriter, "DISTRIBUTE_WITH_SUMMARY", "distribute/summary/summary_writer.hpp");
-DISTRIBUTE_DETAIL_NOT_INCLUDED_FUNCTION(create_file_writer, "DISTRIBUTE_WITH_SUMMARY",
-                                        "distribute/summary/summary_writer.hpp")
+DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS_AS(SummaryWriter, "distribute::summary::SummaryWriter", "DISTRIBUTE_WITH_SUMMARY",
+                                        "distribute/summary/summary_writer.hpp");
+DISTRIBUTE_DETAIL_NOT_INCLUDED_FUNCTION(create_file_writer, "distribute::summary::create_file_writer",
+                                        "DISTRIBUTE_WITH_SUMMARY", "distribute/summary/summary_writer.hpp")
 }  // namespace summary
 }  // namespace distribute::parts_not_included
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace summary {
+using namespace ::distribute::parts_not_included::summary;
+}  // namespace summary
+DISTRIBUTE_END_NAMESPACE
 #endif
 
 #if !defined(DISTRIBUTE_DETAIL_PART_MULTI_WORKER) && !defined(DISTRIBUTE_DETAIL_NOT_INCLUDED_MULTI_WORKER)
@@ -225,10 +242,23 @@ DISTRIBUTE_DETAIL_NOT_INCLUDED_FUNCTION(create_file_writer, "DISTRIBUTE_WITH_SUM
 namespace distribute::parts_not_included {
 DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(MultiWorkerMirroredStrategy, "DISTRIBUTE_WITH_MULTI_WORKER",
                                      "distribute/strategy/multi_worker_mirrored.hpp");
-namespace net {
-DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(Communicator, "DISTRIBUTE_WITH_MULTI_WORKER", "distribute/net/communicator.hpp");
-}  // namespace net
 }  // namespace distribute::parts_not_included
+#endif
+
+#if !defined(DISTRIBUTE_DETAIL_PART_NET) && !defined(DISTRIBUTE_DETAIL_NOT_INCLUDED_NET)
+#define DISTRIBUTE_DETAIL_NOT_INCLUDED_NET 1
+namespace distribute::parts_not_included::net {
+DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS_AS(Communicator, "distribute::net::Communicator", "DISTRIBUTE_WITH_NET",
+                                        "distribute/net/communicator.hpp");
+DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS_AS(CommunicatorOptions, "distribute::net::CommunicatorOptions",
+                                        "DISTRIBUTE_WITH_NET", "distribute/net/communicator.hpp");
+}  // namespace distribute::parts_not_included::net
+// ds::net exists without this part (net/mpi.hpp opens it): its own using-directive reaches the stand-ins.
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace net {
+using namespace ::distribute::parts_not_included::net;
+}  // namespace net
+DISTRIBUTE_END_NAMESPACE
 #endif
 
 #if !defined(DISTRIBUTE_DETAIL_PART_PS) && !defined(DISTRIBUTE_DETAIL_NOT_INCLUDED_PS)
@@ -246,8 +276,8 @@ DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(ShardedVariable, "DISTRIBUTE_WITH_PS", "dis
 DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(FixedShardsPartitioner, "DISTRIBUTE_WITH_PS", "distribute/ps/partitioner.hpp");
 DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(MinSizePartitioner, "DISTRIBUTE_WITH_PS", "distribute/ps/partitioner.hpp");
 DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(MaxSizePartitioner, "DISTRIBUTE_WITH_PS", "distribute/ps/partitioner.hpp");
-DISTRIBUTE_DETAIL_NOT_INCLUDED_FUNCTION(register_remote_function, "DISTRIBUTE_WITH_PS",
-                                        "distribute/ps/remote_function.hpp")
+DISTRIBUTE_DETAIL_NOT_INCLUDED_FUNCTION(register_remote_function, "distribute::register_remote_function",
+                                        "DISTRIBUTE_WITH_PS", "distribute/ps/remote_function.hpp")
 }  // namespace distribute::parts_not_included
 #if !defined(DISTRIBUTE_REMOTE_FUNCTION)
 #define DISTRIBUTE_REMOTE_FUNCTION(fn)                                                                     \

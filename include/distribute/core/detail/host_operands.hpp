@@ -24,29 +24,7 @@ class HostOperands {
   explicit HostOperands(const char* what) : what_(what) {}
 
   /// Adds a value's view; `i`-th added is buffers()[i]. write_back() leaves `read_only` ones alone.
-  void add(const TensorView& v, bool read_only = false) {
-    if (v.memory != MemorySpace::host) {
-      throw InvalidArgument(fmt::format("{}: a {} value in device memory cannot go through the host collectives; "
-                                        "use a strategy of the device's backend",
-                                        what_, describe(v)));
-    }
-    if (!read_only && !v.strides.empty()) {
-      for (std::size_t d = 0; d < v.shape.size(); ++d) {
-        if (v.strides[d] == 0 && v.shape[d] > 1) {
-          throw InvalidArgument(fmt::format("{}: a {} value whose elements overlap (stride 0 along axis {}, as "
-                                            "torch's expand() makes) cannot be written; pass a contiguous copy",
-                                            what_, describe(v), d));
-        }
-      }
-    }
-    BufferRef ref{v.data, v.dtype, v.shape};
-    if (!v.contiguous()) {
-      auto& s = staged_.emplace_back(Staged{buffers_.size(), v, std::vector<std::byte>(v.bytes()), read_only});
-      copy_to_contiguous(v, s.bytes.data());
-      ref.data = s.bytes.data();
-    }
-    buffers_.push_back(std::move(ref));
-  }
+  void add(const TensorView& v, bool read_only = false);
 
   /// Adds a buffer built elsewhere (device memory, see core/memory_space.hpp).
   void add(BufferRef ref) { buffers_.push_back(std::move(ref)); }
@@ -72,6 +50,32 @@ class HostOperands {
   std::vector<BufferRef> buffers_;
   std::vector<Staged> staged_;
 };
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL void HostOperands::add(const TensorView& v, bool read_only) {
+    if (v.memory != MemorySpace::host) {
+      throw InvalidArgument(fmt::format("{}: a {} value in device memory cannot go through the host collectives; "
+                                        "use a strategy of the device's backend",
+                                        what_, describe(v)));
+    }
+    if (!read_only && !v.strides.empty()) {
+      for (std::size_t d = 0; d < v.shape.size(); ++d) {
+        if (v.strides[d] == 0 && v.shape[d] > 1) {
+          throw InvalidArgument(fmt::format("{}: a {} value whose elements overlap (stride 0 along axis {}, as "
+                                            "torch's expand() makes) cannot be written; pass a contiguous copy",
+                                            what_, describe(v), d));
+        }
+      }
+    }
+    BufferRef ref{v.data, v.dtype, v.shape};
+    if (!v.contiguous()) {
+      auto& s = staged_.emplace_back(Staged{buffers_.size(), v, std::vector<std::byte>(v.bytes()), read_only});
+      copy_to_contiguous(v, s.bytes.data());
+      ref.data = s.bytes.data();
+    }
+    buffers_.push_back(std::move(ref));
+}
+#endif
 
 /// A new value of G that a result is written into in row-major order: straight into its memory
 /// when that is row-major contiguous, else into scratch copied into it by take().
