@@ -23,7 +23,9 @@ struct Pack {
 };
 
 DISTRIBUTE_DECL std::vector<Pack> make_packs(std::span<const BufferRef> values, std::size_t bytes_per_pack);
+/// Copies the pack's members, in order, into `flat` (pack.bytes() bytes).
 DISTRIBUTE_DECL void pack_into(const Pack& pack, std::span<const BufferRef> values, std::byte* flat);
+/// Copies `flat` back out into the pack's members.
 DISTRIBUTE_DECL void unpack_from(const Pack& pack, std::span<const BufferRef> values, const std::byte* flat);
 
 #if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
@@ -45,7 +47,6 @@ DISTRIBUTE_DECL std::vector<Pack> make_packs(std::span<const BufferRef> values, 
   return packs;
 }
 
-/// Copies the pack's members, in order, into `flat` (pack.bytes() bytes).
 DISTRIBUTE_DECL void pack_into(const Pack& pack, std::span<const BufferRef> values, std::byte* flat) {
   for (std::size_t k : pack.members) {
     const auto n = values[k].bytes();
@@ -54,7 +55,6 @@ DISTRIBUTE_DECL void pack_into(const Pack& pack, std::span<const BufferRef> valu
   }
 }
 
-/// Copies `flat` back out into the pack's members.
 DISTRIBUTE_DECL void unpack_from(const Pack& pack, std::span<const BufferRef> values, const std::byte* flat) {
   for (std::size_t k : pack.members) {
     const auto n = values[k].bytes();

@@ -65,6 +65,8 @@ struct TensorView {
 
 /// "float32 (2, 3)" or "float32 (2, 3) strides (1, 2)", for messages.
 DISTRIBUTE_DECL std::string describe(const TensorView& v);
+/// Checks what a tensor_traits returned: strides match the shape's rank and are non-negative.
+/// `type` names the value type in the message (demangled only when there is one to give).
 DISTRIBUTE_DECL void check_view(const TensorView& v, const std::type_info& type);
 
 #if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
@@ -73,8 +75,6 @@ DISTRIBUTE_DECL std::string describe(const TensorView& v) {
   return fmt::format("{} {} strides {}", to_string(v.dtype), shape_string(v.shape), shape_string(v.strides));
 }
 
-/// Checks what a tensor_traits returned: strides match the shape's rank and are non-negative.
-/// `type` names the value type in the message (demangled only when there is one to give).
 DISTRIBUTE_DECL void check_view(const TensorView& v, const std::type_info& type) {
   if (!v.strides.empty() && v.strides.size() != v.shape.size()) {
     throw InvalidArgument(fmt::format("tensor_traits<{}>::view gave {} strides for a tensor of rank {}",
@@ -122,6 +122,7 @@ void for_each_run(const TensorView& v, Run&& run) {
 
 /// Copies a view's elements, in row-major order, into `out` (view.bytes() bytes).
 DISTRIBUTE_DECL void copy_to_contiguous(const TensorView& v, void* out);
+/// Copies row-major contiguous elements from `in` into the view's memory, wherever its strides put them.
 DISTRIBUTE_DECL void copy_from_contiguous(const void* in, const TensorView& v);
 
 #if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
@@ -140,7 +141,6 @@ DISTRIBUTE_DECL void copy_to_contiguous(const TensorView& v, void* out) {
   });
 }
 
-/// Copies row-major contiguous elements from `in` into the view's memory, wherever its strides put them.
 DISTRIBUTE_DECL void copy_from_contiguous(const void* in, const TensorView& v) {
   const std::size_t es = size_of(v.dtype);
   const auto* src = static_cast<const std::byte*>(in);

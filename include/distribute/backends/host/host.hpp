@@ -14,7 +14,9 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
+/// "/cpu:0" .. "/cpu:count-1" as canonical device strings; count >= 1.
 DISTRIBUTE_DECL std::vector<std::string> host_devices(int count, const char* strategy);
+/// Parses a user's device list for the host backend: CPU devices of this process, no duplicates.
 DISTRIBUTE_DECL std::vector<std::string> host_devices(const std::vector<std::string>& names, const char* strategy);
 
 #if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
@@ -27,7 +29,6 @@ DISTRIBUTE_DECL std::vector<std::string> host_devices(int count, const char* str
   return out;
 }
 
-/// Parses a user's device list for the host backend: CPU devices of this process, no duplicates.
 DISTRIBUTE_DECL std::vector<std::string> host_devices(const std::vector<std::string>& names, const char* strategy) {
   if (names.empty()) throw InvalidArgument(fmt::format("{}: the device list is empty", strategy));
   std::vector<std::string> out;

@@ -28,15 +28,20 @@ struct AllToAllSide {
   std::vector<Shape> shapes;  // shapes[j]: the piece for replica j
 };
 
+/// Throws the same InvalidArgument on every replica (each checks the same table) unless the
+/// sides form one all_to_all over `n` replicas.
 DISTRIBUTE_DECL void check_all_to_all(const std::vector<AllToAllSide>& sides, int n);
+/// The side a published call describes.
 DISTRIBUTE_DECL AllToAllSide side_of(const CollectiveCall& c);
+/// The local replicas' sides as bytes for the workers' all_gather, and back. Layout per side:
+/// u8 split, u8 device, u32 pieces, then per piece u8 dtype, u32 rank, i64 dims.
 DISTRIBUTE_DECL void encode_sides(const std::vector<AllToAllSide>& sides, std::vector<std::byte>& out);
 DISTRIBUTE_DECL std::vector<AllToAllSide> decode_sides(std::span<const std::byte> in, std::size_t count);
+/// Every replica's side across the workers, by replica_id_in_sync_group: replica 0 of each
+/// worker gathers the local sides over `link` (worker w's local replica i is w * local + i).
 DISTRIBUTE_DECL std::vector<AllToAllSide> gather_sides(CrossWorkerLink& link, const ReplicaGroup& group);
 
 #if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
-/// Throws the same InvalidArgument on every replica (each checks the same table) unless the
-/// sides form one all_to_all over `n` replicas.
 DISTRIBUTE_DECL void check_all_to_all(const std::vector<AllToAllSide>& sides, int n) {
   for (std::size_t g = 0; g < sides.size(); ++g) {
     if (sides[g].shapes.size() != static_cast<std::size_t>(n)) {
@@ -73,7 +78,6 @@ DISTRIBUTE_DECL void check_all_to_all(const std::vector<AllToAllSide>& sides, in
   }
 }
 
-/// The side a published call describes.
 DISTRIBUTE_DECL AllToAllSide side_of(const CollectiveCall& c) {
   AllToAllSide s;
   s.split = c.axis == 1;
@@ -86,8 +90,6 @@ DISTRIBUTE_DECL AllToAllSide side_of(const CollectiveCall& c) {
   return s;
 }
 
-/// The local replicas' sides as bytes for the workers' all_gather, and back. Layout per side:
-/// u8 split, u8 device, u32 pieces, then per piece u8 dtype, u32 rank, i64 dims.
 DISTRIBUTE_DECL void encode_sides(const std::vector<AllToAllSide>& sides, std::vector<std::byte>& out) {
   auto put = [&](const void* p, std::size_t n) {
     const auto* b = static_cast<const std::byte*>(p);
@@ -140,8 +142,6 @@ DISTRIBUTE_DECL std::vector<AllToAllSide> decode_sides(std::span<const std::byte
   return sides;
 }
 
-/// Every replica's side across the workers, by replica_id_in_sync_group: replica 0 of each
-/// worker gathers the local sides over `link` (worker w's local replica i is w * local + i).
 DISTRIBUTE_DECL std::vector<AllToAllSide> gather_sides(CrossWorkerLink& link, const ReplicaGroup& group) {
   std::vector<AllToAllSide> local;
   for (int r = 0; r < group.size(); ++r) local.push_back(side_of(group.slot(r)));
