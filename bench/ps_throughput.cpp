@@ -3,6 +3,7 @@
 // and variable updates/s (one assign_add of a 1 KiB or 1 MiB float32 variable per closure).
 //   bench_ps_throughput [closures]         (default 3000; the 1 MiB case runs a tenth of that)
 // Prints a table; not a Google Benchmark program, because it needs its own processes.
+#define DISTRIBUTE_WITH_PS
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

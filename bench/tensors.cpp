@@ -10,6 +10,7 @@
 //                                       0), as std::vector and as torch::Tensor
 // Variants alternate round by round in one process, so both see the same machine state; each
 // prints its median and minimum milliseconds per all-reduce and the ratio of medians.
+#define DISTRIBUTE_WITH_MULTI_WORKER
 #include <torch/torch.h>
 
 #include <distribute/distribute.hpp>

@@ -11,6 +11,21 @@
 // the progress inside an epoch on stderr: a bar on a terminal, plain lines otherwise. Exit status: 0 when the
 // final test accuracy reaches 0.95, 1 when it does not, 2 for a usage error, 3 for any other error
 // (a missing or malformed data file, a cluster error).
+
+// MultiWorkerMirroredStrategy needs Boost.Asio, Boost.JSON and OpenSSL. meson says whether they were
+// found; without meson, whether their headers are there. With them, the program asks the umbrella
+// header for the multi-worker part.
+#ifndef DIGITS_WITH_MULTI_WORKER
+#if __has_include(<boost/asio.hpp>) && __has_include(<openssl/hmac.h>) && __has_include(<boost/json.hpp>)
+#define DIGITS_WITH_MULTI_WORKER 1
+#else
+#define DIGITS_WITH_MULTI_WORKER 0
+#endif
+#endif
+#if DIGITS_WITH_MULTI_WORKER
+#define DISTRIBUTE_WITH_MULTI_WORKER
+#endif
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -30,17 +45,6 @@
 // root finds it relative to the working directory.
 #ifndef DISTRIBUTE_EXAMPLES_DATA_DIR
 #define DISTRIBUTE_EXAMPLES_DATA_DIR "examples/data"
-#endif
-
-// MultiWorkerMirroredStrategy needs Boost.Asio, Boost.JSON and OpenSSL; the umbrella header includes
-// it only when their headers are there. meson says whether they were found; without meson, the same
-// rule as the umbrella header.
-#ifndef DIGITS_WITH_MULTI_WORKER
-#if __has_include(<boost/asio.hpp>) && __has_include(<openssl/hmac.h>) && __has_include(<boost/json.hpp>)
-#define DIGITS_WITH_MULTI_WORKER 1
-#else
-#define DIGITS_WITH_MULTI_WORKER 0
-#endif
 #endif
 
 namespace ds = distribute;

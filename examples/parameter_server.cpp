@@ -28,6 +28,8 @@
 //
 // Exit status (chief): 0 when the final test accuracy reaches 0.95, 1 when it does not, 2 for a
 // usage error, 3 for any other error. ps and worker tasks exit 0 when the coordinator stops them.
+#define DISTRIBUTE_WITH_PS
+#define DISTRIBUTE_WITH_CHECKPOINT
 #include <atomic>
 #include <csignal>
 #include <chrono>

@@ -16,6 +16,7 @@
 // the progress inside an epoch and writes TensorBoard scalars with --logdir as digits does;
 // --weights-out writes every parameter value, one per line. Exit status: 0 when the final test
 // accuracy reaches 0.95, 1 when not, 2 for a usage error, 3 for any other error.
+#define DISTRIBUTE_WITH_MULTI_WORKER
 #include <torch/torch.h>
 
 #include <distribute/distribute.hpp>

@@ -6,6 +6,7 @@
 // processes would; a process registering more adapters' functions than another is harmless.
 #pragma once
 
+#define DISTRIBUTE_WITH_PS
 #include <distribute/distribute.hpp>
 
 #include <bit>

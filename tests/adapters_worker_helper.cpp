@@ -9,6 +9,7 @@
 //       remote functions of adapters_multi_process.hpp are registered.
 // Exit codes: 0 ok, 1 wrong result, 2 usage or an adapter not built in, 5 error.
 #ifdef WITH_TORCH
+#define DISTRIBUTE_WITH_PS
 #include <distribute/adapters/torch.hpp>
 #include <ATen/ATen.h>
 #endif

@@ -6,18 +6,20 @@ The convention the documents follow (and this script enforces):
   * A compile line is a command that starts with g++, c++, clang++ or mpicxx (MPI's wrapper): an inline code span
     (`g++ -std=c++20 ... first.cpp -lfmt -pthread`) or a line of a fenced block (a trailing
     backslash continues it on the next line).
-  * It names the program it builds, NAME.cpp, and somewhere in README.md or docs/ a fenced code
-    block is marked as that file by an HTML comment on the line above its fence:
+  * It names the program it builds, NAME.cpp (or the program's several files, MAIN.cpp OTHER.cpp),
+    and somewhere in README.md or docs/ a fenced code block is marked as each file by an HTML
+    comment on the line above its fence:
         <!-- file: NAME.cpp -->
     with optional settings after ';':  args: ARGS  (the program's arguments when it is run;
     {tmp} is the temporary directory)  and  norun  (compile and link only). File names are
     unique across the documents, so a line in one document may build a program shown in another.
 
-Every (compile line, program) pair is built in a fresh temporary directory holding NAME.cpp and
-the names the lines use for the repository's headers: single_include/, include/ and
-path/to/single_include/. The line runs as written (with --cxx, its compiler word is replaced);
-it must compile and link; a program with a main() then runs (with no TF_CONFIG or launcher
-variables, so a multi-worker program is a one-worker job) and must exit 0 within 120 s.
+Every (compile line, program) pair is built in a fresh temporary directory holding the line's
+NAME.cpp files and the names the lines use for the repository's headers: single_include/,
+include/ and path/to/single_include/. The line runs as written (with --cxx, its compiler word is
+replaced); it must compile and link; a program with a main() (in its first file) then runs (with no
+TF_CONFIG or launcher variables, so a multi-worker program is a one-worker job) and must exit 0
+within 120 s.
 
 A line whose prerequisites are missing here is skipped, with the reason: an absolute -I/-isystem
 directory that does not exist, a -lNAME that does not link, or a header that is not distribute's
@@ -194,14 +196,16 @@ class Checker:
                 return f"{w} does not link here"
         return None
 
-    def check(self, line: Line, program: Program, index: int) -> Outcome:
+    def check(self, line: Line, files: list[Program], index: int) -> Outcome:
         words = self.words(line)
         missing = self.missing_prerequisite(words)
         if missing:
             return Outcome(line, "SKIP", missing)
+        program = files[0]  # the one whose main() runs; the others are compiled and linked with it
         tmp = self.work / f"{index:02d}-{Path(program.name).stem}"
         tmp.mkdir(parents=True)
-        (tmp / program.name).write_text(program.code, encoding="utf-8")
+        for f in files:
+            (tmp / f.name).write_text(f.code, encoding="utf-8")
         for name in ("single_include", "include"):
             (tmp / name).symlink_to(self.root / name, target_is_directory=True)
         (tmp / "path" / "to").mkdir(parents=True)
@@ -255,22 +259,23 @@ def main(argv: list[str] | None = None) -> int:
 
     docs = [d.resolve() for d in args.doc] if args.doc else documents(root)
     programs, lines, errors = scan(root, docs)
-    work_items: list[tuple[Line, Program]] = []
+    work_items: list[tuple[Line, list[Program]]] = []
     for line in lines:
         sources = [w for w in shlex.split(line.command) if SOURCE_RE.match(w)]
-        if len(sources) != 1:
-            errors.append(f"{line.where}: `{line.command}` names {len(sources)} source files "
-                          f"({', '.join(sources) or 'none'}); a compile line names exactly one NAME.cpp")
+        if not sources:
+            errors.append(f"{line.where}: `{line.command}` names no source file; a compile line names the "
+                          f"NAME.cpp it builds")
             continue
-        name = Path(sources[0]).name
-        if name not in programs:
-            errors.append(f"{line.where}: `{line.command}` builds {name}, but no code block in README.md or "
-                          f"docs/ is marked <!-- file: {name} -->")
+        names = [Path(s).name for s in sources]
+        unmarked = [n for n in names if n not in programs]
+        if unmarked:
+            errors.append(f"{line.where}: `{line.command}` builds {', '.join(unmarked)}, but no code block in "
+                          f"README.md or docs/ is marked " + ", ".join(f"<!-- file: {n} -->" for n in unmarked))
             continue
-        work_items.append((line, programs[name]))
+        work_items.append((line, [programs[n] for n in names]))
     if args.list:
-        for line, program in work_items:
-            print(f"{line.where}: {line.command}\n    builds {program.name} ({program.where})")
+        for line, files in work_items:
+            print(f"{line.where}: {line.command}\n    builds " + ", ".join(f"{p.name} ({p.where})" for p in files))
         for error in errors:
             print(f"ERROR {error}")
         return 1 if errors else 0
@@ -281,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: list[Outcome] = []
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            futures = [pool.submit(checker.check, line, program, k) for k, (line, program) in enumerate(work_items)]
+            futures = [pool.submit(checker.check, line, files, k) for k, (line, files) in enumerate(work_items)]
             for future in futures:
                 outcome = future.result()
                 outcomes.append(outcome)

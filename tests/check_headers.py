@@ -27,6 +27,8 @@ OPTIONAL = {
     "adapters/torch": (["/usr/include/ATen/core/Tensor.h"], []),
     "adapters/dlpack": (["/usr/include/dlpack/dlpack.h"], []),
     "adapters/xtensor": (["/usr/include/xtensor/xarray.hpp"], []),
+    # The library's own file of a program compiled apart: only with DISTRIBUTE_SEPARATE_COMPILATION.
+    "src.hpp": ([], ["-DDISTRIBUTE_SEPARATE_COMPILATION"]),
 }
 
 

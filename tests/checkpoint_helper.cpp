@@ -21,6 +21,7 @@
 //   half/f16  (float16, [2, 5])  1, -0, inf, -inf, NaN, 2^-24, 1023 * 2^-24, 65504, -2, 0.1
 //   half/bf16 (bfloat16, [10])   1, -0, inf, -inf, NaN, 2^-133, 0x1.fep127, -2, 0.1, 3.14159265
 //   half/f16_scalar -1.5         half/bf16_scalar 0.5
+#define DISTRIBUTE_WITH_CHECKPOINT
 #include <distribute/distribute.hpp>
 
 #include <algorithm>

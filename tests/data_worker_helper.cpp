@@ -11,6 +11,7 @@
 //   few_files       AutoShardPolicy::File with fewer files than workers (expects InvalidArgument)
 //   pipeline_error  worker 1's pipeline throws at row 1005 (File policy, one file per worker)
 // Exit codes: 0 ok, 3 PeerFailure/CollectiveTimeout, 4 InvalidArgument, 5 other error.
+#define DISTRIBUTE_WITH_MULTI_WORKER
 #include <distribute/distribute.hpp>
 
 #include <algorithm>

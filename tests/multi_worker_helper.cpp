@@ -3,6 +3,7 @@
 //   multi_worker_helper SCENARIO LOCAL_REPLICAS
 // TEST_IMPLEMENTATION=MPI: the workers talk through MPI (built with MPI: started by mpirun).
 // Exit codes: 0 ok, 1 wrong result, 3 PeerFailure/CollectiveTimeout, 4 InvalidArgument, 5 other error.
+#define DISTRIBUTE_WITH_MULTI_WORKER
 #include <distribute/distribute.hpp>
 
 #include <cmath>

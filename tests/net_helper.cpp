@@ -17,6 +17,8 @@
 // "EXC <error type>: <message>" when a library error escapes. The exit code says which error:
 // 0 ok, 1 wrong result, 2 usage, 3 PeerFailure, 4 CollectiveTimeout, 5 InvalidArgument,
 // 6 ClusterConfigError, 7 Unavailable (e.g. the port was taken: the test retries), 8 other.
+#define DISTRIBUTE_WITH_MULTI_WORKER
+#define DISTRIBUTE_WITH_NET
 #include <distribute/distribute.hpp>
 #include <distribute/observe/collective_metrics.hpp>
 

@@ -8,6 +8,7 @@
 //   observability_helper kill             3 all-reduces, then worker 1 SIGKILLs itself; worker 0's
 //                                         next all-reduce: PeerFailure, exit 3
 // Exit codes: 0 ok, 1 wrong result, 3 PeerFailure/CollectiveTimeout, 4 InvalidArgument, 5 other.
+#define DISTRIBUTE_WITH_MULTI_WORKER
 #include <distribute/distribute.hpp>
 
 #include <signal.h>

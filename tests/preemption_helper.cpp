@@ -13,6 +13,8 @@
 // Prints "resume at step S" once the handler is ready, "step K" after each step, and
 // "final w <hex>..." and "OK" at the end. Exit codes: 0 done, 42 preempted (by the library),
 // 5 error.
+#define DISTRIBUTE_WITH_CHECKPOINT
+#define DISTRIBUTE_WITH_MULTI_WORKER
 #include <distribute/distribute.hpp>
 #include <distribute/checkpoint/preemption.hpp>
 

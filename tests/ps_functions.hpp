@@ -2,6 +2,7 @@
 // in every ps_helper process (ps tasks and workers), as one binary's processes would.
 #pragma once
 
+#define DISTRIBUTE_WITH_PS
 #include <chrono>
 #include <cstdint>
 #include <stdexcept>

@@ -3,6 +3,7 @@
 // checks its results against values computed from the formulas that made the inputs.
 //   scatter_worker_helper SCENARIO LOCAL_REPLICAS
 // Exit codes: 0 ok, 1 wrong result, 3 PeerFailure/CollectiveTimeout, 4 InvalidArgument, 5 other error.
+#define DISTRIBUTE_WITH_MULTI_WORKER
 #include <distribute/distribute.hpp>
 
 #include <cstdint>

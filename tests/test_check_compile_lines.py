@@ -6,7 +6,8 @@ the compiler runs in well under a second per line. Every outcome the checker can
 a line that builds and runs, a program that exits non-zero, one that does not compile, arguments
 and -o, norun, the three reasons to skip (a missing -I directory, a library that does not link, a
 missing third-party header), a missing distribute header (a failure), and the errors in the
-convention (no or two source files, an unmarked program, a name marked twice, an unknown setting).
+convention (no source file, unmarked programs, a name marked twice, an unknown setting), and a
+program of two files.
 The checker's messages are compared with the expected text.
 
 Usage: test_check_compile_lines.py [--cxx g++]
@@ -66,6 +67,14 @@ FIXTURE = textwrap.dedent("""\
     ```
 
     `CXX -c lib.cpp`
+
+    <!-- file: two_main.cpp -->
+    ```cpp
+    int helper();
+    int main() { return helper() == 1 ? 0 : 4; }
+    ```
+
+    A program of two files: `CXX two_main.cpp lib.cpp -o two`.
 
     <!-- file: third_party.cpp -->
     ```cpp
@@ -143,13 +152,15 @@ class CompileLinesTest(unittest.TestCase):
 
     def test_exit_status_is_failure(self) -> None:
         self.assertEqual(self.code, 1)
-        self.expect("compile lines: 4 passed, 3 skipped, 8 failed")
+        self.expect("compile lines: 5 passed, 3 skipped, 8 failed")
 
     def test_passing_lines(self) -> None:
         self.expect(f"PASS  {self.at('Build it with')}: `{CXX} -std=c++20 ok.cpp`\n"
                     f"      ok.cpp built and ran: 'hello from ok'")
         self.expect(f"`{CXX} args.cpp -o args_prog`\n      args.cpp built and ran: ''")
         self.expect(f"`{CXX} -c lib.cpp`\n      lib.cpp built (not run: norun)")
+        self.expect(f"PASS  {self.at('A program of two files')}: `{CXX} two_main.cpp lib.cpp -o two`\n"
+                    f"      two_main.cpp built and ran: ''")
         # a backslash continues a line of a fenced block; a trailing comment is dropped
         continued = self.at(CXX + " -std=c++20 \\")
         self.expect(f"PASS  {continued}: `{CXX} -std=c++20 ok.cpp -o continued`\n"
@@ -171,9 +182,10 @@ class CompileLinesTest(unittest.TestCase):
         self.expect(f"`{CXX} third_party.cpp`\n      <no_such_header_xyz.h> is not installed here")
 
     def test_convention_errors(self) -> None:
-        self.expect(f"FAIL  {self.at('Convention errors')}: `{CXX} -std=c++20 -c` names 0 source files (none); "
-                    f"a compile line names exactly one NAME.cpp")
-        self.expect(f"`{CXX} a.cpp b.cpp` names 2 source files (a.cpp, b.cpp)")
+        self.expect(f"FAIL  {self.at('Convention errors')}: `{CXX} -std=c++20 -c` names no source file; "
+                    f"a compile line names the NAME.cpp it builds")
+        self.expect(f"`{CXX} a.cpp b.cpp` builds a.cpp, b.cpp, but no code block in README.md or docs/ is marked "
+                    f"<!-- file: a.cpp -->, <!-- file: b.cpp -->")
         self.expect(f"`{CXX} unmarked.cpp` builds unmarked.cpp, but no code block in README.md or docs/ is "
                     f"marked <!-- file: unmarked.cpp -->")
         self.expect(f"FAIL  {self.at('```cpp', 'second')}: ok.cpp is marked twice (also at {self.at('```cpp')}); "

@@ -1,5 +1,7 @@
 // Checkpoints: safetensors round trips and validation, Checkpoint (plain, mirrored, sync-on-read,
 // sharded), atomic writes under SIGKILL, CheckpointManager.
+#define DISTRIBUTE_WITH_CHECKPOINT
+#define DISTRIBUTE_WITH_PS
 #include <distribute/distribute.hpp>
 
 #include <doctest/doctest.h>

@@ -1,4 +1,6 @@
 // Clusters: ClusterSpec and its JSON, TF_CONFIG, Slurm and launcher resolvers, multi-worker ids.
+#define DISTRIBUTE_WITH_MULTI_WORKER
+#define DISTRIBUTE_WITH_NET
 #include <distribute/distribute.hpp>
 #include <distribute/net/detail/address.hpp>
 

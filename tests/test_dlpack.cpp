@@ -1,4 +1,5 @@
 // DLPack tensors through the collectives, strategies and variables (include/distribute/adapters/dlpack.hpp).
+#define DISTRIBUTE_WITH_PS
 #include <distribute/adapters/dlpack.hpp>
 
 #include <distribute/distribute.hpp>

@@ -1,5 +1,6 @@
 // Eigen values through the collectives, strategies and variables (adapters/eigen.hpp): both storage
 // orders, vectors, Maps (in place), Eigen::Tensor of both layouts, Eigen::half and bfloat16.
+#define DISTRIBUTE_WITH_PS
 #include <distribute/adapters/eigen.hpp>
 #include <distribute/distribute.hpp>
 

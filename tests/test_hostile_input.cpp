@@ -1,6 +1,7 @@
 // Hostile input against the parameter-server service, as an adversarial user would send it: real
 // sockets on loopback, real ps processes (ps_helper) where a process limit matters, and messages
 // checked. Each case is bounded in time (a hang fails the suite's timeout, not CI's).
+#define DISTRIBUTE_WITH_PS
 #include <distribute/distribute.hpp>
 
 #include <doctest/doctest.h>

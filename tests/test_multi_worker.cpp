@@ -1,4 +1,6 @@
 // MultiWorkerMirroredStrategy with real worker processes on 127.0.0.1 (tests/multi_worker_helper).
+#define DISTRIBUTE_WITH_MULTI_WORKER
+#define DISTRIBUTE_WITH_NET
 #include <distribute/distribute.hpp>
 
 #include <distribute/collective/detail/bootstrap.hpp>

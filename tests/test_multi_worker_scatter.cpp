@@ -1,5 +1,7 @@
 // reduce_scatter, all_to_all, broadcast and all_reduce_async of MultiWorkerMirroredStrategy with
 // real worker processes on 127.0.0.1 (tests/scatter_worker_helper is one worker).
+#define DISTRIBUTE_WITH_MULTI_WORKER
+#define DISTRIBUTE_WITH_NET
 #include <distribute/distribute.hpp>
 
 #include <doctest/doctest.h>

@@ -2,6 +2,8 @@
 // the quick cases, and as real processes (tests/net_helper.cpp) on 127.0.0.1 for collectives,
 // mismatches, SIGKILL, SIGSTOP and authentication. Every test runs under a watchdog that kills its
 // processes and fails the run instead of hanging.
+#define DISTRIBUTE_WITH_MULTI_WORKER
+#define DISTRIBUTE_WITH_NET
 #include <distribute/distribute.hpp>
 
 #include <doctest/doctest.h>

@@ -1,5 +1,6 @@
 // PreemptionCheckpointHandler: in-process cases (OneDevice/Mirrored, PreemptionAction::Throw) and
 // real worker processes (tests/preemption_helper) that are SIGTERMed, exit, and are restarted.
+#define DISTRIBUTE_WITH_CHECKPOINT
 #include <distribute/distribute.hpp>
 #include <distribute/checkpoint/preemption.hpp>
 

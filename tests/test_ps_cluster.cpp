@@ -1,5 +1,6 @@
 // Parameter-server training with real processes on 127.0.0.1: this test is the chief (it runs the
 // ClusterCoordinator); ps and worker tasks are ps_helper processes running ds::Server.
+#define DISTRIBUTE_WITH_CHECKPOINT
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/wait.h>

@@ -1,5 +1,6 @@
 // torch::Tensor through the collectives, strategies and variables (adapters/torch.hpp): run-time
 // dtypes incl. float16/bfloat16, handles that share memory, strided views, autograd-free writes.
+#define DISTRIBUTE_WITH_PS
 #include <distribute/adapters/torch.hpp>
 #include <distribute/distribute.hpp>
 

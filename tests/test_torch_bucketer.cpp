@@ -1,6 +1,7 @@
 // GradientBucketer (adapters/torch_bucketer.hpp): a libtorch model's gradients all-reduced bucket by
 // bucket while backward runs. Every result is compared bit for bit with the synchronous
 // ctx.batch_all_reduce of the same .grad() tensors, computed by a second copy of each model.
+#define DISTRIBUTE_WITH_MULTI_WORKER
 #include <distribute/adapters/torch.hpp>
 #include <distribute/adapters/torch_bucketer.hpp>
 #include <distribute/distribute.hpp>

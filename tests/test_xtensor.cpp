@@ -1,4 +1,5 @@
 // xtensor containers through the collectives, strategies and variables (include/distribute/adapters/xtensor.hpp).
+#define DISTRIBUTE_WITH_PS
 #include <distribute/adapters/xtensor.hpp>
 
 #include <distribute/distribute.hpp>

@@ -1,23 +1,27 @@
 #!/usr/bin/env python3
 """Builds single_include/distribute/distribute.hpp from include/distribute/distribute.hpp.
 
-The adapters (include/distribute/adapters/*.hpp, not part of the umbrella) are written beside it,
-as single_include/distribute/adapters/*.hpp, with their includes of the library's headers replaced
-by one include of the single header (every library header they use must be part of it); an
-adapter's include of another adapter stays as it is.
+The adapters (include/distribute/adapters/*.hpp, not part of the umbrella) and src.hpp (the
+translation unit of DISTRIBUTE_SEPARATE_COMPILATION, version.hpp) are written beside it, as
+single_include/distribute/adapters/*.hpp and single_include/distribute/src.hpp, with their includes
+of the library's headers replaced by one include of the single header (every library header they
+use must be part of it); an adapter's include of another adapter stays as it is.
 
 Every `#include <distribute/...>` (or "distribute/...") is replaced, recursively, by the
 text of that header; every other include is left where it is. `#pragma once` lines of
-the inlined headers are dropped (the amalgamation carries one of its own).
+the inlined headers are dropped (each gets a generated include guard instead).
 
-Each header's text is emitted once, like `#pragma once` would. The one subtlety is a
-header whose first inclusion sits inside a preprocessor conditional (for example the
-umbrella's `#if __has_include(<boost/asio.hpp>)` block): its text is then wrapped in a
-generated include guard, and it is inlined again (under the same guard) wherever it is
-included later, so it is still there when that first conditional was false; but not where
-the later include sits inside every conditional block that held an earlier copy (the same
-branch of each, still open): that copy is compiled whenever the later include would be. A
-header first reached unconditionally is emitted exactly once and later includes are dropped.
+Each header's text is emitted once, like `#pragma once` would, inside a generated include
+guard. A header whose first inclusion sits inside a preprocessor conditional (for example
+the umbrella's `#if defined(DISTRIBUTE_DETAIL_PART_PS)` block) is inlined again (under the
+same guard) wherever it is included later, so it is still there when that first conditional
+was false; but not where the later include sits inside every conditional block that held an
+earlier copy (the same branch of each, still open): that copy is compiled whenever the later
+include would be. A header first reached unconditionally is emitted once and later includes
+are dropped. The umbrella's own text has no guard and the amalgamation no `#pragma once`, as
+the umbrella has none: including the single header again after defining a part's switch
+(DISTRIBUTE_WITH_PS, ...) adds that part, and the guards keep everything else to one
+definition.
 
 Usage:
   python3 tools/amalgamate.py            # (re)write the single header
@@ -86,18 +90,17 @@ class Amalgamator:
         # state is None (first time) or False (so far only emitted under some #if, which
         # may have been false): inline it here; the guard keeps it to one definition.
         lines = self.read(header, included_from)
-        guarded = conditional or state is False
+        guarded = header != UMBRELLA  # the umbrella may be included again (see above)
         self.emitted[header] = not conditional
         if guarded:
+            # Not a block of its own: a copy whose guard is skipped was compiled before, with
+            # everything it includes unconditionally.
             self.copies.setdefault(header, []).append(here)
-            self.open_block()  # the generated guard
         self.stack.append(header)
         try:
             body = self.expand_lines(lines, header, conditional)
         finally:
             self.stack.pop()
-            if guarded:
-                self.blocks.pop()
         out = [f"// ---- begin <{header}> ----"]
         if guarded:
             guard = self.guard_name(header)
@@ -161,9 +164,10 @@ def generate(root: Path) -> dict[Path, str]:
     version = read_version(include_dir)
     amalgamator = Amalgamator(include_dir)
     body = amalgamator.expand(UMBRELLA, conditional=False, included_from=None)
-    banner = [f"// distribute {version}: tf.distribute for C++, single-header edition."] + BANNER + ["#pragma once", ""]
+    banner = [f"// distribute {version}: tf.distribute for C++, single-header edition."] + BANNER + [""]
     out = {OUTPUT: "\n".join(banner + body) + "\n"}
-    for adapter in sorted((include_dir / "distribute" / "adapters").glob("*.hpp")):
+    beside = sorted((include_dir / "distribute" / "adapters").glob("*.hpp")) + [include_dir / "distribute" / "src.hpp"]
+    for adapter in beside:
         rel = adapter.relative_to(include_dir).as_posix()
         lines: list[str] = []
         included = False
@@ -224,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                 stale = True
         if stale:
             return 1
-        print(f"{OUTPUT.as_posix()} (and {len(files) - 1} adapters) are up to date")
+        print(f"{OUTPUT.as_posix()} (and the {len(files) - 1} files beside it) are up to date")
         return 0
 
     for rel, text in files.items():

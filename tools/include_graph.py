@@ -48,7 +48,8 @@ def folder_of(relative: str) -> str:
     """The layer a path under include/distribute/ belongs to."""
     parts = relative.split("/")
     if len(parts) == 1:
-        return {"version.hpp": "version", "distribute.hpp": "umbrella"}.get(parts[0], parts[0])
+        # src.hpp: the umbrella compiled as the library's own file (DISTRIBUTE_SEPARATE_COMPILATION)
+        return {"version.hpp": "version", "distribute.hpp": "umbrella", "src.hpp": "umbrella"}.get(parts[0], parts[0])
     return parts[0]
 
 

@@ -1,4 +1,5 @@
 // docs/multi-worker.md's first program, made complete: MultiWorkerMirroredStrategy from TF_CONFIG.
+#define DISTRIBUTE_WITH_MULTI_WORKER
 #include <distribute/distribute.hpp>
 namespace ds = distribute;
 

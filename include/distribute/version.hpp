@@ -28,6 +28,37 @@
 #define BOOST_DISABLE_CURRENT_LOCATION 1
 #endif
 
+// Header-only by default: every definition is in the headers, inline. With
+// DISTRIBUTE_SEPARATE_COMPILATION defined for every translation unit of a program, the headers give
+// the library's non-template code as declarations and its templates' common instantiations as
+// `extern template`, and one translation unit compiles them all: the one that includes
+// <distribute/src.hpp> first (the CMake target distribute::compiled and meson's
+// distribute_compiled_dep build it). Each translation unit then parses and compiles only what it
+// uses. In a header:
+//   DISTRIBUTE_DECL            on the declaration and the definition of a non-template function
+//                              (inline when header-only; an ordinary function when compiled apart)
+//   #if DISTRIBUTE_DETAIL_DEFINE     around definitions of non-template code (true when header-only,
+//                              and in the translation unit of <distribute/src.hpp>)
+//   #if DISTRIBUTE_DETAIL_INSTANTIATE  around `DISTRIBUTE_DETAIL_EXTERN template ...;` lines: an
+//                              explicit instantiation declaration in the program's translation units,
+//                              its definition in the one of <distribute/src.hpp>
+#if defined(DISTRIBUTE_SEPARATE_COMPILATION)
+#define DISTRIBUTE_DECL
+#define DISTRIBUTE_DETAIL_INSTANTIATE 1
+#if defined(DISTRIBUTE_DETAIL_SOURCE)
+#define DISTRIBUTE_DETAIL_DEFINE 1
+#define DISTRIBUTE_DETAIL_EXTERN
+#else
+#define DISTRIBUTE_DETAIL_DEFINE 0
+#define DISTRIBUTE_DETAIL_EXTERN extern
+#endif
+#else
+#define DISTRIBUTE_DECL inline
+#define DISTRIBUTE_DETAIL_DEFINE 1
+#define DISTRIBUTE_DETAIL_INSTANTIATE 0
+#define DISTRIBUTE_DETAIL_EXTERN extern
+#endif
+
 // Every public name lives in distribute::v0 so that two incompatible builds of the
 // library linked into one program fail to link instead of silently mixing layouts.
 #define DISTRIBUTE_BEGIN_NAMESPACE \

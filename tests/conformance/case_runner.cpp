@@ -2,6 +2,7 @@
 // distribute and writes one result per line: {"id", "ok": true, "value"} or {"id", "ok": false,
 // "error"}. driver.py runs the same cases through TensorFlow and compares. Built against the
 // single header (single_include/), as a user would.
+#define DISTRIBUTE_WITH_ALL
 #include <distribute/distribute.hpp>
 
 #include <boost/json.hpp>

@@ -3,6 +3,7 @@
 // for a case that distribute refuses.
 #pragma once
 
+#define DISTRIBUTE_WITH_ALL
 #include <distribute/distribute.hpp>
 
 #include <boost/json.hpp>

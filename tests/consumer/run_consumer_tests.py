@@ -19,8 +19,9 @@
                   git clone, file:///path/to/distribute replaced by its URL) or the find_package
                   block after the README's `cmake --install` commands (path/to/distribute and
                   /opt/distribute replaced). Each builds app.cpp (meson_subproject/main.cpp, on
-                  distribute::distribute) and train.cpp (cluster_program/train.cpp, on
-                  distribute::cluster) and runs both, train as two workers (with the installed
+                  distribute::distribute, and again as app_compiled on distribute::compiled:
+                  the library compiled apart) and train.cpp (cluster_program/train.cpp, on
+                  distribute::cluster) and runs them, train as two workers (with the installed
                   distribute-launch after cmake --install). The source is a copy of the working
                   tree's files (`git ls-files`), so uncommitted changes are what is tested.
                   cmake_subdirectory also builds app.cpp with -DDISTRIBUTE_SINGLE_INCLUDE=ON.
@@ -79,12 +80,14 @@ EXIT_SKIPPED = 77  # meson's exit status for a skipped test
 # configured with the default datadir, share). Every one of these must be installed ...
 EXPECTED_EXTRA_FILES = frozenset({
     "share/pkgconfig/distribute.pc",
+    "share/distribute/src/distribute.cpp",
     "share/cmake/distribute/distributeConfig.cmake",
     "share/cmake/distribute/distributeConfigVersion.cmake",
     "share/cmake/distribute/distributeParts.cmake",
 })
 # `cmake --install` of the root CMakeLists.txt: the same CMake package, no pkg-config file.
 EXPECTED_CMAKE_INSTALL_FILES = frozenset({
+    "share/distribute/src/distribute.cpp",
     "share/cmake/distribute/distributeConfig.cmake",
     "share/cmake/distribute/distributeConfigVersion.cmake",
     "share/cmake/distribute/distributeParts.cmake",
@@ -317,6 +320,7 @@ class Runner:
                  *self.cmake_compiler_args(), *extra], f"{what}: cmake configure")
         self.sh([cmake, "--build", str(build)], f"{what}: cmake --build")
         self.run_program(build / "app", what)
+        self.run_program(build / "app_compiled", f"{what} (distribute::compiled)")
         self.run_two_workers(what, build / "train", launcher)
 
     @staticmethod

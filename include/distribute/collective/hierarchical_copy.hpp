@@ -16,6 +16,11 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
+/// The collectives of HierarchicalCopyAllReduceWith<num_groups>.
+DISTRIBUTE_DECL std::unique_ptr<ReplicaCollectives> make_hierarchical_copy_collectives(std::int64_t mean_divisor,
+                                                                                     int num_local, int num_groups);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // reached through the factory above (version.hpp: separate compilation)
 class HierarchicalCopyCollectives : public SharedMemoryCollectives {
  public:
   HierarchicalCopyCollectives(std::int64_t mean_divisor, int num_local, int num_groups)
@@ -64,6 +69,12 @@ class HierarchicalCopyCollectives : public SharedMemoryCollectives {
   std::vector<int> leader_of_;
 };
 
+DISTRIBUTE_DECL std::unique_ptr<ReplicaCollectives> make_hierarchical_copy_collectives(std::int64_t mean_divisor,
+                                                                                     int num_local, int num_groups) {
+  return std::make_unique<HierarchicalCopyCollectives>(mean_divisor, num_local, num_groups);
+}
+#endif  // DISTRIBUTE_DETAIL_DEFINE
+
 }  // namespace detail
 
 /// Cross-device ops policy: reduce within groups, across group leaders, then copy back down.
@@ -72,8 +83,8 @@ template <int NumGroups = 2>
 struct HierarchicalCopyAllReduceWith {
   static constexpr std::string_view name = "HierarchicalCopyAllReduce";
   static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
-    return std::make_unique<detail::HierarchicalCopyCollectives>(
-        config.num_replicas_in_sync, static_cast<int>(config.devices.size()), NumGroups);
+    return detail::make_hierarchical_copy_collectives(config.num_replicas_in_sync,
+                                                      static_cast<int>(config.devices.size()), NumGroups);
   }
 };
 using HierarchicalCopyAllReduce = HierarchicalCopyAllReduceWith<2>;

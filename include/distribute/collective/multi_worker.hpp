@@ -27,8 +27,17 @@ namespace detail {
 
 /// In-place all-reduce of host buffers across the workers, one link collective per pack
 /// (collective/packing.hpp's rule); `scratch` holds packs of several values. `op` is not Mean.
-inline void all_reduce_in_packs(CrossWorkerLink& link, std::span<BufferRef> buffers, ReduceOp op,
-                                std::size_t bytes_per_pack, std::vector<std::byte>& scratch) {
+DISTRIBUTE_DECL void all_reduce_in_packs(CrossWorkerLink& link, std::span<BufferRef> buffers, ReduceOp op,
+                                         std::size_t bytes_per_pack, std::vector<std::byte>& scratch);
+
+/// The TCP path of a multi-worker strategy's collectives (MultiWorkerCollectives below), device
+/// buffers through host copies.
+DISTRIBUTE_DECL std::unique_ptr<ReplicaCollectives> make_cross_worker_collectives(const CollectivesConfig& config,
+                                                                                CrossWorkerLink& link);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // reached through the two functions above (version.hpp: separate compilation)
+DISTRIBUTE_DECL void all_reduce_in_packs(CrossWorkerLink& link, std::span<BufferRef> buffers, ReduceOp op,
+                                         std::size_t bytes_per_pack, std::vector<std::byte>& scratch) {
   for (const Pack& pack : make_packs(buffers, bytes_per_pack)) {
     ShapesDigest shapes;
     for (std::size_t k : pack.members) shapes.add(buffers[k].shape);
@@ -230,6 +239,13 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
   std::vector<std::size_t> received_at_;   // [from * local + local replica]: where its piece starts
 };
 
+DISTRIBUTE_DECL std::unique_ptr<ReplicaCollectives> make_cross_worker_collectives(const CollectivesConfig& config,
+                                                                                CrossWorkerLink& link) {
+  return with_device_staging(std::make_unique<MultiWorkerCollectives>(
+      link, static_cast<int>(config.devices.size()), config.num_replicas_in_sync, config.options));
+}
+#endif  // DISTRIBUTE_DETAIL_DEFINE
+
 /// Whether cross-device ops policy `Ops` can also run across workers (NcclAllReduce with NCCL
 /// compiled in): it then provides make_multi_worker_collectives(config, link, fallback).
 template <class Ops>
@@ -242,8 +258,7 @@ template <class Ops>
 std::unique_ptr<ReplicaCollectives> make_multi_worker_collectives(const CollectivesConfig& config,
                                                                   CrossWorkerLink& link,
                                                                   CommunicationImplementation implementation) {
-  auto ring = with_device_staging(std::make_unique<MultiWorkerCollectives>(
-      link, static_cast<int>(config.devices.size()), config.num_replicas_in_sync, config.options));
+  auto ring = make_cross_worker_collectives(config, link);
   if (implementation != CommunicationImplementation::Nccl) return ring;
   if constexpr (spans_workers_v<Ops>) {
     return Ops::make_multi_worker_collectives(config, link, std::move(ring));

@@ -78,7 +78,7 @@ class NcclCollectives final : public ReplicaCollectives {
  public:
   /// One process: one NCCL rank per local GPU, made with ncclCommInitAll.
   explicit NcclCollectives(const CollectivesConfig& config)
-      : NcclCollectives(config, with_device_staging(std::make_unique<SharedMemoryCollectives>(config.num_replicas_in_sync)),
+      : NcclCollectives(config, with_device_staging(SharedMemoryAllReduce::make_collectives(config)),
                         nullptr) {
     int current = 0;
     cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");

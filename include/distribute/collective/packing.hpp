@@ -22,7 +22,14 @@ struct Pack {
   std::size_t bytes() const noexcept { return count * size_of(dtype); }
 };
 
-inline std::vector<Pack> make_packs(std::span<const BufferRef> values, std::size_t bytes_per_pack) {
+DISTRIBUTE_DECL std::vector<Pack> make_packs(std::span<const BufferRef> values, std::size_t bytes_per_pack);
+/// Copies the pack's members, in order, into `flat` (pack.bytes() bytes).
+DISTRIBUTE_DECL void pack_into(const Pack& pack, std::span<const BufferRef> values, std::byte* flat);
+/// Copies `flat` back out into the pack's members.
+DISTRIBUTE_DECL void unpack_from(const Pack& pack, std::span<const BufferRef> values, const std::byte* flat);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL std::vector<Pack> make_packs(std::span<const BufferRef> values, std::size_t bytes_per_pack) {
   std::vector<Pack> packs;
   std::vector<std::size_t> open;  // per dtype: index of its current pack in `packs`, or npos
   constexpr std::size_t none = static_cast<std::size_t>(-1);
@@ -40,8 +47,7 @@ inline std::vector<Pack> make_packs(std::span<const BufferRef> values, std::size
   return packs;
 }
 
-/// Copies the pack's members, in order, into `flat` (pack.bytes() bytes).
-inline void pack_into(const Pack& pack, std::span<const BufferRef> values, std::byte* flat) {
+DISTRIBUTE_DECL void pack_into(const Pack& pack, std::span<const BufferRef> values, std::byte* flat) {
   for (std::size_t k : pack.members) {
     const auto n = values[k].bytes();
     if (n) std::memcpy(flat, values[k].data, n);
@@ -49,8 +55,7 @@ inline void pack_into(const Pack& pack, std::span<const BufferRef> values, std::
   }
 }
 
-/// Copies `flat` back out into the pack's members.
-inline void unpack_from(const Pack& pack, std::span<const BufferRef> values, const std::byte* flat) {
+DISTRIBUTE_DECL void unpack_from(const Pack& pack, std::span<const BufferRef> values, const std::byte* flat) {
   for (std::size_t k : pack.members) {
     const auto n = values[k].bytes();
     if (n) std::memcpy(values[k].data, flat, n);
@@ -58,5 +63,6 @@ inline void unpack_from(const Pack& pack, std::span<const BufferRef> values, con
   }
 }
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE

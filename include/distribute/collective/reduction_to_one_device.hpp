@@ -14,6 +14,7 @@
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
+#if DISTRIBUTE_DETAIL_DEFINE  // reached through make_collectives below (version.hpp: separate compilation)
 
 class ReductionToOneDeviceCollectives : public SharedMemoryCollectives {
  public:
@@ -40,15 +41,21 @@ class ReductionToOneDeviceCollectives : public SharedMemoryCollectives {
   std::vector<int> all_;
 };
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 }  // namespace detail
 
 /// Cross-device ops policy: reduce on the first device, then broadcast.
 struct ReductionToOneDevice {
   static constexpr std::string_view name = "ReductionToOneDevice";
-  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
-    return std::make_unique<detail::ReductionToOneDeviceCollectives>(config.num_replicas_in_sync,
-                                                                      static_cast<int>(config.devices.size()));
-  }
+  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config);
 };
+
+#if DISTRIBUTE_DETAIL_DEFINE
+DISTRIBUTE_DECL std::unique_ptr<detail::ReplicaCollectives> ReductionToOneDevice::make_collectives(
+    const detail::CollectivesConfig& config) {
+  return std::make_unique<detail::ReductionToOneDeviceCollectives>(config.num_replicas_in_sync,
+                                                                    static_cast<int>(config.devices.size()));
+}
+#endif
 
 DISTRIBUTE_END_NAMESPACE

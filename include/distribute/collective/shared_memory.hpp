@@ -25,6 +25,9 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 /// Cross-device ops policy: parallel reduce in shared memory (the host backend's default).
 namespace detail {
+// The algorithms are reached through the policies' make_collectives: with separate compilation
+// (version.hpp) only the library's own translation unit compiles them.
+#if DISTRIBUTE_DETAIL_DEFINE
 
 // Elements per block: small enough that a block of every source stays in L2 while reduced.
 inline constexpr std::size_t kReduceBlockBytes = 32 * 1024;
@@ -167,14 +170,20 @@ class SharedMemoryCollectives : public ReplicaCollectives {
   std::int64_t mean_divisor_;
 };
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 }  // namespace detail
 
 /// Cross-device ops policy: parallel reduce in shared memory (the host backend's default).
 struct SharedMemoryAllReduce {
   static constexpr std::string_view name = "SharedMemoryAllReduce";
-  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
-    return std::make_unique<detail::SharedMemoryCollectives>(config.num_replicas_in_sync);
-  }
+  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config);
 };
+
+#if DISTRIBUTE_DETAIL_DEFINE
+DISTRIBUTE_DECL std::unique_ptr<detail::ReplicaCollectives> SharedMemoryAllReduce::make_collectives(
+    const detail::CollectivesConfig& config) {
+  return std::make_unique<detail::SharedMemoryCollectives>(config.num_replicas_in_sync);
+}
+#endif
 
 DISTRIBUTE_END_NAMESPACE

@@ -549,7 +549,8 @@ inline AnyStrategy* current_strategy_or_null() noexcept {
 }
 }  // namespace detail
 
-inline ScopeGuard::ScopeGuard(AnyStrategy& strategy) {
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL ScopeGuard::ScopeGuard(AnyStrategy& strategy) {
   auto& tc = detail::thread_context();
   AnyStrategy* current = detail::current_strategy_or_null();
   if (current && current->id() != strategy.id()) {
@@ -560,5 +561,6 @@ inline ScopeGuard::ScopeGuard(AnyStrategy& strategy) {
   }
   tc.scopes.push_back(&strategy);
 }
+#endif
 
 DISTRIBUTE_END_NAMESPACE

@@ -36,14 +36,7 @@ struct DeviceSpec {
   }
 
   /// "/job:worker/replica:0/task:1/device:CPU:0" with only the parts that are set.
-  std::string to_string() const {
-    std::string out;
-    if (job) out += fmt::format("/job:{}", *job);
-    if (replica) out += fmt::format("/replica:{}", *replica);
-    if (task) out += fmt::format("/task:{}", *task);
-    if (device_type) out += fmt::format("/device:{}:{}", *device_type, device_index ? std::to_string(*device_index) : "*");
-    return out;
-  }
+  std::string to_string() const;
 
   /// The device with job/replica/task filled in from `base` where this one leaves them unset.
   DeviceSpec fill_from(const DeviceSpec& base) const {
@@ -58,6 +51,19 @@ struct DeviceSpec {
 
   friend bool operator==(const DeviceSpec&, const DeviceSpec&) = default;
 };
+
+/// "/job:localhost/replica:0/task:0/device:CPU:i": the canonical name of local device i.
+DISTRIBUTE_DECL std::string local_device_string(std::string_view type, int index);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL std::string DeviceSpec::to_string() const {
+  std::string out;
+  if (job) out += fmt::format("/job:{}", *job);
+  if (replica) out += fmt::format("/replica:{}", *replica);
+  if (task) out += fmt::format("/task:{}", *task);
+  if (device_type) out += fmt::format("/device:{}:{}", *device_type, device_index ? std::to_string(*device_index) : "*");
+  return out;
+}
 
 namespace detail {
 inline std::string upper(std::string_view s) {
@@ -116,7 +122,7 @@ inline std::vector<std::string_view> device_string_split(std::string_view s, cha
 // ':'; keys are case-sensitive; an empty component, or one that starts with ':', is skipped;
 // a later job/replica/task replaces an earlier one; replica and task are converted after the
 // whole string is read (so only the last one must be an integer).
-inline DeviceSpec DeviceSpec::parse(std::string_view text) {
+DISTRIBUTE_DECL DeviceSpec DeviceSpec::parse(std::string_view text) {
   auto fail = [&](std::string_view why) -> DeviceSpec {
     throw InvalidArgument(fmt::format("invalid device string '{}': {}", text, why));
   };
@@ -160,10 +166,10 @@ inline DeviceSpec DeviceSpec::parse(std::string_view text) {
   return spec;
 }
 
-/// "/job:localhost/replica:0/task:0/device:CPU:i": the canonical name of local device i.
-inline std::string local_device_string(std::string_view type, int index) {
+DISTRIBUTE_DECL std::string local_device_string(std::string_view type, int index) {
   return DeviceSpec{"localhost", 0, 0, std::string(type), index}.to_string();
 }
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 
 DISTRIBUTE_END_NAMESPACE
 

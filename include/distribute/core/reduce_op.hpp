@@ -28,7 +28,10 @@ constexpr std::string_view to_string(ReduceOp op) noexcept {
 }
 
 /// Parses TF's strings case-insensitively ("sum", "MEAN", "Max", ...).
-inline ReduceOp parse_reduce_op(std::string_view text) {
+DISTRIBUTE_DECL ReduceOp parse_reduce_op(std::string_view text);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL ReduceOp parse_reduce_op(std::string_view text) {
   std::string upper(text);
   std::transform(upper.begin(), upper.end(), upper.begin(),
                  [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
@@ -39,6 +42,7 @@ inline ReduceOp parse_reduce_op(std::string_view text) {
       "unknown reduce op '{}': expected one of SUM, MEAN, MIN, MAX, PRODUCT (any case)", text));
 }
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 DISTRIBUTE_END_NAMESPACE
 
 template <>

@@ -16,10 +16,12 @@ DISTRIBUTE_BEGIN_NAMESPACE
 using Shape = std::vector<std::int64_t>;
 
 /// "(4, 2, 3)", "(3,)" and "()" as in Python.
-inline std::string shape_string(const Shape& shape) {
-  if (shape.size() == 1) return fmt::format("({},)", shape[0]);
-  return fmt::format("({})", fmt::join(shape, ", "));
-}
+DISTRIBUTE_DECL std::string shape_string(const Shape& shape);
+
+namespace detail {
+/// num_elements' error: a negative dimension, or a count beyond 64 bits.
+[[noreturn]] DISTRIBUTE_DECL void throw_bad_shape(const Shape& shape);
+}  // namespace detail
 
 /// The bytes of `count` elements of `element_size` bytes, or false when that overflows 64 bits.
 /// Every size and count read from the wire goes through this or checked_byte_size below.
@@ -32,18 +34,36 @@ inline std::string shape_string(const Shape& shape) {
 inline std::int64_t num_elements(const Shape& shape) {
   std::int64_t n = 1;
   for (std::int64_t d : shape) {
-    if (d < 0) throw InvalidArgument(fmt::format("shape {} has a negative dimension", shape_string(shape)));
-    if (__builtin_mul_overflow(n, d, &n)) {
-      throw InvalidArgument(fmt::format("shape {}: its number of elements overflows 64 bits", shape_string(shape)));
-    }
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) detail::throw_bad_shape(shape);
   }
   return n;
 }
 
 /// The bytes a shape's elements take, checked: InvalidArgument naming `what` when a dimension is
 /// negative or the count or the bytes exceed `limit` (default: what a size_t offset can address).
-inline std::size_t checked_byte_size(const Shape& shape, std::size_t element_size, const char* what,
-                                     std::uint64_t limit = std::uint64_t{1} << 62) {
+DISTRIBUTE_DECL std::size_t checked_byte_size(const Shape& shape, std::size_t element_size, const char* what,
+                                              std::uint64_t limit = std::uint64_t{1} << 62);
+
+/// Normalises an axis that may be negative (Python style) against a rank; throws naming both.
+DISTRIBUTE_DECL std::size_t normalize_axis(std::int64_t axis, std::size_t rank, const char* what);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL std::string shape_string(const Shape& shape) {
+  if (shape.size() == 1) return fmt::format("({},)", shape[0]);
+  return fmt::format("({})", fmt::join(shape, ", "));
+}
+
+DISTRIBUTE_DECL void detail::throw_bad_shape(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0) throw InvalidArgument(fmt::format("shape {} has a negative dimension", shape_string(shape)));
+    if (__builtin_mul_overflow(n, d, &n)) break;
+  }
+  throw InvalidArgument(fmt::format("shape {}: its number of elements overflows 64 bits", shape_string(shape)));
+}
+
+DISTRIBUTE_DECL std::size_t checked_byte_size(const Shape& shape, std::size_t element_size, const char* what,
+                                              std::uint64_t limit) {
   const std::uint64_t max_count = limit / (element_size ? element_size : 1);
   std::uint64_t n = 1;
   for (std::int64_t d : shape) {
@@ -54,8 +74,7 @@ inline std::size_t checked_byte_size(const Shape& shape, std::size_t element_siz
   return static_cast<std::size_t>(n * element_size);  // <= limit: checked above
 }
 
-/// Normalises an axis that may be negative (Python style) against a rank; throws naming both.
-inline std::size_t normalize_axis(std::int64_t axis, std::size_t rank, const char* what) {
+DISTRIBUTE_DECL std::size_t normalize_axis(std::int64_t axis, std::size_t rank, const char* what) {
   const auto r = static_cast<std::int64_t>(rank);
   if (axis < -r || axis >= r) {
     throw InvalidArgument(fmt::format("{}: axis {} is out of range for a value of rank {} (valid: [{}, {}))",
@@ -63,5 +82,6 @@ inline std::size_t normalize_axis(std::int64_t axis, std::size_t rank, const cha
   }
   return static_cast<std::size_t>(axis < 0 ? axis + r : axis);
 }
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 
 DISTRIBUTE_END_NAMESPACE

@@ -65,14 +65,18 @@ struct TensorView {
 };
 
 /// "float32 (2, 3)" or "float32 (2, 3) strides (1, 2)", for messages.
-inline std::string describe(const TensorView& v) {
+DISTRIBUTE_DECL std::string describe(const TensorView& v);
+/// Checks what a tensor_traits returned: strides match the shape's rank and are non-negative.
+/// `type` names the value type in the message (demangled only when there is one to give).
+DISTRIBUTE_DECL void check_view(const TensorView& v, const std::type_info& type);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL std::string describe(const TensorView& v) {
   if (v.strides.empty()) return fmt::format("{} {}", to_string(v.dtype), shape_string(v.shape));
   return fmt::format("{} {} strides {}", to_string(v.dtype), shape_string(v.shape), shape_string(v.strides));
 }
 
-/// Checks what a tensor_traits returned: strides match the shape's rank and are non-negative.
-/// `type` names the value type in the message (demangled only when there is one to give).
-inline void check_view(const TensorView& v, const std::type_info& type) {
+DISTRIBUTE_DECL void check_view(const TensorView& v, const std::type_info& type) {
   if (!v.strides.empty() && v.strides.size() != v.shape.size()) {
     throw InvalidArgument(fmt::format("tensor_traits<{}>::view gave {} strides for a tensor of rank {}",
                                       detail::type_name(type), v.strides.size(), v.shape.size()));
@@ -90,6 +94,7 @@ inline void check_view(const TensorView& v, const std::type_info& type) {
   }
 }
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 namespace detail {
 
 /// The bytes [first, last) a view's elements lie in (its gaps included); empty for no elements.
@@ -140,7 +145,12 @@ void for_each_run(const TensorView& v, Run&& run) {
 }  // namespace detail
 
 /// Copies a view's elements, in row-major order, into `out` (view.bytes() bytes).
-inline void copy_to_contiguous(const TensorView& v, void* out) {
+DISTRIBUTE_DECL void copy_to_contiguous(const TensorView& v, void* out);
+/// Copies row-major contiguous elements from `in` into the view's memory, wherever its strides put them.
+DISTRIBUTE_DECL void copy_from_contiguous(const void* in, const TensorView& v);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL void copy_to_contiguous(const TensorView& v, void* out) {
   const std::size_t es = size_of(v.dtype);
   auto* dst = static_cast<std::byte*>(out);
   const auto* base = static_cast<const std::byte*>(v.data);
@@ -155,8 +165,7 @@ inline void copy_to_contiguous(const TensorView& v, void* out) {
   });
 }
 
-/// Copies row-major contiguous elements from `in` into the view's memory, wherever its strides put them.
-inline void copy_from_contiguous(const void* in, const TensorView& v) {
+DISTRIBUTE_DECL void copy_from_contiguous(const void* in, const TensorView& v) {
   const std::size_t es = size_of(v.dtype);
   const auto* src = static_cast<const std::byte*>(in);
   auto* base = static_cast<std::byte*>(v.data);
@@ -171,4 +180,5 @@ inline void copy_from_contiguous(const void* in, const TensorView& v) {
   });
 }
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 DISTRIBUTE_END_NAMESPACE

@@ -372,7 +372,13 @@ Dataset<T> from_vector(std::vector<T> values) {
 }
 
 /// start, start + step, ... up to (not including) stop, as int64 like TF's range.
-inline Dataset<std::int64_t> range(std::int64_t start, std::int64_t stop, std::int64_t step = 1) {
+DISTRIBUTE_DECL Dataset<std::int64_t> range(std::int64_t start, std::int64_t stop, std::int64_t step = 1);
+
+/// 0, 1, ..., stop - 1.
+inline Dataset<std::int64_t> range(std::int64_t stop) { return range(0, stop, 1); }
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL Dataset<std::int64_t> range(std::int64_t start, std::int64_t stop, std::int64_t step) {
   if (step == 0) throw InvalidArgument("range: step must not be 0");
   return detail::DatasetAccess::make<std::int64_t>(
       [start, stop, step](const detail::PipelineContext&) {
@@ -385,9 +391,7 @@ inline Dataset<std::int64_t> range(std::int64_t start, std::int64_t stop, std::i
       },
       {});
 }
-
-/// 0, 1, ..., stop - 1.
-inline Dataset<std::int64_t> range(std::int64_t stop) { return range(0, stop, 1); }
+#endif
 
 /// The rows of `value` along axis 0: a Tensor<T> of shape (n, s...) gives n tensors of shape s;
 /// a std::vector<T> its elements; a pair or tuple of those the pairs / tuples of their rows (every
@@ -453,15 +457,21 @@ Dataset<std::string> file_source(std::vector<std::string> files) {
 
 /// The lines of text files (CSV, JSON lines, ...) without their line ends, file after file
 /// (TF's TextLineDataset). A file source: AutoShardPolicy::File can give each worker its files.
-inline Dataset<std::string> from_text_files(std::vector<std::string> files) {
-  return detail::file_source<detail::TextLineReader>(std::move(files));
-}
+DISTRIBUTE_DECL Dataset<std::string> from_text_files(std::vector<std::string> files);
 
 /// The records of record files (TFRecord format, see record_file.hpp), file after file (TF's
 /// TFRecordDataset). A truncated or corrupted record is a DataLossError. A file source.
-inline Dataset<std::string> from_record_files(std::vector<std::string> files) {
+DISTRIBUTE_DECL Dataset<std::string> from_record_files(std::vector<std::string> files);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL Dataset<std::string> from_text_files(std::vector<std::string> files) {
+  return detail::file_source<detail::TextLineReader>(std::move(files));
+}
+
+DISTRIBUTE_DECL Dataset<std::string> from_record_files(std::vector<std::string> files) {
   return detail::file_source<RecordReader>(std::move(files));
 }
+#endif
 
 }  // namespace data
 DISTRIBUTE_END_NAMESPACE

@@ -62,9 +62,8 @@ inline std::uint64_t load_le(const unsigned char* in, std::size_t n) noexcept {
   return v;
 }
 
-inline std::string open_error(std::string_view what, const std::string& path) {
-  return fmt::format("{}: cannot open '{}' ({})", what, path, std::strerror(errno));
-}
+/// "what: cannot open 'path' (strerror(errno))".
+DISTRIBUTE_DECL std::string open_error(std::string_view what, const std::string& path);
 
 }  // namespace detail
 
@@ -72,39 +71,13 @@ inline std::string open_error(std::string_view what, const std::string& path) {
 /// tf_record_iterator). `who` names the caller in the error for a file that cannot be opened.
 class RecordReader {
  public:
-  explicit RecordReader(std::string path, std::string_view who = "from_record_files")
-      : path_(std::move(path)), in_(path_, std::ios::binary) {
-    if (!in_) throw InvalidArgument(detail::open_error(who, path_));
-  }
+  explicit RecordReader(std::string path, std::string_view who = "from_record_files");
 
   /// The next record, nullopt at a clean end of file; DataLossError on a truncated or corrupted one.
-  std::optional<std::string> next() {
-    unsigned char header[12];
-    in_.read(reinterpret_cast<char*>(header), sizeof header);
-    const auto got = static_cast<std::size_t>(in_.gcount());
-    if (got == 0) return std::nullopt;
-    if (got < sizeof header) fail("truncated record header");
-    using detail::load_le;
-    using detail::masked_crc32c;
-    if (load_le(header + 8, 4) != masked_crc32c(header, 8)) fail("corrupted record length (checksum mismatch)");
-    const std::uint64_t length = load_le(header, 8);
-    std::string payload(static_cast<std::size_t>(length), '\0');
-    unsigned char footer[4];
-    in_.read(payload.data(), static_cast<std::streamsize>(length));
-    if (static_cast<std::uint64_t>(in_.gcount()) != length) fail(fmt::format("truncated record of {} bytes", length));
-    in_.read(reinterpret_cast<char*>(footer), sizeof footer);
-    if (static_cast<std::size_t>(in_.gcount()) != sizeof footer) fail("truncated record checksum");
-    if (load_le(footer, 4) != masked_crc32c(payload.data(), payload.size())) {
-      fail("corrupted record data (checksum mismatch)");
-    }
-    offset_ += sizeof header + length + sizeof footer;
-    return payload;
-  }
+  std::optional<std::string> next();
 
  private:
-  [[noreturn]] void fail(const std::string& why) const {
-    throw DataLossError(fmt::format("record file '{}': {} at byte offset {}", path_, why, offset_));
-  }
+  [[noreturn]] void fail(const std::string& why) const;
 
   std::string path_;
   std::ifstream in_;
@@ -114,34 +87,16 @@ class RecordReader {
 /// Writes a record file (TFRecord format) record by record; close() or the destructor flushes it.
 class RecordWriter {
  public:
-  explicit RecordWriter(std::string path) : path_(std::move(path)), out_(path_, std::ios::binary | std::ios::trunc) {
-    if (!out_) throw InvalidArgument(detail::open_error("RecordWriter", path_));
-  }
+  explicit RecordWriter(std::string path);
 
-  void write(std::string_view record) {
-    unsigned char header[12];
-    detail::store_le(header, record.size(), 8);
-    detail::store_le(header + 8, detail::masked_crc32c(header, 8), 4);
-    unsigned char footer[4];
-    detail::store_le(footer, detail::masked_crc32c(record.data(), record.size()), 4);
-    out_.write(reinterpret_cast<const char*>(header), sizeof header);
-    out_.write(record.data(), static_cast<std::streamsize>(record.size()));
-    out_.write(reinterpret_cast<const char*>(footer), sizeof footer);
-    if (!out_) throw Error(fmt::format("RecordWriter: writing '{}' failed ({})", path_, std::strerror(errno)));
-  }
+  void write(std::string_view record);
 
   /// Hands what was written to the operating system (readers see every whole record written).
-  void flush() {
-    out_.flush();
-    if (!out_) throw Error(fmt::format("RecordWriter: writing '{}' failed ({})", path_, std::strerror(errno)));
-  }
+  void flush();
 
   const std::string& path() const noexcept { return path_; }
 
-  void close() {
-    out_.close();
-    if (out_.fail()) throw Error(fmt::format("RecordWriter: closing '{}' failed ({})", path_, std::strerror(errno)));
-  }
+  void close();
 
  private:
   std::string path_;
@@ -149,11 +104,78 @@ class RecordWriter {
 };
 
 /// Writes `records` to a new record file at `path`.
-inline void write_record_file(const std::string& path, const std::vector<std::string>& records) {
+DISTRIBUTE_DECL void write_record_file(const std::string& path, const std::vector<std::string>& records);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL std::string detail::open_error(std::string_view what, const std::string& path) {
+  return fmt::format("{}: cannot open '{}' ({})", what, path, std::strerror(errno));
+}
+
+DISTRIBUTE_DECL RecordReader::RecordReader(std::string path, std::string_view who)
+    : path_(std::move(path)), in_(path_, std::ios::binary) {
+  if (!in_) throw InvalidArgument(detail::open_error(who, path_));
+}
+
+DISTRIBUTE_DECL std::optional<std::string> RecordReader::next() {
+  unsigned char header[12];
+  in_.read(reinterpret_cast<char*>(header), sizeof header);
+  const auto got = static_cast<std::size_t>(in_.gcount());
+  if (got == 0) return std::nullopt;
+  if (got < sizeof header) fail("truncated record header");
+  using detail::load_le;
+  using detail::masked_crc32c;
+  if (load_le(header + 8, 4) != masked_crc32c(header, 8)) fail("corrupted record length (checksum mismatch)");
+  const std::uint64_t length = load_le(header, 8);
+  std::string payload(static_cast<std::size_t>(length), '\0');
+  unsigned char footer[4];
+  in_.read(payload.data(), static_cast<std::streamsize>(length));
+  if (static_cast<std::uint64_t>(in_.gcount()) != length) fail(fmt::format("truncated record of {} bytes", length));
+  in_.read(reinterpret_cast<char*>(footer), sizeof footer);
+  if (static_cast<std::size_t>(in_.gcount()) != sizeof footer) fail("truncated record checksum");
+  if (load_le(footer, 4) != masked_crc32c(payload.data(), payload.size())) {
+    fail("corrupted record data (checksum mismatch)");
+  }
+  offset_ += sizeof header + length + sizeof footer;
+  return payload;
+}
+
+DISTRIBUTE_DECL void RecordReader::fail(const std::string& why) const {
+  throw DataLossError(fmt::format("record file '{}': {} at byte offset {}", path_, why, offset_));
+}
+
+DISTRIBUTE_DECL RecordWriter::RecordWriter(std::string path)
+    : path_(std::move(path)), out_(path_, std::ios::binary | std::ios::trunc) {
+  if (!out_) throw InvalidArgument(detail::open_error("RecordWriter", path_));
+}
+
+DISTRIBUTE_DECL void RecordWriter::write(std::string_view record) {
+  unsigned char header[12];
+  detail::store_le(header, record.size(), 8);
+  detail::store_le(header + 8, detail::masked_crc32c(header, 8), 4);
+  unsigned char footer[4];
+  detail::store_le(footer, detail::masked_crc32c(record.data(), record.size()), 4);
+  out_.write(reinterpret_cast<const char*>(header), sizeof header);
+  out_.write(record.data(), static_cast<std::streamsize>(record.size()));
+  out_.write(reinterpret_cast<const char*>(footer), sizeof footer);
+  if (!out_) throw Error(fmt::format("RecordWriter: writing '{}' failed ({})", path_, std::strerror(errno)));
+}
+
+DISTRIBUTE_DECL void RecordWriter::flush() {
+  out_.flush();
+  if (!out_) throw Error(fmt::format("RecordWriter: writing '{}' failed ({})", path_, std::strerror(errno)));
+}
+
+DISTRIBUTE_DECL void RecordWriter::close() {
+  out_.close();
+  if (out_.fail()) throw Error(fmt::format("RecordWriter: closing '{}' failed ({})", path_, std::strerror(errno)));
+}
+
+DISTRIBUTE_DECL void write_record_file(const std::string& path, const std::vector<std::string>& records) {
   RecordWriter writer(path);
   for (const auto& r : records) writer.write(r);
   writer.close();
 }
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 
 }  // namespace data
 DISTRIBUTE_END_NAMESPACE

@@ -35,7 +35,10 @@ namespace detail {
 /// Whether the timeline records: the one thing the hot path reads when it is off.
 inline std::atomic<bool> timeline_on{false};
 
-inline std::string json_escape(std::string_view s) {
+DISTRIBUTE_DECL std::string json_escape(std::string_view s);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL std::string json_escape(std::string_view s) {
   std::string out;
   out.reserve(s.size() + 2);
   for (unsigned char c : s) {
@@ -53,6 +56,7 @@ inline std::string json_escape(std::string_view s) {
   return out;
 }
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 /// A cross-worker call's numbers, kept as numbers and written out only by flush(): recording one
 /// call allocates nothing.
 struct CallArgs {
@@ -74,7 +78,12 @@ struct TraceEvent {
   std::uint64_t id = 0;  // 'b'/'e': the async span's id
 };
 
-inline std::string call_args_json(const TraceEvent& e) {
+DISTRIBUTE_DECL std::string call_args_json(const TraceEvent& e);
+
+struct ThreadBuffer;  // one thread's events
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL std::string call_args_json(const TraceEvent& e) {
   std::string out;
   const CallArgs& c = e.call;
   if (c.seq >= 0) out += fmt::format("\"seq\":{},", c.seq);
@@ -93,13 +102,18 @@ struct ThreadBuffer {
   std::vector<TraceEvent> events;
   int tid = 0;
 };
+#endif  // DISTRIBUTE_DETAIL_DEFINE
+
 }  // namespace detail
 
 /// Whether the timeline records now (a relaxed load: cheap enough for every call).
 inline bool timeline_enabled() noexcept { return detail::timeline_on.load(std::memory_order_relaxed); }
 
 /// The file a task writes for DISTRIBUTE_TIMELINE=`path`: the task ("worker-1") before the extension.
-inline std::string timeline_file(std::string_view path, std::string_view task_type, int task_index) {
+DISTRIBUTE_DECL std::string timeline_file(std::string_view path, std::string_view task_type, int task_index);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL std::string timeline_file(std::string_view path, std::string_view task_type, int task_index) {
   const std::string task = fmt::format("{}-{}", task_type, task_index);
   const auto slash = path.find_last_of('/');
   const auto dot = path.find_last_of('.');
@@ -110,41 +124,19 @@ inline std::string timeline_file(std::string_view path, std::string_view task_ty
   return fmt::format("{}.{}{}", path.substr(0, dot), task, path.substr(dot));
 }
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 class Timeline {
  public:
   using Clock = std::chrono::steady_clock;
 
   /// The process's timeline.
-  static Timeline& instance() {
-    static Timeline t;
-    return t;
-  }
+  static Timeline& instance();
 
-  ~Timeline() {
-    try {
-      flush();
-    } catch (...) {
-    }
-  }
+  ~Timeline();
 
   /// Starts recording into `file` (written by flush()) as task `task_type`:`task_index`. Throws
   /// InvalidArgument when the file cannot be written, or when another file is being recorded.
-  void start(std::string file, std::string task_type, int task_index) {
-    std::lock_guard lock(mutex_);
-    if (!file_.empty() && file_ != file) {
-      throw InvalidArgument(fmt::format("timeline: this process already records into '{}', not '{}'", file_, file));
-    }
-    if (std::FILE* f = std::fopen(file.c_str(), "w")) {
-      std::fclose(f);
-    } else {
-      throw InvalidArgument(fmt::format("timeline: cannot write '{}' (DISTRIBUTE_TIMELINE): {}", file, std::strerror(errno)));
-    }
-    file_ = std::move(file);
-    task_type_ = std::move(task_type);
-    task_index_ = task_index;
-    detail::timeline_on.store(true, std::memory_order_relaxed);
-    write_locked();  // valid (empty) from the start
-  }
+  void start(std::string file, std::string task_type, int task_index);
 
   /// Stops recording (what is recorded stays, and is written by the next flush()).
   void stop() noexcept { detail::timeline_on.store(false, std::memory_order_relaxed); }
@@ -173,16 +165,7 @@ class Timeline {
   /// on a track of its own): work that waits in a queue, such as a coordinator's closures. Both
   /// ends are recorded now, on the calling thread; `id` tells the spans of one `category` apart.
   void async_span(std::string name, const char* category, std::uint64_t id, std::int64_t start_ns, std::int64_t end_ns,
-                  std::string args = {}) {
-    detail::TraceEvent b{name, category, 'b', start_ns, 0, std::move(args)};
-    b.id = id;
-    detail::TraceEvent e{std::move(name), category, 'e', std::max(end_ns, start_ns), 0, {}};
-    e.id = id;
-    detail::ThreadBuffer& buf = buffer();
-    std::lock_guard lock(buf.mutex);
-    buf.events.push_back(std::move(b));
-    buf.events.push_back(std::move(e));
-  }
+                  std::string args = {});
 
   /// A moment on the calling thread (a failure).
   void instant(std::string name, const char* category, std::int64_t at_ns, std::string args = {}) {
@@ -190,74 +173,16 @@ class Timeline {
   }
 
   /// Writes every event recorded so far (the whole file again: it stays valid JSON).
-  void flush() {
-    std::lock_guard lock(mutex_);
-    if (!file_.empty()) write_locked();
-  }
+  void flush();
 
  private:
   Timeline() = default;
 
-  detail::ThreadBuffer& buffer() {
-    thread_local std::shared_ptr<detail::ThreadBuffer> mine;
-    if (!mine) {
-      mine = std::make_shared<detail::ThreadBuffer>();
-      std::lock_guard lock(mutex_);
-      mine->tid = static_cast<int>(buffers_.size()) + 1;
-      buffers_.push_back(mine);
-    }
-    return *mine;
-  }
+  detail::ThreadBuffer& buffer();
 
-  void record(detail::TraceEvent e) {
-    detail::ThreadBuffer& b = buffer();
-    std::lock_guard lock(b.mutex);
-    b.events.push_back(std::move(e));
-  }
+  void record(detail::TraceEvent e);
 
-  void write_locked() {
-    const auto steady = Clock::now();
-    const auto wall = std::chrono::system_clock::now();
-    // What to add to a ts to get microseconds since the Unix epoch: lets the merge script align
-    // files of tasks on different hosts, whose steady clocks do not agree.
-    const std::int64_t wall_minus_steady_us =
-        std::chrono::duration_cast<std::chrono::microseconds>(wall.time_since_epoch()).count() -
-        std::chrono::duration_cast<std::chrono::microseconds>(steady.time_since_epoch()).count();
-    const std::string task = fmt::format("{}:{}", task_type_, task_index_);
-    std::string out = fmt::format(
-        "{{\"displayTimeUnit\":\"ms\",\"otherData\":{{\"task\":\"{}\",\"task_type\":\"{}\",\"task_index\":{},"
-        "\"wall_minus_steady_us\":{}}},\"traceEvents\":[\n",
-        json_escape_(task), json_escape_(task_type_), task_index_, wall_minus_steady_us);
-    out += fmt::format("{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"tid\":0,\"args\":{{\"name\":\"{}\"}}}}",
-                       task_index_, json_escape_(task));
-    for (const auto& b : buffers_) {
-      std::vector<detail::TraceEvent> events;
-      {
-        std::lock_guard lock(b->mutex);
-        events = b->events;
-      }
-      // Sorted by start, enclosing spans first: ts never goes back within a thread.
-      std::stable_sort(events.begin(), events.end(), [](const auto& x, const auto& y) {
-        return x.ts_ns != y.ts_ns ? x.ts_ns < y.ts_ns : x.dur_ns > y.dur_ns;
-      });
-      out += fmt::format(",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{},\"tid\":{},\"args\":{{\"name\":\"thread {}\"}}}}",
-                         task_index_, b->tid, b->tid);
-      for (const auto& e : events) {
-        out += fmt::format(",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"{}\",\"pid\":{},\"tid\":{},\"ts\":{:.3f}",
-                           json_escape_(e.name), e.category, e.phase, task_index_, b->tid, e.ts_ns / 1000.0);
-        if (e.phase == 'X') out += fmt::format(",\"dur\":{:.3f}", e.dur_ns / 1000.0);
-        if (e.phase == 'i') out += ",\"s\":\"t\"";
-        if (e.phase == 'b' || e.phase == 'e') out += fmt::format(",\"id\":\"0x{:x}\"", e.id);
-        out += fmt::format(",\"args\":{{{}}}}}", e.has_call ? detail::call_args_json(e) : e.args);
-      }
-    }
-    out += "\n]}\n";
-    const std::string tmp = file_ + ".tmp";
-    std::FILE* f = std::fopen(tmp.c_str(), "w");
-    if (!f) return;  // flushing must not throw into a failing collective; start() checked the place
-    const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
-    if (std::fclose(f) == 0 && ok) std::rename(tmp.c_str(), file_.c_str());
-  }
+  void write_locked();
 
   static std::string json_escape_(std::string_view s) { return detail::json_escape(s); }
 
@@ -285,19 +210,130 @@ class TimelineSpan {
   bool active() const noexcept { return start_ != 0; }
 
  private:
-  void record() noexcept {
-    try {
-      Timeline::instance().complete(name_, category_, start_, Timeline::now_ns(),
-                                    number_ >= 0 ? fmt::format("\"step\":{}", number_) : std::string());
-    } catch (...) {
-    }
-  }
+  void record() noexcept;
 
   const char* name_;
   const char* category_;
   std::int64_t number_;
   std::int64_t start_ = 0;
 };
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL Timeline& Timeline::instance() {
+  static Timeline t;
+  return t;
+}
+
+DISTRIBUTE_DECL Timeline::~Timeline() {
+  try {
+    flush();
+  } catch (...) {
+  }
+}
+
+DISTRIBUTE_DECL void Timeline::start(std::string file, std::string task_type, int task_index) {
+  std::lock_guard lock(mutex_);
+  if (!file_.empty() && file_ != file) {
+    throw InvalidArgument(fmt::format("timeline: this process already records into '{}', not '{}'", file_, file));
+  }
+  if (std::FILE* f = std::fopen(file.c_str(), "w")) {
+    std::fclose(f);
+  } else {
+    throw InvalidArgument(fmt::format("timeline: cannot write '{}' (DISTRIBUTE_TIMELINE): {}", file, std::strerror(errno)));
+  }
+  file_ = std::move(file);
+  task_type_ = std::move(task_type);
+  task_index_ = task_index;
+  detail::timeline_on.store(true, std::memory_order_relaxed);
+  write_locked();  // valid (empty) from the start
+}
+
+DISTRIBUTE_DECL void Timeline::async_span(std::string name, const char* category, std::uint64_t id,
+                                          std::int64_t start_ns, std::int64_t end_ns, std::string args) {
+  detail::TraceEvent b{name, category, 'b', start_ns, 0, std::move(args)};
+  b.id = id;
+  detail::TraceEvent e{std::move(name), category, 'e', std::max(end_ns, start_ns), 0, {}};
+  e.id = id;
+  detail::ThreadBuffer& buf = buffer();
+  std::lock_guard lock(buf.mutex);
+  buf.events.push_back(std::move(b));
+  buf.events.push_back(std::move(e));
+}
+
+DISTRIBUTE_DECL void Timeline::flush() {
+  std::lock_guard lock(mutex_);
+  if (!file_.empty()) write_locked();
+}
+
+DISTRIBUTE_DECL detail::ThreadBuffer& Timeline::buffer() {
+  thread_local std::shared_ptr<detail::ThreadBuffer> mine;
+  if (!mine) {
+    mine = std::make_shared<detail::ThreadBuffer>();
+    std::lock_guard lock(mutex_);
+    mine->tid = static_cast<int>(buffers_.size()) + 1;
+    buffers_.push_back(mine);
+  }
+  return *mine;
+}
+
+DISTRIBUTE_DECL void Timeline::record(detail::TraceEvent e) {
+  detail::ThreadBuffer& b = buffer();
+  std::lock_guard lock(b.mutex);
+  b.events.push_back(std::move(e));
+}
+
+DISTRIBUTE_DECL void Timeline::write_locked() {
+  const auto steady = Clock::now();
+  const auto wall = std::chrono::system_clock::now();
+  // What to add to a ts to get microseconds since the Unix epoch: lets the merge script align
+  // files of tasks on different hosts, whose steady clocks do not agree.
+  const std::int64_t wall_minus_steady_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(wall.time_since_epoch()).count() -
+      std::chrono::duration_cast<std::chrono::microseconds>(steady.time_since_epoch()).count();
+  const std::string task = fmt::format("{}:{}", task_type_, task_index_);
+  std::string out = fmt::format(
+      "{{\"displayTimeUnit\":\"ms\",\"otherData\":{{\"task\":\"{}\",\"task_type\":\"{}\",\"task_index\":{},"
+      "\"wall_minus_steady_us\":{}}},\"traceEvents\":[\n",
+      json_escape_(task), json_escape_(task_type_), task_index_, wall_minus_steady_us);
+  out += fmt::format("{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"tid\":0,\"args\":{{\"name\":\"{}\"}}}}",
+                     task_index_, json_escape_(task));
+  for (const auto& b : buffers_) {
+    std::vector<detail::TraceEvent> events;
+    {
+      std::lock_guard lock(b->mutex);
+      events = b->events;
+    }
+    // Sorted by start, enclosing spans first: ts never goes back within a thread.
+    std::stable_sort(events.begin(), events.end(), [](const auto& x, const auto& y) {
+      return x.ts_ns != y.ts_ns ? x.ts_ns < y.ts_ns : x.dur_ns > y.dur_ns;
+    });
+    out += fmt::format(",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{},\"tid\":{},\"args\":{{\"name\":\"thread {}\"}}}}",
+                       task_index_, b->tid, b->tid);
+    for (const auto& e : events) {
+      out += fmt::format(",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"{}\",\"pid\":{},\"tid\":{},\"ts\":{:.3f}",
+                         json_escape_(e.name), e.category, e.phase, task_index_, b->tid, e.ts_ns / 1000.0);
+      if (e.phase == 'X') out += fmt::format(",\"dur\":{:.3f}", e.dur_ns / 1000.0);
+      if (e.phase == 'i') out += ",\"s\":\"t\"";
+      if (e.phase == 'b' || e.phase == 'e') out += fmt::format(",\"id\":\"0x{:x}\"", e.id);
+      out += fmt::format(",\"args\":{{{}}}}}", e.has_call ? detail::call_args_json(e) : e.args);
+    }
+  }
+  out += "\n]}\n";
+  const std::string tmp = file_ + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) return;  // flushing must not throw into a failing collective; start() checked the place
+  const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+  if (std::fclose(f) == 0 && ok) std::rename(tmp.c_str(), file_.c_str());
+}
+
+DISTRIBUTE_DECL void TimelineSpan::record() noexcept {
+  try {
+    Timeline::instance().complete(name_, category_, start_, Timeline::now_ns(),
+                                  number_ >= 0 ? fmt::format("\"step\":{}", number_) : std::string());
+  } catch (...) {
+  }
+}
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 
 }  // namespace observe
 DISTRIBUTE_END_NAMESPACE

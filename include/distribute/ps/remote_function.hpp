@@ -529,6 +529,7 @@ DISTRIBUTE_END_NAMESPACE
 #define DISTRIBUTE_REMOTE_CONCAT_(a, b) a##b
 #define DISTRIBUTE_REMOTE_CONCAT(a, b) DISTRIBUTE_REMOTE_CONCAT_(a, b)
 /// Registers a function under its own name at start-up: DISTRIBUTE_REMOTE_FUNCTION(train_step);
+#undef DISTRIBUTE_REMOTE_FUNCTION  // the umbrella's stand-in, when it was included before without DISTRIBUTE_WITH_PS
 #define DISTRIBUTE_REMOTE_FUNCTION(fn)                                                               \
   [[maybe_unused]] static const bool DISTRIBUTE_REMOTE_CONCAT(distribute_remote_registered_, __LINE__) = \
       (::distribute::register_remote_function(#fn, &fn), true)

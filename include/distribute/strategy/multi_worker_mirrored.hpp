@@ -16,20 +16,26 @@
 
 #include <distribute/backends/host/host.hpp>
 #include <distribute/cluster/cluster_resolver.hpp>
-#include <distribute/cluster/tf_config.hpp>
 #include <distribute/collective/communication_options.hpp>
 #include <distribute/collective/multi_worker.hpp>
 #include <distribute/core/detail/cross_worker.hpp>
-#include <distribute/net/communicator.hpp>
 #include <distribute/net/mpi.hpp>
-#include <distribute/net/detail/address.hpp>
-#include <distribute/strategy/detail/observability.hpp>
 #include <distribute/strategy/detail/sync_strategy.hpp>
 #include <distribute/strategy/mirrored.hpp>
+
+// Connecting the workers (MultiWorkerSetup::connect): the TCP transport, the metrics server. With
+// separate compilation (version.hpp) only the library's own translation unit parses them.
+#if DISTRIBUTE_DETAIL_DEFINE
+#include <distribute/cluster/tf_config.hpp>
+#include <distribute/net/communicator.hpp>
+#include <distribute/net/detail/address.hpp>
+#include <distribute/strategy/detail/observability.hpp>
+#endif
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
+#if DISTRIBUTE_DETAIL_DEFINE
 /// net::Communicator seen as the strategy layer's CrossWorkerLink.
 class CommunicatorLink final : public CrossWorkerLink {
  public:
@@ -60,6 +66,9 @@ class CommunicatorLink final : public CrossWorkerLink {
  private:
   std::unique_ptr<net::Communicator> comm_;
 };
+#endif
+
+struct TaskMetrics;  // strategy/detail/observability.hpp
 
 /// Built before the strategy's SyncStrategy base (which needs the link): the resolver and, for
 /// a cluster of more than one worker, the communicator connected to every other worker.
@@ -68,6 +77,14 @@ struct MultiWorkerSetup {
   std::unique_ptr<TaskMetrics> metrics;  // before link: outlives the communicator that counts into it
   std::unique_ptr<CrossWorkerLink> link;
   CommunicationImplementation implementation = CommunicationImplementation::Ring;  // resolved: never Auto
+
+  MultiWorkerSetup();
+  MultiWorkerSetup(MultiWorkerSetup&&) noexcept;
+  MultiWorkerSetup& operator=(MultiWorkerSetup&&) noexcept;
+  ~MultiWorkerSetup();
+
+  /// The port metrics are served on, when they are on.
+  std::optional<std::uint16_t> metrics_port() const noexcept;
 
   /// AUTO is NCCL where the backend's cross-device ops span workers (ds::cuda compiled by nvcc
   /// with NCCL), RING otherwise; an explicit NCCL that cannot run is InvalidArgument.
@@ -107,88 +124,113 @@ struct MultiWorkerSetup {
 
   template <class Backend>
   static MultiWorkerSetup make(const CommunicationOptions& options, std::shared_ptr<ClusterResolver> resolver) {
-    const CommunicationImplementation implementation = resolve<Backend>(options.implementation);
-    if (!resolver && implementation != CommunicationImplementation::Mpi) resolver = std::make_shared<TFConfigClusterResolver>();
-    if (options.timeout_seconds && !(*options.timeout_seconds > 0)) {
-      throw InvalidArgument(fmt::format("MultiWorkerMirroredStrategy: timeout_seconds must be positive, got {}",
-                                        *options.timeout_seconds));
-    }
-    MultiWorkerSetup setup;
-    setup.implementation = implementation;
-    if (implementation == CommunicationImplementation::Mpi) return make_mpi(options, std::move(resolver), setup);
-    setup.resolver = resolver;
-    const ClusterSpec& spec = resolver->cluster_spec();
-    const std::string type = resolver->task_type();
-    const std::optional<int> metrics_port = metrics_port_setting(options);
-    if (spec.empty()) {  // a single-worker cluster: no communication
-      start_timeline(options, type.empty() ? "worker" : type, resolver->task_id());
-      return setup;
-    }
-    if (type != "chief" && type != "worker") {
-      throw ClusterConfigError(fmt::format(
-          "MultiWorkerMirroredStrategy runs on chief and worker tasks; this task is '{}' (task.type)", type));
-    }
-    // Ranks follow TF's id_in_cluster: the chief first, then the workers by index.
-    std::vector<std::string> addresses, names;
-    for (const char* job : {"chief", "worker"}) {
-      if (!spec.has_job(job)) continue;
-      for (int index = 0; index < spec.num_tasks(job); ++index) {
-        addresses.push_back(spec.task_address(job, index));
-        names.push_back(fmt::format("{}:{}", job, index));
-      }
-    }
-    start_timeline(options, type, resolver->task_id());
-    if (addresses.size() <= 1) return setup;
-    net::CommunicatorOptions comm_options;
-    if (metrics_port) {
-      const int rank = resolver->id_in_cluster();
-      const auto own = net::detail::parse_host_port(addresses[static_cast<std::size_t>(rank)]);
-      setup.metrics = TaskMetrics::start(type, resolver->task_id(), own.host, *metrics_port, rank);
-      comm_options.metrics = setup.metrics->collectives;
-    }
-    comm_options.cluster_token = options.cluster_token;  // unset: net/ reads DISTRIBUTE_CLUSTER_TOKEN
-    if (options.loopback_congestion_control) comm_options.loopback_congestion_control = *options.loopback_congestion_control;
-    if (options.shared_memory_min_bytes) comm_options.shared_memory_min_bytes = *options.shared_memory_min_bytes;
-    if (options.timeout_seconds) {
-      comm_options.operation_timeout =
-          std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
-    }
-    setup.link = std::make_unique<CommunicatorLink>(std::make_unique<net::Communicator>(
-        std::move(addresses), resolver->id_in_cluster(), comm_options, std::move(names)));
-    return setup;
+    return connect(options, std::move(resolver), resolve<Backend>(options.implementation));
   }
+
+  /// The resolver (TF_CONFIG's by default) and, for a cluster of more than one worker, the link to
+  /// every other worker: what make() does once the implementation is resolved.
+  static MultiWorkerSetup connect(const CommunicationOptions& options, std::shared_ptr<ClusterResolver> resolver,
+                                  CommunicationImplementation implementation);
 
   /// MPI: the workers are MPI_COMM_WORLD's ranks. Without a resolver the cluster is read from MPI
   /// (every rank a worker, named by its host); a resolver given must agree with MPI on the
   /// number of workers and this one's index.
   static MultiWorkerSetup make_mpi(const CommunicationOptions& options, std::shared_ptr<ClusterResolver> resolver,
-                                   MultiWorkerSetup& setup) {
-    net::MpiLinkOptions mpi_options;
-    if (options.timeout_seconds) {
-      mpi_options.operation_timeout =
-          std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
-    }
-    auto link = net::mpi_link_factory()(mpi_options);
-    const int size = link->num_workers(), rank = link->worker_index();
-    if (resolver) {
-      if (resolver->worker_count() != size || resolver->id_in_cluster() != rank) {
-        throw ClusterConfigError(fmt::format(
-            "MultiWorkerMirroredStrategy (MPI): the cluster resolver says worker {} of {}, MPI says rank {} of {}",
-            resolver->id_in_cluster(), resolver->worker_count(), rank, size));
-      }
-    } else if (size > 1) {
-      std::vector<std::string> workers;
-      for (int w = 0; w < size; ++w) workers.push_back(fmt::format("mpi-rank-{}:1", w));  // MPI has the addresses
-      resolver = std::make_shared<SimpleClusterResolver>(ClusterSpec({{"worker", workers}}), "worker", rank, "mpi");
-    } else {
-      resolver = std::make_shared<SimpleClusterResolver>(ClusterSpec(), "worker", 0, "mpi");
-    }
-    setup.resolver = std::move(resolver);
-    start_timeline(options, "worker", rank);
-    if (size > 1) setup.link = std::move(link);
-    return std::move(setup);
-  }
+                                   MultiWorkerSetup& setup);
 };
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL MultiWorkerSetup::MultiWorkerSetup() = default;
+DISTRIBUTE_DECL MultiWorkerSetup::MultiWorkerSetup(MultiWorkerSetup&&) noexcept = default;
+DISTRIBUTE_DECL MultiWorkerSetup& MultiWorkerSetup::operator=(MultiWorkerSetup&&) noexcept = default;
+DISTRIBUTE_DECL MultiWorkerSetup::~MultiWorkerSetup() = default;
+
+DISTRIBUTE_DECL std::optional<std::uint16_t> MultiWorkerSetup::metrics_port() const noexcept {
+  return metrics ? std::optional<std::uint16_t>(metrics->server->port()) : std::nullopt;
+}
+
+DISTRIBUTE_DECL MultiWorkerSetup MultiWorkerSetup::connect(const CommunicationOptions& options,
+                                                          std::shared_ptr<ClusterResolver> resolver,
+                                                          CommunicationImplementation implementation) {
+  if (!resolver && implementation != CommunicationImplementation::Mpi) resolver = std::make_shared<TFConfigClusterResolver>();
+  if (options.timeout_seconds && !(*options.timeout_seconds > 0)) {
+    throw InvalidArgument(fmt::format("MultiWorkerMirroredStrategy: timeout_seconds must be positive, got {}",
+                                      *options.timeout_seconds));
+  }
+  MultiWorkerSetup setup;
+  setup.implementation = implementation;
+  if (implementation == CommunicationImplementation::Mpi) return make_mpi(options, std::move(resolver), setup);
+  setup.resolver = resolver;
+  const ClusterSpec& spec = resolver->cluster_spec();
+  const std::string type = resolver->task_type();
+  const std::optional<int> metrics_port = metrics_port_setting(options);
+  if (spec.empty()) {  // a single-worker cluster: no communication
+    start_timeline(options, type.empty() ? "worker" : type, resolver->task_id());
+    return setup;
+  }
+  if (type != "chief" && type != "worker") {
+    throw ClusterConfigError(fmt::format(
+        "MultiWorkerMirroredStrategy runs on chief and worker tasks; this task is '{}' (task.type)", type));
+  }
+  // Ranks follow TF's id_in_cluster: the chief first, then the workers by index.
+  std::vector<std::string> addresses, names;
+  for (const char* job : {"chief", "worker"}) {
+    if (!spec.has_job(job)) continue;
+    for (int index = 0; index < spec.num_tasks(job); ++index) {
+      addresses.push_back(spec.task_address(job, index));
+      names.push_back(fmt::format("{}:{}", job, index));
+    }
+  }
+  start_timeline(options, type, resolver->task_id());
+  if (addresses.size() <= 1) return setup;
+  net::CommunicatorOptions comm_options;
+  if (metrics_port) {
+    const int rank = resolver->id_in_cluster();
+    const auto own = net::detail::parse_host_port(addresses[static_cast<std::size_t>(rank)]);
+    setup.metrics = TaskMetrics::start(type, resolver->task_id(), own.host, *metrics_port, rank);
+    comm_options.metrics = setup.metrics->collectives;
+  }
+  comm_options.cluster_token = options.cluster_token;  // unset: net/ reads DISTRIBUTE_CLUSTER_TOKEN
+  if (options.loopback_congestion_control) comm_options.loopback_congestion_control = *options.loopback_congestion_control;
+  if (options.shared_memory_min_bytes) comm_options.shared_memory_min_bytes = *options.shared_memory_min_bytes;
+  if (options.timeout_seconds) {
+    comm_options.operation_timeout =
+        std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
+  }
+  setup.link = std::make_unique<CommunicatorLink>(std::make_unique<net::Communicator>(
+      std::move(addresses), resolver->id_in_cluster(), comm_options, std::move(names)));
+  return setup;
+}
+
+DISTRIBUTE_DECL MultiWorkerSetup MultiWorkerSetup::make_mpi(const CommunicationOptions& options,
+                                                           std::shared_ptr<ClusterResolver> resolver,
+                                                           MultiWorkerSetup& setup) {
+  net::MpiLinkOptions mpi_options;
+  if (options.timeout_seconds) {
+    mpi_options.operation_timeout =
+        std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
+  }
+  auto link = net::mpi_link_factory()(mpi_options);
+  const int size = link->num_workers(), rank = link->worker_index();
+  if (resolver) {
+    if (resolver->worker_count() != size || resolver->id_in_cluster() != rank) {
+      throw ClusterConfigError(fmt::format(
+          "MultiWorkerMirroredStrategy (MPI): the cluster resolver says worker {} of {}, MPI says rank {} of {}",
+          resolver->id_in_cluster(), resolver->worker_count(), rank, size));
+    }
+  } else if (size > 1) {
+    std::vector<std::string> workers;
+    for (int w = 0; w < size; ++w) workers.push_back(fmt::format("mpi-rank-{}:1", w));  // MPI has the addresses
+    resolver = std::make_shared<SimpleClusterResolver>(ClusterSpec({{"worker", workers}}), "worker", rank, "mpi");
+  } else {
+    resolver = std::make_shared<SimpleClusterResolver>(ClusterSpec(), "worker", 0, "mpi");
+  }
+  setup.resolver = std::move(resolver);
+  start_timeline(options, "worker", rank);
+  if (size > 1) setup.link = std::move(link);
+  return std::move(setup);
+}
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 
 }  // namespace detail
 
@@ -216,9 +258,7 @@ class MultiWorkerMirroredStrategy
   const ClusterResolver* cluster_resolver() const noexcept { return resolver.get(); }
   /// The port this task serves its metrics on (GET /metrics), when metrics are on
   /// (CommunicationOptions::metrics_port or DISTRIBUTE_METRICS_PORT, in a cluster of several workers).
-  std::optional<std::uint16_t> metrics_port() const noexcept {
-    return metrics ? std::optional<std::uint16_t>(metrics->server->port()) : std::nullopt;
-  }
+  std::optional<std::uint16_t> metrics_port() const noexcept { return detail::MultiWorkerSetup::metrics_port(); }
 
   /// True on the worker that writes checkpoints and summaries (the chief, else worker 0).
   bool is_chief() const { return this->worker_index() == 0; }

@@ -2,6 +2,7 @@
 // distribute::cluster (Boost.JSON, OpenSSL, ...) and nothing else, and run as a real 2-worker job
 // (TF_CONFIG per worker, DISTRIBUTE_CLUSTER_TOKEN set: the HMAC handshake runs). Every worker
 // all-reduces (its rank + 1): 1 + 2 = 3 with two workers, checked on each.
+#define DISTRIBUTE_WITH_MULTI_WORKER
 #include <distribute/distribute.hpp>
 
 #include <cstdio>

@@ -14,7 +14,13 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
-inline std::vector<std::string> host_devices(int count, const char* strategy) {
+/// "/cpu:0" .. "/cpu:count-1" as canonical device strings; count >= 1.
+DISTRIBUTE_DECL std::vector<std::string> host_devices(int count, const char* strategy);
+/// Parses a user's device list for the host backend: CPU devices of this process, no duplicates.
+DISTRIBUTE_DECL std::vector<std::string> host_devices(const std::vector<std::string>& names, const char* strategy);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL std::vector<std::string> host_devices(int count, const char* strategy) {
   if (count < 1) {
     throw InvalidArgument(fmt::format("{}: the number of replicas must be at least 1, got {}", strategy, count));
   }
@@ -23,8 +29,7 @@ inline std::vector<std::string> host_devices(int count, const char* strategy) {
   return out;
 }
 
-/// Parses a user's device list for the host backend: CPU devices of this process, no duplicates.
-inline std::vector<std::string> host_devices(const std::vector<std::string>& names, const char* strategy) {
+DISTRIBUTE_DECL std::vector<std::string> host_devices(const std::vector<std::string>& names, const char* strategy) {
   if (names.empty()) throw InvalidArgument(fmt::format("{}: the device list is empty", strategy));
   std::vector<std::string> out;
   std::set<std::string> seen;
@@ -54,6 +59,7 @@ inline std::vector<std::string> host_devices(const std::vector<std::string>& nam
   return out;
 }
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 }  // namespace detail
 
 /// Backend tag: replicas are threads of this process on logical CPU devices. A backend tag

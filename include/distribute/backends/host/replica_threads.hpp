@@ -37,28 +37,10 @@ class HostReplicaThreads {
  public:
   /// `caller_runs_first`: replica 0 runs on the thread that calls run_all (one hand-off fewer
   /// per step); the others, and all of them otherwise, on threads of their own.
-  HostReplicaThreads(int count, std::function<void(int)> on_start, bool caller_runs_first = false)
-      : count_(count), first_(caller_runs_first ? 1 : 0), spin_limit_(ReplicaGroup::spin_budget(count)) {
-    threads_.reserve(static_cast<std::size_t>(count));
-    for (int i = first_; i < count; ++i) {
-      threads_.emplace_back([this, i, on_start] {
-        if (on_start) on_start(i);
-        loop(i);
-      });
-#if defined(__linux__)
-      pthread_setname_np(threads_.back().native_handle(), ("ds-replica-" + std::to_string(i)).substr(0, 15).c_str());
-#endif
-    }
-  }
+  HostReplicaThreads(int count, std::function<void(int)> on_start, bool caller_runs_first = false);
   HostReplicaThreads(const HostReplicaThreads&) = delete;
   HostReplicaThreads& operator=(const HostReplicaThreads&) = delete;
-
-  ~HostReplicaThreads() {
-    stopping_.store(true, std::memory_order_release);
-    epoch_.fetch_add(1, std::memory_order_acq_rel);
-    epoch_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
+  ~HostReplicaThreads();
 
   int size() const noexcept { return count_; }
 
@@ -86,28 +68,7 @@ class HostReplicaThreads {
   }
 
  private:
-  void loop(int replica) {
-    std::uint32_t seen = 0;
-    for (;;) {
-      unsigned spins = 0;
-      std::uint32_t e;
-      while ((e = epoch_.load(std::memory_order_acquire)) == seen) {
-        if (spins < spin_limit_) {
-          ++spins;
-          cpu_relax();
-        } else if (spins < spin_limit_ + ReplicaGroup::kYields) {
-          ++spins;
-          std::this_thread::yield();
-        } else {
-          epoch_.wait(seen, std::memory_order_acquire);
-        }
-      }
-      seen = e;
-      if (stopping_.load(std::memory_order_acquire)) return;
-      (*job_)(replica);
-      if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) remaining_.notify_all();
-    }
-  }
+  void loop(int replica);
 
   const int count_;
   const int first_;
@@ -118,6 +79,53 @@ class HostReplicaThreads {
   alignas(64) std::atomic<int> remaining_{0};
   std::atomic<bool> stopping_{false};
 };
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL HostReplicaThreads::HostReplicaThreads(int count, std::function<void(int)> on_start,
+                                                       bool caller_runs_first)
+    : count_(count), first_(caller_runs_first ? 1 : 0), spin_limit_(ReplicaGroup::spin_budget(count)) {
+  threads_.reserve(static_cast<std::size_t>(count));
+  for (int i = first_; i < count; ++i) {
+    threads_.emplace_back([this, i, on_start] {
+      if (on_start) on_start(i);
+      loop(i);
+    });
+#if defined(__linux__)
+    pthread_setname_np(threads_.back().native_handle(), ("ds-replica-" + std::to_string(i)).substr(0, 15).c_str());
+#endif
+  }
+}
+
+DISTRIBUTE_DECL HostReplicaThreads::~HostReplicaThreads() {
+  stopping_.store(true, std::memory_order_release);
+  epoch_.fetch_add(1, std::memory_order_acq_rel);
+  epoch_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+DISTRIBUTE_DECL void HostReplicaThreads::loop(int replica) {
+  std::uint32_t seen = 0;
+  for (;;) {
+    unsigned spins = 0;
+    std::uint32_t e;
+    while ((e = epoch_.load(std::memory_order_acquire)) == seen) {
+      if (spins < spin_limit_) {
+        ++spins;
+        cpu_relax();
+      } else if (spins < spin_limit_ + ReplicaGroup::kYields) {
+        ++spins;
+        std::this_thread::yield();
+      } else {
+        epoch_.wait(seen, std::memory_order_acquire);
+      }
+    }
+    seen = e;
+    if (stopping_.load(std::memory_order_acquire)) return;
+    (*job_)(replica);
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) remaining_.notify_all();
+  }
+}
+#endif
 
 }  // namespace detail
 

@@ -26,6 +26,10 @@ inline bool any_in_device_memory(std::span<const BufferRef> buffers) noexcept {
   return false;
 }
 
+/// `inner` wrapped so that device buffers travel through host copies.
+DISTRIBUTE_DECL std::unique_ptr<ReplicaCollectives> with_device_staging(std::unique_ptr<ReplicaCollectives> inner);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // reached through with_device_staging (version.hpp: separate compilation)
 /// Host copies of a call's buffers: device buffers are copied in on construction and out by
 /// copy_back(); host buffers are used in place.
 class HostStaging {
@@ -133,9 +137,10 @@ class DeviceStagingCollectives final : public ReplicaCollectives {
   std::unique_ptr<ReplicaCollectives> inner_;
 };
 
-inline std::unique_ptr<ReplicaCollectives> with_device_staging(std::unique_ptr<ReplicaCollectives> inner) {
+DISTRIBUTE_DECL std::unique_ptr<ReplicaCollectives> with_device_staging(std::unique_ptr<ReplicaCollectives> inner) {
   return std::make_unique<DeviceStagingCollectives>(std::move(inner));
 }
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 
 /// The collectives of policy `Ops`, wrapped for device buffers unless Ops handles them itself.
 template <class Ops>

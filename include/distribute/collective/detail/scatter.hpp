@@ -30,7 +30,19 @@ struct AllToAllSide {
 
 /// Throws the same InvalidArgument on every replica (each checks the same table) unless the
 /// sides form one all_to_all over `n` replicas.
-inline void check_all_to_all(const std::vector<AllToAllSide>& sides, int n) {
+DISTRIBUTE_DECL void check_all_to_all(const std::vector<AllToAllSide>& sides, int n);
+/// The side a published call describes.
+DISTRIBUTE_DECL AllToAllSide side_of(const CollectiveCall& c);
+/// The local replicas' sides as bytes for the workers' all_gather, and back. Layout per side:
+/// u8 split, u8 device, u32 pieces, then per piece u8 dtype, u32 rank, i64 dims.
+DISTRIBUTE_DECL void encode_sides(const std::vector<AllToAllSide>& sides, std::vector<std::byte>& out);
+DISTRIBUTE_DECL std::vector<AllToAllSide> decode_sides(std::span<const std::byte> in, std::size_t count);
+/// Every replica's side across the workers, by replica_id_in_sync_group: replica 0 of each
+/// worker gathers the local sides over `link` (worker w's local replica i is w * local + i).
+DISTRIBUTE_DECL std::vector<AllToAllSide> gather_sides(CrossWorkerLink& link, const ReplicaGroup& group);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL void check_all_to_all(const std::vector<AllToAllSide>& sides, int n) {
   for (std::size_t g = 0; g < sides.size(); ++g) {
     if (sides[g].shapes.size() != static_cast<std::size_t>(n)) {
       throw InvalidArgument(fmt::format("all_to_all: replica {} passed {} values but there are {} replicas in sync; "
@@ -66,8 +78,7 @@ inline void check_all_to_all(const std::vector<AllToAllSide>& sides, int n) {
   }
 }
 
-/// The side a published call describes.
-inline AllToAllSide side_of(const CollectiveCall& c) {
+DISTRIBUTE_DECL AllToAllSide side_of(const CollectiveCall& c) {
   AllToAllSide s;
   s.split = c.axis == 1;
   s.device = !c.buffers.empty();
@@ -79,9 +90,7 @@ inline AllToAllSide side_of(const CollectiveCall& c) {
   return s;
 }
 
-/// The local replicas' sides as bytes for the workers' all_gather, and back. Layout per side:
-/// u8 split, u8 device, u32 pieces, then per piece u8 dtype, u32 rank, i64 dims.
-inline void encode_sides(const std::vector<AllToAllSide>& sides, std::vector<std::byte>& out) {
+DISTRIBUTE_DECL void encode_sides(const std::vector<AllToAllSide>& sides, std::vector<std::byte>& out) {
   auto put = [&](const void* p, std::size_t n) {
     const auto* b = static_cast<const std::byte*>(p);
     out.insert(out.end(), b, b + n);
@@ -102,7 +111,7 @@ inline void encode_sides(const std::vector<AllToAllSide>& sides, std::vector<std
   }
 }
 
-inline std::vector<AllToAllSide> decode_sides(std::span<const std::byte> in, std::size_t count) {
+DISTRIBUTE_DECL std::vector<AllToAllSide> decode_sides(std::span<const std::byte> in, std::size_t count) {
   std::size_t at = 0;
   auto get = [&](void* p, std::size_t n) {
     if (at + n > in.size()) throw PeerFailure("all_to_all: a worker's description of its values is truncated");
@@ -133,9 +142,7 @@ inline std::vector<AllToAllSide> decode_sides(std::span<const std::byte> in, std
   return sides;
 }
 
-/// Every replica's side across the workers, by replica_id_in_sync_group: replica 0 of each
-/// worker gathers the local sides over `link` (worker w's local replica i is w * local + i).
-inline std::vector<AllToAllSide> gather_sides(CrossWorkerLink& link, const ReplicaGroup& group) {
+DISTRIBUTE_DECL std::vector<AllToAllSide> gather_sides(CrossWorkerLink& link, const ReplicaGroup& group) {
   std::vector<AllToAllSide> local;
   for (int r = 0; r < group.size(); ++r) local.push_back(side_of(group.slot(r)));
   std::vector<std::byte> mine, all;
@@ -152,5 +159,6 @@ inline std::vector<AllToAllSide> gather_sides(CrossWorkerLink& link, const Repli
   return sides;
 }
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE

@@ -49,7 +49,10 @@ inline void check_outputs_apart(const ReplicaGroup& group, std::size_t i) {
   }
 }
 
-inline void validate_same_call(const ReplicaGroup& group) {
+DISTRIBUTE_DECL void validate_same_call(const ReplicaGroup& group);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL void validate_same_call(const ReplicaGroup& group) {
   const CollectiveCall& c0 = group.slot(0);
   const CollectiveKind kind = c0.kind;
   for (int r = 1; r < group.size(); ++r) {
@@ -136,6 +139,7 @@ inline void validate_same_call(const ReplicaGroup& group) {
   }
 }
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 /// Publishes `call`, waits for every replica, checks the calls agree, then runs each phase on
 /// every replica with a barrier after each (a phase may read what earlier phases wrote on any
 /// replica). The final barrier keeps every published buffer alive until all readers are done.

@@ -72,49 +72,14 @@ class AsyncQueue {
   explicit AsyncQueue(std::function<void()> on_start = {}) : on_start_(std::move(on_start)) {}
   AsyncQueue(const AsyncQueue&) = delete;
   AsyncQueue& operator=(const AsyncQueue&) = delete;
-  ~AsyncQueue() {
-    {
-      std::lock_guard lk(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
+  ~AsyncQueue();
 
   /// Queues `job` behind the collectives started before it; the thread starts on first use.
-  std::shared_ptr<AsyncCompletion> submit(std::function<void()> job) {
-    auto completion = std::make_shared<AsyncCompletion>();
-    {
-      std::lock_guard lk(mu_);
-      if (!thread_.joinable()) {
-        thread_ = std::thread([this] { loop(); });
-#if defined(__linux__)
-        pthread_setname_np(thread_.native_handle(), "ds-async");
-#endif
-      }
-      jobs_.push_back(Job{std::move(job), completion});
-      started_.push_back(completion);
-      ++pending_;
-    }
-    cv_.notify_all();
-    return completion;
-  }
+  std::shared_ptr<AsyncCompletion> submit(std::function<void()> job);
 
   /// Waits until every collective started so far has completed, then forgets them; rethrows the
   /// first error that no wait() has seen. A later collective starts with a clean slate.
-  void drain() {
-    std::vector<std::shared_ptr<AsyncCompletion>> started;
-    {
-      std::unique_lock lk(mu_);
-      if (started_.empty()) return;
-      idle_.wait(lk, [&] { return pending_ == 0; });
-      started.swap(started_);
-      failed_ = nullptr;
-    }
-    for (const auto& c : started) {
-      if (auto e = c->unobserved_error()) std::rethrow_exception(e);
-    }
-  }
+  void drain();
 
  private:
   struct Job {
@@ -122,32 +87,7 @@ class AsyncQueue {
     std::shared_ptr<AsyncCompletion> completion;
   };
 
-  void loop() {
-    if (on_start_) on_start_();
-    std::unique_lock lk(mu_);
-    for (;;) {
-      cv_.wait(lk, [&] { return stopping_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;  // stopping, nothing left
-      Job job = std::move(jobs_.front());
-      jobs_.pop_front();
-      std::exception_ptr error = failed_;
-      lk.unlock();
-      if (!error) {
-        try {
-          job.run();
-        } catch (...) {
-          error = std::current_exception();
-        }
-      }
-      job.run = nullptr;  // the job's values are released before its completion is seen
-      lk.lock();
-      if (error && !failed_) failed_ = error;
-      lk.unlock();
-      job.completion->complete(error);
-      lk.lock();
-      if (--pending_ == 0) idle_.notify_all();
-    }
-  }
+  void loop();
 
   std::function<void()> on_start_;
   std::mutex mu_;
@@ -159,6 +99,76 @@ class AsyncQueue {
   bool stopping_ = false;
   std::thread thread_;
 };
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL AsyncQueue::~AsyncQueue() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+DISTRIBUTE_DECL std::shared_ptr<AsyncCompletion> AsyncQueue::submit(std::function<void()> job) {
+  auto completion = std::make_shared<AsyncCompletion>();
+  {
+    std::lock_guard lk(mu_);
+    if (!thread_.joinable()) {
+      thread_ = std::thread([this] { loop(); });
+#if defined(__linux__)
+      pthread_setname_np(thread_.native_handle(), "ds-async");
+#endif
+    }
+    jobs_.push_back(Job{std::move(job), completion});
+    started_.push_back(completion);
+    ++pending_;
+  }
+  cv_.notify_all();
+  return completion;
+}
+
+DISTRIBUTE_DECL void AsyncQueue::drain() {
+  std::vector<std::shared_ptr<AsyncCompletion>> started;
+  {
+    std::unique_lock lk(mu_);
+    if (started_.empty()) return;
+    idle_.wait(lk, [&] { return pending_ == 0; });
+    started.swap(started_);
+    failed_ = nullptr;
+  }
+  for (const auto& c : started) {
+    if (auto e = c->unobserved_error()) std::rethrow_exception(e);
+  }
+}
+
+DISTRIBUTE_DECL void AsyncQueue::loop() {
+  if (on_start_) on_start_();
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stopping_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;  // stopping, nothing left
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    std::exception_ptr error = failed_;
+    lk.unlock();
+    if (!error) {
+      try {
+        job.run();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    job.run = nullptr;  // the job's values are released before its completion is seen
+    lk.lock();
+    if (error && !failed_) failed_ = error;
+    lk.unlock();
+    job.completion->complete(error);
+    lk.lock();
+    if (--pending_ == 0) idle_.notify_all();
+  }
+}
+#endif
 
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE

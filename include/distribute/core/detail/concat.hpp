@@ -17,7 +17,24 @@ namespace detail {
 /// Checks that `parts` can be concatenated along `axis`: same dtype and rank, axis in
 /// [0, rank) (callers count a negative axis from the end first), equal dimensions except along
 /// axis. Names the offending parts' shapes.
-inline void check_concat(const std::vector<const BufferRef*>& parts, std::int64_t axis, const char* what) {
+DISTRIBUTE_DECL void check_concat(const std::vector<const BufferRef*>& parts, std::int64_t axis, const char* what);
+
+/// Writes the concatenation of `parts` along `axis` into allocate(result_shape).
+DISTRIBUTE_DECL void concat_along_axis(const std::vector<const BufferRef*>& parts, std::size_t axis,
+                                       const std::function<void*(const Shape&)>& allocate);
+
+/// The concatenation along `axis` of every worker's `local` buffer (already this worker's
+/// concatenation), in worker order. Shapes travel with the bytes so each worker can check
+/// that the others' agree except along `axis`; on a mismatch every worker throws the same error.
+struct GatheredBytes {
+  std::vector<std::byte> data;
+  Shape shape;
+};
+DISTRIBUTE_DECL GatheredBytes gather_across_workers(CrossWorkerLink& link, const BufferRef& local, std::size_t axis,
+                                                    const char* what);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL void check_concat(const std::vector<const BufferRef*>& parts, std::int64_t axis, const char* what) {
   const BufferRef& first = *parts.front();
   const auto rank = static_cast<std::int64_t>(first.shape.size());
   if (axis < 0 || axis >= rank) {
@@ -39,9 +56,8 @@ inline void check_concat(const std::vector<const BufferRef*>& parts, std::int64_
   }
 }
 
-/// Writes the concatenation of `parts` along `axis` into allocate(result_shape).
-inline void concat_along_axis(const std::vector<const BufferRef*>& parts, std::size_t axis,
-                              const std::function<void*(const Shape&)>& allocate) {
+DISTRIBUTE_DECL void concat_along_axis(const std::vector<const BufferRef*>& parts, std::size_t axis,
+                                       const std::function<void*(const Shape&)>& allocate) {
   Shape out_shape = parts.front()->shape;
   out_shape[axis] = 0;
   for (auto* p : parts) out_shape[axis] += p->shape[axis];
@@ -60,15 +76,8 @@ inline void concat_along_axis(const std::vector<const BufferRef*>& parts, std::s
   }
 }
 
-/// The concatenation along `axis` of every worker's `local` buffer (already this worker's
-/// concatenation), in worker order. Shapes travel with the bytes so each worker can check
-/// that the others' agree except along `axis`; on a mismatch every worker throws the same error.
-struct GatheredBytes {
-  std::vector<std::byte> data;
-  Shape shape;
-};
-inline GatheredBytes gather_across_workers(CrossWorkerLink& link, const BufferRef& local, std::size_t axis,
-                                           const char* what) {
+DISTRIBUTE_DECL GatheredBytes gather_across_workers(CrossWorkerLink& link, const BufferRef& local, std::size_t axis,
+                                                    const char* what) {
   std::vector<std::byte> mine((1 + local.shape.size()) * sizeof(std::int64_t) + local.bytes());
   const auto rank = static_cast<std::int64_t>(local.shape.size());
   std::memcpy(mine.data(), &rank, sizeof rank);
@@ -102,5 +111,6 @@ inline GatheredBytes gather_across_workers(CrossWorkerLink& link, const BufferRe
   return out;
 }
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE

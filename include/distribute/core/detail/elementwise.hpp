@@ -157,12 +157,18 @@ void reduce_many(T* dst, std::span<const void* const> srcs, std::size_t n, Reduc
   }
 }
 
+[[noreturn]] DISTRIBUTE_DECL void throw_mean_of_bool(const char* where);
+
 /// Mean of booleans has no meaning; every other op is defined for every element type.
 inline void check_op_for_dtype(ReduceOp op, DType dtype, const char* where) {
-  if (op == ReduceOp::Mean && dtype == DType::Bool) {
-    throw InvalidArgument(fmt::format("{}: MEAN is not defined for bool values", where));
-  }
+  if (op == ReduceOp::Mean && dtype == DType::Bool) throw_mean_of_bool(where);
 }
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL void throw_mean_of_bool(const char* where) {
+  throw InvalidArgument(fmt::format("{}: MEAN is not defined for bool values", where));
+}
+#endif
 
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE

@@ -25,28 +25,7 @@ class HostOperands {
   explicit HostOperands(const char* what) : what_(what) {}
 
   /// Adds a value's view; `i`-th added is buffers()[i]. write_back() leaves `read_only` ones alone.
-  void add(TensorView v, bool read_only = false) {
-    check_host(v);
-    if (!read_only && !v.strides.empty()) {
-      for (std::size_t d = 0; d < v.shape.size(); ++d) {
-        if (v.strides[d] == 0 && v.shape[d] > 1) {
-          throw InvalidArgument(fmt::format("{}: a {} value whose elements overlap (stride 0 along axis {}, as "
-                                            "torch's expand() makes) cannot be written; pass a contiguous copy",
-                                            what_, describe(v), d));
-        }
-      }
-    }
-    if (v.contiguous()) {
-      buffers_.push_back(BufferRef{v.data, v.dtype, std::move(v.shape)});
-      return;
-    }
-    BufferRef ref{nullptr, v.dtype, v.shape};
-    const std::size_t bytes = v.bytes();
-    auto& s = staged_.emplace_back(Staged{buffers_.size(), std::move(v), std::vector<std::byte>(bytes), read_only});
-    copy_to_contiguous(s.view, s.bytes.data());
-    ref.data = s.bytes.data();
-    buffers_.push_back(std::move(ref));
-  }
+  void add(TensorView v, bool read_only = false);
 
   /// Refuses a value in device memory (which only the device strategies' collectives take).
   void check_host(const TensorView& v) const {
@@ -104,6 +83,31 @@ class HostOperands {
   std::vector<BufferRef> buffers_;
   std::vector<Staged> staged_;
 };
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL void HostOperands::add(TensorView v, bool read_only) {
+  check_host(v);
+  if (!read_only && !v.strides.empty()) {
+    for (std::size_t d = 0; d < v.shape.size(); ++d) {
+      if (v.strides[d] == 0 && v.shape[d] > 1) {
+        throw InvalidArgument(fmt::format("{}: a {} value whose elements overlap (stride 0 along axis {}, as "
+                                          "torch's expand() makes) cannot be written; pass a contiguous copy",
+                                          what_, describe(v), d));
+      }
+    }
+  }
+  if (v.contiguous()) {
+    buffers_.push_back(BufferRef{v.data, v.dtype, std::move(v.shape)});
+    return;
+  }
+  BufferRef ref{nullptr, v.dtype, v.shape};
+  const std::size_t bytes = v.bytes();
+  auto& s = staged_.emplace_back(Staged{buffers_.size(), std::move(v), std::vector<std::byte>(bytes), read_only});
+  copy_to_contiguous(s.view, s.bytes.data());
+  ref.data = s.bytes.data();
+  buffers_.push_back(std::move(ref));
+}
+#endif
 
 /// A new value of G that a result is written into in row-major order: straight into its memory
 /// when that is row-major contiguous, else into scratch copied into it by take().

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <distribute/core/detail/common_types.hpp>
 #include <distribute/core/detail/cross_worker.hpp>
 #include <distribute/core/detail/elementwise.hpp>
 #include <distribute/core/detail/host_operands.hpp>
@@ -79,6 +80,13 @@ U reduce_components(ReduceOp op, const std::vector<const U*>& parts, CrossWorker
     return result.take();
   }
 }
+
+#if DISTRIBUTE_DETAIL_INSTANTIATE  // compiled once with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+#define DISTRIBUTE_DETAIL_REDUCE_COMPONENTS(T) \
+  DISTRIBUTE_DETAIL_EXTERN template T reduce_components<T>(ReduceOp, const std::vector<const T*>&, CrossWorkerLink*);
+DISTRIBUTE_DETAIL_FOR_COMMON_VALUE_TYPES(DISTRIBUTE_DETAIL_REDUCE_COMPONENTS)
+#undef DISTRIBUTE_DETAIL_REDUCE_COMPONENTS
+#endif
 
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE

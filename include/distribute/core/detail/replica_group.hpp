@@ -170,17 +170,7 @@ class ReplicaGroup {
     return aborted_.load(std::memory_order_acquire) || first_finished_.load(std::memory_order_acquire) >= 0;
   }
 
-  void check_alive(int replica, CollectiveKind what) const {
-    if (aborted_.load(std::memory_order_acquire)) {
-      throw Cancelled(fmt::format("replica {} left {}: another replica of this step failed", replica, to_string(what)));
-    }
-    if (int f = first_finished_.load(std::memory_order_acquire); f >= 0) {
-      throw InvalidArgument(fmt::format(
-          "replica {} returned from its step function while replica {} waits in {}: every replica must issue the "
-          "same collectives in the same order",
-          f, replica, to_string(what)));
-    }
-  }
+  void check_alive(int replica, CollectiveKind what) const;  // below
 
   const int size_;
   std::vector<const CollectiveCall*> slots_;
@@ -225,6 +215,20 @@ class ReplicaCollectives {
     throw Unavailable("all_to_all: these cross-device ops do not implement it");
   }
 };
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL void ReplicaGroup::check_alive(int replica, CollectiveKind what) const {
+  if (aborted_.load(std::memory_order_acquire)) {
+    throw Cancelled(fmt::format("replica {} left {}: another replica of this step failed", replica, to_string(what)));
+  }
+  if (int f = first_finished_.load(std::memory_order_acquire); f >= 0) {
+    throw InvalidArgument(fmt::format(
+        "replica {} returned from its step function while replica {} waits in {}: every replica must issue the "
+        "same collectives in the same order",
+        f, replica, to_string(what)));
+  }
+}
+#endif
 
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE

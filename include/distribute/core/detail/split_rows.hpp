@@ -47,13 +47,17 @@ inline BufferRef part_of(const BufferRef& b, int n, int i) {
 }
 
 /// reduce_scatter and all_to_all cut along axis 0: a scalar has none.
-inline void check_has_axis0(const Shape& shape, const char* what) {
+DISTRIBUTE_DECL void check_has_axis0(const Shape& shape, const char* what);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL void check_has_axis0(const Shape& shape, const char* what) {
   if (shape.empty()) {
     throw InvalidArgument(fmt::format("{}: a scalar cannot be split across replicas; pass a value of rank >= 1 (split "
                                       "along axis 0)",
                                       what));
   }
 }
+#endif
 
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE

@@ -12,7 +12,10 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace detail {
 
-inline std::string type_name(const std::type_info& t) {
+DISTRIBUTE_DECL std::string type_name(const std::type_info& t);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL std::string type_name(const std::type_info& t) {
   int status = 0;
   char* p = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
   std::string out = (status == 0 && p) ? std::string(p) : std::string(t.name());
@@ -20,5 +23,6 @@ inline std::string type_name(const std::type_info& t) {
   return out;
 }
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <distribute/core/context.hpp>
+#include <distribute/core/detail/common_types.hpp>
 #include <distribute/core/detail/central_storage.hpp>
 #include <distribute/core/detail/mirrored_storage.hpp>
 #include <distribute/core/detail/plain_storage.hpp>
@@ -28,7 +29,10 @@ namespace detail {
 
 /// The options with TF's defaults filled in (AUTO is ON_WRITE; ON_READ variables are not
 /// trainable unless asked), checked against the variable's dtype.
-inline VariableSpec resolve_variable_spec(VariableOptions options, DType dtype) {
+DISTRIBUTE_DECL VariableSpec resolve_variable_spec(VariableOptions options, DType dtype);
+
+#if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+DISTRIBUTE_DECL VariableSpec resolve_variable_spec(VariableOptions options, DType dtype) {
   VariableSpec spec;
   spec.name = std::move(options.name);
   spec.aggregation = options.aggregation;
@@ -47,6 +51,7 @@ inline VariableSpec resolve_variable_spec(VariableOptions options, DType dtype) 
   return spec;
 }
 
+#endif  // DISTRIBUTE_DETAIL_DEFINE
 /// The storage for a new variable: plain outside any scope, else the one the current strategy's
 /// placement names.
 template <class T>
@@ -106,6 +111,13 @@ std::shared_ptr<VariableStorage<T>> attach_remote_storage(std::string name, T sh
   return std::make_shared<RemoteStorage<T>>(std::move(spec), std::move(placement), std::move(owner_name),
                                             std::move(shape_template));
 }
+
+#if DISTRIBUTE_DETAIL_INSTANTIATE  // compiled once with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+#define DISTRIBUTE_DETAIL_VARIABLE_STORAGE(T)                                                                \
+  DISTRIBUTE_DETAIL_EXTERN template std::shared_ptr<VariableStorage<T>> make_variable_storage<T>(T, VariableOptions);
+DISTRIBUTE_DETAIL_FOR_COMMON_VALUE_TYPES(DISTRIBUTE_DETAIL_VARIABLE_STORAGE)
+#undef DISTRIBUTE_DETAIL_VARIABLE_STORAGE
+#endif
 
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE

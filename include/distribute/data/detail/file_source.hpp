@@ -19,6 +19,7 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace data::detail {
 
+#if DISTRIBUTE_DETAIL_DEFINE  // used by from_text_files (version.hpp: separate compilation)
 /// One text file's lines, without their line ends ("\n" or "\r\n").
 class TextLineReader {
  public:
@@ -39,6 +40,7 @@ class TextLineReader {
   std::string path_;
   std::ifstream in_;
 };
+#endif
 
 /// The records of files i with i % file_shards == file_shard_index, file after file. A file is
 /// opened when the previous one is finished, so at most one is open at a time.

@@ -220,5 +220,16 @@ reduced_t<U> reduce_components_over(ReduceOp op, const std::vector<const U*>& pa
   }
 }
 
+#if DISTRIBUTE_DETAIL_INSTANTIATE  // compiled once with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
+#define DISTRIBUTE_DETAIL_REDUCE_ALONG(T)                                                                      \
+  DISTRIBUTE_DETAIL_EXTERN template reduced_t<T> reduce_components_along<T>(ReduceOp, const std::vector<const T*>&, \
+                                                                             std::int64_t, CrossWorkerLink*);     \
+  DISTRIBUTE_DETAIL_EXTERN template reduced_t<T> reduce_components_over<T>(ReduceOp, const std::vector<const T*>&,  \
+                                                                            std::span<const std::int64_t>,        \
+                                                                            CrossWorkerLink*);
+DISTRIBUTE_DETAIL_FOR_COMMON_VALUE_TYPES(DISTRIBUTE_DETAIL_REDUCE_ALONG)
+#undef DISTRIBUTE_DETAIL_REDUCE_ALONG
+#endif
+
 }  // namespace detail
 DISTRIBUTE_END_NAMESPACE
