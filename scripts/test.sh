@@ -26,6 +26,6 @@ if [ -f build/meson-private/coredata.dat ]; then
 else
   meson setup build "${setup_args[@]}"
 fi
-meson compile -C build
+bash scripts/compile.sh build   # meson compile, once more on g++ 12.2's spurious constraint error
 meson test -C build --print-errorlogs "$@"
 python3 tools/amalgamate.py --check
