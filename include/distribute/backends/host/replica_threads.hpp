@@ -51,19 +51,11 @@ class HostReplicaThreads {
     epoch_.fetch_add(1, std::memory_order_acq_rel);
     epoch_.notify_all();
     if (first_ == 1) job(0);
-    unsigned spins = 0;
+    SpinThenWait backoff(spin_limit_);
     for (;;) {
-      int left = remaining_.load(std::memory_order_acquire);
+      const int left = remaining_.load(std::memory_order_acquire);
       if (left == 0) break;
-      if (spins < spin_limit_) {
-        ++spins;
-        cpu_relax();
-      } else if (spins < spin_limit_ + ReplicaGroup::kYields) {
-        ++spins;
-        std::this_thread::yield();
-      } else {
-        remaining_.wait(left, std::memory_order_acquire);
-      }
+      backoff.pause(remaining_, left);
     }
   }
 
@@ -106,19 +98,9 @@ DISTRIBUTE_DECL HostReplicaThreads::~HostReplicaThreads() {
 DISTRIBUTE_DECL void HostReplicaThreads::loop(int replica) {
   std::uint32_t seen = 0;
   for (;;) {
-    unsigned spins = 0;
+    SpinThenWait backoff(spin_limit_);
     std::uint32_t e;
-    while ((e = epoch_.load(std::memory_order_acquire)) == seen) {
-      if (spins < spin_limit_) {
-        ++spins;
-        cpu_relax();
-      } else if (spins < spin_limit_ + ReplicaGroup::kYields) {
-        ++spins;
-        std::this_thread::yield();
-      } else {
-        epoch_.wait(seen, std::memory_order_acquire);
-      }
-    }
+    while ((e = epoch_.load(std::memory_order_acquire)) == seen) backoff.pause(epoch_, seen);
     seen = e;
     if (stopping_.load(std::memory_order_acquire)) return;
     (*job_)(replica);

@@ -18,7 +18,7 @@
 
 #include <fmt/format.h>
 
-#include <distribute/core/detail/cpu_relax.hpp>
+#include <distribute/core/detail/spin_wait.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/memory_space.hpp>
@@ -88,7 +88,6 @@ class ReplicaGroup {
   static unsigned spin_budget(int threads) noexcept {
     return static_cast<unsigned>(threads) + 1 <= std::max(1u, std::thread::hardware_concurrency()) ? 2000 : 16;
   }
-  static constexpr unsigned kYields = 16;
 
   int size() const noexcept { return size_; }
 
@@ -114,7 +113,7 @@ class ReplicaGroup {
       signal();
       return;
     }
-    unsigned spins = 0;
+    SpinThenWait backoff(spin_limit_);
     for (;;) {
       const auto s = events_.load(std::memory_order_acquire);
       if (generation_.load(std::memory_order_acquire) != gen) return;
@@ -124,15 +123,7 @@ class ReplicaGroup {
         if (generation_.load(std::memory_order_acquire) != gen) return;
         check_alive(replica, what);
       }
-      if (spins < spin_limit_) {
-        ++spins;
-        cpu_relax();
-      } else if (spins < spin_limit_ + kYields) {
-        ++spins;
-        std::this_thread::yield();
-      } else {
-        events_.wait(s, std::memory_order_acquire);
-      }
+      backoff.pause(events_, s);
     }
   }
 
