@@ -6,8 +6,9 @@ the compiler runs in well under a second per line. Every outcome the checker can
 a line that builds and runs, a program that exits non-zero, one that does not compile, arguments
 and -o, norun, the three reasons to skip (a missing -I directory, a library that does not link, a
 missing third-party header), a missing distribute header (a failure), and the errors in the
-convention (no source file, unmarked programs, a name marked twice, an unknown setting), and a
-program of two files.
+convention (no source file, unmarked programs, a name marked twice, an unknown setting), a
+program of two files, and a compiler that fails with "constraints not satisfied" once (the line is
+compiled again and passes, saying so) or every time (it fails).
 The checker's messages are compared with the expected text.
 
 Usage: test_check_compile_lines.py [--cxx g++]
@@ -113,8 +114,10 @@ SECOND = textwrap.dedent("""\
     """)
 
 
-def run_checker(*docs: Path) -> tuple[int, str]:
+def run_checker(*docs: Path, cxx: str | None = None) -> tuple[int, str]:
     cmd = [sys.executable, str(CHECKER), "--root", str(HERE.parent), "--jobs", "2"]
+    if cxx:
+        cmd += ["--cxx", cxx]
     for d in docs:
         cmd += ["--doc", str(d)]
     # The checker keeps its directory when a line fails: put it in the fixtures' directory.
@@ -207,6 +210,34 @@ class CompileLinesTest(unittest.TestCase):
         self.assertEqual(code, 0, out)
         self.assertIn("compile lines: 1 passed, 0 skipped, 0 failed", out)
 
+    def test_spurious_constraint_error_is_compiled_again_once(self) -> None:
+        base = Path(self.tmp.name)
+        doc = base / "flaky.md"
+        doc.write_text(f"<!-- file: f.cpp -->\n```cpp\nint main() {{}}\n```\n\n`{CXX} f.cpp`\n", encoding="utf-8")
+        # A compiler that fails with g++'s message the first FAILS times, then compiles.
+        def flaky(fails: int) -> str:
+            script = base / f"flaky_cxx_{fails}.sh"
+            count = base / f"flaky_cxx_{fails}.count"
+            script.write_text(textwrap.dedent(f"""\
+                #!/bin/sh
+                n=$(cat {count} 2>/dev/null || echo 0)
+                echo $((n + 1)) > {count}
+                if [ "$n" -lt {fails} ]; then
+                  echo "f.cpp:1:1: note: constraints not satisfied"
+                  exit 1
+                fi
+                exec {CXX} "$@"
+                """), encoding="utf-8")
+            script.chmod(0o755)
+            return str(script)
+        code, out = run_checker(doc, cxx=flaky(1))
+        self.assertEqual(code, 0, out)
+        self.assertIn("f.cpp built and ran: '' (the first try failed with g++'s 'constraints not satisfied'; "
+                      "the second built it)", out)
+        code, out = run_checker(doc, cxx=flaky(2))
+        self.assertEqual(code, 1, out)
+        self.assertIn("f.cpp does not build with this line:\n      f.cpp:1:1: note: constraints not satisfied", out)
+        self.assertEqual((base / "flaky_cxx_2.count").read_text().strip(), "2")  # tried twice, not more
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
