@@ -57,11 +57,10 @@ class AmalgamateError(Exception):
 class Amalgamator:
     def __init__(self, include_dir: Path) -> None:
         self.include_dir = include_dir
-        # header -> True once emitted unconditionally, False while only emitted under #if
-        self.emitted: dict[str, bool] = {}
         self.stack: list[str] = []
         # The conditional blocks open at this point of the output, innermost last (each branch
-        # of an #if/#else has its own number), and where each guarded copy of a header sits.
+        # of an #if/#else has its own number), and where each copy of a header sits: a copy at
+        # () was reached unconditionally.
         self.blocks: list[int] = []
         self.next_block = 0
         self.copies: dict[str, list[tuple[int, ...]]] = {}
@@ -77,28 +76,22 @@ class Amalgamator:
             raise AmalgamateError(f"cannot find <{header}>{where} under {self.include_dir}")
         return path.read_text(encoding="utf-8").splitlines()
 
-    def expand(self, header: str, conditional: bool, included_from: str | None) -> list[str]:
+    def expand(self, header: str, included_from: str | None) -> list[str]:
         """Returns the lines that replace `#include <header>`."""
         if header in self.stack:  # an include cycle: #pragma once would make it a no-op
-            return []
-        state = self.emitted.get(header)
-        if state is True:
             return []
         here = tuple(self.blocks)
         if any(here[: len(c)] == c for c in self.copies.get(header, [])):
             return []  # inside every block around an earlier copy: compiled whenever this would be
-        # state is None (first time) or False (so far only emitted under some #if, which
-        # may have been false): inline it here; the guard keeps it to one definition.
+        # Never inlined, or only inside blocks that may have been false: inline it here; the
+        # guard keeps it to one definition. The guard is no block of its own: a copy whose guard
+        # is skipped was compiled before, with everything it includes unconditionally.
         lines = self.read(header, included_from)
         guarded = header != UMBRELLA  # the umbrella may be included again (see above)
-        self.emitted[header] = not conditional
-        if guarded:
-            # Not a block of its own: a copy whose guard is skipped was compiled before, with
-            # everything it includes unconditionally.
-            self.copies.setdefault(header, []).append(here)
+        self.copies.setdefault(header, []).append(here)
         self.stack.append(header)
         try:
-            body = self.expand_lines(lines, header, conditional)
+            body = self.expand_lines(lines, header)
         finally:
             self.stack.pop()
         out = [f"// ---- begin <{header}> ----"]
@@ -111,7 +104,7 @@ class Amalgamator:
         out.append(f"// ---- end <{header}> ----")
         return out
 
-    def expand_lines(self, lines: list[str], header: str, conditional: bool) -> list[str]:
+    def expand_lines(self, lines: list[str], header: str) -> list[str]:
         out: list[str] = []
         depth = 0  # #if nesting inside this file
         for line in lines:
@@ -119,7 +112,7 @@ class Amalgamator:
                 continue
             m = INCLUDE_RE.match(line)
             if m:
-                out += self.expand(m.group(1), conditional or depth > 0, header)
+                out += self.expand(m.group(1), header)
                 continue
             if IF_RE.match(line):
                 depth += 1
@@ -163,7 +156,7 @@ def generate(root: Path) -> dict[Path, str]:
     include_dir = root / "include"
     version = read_version(include_dir)
     amalgamator = Amalgamator(include_dir)
-    body = amalgamator.expand(UMBRELLA, conditional=False, included_from=None)
+    body = amalgamator.expand(UMBRELLA, included_from=None)
     banner = [f"// distribute {version}: tf.distribute for C++, single-header edition."] + BANNER + [""]
     out = {OUTPUT: "\n".join(banner + body) + "\n"}
     beside = sorted((include_dir / "distribute" / "adapters").glob("*.hpp")) + [include_dir / "distribute" / "src.hpp"]
@@ -177,7 +170,7 @@ def generate(root: Path) -> dict[Path, str]:
                 lines.append(line)  # another adapter: written beside this one, included as it is
                 continue
             if m:
-                if m.group(1) not in amalgamator.emitted:
+                if m.group(1) not in amalgamator.copies:
                     raise AmalgamateError(f"<{rel}> includes <{m.group(1)}>, which the single header does not hold")
                 if not included:
                     lines.append(f"#include <{UMBRELLA}>")
