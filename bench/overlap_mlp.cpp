@@ -13,6 +13,7 @@
 // one host's workers on TCP; MW_SHM_MIN_BYTES, as bench/multiworker, does the same).
 #include <torch/torch.h>
 
+#define DISTRIBUTE_WITH_MULTI_WORKER
 #include <distribute/distribute.hpp>
 #include <distribute/adapters/torch.hpp>
 #include <distribute/adapters/torch_bucketer.hpp>
