@@ -1340,7 +1340,7 @@ namespace {
 
 /// A link to other worker processes that is never used: what a multi-worker strategy's placement
 /// tells about this worker (index and count) without a cluster.
-class FakeWorkerLink final : public ds::detail::CrossWorkerLink {
+class FakeWorkerLink final : public ds::core::CrossWorkerLink {
  public:
   FakeWorkerLink(int index, int count) : index_(index), count_(count) {}
   int num_workers() const noexcept override { return count_; }
@@ -1367,8 +1367,8 @@ class FakeMultiWorkerStrategy final : public ds::AnyStrategy {
   std::vector<std::string> worker_devices() const override {
     return {fmt::format("/job:worker/replica:0/task:{}/device:CPU:0", link_.worker_index())};
   }
-  ds::detail::VariablePlacement variable_placement() const override {
-    return {ds::detail::PlacementKind::Replicated, worker_devices(), num_replicas_in_sync(), id(), {},
+  ds::core::VariablePlacement variable_placement() const override {
+    return {ds::core::PlacementKind::Replicated, worker_devices(), num_replicas_in_sync(), id(), {},
             const_cast<FakeWorkerLink*>(&link_)};
   }
   [[nodiscard]] ds::ScopeGuard scope() { return ds::ScopeGuard(*this); }
