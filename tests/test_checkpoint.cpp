@@ -142,7 +142,7 @@ bool same_bytes(const void* a, const void* b, std::size_t n) { return n == 0 || 
 
 TEST_CASE("CRC-32 is the standard one (zlib.crc32)") {
   const std::string check = "123456789";
-  CHECK(st::detail::crc32(std::as_bytes(std::span(check.data(), check.size()))) == 0xCBF43926u);
+  CHECK(ds::checkpoint::detail::crc32(std::as_bytes(std::span(check.data(), check.size()))) == 0xCBF43926u);
 }
 
 TEST_CASE("safetensors round trip: every dtype, ranks 0 to 4, in a file and in memory") {
