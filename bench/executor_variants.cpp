@@ -1,5 +1,5 @@
 // Diagnostic, not a target: what a step's thread hand-off costs with the library's executor
-// (ds::detail::HostReplicaThreads) beside variants of it written here, to see where run()'s
+// (ds::backends::HostReplicaThreads) beside variants of it written here, to see where run()'s
 // time at 4 replicas on a 2-vCPU machine goes. Not run by run_benchmarks.py; see
 // docs/performance.md ("Diagnosis").
 //
@@ -28,8 +28,8 @@ namespace ds = distribute;
 
 namespace {
 
-std::unique_ptr<ds::detail::HostReplicaThreads> make_library_executor(int n) {
-  using T = ds::detail::HostReplicaThreads;
+std::unique_ptr<ds::backends::HostReplicaThreads> make_library_executor(int n) {
+  using T = ds::backends::HostReplicaThreads;
   if constexpr (std::is_constructible_v<T, int>) {
     return std::make_unique<T>(n);
   } else {
@@ -54,7 +54,7 @@ class CallerRunsFirst {
     for (auto& t : threads_) t.join();
   }
 
-  void run_all(const ds::detail::ReplicaJob& job) noexcept {
+  void run_all(const ds::backends::ReplicaJob& job) noexcept {
     job_ = &job;
     remaining_.store(count_ - 1, std::memory_order_relaxed);
     if (count_ > 1) {
@@ -68,7 +68,7 @@ class CallerRunsFirst {
       if (left == 0) break;
       if (spins < spin_limit_) {
         ++spins;
-        ds::detail::cpu_relax();
+        ds::core::cpu_relax();
       } else {
         remaining_.wait(left, std::memory_order_acquire);
       }
@@ -84,7 +84,7 @@ class CallerRunsFirst {
       while ((e = epoch_.load(std::memory_order_acquire)) == seen) {
         if (spins < spin_limit_) {
           ++spins;
-          ds::detail::cpu_relax();
+          ds::core::cpu_relax();
         } else {
           epoch_.wait(seen, std::memory_order_acquire);
         }
@@ -99,7 +99,7 @@ class CallerRunsFirst {
   const int count_;
   const unsigned spin_limit_;
   std::vector<std::thread> threads_;
-  const ds::detail::ReplicaJob* job_ = nullptr;
+  const ds::backends::ReplicaJob* job_ = nullptr;
   alignas(64) std::atomic<std::uint32_t> epoch_{0};
   alignas(64) std::atomic<int> remaining_{0};
   std::atomic<bool> stopping_{false};
@@ -108,7 +108,7 @@ class CallerRunsFirst {
 template <class Executor>
 void time_executor(benchmark::State& state, Executor& executor) {
   auto empty = [](int) {};
-  ds::detail::ReplicaJob job(empty);
+  ds::backends::ReplicaJob job(empty);
   for (int i = 0; i < 100; ++i) executor.run_all(job);
   bench::IterationTimes times(state);
   for (auto _ : state) {

@@ -5,7 +5,7 @@
 //   run/MirroredStrategy/replicas:{1,2,4}  1 runs inline; 2 and 4 wake the replica threads
 //
 // Diagnostic rows (to attribute the cost, not targets):
-//   executor/replicas:N     detail::HostReplicaThreads::run_all with an empty job: the bare
+//   executor/replicas:N     backends::HostReplicaThreads::run_all with an empty job: the bare
 //                           thread hand-off that run() sits on
 //   run_all_reduce_1f/replicas:N  a step doing one all_reduce of a 1-float vector: run() plus
 //                           the two barriers of one collective
@@ -45,8 +45,8 @@ void BM_RunEmpty(benchmark::State& state, CtorArgs... ctor_args) {
 }
 
 // The executor is a detail of the library whose constructor may change; accept both forms seen.
-std::unique_ptr<ds::detail::HostReplicaThreads> make_executor(int n) {
-  using T = ds::detail::HostReplicaThreads;
+std::unique_ptr<ds::backends::HostReplicaThreads> make_executor(int n) {
+  using T = ds::backends::HostReplicaThreads;
   if constexpr (std::is_constructible_v<T, int>) {
     return std::make_unique<T>(n);
   } else {
@@ -59,7 +59,7 @@ void BM_Executor(benchmark::State& state) {
   auto executor = make_executor(n);
   auto& threads = *executor;
   auto empty = [](int) {};
-  ds::detail::ReplicaJob job(empty);
+  ds::backends::ReplicaJob job(empty);
   for (int i = 0; i < 100; ++i) threads.run_all(job);
   bench::IterationTimes times(state);
   for (auto _ : state) {

@@ -142,7 +142,7 @@ bool same_bytes(const void* a, const void* b, std::size_t n) { return n == 0 || 
 
 TEST_CASE("CRC-32 is the standard one (zlib.crc32)") {
   const std::string check = "123456789";
-  CHECK(st::detail::crc32(std::as_bytes(std::span(check.data(), check.size()))) == 0xCBF43926u);
+  CHECK(ds::checkpoint::detail::crc32(std::as_bytes(std::span(check.data(), check.size()))) == 0xCBF43926u);
 }
 
 TEST_CASE("safetensors round trip: every dtype, ranks 0 to 4, in a file and in memory") {
@@ -1340,7 +1340,7 @@ namespace {
 
 /// A link to other worker processes that is never used: what a multi-worker strategy's placement
 /// tells about this worker (index and count) without a cluster.
-class FakeWorkerLink final : public ds::detail::CrossWorkerLink {
+class FakeWorkerLink final : public ds::core::CrossWorkerLink {
  public:
   FakeWorkerLink(int index, int count) : index_(index), count_(count) {}
   int num_workers() const noexcept override { return count_; }
@@ -1367,8 +1367,8 @@ class FakeMultiWorkerStrategy final : public ds::AnyStrategy {
   std::vector<std::string> worker_devices() const override {
     return {fmt::format("/job:worker/replica:0/task:{}/device:CPU:0", link_.worker_index())};
   }
-  ds::detail::VariablePlacement variable_placement() const override {
-    return {ds::detail::PlacementKind::Replicated, worker_devices(), num_replicas_in_sync(), id(), {},
+  ds::core::VariablePlacement variable_placement() const override {
+    return {ds::core::PlacementKind::Replicated, worker_devices(), num_replicas_in_sync(), id(), {},
             const_cast<FakeWorkerLink*>(&link_)};
   }
   [[nodiscard]] ds::ScopeGuard scope() { return ds::ScopeGuard(*this); }

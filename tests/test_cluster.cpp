@@ -2,7 +2,7 @@
 #define DISTRIBUTE_WITH_MULTI_WORKER
 #define DISTRIBUTE_WITH_NET
 #include <distribute/distribute.hpp>
-#include <distribute/net/detail/address.hpp>
+#include <distribute/net/address.hpp>
 
 #include <doctest/doctest.h>
 
@@ -939,7 +939,7 @@ TEST_CASE("every resolver refuses hosts over 253 bytes and IPv6 literals that ar
                          ds::ClusterConfigError);
   }
   // net/'s parser (the communicator's and the parameter server's addresses)
-  using ds::net::detail::parse_host_port;
+  using ds::net::parse_host_port;
   CHECK(parse_host_port(h253 + ":1").host == h253);
   CHECK(parse_host_port("[fe80::1%eth0]:1").host == "fe80::1%eth0");
   CHECK_THROWS_WITH_AS(parse_host_port("[a:1]:80"), "address '[a:1]:80': host 'a:1' is not an IPv6 address", ds::InvalidArgument);

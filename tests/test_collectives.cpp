@@ -505,21 +505,21 @@ TEST_CASE("packing follows TF's rule: reverse order, new pack after bytes_per_pa
   // Ten float32 values of 400 bytes each and bytes_per_pack 1000: packs of 3 values
   // (400, 800, 1200 > 1000 closes the pack), taken from the last value backwards.
   std::vector<std::vector<float>> storage(10, std::vector<float>(100));
-  std::vector<ds::detail::BufferRef> refs;
+  std::vector<ds::core::BufferRef> refs;
   for (auto& s : storage) refs.push_back({s.data(), ds::DType::F32, {100}});
-  auto packs = ds::detail::make_packs(refs, 1000);
+  auto packs = ds::collective::detail::make_packs(refs, 1000);
   REQUIRE(packs.size() == 4);
   CHECK(packs[0].members == std::vector<std::size_t>{9, 8, 7});
   CHECK(packs[1].members == std::vector<std::size_t>{6, 5, 4});
   CHECK(packs[3].members == std::vector<std::size_t>{0});
-  CHECK(ds::detail::make_packs(refs, 0).size() == 1);
+  CHECK(ds::collective::detail::make_packs(refs, 0).size() == 1);
 }
 
 TEST_CASE("200 tensors of mixed sizes and two element types pack, reduce and unpack in order") {
   std::mt19937 rng(3);
   std::vector<std::vector<float>> floats;
   std::vector<std::vector<std::int64_t>> ints;
-  std::vector<ds::detail::BufferRef> refs;
+  std::vector<ds::core::BufferRef> refs;
   for (int k = 0; k < 200; ++k) {
     const std::size_t n = rng() % 700;
     if (k % 3 == 0) {
@@ -538,16 +538,16 @@ TEST_CASE("200 tensors of mixed sizes and two element types pack, reduce and unp
   const auto before_floats = floats;
   const auto before_ints = ints;
   for (std::size_t bytes_per_pack : {std::size_t{0}, std::size_t{1024}, std::size_t{32 * 1024}}) {
-    auto packs = ds::detail::make_packs(refs, bytes_per_pack);
+    auto packs = ds::collective::detail::make_packs(refs, bytes_per_pack);
     std::size_t members = 0;
     for (const auto& p : packs) {
       members += p.members.size();
       for (auto k : p.members) CHECK(refs[k].dtype == p.dtype);  // never mixed
       std::vector<std::byte> flat(p.bytes());
-      ds::detail::pack_into(p, refs, flat.data());
+      ds::collective::detail::pack_into(p, refs, flat.data());
       // Scribble over the sources, then unpack: every value must come back exactly.
       for (auto k : p.members) std::memset(refs[k].data, 0xAB, refs[k].bytes());
-      ds::detail::unpack_from(p, refs, flat.data());
+      ds::collective::detail::unpack_from(p, refs, flat.data());
     }
     CHECK(members == 200);
     CHECK(floats == before_floats);

@@ -206,7 +206,7 @@ TEST_CASE("Sharded concatenates its shards along axis 0") {
 TEST_CASE_TEMPLATE("reduction kernels: every element, across block and tail boundaries", T, float, double, std::int32_t,
                    std::int64_t, std::int8_t, std::int16_t) {
 #if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
-  const std::string kernels = ds::detail::cpu_has_avx2() ? "used from 64 elements" : "not available on this CPU";
+  const std::string kernels = ds::core::detail::cpu_has_avx2() ? "used from 64 elements" : "not available on this CPU";
   MESSAGE("AVX2 kernels: ", kernels);
 #endif
   for (std::size_t n : {0, 1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 95, 96, 97, 100, 1000, 1023}) {
@@ -220,7 +220,7 @@ TEST_CASE_TEMPLATE("reduction kernels: every element, across block and tail boun
                             ds::ReduceOp::Product}) {
       CAPTURE(op);
       std::vector<T> acc = base;
-      ds::detail::combine(acc.data(), src.data(), n, op);
+      ds::core::combine(acc.data(), src.data(), n, op);
       for (std::size_t i = 0; i < n; ++i) {
         const T a = base[i], b = src[i];
         const T want = op == ds::ReduceOp::Min ? (b < a ? b : a)
@@ -231,7 +231,7 @@ TEST_CASE_TEMPLATE("reduction kernels: every element, across block and tail boun
       }
     }
     std::vector<T> quotient = base;
-    ds::detail::divide(quotient.data(), n, 4);
+    ds::core::divide(quotient.data(), n, 4);
     for (std::size_t i = 0; i < n; ++i) REQUIRE(quotient[i] == static_cast<T>(base[i] / static_cast<T>(4)));
   }
 }

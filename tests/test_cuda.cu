@@ -83,9 +83,9 @@ std::vector<T> host_all_reduce(int replicas, std::size_t size, ds::ReduceOp op) 
   std::vector<T> acc = input<T>(0, size);
   for (int r = 1; r < replicas; ++r) {
     const auto src = input<T>(r, size);
-    ds::detail::combine(acc.data(), src.data(), size, op);
+    ds::core::combine(acc.data(), src.data(), size, op);
   }
-  if (op == ds::ReduceOp::Mean) ds::detail::divide(acc.data(), size, replicas);
+  if (op == ds::ReduceOp::Mean) ds::core::divide(acc.data(), size, replicas);
   return acc;
 }
 
@@ -159,7 +159,7 @@ TEST_CASE("no_gpu: CentralStorageStrategy<ds::cuda> without a visible GPU is Una
 
 TEST_CASE("no_gpu: a failed CUDA call is a CudaError carrying CUDA's error name and text" *
           doctest::test_suite("no_gpu")) {
-  CHECK_NOTHROW(ds::detail::cuda_check(cudaSuccess, "cudaMemcpy"));
+  CHECK_NOTHROW(ds::backends::cuda_check(cudaSuccess, "cudaMemcpy"));
   auto message_of = [](auto&& fn) -> std::string {
     try {
       fn();
@@ -169,14 +169,14 @@ TEST_CASE("no_gpu: a failed CUDA call is a CudaError carrying CUDA's error name 
     return "(no CudaError)";
   };
   // The error code as given.
-  CHECK_THROWS_AS(ds::detail::cuda_check(cudaErrorInvalidValue, "cudaMemcpy"), ds::CudaError);
-  CHECK_THROWS_AS(ds::detail::cuda_check(cudaErrorInvalidValue, "cudaMemcpy"), ds::Error);  // the library's base
+  CHECK_THROWS_AS(ds::backends::cuda_check(cudaErrorInvalidValue, "cudaMemcpy"), ds::CudaError);
+  CHECK_THROWS_AS(ds::backends::cuda_check(cudaErrorInvalidValue, "cudaMemcpy"), ds::Error);  // the library's base
   try {
-    ds::detail::cuda_check(cudaErrorInvalidValue, "cudaMemcpy", "all_reduce");
+    ds::backends::cuda_check(cudaErrorInvalidValue, "cudaMemcpy", "all_reduce");
   } catch (const ds::CudaError& e) {
     CHECK(e.code() == static_cast<int>(cudaErrorInvalidValue));
   }
-  const std::string invalid = message_of([] { ds::detail::cuda_check(cudaErrorInvalidValue, "cudaMemcpy", "all_reduce"); });
+  const std::string invalid = message_of([] { ds::backends::cuda_check(cudaErrorInvalidValue, "cudaMemcpy", "all_reduce"); });
   CAPTURE(invalid);
   CHECK(invalid.find("cudaMemcpy") != std::string::npos);
   CHECK(invalid.find("all_reduce") != std::string::npos);
@@ -189,7 +189,7 @@ TEST_CASE("no_gpu: a failed CUDA call is a CudaError carrying CUDA's error name 
   // A real failing call (no such device on any machine): its code and CUDA's text come through.
   const cudaError_t e = cudaSetDevice(4096);
   REQUIRE(e != cudaSuccess);
-  const std::string real = message_of([&] { ds::detail::cuda_check(e, "cudaSetDevice"); });
+  const std::string real = message_of([&] { ds::backends::cuda_check(e, "cudaSetDevice"); });
   CAPTURE(real);
   CHECK(real.find("cudaSetDevice") != std::string::npos);
   CHECK(real.find(cudaGetErrorName(e)) != std::string::npos);
@@ -199,17 +199,17 @@ TEST_CASE("no_gpu: a failed CUDA call is a CudaError carrying CUDA's error name 
 
 #if DISTRIBUTE_HAS_NCCL
 TEST_CASE("no_gpu: a failed NCCL call is an NcclError carrying NCCL's error text" * doctest::test_suite("no_gpu")) {
-  CHECK_NOTHROW(ds::detail::nccl_check(ncclSuccess, "ncclAllReduce"));
+  CHECK_NOTHROW(ds::collective::detail::nccl_check(ncclSuccess, "ncclAllReduce"));
   auto message_of = [](ncclResult_t r, const char* call) -> std::string {
     try {
-      ds::detail::nccl_check(r, call);
+      ds::collective::detail::nccl_check(r, call);
     } catch (const ds::NcclError& e) {
       CHECK(e.code() == static_cast<int>(r));
       return e.what();
     }
     return "(no NcclError)";
   };
-  CHECK_THROWS_AS(ds::detail::nccl_check(ncclInvalidArgument, "ncclAllReduce"), ds::Error);
+  CHECK_THROWS_AS(ds::collective::detail::nccl_check(ncclInvalidArgument, "ncclAllReduce"), ds::Error);
   const std::string invalid = message_of(ncclInvalidArgument, "ncclAllReduce");
   CAPTURE(invalid);
   CHECK(invalid.find("ncclAllReduce") != std::string::npos);
@@ -248,7 +248,7 @@ TEST_CASE("gpu: replicas are bound to their GPUs and own a stream" * doctest::te
   CHECK(strategy.extended().worker_devices().front() == "/job:localhost/replica:0/task:0/device:GPU:0");
   auto seen = strategy.run([](ds::ReplicaContext& ctx) {
     int device = -1;
-    ds::detail::cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    ds::backends::cuda_check(cudaGetDevice(&device), "cudaGetDevice");
     CHECK(ds::cuda::current_stream() != nullptr);
     CHECK(ds::cuda::current_device() == device);
     return device == ctx.replica_id_in_sync_group();
@@ -403,7 +403,7 @@ TEST_CASE("gpu: variables are mirrored on every GPU and updated through NCCL" * 
   ds::Variable<dvec<float>> w(dvec<float>(1000, 1.0f), {.name = "w", .aggregation = ds::VariableAggregation::Mean});
   REQUIRE(w.values().size() == static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
-    CHECK(ds::detail::cuda_device_of(thrust::raw_pointer_cast(w.values()[static_cast<std::size_t>(r)].data())) == r);
+    CHECK(ds::backends::cuda_device_of(thrust::raw_pointer_cast(w.values()[static_cast<std::size_t>(r)].data())) == r);
   }
   strategy.run([&](ds::ReplicaContext& ctx) { w.assign_sub(dvec<float>(1000, float(ctx.replica_id_in_sync_group()))); });
   for (const auto& copy : w.values()) CHECK(all_near(host_of(copy), 1.0 - (n - 1) / 2.0));
@@ -440,11 +440,11 @@ TEST_CASE("gpu: a failing replica does not leave the others in NCCL; the strateg
 #if DISTRIBUTE_TEST_MULTI_WORKER
 TEST_CASE("no_gpu: MultiWorkerMirroredStrategy<ds::cuda> resolves AUTO to NCCL where NCCL is compiled in" *
           doctest::test_suite("no_gpu")) {
-  using Setup = ds::detail::MultiWorkerSetup;
+  using Setup = ds::strategy::detail::MultiWorkerSetup;
   using CI = ds::CommunicationImplementation;
   CHECK(Setup::resolve<ds::cuda>(CI::Ring) == CI::Ring);
 #if DISTRIBUTE_HAS_NCCL
-  static_assert(ds::detail::spans_workers_v<ds::NcclAllReduce>);
+  static_assert(ds::collective::spans_workers_v<ds::NcclAllReduce>);
   CHECK(Setup::resolve<ds::cuda>(CI::Auto) == CI::Nccl);
   CHECK(Setup::resolve<ds::cuda>(CI::Nccl) == CI::Nccl);
 #else
@@ -602,7 +602,7 @@ int main(int argc, char** argv) {
       int count = 0;
       const cudaError_t e = cudaGetDeviceCount(&count);
       std::printf("skipped: no GPU (cudaGetDeviceCount: %s)\n",
-                  e == cudaSuccess ? "0 devices" : ds::detail::cuda_error_text(e).c_str());
+                  e == cudaSuccess ? "0 devices" : ds::backends::cuda_error_text(e).c_str());
       return 77;
     }
     context.addFilter("test-suite", "gpu");

@@ -568,17 +568,17 @@ TEST_CASE("autosharding across workers: which rows or files a worker keeps (work
   using S = ds::MirroredStrategy<>;
   using Steps = std::vector<std::vector<std::vector<I64>>>;
   // Worker 1 of 3, one replica each: Data keeps piece 1 of every global batch.
-  const data::detail::InputPlacement w1{.num_workers = 3, .worker_index = 1, .num_local_replicas = 1,
+  const data::InputPlacement w1{.num_workers = 3, .worker_index = 1, .num_local_replicas = 1,
                                         .num_replicas_in_sync = 3};
-  auto by_data = data::detail::distribute_dataset<S>(
+  auto by_data = data::distribute_dataset<S>(
       data::range(12).batch(6).with_options({.auto_shard_policy = data::AutoShardPolicy::Data}), w1, nullptr);
   CHECK(by_data.auto_shard_policy() == data::AutoShardPolicy::Data);
   CHECK(steps_of(by_data) == Steps{{{2, 3}}, {{8, 9}}});
   // Auto without files is Data.
-  CHECK(data::detail::distribute_dataset<S>(data::range(12).batch(6), w1, nullptr).auto_shard_policy() ==
+  CHECK(data::distribute_dataset<S>(data::range(12).batch(6), w1, nullptr).auto_shard_policy() ==
         data::AutoShardPolicy::Data);
   // Off: every piece of every global batch, one per step.
-  auto off = data::detail::distribute_dataset<S>(
+  auto off = data::distribute_dataset<S>(
       data::range(6).batch(6).with_options({.auto_shard_policy = data::AutoShardPolicy::Off}), w1, nullptr);
   CHECK(steps_of(off) == Steps{{{0, 1}}, {{2, 3}}, {{4, 5}}});
 
@@ -586,26 +586,26 @@ TEST_CASE("autosharding across workers: which rows or files a worker keeps (work
   auto files = write_number_files(dir, {2, 1, 3, 1});
   auto numbers = data::from_text_files(files).map(parse_line).batch(3);
   // File: worker 1 reads files 1 (1000) and, with 3 workers, nothing else; Auto picks File.
-  auto by_file = data::detail::distribute_dataset<S>(numbers, w1, nullptr);
+  auto by_file = data::distribute_dataset<S>(numbers, w1, nullptr);
   CHECK(by_file.auto_shard_policy() == data::AutoShardPolicy::File);
   CHECK(steps_of(by_file) == Steps{{{1000}}, {{}}, {{}}});
-  const data::detail::InputPlacement w0{.num_workers = 3, .worker_index = 0, .num_local_replicas = 1,
+  const data::InputPlacement w0{.num_workers = 3, .worker_index = 0, .num_local_replicas = 1,
                                         .num_replicas_in_sync = 3};
-  CHECK(steps_of(data::detail::distribute_dataset<S>(numbers, w0, nullptr)) ==
+  CHECK(steps_of(data::distribute_dataset<S>(numbers, w0, nullptr)) ==
         Steps{{{0}}, {{1}}, {{3000}}});  // files 0 and 3: one global batch [0, 1, 3000]
 
   // Fewer files than workers: InvalidArgument for File, Data for Auto.
-  const data::detail::InputPlacement five_workers{.num_workers = 5, .worker_index = 0, .num_local_replicas = 1,
+  const data::InputPlacement five_workers{.num_workers = 5, .worker_index = 0, .num_local_replicas = 1,
                                                   .num_replicas_in_sync = 5};
   CHECK_THROWS_WITH_AS(
-      data::detail::distribute_dataset<S>(numbers.with_options({.auto_shard_policy = data::AutoShardPolicy::File}),
+      data::distribute_dataset<S>(numbers.with_options({.auto_shard_policy = data::AutoShardPolicy::File}),
                                           five_workers, nullptr),
       "distribute_dataset: AutoShardPolicy::File: the dataset reads 4 file(s) but there are 5 workers; every worker "
       "needs at least one file. Use more files or AutoShardPolicy::Data",
       ds::InvalidArgument);
-  CHECK(data::detail::distribute_dataset<S>(numbers, five_workers, nullptr).auto_shard_policy() ==
+  CHECK(data::distribute_dataset<S>(numbers, five_workers, nullptr).auto_shard_policy() ==
         data::AutoShardPolicy::Data);
-  CHECK_THROWS_WITH_AS(data::detail::distribute_dataset<S>(
+  CHECK_THROWS_WITH_AS(data::distribute_dataset<S>(
                            data::range(4).batch(2).with_options({.auto_shard_policy = data::AutoShardPolicy::File}),
                            w1, nullptr),
                        doctest::Contains("AutoShardPolicy::File needs a dataset read from files"),

@@ -25,7 +25,7 @@
 #include "support/processes.hpp"
 
 namespace ds = distribute;
-namespace dd = ds::detail;
+namespace dd = ds::ps::detail;
 namespace net = ds::net;
 using namespace std::chrono_literals;
 using boost::asio::ip::tcp;

@@ -368,30 +368,30 @@ namespace {
 std::atomic<int> counting_ops_all_reduce_calls{0};
 std::atomic<int> counting_ops_values{0};
 
-class CountingCollectives : public ds::detail::ReplicaCollectives {
+class CountingCollectives : public ds::core::ReplicaCollectives {
  public:
-  explicit CountingCollectives(std::unique_ptr<ds::detail::ReplicaCollectives> inner) : inner_(std::move(inner)) {}
-  void all_reduce(ds::detail::ReplicaGroup& group, int replica, std::span<ds::detail::BufferRef> buffers,
+  explicit CountingCollectives(std::unique_ptr<ds::core::ReplicaCollectives> inner) : inner_(std::move(inner)) {}
+  void all_reduce(ds::core::ReplicaGroup& group, int replica, std::span<ds::core::BufferRef> buffers,
                   ds::ReduceOp op) override {
     counting_ops_all_reduce_calls.fetch_add(1);
     counting_ops_values.fetch_add(static_cast<int>(buffers.size()));
     inner_->all_reduce(group, replica, buffers, op);
   }
-  void all_gather(ds::detail::ReplicaGroup& group, int replica, const ds::detail::BufferRef& input, int axis,
+  void all_gather(ds::core::ReplicaGroup& group, int replica, const ds::core::BufferRef& input, int axis,
                   const std::function<void*(const ds::Shape&)>& allocate) override {
     inner_->all_gather(group, replica, input, axis, allocate);
   }
-  void broadcast(ds::detail::ReplicaGroup& group, int replica, ds::detail::BufferRef buffer, int root) override {
+  void broadcast(ds::core::ReplicaGroup& group, int replica, ds::core::BufferRef buffer, int root) override {
     inner_->broadcast(group, replica, buffer, root);
   }
 
  private:
-  std::unique_ptr<ds::detail::ReplicaCollectives> inner_;
+  std::unique_ptr<ds::core::ReplicaCollectives> inner_;
 };
 
 struct CountingAllReduce {
   static constexpr std::string_view name = "CountingAllReduce";
-  static std::unique_ptr<ds::detail::ReplicaCollectives> make_collectives(const ds::detail::CollectivesConfig& config) {
+  static std::unique_ptr<ds::core::ReplicaCollectives> make_collectives(const ds::collective::detail::CollectivesConfig& config) {
     return std::make_unique<CountingCollectives>(ds::SharedMemoryAllReduce::make_collectives(config));
   }
 };

@@ -319,18 +319,18 @@ std::vector<std::string> on_worker_threads(int n, Fn fn) {
   return errors;
 }
 
-std::unique_ptr<ds::detail::CommunicatorLink> link_of(const std::vector<std::string>& addresses, int rank) {
+std::unique_ptr<ds::net::CommunicatorLink> link_of(const std::vector<std::string>& addresses, int rank) {
   ds::net::CommunicatorOptions options;
   options.connect_timeout = 30s;
   options.operation_timeout = 30s;
-  return std::make_unique<ds::detail::CommunicatorLink>(
+  return std::make_unique<ds::net::CommunicatorLink>(
       std::make_unique<ds::net::Communicator>(addresses, rank, options, worker_names(static_cast<int>(addresses.size()))));
 }
 
 // A CrossWorkerLink that forwards to a real one and counts the all-reduces it carries.
-class CountingLink final : public ds::detail::CrossWorkerLink {
+class CountingLink final : public ds::core::CrossWorkerLink {
  public:
-  explicit CountingLink(ds::detail::CrossWorkerLink& inner) : inner_(&inner) {}
+  explicit CountingLink(ds::core::CrossWorkerLink& inner) : inner_(&inner) {}
   int num_workers() const noexcept override { return inner_->num_workers(); }
   int worker_index() const noexcept override { return inner_->worker_index(); }
   void all_reduce(void* data, std::size_t count, ds::DType dtype, ds::ReduceOp op, std::uint32_t shapes = 0) override {
@@ -346,7 +346,7 @@ class CountingLink final : public ds::detail::CrossWorkerLink {
   int all_reduces = 0;
 
  private:
-  ds::detail::CrossWorkerLink* inner_;
+  ds::core::CrossWorkerLink* inner_;
 };
 
 // The composable core over a link the test owns (SyncStrategy's multi-worker constructor).
@@ -354,7 +354,7 @@ class LinkedStrategy : public ds::SyncStrategy<LinkedStrategy, ds::host, ds::Sha
   using Base = ds::SyncStrategy<LinkedStrategy, ds::host, ds::SharedMemoryAllReduce>;
 
  public:
-  LinkedStrategy(int local, ds::CommunicationOptions options, ds::detail::CrossWorkerLink& link)
+  LinkedStrategy(int local, ds::CommunicationOptions options, ds::core::CrossWorkerLink& link)
       : Base(ds::host::devices(local, "LinkedStrategy"), options, &link) {}
   std::string_view name() const noexcept override { return "LinkedStrategy"; }
 };
@@ -369,9 +369,9 @@ std::shared_ptr<ds::ClusterResolver> resolver_for(const std::vector<std::string>
 }  // namespace
 
 TEST_CASE("communication_implementation(): AUTO and RING resolve to RING on the host backend, NCCL and MPI (not compiled in) are refused") {
-  using Setup = ds::detail::MultiWorkerSetup;
+  using Setup = ds::strategy::detail::MultiWorkerSetup;
   using CI = ds::CommunicationImplementation;
-  static_assert(!ds::detail::spans_workers_v<ds::SharedMemoryAllReduce>);
+  static_assert(!ds::collective::spans_workers_v<ds::SharedMemoryAllReduce>);
   CHECK(Setup::resolve<ds::host>(CI::Auto) == CI::Ring);
   CHECK(Setup::resolve<ds::host>(CI::Ring) == CI::Ring);
   CHECK_THROWS_WITH_AS(Setup::resolve<ds::host>(CI::Nccl), doctest::Contains("NCCL needs the cuda backend"),
@@ -421,14 +421,14 @@ TEST_CASE("NCCL bootstrap without a GPU: the chief's 128-byte id reaches every w
     std::vector<int> made_calls(static_cast<std::size_t>(n), 0);
     const auto errors = on_worker_threads(n, [&](int r) {
       auto link = link_of(addresses, r);
-      got[static_cast<std::size_t>(r)] = ds::detail::broadcast_from_chief<UniqueIdLike>(
+      got[static_cast<std::size_t>(r)] = ds::collective::detail::broadcast_from_chief<UniqueIdLike>(
           *link,
           [&] {
             ++made_calls[static_cast<std::size_t>(r)];
             return made;
           },
           "the test id");
-      ds::detail::check_same_on_every_worker(*link, 2, "local GPUs");  // agreeing workers pass
+      ds::collective::detail::check_same_on_every_worker(*link, 2, "local GPUs");  // agreeing workers pass
     });
     for (int r = 0; r < n; ++r) {
       CHECK(errors[static_cast<std::size_t>(r)] == "");
@@ -440,7 +440,7 @@ TEST_CASE("NCCL bootstrap without a GPU: the chief's 128-byte id reaches every w
     const auto addresses = loopback_addresses(3);
     const auto errors = on_worker_threads(3, [&](int r) {
       auto link = link_of(addresses, r);
-      (void)ds::detail::broadcast_from_chief<UniqueIdLike>(
+      (void)ds::collective::detail::broadcast_from_chief<UniqueIdLike>(
           *link, []() -> UniqueIdLike { throw ds::InvalidArgument("ncclGetUniqueId failed: test"); }, "the NCCL unique id");
     });
     CHECK(errors[0] == "InvalidArgument: ncclGetUniqueId failed: test");
@@ -455,12 +455,12 @@ TEST_CASE("NCCL bootstrap without a GPU: the chief's 128-byte id reaches every w
     const auto errors = on_worker_threads(2, [&](int r) {
       auto link = link_of(addresses, r);
       try {
-        ds::detail::check_same_call_on_every_worker(*link, r == 0 ? "all_reduce(SUM, device float32 [3])"
+        ds::collective::detail::check_same_call_on_every_worker(*link, r == 0 ? "all_reduce(SUM, device float32 [3])"
                                                                   : "all_reduce(SUM, device float32 [5])");
       } catch (const ds::InvalidArgument& e) {
         call_errors[static_cast<std::size_t>(r)] = e.what();
       }
-      ds::detail::check_same_on_every_worker(*link, r == 0 ? 2 : 1, "the number of local GPUs");
+      ds::collective::detail::check_same_on_every_worker(*link, r == 0 ? 2 : 1, "the number of local GPUs");
     });
     for (int r = 0; r < 2; ++r) {
       CHECK(errors[static_cast<std::size_t>(r)] ==

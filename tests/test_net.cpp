@@ -663,9 +663,9 @@ TEST_CASE("protocol payloads round-trip and reject bad values") {
   // All-reduces of as many elements in other shapes (another digest in root) do not agree.
   CHECK_FALSE(compatible(Descriptor{CollectiveKind::AllReduce, ds::DType::F32, ds::ReduceOp::Sum, 7, 6},
                          Descriptor{CollectiveKind::AllReduce, ds::DType::F32, ds::ReduceOp::Sum, 8, 6}));
-  CHECK(ds::detail::shapes_digest({2, 3}) != ds::detail::shapes_digest({3, 2}));
-  CHECK(ds::detail::shapes_digest({6}) != ds::detail::shapes_digest({1, 6}));
-  CHECK(ds::detail::shapes_digest({}) != 0);
+  CHECK(ds::core::shapes_digest({2, 3}) != ds::core::shapes_digest({3, 2}));
+  CHECK(ds::core::shapes_digest({6}) != ds::core::shapes_digest({1, 6}));
+  CHECK(ds::core::shapes_digest({}) != 0);
   auto bad = encode(d);
   bad[1] = std::byte{99};
   CHECK_THROWS_WITH_AS(decode_descriptor(bad), "descriptor has unknown dtype 99", net::FrameError);
@@ -798,7 +798,7 @@ TEST_CASE("all-reduce table: the algorithm docs/multi-worker.md's table names fo
 }
 
 TEST_CASE("addresses: host:port parsing") {
-  using net::detail::parse_host_port;
+  using net::parse_host_port;
   CHECK(parse_host_port("127.0.0.1:5000").host == "127.0.0.1");
   CHECK(parse_host_port("[::1]:80").host == "::1");
   CHECK(parse_host_port("worker-0:2222").port == "2222");

@@ -5,7 +5,7 @@
 #include <distribute/observe/collective_metrics.hpp>
 #include <distribute/observe/metrics_server.hpp>
 #include <distribute/observe/timeline.hpp>
-#include <distribute/strategy/detail/observability.hpp>
+#include <distribute/strategy/observability.hpp>
 
 #include <cstdlib>
 #include <filesystem>
@@ -198,25 +198,25 @@ TEST_CASE("the metrics port: the option first, else DISTRIBUTE_METRICS_PORT; bad
   ds::CommunicationOptions o;
   {
     EnvVar unset("DISTRIBUTE_METRICS_PORT", "");
-    CHECK(!ds::detail::metrics_port_setting(o).has_value());
+    CHECK(!ds::strategy::metrics_port_setting(o).has_value());
   }
   {
     EnvVar v("DISTRIBUTE_METRICS_PORT", "9100");
-    CHECK(ds::detail::metrics_port_setting(o) == 9100);
+    CHECK(ds::strategy::metrics_port_setting(o) == 9100);
     o.metrics_port = 0;
-    CHECK(ds::detail::metrics_port_setting(o) == 0);  // the option wins
+    CHECK(ds::strategy::metrics_port_setting(o) == 0);  // the option wins
     o.metrics_port.reset();
   }
   for (const char* bad : {"abc", "91x", "-1", "65536", " 80"}) {
     EnvVar v("DISTRIBUTE_METRICS_PORT", bad);
     const std::string message = std::string("DISTRIBUTE_METRICS_PORT='") + bad + "' is not a port number";
-    CHECK_THROWS_WITH_AS(ds::detail::metrics_port_setting(o), doctest::Contains(message.c_str()),
+    CHECK_THROWS_WITH_AS(ds::strategy::metrics_port_setting(o), doctest::Contains(message.c_str()),
                          ds::InvalidArgument);
   }
   o.metrics_port = 70000;
-  CHECK_THROWS_WITH_AS(ds::detail::metrics_port_setting(o), doctest::Contains("metrics_port must be in [0, 65535], got 70000"),
+  CHECK_THROWS_WITH_AS(ds::strategy::metrics_port_setting(o), doctest::Contains("metrics_port must be in [0, 65535], got 70000"),
                        ds::InvalidArgument);
-  CHECK_THROWS_WITH_AS(ds::detail::TaskMetrics::start("worker", 3, "127.0.0.1", 65534, 3),
+  CHECK_THROWS_WITH_AS(ds::strategy::TaskMetrics::start("worker", 3, "127.0.0.1", 65534, 3),
                        doctest::Contains("metrics port 65534 + rank 3 is beyond 65535"), ds::InvalidArgument);
 }
 

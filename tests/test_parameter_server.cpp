@@ -3,7 +3,7 @@
 //
 // The partitioner tables are worked out by hand from TF's algorithms and its documented examples
 // (the comment on each row shows the arithmetic), not produced by running this code.
-#include <distribute/strategy/parameter_server.hpp>
+#include <distribute/ps/parameter_server_strategy.hpp>
 
 #include <distribute/ps/partitioner.hpp>
 #include <distribute/ps/placement.hpp>

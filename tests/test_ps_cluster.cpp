@@ -487,7 +487,7 @@ TEST_CASE("the cluster token: a coordinator without it is refused, with it serve
 }
 
 TEST_CASE("a ps task's variable table rejects malformed requests, naming the variable, and commits all or nothing") {
-  namespace dd = ds::detail;
+  namespace dd = ds::ps::detail;
   dd::VariableTable table("/job:ps/replica:0/task:0/device:CPU:0");
   const auto f32 = static_cast<std::uint8_t>(ds::DType::F32);
   const auto i32 = static_cast<std::uint8_t>(ds::DType::I32);
@@ -554,14 +554,14 @@ TEST_CASE("ds::Server rejects a job, protocol or task it cannot serve; logs refu
       return std::any_of(lines.begin(), lines.end(), [&](const auto& l) { return l.find(what) != std::string::npos; });
     }, 5s);
   };
-  ds::detail::RpcOptions no_token;
+  ds::net::RpcOptions no_token;
   no_token.cluster_token = "";
   no_token.connect_timeout = 2000ms;
-  ds::detail::RpcClient stranger(fmt::format("127.0.0.1:{}", ports[0]), "ps 0", no_token);
-  CHECK_THROWS_WITH_AS(stranger.call(ds::detail::RpcOp::Ping, {}),
+  ds::net::RpcClient stranger(fmt::format("127.0.0.1:{}", ports[0]), "ps 0", no_token);
+  CHECK_THROWS_WITH_AS(stranger.call(ds::ps::detail::RpcOp::Ping, {}),
                        doctest::Contains("refused the connection (its log says why; the usual cause is a cluster "
                                          "token that differs or is missing: DISTRIBUTE_CLUSTER_TOKEN)"),
-                       ds::detail::ConnectionLost);
+                       ds::net::ConnectionLost);
   CHECK(logged("refused connection from 127.0.0.1:"));
   CHECK(logged("the peer did not present the cluster token"));  // the reason: in the log, not to the peer
   boost::asio::io_context io;
@@ -576,7 +576,7 @@ TEST_CASE("a worker answers bad closures with errors naming what is wrong, and k
   Cluster cluster(1, 1);
   ds::ParameterServerStrategy strategy(cluster.resolver());
   ds::ClusterCoordinator coordinator(strategy, quiet_options());
-  namespace dd = ds::detail;
+  namespace dd = ds::ps::detail;
   dd::RpcOptions rpc;
   dd::RpcClient worker(cluster.spec.task_address("worker", 0), "worker 0", rpc);
   dd::RpcClient ps(cluster.spec.task_address("ps", 0), "ps 0", rpc);
@@ -628,12 +628,12 @@ TEST_CASE("remote-function misuse in one process: names, handles outside a worke
   CHECK_THROWS_WITH_AS(ds::register_remote_function("", other), "register_remote_function: the name is empty",
                        ds::InvalidArgument);
   auto v = ds::Variable<float>::attach_remote("v", 0.0f, {nullptr, 0, "k"});
-  const std::string bytes = ds::detail::save_values(v);
-  CHECK_THROWS_WITH_AS(ds::detail::load_values<ds::Variable<float>>(bytes, "arguments"),
+  const std::string bytes = ds::ps::detail::save_values(v);
+  CHECK_THROWS_WITH_AS(ds::ps::detail::load_values<ds::Variable<float>>(bytes, "arguments"),
                        "variable 'v' arrived outside a worker: ps variable handles are read by the worker that runs a "
                        "scheduled function",
                        ds::InvalidArgument);
-  CHECK_THROWS_WITH_AS(ds::detail::load_values<int>(std::string_view("\x01", 1), "arguments"),
+  CHECK_THROWS_WITH_AS(ds::ps::detail::load_values<int>(std::string_view("\x01", 1), "arguments"),
                        doctest::Contains("malformed arguments: "), ds::InvalidArgument);
   ds::PerWorkerIterator<int> it(3, nullptr);
   CHECK_THROWS_WITH_AS(it.next(),
@@ -651,7 +651,7 @@ TEST_CASE("remote-function misuse in one process: names, handles outside a worke
 }
 
 TEST_CASE("wire-level errors on both sides: handshakes out of order, a busy port, replies out of turn or malformed") {
-  namespace dd = ds::detail;
+  namespace dd = ds::ps::detail;
   namespace net = ds::net;
   using boost::asio::ip::tcp;
   const auto ports = test_support::free_ports(2);
@@ -741,14 +741,14 @@ TEST_CASE("wire-level errors on both sides: handshakes out of order, a busy port
 
 TEST_CASE("tensor arguments decoded from the wire: unknown dtype, overflowing shape, wrong byte count are typed errors") {
   using test_types::DynTensor;
-  using Wire = ds::detail::wire<DynTensor>;
+  using Wire = ds::ps::detail::wire<DynTensor>;
   auto decode = [](auto write) {
     std::stringstream bytes;
     {
-      ds::detail::WireOut out(bytes);
+      ds::ps::detail::WireOut out(bytes);
       write(out);
     }
-    ds::detail::WireIn in(bytes);
+    ds::ps::detail::WireIn in(bytes);
     return Wire::load(in);
   };
   CHECK_THROWS_WITH_AS(decode([](auto& out) { out(std::uint8_t{200}, ds::Shape{2}); }),

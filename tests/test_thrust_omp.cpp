@@ -71,7 +71,7 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   else return a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-// The device kernels against the host kernels of core/detail/elementwise.hpp.
+// The device kernels against the host kernels of core/elementwise.hpp.
 template <class T>
 void check_kernels_for_type() {
   CAPTURE(ds::to_string(ds::dtype_of<T>()));
@@ -85,25 +85,25 @@ void check_kernels_for_type() {
       std::unique_ptr<T[]> host_acc(new T[size + 1]);
       std::unique_ptr<T[]> host_src(new T[size + 1]);
       for (std::size_t i = 0; i < size; ++i) host_acc[i] = a[i], host_src[i] = b[i];
-      ds::detail::combine(host_acc.get(), host_src.get(), size, op);
+      ds::core::combine(host_acc.get(), host_src.get(), size, op);
       std::vector<T> expect(host_acc.get(), host_acc.get() + size);
 
       auto acc = device_of(a);
       const auto src = device_of(b);
-      ds::detail::device_ops<dvec<T>>::combine(acc, src, op);
+      ds::core::device_ops<dvec<T>>::combine(acc, src, op);
       CHECK(same_bits(host_of(acc), expect));  // bit for bit, floats included (same expressions)
     }
     if constexpr (!std::is_same_v<T, bool>) {
       for (std::int64_t divisor : {1, 3, 8}) {
         auto a = input<T>(3, size);
         std::vector<T> expect = a;
-        ds::detail::divide(expect.data(), expect.size(), divisor);
+        ds::core::divide(expect.data(), expect.size(), divisor);
         auto acc = device_of(a);
-        ds::detail::device_ops<dvec<T>>::divide(acc, divisor);
+        ds::core::device_ops<dvec<T>>::divide(acc, divisor);
         CHECK(same_bits(host_of(acc), expect));
         // The type-erased entry the NCCL collective uses for integer MEAN.
         auto raw = device_of(a);
-        ds::detail::device_kernels::divide(thrust::raw_pointer_cast(raw.data()), ds::dtype_of<T>(), raw.size(), divisor);
+        ds::backends::device_kernels::divide(thrust::raw_pointer_cast(raw.data()), ds::dtype_of<T>(), raw.size(), divisor);
         CHECK(same_bits(host_of(raw), expect));
       }
     }
@@ -161,7 +161,7 @@ TEST_CASE("device kernels are bit-identical to the host kernels for every op and
 }
 
 TEST_CASE("device_ops: updates, host copies and concatenation along every axis") {
-  using ops = ds::detail::device_ops<ds::DeviceTensor<float>>;
+  using ops = ds::core::device_ops<ds::DeviceTensor<float>>;
   ds::DeviceTensor<float> a({2, 2}, std::vector<float>{1, 2, 3, 4});
   const ds::DeviceTensor<float> b({2, 2}, std::vector<float>{10, 20, 30, 40});
   ops::add(a, b);
@@ -186,12 +186,12 @@ TEST_CASE("device_ops: updates, host copies and concatenation along every axis")
     s1[axis] = 1;
     const auto h1 = iota(s1, 0), h2 = iota(s2, 100);
     const auto d1 = ds::DeviceTensor<float>::from_host(h1), d2 = ds::DeviceTensor<float>::from_host(h2);
-    ds::detail::BufferRef r1{const_cast<float*>(d1.data()), ds::DType::F32, h1.shape()};
-    ds::detail::BufferRef r2{const_cast<float*>(d2.data()), ds::DType::F32, h2.shape()};
-    ds::detail::BufferRef q1{const_cast<float*>(h1.data()), ds::DType::F32, h1.shape()};
-    ds::detail::BufferRef q2{const_cast<float*>(h2.data()), ds::DType::F32, h2.shape()};
+    ds::core::BufferRef r1{const_cast<float*>(d1.data()), ds::DType::F32, h1.shape()};
+    ds::core::BufferRef r2{const_cast<float*>(d2.data()), ds::DType::F32, h2.shape()};
+    ds::core::BufferRef q1{const_cast<float*>(h1.data()), ds::DType::F32, h1.shape()};
+    ds::core::BufferRef q2{const_cast<float*>(h2.data()), ds::DType::F32, h2.shape()};
     std::optional<ds::Tensor<float>> expect;
-    ds::detail::concat_along_axis({&q1, &q2}, axis, [&](const ds::Shape& s) -> void* {
+    ds::core::concat_along_axis({&q1, &q2}, axis, [&](const ds::Shape& s) -> void* {
       expect.emplace(ds::Tensor<float>::zeros(s));
       return expect->data();
     });

@@ -4,11 +4,14 @@
 The layers, bottom to top, are those of the design document (core at the bottom, the umbrella header on
 top). An include is an arrow from the including folder to the included one; arrows must point down
 (or stay inside a folder). Besides the order, a folder's `detail/` belongs to that folder alone: an
-include of another folder's `detail/` is reported as well.
+include of another folder's `detail/` is reported, and so is, inside the library's namespace, a
+`namespace ...detail` other than `<folder>::detail` or a name qualified with another folder's
+`<folder>::detail::`. What several folders share is a header of the lower folder outside its
+`detail/`, in the namespace `distribute::<folder>`.
 
 Usage:
   python3 tools/include_graph.py            # the graph (arrow, number of includes), then any violation
-  python3 tools/include_graph.py --check    # the same; exit 1 on an upward arrow, a cycle or a foreign detail/
+  python3 tools/include_graph.py --check    # the same; exit 1 on any violation
   python3 tools/include_graph.py --dot      # the graph in Graphviz's dot language
 """
 from __future__ import annotations
@@ -42,6 +45,9 @@ LAYERS = [
 RANK = {name: i for i, name in enumerate(LAYERS)}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]distribute/([^>"]+)[>"]', re.MULTILINE)
+NAMESPACE_OPEN = re.compile(r"^\s*namespace\s+([A-Za-z_][\w:]*)\s*\{")
+NAMESPACE_CLOSE = re.compile(r"^\s*\}\s*//\s*namespace\s+([A-Za-z_][\w:]*)")
+DETAIL_NAME = re.compile(r"(?<![\w:])(\w+)::detail::\w+")
 
 
 def folder_of(relative: str) -> str:
@@ -55,6 +61,38 @@ def folder_of(relative: str) -> str:
 
 def is_detail(relative: str) -> bool:
     return "detail" in relative.split("/")[:-1]
+
+
+def namespace_problems(relative: str, text: str) -> list[str]:
+    """A `detail` namespace of another name than `<folder>::detail`, opened inside the library's
+    namespace (DISTRIBUTE_BEGIN_NAMESPACE; a specialisation in a third-party namespace is outside
+    it), and names qualified with another folder's `<folder>::detail::`."""
+    folder = folder_of(relative)
+    if folder not in RANK or folder in ("version", "umbrella"):
+        return []
+    problems, inside, stack = [], False, []
+    for number, line in enumerate(text.splitlines(), 1):
+        if "DISTRIBUTE_BEGIN_NAMESPACE" in line:
+            inside = True
+        elif "DISTRIBUTE_END_NAMESPACE" in line:
+            inside = False
+        if not inside or line.lstrip().startswith("//"):
+            continue
+        opened = NAMESPACE_OPEN.match(line)
+        closed = NAMESPACE_CLOSE.match(line)
+        if opened:
+            stack.append(opened.group(1))
+            name = "::".join(stack)
+            if name.split("::")[-1] == "detail" and name != f"{folder}::detail":
+                problems.append(f"{relative}:{number}: namespace {name} in folder {folder}/ (its internals are "
+                                f"{folder}::detail)")
+        elif closed and stack:
+            stack.pop()
+        code = line.split("//", 1)[0]
+        for owner in DETAIL_NAME.findall(code):
+            if owner != folder and owner in RANK:
+                problems.append(f"{relative}:{number}: names another folder's internals: {owner}::detail::")
+    return problems
 
 
 def scan(root: Path):
@@ -146,13 +184,15 @@ def main() -> int:
         problems.append("cycle between folders: " + " <-> ".join(loop))
     for file, included in foreign:
         problems.append(f"{file} includes another folder's internals: {included}")
+    for path in sorted(args.root.rglob("*.hpp")):
+        problems += namespace_problems(path.relative_to(args.root).as_posix(), path.read_text(encoding="utf-8"))
 
     if problems:
         print(f"\n{len(problems)} violation(s):", file=sys.stderr)
         for p in problems:
             print("  " + p, file=sys.stderr)
     else:
-        print("\nno upward arrow, no cycle, no foreign detail/ include")
+        print("\nno upward arrow, no cycle, no foreign detail/ include or name, every detail namespace its folder's")
     return 1 if (args.check and problems) else 0
 
 

@@ -137,7 +137,7 @@
 #include <distribute/ps/partitioner.hpp>
 #include <distribute/ps/placement.hpp>
 #include <distribute/ps/sharded_variable.hpp>
-#include <distribute/strategy/parameter_server.hpp>
+#include <distribute/ps/parameter_server_strategy.hpp>
 #include <distribute/ps/remote_function.hpp>
 #include <distribute/ps/server.hpp>
 #include <distribute/ps/cluster_coordinator.hpp>
@@ -265,9 +265,9 @@ DISTRIBUTE_END_NAMESPACE
 #define DISTRIBUTE_DETAIL_NOT_INCLUDED_PS 1
 namespace distribute::parts_not_included {
 DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(ParameterServerStrategy, "DISTRIBUTE_WITH_PS",
-                                     "distribute/strategy/parameter_server.hpp");
+                                     "distribute/ps/parameter_server_strategy.hpp");
 DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(ParameterServerOptions, "DISTRIBUTE_WITH_PS",
-                                     "distribute/strategy/parameter_server.hpp");
+                                     "distribute/ps/parameter_server_strategy.hpp");
 DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(Server, "DISTRIBUTE_WITH_PS", "distribute/ps/server.hpp");
 DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(ServerOptions, "DISTRIBUTE_WITH_PS", "distribute/ps/server.hpp");
 DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(ClusterCoordinator, "DISTRIBUTE_WITH_PS", "distribute/ps/cluster_coordinator.hpp");

@@ -8,7 +8,7 @@
 #include <distribute/cluster/launcher.hpp>
 #include <distribute/cluster/slurm.hpp>
 #include <distribute/cluster/tf_config.hpp>
-#include <distribute/net/detail/address.hpp>
+#include <distribute/net/address.hpp>
 
 #include <string>
 #include <vector>
@@ -49,13 +49,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 1:
       fuzz::expect_typed_errors([&] {
         const auto hosts = ds::SlurmClusterResolver::expand_hostlist(text);
-        fuzz::require(!hosts.empty() && hosts.size() <= static_cast<std::size_t>(ds::detail::kSlurmMaxCount), "host count within bound");
+        fuzz::require(!hosts.empty() && hosts.size() <= static_cast<std::size_t>(ds::cluster::detail::kSlurmMaxCount), "host count within bound");
         std::size_t bytes = 0;
         for (const auto& h : hosts) {
           fuzz::require(!h.empty() && h.size() <= ds::kMaxHostNameBytes, "a host name of 1..253 bytes");
           bytes += h.size();
         }
-        fuzz::require(bytes <= static_cast<std::size_t>(ds::detail::kSlurmMaxHostlistBytes), "host text within bound");
+        fuzz::require(bytes <= static_cast<std::size_t>(ds::cluster::detail::kSlurmMaxHostlistBytes), "host text within bound");
       });
       break;
     case 2: fuzz::expect_typed_errors([&] { (void)ds::SlurmClusterResolver::expand_tasks_per_node(text); }); break;
@@ -68,7 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       break;
     case 4:
       fuzz::expect_typed_errors([&] {
-        const auto hp = ds::net::detail::parse_host_port(text);
+        const auto hp = ds::net::parse_host_port(text);
         fuzz::require(hp.host.size() <= ds::kMaxHostNameBytes, "a host of at most 253 bytes");
       });
       break;

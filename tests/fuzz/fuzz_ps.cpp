@@ -18,7 +18,7 @@
 #include "fuzz_common.hpp"
 
 namespace ds = distribute;
-namespace dd = distribute::detail;
+namespace dd = distribute::ps::detail;
 
 namespace {
 

@@ -22,7 +22,7 @@
 namespace ds = distribute;
 namespace net = distribute::net;
 namespace nd = distribute::net::detail;
-namespace dd = distribute::detail;
+namespace dd = distribute::ps::detail;
 namespace st = distribute::safetensors;
 namespace fs = std::filesystem;
 

@@ -49,9 +49,9 @@
 #endif
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace dlpack {
+namespace adapters::detail {
 
-namespace detail {
+
 
 inline const char* type_code_name(std::uint8_t code) noexcept {
   switch (code) {
@@ -158,7 +158,9 @@ struct Exported {
   std::shared_ptr<const State> state;
 };
 
-}  // namespace detail
+}  // namespace adapters::detail
+
+namespace dlpack {
 
 /// The ds::DType of a DLPack element type; InvalidArgument naming the code, bits and lanes for
 /// types the library has none for.
@@ -166,7 +168,7 @@ inline DType to_dtype(DLDataType t) {
   auto refuse = [&](const char* why) {
     return InvalidArgument(fmt::format("DLPack dtype {} is not supported{}; supported: float 16/32/64, bfloat 16, "
                                        "int and uint 8/16/32/64, bool, with 1 lane",
-                                       detail::dtype_string(t), why));
+                                       adapters::detail::dtype_string(t), why));
   };
   if (t.lanes != 1) throw refuse(" (vector types are not)");
   switch (t.code) {
@@ -233,14 +235,14 @@ class Tensor {
 
   /// A zeroed, row-major tensor in new CPU memory.
   static Tensor zeros(DType dtype, const Shape& shape) {
-    auto state = std::make_shared<detail::State>();
+    auto state = std::make_shared<adapters::detail::State>();
     std::int64_t count = 1;
     for (std::int64_t d : shape) {
       if (d < 0) throw InvalidArgument(fmt::format("DLPack tensor: negative dimension in shape {}", shape_string(shape)));
-      count = detail::checked_mul(count, d, "the element count");
+      count = adapters::detail::checked_mul(count, d, "the element count");
     }
-    const std::int64_t bytes = detail::checked_mul(count, static_cast<std::int64_t>(size_of(dtype)), "the byte size");
-    state->storage = detail::allocate_zeroed(static_cast<std::size_t>(bytes));
+    const std::int64_t bytes = adapters::detail::checked_mul(count, static_cast<std::int64_t>(size_of(dtype)), "the byte size");
+    state->storage = adapters::detail::allocate_zeroed(static_cast<std::size_t>(bytes));
     state->shape = shape;
     state->dtype = dtype;
     state->tensor.data = state->storage.get();
@@ -280,7 +282,7 @@ class Tensor {
   }
   DLDevice device() const noexcept { return state_->tensor.device; }
   /// Whether the CPU can read the elements (kDLCPU, or pinned host memory).
-  bool is_host() const noexcept { return detail::is_host_device(state_->tensor.device.device_type); }
+  bool is_host() const noexcept { return adapters::detail::is_host_device(state_->tensor.device.device_type); }
 
   /// How the library sees it: data, dtype, shape, strides, host or device memory.
   TensorView view() const {
@@ -322,10 +324,10 @@ class Tensor {
   friend Tensor borrow(const DLTensor& tensor);
   friend DLManagedTensor* to_dlpack(const Tensor& tensor);
 
-  explicit Tensor(std::shared_ptr<detail::State> state) : state_(std::move(state)) {}
+  explicit Tensor(std::shared_ptr<adapters::detail::State> state) : state_(std::move(state)) {}
 
   // Copies the producer's description and checks it; the elements are not touched.
-  static Tensor from_description(const DLTensor& in, std::shared_ptr<detail::State> state) {
+  static Tensor from_description(const DLTensor& in, std::shared_ptr<adapters::detail::State> state) {
     if (in.ndim < 0) throw InvalidArgument(fmt::format("DLPack tensor: negative ndim {}", in.ndim));
     if (in.ndim > 0 && in.shape == nullptr) {
       throw InvalidArgument(fmt::format("DLPack tensor: ndim is {} but shape is null", in.ndim));
@@ -341,7 +343,7 @@ class Tensor {
       if (state->shape[d] < 0) {
         throw InvalidArgument(fmt::format("DLPack tensor: negative dimension in shape {}", shape_string(state->shape)));
       }
-      count = detail::checked_mul(count, state->shape[d], "the element count");
+      count = adapters::detail::checked_mul(count, state->shape[d], "the element count");
     }
     for (std::size_t d = 0; d < state->strides.size(); ++d) {
       if (state->strides[d] < 0) {
@@ -350,14 +352,14 @@ class Tensor {
                                           shape_string(state->strides), shape_string(state->shape)));
       }
       if (count > 0) {
-        last = detail::checked_add(last, detail::checked_mul(state->shape[d] - 1, state->strides[d], "a stride's extent"),
+        last = adapters::detail::checked_add(last, adapters::detail::checked_mul(state->shape[d] - 1, state->strides[d], "a stride's extent"),
                                    "the strides' extent");
       }
     }
     if (state->strides.empty() && count > 0) last = count - 1;
     // Every byte the elements span must be addressable with 64-bit offsets.
     const std::int64_t element_bytes = (std::int64_t{in.dtype.bits} * in.dtype.lanes + 7) / 8;
-    detail::checked_mul(detail::checked_add(last, 1, "the extent"), element_bytes, "the byte extent");
+    adapters::detail::checked_mul(adapters::detail::checked_add(last, 1, "the extent"), element_bytes, "the byte extent");
     if (in.data == nullptr && count > 0) {
       throw InvalidArgument(fmt::format("DLPack tensor: data is null for a tensor of shape {}", shape_string(state->shape)));
     }
@@ -371,32 +373,32 @@ class Tensor {
     if (!is_host()) {
       throw InvalidArgument(fmt::format("DLPack tensor: {} needs host memory but the elements are on {}; copy them "
                                         "to the CPU first (e.g. tensor.cpu() in PyTorch)",
-                                        what, detail::device_string(device())));
+                                        what, adapters::detail::device_string(device())));
     }
   }
 
-  std::shared_ptr<detail::State> state_;
+  std::shared_ptr<adapters::detail::State> state_;
 };
 
 /// Takes ownership of a producer's tensor (what torch.utils.dlpack.to_dlpack, jax.dlpack.to_dlpack,
 /// ... hand out): its deleter runs when the last copy is gone, or at once if it is refused.
 inline Tensor from_dlpack(DLManagedTensor* managed) {
   if (managed == nullptr) throw InvalidArgument("from_dlpack: the DLManagedTensor is null");
-  auto state = std::make_shared<detail::State>();
+  auto state = std::make_shared<adapters::detail::State>();
   state->owned = managed;
   return Tensor::from_description(managed->dl_tensor, std::move(state));
 }
 
 /// Describes memory the caller keeps alive (and owns) for as long as the Tensor and its copies
 /// are used; shape and strides are copied.
-inline Tensor borrow(const DLTensor& tensor) { return Tensor::from_description(tensor, std::make_shared<detail::State>()); }
+inline Tensor borrow(const DLTensor& tensor) { return Tensor::from_description(tensor, std::make_shared<adapters::detail::State>()); }
 
 /// A DLManagedTensor sharing `tensor`'s elements, for a consumer (torch.utils.dlpack.from_dlpack,
 /// ...) that calls its deleter when done; it keeps them alive until then. Strides are always
 /// given (row-major when the tensor has none), as DLPack 1.0 asks of producers.
 inline DLManagedTensor* to_dlpack(const Tensor& tensor) {
-  auto exported = std::make_unique<detail::Exported>();
-  const detail::State& state = *tensor.state_;
+  auto exported = std::make_unique<adapters::detail::Exported>();
+  const adapters::detail::State& state = *tensor.state_;
   exported->state = tensor.state_;
   exported->shape = state.shape;
   exported->strides = state.strides.empty() ? row_major_strides(state.shape) : state.strides;
@@ -406,7 +408,7 @@ inline DLManagedTensor* to_dlpack(const Tensor& tensor) {
   out.shape = exported->shape.empty() ? nullptr : exported->shape.data();
   out.strides = exported->strides.empty() ? nullptr : exported->strides.data();
   exported->managed.manager_ctx = exported.get();
-  exported->managed.deleter = [](DLManagedTensor* self) { delete static_cast<detail::Exported*>(self->manager_ctx); };
+  exported->managed.deleter = [](DLManagedTensor* self) { delete static_cast<adapters::detail::Exported*>(self->manager_ctx); };
   return &exported.release()->managed;
 }
 

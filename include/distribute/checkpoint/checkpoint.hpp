@@ -38,7 +38,7 @@
 
 #include <distribute/checkpoint/safetensors.hpp>
 #include <distribute/core/context.hpp>
-#include <distribute/core/detail/host_operands.hpp>
+#include <distribute/core/host_operands.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/shape.hpp>
@@ -59,7 +59,7 @@ struct CheckpointOptions {
   std::function<void(std::uint64_t, std::uint64_t)> on_progress;
 };
 
-namespace detail {
+namespace checkpoint::detail {
 
 inline constexpr std::string_view kSaveCounterKey = "distribute.save_counter";
 inline constexpr std::string_view kLibraryVersionKey = "distribute.library_version";
@@ -136,7 +136,7 @@ bool restore_integer_sum(Variable<T>& var, DType dtype, const std::byte* data) {
     } else {
       const auto copies = static_cast<E>(var.values().size());
       var.apply_to_copies([&](T& copy, int index) {
-        HostOperands ops("Checkpoint::restore");
+        core::HostOperands ops("Checkpoint::restore");
         ops.add(view_of(copy));
         E* dst = static_cast<E*>(ops[0].data);
         for (std::size_t i = 0; i < ops[0].count(); ++i) {
@@ -247,14 +247,14 @@ class TrackedShards final : public Trackable {
 /// Checkpoints are saved and restored in cross-replica context: inside a step function each
 /// replica would read its own copy, and N replicas would all write the same file.
 inline void check_cross_replica(const char* what) {
-  if (ReplicaContext* ctx = thread_context().replica; ctx && ctx->strategy().num_local_replicas() > 1) {
+  if (ReplicaContext* ctx = core::thread_context().replica; ctx && ctx->strategy().num_local_replicas() > 1) {
     throw InvalidArgument(fmt::format("{} was called inside a step function of {} (replica {}); call it in "
                                       "cross-replica context, outside strategy.run()",
                                       what, ctx->strategy().name(), ctx->replica_id_in_sync_group()));
   }
 }
 
-}  // namespace detail
+}  // namespace checkpoint::detail
 
 class Checkpoint {
  public:
@@ -267,8 +267,8 @@ class Checkpoint {
   /// Tracks a variable (plain, mirrored or sync-on-read) under `name`, the tensor's name in the file.
   template <class T>
   Checkpoint& track(std::string name, const Variable<T>& variable) {
-    detail::check_host_memory(variable, name);
-    return add(std::move(name), std::make_unique<detail::TrackedVariable<T>>(variable));
+    checkpoint::detail::check_host_memory(variable, name);
+    return add(std::move(name), std::make_unique<checkpoint::detail::TrackedVariable<T>>(variable));
   }
 
   /// Tracks a sharded variable as one tensor: its shards concatenated along axis 0, so that it
@@ -282,8 +282,8 @@ class Checkpoint {
   /// agree on every dimension but the first.
   template <class T>
   Checkpoint& track_sharded(std::string name, std::vector<Variable<T>> shards) {
-    for (const auto& shard : shards) detail::check_host_memory(shard, name);
-    auto tracked = std::make_unique<detail::TrackedShards<T>>(std::move(shards), name);
+    for (const auto& shard : shards) checkpoint::detail::check_host_memory(shard, name);
+    auto tracked = std::make_unique<checkpoint::detail::TrackedShards<T>>(std::move(shards), name);
     return add(std::move(name), std::move(tracked));
   }
 
@@ -301,7 +301,7 @@ class Checkpoint {
   /// Increments the save counter and writes `<prefix>-<counter>.safetensors` (TF: ckpt-1, ckpt-2,
   /// ...), creating missing directories. Returns the path written.
   std::filesystem::path save(const std::filesystem::path& prefix) {
-    detail::check_cross_replica("Checkpoint::save");
+    checkpoint::detail::check_cross_replica("Checkpoint::save");
     const std::int64_t n = save_counter_ + 1;
     std::filesystem::path path(prefix.string() + fmt::format("-{}.safetensors", n));
     write_file(path, n);
@@ -311,7 +311,7 @@ class Checkpoint {
 
   /// Writes exactly `path`, leaving the save counter as it is (TF's Checkpoint.write).
   std::filesystem::path write(const std::filesystem::path& path) {
-    detail::check_cross_replica("Checkpoint::write");
+    checkpoint::detail::check_cross_replica("Checkpoint::write");
     write_file(path, save_counter_);
     return path;
   }
@@ -320,15 +320,15 @@ class Checkpoint {
   /// shape (a sharded one: the concatenated shape); tensors the file has beyond those are ignored.
   /// Nothing is assigned unless everything matches.
   void restore(const std::filesystem::path& path) {
-    detail::check_cross_replica("Checkpoint::restore");
+    checkpoint::detail::check_cross_replica("Checkpoint::restore");
     restore(safetensors::read(path));
   }
 
   /// Restores from a file already read (or parsed from memory).
   void restore(const safetensors::File& file) {
-    detail::check_cross_replica("Checkpoint::restore");
+    checkpoint::detail::check_cross_replica("Checkpoint::restore");
     std::vector<std::string> problems;
-    std::vector<std::pair<detail::Trackable*, const safetensors::StoredTensor*>> plan;
+    std::vector<std::pair<checkpoint::detail::Trackable*, const safetensors::StoredTensor*>> plan;
     for (const auto& [name, item] : items_) {
       const safetensors::StoredTensor* t = file.find(name);
       if (!t) {
@@ -346,11 +346,11 @@ class Checkpoint {
       plan.emplace_back(item.get(), t);
     }
     std::int64_t counter = save_counter_;
-    if (auto it = file.metadata.find(detail::kSaveCounterKey); it != file.metadata.end()) {
+    if (auto it = file.metadata.find(checkpoint::detail::kSaveCounterKey); it != file.metadata.end()) {
       const std::string& s = it->second;
       auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), counter);
       if (ec != std::errc{} || ptr != s.data() + s.size() || counter < 0) {
-        problems.push_back(fmt::format("{} is \"{}\", not a non-negative integer", detail::kSaveCounterKey, s));
+        problems.push_back(fmt::format("{} is \"{}\", not a non-negative integer", checkpoint::detail::kSaveCounterKey, s));
       }
     }
     if (!problems.empty()) {
@@ -363,7 +363,7 @@ class Checkpoint {
  private:
   friend class CheckpointManager;
 
-  Checkpoint& add(std::string name, std::unique_ptr<detail::Trackable> item) {
+  Checkpoint& add(std::string name, std::unique_ptr<checkpoint::detail::Trackable> item) {
     if (name.empty() || name == "__metadata__") {
       throw InvalidArgument(fmt::format("Checkpoint::track: '{}' cannot name a tensor", name));
     }
@@ -376,14 +376,14 @@ class Checkpoint {
 
   void write_file(const std::filesystem::path& path, std::int64_t counter) {
     // Every value is copied out first so that the file is one consistent snapshot.
-    std::vector<detail::CheckpointSnapshot> snapshots;
+    std::vector<checkpoint::detail::CheckpointSnapshot> snapshots;
     safetensors::TensorMap tensors;
     for (const auto& [name, item] : items_) {
       snapshots.push_back(item->snapshot(name));
       tensors.emplace(name, snapshots.back().view);
     }
-    safetensors::Metadata metadata{{std::string(detail::kSaveCounterKey), fmt::format("{}", counter)},
-                                   {std::string(detail::kLibraryVersionKey), DISTRIBUTE_VERSION_STRING}};
+    safetensors::Metadata metadata{{std::string(checkpoint::detail::kSaveCounterKey), fmt::format("{}", counter)},
+                                   {std::string(checkpoint::detail::kLibraryVersionKey), DISTRIBUTE_VERSION_STRING}};
     if (path.has_parent_path()) {
       std::error_code ec;
       std::filesystem::create_directories(path.parent_path(), ec);
@@ -395,7 +395,7 @@ class Checkpoint {
     safetensors::write(path, tensors, metadata, safetensors::WriteOptions{options_.durable, options_.on_progress});
   }
 
-  std::map<std::string, std::unique_ptr<detail::Trackable>, std::less<>> items_;
+  std::map<std::string, std::unique_ptr<checkpoint::detail::Trackable>, std::less<>> items_;
   std::int64_t save_counter_ = 0;
   CheckpointOptions options_;
 };

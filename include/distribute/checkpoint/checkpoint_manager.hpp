@@ -34,7 +34,7 @@
 #include <distribute/checkpoint/checkpoint.hpp>
 #include <distribute/checkpoint/detail/posix_file.hpp>
 #include <distribute/core/context.hpp>
-#include <distribute/core/detail/cross_worker.hpp>
+#include <distribute/core/cross_worker.hpp>
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -47,13 +47,13 @@ struct CheckpointManagerOptions {
   /// chief's file is kept: another worker writes into `<directory>/workertemp_<task_id>/`, which
   /// save() removes again, and it neither deletes old checkpoints nor writes the index. Nothing
   /// here talks to other workers. A CheckpointManager constructed without options takes these
-  /// from the multi-worker strategy in scope (detail::checkpoint_manager_options_from_scope);
+  /// from the multi-worker strategy in scope (checkpoint::detail::checkpoint_manager_options_from_scope);
   /// ds::checkpoint_manager_options(strategy) gives the same for a strategy object.
   bool is_chief = true;
   int task_id = 0;
 };
 
-namespace detail {
+namespace checkpoint::detail {
 
 struct NumberedCheckpoint {
   std::int64_t number;
@@ -99,12 +99,12 @@ inline std::vector<NumberedCheckpoint> list_checkpoints(const std::filesystem::p
 /// ds::checkpoint_manager_options(strategy) says for a synchronous strategy).
 inline CheckpointManagerOptions checkpoint_manager_options_from_scope() {
   CheckpointManagerOptions options;
-  AnyStrategy* strategy = current_strategy_or_null();
+  AnyStrategy* strategy = core::current_strategy_or_null();
   // Replicas in other processes: a synchronous multi-worker strategy (whose placement names its
   // link to the other workers). Asked only then: a parameter-server strategy hands out the next
   // ps task from variable_placement(), and its coordinator is the one process that saves anyway.
   if (strategy && strategy->num_replicas_in_sync() > strategy->num_local_replicas()) {
-    const VariablePlacement placement = strategy->variable_placement();
+    const core::VariablePlacement placement = strategy->variable_placement();
     if (placement.link && placement.link->num_workers() > 1) {
       options.task_id = placement.link->worker_index();
       options.is_chief = options.task_id == 0;
@@ -113,13 +113,13 @@ inline CheckpointManagerOptions checkpoint_manager_options_from_scope() {
   return options;
 }
 
-}  // namespace detail
+}  // namespace checkpoint::detail
 
 /// The newest checkpoint in `directory` (tf.train.latest_checkpoint): the highest-numbered
 /// `<checkpoint_name>-<N>.safetensors`, or nothing.
 inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory,
                                                               std::string_view checkpoint_name = "ckpt") {
-  auto all = detail::list_checkpoints(directory, checkpoint_name);
+  auto all = checkpoint::detail::list_checkpoints(directory, checkpoint_name);
   if (all.empty()) return std::nullopt;
   return all.back().path;
 }
@@ -133,7 +133,7 @@ class CheckpointManager {
   /// defaults (the chief).
   CheckpointManager(Checkpoint& checkpoint, std::filesystem::path directory, std::optional<std::size_t> max_to_keep)
       : CheckpointManager(checkpoint, std::move(directory), max_to_keep,
-                          detail::checkpoint_manager_options_from_scope()) {}
+                          checkpoint::detail::checkpoint_manager_options_from_scope()) {}
 
   /// With explicit options (e.g. ds::checkpoint_manager_options(strategy, "model")), used as given.
   CheckpointManager(Checkpoint& checkpoint, std::filesystem::path directory, std::optional<std::size_t> max_to_keep,
@@ -148,7 +148,7 @@ class CheckpointManager {
                                         directory_.string()));
     }
     const std::string& name = options_.checkpoint_name;
-    if (name.empty() || name.find('/') != std::string::npos || name == detail::kIndexFileName) {
+    if (name.empty() || name.find('/') != std::string::npos || name == checkpoint::detail::kIndexFileName) {
       throw InvalidArgument(fmt::format("CheckpointManager('{}'): '{}' cannot be a checkpoint name",
                                         directory_.string(), name));
     }
@@ -159,7 +159,7 @@ class CheckpointManager {
   /// present), else one more than both the save counter and the newest present. On the chief, then
   /// records it in the index and deletes the oldest checkpoints beyond max_to_keep.
   std::filesystem::path save(std::optional<std::int64_t> checkpoint_number = std::nullopt) {
-    detail::check_cross_replica("CheckpointManager::save");
+    checkpoint::detail::check_cross_replica("CheckpointManager::save");
     const auto existing = checkpoints_with_numbers();
     const std::int64_t newest = existing.empty() ? -1 : existing.back().number;
     std::int64_t counter = checkpoint_->save_counter() + 1;
@@ -181,7 +181,7 @@ class CheckpointManager {
       // instead of overwriting ckpt-1 and leaving an older ckpt-5 to look newest.
       number = counter = newest + 1;
     }
-    const std::string filename = fmt::format("{}-{}{}", options_.checkpoint_name, number, detail::kCheckpointSuffix);
+    const std::string filename = fmt::format("{}-{}{}", options_.checkpoint_name, number, checkpoint::detail::kCheckpointSuffix);
 
     if (!options_.is_chief) {
       const std::filesystem::path temp_dir = directory_ / fmt::format("workertemp_{}", options_.task_id);
@@ -200,7 +200,7 @@ class CheckpointManager {
     // Index first, deletions last: a crash in between leaves extra files, never an index that
     // names deleted ones.
     auto kept = checkpoints_with_numbers();
-    std::vector<detail::NumberedCheckpoint> doomed;
+    std::vector<checkpoint::detail::NumberedCheckpoint> doomed;
     if (max_to_keep_ && kept.size() > *max_to_keep_) {
       const auto cut = kept.size() - *max_to_keep_;
       doomed.assign(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(cut));
@@ -212,8 +212,8 @@ class CheckpointManager {
       std::filesystem::remove(old.path, ignored);
     }
     const std::string prefix = options_.checkpoint_name + "-";
-    detail::remove_stale_temp_files(directory_, [&](const std::string& target) {
-      return target.rfind(prefix, 0) == 0 || target == detail::kIndexFileName;
+    checkpoint::detail::remove_stale_temp_files(directory_, [&](const std::string& target) {
+      return target.rfind(prefix, 0) == 0 || target == checkpoint::detail::kIndexFileName;
     });
     return path;
   }
@@ -247,18 +247,18 @@ class CheckpointManager {
   std::optional<std::size_t> max_to_keep() const noexcept { return max_to_keep_; }
   const CheckpointManagerOptions& options() const noexcept { return options_; }
   /// The index file (TF's `checkpoint` state file).
-  std::filesystem::path index_path() const { return directory_ / detail::kIndexFileName; }
+  std::filesystem::path index_path() const { return directory_ / checkpoint::detail::kIndexFileName; }
 
  private:
-  std::vector<detail::NumberedCheckpoint> checkpoints_with_numbers() const {
-    return detail::list_checkpoints(directory_, options_.checkpoint_name);
+  std::vector<checkpoint::detail::NumberedCheckpoint> checkpoints_with_numbers() const {
+    return checkpoint::detail::list_checkpoints(directory_, options_.checkpoint_name);
   }
 
   // TF's CheckpointState text format, with paths relative to the directory.
-  void write_index(const std::filesystem::path& latest, const std::vector<detail::NumberedCheckpoint>& kept) const {
+  void write_index(const std::filesystem::path& latest, const std::vector<checkpoint::detail::NumberedCheckpoint>& kept) const {
     std::string text = fmt::format("model_checkpoint_path: \"{}\"\n", latest.filename().string());
     for (const auto& c : kept) text += fmt::format("all_model_checkpoint_paths: \"{}\"\n", c.path.filename().string());
-    distribute::detail::AtomicFile file(index_path(), checkpoint_->options().durable);
+    distribute::checkpoint::detail::AtomicFile file(index_path(), checkpoint_->options().durable);
     file.write(std::as_bytes(std::span(text.data(), text.size())));
     file.commit();
   }

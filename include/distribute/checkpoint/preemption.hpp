@@ -45,7 +45,7 @@
 #include <distribute/checkpoint/checkpoint.hpp>
 #include <distribute/checkpoint/checkpoint_manager.hpp>
 #include <distribute/core/context.hpp>
-#include <distribute/core/detail/cross_worker.hpp>
+#include <distribute/core/cross_worker.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
 #include <distribute/core/variable.hpp>
@@ -114,7 +114,7 @@ CheckpointManagerOptions checkpoint_manager_options(const S& strategy, std::stri
   return options;
 }
 
-namespace detail {
+namespace checkpoint::detail {
 
 // Written by the signal handler, read by the training thread. A lock-free atomic is
 // async-signal-safe; nothing else is done in the handler.
@@ -177,7 +177,7 @@ class PreemptionSignals {
 /// host bookkeeping, not a model variable, and must not take a collective to create.
 template <class T>
 Variable<T> make_plain_variable(T value, std::string name) {
-  auto& scopes = thread_context().scopes;
+  auto& scopes = core::thread_context().scopes;
   std::vector<AnyStrategy*> saved;
   saved.swap(scopes);
   try {
@@ -190,7 +190,7 @@ Variable<T> make_plain_variable(T value, std::string name) {
   }
 }
 
-}  // namespace detail
+}  // namespace checkpoint::detail
 
 template <WorkerAwareStrategy Strategy>
 class PreemptionCheckpointHandler {
@@ -237,7 +237,7 @@ class PreemptionCheckpointHandler {
   /// calls strategy.run), the same number of times on every worker.
   template <class F, class... A>
   std::invoke_result_t<F, A...> run(F&& fn, A&&... args) {
-    detail::check_cross_replica("PreemptionCheckpointHandler::run");
+    checkpoint::detail::check_cross_replica("PreemptionCheckpointHandler::run");
     if (total_run_calls_ % options_.check_interval == 0) save_and_exit_if_preempted();
     if constexpr (std::is_void_v<std::invoke_result_t<F, A...>>) {
       std::invoke(std::forward<F>(fn), std::forward<A>(args)...);
@@ -252,7 +252,7 @@ class PreemptionCheckpointHandler {
   /// For loops that do not wrap their step in run(): call it once after each step. Counts the
   /// step, then saves and exits like run() if any worker was signalled.
   void save_checkpoint_if_preempted() {
-    detail::check_cross_replica("PreemptionCheckpointHandler::save_checkpoint_if_preempted");
+    checkpoint::detail::check_cross_replica("PreemptionCheckpointHandler::save_checkpoint_if_preempted");
     count_step();
     if (total_run_calls_ % options_.check_interval == 0) save_and_exit_if_preempted();
   }
@@ -260,7 +260,7 @@ class PreemptionCheckpointHandler {
   /// Steps completed, including those before a restart (restored from the checkpoint).
   std::int64_t total_run_calls() const noexcept { return total_run_calls_; }
   /// True once this process got a preemption signal (the others may not know yet).
-  bool preemption_received() const noexcept { return detail::PreemptionSignals::received(); }
+  bool preemption_received() const noexcept { return checkpoint::detail::PreemptionSignals::received(); }
   /// The checkpoint restored at construction, if any.
   const std::optional<std::filesystem::path>& restored_from() const noexcept { return restored_from_; }
   CheckpointManager& checkpoint_manager() const noexcept { return *manager_; }
@@ -279,7 +279,7 @@ class PreemptionCheckpointHandler {
   }
 
   void start() {
-    detail::check_cross_replica("PreemptionCheckpointHandler");
+    checkpoint::detail::check_cross_replica("PreemptionCheckpointHandler");
     Checkpoint& ckpt = manager_->checkpoint();
     if (ckpt.is_tracking(kTotalRunCallsName)) {
       throw InvalidArgument(fmt::format("PreemptionCheckpointHandler: the checkpoint already tracks '{}' (from "
@@ -313,7 +313,7 @@ class PreemptionCheckpointHandler {
   }
 
   void save_and_exit_if_preempted() {
-    if (all_reduce_max(detail::PreemptionSignals::received() ? 1 : 0)[0] == 0) return;
+    if (all_reduce_max(checkpoint::detail::PreemptionSignals::received() ? 1 : 0)[0] == 0) return;
     // Everyone is here, at the same step. Save together (saving may take collectives), then wait
     // until every worker has saved, so that nobody leaves while another still writes.
     const std::filesystem::path path = manager_->save();
@@ -327,7 +327,7 @@ class PreemptionCheckpointHandler {
     // finishing the last all-reduce fail it ("lost task"), since nothing here unwinds to the
     // strategy's destructor.
     if constexpr (requires { strategy_->variable_placement().link; }) {
-      if (detail::CrossWorkerLink* link = strategy_->variable_placement().link) link->close();
+      if (core::CrossWorkerLink* link = strategy_->variable_placement().link) link->close();
     }
     std::fprintf(stderr, "%s\n", message.c_str());
     std::fflush(nullptr);
@@ -335,11 +335,11 @@ class PreemptionCheckpointHandler {
   }
 
   PreemptionOptions options_;
-  detail::PreemptionSignals signals_;  // installed first, removed last
+  checkpoint::detail::PreemptionSignals signals_;  // installed first, removed last
   Strategy* strategy_;
   std::unique_ptr<CheckpointManager> owned_manager_;
   CheckpointManager* manager_;
-  Variable<std::int64_t> counter_ = detail::make_plain_variable<std::int64_t>(0, kTotalRunCallsName);
+  Variable<std::int64_t> counter_ = checkpoint::detail::make_plain_variable<std::int64_t>(0, kTotalRunCallsName);
   std::int64_t total_run_calls_ = 0;
   std::optional<std::filesystem::path> restored_from_;
 };

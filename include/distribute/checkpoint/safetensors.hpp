@@ -10,7 +10,7 @@
 // What distribute adds, inside __metadata__ (so any safetensors reader still reads the file):
 //   "distribute.format": "1"
 //   "distribute.crc32.<tensor>": CRC-32 (IEEE, as zlib.crc32) of that tensor's bytes, 8 hex digits
-//   "distribute.header_crc32": CRC-32 of a canonical form of the header (see detail::header_digest),
+//   "distribute.header_crc32": CRC-32 of a canonical form of the header (see checkpoint::detail::header_digest),
 //                              so that a corrupted shape, offset, name or metadata value is caught too
 // A file carrying any of these must carry all of them. Files without them (written by Python's
 // safetensors, say) are read with the structural checks only.
@@ -41,7 +41,7 @@ namespace safetensors {
 
 /// The bytes of a safetensors file holding `tensors` and `metadata` (with distribute's checksums).
 inline std::vector<std::byte> serialize(const TensorMap& tensors, const Metadata& metadata = {}) {
-  const detail::Layout layout = detail::plan(tensors, metadata);
+  const checkpoint::detail::Layout layout = checkpoint::detail::plan(tensors, metadata);
   std::vector<std::byte> out;
   out.reserve(layout.header.size() + layout.payload_size);
   const auto* h = reinterpret_cast<const std::byte*>(layout.header.data());
@@ -51,13 +51,13 @@ inline std::vector<std::byte> serialize(const TensorMap& tensors, const Metadata
 }
 
 /// Writes `path` atomically: it holds either its previous contents or the complete new file,
-/// whatever happens during the write (see detail::AtomicFile).
+/// whatever happens during the write (see checkpoint::detail::AtomicFile).
 inline void write(const std::filesystem::path& path, const TensorMap& tensors, const Metadata& metadata = {},
                   const WriteOptions& options = {}) {
-  const detail::Layout layout = detail::plan(tensors, metadata);
+  const checkpoint::detail::Layout layout = checkpoint::detail::plan(tensors, metadata);
   const std::uint64_t total = layout.header.size() + layout.payload_size;
   std::uint64_t written = 0;
-  distribute::detail::AtomicFile file(path, options.durable);
+  distribute::checkpoint::detail::AtomicFile file(path, options.durable);
   auto put = [&](std::span<const std::byte> bytes) {
     file.write(bytes);
     written += bytes.size();
@@ -65,8 +65,8 @@ inline void write(const std::filesystem::path& path, const TensorMap& tensors, c
   };
   put(std::as_bytes(std::span(layout.header.data(), layout.header.size())));
   for (const auto& [name, view] : layout.order) {
-    for (std::size_t at = 0; at < view->bytes.size(); at += detail::kWriteChunk) {
-      put(view->bytes.subspan(at, std::min(detail::kWriteChunk, view->bytes.size() - at)));
+    for (std::size_t at = 0; at < view->bytes.size(); at += checkpoint::detail::kWriteChunk) {
+      put(view->bytes.subspan(at, std::min(checkpoint::detail::kWriteChunk, view->bytes.size() - at)));
     }
   }
   file.commit();
@@ -74,19 +74,19 @@ inline void write(const std::filesystem::path& path, const TensorMap& tensors, c
 
 /// Parses and validates a whole file held in memory; `origin` names it in errors.
 inline File parse(std::span<const std::byte> bytes, std::string origin = "<memory>", const ReadOptions& options = {}) {
-  detail::check_prefix(bytes.size(), origin);
-  const std::uint64_t n = detail::read_le64(bytes.data());
-  detail::check_header_length(n, bytes.size(), origin);
+  checkpoint::detail::check_prefix(bytes.size(), origin);
+  const std::uint64_t n = checkpoint::detail::read_le64(bytes.data());
+  checkpoint::detail::check_header_length(n, bytes.size(), origin);
   const std::string_view json(reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<std::size_t>(n));
   const std::uint64_t payload_start = 8 + n;
-  detail::Header h = detail::parse_header(json, bytes.size() - payload_start, origin);
+  checkpoint::detail::Header h = checkpoint::detail::parse_header(json, bytes.size() - payload_start, origin);
   File file;
   file.origin = std::move(origin);
   for (auto& e : h.entries) {
     StoredTensor t{e.name, e.dtype, e.shape, {}};
     auto src = bytes.subspan(static_cast<std::size_t>(payload_start + e.begin), static_cast<std::size_t>(e.end - e.begin));
     t.bytes.assign(src.begin(), src.end());
-    detail::check_tensor_bytes(h, t, file.origin, options);
+    checkpoint::detail::check_tensor_bytes(h, t, file.origin, options);
     file.tensors.push_back(std::move(t));
   }
   file.metadata = std::move(h.metadata);
@@ -96,24 +96,24 @@ inline File parse(std::span<const std::byte> bytes, std::string origin = "<memor
 /// Reads and validates a safetensors file; every problem is a CheckpointError naming the file.
 inline File read(const std::filesystem::path& path, const ReadOptions& options = {}) {
   const std::string origin = path.string();
-  auto fd = distribute::detail::open_for_reading(path);
-  const std::uint64_t size = distribute::detail::file_size(fd, path);
-  detail::check_prefix(size, origin);
+  auto fd = distribute::checkpoint::detail::open_for_reading(path);
+  const std::uint64_t size = distribute::checkpoint::detail::file_size(fd, path);
+  checkpoint::detail::check_prefix(size, origin);
   std::array<std::byte, 8> prefix{};
-  distribute::detail::read_exact(fd, prefix, 0, path, "the header length");
-  const std::uint64_t n = detail::read_le64(prefix.data());
-  detail::check_header_length(n, size, origin);
+  distribute::checkpoint::detail::read_exact(fd, prefix, 0, path, "the header length");
+  const std::uint64_t n = checkpoint::detail::read_le64(prefix.data());
+  checkpoint::detail::check_header_length(n, size, origin);
   std::string json(static_cast<std::size_t>(n), '\0');
-  distribute::detail::read_exact(fd, std::as_writable_bytes(std::span(json.data(), json.size())), 8, path,
+  distribute::checkpoint::detail::read_exact(fd, std::as_writable_bytes(std::span(json.data(), json.size())), 8, path,
                                  "the JSON header");
   const std::uint64_t payload_start = 8 + n;
-  detail::Header h = detail::parse_header(json, size - payload_start, origin);
+  checkpoint::detail::Header h = checkpoint::detail::parse_header(json, size - payload_start, origin);
   File file;
   file.origin = origin;
   for (auto& e : h.entries) {
     StoredTensor t{e.name, e.dtype, e.shape, std::vector<std::byte>(static_cast<std::size_t>(e.end - e.begin))};
-    distribute::detail::read_exact(fd, t.bytes, payload_start + e.begin, path, fmt::format("tensor '{}'", e.name));
-    detail::check_tensor_bytes(h, t, origin, options);
+    distribute::checkpoint::detail::read_exact(fd, t.bytes, payload_start + e.begin, path, fmt::format("tensor '{}'", e.name));
+    checkpoint::detail::check_tensor_bytes(h, t, origin, options);
     file.tensors.push_back(std::move(t));
   }
   file.metadata = std::move(h.metadata);

@@ -28,7 +28,7 @@ struct HostPort {
   friend bool operator==(const HostPort&, const HostPort&) = default;
 };
 
-namespace detail {
+namespace cluster::detail {
 
 /// Splits `address`, or says what is wrong with it as the end of a sentence that starts with
 /// "address 'X' " (so every caller can put its own field name in front).
@@ -82,13 +82,13 @@ inline std::optional<HostPort> split_host_port(std::string_view address, std::st
   return HostPort{std::string(host), p};
 }
 
-}  // namespace detail
+}  // namespace cluster::detail
 
 /// Splits "host:port" or "[v6]:port"; throws ClusterConfigError naming the address and what is
 /// wrong with it (no port, port out of [1, 65535], an unbracketed IPv6 host, a URL scheme...).
 inline HostPort split_host_port(std::string_view address) {
   std::string why;
-  auto hp = detail::split_host_port(address, why);
+  auto hp = cluster::detail::split_host_port(address, why);
   if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
   return *hp;
 }
@@ -96,7 +96,7 @@ inline HostPort split_host_port(std::string_view address) {
 /// True when split_host_port(address) would succeed.
 inline bool is_valid_address(std::string_view address) {
   std::string why;
-  return detail::split_host_port(address, why).has_value();
+  return cluster::detail::split_host_port(address, why).has_value();
 }
 
 DISTRIBUTE_END_NAMESPACE

@@ -20,12 +20,12 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 /// Environment variables handed to a resolver instead of the process environment (tests, or a
 /// program that computes them). Lookups by string_view do not allocate.
-using EnvVars = detail::EnvMap;
+using EnvVars = cluster::detail::EnvMap;
 
 /// Device type → count, as TF's num_accelerators() ({"GPU": 2}); empty for host-only tasks.
 using AcceleratorCounts = std::map<std::string, int>;
 
-namespace detail {
+namespace cluster {
 
 inline std::string cluster_tasks_phrase(std::int64_t n) { return fmt::format("{} task{}", n, n == 1 ? "" : "s"); }
 
@@ -38,8 +38,8 @@ inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type
   if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
   if (!spec.has_job(type)) {
     if (type == "evaluator") {
-      if (id > kMaxTaskIndex) {
-        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, kMaxTaskIndex));
+      if (id > cluster::detail::kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, cluster::detail::kMaxTaskIndex));
       }
       return;
     }
@@ -52,7 +52,7 @@ inline void check_task_in_cluster(const ClusterSpec& spec, std::string_view type
     throw ClusterConfigError(fmt::format("{} {} is out of range for job '{}' with {}", id_label, id, type,
                                          cluster_tasks_phrase(static_cast<std::int64_t>(indices.size()))));
   }
-  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, kMaxTaskIndex + 1)))) {
+  if (!dense && !spec.has_task(type, static_cast<int>(std::min<std::int64_t>(id, cluster::detail::kMaxTaskIndex + 1)))) {
     throw ClusterConfigError(fmt::format("{} {} is not a task of job '{}' (task indices: {})", id_label, id, type,
                                          fmt::join(indices, ", ")));
   }
@@ -62,7 +62,7 @@ inline int cluster_job_size(const ClusterSpec& spec, std::string_view job) {
   return spec.has_job(job) ? spec.num_tasks(job) : 0;
 }
 
-}  // namespace detail
+}  // namespace cluster
 
 /// Where this process sits in a cluster: the cluster's spec, this task's type and index, the
 /// RPC layer and local accelerators. Resolvers read it from somewhere (TF_CONFIG, Slurm, a
@@ -91,7 +91,7 @@ class ClusterResolver {
     if (cluster_spec().empty()) return true;  // local mode: the one process
     const auto type = task_type();
     if (type == "chief" || type == "evaluator") return true;
-    return type == "worker" && task_id() == 0 && detail::cluster_job_size(cluster_spec(), "chief") == 0;
+    return type == "worker" && task_id() == 0 && cluster::cluster_job_size(cluster_spec(), "chief") == 0;
   }
 
   /// The number of tasks that run replicas in sync: chief + workers (1 in local mode). For the
@@ -100,12 +100,12 @@ class ClusterResolver {
     const auto& spec = cluster_spec();
     const auto type = task_type();
     if (spec.empty()) return 1;
-    if (type == "evaluator") return std::max(1, detail::cluster_job_size(spec, "evaluator"));
+    if (type == "evaluator") return std::max(1, cluster::cluster_job_size(spec, "evaluator"));
     if (type != "chief" && type != "worker") {
       throw ClusterConfigError(
           fmt::format("ClusterResolver::worker_count: task type '{}' runs no replicas; only chief and worker tasks do", type));
     }
-    return detail::cluster_job_size(spec, "chief") + detail::cluster_job_size(spec, "worker");
+    return cluster::cluster_job_size(spec, "chief") + cluster::cluster_job_size(spec, "worker");
   }
 
   /// This task's position among the tasks that run replicas: the chief is 0 and worker i is
@@ -116,7 +116,7 @@ class ClusterResolver {
     if (spec.empty()) return 0;  // local mode: the one process, whatever task it was named
     const auto type = task_type();
     if (type == "chief") return 0;
-    if (type == "worker") return task_id() + detail::cluster_job_size(spec, "chief");
+    if (type == "worker") return task_id() + cluster::cluster_job_size(spec, "chief");
     if (type == "evaluator") {
       throw ClusterConfigError(
           "ClusterResolver::id_in_cluster: task type 'evaluator' has no id in the cluster; it runs beside training");
@@ -165,7 +165,7 @@ class ClusterResolver {
   std::string master_address() const {
     const auto& spec = cluster_spec();
     if (spec.empty()) return {};
-    if (detail::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
+    if (cluster::cluster_job_size(spec, "chief") > 0) return spec.task_address("chief", spec.task_indices("chief").front());
     if (spec.has_task("worker", 0)) return spec.task_address("worker", 0);
     throw ClusterConfigError(fmt::format("ClusterResolver::master_address: the cluster (jobs: {}) has neither a chief nor worker 0",
                                          fmt::join(spec.jobs(), ", ")));
@@ -194,7 +194,7 @@ class SimpleClusterResolver : public ClusterResolver {
     if (task_type_.empty()) throw ClusterConfigError("SimpleClusterResolver: task_type is empty");
     if (task_id_ < 0) throw ClusterConfigError(fmt::format("SimpleClusterResolver: task_id {} is negative", task_id_));
     if (!spec_.empty()) {
-      detail::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
+      cluster::check_task_in_cluster(spec_, task_type_, task_id_, "SimpleClusterResolver: task_type",
                                     "SimpleClusterResolver: task_id", "the cluster spec");
     }
     for (const auto& [device, count] : accelerators_) {

@@ -22,7 +22,7 @@
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
-namespace detail {
+namespace cluster::detail {
 
 /// Task indices are kept below this so that job_tasks() (a list with a slot per index up to
 /// the largest) cannot be made to allocate gigabytes by one stray sparse key.
@@ -54,7 +54,7 @@ inline void validate_cluster_jobs(const ClusterJobs& jobs, std::string_view who,
         throw ClusterConfigError(fmt::format("{}: {} has task index {}, out of range [0, {}]", who, field, index, kMaxTaskIndex));
       }
       std::string why;
-      if (!detail::split_host_port(address, why)) {
+      if (!cluster::detail::split_host_port(address, why)) {
         throw ClusterConfigError(fmt::format("{}: {} address '{}' {}", who, field, address, why));
       }
       auto [it, fresh] = owner.emplace(address, field);
@@ -116,7 +116,7 @@ inline ClusterJobs cluster_jobs_from_json(const boost::json::value& v, std::stri
   return jobs;
 }
 
-}  // namespace detail
+}  // namespace cluster::detail
 
 /// The addresses of a cluster's tasks, grouped by job ("chief", "worker", "ps", "evaluator"...).
 /// A job is dense (tasks 0..n-1, TF's list form) or sparse (some indices only, TF's
@@ -141,12 +141,12 @@ class ClusterSpec {
       auto& tasks = jobs_[job];
       for (std::size_t i = 0; i < addresses.size(); ++i) tasks[static_cast<int>(i)] = addresses[i];
     }
-    detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
+    cluster::detail::validate_cluster_jobs(jobs_, "ClusterSpec", "");
   }
 
   /// From sparse jobs: `ClusterSpec::from_sparse({{"worker", {{0, "a:1"}, {3, "b:2"}}}})`.
   static ClusterSpec from_sparse(SparseJobs jobs) {
-    detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
+    cluster::detail::validate_cluster_jobs(jobs, "ClusterSpec", "");
     ClusterSpec spec;
     spec.jobs_ = std::move(jobs);
     return spec;
@@ -155,9 +155,9 @@ class ClusterSpec {
   /// From TF's JSON: `{"worker": ["a:1", "b:2"], "ps": {"0": "c:3"}}`. Throws
   /// ClusterConfigError on a syntax error (with Boost.JSON's message and the offset) or a
   /// malformed job, naming the field ("ClusterSpec: worker[1] address 'b' has no port...").
-  static ClusterSpec from_json(std::string_view json) { return from_json(detail::cluster_parse_json(json, "ClusterSpec")); }
+  static ClusterSpec from_json(std::string_view json) { return from_json(cluster::detail::cluster_parse_json(json, "ClusterSpec")); }
   static ClusterSpec from_json(const boost::json::value& json) {
-    return from_sparse(detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
+    return from_sparse(cluster::detail::cluster_jobs_from_json(json, "ClusterSpec", ""));
   }
   // boost::json::value converts from text too; these say which overload text means.
   static ClusterSpec from_json(const char* json) { return from_json(std::string_view(json)); }

@@ -34,7 +34,7 @@ struct LauncherOptions {
   AcceleratorCounts num_accelerators;
 };
 
-namespace detail {
+namespace cluster::detail {
 
 /// The variables of one launcher family: rank, world size, rank on this host.
 struct LauncherVars {
@@ -59,7 +59,7 @@ inline const LauncherVars* find_launcher(const EnvReader& env) {
   return nullptr;
 }
 
-}  // namespace detail
+}  // namespace cluster::detail
 
 /// Resolves the cluster of processes started by a launcher that hands each one a rank and the
 /// world size: Open MPI's mpirun (OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE), PMI launchers
@@ -79,13 +79,13 @@ inline const LauncherVars* find_launcher(const EnvReader& env) {
 class LauncherClusterResolver : public ClusterResolver {
  public:
   LauncherClusterResolver() : LauncherClusterResolver(LauncherOptions{}) {}
-  explicit LauncherClusterResolver(LauncherOptions options) { init(std::move(options), detail::EnvReader{}); }
+  explicit LauncherClusterResolver(LauncherOptions options) { init(std::move(options), cluster::detail::EnvReader{}); }
   /// Reads the variables from `env` instead of the process environment.
-  LauncherClusterResolver(LauncherOptions options, const EnvVars& env) { init(std::move(options), detail::EnvReader{&env}); }
+  LauncherClusterResolver(LauncherOptions options, const EnvVars& env) { init(std::move(options), cluster::detail::EnvReader{&env}); }
 
   /// True when the process environment (or `env`) has a launcher's rank variable.
-  static bool detected() { return detail::find_launcher(detail::EnvReader{}) != nullptr; }
-  static bool detected(const EnvVars& env) { return detail::find_launcher(detail::EnvReader{&env}) != nullptr; }
+  static bool detected() { return cluster::detail::find_launcher(cluster::detail::EnvReader{}) != nullptr; }
+  static bool detected(const EnvVars& env) { return cluster::detail::find_launcher(cluster::detail::EnvReader{&env}) != nullptr; }
 
   const ClusterSpec& cluster_spec() const override { return spec_; }
   std::string task_type() const override { return "worker"; }
@@ -102,29 +102,29 @@ class LauncherClusterResolver : public ClusterResolver {
   std::string_view rank_variable() const { return vars_->rank; }
 
  private:
-  void init(LauncherOptions options, const detail::EnvReader& env) {
+  void init(LauncherOptions options, const cluster::detail::EnvReader& env) {
     constexpr std::string_view who = "LauncherClusterResolver";
     rpc_layer_ = std::move(options.rpc_layer);
     accelerators_ = std::move(options.num_accelerators);
-    vars_ = detail::find_launcher(env);
+    vars_ = cluster::detail::find_launcher(env);
     if (vars_ == nullptr) {
       throw ClusterConfigError(fmt::format(
           "{}: no launcher environment: none of OMPI_COMM_WORLD_RANK (mpirun), PMI_RANK (mpiexec) or RANK (torchrun) is "
           "set", who));
     }
     const std::string hint = fmt::format(" ({} sets it together with {}, which is set)", vars_->launcher, vars_->rank);
-    world_size_ = detail::require_env_int(env, who, vars_->size, 1, 1'000'000, hint);
-    rank_ = detail::require_env_int(env, who, vars_->rank, 0, INT_MAX);
+    world_size_ = cluster::detail::require_env_int(env, who, vars_->size, 1, 1'000'000, hint);
+    rank_ = cluster::detail::require_env_int(env, who, vars_->rank, 0, INT_MAX);
     if (rank_ >= world_size_) {
       throw ClusterConfigError(fmt::format("{}: {}={} is out of range for {}={}", who, vars_->rank, rank_, vars_->size, world_size_));
     }
-    if (env.has(vars_->local_rank)) local_rank_ = detail::require_env_int(env, who, vars_->local_rank, 0, INT_MAX);
+    if (env.has(vars_->local_rank)) local_rank_ = cluster::detail::require_env_int(env, who, vars_->local_rank, 0, INT_MAX);
 
     auto addr = env.get("MASTER_ADDR");
     if (!addr) addr = options.master_addr;
     std::optional<int> port;
     if (env.has("MASTER_PORT")) {
-      port = detail::require_env_int(env, who, "MASTER_PORT", 1, 65535);
+      port = cluster::detail::require_env_int(env, who, "MASTER_PORT", 1, 65535);
     } else if (options.master_port) {
       port = *options.master_port;
       if (*port < 1 || *port > 65535) {
@@ -148,7 +148,7 @@ class LauncherClusterResolver : public ClusterResolver {
     std::string why;
     // MASTER_ADDR is a bare host; IPv6 hosts come without brackets, so HostPort adds them.
     const std::string master = HostPort{*addr, *port + options.port_offset}.to_string();
-    if (addr->empty() || addr->front() == '[' || !detail::split_host_port(master, why)) {
+    if (addr->empty() || addr->front() == '[' || !cluster::detail::split_host_port(master, why)) {
       throw ClusterConfigError(fmt::format("{}: MASTER_ADDR='{}' is not a host name or IP address", who, *addr));
     }
     std::map<int, std::string> workers;
@@ -160,7 +160,7 @@ class LauncherClusterResolver : public ClusterResolver {
   int rank_ = 0;
   int world_size_ = 1;
   std::optional<int> local_rank_;
-  const detail::LauncherVars* vars_ = nullptr;
+  const cluster::detail::LauncherVars* vars_ = nullptr;
   std::string rpc_layer_;
   AcceleratorCounts accelerators_;
 };

@@ -39,7 +39,7 @@ struct SlurmOptions {
   std::string rpc_layer = "grpc";
 };
 
-namespace detail {
+namespace cluster::detail {
 
 /// Expands Slurm's tasks-per-node list: "2(x3),1" → 2, 2, 2, 1.
 inline std::vector<int> slurm_expand_tasks_per_node(std::string_view text, std::string_view label) {
@@ -94,7 +94,7 @@ inline int slurm_count_gpus(std::string_view text, std::string_view label) {
   return static_cast<int>(count);
 }
 
-}  // namespace detail
+}  // namespace cluster::detail
 
 /// Builds the cluster of a Slurm job step from the variables srun sets in every task:
 /// SLURM_PROCID (this task's rank), SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST (e.g.
@@ -115,20 +115,20 @@ class SlurmClusterResolver : public ClusterResolver {
     SlurmOptions options;
     options.jobs = std::move(jobs);
     options.port_base = port_base;
-    init(std::move(options), detail::EnvReader{});
+    init(std::move(options), cluster::detail::EnvReader{});
   }
-  explicit SlurmClusterResolver(SlurmOptions options) { init(std::move(options), detail::EnvReader{}); }
+  explicit SlurmClusterResolver(SlurmOptions options) { init(std::move(options), cluster::detail::EnvReader{}); }
   /// Reads the variables from `env` instead of the process environment.
-  SlurmClusterResolver(SlurmOptions options, const EnvVars& env) { init(std::move(options), detail::EnvReader{&env}); }
+  SlurmClusterResolver(SlurmOptions options, const EnvVars& env) { init(std::move(options), cluster::detail::EnvReader{&env}); }
 
   /// "node[01-03,07]" → node01, node02, node03, node07; "a,b[1-2]" → a, b1, b2. Zero padding
   /// follows the low end of a range. ClusterConfigError on malformed lists.
   static std::vector<std::string> expand_hostlist(std::string_view hostlist) {
-    return detail::slurm_expand_hostlist(hostlist, "hostlist");
+    return cluster::detail::slurm_expand_hostlist(hostlist, "hostlist");
   }
   /// "2(x3),1" → 2, 2, 2, 1. ClusterConfigError on malformed lists.
   static std::vector<int> expand_tasks_per_node(std::string_view tasks_per_node) {
-    return detail::slurm_expand_tasks_per_node(tasks_per_node, "tasks-per-node list");
+    return cluster::detail::slurm_expand_tasks_per_node(tasks_per_node, "tasks-per-node list");
   }
 
   const ClusterSpec& cluster_spec() const override { return spec_; }
@@ -150,12 +150,12 @@ class SlurmClusterResolver : public ClusterResolver {
   const std::string& gpu_allocation() const { return gpu_allocation_; }
 
  private:
-  void init(SlurmOptions options, const detail::EnvReader& env) {
+  void init(SlurmOptions options, const cluster::detail::EnvReader& env) {
     constexpr std::string_view who = "SlurmClusterResolver";
     constexpr std::string_view hint = " (is this process a task of a Slurm step, started by srun?)";
     rpc_layer_ = std::move(options.rpc_layer);
-    rank_ = detail::require_env_int(env, who, "SLURM_PROCID", 0, INT_MAX, hint);
-    const int num_tasks = detail::require_env_int(env, who, "SLURM_STEP_NUM_TASKS", 1, detail::kSlurmMaxCount, hint);
+    rank_ = cluster::detail::require_env_int(env, who, "SLURM_PROCID", 0, INT_MAX, hint);
+    const int num_tasks = cluster::detail::require_env_int(env, who, "SLURM_STEP_NUM_TASKS", 1, cluster::detail::kSlurmMaxCount, hint);
     auto require = [&](std::string_view name) {
       auto v = env.get(name);
       if (!v) throw ClusterConfigError(fmt::format("{}: environment variable {} is not set{}", who, name, hint));
@@ -163,8 +163,8 @@ class SlurmClusterResolver : public ClusterResolver {
     };
     const std::string nodelist = require("SLURM_STEP_NODELIST");
     const std::string tasks_text = require("SLURM_STEP_TASKS_PER_NODE");
-    hosts_ = detail::slurm_expand_hostlist(nodelist, "SlurmClusterResolver: SLURM_STEP_NODELIST");
-    tasks_per_node_ = detail::slurm_expand_tasks_per_node(tasks_text, "SlurmClusterResolver: SLURM_STEP_TASKS_PER_NODE");
+    hosts_ = cluster::detail::slurm_expand_hostlist(nodelist, "SlurmClusterResolver: SLURM_STEP_NODELIST");
+    tasks_per_node_ = cluster::detail::slurm_expand_tasks_per_node(tasks_text, "SlurmClusterResolver: SLURM_STEP_TASKS_PER_NODE");
 
     if (hosts_.size() != tasks_per_node_.size()) {
       throw ClusterConfigError(fmt::format(
@@ -205,9 +205,9 @@ class SlurmClusterResolver : public ClusterResolver {
     if (options.gpus_per_node) {
       gpus_per_node = *options.gpus_per_node;
     } else if (auto step = env.get("SLURM_STEP_GPUS")) {
-      gpus_per_node = detail::slurm_count_gpus(*step, "SlurmClusterResolver: SLURM_STEP_GPUS");
+      gpus_per_node = cluster::detail::slurm_count_gpus(*step, "SlurmClusterResolver: SLURM_STEP_GPUS");
     } else if (auto job = env.get("SLURM_JOB_GPUS")) {
-      gpus_per_node = detail::slurm_count_gpus(*job, "SlurmClusterResolver: SLURM_JOB_GPUS");
+      gpus_per_node = cluster::detail::slurm_count_gpus(*job, "SlurmClusterResolver: SLURM_JOB_GPUS");
     }
     if (gpus_per_node < 0) throw ClusterConfigError(fmt::format("{}: gpus_per_node {} is negative", who, gpus_per_node));
     gpus_per_task_ = options.gpus_per_task.value_or(max_per_node > 0 ? gpus_per_node / max_per_node : 0);
@@ -231,7 +231,7 @@ class SlurmClusterResolver : public ClusterResolver {
     for (int g = 0; g < gpus_per_task_; ++g) ids.push_back(std::to_string(local_offset * gpus_per_task_ + g));
     gpu_allocation_ = fmt::format("{}", fmt::join(ids, ","));
 
-    detail::ClusterJobs cluster;
+    cluster::detail::ClusterJobs cluster;
     int first = 0;
     for (const auto& [job, count] : jobs) {
       auto& tasks = cluster[job];
@@ -243,7 +243,7 @@ class SlurmClusterResolver : public ClusterResolver {
       first += count;
     }
     // Bad job names in `jobs`, or a node listed twice, are reported as ours, not ClusterSpec's.
-    detail::validate_cluster_jobs(cluster, who, "");
+    cluster::detail::validate_cluster_jobs(cluster, who, "");
     spec_ = ClusterSpec::from_sparse(std::move(cluster));
   }
 

@@ -32,7 +32,7 @@ struct TFConfigOptions {
   AcceleratorCounts num_accelerators;
 };
 
-namespace detail {
+namespace cluster::detail {
 
 inline constexpr std::array<std::string_view, 4> kTFConfigTaskTypes = {"chief", "worker", "ps", "evaluator"};
 
@@ -59,7 +59,7 @@ inline std::string tf_config_string(const boost::json::object& obj, std::string_
   return std::string(v->get_string());
 }
 
-}  // namespace detail
+}  // namespace cluster::detail
 
 /// Reads the cluster from TF_CONFIG, TF's schema:
 ///
@@ -81,10 +81,10 @@ class TFConfigClusterResolver : public ClusterResolver {
  public:
   /// Reads the TF_CONFIG environment variable.
   TFConfigClusterResolver() : TFConfigClusterResolver(TFConfigOptions{}) {}
-  explicit TFConfigClusterResolver(const TFConfigOptions& options) { init(detail::EnvReader{}.get("TF_CONFIG"), options); }
+  explicit TFConfigClusterResolver(const TFConfigOptions& options) { init(cluster::detail::EnvReader{}.get("TF_CONFIG"), options); }
   /// Reads TF_CONFIG from `env` instead of the process environment.
   explicit TFConfigClusterResolver(const EnvVars& env, const TFConfigOptions& options = {}) {
-    init(detail::EnvReader{&env}.get("TF_CONFIG"), options);
+    init(cluster::detail::EnvReader{&env}.get("TF_CONFIG"), options);
   }
   /// Parses `tf_config` as the value of TF_CONFIG (blank text: as if it were unset).
   explicit TFConfigClusterResolver(std::string_view tf_config, const TFConfigOptions& options = {}) {
@@ -112,7 +112,7 @@ class TFConfigClusterResolver : public ClusterResolver {
         throw ClusterConfigError(fmt::format("TFConfigClusterResolver: num_accelerators['{}'] is {}, negative", device, count));
       }
     }
-    has_tf_config_ = text && !detail::tf_config_is_blank(*text);
+    has_tf_config_ = text && !cluster::detail::tf_config_is_blank(*text);
     std::optional<std::string> type;
     std::optional<std::int64_t> index;
     if (has_tf_config_) parse(*text, type, index);
@@ -136,13 +136,13 @@ class TFConfigClusterResolver : public ClusterResolver {
       // as given (the helpers treat the process as worker 0 and the chief).
       task_type_ = type.value_or("worker");
       std::int64_t id = index.value_or(0);
-      if (!detail::is_tf_config_task_type(task_type_)) {
+      if (!cluster::detail::is_tf_config_task_type(task_type_)) {
         throw ClusterConfigError(fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator",
                                              type_label, task_type_));
       }
       if (id < 0) throw ClusterConfigError(fmt::format("{} {} is negative", id_label, id));
-      if (id > detail::kMaxTaskIndex) {
-        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, detail::kMaxTaskIndex));
+      if (id > cluster::detail::kMaxTaskIndex) {
+        throw ClusterConfigError(fmt::format("{} {} is out of range (at most {})", id_label, id, cluster::detail::kMaxTaskIndex));
       }
       task_id_ = static_cast<int>(id);
       return;
@@ -156,33 +156,33 @@ class TFConfigClusterResolver : public ClusterResolver {
     if (!index) {
       throw ClusterConfigError("TF_CONFIG: task.index is missing; with a cluster, every process needs task.type and task.index");
     }
-    if (!detail::is_tf_config_task_type(*type)) {
+    if (!cluster::detail::is_tf_config_task_type(*type)) {
       throw ClusterConfigError(
           fmt::format("{} '{}' is not a task type; expected chief, worker, ps or evaluator", type_label, *type));
     }
-    detail::check_task_in_cluster(spec_, *type, *index, type_label, id_label, "cluster");
+    cluster::check_task_in_cluster(spec_, *type, *index, type_label, id_label, "cluster");
     task_type_ = *type;
     task_id_ = static_cast<int>(*index);
   }
 
   void parse(const std::string& text, std::optional<std::string>& type, std::optional<std::int64_t>& index) {
-    auto doc = detail::cluster_parse_json(text, "TF_CONFIG");
+    auto doc = cluster::detail::cluster_parse_json(text, "TF_CONFIG");
     const auto* top = doc.if_object();
     if (top == nullptr) {
       throw ClusterConfigError(fmt::format("TF_CONFIG: the top level must be an object with cluster and task, got {}",
-                                           detail::cluster_json_describe(doc)));
+                                           cluster::detail::cluster_json_describe(doc)));
     }
     // cluster, task and task.index may be absent but not null: TF raises on a null one
     // (ClusterSpec(None), 'type' in None, int(None)). rpc_layer and environment may be null.
     if (const auto* cluster = top->if_contains("cluster")) {
-      auto jobs = detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
+      auto jobs = cluster::detail::cluster_jobs_from_json(*cluster, "TF_CONFIG", "cluster");
       for (const auto& entry : jobs) {
-        if (!detail::is_tf_config_task_type(entry.first)) {
+        if (!cluster::detail::is_tf_config_task_type(entry.first)) {
           throw ClusterConfigError(fmt::format("TF_CONFIG: cluster has job '{}'; jobs must be chief, worker, ps or evaluator",
                                                entry.first));
         }
       }
-      detail::validate_cluster_jobs(jobs, "TF_CONFIG", "cluster");
+      cluster::detail::validate_cluster_jobs(jobs, "TF_CONFIG", "cluster");
       for (std::string_view single : {"chief", "evaluator"}) {
         auto it = jobs.find(std::string(single));
         if (it != jobs.end() && it->second.size() > 1) {
@@ -197,31 +197,31 @@ class TFConfigClusterResolver : public ClusterResolver {
       const auto* task = task_value->if_object();
       if (task == nullptr) {
         throw ClusterConfigError(fmt::format("TF_CONFIG: task must be an object with type and index, got {}",
-                                             detail::cluster_json_describe(*task_value)));
+                                             cluster::detail::cluster_json_describe(*task_value)));
       }
       if (const auto* t = task->if_contains("type")) {
         if (!t->is_string()) {
           throw ClusterConfigError(
-              fmt::format("TF_CONFIG: task.type must be a string, got {}", detail::cluster_json_describe(*t)));
+              fmt::format("TF_CONFIG: task.type must be a string, got {}", cluster::detail::cluster_json_describe(*t)));
         }
         type = std::string(t->get_string());
       }
       if (const auto* i = task->if_contains("index")) index = parse_index(*i);
     }
-    rpc_layer_ = detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
-    environment_ = detail::tf_config_string(*top, "environment", "environment");
-    if (detail::tf_config_member(*top, "session_master")) {
-      session_master_ = detail::tf_config_string(*top, "session_master", "session_master");
+    rpc_layer_ = cluster::detail::tf_config_string(*top, "rpc_layer", "rpc_layer");
+    environment_ = cluster::detail::tf_config_string(*top, "environment", "environment");
+    if (cluster::detail::tf_config_member(*top, "session_master")) {
+      session_master_ = cluster::detail::tf_config_string(*top, "session_master", "session_master");
     }
   }
 
   static std::int64_t parse_index(const boost::json::value& v) {
-    if (auto i = detail::cluster_json_integer(v)) return *i;
+    if (auto i = cluster::detail::cluster_json_integer(v)) return *i;
     if (v.is_string()) {
       std::string_view s = v.get_string();
-      if (auto i = detail::parse_env_integer(s)) return *i;
+      if (auto i = cluster::detail::parse_env_integer(s)) return *i;
     }
-    throw ClusterConfigError(fmt::format("TF_CONFIG: task.index must be an integer, got {}", detail::cluster_json_describe(v)));
+    throw ClusterConfigError(fmt::format("TF_CONFIG: task.index must be an integer, got {}", cluster::detail::cluster_json_describe(v)));
   }
 
   ClusterSpec spec_;

@@ -57,13 +57,13 @@ struct CommunicationOptions {
   std::optional<std::string> timeline = std::nullopt;
 };
 
-namespace detail {
+namespace collective::detail {
 /// What a cross-device ops policy needs to build the collectives of one strategy.
 struct CollectivesConfig {
   int num_replicas_in_sync = 1;
   std::vector<std::string> devices;  // the local replicas' devices
   CommunicationOptions options;
 };
-}  // namespace detail
+}  // namespace collective::detail
 
 DISTRIBUTE_END_NAMESPACE

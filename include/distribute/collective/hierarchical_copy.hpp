@@ -10,14 +10,14 @@
 #include <vector>
 
 #include <distribute/collective/communication_options.hpp>
-#include <distribute/collective/detail/validate.hpp>
+#include <distribute/collective/validate.hpp>
 #include <distribute/collective/shared_memory.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace collective::detail {
 
 /// The collectives of HierarchicalCopyAllReduceWith<num_groups>.
-DISTRIBUTE_DECL std::unique_ptr<ReplicaCollectives> make_hierarchical_copy_collectives(std::int64_t mean_divisor,
+DISTRIBUTE_DECL std::unique_ptr<core::ReplicaCollectives> make_hierarchical_copy_collectives(std::int64_t mean_divisor,
                                                                                      int num_local, int num_groups);
 
 #if DISTRIBUTE_DETAIL_DEFINE  // reached through the factory above (version.hpp: separate compilation)
@@ -38,12 +38,12 @@ class HierarchicalCopyCollectives : public SharedMemoryCollectives {
     }
   }
 
-  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
-    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+  void all_reduce(core::ReplicaGroup& group, int replica, std::span<core::BufferRef> buffers, ReduceOp op) override {
+    const core::CollectiveCall call{core::CollectiveKind::AllReduce, op, buffers};
     const int leader = leader_of_[static_cast<std::size_t>(replica)];
     const bool is_leader = leader == replica;
     const int root = leaders_.front();
-    exchange(
+    collective::exchange(
         group, replica, call,
         [&] {  // 1. each leader reduces its group (leaders work in parallel)
           if (!is_leader) return;
@@ -69,21 +69,21 @@ class HierarchicalCopyCollectives : public SharedMemoryCollectives {
   std::vector<int> leader_of_;
 };
 
-DISTRIBUTE_DECL std::unique_ptr<ReplicaCollectives> make_hierarchical_copy_collectives(std::int64_t mean_divisor,
+DISTRIBUTE_DECL std::unique_ptr<core::ReplicaCollectives> make_hierarchical_copy_collectives(std::int64_t mean_divisor,
                                                                                      int num_local, int num_groups) {
   return std::make_unique<HierarchicalCopyCollectives>(mean_divisor, num_local, num_groups);
 }
 #endif  // DISTRIBUTE_DETAIL_DEFINE
 
-}  // namespace detail
+}  // namespace collective::detail
 
 /// Cross-device ops policy: reduce within groups, across group leaders, then copy back down.
 /// `NumGroups` groups of consecutive devices (TF's topology for 8 GPUs is two groups of four).
 template <int NumGroups = 2>
 struct HierarchicalCopyAllReduceWith {
   static constexpr std::string_view name = "HierarchicalCopyAllReduce";
-  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
-    return detail::make_hierarchical_copy_collectives(config.num_replicas_in_sync,
+  static std::unique_ptr<core::ReplicaCollectives> make_collectives(const collective::detail::CollectivesConfig& config) {
+    return collective::detail::make_hierarchical_copy_collectives(config.num_replicas_in_sync,
                                                       static_cast<int>(config.devices.size()), NumGroups);
   }
 };

@@ -13,89 +13,89 @@
 #include <vector>
 
 #include <distribute/collective/communication_options.hpp>
-#include <distribute/collective/detail/device_staging.hpp>
+#include <distribute/collective/device_staging.hpp>
 #include <distribute/collective/detail/scatter.hpp>
-#include <distribute/collective/detail/validate.hpp>
+#include <distribute/collective/validate.hpp>
 #include <distribute/collective/packing.hpp>
 #include <distribute/collective/shared_memory.hpp>
-#include <distribute/core/detail/concat.hpp>
-#include <distribute/core/detail/cross_worker.hpp>
+#include <distribute/core/concat.hpp>
+#include <distribute/core/cross_worker.hpp>
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace collective {
 
 /// In-place all-reduce of host buffers across the workers, one link collective per pack
 /// (collective/packing.hpp's rule); `scratch` holds packs of several values. `op` is not Mean.
-DISTRIBUTE_DECL void all_reduce_in_packs(CrossWorkerLink& link, std::span<BufferRef> buffers, ReduceOp op,
+DISTRIBUTE_DECL void all_reduce_in_packs(core::CrossWorkerLink& link, std::span<core::BufferRef> buffers, ReduceOp op,
                                          std::size_t bytes_per_pack, std::vector<std::byte>& scratch);
 
 /// The TCP path of a multi-worker strategy's collectives (MultiWorkerCollectives below), device
 /// buffers through host copies.
-DISTRIBUTE_DECL std::unique_ptr<ReplicaCollectives> make_cross_worker_collectives(const CollectivesConfig& config,
-                                                                                CrossWorkerLink& link);
+DISTRIBUTE_DECL std::unique_ptr<core::ReplicaCollectives> make_cross_worker_collectives(const collective::detail::CollectivesConfig& config,
+                                                                                core::CrossWorkerLink& link);
 
 #if DISTRIBUTE_DETAIL_DEFINE  // reached through the two functions above (version.hpp: separate compilation)
-DISTRIBUTE_DECL void all_reduce_in_packs(CrossWorkerLink& link, std::span<BufferRef> buffers, ReduceOp op,
+DISTRIBUTE_DECL void all_reduce_in_packs(core::CrossWorkerLink& link, std::span<core::BufferRef> buffers, ReduceOp op,
                                          std::size_t bytes_per_pack, std::vector<std::byte>& scratch) {
-  for (const Pack& pack : make_packs(buffers, bytes_per_pack)) {
-    ShapesDigest shapes;
+  for (const collective::detail::Pack& pack : collective::detail::make_packs(buffers, bytes_per_pack)) {
+    core::ShapesDigest shapes;
     for (std::size_t k : pack.members) shapes.add(buffers[k].shape);
     if (pack.members.size() == 1) {  // a lone value travels from its own memory, no copy
-      BufferRef& b = buffers[pack.members.front()];
+      core::BufferRef& b = buffers[pack.members.front()];
       link.all_reduce(b.data, b.count(), b.dtype, op, shapes.value());
     } else {
       scratch.resize(pack.bytes());
-      pack_into(pack, buffers, scratch.data());
+      detail::pack_into(pack, buffers, scratch.data());
       link.all_reduce(scratch.data(), pack.count, pack.dtype, op, shapes.value());
-      unpack_from(pack, buffers, scratch.data());
+      detail::unpack_from(pack, buffers, scratch.data());
     }
   }
 }
 
-class MultiWorkerCollectives : public SharedMemoryCollectives {
+class MultiWorkerCollectives : public detail::SharedMemoryCollectives {
  public:
-  MultiWorkerCollectives(CrossWorkerLink& link, int num_local, int num_replicas_in_sync, const CommunicationOptions& options)
-      : SharedMemoryCollectives(num_replicas_in_sync), link_(&link), bytes_per_pack_(options.bytes_per_pack) {
+  MultiWorkerCollectives(core::CrossWorkerLink& link, int num_local, int num_replicas_in_sync, const CommunicationOptions& options)
+      : detail::SharedMemoryCollectives(num_replicas_in_sync), link_(&link), bytes_per_pack_(options.bytes_per_pack) {
     local_.resize(static_cast<std::size_t>(num_local));
     std::iota(local_.begin(), local_.end(), 0);
   }
 
-  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
-    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+  void all_reduce(core::ReplicaGroup& group, int replica, std::span<core::BufferRef> buffers, ReduceOp op) override {
+    const core::CollectiveCall call{core::CollectiveKind::AllReduce, op, buffers};
     const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
-    exchange(
+    collective::exchange(
         group, replica, call,
         [&] {  // local replicas into replica 0
           if (replica != 0) return;
-          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, 0, local_, i, combine_op, 0, ReadFrom::inputs);
+          for (std::size_t i = 0; i < buffers.size(); ++i) collective::detail::reduce_into(group, 0, local_, i, combine_op, 0, collective::detail::ReadFrom::inputs);
         },
         [&] {  // replica 0: across the workers, one collective per pack
           if (replica == 0) cross_worker_all_reduce(buffers, combine_op, op == ReduceOp::Mean);
         },
         [&] {  // everyone takes the result
-          if (replica != 0) copy_buffers(group, 0, replica);
+          if (replica != 0) collective::detail::copy_buffers(group, 0, replica);
         });
   }
 
-  void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+  void all_gather(core::ReplicaGroup& group, int replica, const core::BufferRef& input, int axis,
                   const std::function<void*(const Shape&)>& allocate) override {
-    BufferRef in = input;
-    const CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
-    exchange(
+    core::BufferRef in = input;
+    const core::CollectiveCall call{core::CollectiveKind::AllGather, ReduceOp::Sum, std::span<core::BufferRef>(&in, 1), axis};
+    collective::exchange(
         group, replica, call,
         [&] {
           if (replica != 0) return;
-          std::vector<const BufferRef*> parts;
+          std::vector<const core::BufferRef*> parts;
           for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
           std::vector<std::byte> local;
           Shape local_shape;
-          concat_along_axis(parts, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
+          core::concat_along_axis(parts, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
             local_shape = s;
             local.resize(static_cast<std::size_t>(num_elements(s)) * size_of(in.dtype));
             return local.data();
           });
-          gathered_ = gather_across_workers(*link_, {local.data(), in.dtype, local_shape},
+          gathered_ = core::gather_across_workers(*link_, {local.data(), in.dtype, local_shape},
                                             static_cast<std::size_t>(axis), "all_gather");
         },
         [&] {
@@ -105,11 +105,11 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
   }
 
   /// `root` is a replica_id_in_sync_group: its worker sends, every replica receives.
-  void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
-    const CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
+  void broadcast(core::ReplicaGroup& group, int replica, core::BufferRef buffer, int root) override {
+    const core::CollectiveCall call{core::CollectiveKind::Broadcast, ReduceOp::Sum, std::span<core::BufferRef>(&buffer, 1), 0, root};
     const int root_worker = root / group.size();
     const int root_local = root % group.size();
-    exchange(
+    collective::exchange(
         group, replica, call,
         [&] {
           if (replica != 0) return;
@@ -125,33 +125,33 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
 
   /// Local replicas reduce into replica 0's input; one cross-worker reduce-scatter leaves each
   /// worker the rows of its replicas' parts; each replica copies its part out.
-  void reduce_scatter(ReplicaGroup& group, int replica, BufferRef input, ReduceOp op,
+  void reduce_scatter(core::ReplicaGroup& group, int replica, core::BufferRef input, ReduceOp op,
                       const std::function<void*(const Shape&)>& allocate) override {
-    const CollectiveCall call{CollectiveKind::ReduceScatter, op, std::span<BufferRef>(&input, 1)};
+    const core::CollectiveCall call{core::CollectiveKind::ReduceScatter, op, std::span<core::BufferRef>(&input, 1)};
     const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
     const int local = group.size(), n = static_cast<int>(mean_divisor_), w = link_->worker_index();
-    exchange(
+    collective::exchange(
         group, replica, call,
         [&] {
           if (replica != 0) return;
-          reduce_into(group, 0, local_, 0, combine_op, 0, ReadFrom::inputs);
-          const std::size_t row = row_elements(input.shape);
+          collective::detail::reduce_into(group, 0, local_, 0, combine_op, 0, collective::detail::ReadFrom::inputs);
+          const std::size_t row = core::row_elements(input.shape);
           std::vector<std::size_t> counts;
           for (int v = 0; v < link_->num_workers(); ++v) {
             std::int64_t rows = 0;
-            for (int i = 0; i < local; ++i) rows += split_rows(input.shape[0], n, v * local + i).rows;
+            for (int i = 0; i < local; ++i) rows += core::split_rows(input.shape[0], n, v * local + i).rows;
             counts.push_back(static_cast<std::size_t>(rows) * row);
           }
-          link_->reduce_scatter(input.data, counts, input.dtype, combine_op, shapes_digest(input.shape));
+          link_->reduce_scatter(input.data, counts, input.dtype, combine_op, core::shapes_digest(input.shape));
           if (op != ReduceOp::Mean) return;
-          const BufferRef first = part_of(input, n, w * local);
+          const core::BufferRef first = core::part_of(input, n, w * local);
           visit_dtype(input.dtype, [&](auto t) {
-            divide(static_cast<decltype(t)*>(first.data), counts[static_cast<std::size_t>(w)], mean_divisor_);
+            core::divide(static_cast<decltype(t)*>(first.data), counts[static_cast<std::size_t>(w)], mean_divisor_);
           });
         },
         [&] {
           if (group.collective_failed_replica() >= 0) return;
-          const BufferRef part = part_of(group.slot(0).buffers[0], n, w * local + replica);
+          const core::BufferRef part = core::part_of(group.slot(0).buffers[0], n, w * local + replica);
           void* out = allocate(part.shape);
           if (part.bytes() > 0) std::memcpy(out, part.data, part.bytes());
         });
@@ -160,22 +160,22 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
   /// Replica 0 gathers every replica's pieces' shapes over the link (the agreement check), sends
   /// each worker the pieces for its replicas in one all_to_all, and every replica copies its
   /// pieces out: from the local replicas' buffers, or from what arrived.
-  void all_to_all(ReplicaGroup& group, int replica, std::span<BufferRef> pieces, bool split,
+  void all_to_all(core::ReplicaGroup& group, int replica, std::span<core::BufferRef> pieces, bool split,
                   const std::function<std::vector<void*>(const std::vector<Shape>&)>& allocate) override {
     const int n = static_cast<int>(mean_divisor_);
     // root 0: checked in the first phase, on the table of every worker's replicas.
-    const CollectiveCall call{CollectiveKind::AllToAll, ReduceOp::Sum, pieces, split ? 1 : 0, 0};
+    const core::CollectiveCall call{core::CollectiveKind::AllToAll, ReduceOp::Sum, pieces, split ? 1 : 0, 0};
     const int local = group.size(), w = link_->worker_index(), workers = link_->num_workers();
     auto piece_bytes = [&](int from, int to) {
       const auto& s = sides_[static_cast<std::size_t>(from)];
       return static_cast<std::size_t>(num_elements(s.shapes[static_cast<std::size_t>(to)])) * size_of(s.dtypes[0]);
     };
-    exchange(
+    collective::exchange(
         group, replica, call,
         [&] {
           if (replica != 0) return;
-          sides_ = gather_sides(*link_, group);
-          check_all_to_all(sides_, n);
+          sides_ = collective::detail::gather_sides(*link_, group);
+          collective::detail::check_all_to_all(sides_, n);
           // To worker v: for each of its replicas, the pieces of each of ours, in that order.
           std::vector<std::size_t> send_bytes(static_cast<std::size_t>(workers), 0), recv_bytes(send_bytes);
           std::vector<std::byte> send;
@@ -185,7 +185,7 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
             if (v == w) continue;
             for (int to = v * local; to < (v + 1) * local; ++to) {
               for (int i = 0; i < local; ++i) {
-                const BufferRef& b = group.slot(i).buffers[static_cast<std::size_t>(to)];
+                const core::BufferRef& b = group.slot(i).buffers[static_cast<std::size_t>(to)];
                 const auto* p = static_cast<const std::byte*>(b.data);
                 send.insert(send.end(), p, p + b.bytes());
                 send_bytes[static_cast<std::size_t>(v)] += b.bytes();
@@ -221,26 +221,26 @@ class MultiWorkerCollectives : public SharedMemoryCollectives {
   }
 
  private:
-  void cross_worker_all_reduce(std::span<BufferRef> buffers, ReduceOp combine_op, bool mean) {
-    all_reduce_in_packs(*link_, buffers, combine_op, bytes_per_pack_, scratch_);
+  void cross_worker_all_reduce(std::span<core::BufferRef> buffers, ReduceOp combine_op, bool mean) {
+    collective::all_reduce_in_packs(*link_, buffers, combine_op, bytes_per_pack_, scratch_);
     if (!mean) return;
-    for (BufferRef& b : buffers) {
-      visit_dtype(b.dtype, [&](auto t) { divide(static_cast<decltype(t)*>(b.data), b.count(), mean_divisor_); });
+    for (core::BufferRef& b : buffers) {
+      visit_dtype(b.dtype, [&](auto t) { core::divide(static_cast<decltype(t)*>(b.data), b.count(), mean_divisor_); });
     }
   }
 
-  CrossWorkerLink* link_;
+  core::CrossWorkerLink* link_;
   std::size_t bytes_per_pack_;
   std::vector<int> local_;
   std::vector<std::byte> scratch_;  // packs of several values (used by replica 0 only)
-  GatheredBytes gathered_;          // replica 0's all_gather result, read by all
-  std::vector<AllToAllSide> sides_;        // replica 0's all_to_all table, read by all
+  core::GatheredBytes gathered_;          // replica 0's all_gather result, read by all
+  std::vector<collective::detail::AllToAllSide> sides_;        // replica 0's all_to_all table, read by all
   std::vector<std::byte> received_;        // the pieces from other workers
   std::vector<std::size_t> received_at_;   // [from * local + local replica]: where its piece starts
 };
 
-DISTRIBUTE_DECL std::unique_ptr<ReplicaCollectives> make_cross_worker_collectives(const CollectivesConfig& config,
-                                                                                CrossWorkerLink& link) {
+DISTRIBUTE_DECL std::unique_ptr<core::ReplicaCollectives> make_cross_worker_collectives(const collective::detail::CollectivesConfig& config,
+                                                                                core::CrossWorkerLink& link) {
   return with_device_staging(std::make_unique<MultiWorkerCollectives>(
       link, static_cast<int>(config.devices.size()), config.num_replicas_in_sync, config.options));
 }
@@ -255,8 +255,8 @@ inline constexpr bool spans_workers_v = requires { &Ops::make_multi_worker_colle
 /// `implementation` is Nccl (falling back to the TCP path for what it cannot take), else the
 /// TCP path, device buffers through host copies. `implementation` is resolved (never Auto).
 template <class Ops>
-std::unique_ptr<ReplicaCollectives> make_multi_worker_collectives(const CollectivesConfig& config,
-                                                                  CrossWorkerLink& link,
+std::unique_ptr<core::ReplicaCollectives> make_multi_worker_collectives(const collective::detail::CollectivesConfig& config,
+                                                                  core::CrossWorkerLink& link,
                                                                   CommunicationImplementation implementation) {
   auto ring = make_cross_worker_collectives(config, link);
   if (implementation != CommunicationImplementation::Nccl) return ring;
@@ -268,5 +268,5 @@ std::unique_ptr<ReplicaCollectives> make_multi_worker_collectives(const Collecti
   }
 }
 
-}  // namespace detail
+}  // namespace collective
 DISTRIBUTE_END_NAMESPACE

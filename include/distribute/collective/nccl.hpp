@@ -54,35 +54,35 @@
 #include <thrust/execution_policy.h>
 #include <thrust/transform.h>
 
-#include <distribute/backends/cuda/detail/device_ops.hpp>
-#include <distribute/backends/cuda/detail/runtime.hpp>
+#include <distribute/backends/cuda/device_ops.hpp>
+#include <distribute/backends/cuda/runtime.hpp>
 #include <distribute/backends/cuda/error.hpp>
 #include <distribute/collective/communication_options.hpp>
 #include <distribute/collective/detail/bootstrap.hpp>
 #include <distribute/collective/detail/nccl_support.hpp>
 #include <distribute/collective/detail/nccl_scatter.hpp>
-#include <distribute/collective/detail/device_staging.hpp>
-#include <distribute/collective/detail/validate.hpp>
+#include <distribute/collective/device_staging.hpp>
+#include <distribute/collective/validate.hpp>
 #include <distribute/collective/packing.hpp>
 #include <distribute/collective/shared_memory.hpp>
-#include <distribute/core/detail/cross_worker.hpp>
-#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/core/cross_worker.hpp>
+#include <distribute/core/replica_group.hpp>
 #include <distribute/core/device.hpp>
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
-namespace detail {
+namespace collective::detail {
 
-class NcclCollectives final : public ReplicaCollectives {
+class NcclCollectives final : public core::ReplicaCollectives {
  public:
   /// One process: one NCCL rank per local GPU, made with ncclCommInitAll.
   explicit NcclCollectives(const CollectivesConfig& config)
       : NcclCollectives(config, with_device_staging(SharedMemoryAllReduce::make_collectives(config)),
                         nullptr) {
     int current = 0;
-    cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");
-    CudaDeviceGuard restore(current);  // ncclCommInitAll visits every device
+    backends::cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");
+    backends::CudaDeviceGuard restore(current);  // ncclCommInitAll visits every device
     nccl_check(ncclCommInitAll(comms_.data(), static_cast<int>(gpus_.size()), gpus_.data()),
                fmt::format("ncclCommInitAll over GPUs {}", fmt::join(gpus_, ", ")));
   }
@@ -92,7 +92,7 @@ class NcclCollectives final : public ReplicaCollectives {
   /// replica_id_in_sync_group). The chief's ncclUniqueId reaches the others over `link`; each
   /// worker then joins with ncclCommInitRank, one call per local GPU inside one NCCL group.
   /// `fallback` (the TCP path over `link`) takes the calls NCCL cannot, and every all_gather.
-  NcclCollectives(const CollectivesConfig& config, CrossWorkerLink& link, std::unique_ptr<ReplicaCollectives> fallback)
+  NcclCollectives(const CollectivesConfig& config, core::CrossWorkerLink& link, std::unique_ptr<core::ReplicaCollectives> fallback)
       : NcclCollectives(config, std::move(fallback), &link) {
     const int local = static_cast<int>(gpus_.size());
     check_same_on_every_worker(link, local, "MultiWorkerMirroredStrategy with NCCL: the number of local GPUs");
@@ -107,8 +107,8 @@ class NcclCollectives final : public ReplicaCollectives {
         },
         "the NCCL unique id");
     int current = 0;
-    cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");
-    CudaDeviceGuard restore(current);
+    backends::cuda_check(cudaGetDevice(&current), "cudaGetDevice", "NcclAllReduce");
+    backends::CudaDeviceGuard restore(current);
     try {
       nccl_check(ncclGroupStart(), "ncclGroupStart");
       ncclResult_t issued = ncclSuccess;
@@ -122,7 +122,7 @@ class NcclCollectives final : public ReplicaCollectives {
         if (issued != ncclSuccess) break;
       }
       const ncclResult_t ended = ncclGroupEnd();
-      cuda_check(selected, "cudaSetDevice", "NcclAllReduce");
+      backends::cuda_check(selected, "cudaSetDevice", "NcclAllReduce");
       nccl_check(issued, fmt::format("ncclCommInitRank (rank {} of {}, GPU {})", rank_offset_ + at, ranks_,
                                      at < local ? gpus_[static_cast<std::size_t>(at)] : -1));
       nccl_check(ended, fmt::format("ncclGroupEnd after ncclCommInitRank of ranks {}..{} of {}", rank_offset_,
@@ -151,27 +151,27 @@ class NcclCollectives final : public ReplicaCollectives {
   int ranks() const noexcept { return ranks_; }
   int rank_offset() const noexcept { return rank_offset_; }
 
-  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
-    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+  void all_reduce(core::ReplicaGroup& group, int replica, std::span<core::BufferRef> buffers, ReduceOp op) override {
+    const core::CollectiveCall call{core::CollectiveKind::AllReduce, op, buffers};
     bool nccl = false;
     cudaStream_t stream = nullptr;
     issue_in_exchange(group, replica, call, [&](bool& issuing) {
       nccl = takes(group, /*reduction=*/true);
       if (!nccl) return;
-      stream = cuda_replica_stream();
+      stream = backends::cuda_replica_stream();
       issuing = true;
       enqueue_all_reduce(replica, buffers, op, stream);
     });
     if (!nccl) return fallback_->all_reduce(group, replica, buffers, op);
-    wait(group, replica, stream, CollectiveKind::AllReduce);
+    wait(group, replica, stream, core::CollectiveKind::AllReduce);
   }
 
-  void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+  void all_gather(core::ReplicaGroup& group, int replica, const core::BufferRef& input, int axis,
                   const std::function<void*(const Shape&)>& allocate) override {
     // Across workers the parts' shapes are known only after an exchange: the TCP path gathers.
     if (link_) return fallback_->all_gather(group, replica, input, axis, allocate);
-    BufferRef in = input;
-    const CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
+    core::BufferRef in = input;
+    const core::CollectiveCall call{core::CollectiveKind::AllGather, ReduceOp::Sum, std::span<core::BufferRef>(&in, 1), axis};
     bool nccl = false;
     std::vector<Shape> shapes;  // every replica's input shape, read while the exchange holds them
     exchange(group, replica, call, [&] {
@@ -184,48 +184,48 @@ class NcclCollectives final : public ReplicaCollectives {
   }
 
   /// `root` is a replica_id_in_sync_group, which is also its NCCL rank.
-  void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
-    const CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
+  void broadcast(core::ReplicaGroup& group, int replica, core::BufferRef buffer, int root) override {
+    const core::CollectiveCall call{core::CollectiveKind::Broadcast, ReduceOp::Sum, std::span<core::BufferRef>(&buffer, 1), 0, root};
     bool nccl = false;
     cudaStream_t stream = nullptr;
     issue_in_exchange(group, replica, call, [&](bool& issuing) {
       nccl = root >= 0 && root < ranks_ && takes(group, /*reduction=*/false);
       if (!nccl || buffer.bytes() == 0) return;
-      stream = cuda_replica_stream();
+      stream = backends::cuda_replica_stream();
       const ncclComm_t comm = comm_of(replica);
       issuing = true;
       nccl_check(ncclBroadcast(buffer.data, buffer.data, buffer.bytes(), ncclInt8, root, comm, stream), "ncclBroadcast",
                  comm);
     });
     if (!nccl) return fallback_->broadcast(group, replica, buffer, root);
-    if (stream) wait(group, replica, stream, CollectiveKind::Broadcast);
+    if (stream) wait(group, replica, stream, core::CollectiveKind::Broadcast);
   }
 
   /// ncclReduceScatter (equal parts) or one ncclReduce per part (np.array_split's uneven parts).
-  void reduce_scatter(ReplicaGroup& group, int replica, BufferRef input, ReduceOp op,
+  void reduce_scatter(core::ReplicaGroup& group, int replica, core::BufferRef input, ReduceOp op,
                       const std::function<void*(const Shape&)>& allocate) override {
-    const CollectiveCall call{CollectiveKind::ReduceScatter, op, std::span<BufferRef>(&input, 1)};
+    const core::CollectiveCall call{core::CollectiveKind::ReduceScatter, op, std::span<core::BufferRef>(&input, 1)};
     bool nccl = false;
     cudaStream_t stream = nullptr;
     issue_in_exchange(group, replica, call, [&](bool& issuing) {
       nccl = takes(group, /*reduction=*/true);
       if (!nccl) return;
       const int me = rank_offset_ + replica;
-      void* out = allocate(part_of(input, ranks_, me).shape);
-      stream = cuda_replica_stream();
+      void* out = allocate(core::part_of(input, ranks_, me).shape);
+      stream = backends::cuda_replica_stream();
       issuing = true;
       enqueue_reduce_scatter(comm_of(replica), stream, input, ranks_, me, out, op, mean_divisor_);
     });
     if (!nccl) return fallback_->reduce_scatter(group, replica, input, op, allocate);
-    wait(group, replica, stream, CollectiveKind::ReduceScatter);
+    wait(group, replica, stream, core::CollectiveKind::ReduceScatter);
   }
 
   /// Grouped ncclSend/ncclRecv. Every replica's pieces' shapes are known from the published
   /// calls, across workers from one all_gather of them over the link (which is also the check
   /// that the calls agree); NCCL runs when every piece everywhere is in device memory.
-  void all_to_all(ReplicaGroup& group, int replica, std::span<BufferRef> pieces, bool split,
+  void all_to_all(core::ReplicaGroup& group, int replica, std::span<core::BufferRef> pieces, bool split,
                   const std::function<std::vector<void*>(const std::vector<Shape>&)>& allocate) override {
-    const CollectiveCall call{CollectiveKind::AllToAll, ReduceOp::Sum, pieces, split ? 1 : 0, link_ ? 0 : ranks_};
+    const core::CollectiveCall call{core::CollectiveKind::AllToAll, ReduceOp::Sum, pieces, split ? 1 : 0, link_ ? 0 : ranks_};
     bool nccl = false, issuing = false;
     cudaStream_t stream = nullptr;
     try {
@@ -256,7 +256,7 @@ class NcclCollectives final : public ReplicaCollectives {
               received.push_back(static_cast<std::size_t>(num_elements(side.shapes[me])) * size_of(side.dtypes[0]));
             }
             const std::vector<void*> out = allocate(shapes);
-            stream = cuda_replica_stream();
+            stream = backends::cuda_replica_stream();
             issuing = true;
             enqueue_all_to_all(comm_of(replica), stream, pieces, received, out);
           });
@@ -265,11 +265,11 @@ class NcclCollectives final : public ReplicaCollectives {
       throw;
     }
     if (!nccl) return fallback_->all_to_all(group, replica, pieces, split, allocate);
-    wait(group, replica, stream, CollectiveKind::AllToAll);
+    wait(group, replica, stream, core::CollectiveKind::AllToAll);
   }
 
  private:
-  NcclCollectives(const CollectivesConfig& config, std::unique_ptr<ReplicaCollectives> fallback, CrossWorkerLink* link)
+  NcclCollectives(const CollectivesConfig& config, std::unique_ptr<core::ReplicaCollectives> fallback, core::CrossWorkerLink* link)
       : mean_divisor_(config.num_replicas_in_sync),
         bytes_per_pack_(config.options.bytes_per_pack),
         fallback_(std::move(fallback)),
@@ -299,7 +299,7 @@ class NcclCollectives final : public ReplicaCollectives {
   // replica, that work can never complete (a peer never issued its part): abort the
   // communicator, which ends the NCCL kernel, rather than leave the GPU spinning in it.
   template <class Issue>
-  void issue_in_exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Issue&& issue) {
+  void issue_in_exchange(core::ReplicaGroup& group, int replica, const core::CollectiveCall& call, Issue&& issue) {
     bool issuing = false;
     try {
       if (link_) {
@@ -320,12 +320,12 @@ class NcclCollectives final : public ReplicaCollectives {
 
   // What every worker must agree on before NCCL runs a call: the kind, op, root and each value's
   // dtype, shape and memory (which also decide whether NCCL or the fallback takes it).
-  static std::string describe(const ReplicaGroup& group) {
-    const CollectiveCall& c = group.slot(0);
+  static std::string describe(const core::ReplicaGroup& group) {
+    const core::CollectiveCall& c = group.slot(0);
     std::string out = fmt::format("{}(", to_string(c.kind));
-    if (c.kind == CollectiveKind::AllReduce || c.kind == CollectiveKind::ReduceScatter) out += fmt::format("{}", c.op);
-    if (c.kind == CollectiveKind::Broadcast) out += fmt::format("root {}", c.root);
-    for (const BufferRef& b : c.buffers) {
+    if (c.kind == core::CollectiveKind::AllReduce || c.kind == core::CollectiveKind::ReduceScatter) out += fmt::format("{}", c.op);
+    if (c.kind == core::CollectiveKind::Broadcast) out += fmt::format("root {}", c.root);
+    for (const core::BufferRef& b : c.buffers) {
       out += fmt::format(", {}{} {}", b.memory == MemorySpace::device ? "device " : "", to_string(b.dtype),
                          shape_string(b.shape));
     }
@@ -334,13 +334,13 @@ class NcclCollectives final : public ReplicaCollectives {
 
   // Whether NCCL runs this call. Decided from the published calls, so every replica decides alike
   // (and, across workers, every worker: the calls were compared first).
-  bool takes(const ReplicaGroup& group, bool reduction) const {
+  bool takes(const core::ReplicaGroup& group, bool reduction) const {
     if (aborted_.load(std::memory_order_acquire)) {
       throw Unavailable("NcclAllReduce: the NCCL communicators were aborted after a failed step; create a new strategy");
     }
     if (group.size() != static_cast<int>(comms_.size())) return false;
     for (int r = 0; r < group.size(); ++r) {
-      for (const BufferRef& b : group.slot(r).buffers) {
+      for (const core::BufferRef& b : group.slot(r).buffers) {
         if (b.memory != MemorySpace::device) return false;
         if (reduction && !nccl_type(b.dtype)) return false;
       }
@@ -352,7 +352,7 @@ class NcclCollectives final : public ReplicaCollectives {
   // ncclAllReduce per pack, all of them in one NCCL group. A pack of several values is copied
   // into this replica's scratch buffer and back out, on the replica's stream; a lone value is
   // reduced in place.
-  void enqueue_all_reduce(int replica, std::span<BufferRef> buffers, ReduceOp op, cudaStream_t stream) {
+  void enqueue_all_reduce(int replica, std::span<core::BufferRef> buffers, ReduceOp op, cudaStream_t stream) {
     const ncclComm_t comm = comm_of(replica);
 #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
     // Our stream only waits for the legacy default stream by itself; the step's work may be on
@@ -373,9 +373,9 @@ class NcclCollectives final : public ReplicaCollectives {
         if (packs[p].members.size() < 2) continue;
         std::byte* flat = scratch + offsets[p];
         for (std::size_t k : packs[p].members) {
-          const BufferRef& b = buffers[k];
+          const core::BufferRef& b = buffers[k];
           if (b.bytes() == 0) continue;
-          cuda_check(cudaMemcpyAsync(into_pack ? flat : b.data, into_pack ? b.data : flat, b.bytes(),
+          backends::cuda_check(cudaMemcpyAsync(into_pack ? flat : b.data, into_pack ? b.data : flat, b.bytes(),
                                      cudaMemcpyDeviceToDevice, stream),
                      "cudaMemcpyAsync", into_pack ? "all_reduce: packing" : "all_reduce: unpacking");
           flat += b.bytes();
@@ -396,7 +396,7 @@ class NcclCollectives final : public ReplicaCollectives {
     nccl_check(issued, "ncclAllReduce", comm);
     nccl_check(ended, "ncclGroupEnd", comm);
     copy_members(false);
-    for (const BufferRef& b : buffers) {
+    for (const core::BufferRef& b : buffers) {
       if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks_).divide_after) continue;
       divide_on_device(b, mean_divisor_, stream, "MEAN division after ncclAllReduce");
     }
@@ -406,8 +406,8 @@ class NcclCollectives final : public ReplicaCollectives {
   void* scratch_for(int replica, std::size_t bytes) {
     auto& s = scratch_[static_cast<std::size_t>(replica)];
     if (bytes > s.bytes) {
-      s.buffer = CudaBuffer();  // cudaFree first: the old buffer's work is done (we waited for it)
-      s.buffer = CudaBuffer(bytes);
+      s.buffer = backends::CudaBuffer();  // cudaFree first: the old buffer's work is done (we waited for it)
+      s.buffer = backends::CudaBuffer(bytes);
       s.bytes = bytes;
     }
     return s.buffer.data();
@@ -416,7 +416,7 @@ class NcclCollectives final : public ReplicaCollectives {
   // Every replica's input lands at its offset by one ncclBroadcast from that replica (NCCL has
   // no all-gather of uneven sizes); along axis 0 straight into the result, along another axis
   // into a staging buffer that strided copies then interleave.
-  void gather_with_broadcasts(ReplicaGroup& group, int replica, const BufferRef& in, std::size_t axis,
+  void gather_with_broadcasts(core::ReplicaGroup& group, int replica, const core::BufferRef& in, std::size_t axis,
                               const std::vector<Shape>& shapes, const std::function<void*(const Shape&)>& allocate) {
     const std::size_t elem = size_of(in.dtype);
     Shape out_shape = shapes.front();
@@ -434,10 +434,10 @@ class NcclCollectives final : public ReplicaCollectives {
     }
     auto* out = static_cast<std::byte*>(allocate(out_shape));
     if (total == 0) return;
-    const cudaStream_t stream = cuda_replica_stream();
+    const cudaStream_t stream = backends::cuda_replica_stream();
     const ncclComm_t comm = comm_of(replica);
-    const bool direct = (axis == 0 || outer == 1) && cuda_device_of(out) == gpus_[static_cast<std::size_t>(replica)];
-    CudaBuffer staging(direct ? 0 : total);
+    const bool direct = (axis == 0 || outer == 1) && backends::cuda_device_of(out) == gpus_[static_cast<std::size_t>(replica)];
+    backends::CudaBuffer staging(direct ? 0 : total);
     auto* dst = direct ? out : static_cast<std::byte*>(staging.data());
 #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
     order_after_default_stream(stream);
@@ -460,23 +460,23 @@ class NcclCollectives final : public ReplicaCollectives {
       for (std::size_t i = 0; i < shapes.size(); ++i) {
         const std::size_t run = static_cast<std::size_t>(shapes[i][axis]) * inner * elem;
         if (run && outer) {
-          cuda_check(cudaMemcpy2DAsync(out + column, row, dst + offsets[i], run, run, outer, cudaMemcpyDefault, stream),
+          backends::cuda_check(cudaMemcpy2DAsync(out + column, row, dst + offsets[i], run, run, outer, cudaMemcpyDefault, stream),
                      "cudaMemcpy2DAsync", "all_gather");
         }
         column += run;
       }
     }
-    wait(group, replica, stream, CollectiveKind::AllGather);
+    wait(group, replica, stream, core::CollectiveKind::AllGather);
   }
 
 #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
   static void order_after_default_stream(cudaStream_t stream) {
     cudaEvent_t ready = nullptr;
-    cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    backends::cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     const cudaError_t recorded = cudaEventRecord(ready, cudaStreamPerThread);
     const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(stream, ready, 0) : recorded;
     (void)cudaEventDestroy(ready);
-    cuda_check(waited, "cudaStreamWaitEvent");
+    backends::cuda_check(waited, "cudaStreamWaitEvent");
   }
 #endif
 
@@ -484,7 +484,7 @@ class NcclCollectives final : public ReplicaCollectives {
   // abandoned (its NCCL call never comes) ends in an error instead of a hang: the communicators
   // are then aborted, which releases the NCCL kernels of every replica. Across workers it also
   // watches the link (a lost worker: PeerFailure naming it) and timeout_seconds (CollectiveTimeout).
-  void wait(ReplicaGroup& group, int replica, cudaStream_t stream, CollectiveKind what) {
+  void wait(core::ReplicaGroup& group, int replica, cudaStream_t stream, core::CollectiveKind what) {
     const ncclComm_t comm = comm_of(replica);
     const auto started = std::chrono::steady_clock::now();
     for (unsigned spins = 0;; ++spins) {
@@ -492,7 +492,7 @@ class NcclCollectives final : public ReplicaCollectives {
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) {
         abort_communicator(replica);
-        cuda_check(e, "cudaStreamQuery", to_string(what));
+        backends::cuda_check(e, "cudaStreamQuery", to_string(what));
       }
       ncclResult_t async = ncclSuccess;
       nccl_check(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError", comm);
@@ -516,7 +516,7 @@ class NcclCollectives final : public ReplicaCollectives {
                                               std::chrono::duration<double>(*timeout_).count(), rank_offset_ + replica));
         }
       }
-      if (spins < 2000) cpu_relax();
+      if (spins < 2000) core::cpu_relax();
       else std::this_thread::yield();
     }
   }
@@ -538,14 +538,14 @@ class NcclCollectives final : public ReplicaCollectives {
   }
 
   struct Scratch {
-    CudaBuffer buffer;
+    backends::CudaBuffer buffer;
     std::size_t bytes = 0;
   };
 
   std::int64_t mean_divisor_;
   std::size_t bytes_per_pack_;
-  std::unique_ptr<ReplicaCollectives> fallback_;
-  CrossWorkerLink* link_;  // across workers; null in one process
+  std::unique_ptr<core::ReplicaCollectives> fallback_;
+  core::CrossWorkerLink* link_;  // across workers; null in one process
   std::optional<std::chrono::steady_clock::duration> timeout_;
   std::vector<int> gpus_;
   std::vector<ncclComm_t> comms_;
@@ -556,24 +556,24 @@ class NcclCollectives final : public ReplicaCollectives {
   std::vector<AllToAllSide> sides_;  // replica 0's all_to_all table, read by all
 };
 
-}  // namespace detail
+}  // namespace collective::detail
 
 /// Cross-device ops policy: NCCL all-reduce, all-gather and broadcast between the local GPUs
 /// (the default of MirroredStrategy<ds::cuda> where NCCL is compiled in), and, for
 /// MultiWorkerMirroredStrategy<ds::cuda>, between every GPU of every worker.
 struct NcclAllReduce {
   static constexpr std::string_view name = "NcclAllReduce";
-  /// The collectives take device buffers themselves (see collective/detail/device_staging.hpp).
+  /// The collectives take device buffers themselves (see collective/device_staging.hpp).
   static constexpr bool device_buffers = true;
-  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config) {
-    return std::make_unique<detail::NcclCollectives>(config);
+  static std::unique_ptr<core::ReplicaCollectives> make_collectives(const collective::detail::CollectivesConfig& config) {
+    return std::make_unique<collective::detail::NcclCollectives>(config);
   }
   /// Across workers (CommunicationImplementation::Nccl): NCCL bootstrapped over `link`;
   /// `fallback`, the TCP path, takes host buffers, 16-bit integer reductions and all_gather.
-  static std::unique_ptr<detail::ReplicaCollectives> make_multi_worker_collectives(
-      const detail::CollectivesConfig& config, detail::CrossWorkerLink& link,
-      std::unique_ptr<detail::ReplicaCollectives> fallback) {
-    return std::make_unique<detail::NcclCollectives>(config, link, std::move(fallback));
+  static std::unique_ptr<core::ReplicaCollectives> make_multi_worker_collectives(
+      const collective::detail::CollectivesConfig& config, core::CrossWorkerLink& link,
+      std::unique_ptr<core::ReplicaCollectives> fallback) {
+    return std::make_unique<collective::detail::NcclCollectives>(config, link, std::move(fallback));
   }
 };
 

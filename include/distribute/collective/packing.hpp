@@ -10,10 +10,10 @@
 #include <span>
 #include <vector>
 
-#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/core/replica_group.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace collective::detail {
 
 struct Pack {
   DType dtype = DType::F32;
@@ -22,20 +22,20 @@ struct Pack {
   std::size_t bytes() const noexcept { return count * size_of(dtype); }
 };
 
-DISTRIBUTE_DECL std::vector<Pack> make_packs(std::span<const BufferRef> values, std::size_t bytes_per_pack);
+DISTRIBUTE_DECL std::vector<Pack> make_packs(std::span<const core::BufferRef> values, std::size_t bytes_per_pack);
 /// Copies the pack's members, in order, into `flat` (pack.bytes() bytes).
-DISTRIBUTE_DECL void pack_into(const Pack& pack, std::span<const BufferRef> values, std::byte* flat);
+DISTRIBUTE_DECL void pack_into(const Pack& pack, std::span<const core::BufferRef> values, std::byte* flat);
 /// Copies `flat` back out into the pack's members.
-DISTRIBUTE_DECL void unpack_from(const Pack& pack, std::span<const BufferRef> values, const std::byte* flat);
+DISTRIBUTE_DECL void unpack_from(const Pack& pack, std::span<const core::BufferRef> values, const std::byte* flat);
 
 #if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
-DISTRIBUTE_DECL std::vector<Pack> make_packs(std::span<const BufferRef> values, std::size_t bytes_per_pack) {
+DISTRIBUTE_DECL std::vector<Pack> make_packs(std::span<const core::BufferRef> values, std::size_t bytes_per_pack) {
   std::vector<Pack> packs;
   std::vector<std::size_t> open;  // per dtype: index of its current pack in `packs`, or npos
   constexpr std::size_t none = static_cast<std::size_t>(-1);
   open.assign(kNumDTypes, none);
   for (std::size_t k = values.size(); k-- > 0;) {
-    const BufferRef& v = values[k];
+    const core::BufferRef& v = values[k];
     std::size_t& current = open[static_cast<std::size_t>(v.dtype)];
     if (current == none || (bytes_per_pack > 0 && packs[current].bytes() > bytes_per_pack)) {
       current = packs.size();
@@ -47,7 +47,7 @@ DISTRIBUTE_DECL std::vector<Pack> make_packs(std::span<const BufferRef> values, 
   return packs;
 }
 
-DISTRIBUTE_DECL void pack_into(const Pack& pack, std::span<const BufferRef> values, std::byte* flat) {
+DISTRIBUTE_DECL void pack_into(const Pack& pack, std::span<const core::BufferRef> values, std::byte* flat) {
   for (std::size_t k : pack.members) {
     const auto n = values[k].bytes();
     if (n) std::memcpy(flat, values[k].data, n);
@@ -55,7 +55,7 @@ DISTRIBUTE_DECL void pack_into(const Pack& pack, std::span<const BufferRef> valu
   }
 }
 
-DISTRIBUTE_DECL void unpack_from(const Pack& pack, std::span<const BufferRef> values, const std::byte* flat) {
+DISTRIBUTE_DECL void unpack_from(const Pack& pack, std::span<const core::BufferRef> values, const std::byte* flat) {
   for (std::size_t k : pack.members) {
     const auto n = values[k].bytes();
     if (n) std::memcpy(values[k].data, flat, n);
@@ -64,5 +64,5 @@ DISTRIBUTE_DECL void unpack_from(const Pack& pack, std::span<const BufferRef> va
 }
 
 #endif  // DISTRIBUTE_DETAIL_DEFINE
-}  // namespace detail
+}  // namespace collective::detail
 DISTRIBUTE_END_NAMESPACE

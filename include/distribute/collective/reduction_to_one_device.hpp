@@ -9,11 +9,11 @@
 #include <vector>
 
 #include <distribute/collective/communication_options.hpp>
-#include <distribute/collective/detail/validate.hpp>
+#include <distribute/collective/validate.hpp>
 #include <distribute/collective/shared_memory.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace collective::detail {
 #if DISTRIBUTE_DETAIL_DEFINE  // reached through make_collectives below (version.hpp: separate compilation)
 
 class ReductionToOneDeviceCollectives : public SharedMemoryCollectives {
@@ -23,10 +23,10 @@ class ReductionToOneDeviceCollectives : public SharedMemoryCollectives {
     std::iota(all_.begin(), all_.end(), 0);
   }
 
-  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
-    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
+  void all_reduce(core::ReplicaGroup& group, int replica, std::span<core::BufferRef> buffers, ReduceOp op) override {
+    const core::CollectiveCall call{core::CollectiveKind::AllReduce, op, buffers};
     constexpr int root = 0;
-    exchange(
+    collective::exchange(
         group, replica, call,
         [&] {  // the root reduces everyone's buffers into its own
           if (replica != root) return;
@@ -42,18 +42,18 @@ class ReductionToOneDeviceCollectives : public SharedMemoryCollectives {
 };
 
 #endif  // DISTRIBUTE_DETAIL_DEFINE
-}  // namespace detail
+}  // namespace collective::detail
 
 /// Cross-device ops policy: reduce on the first device, then broadcast.
 struct ReductionToOneDevice {
   static constexpr std::string_view name = "ReductionToOneDevice";
-  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config);
+  static std::unique_ptr<core::ReplicaCollectives> make_collectives(const collective::detail::CollectivesConfig& config);
 };
 
 #if DISTRIBUTE_DETAIL_DEFINE
-DISTRIBUTE_DECL std::unique_ptr<detail::ReplicaCollectives> ReductionToOneDevice::make_collectives(
-    const detail::CollectivesConfig& config) {
-  return std::make_unique<detail::ReductionToOneDeviceCollectives>(config.num_replicas_in_sync,
+DISTRIBUTE_DECL std::unique_ptr<core::ReplicaCollectives> ReductionToOneDevice::make_collectives(
+    const collective::detail::CollectivesConfig& config) {
+  return std::make_unique<collective::detail::ReductionToOneDeviceCollectives>(config.num_replicas_in_sync,
                                                                     static_cast<int>(config.devices.size()));
 }
 #endif

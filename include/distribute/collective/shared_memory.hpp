@@ -17,14 +17,14 @@
 
 #include <distribute/collective/communication_options.hpp>
 #include <distribute/collective/detail/scatter.hpp>
-#include <distribute/collective/detail/validate.hpp>
-#include <distribute/core/detail/elementwise.hpp>
-#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/collective/validate.hpp>
+#include <distribute/core/elementwise.hpp>
+#include <distribute/core/replica_group.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
 /// Cross-device ops policy: parallel reduce in shared memory (the host backend's default).
-namespace detail {
+namespace collective::detail {
 // The algorithms are reached through the policies' make_collectives: with separate compilation
 // (version.hpp) only the library's own translation unit compiles them.
 #if DISTRIBUTE_DETAIL_DEFINE
@@ -33,7 +33,7 @@ namespace detail {
 inline constexpr std::size_t kReduceBlockBytes = 32 * 1024;
 
 template <class T>
-void reduce_slice_across(const ReplicaGroup& group, std::size_t buffer_index, std::size_t begin, std::size_t end,
+void reduce_slice_across(const core::ReplicaGroup& group, std::size_t buffer_index, std::size_t begin, std::size_t end,
                          ReduceOp op, std::int64_t divisor) {
   const int n = group.size();
   constexpr std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / sizeof(T));
@@ -42,7 +42,7 @@ void reduce_slice_across(const ReplicaGroup& group, std::size_t buffer_index, st
   for (std::size_t b = begin; b < end; b += block) {
     const std::size_t len = std::min(block, end - b);
     T* acc = static_cast<T*>(group.slot(0).buffers[buffer_index].data) + b;
-    reduce_many<T>(acc, sources, len, op, divisor, b);
+    core::reduce_many<T>(acc, sources, len, op, divisor, b);
     for (int r = 1; r < n; ++r) {
       std::memcpy(static_cast<T*>(group.slot(r).buffers[buffer_index].data) + b, acc, len * sizeof(T));
     }
@@ -55,22 +55,22 @@ enum class ReadFrom : bool { inputs, partial_results };
 
 /// Reduces buffer `buffer_index` of every replica in `sources` into replica `target`'s buffer;
 /// Mean divides when `divisor` > 1.
-inline void reduce_into(const ReplicaGroup& group, int target, const std::vector<int>& sources, std::size_t buffer_index,
+inline void reduce_into(const core::ReplicaGroup& group, int target, const std::vector<int>& sources, std::size_t buffer_index,
                         ReduceOp op, std::int64_t divisor, ReadFrom from_what) {
-  const BufferRef& dst = group.slot(target).buffers[buffer_index];
-  auto read = [&](const BufferRef& b) { return from_what == ReadFrom::inputs ? b.input() : b.data; };
+  const core::BufferRef& dst = group.slot(target).buffers[buffer_index];
+  auto read = [&](const core::BufferRef& b) { return from_what == ReadFrom::inputs ? b.input() : b.data; };
   visit_dtype(dst.dtype, [&](auto t) {
     using T = decltype(t);
     std::vector<const void*> from{read(dst)};
     for (int s : sources) {
       if (s != target) from.push_back(read(group.slot(s).buffers[buffer_index]));
     }
-    reduce_many<T>(static_cast<T*>(dst.data), from, dst.count(), op, divisor);
+    core::reduce_many<T>(static_cast<T*>(dst.data), from, dst.count(), op, divisor);
   });
 }
 
 /// Copies replica `from`'s buffers into replica `to`'s.
-inline void copy_buffers(const ReplicaGroup& group, int from, int to) {
+inline void copy_buffers(const core::ReplicaGroup& group, int from, int to) {
   const auto& src = group.slot(from).buffers;
   const auto& dst = group.slot(to).buffers;
   for (std::size_t i = 0; i < dst.size(); ++i) {
@@ -79,7 +79,7 @@ inline void copy_buffers(const ReplicaGroup& group, int from, int to) {
 }
 
 /// The shared-memory algorithms, usable by any strategy whose replicas share an address space.
-class SharedMemoryCollectives : public ReplicaCollectives {
+class SharedMemoryCollectives : public core::ReplicaCollectives {
  public:
   /// `mean_divisor`: what MEAN divides by (num_replicas_in_sync; 0 leaves the sum, for callers
   /// that divide after a further cross-worker step).
@@ -89,9 +89,9 @@ class SharedMemoryCollectives : public ReplicaCollectives {
   /// result written to every output (the subclasses' first steps read inputs, ReadFrom::inputs).
   bool reads_sources() const noexcept override { return true; }
 
-  void all_reduce(ReplicaGroup& group, int replica, std::span<BufferRef> buffers, ReduceOp op) override {
-    const CollectiveCall call{CollectiveKind::AllReduce, op, buffers};
-    exchange(group, replica, call, [&] {
+  void all_reduce(core::ReplicaGroup& group, int replica, std::span<core::BufferRef> buffers, ReduceOp op) override {
+    const core::CollectiveCall call{core::CollectiveKind::AllReduce, op, buffers};
+    collective::exchange(group, replica, call, [&] {
       const auto n = static_cast<std::size_t>(group.size());
       const auto r = static_cast<std::size_t>(replica);
       for (std::size_t i = 0; i < buffers.size(); ++i) {
@@ -100,7 +100,7 @@ class SharedMemoryCollectives : public ReplicaCollectives {
           if (buffers[i].source != nullptr && count > 0) std::memcpy(buffers[i].data, buffers[i].source, buffers[i].bytes());
           if (op == ReduceOp::Mean && mean_divisor_ > 1) {
             visit_dtype(buffers[i].dtype, [&](auto t) {
-              divide(static_cast<decltype(t)*>(buffers[i].data), count, mean_divisor_);
+              core::divide(static_cast<decltype(t)*>(buffers[i].data), count, mean_divisor_);
             });
           }
           continue;
@@ -113,20 +113,20 @@ class SharedMemoryCollectives : public ReplicaCollectives {
     });
   }
 
-  void all_gather(ReplicaGroup& group, int replica, const BufferRef& input, int axis,
+  void all_gather(core::ReplicaGroup& group, int replica, const core::BufferRef& input, int axis,
                   const std::function<void*(const Shape&)>& allocate) override {
-    BufferRef in = input;
-    const CollectiveCall call{CollectiveKind::AllGather, ReduceOp::Sum, std::span<BufferRef>(&in, 1), axis};
-    exchange(group, replica, call, [&] {
-      std::vector<const BufferRef*> parts;
+    core::BufferRef in = input;
+    const core::CollectiveCall call{core::CollectiveKind::AllGather, ReduceOp::Sum, std::span<core::BufferRef>(&in, 1), axis};
+    collective::exchange(group, replica, call, [&] {
+      std::vector<const core::BufferRef*> parts;
       for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
-      concat_along_axis(parts, static_cast<std::size_t>(axis), allocate);
+      core::concat_along_axis(parts, static_cast<std::size_t>(axis), allocate);
     });
   }
 
-  void broadcast(ReplicaGroup& group, int replica, BufferRef buffer, int root) override {
-    const CollectiveCall call{CollectiveKind::Broadcast, ReduceOp::Sum, std::span<BufferRef>(&buffer, 1), 0, root};
-    exchange(group, replica, call, [&] {
+  void broadcast(core::ReplicaGroup& group, int replica, core::BufferRef buffer, int root) override {
+    const core::CollectiveCall call{core::CollectiveKind::Broadcast, ReduceOp::Sum, std::span<core::BufferRef>(&buffer, 1), 0, root};
+    collective::exchange(group, replica, call, [&] {
       if (replica != root && buffer.bytes() > 0) {
         std::memcpy(buffer.data, group.slot(root).buffers[0].data, buffer.bytes());
       }
@@ -134,33 +134,33 @@ class SharedMemoryCollectives : public ReplicaCollectives {
   }
 
   /// Each replica reduces its own part straight out of every replica's input.
-  void reduce_scatter(ReplicaGroup& group, int replica, BufferRef input, ReduceOp op,
+  void reduce_scatter(core::ReplicaGroup& group, int replica, core::BufferRef input, ReduceOp op,
                       const std::function<void*(const Shape&)>& allocate) override {
-    const CollectiveCall call{CollectiveKind::ReduceScatter, op, std::span<BufferRef>(&input, 1)};
-    exchange(group, replica, call, [&] {
-      const BufferRef part = part_of(input, group.size(), replica);
+    const core::CollectiveCall call{core::CollectiveKind::ReduceScatter, op, std::span<core::BufferRef>(&input, 1)};
+    collective::exchange(group, replica, call, [&] {
+      const core::BufferRef part = core::part_of(input, group.size(), replica);
       void* out = allocate(part.shape);
       const std::size_t offset = (static_cast<std::byte*>(part.data) - static_cast<std::byte*>(input.data)) / size_of(input.dtype);
       std::vector<const void*> sources;
       for (int r = 0; r < group.size(); ++r) sources.push_back(group.slot(r).buffers[0].data);
       visit_dtype(input.dtype, [&](auto t) {
         using T = decltype(t);
-        reduce_many<T>(static_cast<T*>(out), sources, part.count(), op, mean_divisor_, offset);
+        core::reduce_many<T>(static_cast<T*>(out), sources, part.count(), op, mean_divisor_, offset);
       });
     });
   }
 
   /// Each replica copies the pieces addressed to it out of every replica's list.
-  void all_to_all(ReplicaGroup& group, int replica, std::span<BufferRef> pieces, bool split,
+  void all_to_all(core::ReplicaGroup& group, int replica, std::span<core::BufferRef> pieces, bool split,
                   const std::function<std::vector<void*>(const std::vector<Shape>&)>& allocate) override {
-    const CollectiveCall call{CollectiveKind::AllToAll, ReduceOp::Sum, pieces, split ? 1 : 0, group.size()};
-    exchange(group, replica, call, [&] {
+    const core::CollectiveCall call{core::CollectiveKind::AllToAll, ReduceOp::Sum, pieces, split ? 1 : 0, group.size()};
+    collective::exchange(group, replica, call, [&] {
       const auto me = static_cast<std::size_t>(replica);
       std::vector<Shape> shapes;
       for (int r = 0; r < group.size(); ++r) shapes.push_back(group.slot(r).buffers[me].shape);
       const std::vector<void*> out = allocate(shapes);
       for (int r = 0; r < group.size(); ++r) {
-        const BufferRef& from = group.slot(r).buffers[me];
+        const core::BufferRef& from = group.slot(r).buffers[me];
         if (from.bytes() > 0) std::memcpy(out[static_cast<std::size_t>(r)], from.data, from.bytes());
       }
     });
@@ -171,18 +171,18 @@ class SharedMemoryCollectives : public ReplicaCollectives {
 };
 
 #endif  // DISTRIBUTE_DETAIL_DEFINE
-}  // namespace detail
+}  // namespace collective::detail
 
 /// Cross-device ops policy: parallel reduce in shared memory (the host backend's default).
 struct SharedMemoryAllReduce {
   static constexpr std::string_view name = "SharedMemoryAllReduce";
-  static std::unique_ptr<detail::ReplicaCollectives> make_collectives(const detail::CollectivesConfig& config);
+  static std::unique_ptr<core::ReplicaCollectives> make_collectives(const collective::detail::CollectivesConfig& config);
 };
 
 #if DISTRIBUTE_DETAIL_DEFINE
-DISTRIBUTE_DECL std::unique_ptr<detail::ReplicaCollectives> SharedMemoryAllReduce::make_collectives(
-    const detail::CollectivesConfig& config) {
-  return std::make_unique<detail::SharedMemoryCollectives>(config.num_replicas_in_sync);
+DISTRIBUTE_DECL std::unique_ptr<core::ReplicaCollectives> SharedMemoryAllReduce::make_collectives(
+    const collective::detail::CollectivesConfig& config) {
+  return std::make_unique<collective::detail::SharedMemoryCollectives>(config.num_replicas_in_sync);
 }
 #endif
 

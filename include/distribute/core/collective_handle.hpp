@@ -16,7 +16,7 @@ DISTRIBUTE_BEGIN_NAMESPACE
 template <class R>
 class [[nodiscard]] CollectiveHandle {
  public:
-  CollectiveHandle(std::shared_ptr<detail::AsyncCompletion> completion, std::shared_ptr<std::optional<R>> result)
+  CollectiveHandle(std::shared_ptr<core::detail::AsyncCompletion> completion, std::shared_ptr<std::optional<R>> result)
       : completion_(std::move(completion)), result_(std::move(result)) {}
 
   /// Waits for the collective and returns its results (what all_reduce would have returned);
@@ -32,7 +32,7 @@ class [[nodiscard]] CollectiveHandle {
   bool done() const { return completion_ && completion_->done(); }
 
  private:
-  std::shared_ptr<detail::AsyncCompletion> completion_;
+  std::shared_ptr<core::detail::AsyncCompletion> completion_;
   std::shared_ptr<std::optional<R>> result_;
 };
 

@@ -20,12 +20,12 @@
 
 #include <distribute/core/collective_handle.hpp>
 #include <distribute/core/detail/async_queue.hpp>
-#include <distribute/core/detail/cross_worker.hpp>
-#include <distribute/core/detail/replica_group.hpp>
-#include <distribute/core/detail/elementwise.hpp>
-#include <distribute/core/detail/host_operands.hpp>
-#include <distribute/core/detail/remote_store.hpp>
-#include <distribute/core/detail/split_rows.hpp>
+#include <distribute/core/cross_worker.hpp>
+#include <distribute/core/replica_group.hpp>
+#include <distribute/core/elementwise.hpp>
+#include <distribute/core/host_operands.hpp>
+#include <distribute/core/remote_store.hpp>
+#include <distribute/core/split_rows.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
 #include <distribute/core/tensor_traits.hpp>
@@ -34,7 +34,7 @@ DISTRIBUTE_BEGIN_NAMESPACE
 
 class ReplicaContext;
 
-namespace detail {
+namespace core {
 /// How a strategy places the variables created in its scope.
 /// Remote: one copy, held by a ps task (ParameterServerStrategy connected to its cluster).
 enum class PlacementKind { Plain, Replicated, CentralStorage, Remote };
@@ -53,7 +53,7 @@ inline std::uint64_t next_strategy_id() noexcept {
   static std::atomic<std::uint64_t> counter{0};
   return ++counter;
 }
-}  // namespace detail
+}  // namespace core
 
 /// The strategy interface every strategy type implements; what get_strategy() returns.
 class AnyStrategy {
@@ -73,7 +73,7 @@ class AnyStrategy {
   std::uint64_t id() const noexcept { return id_; }
 
   /// How variables created in this strategy's scope are placed.
-  virtual detail::VariablePlacement variable_placement() const = 0;
+  virtual core::VariablePlacement variable_placement() const = 0;
 
   /// The concrete strategy, or nullptr if this is another type.
   template <class S>
@@ -82,10 +82,10 @@ class AnyStrategy {
   bool is() const noexcept { return dynamic_cast<const S*>(this) != nullptr; }
 
  private:
-  std::uint64_t id_ = detail::next_strategy_id();
+  std::uint64_t id_ = core::next_strategy_id();
 };
 
-namespace detail {
+namespace core {
 /// Per-thread context: the stack of entered scopes and, on a replica thread, its replica context.
 struct ThreadContext {
   std::vector<AnyStrategy*> scopes;
@@ -112,7 +112,7 @@ class ReplicaContextSwitch {
  private:
   ReplicaContext* previous_;
 };
-}  // namespace detail
+}  // namespace core
 
 /// RAII guard returned by `strategy.scope()`: makes the strategy current on this thread and
 /// routes variable creation to it. Re-entering the same strategy is fine; entering a different
@@ -121,7 +121,7 @@ class [[nodiscard]] ScopeGuard {
  public:
   explicit ScopeGuard(AnyStrategy& strategy);
   ~ScopeGuard() {
-    auto& scopes = detail::thread_context().scopes;
+    auto& scopes = core::thread_context().scopes;
     if (!scopes.empty()) scopes.pop_back();
   }
   ScopeGuard(const ScopeGuard&) = delete;
@@ -143,7 +143,7 @@ struct ReduceOpArg {
 /// which replica it is, and the collectives among the replicas of the step.
 class ReplicaContext {
  public:
-  ReplicaContext(AnyStrategy& strategy, detail::ReplicaGroup& group, detail::ReplicaCollectives& collectives,
+  ReplicaContext(AnyStrategy& strategy, core::ReplicaGroup& group, core::ReplicaCollectives& collectives,
                  int local_replica_id, int replica_id_in_sync_group, std::string device)
       : strategy_(&strategy),
         group_(&group),
@@ -188,7 +188,7 @@ class ReplicaContext {
       static_assert(memory_space_v<In> == MemorySpace::host && memory_space_v<Out> == MemorySpace::host,
                     "ds::ReplicaContext::all_reduce_into takes host values; reduce device values with all_reduce");
       drain_async();
-      detail::HostOperands operands("all_reduce_into");
+      core::HostOperands operands("all_reduce_into");
       const TensorView in = view_of(input);
       operands.check_host(in);
       TensorView out = view_of(output);
@@ -203,8 +203,8 @@ class ReplicaContext {
         throw InvalidArgument(fmt::format("all_reduce_into: the output is a view of {}; it cannot hold the result, {}",
                                           describe(out), describe(in)));
       }
-      const bool in_place = detail::same_elements(in, out);
-      if (!in_place && detail::overlap(in, out)) {
+      const bool in_place = core::detail::same_elements(in, out);
+      if (!in_place && core::detail::overlap(in, out)) {
         throw InvalidArgument(fmt::format("all_reduce_into: the output ({}) overlaps the input ({}) without being "
                                           "it; pass the input itself to reduce in place, or an output of its own",
                                           describe(out), describe(in)));
@@ -212,7 +212,7 @@ class ReplicaContext {
       if (in_place) add_operand(operands, output);
       else operands.add_out_of_place(in, std::move(out), collectives_->reads_sources());
       operands[0].caller_output = true;
-      detail::check_op_for_dtype(op.op, in.dtype, "all_reduce_into");
+      core::check_op_for_dtype(op.op, in.dtype, "all_reduce_into");
       collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
       operands.write_back();
     }
@@ -235,7 +235,7 @@ class ReplicaContext {
       using R = decltype(std::declval<ReplicaContext&>().all_reduce_now(op, std::declval<std::remove_cvref_t<U>>()...));
       auto in = std::make_shared<std::tuple<std::remove_cvref_t<U>...>>(owned(std::forward<U>(values))...);
       auto result = std::make_shared<std::optional<R>>();
-      if (!async_) async_ = std::make_unique<detail::AsyncQueue>(async_thread_setup_);
+      if (!async_) async_ = std::make_unique<core::detail::AsyncQueue>(async_thread_setup_);
       auto completion = async_->submit([this, op, in, result] {
         result->emplace(std::apply([&](auto&... v) { return all_reduce_now(op, std::move(v)...); }, *in));
       });
@@ -268,13 +268,13 @@ class ReplicaContext {
       auto out = [&]<std::size_t... I>(std::index_sequence<I...>) {
         return std::tuple<std::remove_cvref_t<U>...>(result_value<U>(std::get<I>(std::move(args)), shapes[I])...);
       }(each);
-      detail::HostOperands operands("all_reduce");
+      core::HostOperands operands("all_reduce");
       const bool read_sources = collectives_->reads_sources();
       [&]<std::size_t... I>(std::index_sequence<I...>) {
         (add_result_operand<U>(operands, std::get<I>(args), std::get<I>(out), std::move(shapes[I]), read_sources),
          ...);
       }(each);
-      for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "all_reduce");
+      for (const auto& b : operands.buffers()) core::check_op_for_dtype(op.op, b.dtype, "all_reduce");
       collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
       operands.write_back();
       if constexpr (sizeof...(U) == 1) {
@@ -296,7 +296,7 @@ class ReplicaContext {
     drain_async();
     using U = typename std::remove_cvref_t<V>::value_type;
     std::vector<U> values;
-    detail::HostOperands operands("batch_all_reduce");
+    core::HostOperands operands("batch_all_reduce");
     if constexpr (out_of_place_v<const U&> && std::is_lvalue_reference_v<V>) {  // as all_reduce's lvalues
       values.reserve(values_in.size());
       std::vector<Shape> shapes(values_in.size());
@@ -314,7 +314,7 @@ class ReplicaContext {
       }
       for (auto& v : values) add_operand(operands, v);
     }
-    for (const auto& b : operands.buffers()) detail::check_op_for_dtype(op.op, b.dtype, "batch_all_reduce");
+    for (const auto& b : operands.buffers()) core::check_op_for_dtype(op.op, b.dtype, "batch_all_reduce");
     collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
     operands.write_back();
     return values;
@@ -339,7 +339,7 @@ class ReplicaContext {
     }
     drain_async();
     std::remove_cvref_t<V> value = owned(std::forward<V>(value_in));
-    detail::HostOperands operands("broadcast");
+    core::HostOperands operands("broadcast");
     add_operand(operands, value);
     collectives_->broadcast(*group_, local_id_, operands[0], root);
     operands.write_back();
@@ -358,12 +358,12 @@ class ReplicaContext {
     if constexpr (TensorLike<U>) {
       drain_async();
       U value = owned(std::forward<V>(value_in));  // the collectives may reduce into it
-      detail::HostOperands operands("reduce_scatter");
+      core::HostOperands operands("reduce_scatter");
       add_operand(operands, value);
-      detail::check_has_axis0(operands[0].shape, "reduce_scatter");
-      detail::check_op_for_dtype(op.op, operands[0].dtype, "reduce_scatter");
+      core::check_has_axis0(operands[0].shape, "reduce_scatter");
+      core::check_op_for_dtype(op.op, operands[0].dtype, "reduce_scatter");
       const DType dtype = operands[0].dtype;
-      detail::RowMajorResult<gathered_t<U>> result;
+      core::RowMajorResult<gathered_t<U>> result;
       collectives_->reduce_scatter(*group_, local_id_, operands[0], op.op,
                                    [&](const Shape& shape) -> void* { return result.allocate(dtype, shape); });
       return result.take();
@@ -378,14 +378,14 @@ class ReplicaContext {
     requires TensorLike<U>
   gathered_t<U> all_to_all(const U& value) {
     drain_async();
-    detail::HostOperands operands("all_to_all");
+    core::HostOperands operands("all_to_all");
     add_operand(operands, const_cast<U&>(value), true);
-    const detail::BufferRef& in = operands[0];
-    detail::check_has_axis0(in.shape, "all_to_all");
+    const core::BufferRef& in = operands[0];
+    core::check_has_axis0(in.shape, "all_to_all");
     const int n = num_replicas_in_sync();
-    std::vector<detail::BufferRef> pieces;
-    for (int j = 0; j < n; ++j) pieces.push_back(detail::part_of(in, n, j));
-    detail::RowMajorResult<gathered_t<U>> result;
+    std::vector<core::BufferRef> pieces;
+    for (int j = 0; j < n; ++j) pieces.push_back(core::part_of(in, n, j));
+    core::RowMajorResult<gathered_t<U>> result;
     collectives_->all_to_all(*group_, local_id_, pieces, true, [&](const std::vector<Shape>& shapes) {
       Shape total = shapes.front();
       for (std::size_t k = 1; k < shapes.size(); ++k) total[0] += shapes[k][0];
@@ -407,9 +407,9 @@ class ReplicaContext {
     requires TensorLike<U> && (!TensorLike<std::vector<U>>)
   std::vector<gathered_t<U>> all_to_all(const std::vector<U>& values) {
     drain_async();
-    detail::HostOperands operands("all_to_all");
+    core::HostOperands operands("all_to_all");
     for (const U& v : values) add_operand(operands, const_cast<U&>(v), true);
-    std::vector<detail::RowMajorResult<gathered_t<U>>> results;
+    std::vector<core::RowMajorResult<gathered_t<U>>> results;
     collectives_->all_to_all(*group_, local_id_, operands.buffers(), false, [&](const std::vector<Shape>& shapes) {
       results.resize(shapes.size());
       std::vector<void*> at;
@@ -428,7 +428,7 @@ class ReplicaContext {
   template <class F>
   void run_once(F&& fn) {
     drain_async();
-    group_->arrive_and_wait(local_id_, detail::CollectiveKind::MergeCall);
+    group_->arrive_and_wait(local_id_, core::CollectiveKind::MergeCall);
     std::exception_ptr error;
     if (local_id_ == 0) {
       try {
@@ -438,11 +438,11 @@ class ReplicaContext {
         group_->abort();
       }
     }
-    group_->arrive_and_wait(local_id_, detail::CollectiveKind::MergeCall);
+    group_->arrive_and_wait(local_id_, core::CollectiveKind::MergeCall);
     if (error) std::rethrow_exception(error);
   }
 
-  detail::ReplicaGroup& group() noexcept { return *group_; }
+  core::ReplicaGroup& group() noexcept { return *group_; }
 
  protected:
   /// An lvalue is copied (deeply, for handle types such as torch::Tensor), an rvalue moved.
@@ -484,14 +484,14 @@ class ReplicaContext {
   // Adds the result `out` of argument `in` to the collective's operands; `shape`: what
   // result_value left.
   template <class V, class R>
-  static void add_result_operand(detail::HostOperands& operands, const std::remove_reference_t<V>& in, R& out,
+  static void add_result_operand(core::HostOperands& operands, const std::remove_reference_t<V>& in, R& out,
                                  [[maybe_unused]] Shape&& shape, bool read_source) {
     using T = std::remove_cvref_t<V>;
     if (!out_of_place<V>(in)) return add_operand(operands, out);
     if constexpr (StaticTensorLike<T> && !requires { tensor_traits<T>::strides(in); }) {
       // Row-major contiguous host memory, by its type: no views to build.
       operands.add_out_of_place(tensor_traits<T>::data(in),
-                                detail::BufferRef{tensor_traits<T>::data(out), dtype_of<element_t<T>>(), std::move(shape)},
+                                core::BufferRef{tensor_traits<T>::data(out), dtype_of<element_t<T>>(), std::move(shape)},
                                 read_source);
     } else {
       operands.add_out_of_place(view_of(in), view_of(out), read_source);
@@ -499,11 +499,11 @@ class ReplicaContext {
   }
 
   template <class U>
-  static void add_operand(detail::HostOperands& operands, U& v, bool read_only = false) {
+  static void add_operand(core::HostOperands& operands, U& v, bool read_only = false) {
     if constexpr (memory_space_v<U> == MemorySpace::device) {  // see core/memory_space.hpp
-      detail::BufferRef ref{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
+      core::BufferRef ref{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
       ref.memory = MemorySpace::device;
-      ref.device = detail::device_ops<U>::access();
+      ref.device = core::device_ops<U>::access();
       operands.add(std::move(ref));
     } else {
       operands.add(view_of(v), read_only);
@@ -514,10 +514,10 @@ class ReplicaContext {
   template <class U>
   gathered_t<U> all_gather_tensor(const U& value, int axis) {
     using G = gathered_t<U>;
-    detail::RowMajorResult<G> result;
-    detail::HostOperands operands("all_gather");
+    core::RowMajorResult<G> result;
+    core::HostOperands operands("all_gather");
     add_operand(operands, const_cast<U&>(value), true);
-    const detail::BufferRef& in = operands[0];
+    const core::BufferRef& in = operands[0];
     auto rank = static_cast<int>(in.shape.size());
     if (axis < -rank || axis >= rank) {
       throw InvalidArgument(fmt::format("all_gather: axis {} is out of range for a value of shape {}; it must be in [{}, {})",
@@ -531,28 +531,28 @@ class ReplicaContext {
   }
 
   AnyStrategy* strategy_;
-  detail::ReplicaGroup* group_;
-  detail::ReplicaCollectives* collectives_;
+  core::ReplicaGroup* group_;
+  core::ReplicaCollectives* collectives_;
   int local_id_;
   int global_id_;
   std::string device_;
   std::function<void()> async_thread_setup_;
-  std::unique_ptr<detail::AsyncQueue> async_;  // started by the first all_reduce_async
+  std::unique_ptr<core::detail::AsyncQueue> async_;  // started by the first all_reduce_async
 };
 
 
-namespace detail {
+namespace core {
 inline AnyStrategy* current_strategy_or_null() noexcept {
   auto& tc = thread_context();
   if (tc.replica) return &tc.replica->strategy();
   return tc.scopes.empty() ? nullptr : tc.scopes.back();
 }
-}  // namespace detail
+}  // namespace core
 
 #if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
 DISTRIBUTE_DECL ScopeGuard::ScopeGuard(AnyStrategy& strategy) {
-  auto& tc = detail::thread_context();
-  AnyStrategy* current = detail::current_strategy_or_null();
+  auto& tc = core::thread_context();
+  AnyStrategy* current = core::current_strategy_or_null();
   if (current && current->id() != strategy.id()) {
     throw InvalidArgument(fmt::format(
         "cannot enter the scope of {} (strategy #{}) inside the scope of {} (strategy #{}): a thread can be in one "

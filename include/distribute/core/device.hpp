@@ -65,7 +65,7 @@ DISTRIBUTE_DECL std::string DeviceSpec::to_string() const {
   return out;
 }
 
-namespace detail {
+namespace core::detail {
 inline std::string upper(std::string_view s) {
   std::string u(s);
   std::transform(u.begin(), u.end(), u.begin(), [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
@@ -116,7 +116,7 @@ inline std::vector<std::string_view> device_string_split(std::string_view s, cha
     s.remove_prefix(at + 1);
   }
 }
-}  // namespace detail
+}  // namespace core::detail
 
 // TF's DeviceSpecV2._string_to_components, rule for rule: components split on '/', fields on
 // ':'; keys are case-sensitive; an empty component, or one that starts with ':', is skipped;
@@ -127,7 +127,7 @@ DISTRIBUTE_DECL DeviceSpec DeviceSpec::parse(std::string_view text) {
     throw InvalidArgument(fmt::format("invalid device string '{}': {}", text, why));
   };
   auto integer = [&](std::string_view v, std::string_view what) -> int {
-    auto i = detail::parse_python_int(v);
+    auto i = core::detail::parse_python_int(v);
     if (!i) fail(fmt::format("{} '{}' is not an integer", what, v));
     if (*i < std::numeric_limits<int>::min() || *i > std::numeric_limits<int>::max()) {
       fail(fmt::format("{} '{}' is out of range for an int", what, v));  // Python's int has no bound
@@ -136,8 +136,8 @@ DISTRIBUTE_DECL DeviceSpec DeviceSpec::parse(std::string_view text) {
   };
   DeviceSpec spec;
   std::optional<std::string_view> replica, task;
-  for (std::string_view component : detail::device_string_split(text, '/')) {
-    const auto y = detail::device_string_split(component, ':');
+  for (std::string_view component : core::detail::device_string_split(text, '/')) {
+    const auto y = core::detail::device_string_split(component, ':');
     const std::string_view key = y[0];
     const std::size_t ly = y.size();
     if (ly == 2 && key == "job") {
@@ -146,14 +146,14 @@ DISTRIBUTE_DECL DeviceSpec DeviceSpec::parse(std::string_view text) {
       replica = y[1];
     } else if (ly == 2 && key == "task") {
       task = y[1];
-    } else if (ly <= 2 && detail::is_short_device_type(detail::upper(key))) {
+    } else if (ly <= 2 && core::detail::is_short_device_type(core::detail::upper(key))) {
       if (spec.device_type) return fail("more than one device type");
-      spec.device_type = detail::upper(key);  // "cpu:0" -> CPU, "tpu" -> TPU
+      spec.device_type = core::detail::upper(key);  // "cpu:0" -> CPU, "tpu" -> TPU
       if (ly == 2 && y[1] != "*") spec.device_index = integer(y[1], "device index");
     } else if (ly == 3 && key == "device") {
       if (spec.device_type) return fail("more than one device type");
       // Only "cpu" and "gpu" are normalised in this form; other types are kept as written.
-      spec.device_type = y[1] == "cpu" || y[1] == "gpu" ? detail::upper(y[1]) : std::string(y[1]);
+      spec.device_type = y[1] == "cpu" || y[1] == "gpu" ? core::detail::upper(y[1]) : std::string(y[1]);
       if (y[2] != "*") spec.device_index = integer(y[2], "device index");
     } else if (!key.empty()) {
       return fail(fmt::format("unknown attribute '{}' in component '{}' (expected job:NAME, replica:N, task:N, "

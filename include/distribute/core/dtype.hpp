@@ -60,7 +60,7 @@ constexpr bool is_floating(DType d) noexcept {
 template <class T>
 struct element_dtype {};
 
-namespace detail {
+namespace core::detail {
 template <class T>
 concept plain_arithmetic_element = std::is_arithmetic_v<T> && !std::is_const_v<T> && !std::is_volatile_v<T> &&
                                    (sizeof(T) <= 8) && !std::is_same_v<T, char> && !std::is_same_v<T, wchar_t> &&
@@ -83,12 +83,12 @@ constexpr DType arithmetic_dtype() noexcept {
     else return DType::U64;
   }
 }
-}  // namespace detail
+}  // namespace core::detail
 
 template <class T>
-  requires detail::plain_arithmetic_element<T>
+  requires core::detail::plain_arithmetic_element<T>
 struct element_dtype<T> {
-  static constexpr DType value = detail::arithmetic_dtype<T>();
+  static constexpr DType value = core::detail::arithmetic_dtype<T>();
 };
 template <>
 struct element_dtype<float16> {

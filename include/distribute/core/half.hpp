@@ -5,7 +5,7 @@
 // they are small types of the library's own: 16 bits of storage, converted to and from float with
 // round-to-nearest-even, and arithmetic carried out in float (each operation rounds once). The
 // library's reductions do not go through these operators: they accumulate whole reductions in
-// float32 and round once at the end (core/detail/elementwise.hpp).
+// float32 and round once at the end (core/elementwise.hpp).
 #pragma once
 
 #include <bit>

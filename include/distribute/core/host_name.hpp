@@ -1,4 +1,4 @@
-// What every address parser (cluster/address.hpp, net/detail/address.hpp, the Slurm hostlist)
+// What every address parser (cluster/address.hpp, net/address.hpp, the Slurm hostlist)
 // accepts as a host: a DNS name of at most 253 bytes, or an IPv6 literal that inet_pton accepts
 // (with an optional "%zone"). Shared here so that no resolver is more lenient than another.
 #pragma once

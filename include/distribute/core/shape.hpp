@@ -18,10 +18,10 @@ using Shape = std::vector<std::int64_t>;
 /// "(4, 2, 3)", "(3,)" and "()" as in Python.
 DISTRIBUTE_DECL std::string shape_string(const Shape& shape);
 
-namespace detail {
+namespace core::detail {
 /// num_elements' error: a negative dimension, or a count beyond 64 bits.
 [[noreturn]] DISTRIBUTE_DECL void throw_bad_shape(const Shape& shape);
-}  // namespace detail
+}  // namespace core::detail
 
 /// The bytes of `count` elements of `element_size` bytes, or false when that overflows 64 bits.
 /// Every size and count read from the wire goes through this or checked_byte_size below.
@@ -34,7 +34,7 @@ namespace detail {
 inline std::int64_t num_elements(const Shape& shape) {
   std::int64_t n = 1;
   for (std::int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(n, d, &n)) detail::throw_bad_shape(shape);
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) core::detail::throw_bad_shape(shape);
   }
   return n;
 }
@@ -53,7 +53,7 @@ DISTRIBUTE_DECL std::string shape_string(const Shape& shape) {
   return fmt::format("({})", fmt::join(shape, ", "));
 }
 
-DISTRIBUTE_DECL void detail::throw_bad_shape(const Shape& shape) {
+DISTRIBUTE_DECL void core::detail::throw_bad_shape(const Shape& shape) {
   std::int64_t n = 1;
   for (std::int64_t d : shape) {
     if (d < 0) throw InvalidArgument(fmt::format("shape {} has a negative dimension", shape_string(shape)));

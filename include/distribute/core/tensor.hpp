@@ -105,7 +105,7 @@ class Tensor {
   std::vector<T> data_;
 };
 
-namespace detail {
+namespace core::detail {
 // Prints nested brackets, eliding the middle of long dimensions as numpy does.
 template <class T, class Out>
 Out format_tensor_data(Out out, const T* data, const Shape& shape, std::size_t axis) {
@@ -129,7 +129,7 @@ Out format_tensor_data(Out out, const T* data, const Shape& shape, std::size_t a
   }
   return fmt::format_to(out, "]");
 }
-}  // namespace detail
+}  // namespace core::detail
 
 DISTRIBUTE_END_NAMESPACE
 
@@ -148,7 +148,7 @@ struct fmt::formatter<distribute::Tensor<T>> {
     if (t.size() == 0 && t.rank() > 0) {
       out = fmt::format_to(out, "[]");
     } else {
-      out = distribute::detail::format_tensor_data(out, t.data(), t.shape(), 0);
+      out = distribute::core::detail::format_tensor_data(out, t.data(), t.shape(), 0);
     }
     return fmt::format_to(out, ")");
   }

@@ -77,7 +77,7 @@ concept TensorLike = StaticTensorLike<U> || DynamicTensorLike<U>;
 template <StaticTensorLike U>
 using element_t = typename tensor_traits<U>::value_type;
 
-namespace detail {
+namespace core::detail {
 template <class U>
 auto gathered_type_tag() {
   if constexpr (requires { typename tensor_traits<U>::gathered_type; }) {
@@ -93,16 +93,16 @@ constexpr MemorySpace memory_of() {
   if constexpr (requires { tensor_traits<U>::memory; }) return tensor_traits<U>::memory;
   else return MemorySpace::host;
 }
-}  // namespace detail
+}  // namespace core::detail
 
 /// What gather/all_gather return for components of type U (a concatenation along an axis).
 template <TensorLike U>
-using gathered_t = typename decltype(detail::gathered_type_tag<U>())::type;
+using gathered_t = typename decltype(core::detail::gathered_type_tag<U>())::type;
 
 /// Where U's elements live, when its type says (compile-time form); run-time types say it in
 /// their view, and the library's device paths are for compile-time types.
 template <TensorLike U>
-inline constexpr MemorySpace memory_space_v = detail::memory_of<U>();
+inline constexpr MemorySpace memory_space_v = core::detail::memory_of<U>();
 
 /// Whether U refers to memory it does not own (tensor_traits<U>::is_view).
 template <class U>
@@ -166,7 +166,7 @@ U make_value(DType dtype, const Shape& shape) {
     if (v.dtype != dtype || v.shape != shape) {
       throw InvalidArgument(fmt::format("tensor_traits<{}>::make({}, {}) returned {}; it must return a value of "
                                         "that dtype and shape",
-                                        detail::type_name(typeid(U)), to_string(dtype), shape_string(shape), describe(v)));
+                                        core::type_name(typeid(U)), to_string(dtype), shape_string(shape), describe(v)));
     }
     return out;
   }
@@ -223,7 +223,7 @@ struct tensor_traits<std::vector<T>> {
     // result of an all-reduce of lvalues is made here.
     std::vector<T> out;
     out.reserve(static_cast<std::size_t>(s[0]));
-    detail::advise_huge_pages(out.data(), out.capacity() * sizeof(T));
+    core::detail::advise_huge_pages(out.data(), out.capacity() * sizeof(T));
     out.resize(static_cast<std::size_t>(s[0]));
     return out;
   }
@@ -232,7 +232,7 @@ struct tensor_traits<std::vector<T>> {
   static std::vector<T> clone(const std::vector<T>& v) {
     std::vector<T> out;
     out.reserve(v.size());
-    detail::advise_huge_pages(out.data(), v.size() * sizeof(T));
+    core::detail::advise_huge_pages(out.data(), v.size() * sizeof(T));
     out.assign(v.begin(), v.end());
     return out;
   }

@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include <distribute/core/detail/type_name.hpp>
+#include <distribute/core/type_name.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/memory_space.hpp>
@@ -79,23 +79,23 @@ DISTRIBUTE_DECL std::string describe(const TensorView& v) {
 DISTRIBUTE_DECL void check_view(const TensorView& v, const std::type_info& type) {
   if (!v.strides.empty() && v.strides.size() != v.shape.size()) {
     throw InvalidArgument(fmt::format("tensor_traits<{}>::view gave {} strides for a tensor of rank {}",
-                                      detail::type_name(type), v.strides.size(), v.shape.size()));
+                                      core::type_name(type), v.strides.size(), v.shape.size()));
   }
   for (std::size_t d = 0; d < v.shape.size(); ++d) {
     if (v.shape[d] < 0) {
-      throw InvalidArgument(fmt::format("tensor_traits<{}>: negative dimension in shape {}", detail::type_name(type),
+      throw InvalidArgument(fmt::format("tensor_traits<{}>: negative dimension in shape {}", core::type_name(type),
                                         shape_string(v.shape)));
     }
     if (!v.strides.empty() && v.strides[d] < 0) {
       throw InvalidArgument(fmt::format("tensor_traits<{}>: negative stride in {}; flip the tensor into a "
                                         "contiguous copy first",
-                                        detail::type_name(type), describe(v)));
+                                        core::type_name(type), describe(v)));
     }
   }
 }
 
 #endif  // DISTRIBUTE_DETAIL_DEFINE
-namespace detail {
+namespace core::detail {
 
 /// The bytes [first, last) a view's elements lie in (its gaps included); empty for no elements.
 inline std::pair<const std::byte*, const std::byte*> extent(const TensorView& v) {
@@ -142,7 +142,7 @@ void for_each_run(const TensorView& v, Run&& run) {
   }
 }
 
-}  // namespace detail
+}  // namespace core::detail
 
 /// Copies a view's elements, in row-major order, into `out` (view.bytes() bytes).
 DISTRIBUTE_DECL void copy_to_contiguous(const TensorView& v, void* out);
@@ -154,7 +154,7 @@ DISTRIBUTE_DECL void copy_to_contiguous(const TensorView& v, void* out) {
   const std::size_t es = size_of(v.dtype);
   auto* dst = static_cast<std::byte*>(out);
   const auto* base = static_cast<const std::byte*>(v.data);
-  detail::for_each_run(v, [&](std::int64_t offset, std::size_t len, std::int64_t stride) {
+  core::detail::for_each_run(v, [&](std::int64_t offset, std::size_t len, std::int64_t stride) {
     const std::byte* src = base + offset * static_cast<std::int64_t>(es);
     if (stride == 1) {
       std::memcpy(dst, src, len * es);
@@ -169,7 +169,7 @@ DISTRIBUTE_DECL void copy_from_contiguous(const void* in, const TensorView& v) {
   const std::size_t es = size_of(v.dtype);
   const auto* src = static_cast<const std::byte*>(in);
   auto* base = static_cast<std::byte*>(v.data);
-  detail::for_each_run(v, [&](std::int64_t offset, std::size_t len, std::int64_t stride) {
+  core::detail::for_each_run(v, [&](std::int64_t offset, std::size_t len, std::int64_t stride) {
     std::byte* dst = base + offset * static_cast<std::int64_t>(es);
     if (stride == 1) {
       std::memcpy(dst, src, len * es);

@@ -122,7 +122,7 @@ class Sharded {
   std::vector<T> shards_;
 };
 
-namespace detail {
+namespace core {
 template <class V>
 struct is_per_replica : std::false_type {};
 template <class T, class S>
@@ -131,12 +131,12 @@ template <class V>
 struct is_mirrored : std::false_type {};
 template <class T, class S>
 struct is_mirrored<Mirrored<T, S>> : std::true_type {};
-}  // namespace detail
+}  // namespace core
 
 /// True for PerReplica and Mirrored values (those `run` unwraps per replica).
 template <class V>
-concept DistributedValue = detail::is_per_replica<std::remove_cvref_t<V>>::value ||
-                           detail::is_mirrored<std::remove_cvref_t<V>>::value;
+concept DistributedValue = core::is_per_replica<std::remove_cvref_t<V>>::value ||
+                           core::is_mirrored<std::remove_cvref_t<V>>::value;
 
 DISTRIBUTE_END_NAMESPACE
 

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include <distribute/core/detail/remote_store.hpp>
+#include <distribute/core/remote_store.hpp>
 #include <distribute/core/detail/variable_factory.hpp>
 #include <distribute/core/detail/variable_storage.hpp>
 #include <distribute/core/dtype.hpp>
@@ -34,20 +34,20 @@ class Variable {
 
   /// Creates the variable; inside a strategy's scope the strategy places it.
   explicit Variable(T initial_value, VariableOptions options = {})
-      : storage_(detail::make_variable_storage(std::move(initial_value), std::move(options))) {}
+      : storage_(core::detail::make_variable_storage(std::move(initial_value), std::move(options))) {}
 
   /// A handle to a variable that already lives on a ps task (what a worker gets when a scheduled
   /// function receives a variable as an argument). `shape_template` gives the shape; its values
   /// are not used. Used by ps/; programs create variables with the other constructor.
-  static Variable attach_remote(std::string name, T shape_template, detail::RemoteHandle handle) {
+  static Variable attach_remote(std::string name, T shape_template, core::RemoteHandle handle) {
     static_assert(memory_space_v<T> == MemorySpace::host, "ps variables hold host memory");
     // Only the parameter-server strategy puts variables on ps tasks; the name is for messages.
-    return Variable(detail::attach_remote_storage(std::move(name), std::move(shape_template), std::move(handle),
+    return Variable(core::detail::attach_remote_storage(std::move(name), std::move(shape_template), std::move(handle),
                                                   "ParameterServerStrategy"));
   }
 
   /// Where a ps variable lives (nullptr for every other placement).
-  const detail::RemoteHandle* remote_handle() const noexcept { return storage_->remote_handle(); }
+  const core::RemoteHandle* remote_handle() const noexcept { return storage_->remote_handle(); }
 
   const std::string& name() const noexcept { return storage_->spec().name; }
   bool trainable() const noexcept { return storage_->spec().trainable; }
@@ -74,23 +74,23 @@ class Variable {
   /// the aggregate of all copies (ON_READ).
   T read_value() const { return storage_->read(); }
 
-  void assign(const T& value) { storage_->update(detail::VariableUpdate::Assign, value); }
-  void assign_add(const T& delta) { storage_->update(detail::VariableUpdate::Add, delta); }
-  void assign_sub(const T& delta) { storage_->update(detail::VariableUpdate::Sub, delta); }
+  void assign(const T& value) { storage_->update(core::detail::VariableUpdate::Assign, value); }
+  void assign_add(const T& delta) { storage_->update(core::detail::VariableUpdate::Add, delta); }
+  void assign_sub(const T& delta) { storage_->update(core::detail::VariableUpdate::Sub, delta); }
 
   /// Applies fn(copy, index) to the copy (or copies) the caller may change: the local copy in
   /// replica context, every copy in cross-replica context. Used by strategy.extended().update().
   template <class F>
   void apply_to_copies(F&& fn) {
-    storage_->apply_to_copies(detail::CopyVisitor<T>(fn));
+    storage_->apply_to_copies(core::detail::CopyVisitor<T>(fn));
   }
 
   friend bool operator==(const Variable& a, const Variable& b) noexcept { return a.storage_ == b.storage_; }
 
  private:
-  explicit Variable(std::shared_ptr<detail::VariableStorage<T>> storage) : storage_(std::move(storage)) {}
+  explicit Variable(std::shared_ptr<core::detail::VariableStorage<T>> storage) : storage_(std::move(storage)) {}
 
-  std::shared_ptr<detail::VariableStorage<T>> storage_;
+  std::shared_ptr<core::detail::VariableStorage<T>> storage_;
 };
 
 DISTRIBUTE_END_NAMESPACE

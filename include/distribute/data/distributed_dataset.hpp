@@ -58,7 +58,7 @@
 
 #include <fmt/format.h>
 
-#include <distribute/core/detail/cross_worker.hpp>
+#include <distribute/core/cross_worker.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
@@ -72,15 +72,15 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace data {
 
-namespace detail {
-
-/// Where this process's input goes: its replicas and the workers beside it.
+/// Where this process's input goes: what a strategy tells distribute_dataset below.
 struct InputPlacement {
   int num_workers = 1;
   int worker_index = 0;
   int num_local_replicas = 1;
   int num_replicas_in_sync = 1;
 };
+
+namespace detail {
 
 /// Cuts each global batch into `num_pieces` per-replica pieces (the rule at the top of this
 /// file) and passes on pieces [keep_begin, keep_end) of each, in order.
@@ -137,8 +137,8 @@ class DistributedDataset {
     static constexpr const char* past_the_end = "DistributedDataset iterator: dereferenced past the end";
 
     detail::IteratorPtr<Batch> source;
-    detail::InputPlacement placement;
-    distribute::detail::CrossWorkerLink* link = nullptr;
+    InputPlacement placement;
+    distribute::core::CrossWorkerLink* link = nullptr;
     std::optional<Batch> empty;  // what a replica without data gets: no rows, the last real inner shape
     bool finished = false;       // set on the end and on an error: a step that threw is not retried
     bool drop_partial_step = false;  // end instead of a step where a local replica has no batch
@@ -203,8 +203,8 @@ class DistributedDataset {
   bool drop_partial_step_ = false;
   friend struct detail::DistributedAccess;
 
-  DistributedDataset(Dataset<Batch> per_replica, detail::PipelineContext context, detail::InputPlacement placement,
-                     distribute::detail::CrossWorkerLink* link, AutoShardPolicy policy)
+  DistributedDataset(Dataset<Batch> per_replica, detail::PipelineContext context, InputPlacement placement,
+                     distribute::core::CrossWorkerLink* link, AutoShardPolicy policy)
       : per_replica_(std::move(per_replica)),
         context_(context),
         placement_(placement),
@@ -213,8 +213,8 @@ class DistributedDataset {
 
   Dataset<Batch> per_replica_;  // this worker's per-replica batches, in replica order, step after step
   detail::PipelineContext context_;
-  detail::InputPlacement placement_;
-  distribute::detail::CrossWorkerLink* link_;
+  InputPlacement placement_;
+  distribute::core::CrossWorkerLink* link_;
   AutoShardPolicy policy_;
 };
 
@@ -223,7 +223,7 @@ namespace detail {
 struct DistributedAccess {
   template <class S, class T>
   static DistributedDataset<T, S> make(Dataset<T> per_replica, PipelineContext context, InputPlacement placement,
-                                       distribute::detail::CrossWorkerLink* link, AutoShardPolicy policy) {
+                                       distribute::core::CrossWorkerLink* link, AutoShardPolicy policy) {
     return DistributedDataset<T, S>(std::move(per_replica), context, placement, link, policy);
   }
   template <class S, class T>
@@ -232,15 +232,17 @@ struct DistributedAccess {
   }
 };
 
-/// strategy.distribute_dataset: rebatch, autoshard, prefetch (see the top of this file).
+}  // namespace detail
+
+/// For the strategies (strategy.distribute_dataset): rebatch, autoshard, prefetch (see the top of this file).
 template <class S, class T>
 DistributedDataset<T, S> distribute_dataset(const Dataset<T>& dataset, const InputPlacement& placement,
-                                            distribute::detail::CrossWorkerLink* link) {
-  static_assert(Sliceable<T>,
+                                            distribute::core::CrossWorkerLink* link) {
+  static_assert(detail::Sliceable<T>,
                 "distribute_dataset: the dataset's elements are not batches (a Tensor, a std::vector, or a pair or "
                 "tuple of them); call .batch(global_batch_size) first: distribute_dataset splits each global "
                 "batch among the replicas");
-  const Metadata metadata = DatasetAccess::metadata(dataset);
+  const detail::Metadata metadata = detail::DatasetAccess::metadata(dataset);
   const int workers = placement.num_workers, worker = placement.worker_index;
   const int local = placement.num_local_replicas, in_sync = placement.num_replicas_in_sync;
   AutoShardPolicy policy = metadata.options.auto_shard_policy;
@@ -248,7 +250,7 @@ DistributedDataset<T, S> distribute_dataset(const Dataset<T>& dataset, const Inp
     const bool enough_files = metadata.num_files && *metadata.num_files >= static_cast<std::size_t>(workers);
     policy = enough_files ? AutoShardPolicy::File : AutoShardPolicy::Data;
   }
-  PipelineContext context;
+  detail::PipelineContext context;
   std::int64_t keep_begin = 0, keep_end = in_sync;
   if (workers <= 1) {
     policy = AutoShardPolicy::Off;  // nothing to shard; the local replicas split every global batch
@@ -271,37 +273,36 @@ DistributedDataset<T, S> distribute_dataset(const Dataset<T>& dataset, const Inp
     keep_end = keep_begin + local;
   }
   auto upstream = dataset;
-  Dataset<T> pieces = DatasetAccess::make<T>(
-      [upstream, in_sync, keep_begin, keep_end](const PipelineContext& ctx) -> IteratorPtr<T> {
-        return std::make_unique<RebatchIterator<T>>(DatasetAccess::make_iterator(upstream, ctx), in_sync, keep_begin,
+  Dataset<T> pieces = detail::DatasetAccess::make<T>(
+      [upstream, in_sync, keep_begin, keep_end](const detail::PipelineContext& ctx) -> detail::IteratorPtr<T> {
+        return std::make_unique<detail::RebatchIterator<T>>(detail::DatasetAccess::make_iterator(upstream, ctx), in_sync, keep_begin,
                                                     keep_end);
       },
       metadata);
-  return DistributedAccess::make<S>(pieces.prefetch(local), context, placement, link, policy);
+  return detail::DistributedAccess::make<S>(pieces.prefetch(local), context, placement, link, policy);
 }
 
-/// strategy.distribute_datasets_from_function: fn(InputContext) once, for this worker's pipeline.
+/// For the strategies (strategy.distribute_datasets_from_function): fn(InputContext) once, for this worker's pipeline.
 template <class S, class F>
 auto distribute_datasets_from_function(F&& fn, const InputPlacement& placement,
-                                       distribute::detail::CrossWorkerLink* link) {
+                                       distribute::core::CrossWorkerLink* link) {
   static_assert(std::is_invocable_v<F&, const InputContext&>,
                 "distribute_datasets_from_function(fn): fn must take a ds::InputContext");
   using D = std::remove_cvref_t<std::invoke_result_t<F&, const InputContext&>>;
-  static_assert(is_dataset<D>::value, "distribute_datasets_from_function(fn): fn must return a ds::data::Dataset");
-  static_assert(Sliceable<typename D::element_type>,
+  static_assert(detail::is_dataset<D>::value, "distribute_datasets_from_function(fn): fn must return a ds::data::Dataset");
+  static_assert(detail::Sliceable<typename D::element_type>,
                 "distribute_datasets_from_function(fn): the dataset must yield per-replica batches (a Tensor, a "
                 "std::vector, or a pair or tuple of them): call .batch(ctx.get_per_replica_batch_size(global)). A "
                 "replica left without data at the end gets an empty batch, which only a batch type can express");
   const InputContext context{placement.num_workers, placement.worker_index, placement.num_replicas_in_sync};
   D dataset = fn(context);
-  auto out = DistributedAccess::make<S>(dataset.prefetch(placement.num_local_replicas), PipelineContext{}, placement,
+  auto out = detail::DistributedAccess::make<S>(dataset.prefetch(placement.num_local_replicas), detail::PipelineContext{}, placement,
                                         link, AutoShardPolicy::Off);
   // TF (input_lib._enable_get_next_as_optional): partial steps only where batches may be short
   // or there are several workers.
-  DistributedAccess::set_drop_partial_step(out, placement.num_workers == 1 && DatasetAccess::metadata(dataset).static_batch);
+  detail::DistributedAccess::set_drop_partial_step(out, placement.num_workers == 1 && detail::DatasetAccess::metadata(dataset).static_batch);
   return out;
 }
 
-}  // namespace detail
 }  // namespace data
 DISTRIBUTE_END_NAMESPACE

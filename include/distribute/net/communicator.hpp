@@ -20,7 +20,7 @@
 
 #include <fmt/format.h>
 
-#include <distribute/core/detail/elementwise.hpp>
+#include <distribute/core/elementwise.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
@@ -87,7 +87,7 @@ class Communicator {
     if (data == nullptr && count > 0) {
       throw InvalidArgument(fmt::format("all_reduce: data is null but count is {}", count));
     }
-    ::distribute::detail::check_op_for_dtype(op, dtype, "all_reduce");
+    ::distribute::core::check_op_for_dtype(op, dtype, "all_reduce");
     const std::size_t es = size_of(dtype);
     if (count > std::numeric_limits<std::size_t>::max() / es) {
       throw InvalidArgument(fmt::format("all_reduce: count {} of {} overflows the address space", count, to_string(dtype)));
@@ -135,7 +135,7 @@ class Communicator {
     }
     const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
     if (data == nullptr && total > 0) throw InvalidArgument(fmt::format("reduce_scatter: data is null but count is {}", total));
-    ::distribute::detail::check_op_for_dtype(op, dtype, "reduce_scatter");
+    ::distribute::core::check_op_for_dtype(op, dtype, "reduce_scatter");
     detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::ReduceScatter, dtype, op, shapes, total});
     if (size() == 1 || total == 0) return call.finish();
     detail::reduce_scatter(*transport_, call, static_cast<std::byte*>(data), counts, dtype, op, scratch_);

@@ -50,7 +50,7 @@
 
 #include <fmt/format.h>
 
-#include <distribute/core/detail/cross_worker.hpp>
+#include <distribute/core/cross_worker.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
@@ -65,7 +65,7 @@ struct MpiLinkOptions {
 };
 
 /// The MPI link of this program, or an empty function where MPI is not compiled in.
-using MpiLinkFactory = std::unique_ptr<::distribute::detail::CrossWorkerLink> (*)(const MpiLinkOptions&);
+using MpiLinkFactory = std::unique_ptr<::distribute::core::CrossWorkerLink> (*)(const MpiLinkOptions&);
 
 inline MpiLinkFactory& mpi_link_factory() noexcept {
   static MpiLinkFactory factory = nullptr;
@@ -191,7 +191,7 @@ inline void ensure_mpi_initialized() {
 }
 
 /// CrossWorkerLink over a duplicate of MPI_COMM_WORLD.
-class MpiLink final : public ::distribute::detail::CrossWorkerLink {
+class MpiLink final : public ::distribute::core::CrossWorkerLink {
  public:
   explicit MpiLink(const MpiLinkOptions& options) : timeout_(options.operation_timeout) {
     ensure_mpi_initialized();
@@ -208,14 +208,14 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
 
   void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op, std::uint32_t shapes = 0) override {
     std::lock_guard lock(mutex_);
-    agree({CollectiveKind::AllReduce, dtype, op, shapes, count});
+    agree({detail::CollectiveKind::AllReduce, dtype, op, shapes, count});
     reduce_chunks(data, count, dtype, op, "all_reduce");
   }
 
   void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out,
                   std::vector<std::size_t>& sizes) override {
     std::lock_guard lock(mutex_);
-    agree({CollectiveKind::AllGather, DType::U8, ReduceOp::Sum, 0, 0});
+    agree({detail::CollectiveKind::AllGather, DType::U8, ReduceOp::Sum, 0, 0});
     std::vector<std::uint64_t> all(static_cast<std::size_t>(size_));
     const std::uint64_t mine = bytes;
     run([&] { return MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm_); },
@@ -241,7 +241,7 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
 
   void broadcast(void* data, std::size_t bytes, int root) override {
     std::lock_guard lock(mutex_);
-    agree({CollectiveKind::Broadcast, DType::U8, ReduceOp::Sum, static_cast<std::uint32_t>(root), bytes});
+    agree({detail::CollectiveKind::Broadcast, DType::U8, ReduceOp::Sum, static_cast<std::uint32_t>(root), bytes});
     auto* p = static_cast<std::byte*>(data);
     for (std::size_t done = 0; done < bytes;) {
       const std::size_t n = std::min<std::size_t>(bytes - done, kMaxChunk);
@@ -262,7 +262,7 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
       if (static_cast<int>(w) < rank_) offset += counts[w];
       total += counts[w];
     }
-    agree({CollectiveKind::ReduceScatter, dtype, op, shapes, total});
+    agree({detail::CollectiveKind::ReduceScatter, dtype, op, shapes, total});
     const std::size_t width = size_of(dtype);
     std::vector<std::byte> mine(counts[static_cast<std::size_t>(rank_)] * width);
     auto [type, mpi_op] = type_and_op(dtype, op);
@@ -277,7 +277,7 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
   void all_to_all(const void* send, std::span<const std::size_t> send_bytes, void* recv,
                   std::span<const std::size_t> recv_bytes) override {
     std::lock_guard lock(mutex_);
-    agree({CollectiveKind::AllToAll, DType::U8, ReduceOp::Sum, 0, 0});
+    agree({detail::CollectiveKind::AllToAll, DType::U8, ReduceOp::Sum, 0, 0});
     std::vector<int> sc(send_bytes.size()), sd(send_bytes.size()), rc(recv_bytes.size()), rd(recv_bytes.size());
     std::size_t s = 0, q = 0;
     for (std::size_t w = 0; w < send_bytes.size(); ++w) {
@@ -297,7 +297,7 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
 
   void barrier() override {
     std::lock_guard lock(mutex_);
-    agree({CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, 0, 0});
+    agree({detail::CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, 0, 0});
     run([&] { return MPI_Barrier(comm_); }, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }, "barrier");
   }
 
@@ -461,8 +461,8 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
   }
 
   // The fields compatible() compares; all_gather and all_to_all sizes may differ by design.
-  static bool significant_count(CollectiveKind k) noexcept {
-    return k == CollectiveKind::AllReduce || k == CollectiveKind::ReduceScatter || k == CollectiveKind::Broadcast;
+  static bool significant_count(detail::CollectiveKind k) noexcept {
+    return k == detail::CollectiveKind::AllReduce || k == detail::CollectiveKind::ReduceScatter || k == detail::CollectiveKind::Broadcast;
   }
   static std::uint64_t pack(const Descriptor& d) noexcept {
     const bool fields = significant_count(d.kind);
@@ -473,7 +473,7 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
   }
   static Descriptor unpack(std::uint64_t packed, std::uint64_t count) noexcept {
     Descriptor d;
-    d.kind = static_cast<CollectiveKind>(packed >> 56);
+    d.kind = static_cast<detail::CollectiveKind>(packed >> 56);
     d.dtype = static_cast<DType>((packed >> 48) & 0xff);
     d.op = static_cast<ReduceOp>((packed >> 40) & 0xff);
     d.root = static_cast<std::uint32_t>(packed & 0xffffffffu);
@@ -491,7 +491,7 @@ class MpiLink final : public ::distribute::detail::CrossWorkerLink {
   std::optional<Broken> failure_;
 };
 
-inline std::unique_ptr<::distribute::detail::CrossWorkerLink> make_mpi_link(const MpiLinkOptions& options) {
+inline std::unique_ptr<::distribute::core::CrossWorkerLink> make_mpi_link(const MpiLinkOptions& options) {
   return std::make_unique<MpiLink>(options);
 }
 

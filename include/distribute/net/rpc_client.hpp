@@ -23,7 +23,7 @@
 #include <fmt/format.h>
 
 #include <distribute/core/error.hpp>
-#include <distribute/net/detail/address.hpp>
+#include <distribute/net/address.hpp>
 #include <distribute/net/detail/auth.hpp>
 #include <distribute/net/detail/client_loop.hpp>
 #include <distribute/net/detail/connection.hpp>
@@ -42,7 +42,7 @@ class RpcClient final : private detail::ConnectionOwner, private detail::Ticking
  public:
   RpcClient(std::string address, std::string peer_name, RpcOptions options)
       : address_(std::move(address)), peer_(std::move(peer_name)), options_(std::move(options)),
-        token_(detail::effective_cluster_token(options_.cluster_token)), target_(detail::parse_host_port(address_)),
+        token_(detail::effective_cluster_token(options_.cluster_token)), target_(net::parse_host_port(address_)),
         shared_(detail::ClientLoop::instance()) {
     shared_->add(this);
   }
@@ -398,7 +398,7 @@ class RpcClient final : private detail::ConnectionOwner, private detail::Ticking
   std::string peer_;
   RpcOptions options_;
   std::optional<std::string> token_;
-  detail::HostPort target_;
+  net::HostPort target_;
   std::shared_ptr<detail::ClientLoop> shared_;
   std::mutex call_mutex_;  // one call (or connect) at a time
   std::mutex dial_mutex_;

@@ -31,7 +31,6 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace observe {
 
-namespace detail {
 /// Whether the timeline records: the one thing the hot path reads when it is off.
 inline std::atomic<bool> timeline_on{false};
 
@@ -104,10 +103,9 @@ struct ThreadBuffer {
 };
 #endif  // DISTRIBUTE_DETAIL_DEFINE
 
-}  // namespace detail
 
 /// Whether the timeline records now (a relaxed load: cheap enough for every call).
-inline bool timeline_enabled() noexcept { return detail::timeline_on.load(std::memory_order_relaxed); }
+inline bool timeline_enabled() noexcept { return timeline_on.load(std::memory_order_relaxed); }
 
 /// The file a task writes for DISTRIBUTE_TIMELINE=`path`: the task ("worker-1") before the extension.
 DISTRIBUTE_DECL std::string timeline_file(std::string_view path, std::string_view task_type, int task_index);
@@ -139,7 +137,7 @@ class Timeline {
   void start(std::string file, std::string task_type, int task_index);
 
   /// Stops recording (what is recorded stays, and is written by the next flush()).
-  void stop() noexcept { detail::timeline_on.store(false, std::memory_order_relaxed); }
+  void stop() noexcept { timeline_on.store(false, std::memory_order_relaxed); }
 
   const std::string& file() const noexcept { return file_; }
 
@@ -154,8 +152,8 @@ class Timeline {
 
   /// A cross-worker call [start, end) on the calling thread, its numbers formatted only when written;
   /// `extra`: more JSON members (an error), or "".
-  void call(const char* name, std::int64_t start_ns, std::int64_t end_ns, const detail::CallArgs& args, std::string extra = {}) {
-    detail::TraceEvent e{name, "collective", 'X', start_ns, std::max<std::int64_t>(end_ns - start_ns, 0), std::move(extra)};
+  void call(const char* name, std::int64_t start_ns, std::int64_t end_ns, const CallArgs& args, std::string extra = {}) {
+    TraceEvent e{name, "collective", 'X', start_ns, std::max<std::int64_t>(end_ns - start_ns, 0), std::move(extra)};
     e.has_call = true;
     e.call = args;
     record(std::move(e));
@@ -178,16 +176,16 @@ class Timeline {
  private:
   Timeline() = default;
 
-  detail::ThreadBuffer& buffer();
+  ThreadBuffer& buffer();
 
-  void record(detail::TraceEvent e);
+  void record(TraceEvent e);
 
   void write_locked();
 
-  static std::string json_escape_(std::string_view s) { return detail::json_escape(s); }
+  static std::string json_escape_(std::string_view s) { return json_escape(s); }
 
   std::mutex mutex_;
-  std::vector<std::shared_ptr<detail::ThreadBuffer>> buffers_;
+  std::vector<std::shared_ptr<ThreadBuffer>> buffers_;
   std::string file_;
   std::string task_type_;
   int task_index_ = 0;
@@ -244,17 +242,17 @@ DISTRIBUTE_DECL void Timeline::start(std::string file, std::string task_type, in
   file_ = std::move(file);
   task_type_ = std::move(task_type);
   task_index_ = task_index;
-  detail::timeline_on.store(true, std::memory_order_relaxed);
+  timeline_on.store(true, std::memory_order_relaxed);
   write_locked();  // valid (empty) from the start
 }
 
 DISTRIBUTE_DECL void Timeline::async_span(std::string name, const char* category, std::uint64_t id,
                                           std::int64_t start_ns, std::int64_t end_ns, std::string args) {
-  detail::TraceEvent b{name, category, 'b', start_ns, 0, std::move(args)};
+  TraceEvent b{name, category, 'b', start_ns, 0, std::move(args)};
   b.id = id;
-  detail::TraceEvent e{std::move(name), category, 'e', std::max(end_ns, start_ns), 0, {}};
+  TraceEvent e{std::move(name), category, 'e', std::max(end_ns, start_ns), 0, {}};
   e.id = id;
-  detail::ThreadBuffer& buf = buffer();
+  ThreadBuffer& buf = buffer();
   std::lock_guard lock(buf.mutex);
   buf.events.push_back(std::move(b));
   buf.events.push_back(std::move(e));
@@ -265,10 +263,10 @@ DISTRIBUTE_DECL void Timeline::flush() {
   if (!file_.empty()) write_locked();
 }
 
-DISTRIBUTE_DECL detail::ThreadBuffer& Timeline::buffer() {
-  thread_local std::shared_ptr<detail::ThreadBuffer> mine;
+DISTRIBUTE_DECL ThreadBuffer& Timeline::buffer() {
+  thread_local std::shared_ptr<ThreadBuffer> mine;
   if (!mine) {
-    mine = std::make_shared<detail::ThreadBuffer>();
+    mine = std::make_shared<ThreadBuffer>();
     std::lock_guard lock(mutex_);
     mine->tid = static_cast<int>(buffers_.size()) + 1;
     buffers_.push_back(mine);
@@ -276,8 +274,8 @@ DISTRIBUTE_DECL detail::ThreadBuffer& Timeline::buffer() {
   return *mine;
 }
 
-DISTRIBUTE_DECL void Timeline::record(detail::TraceEvent e) {
-  detail::ThreadBuffer& b = buffer();
+DISTRIBUTE_DECL void Timeline::record(TraceEvent e) {
+  ThreadBuffer& b = buffer();
   std::lock_guard lock(b.mutex);
   b.events.push_back(std::move(e));
 }
@@ -298,7 +296,7 @@ DISTRIBUTE_DECL void Timeline::write_locked() {
   out += fmt::format("{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"tid\":0,\"args\":{{\"name\":\"{}\"}}}}",
                      task_index_, json_escape_(task));
   for (const auto& b : buffers_) {
-    std::vector<detail::TraceEvent> events;
+    std::vector<TraceEvent> events;
     {
       std::lock_guard lock(b->mutex);
       events = b->events;
@@ -315,7 +313,7 @@ DISTRIBUTE_DECL void Timeline::write_locked() {
       if (e.phase == 'X') out += fmt::format(",\"dur\":{:.3f}", e.dur_ns / 1000.0);
       if (e.phase == 'i') out += ",\"s\":\"t\"";
       if (e.phase == 'b' || e.phase == 'e') out += fmt::format(",\"id\":\"0x{:x}\"", e.id);
-      out += fmt::format(",\"args\":{{{}}}}}", e.has_call ? detail::call_args_json(e) : e.args);
+      out += fmt::format(",\"args\":{{{}}}}}", e.has_call ? call_args_json(e) : e.args);
     }
   }
   out += "\n]}\n";

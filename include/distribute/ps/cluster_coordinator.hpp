@@ -35,7 +35,7 @@
 #include <distribute/ps/detail/rpc.hpp>
 #include <distribute/ps/detail/spare_buffers.hpp>
 #include <distribute/ps/remote_function.hpp>
-#include <distribute/strategy/parameter_server.hpp>
+#include <distribute/ps/parameter_server_strategy.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -60,7 +60,7 @@ struct CoordinatorOptions {
   std::optional<std::string> timeline = std::nullopt;
 };
 
-namespace detail {
+namespace ps::detail {
 
 struct ClosureState {
   std::mutex mutex;
@@ -98,13 +98,13 @@ struct Closure {
   std::shared_ptr<ClosureState> state;
 };
 
-}  // namespace detail
+}  // namespace ps::detail
 
 /// The result of a scheduled function (TF's RemoteValue): get() waits for it.
 template <class R>
 class RemoteValue {
  public:
-  explicit RemoteValue(std::shared_ptr<detail::ClosureState> state) : state_(std::move(state)) {}
+  explicit RemoteValue(std::shared_ptr<ps::detail::ClosureState> state) : state_(std::move(state)) {}
 
   /// Waits for the closure; returns its result or rethrows its error (Cancelled when an earlier
   /// closure's error cancelled it).
@@ -112,7 +112,7 @@ class RemoteValue {
     if (state_->metrics) state_->metrics->fetches->add();
     state_->wait();
     if (state_->error) std::rethrow_exception(state_->error);
-    if constexpr (!std::is_void_v<R>) return std::get<0>(detail::load_values<R>(detail::as_chars(state_->result), "closure result"));
+    if constexpr (!std::is_void_v<R>) return std::get<0>(ps::detail::load_values<R>(ps::detail::as_chars(state_->result), "closure result"));
   }
   /// The same as get() (TF's fetch).
   R fetch() const { return get(); }
@@ -123,7 +123,7 @@ class RemoteValue {
   }
 
  private:
-  std::shared_ptr<detail::ClosureState> state_;
+  std::shared_ptr<ps::detail::ClosureState> state_;
 };
 
 class ClusterCoordinator {
@@ -131,7 +131,7 @@ class ClusterCoordinator {
   /// Connects to every worker (waiting up to options.connect_timeout while they start). The
   /// strategy must be connected to its ps tasks (ParameterServerOptions::connect).
   explicit ClusterCoordinator(ParameterServerStrategy& strategy, CoordinatorOptions options = {})
-      : strategy_(strategy), options_(std::move(options)), session_(detail::random_id()) {
+      : strategy_(strategy), options_(std::move(options)), session_(ps::detail::random_id()) {
     if (!strategy.connected()) {
       throw InvalidArgument("ClusterCoordinator: the strategy was built with ParameterServerOptions{.connect = false}; "
                             "a coordinator needs the ps tasks");
@@ -142,7 +142,7 @@ class ClusterCoordinator {
       settings.metrics_port = options_.metrics_port;
       settings.timeline = options_.timeline;
       // The coordinator is the chief (ParameterServerStrategy checked there is exactly one).
-      observe_ = detail::CoordinatorObservability::start(
+      observe_ = ps::detail::CoordinatorObservability::start(
           settings, 0, spec.task_address("chief", 0),
           [this] {
             std::lock_guard lock(mutex_);
@@ -150,25 +150,25 @@ class ClusterCoordinator {
           },
           [this] { return static_cast<double>(num_workers_up()); });
     }
-    detail::RpcOptions rpc;
+    ps::detail::RpcOptions rpc;
     rpc.cluster_token = strategy.options().cluster_token;
     rpc.connect_timeout = options_.connect_timeout;
     for (int t = 0; t < spec.num_tasks("ps"); ++t) {
-      ps_pings_.push_back(std::make_unique<detail::RpcClient>(spec.task_address("ps", t), ps_device_string(t), rpc));
+      ps_pings_.push_back(std::make_unique<ps::detail::RpcClient>(spec.task_address("ps", t), ps_device_string(t), rpc));
     }
     const int n = spec.num_tasks("worker");
     for (int i = 0; i < n; ++i) {
       auto w = std::make_unique<Worker>();
       w->index = i;
       w->device = DeviceSpec{"worker", 0, i, "CPU", 0}.to_string();
-      w->run = std::make_unique<detail::RpcClient>(spec.task_address("worker", i), w->device, rpc);
-      w->ping = std::make_unique<detail::RpcClient>(spec.task_address("worker", i), w->device, rpc);
+      w->run = std::make_unique<ps::detail::RpcClient>(spec.task_address("worker", i), w->device, rpc);
+      w->ping = std::make_unique<ps::detail::RpcClient>(spec.task_address("worker", i), w->device, rpc);
       workers_.push_back(std::move(w));
     }
     for (auto& w : workers_) {
       try {
         w->run->connect(options_.connect_timeout);
-      } catch (const detail::ConnectionLost& e) {
+      } catch (const ps::detail::ConnectionLost& e) {
         throw PeerFailure(fmt::format("ClusterCoordinator: {}", e.what()));
       }
       w->up = true;
@@ -193,20 +193,20 @@ class ClusterCoordinator {
   template <class R, class... P, class... A>
   RemoteValue<R> schedule(R (*fn)(P...), A&&... args) {
     static_assert(sizeof...(P) == sizeof...(A), "ClusterCoordinator::schedule: wrong number of arguments for fn");
-    const auto* entry = detail::RemoteFunctionRegistry::instance().find_by_address(reinterpret_cast<const void*>(fn));
+    const auto* entry = ps::detail::RemoteFunctionRegistry::instance().find_by_address(reinterpret_cast<const void*>(fn));
     if (!entry) {
       throw InvalidArgument("ClusterCoordinator::schedule: the function is not registered; register it with "
                             "DISTRIBUTE_REMOTE_FUNCTION(name) (or ds::register_remote_function) in every process");
     }
     // Arguments of the parameter types are written from where they are; others are converted first.
-    return schedule_converted<R, std::decay_t<P>...>(*entry, detail::as_parameter<std::decay_t<P>>(std::forward<A>(args))...);
+    return schedule_converted<R, std::decay_t<P>...>(*entry, ps::detail::as_parameter<std::decay_t<P>>(std::forward<A>(args))...);
   }
 
   /// Schedules the function registered as `name`; the argument types must be its parameter types
   /// (after decay) and R its result type, else InvalidArgument saying what it takes.
   template <class R = void, class... A>
   RemoteValue<R> schedule(std::string_view name, A&&... args) {
-    const auto* entry = detail::RemoteFunctionRegistry::instance().find(name);
+    const auto* entry = ps::detail::RemoteFunctionRegistry::instance().find(name);
     if (!entry) {
       throw InvalidArgument(fmt::format("ClusterCoordinator::schedule: no function is registered as '{}' (register it "
                                         "with DISTRIBUTE_REMOTE_FUNCTION in every process)",
@@ -214,14 +214,14 @@ class ClusterCoordinator {
     }
     if (*entry->params != typeid(std::tuple<std::decay_t<A>...>)) {
       throw InvalidArgument(fmt::format("ClusterCoordinator::schedule: function '{}' takes {} but was given {}", name,
-                                        detail::parameter_list(*entry->params),
-                                        detail::parameter_list(typeid(std::tuple<std::decay_t<A>...>))));
+                                        ps::detail::parameter_list(*entry->params),
+                                        ps::detail::parameter_list(typeid(std::tuple<std::decay_t<A>...>))));
     }
     if (*entry->result != typeid(R)) {
       throw InvalidArgument(fmt::format("ClusterCoordinator::schedule: function '{}' returns {}, not {}", name,
-                                        detail::type_name(*entry->result), detail::type_name(typeid(R))));
+                                        core::type_name(*entry->result), core::type_name(typeid(R))));
     }
-    std::string bytes = detail::save_values(static_cast<const std::decay_t<A>&>(args)...);
+    std::string bytes = ps::detail::save_values(static_cast<const std::decay_t<A>&>(args)...);
     return RemoteValue<R>(enqueue(*entry, std::move(bytes)));
   }
 
@@ -245,7 +245,7 @@ class ClusterCoordinator {
   /// functions. A worker that comes back after a failure builds it again.
   template <class T, class... P>
   PerWorkerDataset<T> create_per_worker_dataset(data::Dataset<T> (*fn)(P...)) {
-    const auto* entry = detail::RemoteFunctionRegistry::instance().find_by_address(reinterpret_cast<const void*>(fn));
+    const auto* entry = ps::detail::RemoteFunctionRegistry::instance().find_by_address(reinterpret_cast<const void*>(fn));
     if (!entry) {
       throw InvalidArgument("create_per_worker_dataset: the dataset function is not registered; register it with "
                             "DISTRIBUTE_REMOTE_FUNCTION(name) in every process");
@@ -260,7 +260,7 @@ class ClusterCoordinator {
       if (!is_up(*w)) continue;  // built when it comes back
       try {
         make_dataset(*w, recipe);
-      } catch (const detail::ConnectionLost& e) {
+      } catch (const ps::detail::ConnectionLost& e) {
         mark_down(*w, e.what());
       }
     }
@@ -273,7 +273,7 @@ class ClusterCoordinator {
     stop_threads("the cluster was shut down");  // no heartbeat mistakes the stopping tasks for lost ones
     for (auto& w : workers_) {
       try {
-        w->ping->call(detail::RpcOp::Stop, {}, std::chrono::milliseconds(5000));
+        w->ping->call(ps::detail::RpcOp::Stop, {}, std::chrono::milliseconds(5000));
       } catch (const std::exception&) {
       }
     }
@@ -312,8 +312,8 @@ class ClusterCoordinator {
   struct Worker {
     int index = 0;
     std::string device;
-    std::unique_ptr<detail::RpcClient> run;   // closures and datasets
-    std::unique_ptr<detail::RpcClient> ping;  // heartbeats, answered while a closure runs
+    std::unique_ptr<ps::detail::RpcClient> run;   // closures and datasets
+    std::unique_ptr<ps::detail::RpcClient> ping;  // heartbeats, answered while a closure runs
     bool up = false;                          // guarded by mutex_
     std::uint64_t completed = 0;              // guarded by mutex_
     std::thread thread;
@@ -340,14 +340,14 @@ class ClusterCoordinator {
   // The arguments in their parameter types, written into a kept buffer (the closure keeps them
   // until it is done, for a retry; then they go back).
   template <class R, class... P>
-  RemoteValue<R> schedule_converted(const detail::RemoteFunctionEntry& entry, const P&... args) {
-    std::string bytes = arg_buffers_.take(detail::saved_size<P...>(args...));
-    detail::save_values_into<P...>(bytes, args...);
+  RemoteValue<R> schedule_converted(const ps::detail::RemoteFunctionEntry& entry, const P&... args) {
+    std::string bytes = arg_buffers_.take(ps::detail::saved_size<P...>(args...));
+    ps::detail::save_values_into<P...>(bytes, args...);
     return RemoteValue<R>(enqueue(entry, std::move(bytes)));
   }
 
-  std::shared_ptr<detail::ClosureState> enqueue(const detail::RemoteFunctionEntry& entry, std::string args) {
-    auto state = std::make_shared<detail::ClosureState>();
+  std::shared_ptr<ps::detail::ClosureState> enqueue(const ps::detail::RemoteFunctionEntry& entry, std::string args) {
+    auto state = std::make_shared<ps::detail::ClosureState>();
     if (observe_) {
       state->metrics = observe_->metrics;
       state->scheduled_ns = observe::Timeline::now_ns();
@@ -361,7 +361,7 @@ class ClusterCoordinator {
                                         "(shutdown_cluster); nothing runs any more",
                                         entry.name));
     }
-    queue_.push_back(detail::Closure{++closure_ids_, 0, entry.name, entry.signature, std::move(args), state});
+    queue_.push_back(ps::detail::Closure{++closure_ids_, 0, entry.name, entry.signature, std::move(args), state});
     ++outstanding_;
     if (state->metrics) state->metrics->scheduled->add();
     work_cv_.notify_all();  // not notify_one: the heartbeat thread waits on this condition too
@@ -409,7 +409,7 @@ class ClusterCoordinator {
     if (outstanding_ == 0) idle_cv_.notify_all();
   }
 
-  void mark_down(Worker& w, const std::string& reason, detail::WorkerLoss kind = detail::WorkerLoss::ConnectionLost) {
+  void mark_down(Worker& w, const std::string& reason, ps::detail::WorkerLoss kind = ps::detail::WorkerLoss::ConnectionLost) {
     {
       std::lock_guard lock(mutex_);
       if (!w.up) return;
@@ -430,11 +430,11 @@ class ClusterCoordinator {
   }
 
   void make_dataset(Worker& w, const DatasetRecipe& d) {
-    detail::MakeDatasetMsg m{d.id, d.function, d.signature, num_workers(), w.index};
+    ps::detail::MakeDatasetMsg m{d.id, d.function, d.signature, num_workers(), w.index};
     try {
-      w.run->call(detail::RpcOp::MakeDataset, detail::encode_message(m));
-    } catch (const detail::RemoteError& e) {
-      detail::throw_as_kind(e.kind(), e.what());
+      w.run->call(ps::detail::RpcOp::MakeDataset, ps::detail::encode_message(m));
+    } catch (const ps::detail::RemoteError& e) {
+      ps::detail::throw_as_kind(e.kind(), e.what());
     }
   }
 
@@ -477,7 +477,7 @@ class ClusterCoordinator {
         }
         continue;
       }
-      detail::Closure c;
+      ps::detail::Closure c;
       {
         std::unique_lock lock(mutex_);
         work_cv_.wait(lock, [&] { return stopping_ || !w.up || !queue_.empty(); });
@@ -491,23 +491,23 @@ class ClusterCoordinator {
     }
   }
 
-  void run_closure(Worker& w, detail::Closure c) {
+  void run_closure(Worker& w, ps::detail::Closure c) {
     struct GiveBack {  // the arguments' buffer, once the closure is done (a retry moved it on)
-      detail::SpareBuffers& spare;
-      detail::Closure& closure;
+      ps::detail::SpareBuffers& spare;
+      ps::detail::Closure& closure;
       ~GiveBack() { spare.give(std::move(closure.args)); }
     } give_back{arg_buffers_, c};
     // The arguments go out from where the closure keeps them (for a retry), without a copy.
-    const detail::RunClosureView m{session_, c.id, c.attempt, c.function, c.signature, detail::WireBytes{detail::bytes_of(c.args)}};
+    const ps::detail::RunClosureView m{session_, c.id, c.attempt, c.function, c.signature, ps::detail::WireBytes{ps::detail::bytes_of(c.args)}};
     const std::int64_t start_ns = observe_ ? observe::Timeline::now_ns() : 0;
     try {
-      auto reply = w.run->call(detail::RpcOp::RunClosure, detail::encode_reusing(m));
+      auto reply = w.run->call(ps::detail::RpcOp::RunClosure, ps::detail::encode_reusing(m));
       if (observe_) observe_closure(c, w.index, start_ns, "ok");  // before get() can return
       c.state->finish(std::move(reply));
       std::lock_guard lock(mutex_);
       ++w.completed;
       closure_done_locked();
-    } catch (const detail::ConnectionLost& e) {
+    } catch (const ps::detail::ConnectionLost& e) {
       mark_down(w, e.what());
       std::lock_guard lock(mutex_);
       if (stopping_ || fatal_) {
@@ -523,10 +523,10 @@ class ClusterCoordinator {
       ++retried_;
       queue_.push_front(std::move(c));  // first in line: it was scheduled earliest
       work_cv_.notify_all();
-    } catch (const detail::RemoteError& e) {
+    } catch (const ps::detail::RemoteError& e) {
       std::exception_ptr error;
       try {
-        detail::throw_as_kind(e.kind(), e.what());
+        ps::detail::throw_as_kind(e.kind(), e.what());
       } catch (...) {
         error = std::current_exception();
       }
@@ -547,7 +547,7 @@ class ClusterCoordinator {
     }
   }
 
-  void observe_closure(const detail::Closure& c, int worker, std::int64_t start_ns, const char* outcome,
+  void observe_closure(const ps::detail::Closure& c, int worker, std::int64_t start_ns, const char* outcome,
                        const std::string& error = {}) {
     observe_->closure_ended(c.id, c.function, c.attempt, c.state->scheduled_ns, worker, start_ns, outcome, error);
   }
@@ -561,7 +561,7 @@ class ClusterCoordinator {
       }
       for (std::size_t t = 0; t < ps_pings_.size(); ++t) {
         try {
-          ps_pings_[t]->call(detail::RpcOp::Ping, {}, options_.heartbeat_timeout);
+          ps_pings_[t]->call(ps::detail::RpcOp::Ping, {}, options_.heartbeat_timeout);
         } catch (const std::exception& e) {
           lose_ps(fmt::format("lost ps task {} ({}): {}", ps_device_string(static_cast<int>(t)), ps_pings_[t]->address(),
                               e.what()));
@@ -571,10 +571,10 @@ class ClusterCoordinator {
       for (auto& w : workers_) {
         if (!is_up(*w)) continue;
         try {
-          w->ping->call(detail::RpcOp::Ping, {}, options_.heartbeat_timeout);
+          w->ping->call(ps::detail::RpcOp::Ping, {}, options_.heartbeat_timeout);
         } catch (const std::exception& e) {
           w->ping->disconnect();
-          mark_down(*w, fmt::format("no heartbeat: {}", e.what()), detail::WorkerLoss::NoHeartbeat);
+          mark_down(*w, fmt::format("no heartbeat: {}", e.what()), ps::detail::WorkerLoss::NoHeartbeat);
         }
       }
     }
@@ -583,8 +583,8 @@ class ClusterCoordinator {
   ParameterServerStrategy& strategy_;
   CoordinatorOptions options_;
   std::uint64_t session_;
-  detail::SpareBuffers arg_buffers_;  // closures' argument buffers, kept for the next ones
-  std::vector<std::unique_ptr<detail::RpcClient>> ps_pings_;
+  ps::detail::SpareBuffers arg_buffers_;  // closures' argument buffers, kept for the next ones
+  std::vector<std::unique_ptr<ps::detail::RpcClient>> ps_pings_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::thread heartbeat_;
 
@@ -592,7 +592,7 @@ class ClusterCoordinator {
   std::condition_variable work_cv_;   // a closure queued, a worker up or down, stopping
   std::condition_variable space_cv_;  // room in the queue
   std::condition_variable idle_cv_;   // nothing outstanding, or an error
-  std::deque<detail::Closure> queue_;
+  std::deque<ps::detail::Closure> queue_;
   std::size_t outstanding_ = 0;  // queued + running
   std::uint64_t closure_ids_ = 0;
   std::uint64_t dataset_ids_ = 0;
@@ -602,7 +602,7 @@ class ClusterCoordinator {
   std::exception_ptr fatal_;  // a lost ps task
   bool stopping_ = false;
   // Last: its server (whose gauges read the members above) stops first.
-  std::unique_ptr<detail::CoordinatorObservability> observe_;
+  std::unique_ptr<ps::detail::CoordinatorObservability> observe_;
 };
 
 DISTRIBUTE_END_NAMESPACE

@@ -33,7 +33,7 @@ using Partitions = std::vector<std::int64_t>;
 /// Any callable `(shape, dtype) -> Partitions`: the built-in partitioners or a user's own.
 using VariablePartitioner = std::function<Partitions(const Shape&, DType)>;
 
-namespace detail {
+namespace ps::detail {
 
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
@@ -62,19 +62,19 @@ inline Partitions partitions_on_axis(const Shape& shape, std::size_t axis, std::
   return p;
 }
 
-}  // namespace detail
+}  // namespace ps::detail
 
 /// A fixed number of shards along `axis`, but never more shards than rows.
 class FixedShardsPartitioner {
  public:
   explicit FixedShardsPartitioner(std::int64_t num_shards) : num_shards_(num_shards) {
-    detail::check_positive(num_shards, "FixedShardsPartitioner", "num_shards");
+    ps::detail::check_positive(num_shards, "FixedShardsPartitioner", "num_shards");
   }
 
   Partitions operator()(const Shape& shape, DType /*dtype*/, std::size_t axis = 0) const {
     if (shape.empty()) return {};
-    detail::check_partitionable(shape, axis, "FixedShardsPartitioner");
-    return detail::partitions_on_axis(shape, axis, std::max<std::int64_t>(1, std::min(num_shards_, shape[axis])));
+    ps::detail::check_partitionable(shape, axis, "FixedShardsPartitioner");
+    return ps::detail::partitions_on_axis(shape, axis, std::max<std::int64_t>(1, std::min(num_shards_, shape[axis])));
   }
 
   std::int64_t num_shards() const noexcept { return num_shards_; }
@@ -91,19 +91,19 @@ class MinSizePartitioner {
   explicit MinSizePartitioner(std::int64_t min_shard_bytes = 256 << 10, std::int64_t max_shards = 1,
                               std::int64_t bytes_per_string = 16)
       : min_shard_bytes_(min_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
-    detail::check_positive(min_shard_bytes, "MinSizePartitioner", "min_shard_bytes");
-    detail::check_positive(max_shards, "MinSizePartitioner", "max_shards");
-    detail::check_positive(bytes_per_string, "MinSizePartitioner", "bytes_per_string");
+    ps::detail::check_positive(min_shard_bytes, "MinSizePartitioner", "min_shard_bytes");
+    ps::detail::check_positive(max_shards, "MinSizePartitioner", "max_shards");
+    ps::detail::check_positive(bytes_per_string, "MinSizePartitioner", "bytes_per_string");
   }
 
   Partitions operator()(const Shape& shape, DType dtype, std::size_t axis = 0) const {
     if (shape.empty()) return {};
-    detail::check_partitionable(shape, axis, "MinSizePartitioner");
+    ps::detail::check_partitionable(shape, axis, "MinSizePartitioner");
     const std::int64_t total_bytes = num_elements(shape) * static_cast<std::int64_t>(size_of(dtype));
     // ceil(total / min) shards keep each at least min bytes; the axis and max_shards cap it.
-    const std::int64_t by_size = detail::ceil_div(total_bytes, min_shard_bytes_);
+    const std::int64_t by_size = ps::detail::ceil_div(total_bytes, min_shard_bytes_);
     const std::int64_t shards = std::max<std::int64_t>(1, std::min({shape[axis], max_shards_, by_size}));
-    return detail::partitions_on_axis(shape, axis, shards);
+    return ps::detail::partitions_on_axis(shape, axis, shards);
   }
 
   std::int64_t min_shard_bytes() const noexcept { return min_shard_bytes_; }
@@ -123,25 +123,25 @@ class MaxSizePartitioner {
  public:
   explicit MaxSizePartitioner(std::int64_t max_shard_bytes, std::int64_t max_shards = 0, std::int64_t bytes_per_string = 16)
       : max_shard_bytes_(max_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
-    detail::check_positive(max_shard_bytes, "MaxSizePartitioner", "max_shard_bytes");
+    ps::detail::check_positive(max_shard_bytes, "MaxSizePartitioner", "max_shard_bytes");
     if (max_shards < 0) {
       throw InvalidArgument(
           fmt::format("MaxSizePartitioner: max_shards must be positive (or 0 for no limit), got {}", max_shards));
     }
-    detail::check_positive(bytes_per_string, "MaxSizePartitioner", "bytes_per_string");
+    ps::detail::check_positive(bytes_per_string, "MaxSizePartitioner", "bytes_per_string");
   }
 
   Partitions operator()(const Shape& shape, DType dtype, std::size_t axis = 0) const {
     if (shape.empty()) return {};
-    detail::check_partitionable(shape, axis, "MaxSizePartitioner");
+    ps::detail::check_partitionable(shape, axis, "MaxSizePartitioner");
     const std::int64_t rows = shape[axis];
-    if (rows == 0) return detail::partitions_on_axis(shape, axis, 1);
+    if (rows == 0) return ps::detail::partitions_on_axis(shape, axis, 1);
     const std::int64_t bytes_per_row = num_elements(shape) / rows * static_cast<std::int64_t>(size_of(dtype));
     // How many rows fit in one shard (at least one), then how many shards hold all rows.
     const std::int64_t rows_per_shard = bytes_per_row == 0 ? rows : std::max<std::int64_t>(1, max_shard_bytes_ / bytes_per_row);
-    std::int64_t shards = detail::ceil_div(rows, rows_per_shard);
+    std::int64_t shards = ps::detail::ceil_div(rows, rows_per_shard);
     if (max_shards_ > 0) shards = std::min(shards, max_shards_);
-    return detail::partitions_on_axis(shape, axis, shards);
+    return ps::detail::partitions_on_axis(shape, axis, shards);
   }
 
   std::int64_t max_shard_bytes() const noexcept { return max_shard_bytes_; }

@@ -37,8 +37,8 @@
 #include <cereal/types/vector.hpp>
 #include <fmt/format.h>
 
-#include <distribute/core/detail/host_operands.hpp>
-#include <distribute/core/detail/type_name.hpp>
+#include <distribute/core/host_operands.hpp>
+#include <distribute/core/type_name.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/tensor_traits.hpp>
 #include <distribute/core/tensor.hpp>
@@ -67,7 +67,7 @@ void load(Archive& a, float16_storage<Traits>& h) {
 }
 }  // namespace half_bits
 
-namespace detail {
+namespace ps::detail {
 
 using WireOut = cereal::BinaryOutputArchive;
 using WireIn = WireReader;  // checks every length read against the bytes left
@@ -115,7 +115,7 @@ class HandleCache {
 };
 
 struct WorkerEnvironment {
-  std::shared_ptr<RemoteVariableStore> store;
+  std::shared_ptr<core::RemoteVariableStore> store;
   std::function<std::shared_ptr<void>(std::uint64_t dataset_id)> dataset_iterator;
   std::string worker_name;
   HandleCache* handles = nullptr;  // the worker's, when it keeps them
@@ -197,7 +197,7 @@ concept WireTensor = !is_library_tensor_v<T> && !is_view_v<T> &&
 template <WireTensor T>
 struct wire<T> {
   static void save(WireOut& a, const T& v) {
-    HostOperands in("a remote function's argument");
+    core::HostOperands in("a remote function's argument");
     in.add(view_of(v), true);
     a(static_cast<std::uint8_t>(in[0].dtype), in[0].shape);
     save_elements(a, in[0].data, in[0].bytes());
@@ -210,7 +210,7 @@ struct wire<T> {
     const auto dtype = static_cast<DType>(code);
     const std::size_t bytes = checked_byte_size(shape, size_of(dtype), "a tensor argument");
     expect_elements(a, bytes, "a tensor argument");
-    RowMajorResult<T> out;
+    core::RowMajorResult<T> out;
     load_elements(a, out.allocate(dtype, shape), bytes);
     return out.take();
   }
@@ -219,7 +219,7 @@ struct wire<T> {
 template <class T>
 struct wire<Variable<T>> {
   static void save(WireOut& a, const Variable<T>& v) {
-    const RemoteHandle* h = v.remote_handle();
+    const core::RemoteHandle* h = v.remote_handle();
     if (!h) {
       throw InvalidArgument(fmt::format("variable '{}' is not on a ps task: only variables created inside "
                                         "ParameterServerStrategy::scope() can be passed to a scheduled function",
@@ -244,7 +244,7 @@ struct wire<Variable<T>> {
     }
     checked_byte_size(shape, size_of(static_cast<DType>(code)), "a ps variable handle");
     auto make = [&] {
-      return Variable<T>::attach_remote(name, make_value<T>(static_cast<DType>(code), shape), RemoteHandle{env->store, task, key});
+      return Variable<T>::attach_remote(name, make_value<T>(static_cast<DType>(code), shape), core::RemoteHandle{env->store, task, key});
     };
     if (!env->handles) return make();
     return env->handles->get<Variable<T>>(
@@ -367,7 +367,7 @@ std::tuple<Ts...> load_values(std::string_view bytes, const char* what) {
 
 /// "(float, int)" from the type of std::tuple<float, int>.
 inline std::string parameter_list(const std::type_info& tuple_type) {
-  const std::string t = type_name(tuple_type);
+  const std::string t = core::type_name(tuple_type);
   const auto open = t.find('<');
   const auto close = t.rfind('>');
   if (open == std::string::npos || close == std::string::npos || close < open) return "(" + t + ")";
@@ -382,7 +382,7 @@ struct RemoteFunctionEntry {
   std::string signature;                   // the same in every process of one binary
   std::function<std::string(std::string_view args)> invoke;
   std::function<std::shared_ptr<void>(const InputContext&)> make_iterator;  // dataset functions
-  std::string describe() const { return fmt::format("{} {}{}", type_name(*result), name, parameter_list(*params)); }
+  std::string describe() const { return fmt::format("{} {}{}", core::type_name(*result), name, parameter_list(*params)); }
 };
 
 class RemoteFunctionRegistry {
@@ -466,14 +466,14 @@ RemoteFunctionEntry make_remote_entry(std::string name, R (*fn)(P...)) {
   return e;
 }
 
-}  // namespace detail
+}  // namespace ps::detail
 
 /// Registers `fn` under `name` in this process. Every process of the cluster must register the
 /// same functions (the same binary does it at start-up). Registering a name twice for different
 /// functions is InvalidArgument. Capture-less lambdas work through `+[](...) {...}`.
 template <class R, class... P>
 void register_remote_function(std::string name, R (*fn)(P...)) {
-  detail::RemoteFunctionRegistry::instance().add(detail::make_remote_entry(std::move(name), fn));
+  ps::detail::RemoteFunctionRegistry::instance().add(ps::detail::make_remote_entry(std::move(name), fn));
 }
 
 /// A worker's own iterator over its per-worker dataset, passed to scheduled functions
@@ -482,7 +482,7 @@ template <class T>
 class PerWorkerIterator {
  public:
   PerWorkerIterator() = default;
-  PerWorkerIterator(std::uint64_t dataset_id, std::shared_ptr<detail::WorkerIteratorState<T>> state)
+  PerWorkerIterator(std::uint64_t dataset_id, std::shared_ptr<ps::detail::WorkerIteratorState<T>> state)
       : id_(dataset_id), state_(std::move(state)) {}
 
   /// The next element of this worker's dataset, or nullopt at its end. Only on a worker.
@@ -502,7 +502,7 @@ class PerWorkerIterator {
 
  private:
   std::uint64_t id_ = 0;
-  std::shared_ptr<detail::WorkerIteratorState<T>> state_;
+  std::shared_ptr<ps::detail::WorkerIteratorState<T>> state_;
 };
 
 /// A dataset that every worker builds for itself (ClusterCoordinator::create_per_worker_dataset).

@@ -53,7 +53,7 @@ struct ServerOptions {
   std::function<void(std::string_view)> log = {};
 };
 
-namespace detail {
+namespace ps::detail {
 
 /// The variables of one ps task. One lock for the table: a commit's updates are applied together,
 /// so no read sees half a closure.
@@ -180,7 +180,7 @@ class VariableTable {
       throw InvalidArgument(fmt::format("update of variable '{}' on {}: {} bytes for a variable of {} (shape {})", m.key,
                                         device_, bytes_of(m.bytes).size(), v.bytes.size(), shape_string(v.shape)));
     }
-    if (m.kind > static_cast<std::uint8_t>(RemoteUpdate::Sub)) {
+    if (m.kind > static_cast<std::uint8_t>(core::RemoteUpdate::Sub)) {
       throw InvalidArgument(fmt::format("update of variable '{}': unknown kind {}", m.key, m.kind));
     }
   }
@@ -189,7 +189,7 @@ class VariableTable {
   void apply_locked(const BasicUpdateVarMsg<Bytes>& m) {
     check_locked(m);
     Stored& v = vars_.find(m.key)->second;
-    apply_update_bytes(v.dtype, static_cast<RemoteUpdate>(m.kind), {reinterpret_cast<std::byte*>(v.bytes.data()), v.bytes.size()},
+    apply_update_bytes(v.dtype, static_cast<core::RemoteUpdate>(m.kind), {reinterpret_cast<std::byte*>(v.bytes.data()), v.bytes.size()},
                        bytes_of(m.bytes));
   }
 
@@ -199,7 +199,7 @@ class VariableTable {
   std::set<std::pair<std::uint64_t, std::uint64_t>> committed_;  // (session, closure)
 };
 
-}  // namespace detail
+}  // namespace ps::detail
 
 class Server {
  public:
@@ -210,7 +210,7 @@ class Server {
   Server(ClusterSpec cluster_spec, std::string job_name, int task_index, std::string protocol = "grpc",
          ServerOptions options = {})
       : spec_(std::move(cluster_spec)), job_(std::move(job_name)), task_(task_index), protocol_(std::move(protocol)),
-        options_(std::move(options)), incarnation_(detail::random_id()) {
+        options_(std::move(options)), incarnation_(ps::detail::random_id()) {
     if (job_ != "ps" && job_ != "worker") {
       throw InvalidArgument(fmt::format("ds::Server: job '{}' has nothing to serve; a Server runs on 'ps' and 'worker' "
                                         "tasks (the chief runs the ClusterCoordinator)",
@@ -223,8 +223,8 @@ class Server {
       throw InvalidArgument(fmt::format("ds::Server: the cluster spec has no task {}:{}", job_, task_));
     }
     device_ = DeviceSpec{job_, 0, task_, "CPU", 0}.to_string();
-    table_ = std::make_unique<detail::VariableTable>(device_);
-    detail::RpcOptions rpc;
+    table_ = std::make_unique<ps::detail::VariableTable>(device_);
+    ps::detail::RpcOptions rpc;
     rpc.cluster_token = options_.cluster_token;
     rpc.handshake_timeout = options_.handshake_timeout;
     rpc.connect_timeout = options_.connect_timeout;
@@ -237,9 +237,9 @@ class Server {
     const bool worker = job_ == "worker";
     rpc_ = std::make_unique<net::RpcServer>(
         spec_.task_address(job_, task_), device_, rpc,
-        [this](std::uint64_t op, std::span<const std::byte> payload) { return handle(static_cast<detail::RpcOp>(op), payload); },
+        [this](std::uint64_t op, std::span<const std::byte> payload) { return handle(static_cast<ps::detail::RpcOp>(op), payload); },
         [this](std::string_view target) { return http(target); },
-        [worker](std::uint64_t op) { return worker && detail::takes_long(static_cast<detail::RpcOp>(op)); });
+        [worker](std::uint64_t op) { return worker && ps::detail::takes_long(static_cast<ps::detail::RpcOp>(op)); });
   }
 
   Server(const Server&) = delete;
@@ -269,13 +269,13 @@ class Server {
   int task_index() const noexcept { return task_; }
 
  private:
-  std::vector<std::byte> handle(detail::RpcOp op, std::span<const std::byte> payload) {
-    using detail::RpcOp;
+  std::vector<std::byte> handle(ps::detail::RpcOp op, std::span<const std::byte> payload) {
+    using ps::detail::RpcOp;
     requests_[static_cast<std::size_t>(op) < requests_.size() ? static_cast<std::size_t>(op) : 0].fetch_add(1);
     switch (op) {
-      case RpcOp::Ping:
-        return detail::encode_message(detail::PingReply{job_, task_, incarnation_});
-      case RpcOp::Stop:
+      case ps::detail::RpcOp::Ping:
+        return ps::detail::encode_message(ps::detail::PingReply{job_, task_, incarnation_});
+      case ps::detail::RpcOp::Stop:
         stop();
         return {};
       default: break;
@@ -284,19 +284,19 @@ class Server {
     return handle_worker(op, payload);
   }
 
-  std::vector<std::byte> handle_ps(detail::RpcOp op, std::span<const std::byte> payload) {
-    using namespace detail;
+  std::vector<std::byte> handle_ps(ps::detail::RpcOp op, std::span<const std::byte> payload) {
+    using namespace ps::detail;
     switch (op) {
-      case RpcOp::CreateVar:
-        table_->create(decode_message<CreateVarMsg>(payload, "create"));
+      case ps::detail::RpcOp::CreateVar:
+        table_->create(decode_message<ps::detail::CreateVarMsg>(payload, "create"));
         return {};
-      case RpcOp::ReadVar: return to_bytes(table_->read(decode_message<ReadVarMsg>(payload, "read")));
-      case RpcOp::ReadRows: return to_bytes(table_->read_rows(decode_message<ReadRowsMsg>(payload, "read-rows")));
-      case RpcOp::UpdateVar:
-        table_->update(decode_message<UpdateVarView>(payload, "update"));  // the value read in place
+      case ps::detail::RpcOp::ReadVar: return to_bytes(table_->read(decode_message<ps::detail::ReadVarMsg>(payload, "read")));
+      case ps::detail::RpcOp::ReadRows: return to_bytes(table_->read_rows(decode_message<ps::detail::ReadRowsMsg>(payload, "read-rows")));
+      case ps::detail::RpcOp::UpdateVar:
+        table_->update(decode_message<ps::detail::UpdateVarView>(payload, "update"));  // the value read in place
         return {};
-      case RpcOp::Commit: {
-        const bool applied = table_->commit(decode_message<CommitView>(payload, "commit"));
+      case ps::detail::RpcOp::Commit: {
+        const bool applied = table_->commit(decode_message<ps::detail::CommitView>(payload, "commit"));
         (applied ? commits_applied_ : commits_duplicate_).fetch_add(1);
         return {std::byte{applied ? std::uint8_t{1} : std::uint8_t{0}}};
       }
@@ -305,19 +305,19 @@ class Server {
     }
   }
 
-  std::shared_ptr<detail::PsClientStore> ps_store() {
+  std::shared_ptr<ps::detail::PsClientStore> ps_store() {
     std::lock_guard lock(mutex_);
-    if (!store_) store_ = std::make_shared<detail::PsClientStore>(spec_, rpc_options_);
+    if (!store_) store_ = std::make_shared<ps::detail::PsClientStore>(spec_, rpc_options_);
     return store_;
   }
 
-  std::vector<std::byte> handle_worker(detail::RpcOp op, std::span<const std::byte> payload) {
-    using namespace detail;
+  std::vector<std::byte> handle_worker(ps::detail::RpcOp op, std::span<const std::byte> payload) {
+    using namespace ps::detail;
     switch (op) {
-      case RpcOp::RunClosure: return detail::to_bytes(run_closure(decode_message<RunClosureView>(payload, "run-closure")));
-      case RpcOp::MakeDataset: {
-        const auto m = decode_message<MakeDatasetMsg>(payload, "make-dataset");
-        const RemoteFunctionEntry& f = registered(m.function, m.signature);
+      case ps::detail::RpcOp::RunClosure: return ps::detail::to_bytes(run_closure(decode_message<ps::detail::RunClosureView>(payload, "run-closure")));
+      case ps::detail::RpcOp::MakeDataset: {
+        const auto m = decode_message<ps::detail::MakeDatasetMsg>(payload, "make-dataset");
+        const ps::detail::RemoteFunctionEntry& f = registered(m.function, m.signature);
         if (!f.make_iterator) {
           throw InvalidArgument(fmt::format("function '{}' does not return a ds::Dataset", m.function));
         }
@@ -332,8 +332,8 @@ class Server {
     }
   }
 
-  const detail::RemoteFunctionEntry& registered(const std::string& name, const std::string& signature) {
-    const auto* f = detail::RemoteFunctionRegistry::instance().find(name);
+  const ps::detail::RemoteFunctionEntry& registered(const std::string& name, const std::string& signature) {
+    const auto* f = ps::detail::RemoteFunctionRegistry::instance().find(name);
     if (!f) {
       throw InvalidArgument(fmt::format("{}: no function is registered as '{}' in this process (register it with "
                                         "DISTRIBUTE_REMOTE_FUNCTION in every process of the cluster)",
@@ -347,10 +347,10 @@ class Server {
     return *f;
   }
 
-  std::string run_closure(const detail::RunClosureView& m) {
-    const detail::RemoteFunctionEntry& f = registered(m.function, m.signature);
+  std::string run_closure(const ps::detail::RunClosureView& m) {
+    const ps::detail::RemoteFunctionEntry& f = registered(m.function, m.signature);
     const auto store = ps_store();
-    detail::WorkerEnvironment env;
+    ps::detail::WorkerEnvironment env;
     env.store = store;
     env.worker_name = device_;
     env.handles = &handles_;
@@ -362,17 +362,17 @@ class Server {
       }
       return it->second;
     };
-    detail::ClosureTransaction txn{m.session, m.closure, {}};
+    ps::detail::ClosureTransaction txn{m.session, m.closure, {}};
     struct Bind {
-      detail::WorkerEnvironment* old_env;
-      detail::ClosureTransaction* old_txn;
+      ps::detail::WorkerEnvironment* old_env;
+      ps::detail::ClosureTransaction* old_txn;
       ~Bind() {
-        detail::current_worker_environment() = old_env;
-        detail::current_transaction() = old_txn;
+        ps::detail::current_worker_environment() = old_env;
+        ps::detail::current_transaction() = old_txn;
       }
-    } bind{detail::current_worker_environment(), detail::current_transaction()};
-    detail::current_worker_environment() = &env;
-    detail::current_transaction() = &txn;
+    } bind{ps::detail::current_worker_environment(), ps::detail::current_transaction()};
+    ps::detail::current_worker_environment() = &env;
+    ps::detail::current_transaction() = &txn;
     std::string result;
     try {
       result = f.invoke(m.args.chars());
@@ -380,7 +380,7 @@ class Server {
       closures_failed_.fetch_add(1);
       throw;
     }
-    detail::current_transaction() = nullptr;
+    ps::detail::current_transaction() = nullptr;
     store->commit(txn);
     closures_run_.fetch_add(1);
     return result;
@@ -438,8 +438,8 @@ class Server {
   ServerOptions options_;
   std::uint64_t incarnation_;
   std::string device_;
-  detail::RpcOptions rpc_options_;
-  std::unique_ptr<detail::VariableTable> table_;
+  ps::detail::RpcOptions rpc_options_;
+  std::unique_ptr<ps::detail::VariableTable> table_;
   std::array<std::atomic<std::uint64_t>, 10> requests_{};
   std::atomic<std::uint64_t> commits_applied_{0}, commits_duplicate_{0}, closures_run_{0}, closures_failed_{0};
   observe::MetricsRegistry metrics_{job_, task_};
@@ -447,9 +447,9 @@ class Server {
   std::mutex mutex_;
   std::condition_variable stopped_cv_;
   bool stopped_ = false;
-  std::shared_ptr<detail::PsClientStore> store_;
+  std::shared_ptr<ps::detail::PsClientStore> store_;
   std::map<std::uint64_t, std::shared_ptr<void>> datasets_;
-  detail::HandleCache handles_;  // the ps variables closures named before
+  ps::detail::HandleCache handles_;  // the ps variables closures named before
   std::unique_ptr<net::RpcServer> rpc_;  // last: stopped (in ~Server) before the rest goes
 };
 

@@ -36,7 +36,7 @@
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
-namespace detail {
+namespace ps::detail {
 /// Implemented by strategies that partition the variables created in their scope
 /// (ParameterServerStrategy with a partitioner). ShardedVariable finds it on the current strategy
 /// by a cross-cast, so core/ needs no partitioning hook.
@@ -49,10 +49,10 @@ class PartitionsVariables {
 
 /// The partitioning strategy whose scope is current on this thread, if any.
 inline const PartitionsVariables* current_partitioning() noexcept {
-  AnyStrategy* s = current_strategy_or_null();
+  AnyStrategy* s = core::current_strategy_or_null();
   return s ? dynamic_cast<const PartitionsVariables*>(s) : nullptr;
 }
-}  // namespace detail
+}  // namespace ps::detail
 
 template <class T>
 class ShardedVariable {
@@ -83,7 +83,7 @@ class ShardedVariable {
   /// Inside the scope of a partitioning strategy, splits `initial_value` as its partitioner says;
   /// elsewhere, or when the partitioner says 1, one shard.
   explicit ShardedVariable(const T& initial_value, VariableOptions options = {}) : state_(std::make_shared<State>()) {
-    const auto* partitioning = detail::current_partitioning();
+    const auto* partitioning = ps::detail::current_partitioning();
     const std::int64_t shards =
         partitioning ? partitioning->num_shards_for(shape_of(initial_value), dtype_of<element_type>()) : 1;
     create_shards(initial_value, shards, std::move(options));

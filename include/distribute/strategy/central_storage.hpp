@@ -27,10 +27,10 @@ class CentralStorageStrategy : public SyncStrategy<CentralStorageStrategy<Backen
   std::string_view name() const noexcept override { return "CentralStorageStrategy"; }
 
   /// Variables: one copy on the host CPU (with one compute device, on that device, as TF does).
-  detail::VariablePlacement variable_placement() const override {
+  core::VariablePlacement variable_placement() const override {
     auto replicas = this->worker_devices();
     std::vector<std::string> storage = replicas.size() == 1 ? replicas : std::vector<std::string>{local_device_string("CPU", 0)};
-    return {detail::PlacementKind::CentralStorage, storage, this->num_replicas_in_sync(), this->id(), replicas};
+    return {core::PlacementKind::CentralStorage, storage, this->num_replicas_in_sync(), this->id(), replicas};
   }
 };
 

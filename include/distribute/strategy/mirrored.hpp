@@ -6,24 +6,11 @@
 #include <vector>
 
 #include <distribute/backends/host/host.hpp>
+#include <distribute/collective/default_cross_device_ops.hpp>
 #include <distribute/collective/shared_memory.hpp>
 #include <distribute/strategy/detail/sync_strategy.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-
-/// The cross-device ops a backend uses when the strategy names none: the backend tag's own
-/// choice (`Backend::default_cross_device_ops`, e.g. NcclAllReduce for ds::cuda), else shared memory.
-template <class Backend>
-struct default_cross_device_ops {
-  using type = SharedMemoryAllReduce;
-};
-template <class Backend>
-  requires requires { typename Backend::default_cross_device_ops; }
-struct default_cross_device_ops<Backend> {
-  using type = typename Backend::default_cross_device_ops;
-};
-template <class Backend>
-using default_cross_device_ops_t = typename default_cross_device_ops<Backend>::type;
 
 /// One replica per local device; variables mirrored on each; all-reduce with `Ops`.
 template <class Backend = host, class Ops = default_cross_device_ops_t<Backend>>

@@ -18,7 +18,7 @@
 #include <distribute/cluster/cluster_resolver.hpp>
 #include <distribute/collective/communication_options.hpp>
 #include <distribute/collective/multi_worker.hpp>
-#include <distribute/core/detail/cross_worker.hpp>
+#include <distribute/core/cross_worker.hpp>
 #include <distribute/net/mpi.hpp>
 #include <distribute/strategy/detail/sync_strategy.hpp>
 #include <distribute/strategy/mirrored.hpp>
@@ -27,55 +27,24 @@
 // separate compilation (version.hpp) only the library's own translation unit parses them.
 #if DISTRIBUTE_DETAIL_DEFINE
 #include <distribute/cluster/tf_config.hpp>
-#include <distribute/net/communicator.hpp>
-#include <distribute/net/detail/address.hpp>
-#include <distribute/strategy/detail/observability.hpp>
+#include <distribute/net/communicator_link.hpp>
+#include <distribute/net/address.hpp>
+#include <distribute/strategy/observability.hpp>
 #endif
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace strategy {
+struct TaskMetrics;  // strategy/observability.hpp
+}  // namespace strategy
 
-#if DISTRIBUTE_DETAIL_DEFINE
-/// net::Communicator seen as the strategy layer's CrossWorkerLink.
-class CommunicatorLink final : public CrossWorkerLink {
- public:
-  explicit CommunicatorLink(std::unique_ptr<net::Communicator> comm) : comm_(std::move(comm)) {}
-  int num_workers() const noexcept override { return comm_->size(); }
-  int worker_index() const noexcept override { return comm_->rank(); }
-  void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op, std::uint32_t shapes = 0) override {
-    comm_->all_reduce(data, count, dtype, op, shapes);
-  }
-  void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out,
-                  std::vector<std::size_t>& sizes) override {
-    comm_->all_gather(data, bytes, out, sizes);
-  }
-  void broadcast(void* data, std::size_t bytes, int root) override { comm_->broadcast(data, bytes, root); }
-  void reduce_scatter(void* data, std::span<const std::size_t> counts, DType dtype, ReduceOp op,
-                      std::uint32_t shapes = 0) override {
-    comm_->reduce_scatter(data, counts, dtype, op, shapes);
-  }
-  void all_to_all(const void* send, std::span<const std::size_t> send_bytes, void* recv,
-                  std::span<const std::size_t> recv_bytes) override {
-    comm_->all_to_all(send, send_bytes, recv, recv_bytes);
-  }
-  void barrier() override { comm_->barrier(); }
-  void close() noexcept override { comm_.reset(); }  // ~Communicator says goodbye
-  std::optional<std::string> failure() const override { return comm_ ? comm_->failure() : std::nullopt; }
-  net::Communicator& communicator() noexcept { return *comm_; }
-
- private:
-  std::unique_ptr<net::Communicator> comm_;
-};
-#endif
-
-struct TaskMetrics;  // strategy/detail/observability.hpp
+namespace strategy::detail {
 
 /// Built before the strategy's SyncStrategy base (which needs the link): the resolver and, for
 /// a cluster of more than one worker, the communicator connected to every other worker.
 struct MultiWorkerSetup {
   std::shared_ptr<ClusterResolver> resolver;
   std::unique_ptr<TaskMetrics> metrics;  // before link: outlives the communicator that counts into it
-  std::unique_ptr<CrossWorkerLink> link;
+  std::unique_ptr<core::CrossWorkerLink> link;
   CommunicationImplementation implementation = CommunicationImplementation::Ring;  // resolved: never Auto
 
   MultiWorkerSetup();
@@ -90,7 +59,7 @@ struct MultiWorkerSetup {
   /// with NCCL), RING otherwise; an explicit NCCL that cannot run is InvalidArgument.
   template <class Backend>
   static CommunicationImplementation resolve(CommunicationImplementation requested) {
-    constexpr bool nccl = spans_workers_v<default_cross_device_ops_t<Backend>>;
+    constexpr bool nccl = collective::spans_workers_v<default_cross_device_ops_t<Backend>>;
     if (requested == CommunicationImplementation::Nccl && !nccl) {
       if (Backend::name == std::string_view("host")) {
         throw InvalidArgument(
@@ -186,7 +155,7 @@ DISTRIBUTE_DECL MultiWorkerSetup MultiWorkerSetup::connect(const CommunicationOp
   net::CommunicatorOptions comm_options;
   if (metrics_port) {
     const int rank = resolver->id_in_cluster();
-    const auto own = net::detail::parse_host_port(addresses[static_cast<std::size_t>(rank)]);
+    const auto own = net::parse_host_port(addresses[static_cast<std::size_t>(rank)]);
     setup.metrics = TaskMetrics::start(type, resolver->task_id(), own.host, *metrics_port, rank);
     comm_options.metrics = setup.metrics->collectives;
   }
@@ -197,7 +166,7 @@ DISTRIBUTE_DECL MultiWorkerSetup MultiWorkerSetup::connect(const CommunicationOp
     comm_options.operation_timeout =
         std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
   }
-  setup.link = std::make_unique<CommunicatorLink>(std::make_unique<net::Communicator>(
+  setup.link = std::make_unique<net::CommunicatorLink>(std::make_unique<net::Communicator>(
       std::move(addresses), resolver->id_in_cluster(), comm_options, std::move(names)));
   return setup;
 }
@@ -232,11 +201,11 @@ DISTRIBUTE_DECL MultiWorkerSetup MultiWorkerSetup::make_mpi(const CommunicationO
 }
 #endif  // DISTRIBUTE_DETAIL_DEFINE
 
-}  // namespace detail
+}  // namespace strategy::detail
 
 template <class Backend = host>
 class MultiWorkerMirroredStrategy
-    : private detail::MultiWorkerSetup,
+    : private strategy::detail::MultiWorkerSetup,
       public SyncStrategy<MultiWorkerMirroredStrategy<Backend>, Backend, default_cross_device_ops_t<Backend>> {
   using Base = SyncStrategy<MultiWorkerMirroredStrategy<Backend>, Backend, default_cross_device_ops_t<Backend>>;
 
@@ -245,7 +214,7 @@ class MultiWorkerMirroredStrategy
   /// it, a single-worker cluster). `local_replicas`: replicas per worker (host: threads).
   explicit MultiWorkerMirroredStrategy(CommunicationOptions options = {},
                                        std::shared_ptr<ClusterResolver> resolver = nullptr, int local_replicas = 1)
-      : detail::MultiWorkerSetup(detail::MultiWorkerSetup::make<Backend>(options, std::move(resolver))),
+      : strategy::detail::MultiWorkerSetup(strategy::detail::MultiWorkerSetup::make<Backend>(options, std::move(resolver))),
         Base(Backend::devices(local_replicas, "MultiWorkerMirroredStrategy"), options, link.get(), implementation) {}
 
   std::string_view name() const noexcept override { return "MultiWorkerMirroredStrategy"; }
@@ -258,7 +227,7 @@ class MultiWorkerMirroredStrategy
   const ClusterResolver* cluster_resolver() const noexcept { return resolver.get(); }
   /// The port this task serves its metrics on (GET /metrics), when metrics are on
   /// (CommunicationOptions::metrics_port or DISTRIBUTE_METRICS_PORT, in a cluster of several workers).
-  std::optional<std::uint16_t> metrics_port() const noexcept { return detail::MultiWorkerSetup::metrics_port(); }
+  std::optional<std::uint16_t> metrics_port() const noexcept { return strategy::detail::MultiWorkerSetup::metrics_port(); }
 
   /// True on the worker that writes checkpoints and summaries (the chief, else worker 0).
   bool is_chief() const { return this->worker_index() == 0; }

@@ -9,7 +9,8 @@
 // GPU-bound threads also build with a host compiler. Device values (ds::DeviceTensor,
 // thrust::device_vector) and NCCL need nvcc: <distribute/backends/cuda/device_tensor.hpp> and
 // <distribute/collective/nccl.hpp>. With nvcc and NCCL, MirroredStrategy<ds::cuda> defaults to
-// NcclAllReduce, otherwise to SharedMemoryAllReduce (device buffers through host copies); use
+// NcclAllReduce, otherwise to SharedMemoryAllReduce (device buffers through host copies; the choice
+// is collective/default_cross_device_ops.hpp's); use
 // the same compiler for every file that names MirroredStrategy<ds::cuda> without its Ops.
 #pragma once
 
@@ -23,15 +24,13 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
-#include <distribute/backends/cuda/detail/runtime.hpp>
+#include <distribute/backends/cuda/runtime.hpp>
 #include <distribute/backends/cuda/error.hpp>
-#include <distribute/collective/nccl.hpp>
-#include <distribute/collective/shared_memory.hpp>
 #include <distribute/core/device.hpp>
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace backends::detail {
 
 /// Creates each GPU's context now, so that a GPU that cannot be used (exclusive-process mode
 /// held by another process, a fault) fails the strategy's constructor, not a replica thread.
@@ -106,7 +105,7 @@ inline std::vector<std::string> cuda_devices(const std::vector<std::string>& nam
   return cuda_device_names(gpus, strategy);
 }
 
-}  // namespace detail
+}  // namespace backends::detail
 
 /// Backend tag: replicas are the GPUs of this process, one host thread per GPU.
 struct cuda {
@@ -114,31 +113,26 @@ struct cuda {
   static constexpr std::string_view device_type = "GPU";
   /// Even one replica gets its own thread: the caller's thread keeps its current device.
   static constexpr bool single_replica_on_caller_thread = false;
-#if DISTRIBUTE_HAS_NCCL
-  using default_cross_device_ops = NcclAllReduce;
-#else
-  using default_cross_device_ops = SharedMemoryAllReduce;
-#endif
 
   /// The GPUs this process sees (CUDA_VISIBLE_DEVICES applies); Unavailable when there are none.
-  static int device_count() { return detail::visible_cuda_devices("ds::cuda"); }
+  static int device_count() { return backends::visible_cuda_devices("ds::cuda"); }
 
   /// Every visible GPU; Unavailable (with what cudaGetDeviceCount said) when there is none.
   static std::vector<std::string> default_devices(const char* strategy) {
-    return detail::cuda_devices(detail::visible_cuda_devices(strategy), strategy);
+    return backends::detail::cuda_devices(backends::visible_cuda_devices(strategy), strategy);
   }
   /// The first `count` GPUs.
-  static std::vector<std::string> devices(int count, const char* strategy) { return detail::cuda_devices(count, strategy); }
+  static std::vector<std::string> devices(int count, const char* strategy) { return backends::detail::cuda_devices(count, strategy); }
   /// The listed GPUs ("/gpu:0", "GPU:1", "/job:localhost/replica:0/task:0/device:GPU:2").
   static std::vector<std::string> devices(const std::vector<std::string>& names, const char* strategy) {
-    return detail::cuda_devices(names, strategy);
+    return backends::detail::cuda_devices(names, strategy);
   }
 
   /// Called once on each replica thread before its first step: makes the replica's GPU current
   /// and creates its stream. Must not throw (it runs at the top of the thread); a failure is kept
   /// and thrown by the first current_stream() of that replica, e.g. in its first collective.
   static void enter_replica_thread(int local_replica, const std::string& device) noexcept {
-    auto& state = detail::cuda_replica_thread();
+    auto& state = backends::cuda_replica_thread();
     try {
       const int gpu = *DeviceSpec::parse(device).device_index;
       cudaError_t e = cudaSetDevice(gpu);
@@ -150,7 +144,7 @@ struct cuda {
         (void)cudaGetLastError();
         state.error_code = static_cast<int>(e);
         state.error = fmt::format("replica {} could not be bound to {}: {}", local_replica, device,
-                                  detail::cuda_error_text(e));
+                                  backends::cuda_error_text(e));
         return;
       }
       state.device = gpu;
@@ -165,9 +159,9 @@ struct cuda {
 
   /// This replica's stream (inside a step of a cuda strategy); the default stream (0) elsewhere.
   /// Work a step puts on it is ordered with the replica's collectives.
-  static cudaStream_t current_stream() { return detail::cuda_replica_stream(); }
+  static cudaStream_t current_stream() { return backends::cuda_replica_stream(); }
   /// This replica's GPU index (inside a step of a cuda strategy), else -1.
-  static int current_device() noexcept { return detail::cuda_replica_thread().device; }
+  static int current_device() noexcept { return backends::cuda_replica_thread().device; }
 };
 
 DISTRIBUTE_END_NAMESPACE

@@ -19,7 +19,7 @@
 #include <thrust/device_vector.h>
 #include <thrust/equal.h>
 
-#include <distribute/backends/cuda/detail/device_ops.hpp>
+#include <distribute/backends/cuda/device_ops.hpp>
 #include <distribute/backends/cuda/detail/thrust_system.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
@@ -141,7 +141,7 @@ struct fmt::formatter<distribute::DeviceTensor<T>> {
     } else {
       const auto host = t.to_host();
       if (host.size() == 0 && host.rank() > 0) out = fmt::format_to(out, "[]");
-      else out = distribute::detail::format_tensor_data(out, host.data(), host.shape(), 0);
+      else out = distribute::core::detail::format_tensor_data(out, host.data(), host.shape(), 0);
     }
     return fmt::format_to(out, ")");
   }

@@ -1,5 +1,5 @@
 // CudaError: a CUDA runtime call failed. Every CUDA call of the library goes through
-// detail::cuda_check, so a failure is an exception carrying the call, the error's name and
+// backends::cuda_check, so a failure is an exception carrying the call, the error's name and
 // CUDA's own message, never a crash or an ignored status.
 #pragma once
 
@@ -27,7 +27,7 @@ class CudaError : public Error {
   int code_;
 };
 
-namespace detail {
+namespace backends {
 
 /// "cudaErrorNoDevice (100): no CUDA-capable device is detected".
 inline std::string cuda_error_text(cudaError_t e) {
@@ -44,6 +44,6 @@ inline void cuda_check(cudaError_t e, std::string_view call, std::string_view co
                                            : fmt::format("{}: {} failed: {}", context, call, cuda_error_text(e)));
 }
 
-}  // namespace detail
+}  // namespace backends
 
 DISTRIBUTE_END_NAMESPACE

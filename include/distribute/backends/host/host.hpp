@@ -12,7 +12,7 @@
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace backends::detail {
 
 /// "/cpu:0" .. "/cpu:count-1" as canonical device strings; count >= 1.
 DISTRIBUTE_DECL std::vector<std::string> host_devices(int count, const char* strategy);
@@ -60,7 +60,7 @@ DISTRIBUTE_DECL std::vector<std::string> host_devices(const std::vector<std::str
 }
 
 #endif  // DISTRIBUTE_DETAIL_DEFINE
-}  // namespace detail
+}  // namespace backends::detail
 
 /// Backend tag: replicas are threads of this process on logical CPU devices. A backend tag
 /// names its devices and prepares a replica thread; strategies are written once over it.
@@ -71,10 +71,10 @@ struct host {
   static constexpr bool single_replica_on_caller_thread = true;
 
   /// What a strategy uses when given no devices: one CPU device.
-  static std::vector<std::string> default_devices(const char* strategy) { return detail::host_devices(1, strategy); }
-  static std::vector<std::string> devices(int count, const char* strategy) { return detail::host_devices(count, strategy); }
+  static std::vector<std::string> default_devices(const char* strategy) { return backends::detail::host_devices(1, strategy); }
+  static std::vector<std::string> devices(int count, const char* strategy) { return backends::detail::host_devices(count, strategy); }
   static std::vector<std::string> devices(const std::vector<std::string>& names, const char* strategy) {
-    return detail::host_devices(names, strategy);
+    return backends::detail::host_devices(names, strategy);
   }
   /// Called once on each replica thread before its first step.
   static void enter_replica_thread(int /*local_replica*/, const std::string& /*device*/) noexcept {}

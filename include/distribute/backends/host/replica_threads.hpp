@@ -11,14 +11,14 @@
 #include <thread>
 #include <vector>
 
-#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/core/replica_group.hpp>
 
 #if defined(__linux__)
 #include <pthread.h>
 #endif
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace backends {
 
 /// A non-owning reference to a callable `void(int replica)`: no allocation per step.
 class ReplicaJob {
@@ -51,7 +51,7 @@ class HostReplicaThreads {
     epoch_.fetch_add(1, std::memory_order_acq_rel);
     epoch_.notify_all();
     if (first_ == 1) job(0);
-    SpinThenWait backoff(spin_limit_);
+    core::SpinThenWait backoff(spin_limit_);
     for (;;) {
       const int left = remaining_.load(std::memory_order_acquire);
       if (left == 0) break;
@@ -75,7 +75,7 @@ class HostReplicaThreads {
 #if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
 DISTRIBUTE_DECL HostReplicaThreads::HostReplicaThreads(int count, std::function<void(int)> on_start,
                                                        bool caller_runs_first)
-    : count_(count), first_(caller_runs_first ? 1 : 0), spin_limit_(ReplicaGroup::spin_budget(count)) {
+    : count_(count), first_(caller_runs_first ? 1 : 0), spin_limit_(core::ReplicaGroup::spin_budget(count)) {
   threads_.reserve(static_cast<std::size_t>(count));
   for (int i = first_; i < count; ++i) {
     threads_.emplace_back([this, i, on_start] {
@@ -98,7 +98,7 @@ DISTRIBUTE_DECL HostReplicaThreads::~HostReplicaThreads() {
 DISTRIBUTE_DECL void HostReplicaThreads::loop(int replica) {
   std::uint32_t seen = 0;
   for (;;) {
-    SpinThenWait backoff(spin_limit_);
+    core::SpinThenWait backoff(spin_limit_);
     std::uint32_t e;
     while ((e = epoch_.load(std::memory_order_acquire)) == seen) backoff.pause(epoch_, seen);
     seen = e;
@@ -109,6 +109,6 @@ DISTRIBUTE_DECL void HostReplicaThreads::loop(int replica) {
 }
 #endif
 
-}  // namespace detail
+}  // namespace backends
 
 DISTRIBUTE_END_NAMESPACE

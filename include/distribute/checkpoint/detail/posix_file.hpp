@@ -30,7 +30,7 @@
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
-namespace detail {
+namespace checkpoint::detail {
 
 inline std::string errno_message(int err) { return std::system_category().message(err); }
 
@@ -258,6 +258,6 @@ class AtomicFile {
   bool committed_ = false;
 };
 
-}  // namespace detail
+}  // namespace checkpoint::detail
 
 DISTRIBUTE_END_NAMESPACE

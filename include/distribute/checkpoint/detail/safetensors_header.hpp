@@ -34,9 +34,7 @@
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
-namespace safetensors {
-
-namespace detail {
+namespace checkpoint::detail {
 
 inline constexpr std::string_view kFormatKey = "distribute.format";
 inline constexpr std::string_view kFormatVersion = "1";
@@ -71,14 +69,14 @@ struct Entry {
 // header checksum itself). The JSON text is not hashed, so formatting and key order are free.
 //   "T" name NUL dtype NUL dims,joined,by,commas NUL begin NUL end "\n"
 //   "M" key NUL value "\n"
-inline std::uint32_t header_digest(std::vector<const Entry*> entries, const Metadata& metadata) {
+inline std::uint32_t header_digest(std::vector<const Entry*> entries, const safetensors::Metadata& metadata) {
   std::sort(entries.begin(), entries.end(), [](const Entry* a, const Entry* b) { return a->name < b->name; });
   std::string text;
   for (const Entry* e : entries) {
     text += 'T';
     text += e->name;
     text += '\0';
-    text += dtype_name(e->dtype);
+    text += safetensors::dtype_name(e->dtype);
     text += '\0';
     text += fmt::format("{}", fmt::join(e->shape, ","));
     text += '\0';
@@ -120,7 +118,7 @@ inline std::uint64_t json_unsigned(const boost::json::value& v, const std::strin
 // carries distribute's checksums.
 struct Header {
   std::vector<Entry> entries;  // in payload order
-  Metadata metadata;
+  safetensors::Metadata metadata;
   bool has_checksums = false;
 };
 
@@ -180,11 +178,11 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
       throw CheckpointError(fmt::format("'{}': tensor '{}': dtype must be a string, not {}", origin, name,
                                         boost::json::serialize(*dtype)));
     }
-    auto d = parse_dtype(dtype->get_string());
+    auto d = safetensors::parse_dtype(dtype->get_string());
     if (!d) {
       std::string known;
       for (std::uint8_t code = 0; code < kNumDTypes; ++code) {
-        const std::string_view n = dtype_name(static_cast<DType>(code));
+        const std::string_view n = safetensors::dtype_name(static_cast<DType>(code));
         if (!n.empty()) known += fmt::format("{}{}", known.empty() ? "" : ", ", n);
       }
       throw CheckpointError(fmt::format("'{}': tensor '{}' has dtype \"{}\", which distribute does not know (known: "
@@ -217,7 +215,7 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
     if (e.end - e.begin != expected) {
       throw CheckpointError(fmt::format("'{}': tensor '{}' of dtype {} and shape {} needs {} bytes, but its "
                                         "data_offsets [{}, {}] span {}",
-                                        origin, name, dtype_name(e.dtype), shape_string(e.shape), expected, e.begin,
+                                        origin, name, safetensors::dtype_name(e.dtype), shape_string(e.shape), expected, e.begin,
                                         e.end, e.end - e.begin));
     }
     if (e.end > payload_size) {
@@ -300,8 +298,8 @@ inline Header parse_header(std::string_view json, std::uint64_t payload_size, co
 }
 
 // After the bytes are in: BOOL must be 0/1 (anything else is not a bool in C++), and the CRC.
-inline void check_tensor_bytes(const Header& h, const StoredTensor& t, const std::string& origin,
-                               const ReadOptions& options) {
+inline void check_tensor_bytes(const Header& h, const safetensors::StoredTensor& t, const std::string& origin,
+                               const safetensors::ReadOptions& options) {
   if (t.dtype == DType::Bool) {
     for (std::size_t i = 0; i < t.bytes.size(); ++i) {
       if (static_cast<unsigned>(t.bytes[i]) > 1) {
@@ -349,11 +347,11 @@ inline void check_header_length(std::uint64_t n, std::uint64_t file_size, const 
 // The header JSON (padded) and the payload order, shared by serialize() and write().
 struct Layout {
   std::string header;  // includes the 8-byte length prefix and the padding
-  std::vector<std::pair<const std::string*, const TensorView*>> order;
+  std::vector<std::pair<const std::string*, const safetensors::TensorView*>> order;
   std::uint64_t payload_size = 0;
 };
 
-inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
+inline Layout plan(const safetensors::TensorMap& tensors, const safetensors::Metadata& user_metadata) {
   Layout layout;
   for (const auto& [key, value] : user_metadata) {
     if (is_reserved_key(key)) {
@@ -364,7 +362,7 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (name.empty() || name == kMetadataKey) {
       throw InvalidArgument(fmt::format("safetensors: '{}' cannot be a tensor name", name));
     }
-    if (dtype_name(view.dtype).empty()) {
+    if (safetensors::dtype_name(view.dtype).empty()) {
       throw InvalidArgument(fmt::format("safetensors: tensor '{}' has dtype code {}, which safetensors files cannot "
                                         "hold",
                                         name, static_cast<unsigned>(view.dtype)));
@@ -379,7 +377,7 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     if (view.bytes.size() != want) {
       throw InvalidArgument(fmt::format("safetensors: tensor '{}' of dtype {} and shape {} needs {} bytes, but {} "
                                         "were given",
-                                        name, dtype_name(view.dtype), shape_string(view.shape), want,
+                                        name, safetensors::dtype_name(view.dtype), shape_string(view.shape), want,
                                         view.bytes.size()));
     }
     layout.order.emplace_back(&name, &view);
@@ -391,7 +389,7 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
 
   std::vector<Entry> entries;
   entries.reserve(layout.order.size());
-  Metadata metadata = user_metadata;
+  safetensors::Metadata metadata = user_metadata;
   std::uint64_t offset = 0;
   for (const auto& [name, view] : layout.order) {
     entries.push_back(Entry{*name, view->dtype, view->shape, offset, offset + view->bytes.size()});
@@ -412,7 +410,7 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
     boost::json::array shape;
     for (auto d : e.shape) shape.push_back(d);
     root[e.name] = boost::json::object{
-        {"dtype", dtype_name(e.dtype)},
+        {"dtype", safetensors::dtype_name(e.dtype)},
         {"shape", std::move(shape)},
         {"data_offsets", boost::json::array{e.begin, e.end}}};
   }
@@ -425,8 +423,6 @@ inline Layout plan(const TensorMap& tensors, const Metadata& user_metadata) {
   return layout;
 }
 
-}  // namespace detail
-
-}  // namespace safetensors
+}  // namespace checkpoint::detail
 
 DISTRIBUTE_END_NAMESPACE

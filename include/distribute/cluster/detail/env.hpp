@@ -15,7 +15,7 @@
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace cluster::detail {
 
 /// Variable name → value. Transparent comparison so lookups by string_view do not allocate.
 using EnvMap = std::map<std::string, std::string, std::less<>>;
@@ -68,5 +68,5 @@ inline int require_env_int(const EnvReader& env, std::string_view who, std::stri
   return static_cast<int>(*v);
 }
 
-}  // namespace detail
+}  // namespace cluster::detail
 DISTRIBUTE_END_NAMESPACE

@@ -14,7 +14,7 @@
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace cluster::detail {
 
 /// Parses `text` as one JSON document. Errors name `who` (the variable or type being read), the
 /// character offset and Boost.JSON's own message.
@@ -54,5 +54,5 @@ inline std::optional<std::int64_t> cluster_json_integer(const boost::json::value
   return std::nullopt;
 }
 
-}  // namespace detail
+}  // namespace cluster::detail
 DISTRIBUTE_END_NAMESPACE

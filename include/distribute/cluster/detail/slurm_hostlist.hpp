@@ -21,7 +21,7 @@
 #include <distribute/core/host_name.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace cluster::detail {
 
 /// Slurm's numbers, and the host names one list expands to, are at most this many: large enough
 /// for any real cluster, small enough that a typo such as "node[1-99999999]" is an error and not
@@ -206,5 +206,5 @@ inline std::vector<std::string> slurm_expand_hostlist(std::string_view text, std
   return hosts;
 }
 
-}  // namespace detail
+}  // namespace cluster::detail
 DISTRIBUTE_END_NAMESPACE

@@ -15,17 +15,17 @@
 
 #include <fmt/format.h>
 
-#include <distribute/core/detail/cross_worker.hpp>
+#include <distribute/core/cross_worker.hpp>
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace collective::detail {
 
 /// Worker 0 calls make() and its result reaches every worker, bytes intact. If make() throws on
 /// worker 0, the others throw Unavailable naming `what` (they are told, not left waiting) and
 /// worker 0 rethrows its own error.
 template <class T, class Make>
-T broadcast_from_chief(CrossWorkerLink& link, Make&& make, std::string_view what) {
+T broadcast_from_chief(core::CrossWorkerLink& link, Make&& make, std::string_view what) {
   static_assert(std::is_trivially_copyable_v<T>, "broadcast_from_chief sends the value's bytes");
   // [status byte][T's bytes]; status 1 = made, 0 = the chief failed.
   std::vector<std::byte> message(1 + sizeof(T));
@@ -50,7 +50,7 @@ T broadcast_from_chief(CrossWorkerLink& link, Make&& make, std::string_view what
 }
 
 /// Throws InvalidArgument on every worker unless all of them pass the same `value`.
-inline void check_same_on_every_worker(CrossWorkerLink& link, std::int64_t value, std::string_view what) {
+inline void check_same_on_every_worker(core::CrossWorkerLink& link, std::int64_t value, std::string_view what) {
   std::vector<std::byte> all;
   std::vector<std::size_t> sizes;
   link.all_gather(&value, sizeof value, all, sizes);
@@ -71,7 +71,7 @@ inline void check_same_on_every_worker(CrossWorkerLink& link, std::int64_t value
 /// Throws InvalidArgument on every worker unless all of them pass the same `call` (a description
 /// of the collective each is about to issue). NCCL does not compare its callers' arguments: a
 /// mismatch there would hang or corrupt, so calls are compared over the link first.
-inline void check_same_call_on_every_worker(CrossWorkerLink& link, std::string_view call) {
+inline void check_same_call_on_every_worker(core::CrossWorkerLink& link, std::string_view call) {
   std::vector<std::byte> all;
   std::vector<std::size_t> sizes;
   link.all_gather(call.data(), call.size(), all, sizes);
@@ -91,5 +91,5 @@ inline void check_same_call_on_every_worker(CrossWorkerLink& link, std::string_v
   }
 }
 
-}  // namespace detail
+}  // namespace collective::detail
 DISTRIBUTE_END_NAMESPACE

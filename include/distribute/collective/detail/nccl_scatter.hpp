@@ -13,20 +13,20 @@
 
 #include <distribute/collective/detail/nccl_support.hpp>
 #include <distribute/collective/detail/scatter.hpp>
-#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/core/replica_group.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace collective::detail {
 
 /// Rank `me`'s part of `input` (cut into `ranks` parts along axis 0) reduced over every rank into
 /// `out`. Parts of equal size: one ncclReduceScatter; uneven ones (np.array_split's rule): one
 /// ncclReduce per part, rooted at its owner, in one NCCL group. MEAN divides afterwards where
 /// ncclAvg cannot take it.
-inline void enqueue_reduce_scatter(ncclComm_t comm, cudaStream_t stream, const BufferRef& input, int ranks, int me,
+inline void enqueue_reduce_scatter(ncclComm_t comm, cudaStream_t stream, const core::BufferRef& input, int ranks, int me,
                                    void* out, ReduceOp op, std::int64_t mean_divisor) {
   const ncclDataType_t type = *nccl_type(input.dtype);
   const NcclReduction how = nccl_reduction(op, input.dtype, mean_divisor, ranks);
-  const BufferRef mine = part_of(input, ranks, me);
+  const core::BufferRef mine = core::part_of(input, ranks, me);
   if (input.count() > 0) {
     if (input.shape[0] % ranks == 0) {
       nccl_check(ncclReduceScatter(input.data, out, mine.count(), type, how.op, comm, stream), "ncclReduceScatter", comm);
@@ -34,7 +34,7 @@ inline void enqueue_reduce_scatter(ncclComm_t comm, cudaStream_t stream, const B
       nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
       ncclResult_t issued = ncclSuccess;
       for (int k = 0; k < ranks && issued == ncclSuccess; ++k) {
-        const BufferRef part = part_of(input, ranks, k);
+        const core::BufferRef part = core::part_of(input, ranks, k);
         if (part.count() == 0) continue;  // the same on every rank: the parts follow from the shape
         // recvbuff is read on the root only; elsewhere it names the part being sent.
         issued = ncclReduce(part.data, k == me ? out : part.data, part.count(), type, how.op, k, comm, stream);
@@ -45,7 +45,7 @@ inline void enqueue_reduce_scatter(ncclComm_t comm, cudaStream_t stream, const B
     }
   }
   if (how.divide_after && mine.count() > 0) {
-    BufferRef result = mine;
+    core::BufferRef result = mine;
     result.data = out;
     divide_on_device(result, mean_divisor, stream, "MEAN division after ncclReduceScatter");
   }
@@ -54,7 +54,7 @@ inline void enqueue_reduce_scatter(ncclComm_t comm, cudaStream_t stream, const B
 /// pieces[k] to rank k and, from every rank k, `received[k]` bytes into out[k]: one ncclSend and
 /// one ncclRecv per peer with bytes to move, in one NCCL group (a rank's piece for itself too:
 /// NCCL pairs a rank's send to itself with its receive).
-inline void enqueue_all_to_all(ncclComm_t comm, cudaStream_t stream, std::span<const BufferRef> pieces,
+inline void enqueue_all_to_all(ncclComm_t comm, cudaStream_t stream, std::span<const core::BufferRef> pieces,
                                const std::vector<std::size_t>& received, const std::vector<void*>& out) {
   nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
   ncclResult_t issued = ncclSuccess;
@@ -68,5 +68,5 @@ inline void enqueue_all_to_all(ncclComm_t comm, cudaStream_t stream, std::span<c
   nccl_check(ended, "ncclGroupEnd", comm);
 }
 
-}  // namespace detail
+}  // namespace collective::detail
 DISTRIBUTE_END_NAMESPACE

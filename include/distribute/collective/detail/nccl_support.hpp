@@ -16,8 +16,8 @@
 #include <thrust/execution_policy.h>
 #include <thrust/transform.h>
 
-#include <distribute/backends/cuda/detail/device_ops.hpp>
-#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/backends/cuda/device_ops.hpp>
+#include <distribute/core/replica_group.hpp>
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -32,7 +32,7 @@ class NcclError : public Error {
   int code_;
 };
 
-namespace detail {
+namespace collective::detail {
 
 /// Throws NcclError naming `call` unless `r` is ncclSuccess (or, for group calls, in progress).
 inline void nccl_check(ncclResult_t r, std::string_view call, ncclComm_t comm = nullptr) {
@@ -98,22 +98,22 @@ inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, std::int64_t mean_
 
 /// Divides a reduced device buffer by `divisor` on `stream`: MEAN where NCCL summed (integers
 /// truncate as the host kernels do). Half types never get here (ncclAvg takes them).
-inline void divide_on_device(const BufferRef& b, std::int64_t divisor, cudaStream_t stream, const char* what) {
+inline void divide_on_device(const core::BufferRef& b, std::int64_t divisor, cudaStream_t stream, const char* what) {
   visit_dtype(b.dtype, [&](auto t) {
     using T = decltype(t);
-    if constexpr (is_half_v<T>) {
+    if constexpr (core::is_half_v<T>) {
       throw InvalidArgument(fmt::format("NcclAllReduce: MEAN of {} values needs ncclAvg (NCCL >= 2.10 and a "
                                         "divisor equal to the number of ranks); reduce with SUM and divide",
                                         to_string(b.dtype)));
     } else if constexpr (!std::is_same_v<T, bool>) {
       auto* p = static_cast<T*>(b.data);
-      device_kernels::run(what, [&] {
+      backends::device_kernels::run(what, [&] {
         thrust::transform(thrust::cuda::par_nosync.on(stream), p, p + b.count(), p,
-                          device_kernels::divide_by_fn<T>{static_cast<T>(divisor)});
+                          backends::device_kernels::divide_by_fn<T>{static_cast<T>(divisor)});
       });
     }
   });
 }
 
-}  // namespace detail
+}  // namespace collective::detail
 DISTRIBUTE_END_NAMESPACE

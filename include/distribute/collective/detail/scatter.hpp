@@ -12,13 +12,13 @@
 
 #include <fmt/format.h>
 
-#include <distribute/core/detail/cross_worker.hpp>
-#include <distribute/core/detail/replica_group.hpp>
-#include <distribute/core/detail/split_rows.hpp>
+#include <distribute/core/cross_worker.hpp>
+#include <distribute/core/replica_group.hpp>
+#include <distribute/core/split_rows.hpp>
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace collective::detail {
 
 /// One replica's side of an all_to_all, as every replica checks it.
 struct AllToAllSide {
@@ -32,14 +32,14 @@ struct AllToAllSide {
 /// sides form one all_to_all over `n` replicas.
 DISTRIBUTE_DECL void check_all_to_all(const std::vector<AllToAllSide>& sides, int n);
 /// The side a published call describes.
-DISTRIBUTE_DECL AllToAllSide side_of(const CollectiveCall& c);
+DISTRIBUTE_DECL AllToAllSide side_of(const core::CollectiveCall& c);
 /// The local replicas' sides as bytes for the workers' all_gather, and back. Layout per side:
 /// u8 split, u8 device, u32 pieces, then per piece u8 dtype, u32 rank, i64 dims.
 DISTRIBUTE_DECL void encode_sides(const std::vector<AllToAllSide>& sides, std::vector<std::byte>& out);
 DISTRIBUTE_DECL std::vector<AllToAllSide> decode_sides(std::span<const std::byte> in, std::size_t count);
 /// Every replica's side across the workers, by replica_id_in_sync_group: replica 0 of each
 /// worker gathers the local sides over `link` (worker w's local replica i is w * local + i).
-DISTRIBUTE_DECL std::vector<AllToAllSide> gather_sides(CrossWorkerLink& link, const ReplicaGroup& group);
+DISTRIBUTE_DECL std::vector<AllToAllSide> gather_sides(core::CrossWorkerLink& link, const core::ReplicaGroup& group);
 
 #if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
 DISTRIBUTE_DECL void check_all_to_all(const std::vector<AllToAllSide>& sides, int n) {
@@ -78,11 +78,11 @@ DISTRIBUTE_DECL void check_all_to_all(const std::vector<AllToAllSide>& sides, in
   }
 }
 
-DISTRIBUTE_DECL AllToAllSide side_of(const CollectiveCall& c) {
+DISTRIBUTE_DECL AllToAllSide side_of(const core::CollectiveCall& c) {
   AllToAllSide s;
   s.split = c.axis == 1;
   s.device = !c.buffers.empty();
-  for (const BufferRef& b : c.buffers) {
+  for (const core::BufferRef& b : c.buffers) {
     s.device = s.device && b.memory == MemorySpace::device;
     s.dtypes.push_back(b.dtype);
     s.shapes.push_back(b.shape);
@@ -142,7 +142,7 @@ DISTRIBUTE_DECL std::vector<AllToAllSide> decode_sides(std::span<const std::byte
   return sides;
 }
 
-DISTRIBUTE_DECL std::vector<AllToAllSide> gather_sides(CrossWorkerLink& link, const ReplicaGroup& group) {
+DISTRIBUTE_DECL std::vector<AllToAllSide> gather_sides(core::CrossWorkerLink& link, const core::ReplicaGroup& group) {
   std::vector<AllToAllSide> local;
   for (int r = 0; r < group.size(); ++r) local.push_back(side_of(group.slot(r)));
   std::vector<std::byte> mine, all;
@@ -160,5 +160,5 @@ DISTRIBUTE_DECL std::vector<AllToAllSide> gather_sides(CrossWorkerLink& link, co
 }
 
 #endif  // DISTRIBUTE_DETAIL_DEFINE
-}  // namespace detail
+}  // namespace collective::detail
 DISTRIBUTE_END_NAMESPACE

@@ -28,7 +28,7 @@
 #endif
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core::detail {
 
 /// One asynchronous collective's completion.
 class AsyncCompletion {
@@ -170,5 +170,5 @@ DISTRIBUTE_DECL void AsyncQueue::loop() {
 }
 #endif
 
-}  // namespace detail
+}  // namespace core::detail
 DISTRIBUTE_END_NAMESPACE

@@ -14,7 +14,7 @@
 #include <distribute/core/reduce_op.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core::detail {
 
 template <class T>
 class CentralStorage final : public LocalCopies<T> {
@@ -44,5 +44,5 @@ class CentralStorage final : public LocalCopies<T> {
   }
 };
 
-}  // namespace detail
+}  // namespace core::detail
 DISTRIBUTE_END_NAMESPACE

@@ -14,7 +14,7 @@
 #endif
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core::detail {
 
 // glibc's largest mmap threshold: smaller blocks come from (and go back to) its heap, reused.
 inline constexpr std::size_t kFreshlyMappedBytes = std::size_t{32} << 20;
@@ -34,5 +34,5 @@ inline void advise_huge_pages(void* p, std::size_t bytes) noexcept {
 #endif
 }
 
-}  // namespace detail
+}  // namespace core::detail
 DISTRIBUTE_END_NAMESPACE

@@ -15,7 +15,7 @@
 #include <distribute/core/reduce_op.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core::detail {
 
 template <class T>
 class MirroredStorage final : public LocalCopies<T> {
@@ -39,5 +39,5 @@ class MirroredStorage final : public LocalCopies<T> {
   }
 };
 
-}  // namespace detail
+}  // namespace core::detail
 DISTRIBUTE_END_NAMESPACE

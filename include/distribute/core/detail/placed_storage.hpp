@@ -19,7 +19,7 @@
 #include <distribute/core/tensor_traits.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core::detail {
 
 template <class T>
 class PlacedStorage : public VariableStorage<T> {
@@ -107,5 +107,5 @@ class LocalCopies : public PlacedStorage<T> {
   std::vector<T> copies_;
 };
 
-}  // namespace detail
+}  // namespace core::detail
 DISTRIBUTE_END_NAMESPACE

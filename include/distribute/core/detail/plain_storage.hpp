@@ -17,7 +17,7 @@
 #include <distribute/core/tensor_traits.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core::detail {
 
 template <class T>
 class PlainStorage final : public VariableStorage<T> {
@@ -67,5 +67,5 @@ class PlainStorage final : public VariableStorage<T> {
   mutable std::mutex mutex_;
 };
 
-}  // namespace detail
+}  // namespace core::detail
 DISTRIBUTE_END_NAMESPACE

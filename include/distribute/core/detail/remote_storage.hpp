@@ -11,15 +11,15 @@
 #include <vector>
 
 #include <distribute/core/context.hpp>
-#include <distribute/core/detail/host_operands.hpp>
+#include <distribute/core/host_operands.hpp>
 #include <distribute/core/detail/placed_storage.hpp>
-#include <distribute/core/detail/remote_store.hpp>
+#include <distribute/core/remote_store.hpp>
 #include <distribute/core/detail/variable_storage.hpp>
 #include <distribute/core/memory_space.hpp>
 #include <distribute/core/tensor_traits.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core::detail {
 
 template <class T>
 class RemoteStorage final : public PlacedStorage<T> {
@@ -88,5 +88,5 @@ class RemoteStorage final : public PlacedStorage<T> {
   std::vector<T> shape_template_;  // the value itself is on the ps task
 };
 
-}  // namespace detail
+}  // namespace core::detail
 DISTRIBUTE_END_NAMESPACE

@@ -7,7 +7,7 @@
 #include <distribute/version.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core::detail {
 
 /// body(i) for i in [0, n). The loop is cut into fixed blocks and a tail because GCC before 13
 /// vectorises at -O2 only loops that need no scalar remainder: a plain loop over n stayed scalar
@@ -33,5 +33,5 @@ inline bool cpu_has_avx2() noexcept {
 }
 #endif
 
-}  // namespace detail
+}  // namespace core::detail
 DISTRIBUTE_END_NAMESPACE

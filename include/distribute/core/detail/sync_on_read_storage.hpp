@@ -12,14 +12,14 @@
 
 #include <distribute/core/context.hpp>
 #include <distribute/core/detail/placed_storage.hpp>
-#include <distribute/core/detail/reduce_components.hpp>
+#include <distribute/core/reduce_components.hpp>
 #include <distribute/core/detail/variable_copies.hpp>
 #include <distribute/core/detail/variable_storage.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core::detail {
 
 template <class T>
 class SyncOnReadStorage final : public LocalCopies<T> {
@@ -72,5 +72,5 @@ class SyncOnReadStorage final : public LocalCopies<T> {
   }
 };
 
-}  // namespace detail
+}  // namespace core::detail
 DISTRIBUTE_END_NAMESPACE

@@ -1,21 +1,21 @@
 // What the storages do to the copies of a variable they hold: make them, apply an update to one,
 // and split a value into equal shares. Host values go through their run-time views (staged in
-// row-major order when their layout is not); device values through detail::device_ops.
+// row-major order when their layout is not); device values through core::device_ops.
 #pragma once
 
 #include <cstddef>
 #include <string>
 #include <vector>
 
-#include <distribute/core/detail/cross_worker.hpp>
-#include <distribute/core/detail/elementwise.hpp>
-#include <distribute/core/detail/host_operands.hpp>
+#include <distribute/core/cross_worker.hpp>
+#include <distribute/core/elementwise.hpp>
+#include <distribute/core/host_operands.hpp>
 #include <distribute/core/detail/variable_storage.hpp>
 #include <distribute/core/memory_space.hpp>
 #include <distribute/core/tensor_traits.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core::detail {
 
 /// `count` copies of `initial`, copy c on devices[c]. With a link, every worker starts from the
 /// chief's value (workers create variables in the same order).
@@ -85,5 +85,5 @@ T share_of(const T& value, int parts) {
   return share;
 }
 
-}  // namespace detail
+}  // namespace core::detail
 DISTRIBUTE_END_NAMESPACE

@@ -14,7 +14,7 @@
 #include <distribute/core/detail/mirrored_storage.hpp>
 #include <distribute/core/detail/plain_storage.hpp>
 #include <distribute/core/detail/remote_storage.hpp>
-#include <distribute/core/detail/remote_store.hpp>
+#include <distribute/core/remote_store.hpp>
 #include <distribute/core/detail/sync_on_read_storage.hpp>
 #include <distribute/core/detail/variable_storage.hpp>
 #include <distribute/core/device.hpp>
@@ -25,7 +25,7 @@
 #include <distribute/core/variable_options.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core::detail {
 
 /// The options with TF's defaults filled in (AUTO is ON_WRITE; ON_READ variables are not
 /// trainable unless asked), checked against the variable's dtype.
@@ -119,5 +119,5 @@ DISTRIBUTE_DETAIL_FOR_COMMON_VALUE_TYPES(DISTRIBUTE_DETAIL_VARIABLE_STORAGE)
 #undef DISTRIBUTE_DETAIL_VARIABLE_STORAGE
 #endif
 
-}  // namespace detail
+}  // namespace core::detail
 DISTRIBUTE_END_NAMESPACE

@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include <distribute/core/detail/remote_store.hpp>
+#include <distribute/core/remote_store.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/shape.hpp>
@@ -20,7 +20,7 @@
 #include <distribute/core/variable_options.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core::detail {
 
 /// What a variable is, whatever its placement: VariableOptions with the defaults resolved.
 struct VariableSpec {
@@ -114,5 +114,5 @@ class VariableStorage {
   VariableSpec spec_;
 };
 
-}  // namespace detail
+}  // namespace core::detail
 DISTRIBUTE_END_NAMESPACE

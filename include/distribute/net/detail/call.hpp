@@ -267,10 +267,10 @@ class Transport::Op {
         error = t_.failure_ ? t_.failure_->message : std::string("ended by an error");
       }
       const std::size_t bytes = !collective_ ? std::max(sent_, received_)
-                                : mine_.kind == CollectiveKind::AllReduce ? mine_.count * size_of(mine_.dtype)
+                                : mine_.kind == detail::CollectiveKind::AllReduce ? mine_.count * size_of(mine_.dtype)
                                                                          : mine_.count;
       const std::int64_t joined = joined_ns_ == 0 ? end : std::clamp(joined_ns_, start_ns_, end);
-      observe::detail::CallArgs args;
+      observe::CallArgs args;
       args.seq = collective_ ? static_cast<std::int64_t>(seq_) : -1;
       args.bytes = bytes;
       args.sent = sent_;
@@ -280,7 +280,7 @@ class Transport::Op {
       auto& tl = observe::Timeline::instance();
       const char* name = observe::kCallKindNames[static_cast<std::size_t>(kind_)];
       tl.call(name, start_ns_, end, args,
-              failed ? fmt::format("\"error\":\"{}\"", observe::detail::json_escape(error)) : std::string());
+              failed ? fmt::format("\"error\":\"{}\"", observe::json_escape(error)) : std::string());
       if (collective_ && joined_ns_ != 0) {
         // Waiting for every peer to announce the same call (a straggler shows here), then moving data.
         if (joined > start_ns_) tl.complete("wait for peers", "collective", start_ns_, joined);
@@ -288,7 +288,7 @@ class Transport::Op {
       }
       if (failed) {
         tl.instant(fmt::format("{} failed", name), "failure", end,
-                   fmt::format("\"error\":\"{}\"", observe::detail::json_escape(error)));
+                   fmt::format("\"error\":\"{}\"", observe::json_escape(error)));
         tl.flush();
       }
     } catch (...) {

@@ -21,7 +21,7 @@
 
 #include <fmt/format.h>
 
-#include <distribute/core/detail/elementwise.hpp>
+#include <distribute/core/elementwise.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/reduce_op.hpp>
 #include <distribute/net/detail/shared_memory_all_reduce.hpp>

@@ -14,7 +14,7 @@
 
 #include <boost/asio.hpp>
 
-#include <distribute/net/detail/address.hpp>
+#include <distribute/net/address.hpp>
 #include <distribute/net/detail/congestion_control.hpp>
 #include <distribute/net/detail/handshake.hpp>
 

@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 
 #include <distribute/core/error.hpp>
-#include <distribute/net/detail/address.hpp>
+#include <distribute/net/address.hpp>
 #include <distribute/net/detail/congestion_control.hpp>
 #include <distribute/net/detail/handshake.hpp>
 

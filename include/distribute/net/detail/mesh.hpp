@@ -33,7 +33,7 @@
 #include <fmt/format.h>
 
 #include <distribute/core/error.hpp>
-#include <distribute/net/detail/address.hpp>
+#include <distribute/net/address.hpp>
 #include <distribute/net/detail/auth.hpp>
 #include <distribute/net/detail/congestion_control.hpp>
 #include <distribute/net/detail/connection.hpp>
@@ -463,7 +463,7 @@ class Transport final : private ConnectionOwner {
     if (observe::timeline_enabled()) {
       try {
         observe::Timeline::instance().instant("communicator failed", "failure", observe::Timeline::now_ns(),
-                                              fmt::format("\"message\":\"{}\"", observe::detail::json_escape(f.message)));
+                                              fmt::format("\"message\":\"{}\"", observe::json_escape(f.message)));
       } catch (...) {
       }
     }

@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include <distribute/net/detail/address.hpp>
+#include <distribute/net/address.hpp>
 #include <distribute/net/detail/connection.hpp>
 #include <distribute/net/detail/connector.hpp>
 #include <distribute/net/detail/protocol.hpp>

@@ -226,21 +226,21 @@ inline Failure decode_abort(std::span<const std::byte> in) {
 /// (observe::CallKind lists the same kinds first, in this order.)
 enum class CollectiveKind : std::uint8_t { AllReduce = 1, AllGather = 2, Broadcast = 3, Barrier = 4, ReduceScatter = 5, AllToAll = 6 };
 
-constexpr std::string_view to_string(CollectiveKind k) noexcept {
+constexpr std::string_view to_string(detail::CollectiveKind k) noexcept {
   switch (k) {
-    case CollectiveKind::AllReduce: return "all_reduce";
-    case CollectiveKind::AllGather: return "all_gather";
-    case CollectiveKind::Broadcast: return "broadcast";
-    case CollectiveKind::Barrier: return "barrier";
-    case CollectiveKind::ReduceScatter: return "reduce_scatter";
-    case CollectiveKind::AllToAll: return "all_to_all";
+    case detail::CollectiveKind::AllReduce: return "all_reduce";
+    case detail::CollectiveKind::AllGather: return "all_gather";
+    case detail::CollectiveKind::Broadcast: return "broadcast";
+    case detail::CollectiveKind::Barrier: return "barrier";
+    case detail::CollectiveKind::ReduceScatter: return "reduce_scatter";
+    case detail::CollectiveKind::AllToAll: return "all_to_all";
   }
   return "?";
 }
 
 /// What a rank says it is doing in collective number `seq`; every rank checks every other's.
 struct Descriptor {
-  CollectiveKind kind = CollectiveKind::Barrier;
+  detail::CollectiveKind kind = detail::CollectiveKind::Barrier;
   DType dtype = DType::U8;
   ReduceOp op = ReduceOp::Sum;
   std::uint32_t root = 0;   // broadcast: the root rank; all_reduce: a digest of the shapes (0: none)
@@ -251,17 +251,17 @@ inline constexpr std::size_t kDescriptorBytes = 16;
 
 inline std::string describe(const Descriptor& d) {
   switch (d.kind) {
-    case CollectiveKind::AllReduce:
+    case detail::CollectiveKind::AllReduce:
       if (d.root == 0) return fmt::format("all_reduce(count={}, dtype={}, op={})", d.count, to_string(d.dtype), to_string(d.op));
       return fmt::format("all_reduce(count={}, dtype={}, op={}, shapes #{:08x})", d.count, to_string(d.dtype),
                          to_string(d.op), d.root);
-    case CollectiveKind::AllGather: return fmt::format("all_gather(bytes={})", d.count);
-    case CollectiveKind::Broadcast: return fmt::format("broadcast(bytes={}, root={})", d.count, d.root);
-    case CollectiveKind::Barrier: return "barrier()";
-    case CollectiveKind::ReduceScatter:
+    case detail::CollectiveKind::AllGather: return fmt::format("all_gather(bytes={})", d.count);
+    case detail::CollectiveKind::Broadcast: return fmt::format("broadcast(bytes={}, root={})", d.count, d.root);
+    case detail::CollectiveKind::Barrier: return "barrier()";
+    case detail::CollectiveKind::ReduceScatter:
       return fmt::format("reduce_scatter(count={}, dtype={}, op={}, shapes #{:08x})", d.count, to_string(d.dtype),
                          to_string(d.op), d.root);
-    case CollectiveKind::AllToAll: return "all_to_all()";
+    case detail::CollectiveKind::AllToAll: return "all_to_all()";
   }
   return "?";
 }
@@ -271,12 +271,12 @@ inline bool compatible(const Descriptor& a, const Descriptor& b) noexcept {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     // root: the digest of the values' shapes (0 where the caller gave none).
-    case CollectiveKind::AllReduce:
-    case CollectiveKind::ReduceScatter: return a.count == b.count && a.dtype == b.dtype && a.op == b.op && a.root == b.root;
-    case CollectiveKind::Broadcast: return a.count == b.count && a.root == b.root;
-    case CollectiveKind::AllGather:  // all_to_all: the callers agreed on every size before
-    case CollectiveKind::AllToAll:
-    case CollectiveKind::Barrier: return true;
+    case detail::CollectiveKind::AllReduce:
+    case detail::CollectiveKind::ReduceScatter: return a.count == b.count && a.dtype == b.dtype && a.op == b.op && a.root == b.root;
+    case detail::CollectiveKind::Broadcast: return a.count == b.count && a.root == b.root;
+    case detail::CollectiveKind::AllGather:  // all_to_all: the callers agreed on every size before
+    case detail::CollectiveKind::AllToAll:
+    case detail::CollectiveKind::Barrier: return true;
   }
   return false;
 }
@@ -300,7 +300,7 @@ inline Descriptor decode_descriptor(std::span<const std::byte> in) {
   if (op > static_cast<std::uint8_t>(ReduceOp::Product)) throw FrameError(fmt::format("descriptor has unknown reduce op {}", op));
   if (pad != 0) throw FrameError("descriptor has a non-zero reserved byte");
   Descriptor d;
-  d.kind = static_cast<CollectiveKind>(kind);
+  d.kind = static_cast<detail::CollectiveKind>(kind);
   d.dtype = static_cast<DType>(dtype);
   d.op = static_cast<ReduceOp>(op);
   d.root = r.u32();

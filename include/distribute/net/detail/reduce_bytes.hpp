@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <span>
 
-#include <distribute/core/detail/elementwise.hpp>
+#include <distribute/core/elementwise.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/reduce_op.hpp>
 
@@ -15,24 +15,24 @@ namespace net::detail {
 inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std::size_t n, ReduceOp op) {
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    ::distribute::detail::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
+    ::distribute::core::combine(reinterpret_cast<T*>(acc), reinterpret_cast<const T*>(src), n, op);
   });
 }
 
 /// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
-/// float32 and round once (core/detail/elementwise.hpp's reduce_many).
+/// float32 and round once (core/elementwise.hpp's reduce_many).
 inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const void* const> srcs, std::size_t n,
                               ReduceOp op, std::int64_t divisor) {
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    ::distribute::detail::reduce_many<T>(reinterpret_cast<T*>(out), srcs, n, op, divisor);
+    ::distribute::core::reduce_many<T>(reinterpret_cast<T*>(out), srcs, n, op, divisor);
   });
 }
 
 inline void divide_bytes(DType dtype, std::byte* acc, std::size_t n, std::int64_t divisor) {
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    ::distribute::detail::divide(reinterpret_cast<T*>(acc), n, divisor);
+    ::distribute::core::divide(reinterpret_cast<T*>(acc), n, divisor);
   });
 }
 

@@ -44,7 +44,7 @@
 #include <unistd.h>
 #endif
 
-#include <distribute/core/detail/cpu_relax.hpp>
+#include <distribute/core/cpu_relax.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
@@ -165,7 +165,7 @@ class SharedMemoryAllReduce {
     const SharedAnnouncement& a = control(r).announce[seq % 2];
     if (a.seq1.load(std::memory_order_acquire) != seq + 1) return std::nullopt;
     Descriptor d;
-    d.kind = static_cast<CollectiveKind>(a.kind);
+    d.kind = static_cast<detail::CollectiveKind>(a.kind);
     d.dtype = static_cast<DType>(a.dtype);
     d.op = static_cast<ReduceOp>(a.op);
     d.root = a.root;
@@ -415,7 +415,7 @@ class SharedMemoryAllReduce {
     constexpr int kSpins = 100;
     for (int i = 0; i < kSpins; ++i) {
       if (ready()) return;
-      ::distribute::detail::cpu_relax();
+      ::distribute::core::cpu_relax();
     }
     const auto start = std::chrono::steady_clock::now();
     for (std::uint32_t i = 0;; ++i) {

@@ -17,14 +17,14 @@
 #include <fmt/format.h>
 
 #include <distribute/core/error.hpp>
-#include <distribute/net/detail/address.hpp>
+#include <distribute/net/address.hpp>
 #include <distribute/observe/metrics.hpp>
 #include <distribute/observe/metrics_server.hpp>
 #include <distribute/observe/timeline.hpp>
-#include <distribute/strategy/detail/observability.hpp>
+#include <distribute/strategy/observability.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace ps::detail {
 
 /// How the coordinator noticed it lost a worker: a closure's (or dataset's) call to it broke, or a
 /// heartbeat got no answer (timed out or refused). A dead process is noticed by whichever comes first.
@@ -73,8 +73,8 @@ struct CoordinatorMetrics {
 inline std::string closure_trace_args(std::uint64_t id, const std::string& function, int worker, std::uint32_t attempt,
                                       const char* outcome, const std::string& error = {}) {
   std::string out = fmt::format("\"closure\":{},\"function\":\"{}\",\"worker\":{},\"attempt\":{},\"outcome\":\"{}\"", id,
-                                observe::detail::json_escape(function), worker, attempt, outcome);
-  if (!error.empty()) out += fmt::format(",\"error\":\"{}\"", observe::detail::json_escape(error));
+                                observe::json_escape(function), worker, attempt, outcome);
+  if (!error.empty()) out += fmt::format(",\"error\":\"{}\"", observe::json_escape(error));
   return out;
 }
 
@@ -92,8 +92,8 @@ struct CoordinatorObservability {
   static std::unique_ptr<CoordinatorObservability> start(const CommunicationOptions& settings, int task_index,
                                                           const std::string& address, std::function<double()> queued,
                                                           std::function<double()> workers_up) {
-    const std::optional<int> port = metrics_port_setting(settings, "CoordinatorOptions::metrics_port");
-    const std::string timeline_path = timeline_setting(settings);
+    const std::optional<int> port = strategy::metrics_port_setting(settings, "CoordinatorOptions::metrics_port");
+    const std::string timeline_path = strategy::timeline_setting(settings);
     if (!port && timeline_path.empty()) return nullptr;
     auto o = std::make_unique<CoordinatorObservability>();
     if (port) {
@@ -103,7 +103,7 @@ struct CoordinatorObservability {
                          std::move(queued));
       registry->callback("distribute_coordinator_workers_up", "Workers in use (not lost).", "gauge", {},
                          std::move(workers_up));
-      const auto host = net::detail::parse_host_port(address).host;
+      const auto host = net::parse_host_port(address).host;
       o->server = std::make_unique<observe::MetricsServer>(registry, host, static_cast<std::uint16_t>(*port));
     }
     if (!timeline_path.empty()) {
@@ -141,7 +141,7 @@ struct CoordinatorObservability {
     if (!observe::timeline_enabled()) return;
     observe::Timeline::instance().instant("worker lost", "coordinator", observe::Timeline::now_ns(),
                                           fmt::format("\"worker\":{},\"reason\":\"{}\",\"error\":\"{}\"", worker,
-                                                      kWorkerLossReasons[k], observe::detail::json_escape(error)));
+                                                      kWorkerLossReasons[k], observe::json_escape(error)));
     observe::Timeline::instance().flush();  // a job that then fails may not exit normally
   }
 
@@ -159,5 +159,5 @@ struct CoordinatorObservability {
   }
 };
 
-}  // namespace detail
+}  // namespace ps::detail
 DISTRIBUTE_END_NAMESPACE

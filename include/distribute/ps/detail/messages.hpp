@@ -22,7 +22,7 @@
 #include <distribute/ps/detail/wire_reader.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace ps::detail {
 
 struct PingReply {
   std::string job;
@@ -172,5 +172,5 @@ M decode_message(std::span<const std::byte> bytes, const char* what) {
   return m;
 }
 
-}  // namespace detail
+}  // namespace ps::detail
 DISTRIBUTE_END_NAMESPACE

@@ -17,7 +17,7 @@
 #include <fmt/format.h>
 
 #include <distribute/cluster/cluster_spec.hpp>
-#include <distribute/core/detail/remote_store.hpp>
+#include <distribute/core/remote_store.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/ps/detail/messages.hpp>
@@ -26,14 +26,14 @@
 #include <distribute/ps/placement.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace ps::detail {
 
 /// dst op= src elementwise, for `dtype` (bytes of equal size, not overlapping). The values in a
 /// request need not be aligned for their type, so they are combined in blocks copied into aligned
 /// locals: each block is a loop of known length that the compiler vectorises (a variable of 1 MiB
 /// takes one pass instead of an element at a time).
-inline void apply_update_bytes(DType dtype, RemoteUpdate kind, std::span<std::byte> dst, std::span<const std::byte> src) {
-  if (kind == RemoteUpdate::Assign) {
+inline void apply_update_bytes(DType dtype, core::RemoteUpdate kind, std::span<std::byte> dst, std::span<const std::byte> src) {
+  if (kind == core::RemoteUpdate::Assign) {
     if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size());
     return;
   }
@@ -41,7 +41,7 @@ inline void apply_update_bytes(DType dtype, RemoteUpdate kind, std::span<std::by
     using E = decltype(zero);
     constexpr std::size_t kBlock = 256 / sizeof(E);
     const std::size_t n = dst.size() / sizeof(E);
-    const bool add = kind == RemoteUpdate::Add;
+    const bool add = kind == core::RemoteUpdate::Add;
     auto combine = [&](std::size_t at, std::size_t count) {
       E a[kBlock], b[kBlock];
       std::memcpy(a, dst.data() + at * sizeof(E), count * sizeof(E));
@@ -76,7 +76,7 @@ inline ClosureTransaction*& current_transaction() {
   return txn;
 }
 
-class PsClientStore final : public RemoteVariableStore {
+class PsClientStore final : public core::RemoteVariableStore {
  public:
   PsClientStore(const ClusterSpec& spec, RpcOptions options) {
     const int n = spec.num_tasks("ps");
@@ -110,7 +110,7 @@ class PsClientStore final : public RemoteVariableStore {
       throw InvalidArgument(fmt::format("ps task {} returned {} bytes for variable '{}', expected {}", task, got, key,
                                         out.size()));
     }
-    for_own_updates(task, key, [&](RemoteUpdate kind, std::span<const std::byte> value) {
+    for_own_updates(task, key, [&](core::RemoteUpdate kind, std::span<const std::byte> value) {
       apply_update_bytes(dtype, kind, out, value);
     });
   }
@@ -124,7 +124,7 @@ class PsClientStore final : public RemoteVariableStore {
                                         out.size()));
     }
     if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-    for_own_updates(task, key, [&](RemoteUpdate kind, std::span<const std::byte> value) {
+    for_own_updates(task, key, [&](core::RemoteUpdate kind, std::span<const std::byte> value) {
       for (std::size_t i = 0; i < rows.size(); ++i) {  // row by row (the ps already checked the ids)
         const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
         apply_update_bytes(dtype, kind, out.subspan(i * row_bytes, row_bytes), value.subspan(from, row_bytes));
@@ -132,7 +132,7 @@ class PsClientStore final : public RemoteVariableStore {
     });
   }
 
-  void update(int task, const std::string& key, RemoteUpdate kind, DType dtype, std::span<const std::byte> value) override {
+  void update(int task, const std::string& key, core::RemoteUpdate kind, DType dtype, std::span<const std::byte> value) override {
     if (ClosureTransaction* txn = current_transaction()) {
       std::string bytes = spare_values_.take(value.size());
       bytes.assign(as_chars(value));
@@ -203,7 +203,7 @@ class PsClientStore final : public RemoteVariableStore {
     auto it = txn->updates.find(task);
     if (it == txn->updates.end()) return;
     for (const auto& u : it->second) {
-      if (u.key == key) f(static_cast<RemoteUpdate>(u.kind), std::as_bytes(std::span(u.bytes)));
+      if (u.key == key) f(static_cast<core::RemoteUpdate>(u.kind), std::as_bytes(std::span(u.bytes)));
     }
   }
 
@@ -223,5 +223,5 @@ class PsClientStore final : public RemoteVariableStore {
   SpareBuffers spare_values_;
 };
 
-}  // namespace detail
+}  // namespace ps::detail
 DISTRIBUTE_END_NAMESPACE

@@ -17,7 +17,7 @@
 #include <distribute/net/rpc_errors.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace ps::detail {
 
 using net::ConnectionLost;
 using net::error_kind;
@@ -61,5 +61,5 @@ inline std::string_view as_chars(std::span<const std::byte> b) {
   return {reinterpret_cast<const char*>(b.data()), b.size()};
 }
 
-}  // namespace detail
+}  // namespace ps::detail
 DISTRIBUTE_END_NAMESPACE

@@ -13,7 +13,7 @@
 #include <distribute/version.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace ps::detail {
 
 /// Spare strings of at least 64 KiB, 64 MiB of them at most (smaller ones the allocator serves
 /// well). Thread-safe.
@@ -53,5 +53,5 @@ class SpareBuffers {
   std::size_t kept_ = 0;
 };
 
-}  // namespace detail
+}  // namespace ps::detail
 DISTRIBUTE_END_NAMESPACE

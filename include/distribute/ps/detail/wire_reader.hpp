@@ -23,7 +23,7 @@
 #include <distribute/core/shape.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace ps::detail {
 
 /// cereal's archives read a stream; this one reads bytes where they are, without a copy, and can
 /// hand out a view of the next bytes (WireBytes).
@@ -181,13 +181,13 @@ void CEREAL_LOAD_FUNCTION_NAME(WireReader& ar, std::vector<bool, A>& v) {
   }
 }
 
-}  // namespace detail
+}  // namespace ps::detail
 DISTRIBUTE_END_NAMESPACE
 
 // Half of CEREAL_SETUP_ARCHIVE_TRAITS: the other half (output to input) belongs to BinaryInputArchive.
 namespace cereal::traits::detail {
 template <>
-struct get_output_from_input<distribute::detail::WireReader> {
+struct get_output_from_input<distribute::ps::detail::WireReader> {
   using type = cereal::BinaryOutputArchive;
 };
 }  // namespace cereal::traits::detail

@@ -16,11 +16,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <distribute/core/detail/cross_worker.hpp>
-#include <distribute/core/detail/elementwise.hpp>
-#include <distribute/core/detail/half_convert.hpp>
-#include <distribute/core/detail/host_operands.hpp>
-#include <distribute/core/detail/reduce_components.hpp>
+#include <distribute/core/cross_worker.hpp>
+#include <distribute/core/elementwise.hpp>
+#include <distribute/core/half_convert.hpp>
+#include <distribute/core/host_operands.hpp>
+#include <distribute/core/reduce_components.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/memory_space.hpp>
 #include <distribute/core/shape.hpp>
@@ -28,7 +28,7 @@
 #include <distribute/core/tensor_traits.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace strategy::detail {
 
 /// What reduce(op, value, axis) returns for components of type U: a Tensor of the element type
 /// for compile-time types, U itself for run-time ones.
@@ -61,9 +61,9 @@ void finish_reduction(ReduceOp op, Acc* acc, void* out, std::size_t out_n, std::
   }
   if (op == ReduceOp::Mean) {
     if (total == 0) std::fill(acc, acc + out_n, std::numeric_limits<Acc>::quiet_NaN());
-    else divide(acc, out_n, total);
+    else core::divide(acc, out_n, total);
   }
-  if constexpr (is_half_v<T>) narrow(acc, static_cast<T*>(out), out_n);
+  if constexpr (core::is_half_v<T>) core::narrow(acc, static_cast<T*>(out), out_n);
   else if (out_n) std::memcpy(out, acc, out_n * sizeof(T));
 }
 
@@ -71,17 +71,17 @@ void finish_reduction(ReduceOp op, Acc* acc, void* out, std::size_t out_n, std::
 /// may differ in size along `axis` (an uneven last batch); Mean divides by the total count along it.
 template <TensorLike U>
 reduced_t<U> reduce_components_along(ReduceOp op, const std::vector<const U*>& parts, std::int64_t axis_arg,
-                                     CrossWorkerLink* link = nullptr) {
+                                     core::CrossWorkerLink* link = nullptr) {
   if constexpr (memory_space_v<U> == MemorySpace::device) {  // on host copies (backends/cuda)
-    const auto host = device_ops<U>::host_copies(parts);
+    const auto host = core::device_ops<U>::host_copies(parts);
     return reduce_components_along(op, host.pointers(), axis_arg, link);
   } else {
     if (parts.empty()) throw InvalidArgument("reduce: there are no values to reduce");
     const Shape first = shape_of(*parts.front());
     const std::size_t axis = normalize_axis(axis_arg, first.size(), "reduce");
-    HostOperands in = component_operands(parts, axis);
+    core::HostOperands in = core::component_operands(parts, axis);
     const DType dtype = in[0].dtype;
-    check_op_for_dtype(op, dtype, "reduce");
+    core::check_op_for_dtype(op, dtype, "reduce");
     Shape out_shape = first;
     out_shape.erase(out_shape.begin() + static_cast<std::ptrdiff_t>(axis));
     std::int64_t outer = 1, inner = 1;
@@ -90,14 +90,14 @@ reduced_t<U> reduce_components_along(ReduceOp op, const std::vector<const U*>& p
     const auto inner_n = static_cast<std::size_t>(inner);
     const auto out_n = static_cast<std::size_t>(num_elements(out_shape));
 
-    RowMajorResult<reduced_t<U>> result;
+    core::RowMajorResult<reduced_t<U>> result;
     void* out = result.allocate(dtype, out_shape);
     const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
     std::int64_t total = 0;
     visit_value_dtype<U>(dtype, [&](auto t) {
       using T = decltype(t);
       // 16-bit floats accumulate in float32 and round once at the end.
-      using Acc = std::conditional_t<is_half_v<T>, float, T>;
+      using Acc = std::conditional_t<core::is_half_v<T>, float, T>;
       // (arrays, not std::vector: Acc may be bool)
       std::unique_ptr<Acc[]> acc(new Acc[out_n]), row(new Acc[inner_n]);
       std::fill(acc.get(), acc.get() + out_n, reduction_identity<Acc>(combine_op));
@@ -108,18 +108,18 @@ reduced_t<U> reduce_components_along(ReduceOp op, const std::vector<const U*>& p
           Acc* dst = acc.get() + o * inner;
           for (std::int64_t k = 0; k < len; ++k) {
             const T* r = src + (o * len + k) * inner;
-            if constexpr (is_half_v<T>) {
-              widen(r, row.get(), inner_n);
-              combine(dst, row.get(), inner_n, combine_op);
+            if constexpr (core::is_half_v<T>) {
+              core::widen(r, row.get(), inner_n);
+              core::combine(dst, row.get(), inner_n, combine_op);
             } else {
-              combine(dst, r, inner_n, combine_op);
+              core::combine(dst, r, inner_n, combine_op);
             }
           }
         }
         total += len;
       }
       if (link) {
-        link->all_reduce(acc.get(), out_n, dtype_of<Acc>(), combine_op, shapes_digest(out_shape));
+        link->all_reduce(acc.get(), out_n, dtype_of<Acc>(), combine_op, core::shapes_digest(out_shape));
         link->all_reduce(&total, 1, DType::I64, ReduceOp::Sum);
       }
       finish_reduction<T>(op, acc.get(), out, out_n, total, fmt::format("along axis {}", axis));
@@ -133,9 +133,9 @@ reduced_t<U> reduce_components_along(ReduceOp op, const std::vector<const U*>& p
 /// Components may differ along the reduced axes; Mean divides by the total element count.
 template <TensorLike U>
 reduced_t<U> reduce_components_over(ReduceOp op, const std::vector<const U*>& parts,
-                                    std::span<const std::int64_t> axes_arg, CrossWorkerLink* link = nullptr) {
+                                    std::span<const std::int64_t> axes_arg, core::CrossWorkerLink* link = nullptr) {
   if constexpr (memory_space_v<U> == MemorySpace::device) {  // on host copies (backends/cuda)
-    const auto host = device_ops<U>::host_copies(parts);
+    const auto host = core::device_ops<U>::host_copies(parts);
     return reduce_components_over(op, host.pointers(), axes_arg, link);
   } else {
     if (parts.empty()) throw InvalidArgument("reduce: there are no values to reduce");
@@ -151,7 +151,7 @@ reduced_t<U> reduce_components_over(ReduceOp op, const std::vector<const U*>& pa
       reduced[axis] = true;
     }
     if (axes_arg.size() == 1) return reduce_components_along(op, parts, axes_arg[0], link);
-    HostOperands in("reduce");
+    core::HostOperands in("reduce");
     for (const U* p : parts) in.add(view_of(*p), true);
     for (std::size_t r = 1; r < parts.size(); ++r) {
       bool ok = in[r].dtype == in[0].dtype && in[r].shape.size() == rank;
@@ -164,19 +164,19 @@ reduced_t<U> reduce_components_over(ReduceOp op, const std::vector<const U*>& pa
       }
     }
     const DType dtype = in[0].dtype;
-    check_op_for_dtype(op, dtype, "reduce");
+    core::check_op_for_dtype(op, dtype, "reduce");
     Shape out_shape;
     for (std::size_t d = 0; d < rank; ++d) {
       if (!reduced[d]) out_shape.push_back(first[d]);
     }
     const auto out_n = static_cast<std::size_t>(num_elements(out_shape));
-    RowMajorResult<reduced_t<U>> result;
+    core::RowMajorResult<reduced_t<U>> result;
     void* out = result.allocate(dtype, out_shape);
     const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
     std::int64_t total = 0;
     visit_value_dtype<U>(dtype, [&](auto t) {
       using T = decltype(t);
-      using Acc = std::conditional_t<is_half_v<T>, float, T>;
+      using Acc = std::conditional_t<core::is_half_v<T>, float, T>;
       std::unique_ptr<Acc[]> acc(new Acc[out_n]);
       std::fill(acc.get(), acc.get() + out_n, reduction_identity<Acc>(combine_op));
       for (std::size_t p = 0; p < parts.size(); ++p) {
@@ -198,9 +198,9 @@ reduced_t<U> reduce_components_over(ReduceOp op, const std::vector<const U*>& pa
         std::int64_t o = 0;
         for (std::int64_t e = 0; e < n; ++e) {
           Acc x;
-          if constexpr (is_half_v<T>) widen(src + e, &x, 1);
+          if constexpr (core::is_half_v<T>) core::widen(src + e, &x, 1);
           else x = src[e];
-          combine(acc.get() + o, &x, 1, combine_op);
+          core::combine(acc.get() + o, &x, 1, combine_op);
           for (std::size_t d = rank; d-- > 0;) {  // next index; o follows
             o += out_stride[d];
             if (++index[d] < shape[d]) break;
@@ -211,7 +211,7 @@ reduced_t<U> reduce_components_over(ReduceOp op, const std::vector<const U*>& pa
         total += count;
       }
       if (link) {
-        link->all_reduce(acc.get(), out_n, dtype_of<Acc>(), combine_op, shapes_digest(out_shape));
+        link->all_reduce(acc.get(), out_n, dtype_of<Acc>(), combine_op, core::shapes_digest(out_shape));
         link->all_reduce(&total, 1, DType::I64, ReduceOp::Sum);
       }
       finish_reduction<T>(op, acc.get(), out, out_n, total, fmt::format("over axes ({})", fmt::join(axes_arg, ", ")));
@@ -223,13 +223,13 @@ reduced_t<U> reduce_components_over(ReduceOp op, const std::vector<const U*>& pa
 #if DISTRIBUTE_DETAIL_INSTANTIATE  // compiled once with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
 #define DISTRIBUTE_DETAIL_REDUCE_ALONG(T)                                                                      \
   DISTRIBUTE_DETAIL_EXTERN template reduced_t<T> reduce_components_along<T>(ReduceOp, const std::vector<const T*>&, \
-                                                                             std::int64_t, CrossWorkerLink*);     \
+                                                                             std::int64_t, core::CrossWorkerLink*);     \
   DISTRIBUTE_DETAIL_EXTERN template reduced_t<T> reduce_components_over<T>(ReduceOp, const std::vector<const T*>&,  \
                                                                             std::span<const std::int64_t>,        \
-                                                                            CrossWorkerLink*);
+                                                                            core::CrossWorkerLink*);
 DISTRIBUTE_DETAIL_FOR_COMMON_VALUE_TYPES(DISTRIBUTE_DETAIL_REDUCE_ALONG)
 #undef DISTRIBUTE_DETAIL_REDUCE_ALONG
 #endif
 
-}  // namespace detail
+}  // namespace strategy::detail
 DISTRIBUTE_END_NAMESPACE

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include <distribute/collective/detail/validate.hpp>
+#include <distribute/collective/validate.hpp>
 #include <distribute/core/context.hpp>
 #include <distribute/core/values.hpp>
 
@@ -21,7 +21,7 @@ DISTRIBUTE_BEGIN_NAMESPACE
 template <class S>
 class ReplicaContextFor : public ReplicaContext {
  public:
-  ReplicaContextFor(S& strategy, detail::ReplicaGroup& group, detail::ReplicaCollectives& collectives, int local_id,
+  ReplicaContextFor(S& strategy, core::ReplicaGroup& group, core::ReplicaCollectives& collectives, int local_id,
                     int global_id, std::string device)
       : ReplicaContext(strategy, group, collectives, local_id, global_id, std::move(device)), typed_(&strategy) {}
 
@@ -45,15 +45,15 @@ class ReplicaContextFor : public ReplicaContext {
     Args mine(std::forward<A>(args)...);
     Outcome outcome;
     auto& g = group();
-    detail::CollectiveCall call{detail::CollectiveKind::MergeCall};
+    core::CollectiveCall call{core::CollectiveKind::MergeCall};
     call.merge_type = &typeid(Args);
     call.merge_args = &mine;
     call.merge_outcome = &outcome;
     // Replica 0 runs fn while the others wait in the exchange; its outcome is read after it.
-    detail::exchange(g, local_replica_id(), call, [&] {
+    collective::exchange(g, local_replica_id(), call, [&] {
       if (local_replica_id() != 0) return;
       try {
-        detail::ReplicaContextSwitch cross_replica(nullptr);
+        core::ReplicaContextSwitch cross_replica(nullptr);
         ScopeGuard in_scope(*typed_);
         auto merged = merge_args<Args>(std::index_sequence_for<A...>{});
         auto invoke = [&](auto&&... m) -> decltype(auto) {

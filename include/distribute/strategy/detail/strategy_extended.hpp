@@ -37,7 +37,7 @@ class StrategyExtended {
                                         var.name(), strategy_->name()));
     }
     var.apply_to_copies([&](T& copy, [[maybe_unused]] int i) {
-      fn(copy, detail::unwrap_for_replica<S>(args, static_cast<std::size_t>(i))...);
+      fn(copy, strategy::detail::unwrap_for_replica<S>(args, static_cast<std::size_t>(i))...);
     });
   }
 
@@ -57,7 +57,7 @@ class StrategyExtended {
   template <class... U>
     requires(sizeof...(U) > 0)
   auto all_reduce_async(ReduceOpArg op, U&&... values) {
-    ReplicaContext* ctx = detail::thread_context().replica;
+    ReplicaContext* ctx = core::thread_context().replica;
     if (ctx == nullptr || ctx->strategy().id() != strategy_->id()) {
       throw InvalidArgument(fmt::format("extended().all_reduce_async: call it inside a step function of this {} "
                                         "(replica context); in cross-replica context batch_reduce_to reduces "
@@ -72,7 +72,7 @@ class StrategyExtended {
   /// rule of collective/packing.hpp): one cross-worker collective per pack, not per value.
   template <class... V>
   auto batch_reduce_to(ReduceOpArg op, const V&... values) {
-    if constexpr (sizeof...(V) > 1 && (detail::packable_distributed_value<V, S> && ...)) {
+    if constexpr (sizeof...(V) > 1 && (strategy::detail::packable_distributed_value<V, S> && ...)) {
       if (strategy_->link_) return strategy_->reduce_in_packs(op.op, values...);
     }
     return std::make_tuple(strategy_->reduce(op, values)...);

@@ -23,13 +23,13 @@
 
 #include <distribute/backends/host/replica_threads.hpp>
 #include <distribute/collective/communication_options.hpp>
-#include <distribute/collective/detail/device_staging.hpp>
-#include <distribute/collective/detail/validate.hpp>
+#include <distribute/collective/device_staging.hpp>
+#include <distribute/collective/validate.hpp>
 #include <distribute/collective/multi_worker.hpp>
 #include <distribute/collective/shared_memory.hpp>
 #include <distribute/core/context.hpp>
-#include <distribute/core/detail/concat.hpp>
-#include <distribute/core/detail/host_operands.hpp>
+#include <distribute/core/concat.hpp>
+#include <distribute/core/host_operands.hpp>
 #include <distribute/core/device.hpp>
 #include <distribute/core/values.hpp>
 #include <distribute/core/variable.hpp>
@@ -49,7 +49,7 @@ struct ValueContext {
 template <class S>
 class StrategyExtended;
 
-namespace detail {
+namespace strategy::detail {
 
 template <class R>
 struct run_result {
@@ -61,7 +61,7 @@ struct run_result {
 template <class S, class A>
 decltype(auto) unwrap_for_replica(A& arg, std::size_t i) {
   using D = std::remove_cvref_t<A>;
-  if constexpr (is_per_replica<D>::value || is_mirrored<D>::value) {
+  if constexpr (core::is_per_replica<D>::value || core::is_mirrored<D>::value) {
     static_assert(std::is_same_v<typename D::strategy_type, S>,
                   "a distributed value made by one strategy type was passed to a strategy of another type; "
                   "values are tied to the strategy type that produced them");
@@ -74,7 +74,7 @@ decltype(auto) unwrap_for_replica(A& arg, std::size_t i) {
 template <class S, class A>
 void check_arity(const A& arg, std::size_t replicas, std::size_t position) {
   using D = std::remove_cvref_t<A>;
-  if constexpr (is_per_replica<D>::value || is_mirrored<D>::value) {
+  if constexpr (core::is_per_replica<D>::value || core::is_mirrored<D>::value) {
     if (arg.size() != replicas) {
       throw InvalidArgument(fmt::format("run: argument {} has {} components but the strategy has {} local replicas",
                                         position, arg.size(), replicas));
@@ -109,7 +109,7 @@ struct is_tuple : std::false_type {};
 template <class... T>
 struct is_tuple<std::tuple<T...>> : std::true_type {};
 
-}  // namespace detail
+}  // namespace strategy::detail
 
 template <class Derived, class Backend, class Ops>
 class SyncStrategy : public AnyStrategy {
@@ -129,8 +129,8 @@ class SyncStrategy : public AnyStrategy {
   int num_local_replicas() const noexcept override { return static_cast<int>(devices_.size()); }
   std::vector<std::string> worker_devices() const override { return devices_; }
 
-  detail::VariablePlacement variable_placement() const override {
-    return {detail::PlacementKind::Replicated, devices_, num_replicas_in_sync(), id(), {}, link_};
+  core::VariablePlacement variable_placement() const override {
+    return {core::PlacementKind::Replicated, devices_, num_replicas_in_sync(), id(), {}, link_};
   }
 
   /// Makes this strategy current on the calling thread until the guard is destroyed.
@@ -141,16 +141,16 @@ class SyncStrategy : public AnyStrategy {
   auto run(F&& fn, A&&... args) {
     const std::size_t n = devices_.size();
     std::size_t position = 0;
-    (detail::check_arity<Derived>(args, n, position++), ...);
-    constexpr bool plain = std::is_invocable_v<F&, decltype(detail::unwrap_for_replica<Derived>(args, 0))...>;
+    (strategy::detail::check_arity<Derived>(args, n, position++), ...);
+    constexpr bool plain = std::is_invocable_v<F&, decltype(strategy::detail::unwrap_for_replica<Derived>(args, 0))...>;
     constexpr bool with_ctx =
-        std::is_invocable_v<F&, replica_context_type&, decltype(detail::unwrap_for_replica<Derived>(args, 0))...>;
+        std::is_invocable_v<F&, replica_context_type&, decltype(strategy::detail::unwrap_for_replica<Derived>(args, 0))...>;
     static_assert(plain || with_ctx,
                   "run(fn, args...): fn is not callable with the (unwrapped) arguments, with or without a "
                   "ReplicaContext& first");
     auto call = [&](std::size_t i) -> decltype(auto) {
-      if constexpr (plain) return fn(detail::unwrap_for_replica<Derived>(args, i)...);
-      else return fn(*contexts_[i], detail::unwrap_for_replica<Derived>(args, i)...);
+      if constexpr (plain) return fn(strategy::detail::unwrap_for_replica<Derived>(args, i)...);
+      else return fn(*contexts_[i], strategy::detail::unwrap_for_replica<Derived>(args, i)...);
     };
     using R = decltype(call(0));
     using Stored = std::conditional_t<std::is_void_v<R>, bool, std::decay_t<R>>;
@@ -165,7 +165,7 @@ class SyncStrategy : public AnyStrategy {
     });
     if constexpr (std::is_void_v<R>) {
       return;
-    } else if constexpr (detail::is_tuple<Stored>::value) {
+    } else if constexpr (strategy::detail::is_tuple<Stored>::value) {
       return split_tuple(results, std::make_index_sequence<std::tuple_size_v<Stored>>{});
     } else {
       std::vector<Stored> out;
@@ -178,20 +178,20 @@ class SyncStrategy : public AnyStrategy {
   /// Reduces across replicas (no axis): returns a value of the component type.
   template <class V>
   auto reduce(ReduceOpArg op, const V& value) {
-    static_assert(TensorLike<typename detail::component_of<V>::type>,
+    static_assert(TensorLike<typename strategy::detail::component_of<V>::type>,
                   "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
                   "TensorLike; see docs/tensors.md)");
-    if constexpr (TensorLike<typename detail::component_of<V>::type>) return reduce_value(op, value);
+    if constexpr (TensorLike<typename strategy::detail::component_of<V>::type>) return reduce_value(op, value);
   }
 
   /// Reduces inside each component along `axis` and across replicas (a Tensor). With an axis,
   /// MEAN divides by the total number of elements along it, exact for uneven last batches.
   template <class V>
   auto reduce(ReduceOpArg op, const V& value, std::optional<std::int64_t> axis) {
-    static_assert(TensorLike<typename detail::component_of<V>::type>,
+    static_assert(TensorLike<typename strategy::detail::component_of<V>::type>,
                   "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
                   "TensorLike; see docs/tensors.md)");
-    if constexpr (TensorLike<typename detail::component_of<V>::type>) return reduce_value(op, value, axis);
+    if constexpr (TensorLike<typename strategy::detail::component_of<V>::type>) return reduce_value(op, value, axis);
   }
 
   /// Reduces inside each component over several axes (TF's tuple axis: reduce(op, v, {0, 1});
@@ -204,19 +204,19 @@ class SyncStrategy : public AnyStrategy {
   /// The same with a run-time list of axes (a std::vector<std::int64_t>, ...).
   template <class V>
   auto reduce(ReduceOpArg op, const V& value, std::span<const std::int64_t> axes) {
-    static_assert(TensorLike<typename detail::component_of<V>::type>,
+    static_assert(TensorLike<typename strategy::detail::component_of<V>::type>,
                   "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
                   "TensorLike; see docs/tensors.md)");
-    if constexpr (TensorLike<typename detail::component_of<V>::type>) return reduce_value_over(op, value, axes);
+    if constexpr (TensorLike<typename strategy::detail::component_of<V>::type>) return reduce_value_over(op, value, axes);
   }
 
   /// Concatenates the components along `axis` (in [-rank, rank); negative counts from the end).
   template <class V>
   auto gather(const V& value, std::int64_t axis) {
-    static_assert(TensorLike<typename detail::component_of<V>::type>,
+    static_assert(TensorLike<typename strategy::detail::component_of<V>::type>,
                   "ds::Strategy::gather: the value's type has no ds::tensor_traits specialisation (it is not "
                   "TensorLike; see docs/tensors.md)");
-    if constexpr (TensorLike<typename detail::component_of<V>::type>) return gather_value(value, axis);
+    if constexpr (TensorLike<typename strategy::detail::component_of<V>::type>) return gather_value(value, axis);
   }
 
   /// The local components in replica order, not copied: a reference to the value's own
@@ -260,7 +260,7 @@ class SyncStrategy : public AnyStrategy {
   /// PerReplica batches for run(). See data/distributed_dataset.hpp.
   template <class T>
   data::DistributedDataset<T, Derived> distribute_dataset(const data::Dataset<T>& dataset) {
-    return data::detail::distribute_dataset<Derived>(
+    return data::distribute_dataset<Derived>(
         dataset, {num_workers_, worker_index_, num_local_replicas(), num_replicas_in_sync()}, link_);
   }
 
@@ -268,7 +268,7 @@ class SyncStrategy : public AnyStrategy {
   /// sharded and batched per replica, and each local replica takes one batch of it per step.
   template <class F>
   auto distribute_datasets_from_function(F&& fn) {
-    return data::detail::distribute_datasets_from_function<Derived>(
+    return data::distribute_datasets_from_function<Derived>(
         std::forward<F>(fn), {num_workers_, worker_index_, num_local_replicas(), num_replicas_in_sync()}, link_);
   }
 
@@ -283,7 +283,7 @@ class SyncStrategy : public AnyStrategy {
   /// of a multi-worker strategy (outlives the strategy's base), or null. `cross_worker`: how the
   /// workers communicate (resolved already: Ring or Nccl).
   explicit SyncStrategy(std::vector<std::string> devices, CommunicationOptions options = {},
-                        detail::CrossWorkerLink* link = nullptr,
+                        core::CrossWorkerLink* link = nullptr,
                         CommunicationImplementation cross_worker = CommunicationImplementation::Ring)
       : devices_(std::move(devices)),
         options_(options),
@@ -291,9 +291,9 @@ class SyncStrategy : public AnyStrategy {
         num_workers_(link ? link->num_workers() : 1),
         worker_index_(link ? link->worker_index() : 0),
         group_(static_cast<int>(devices_.size())),
-        collectives_(link ? detail::make_multi_worker_collectives<Ops>({num_replicas_in_sync(), devices_, options_},
+        collectives_(link ? collective::make_multi_worker_collectives<Ops>({num_replicas_in_sync(), devices_, options_},
                                                                        *link, cross_worker)
-                          : detail::make_collectives<Ops>({num_replicas_in_sync(), devices_, options_})) {
+                          : collective::make_collectives<Ops>({num_replicas_in_sync(), devices_, options_})) {
     const int local = static_cast<int>(devices_.size());
     for (int i = 0; i < local; ++i) {
       contexts_.push_back(std::make_unique<replica_context_type>(self(), group_, *collectives_, i,
@@ -303,7 +303,7 @@ class SyncStrategy : public AnyStrategy {
           [this, i] { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); });
     }
     if (devices_.size() > 1 || !Backend::single_replica_on_caller_thread) {
-      threads_ = std::make_unique<detail::HostReplicaThreads>(
+      threads_ = std::make_unique<backends::HostReplicaThreads>(
           static_cast<int>(devices_.size()),
           [this](int i) { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); },
           Backend::single_replica_on_caller_thread);
@@ -320,9 +320,9 @@ class SyncStrategy : public AnyStrategy {
     if constexpr (requires { typename V::strategy_type; }) {
       static_assert(std::is_same_v<typename V::strategy_type, Derived>,
                     "reduce: this distributed value was made by a strategy of another type");
-      return detail::reduce_components(op.op, pointers(value.values()), link_);
+      return core::reduce_components(op.op, pointers(value.values()), link_);
     } else if constexpr (requires { value.values(); value.read_value(); }) {
-      return detail::reduce_components(op.op, pointers(value.values()), link_);  // a variable's copies
+      return core::reduce_components(op.op, pointers(value.values()), link_);  // a variable's copies
     } else {
       static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
       return reduce_plain(op.op, value);
@@ -344,20 +344,20 @@ class SyncStrategy : public AnyStrategy {
       }
     }();
     using U = std::remove_cvref_t<decltype(*components.front())>;
-    using R = detail::reduced_t<U>;
+    using R = strategy::detail::reduced_t<U>;
     constexpr bool distributed = requires { typename V::strategy_type; } || requires { value.read_value(); };
     if (!axis) {
       U r = [&] {
-        if constexpr (distributed) return detail::reduce_components(op.op, components, link_);
+        if constexpr (distributed) return core::reduce_components(op.op, components, link_);
         else return reduce_plain(op.op, value);
       }();
       if constexpr (memory_space_v<U> == MemorySpace::device) {
-        return detail::device_ops<U>::to_host(r);
+        return core::device_ops<U>::to_host(r);
       } else if constexpr (std::is_same_v<R, U>) {
         return r;
       } else {
         const TensorView v = view_of(r);
-        detail::RowMajorResult<R> out;
+        core::RowMajorResult<R> out;
         copy_to_contiguous(v, out.allocate(v.dtype, v.shape));
         return out.take();
       }
@@ -365,7 +365,7 @@ class SyncStrategy : public AnyStrategy {
     if constexpr (!distributed) {
       if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
     }
-    return detail::reduce_components_along(op.op, components, *axis, distributed ? link_ : nullptr);
+    return strategy::detail::reduce_components_along(op.op, components, *axis, distributed ? link_ : nullptr);
   }
 
   template <class V>
@@ -373,12 +373,12 @@ class SyncStrategy : public AnyStrategy {
     if constexpr (requires { typename V::strategy_type; }) {
       static_assert(std::is_same_v<typename V::strategy_type, Derived>,
                     "reduce: this distributed value was made by a strategy of another type");
-      return detail::reduce_components_over(op.op, pointers(value.values()), axes, link_);
+      return strategy::detail::reduce_components_over(op.op, pointers(value.values()), axes, link_);
     } else if constexpr (requires { value.values(); value.read_value(); }) {
-      return detail::reduce_components_over(op.op, pointers(value.values()), axes, link_);  // a variable's copies
+      return strategy::detail::reduce_components_over(op.op, pointers(value.values()), axes, link_);  // a variable's copies
     } else {
       if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
-      return detail::reduce_components_over(op.op, std::vector<const V*>{&value}, axes, nullptr);
+      return strategy::detail::reduce_components_over(op.op, std::vector<const V*>{&value}, axes, nullptr);
     }
   }
 
@@ -426,38 +426,38 @@ class SyncStrategy : public AnyStrategy {
     if (const auto rank = static_cast<std::int64_t>(shape_of(*parts.front()).size()); axis < 0 && axis >= -rank) axis += rank;
     using G = gathered_t<U>;
     if constexpr (memory_space_v<U> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
-      std::vector<detail::BufferRef> refs;
-      std::vector<const detail::BufferRef*> ptrs;
+      std::vector<core::BufferRef> refs;
+      std::vector<const core::BufferRef*> ptrs;
       refs.reserve(parts.size());
       for (const U* p : parts) {
         refs.push_back({const_cast<element_t<U>*>(tensor_traits<U>::data(*p)), dtype_of<element_t<U>>(), shape_of(*p)});
       }
       for (auto& r : refs) ptrs.push_back(&r);
-      detail::check_concat(ptrs, axis, "gather");
-      if (!link_) return detail::device_ops<U>::template concat<G>(ptrs, static_cast<std::size_t>(axis));
-      auto host = detail::device_ops<U>::host_copies(parts);  // across workers through host copies
-      return detail::device_ops<U>::template from_host<G>(gather_parts(host.pointers(), axis));
+      core::check_concat(ptrs, axis, "gather");
+      if (!link_) return core::device_ops<U>::template concat<G>(ptrs, static_cast<std::size_t>(axis));
+      auto host = core::device_ops<U>::host_copies(parts);  // across workers through host copies
+      return core::device_ops<U>::template from_host<G>(gather_parts(host.pointers(), axis));
     } else {
-      detail::HostOperands in("gather");
+      core::HostOperands in("gather");
       for (const U* p : parts) in.add(view_of(*p), true);
-      std::vector<const detail::BufferRef*> ptrs;
+      std::vector<const core::BufferRef*> ptrs;
       for (auto& r : in.buffers()) ptrs.push_back(&r);
-      detail::check_concat(ptrs, axis, "gather");
+      core::check_concat(ptrs, axis, "gather");
       const DType dtype = in[0].dtype;
-      detail::RowMajorResult<G> out;
+      core::RowMajorResult<G> out;
       if (!link_) {
-        detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis),
+        core::concat_along_axis(ptrs, static_cast<std::size_t>(axis),
                                   [&](const Shape& s) -> void* { return out.allocate(dtype, s); });
         return out.take();
       }
       std::vector<std::byte> local;
       Shape local_shape;
-      detail::concat_along_axis(ptrs, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
+      core::concat_along_axis(ptrs, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
         local_shape = s;
         local.resize(static_cast<std::size_t>(num_elements(s)) * size_of(dtype));
         return local.data();
       });
-      auto all = detail::gather_across_workers(*link_, {local.data(), dtype, local_shape},
+      auto all = core::gather_across_workers(*link_, {local.data(), dtype, local_shape},
                                                static_cast<std::size_t>(axis), "gather");
       void* dst = out.allocate(dtype, all.shape);
       if (!all.data.empty()) std::memcpy(dst, all.data.data(), all.data.size());
@@ -470,17 +470,17 @@ class SyncStrategy : public AnyStrategy {
   template <class... V>
   auto reduce_in_packs(ReduceOp op, const V&... values) {
     const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
-    auto out = std::make_tuple(detail::reduce_components(combine_op, pointers(values.values()))...);
+    auto out = std::make_tuple(core::reduce_components(combine_op, pointers(values.values()))...);
     const std::int64_t divisors[] = {static_cast<std::int64_t>(values.values().size()) * num_workers_...};
-    detail::HostOperands refs("batch_reduce_to");
+    core::HostOperands refs("batch_reduce_to");
     std::apply([&](auto&... r) { (refs.add(view_of(r)), ...); }, out);
-    for (const auto& b : refs.buffers()) detail::check_op_for_dtype(op, b.dtype, "batch_reduce_to");
+    for (const auto& b : refs.buffers()) core::check_op_for_dtype(op, b.dtype, "batch_reduce_to");
     std::vector<std::byte> scratch;
-    detail::all_reduce_in_packs(*link_, refs.buffers(), combine_op, options_.bytes_per_pack, scratch);
+    collective::all_reduce_in_packs(*link_, refs.buffers(), combine_op, options_.bytes_per_pack, scratch);
     if (op == ReduceOp::Mean) {
       for (std::size_t k = 0; k < refs.buffers().size(); ++k) {
-        detail::BufferRef& b = refs[k];
-        visit_dtype(b.dtype, [&](auto t) { detail::divide(static_cast<decltype(t)*>(b.data), b.count(), divisors[k]); });
+        core::BufferRef& b = refs[k];
+        visit_dtype(b.dtype, [&](auto t) { core::divide(static_cast<decltype(t)*>(b.data), b.count(), divisors[k]); });
       }
     }
     refs.write_back();
@@ -502,7 +502,7 @@ class SyncStrategy : public AnyStrategy {
   // Runs body(i) for each local replica in its replica context; rethrows the first real error.
   template <class Body>
   void execute(Body&& body) {
-    auto& tc = detail::thread_context();
+    auto& tc = core::thread_context();
     if (tc.replica) {
       throw InvalidArgument(fmt::format("run() called from inside a step function of {}: steps do not nest; call "
                                         "run() in cross-replica context",
@@ -517,7 +517,7 @@ class SyncStrategy : public AnyStrategy {
     group_.begin_step();
     auto job = [&](int replica) {
       const auto i = static_cast<std::size_t>(replica);
-      detail::ReplicaContextSwitch in_replica(contexts_[i].get());
+      core::ReplicaContextSwitch in_replica(contexts_[i].get());
       try {
         body(i);
         contexts_[i]->drain_async();  // the step's asynchronous collectives end with it
@@ -533,7 +533,7 @@ class SyncStrategy : public AnyStrategy {
       group_.finish(replica);
     };
     if (threads_) {
-      detail::ReplicaJob ref(job);
+      backends::ReplicaJob ref(job);
       threads_->run_all(ref);
     } else {
       job(0);
@@ -559,13 +559,13 @@ class SyncStrategy : public AnyStrategy {
 
   std::vector<std::string> devices_;
   CommunicationOptions options_;
-  detail::CrossWorkerLink* link_;
+  core::CrossWorkerLink* link_;
   int num_workers_;
   int worker_index_;
-  detail::ReplicaGroup group_;
-  std::unique_ptr<detail::ReplicaCollectives> collectives_;
+  core::ReplicaGroup group_;
+  std::unique_ptr<core::ReplicaCollectives> collectives_;
   std::vector<std::unique_ptr<replica_context_type>> contexts_;
-  std::unique_ptr<detail::HostReplicaThreads> threads_;
+  std::unique_ptr<backends::HostReplicaThreads> threads_;
   std::mutex run_mutex_;
   std::uint64_t run_steps_ = 0;  // run() calls so far, for the timeline
   std::vector<std::exception_ptr> errors_;

@@ -6,10 +6,10 @@
 #include <atomic>
 #include <thread>
 
-#include <distribute/core/detail/cpu_relax.hpp>
+#include <distribute/core/cpu_relax.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core {
 
 class SpinThenWait {
  public:
@@ -37,5 +37,5 @@ class SpinThenWait {
   unsigned spins_ = 0;
 };
 
-}  // namespace detail
+}  // namespace core
 DISTRIBUTE_END_NAMESPACE

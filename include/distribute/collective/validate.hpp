@@ -11,32 +11,32 @@
 #include <fmt/format.h>
 
 #include <distribute/collective/detail/scatter.hpp>
-#include <distribute/core/detail/concat.hpp>
-#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/core/concat.hpp>
+#include <distribute/core/replica_group.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace collective {
 
 /// How many replicas an all_to_all spans (num_replicas_in_sync): its call carries it in `root`;
 /// 0 where the whole table is checked later, once gathered from every worker (so that every
 /// worker reports the same mismatch instead of one worker alone).
-inline int all_to_all_replicas(const ReplicaGroup& group) { return group.slot(0).root; }
+inline int all_to_all_replicas(const core::ReplicaGroup& group) { return group.slot(0).root; }
 
 /// all_reduce_into: a replica's output must be its own, apart from every other replica's input
 /// and output (each replica writes its slice of every output while the others read the inputs).
-inline void check_outputs_apart(const ReplicaGroup& group, std::size_t i) {
+inline void check_outputs_apart(const core::ReplicaGroup& group, std::size_t i) {
   auto range = [](const void* p, std::size_t bytes) {
     const auto* b = static_cast<const std::byte*>(p);
     return std::pair{b, b + bytes};
   };
   auto overlaps = [](auto a, auto b) { return a.first < b.second && b.first < a.second; };
   for (int r = 0; r < group.size(); ++r) {
-    const BufferRef& mine = group.slot(r).buffers[i];
+    const core::BufferRef& mine = group.slot(r).buffers[i];
     if (!mine.caller_output || mine.bytes() == 0) continue;
     const auto out = range(mine.data, mine.bytes());
     for (int q = 0; q < group.size(); ++q) {
       if (q == r) continue;
-      const BufferRef& other = group.slot(q).buffers[i];
+      const core::BufferRef& other = group.slot(q).buffers[i];
       const char* what = overlaps(out, range(other.data, other.bytes()))      ? "output"
                          : overlaps(out, range(other.input(), other.bytes())) ? "input"
                                                                                : nullptr;
@@ -49,14 +49,14 @@ inline void check_outputs_apart(const ReplicaGroup& group, std::size_t i) {
   }
 }
 
-DISTRIBUTE_DECL void validate_same_call(const ReplicaGroup& group);
+DISTRIBUTE_DECL void validate_same_call(const core::ReplicaGroup& group);
 
 #if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
-DISTRIBUTE_DECL void validate_same_call(const ReplicaGroup& group) {
-  const CollectiveCall& c0 = group.slot(0);
-  const CollectiveKind kind = c0.kind;
+DISTRIBUTE_DECL void validate_same_call(const core::ReplicaGroup& group) {
+  const core::CollectiveCall& c0 = group.slot(0);
+  const core::CollectiveKind kind = c0.kind;
   for (int r = 1; r < group.size(); ++r) {
-    const CollectiveCall& c = group.slot(r);
+    const core::CollectiveCall& c = group.slot(r);
     if (c.kind != kind) {
       throw InvalidArgument(fmt::format("replica 0 called {} but replica {} called {}: every replica must issue the "
                                         "same collectives in the same order",
@@ -64,9 +64,9 @@ DISTRIBUTE_DECL void validate_same_call(const ReplicaGroup& group) {
     }
   }
   for (int r = 1; r < group.size(); ++r) {
-    const CollectiveCall& c = group.slot(r);
+    const core::CollectiveCall& c = group.slot(r);
     switch (kind) {
-      case CollectiveKind::AllReduce:
+      case core::CollectiveKind::AllReduce:
         if (c.op != c0.op) {
           throw InvalidArgument(
               fmt::format("all_reduce: replica 0 reduces with {} but replica {} with {}", c0.op, r, c.op));
@@ -85,14 +85,14 @@ DISTRIBUTE_DECL void validate_same_call(const ReplicaGroup& group) {
           }
         }
         break;
-      case CollectiveKind::AllGather: {
+      case core::CollectiveKind::AllGather: {
         if (c.axis != c0.axis) {
           throw InvalidArgument(
               fmt::format("all_gather: replica 0 gathers along axis {} but replica {} along axis {}", c0.axis, r, c.axis));
         }
         break;
       }
-      case CollectiveKind::Broadcast: {
+      case core::CollectiveKind::Broadcast: {
         const auto& a = c0.buffers[0];
         const auto& b = c.buffers[0];
         if (c.root != c0.root || a.dtype != b.dtype || a.shape != b.shape) {
@@ -102,7 +102,7 @@ DISTRIBUTE_DECL void validate_same_call(const ReplicaGroup& group) {
         }
         break;
       }
-      case CollectiveKind::ReduceScatter: {
+      case core::CollectiveKind::ReduceScatter: {
         const auto& a = c0.buffers[0];
         const auto& b = c.buffers[0];
         if (c.op != c0.op) {
@@ -116,26 +116,26 @@ DISTRIBUTE_DECL void validate_same_call(const ReplicaGroup& group) {
         }
         break;
       }
-      case CollectiveKind::AllToAll: break;  // below, on the whole table
-      case CollectiveKind::MergeCall:
+      case core::CollectiveKind::AllToAll: break;  // below, on the whole table
+      case core::CollectiveKind::MergeCall:
         if (c.merge_type != c0.merge_type && *c.merge_type != *c0.merge_type) {
           throw InvalidArgument(fmt::format("merge_call: replica {} passed other argument types than replica 0", r));
         }
         break;
     }
   }
-  if (kind == CollectiveKind::AllReduce) {
+  if (kind == core::CollectiveKind::AllReduce) {
     for (std::size_t i = 0; i < c0.buffers.size(); ++i) check_outputs_apart(group, i);
   }
-  if (kind == CollectiveKind::AllToAll) {
-    std::vector<AllToAllSide> sides;
-    for (int r = 0; r < group.size(); ++r) sides.push_back(side_of(group.slot(r)));
-    if (all_to_all_replicas(group) > 0) check_all_to_all(sides, all_to_all_replicas(group));
+  if (kind == core::CollectiveKind::AllToAll) {
+    std::vector<collective::detail::AllToAllSide> sides;
+    for (int r = 0; r < group.size(); ++r) sides.push_back(collective::detail::side_of(group.slot(r)));
+    if (all_to_all_replicas(group) > 0) collective::detail::check_all_to_all(sides, all_to_all_replicas(group));
   }
-  if (kind == CollectiveKind::AllGather) {
-    std::vector<const BufferRef*> parts;
+  if (kind == core::CollectiveKind::AllGather) {
+    std::vector<const core::BufferRef*> parts;
     for (int r = 0; r < group.size(); ++r) parts.push_back(&group.slot(r).buffers[0]);
-    check_concat(parts, c0.axis, "all_gather");
+    core::check_concat(parts, c0.axis, "all_gather");
   }
 }
 
@@ -146,7 +146,7 @@ DISTRIBUTE_DECL void validate_same_call(const ReplicaGroup& group) {
 /// A replica whose phase throws skips its later phases and rethrows after the last barrier;
 /// the others then throw Cancelled instead of returning a half-computed result.
 template <class... Phases>
-void exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Phases&&... phases) {
+void exchange(core::ReplicaGroup& group, int replica, const core::CollectiveCall& call, Phases&&... phases) {
   group.publish(replica, &call);
   group.arrive_and_wait(replica, call.kind);
   std::exception_ptr error;
@@ -173,5 +173,5 @@ void exchange(ReplicaGroup& group, int replica, const CollectiveCall& call, Phas
   }
 }
 
-}  // namespace detail
+}  // namespace collective
 DISTRIBUTE_END_NAMESPACE

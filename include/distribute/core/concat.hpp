@@ -8,11 +8,11 @@
 
 #include <fmt/format.h>
 
-#include <distribute/core/detail/cross_worker.hpp>
-#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/core/cross_worker.hpp>
+#include <distribute/core/replica_group.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core {
 
 /// Checks that `parts` can be concatenated along `axis`: same dtype and rank, axis in
 /// [0, rank) (callers count a negative axis from the end first), equal dimensions except along
@@ -112,5 +112,5 @@ DISTRIBUTE_DECL GatheredBytes gather_across_workers(CrossWorkerLink& link, const
 }
 
 #endif  // DISTRIBUTE_DETAIL_DEFINE
-}  // namespace detail
+}  // namespace core
 DISTRIBUTE_END_NAMESPACE

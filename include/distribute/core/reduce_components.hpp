@@ -10,15 +10,15 @@
 #include <fmt/format.h>
 
 #include <distribute/core/detail/common_types.hpp>
-#include <distribute/core/detail/cross_worker.hpp>
-#include <distribute/core/detail/elementwise.hpp>
-#include <distribute/core/detail/host_operands.hpp>
+#include <distribute/core/cross_worker.hpp>
+#include <distribute/core/elementwise.hpp>
+#include <distribute/core/host_operands.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/memory_space.hpp>
 #include <distribute/core/tensor_traits.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core {
 
 /// The components' views, as contiguous host buffers, after checking they agree in dtype (and in
 /// shape, except along `free_axis` when given).
@@ -88,5 +88,5 @@ DISTRIBUTE_DETAIL_FOR_COMMON_VALUE_TYPES(DISTRIBUTE_DETAIL_REDUCE_COMPONENTS)
 #undef DISTRIBUTE_DETAIL_REDUCE_COMPONENTS
 #endif
 
-}  // namespace detail
+}  // namespace core
 DISTRIBUTE_END_NAMESPACE

@@ -12,7 +12,7 @@
 #include <distribute/core/host_name.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace net::detail {
+namespace net {
 
 struct HostPort {
   std::string host;
@@ -56,5 +56,5 @@ inline HostPort parse_host_port(std::string_view address) {
   return HostPort{std::string(host), std::string(port)};
 }
 
-}  // namespace net::detail
+}  // namespace net
 DISTRIBUTE_END_NAMESPACE

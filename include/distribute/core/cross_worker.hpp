@@ -16,7 +16,7 @@
 #include <distribute/core/shape.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core {
 
 /// A 32-bit digest of the shapes of the values one cross-worker all-reduce carries (FNV-1a over
 /// ranks and dimensions), which travels with the call's description: workers that pass as many
@@ -81,5 +81,5 @@ class CrossWorkerLink {
   virtual std::optional<std::string> failure() const { return std::nullopt; }
 };
 
-}  // namespace detail
+}  // namespace core
 DISTRIBUTE_END_NAMESPACE

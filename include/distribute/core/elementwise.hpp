@@ -11,19 +11,19 @@
 
 #include <span>
 
-#include <distribute/core/detail/half_convert.hpp>
+#include <distribute/core/half_convert.hpp>
 #include <distribute/core/detail/simd_dispatch.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core {
 
 /// acc[i] = f(acc[i], src[i]) for every i, vectorisable at -O2 (for_each_blocked).
 template <class T, class F>
 inline void apply_pairwise_portable(T* __restrict acc, const T* __restrict src, std::size_t n, F f) noexcept {
-  for_each_blocked(n, [=](std::size_t i) { acc[i] = f(acc[i], src[i]); });
+  core::detail::for_each_blocked(n, [=](std::size_t i) { acc[i] = f(acc[i], src[i]); });
 }
 
 #if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
@@ -32,7 +32,7 @@ inline void apply_pairwise_portable(T* __restrict acc, const T* __restrict src, 
 template <class T, class F>
 __attribute__((target("avx2"))) void apply_pairwise_avx2(T* __restrict acc, const T* __restrict src, std::size_t n,
                                                          F f) noexcept {
-  for_each_blocked<32>(n, [=](std::size_t i) { acc[i] = f(acc[i], src[i]); });
+  core::detail::for_each_blocked<32>(n, [=](std::size_t i) { acc[i] = f(acc[i], src[i]); });
 }
 #endif
 
@@ -40,7 +40,7 @@ __attribute__((target("avx2"))) void apply_pairwise_avx2(T* __restrict acc, cons
 template <class T, class F>
 inline void apply_pairwise(T* __restrict acc, const T* __restrict src, std::size_t n, F f) noexcept {
 #if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
-  if (n >= 64 && cpu_has_avx2()) return apply_pairwise_avx2(acc, src, n, f);
+  if (n >= 64 && core::detail::cpu_has_avx2()) return apply_pairwise_avx2(acc, src, n, f);
 #endif
   apply_pairwise_portable(acc, src, n, f);
 }
@@ -119,7 +119,7 @@ void divide(T* acc, std::size_t n, std::int64_t divisor) noexcept {
     }
   } else if constexpr (!std::is_same_v<T, bool>) {
     const T d = static_cast<T>(divisor);
-    for_each_blocked(n, [=](std::size_t i) { acc[i] = static_cast<T>(acc[i] / d); });
+    core::detail::for_each_blocked(n, [=](std::size_t i) { acc[i] = static_cast<T>(acc[i] / d); });
   }
 }
 
@@ -170,5 +170,5 @@ DISTRIBUTE_DECL void throw_mean_of_bool(const char* where) {
 }
 #endif
 
-}  // namespace detail
+}  // namespace core
 DISTRIBUTE_END_NAMESPACE

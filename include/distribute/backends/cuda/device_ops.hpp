@@ -1,9 +1,9 @@
-// detail::device_ops<U>: what host-generic code (strategy reduce/gather, Variable updates, the
+// core::device_ops<U>: what host-generic code (strategy reduce/gather, Variable updates, the
 // shared-memory collective) does with a value whose elements live in device memory. One Thrust
 // implementation for every device system: CUDA under nvcc, OpenMP/CPP in CPU builds.
 //
 // The kernels are element-wise Thrust transforms whose functors spell exactly the expressions of
-// the host kernels in core/detail/elementwise.hpp (Min is std::min's `b < a ? b : a`, not
+// the host kernels in core/elementwise.hpp (Min is std::min's `b < a ? b : a`, not
 // thrust::minimum's `a < b ? a : b`), so a device reduction is bit-identical to the host one,
 // NaN and signed zero included.
 #pragma once
@@ -24,8 +24,8 @@
 #include <thrust/transform.h>
 
 #include <distribute/backends/cuda/detail/thrust_system.hpp>
-#include <distribute/core/detail/half_convert.hpp>
-#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/core/half_convert.hpp>
+#include <distribute/core/replica_group.hpp>
 #include <distribute/core/device.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
@@ -36,11 +36,11 @@
 #include <distribute/core/tensor_traits.hpp>
 
 #if DISTRIBUTE_THRUST_CUDA
-#include <distribute/backends/cuda/detail/runtime.hpp>
+#include <distribute/backends/cuda/runtime.hpp>
 #endif
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace backends {
 namespace device_kernels {
 
 // ---- functors: the host kernels' expressions, callable on the device ----------------------
@@ -95,7 +95,7 @@ void binary(T* acc, const T* src, std::size_t n, F f) {
   run("device kernel", [&] { thrust::transform(thrust::device, acc, acc + n, src, acc, f); });
 }
 
-/// acc[i] = acc[i] (op) src[i] on the device, as detail::combine does on the host; Mean
+/// acc[i] = acc[i] (op) src[i] on the device, as core::combine does on the host; Mean
 /// accumulates as Sum. Both pointers must be on the current device.
 template <class T>
 void combine(T* acc, const T* src, std::size_t n, ReduceOp op) {
@@ -114,7 +114,7 @@ void combine(T* acc, const T* src, std::size_t n, ReduceOp op) {
   }
 }
 
-/// acc[i] /= divisor on the device (integers truncate, as detail::divide); bool is left alone.
+/// acc[i] /= divisor on the device (integers truncate, as core::divide); bool is left alone.
 template <class T>
 void divide(T* acc, std::size_t n, std::int64_t divisor) {
   if constexpr (!std::is_same_v<T, bool>) {
@@ -128,7 +128,7 @@ void divide(T* acc, std::size_t n, std::int64_t divisor) {
 inline void divide(void* acc, DType dtype, std::size_t n, std::int64_t divisor) {
   visit_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    if constexpr (detail::is_half_v<T>) {
+    if constexpr (core::is_half_v<T>) {
       throw InvalidArgument(fmt::format("a MEAN of {} values on the device is divided by NCCL (ncclAvg) only",
                                         to_string(dtype)));
     } else {
@@ -151,7 +151,7 @@ inline void device_copy_bytes(void* dst, const void* src, std::size_t bytes) {
 }
 
 /// What a BufferRef in device memory carries for the collectives.
-inline constexpr DeviceMemoryAccess thrust_device_access{&device_copy_bytes};
+inline constexpr core::DeviceMemoryAccess thrust_device_access{&device_copy_bytes};
 
 #if DISTRIBUTE_THRUST_CUDA
 /// Makes the GPU that `p` points into current for the guard's lifetime (kernels run on the
@@ -221,13 +221,15 @@ struct HostCopies {
   }
 };
 
+/// core::device_ops for every device value type (below): the operations core/ and collective/ name
+/// without knowing the backend.
 template <class U>
-struct device_ops {
+struct ThrustDeviceOps {
   using E = element_t<U>;
   using traits = tensor_traits<U>;
 
   /// For the BufferRef of a device value (ReplicaContext::buffer_ref).
-  static constexpr const DeviceMemoryAccess* access() noexcept { return &thrust_device_access; }
+  static constexpr const core::DeviceMemoryAccess* access() noexcept { return &thrust_device_access; }
 
   /// acc (op)= src, element-wise; src may live on another GPU than acc.
   static void combine(U& acc, const U& src, ReduceOp op) {
@@ -334,7 +336,7 @@ struct device_ops {
 
   /// The concatenation of `parts` along `axis` as a new G (allocated on the current device).
   template <class G>
-  static G concat(const std::vector<const BufferRef*>& parts, std::size_t axis) {
+  static G concat(const std::vector<const core::BufferRef*>& parts, std::size_t axis) {
     Shape out_shape = parts.front()->shape;
     out_shape[axis] = 0;
     for (const auto* p : parts) out_shape[axis] += p->shape[axis];
@@ -351,7 +353,7 @@ struct device_ops {
     device_kernels::binary(traits::data(dst), s.get(), n, f);
   }
 
-  static void concat_into(const std::vector<const BufferRef*>& parts, std::size_t axis, const Shape& out_shape,
+  static void concat_into(const std::vector<const core::BufferRef*>& parts, std::size_t axis, const Shape& out_shape,
                           void* out) {
     const std::size_t elem = size_of(parts.front()->dtype);
     std::size_t outer = 1, inner = 1;
@@ -379,5 +381,9 @@ struct device_ops {
   }
 };
 
-}  // namespace detail
+}  // namespace backends
+
+template <class U>
+struct core::device_ops : backends::ThrustDeviceOps<U> {};
+
 DISTRIBUTE_END_NAMESPACE

@@ -13,7 +13,7 @@
 #include <distribute/core/half.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core {
 
 template <class T>
 inline constexpr bool is_half_v = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
@@ -77,19 +77,19 @@ inline std::uint16_t float_to_bf16_bits(float f) noexcept {
   return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 inline void bf16_widen_portable(const std::uint16_t* __restrict src, float* __restrict dst, std::size_t n) noexcept {
-  for_each_blocked(n, [=](std::size_t i) { dst[i] = bf16_bits_to_float(src[i]); });
+  core::detail::for_each_blocked(n, [=](std::size_t i) { dst[i] = bf16_bits_to_float(src[i]); });
 }
 inline void bf16_narrow_portable(const float* __restrict src, std::uint16_t* __restrict dst, std::size_t n) noexcept {
-  for_each_blocked(n, [=](std::size_t i) { dst[i] = float_to_bf16_bits(src[i]); });
+  core::detail::for_each_blocked(n, [=](std::size_t i) { dst[i] = float_to_bf16_bits(src[i]); });
 }
 #if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
 __attribute__((target("avx2"))) inline void bf16_widen_avx2(const std::uint16_t* __restrict src, float* __restrict dst,
                                                              std::size_t n) noexcept {
-  for_each_blocked<32>(n, [=](std::size_t i) { dst[i] = bf16_bits_to_float(src[i]); });
+  core::detail::for_each_blocked<32>(n, [=](std::size_t i) { dst[i] = bf16_bits_to_float(src[i]); });
 }
 __attribute__((target("avx2"))) inline void bf16_narrow_avx2(const float* __restrict src, std::uint16_t* __restrict dst,
                                                               std::size_t n) noexcept {
-  for_each_blocked<32>(n, [=](std::size_t i) { dst[i] = float_to_bf16_bits(src[i]); });
+  core::detail::for_each_blocked<32>(n, [=](std::size_t i) { dst[i] = float_to_bf16_bits(src[i]); });
 }
 #endif
 
@@ -100,7 +100,7 @@ void widen(const H* src, float* dst, std::size_t n) noexcept {
   const auto* bits = reinterpret_cast<const std::uint16_t*>(src);
   if constexpr (std::is_same_v<H, bfloat16>) {
 #if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
-    if (cpu_has_avx2()) return bf16_widen_avx2(bits, dst, n);
+    if (core::detail::cpu_has_avx2()) return bf16_widen_avx2(bits, dst, n);
 #endif
     bf16_widen_portable(bits, dst, n);
   } else {
@@ -118,7 +118,7 @@ void narrow(const float* src, H* dst, std::size_t n) noexcept {
   auto* bits = reinterpret_cast<std::uint16_t*>(dst);
   if constexpr (std::is_same_v<H, bfloat16>) {
 #if defined(DISTRIBUTE_X86_AVX2_DISPATCH)
-    if (cpu_has_avx2()) return bf16_narrow_avx2(src, bits, n);
+    if (core::detail::cpu_has_avx2()) return bf16_narrow_avx2(src, bits, n);
 #endif
     bf16_narrow_portable(src, bits, n);
   } else {
@@ -129,5 +129,5 @@ void narrow(const float* src, H* dst, std::size_t n) noexcept {
   }
 }
 
-}  // namespace detail
+}  // namespace core
 DISTRIBUTE_END_NAMESPACE

@@ -4,7 +4,7 @@
 #include <distribute/version.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core {
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -14,5 +14,5 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
-}  // namespace detail
+}  // namespace core
 DISTRIBUTE_END_NAMESPACE

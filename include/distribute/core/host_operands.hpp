@@ -12,13 +12,13 @@
 
 #include <fmt/format.h>
 
-#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/core/replica_group.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/tensor_traits.hpp>
 #include <distribute/core/tensor_view.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core {
 
 class HostOperands {
  public:
@@ -132,5 +132,5 @@ class RowMajorResult {
   std::vector<std::byte> scratch_;
 };
 
-}  // namespace detail
+}  // namespace core
 DISTRIBUTE_END_NAMESPACE

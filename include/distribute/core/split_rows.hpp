@@ -8,11 +8,11 @@
 
 #include <fmt/format.h>
 
-#include <distribute/core/detail/replica_group.hpp>
+#include <distribute/core/replica_group.hpp>
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core {
 
 /// Rows [begin, begin + rows) of part `i` when `dim0` rows are cut into `n` parts as
 /// np.array_split does: the first dim0 % n parts have one row more than the others.
@@ -59,5 +59,5 @@ DISTRIBUTE_DECL void check_has_axis0(const Shape& shape, const char* what) {
 }
 #endif
 
-}  // namespace detail
+}  // namespace core
 DISTRIBUTE_END_NAMESPACE

@@ -13,7 +13,7 @@
 #include <distribute/core/shape.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core {
 
 enum class RemoteUpdate : std::uint8_t { Assign = 0, Add = 1, Sub = 2 };
 
@@ -40,5 +40,5 @@ struct RemoteHandle {
   std::string key;
 };
 
-}  // namespace detail
+}  // namespace core
 DISTRIBUTE_END_NAMESPACE

@@ -28,7 +28,7 @@
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
-namespace detail {
+namespace ps::detail {
 
 /// Checks the cluster has what parameter-server training needs: one chief (the coordinator), at
 /// least one ps and one worker, and no job besides those and an evaluator. Returns the ps count.
@@ -47,25 +47,25 @@ inline int check_parameter_server_cluster(const ClusterSpec& spec) {
                                            what, job));
     }
   }
-  if (cluster_job_size(spec, "ps") < 1) {
+  if (cluster::cluster_job_size(spec, "ps") < 1) {
     throw ClusterConfigError(fmt::format("{}: the cluster (jobs: {}) has no 'ps' task; there must be at least one "
                                          "parameter server",
                                          what, jobs));
   }
-  if (cluster_job_size(spec, "worker") < 1) {
+  if (cluster::cluster_job_size(spec, "worker") < 1) {
     throw ClusterConfigError(
         fmt::format("{}: the cluster (jobs: {}) has no 'worker' task; there must be at least one worker", what, jobs));
   }
-  const int chiefs = cluster_job_size(spec, "chief");
+  const int chiefs = cluster::cluster_job_size(spec, "chief");
   if (chiefs != 1) {
     throw ClusterConfigError(fmt::format("{}: the cluster (jobs: {}) has {} 'chief' tasks; it needs exactly one, the "
                                          "coordinator",
                                          what, jobs, chiefs));
   }
-  return cluster_job_size(spec, "ps");
+  return cluster::cluster_job_size(spec, "ps");
 }
 
-}  // namespace detail
+}  // namespace ps::detail
 
 struct ParameterServerOptions {
   /// Connect to the ps tasks, which then hold the variables. false: placement only, the values
@@ -77,7 +77,7 @@ struct ParameterServerOptions {
   std::optional<std::string> cluster_token = std::nullopt;
 };
 
-class ParameterServerStrategy final : public AnyStrategy, public detail::PartitionsVariables {
+class ParameterServerStrategy final : public AnyStrategy, public ps::detail::PartitionsVariables {
  public:
   /// `resolver` defaults to TFConfigClusterResolver (the TF_CONFIG environment variable). Without
   /// a `partitioner` variables are never split. ClusterConfigError when the cluster lacks a chief,
@@ -89,13 +89,13 @@ class ParameterServerStrategy final : public AnyStrategy, public detail::Partiti
       : resolver_(resolver ? std::move(resolver) : std::make_shared<TFConfigClusterResolver>()),
         partitioner_(std::move(partitioner)),
         options_(std::move(options)),
-        placement_(detail::check_parameter_server_cluster(resolver_->cluster_spec())),
-        session_(detail::random_id()) {
+        placement_(ps::detail::check_parameter_server_cluster(resolver_->cluster_spec())),
+        session_(ps::detail::random_id()) {
     if (options_.connect) {
-      detail::RpcOptions rpc;
+      ps::detail::RpcOptions rpc;
       rpc.cluster_token = options_.cluster_token;
       rpc.connect_timeout = options_.connect_timeout;
-      store_ = std::make_shared<detail::PsClientStore>(resolver_->cluster_spec(), rpc);
+      store_ = std::make_shared<ps::detail::PsClientStore>(resolver_->cluster_spec(), rpc);
       store_->connect_all(options_.connect_timeout);
     }
   }
@@ -119,11 +119,11 @@ class ParameterServerStrategy final : public AnyStrategy, public detail::Partiti
 
   /// The next ps task in turn. Connected: the value lives on that ps task (reads and updates are
   /// calls to it). Not connected: one copy held here, reported on its ps task.
-  detail::VariablePlacement variable_placement() const override {
+  core::VariablePlacement variable_placement() const override {
     const int task = placement_.next_task();
     std::string device = ps_device_string(task);
-    if (!store_) return {detail::PlacementKind::CentralStorage, {device}, 1, id(), {device}};
-    detail::VariablePlacement p{detail::PlacementKind::Remote, {device}, 1, id(), {device}};
+    if (!store_) return {core::PlacementKind::CentralStorage, {device}, 1, id(), {device}};
+    core::VariablePlacement p{core::PlacementKind::Remote, {device}, 1, id(), {device}};
     p.remote = {store_, task, fmt::format("{:016x}.{}", session_, ++variables_created_)};
     return p;
   }
@@ -134,7 +134,7 @@ class ParameterServerStrategy final : public AnyStrategy, public detail::Partiti
   /// Ids this coordinator's closures are committed under (differs per strategy object).
   std::uint64_t session_id() const noexcept { return session_; }
   /// The ps tasks' client (connected strategies only): used by the ClusterCoordinator.
-  const std::shared_ptr<detail::PsClientStore>& ps_store() const noexcept { return store_; }
+  const std::shared_ptr<ps::detail::PsClientStore>& ps_store() const noexcept { return store_; }
 
   /// Shards for a ShardedVariable created in scope: what the partitioner says on axis 0, 1 without
   /// a partitioner or for a scalar (TF never partitions those).
@@ -150,7 +150,7 @@ class ParameterServerStrategy final : public AnyStrategy, public detail::Partiti
   mutable RoundRobinPlacement placement_;  // placing a variable takes the next turn
   std::uint64_t session_;
   mutable std::atomic<std::uint64_t> variables_created_{0};
-  std::shared_ptr<detail::PsClientStore> store_;
+  std::shared_ptr<ps::detail::PsClientStore> store_;
 };
 
 DISTRIBUTE_END_NAMESPACE

@@ -18,7 +18,7 @@
 
 #include <fmt/format.h>
 
-#include <distribute/core/detail/spin_wait.hpp>
+#include <distribute/core/spin_wait.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/memory_space.hpp>
@@ -27,7 +27,7 @@
 
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core {
 
 /// A contiguous buffer of one replica as the collectives see it.
 struct BufferRef {
@@ -113,7 +113,7 @@ class ReplicaGroup {
       signal();
       return;
     }
-    SpinThenWait backoff(spin_limit_);
+    core::SpinThenWait backoff(spin_limit_);
     for (;;) {
       const auto s = events_.load(std::memory_order_acquire);
       if (generation_.load(std::memory_order_acquire) != gen) return;
@@ -221,5 +221,5 @@ DISTRIBUTE_DECL void ReplicaGroup::check_alive(int replica, CollectiveKind what)
 }
 #endif
 
-}  // namespace detail
+}  // namespace core
 DISTRIBUTE_END_NAMESPACE

@@ -16,7 +16,7 @@
 #include <distribute/core/error.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace backends {
 
 /// The number of GPUs this process sees (CUDA_VISIBLE_DEVICES applies). None, or no usable
 /// driver, is Unavailable with what cudaGetDeviceCount said.
@@ -112,5 +112,5 @@ class CudaBuffer {
   void* data_ = nullptr;
 };
 
-}  // namespace detail
+}  // namespace backends
 DISTRIBUTE_END_NAMESPACE

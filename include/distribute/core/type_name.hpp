@@ -10,7 +10,7 @@
 #include <distribute/version.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace core {
 
 DISTRIBUTE_DECL std::string type_name(const std::type_info& t);
 
@@ -24,5 +24,5 @@ DISTRIBUTE_DECL std::string type_name(const std::type_info& t) {
 }
 
 #endif  // DISTRIBUTE_DETAIL_DEFINE
-}  // namespace detail
+}  // namespace core
 DISTRIBUTE_END_NAMESPACE

@@ -21,7 +21,7 @@
 #include <distribute/observe/timeline.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace detail {
+namespace strategy {
 
 /// The metrics port base from the options or DISTRIBUTE_METRICS_PORT (unset: metrics off).
 /// `option`: how the option is named in messages (a ClusterCoordinator has its own).
@@ -83,5 +83,5 @@ inline void start_timeline(const CommunicationOptions& options, const std::strin
   observe::Timeline::instance().start(observe::timeline_file(path, task_type, task_index), task_type, task_index);
 }
 
-}  // namespace detail
+}  // namespace strategy
 DISTRIBUTE_END_NAMESPACE
