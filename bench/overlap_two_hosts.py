@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Communication behind backward across two simulated hosts: bench/overlap_mlp.cpp (sync and overlap) and PyTorch
-DDP over gloo (bench/overlap_ddp.py), one worker per host, alternated in passes.
+DDP over gloo (bench/overlap_ddp.py), one worker per host, alternated in passes (an optimised BLAS: see bench/overlap.sh).
 
 The hosts are bench/multiworker/two_hosts.py's: network namespaces with their own /dev/shm and hostname, one CPU
 each, a 1 Gbit/s link (tbf) with a 200 us one-way delay (wire_relay.cpp). There the all-reduce waits on the link
@@ -77,6 +77,10 @@ def main():
     if os.geteuid() != 0:
         sys.exit("overlap_two_hosts.py needs root (network namespaces, mounts, tc)")
     two_hosts.BUILD = args.build
+    blas = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
+    if not any(k in blas for k in ("openblas", "blis", "mkl", "atlas")):
+        print("overlap: libblas.so.3 is the reference BLAS: libtorch's matrix products are several times slower "
+              "(apt-get install libopenblas0-serial)", file=sys.stderr)
     if not args.no_build:
         print(f"building in {args.build} ...", file=sys.stderr)
         build(args.build)
@@ -107,9 +111,9 @@ def main():
                 text = run_pair(hosts, argv, env_of, timeout=1200)
                 for line in text.splitlines():
                     if line.startswith("overlap_mlp,"):
-                        print(line, file=sys.stderr)
                         row = line.split(",")
                         row[1] = mode
+                        print(",".join(row), file=sys.stderr)
                         rows.append(row)
     best, parts = {}, {}
     for _, mode, workers, params, batch, steps, sps, step_ms, ar_ms, comp_ms in rows:
