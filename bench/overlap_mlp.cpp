@@ -3,6 +3,7 @@
 // (--overlap, adapters/torch_bucketer.hpp). One process per worker, under distribute-launch:
 //
 //   distribute-launch -n 2 build-bench/bench/overlap_mlp --overlap 1 --hidden 2048 --layers 5 --batch 16
+//   (--wire bf16: the bucketer sends bfloat16; --bytes-per-pack N: its bucket size)
 //
 // The model: --layers Linear(H, H) + ReLU, float32 (5 x 2048^2 = 21 M parameters, 84 MB of
 // gradients); synthetic inputs and targets, mean-squared error, SGD. Worker 0 prints one CSV line:
@@ -38,6 +39,7 @@ struct Options {
   int batch = 16;
   int steps = 20;
   std::size_t bytes_per_pack = std::size_t{4} << 20;
+  bool bf16_wire = false;  // --wire bf16: the bucketer sends bfloat16 (overlap only)
 };
 
 Options parse(int argc, char** argv) {
@@ -51,6 +53,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--batch") o.batch = std::atoi(v);
     else if (flag == "--steps") o.steps = std::atoi(v);
     else if (flag == "--bytes-per-pack") o.bytes_per_pack = std::strtoull(v, nullptr, 10);
+    else if (flag == "--wire" && (std::string_view(v) == "bf16" || std::string_view(v) == "fp32")) o.bf16_wire = std::string_view(v) == "bf16";
     else throw std::runtime_error(fmt::format("unknown option {}", flag));
   }
   return o;
@@ -81,7 +84,9 @@ int main(int argc, char** argv) {
     if (l + 1 < o.layers) model->push_back(torch::nn::ReLU());
   }
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(1e-3));
-  ds::adapters::torch::GradientBucketer bucketer(model->parameters(), {.bytes_per_pack = o.bytes_per_pack});
+  ds::adapters::torch::GradientBucketer bucketer(
+      model->parameters(), {.bytes_per_pack = o.bytes_per_pack,
+                            .wire = o.bf16_wire ? std::optional<c10::ScalarType>(c10::kBFloat16) : std::nullopt});
   std::int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
   const torch::Tensor x = torch::randn({o.batch, o.hidden});

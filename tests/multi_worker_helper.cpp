@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
     if (const char* i = std::getenv("TEST_IMPLEMENTATION"); i && std::string_view(i) == "MPI") {
       options.implementation = ds::CommunicationImplementation::Mpi;
     }
+    if (const char* c = std::getenv("TEST_MPI_CHECK_AGREEMENT")) options.mpi_check_agreement = std::atoi(c) != 0;
     if (const char* p = std::getenv("TEST_BYTES_PER_PACK")) options.bytes_per_pack = std::strtoull(p, nullptr, 10);
     if (const char* m = std::getenv("TEST_SHARED_MEMORY_MIN_BYTES")) {
       options.shared_memory_min_bytes = std::strtoull(m, nullptr, 10);

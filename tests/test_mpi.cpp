@@ -120,6 +120,18 @@ TEST_CASE("MPI: the collectives battery gives exact results on every rank, 2 to 
         CHECK(count(job.output, "MISMATCH") == 0);
       }
     }
+    // Without the agreement check (mpi_check_agreement = false) the same calls give the same results.
+    auto unchecked_env = kEnv;
+    unchecked_env["TEST_MPI_CHECK_AGREEMENT"] = "0";
+    for (int np : {2, 3}) {
+      std::vector<test_support::Child> job;
+      job.push_back(start(mpi, np, {"collectives", "2"}, {}, unchecked_env));
+      CHECK_MESSAGE(test_support::wait_all(job, 120s), "the MPI job did not end within 120 s");
+      INFO(mpi.name, " -np ", np, " without the agreement check:\n", job[0].output);
+      CHECK(job[0].status == 0);
+      CHECK(count(job[0].output, "OK\n") == static_cast<std::size_t>(np));
+      CHECK(count(job[0].output, "MISMATCH") == 0);
+    }
     // float16, bfloat16 and run-time dtypes: reduced by the library's own code inside MPI (custom MPI_Ops).
     const auto half = run(mpi, 3, {"half", "1"});
     INFO(mpi.name, " half:\n", half.output);

@@ -2,8 +2,9 @@
 # The MPI transport (CommunicationImplementation::Mpi, net/mpi.hpp) against a raw MPI_Allreduce loop:
 # float32 SUM, same sizes, same timing rule (common.hpp), under Open MPI's shared memory (vader) and
 # TCP loopback. ours_mpi.cpp times a raw MPI_Allreduce and ours in turn in every iteration, so both
-# see the same load; it runs as a strategy gets it by default (MPI's blocking calls) and with an
-# operation timeout (non-blocking calls driven by MPI_Test, MW_MPI_TIMEOUT_MS). Prints one markdown
+# see the same load; it runs as a strategy gets it by default (MPI's blocking calls), without the
+# agreement check (mpi_check_agreement = false, MW_MPI_UNCHECKED) and with an operation timeout
+# (non-blocking calls driven by MPI_Test, MW_MPI_TIMEOUT_MS). Prints one markdown
 # table: for each, the median over the passes of each pass's ratio (ours' median / raw's median, in
 # the same run) and its range.
 #
@@ -33,6 +34,8 @@ for np in $NPS; do
       flags=(--mca btl "$btl,self")
       [ "$btl" = tcp ] && flags+=(--mca btl_tcp_if_include lo)
       "${MPIRUN[@]}" -np "$np" "${flags[@]}" "$BUILD/ours_mpi" "ours_$btl" | sed "s/^/$pass,/" >> "$CSV"
+      "${MPIRUN[@]}" -np "$np" "${flags[@]}" -x MW_MPI_UNCHECKED=1 "$BUILD/ours_mpi" "unchecked_$btl" |
+        sed "s/^/$pass,/" >> "$CSV"
       "${MPIRUN[@]}" -np "$np" "${flags[@]}" -x MW_MPI_TIMEOUT_MS=600000 "$BUILD/ours_mpi" "timeout_$btl" |
         sed "s/^/$pass,/" >> "$CSV"
     done
@@ -59,14 +62,20 @@ def cell(impl, n, b):
     r = ratios.get((impl, n, b))
     if not r:
         return "nan | nan"
-    return f"{statistics.median(raws[(impl, n, b)]):.3f} | {statistics.median(r):.2f}× ({min(r):.2f}–{max(r):.2f})"
-print("| np | size | vader: raw ms | ours / raw | raw ms, timeout run | with a timeout / raw "
-      "| TCP: raw ms | ours / raw | raw ms, timeout run | with a timeout / raw |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    return f"{statistics.median(r):.2f}× ({min(r):.2f}–{max(r):.2f})"
+def raw_ms(n, b, btl):
+    r = raws.get((f"ours_{btl}", n, b))
+    return f"{statistics.median(r):.3f}" if r else "nan"
+WHAT = ("ours", "unchecked", "timeout")
+print("| np | size | " + " | ".join(f"{btl}: raw ms | ours / raw | unchecked / raw | with a timeout / raw"
+                                     for btl in ("vader", "TCP")) + " |")
+print("| --- | --- | " + " | ".join(["---:"] * 8) + " |")
 for n in sorted({k[1] for k in ratios}):
     for b in sorted({k[2] for k in ratios if k[1] == n}):
-        cells = " | ".join(cell(f"{what}_{btl}", n, b) for btl in ("vader", "tcp") for what in ("ours", "timeout"))
+        cells = " | ".join(" | ".join([raw_ms(n, b, btl)] + [cell(f"{what}_{btl}", n, b) for what in WHAT])
+                           for btl in ("vader", "tcp"))
         print(f"| {n} | {size(b)} | {cells} |")
 print()
-print("ours / raw: the median over passes of (ours' median / the raw loop's median in the same run), range in brackets.")
+print("x / raw: the median over passes of (x's median / the raw loop's median in the same run), range in brackets; "
+      "raw ms: the raw loop's median in the default runs; unchecked: mpi_check_agreement = false.")
 PY

@@ -1,5 +1,5 @@
-// The MPI transport's all-reduce (net/mpi.hpp's MpiLink: the descriptor check, then MPI_Allreduce,
-// or with MW_MPI_TIMEOUT_MS MPI_Iallreduce driven by MPI_Test) against a raw MPI_Allreduce, across
+// The MPI transport's all-reduce (net/mpi.hpp's MpiLink: the descriptor check unless MW_MPI_UNCHECKED,
+// then MPI_Allreduce, or with MW_MPI_TIMEOUT_MS MPI_Iallreduce driven by MPI_Test) against a raw MPI_Allreduce, across
 // the ranks mpirun starts, timed as mpi_allreduce.cpp times (common.hpp); each iteration times the
 // raw call and then ours, so both see the same load and the difference is our transport's overhead.
 //   mpirun -np N ... ours_mpi LABEL      Rank 0 prints two CSV lines per size: raw_LABEL, LABEL.
@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   if (const char* ms = std::getenv("MW_MPI_TIMEOUT_MS"); ms != nullptr && std::atoll(ms) > 0) {
     options.operation_timeout = std::chrono::milliseconds(std::atoll(ms));
   }
+  // MW_MPI_UNCHECKED=1: without the agreement check (CommunicationOptions::mpi_check_agreement = false).
+  if (const char* u = std::getenv("MW_MPI_UNCHECKED"); u != nullptr && std::atoi(u) != 0) options.check_agreement = false;
   ds::net::detail::MpiLink link(options);  // initialises MPI (and finalises it at exit)
   const int rank = link.worker_index(), size = link.num_workers();
   const char* label = argc > 1 ? argv[1] : "ours_mpi";

@@ -12,7 +12,9 @@
 // Every call is checked like the TCP transport's: the workers first agree on what they call (one
 // small MPI_Allreduce of each worker's descriptor as maximum and minimum; only when they differ
 // are the descriptors gathered to say who called what), so a mismatch is an InvalidArgument on
-// every worker, never a truncated message or a wrong sum. Without CommunicationOptions::
+// every worker, never a truncated message or a wrong sum. That check is one more small collective
+// per call (a third of a 4 KiB all-reduce's time); CommunicationOptions::mpi_check_agreement =
+// false leaves it out, and a mismatch is then what MPI makes of it, as in a program calling MPI. Without CommunicationOptions::
 // timeout_seconds collectives are MPI's blocking calls; with it, MPI's non-blocking calls driven
 // to completion with MPI_Test until the timeout: a worker that never joins becomes
 // CollectiveTimeout. An error MPI returns (MPI_ERRORS_RETURN) becomes PeerFailure either way. MPI cannot cancel a collective, so either leaves the link unusable: every later
@@ -62,6 +64,9 @@ namespace net {
 /// wait as long as MPI does).
 struct MpiLinkOptions {
   std::optional<std::chrono::milliseconds> operation_timeout;
+  /// Whether every call first checks that the workers all call the same collective (see
+  /// CommunicationOptions::mpi_check_agreement).
+  bool check_agreement = true;
 };
 
 /// The MPI link of this program, or an empty function where MPI is not compiled in.
@@ -193,7 +198,8 @@ inline void ensure_mpi_initialized() {
 /// CrossWorkerLink over a duplicate of MPI_COMM_WORLD.
 class MpiLink final : public ::distribute::core::CrossWorkerLink {
  public:
-  explicit MpiLink(const MpiLinkOptions& options) : timeout_(options.operation_timeout) {
+  explicit MpiLink(const MpiLinkOptions& options)
+      : timeout_(options.operation_timeout), check_agreement_(options.check_agreement) {
     ensure_mpi_initialized();
     if (MPI_Comm_dup(MPI_COMM_WORLD, &comm_) != MPI_SUCCESS)
       throw Unavailable("MultiWorkerMirroredStrategy (MPI): MPI_Comm_dup(MPI_COMM_WORLD) failed");
@@ -437,6 +443,7 @@ class MpiLink final : public ::distribute::core::CrossWorkerLink {
   void agree(const Descriptor& mine) {
     check_usable();
     ++seq_;
+    if (!check_agreement_) return;
     const std::uint64_t packed = pack(mine);
     std::uint64_t words[4] = {packed, mine.count, ~packed, ~static_cast<std::uint64_t>(mine.count)};
     if (!significant_count(mine.kind)) words[1] = 0, words[3] = ~std::uint64_t{0};
@@ -486,6 +493,7 @@ class MpiLink final : public ::distribute::core::CrossWorkerLink {
   int size_ = 1;
   std::optional<std::chrono::milliseconds> timeout_;
   std::uint64_t seq_ = 0;
+  bool check_agreement_;
   std::mutex mutex_;  // one call at a time (replica threads take turns; MPI_THREAD_SERIALIZED)
   mutable std::mutex failure_mutex_;
   std::optional<Broken> failure_;

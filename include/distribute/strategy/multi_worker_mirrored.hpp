@@ -175,6 +175,7 @@ DISTRIBUTE_DECL MultiWorkerSetup MultiWorkerSetup::make_mpi(const CommunicationO
                                                            std::shared_ptr<ClusterResolver> resolver,
                                                            MultiWorkerSetup& setup) {
   net::MpiLinkOptions mpi_options;
+  mpi_options.check_agreement = options.mpi_check_agreement;
   if (options.timeout_seconds) {
     mpi_options.operation_timeout =
         std::chrono::milliseconds(static_cast<std::int64_t>(*options.timeout_seconds * 1000.0));
