@@ -36,6 +36,7 @@
 #include <distribute/ps/detail/spare_buffers.hpp>
 #include <distribute/ps/remote_function.hpp>
 #include <distribute/ps/parameter_server_strategy.hpp>
+#include <distribute/ps/remote_value.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -62,33 +63,6 @@ struct CoordinatorOptions {
 
 namespace ps::detail {
 
-struct ClosureState {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool finished = false;
-  std::vector<std::byte> result;  // serialised
-  std::exception_ptr error;
-  std::shared_ptr<CoordinatorMetrics> metrics;  // null unless the coordinator serves metrics
-  std::int64_t scheduled_ns = 0;                // set when the coordinator observes
-
-  void finish(std::vector<std::byte> r) {
-    std::lock_guard lock(mutex);
-    result = std::move(r);
-    finished = true;
-    cv.notify_all();
-  }
-  void fail(std::exception_ptr e) {
-    std::lock_guard lock(mutex);
-    error = std::move(e);
-    finished = true;
-    cv.notify_all();
-  }
-  void wait() {
-    std::unique_lock lock(mutex);
-    cv.wait(lock, [&] { return finished; });
-  }
-};
-
 struct Closure {
   std::uint64_t id = 0;
   std::uint32_t attempt = 0;
@@ -99,32 +73,6 @@ struct Closure {
 };
 
 }  // namespace ps::detail
-
-/// The result of a scheduled function (TF's RemoteValue): get() waits for it.
-template <class R>
-class RemoteValue {
- public:
-  explicit RemoteValue(std::shared_ptr<ps::detail::ClosureState> state) : state_(std::move(state)) {}
-
-  /// Waits for the closure; returns its result or rethrows its error (Cancelled when an earlier
-  /// closure's error cancelled it).
-  R get() const {
-    if (state_->metrics) state_->metrics->fetches->add();
-    state_->wait();
-    if (state_->error) std::rethrow_exception(state_->error);
-    if constexpr (!std::is_void_v<R>) return std::get<0>(ps::detail::load_values<R>(ps::detail::as_chars(state_->result), "closure result"));
-  }
-  /// The same as get() (TF's fetch).
-  R fetch() const { return get(); }
-  /// True once the closure finished, with a result or an error.
-  bool ready() const {
-    std::lock_guard lock(state_->mutex);
-    return state_->finished;
-  }
-
- private:
-  std::shared_ptr<ps::detail::ClosureState> state_;
-};
 
 class ClusterCoordinator {
  public:

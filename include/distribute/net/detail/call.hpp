@@ -26,9 +26,8 @@
 #include <fmt/format.h>
 
 #include <distribute/core/error.hpp>
+#include <distribute/net/detail/call_observation.hpp>
 #include <distribute/net/detail/mesh.hpp>
-#include <distribute/observe/collective_metrics.hpp>
-#include <distribute/observe/timeline.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
@@ -40,7 +39,7 @@ class Transport::Op {
  public:
   /// A collective: takes the next collective number and announces `desc` to every peer.
   Op(Transport& t, const Descriptor& desc)
-      : t_(t), collective_(true), mine_(desc), kind_(static_cast<observe::CallKind>(static_cast<int>(desc.kind) - 1)) {
+      : t_(t), collective_(true), mine_(desc), observation_(static_cast<observe::CallKind>(static_cast<int>(desc.kind) - 1)) {
     std::unique_lock lk(t_.mu_);
     label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_seq_);
     if (t_.failure_) fail_at_start(lk);
@@ -63,7 +62,8 @@ class Transport::Op {
   /// Point-to-point with `peer`; `kind` (Send or Recv) counts it in the metrics and timeline,
   /// unset leaves it out (the transport's own set-up messages).
   Op(Transport& t, std::string label, int peer, std::optional<observe::CallKind> kind = std::nullopt)
-      : t_(t), collective_(false), label_(std::move(label)), kind_(kind.value_or(observe::CallKind::Send)), observed_(kind.has_value()) {
+      : t_(t), collective_(false), label_(std::move(label)),
+        observation_(kind.value_or(observe::CallKind::Send), kind.has_value()) {
     if (peer < 0 || peer >= t_.size_ || peer == t_.rank_) {
       throw InvalidArgument(fmt::format("{}: peer {} is not another rank of this cluster of {} (this is rank {})", label_,
                                         peer, t_.size_, t_.rank_));
@@ -76,7 +76,7 @@ class Transport::Op {
   ~Op() {
     if (!finished_) {
       abandon();
-      if (start_ns_ != 0) report(true);
+      if (observation_.active()) report(true);
     }
   }
 
@@ -86,14 +86,13 @@ class Transport::Op {
   std::uint64_t seq() const noexcept { return seq_; }
 
   /// Names the algorithm or path this call takes, for the timeline ("ring", "shared_memory"...).
-  void set_algorithm(const char* name) noexcept { algorithm_ = name; }
+  void set_algorithm(const char* name) noexcept { observation_.set_algorithm(name); }
 
   /// Counts bytes moved outside the transport's frames (through shared memory), for the metrics.
   void count_bytes(std::size_t sent, std::size_t received) {
-    if (start_ns_ == 0) return;
+    if (!observation_.active()) return;
     std::lock_guard lk(t_.mu_);
-    sent_ += sent;
-    received_ += received;
+    observation_.count(sent, received);
   }
 
   /// Unless finish() completed: stops this Op's transfers and waits until neither the io thread
@@ -224,7 +223,7 @@ class Transport::Op {
     transfers_.clear();
     finished_ = true;
     lk.unlock();
-    if (start_ns_ != 0) report(false);
+    if (observation_.active()) report(false);
   }
 
  private:
@@ -239,14 +238,13 @@ class Transport::Op {
 
   void start() {
     if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
-    // Off, observing costs this branch (and the byte counts below, plain adds under a held lock).
-    if (observed_ && (t_.metrics_ != nullptr || observe::timeline_enabled())) start_ns_ = observe::Timeline::now_ns();
+    observation_.begin(t_.metrics_);
   }
 
   // A call on a broken communicator: observed like one that failed, then its error.
   [[noreturn]] void fail_at_start(std::unique_lock<NotifyingMutex>& lk) {
     start();
-    if (start_ns_ != 0) {
+    if (observation_.active()) {
       lk.unlock();
       report(true);
       lk.lock();
@@ -254,46 +252,21 @@ class Transport::Op {
     raise_failure_locked();
   }
 
-  // The call's end, into the metrics and the timeline (once). A failed call also writes the
-  // timeline out at once: the process may not get to exit normally.
+  // The call's end, into the metrics and the timeline (once).
   void report(bool failed) noexcept {
-    const std::int64_t end = observe::Timeline::now_ns();
+    std::string error;
     try {
-      if (t_.metrics_) t_.metrics_->call(kind_, static_cast<double>(end - start_ns_) / 1e9, sent_, received_, failed);
-      if (!observe::timeline_enabled()) return;
-      std::string error;
-      if (failed) {
+      if (failed && observe::timeline_enabled()) {
         std::lock_guard lk(t_.mu_);
         error = t_.failure_ ? t_.failure_->message : std::string("ended by an error");
-      }
-      const std::size_t bytes = !collective_ ? std::max(sent_, received_)
-                                : mine_.kind == detail::CollectiveKind::AllReduce ? mine_.count * size_of(mine_.dtype)
-                                                                         : mine_.count;
-      const std::int64_t joined = joined_ns_ == 0 ? end : std::clamp(joined_ns_, start_ns_, end);
-      observe::CallArgs args;
-      args.seq = collective_ ? static_cast<std::int64_t>(seq_) : -1;
-      args.bytes = bytes;
-      args.sent = sent_;
-      args.received = received_;
-      args.algorithm = algorithm_;
-      if (collective_ && joined_ns_ != 0) args.wait_ns = joined - start_ns_;
-      auto& tl = observe::Timeline::instance();
-      const char* name = observe::kCallKindNames[static_cast<std::size_t>(kind_)];
-      tl.call(name, start_ns_, end, args,
-              failed ? fmt::format("\"error\":\"{}\"", observe::json_escape(error)) : std::string());
-      if (collective_ && joined_ns_ != 0) {
-        // Waiting for every peer to announce the same call (a straggler shows here), then moving data.
-        if (joined > start_ns_) tl.complete("wait for peers", "collective", start_ns_, joined);
-        if (end > joined) tl.complete("transfer", "collective", joined, end);
-      }
-      if (failed) {
-        tl.instant(fmt::format("{} failed", name), "failure", end,
-                   fmt::format("\"error\":\"{}\"", observe::json_escape(error)));
-        tl.flush();
       }
     } catch (...) {
       // Observing must never turn a call's outcome into another error.
     }
+    const std::size_t bytes = !collective_ ? std::max(observation_.sent(), observation_.received())
+                              : mine_.kind == CollectiveKind::AllReduce ? mine_.count * size_of(mine_.dtype)
+                                                                        : mine_.count;
+    observation_.report(t_.metrics_, collective_ ? static_cast<std::int64_t>(seq_) : -1, bytes, failed, error);
   }
 
   TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data, bool direct = true) {
@@ -317,7 +290,7 @@ class Transport::Op {
       t->state = Transfer::State::Failed;
       return t;
     }
-    sent_ += data.size();
+    observation_.count(data.size(), 0);
     t_.peer(peer).conn.send_now_or_enqueue(lk, std::move(f), direct);
     return t;
   }
@@ -343,7 +316,7 @@ class Transport::Op {
         t->state = Transfer::State::Failed;
         return t;
       }
-      received_ += dst.size();
+      observation_.count(0, dst.size());
       if (p.take_early_locked(key, early)) {
         t->state = Transfer::State::Active;  // abandon() must wait for the copy and the continuation
       } else if (p.state() != Connection::State::Open) {
@@ -506,7 +479,7 @@ class Transport::Op {
       } else if (shm != nullptr) {
         all_[static_cast<std::size_t>(p->rank)] = *shm->announced(p->rank, seq_);
         // The timeline's "waiting for peers" ends when this rank saw the last announcement.
-        if (start_ns_ != 0) joined_ns_ = observe::Timeline::now_ns();
+        observation_.joined_at(observe::Timeline::now_ns());
       } else {
         auto it = p->descriptors.find(seq_);
         all_[static_cast<std::size_t>(p->rank)] = it->second;
@@ -532,10 +505,7 @@ class Transport::Op {
   void note_joined_locked(Peer& p) {
     auto at = p.descriptor_at.find(seq_);
     if (at == p.descriptor_at.end()) return;
-    if (start_ns_ != 0) {
-      joined_ns_ = std::max<std::int64_t>(
-          joined_ns_, std::chrono::duration_cast<std::chrono::nanoseconds>(at->second.time_since_epoch()).count());
-    }
+    observation_.joined_at(std::chrono::duration_cast<std::chrono::nanoseconds>(at->second.time_since_epoch()).count());
     p.descriptor_at.erase(p.descriptor_at.begin(), std::next(at));
   }
 
@@ -596,13 +566,7 @@ class Transport::Op {
   bool abandoning_ = false;
   bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
   bool agreement_only_ = false;  // in block() for the descriptors alone (poll_pause)
-  // Observing (start_ns_ 0: not observed).
-  observe::CallKind kind_;
-  bool observed_ = true;
-  const char* algorithm_ = nullptr;
-  std::int64_t start_ns_ = 0;
-  std::int64_t joined_ns_ = 0;  // when the last peer's descriptor arrived (timeline only)
-  std::size_t sent_ = 0, received_ = 0;
+  CallObservation observation_;
 };
 
 /// Declared after the locals that an Op's continuations capture: if the scope is left by an
