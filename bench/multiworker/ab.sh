@@ -6,7 +6,7 @@
 #   NP=2 ROUNDS=3 MW_SIZES="4096 1048576" bench/multiworker/ab.sh 3c941a4 HEAD
 #
 # Prints, per implementation and size, the median over rounds of each round's median (ms) and the
-# range; "_tcp" rows run with MW_SHM_MIN_BYTES=0. Needs openmpi-bin and libopenmpi-dev.
+# range, then after / before of those medians; "_tcp" rows run with MW_SHM_MIN_BYTES=0. Needs openmpi-bin and libopenmpi-dev.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BEFORE=${1:?usage: ab.sh BEFORE_REF AFTER_REF}; AFTER=${2:?usage: ab.sh BEFORE_REF AFTER_REF}
@@ -58,5 +58,13 @@ for line in open(sys.argv[1]):
 print("| impl | np | bytes | median ms | range |")
 print("| --- | --- | ---: | ---: | --- |")
 for k in sorted(d, key=lambda k: (k[1], k[2], k[0])):
-    print(f"| {k[0]} | {k[1]} | {k[2]} | {statistics.median(d[k]):.3f} | {min(d[k]):.3f}–{max(d[k]):.3f} |")
+    print(f"| {k[0]} | {k[1]} | {k[2]} | {statistics.median(d[k]):.4f} | {min(d[k]):.4f}–{max(d[k]):.4f} |")
+print()
+print("| np | bytes | after / before | after_tcp / before_tcp |")
+print("| --- | ---: | ---: | ---: |")
+med = {k: statistics.median(v) for k, v in d.items()}
+for n, b in sorted({(k[1], k[2]) for k in d}):
+    cells = [f"{med[(a, n, b)] / med[(o, n, b)]:.3f}" if (a, n, b) in med and (o, n, b) in med else "-"
+             for a, o in (("after", "before"), ("after_tcp", "before_tcp"))]
+    print(f"| {n} | {b} | {cells[0]} | {cells[1]} |")
 PY
