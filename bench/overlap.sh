@@ -52,28 +52,4 @@ for ((pass = 1; pass <= REPS; pass++)); do
   fi
 done
 
-python3 - "$CSV" <<'PY'
-import csv, sys
-best, parts = {}, {}
-for row in csv.reader(open(sys.argv[1])):
-    _, mode, workers, params, batch, steps, sps, step_ms, ar_ms, comp_ms = row
-    if float(sps) > best.get(mode, (0,))[0]:
-        best[mode] = (float(sps), float(step_ms), params, batch)
-    if ar_ms:
-        parts.setdefault("allreduce", []).append(float(ar_ms))
-        parts.setdefault("compute", []).append(float(comp_ms))
-sync = best.get("sync")
-print(f"model: {sync[2] if sync else '?'} parameters, batch {sync[3] if sync else '?'} per worker, 2 workers over TCP")
-if parts:
-    ar, comp = min(parts["allreduce"]), min(parts["compute"])
-    print(f"one all-reduce of every gradient alone: {ar:.1f} ms; forward + backward alone: {comp:.1f} ms "
-          f"(communication {100 * ar / (ar + comp):.0f}% of a synchronous step)")
-print("| mode | steps/s | ms/step | vs sync |")
-print("| --- | ---: | ---: | ---: |")
-for mode in ("sync", "overlap", "ddp"):
-    if mode in best:
-        s = best[mode]
-        print(f"| {mode} | {s[0]:.2f} | {s[1]:.1f} | {s[0] / sync[0]:.2f}x |")
-if "ddp" in best and "overlap" in best:
-    print(f"ours (overlap) vs DDP: {best['overlap'][0] / best['ddp'][0]:.2f}x the steps/s")
-PY
+python3 "$ROOT/bench/overlap_report.py" "$CSV" "2 workers over TCP"

@@ -27,6 +27,8 @@ ROOT = os.path.abspath(os.path.dirname(os.path.dirname(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench", "multiworker"))
 import two_hosts  # noqa: E402  (the namespaces and the wire)
 
+import overlap_report  # noqa: E402  (bench/, the script's own folder)
+
 
 def build(out):
     os.makedirs(out, exist_ok=True)
@@ -115,25 +117,7 @@ def main():
                         row[1] = mode
                         print(",".join(row), file=sys.stderr)
                         rows.append(row)
-    best, parts = {}, {}
-    for _, mode, workers, params, batch, steps, sps, step_ms, ar_ms, comp_ms in rows:
-        if float(sps) > best.get(mode, (0.0,))[0]:
-            best[mode] = (float(sps), float(step_ms))
-        if ar_ms:
-            parts.setdefault("allreduce", []).append(float(ar_ms))
-            parts.setdefault("compute", []).append(float(comp_ms))
-    print(f"model: {rows[0][3]} parameters, batch {args.batch} per worker, 2 hosts x 1 worker, 1 Gbit/s, 200 us")
-    if parts:
-        ar, comp = min(parts["allreduce"]), min(parts["compute"])
-        print(f"one all-reduce of every gradient alone: {ar:.0f} ms; forward + backward alone: {comp:.0f} ms "
-              f"(communication {100 * ar / (ar + comp):.0f}% of a synchronous step)")
-    print("| mode | steps/s | ms/step | vs sync | vs DDP |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for mode in ("sync", "overlap", "overlap_bf16", "ddp"):
-        if mode in best:
-            s = best[mode]
-            vs_ddp = f"{s[0] / best['ddp'][0]:.2f}x" if "ddp" in best else "-"
-            print(f"| {mode} | {s[0]:.3f} | {s[1]:.0f} | {s[0] / best['sync'][0]:.2f}x | {vs_ddp} |")
+    overlap_report.report(rows, "2 hosts x 1 worker, 1 Gbit/s, 200 us")
 
 
 if __name__ == "__main__":
