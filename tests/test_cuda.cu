@@ -20,6 +20,8 @@
 #define DISTRIBUTE_TEST_MULTI_WORKER 1
 #include <distribute/strategy/multi_worker_mirrored.hpp>
 
+#include <boost/asio.hpp>
+
 #include "support/processes.hpp"
 #else
 #define DISTRIBUTE_TEST_MULTI_WORKER 0
@@ -488,9 +490,36 @@ TEST_CASE("gpu: several values of mixed types in packs (bytes_per_pack) match th
 #if DISTRIBUTE_TEST_MULTI_WORKER && DISTRIBUTE_HAS_NCCL
 namespace {
 
+// GET /metrics from this task's own server, the whole response (the server closes an HTTP/1.0 one).
+std::string scrape_metrics(std::uint16_t port) {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket socket(io);
+  socket.connect({boost::asio::ip::make_address("127.0.0.1"), port});
+  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  boost::asio::write(socket, boost::asio::buffer(request));
+  std::string response;
+  boost::system::error_code ended;
+  boost::asio::read(socket, boost::asio::dynamic_buffer(response), ended);
+  return response;
+}
+
+// The value of metric `name` with label kind="`kind`" in a scrape, or -1 where it is missing.
+double metric_of_kind(const std::string& scrape, const std::string& name, const std::string& kind) {
+  const std::string label = "kind=\"" + kind + "\"} ";
+  for (std::size_t at = 0; at < scrape.size();) {
+    std::size_t end = scrape.find('\n', at);
+    if (end == std::string::npos) end = scrape.size();
+    const std::string line = scrape.substr(at, end - at);
+    at = end + 1;
+    if (line.rfind(name + "{", 0) != 0) continue;
+    if (const auto k = line.find(label); k != std::string::npos) return std::stod(line.substr(k + label.size()));
+  }
+  return -1;
+}
+
 // One worker of the 2-process cluster below (TF_CONFIG and CUDA_VISIBLE_DEVICES set by the test):
-// NCCL across the workers, checked against exact values. Exit 0 and "OK", else 1 (wrong result)
-// or 3 (an error).
+// NCCL across the workers, checked against exact values, and counted in the metrics. Exit 0 and
+// "OK", else 1 (wrong result) or 3 (an error).
 int nccl_worker() {
   int failures = 0;
   auto expect = [&](bool ok, const char* what) {
@@ -501,7 +530,8 @@ int nccl_worker() {
   };
   try {
     using CI = ds::CommunicationImplementation;
-    ds::MultiWorkerMirroredStrategy<ds::cuda> s({.bytes_per_pack = 64, .timeout_seconds = 60.0, .implementation = CI::Nccl});
+    ds::MultiWorkerMirroredStrategy<ds::cuda> s(
+        {.bytes_per_pack = 64, .timeout_seconds = 60.0, .implementation = CI::Nccl, .metrics_port = 0});
     expect(s.communication_implementation() == CI::Nccl, "communication_implementation() is NCCL");
     const int n = s.num_replicas_in_sync();
     const double tri = n * (n - 1) / 2.0;
@@ -531,6 +561,22 @@ int nccl_worker() {
     expect(host_of(gathered[0]) == want, "all_gather (uneven, over TCP)");
     auto ids = s.run([](ds::ReplicaContext& ctx) { return ctx.replica_id_in_sync_group(); });
     expect(s.reduce("sum", ids) == static_cast<int>(tri), "strategy.reduce");
+    // One all-reduce through NCCL: counted once on each worker, its payload (1001 float32) as the
+    // bytes it sent and received; the calls' agreement over TCP counts as all_gather, not here.
+    const auto port = s.metrics_port();
+    expect(port.has_value(), "metrics are served (metrics_port 0: a free port)");
+    if (port) {
+      const std::string before = scrape_metrics(*port);
+      s.run([](ds::ReplicaContext& ctx) { (void)ctx.all_reduce(ds::ReduceOp::Sum, dvec<float>(1001, 1.0f)); });
+      const std::string after = scrape_metrics(*port);
+      auto grew = [&](const char* name) {
+        return metric_of_kind(after, name, "all_reduce") - metric_of_kind(before, name, "all_reduce");
+      };
+      expect(grew("distribute_collectives_total") == 1, "an NCCL all-reduce counts once per worker");
+      expect(grew("distribute_collective_bytes_sent_total") == 4004, "its payload counts as bytes sent");
+      expect(grew("distribute_collective_bytes_received_total") == 4004, "and as bytes received");
+      expect(metric_of_kind(after, "distribute_collectives_failed_total", "all_reduce") == 0, "no failed all-reduce");
+    }
   } catch (const std::exception& e) {
     std::printf("error: %s\n", e.what());
     return 3;

@@ -63,12 +63,19 @@ struct CommunicationOptions {
   std::optional<std::string> timeline = std::nullopt;
 };
 
+namespace observe {
+class CollectiveMetrics;
+}  // namespace observe
+
 namespace collective::detail {
 /// What a cross-device ops policy needs to build the collectives of one strategy.
 struct CollectivesConfig {
   int num_replicas_in_sync = 1;
   std::vector<std::string> devices;  // the local replicas' devices
   CommunicationOptions options;
+  /// The task's collective metrics (a multi-worker task that serves them), else null. Policies
+  /// whose calls do not go through the TCP transport (NCCL) count them here.
+  observe::CollectiveMetrics* metrics = nullptr;
 };
 }  // namespace collective::detail
 

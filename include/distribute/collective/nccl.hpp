@@ -59,6 +59,7 @@
 #include <distribute/backends/cuda/error.hpp>
 #include <distribute/collective/communication_options.hpp>
 #include <distribute/collective/detail/bootstrap.hpp>
+#include <distribute/collective/detail/nccl_gather.hpp>
 #include <distribute/collective/detail/nccl_support.hpp>
 #include <distribute/collective/detail/nccl_scatter.hpp>
 #include <distribute/collective/device_staging.hpp>
@@ -69,6 +70,7 @@
 #include <distribute/core/replica_group.hpp>
 #include <distribute/core/device.hpp>
 #include <distribute/core/error.hpp>
+#include <distribute/observe/call_observation.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 
@@ -153,6 +155,7 @@ class NcclCollectives final : public core::ReplicaCollectives {
 
   void all_reduce(core::ReplicaGroup& group, int replica, std::span<core::BufferRef> buffers, ReduceOp op) override {
     const core::CollectiveCall call{core::CollectiveKind::AllReduce, op, buffers};
+    observe::ObservedCall observed = observe_call(replica, observe::CallKind::AllReduce, buffers);
     bool nccl = false;
     cudaStream_t stream = nullptr;
     issue_in_exchange(group, replica, call, [&](bool& issuing) {
@@ -162,8 +165,12 @@ class NcclCollectives final : public core::ReplicaCollectives {
       issuing = true;
       enqueue_all_reduce(replica, buffers, op, stream);
     });
-    if (!nccl) return fallback_->all_reduce(group, replica, buffers, op);
+    if (!nccl) {
+      observed.skip();
+      return fallback_->all_reduce(group, replica, buffers, op);
+    }
     wait(group, replica, stream, core::CollectiveKind::AllReduce);
+    observed.finish();
   }
 
   void all_gather(core::ReplicaGroup& group, int replica, const core::BufferRef& input, int axis,
@@ -172,6 +179,7 @@ class NcclCollectives final : public core::ReplicaCollectives {
     if (link_) return fallback_->all_gather(group, replica, input, axis, allocate);
     core::BufferRef in = input;
     const core::CollectiveCall call{core::CollectiveKind::AllGather, ReduceOp::Sum, std::span<core::BufferRef>(&in, 1), axis};
+    observe::ObservedCall observed = observe_call(replica, observe::CallKind::AllGather, call.buffers);
     bool nccl = false;
     std::vector<Shape> shapes;  // every replica's input shape, read while the exchange holds them
     exchange(group, replica, call, [&] {
@@ -179,13 +187,18 @@ class NcclCollectives final : public core::ReplicaCollectives {
       if (!nccl) return;
       for (int r = 0; r < group.size(); ++r) shapes.push_back(group.slot(r).buffers[0].shape);
     });
-    if (!nccl) return fallback_->all_gather(group, replica, input, axis, allocate);
+    if (!nccl) {
+      observed.skip();
+      return fallback_->all_gather(group, replica, input, axis, allocate);
+    }
     gather_with_broadcasts(group, replica, in, static_cast<std::size_t>(axis), shapes, allocate);
+    observed.finish();
   }
 
   /// `root` is a replica_id_in_sync_group, which is also its NCCL rank.
   void broadcast(core::ReplicaGroup& group, int replica, core::BufferRef buffer, int root) override {
     const core::CollectiveCall call{core::CollectiveKind::Broadcast, ReduceOp::Sum, std::span<core::BufferRef>(&buffer, 1), 0, root};
+    observe::ObservedCall observed = observe_call(replica, observe::CallKind::Broadcast, call.buffers);
     bool nccl = false;
     cudaStream_t stream = nullptr;
     issue_in_exchange(group, replica, call, [&](bool& issuing) {
@@ -197,14 +210,19 @@ class NcclCollectives final : public core::ReplicaCollectives {
       nccl_check(ncclBroadcast(buffer.data, buffer.data, buffer.bytes(), ncclInt8, root, comm, stream), "ncclBroadcast",
                  comm);
     });
-    if (!nccl) return fallback_->broadcast(group, replica, buffer, root);
+    if (!nccl) {
+      observed.skip();
+      return fallback_->broadcast(group, replica, buffer, root);
+    }
     if (stream) wait(group, replica, stream, core::CollectiveKind::Broadcast);
+    observed.finish();
   }
 
   /// ncclReduceScatter (equal parts) or one ncclReduce per part (np.array_split's uneven parts).
   void reduce_scatter(core::ReplicaGroup& group, int replica, core::BufferRef input, ReduceOp op,
                       const std::function<void*(const Shape&)>& allocate) override {
     const core::CollectiveCall call{core::CollectiveKind::ReduceScatter, op, std::span<core::BufferRef>(&input, 1)};
+    observe::ObservedCall observed = observe_call(replica, observe::CallKind::ReduceScatter, call.buffers);
     bool nccl = false;
     cudaStream_t stream = nullptr;
     issue_in_exchange(group, replica, call, [&](bool& issuing) {
@@ -216,8 +234,12 @@ class NcclCollectives final : public core::ReplicaCollectives {
       issuing = true;
       enqueue_reduce_scatter(comm_of(replica), stream, input, ranks_, me, out, op, mean_divisor_);
     });
-    if (!nccl) return fallback_->reduce_scatter(group, replica, input, op, allocate);
+    if (!nccl) {
+      observed.skip();
+      return fallback_->reduce_scatter(group, replica, input, op, allocate);
+    }
     wait(group, replica, stream, core::CollectiveKind::ReduceScatter);
+    observed.finish();
   }
 
   /// Grouped ncclSend/ncclRecv. Every replica's pieces' shapes are known from the published
@@ -226,6 +248,7 @@ class NcclCollectives final : public core::ReplicaCollectives {
   void all_to_all(core::ReplicaGroup& group, int replica, std::span<core::BufferRef> pieces, bool split,
                   const std::function<std::vector<void*>(const std::vector<Shape>&)>& allocate) override {
     const core::CollectiveCall call{core::CollectiveKind::AllToAll, ReduceOp::Sum, pieces, split ? 1 : 0, link_ ? 0 : ranks_};
+    observe::ObservedCall observed = observe_call(replica, observe::CallKind::AllToAll, pieces);
     bool nccl = false, issuing = false;
     cudaStream_t stream = nullptr;
     try {
@@ -264,8 +287,12 @@ class NcclCollectives final : public core::ReplicaCollectives {
       if (issuing) abort_communicator(replica);
       throw;
     }
-    if (!nccl) return fallback_->all_to_all(group, replica, pieces, split, allocate);
+    if (!nccl) {
+      observed.skip();
+      return fallback_->all_to_all(group, replica, pieces, split, allocate);
+    }
     wait(group, replica, stream, core::CollectiveKind::AllToAll);
+    observed.finish();
   }
 
  private:
@@ -273,7 +300,8 @@ class NcclCollectives final : public core::ReplicaCollectives {
       : mean_divisor_(config.num_replicas_in_sync),
         bytes_per_pack_(config.options.bytes_per_pack),
         fallback_(std::move(fallback)),
-        link_(link) {
+        link_(link),
+        metrics_(config.metrics) {
     if (config.options.timeout_seconds) {
       timeout_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
           std::chrono::duration<double>(*config.options.timeout_seconds));
@@ -292,6 +320,14 @@ class NcclCollectives final : public core::ReplicaCollectives {
   }
 
   ncclComm_t comm_of(int replica) const { return comms_[static_cast<std::size_t>(replica)]; }
+
+  // Replica 0's record of a call NCCL runs (once per worker, as the TCP transport counts), the
+  // payload as its bytes sent and received; a call the fallback takes is observed there (skip()).
+  observe::ObservedCall observe_call(int replica, observe::CallKind kind, std::span<const core::BufferRef> values) {
+    std::size_t bytes = 0;
+    for (const core::BufferRef& v : values) bytes += v.bytes();
+    return observe::ObservedCall(metrics_, kind, replica == 0, replica == 0 ? observed_calls_++ : -1, bytes, "nccl");
+  }
 
   // Runs issue(issuing) inside the exchange, after the calls are validated on every replica (and,
   // across workers, on every worker: replica 0 compares the calls over the link first);
@@ -413,9 +449,9 @@ class NcclCollectives final : public core::ReplicaCollectives {
     return s.buffer.data();
   }
 
-  // Every replica's input lands at its offset by one ncclBroadcast from that replica (NCCL has
-  // no all-gather of uneven sizes); along axis 0 straight into the result, along another axis
-  // into a staging buffer that strided copies then interleave.
+  // Every replica's input lands at its offset by one ncclBroadcast from that replica
+  // (collective/detail/nccl_gather.hpp); along axis 0 straight into the result, along another
+  // axis into a staging buffer that strided copies then interleave.
   void gather_with_broadcasts(core::ReplicaGroup& group, int replica, const core::BufferRef& in, std::size_t axis,
                               const std::vector<Shape>& shapes, const std::function<void*(const Shape&)>& allocate) {
     const std::size_t elem = size_of(in.dtype);
@@ -442,29 +478,11 @@ class NcclCollectives final : public core::ReplicaCollectives {
 #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
     order_after_default_stream(stream);
 #endif
-    nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
-    ncclResult_t issued = ncclSuccess;
-    for (int r = 0; r < group.size() && issued == ncclSuccess; ++r) {
-      const auto i = static_cast<std::size_t>(r);
-      if (bytes[i] == 0) continue;
-      const void* send = r == replica ? in.data : dst + offsets[i];
-      issued = ncclBroadcast(send, dst + offsets[i], bytes[i], ncclInt8, r, comm, stream);
-    }
-    const ncclResult_t ended = ncclGroupEnd();
-    nccl_check(issued, "ncclBroadcast", comm);
-    nccl_check(ended, "ncclGroupEnd", comm);
+    enqueue_broadcast_gather(comm, stream, in.data, replica, dst, offsets, bytes);
     if (!direct) {
-      // Part r holds `outer` runs of run_r bytes; in the result they sit `row` bytes apart.
-      const std::size_t row = static_cast<std::size_t>(out_shape[axis]) * inner * elem;
-      std::size_t column = 0;
-      for (std::size_t i = 0; i < shapes.size(); ++i) {
-        const std::size_t run = static_cast<std::size_t>(shapes[i][axis]) * inner * elem;
-        if (run && outer) {
-          backends::cuda_check(cudaMemcpy2DAsync(out + column, row, dst + offsets[i], run, run, outer, cudaMemcpyDefault, stream),
-                     "cudaMemcpy2DAsync", "all_gather");
-        }
-        column += run;
-      }
+      std::vector<std::size_t> runs;  // part i's runs along the gathered axis, in bytes
+      for (const auto& s : shapes) runs.push_back(static_cast<std::size_t>(s[axis]) * inner * elem);
+      enqueue_interleave(stream, dst, offsets, runs, outer, out);
     }
     wait(group, replica, stream, core::CollectiveKind::AllGather);
   }
@@ -496,7 +514,7 @@ class NcclCollectives final : public core::ReplicaCollectives {
       }
       ncclResult_t async = ncclSuccess;
       nccl_check(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError", comm);
-      if (failed(async)) {
+      if (nccl_failed(async)) {
         abort_communicator(replica);
         nccl_check(async, fmt::format("{} (asynchronous error on replica {})", to_string(what), replica), comm);
       }
@@ -521,13 +539,6 @@ class NcclCollectives final : public core::ReplicaCollectives {
     }
   }
 
-  static bool failed(ncclResult_t r) noexcept {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
-    if (r == ncclInProgress) return false;
-#endif
-    return r != ncclSuccess;
-  }
-
   // Each replica aborts its own communicator (another thread may be polling the others); that
   // ends its NCCL kernels. The strategy's later collectives then report Unavailable.
   void abort_communicator(int replica) noexcept {
@@ -546,6 +557,8 @@ class NcclCollectives final : public core::ReplicaCollectives {
   std::size_t bytes_per_pack_;
   std::unique_ptr<core::ReplicaCollectives> fallback_;
   core::CrossWorkerLink* link_;  // across workers; null in one process
+  observe::CollectiveMetrics* metrics_;  // the task's, when it serves metrics
+  std::int64_t observed_calls_ = 0;      // replica 0's calls through NCCL (the timeline's seq)
   std::optional<std::chrono::steady_clock::duration> timeout_;
   std::vector<int> gpus_;
   std::vector<ncclComm_t> comms_;

@@ -54,6 +54,8 @@ struct MultiWorkerSetup {
 
   /// The port metrics are served on, when they are on.
   std::optional<std::uint16_t> metrics_port() const noexcept;
+  /// The collective metrics, when they are on (NCCL counts its calls there), else null.
+  observe::CollectiveMetrics* collective_metrics() const noexcept;
 
   /// AUTO is NCCL where the backend's cross-device ops span workers (ds::cuda compiled by nvcc
   /// with NCCL), RING otherwise; an explicit NCCL that cannot run is InvalidArgument.
@@ -116,6 +118,10 @@ DISTRIBUTE_DECL MultiWorkerSetup::~MultiWorkerSetup() = default;
 
 DISTRIBUTE_DECL std::optional<std::uint16_t> MultiWorkerSetup::metrics_port() const noexcept {
   return metrics ? std::optional<std::uint16_t>(metrics->server->port()) : std::nullopt;
+}
+
+DISTRIBUTE_DECL observe::CollectiveMetrics* MultiWorkerSetup::collective_metrics() const noexcept {
+  return metrics ? metrics->collectives.get() : nullptr;
 }
 
 DISTRIBUTE_DECL MultiWorkerSetup MultiWorkerSetup::connect(const CommunicationOptions& options,
@@ -216,7 +222,8 @@ class MultiWorkerMirroredStrategy
   explicit MultiWorkerMirroredStrategy(CommunicationOptions options = {},
                                        std::shared_ptr<ClusterResolver> resolver = nullptr, int local_replicas = 1)
       : strategy::detail::MultiWorkerSetup(strategy::detail::MultiWorkerSetup::make<Backend>(options, std::move(resolver))),
-        Base(Backend::devices(local_replicas, "MultiWorkerMirroredStrategy"), options, link.get(), implementation) {}
+        Base(Backend::devices(local_replicas, "MultiWorkerMirroredStrategy"), options, link.get(), implementation,
+             collective_metrics()) {}
 
   std::string_view name() const noexcept override { return "MultiWorkerMirroredStrategy"; }
 

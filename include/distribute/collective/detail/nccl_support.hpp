@@ -34,6 +34,14 @@ class NcclError : public Error {
 
 namespace collective::detail {
 
+/// Whether an asynchronous result is an error (in progress is not).
+inline bool nccl_failed(ncclResult_t r) noexcept {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+  if (r == ncclInProgress) return false;
+#endif
+  return r != ncclSuccess;
+}
+
 /// Throws NcclError naming `call` unless `r` is ncclSuccess (or, for group calls, in progress).
 inline void nccl_check(ncclResult_t r, std::string_view call, ncclComm_t comm = nullptr) {
   if (r == ncclSuccess) return;

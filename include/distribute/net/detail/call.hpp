@@ -26,8 +26,8 @@
 #include <fmt/format.h>
 
 #include <distribute/core/error.hpp>
-#include <distribute/net/detail/call_observation.hpp>
 #include <distribute/net/detail/mesh.hpp>
+#include <distribute/observe/call_observation.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
@@ -566,7 +566,7 @@ class Transport::Op {
   bool abandoning_ = false;
   bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
   bool agreement_only_ = false;  // in block() for the descriptors alone (poll_pause)
-  CallObservation observation_;
+  observe::CallObservation observation_;
 };
 
 /// Declared after the locals that an Op's continuations capture: if the scope is left by an

@@ -281,18 +281,20 @@ class SyncStrategy : public AnyStrategy {
  protected:
   /// `devices`: canonical TF device strings, one per local replica. `link`: the other workers
   /// of a multi-worker strategy (outlives the strategy's base), or null. `cross_worker`: how the
-  /// workers communicate (resolved already: Ring or Nccl).
+  /// workers communicate (resolved already: Ring or Nccl). `metrics`: the task's collective
+  /// metrics, where it serves them (outlives the strategy's base), or null.
   explicit SyncStrategy(std::vector<std::string> devices, CommunicationOptions options = {},
                         core::CrossWorkerLink* link = nullptr,
-                        CommunicationImplementation cross_worker = CommunicationImplementation::Ring)
+                        CommunicationImplementation cross_worker = CommunicationImplementation::Ring,
+                        observe::CollectiveMetrics* metrics = nullptr)
       : devices_(std::move(devices)),
         options_(options),
         link_(link),
         num_workers_(link ? link->num_workers() : 1),
         worker_index_(link ? link->worker_index() : 0),
         group_(static_cast<int>(devices_.size())),
-        collectives_(link ? collective::make_multi_worker_collectives<Ops>({num_replicas_in_sync(), devices_, options_},
-                                                                       *link, cross_worker)
+        collectives_(link ? collective::make_multi_worker_collectives<Ops>(
+                                {num_replicas_in_sync(), devices_, options_, metrics}, *link, cross_worker)
                           : collective::make_collectives<Ops>({num_replicas_in_sync(), devices_, options_})) {
     const int local = static_cast<int>(devices_.size());
     for (int i = 0; i < local; ++i) {
