@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -45,26 +44,6 @@ def build(out):
         subprocess.run(job, check=True)
 
 
-def run_pair(hosts, argv, env_of, timeout):
-    """argv on host 0 (rank 0) and host 1 (rank 1); returns rank 0's output."""
-    procs = []
-    for r in range(2):
-        procs.append(subprocess.Popen(hosts.wrap(r, argv), env=dict(os.environ, **env_of(r)),
-                                      stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True,
-                                      start_new_session=True))
-    try:
-        text, _ = procs[0].communicate(timeout=timeout)
-        procs[1].wait(timeout=60)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    if procs[0].returncode != 0:
-        raise RuntimeError(f"{argv[0]} failed on rank 0 (exit {procs[0].returncode})")
-    return text
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hidden", type=int, default=2048)
@@ -79,6 +58,7 @@ def main():
     if os.geteuid() != 0:
         sys.exit("overlap_two_hosts.py needs root (network namespaces, mounts, tc)")
     two_hosts.BUILD = args.build
+    two_hosts.WORKERS_PER_HOST = 1  # rank r on host r
     blas = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
     if not any(k in blas for k in ("openblas", "blis", "mkl", "atlas")):
         print("overlap: libblas.so.3 is the reference BLAS: libtorch's matrix products are several times slower "
@@ -110,7 +90,7 @@ def main():
                     cluster = {"worker": [f"{hosts.address(h)}:{port + h}" for h in range(2)]}
                     env_of = lambda r: {"DISTRIBUTE_CLUSTER_TOKEN": token, "TF_CONFIG": json.dumps(  # noqa: E731
                         {"cluster": cluster, "task": {"type": "worker", "index": r}})}
-                text = run_pair(hosts, argv, env_of, timeout=1200)
+                text = two_hosts.run_ranks(hosts, lambda r: argv, env_of, timeout=1200)
                 for line in text.splitlines():
                     if line.startswith("overlap_mlp,"):
                         row = line.split(",")

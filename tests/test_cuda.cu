@@ -20,8 +20,7 @@
 #define DISTRIBUTE_TEST_MULTI_WORKER 1
 #include <distribute/strategy/multi_worker_mirrored.hpp>
 
-#include <boost/asio.hpp>
-
+#include "support/http_get.hpp"
 #include "support/processes.hpp"
 #else
 #define DISTRIBUTE_TEST_MULTI_WORKER 0
@@ -490,19 +489,6 @@ TEST_CASE("gpu: several values of mixed types in packs (bytes_per_pack) match th
 #if DISTRIBUTE_TEST_MULTI_WORKER && DISTRIBUTE_HAS_NCCL
 namespace {
 
-// GET /metrics from this task's own server, the whole response (the server closes an HTTP/1.0 one).
-std::string scrape_metrics(std::uint16_t port) {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::socket socket(io);
-  socket.connect({boost::asio::ip::make_address("127.0.0.1"), port});
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  boost::asio::write(socket, boost::asio::buffer(request));
-  std::string response;
-  boost::system::error_code ended;
-  boost::asio::read(socket, boost::asio::dynamic_buffer(response), ended);
-  return response;
-}
-
 // The value of metric `name` with label kind="`kind`" in a scrape, or -1 where it is missing.
 double metric_of_kind(const std::string& scrape, const std::string& name, const std::string& kind) {
   const std::string label = "kind=\"" + kind + "\"} ";
@@ -566,9 +552,9 @@ int nccl_worker() {
     const auto port = s.metrics_port();
     expect(port.has_value(), "metrics are served (metrics_port 0: a free port)");
     if (port) {
-      const std::string before = scrape_metrics(*port);
+      const std::string before = test_support::http_get(*port, "/metrics");
       s.run([](ds::ReplicaContext& ctx) { (void)ctx.all_reduce(ds::ReduceOp::Sum, dvec<float>(1001, 1.0f)); });
-      const std::string after = scrape_metrics(*port);
+      const std::string after = test_support::http_get(*port, "/metrics");
       auto grew = [&](const char* name) {
         return metric_of_kind(after, name, "all_reduce") - metric_of_kind(before, name, "all_reduce");
       };

@@ -23,11 +23,13 @@
 
 #include "ps_functions.hpp"
 #include "support/processes.hpp"
+#include "support/http_get.hpp"
 
 namespace ds = distribute;
 namespace dd = ds::ps::detail;
 namespace net = ds::net;
 using namespace std::chrono_literals;
+using test_support::http_get;
 using boost::asio::ip::tcp;
 
 namespace hostile {
@@ -149,20 +151,6 @@ long rss_kib() {
   while (std::getline(in, line))
     if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
   return -1;
-}
-
-std::string http_get(int port, const std::string& target) {
-  namespace http = boost::beast::http;
-  boost::asio::io_context io;
-  tcp::socket socket(io);
-  socket.connect(loopback(port));
-  http::request<http::empty_body> req{http::verb::get, target, 11};
-  req.set(http::field::host, "127.0.0.1");
-  http::write(socket, req);
-  boost::beast::flat_buffer buffer;
-  http::response<http::string_body> res;
-  http::read(socket, buffer, res);
-  return fmt::format("{} {}", res.result_int(), res.body());
 }
 
 ds::ClusterSpec one_ps_one_worker(const std::vector<int>& ports) {

@@ -22,9 +22,11 @@
 
 #include "ps_functions.hpp"
 #include "support/processes.hpp"
+#include "support/http_get.hpp"
 
 using namespace std::chrono_literals;
 using test_support::Child;
+using test_support::http_get;
 
 namespace {
 
@@ -98,21 +100,6 @@ ds::CoordinatorOptions quiet_options(LogLines* log = nullptr) {
     }
   };
   return o;
-}
-
-/// GET `target` from a server's port (the status endpoints).
-std::string http_get(int port, const std::string& target) {
-  namespace http = boost::beast::http;
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::socket socket(io);
-  socket.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
-  http::request<http::empty_body> req{http::verb::get, target, 11};
-  req.set(http::field::host, "127.0.0.1");
-  http::write(socket, req);
-  boost::beast::flat_buffer buffer;
-  http::response<http::string_body> res;
-  http::read(socket, buffer, res);
-  return fmt::format("{} {}", res.result_int(), res.body());
 }
 
 /// The value of a Prometheus counter line `name{...} value` summed over the given ports.
