@@ -538,6 +538,18 @@ double max_difference(const std::vector<double>& a, const std::vector<double>& b
   return worst;
 }
 
+/// How two runs' weights differ, for the message of a check that they are equal.
+std::string weights_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return fmt::format("{} weights against {}", a.size(), b.size());
+  std::size_t differing = 0, first = a.size();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i] && differing++ == 0) first = i;
+  }
+  if (differing == 0) return "the same weights";
+  return fmt::format("{} of {} weights differ (the first at index {}: {:.17g} against {:.17g}), by at most {:.3g}",
+                     differing, a.size(), first, a[first], b[first], max_difference(a, b));
+}
+
 }  // namespace
 
 TEST_CASE("torch_digits: one_device, mirrored(4) and 2 workers reach 95% with the same weights; bf16 gradients and --overlap too") {
@@ -569,11 +581,14 @@ TEST_CASE("torch_digits: one_device, mirrored(4) and 2 workers reach 95% with th
   const auto bf16 = train("bf16", {program, "--strategy", "mirrored", "--replicas", "4", "--grad-dtype", "bf16"});
   CHECK(max_difference(one, bf16) > 0.0);  // the gradients did travel in bfloat16
   // --overlap (buckets all-reduced while backward runs): the same sums, so the very same weights.
-  CHECK(train("mirrored_overlap", {program, "--strategy", "mirrored", "--replicas", "4", "--overlap"}) == mirrored);
-  CHECK(train("multi_worker_overlap", {env_path("DISTRIBUTE_LAUNCH"), "-n", "2", "--timeout", "120", "--", program,
-                                       "--strategy", "multi_worker", "--overlap"}) == workers);
-  CHECK(train("bf16_overlap", {program, "--strategy", "mirrored", "--replicas", "4", "--grad-dtype", "bf16",
-                               "--overlap"}) == bf16);
+  const auto mirrored_overlap = train("mirrored_overlap", {program, "--strategy", "mirrored", "--replicas", "4", "--overlap"});
+  CHECK_MESSAGE(mirrored_overlap == mirrored, weights_difference(mirrored_overlap, mirrored));
+  const auto workers_overlap = train("multi_worker_overlap", {env_path("DISTRIBUTE_LAUNCH"), "-n", "2", "--timeout", "120",
+                                                              "--", program, "--strategy", "multi_worker", "--overlap"});
+  CHECK_MESSAGE(workers_overlap == workers, weights_difference(workers_overlap, workers));
+  const auto bf16_overlap = train("bf16_overlap", {program, "--strategy", "mirrored", "--replicas", "4", "--grad-dtype",
+                                                   "bf16", "--overlap"});
+  CHECK_MESSAGE(bf16_overlap == bf16, weights_difference(bf16_overlap, bf16));
 }
 
 TEST_CASE("torch_digits: a bad --grad-dtype is a usage error (exit 2)") {
