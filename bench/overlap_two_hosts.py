@@ -9,9 +9,10 @@ work that competes with backward (bench/overlap.sh).
 
     sudo python3 bench/overlap_two_hosts.py                       # from the repository root
     sudo python3 bench/overlap_two_hosts.py --batch 96 --reps 3
+    sudo python3 bench/overlap_two_hosts.py --batch 96 --reps 1 --bucket-mib 16 --modes overlap_bf16,ddp
 
 Modes: sync (all-reduce after backward), overlap (GradientBucketer, float32 on the wire), overlap_bf16 (the same,
-bfloat16 on the wire) and ddp (PyTorch DDP over gloo, 4 MiB buckets as ours, float32 on the wire). Prints one line per
+bfloat16 on the wire) and ddp (PyTorch DDP over gloo, buckets of --bucket-mib as ours, 4 by default, float32 on the wire). Prints one line per
 run (the CSV of overlap_mlp.cpp) and a table: each mode's best pass, its ratio to sync and to DDP. Needs root, iproute2, util-linux, libtorch-dev, python3-torch (the DDP column) and what the library needs.
 """
 import argparse
@@ -51,6 +52,8 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--bucket-mib", type=float, default=4.0, help="bucket size of ours and of DDP, MiB")
+    ap.add_argument("--modes", default="sync,overlap,overlap_bf16,ddp", help="which modes, comma-separated")
     ap.add_argument("--build", default="/tmp/distribute-overlap-two-hosts")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--python", default="/usr/bin/python3", help="the interpreter with torch (DDP column)")
@@ -76,17 +79,19 @@ def main():
     rows = []
     with two_hosts.TwoHosts(cpus) as hosts:
         for p in range(1, args.reps + 1):
-            for mode in ["sync", "overlap", "overlap_bf16"] + (["ddp"] if have_ddp else []):
+            for mode in [m for m in args.modes.split(",") if m != "ddp" or have_ddp]:
                 load = open("/proc/loadavg").read().split()[0]
                 print(f"pass {p}/{args.reps}: {mode} ({time.strftime('%H:%M:%S')}, load {load})", file=sys.stderr)
                 port = 30000 + (os.getpid() * 7 + int(time.time())) % 20000
                 if mode == "ddp":
-                    argv = [args.python, os.path.join(ROOT, "bench", "overlap_ddp.py")] + model
+                    argv = [args.python, os.path.join(ROOT, "bench", "overlap_ddp.py"), "--bucket-mb",
+                            str(args.bucket_mib)] + model
                     env_of = lambda r: {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": hosts.address(0),  # noqa: E731
                                         "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "eth0"}
                 else:
                     argv = [os.path.join(args.build, "overlap_mlp"), "--overlap", "0" if mode == "sync" else "1",
-                            "--wire", "bf16" if mode == "overlap_bf16" else "fp32"] + model
+                            "--wire", "bf16" if mode == "overlap_bf16" else "fp32", "--bytes-per-pack",
+                            str(int(args.bucket_mib * (1 << 20)))] + model
                     cluster = {"worker": [f"{hosts.address(h)}:{port + h}" for h in range(2)]}
                     env_of = lambda r: {"DISTRIBUTE_CLUSTER_TOKEN": token, "TF_CONFIG": json.dumps(  # noqa: E731
                         {"cluster": cluster, "task": {"type": "worker", "index": r}})}
