@@ -11,7 +11,8 @@
 # Needs: libtorch-dev (and python3-torch for the DDP column), libboost-json-dev, libssl-dev, libfmt-dev, and an
 # optimised BLAS: Debian's libtorch multiplies through libblas.so.3, by default the reference BLAS, with which
 # forward + backward here took 685 ms instead of 141-250 ms with libopenblas0-serial (communication 11% of a step
-# instead of about 40%).
+# instead of about 40%). Where OpenBLAS does not know the CPU model it falls back to SSE3 kernels; set
+# OPENBLAS_CORETYPE (Haswell on an AVX2 machine) for its AVX2 ones (docs/performance.md, "Overlap").
 set -euo pipefail
 case "$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null)" in
   *openblas* | *blis* | *mkl* | *atlas*) ;;

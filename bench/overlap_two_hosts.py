@@ -8,7 +8,7 @@ rather than on the CPU, as between real machines; on one host of this 2-core mac
 work that competes with backward (bench/overlap.sh).
 
     sudo python3 bench/overlap_two_hosts.py                       # from the repository root
-    sudo python3 bench/overlap_two_hosts.py --batch 96 --reps 3
+    sudo OPENBLAS_CORETYPE=Haswell python3 bench/overlap_two_hosts.py --batch 288 --reps 2
     sudo python3 bench/overlap_two_hosts.py --batch 96 --reps 1 --bucket-mib 16 --modes overlap_bf16,ddp
 
 Modes: sync (all-reduce after backward), overlap (GradientBucketer, float32 on the wire), overlap_bf16 (the same,
