@@ -12,8 +12,10 @@ work that competes with backward (bench/overlap.sh).
     sudo python3 bench/overlap_two_hosts.py --batch 96 --reps 1 --bucket-mib 16 --modes overlap_bf16,ddp
 
 Modes: sync (all-reduce after backward), overlap (GradientBucketer, float32 on the wire), overlap_bf16 (the same,
-bfloat16 on the wire) and ddp (PyTorch DDP over gloo, buckets of --bucket-mib as ours, 4 by default, float32 on the wire). Prints one line per
-run (the CSV of overlap_mlp.cpp) and a table: each mode's best pass, its ratio to sync and to DDP. Needs root, iproute2, util-linux, libtorch-dev, python3-torch (the DDP column) and what the library needs.
+bfloat16 on the wire) and ddp (PyTorch DDP over gloo, float32 on the wire); ours and DDP's buckets are --bucket-mib
+(4 by default). Prints one line per run (the CSV of overlap_mlp.cpp) and a table: each mode's best pass, its ratio to
+sync and to DDP. Needs root, iproute2, util-linux, libtorch-dev, python3-torch (the DDP column) and what the library
+needs.
 """
 import argparse
 import json
@@ -58,6 +60,12 @@ def main():
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--python", default="/usr/bin/python3", help="the interpreter with torch (DDP column)")
     args = ap.parse_args()
+    modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in overlap_report.MODES]
+    if unknown:
+        ap.error(f"--modes: {', '.join(unknown)} not among {', '.join(overlap_report.MODES)}")
+    if args.bucket_mib <= 0:
+        ap.error(f"--bucket-mib: {args.bucket_mib} is not a positive size")
     if os.geteuid() != 0:
         sys.exit("overlap_two_hosts.py needs root (network namespaces, mounts, tc)")
     two_hosts.BUILD = args.build
@@ -79,7 +87,7 @@ def main():
     rows = []
     with two_hosts.TwoHosts(cpus) as hosts:
         for p in range(1, args.reps + 1):
-            for mode in [m for m in args.modes.split(",") if m != "ddp" or have_ddp]:
+            for mode in [m for m in modes if m != "ddp" or have_ddp]:
                 load = open("/proc/loadavg").read().split()[0]
                 print(f"pass {p}/{args.reps}: {mode} ({time.strftime('%H:%M:%S')}, load {load})", file=sys.stderr)
                 port = 30000 + (os.getpid() * 7 + int(time.time())) % 20000
