@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Prints, from the logs of .ci/run's sections, each failed or timed-out test and the end of its output.
 
-  failure_summary.py [--lines N] [--tests M] SECTION_LOG...
+  failure_summary.py [--lines N] [--tests M] [--frames F] SECTION_LOG...
 
 CI keeps only the tail of a run's output, and the sanitizer and clang sections run after the long
 first one: without this, a failure there is known only by its count. For every test that `meson test
 --print-errorlogs` reports as FAIL, TIMEOUT or UNEXPECTEDPASS, this prints meson's result line, then
 the last N lines (default 25) of the log meson printed under it, for the first M such tests (default
 4); the result line of every further one is still printed. Prints nothing when no test failed.
+
+A sanitizer's report is printed whole but for its shadow-byte map and the deep frames of its stacks
+(--frames, default 12), before that tail: the map is what the tail of an ASan failure holds, and the
+lines that say what went wrong, where, and who freed it come before it.
 """
 from __future__ import annotations
 
@@ -21,6 +25,13 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 RESULT = re.compile(r"^\s*\d+/\d+\s+.*\s(FAIL|TIMEOUT|UNEXPECTEDPASS)\s+\d+\.\d+s")
 # meson frames each error log with rules of U+2015; the opening one carries a scissors mark.
 RULE = "\u2015" * 10
+# Where a sanitizer's report starts and ends ("==123==ERROR: AddressSanitizer: heap-use-after-free",
+# "WARNING: ThreadSanitizer: data race", "x.cpp:3:5: runtime error: ...", "SUMMARY: ...").
+REPORT_START = re.compile(r"==\d+==ERROR: \w+Sanitizer|WARNING: ThreadSanitizer:|: runtime error: ")
+REPORT_END = re.compile(r"^\s*SUMMARY: \w+Sanitizer")
+FRAME = re.compile(r"^\s*#(\d+) ")
+SHADOW_START = re.compile(r"Shadow bytes around the buggy address")
+SHADOW_END = re.compile(r"==\d+==ABORTING")
 
 
 def failures(text: str) -> list[tuple[str, list[str]]]:
@@ -52,10 +63,56 @@ def failures(text: str) -> list[tuple[str, list[str]]]:
     return found
 
 
+def without_shadow_map(log: list[str]) -> list[str]:
+    """The log without ASan's shadow-byte map and legend (kept: the ABORTING line that ends them)."""
+    out: list[str] = []
+    in_map = False
+    for line in log:
+        if SHADOW_START.search(line):
+            in_map = True
+            out.append("(ASan's shadow-byte map left out)")
+        elif in_map and SHADOW_END.search(line):
+            in_map = False
+        if not in_map:
+            out.append(line)
+    return out
+
+
+def split_reports(log: list[str], frames: int, limit: int = 150) -> tuple[list[str], list[str]]:
+    """(each sanitizer report in the log, up to `limit` lines in all, its stacks cut to their first
+    `frames` frames; the rest of the log, without the shadow-byte map)."""
+    report: list[str] = []
+    rest: list[str] = []
+    in_report = False
+    dropped = 0
+    for line in without_shadow_map(log):
+        if not in_report and REPORT_START.search(line):
+            in_report = True
+        if not in_report:
+            rest.append(line)
+            continue
+        frame = FRAME.match(line)
+        if frame and int(frame.group(1)) >= frames:
+            dropped += 1
+            continue
+        if dropped:
+            report.append(f"    ({dropped} deeper frames left out)")
+            dropped = 0
+        report.append(line)
+        if REPORT_END.search(line):
+            in_report = False
+    if dropped:
+        report.append(f"    ({dropped} deeper frames left out)")
+    if len(report) > limit:
+        report = report[:limit] + [f"(the reports go on for {len(report) - limit} more lines)"]
+    return report, rest
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=25, help="lines of each failing test's log to print")
     ap.add_argument("--tests", type=int, default=4, help="failing tests whose log is printed")
+    ap.add_argument("--frames", type=int, default=12, help="frames of each sanitizer stack to print")
     ap.add_argument("logs", nargs="+", type=Path)
     args = ap.parse_args()
     shown = 0
@@ -64,7 +121,12 @@ def main() -> int:
             print(f"-- {result}")
             if shown < args.tests:
                 shown += 1
-                tail = [line for line in log if line.strip()][-args.lines:]
+                report, rest = split_reports(log, args.frames)
+                for line in report:
+                    print(f"   | {line}")
+                if report:
+                    print("   | (the end of the rest of the log:)")
+                tail = [line for line in rest if line.strip()][-args.lines:]
                 for line in tail:
                     print(f"   | {line}")
     return 0
