@@ -28,8 +28,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <random>
 #include <set>
@@ -480,6 +483,46 @@ TEST_CASE("NotifyingMutex: wakes waiters after the notifier unlocks, times out, 
     CHECK_FALSE(stuck);
     CHECK(turn == 2 * kRounds);
   }
+}
+
+TEST_CASE("NotifyingMutex: its owner may be destroyed as soon as another thread sees the notified state") {
+  // As RpcClient's destructor does: poll the state under the mutex, and destroy the owner once it
+  // says done. A notifier is then still between releasing the mutex and waking its waiters; the
+  // owner's memory is overwritten at once, as a reuse would, so a notifier that touched the mutex
+  // after that would lock garbage (it hangs there: found by the deadline below).
+  using net::detail::NotifyingMutex;
+  struct Owner {
+    NotifyingMutex mu;
+    bool done = false;
+  };
+  alignas(Owner) static std::byte storage[sizeof(Owner)];  // static: a stuck notifier outlives the test
+  constexpr int kRounds = 20000;
+  int round = 0;
+  for (; round < kRounds; ++round) {
+    auto* owner = new (storage) Owner;
+    std::promise<void> finished;
+    std::future<void> notifier_done = finished.get_future();
+    std::thread notifier([owner, finished = std::move(finished)]() mutable {
+      {
+        const std::lock_guard g(owner->mu);
+        owner->done = true;
+        owner->mu.notify_all_locked();
+      }
+      finished.set_value();
+    });
+    for (;;) {
+      const std::lock_guard g(owner->mu);
+      if (owner->done) break;
+    }
+    owner->~Owner();
+    std::memset(storage, 0xA5, sizeof storage);
+    if (notifier_done.wait_for(10s) != std::future_status::ready) {
+      notifier.detach();
+      FAIL("round " << round << ": the notifier still used the mutex after its owner was destroyed");
+    }
+    notifier.join();
+  }
+  CHECK(round == kRounds);
 }
 
 TEST_CASE("frame header: round trip, and every malformed header is rejected with a reason") {
