@@ -47,11 +47,13 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+from compile_once_more import SPURIOUS_CONSTRAINT_ERROR, run_compile  # noqa: E402
+
 EXIT_SKIPPED = 77
 COMPILERS = ("g++", "c++", "clang++", "mpicxx")
 RUN_TIMEOUT = 120
 COMPILE_TIMEOUT = 600
-SPURIOUS_CONSTRAINT_ERROR = "constraints not satisfied"
 
 FENCE_RE = re.compile(r"^([ \t]*)(```+|~~~+)([^\n]*)\n(.*?)^\1\2[ \t]*$", re.S | re.M)
 # A file marker: the last thing before a fence (only blank space between them).
@@ -216,18 +218,13 @@ class Checker:
         else:
             exe = tmp / "a.out"
         print(f"[{line.where}] $ {shlex.join(words)}   # {program.name} from {program.where}", flush=True)
-        retried = ""
-        for attempt in (1, 2):
-            try:
-                proc = subprocess.run(words, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      timeout=COMPILE_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                return Outcome(line, "FAIL", f"compiling {program.name} took longer than {COMPILE_TIMEOUT} s")
-            out = proc.stdout.decode("utf-8", errors="replace")
-            # g++ 12.2's rare spurious constraint failure (scripts/compile.sh): the same line once more.
-            if proc.returncode == 0 or attempt == 2 or SPURIOUS_CONSTRAINT_ERROR not in out:
-                break
-            retried = f" (the first try failed with g++'s '{SPURIOUS_CONSTRAINT_ERROR}'; the second built it)"
+        try:
+            proc, second = run_compile(words, cwd=tmp, timeout=COMPILE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return Outcome(line, "FAIL", f"compiling {program.name} took longer than {COMPILE_TIMEOUT} s")
+        out = proc.stdout.decode("utf-8", errors="replace")
+        retried = (f" (the first try failed with g++'s '{SPURIOUS_CONSTRAINT_ERROR}'; the second built it)"
+                   if second and proc.returncode == 0 else "")
         if proc.returncode != 0:
             for m in MISSING_HEADER_RE.finditer(out):
                 header = m.group(1) or m.group(2)

@@ -57,6 +57,9 @@ import textwrap
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "support"))
+from compile_once_more import SPURIOUS_CONSTRAINT_ERROR, run_compile  # noqa: E402
+
 CHECKS = ("subproject", "single_include", "install", "cmake", "cmake_subdirectory", "cmake_fetchcontent",
           "cmake_install", "cmake_cuda")
 # The README's CMake snippets: <!-- cmake-consumer: NAME --> then a fenced block (indented in a list).
@@ -111,13 +114,21 @@ class Runner:
         self.main_cpp = HERE / "meson_subproject" / "main.cpp"
 
     def sh(self, cmd: list[str], what: str, env: dict[str, str] | None = None,
-           cwd: Path | None = None) -> str:
+           cwd: Path | None = None, compiles: bool = False) -> str:
+        """Runs cmd; its output, or CheckFailed with it. A command that `compiles` is run once more
+        after g++'s spurious "constraints not satisfied" (tests/support/compile_once_more.py)."""
         print(f"$ {shlex.join(cmd)}", flush=True)
         full_env = dict(os.environ)
         full_env.update(env or {})
         try:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  env=full_env, cwd=cwd)
+            if compiles:
+                proc, second = run_compile(cmd, env=full_env, cwd=cwd)
+                if second:
+                    print(f"  (the first run failed with g++'s '{SPURIOUS_CONSTRAINT_ERROR}'; ran it once more)",
+                          flush=True)
+            else:
+                proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      env=full_env, cwd=cwd)
         except FileNotFoundError as e:
             raise CheckFailed(f"{what}: cannot run {cmd[0]!r}: {e}") from None
         out = proc.stdout.decode("utf-8", errors="replace")
@@ -151,7 +162,7 @@ class Runner:
                       env=self.meson_env())
         if "Executing subproject distribute" not in out:
             raise CheckFailed(f"{what}: meson setup did not use the subproject:\n{out}")
-        self.sh([*self.meson, "compile", "-C", str(build)], f"{what}: meson compile")
+        self.sh([*self.meson, "compile", "-C", str(build)], f"{what}: meson compile", compiles=True)
         self.run_program(build / "consumer", what)
 
     def check_single_include(self) -> None:
@@ -163,7 +174,7 @@ class Runner:
         exe.parent.mkdir(parents=True)
         self.sh([*self.cxx, "-std=c++20", "-Wall", "-Wextra", "-I", str(self.root / "single_include"),
                  str(self.main_cpp), "-o", str(exe), "-lfmt", "-pthread"],
-                f"{what}: compile")
+                f"{what}: compile", compiles=True)
         self.run_program(exe, what)
 
     def meson_install(self, what: str, base: Path) -> Path:
@@ -172,7 +183,7 @@ class Runner:
         self.sh([*self.meson, "setup", str(build), str(self.root), f"--prefix={prefix}",
                  "-Dtests=false", "-Dexamples=false", "-Dbench=false"],
                 f"{what}: meson setup", env=self.meson_env())
-        self.sh([*self.meson, "install", "-C", str(build), "--quiet"], f"{what}: meson install")
+        self.sh([*self.meson, "install", "-C", str(build), "--quiet"], f"{what}: meson install", compiles=True)
         return prefix
 
     def check_installed_files(self, what: str, prefix: Path,
@@ -227,7 +238,7 @@ class Runner:
             raise CheckFailed(f"{what}: pkg-config cflags lack -I{prefix / 'include'}")
         exe = base / "consumer"
         self.sh([*self.cxx, "-std=c++20", "-Wall", "-Wextra", str(self.main_cpp), "-o", str(exe),
-                 *flags], f"{what}: compile")
+                 *flags], f"{what}: compile", compiles=True)
         self.run_program(exe, what)
 
     def cmake_compiler_args(self) -> list[str]:
@@ -318,7 +329,7 @@ class Runner:
                                     extra: list[str], launcher: Path | None) -> None:
         self.sh([cmake, "-S", str(project), "-B", str(build), "-DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF",
                  *self.cmake_compiler_args(), *extra], f"{what}: cmake configure")
-        self.sh([cmake, "--build", str(build)], f"{what}: cmake --build")
+        self.sh([cmake, "--build", str(build)], f"{what}: cmake --build", compiles=True)
         self.run_program(build / "app", what)
         self.run_program(build / "app_compiled", f"{what} (distribute::compiled)")
         self.run_two_workers(what, build / "train", launcher)
@@ -383,7 +394,7 @@ class Runner:
         self.sh([cmake, "-S", str(project), "-B", str(build), "-DDISTRIBUTE_SINGLE_INCLUDE=ON",
                  "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON", *self.cmake_compiler_args()],
                 f"{what}: cmake configure with -DDISTRIBUTE_SINGLE_INCLUDE=ON")
-        self.sh([cmake, "--build", str(build), "--target", "app"], f"{what}: cmake --build --target app")
+        self.sh([cmake, "--build", str(build), "--target", "app"], f"{what}: cmake --build --target app", compiles=True)
         commands = json.loads((build / "compile_commands.json").read_text(encoding="utf-8"))
         app_command = next(c["command"] for c in commands if c["file"].endswith("app.cpp"))
         single = str(project / "third_party" / "distribute" / "single_include")
@@ -419,7 +430,7 @@ class Runner:
                 raise CheckFailed(f"{what}: README.md's install block runs {words[0]!r}, not cmake: {line}")
             if words[1:2] == ["-S"]:
                 words += self.cmake_compiler_args()
-            self.sh(words, f"{what}: {line}", cwd=base)
+            self.sh(words, f"{what}: {line}", cwd=base, compiles=True)
         self.check_installed_files(what, prefix, EXPECTED_CMAKE_INSTALL_FILES)
         return prefix
 
@@ -443,7 +454,7 @@ class Runner:
         if "distribute::cuda: not found" in out:
             raise CheckSkipped(f"{what}: no CUDA toolkit found, so no distribute::cuda")
         print(f"  {next(line for line in out.splitlines() if 'distribute::cuda:' in line)}")
-        self.sh([cmake, "--build", str(build)], f"{what}: cmake --build")
+        self.sh([cmake, "--build", str(build)], f"{what}: cmake --build", compiles=True)
         out = self.sh([str(build / "cuda_app")], f"{what}: running the program")
         if f"distribute {self.version} cuda: " not in out:
             raise CheckFailed(f"{what}: the program printed {out!r}")
@@ -512,7 +523,7 @@ class Runner:
             got = found.get(key)
             if got is None or Path(got).resolve() != path.resolve():
                 raise CheckFailed(f"{what}: {key} is {got!r}, expected {str(path)!r}:\n{out}")
-        self.sh([cmake, "--build", str(build)], f"{what}: cmake --build")
+        self.sh([cmake, "--build", str(build)], f"{what}: cmake --build", compiles=True)
         self.run_program(build / "consumer", what)
 
 

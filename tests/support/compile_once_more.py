@@ -1,0 +1,26 @@
+"""Runs a compile or build command once more when g++ failed it with "constraints not satisfied".
+
+g++ 12.2 (Debian bookworm's) now and then rejects a correct file that way, for a type whose
+tensor_traits specialisation is in scope; the same command then compiles it (scripts/compile.sh,
+which does this for the project's own builds, says more). The Python scripts that compile programs
+of their own (the documents' compile lines, the consumer checks) run their commands through this.
+"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+SPURIOUS_CONSTRAINT_ERROR = "constraints not satisfied"
+
+
+def run_compile(cmd: list[str], *, timeout: float | None = None, env: dict[str, str] | None = None,
+                cwd: Path | None = None) -> tuple[subprocess.CompletedProcess[bytes], bool]:
+    """(the last run, stdout and stderr merged; whether it was the second). A second run happens only
+    when the first failed and its output holds g++'s message; any other failure is returned as is.
+    subprocess.TimeoutExpired and FileNotFoundError reach the caller."""
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, env=env,
+                          cwd=cwd)
+    if proc.returncode == 0 or SPURIOUS_CONSTRAINT_ERROR not in proc.stdout.decode("utf-8", errors="replace"):
+        return proc, False
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, env=env,
+                          cwd=cwd), True
