@@ -9,9 +9,10 @@ first one: without this, a failure there is known only by its count. For every t
 the last N lines (default 25) of the log meson printed under it, for the first M such tests (default
 4); the result line of every further one is still printed. Prints nothing when no test failed.
 
-A sanitizer's report is printed whole but for its shadow-byte map and the deep frames of its stacks
-(--frames, default 12), before that tail: the map is what the tail of an ASan failure holds, and the
-lines that say what went wrong, where, and who freed it come before it.
+A sanitizer's report is printed before that tail, but for its shadow-byte map, the deep frames of its
+stacks (--frames, default 10), their addresses and binaries, and the end of long lines: the map is what
+the tail of an ASan failure holds, the lines that say what went wrong, where, and who freed it come
+before it, and CI keeps only about 12,000 characters.
 """
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ RULE = "\u2015" * 10
 REPORT_START = re.compile(r"==\d+==ERROR: \w+Sanitizer|WARNING: ThreadSanitizer:|: runtime error: ")
 REPORT_END = re.compile(r"^\s*SUMMARY: \w+Sanitizer")
 FRAME = re.compile(r"^\s*#(\d+) ")
+# "    #2 0x55bc7e1 in f(int) (/path/to/binary+0x1459976)" -> "    #2 f(int)"
+FRAME_NOISE = re.compile(r"^(\s*#\d+) 0x[0-9a-f]+ (?:in )?(.*?)(?: \(/[^()]*\+0x[0-9a-f]+\))?$")
+REPORT_LINE_CHARS = 200
+REPORT_CHARS = 7000
 SHADOW_START = re.compile(r"Shadow bytes around the buggy address")
 SHADOW_END = re.compile(r"==\d+==ABORTING")
 
@@ -78,9 +83,9 @@ def without_shadow_map(log: list[str]) -> list[str]:
     return out
 
 
-def split_reports(log: list[str], frames: int, limit: int = 150) -> tuple[list[str], list[str]]:
-    """(each sanitizer report in the log, up to `limit` lines in all, its stacks cut to their first
-    `frames` frames; the rest of the log, without the shadow-byte map)."""
+def split_reports(log: list[str], frames: int) -> tuple[list[str], list[str]]:
+    """(each sanitizer report in the log, cut as the module's docstring says, REPORT_CHARS at most;
+    the rest of the log, without the shadow-byte map)."""
     report: list[str] = []
     rest: list[str] = []
     in_report = False
@@ -98,13 +103,17 @@ def split_reports(log: list[str], frames: int, limit: int = 150) -> tuple[list[s
         if dropped:
             report.append(f"    ({dropped} deeper frames left out)")
             dropped = 0
-        report.append(line)
+        line = FRAME_NOISE.sub(r"\1 \2", line)
+        report.append(line if len(line) <= REPORT_LINE_CHARS else line[:REPORT_LINE_CHARS - 3] + "...")
         if REPORT_END.search(line):
             in_report = False
     if dropped:
         report.append(f"    ({dropped} deeper frames left out)")
-    if len(report) > limit:
-        report = report[:limit] + [f"(the reports go on for {len(report) - limit} more lines)"]
+    total = 0
+    for i, line in enumerate(report):
+        total += len(line) + 1
+        if total > REPORT_CHARS:
+            return report[:i] + [f"(the reports go on for {len(report) - i} more lines)"], rest
     return report, rest
 
 
@@ -112,7 +121,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=25, help="lines of each failing test's log to print")
     ap.add_argument("--tests", type=int, default=4, help="failing tests whose log is printed")
-    ap.add_argument("--frames", type=int, default=12, help="frames of each sanitizer stack to print")
+    ap.add_argument("--frames", type=int, default=10, help="frames of each sanitizer stack to print")
     ap.add_argument("logs", nargs="+", type=Path)
     args = ap.parse_args()
     shown = 0
