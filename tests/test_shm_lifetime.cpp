@@ -95,32 +95,40 @@ TEST_CASE("processes: rank 0 SIGKILLed at 20 points of the shared-memory set-up 
     CAPTURE(point);
     CAPTURE(offsets_ms[point]);
     const int n = 3;
-    const auto ports = test_support::free_ports(n);
-    std::string port_list;
-    for (int p : ports) port_list += fmt::format("{}{}", port_list.empty() ? "" : ",", p);
     std::vector<test_support::Child> procs;
-    for (int r = 0; r < n; ++r) {
-      // 16 MiB slots: a (3 + 1) x 16 MiB segment; 4000-byte all-reduces go through it.
-      procs.push_back(test_support::spawn({helper_path(), "loop", "--rank", std::to_string(r), "--ports", port_list, "--count",
-                                           "1000", "--iters", "200", "--shm-min", "1", "--shm-slot", "16777216",
-                                           "--connect-timeout", "20000"},
-                                          {}));
-    }
-    // Watch rank 0 until it holds the segment, then kill it `offset` later.
     std::optional<std::string> label;
-    const auto give_up = Clock::now() + 20s;
-    while (!label && Clock::now() < give_up) {
-      label = segment_of(procs[0].pid);
-      int st = 0;
-      if (!label && ::waitpid(procs[0].pid, &st, WNOHANG) == procs[0].pid) {
-        procs[0].done = true;
-        procs[0].status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        break;
+    // On a loaded machine this thread can miss the whole job (a few ms): rank 0 then ends without
+    // having been seen with its segment, and the job is run again (3 tries).
+    for (int attempt = 1; attempt <= 3 && !label; ++attempt) {
+      procs.clear();
+      std::string port_list;
+      for (int p : test_support::free_ports(n)) port_list += fmt::format("{}{}", port_list.empty() ? "" : ",", p);
+      for (int r = 0; r < n; ++r) {
+        // 16 MiB slots: a (3 + 1) x 16 MiB segment; 4000-byte all-reduces go through it.
+        procs.push_back(test_support::spawn({helper_path(), "loop", "--rank", std::to_string(r), "--ports", port_list,
+                                             "--count", "1000", "--iters", "200", "--shm-min", "1", "--shm-slot",
+                                             "16777216", "--connect-timeout", "20000"},
+                                            {}));
       }
-    }
-    if (!label) {
-      test_support::wait_all(procs, 1ms);
-      FAIL("rank 0 never held a shared-memory segment:\n" << procs[0].output << "\n" << procs[1].output);
+      // Watch rank 0 until it holds the segment, then kill it `offset` later.
+      const auto give_up = Clock::now() + 20s;
+      while (!label && Clock::now() < give_up) {
+        label = segment_of(procs[0].pid);
+        int st = 0;
+        if (!label && ::waitpid(procs[0].pid, &st, WNOHANG) == procs[0].pid) {
+          procs[0].done = true;
+          procs[0].status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+          break;
+        }
+      }
+      if (!label) {
+        const bool ended = test_support::wait_all(procs, 20s);
+        if (attempt < 3 && ended && procs[0].status == 0) {
+          MESSAGE("rank 0 ran its whole job before this thread saw its segment; the job runs again");
+          continue;
+        }
+        FAIL("rank 0 never held a shared-memory segment:\n" << procs[0].output << "\n" << procs[1].output);
+      }
     }
     labels.insert(*label);
     std::this_thread::sleep_until(Clock::now() + std::chrono::duration<double, std::milli>(offsets_ms[point]));
