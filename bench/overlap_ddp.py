@@ -6,12 +6,14 @@ WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torchrun does). Rank 0 prints the sa
 (allreduce_ms and compute_ms are left empty: DDP does not expose them apart).
 
     distribute-launch -n 2 python3 bench/overlap_ddp.py --hidden 2048 --layers 5 --batch 16
+    distribute-launch -n 2 python3 bench/overlap_ddp.py --compress fp16    # mode ddp_fp16
 """
 import argparse
 import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -22,6 +24,8 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--bucket-mb", type=float, default=4.0)
+    p.add_argument("--compress", choices=("none", "fp16"), default="none",
+                   help="fp16: DDP's fp16_compress_hook, float16 on the wire (the bytes of our bfloat16 wire)")
     a = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -32,6 +36,8 @@ def main():
         if k + 1 < a.layers:
             layers.append(torch.nn.ReLU())
     model = DistributedDataParallel(torch.nn.Sequential(*layers), bucket_cap_mb=a.bucket_mb)
+    if a.compress == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     params = sum(p.numel() for p in model.parameters())
     x = torch.randn(a.batch, a.hidden)
@@ -51,7 +57,8 @@ def main():
     dist.barrier()
     seconds = time.perf_counter() - t0
     if dist.get_rank() == 0:
-        print(f"overlap_mlp,ddp,{dist.get_world_size()},{params},{a.batch},{a.steps},{a.steps / seconds:.3f},"
+        mode = "ddp" if a.compress == "none" else "ddp_" + a.compress
+        print(f"overlap_mlp,{mode},{dist.get_world_size()},{params},{a.batch},{a.steps},{a.steps / seconds:.3f},"
               f"{1e3 * seconds / a.steps:.1f},,", flush=True)
     dist.destroy_process_group()
 

@@ -8,7 +8,7 @@ of communication in a synchronous step.
 import csv
 import sys
 
-MODES = ("sync", "overlap", "overlap_bf16", "ddp")
+MODES = ("sync", "overlap", "overlap_bf16", "ddp", "ddp_fp16")
 
 
 def report(rows, setting):

@@ -12,7 +12,8 @@ work that competes with backward (bench/overlap.sh).
     sudo python3 bench/overlap_two_hosts.py --batch 96 --reps 1 --bucket-mib 16 --modes overlap_bf16,ddp
 
 Modes: sync (all-reduce after backward), overlap (GradientBucketer, float32 on the wire), overlap_bf16 (the same,
-bfloat16 on the wire) and ddp (PyTorch DDP over gloo, float32 on the wire); ours and DDP's buckets are --bucket-mib
+bfloat16 on the wire), ddp (PyTorch DDP over gloo, float32 on the wire) and ddp_fp16 (DDP with its
+fp16_compress_hook: float16 on the wire, the bytes of overlap_bf16; not in the default modes); ours and DDP's buckets are --bucket-mib
 (4 by default). Prints one line per run (the CSV of overlap_mlp.cpp) and a table: each mode's best pass, its ratio to
 sync and to DDP. Needs root, iproute2, util-linux, libtorch-dev, python3-torch (the DDP column) and what the library
 needs.
@@ -87,13 +88,13 @@ def main():
     rows = []
     with two_hosts.TwoHosts(cpus) as hosts:
         for p in range(1, args.reps + 1):
-            for mode in [m for m in modes if m != "ddp" or have_ddp]:
+            for mode in [m for m in modes if not m.startswith("ddp") or have_ddp]:
                 load = open("/proc/loadavg").read().split()[0]
                 print(f"pass {p}/{args.reps}: {mode} ({time.strftime('%H:%M:%S')}, load {load})", file=sys.stderr)
                 port = 30000 + (os.getpid() * 7 + int(time.time())) % 20000
-                if mode == "ddp":
+                if mode.startswith("ddp"):
                     argv = [args.python, os.path.join(ROOT, "bench", "overlap_ddp.py"), "--bucket-mb",
-                            str(args.bucket_mib)] + model
+                            str(args.bucket_mib), "--compress", "fp16" if mode == "ddp_fp16" else "none"] + model
                     env_of = lambda r: {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": hosts.address(0),  # noqa: E731
                                         "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "eth0"}
                 else:

@@ -3,7 +3,7 @@
 
 Each host is a network namespace whose processes get their own /dev/shm and hostname (unshare), and
 one CPU of the machine (taskset: host A the first CPU, host B the second), so every implementation
-finds what it would on two small machines. Between the hosts: a 1 Gbit/s link (a tbf qdisc on each
+finds what it would on two small machines; the wire delivers to each host on that host's CPU. Between the hosts: a 1 Gbit/s link (a tbf qdisc on each
 side's eth0) with a 200 us one-way delay (wire_relay.cpp: this kernel has no netem). Every
 implementation runs the drivers of run.sh (common.hpp's timing rule: barrier, time one call, max
 over ranks, median), one after the other, in passes; the table keeps each one's lowest median over
@@ -88,7 +88,9 @@ class TwoHosts:
             for ns in self.ns:
                 sh("ip", "netns", "add", ns)
                 self.made.append(ns)
-            self.relay = subprocess.Popen([os.path.join(BUILD, "wire_relay"), *self.ns, str(DELAY_US)],
+            # Each direction's relay thread on the CPU of the host it delivers to: that host's receive path.
+            pins = [str(self.cpus[h % len(self.cpus)]) for h in range(HOSTS)] if self.cpus else []
+            self.relay = subprocess.Popen([os.path.join(BUILD, "wire_relay"), *self.ns, str(DELAY_US), *pins],
                                           stdout=subprocess.PIPE, text=True)
             if self.relay.stdout.readline().strip() != "ready":
                 raise RuntimeError("wire_relay did not start")

@@ -2,12 +2,15 @@
 // each, and every frame one side transmits comes out of the other side `delay` microseconds later
 // (this kernel has no netem; the rate limit is a tbf qdisc on each eth0, set by the script).
 //
-//   wire_relay NETNS_A NETNS_B DELAY_US      (root; prints "ready" once both devices exist)
+//   wire_relay NETNS_A NETNS_B DELAY_US [CPU_A CPU_B]   (root; prints "ready" once both devices exist)
 //
 // The devices carry virtio-net headers with TSO/checksum offload, so the relay moves the kernel's
 // large segments (up to 64 KiB) rather than every 1500-byte frame; tbf accounts each segment's
 // frames on the wire. One thread per direction, SCHED_FIFO when allowed, sleeps in ppoll until the
-// next frame is due: the wire does not compete with the workers for the CPU on a small machine.
+// next frame is due. Given the hosts' CPUs, the thread that delivers to a host runs on that host's
+// CPU: its write() runs the host's receive path (TCP, the copy to the socket), which a real host
+// also pays on its own CPU; unpinned, that work lands on either host, and a host computing beside
+// its communication would be charged its peer's receiving.
 #include <fcntl.h>
 #include <linux/if.h>
 #include <linux/if_tun.h>
@@ -24,6 +27,7 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,16 +66,23 @@ long long now_ns() {
 
 struct Frame {
   long long due;
-  std::vector<char> bytes;
+  std::size_t size;
+  std::unique_ptr<char[]> bytes;
 };
 
-// Frames read from `from` are written to `to` `delay_ns` after they were read.
-void carry(int from, int to, long long delay_ns) {
+// Frames read from `from` are written to `to` `delay_ns` after they were read; on `cpu` if >= 0.
+void carry(int from, int to, long long delay_ns, int cpu) {
+  if (cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (::pthread_setaffinity_np(::pthread_self(), sizeof set, &set) != 0) die("pin to CPU " + std::to_string(cpu));
+  }
   sched_param sp{};
   sp.sched_priority = 50;
   ::pthread_setschedparam(::pthread_self(), SCHED_FIFO, &sp);  // best effort
   std::deque<Frame> queue;
-  std::vector<std::vector<char>> spare;
+  std::vector<std::unique_ptr<char[]>> spare;
   constexpr std::size_t kMaxFrame = 65536 + 256;
   constexpr std::size_t kMaxQueued = 4096;  // far beyond what 1 Gbit/s puts on the wire in the delay
   for (;;) {
@@ -86,24 +97,25 @@ void carry(int from, int to, long long delay_ns) {
     }
     if (::ppoll(&p, 1, timeout, nullptr) < 0 && errno != EINTR) die("ppoll");
     for (;;) {  // every frame that is waiting
-      std::vector<char> buf;
+      std::unique_ptr<char[]> buf;
       if (!spare.empty()) {
         buf = std::move(spare.back());
         spare.pop_back();
+      } else {
+        buf.reset(new char[kMaxFrame]);  // not zeroed: read() fills what is sent
       }
-      buf.resize(kMaxFrame);
-      const ssize_t n = ::read(from, buf.data(), buf.size());
+      const ssize_t n = ::read(from, buf.get(), kMaxFrame);
       if (n < 0) {
+        spare.push_back(std::move(buf));
         if (errno == EAGAIN || errno == EINTR) break;
         die("read");
       }
-      buf.resize(static_cast<std::size_t>(n));
-      if (queue.size() < kMaxQueued) queue.push_back(Frame{now_ns() + delay_ns, std::move(buf)});
+      if (queue.size() < kMaxQueued) queue.push_back(Frame{now_ns() + delay_ns, static_cast<std::size_t>(n), std::move(buf)});
     }
     const long long t = now_ns();
     while (!queue.empty() && queue.front().due <= t) {
       Frame& f = queue.front();
-      if (::write(to, f.bytes.data(), f.bytes.size()) < 0 && errno != EAGAIN && errno != EIO) die("write");
+      if (::write(to, f.bytes.get(), f.size) < 0 && errno != EAGAIN && errno != EIO) die("write");
       spare.push_back(std::move(f.bytes));
       queue.pop_front();
     }
@@ -113,16 +125,17 @@ void carry(int from, int to, long long delay_ns) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: wire_relay NETNS_A NETNS_B DELAY_US\n");
+  if (argc != 4 && argc != 6) {
+    std::fprintf(stderr, "usage: wire_relay NETNS_A NETNS_B DELAY_US [CPU_A CPU_B]\n");
     return 2;
   }
+  const int cpu_a = argc == 6 ? std::atoi(argv[4]) : -1, cpu_b = argc == 6 ? std::atoi(argv[5]) : -1;
   const int a = open_tap(argv[1]), b = open_tap(argv[2]);
   const long long delay_ns = std::atoll(argv[3]) * 1000LL;
   std::printf("ready\n");
   std::fflush(stdout);
-  std::thread ab([&] { carry(a, b, delay_ns); });
-  std::thread ba([&] { carry(b, a, delay_ns); });
+  std::thread ab([&] { carry(a, b, delay_ns, cpu_b); });  // delivers to B: B's receive path
+  std::thread ba([&] { carry(b, a, delay_ns, cpu_a); });
   ab.join();
   ba.join();
 }
