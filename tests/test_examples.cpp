@@ -558,6 +558,12 @@ TEST_CASE("torch_digits: one_device, mirrored(4) and 2 workers reach 95% with th
     MESSAGE("this build has no libtorch (Debian libtorch-dev): torch_digits skipped");
     return;
   }
+  // Replica threads call libtorch's BLAS at once: a BLAS that is not safe for that (OpenBLAS's
+  // single-threaded build without locking) gives weights that differ from run to run.
+  std::error_code no_blas;
+  const fs::path blas = fs::canonical("/usr/lib/x86_64-linux-gnu/libblas.so.3", no_blas);
+  INFO("libblas.so.3 is ", no_blas ? std::string("not found") : blas.string(),
+       "; Mirrored needs a BLAS safe to call from several threads at once (docs/tensors.md)");
   TempDir out;
   auto train = [&](const std::string& name, std::vector<std::string> argv) {
     const fs::path weights = out.path / (name + ".txt");
