@@ -76,7 +76,10 @@ void carry(int from, int to, long long delay_ns, int cpu) {
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(cpu, &set);
-    if (::pthread_setaffinity_np(::pthread_self(), sizeof set, &set) != 0) die("pin to CPU " + std::to_string(cpu));
+    if (const int rc = ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set); rc != 0) {
+      errno = rc;  // it returns the error rather than setting errno
+      die("pin to CPU " + std::to_string(cpu));
+    }
   }
   sched_param sp{};
   sp.sched_priority = 50;
