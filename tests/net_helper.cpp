@@ -252,6 +252,24 @@ std::optional<std::uint64_t> eth0_tx_bytes() {
   return ok ? std::optional<std::uint64_t>(v) : std::nullopt;
 }
 
+// TCP segments this host has retransmitted (/proc/net/snmp of its network namespace), where it says.
+std::optional<std::uint64_t> tcp_retransmitted_segments() {
+  std::FILE* f = std::fopen("/proc/net/snmp", "r");
+  if (f == nullptr) return std::nullopt;
+  char names[4096], values[4096];
+  std::optional<std::uint64_t> found;
+  while (std::fgets(names, sizeof names, f) != nullptr && std::fgets(values, sizeof values, f) != nullptr) {
+    if (std::strncmp(names, "Tcp:", 4) != 0) continue;
+    std::vector<std::string> keys;
+    for (char* t = std::strtok(names + 4, " \n"); t != nullptr; t = std::strtok(nullptr, " \n")) keys.emplace_back(t);
+    std::size_t k = 0;
+    for (char* t = std::strtok(values + 4, " \n"); t != nullptr && k < keys.size(); t = std::strtok(nullptr, " \n"), ++k)
+      if (keys[k] == "RetransSegs") found = std::strtoull(t, nullptr, 10);
+  }
+  std::fclose(f);
+  return found;
+}
+
 // This task's distribute_collective_bytes_sent_total{kind="all_reduce"}.
 std::uint64_t sent_by_all_reduces(const ds::observe::CollectiveMetrics& metrics) {
   const std::string text = metrics.registry()->expose();
@@ -404,11 +422,14 @@ void run_collectives(ds::net::Communicator& comm, const ds::observe::CollectiveM
       comm.barrier();
       const std::uint64_t before = sent_by_all_reduces(*metrics);
       const auto link_before = eth0_tx_bytes();
+      const auto retrans_before = tcp_retransmitted_segments();
       comm.all_reduce(std::span<float>(grads), ds::ReduceOp::Sum);
       comm.barrier();  // every rank's data has been received: none of it is still on its way out
       const auto link_after = eth0_tx_bytes();
+      const auto retrans_after = tcp_retransmitted_segments();
       if (bytes == (std::size_t{8} << 20)) say(fmt::format("SENT {} of {}", sent_by_all_reduces(*metrics) - before, bytes));
       if (link_before && link_after) say(fmt::format("LINK {} of {}", *link_after - *link_before, bytes));
+      if (retrans_before && retrans_after) say(fmt::format("RETRANSMITTED {} segments in {}", *retrans_after - *retrans_before, bytes));
     }
   }
 }
