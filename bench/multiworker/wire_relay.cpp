@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -125,6 +126,18 @@ void carry(int from, int to, long long delay_ns, int cpu) {
   }
 }
 
+// A whole decimal number from `least` to `most`, or a usage error naming the argument.
+long long number(const char* what, const char* text, long long least, long long most) {
+  long long v = 0;
+  const char* end = text + std::strlen(text);
+  const auto [at, ec] = std::from_chars(text, end, v);
+  if (ec != std::errc{} || at != end || *text == '\0' || v < least || v > most) {
+    std::fprintf(stderr, "wire_relay: %s must be a whole number from %lld to %lld, not '%s'\n", what, least, most, text);
+    std::exit(2);
+  }
+  return v;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -132,9 +145,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: wire_relay NETNS_A NETNS_B DELAY_US [CPU_A CPU_B]\n");
     return 2;
   }
-  const int cpu_a = argc == 6 ? std::atoi(argv[4]) : -1, cpu_b = argc == 6 ? std::atoi(argv[5]) : -1;
+  const long long delay_ns = number("DELAY_US", argv[3], 0, 10'000'000) * 1000LL;
+  // CPU_SETSIZE bounds what a cpu_set_t can name; a CPU that exists but is not ours fails the pin.
+  const int cpu_a = argc == 6 ? static_cast<int>(number("CPU_A", argv[4], 0, CPU_SETSIZE - 1)) : -1;
+  const int cpu_b = argc == 6 ? static_cast<int>(number("CPU_B", argv[5], 0, CPU_SETSIZE - 1)) : -1;
   const int a = open_tap(argv[1]), b = open_tap(argv[2]);
-  const long long delay_ns = std::atoll(argv[3]) * 1000LL;
   std::printf("ready\n");
   std::fflush(stdout);
   std::thread ab([&] { carry(a, b, delay_ns, cpu_b); });  // delivers to B: B's receive path
