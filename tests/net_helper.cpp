@@ -29,9 +29,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -252,22 +254,19 @@ std::optional<std::uint64_t> eth0_tx_bytes() {
   return ok ? std::optional<std::uint64_t>(v) : std::nullopt;
 }
 
-// TCP segments this host has retransmitted (/proc/net/snmp of its network namespace), where it says.
+// TCP segments this host has retransmitted (/proc/net/snmp of its network namespace: a line of
+// names, then a line of values, for each protocol), where it says.
 std::optional<std::uint64_t> tcp_retransmitted_segments() {
-  std::FILE* f = std::fopen("/proc/net/snmp", "r");
-  if (f == nullptr) return std::nullopt;
-  char names[4096], values[4096];
-  std::optional<std::uint64_t> found;
-  while (std::fgets(names, sizeof names, f) != nullptr && std::fgets(values, sizeof values, f) != nullptr) {
-    if (std::strncmp(names, "Tcp:", 4) != 0) continue;
-    std::vector<std::string> keys;
-    for (char* t = std::strtok(names + 4, " \n"); t != nullptr; t = std::strtok(nullptr, " \n")) keys.emplace_back(t);
-    std::size_t k = 0;
-    for (char* t = std::strtok(values + 4, " \n"); t != nullptr && k < keys.size(); t = std::strtok(nullptr, " \n"), ++k)
-      if (keys[k] == "RetransSegs") found = std::strtoull(t, nullptr, 10);
+  std::ifstream snmp("/proc/net/snmp");
+  std::string names, values;
+  while (std::getline(snmp, names) && std::getline(snmp, values)) {
+    if (!names.starts_with("Tcp:")) continue;
+    std::istringstream name_words(names), value_words(values);
+    std::string name, value;
+    while (name_words >> name && value_words >> value)
+      if (name == "RetransSegs") return std::stoull(value);
   }
-  std::fclose(f);
-  return found;
+  return std::nullopt;
 }
 
 // This task's distribute_collective_bytes_sent_total{kind="all_reduce"}.
