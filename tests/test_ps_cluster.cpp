@@ -619,7 +619,7 @@ TEST_CASE("remote-function misuse in one process: names, handles outside a worke
                        ds::InvalidArgument);
   CHECK_THROWS_WITH_AS(ds::register_remote_function("", other), "register_remote_function: the name is empty",
                        ds::InvalidArgument);
-  auto v = ds::Variable<float>::attach_remote("v", 0.0f, {nullptr, 0, "k"});
+  auto v = ds::Variable<float>::attach_remote("v", ds::DType::F32, {}, {nullptr, 0, "k"});
   const std::string bytes = ds::ps::detail::save_values(v);
   CHECK_THROWS_WITH_AS(ds::ps::detail::load_values<ds::Variable<float>>(bytes, "arguments"),
                        "variable 'v' arrived outside a worker: ps variable handles are read by the worker that runs a "

@@ -12,7 +12,8 @@
 //   DISTRIBUTE_WITH_MULTI_WORKER  + MultiWorkerMirroredStrategy                 (+ Boost.Asio, OpenSSL)
 //   DISTRIBUTE_WITH_NET           net::Communicator, the TCP collectives themselves (Boost.Asio, OpenSSL)
 //   DISTRIBUTE_WITH_PS            + ps/: ParameterServerStrategy, ds::Server, ClusterCoordinator,
-//                                 remote functions, ShardedVariable, partitioners (+ Boost.Beast, cereal)
+//                                 remote functions, ShardedVariable, partitioners, optimizers::SGD and
+//                                 optimizers::Adagrad (+ Boost.Beast, cereal)
 //   DISTRIBUTE_WITH_SUMMARY       + summary/: SummaryWriter (TensorBoard event files)
 //   DISTRIBUTE_WITH_ALL           all of the above
 //
@@ -75,6 +76,8 @@
 #include <distribute/core/tensor_traits.hpp>
 #include <distribute/core/values.hpp>
 #include <distribute/core/context.hpp>
+#include <distribute/core/indexed_slices.hpp>
+#include <distribute/core/initializer.hpp>
 #include <distribute/core/variable.hpp>
 
 #include <distribute/data/options.hpp>
@@ -137,6 +140,7 @@
 #include <distribute/ps/partitioner.hpp>
 #include <distribute/ps/placement.hpp>
 #include <distribute/ps/sharded_variable.hpp>
+#include <distribute/ps/optimizers.hpp>
 #include <distribute/ps/parameter_server_strategy.hpp>
 #include <distribute/ps/remote_function.hpp>
 #include <distribute/ps/server.hpp>
@@ -279,6 +283,17 @@ DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS(MaxSizePartitioner, "DISTRIBUTE_WITH_PS", "
 DISTRIBUTE_DETAIL_NOT_INCLUDED_FUNCTION(register_remote_function, "distribute::register_remote_function",
                                         "DISTRIBUTE_WITH_PS", "distribute/ps/remote_function.hpp")
 }  // namespace distribute::parts_not_included
+namespace distribute::parts_not_included::optimizers {
+DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS_AS(SGD, "distribute::optimizers::SGD", "DISTRIBUTE_WITH_PS",
+                                        "distribute/ps/optimizers.hpp");
+DISTRIBUTE_DETAIL_NOT_INCLUDED_CLASS_AS(Adagrad, "distribute::optimizers::Adagrad", "DISTRIBUTE_WITH_PS",
+                                        "distribute/ps/optimizers.hpp");
+}  // namespace distribute::parts_not_included::optimizers
+DISTRIBUTE_BEGIN_NAMESPACE
+namespace optimizers {
+using namespace ::distribute::parts_not_included::optimizers;
+}  // namespace optimizers
+DISTRIBUTE_END_NAMESPACE
 #if !defined(DISTRIBUTE_REMOTE_FUNCTION)
 #define DISTRIBUTE_REMOTE_FUNCTION(fn)                                                                     \
   static_assert(::distribute::parts_not_included::asked_for<>,                                            \

@@ -91,6 +91,7 @@ void check_host_memory(const Variable<T>& var, std::string_view name) {
   static_assert(memory_space_v<T> == MemorySpace::host,
                 "ds::Checkpoint: variables whose values live in device memory cannot be checkpointed yet");
   if constexpr (DynamicTensorLike<T>) {
+    if (var.values().empty()) return;  // on a ps task: host memory there
     const TensorView v = view_of(var.values().front());
     if (v.memory != MemorySpace::host) {
       throw InvalidArgument(fmt::format("Checkpoint::track: '{}' (variable '{}') holds {} values in device memory, "
@@ -169,7 +170,7 @@ template <class T>
 class TrackedVariable final : public Trackable {
  public:
   explicit TrackedVariable(Variable<T> var) : var_(std::move(var)) {}
-  DType dtype() const override { return value_dtype(var_.values().front()); }
+  DType dtype() const override { return var_.dtype(); }
   Shape shape() const override { return var_.shape(); }
   std::string describe() const override { return fmt::format("variable '{}'", var_.name()); }
   CheckpointSnapshot snapshot(const std::string& name) const override {
@@ -189,7 +190,7 @@ class TrackedShards final : public Trackable {
   TrackedShards(std::vector<Variable<T>> shards, const std::string& name) : shards_(std::move(shards)) {
     if (shards_.empty()) throw InvalidArgument(fmt::format("Checkpoint: sharded variable '{}' has no shards", name));
     const Shape first = shards_.front().shape();
-    const DType first_dtype = value_dtype(shards_.front().values().front());
+    const DType first_dtype = shards_.front().dtype();
     for (std::size_t i = 0; i < shards_.size(); ++i) {
       const Shape s = shards_[i].shape();
       if (s.empty() || s.size() != first.size() || !std::equal(s.begin() + 1, s.end(), first.begin() + 1)) {
@@ -197,14 +198,14 @@ class TrackedShards final : public Trackable {
                                           "along axis 0 with shard 0's {}",
                                           i, shards_[i].name(), name, shape_string(s), shape_string(first)));
       }
-      if (const DType d = value_dtype(shards_[i].values().front()); d != first_dtype) {
+      if (const DType d = shards_[i].dtype(); d != first_dtype) {
         throw InvalidArgument(fmt::format("Checkpoint: shard {} ('{}') of '{}' is {}, but shard 0 is {}; the shards "
                                           "of one tensor share a dtype",
                                           i, shards_[i].name(), name, to_string(d), to_string(first_dtype)));
       }
     }
   }
-  DType dtype() const override { return value_dtype(shards_.front().values().front()); }
+  DType dtype() const override { return shards_.front().dtype(); }
   Shape shape() const override {
     Shape s = shards_.front().shape();
     s[0] = 0;

@@ -8,16 +8,27 @@
 // once per step, or a value on a ps task. Variable<T> itself only forwards to that storage.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include <distribute/core/remote_store.hpp>
 #include <distribute/core/detail/variable_factory.hpp>
 #include <distribute/core/detail/variable_storage.hpp>
 #include <distribute/core/dtype.hpp>
+#include <distribute/core/error.hpp>
+#include <distribute/core/host_operands.hpp>
+#include <distribute/core/indexed_slices.hpp>
+#include <distribute/core/initializer.hpp>
+#include <distribute/core/row_updates.hpp>
 #include <distribute/core/memory_space.hpp>
 #include <distribute/core/shape.hpp>
 #include <distribute/core/tensor_traits.hpp>
@@ -34,16 +45,26 @@ class Variable {
 
   /// Creates the variable; inside a strategy's scope the strategy places it.
   explicit Variable(T initial_value, VariableOptions options = {})
-      : storage_(core::detail::make_variable_storage(std::move(initial_value), std::move(options))) {}
+      : storage_(core::detail::make_variable_storage(core::detail::InitialValue<T>(std::move(initial_value)),
+                                                     std::move(options))) {}
+
+  /// Creates a variable of `shape` filled by `init` (TF: tf.Variable(initializer(shape))). On a ps
+  /// task the ps task fills it, so nothing but the shape is sent (a table of millions of rows is
+  /// never built here); any other placement fills it here. InvalidArgument when `init` cannot make
+  /// values of T's element type.
+  Variable(Shape shape, const Initializer& init, VariableOptions options = {})
+    requires StaticTensorLike<T>
+      : storage_(core::detail::make_variable_storage(
+            core::detail::InitialValue<T>(dtype_of<element_t<T>>(), std::move(shape), init), std::move(options))) {}
 
   /// A handle to a variable that already lives on a ps task (what a worker gets when a scheduled
-  /// function receives a variable as an argument). `shape_template` gives the shape; its values
-  /// are not used. Used by ps/; programs create variables with the other constructor.
-  static Variable attach_remote(std::string name, T shape_template, core::RemoteHandle handle) {
+  /// function receives a variable as an argument). Used by ps/; programs create variables with the
+  /// other constructors.
+  static Variable attach_remote(std::string name, DType dtype, Shape shape, core::RemoteHandle handle) {
     static_assert(memory_space_v<T> == MemorySpace::host, "ps variables hold host memory");
     // Only the parameter-server strategy puts variables on ps tasks; the name is for messages.
-    return Variable(core::detail::attach_remote_storage(std::move(name), std::move(shape_template), std::move(handle),
-                                                  "ParameterServerStrategy"));
+    return Variable(core::detail::attach_remote_storage<T>(std::move(name), dtype, std::move(shape), std::move(handle),
+                                                           "ParameterServerStrategy"));
   }
 
   /// Where a ps variable lives (nullptr for every other placement).
@@ -55,7 +76,7 @@ class Variable {
   VariableAggregation aggregation() const noexcept { return storage_->spec().aggregation; }
   Shape shape() const { return storage_->shape(); }
   /// The element type (TF's `Variable.dtype`); for run-time types, the one it was created with.
-  DType dtype() const { return value_dtype(storage_->copies().front()); }
+  DType dtype() const { return storage_->dtype(); }
   /// True when the variable was placed by a strategy (mirrored, sync-on-read, central...).
   bool is_distributed() const noexcept { return storage_->is_distributed(); }
   bool is_sync_on_read() const noexcept { return synchronization() == VariableSynchronization::OnRead; }
@@ -66,8 +87,9 @@ class Variable {
   const std::string& device() const { return storage_->device(); }
   const std::vector<std::string>& devices() const noexcept { return storage_->devices(); }
 
-  /// The per-replica copies (one for a plain variable). Read them in cross-replica context.
-  /// For handle types (torch::Tensor) these share the variable's memory.
+  /// The per-replica copies (one for a plain variable; none for a variable on a ps task, whose
+  /// value is there: read_value()). Read them in cross-replica context. For handle types
+  /// (torch::Tensor) these share the variable's memory.
   const std::vector<T>& values() const noexcept { return storage_->copies(); }
 
   /// In replica context the local copy; in cross-replica context the primary copy (ON_WRITE) or
@@ -77,6 +99,54 @@ class Variable {
   void assign(const T& value) { storage_->update(core::detail::VariableUpdate::Assign, value); }
   void assign_add(const T& delta) { storage_->update(core::detail::VariableUpdate::Add, delta); }
   void assign_sub(const T& delta) { storage_->update(core::detail::VariableUpdate::Sub, delta); }
+
+  /// TF's scatter_add: row `slices.indices()[i]` += row i of `slices.values()`, for each i in order
+  /// (duplicate indices all add). On a ps task only the rows travel and the ps task applies them
+  /// under its lock, so concurrent writers never lose each other's rows (inside a scheduled
+  /// function, with the closure's other updates, once). In cross-replica context every copy; in
+  /// replica context the replica's own copy (NONE aggregation only, as in TF). InvalidArgument for a
+  /// scalar variable, rows of another dtype or shape, slices of another dense shape, an ON_READ
+  /// variable (TF refuses those too), or a plain variable updated by several replicas.
+  template <class U>
+  void scatter_add(const IndexedSlices<U>& slices) { scatter(core::RowOp::Add, slices); }
+  /// TF's scatter_sub: row -= value.
+  template <class U>
+  void scatter_sub(const IndexedSlices<U>& slices) { scatter(core::RowOp::Sub, slices); }
+  /// TF's scatter_update: row = value (with duplicate indices the last one stays).
+  template <class U>
+  void scatter_update(const IndexedSlices<U>& slices) { scatter(core::RowOp::Update, slices); }
+  /// TF's scatter_min: row = min(row, value), elementwise.
+  template <class U>
+  void scatter_min(const IndexedSlices<U>& slices) { scatter(core::RowOp::Min, slices); }
+  /// TF's scatter_max: row = max(row, value), elementwise.
+  template <class U>
+  void scatter_max(const IndexedSlices<U>& slices) { scatter(core::RowOp::Max, slices); }
+
+  /// TF's sparse_read: rows `indices` of the value along axis 0, shape indices.shape + shape[1:]
+  /// (duplicates repeated). On a ps task only those rows travel. InvalidArgument naming an index
+  /// outside [0, rows) and its position, or for a scalar variable.
+  template <TensorLike I>
+    requires std::is_integral_v<element_t<I>>
+  gathered_t<T> sparse_read(const I& indices) const {
+    const Shape shape = this->shape();
+    require_rows("sparse_read", shape);
+    const auto* id = tensor_traits<I>::data(indices);
+    const std::size_t n = element_count(indices);
+    std::vector<std::int64_t> rows(id, id + n);
+    for (std::size_t p = 0; p < n; ++p) {
+      if (rows[p] < 0 || rows[p] >= shape[0]) {
+        throw InvalidArgument(fmt::format("sparse_read: index {} (at position {}) is out of range [0, {}) of variable "
+                                          "'{}'",
+                                          rows[p], p, shape[0], name()));
+      }
+    }
+    Shape out_shape = shape_of(indices);
+    out_shape.insert(out_shape.end(), shape.begin() + 1, shape.end());
+    core::RowMajorResult<gathered_t<T>> out;
+    void* p = out.allocate(dtype(), out_shape);
+    storage_->gather(rows, {static_cast<std::byte*>(p), static_cast<std::size_t>(num_elements(out_shape)) * size_of(dtype())});
+    return out.take();
+  }
 
   /// Applies fn(copy, index) to the copy (or copies) the caller may change: the local copy in
   /// replica context, every copy in cross-replica context. Used by strategy.extended().update().
@@ -88,6 +158,33 @@ class Variable {
   friend bool operator==(const Variable& a, const Variable& b) noexcept { return a.storage_ == b.storage_; }
 
  private:
+  void require_rows(std::string_view what, const Shape& shape) const {
+    if (shape.empty()) throw InvalidArgument(fmt::format("{}: variable '{}' is a scalar and has no rows", what, name()));
+  }
+
+  template <class U>
+  void scatter(core::RowOp op, const IndexedSlices<U>& slices) {
+    const std::string_view what = core::scatter_name(op);
+    const Shape shape = this->shape();
+    require_rows(what, shape);
+    if (slices.dtype() != dtype()) {
+      throw InvalidArgument(fmt::format("{}: {} rows into variable '{}' of {}", what, to_string(slices.dtype()), name(),
+                                        to_string(dtype())));
+    }
+    const Shape& dense = slices.dense_shape();
+    if (dense.size() != shape.size() || !std::equal(dense.begin() + 1, dense.end(), shape.begin() + 1)) {
+      throw InvalidArgument(fmt::format("{}: rows of shape {} into variable '{}', whose rows have shape {}", what,
+                                        shape_string(Shape(dense.begin() + 1, dense.end())), name(),
+                                        shape_string(Shape(shape.begin() + 1, shape.end()))));
+    }
+    if (dense[0] != shape[0]) {
+      throw InvalidArgument(fmt::format("{}: IndexedSlices of dense shape {} into variable '{}' of shape {}", what,
+                                        shape_string(dense), name(), shape_string(shape)));
+    }
+    core::check_row_op(op, dtype(), fmt::format("variable '{}'", name()));
+    storage_->scatter(op, slices.indices(), {slices.value_bytes(), slices.size() * slices.row_bytes()});
+  }
+
   explicit Variable(std::shared_ptr<core::detail::VariableStorage<T>> storage) : storage_(std::move(storage)) {}
 
   std::shared_ptr<core::detail::VariableStorage<T>> storage_;

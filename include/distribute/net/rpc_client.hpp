@@ -92,39 +92,87 @@ class RpcClient final : private detail::ConnectionOwner, private detail::Ticking
   template <class Take>
   void call_into(std::uint64_t op, std::span<const std::byte> payload, std::optional<std::chrono::milliseconds> timeout,
                  Take&& take) {
-    std::lock_guard call(call_mutex_);
+    PendingCall c = start_call(op, payload, timeout);
+    finish_call(c, std::forward<Take>(take));
+  }
+
+  /// A call sent and not yet answered (start_call). The client makes no other call until it is
+  /// finished; one left unfinished is finished when it goes, its reply or error dropped.
+  class PendingCall {
+   public:
+    PendingCall(PendingCall&& other) noexcept
+        : client_(std::exchange(other.client_, nullptr)), lock_(std::move(other.lock_)), sent_(std::move(other.sent_)),
+          conn_(other.conn_), deadline_(other.deadline_), timeout_(other.timeout_) {}
+    PendingCall& operator=(PendingCall&&) = delete;
+    ~PendingCall() {
+      if (!client_) return;
+      try {
+        client_->finish_call(*this, [](std::span<const std::byte>) {});
+      } catch (...) {
+      }
+    }
+
+   private:
+    friend class RpcClient;
+    explicit PendingCall(std::unique_lock<std::mutex> lock) : lock_(std::move(lock)) {}
+    RpcClient* client_ = nullptr;  // set once the request is sent: who finishes it
+    std::unique_lock<std::mutex> lock_;  // the client's call lock
+    std::shared_ptr<detail::Transfer> sent_;
+    detail::Connection* conn_ = nullptr;
+    std::optional<detail::Clock::time_point> deadline_;
+    std::optional<std::chrono::milliseconds> timeout_;
+  };
+
+  /// Sends a request and returns at once: calls to several servers go out together and are
+  /// finished one after the other (finish_call). `payload` must stay valid until then.
+  PendingCall start_call(std::uint64_t op, std::span<const std::byte> payload,
+                         std::optional<std::chrono::milliseconds> timeout) {
+    PendingCall c{std::unique_lock(call_mutex_)};
     if (!connected()) connect_now(timeout ? std::min(*timeout, options_.connect_timeout) : options_.connect_timeout);
     std::unique_lock lk(mu_);
     const std::uint64_t seq = ++seq_;
     replied_ = false;
     in_call_ = true;
-    auto sent = std::make_shared<detail::Transfer>();
-    sent->is_send = true;
-    sent->size = payload.size();
+    c.sent_ = std::make_shared<detail::Transfer>();
+    c.sent_->is_send = true;
+    c.sent_->size = payload.size();
     detail::OutFrame f;
     f.set_header(FrameHeader{FrameType::Request, payload.size(), seq, op});
     f.payload = payload.data();
     f.size = payload.size();
-    f.transfer = sent;
-    detail::Connection* conn = conn_.get();
-    conn->send_now_or_enqueue(lk, std::move(f));
-    const auto deadline = timeout ? std::optional(detail::Clock::now() + *timeout) : std::nullopt;
+    f.transfer = c.sent_;
+    c.conn_ = conn_.get();
+    c.conn_->send_now_or_enqueue(lk, std::move(f));
+    c.client_ = this;
+    c.timeout_ = timeout;
+    if (timeout) c.deadline_ = detail::Clock::now() + *timeout;
+    return c;
+  }
+
+  /// Waits for the reply of `c` (at most its timeout) and hands it to `take`; an error reply
+  /// throws RemoteError, a lost connection ConnectionLost, the timeout TimedOut.
+  template <class Take>
+  void finish_call(PendingCall& c, Take&& take) {
+    c.client_ = nullptr;  // finished here, whatever happens
+    const std::unique_lock<std::mutex> call_lock = std::move(c.lock_);
+    detail::Connection* conn = c.conn_;
+    std::unique_lock lk(mu_);
     auto over = [&] { return replied_ || lost_.has_value(); };
-    if (deadline) {
-      mu_.wait_until(lk, *deadline, over);
+    if (c.deadline_) {
+      mu_.wait_until(lk, *c.deadline_, over);
     } else {
       mu_.wait(lk, over);
     }
     if (!replied_) {
       std::optional<std::string> lost = lost_;
       if (!lost) {
-        lost_ = fmt::format("call to {} ({}): timed out after {} ms", peer_, address_, timeout->count());
+        lost_ = fmt::format("call to {} ({}): timed out after {} ms", peer_, address_, c.timeout_->count());
         close_later_locked(*conn);
       }
       // The caller's payload may still be going out: wait until the connection is done with it.
-      if (sent->state == detail::Transfer::State::Queued) conn->unqueue_locked(sent);
+      if (c.sent_->state == detail::Transfer::State::Queued) conn->unqueue_locked(c.sent_);
       awaiting_send_ = true;
-      mu_.wait(lk, [&] { return sent->state != detail::Transfer::State::Active; });
+      mu_.wait(lk, [&] { return c.sent_->state != detail::Transfer::State::Active; });
       awaiting_send_ = false;
       in_call_ = false;
       if (!lost) throw TimedOut(*lost_);
@@ -132,7 +180,9 @@ class RpcClient final : private detail::ConnectionOwner, private detail::Ticking
     }
     // The reply can be handled before the completion of the request's last write: wait for that.
     awaiting_send_ = true;
-    mu_.wait(lk, [&] { return sent->state != detail::Transfer::State::Active && sent->state != detail::Transfer::State::Queued; });
+    mu_.wait(lk, [&] {
+      return c.sent_->state != detail::Transfer::State::Active && c.sent_->state != detail::Transfer::State::Queued;
+    });
     awaiting_send_ = false;
     in_call_ = false;
     const std::span<const std::byte> reply(reply_.data(), reply_len_);

@@ -225,7 +225,7 @@ struct wire<Variable<T>> {
                                         "ParameterServerStrategy::scope() can be passed to a scheduled function",
                                         v.name()));
     }
-    a(v.name(), v.shape(), static_cast<std::uint8_t>(value_dtype(v.values().front())), h->task, h->key);
+    a(v.name(), v.shape(), static_cast<std::uint8_t>(v.dtype()), h->task, h->key);
   }
   static Variable<T> load(WireIn& a) {
     std::string name, key;
@@ -243,8 +243,14 @@ struct wire<Variable<T>> {
                                         name));
     }
     checked_byte_size(shape, size_of(static_cast<DType>(code)), "a ps variable handle");
+    if constexpr (StaticTensorLike<T>) {
+      if (static_cast<DType>(code) != dtype_of<element_t<T>>()) {
+        throw InvalidArgument(fmt::format("variable '{}' arrived as {}, but the function takes it as a variable of {}",
+                                          name, to_string(static_cast<DType>(code)), to_string(dtype_of<element_t<T>>())));
+      }
+    }
     auto make = [&] {
-      return Variable<T>::attach_remote(name, make_value<T>(static_cast<DType>(code), shape), core::RemoteHandle{env->store, task, key});
+      return Variable<T>::attach_remote(name, static_cast<DType>(code), shape, core::RemoteHandle{env->store, task, key});
     };
     if (!env->handles) return make();
     return env->handles->get<Variable<T>>(

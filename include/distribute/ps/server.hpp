@@ -27,7 +27,10 @@
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/observe/metrics.hpp>
+#include <distribute/core/initializer.hpp>
+#include <distribute/core/row_updates.hpp>
 #include <distribute/ps/detail/messages.hpp>
+#include <distribute/ps/detail/optimizer_rules.hpp>
 #include <distribute/ps/detail/ps_client.hpp>
 #include <distribute/net/rpc_server.hpp>
 #include <distribute/ps/detail/rpc.hpp>
@@ -114,6 +117,22 @@ class VariableTable {
     return out;
   }
 
+  /// Creates a variable the ps task fills itself: only its shape and initializer travel.
+  void create(const CreateInitializedMsg& m) {
+    const auto dtype = checked_dtype(m.dtype, m.key);
+    for (auto d : m.shape) {
+      if (d < 0) throw InvalidArgument(fmt::format("variable '{}': negative dimension in shape {}", m.key, shape_string(m.shape)));
+    }
+    const auto what = fmt::format("variable '{}'", m.key);
+    const std::size_t bytes = checked_byte_size(m.shape, size_of(dtype), what.c_str());
+    const Initializer init = Initializer::from_parts(m.init_kind, m.a, m.b, m.seed, m.offset);
+    init.check_dtype(dtype, what);
+    std::string value(bytes, '\0');
+    init.fill(dtype, {reinterpret_cast<std::byte*>(value.data()), value.size()});
+    std::unique_lock lock(mutex_);
+    vars_[m.key] = Stored{dtype, m.shape, std::move(value)};
+  }
+
   /// An update whose value the message owns, or one read in place in a request.
   void update(const UpdateVarMsg& m) { update_any(m); }
   void update(const UpdateVarView& m) { update_any(m); }
@@ -132,6 +151,8 @@ class VariableTable {
     for (const auto& [k, v] : vars_) n += v.bytes.size();
     return n;
   }
+  /// Rows that updates of rows (scatter_*, sparse optimizer steps) have changed so far.
+  std::uint64_t rows_updated() const noexcept { return rows_updated_.load(std::memory_order_relaxed); }
 
  private:
   template <class Bytes>
@@ -154,6 +175,7 @@ class VariableTable {
     DType dtype;
     Shape shape;
     std::string bytes;
+    std::span<std::byte> span() noexcept { return {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}; }
   };
 
   static DType checked_dtype(std::uint8_t d, const std::string& key) {
@@ -173,15 +195,77 @@ class VariableTable {
     return it->second;
   }
 
+  static std::size_t row_bytes_of(const Stored& v) {
+    return v.shape.empty() || v.shape[0] == 0 ? 0 : v.bytes.size() / static_cast<std::size_t>(v.shape[0]);
+  }
+
+  // The rows an update names, checked: a whole number of int64s, each in range, and one row of
+  // values per row (a stranger's request claims nothing it does not carry).
+  template <class Bytes>
+  void check_rows_locked(const BasicUpdateVarMsg<Bytes>& m, const Stored& v, std::string_view what) const {
+    if (v.shape.empty()) {
+      throw InvalidArgument(fmt::format("{} of variable '{}' on {}: a scalar has no rows", what, m.key, device_));
+    }
+    const auto rows = bytes_of(m.rows);
+    if (rows.size() % sizeof(std::int64_t) != 0) {
+      throw InvalidArgument(fmt::format("{} of variable '{}' on {}: {} bytes of row indices are not a whole number of "
+                                        "int64s",
+                                        what, m.key, device_, rows.size()));
+    }
+    const std::size_t n = rows.size() / sizeof(std::int64_t), row_bytes = row_bytes_of(v);
+    std::uint64_t want = 0;
+    if (!checked_mul(n, row_bytes, want) || bytes_of(m.bytes).size() != want) {
+      throw InvalidArgument(fmt::format("{} of variable '{}' on {}: {} rows of {} bytes claimed, {} bytes of values sent",
+                                        what, m.key, device_, n, row_bytes, bytes_of(m.bytes).size()));
+    }
+    if (const auto at = core::first_row_out_of_range(rows, v.shape[0]); at >= 0) {
+      throw InvalidArgument(fmt::format("{} of variable '{}' on {}: row {} (at position {}) is out of range [0, {})", what,
+                                        m.key, device_, core::row_at(rows, static_cast<std::size_t>(at)), at, v.shape[0]));
+    }
+  }
+
   template <class Bytes>
   void check_locked(const BasicUpdateVarMsg<Bytes>& m) const {
+    if (m.kind >= core::kNumRemoteUpdates) {
+      throw InvalidArgument(fmt::format("update of variable '{}': unknown kind {}", m.key, m.kind));
+    }
     const Stored& v = find(m.key, m.dtype);
-    if (bytes_of(m.bytes).size() != v.bytes.size()) {
+    const auto kind = static_cast<core::RemoteUpdate>(m.kind);
+    if (core::is_scatter(kind)) {
+      const core::RowOp op = core::row_op_of(kind);
+      check_rows_locked(m, v, core::scatter_name(op));
+      core::check_row_op(op, v.dtype, fmt::format("variable '{}'", m.key));
+      return;
+    }
+    if (core::is_optimizer_step(kind)) {
+      const auto what = fmt::format("variable '{}' on {}", m.key, device_);
+      if (!steps_apply_to(v.dtype)) {
+        throw InvalidArgument(fmt::format("{} applies to float32 and float64 variables; {} is {}", optimizer_name(kind),
+                                          what, to_string(v.dtype)));
+      }
+      check_step_params(kind, m.params, what);
+      if (const auto slot = slot_name(kind); !slot.empty()) {
+        auto it = vars_.find(slot_key(m.key, slot));
+        if (it == vars_.end() || it->second.dtype != v.dtype || it->second.shape != v.shape) {
+          throw InvalidArgument(fmt::format("{}: {} has no '{}' slot of its dtype and shape; build the optimizer on "
+                                            "the variable first (optimizer.build(variable), on the coordinator)",
+                                            optimizer_name(kind), what, slot));
+        }
+      }
+      if (m.all_rows) {
+        if (!bytes_of(m.rows).empty() || bytes_of(m.bytes).size() != v.bytes.size()) {
+          throw InvalidArgument(fmt::format("{} on {}: a dense gradient of {} bytes for a variable of {} (shape {})",
+                                            optimizer_name(kind), what, bytes_of(m.bytes).size(), v.bytes.size(),
+                                            shape_string(v.shape)));
+        }
+      } else {
+        check_rows_locked(m, v, optimizer_name(kind));
+      }
+      return;
+    }
+    if (m.all_rows || !bytes_of(m.rows).empty() || bytes_of(m.bytes).size() != v.bytes.size()) {
       throw InvalidArgument(fmt::format("update of variable '{}' on {}: {} bytes for a variable of {} (shape {})", m.key,
                                         device_, bytes_of(m.bytes).size(), v.bytes.size(), shape_string(v.shape)));
-    }
-    if (m.kind > static_cast<std::uint8_t>(core::RemoteUpdate::Sub)) {
-      throw InvalidArgument(fmt::format("update of variable '{}': unknown kind {}", m.key, m.kind));
     }
   }
 
@@ -189,14 +273,38 @@ class VariableTable {
   void apply_locked(const BasicUpdateVarMsg<Bytes>& m) {
     check_locked(m);
     Stored& v = vars_.find(m.key)->second;
-    apply_update_bytes(v.dtype, static_cast<core::RemoteUpdate>(m.kind), {reinterpret_cast<std::byte*>(v.bytes.data()), v.bytes.size()},
-                       bytes_of(m.bytes));
+    const auto kind = static_cast<core::RemoteUpdate>(m.kind);
+    const auto rows = bytes_of(m.rows);
+    const auto values = bytes_of(m.bytes);
+    if (core::is_scatter(kind)) {
+      core::scatter_rows(v.dtype, core::row_op_of(kind), v.span(), row_bytes_of(v), rows, values);
+      rows_updated_.fetch_add(rows.size() / sizeof(std::int64_t), std::memory_order_relaxed);
+      return;
+    }
+    if (core::is_optimizer_step(kind)) {
+      std::byte* slot = nullptr;
+      if (const auto name = slot_name(kind); !name.empty()) slot = vars_.find(slot_key(m.key, name))->second.span().data();
+      if (m.all_rows) {
+        apply_step(v.dtype, kind, v.span().data(), slot, values.data(), v.bytes.size() / size_of(v.dtype), m.params);
+        return;
+      }
+      const std::size_t row_bytes = row_bytes_of(v), n = rows.size() / sizeof(std::int64_t);
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t at = static_cast<std::size_t>(core::row_at(rows, i)) * row_bytes;
+        apply_step(v.dtype, kind, v.span().data() + at, slot ? slot + at : nullptr, values.data() + i * row_bytes,
+                   row_bytes / size_of(v.dtype), m.params);
+      }
+      rows_updated_.fetch_add(n, std::memory_order_relaxed);
+      return;
+    }
+    apply_update_bytes(v.dtype, kind, v.span(), values);
   }
 
   std::string device_;
   mutable std::shared_mutex mutex_;
   std::unordered_map<std::string, Stored> vars_;
   std::set<std::pair<std::uint64_t, std::uint64_t>> committed_;  // (session, closure)
+  std::atomic<std::uint64_t> rows_updated_{0};
 };
 
 }  // namespace ps::detail
@@ -289,6 +397,9 @@ class Server {
     switch (op) {
       case ps::detail::RpcOp::CreateVar:
         table_->create(decode_message<ps::detail::CreateVarMsg>(payload, "create"));
+        return {};
+      case ps::detail::RpcOp::CreateInitialized:
+        table_->create(decode_message<ps::detail::CreateInitializedMsg>(payload, "create-initialized"));
         return {};
       case ps::detail::RpcOp::ReadVar: return to_bytes(table_->read(decode_message<ps::detail::ReadVarMsg>(payload, "read")));
       case ps::detail::RpcOp::ReadRows: return to_bytes(table_->read_rows(decode_message<ps::detail::ReadRowsMsg>(payload, "read-rows")));
@@ -407,14 +518,24 @@ class Server {
   // The counters stay this server's atomics (the request path is unchanged); the registry reads
   // them when scraped and writes the text, labelled task_type/task_index like every task's.
   void register_metrics() {
-    static constexpr const char* ops[] = {"other",  "ping",   "create",      "read",         "read_rows",
-                                          "update", "commit", "run_closure", "make_dataset", "stop"};
+    static constexpr const char* ops[] = {"other",  "ping",   "create",      "read",         "read_rows",          "update",
+                                          "commit", "run_closure", "make_dataset", "stop", "create_initialized"};
     auto read = [](const std::atomic<std::uint64_t>& a) { return [&a] { return static_cast<double>(a.load()); }; };
     for (std::size_t i = 0; i < requests_.size(); ++i) {
       metrics_.callback("distribute_requests_total", "Requests served, by operation.", "counter", {{"op", ops[i]}},
                         read(requests_[i]));
     }
+    const auto& wire = net::detail::wire_counters();
+    metrics_.callback("distribute_wire_bytes_sent_total",
+                      "Bytes this process wrote on its connections (frames whole: header, padding, payload).", "counter",
+                      {}, [&wire] { return static_cast<double>(wire.sent.load()); });
+    metrics_.callback("distribute_wire_bytes_received_total",
+                      "Bytes this process read on its connections (frames whole: header, padding, payload).", "counter",
+                      {}, [&wire] { return static_cast<double>(wire.received.load()); });
     if (job_ == "ps") {
+      metrics_.callback("distribute_rows_updated_total",
+                        "Variable rows changed by row updates (scatter_*, sparse optimizer steps).", "counter", {},
+                        [this] { return static_cast<double>(table_->rows_updated()); });
       metrics_.callback("distribute_variables", "Variables held by this ps task.", "gauge", {},
                         [this] { return static_cast<double>(table_->size()); });
       metrics_.callback("distribute_variable_bytes", "Bytes of variable values held by this ps task.", "gauge", {},
@@ -440,7 +561,7 @@ class Server {
   std::string device_;
   ps::detail::RpcOptions rpc_options_;
   std::unique_ptr<ps::detail::VariableTable> table_;
-  std::array<std::atomic<std::uint64_t>, 10> requests_{};
+  std::array<std::atomic<std::uint64_t>, 11> requests_{};
   std::atomic<std::uint64_t> commits_applied_{0}, commits_duplicate_{0}, closures_run_{0}, closures_failed_{0};
   observe::MetricsRegistry metrics_{job_, task_};
   std::once_flag metrics_registered_;

@@ -14,13 +14,15 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <exception>
-#include <future>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -28,6 +30,10 @@
 
 #include <distribute/core/context.hpp>
 #include <distribute/core/error.hpp>
+#include <distribute/core/indexed_slices.hpp>
+#include <distribute/core/initializer.hpp>
+#include <distribute/core/remote_store.hpp>
+#include <distribute/core/row_updates.hpp>
 #include <distribute/core/shape.hpp>
 #include <distribute/core/tensor.hpp>
 #include <distribute/core/tensor_traits.hpp>
@@ -89,6 +95,25 @@ class ShardedVariable {
     create_shards(initial_value, shards, std::move(options));
   }
 
+  /// A variable of `shape` filled by `init`, split into `num_shards` shards by the div rule (at
+  /// most one per row). Shards on ps tasks are filled there: nothing but the shape is sent, and no
+  /// process holds the whole table. Each shard holds the values `init` gives its rows whatever the
+  /// shard count (random initializers are a function of the seed and the element's position).
+  ShardedVariable(Shape shape, const Initializer& init, std::int64_t num_shards, VariableOptions options = {})
+    requires StaticTensorLike<T>
+      : state_(std::make_shared<State>()) {
+    create_initialized_shards(std::move(shape), init, num_shards, std::move(options));
+  }
+
+  /// The same, split as the partitioning strategy whose scope is current says (else one shard).
+  ShardedVariable(Shape shape, const Initializer& init, VariableOptions options = {})
+    requires StaticTensorLike<T>
+      : state_(std::make_shared<State>()) {
+    const auto* partitioning = ps::detail::current_partitioning();
+    const std::int64_t shards = partitioning ? partitioning->num_shards_for(shape, dtype_of<element_type>()) : 1;
+    create_initialized_shards(std::move(shape), init, shards, std::move(options));
+  }
+
   const std::string& name() const noexcept { return state_->name; }
   /// The shards, in row order.
   const std::vector<Variable<T>>& variables() const noexcept { return state_->shards; }
@@ -132,8 +157,8 @@ class ShardedVariable {
   void assign_sub(const U& delta) { update_all(delta, "assign_sub", [](Variable<T>& v, const T& p) { v.assign_sub(p); }); }
 
   /// Overwrites rows [row_offset, row_offset + rows) with `rows` (its first dimension says how many
-  /// rows; the others must match the variable's). A shard only partly covered is read, patched and
-  /// written back, so concurrent writers of the same shard may lose updates.
+  /// rows; the others must match the variable's): scatter_update of those rows, so only they
+  /// travel and writers of other rows of the same shard lose nothing.
   template <TensorLike U>
   void assign_rows(std::int64_t row_offset, const U& rows) {
     static_assert(std::is_same_v<element_t<U>, element_type>, "assign_rows: the rows must have the variable's element type");
@@ -150,32 +175,31 @@ class ShardedVariable {
                                         "{} rows",
                                         row_offset, row_offset + count, name(), shape()[0]));
     }
+    std::vector<std::int64_t> indices(static_cast<std::size_t>(count));
+    for (std::int64_t i = 0; i < count; ++i) indices[static_cast<std::size_t>(i)] = row_offset + i;
     const element_type* src = tensor_traits<U>::data(rows);
-    for (std::size_t i = 0; i < num_shards(); ++i) {
-      const std::int64_t first = std::max(row_offset, offset(i));
-      const std::int64_t last = std::min(row_offset + count, offset(i + 1));
-      if (first >= last) continue;
-      Variable<T>& shard = state_->shards[i];
-      T piece = first == offset(i) && last == offset(i + 1) ? tensor_traits<T>::make(shard.shape()) : shard.read_value();
-      copy_elements(src + (first - row_offset) * row_size(), static_cast<std::size_t>((last - first) * row_size()),
-                    tensor_traits<T>::data(piece) + (first - offset(i)) * row_size());
-      shard.assign(piece);
-    }
+    std::vector<element_type> values(src, src + element_count(rows));
+    scatter(core::RowOp::Update, IndexedSlices<Tensor<element_type>>(std::move(indices), Tensor<element_type>(s, std::move(values)), shape()));
   }
 
   /// The rows `ids` name, in the ids' order: shape ids.shape + shape[1:] (TF's
-  /// tf.nn.embedding_lookup on a sharded variable). Each shard is read once, in parallel, and
-  /// only the rows asked for are copied. An id outside [0, rows) is InvalidArgument naming it.
+  /// tf.nn.embedding_lookup on a sharded variable). Each shard is asked once for the distinct rows
+  /// it holds, the shards on ps tasks at the same time, so a row repeated in `ids` travels once. An
+  /// id outside [0, rows) is InvalidArgument naming it and its position.
   template <TensorLike I>
     requires std::is_integral_v<element_t<I>>
   Tensor<element_type> embedding_lookup(const I& ids) const {
     require_rows("embedding_lookup");
-    const Shape ids_shape = shape_of(ids);
     const auto* id = tensor_traits<I>::data(ids);
     const std::size_t n = element_count(ids);
-    // Which positions each shard serves, with the row inside that shard.
-    std::vector<std::vector<std::pair<std::size_t, std::int64_t>>> wanted(num_shards());
-    const auto& offsets = state_->offsets;
+    struct Wanted {
+      std::vector<std::int64_t> rows;        // distinct rows of the shard, as first asked for
+      std::vector<std::size_t> slot;         // for each position served: its row's index in `rows`
+      std::vector<std::size_t> positions;
+      std::unordered_map<std::int64_t, std::size_t> index;
+      std::vector<element_type> got;
+    };
+    std::vector<Wanted> wanted(num_shards());
     for (std::size_t p = 0; p < n; ++p) {
       const auto row = static_cast<std::int64_t>(id[p]);
       if (row < 0 || row >= shape()[0]) {
@@ -183,71 +207,105 @@ class ShardedVariable {
                                           "variable '{}' with {} rows",
                                           row, p, name(), shape()[0]));
       }
-      const auto shard = static_cast<std::size_t>(std::upper_bound(offsets.begin(), offsets.end(), row) - offsets.begin() - 1);
-      wanted[shard].emplace_back(p, row - offsets[shard]);
+      const std::size_t shard = shard_of(row);
+      Wanted& w = wanted[shard];
+      auto [it, fresh] = w.index.try_emplace(row - offset(shard), w.rows.size());
+      if (fresh) w.rows.push_back(row - offset(shard));
+      w.slot.push_back(it->second);
+      w.positions.push_back(p);
     }
-    Shape out_shape = ids_shape;
+    const auto width = static_cast<std::size_t>(row_size());
+    for (auto& w : wanted) w.got.resize(w.rows.size() * width);
+    std::vector<core::RowsRead> remote;
+    std::vector<std::shared_ptr<core::RemoteVariableStore>> stores;
+    for (std::size_t s = 0; s < num_shards(); ++s) {
+      if (wanted[s].rows.empty()) continue;
+      const Variable<T>& v = state_->shards[s];
+      if (const auto* h = v.remote_handle()) {
+        remote.push_back({h->task, h->key, dtype(), wanted[s].rows, width * sizeof(element_type),
+                          std::as_writable_bytes(std::span(wanted[s].got))});
+        stores.push_back(h->store);
+      } else {
+        const auto rows = v.sparse_read(wanted[s].rows);  // in this process
+        const TensorView got = view_of(rows);
+        if (got.bytes()) std::memcpy(wanted[s].got.data(), got.data, got.bytes());
+      }
+    }
+    read_remote(remote, stores);
+    Shape out_shape = shape_of(ids);
     out_shape.insert(out_shape.end(), shape().begin() + 1, shape().end());
     std::vector<element_type> out(static_cast<std::size_t>(num_elements(out_shape)));
-    const auto width = static_cast<std::size_t>(row_size());
-    // Each task writes only its own positions of `out`, so the tasks share nothing.
-    auto gather_from = [&](std::size_t shard) {
-      Variable<T> v = state_->shards[shard];
-      auto copy_rows = [&](const T& copy) {
-        const element_type* rows = tensor_traits<T>::data(copy);
-        for (const auto& [pos, local] : wanted[shard]) {
-          copy_elements(rows + static_cast<std::size_t>(local) * width, width, out.data() + pos * width);
-        }
-      };
-      if (const auto* remote = v.remote_handle()) {  // on a ps task: fetch only the rows asked for
-        if constexpr (memory_space_v<T> == MemorySpace::host) {
-          std::vector<std::int64_t> rows;
-          rows.reserve(wanted[shard].size());
-          for (const auto& [pos, local] : wanted[shard]) rows.push_back(local);
-          std::vector<element_type> got(rows.size() * width);
-          remote->store->read_rows(remote->task, remote->key, dtype_of<element_type>(), rows, width * sizeof(element_type),
-                                   {reinterpret_cast<std::byte*>(got.data()), got.size() * sizeof(element_type)});
-          for (std::size_t k = 0; k < rows.size(); ++k) {
-            copy_elements(got.data() + k * width, width, out.data() + wanted[shard][k].first * width);
-          }
-        }
-        return;
-      }
-      if (v.is_sync_on_read()) {
-        copy_rows(v.read_value());  // its cross-replica value is an aggregate of the copies
-        return;
-      }
-      bool done = false;  // in cross-replica context this visits every copy; one is enough
-      v.apply_to_copies([&](T& copy, int) {
-        if (!done) copy_rows(copy);
-        done = true;
-      });
-    };
-    std::vector<std::size_t> busy;
-    for (std::size_t s = 0; s < num_shards(); ++s) {
-      if (!wanted[s].empty()) busy.push_back(s);
-    }
-    if (busy.size() <= 1) {
-      for (auto s : busy) gather_from(s);
-      return Tensor<element_type>(std::move(out_shape), std::move(out));
-    }
-    std::vector<std::future<void>> pending;
-    for (std::size_t k = 1; k < busy.size(); ++k) pending.push_back(std::async(std::launch::async, gather_from, busy[k]));
-    std::exception_ptr error;
-    try {
-      gather_from(busy.front());
-    } catch (...) {
-      error = std::current_exception();
-    }
-    for (auto& f : pending) {  // wait for every task before `out` goes away, keep the first error
-      try {
-        f.get();
-      } catch (...) {
-        if (!error) error = std::current_exception();
+    for (const Wanted& w : wanted) {
+      for (std::size_t k = 0; k < w.positions.size(); ++k) {
+        copy_elements(w.got.data() + w.slot[k] * width, width, out.data() + w.positions[k] * width);
       }
     }
-    if (error) std::rethrow_exception(error);
     return Tensor<element_type>(std::move(out_shape), std::move(out));
+  }
+
+  /// TF's ShardedVariable.sparse_read: embedding_lookup of `indices`.
+  template <TensorLike I>
+    requires std::is_integral_v<element_t<I>>
+  Tensor<element_type> sparse_read(const I& indices) const {
+    return embedding_lookup(indices);
+  }
+
+  /// TF's scatter_add on a sharded variable: each row of `slices` (indices into the whole
+  /// variable) goes to the shard that holds it, the shards on ps tasks at the same time, and each
+  /// shard applies its rows in their order (Variable::scatter_add). Only the rows travel.
+  template <class U>
+  void scatter_add(const IndexedSlices<U>& slices) { scatter(core::RowOp::Add, slices); }
+  template <class U>
+  void scatter_sub(const IndexedSlices<U>& slices) { scatter(core::RowOp::Sub, slices); }
+  template <class U>
+  void scatter_update(const IndexedSlices<U>& slices) { scatter(core::RowOp::Update, slices); }
+  template <class U>
+  void scatter_min(const IndexedSlices<U>& slices) { scatter(core::RowOp::Min, slices); }
+  template <class U>
+  void scatter_max(const IndexedSlices<U>& slices) { scatter(core::RowOp::Max, slices); }
+
+  /// The rows of one shard, cut from an IndexedSlices of the whole variable (route()).
+  struct ShardRows {
+    std::size_t shard = 0;
+    std::vector<std::int64_t> rows;  // within the shard, in the order of the slices
+    std::vector<std::byte> values;   // one row each
+  };
+
+  /// `slices` (indices into the whole variable) cut by shard: for each shard that holds some of
+  /// its rows, those rows (in their order) and their values. What scatter and the optimizers send
+  /// to each shard. InvalidArgument when `slices` do not fit this variable (dtype, dense shape).
+  template <class U>
+  std::vector<ShardRows> route(const IndexedSlices<U>& slices, std::string_view what) const {
+    require_rows(std::string(what).c_str());
+    if (slices.dtype() != dtype()) {
+      throw InvalidArgument(fmt::format("{}: {} rows into sharded variable '{}' of {}", what, to_string(slices.dtype()),
+                                        name(), to_string(dtype())));
+    }
+    const Shape& dense = slices.dense_shape();
+    if (dense.size() != shape().size() || !std::equal(dense.begin() + 1, dense.end(), shape().begin() + 1)) {
+      throw InvalidArgument(fmt::format("{}: rows of shape {} into sharded variable '{}', whose rows have shape {}", what,
+                                        shape_string(Shape(dense.begin() + 1, dense.end())), name(),
+                                        shape_string(Shape(shape().begin() + 1, shape().end()))));
+    }
+    if (dense[0] != shape()[0]) {
+      throw InvalidArgument(fmt::format("{}: IndexedSlices of dense shape {} into sharded variable '{}' of shape {}", what,
+                                        shape_string(dense), name(), shape_string(shape())));
+    }
+    std::vector<std::size_t> part_of(num_shards(), SIZE_MAX);
+    std::vector<ShardRows> parts;
+    const std::size_t rb = slices.row_bytes();
+    for (std::size_t i = 0; i < slices.size(); ++i) {
+      const std::int64_t row = slices.indices()[i];
+      const std::size_t shard = shard_of(row);
+      if (part_of[shard] == SIZE_MAX) {
+        part_of[shard] = parts.size();
+        parts.push_back(ShardRows{shard, {}, {}});
+      }
+      ShardRows& p = parts[part_of[shard]];
+      p.rows.push_back(row - offset(shard));
+      p.values.insert(p.values.end(), slices.value_bytes() + i * rb, slices.value_bytes() + (i + 1) * rb);
+    }
+    return parts;
   }
 
   /// Handles to the same shards compare equal.
@@ -263,6 +321,90 @@ class ShardedVariable {
   };
 
   std::int64_t offset(std::size_t i) const { return state_->offsets[i]; }
+  std::size_t shard_of(std::int64_t row) const {
+    const auto& o = state_->offsets;
+    return static_cast<std::size_t>(std::upper_bound(o.begin(), o.end(), row) - o.begin() - 1);
+  }
+
+  // Reads on ps tasks, each store's together (its shards' tasks at once).
+  static void read_remote(std::vector<core::RowsRead>& reads, const std::vector<std::shared_ptr<core::RemoteVariableStore>>& stores) {
+    for (std::size_t i = 0; i < reads.size();) {
+      std::size_t j = i;
+      while (j < reads.size() && stores[j] == stores[i]) ++j;
+      stores[i]->read_rows_batch(std::span(reads).subspan(i, j - i));
+      i = j;
+    }
+  }
+
+  template <class U>
+  void scatter(core::RowOp op, const IndexedSlices<U>& slices) {
+    const std::string_view what = core::scatter_name(op);
+    core::check_row_op(op, dtype(), fmt::format("sharded variable '{}'", name()));
+    const auto parts = route(slices, what);
+    std::vector<core::RowsWrite> remote;
+    std::vector<std::shared_ptr<core::RemoteVariableStore>> stores;
+    for (const ShardRows& p : parts) {
+      Variable<T>& v = state_->shards[p.shard];
+      if (const auto* h = v.remote_handle()) {
+        core::RowsUpdate u;
+        u.kind = core::scatter_update_of(op);
+        u.dtype = dtype();
+        u.rows = p.rows;
+        u.values = p.values;
+        remote.push_back({h->task, h->key, u});
+        stores.push_back(h->store);
+        continue;
+      }
+      Shape rows_shape = v.shape();
+      rows_shape[0] = static_cast<std::int64_t>(p.rows.size());
+      std::vector<element_type> values(p.values.size() / sizeof(element_type));
+      if (!values.empty()) std::memcpy(values.data(), p.values.data(), p.values.size());
+      const IndexedSlices<Tensor<element_type>> local(p.rows, Tensor<element_type>(std::move(rows_shape), std::move(values)),
+                                                      v.shape());
+      switch (op) {
+        case core::RowOp::Update: v.scatter_update(local); break;
+        case core::RowOp::Add: v.scatter_add(local); break;
+        case core::RowOp::Sub: v.scatter_sub(local); break;
+        case core::RowOp::Min: v.scatter_min(local); break;
+        case core::RowOp::Max: v.scatter_max(local); break;
+      }
+    }
+    for (std::size_t i = 0; i < remote.size();) {
+      std::size_t j = i;
+      while (j < remote.size() && stores[j] == stores[i]) ++j;
+      stores[i]->update_rows_batch(std::span(remote).subspan(i, j - i));
+      i = j;
+    }
+  }
+
+  void create_initialized_shards(Shape full, const Initializer& init, std::int64_t num_shards, VariableOptions options) {
+    state_->name = options.name;
+    if (num_shards < 1) {
+      throw InvalidArgument(fmt::format("ShardedVariable '{}': num_shards must be positive, got {}", options.name, num_shards));
+    }
+    if (full.empty() && num_shards > 1) {
+      throw InvalidArgument(fmt::format("ShardedVariable '{}': a scalar cannot be split into {} shards", options.name,
+                                        num_shards));
+    }
+    const std::int64_t shards = full.empty() ? 1 : std::max<std::int64_t>(1, std::min(num_shards, full[0]));
+    if (shards == 1) {
+      state_->shards.emplace_back(std::move(full), init, std::move(options));
+      index_shards();
+      return;
+    }
+    const auto offsets = shard_row_offsets(full[0], shards);
+    const std::int64_t width = full[0] ? num_elements(full) / full[0] : 0;
+    for (std::int64_t i = 0; i < shards; ++i) {
+      const auto idx = static_cast<std::size_t>(i);
+      Shape piece = full;
+      piece[0] = offsets[idx + 1] - offsets[idx];
+      VariableOptions shard_options = options;
+      shard_options.name = fmt::format("{}/part_{}", options.name, i);
+      state_->shards.emplace_back(std::move(piece), init.from(static_cast<std::uint64_t>(offsets[idx] * width)),
+                                  std::move(shard_options));
+    }
+    index_shards();
+  }
   std::int64_t row_size() const { return state_->row_size; }
   std::size_t row_begin(std::size_t shard) const { return static_cast<std::size_t>(offset(shard) * row_size()); }
 

@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -84,6 +86,40 @@ class LocalCopies : public PlacedStorage<T> {
       return;
     }
     for (std::size_t c = 0; c < copies_.size(); ++c) fn(copies_[c], static_cast<int>(c));
+  }
+
+  // As TF: no row updates of sync-on-read variables; in replica context only with NONE
+  // aggregation, where each replica updates its own copy (all-reduce the rows first to keep the
+  // copies equal), or replica 0 the one copy that all replicas share.
+  void scatter(RowOp op, std::span<const std::int64_t> rows, std::span<const std::byte> values) final {
+    const std::string_view what = scatter_name(op);
+    if (this->spec().synchronization == VariableSynchronization::OnRead) {
+      throw InvalidArgument(fmt::format("{}: variable '{}' is ON_READ (sync-on-read), whose copies are aggregated when "
+                                        "read; TF supports no scatter on those either",
+                                        what, this->spec().name));
+    }
+    ReplicaContext* ctx = this->replica();
+    if (!ctx) {
+      for (auto& c : copies_) scatter_into(c, op, rows, values);
+      return;
+    }
+    if (this->spec().aggregation != VariableAggregation::None) {
+      throw InvalidArgument(fmt::format("{}: variable '{}' has {} aggregation; in replica context a scatter is only "
+                                        "supported with NONE aggregation, as in TF (all-reduce the IndexedSlices first, "
+                                        "or update in cross-replica context)",
+                                        what, this->spec().name, to_string(this->spec().aggregation)));
+    }
+    if (copies_.size() == 1 && ctx->strategy().num_local_replicas() > 1) {
+      ctx->run_once([&] { scatter_into(copies_.front(), op, rows, values); });  // replica 0's rows, once
+      return;
+    }
+    scatter_into(copies_[this->copy_of(*ctx)], op, rows, values);
+  }
+
+  void gather(std::span<const std::int64_t> rows, std::span<std::byte> out) const final {
+    if (this->spec().synchronization == VariableSynchronization::OnRead) return gather_from(read(), rows, out);
+    const ReplicaContext* ctx = this->replica();
+    gather_from(copies_[ctx ? this->copy_of(*ctx) : 0], rows, out);
   }
 
  protected:

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,17 @@ class PlainStorage final : public VariableStorage<T> {
     check_not_in_replicas("update");
     std::lock_guard lock(mutex_);
     fn(copies_.front(), 0);
+  }
+
+  void scatter(RowOp op, std::span<const std::int64_t> rows, std::span<const std::byte> values) override {
+    check_not_in_replicas(scatter_name(op).data());
+    std::lock_guard lock(mutex_);
+    scatter_into(copies_.front(), op, rows, values);
+  }
+
+  void gather(std::span<const std::int64_t> rows, std::span<std::byte> out) const override {
+    std::lock_guard lock(mutex_);
+    gather_from(copies_.front(), rows, out);
   }
 
  protected:

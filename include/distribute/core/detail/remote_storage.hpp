@@ -1,6 +1,6 @@
 // A variable whose value lives on a ps task: every read and update is a call to that task through
 // the RemoteVariableStore the placement names (implemented outside core/). This process keeps
-// only a value of the variable's dtype and shape. Host memory only: the store moves bytes.
+// only the variable's dtype and shape. Host memory only: the store moves bytes.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +12,8 @@
 
 #include <distribute/core/context.hpp>
 #include <distribute/core/host_operands.hpp>
+#include <distribute/core/initializer.hpp>
+#include <distribute/core/row_updates.hpp>
 #include <distribute/core/detail/placed_storage.hpp>
 #include <distribute/core/remote_store.hpp>
 #include <distribute/core/detail/variable_storage.hpp>
@@ -33,35 +35,44 @@ class RemoteStorage final : public PlacedStorage<T> {
   /// Creates the value on the placement's ps task. The key gets the variable's name appended
   /// (after the strategy's unique prefix) so that the ps task's messages can name it.
   static std::shared_ptr<RemoteStorage> create(VariableSpec spec, VariablePlacement placement, std::string strategy_name,
-                                               T initial_value) {
+                                               const T& initial_value) {
     placement.remote.key += "/" + spec.name;
-    {
-      const RemoteHandle& r = placement.remote;
-      HostOperands value("Variable");
-      value.add(view_of(initial_value), true);
-      r.store->create(r.task, r.key, value[0].dtype, value[0].shape, bytes_of(value[0]));
-    }
-    return std::make_shared<RemoteStorage>(std::move(spec), std::move(placement), std::move(strategy_name),
-                                           std::move(initial_value));
+    HostOperands value("Variable");
+    value.add(view_of(initial_value), true);
+    const RemoteHandle& r = placement.remote;
+    r.store->create(r.task, r.key, value[0].dtype, value[0].shape, bytes_of(value[0]));
+    return std::make_shared<RemoteStorage>(std::move(spec), std::move(placement), std::move(strategy_name), value[0].dtype,
+                                           value[0].shape);
   }
 
-  /// A handle to a value that already lives on a ps task; `shape_template` gives dtype and shape.
-  RemoteStorage(VariableSpec spec, VariablePlacement placement, std::string strategy_name, T shape_template)
-      : PlacedStorage<T>(std::move(spec), std::move(placement), std::move(strategy_name)) {
-    shape_template_.push_back(std::move(shape_template));
+  /// Creates the value on the placement's ps task, filled there by `init` (nothing is sent but
+  /// the shape).
+  static std::shared_ptr<RemoteStorage> create_initialized(VariableSpec spec, VariablePlacement placement,
+                                                           std::string strategy_name, DType dtype, Shape shape,
+                                                           const Initializer& init) {
+    placement.remote.key += "/" + spec.name;
+    const RemoteHandle& r = placement.remote;
+    r.store->create_initialized(r.task, r.key, dtype, shape, init);
+    return std::make_shared<RemoteStorage>(std::move(spec), std::move(placement), std::move(strategy_name), dtype,
+                                           std::move(shape));
   }
 
-  const std::vector<T>& copies() const noexcept override { return shape_template_; }
+  /// A handle to a value that lives on a ps task. This process keeps only its dtype and shape.
+  RemoteStorage(VariableSpec spec, VariablePlacement placement, std::string strategy_name, DType dtype, Shape shape)
+      : PlacedStorage<T>(std::move(spec), std::move(placement), std::move(strategy_name)), dtype_(dtype),
+        shape_(std::move(shape)) {}
+
+  /// None: the value is on the ps task (read() fetches it).
+  const std::vector<T>& copies() const noexcept override { return no_copies_; }
   const RemoteHandle* remote_handle() const noexcept override { return &this->placement().remote; }
+  Shape shape() const override { return shape_; }
+  DType dtype() const override { return dtype_; }
 
   T read() const override {
     const RemoteHandle& r = this->placement().remote;
     RowMajorResult<T> out;
-    const DType dtype = this->dtype();
-    const Shape shape = this->shape();
-    void* p = out.allocate(dtype, shape);
-    r.store->read(r.task, r.key, dtype,
-                  {static_cast<std::byte*>(p), static_cast<std::size_t>(num_elements(shape)) * size_of(dtype)});
+    void* p = out.allocate(dtype_, shape_);
+    r.store->read(r.task, r.key, dtype_, {static_cast<std::byte*>(p), static_cast<std::size_t>(num_elements(shape_)) * size_of(dtype_)});
     return out.take();
   }
 
@@ -70,6 +81,24 @@ class RemoteStorage final : public PlacedStorage<T> {
     T value = read();
     fn(value, 0);
     this->update(VariableUpdate::Assign, value);
+  }
+
+  /// Only the rows travel; the ps task applies them under its lock, so concurrent writers of one
+  /// variable never lose each other's rows.
+  void scatter(RowOp op, std::span<const std::int64_t> rows, std::span<const std::byte> values) override {
+    const RemoteHandle& r = this->placement().remote;
+    RowsUpdate u;
+    u.kind = scatter_update_of(op);
+    u.dtype = dtype_;
+    u.rows = rows;
+    u.values = values;
+    r.store->update_rows(r.task, r.key, u);
+  }
+
+  void gather(std::span<const std::int64_t> rows, std::span<std::byte> out) const override {
+    const RemoteHandle& r = this->placement().remote;
+    const std::size_t row_bytes = rows.empty() ? 0 : out.size() / rows.size();
+    r.store->read_rows(r.task, r.key, dtype_, rows, row_bytes, out);
   }
 
  protected:
@@ -85,7 +114,9 @@ class RemoteStorage final : public PlacedStorage<T> {
     return {static_cast<const std::byte*>(b.data), b.bytes()};
   }
 
-  std::vector<T> shape_template_;  // the value itself is on the ps task
+  DType dtype_;
+  Shape shape_;
+  std::vector<T> no_copies_;
 };
 
 }  // namespace core::detail

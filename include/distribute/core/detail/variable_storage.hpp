@@ -4,7 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
+#include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -15,6 +18,7 @@
 #include <distribute/core/remote_store.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
+#include <distribute/core/row_updates.hpp>
 #include <distribute/core/shape.hpp>
 #include <distribute/core/tensor_traits.hpp>
 #include <distribute/core/variable_options.hpp>
@@ -95,8 +99,15 @@ class VariableStorage {
     update_checked(kind, value);
   }
 
-  Shape shape() const { return shape_of(copies().front()); }
-  DType dtype() const { return value_dtype(copies().front()); }
+  /// Row `rows[i]` (op)= row i of `values`, for each i in order (TF's scatter_*): the rows are in
+  /// range, `values` holds rows.size() rows of the variable's dtype and row shape (the caller
+  /// checked them against shape() and dtype()).
+  virtual void scatter(RowOp op, std::span<const std::int64_t> rows, std::span<const std::byte> values) = 0;
+  /// Rows `rows` (in range) as the calling context sees them, one after the other, into `out`.
+  virtual void gather(std::span<const std::int64_t> rows, std::span<std::byte> out) const = 0;
+
+  virtual Shape shape() const { return shape_of(copies().front()); }
+  virtual DType dtype() const { return value_dtype(copies().front()); }
 
  protected:
   virtual void update_checked(VariableUpdate kind, const T& value) = 0;
@@ -113,6 +124,38 @@ class VariableStorage {
 
   VariableSpec spec_;
 };
+
+/// scatter() on one copy, whatever its layout (a strided copy is staged row-major and written back).
+template <class T>
+void scatter_into(T& copy, RowOp op, std::span<const std::int64_t> rows, std::span<const std::byte> values) {
+  const TensorView v = view_of(copy);
+  const auto apply = [&](std::byte* data) {
+    const std::size_t row_bytes = static_cast<std::size_t>(num_elements(v.shape) / (v.shape[0] ? v.shape[0] : 1)) * size_of(v.dtype);
+    scatter_rows(v.dtype, op, {data, v.bytes()}, row_bytes, std::as_bytes(rows), values);
+  };
+  if (v.contiguous()) return apply(static_cast<std::byte*>(v.data));
+  std::vector<std::byte> staged(v.bytes());
+  copy_to_contiguous(v, staged.data());
+  apply(staged.data());
+  copy_from_contiguous(staged.data(), v);
+}
+
+/// gather() from one copy, whatever its layout.
+template <class T>
+void gather_from(const T& copy, std::span<const std::int64_t> rows, std::span<std::byte> out) {
+  const TensorView v = view_of(copy);
+  const std::size_t row_bytes = static_cast<std::size_t>(num_elements(v.shape) / (v.shape[0] ? v.shape[0] : 1)) * size_of(v.dtype);
+  std::vector<std::byte> staged;
+  const std::byte* data = static_cast<const std::byte*>(v.data);
+  if (!v.contiguous()) {
+    staged.resize(v.bytes());
+    copy_to_contiguous(v, staged.data());
+    data = staged.data();
+  }
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    std::memcpy(out.data() + i * row_bytes, data + static_cast<std::size_t>(rows[i]) * row_bytes, row_bytes);
+  }
+}
 
 }  // namespace core::detail
 DISTRIBUTE_END_NAMESPACE

@@ -61,6 +61,18 @@ inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
 // memory follows the bytes that arrive, never the length a header claims.
 inline constexpr std::size_t kGrowPiece = std::size_t{1} << 20;
 
+/// Bytes this process's connections have written and read since it started, frames whole (header,
+/// padding, payload): what a task reports as its traffic (a ps task's /metrics), for benchmarks
+/// and operators. The handshakes are not counted.
+struct WireCounters {
+  std::atomic<std::uint64_t> sent{0};
+  std::atomic<std::uint64_t> received{0};
+};
+inline WireCounters& wire_counters() noexcept {
+  static WireCounters counters;
+  return counters;
+}
+
 inline std::string describe_error(const boost::system::error_code& ec) {
   if (ec == asio::error::eof) return "connection closed without a goodbye (the process exited or was killed)";
   if (ec == asio::error::connection_reset) return "connection reset by peer";
@@ -309,6 +321,7 @@ class Connection {
     heard_now();
     try {
       rx_ = decode_header(rx_header_, max_frame_bytes_);
+      wire_counters().received.fetch_add(kFrameHeaderBytes + rx_.pad + rx_.length + rx_.tail, std::memory_order_relaxed);
     } catch (const FrameError& e) {
       return malformed(e.what());
     }
@@ -488,6 +501,7 @@ class Connection {
     h.tail = static_cast<std::uint8_t>((kMaxFramePad - (tx_pos_ + kFrameHeaderBytes + h.pad + f.size) % kMaxFramePad) % kMaxFramePad);
     if (h.pad != f.fields.pad || h.tail != f.fields.tail) f.set_header(h);
     tx_pos_ += f.wire_bytes();
+    wire_counters().sent.fetch_add(f.wire_bytes(), std::memory_order_relaxed);
   }
 
   static constexpr bool may_pad(FrameType t) noexcept { return bulk_frame(t); }

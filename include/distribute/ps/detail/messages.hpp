@@ -4,6 +4,7 @@
 // them in place in the request (the ...View messages: no copy, no allocation per request).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include <cereal/archives/binary.hpp>
+#include <cereal/types/array.hpp>
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
 #include <fmt/format.h>
@@ -41,6 +43,18 @@ struct CreateVarMsg {
   void serialize(A& a) { a(key, dtype, shape, bytes); }
 };
 
+/// A variable the ps task fills itself (Initializer): only the shape and the recipe travel.
+struct CreateInitializedMsg {
+  std::string key;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> shape;
+  std::uint8_t init_kind = 0;  // Initializer::Kind
+  double a = 0, b = 0;
+  std::uint64_t seed = 0, offset = 0;
+  template <class A>
+  void serialize(A& a_) { a_(key, dtype, shape, init_kind, a, b, seed, offset); }
+};
+
 struct ReadVarMsg {
   std::string key;
   std::uint8_t dtype = 0;
@@ -58,14 +72,20 @@ struct ReadRowsMsg {
   void serialize(A& a) { a(key, dtype, rows, row_bytes); }
 };
 
+/// An update of a variable (core::RemoteUpdate): its whole value (assign/add/sub, an optimizer
+/// step on a dense gradient: `all_rows`), or some rows (scatter_*, an optimizer step on a sparse
+/// gradient: `rows`, int64s, one row of `bytes` each).
 template <class Bytes>
 struct BasicUpdateVarMsg {
   std::string key;
   std::uint8_t kind = 0;  // RemoteUpdate
   std::uint8_t dtype = 0;
+  std::uint8_t all_rows = 0;
+  Bytes rows;
+  std::array<double, 3> params{};  // an optimizer's hyperparameters
   Bytes bytes;
   template <class A>
-  void serialize(A& a) { a(key, kind, dtype, bytes); }
+  void serialize(A& a) { a(key, kind, dtype, all_rows, rows, params, bytes); }
 };
 using UpdateVarMsg = BasicUpdateVarMsg<std::string>;
 using UpdateVarView = BasicUpdateVarMsg<WireBytes>;

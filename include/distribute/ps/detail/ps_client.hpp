@@ -5,13 +5,18 @@
 // even when the closure is retried on another worker.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -20,7 +25,10 @@
 #include <distribute/core/remote_store.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
+#include <distribute/core/initializer.hpp>
+#include <distribute/core/row_updates.hpp>
 #include <distribute/ps/detail/messages.hpp>
+#include <distribute/ps/detail/optimizer_rules.hpp>
 #include <distribute/ps/detail/rpc.hpp>
 #include <distribute/ps/detail/spare_buffers.hpp>
 #include <distribute/ps/placement.hpp>
@@ -28,39 +36,13 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace ps::detail {
 
-/// dst op= src elementwise, for `dtype` (bytes of equal size, not overlapping). The values in a
-/// request need not be aligned for their type, so they are combined in blocks copied into aligned
-/// locals: each block is a loop of known length that the compiler vectorises (a variable of 1 MiB
-/// takes one pass instead of an element at a time).
+/// dst op= src over a whole value (assign, assign_add, assign_sub), for `dtype`: the row kernel over
+/// every element (core/row_updates.hpp), at any alignment.
 inline void apply_update_bytes(DType dtype, core::RemoteUpdate kind, std::span<std::byte> dst, std::span<const std::byte> src) {
-  if (kind == core::RemoteUpdate::Assign) {
-    if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size());
-    return;
-  }
-  visit_dtype(dtype, [&](auto zero) {
-    using E = decltype(zero);
-    constexpr std::size_t kBlock = 256 / sizeof(E);
-    const std::size_t n = dst.size() / sizeof(E);
-    const bool add = kind == core::RemoteUpdate::Add;
-    auto combine = [&](std::size_t at, std::size_t count) {
-      E a[kBlock], b[kBlock];
-      std::memcpy(a, dst.data() + at * sizeof(E), count * sizeof(E));
-      std::memcpy(b, src.data() + at * sizeof(E), count * sizeof(E));
-      if (count == kBlock) {
-        if (add) {
-          for (std::size_t j = 0; j < kBlock; ++j) a[j] = static_cast<E>(a[j] + b[j]);
-        } else {
-          for (std::size_t j = 0; j < kBlock; ++j) a[j] = static_cast<E>(a[j] - b[j]);
-        }
-      } else {
-        for (std::size_t j = 0; j < count; ++j) a[j] = add ? static_cast<E>(a[j] + b[j]) : static_cast<E>(a[j] - b[j]);
-      }
-      std::memcpy(dst.data() + at * sizeof(E), a, count * sizeof(E));
-    };
-    std::size_t i = 0;
-    for (; i + kBlock <= n; i += kBlock) combine(i, kBlock);
-    if (i < n) combine(i, n - i);
-  });
+  const core::RowOp op = kind == core::RemoteUpdate::Add   ? core::RowOp::Add
+                         : kind == core::RemoteUpdate::Sub ? core::RowOp::Sub
+                                                           : core::RowOp::Update;
+  core::combine_bytes(dtype, op, dst.data(), src.data(), std::min(dst.size(), src.size()) / size_of(dtype));
 }
 
 /// The updates a closure made so far, per ps task, in order.
@@ -75,6 +57,26 @@ inline ClosureTransaction*& current_transaction() {
   thread_local ClosureTransaction* txn = nullptr;
   return txn;
 }
+
+/// Encodes `m` into buffer `slot` of this thread's, kept from one message to the next (as
+/// encode_reusing), so that calls to several ps tasks in flight at once each have their own bytes.
+template <class M>
+std::span<const std::byte> encode_into_slot(const M& m, std::size_t slot) {
+  static constexpr std::size_t kKeptBytes = std::size_t{64} << 20;
+  thread_local std::vector<std::unique_ptr<ByteSink>> sinks;
+  while (sinks.size() <= slot) sinks.push_back(std::make_unique<ByteSink>());
+  ByteSink& sink = *sinks[slot];
+  sink.bytes.clear();
+  if (sink.bytes.capacity() > kKeptBytes) sink.bytes.shrink_to_fit();
+  {
+    std::ostream out(&sink);
+    cereal::BinaryOutputArchive ar(out);
+    ar(m);
+  }
+  return sink.bytes;
+}
+
+inline std::span<const std::byte> bytes_of_rows(std::span<const std::int64_t> rows) noexcept { return std::as_bytes(rows); }
 
 class PsClientStore final : public core::RemoteVariableStore {
  public:
@@ -99,6 +101,13 @@ class PsClientStore final : public core::RemoteVariableStore {
     call(task, RpcOp::CreateVar, encode_reusing(m));
   }
 
+  void create_initialized(int task, const std::string& key, DType dtype, const Shape& shape,
+                          const Initializer& init) override {
+    CreateInitializedMsg m{key, static_cast<std::uint8_t>(dtype), shape, static_cast<std::uint8_t>(init.kind()),
+                           init.a(), init.b(), init.seed(), init.offset()};
+    call(task, RpcOp::CreateInitialized, encode_reusing(m));
+  }
+
   void read(int task, const std::string& key, DType dtype, std::span<std::byte> out) override {
     std::size_t got = 0;
     call_into(task, RpcOp::ReadVar, encode_reusing(ReadVarMsg{key, static_cast<std::uint8_t>(dtype), out.size()}),
@@ -110,48 +119,91 @@ class PsClientStore final : public core::RemoteVariableStore {
       throw InvalidArgument(fmt::format("ps task {} returned {} bytes for variable '{}', expected {}", task, got, key,
                                         out.size()));
     }
-    for_own_updates(task, key, [&](core::RemoteUpdate kind, std::span<const std::byte> value) {
-      apply_update_bytes(dtype, kind, out, value);
-    });
+    apply_own_updates_to_whole(task, key, dtype, out);
   }
 
   void read_rows(int task, const std::string& key, DType dtype, std::span<const std::int64_t> rows, std::size_t row_bytes,
                  std::span<std::byte> out) override {
-    ReadRowsMsg m{key, static_cast<std::uint8_t>(dtype), std::vector<std::int64_t>(rows.begin(), rows.end()), row_bytes};
-    auto bytes = call(task, RpcOp::ReadRows, encode_reusing(m));
-    if (bytes.size() != out.size()) {
-      throw InvalidArgument(fmt::format("ps task {} returned {} bytes of rows of '{}', expected {}", task, bytes.size(), key,
-                                        out.size()));
-    }
-    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
-    for_own_updates(task, key, [&](core::RemoteUpdate kind, std::span<const std::byte> value) {
-      for (std::size_t i = 0; i < rows.size(); ++i) {  // row by row (the ps already checked the ids)
-        const auto from = static_cast<std::size_t>(rows[i]) * row_bytes;
-        apply_update_bytes(dtype, kind, out.subspan(i * row_bytes, row_bytes), value.subspan(from, row_bytes));
+    const core::RowsRead r{task, key, dtype, rows, row_bytes, out};
+    read_rows_batch({&r, 1});
+  }
+
+  /// Each read goes to its ps task at once, the reads of different tasks in flight together; reads
+  /// of one task one after the other.
+  void read_rows_batch(std::span<const core::RowsRead> reads) override {
+    in_lanes(reads, [&](const core::RowsRead& r, std::size_t slot) {
+      ReadRowsMsg m{std::string(r.key), static_cast<std::uint8_t>(r.dtype),
+                    std::vector<std::int64_t>(r.rows.begin(), r.rows.end()), r.row_bytes};
+      return encode_into_slot(m, slot);
+    }, [&](const core::RowsRead& r, std::span<const std::byte> bytes) {
+      if (bytes.size() != r.out.size()) {
+        throw InvalidArgument(fmt::format("ps task {} returned {} bytes of rows of '{}', expected {}", r.task, bytes.size(),
+                                          r.key, r.out.size()));
       }
-    });
+      if (!bytes.empty()) std::memcpy(r.out.data(), bytes.data(), bytes.size());
+    }, RpcOp::ReadRows);
+    for (const core::RowsRead& r : reads) apply_own_updates_to_rows(r);
   }
 
   void update(int task, const std::string& key, core::RemoteUpdate kind, DType dtype, std::span<const std::byte> value) override {
     if (ClosureTransaction* txn = current_transaction()) {
       std::string bytes = spare_values_.take(value.size());
       bytes.assign(as_chars(value));
-      txn->updates[task].push_back(UpdateVarMsg{key, static_cast<std::uint8_t>(kind), static_cast<std::uint8_t>(dtype),
-                                                std::move(bytes)});
+      txn->updates[task].push_back(UpdateVarMsg{key, static_cast<std::uint8_t>(kind), static_cast<std::uint8_t>(dtype), 0,
+                                                {}, {}, std::move(bytes)});
       return;
     }
     // Sent at once: the value is encoded from where it lies.
-    const UpdateVarView m{key, static_cast<std::uint8_t>(kind), static_cast<std::uint8_t>(dtype), WireBytes{value}};
+    const UpdateVarView m{key, static_cast<std::uint8_t>(kind), static_cast<std::uint8_t>(dtype), 0, {}, {}, WireBytes{value}};
     call(task, RpcOp::UpdateVar, encode_reusing(m));
   }
 
-  /// Sends a finished closure's updates, each ps task's together (moved out of `txn`); a ps that
-  /// already has this closure's updates (an earlier attempt got there) ignores them.
+  void update_rows(int task, const std::string& key, const core::RowsUpdate& u) override {
+    const core::RowsWrite w{task, key, u};
+    update_rows_batch({&w, 1});
+  }
+
+  /// Inside a closure the updates join its transaction (committed once, with its other updates);
+  /// else each goes to its ps task at once, different tasks' together.
+  void update_rows_batch(std::span<const core::RowsWrite> writes) override {
+    if (ClosureTransaction* txn = current_transaction()) {
+      for (const core::RowsWrite& w : writes) {
+        std::string bytes = spare_values_.take(w.update.values.size());
+        bytes.assign(as_chars(w.update.values));
+        txn->updates[w.task].push_back(UpdateVarMsg{std::string(w.key), static_cast<std::uint8_t>(w.update.kind),
+                                                    static_cast<std::uint8_t>(w.update.dtype),
+                                                    static_cast<std::uint8_t>(w.update.all_rows),
+                                                    std::string(as_chars(bytes_of_rows(w.update.rows))), w.update.params,
+                                                    std::move(bytes)});
+      }
+      return;
+    }
+    in_lanes(writes, [&](const core::RowsWrite& w, std::size_t slot) {
+      const UpdateVarView m{std::string(w.key),
+                            static_cast<std::uint8_t>(w.update.kind),
+                            static_cast<std::uint8_t>(w.update.dtype),
+                            static_cast<std::uint8_t>(w.update.all_rows),
+                            WireBytes{bytes_of_rows(w.update.rows)},
+                            w.update.params,
+                            WireBytes{w.update.values}};
+      return encode_into_slot(m, slot);
+    }, [](const core::RowsWrite&, std::span<const std::byte>) {}, RpcOp::UpdateVar);
+  }
+
+  /// Sends a finished closure's updates, each ps task's together (moved out of `txn`), to every
+  /// task at once; a ps that already has this closure's updates (an earlier attempt got there)
+  /// ignores them.
   void commit(ClosureTransaction& txn) {
-    for (auto& [task, updates] : txn.updates) {
-      CommitMsg m{txn.session, txn.closure, std::move(updates)};
-      call(task, RpcOp::Commit, encode_reusing(m));
-      for (auto& u : m.updates) spare_values_.give(std::move(u.bytes));
+    struct Commit {
+      int task;
+      CommitMsg msg;
+    };
+    std::vector<Commit> commits;
+    for (auto& [task, updates] : txn.updates) commits.push_back({task, CommitMsg{txn.session, txn.closure, std::move(updates)}});
+    in_lanes(std::span<const Commit>(commits), [&](const Commit& c, std::size_t slot) { return encode_into_slot(c.msg, slot); },
+             [](const Commit&, std::span<const std::byte>) {}, RpcOp::Commit);
+    for (auto& c : commits) {
+      for (auto& u : c.msg.updates) spare_values_.give(std::move(u.bytes));
     }
   }
 
@@ -174,9 +226,7 @@ class PsClientStore final : public core::RemoteVariableStore {
   /// The ps side of an error: a lost connection names the ps task.
   std::vector<std::byte> call(int task, RpcOp op, std::span<const std::byte> payload,
                               std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
-    if (task < 0 || task >= num_ps()) {
-      throw InvalidArgument(fmt::format("ps task {} does not exist (the cluster has {} ps tasks)", task, num_ps()));
-    }
+    check_task(task);
     std::vector<std::byte> out;
     guarded(task, [&] { out = clients_[static_cast<std::size_t>(task)]->call(op, payload, timeout); });
     return out;
@@ -185,25 +235,133 @@ class PsClientStore final : public core::RemoteVariableStore {
   /// Like call(), handing the reply to `take` where it lies.
   template <class Take>
   void call_into(int task, RpcOp op, std::span<const std::byte> payload, Take&& take) {
-    if (task < 0 || task >= num_ps()) {
-      throw InvalidArgument(fmt::format("ps task {} does not exist (the cluster has {} ps tasks)", task, num_ps()));
-    }
+    check_task(task);
     guarded(task, [&] {
       clients_[static_cast<std::size_t>(task)]->call_into(static_cast<std::uint64_t>(op), payload, std::nullopt, take);
     });
   }
 
  private:
-  /// Calls f(kind, value) for each update the closure running on this thread made to `key` on
-  /// `task`, in order: a closure reads its own writes.
-  template <class F>
-  static void for_own_updates(int task, const std::string& key, F&& f) {
+  void check_task(int task) const {
+    if (task < 0 || task >= num_ps()) {
+      throw InvalidArgument(fmt::format("ps task {} does not exist (the cluster has {} ps tasks)", task, num_ps()));
+    }
+  }
+
+  // Sends `items` (each names its .task), those of different tasks in flight together: round k
+  // sends the k-th item of each task and then takes their replies (one call at a time per client).
+  // encode(item, slot) gives the request's bytes, kept in slot `slot` until its reply; take(item,
+  // reply). Every call started is finished before an error propagates; the first error wins.
+  template <class Item, class Encode, class Take>
+  void in_lanes(std::span<const Item> items, Encode&& encode, Take&& take, RpcOp op) {
+    for (const Item& item : items) check_task(item.task);
+    std::vector<std::vector<const Item*>> lanes(clients_.size());
+    std::size_t rounds = 0;
+    for (const Item& item : items) {
+      auto& lane = lanes[static_cast<std::size_t>(item.task)];
+      lane.push_back(&item);
+      rounds = std::max(rounds, lane.size());
+    }
+    std::exception_ptr error;
+    for (std::size_t k = 0; k < rounds && !error; ++k) {
+      std::vector<std::pair<const Item*, RpcClient::PendingCall>> pending;
+      for (std::size_t t = 0; t < lanes.size() && !error; ++t) {
+        if (k >= lanes[t].size()) continue;
+        const Item* item = lanes[t][k];
+        try {
+          guarded(item->task, [&] {
+            pending.emplace_back(item, clients_[t]->start_call(static_cast<std::uint64_t>(op), encode(*item, pending.size()),
+                                                               std::nullopt));
+          });
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      for (auto& [item, call] : pending) {
+        try {
+          guarded(item->task, [&] {
+            clients_[static_cast<std::size_t>(item->task)]->finish_call(call, [&](std::span<const std::byte> reply) {
+              if (!error) take(*item, reply);
+            });
+          });
+        } catch (...) {
+          if (!error) error = std::current_exception();
+        }
+      }
+    }
+    if (error) std::rethrow_exception(error);
+  }
+
+  // A closure reads its own writes: the updates its transaction holds for `key` on `task`, applied
+  // in order to what the ps task returned. An optimizer's step cannot be replayed here (it needs
+  // the slot), so reading a variable it updated earlier in the same closure is an error.
+  static const std::vector<UpdateVarMsg>* own_updates(int task) {
     ClosureTransaction* txn = current_transaction();
-    if (!txn) return;
+    if (!txn) return nullptr;
     auto it = txn->updates.find(task);
-    if (it == txn->updates.end()) return;
-    for (const auto& u : it->second) {
-      if (u.key == key) f(static_cast<core::RemoteUpdate>(u.kind), std::as_bytes(std::span(u.bytes)));
+    return it == txn->updates.end() ? nullptr : &it->second;
+  }
+
+  static void refuse_after_step(const UpdateVarMsg& u, std::string_view key) {
+    const auto kind = static_cast<core::RemoteUpdate>(u.kind);
+    if (!core::is_optimizer_step(kind)) return;
+    const bool same = u.key == key;
+    const bool slot = key.size() > u.key.size() && key.substr(0, u.key.size()) == u.key && key[u.key.size()] == '/';
+    if (same || slot) {
+      throw InvalidArgument(fmt::format("variable '{}' is read in the closure that applied {} to it: the step is applied "
+                                        "on the ps task when the closure commits; read it before applying the "
+                                        "gradients, or in a later closure",
+                                        key, optimizer_name(kind)));
+    }
+  }
+
+  void apply_own_updates_to_whole(int task, const std::string& key, DType dtype, std::span<std::byte> out) const {
+    const auto* updates = own_updates(task);
+    if (!updates) return;
+    for (const auto& u : *updates) {
+      refuse_after_step(u, key);
+      if (u.key != key) continue;
+      const auto kind = static_cast<core::RemoteUpdate>(u.kind);
+      const auto value = std::as_bytes(std::span(u.bytes));
+      if (core::is_scatter(kind)) {
+        const auto rows = std::as_bytes(std::span(u.rows));
+        const std::size_t n = rows.size() / sizeof(std::int64_t);
+        const std::size_t row_bytes = n ? value.size() / n : 0;
+        core::scatter_rows(dtype, core::row_op_of(kind), out, row_bytes, rows, value);
+      } else {
+        apply_update_bytes(dtype, kind, out, value);
+      }
+    }
+  }
+
+  void apply_own_updates_to_rows(const core::RowsRead& r) const {
+    const auto* updates = own_updates(r.task);
+    if (!updates) return;
+    std::unordered_multimap<std::int64_t, std::size_t> positions;  // a read row's positions in `out`, built once
+    for (const auto& u : *updates) {
+      refuse_after_step(u, r.key);
+      if (u.key != r.key) continue;
+      const auto kind = static_cast<core::RemoteUpdate>(u.kind);
+      const auto value = std::as_bytes(std::span(u.bytes));
+      if (!core::is_scatter(kind)) {  // the whole value: each read row its row of it
+        for (std::size_t i = 0; i < r.rows.size(); ++i) {
+          const auto from = static_cast<std::size_t>(r.rows[i]) * r.row_bytes;
+          apply_update_bytes(r.dtype, kind, r.out.subspan(i * r.row_bytes, r.row_bytes), value.subspan(from, r.row_bytes));
+        }
+        continue;
+      }
+      if (positions.empty()) {
+        for (std::size_t i = 0; i < r.rows.size(); ++i) positions.emplace(r.rows[i], i);
+      }
+      const auto rows = std::as_bytes(std::span(u.rows));
+      const std::size_t width = r.row_bytes / size_of(r.dtype);
+      for (std::size_t j = 0; j < rows.size() / sizeof(std::int64_t); ++j) {
+        const auto [first, last] = positions.equal_range(core::row_at(rows, j));
+        for (auto it = first; it != last; ++it) {
+          core::combine_bytes(r.dtype, core::row_op_of(kind), r.out.data() + it->second * r.row_bytes,
+                              value.data() + j * r.row_bytes, width);
+        }
+      }
     }
   }
 

@@ -37,6 +37,7 @@ enum class RpcOp : std::uint64_t {
   RunClosure = 7,
   MakeDataset = 8,
   Stop = 9,
+  CreateInitialized = 10,
 };
 
 /// Whether a request of `op` may take long on a worker (a closure, a dataset's construction): those
