@@ -107,10 +107,10 @@ started = time.perf_counter()
 meta = json.loads(open(cfg["data"] + "/meta.json").read())
 batch, dim = cfg["batch"], meta["dim"]
 steps = cfg["examples"] // batch
-warmup = min(cfg["warmup_steps"], steps - 1)
+warmup = cfg["warmup_steps"]
 
 def ps_bytes():
-    # ss prints each socket on one line (with its owner) and its TCP counters on the next, indented one.
+    # ss prints each socket on a line with its owner, then its TCP counters on an indented line.
     out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, check=True).stdout
     total, owned = 0, False
     for line in out.splitlines():
@@ -147,7 +147,7 @@ def decode(records):  # a batch of 20-byte strings -> (user, item, label); this 
     return (tf.bitcast(raw[:, 0:8], tf.int64), tf.bitcast(raw[:, 8:16], tf.int64),
             tf.bitcast(raw[:, 16:20], tf.float32))
 
-def dataset_fn(input_context):
+def dataset_fn(input_context):  # under ParameterServerStrategy it says 1 pipeline, id 0, on every worker
     dataset = tf.data.FixedLengthRecordDataset(cfg["data"] + "/train.bin", 20)
     dataset = dataset.shard(num_workers, tf.distribute.coordinator.experimental_get_current_worker_index())
     return dataset.batch(batch, drop_remainder=True).map(decode).repeat().prefetch(tf.data.AUTOTUNE)
@@ -177,8 +177,6 @@ for _ in range(warmup):
     coordinator.schedule(train_step, args=(iterator,))
 coordinator.join()
 warmup_s = time.perf_counter() - started
-if any(kind != "IndexedSlices" for kind in gradient_kinds):
-    sys.exit(f"TF: the embedding gradients are {gradient_kinds}, not IndexedSlices")
 
 bytes_before = ps_bytes()
 started = time.perf_counter()
@@ -187,6 +185,8 @@ for _ in range(steps - warmup):
 coordinator.join()
 seconds = time.perf_counter() - started
 bytes_after = ps_bytes()
+if any(kind != "IndexedSlices" for kind in gradient_kinds):
+    sys.exit(f"TF: the embedding gradients are {gradient_kinds}, not IndexedSlices")
 
 @tf.function
 def squared_error(users, items, labels):
@@ -233,6 +233,8 @@ def tf_env() -> dict[str, str]:
 
 
 def check_data(data: Path) -> dict:
+    if not (data / "meta.json").is_file():
+        sys.exit(f"{data}: no meta.json (a data directory holds train.bin, eval.bin and meta.json)")
     meta = json.loads((data / "meta.json").read_text())
     for name, key in [("train.bin", "train_examples"), ("eval.bin", "eval_examples")]:
         size = (data / name).stat().st_size
@@ -327,7 +329,7 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--warmup-steps", type=int, default=50, help="steps before the timed ones, in both sides")
     parser.add_argument("--recommender", default=str(ROOT / "build" / "examples" / "recommender"))
-    parser.add_argument("--ours", help="the command that runs ours, before the flags appended "
+    parser.add_argument("--ours", help="the command that runs ours, in the repository root, before the flags appended "
                         "(default: build/tools/distribute-launch --ps 2 --workers 3 -- RECOMMENDER)")
     parser.add_argument("--tf-only", action="store_true", help="run TensorFlow's side alone")
     parser.add_argument("--python", default=str(VENV / "bin" / "python"), help="a python with tensorflow, tf_keras")
@@ -364,7 +366,7 @@ def main() -> int:
             line = (f"round {r + 1} (load {load:.1f}): TF {tf['examples_per_s']:,.0f} examples/s, eval loss "
                     f"{tf['eval_loss']:.4f} (truth {tf['truth_eval_loss']:.4f}), {tf['bytes_per_step']:,.0f} B/step "
                     f"through the ps; TF's start: servers {tf['servers_s']:.1f} s, coordinator and model "
-                    f"{tf['setup_s']:.1f} s, {min(args.warmup_steps, args.examples // args.batch - 1)} warm-up "
+                    f"{tf['setup_s']:.1f} s, {args.warmup_steps} warm-up "
                     f"steps {tf['warmup_s']:.1f} s")
             for key in rows:
                 rows[key]["tf"].append(tf[key])

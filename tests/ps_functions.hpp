@@ -96,6 +96,70 @@ inline test_types::DynTensor add_to_any(ds::Variable<test_types::DynTensor> v, t
   return v.read_value();
 }
 
+// ---- embeddings (tests/test_ps_embeddings.cpp) ------------------------------------------------
+
+/// The rows closure `k` adds into a table of `rows` rows: 8 rows from k on, some of them the same
+/// row twice (duplicates add up), overlapping the rows of the closures before and after it.
+inline std::vector<std::int64_t> rows_of_closure(std::int64_t k, std::int64_t rows) {
+  std::vector<std::int64_t> ids;
+  for (std::int64_t j = 0; j < 8; ++j) ids.push_back((k * 7 + (j % 6) * 5) % rows);
+  return ids;
+}
+/// The integer row that closure `k` adds at its j-th row: column c holds k * 1000 + j * 10 + c + 1.
+inline std::int64_t value_of_closure(std::int64_t k, std::int64_t j, std::int64_t c) { return k * 1000 + j * 10 + c + 1; }
+
+/// Closure k's scatter_add into `table` (int64 rows), after `sleep_ms`: its rows travel, the ps
+/// tasks add them in the closure's commit.
+inline void scatter_closure(ds::ShardedVariable<ds::Tensor<std::int64_t>> table, std::int64_t k, int sleep_ms) {
+  const std::int64_t width = table.shape()[1];
+  const auto ids = rows_of_closure(k, table.shape()[0]);
+  std::vector<std::int64_t> values;
+  for (std::int64_t j = 0; j < static_cast<std::int64_t>(ids.size()); ++j) {
+    for (std::int64_t c = 0; c < width; ++c) values.push_back(value_of_closure(k, j, c));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+  table.scatter_add(ds::IndexedSlices(ids, ds::Tensor<std::int64_t>({static_cast<std::int64_t>(ids.size()), width}, values),
+                                      table.shape()));
+}
+
+/// One scatter of `kind` ("add", "sub", "update", "min", "max") in a closure, then a sparse_read
+/// of `read` in the same closure (it sees its own rows).
+inline ds::Tensor<float> scatter_then_read(ds::ShardedVariable<ds::Tensor<float>> table, std::string kind,
+                                           std::vector<std::int64_t> ids, ds::Tensor<float> values,
+                                           std::vector<std::int64_t> read) {
+  const ds::IndexedSlices<ds::Tensor<float>> slices(ids, values, table.shape());
+  if (kind == "add") table.scatter_add(slices);
+  else if (kind == "sub") table.scatter_sub(slices);
+  else if (kind == "update") table.scatter_update(slices);
+  else if (kind == "min") table.scatter_min(slices);
+  else table.scatter_max(slices);
+  return table.sparse_read(read);
+}
+
+/// One optimizer step on `table` with the gradient rows `grad` at `ids` (an embedding gradient),
+/// in a closure.
+inline void adagrad_step(ds::ShardedVariable<ds::Tensor<float>> table, ds::optimizers::Adagrad opt,
+                         std::vector<std::int64_t> ids, ds::Tensor<float> grad) {
+  opt.apply_gradients(table, ds::IndexedSlices<ds::Tensor<float>>::from_lookup(ids, grad, table.shape()));
+}
+inline void sgd_step(ds::ShardedVariable<ds::Tensor<float>> table, ds::optimizers::SGD opt, std::vector<std::int64_t> ids,
+                     ds::Tensor<float> grad) {
+  opt.apply_gradients(table, ds::IndexedSlices<ds::Tensor<float>>::from_lookup(ids, grad, table.shape()));
+}
+
+/// Applies a step and then reads the table in the same closure: refused (the step is applied when
+/// the closure commits).
+inline ds::Tensor<float> step_then_read(ds::ShardedVariable<ds::Tensor<float>> table, ds::optimizers::Adagrad opt,
+                                        std::vector<std::int64_t> ids, ds::Tensor<float> grad) {
+  adagrad_step(table, opt, ids, grad);
+  return table.sparse_read(ids);
+}
+
+DISTRIBUTE_REMOTE_FUNCTION(scatter_closure);
+DISTRIBUTE_REMOTE_FUNCTION(scatter_then_read);
+DISTRIBUTE_REMOTE_FUNCTION(adagrad_step);
+DISTRIBUTE_REMOTE_FUNCTION(sgd_step);
+DISTRIBUTE_REMOTE_FUNCTION(step_then_read);
 DISTRIBUTE_REMOTE_FUNCTION(add_one);
 DISTRIBUTE_REMOTE_FUNCTION(slow_add_one);
 DISTRIBUTE_REMOTE_FUNCTION(add_and_read);

@@ -80,12 +80,12 @@ struct BasicUpdateVarMsg {
   std::string key;
   std::uint8_t kind = 0;  // RemoteUpdate
   std::uint8_t dtype = 0;
-  std::uint8_t all_rows = 0;
-  Bytes rows;
-  std::array<double, 3> params{};  // an optimizer's hyperparameters
   Bytes bytes;
+  Bytes rows = {};
+  std::array<double, 3> params{};  // an optimizer's hyperparameters
+  std::uint8_t all_rows = 0;
   template <class A>
-  void serialize(A& a) { a(key, kind, dtype, all_rows, rows, params, bytes); }
+  void serialize(A& a) { a(key, kind, dtype, bytes, rows, params, all_rows); }
 };
 using UpdateVarMsg = BasicUpdateVarMsg<std::string>;
 using UpdateVarView = BasicUpdateVarMsg<WireBytes>;

@@ -149,12 +149,12 @@ class PsClientStore final : public core::RemoteVariableStore {
     if (ClosureTransaction* txn = current_transaction()) {
       std::string bytes = spare_values_.take(value.size());
       bytes.assign(as_chars(value));
-      txn->updates[task].push_back(UpdateVarMsg{key, static_cast<std::uint8_t>(kind), static_cast<std::uint8_t>(dtype), 0,
-                                                {}, {}, std::move(bytes)});
+      txn->updates[task].push_back(UpdateVarMsg{key, static_cast<std::uint8_t>(kind), static_cast<std::uint8_t>(dtype),
+                                                std::move(bytes)});
       return;
     }
     // Sent at once: the value is encoded from where it lies.
-    const UpdateVarView m{key, static_cast<std::uint8_t>(kind), static_cast<std::uint8_t>(dtype), 0, {}, {}, WireBytes{value}};
+    const UpdateVarView m{key, static_cast<std::uint8_t>(kind), static_cast<std::uint8_t>(dtype), WireBytes{value}};
     call(task, RpcOp::UpdateVar, encode_reusing(m));
   }
 
@@ -171,10 +171,9 @@ class PsClientStore final : public core::RemoteVariableStore {
         std::string bytes = spare_values_.take(w.update.values.size());
         bytes.assign(as_chars(w.update.values));
         txn->updates[w.task].push_back(UpdateVarMsg{std::string(w.key), static_cast<std::uint8_t>(w.update.kind),
-                                                    static_cast<std::uint8_t>(w.update.dtype),
-                                                    static_cast<std::uint8_t>(w.update.all_rows),
+                                                    static_cast<std::uint8_t>(w.update.dtype), std::move(bytes),
                                                     std::string(as_chars(bytes_of_rows(w.update.rows))), w.update.params,
-                                                    std::move(bytes)});
+                                                    static_cast<std::uint8_t>(w.update.all_rows)});
       }
       return;
     }
@@ -182,10 +181,10 @@ class PsClientStore final : public core::RemoteVariableStore {
       const UpdateVarView m{std::string(w.key),
                             static_cast<std::uint8_t>(w.update.kind),
                             static_cast<std::uint8_t>(w.update.dtype),
-                            static_cast<std::uint8_t>(w.update.all_rows),
+                            WireBytes{w.update.values},
                             WireBytes{bytes_of_rows(w.update.rows)},
                             w.update.params,
-                            WireBytes{w.update.values}};
+                            static_cast<std::uint8_t>(w.update.all_rows)};
       return encode_into_slot(m, slot);
     }, [](const core::RowsWrite&, std::span<const std::byte>) {}, RpcOp::UpdateVar);
   }
