@@ -307,10 +307,12 @@ class PsClientStore final : public core::RemoteVariableStore {
     const bool same = u.key == key;
     const bool slot = key.size() > u.key.size() && key.substr(0, u.key.size()) == u.key && key[u.key.size()] == '/';
     if (same || slot) {
+      // The key is the strategy's prefix, '/', the variable's name.
+      const auto name = key.substr(key.find('/') == std::string_view::npos ? 0 : key.find('/') + 1);
       throw InvalidArgument(fmt::format("variable '{}' is read in the closure that applied {} to it: the step is applied "
                                         "on the ps task when the closure commits; read it before applying the "
                                         "gradients, or in a later closure",
-                                        key, optimizer_name(kind)));
+                                        name, optimizer_name(kind)));
     }
   }
 
