@@ -30,8 +30,6 @@
 // usage error, 3 for any other error. ps and worker tasks exit 0 when the coordinator stops them.
 #define DISTRIBUTE_WITH_PS
 #define DISTRIBUTE_WITH_CHECKPOINT
-#include <atomic>
-#include <csignal>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -40,16 +38,14 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
-
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "common/cli.hpp"
 #include "common/digits_mlp.hpp"
+#include "common/ps_faults.hpp"
 #include "common/training_report.hpp"
 
 #ifndef DISTRIBUTE_EXAMPLES_DATA_DIR
@@ -155,24 +151,6 @@ DISTRIBUTE_REMOTE_FUNCTION(training_batches);
 
 using TensorVariable = ds::Variable<ds::Tensor<float>>;
 
-/// Dies like a crashed machine, once, if this is the worker that --kill-worker names.
-void maybe_die_in_step() {
-  // Whether this process is the one to die is fixed at start-up: decided once, not per step.
-  static const bool armed = [] {
-    if (g_options.kill_worker < 0) return false;
-    const char* restarts = std::getenv("DISTRIBUTE_LAUNCH_RESTART");
-    if (restarts && std::atoi(restarts) != 0) return false;  // the restarted worker lives
-    const char* task = std::getenv("DISTRIBUTE_LAUNCH_TASK");
-    return task && std::string_view(task) == fmt::format("worker:{}", g_options.kill_worker);
-  }();
-  static std::atomic<std::int64_t> steps{0};
-  if (!armed || ++steps != g_options.kill_at_step) return;
-  fmt::print(stderr, "worker {}: --kill-worker: SIGKILL in step {}, before its updates are committed\n",
-             g_options.kill_worker, g_options.kill_at_step);
-  std::fflush(stderr);
-  ::kill(::getpid(), SIGKILL);
-}
-
 /// One asynchronous SGD step on the next batch of this worker's dataset. Returns the batch's
 /// loss sum, correct predictions and size, for the coordinator's epoch metrics.
 std::vector<double> train_step(ds::PerWorkerIterator<ds::Tensor<std::int64_t>> batches, TensorVariable w1,
@@ -197,24 +175,13 @@ std::vector<double> train_step(ds::PerWorkerIterator<ds::Tensor<std::int64_t>> b
   b1.assign_sub(step(g.b1, p.b1));
   w2.assign_sub(step(g.w2, p.w2));
   b2.assign_sub(step(g.b2, p.b2));
-  maybe_die_in_step();
+  ps_faults::maybe_die_in_step(g_options.kill_worker, g_options.kill_at_step);
   return {stats.loss_sum, stats.correct, stats.count};
 }
 DISTRIBUTE_REMOTE_FUNCTION(train_step);
 
 // ---------------------------------------------------------------------------------------------
 // The coordinator
-
-/// Waits (up to `seconds`) until every worker is up again, saying so.
-void wait_for_workers(ds::ClusterCoordinator& coordinator, double seconds) {
-  fmt::print("waiting up to {} s for the lost workers to come back ({} of {} up)\n", seconds,
-             coordinator.num_workers_up(), coordinator.num_workers());
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (coordinator.num_workers_up() < coordinator.num_workers() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  fmt::print("{} of {} workers up\n", coordinator.num_workers_up(), coordinator.num_workers());
-}
 
 int coordinate(const Options& options, ds::ParameterServerStrategy& strategy) {
   const auto data = digits::split_train_test(digits::load_csv(options.data), 0.2, digits::kSplitSeed);
@@ -268,7 +235,7 @@ int coordinate(const Options& options, ds::ParameterServerStrategy& strategy) {
   const auto start = std::chrono::steady_clock::now();
   for (int epoch = first_epoch; epoch <= options.epochs; ++epoch) {
     if (options.wait_for_workers > 0 && coordinator.num_workers_up() < coordinator.num_workers()) {
-      wait_for_workers(coordinator, options.wait_for_workers);
+      ps_faults::wait_for_workers(coordinator, options.wait_for_workers);
     }
     const auto epoch_start = std::chrono::steady_clock::now();
     std::vector<ds::RemoteValue<std::vector<double>>> steps;
