@@ -3,7 +3,9 @@
 
 Both sides train the same model on the same files with the same hyperparameters: a user and an item embedding
 table (U x D and I x D, uniform(-0.05, 0.05), each split in 2 shards over the 2 ps tasks), prediction
-Dense(1)(user_row * item_row), mean squared error over the batch, Adagrad (initial accumulator 0.1, epsilon 1e-7),
+Dense(1)(user_row * item_row), the sum of squared errors over the batch (Keras's MeanSquaredError with reduction
+"sum": a row's gradient is one example's size, which Adagrad's accumulator starting at 0.1 is scaled for; a batch
+mean leaves the tables nearly still), Adagrad (initial accumulator 0.1, epsilon 1e-7),
 one closure = one training step of one batch, N / B closures scheduled and joined, 2 ps tasks and 3 workers on
 loopback with the coordinator in the driving process. Figures: examples/s over the steps after the warm-up, the
 mean squared error on eval.bin after N training examples, and the bytes through the ps tasks per timed step.
@@ -164,7 +166,7 @@ def train_step(iterator):
     def replica_fn(batch):
         users, items, labels = batch
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(predict(users, items) - labels))
+            loss = tf.reduce_sum(tf.square(predict(users, items) - labels))
         gradients = tape.gradient(loss, variables)
         gradient_kinds[:] = [type(g).__name__ for g in gradients[:embedding_variables]]
         optimizer.apply_gradients(zip(gradients, variables))
@@ -273,6 +275,7 @@ def run_tf(python: str, data: Path, args: argparse.Namespace) -> dict:
 
 def run_ours(command: list[str], data: Path, meta: dict, args: argparse.Namespace) -> dict:
     flags = ["--data", str(data), "--batch", str(args.batch), "--lr", str(args.lr), "--dim", str(meta["dim"]),
+             "--init-scale", "0.05",  # Keras's Embedding initializer: uniform(-0.05, 0.05)
              "--examples", str(args.examples), "--warmup-steps", str(args.warmup_steps), "--report-json"]
     result = subprocess.run(command + flags, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]

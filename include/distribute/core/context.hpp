@@ -25,6 +25,7 @@
 #include <distribute/core/elementwise.hpp>
 #include <distribute/core/host_operands.hpp>
 #include <distribute/core/remote_store.hpp>
+#include <distribute/core/sparse_all_reduce.hpp>
 #include <distribute/core/split_rows.hpp>
 #include <distribute/core/error.hpp>
 #include <distribute/core/reduce_op.hpp>
@@ -165,7 +166,10 @@ class ReplicaContext {
 
   /// Reduces each value across all replicas and returns the results (one value, or a tuple for
   /// several). All values of one call travel in one collective. Lvalues are left as they are (the
-  /// result is a new value); rvalues are reduced in their own memory.
+  /// result is a new value); rvalues are reduced in their own memory. An IndexedSlices is reduced as
+  /// TF does, SUM or MEAN only: the result holds every replica's rows in replica order (MEAN
+  /// divides the values by num_replicas_in_sync()); dense values passed with one ride in the same
+  /// all-gather and are added on each replica (core/sparse_all_reduce.hpp).
   template <class... U>
     requires(sizeof...(U) > 0)
   auto all_reduce(ReduceOpArg op, U&&... values) {
@@ -254,6 +258,16 @@ class ReplicaContext {
  private:
   template <class... U>
   auto all_reduce_now(ReduceOpArg op, U&&... values) {
+    if constexpr ((core::is_indexed_slices_v<std::remove_cvref_t<U>> || ...)) {  // one all-gather of everything
+      return core::detail::all_reduce_with_slices(*collectives_, *group_, local_id_, num_replicas_in_sync(), op.op,
+                                                  std::as_const(values)...);
+    } else {
+      return all_reduce_dense(op, std::forward<U>(values)...);
+    }
+  }
+
+  template <class... U>
+  auto all_reduce_dense(ReduceOpArg op, U&&... values) {
     // Checked here rather than in the constraint: one error at the caller's line (the compiler names
     // U in the note "in instantiation of ... all_reduce<...>"), and run(fn) still sees fn callable.
     constexpr bool tensors = (TensorLike<std::remove_cvref_t<U>> && ...);
