@@ -278,7 +278,8 @@ def run_ours(command: list[str], data: Path, meta: dict, args: argparse.Namespac
              "--init-scale", "0.05",  # Keras's Embedding initializer: uniform(-0.05, 0.05)
              "--examples", str(args.examples), "--warmup-steps", str(args.warmup_steps), "--report-json"]
     result = subprocess.run(command + flags, cwd=ROOT, capture_output=True, text=True, timeout=3600)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    # The launcher prefixes the chief's lines with "[chief:0] ".
+    lines = [line[line.index("RESULT "):] for line in result.stdout.splitlines() if "RESULT {" in line]
     if result.returncode != 0 or not lines:
         sys.exit(f"ours failed ({shlex.join(command + flags)}, exit {result.returncode}):\n"
                  f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
