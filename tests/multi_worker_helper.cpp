@@ -150,6 +150,44 @@ void half_and_runtime_types(Strategy& s) {
   s.run([&](ds::ReplicaContext&) { d.assign_add(DynTensor::of<ds::float16>({1}, {ds::float16(1.0f)})); });
   for (const auto& copy : d.values()) expect_eq(float(copy.get<ds::float16>(0)), 3.0f + float(n), "run-time variable");
 }
+// IndexedSlices across the workers: every replica's rows in replica order, equal to the dense
+// all-reduce of to_dense() (SUM exactly: small integers), with a dense value in the same call, a
+// replica with no rows, duplicate rows.
+void sparse(Strategy& s) {
+  using Rows = ds::IndexedSlices<ds::Tensor<float>>;
+  const int n = s.num_replicas_in_sync();
+  for (const char* op : {"sum", "mean"}) {
+    auto out = s.run([&](ds::ReplicaContext& ctx) {
+      const int r = ctx.replica_id_in_sync_group();
+      std::vector<std::int64_t> ids;
+      std::vector<float> values;
+      if (r != 1) {
+        ids = {r % 7, (3 * r) % 7, r % 7};
+        for (int k = 0; k < 3 * 4; ++k) values.push_back(static_cast<float>(r + k));
+      }
+      const Rows mine(ids, ds::Tensor<float>({static_cast<std::int64_t>(ids.size()), 4}, values), {7, 4});
+      auto [rows, dense] = ctx.all_reduce(op, mine, std::vector<double>{1.0, static_cast<double>(r)});
+      const ds::Tensor<float> want = ctx.all_reduce(op, mine.to_dense());
+      return std::make_tuple(rows, dense, want);
+    });
+    std::vector<std::int64_t> all_ids;
+    for (int r = 0; r < n; ++r) {
+      if (r != 1) all_ids.insert(all_ids.end(), {r % 7, (3 * r) % 7, r % 7});
+    }
+    for (std::size_t i = 0; i < std::get<0>(out).size(); ++i) {
+      const Rows& rows = std::get<0>(out)[i];
+      const ds::Tensor<float>& want = std::get<2>(out)[i];
+      expect_eq(rows.indices() == all_ids, true, "the replicas' indices, in replica order");
+      const ds::Tensor<float> got = rows.to_dense();
+      bool close = got.shape() == want.shape();
+      for (std::size_t k = 0; close && k < got.size(); ++k) close = std::fabs(got[k] - want[k]) <= 1e-5f * (1 + std::fabs(want[k]));
+      expect_eq(close, true, fmt::format("{} of IndexedSlices against the dense all-reduce of to_dense()", op));
+      if (std::string_view(op) == "sum") expect_eq(got == want, true, "sum of IndexedSlices, exactly");
+      const double mean_div = std::string_view(op) == "mean" ? n : 1;
+      expect_eq(std::get<1>(out)[i], std::vector<double>{n / mean_div, (n * (n - 1) / 2) / mean_div}, "dense value of the same call");
+    }
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -173,6 +211,14 @@ int main(int argc, char** argv) {
       collectives(s);
     } else if (scenario == "half") {
       half_and_runtime_types(s);
+    } else if (scenario == "sparse") {
+      sparse(s);
+    } else if (scenario == "mismatch_sparse") {
+      // IndexedSlices of another dense shape on worker 1.
+      s.run([&](ds::ReplicaContext& ctx) {
+        const std::int64_t rows = s.worker_index() == 1 ? 9 : 7;
+        return ctx.all_reduce("sum", ds::IndexedSlices<ds::Tensor<float>>({0}, ds::Tensor<float>::zeros({1, 4}), {rows, 4})).size();
+      });
     } else if (scenario == "mismatch_shape") {
       // Same element count and dtype, another shape on worker 1.
       s.run([&](ds::ReplicaContext& ctx) {

@@ -132,6 +132,14 @@ TEST_CASE("MPI: the collectives battery gives exact results on every rank, 2 to 
       CHECK(count(job[0].output, "OK\n") == static_cast<std::size_t>(np));
       CHECK(count(job[0].output, "MISMATCH") == 0);
     }
+    // IndexedSlices: one all-gather of the replicas' rows through MPI.
+    for (const char* local : {"1", "3"}) {
+      const auto job = run(mpi, 3, {"sparse", local});
+      INFO(mpi.name, " sparse, ", local, " local replicas:\n", job.output);
+      CHECK(job.status == 0);
+      CHECK(count(job.output, "OK\n") == 3);
+      CHECK(count(job.output, "MISMATCH") == 0);
+    }
     // float16, bfloat16 and run-time dtypes: reduced by the library's own code inside MPI (custom MPI_Ops).
     const auto half = run(mpi, 3, {"half", "1"});
     INFO(mpi.name, " half:\n", half.output);

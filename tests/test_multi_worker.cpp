@@ -84,6 +84,28 @@ TEST_CASE("float16, bfloat16 and run-time-dtype values across workers, over TCP 
   }
 }
 
+TEST_CASE("IndexedSlices all-reduced across 1-3 workers x 1-4 local replicas equal the dense all-reduce, TCP and shared memory") {
+  for (int workers : {1, 2, 3}) {
+    for (int local : {1, 2, 3, 4}) {
+      const char* shared = local % 2 ? "0" : "1";  // 0: TCP only; 1: shared memory for all
+      CAPTURE(workers);
+      CAPTURE(local);
+      CAPTURE(shared);
+      auto children = start_workers(workers, "sparse", local, {{"TEST_SHARED_MEMORY_MIN_BYTES", shared}});
+      require_all_ok(children);
+    }
+  }
+  // IndexedSlices of another dense shape on one worker: the same InvalidArgument everywhere.
+  auto children = start_workers(3, "mismatch_sparse", 2, {{"TEST_TIMEOUT_SECONDS", "20"}});
+  CHECK(test_support::wait_all(children, 60s));
+  for (auto& c : children) {
+    INFO(c.output);
+    CHECK(c.status == 4);
+    CHECK(c.output.find("InvalidArgument: all_reduce: value 0 is IndexedSlices of dense shape (7, 4) float32 on replica 0 "
+                        "but IndexedSlices of dense shape (9, 4) float32 on replica 2") != std::string::npos);
+  }
+}
+
 TEST_CASE("packing across workers: several values in small packs give the same exact results") {
   auto children = start_workers(3, "collectives", 2, {{"TEST_BYTES_PER_PACK", "64"}});
   require_all_ok(children);

@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include <distribute/core/cross_worker.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/elementwise.hpp>
 #include <distribute/core/error.hpp>
@@ -277,6 +278,35 @@ T summed_dense(const std::vector<const PackedValue*>& parts, ReduceOp op, int re
   }
   staged.write_back();
   return out;
+}
+
+/// strategy.reduce(SUM or MEAN, per-replica IndexedSlices) without an axis, as TF does it: every
+/// replica's rows in replica order (MEAN divides the values by the replicas in sync), the local
+/// replicas' `locals` and, through `link`, the other workers' (one all-gather of their blocks).
+template <class T>
+IndexedSlices<T> reduce_slices(ReduceOp op, const std::vector<const IndexedSlices<T>*>& locals, CrossWorkerLink* link,
+                               int replicas) {
+  if (op != ReduceOp::Sum && op != ReduceOp::Mean) {
+    throw InvalidArgument(fmt::format("reduce: IndexedSlices are reduced with SUM or MEAN (their rows gathered, as in "
+                                      "TF); {} is not defined for them",
+                                      to_string(op)));
+  }
+  std::vector<std::byte> mine;
+  for (const auto* s : locals) {
+    SparsePack pack;
+    pack.add(*s);
+    const auto block = pack.bytes();
+    mine.insert(mine.end(), block.begin(), block.end());
+  }
+  std::vector<std::byte> all;
+  if (link && link->num_workers() > 1) {
+    std::vector<std::size_t> sizes;
+    link->all_gather(mine.data(), mine.size(), all, sizes);
+  } else {
+    all = std::move(mine);
+  }
+  const SparseUnpack unpack(all, replicas);
+  return gathered_slices<T>(unpack.value(0), op, replicas);
 }
 
 /// ReplicaContext::all_reduce of `values`, some of them IndexedSlices, on replica `local_id` of

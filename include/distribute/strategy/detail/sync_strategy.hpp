@@ -175,19 +175,30 @@ class SyncStrategy : public AnyStrategy {
     }
   }
 
-  /// Reduces across replicas (no axis): returns a value of the component type.
+  /// Reduces across replicas (no axis): returns a value of the component type. Per-replica
+  /// IndexedSlices reduce as TF's, SUM or MEAN: every replica's rows in replica order (MEAN divides
+  /// the values by num_replicas_in_sync()).
   template <class V>
   auto reduce(ReduceOpArg op, const V& value) {
-    static_assert(TensorLike<typename strategy::detail::component_of<V>::type>,
+    using C = typename strategy::detail::component_of<V>::type;
+    static_assert(TensorLike<C> || core::is_indexed_slices_v<C>,
                   "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
                   "TensorLike; see docs/tensors.md)");
-    if constexpr (TensorLike<typename strategy::detail::component_of<V>::type>) return reduce_value(op, value);
+    if constexpr (core::is_indexed_slices_v<C>) {  // TF's: every replica's rows (core/sparse_all_reduce.hpp)
+      static_assert(requires { typename V::strategy_type; }, "ds::Strategy::reduce: IndexedSlices are reduced as a distributed value (PerReplica)");
+      return core::detail::reduce_slices(op.op, pointers(value.values()), link_, num_replicas_in_sync());
+    } else if constexpr (TensorLike<C>) {
+      return reduce_value(op, value);
+    }
   }
 
   /// Reduces inside each component along `axis` and across replicas (a Tensor). With an axis,
   /// MEAN divides by the total number of elements along it, exact for uneven last batches.
   template <class V>
   auto reduce(ReduceOpArg op, const V& value, std::optional<std::int64_t> axis) {
+    static_assert(!core::is_indexed_slices_v<typename strategy::detail::component_of<V>::type>,
+                  "ds::Strategy::reduce with an axis: TF makes each replica's IndexedSlices dense first; return "
+                  "slices.to_dense() from the step, or reduce the slices without an axis");
     static_assert(TensorLike<typename strategy::detail::component_of<V>::type>,
                   "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
                   "TensorLike; see docs/tensors.md)");
@@ -213,6 +224,9 @@ class SyncStrategy : public AnyStrategy {
   /// Concatenates the components along `axis` (in [-rank, rank); negative counts from the end).
   template <class V>
   auto gather(const V& value, std::int64_t axis) {
+    static_assert(!core::is_indexed_slices_v<typename strategy::detail::component_of<V>::type>,
+                  "ds::Strategy::gather: IndexedSlices are not gathered (TF makes them dense, or refuses with one "
+                  "replica); gather slices.to_dense(), or reduce the slices to get every replica's rows");
     static_assert(TensorLike<typename strategy::detail::component_of<V>::type>,
                   "ds::Strategy::gather: the value's type has no ds::tensor_traits specialisation (it is not "
                   "TensorLike; see docs/tensors.md)");
