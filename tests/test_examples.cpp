@@ -16,7 +16,10 @@
 // pseudo-terminal (forkpty), and the bad values of the new options.
 // The programs come from the environment: DISTRIBUTE_DIGITS (the example), DISTRIBUTE_PARAMETER_SERVER
 // (absent when the build has no ps/ part), DISTRIBUTE_TORCH_DIGITS (absent without libtorch) and
-// DISTRIBUTE_LAUNCH (tools/distribute-launch), set by tests/meson.build.
+// DISTRIBUTE_LAUNCH (tools/distribute-launch), set by tests/meson.build. DISTRIBUTE_RECOMMENDER
+// (examples/recommender.cpp: sharded embedding tables, Adagrad on the ps tasks) likewise: a quick
+// run with a worker killed, its data files and JSON figures, its usage errors; in the full suite the
+// documented 5% of the hidden model's loss and 10,000,000-row tables.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -330,6 +333,47 @@ bool has_multi_worker() {
   return child.status == 0 && child.output.find("multi_worker") != std::string::npos;
 }
 
+/// The recommender example's program, or nothing when this build has none.
+std::optional<std::string> recommender_program() {
+  const char* v = std::getenv("DISTRIBUTE_RECOMMENDER");
+  if (!v || !*v) return std::nullopt;
+  return std::string(v);
+}
+
+/// What the recommender's chief printed at the end: "done: ... held-out loss L, truth loss T (...)".
+struct RecommenderRun {
+  test_support::Child launch;
+  double before = 0, held_out = 0, truth = 0;
+  std::vector<double> train_losses;  // the progress lines'
+};
+
+/// `distribute-launch --ps 2 --workers 3 --restart-workers 1 -- recommender [args...]`, at most `limit`.
+RecommenderRun run_recommender(const std::string& program, const std::vector<std::string>& args,
+                               std::chrono::seconds limit) {
+  std::vector<std::string> argv{env_path("DISTRIBUTE_LAUNCH"), "--ps", "2", "--workers", "3", "--restart-workers", "1",
+                                "--restart-delay", "0.2", "--", program};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<test_support::Child> children;
+  children.push_back(test_support::spawn(argv, {}));
+  const bool finished = test_support::wait_all(children, limit);
+  RecommenderRun r;
+  r.launch = children[0];
+  const std::string& output = r.launch.output;
+  INFO("launcher output:\n", output);
+  CHECK_MESSAGE(finished, "still running after the time limit");
+  std::smatch m;
+  REQUIRE(std::regex_search(output, m, std::regex(R"(held-out loss before ([0-9.]+), truth loss ([0-9.]+))")));
+  r.before = std::stod(m[1].str());
+  REQUIRE(std::regex_search(output, m, std::regex(R"(\[chief:0\] done: .* held-out loss ([0-9.]+), truth loss ([0-9.]+))")));
+  r.held_out = std::stod(m[1].str());
+  r.truth = std::stod(m[2].str());
+  static const std::regex progress(R"(\[chief:0\] step +[0-9]+/[0-9]+  train loss ([0-9.]+) +[0-9]+ examples/s)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), progress); it != std::sregex_iterator(); ++it) {
+    r.train_losses.push_back(std::stod((*it)[1].str()));
+  }
+  return r;
+}
+
 }  // namespace
 
 // ---- examples: reduced epochs --------------------------------------------------------------
@@ -428,6 +472,90 @@ TEST_CASE("parameter_server: bad arguments are usage errors (exit 2) that say wh
   }
 }
 
+TEST_CASE("recommender under distribute-launch --ps 2 --workers 3: a worker killed mid-step comes back, the loss "
+          "falls, progress and examples/s shown") {
+  const auto program = recommender_program();
+  if (!program) {
+    MESSAGE("this build has no recommender example (no cereal/Boost/OpenSSL): skipped");
+    return;
+  }
+  const auto r = run_recommender(*program,
+                                 {"--examples", "1000000", "--progress-every", "500", "--kill-worker", "1",
+                                  "--kill-at-step", "200", "--wait-for-workers", "30"},
+                                 120s);
+  const std::string& output = r.launch.output;
+  INFO("launcher output:\n", output);
+  CHECK(output.find("[chief:0] recommender: 2 ps, 3 workers; 1000 users x 1000 items, D 8: tables user_embedding and "
+                    "item_embedding in 2 shards each on /job:ps/replica:0/task:0/device:CPU:0, "
+                    "/job:ps/replica:0/task:1/device:CPU:0") != std::string::npos);
+  CHECK(output.find("[worker:1] worker 1: --kill-worker: SIGKILL in step 200") != std::string::npos);
+  CHECK(output.find("distribute-launch: starting worker:1 again") != std::string::npos);
+  CHECK(output.find("is back; it receives closures again") != std::string::npos);
+  REQUIRE(r.train_losses.size() >= 4);
+  CHECK(r.train_losses.back() < 0.5 * r.train_losses.front());
+  CHECK(r.held_out < 0.5 * r.before);
+  CHECK(r.truth == doctest::Approx(0.25).epsilon(0.05));  // the noise's variance (--noise 0.5)
+}
+
+TEST_CASE("recommender --write-data, then trained on those files with --report-json: the figures as JSON") {
+  const auto program = recommender_program();
+  if (!program) {
+    MESSAGE("this build has no recommender example: skipped");
+    return;
+  }
+  TempDir out;
+  const auto written = run({*program, "--write-data", out.path.string(), "--users", "500", "--items", "400", "--dim", "4",
+                            "--examples", "300000", "--eval-examples", "5000"});
+  REQUIRE(written.status == 0);
+  CHECK(fs::file_size(out.path / "train.bin") == 300000u * 20);
+  CHECK(fs::file_size(out.path / "eval.bin") == 5000u * 20);
+  const std::string meta = read_file(out.path / "meta.json");
+  CHECK(meta.find("\"users\":500,\"items\":400,\"dim\":4,\"train_examples\":300000,\"eval_examples\":5000") !=
+        std::string::npos);
+  const auto r = run_recommender(*program,
+                                 {"--data", out.path.string(), "--examples", "300000", "--warmup-steps", "20",
+                                  "--report-json"},
+                                 120s);
+  CHECK(r.launch.status == 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(r.launch.output, m, std::regex(R"(\[chief:0\] RESULT (\{.*\}))")));
+  const std::string json = m[1].str();
+  for (const char* key : {"\"examples\":", "\"seconds\":", "\"examples_per_s\":", "\"eval_loss\":",
+                          "\"bytes_per_step\":", "\"truth_eval_loss\":"}) {
+    CHECK(json.find(key) != std::string::npos);
+  }
+  CHECK(json.find(fmt::format("\"examples\":{}", (300000 / 256 - 20) * 256)) != std::string::npos);
+  CHECK(r.held_out < r.before);
+}
+
+TEST_CASE("recommender: bad arguments are usage errors (exit 2) that say what is wrong") {
+  const auto program = recommender_program();
+  if (!program) {
+    MESSAGE("this build has no recommender example: skipped");
+    return;
+  }
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--kill-worker", "1"}, "--kill-worker and --kill-at-step go together"},
+      {{"--users", "0"}, "--users: 0 must be positive"},
+      {{"--examples", "1000", "--batch", "256"}, "--examples 1000 gives 3 steps of 256: not more than the 50 warm-up steps"},
+      {{"--noise", "-1"}, "--noise: -1 is negative"},
+      {{"--lr", "fast"}, "--lr: 'fast' is not a number"},
+      {{"--data", "a", "--write-data", "b"}, "--data and --write-data exclude each other"},
+      {{"--bogus"}, "unknown argument '--bogus'"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> argv{*program};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto child = run(argv);
+    INFO(child.output);
+    CHECK(child.status == 2);
+    CHECK(child.output.find("recommender: " + message) != std::string::npos);
+  }
+  const auto outside = run({*program});
+  CHECK(outside.status == 2);
+  CHECK(outside.output.find("no cluster (TF_CONFIG is not set)") != std::string::npos);
+}
+
 // ---- examples_full: the default epochs, the documented accuracy -----------------------------
 
 TEST_SUITE("examples_full") {
@@ -463,6 +591,34 @@ TEST_SUITE("examples_full") {
     check_worker_killed_and_back(r, 20);
     CHECK(r.launch.status == 0);
     CHECK(r.final_line.test_accuracy >= kTargetAccuracy);
+  }
+
+  TEST_CASE("recommender (2 ps, 3 workers) reaches within 5% of the hidden model's loss, a worker killed and restarted") {
+    const auto program = recommender_program();
+    if (!program) {
+      MESSAGE("this build has no recommender example: skipped");
+      return;
+    }
+    const auto r = run_recommender(*program, {"--kill-worker", "2", "--kill-at-step", "1000", "--wait-for-workers", "30"}, 600s);
+    INFO("launcher output:\n", r.launch.output);
+    CHECK(r.launch.output.find("distribute-launch: starting worker:2 again") != std::string::npos);
+    CHECK(r.launch.status == 0);
+    CHECK(r.held_out <= 1.05 * r.truth);
+  }
+
+  TEST_CASE("recommender: tables of 10,000,000 rows train on 2 ps tasks in this machine's memory") {
+    const auto program = recommender_program();
+    if (!program) {
+      MESSAGE("this build has no recommender example: skipped");
+      return;
+    }
+    const auto r = run_recommender(*program,
+                                   {"--users", "10000000", "--items", "10000000", "--examples", "500000", "--report-json"},
+                                   600s);
+    INFO("launcher output:\n", r.launch.output);
+    CHECK(r.launch.status == 0);
+    CHECK(r.launch.output.find("10000000 users x 10000000 items") != std::string::npos);
+    CHECK(r.held_out < r.before);
   }
 }
 
