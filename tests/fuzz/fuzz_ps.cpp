@@ -1,6 +1,7 @@
 // libFuzzer target: the parameter server's request payloads (every message type decode_message
 // reads, and what the ps task's variable table does with them) and remote-function argument
-// decoding (load_values for tensors, vectors, strings, scalars, optionals). The first byte picks
+// decoding (load_values for tensors, vectors, strings, scalars, optionals), row updates and optimizer
+// steps included (their rows and values read in place). The first byte picks
 // the decoder; the rest is the input.
 // Oracles: only typed errors; a message or argument list that decodes re-encodes to a prefix of
 // the input (cereal ignores trailing bytes); the table never reads or allocates past what the
@@ -44,19 +45,23 @@ void arguments(std::span<const std::byte> in) {
   });
 }
 
-// A ps task's table with two variables, then the request: what Server's handler does with it.
+// A ps task's table with two variables (v with an Adagrad accumulator beside it), then the request:
+// what Server's handler does with it. A variable it fills itself may hold 1 MiB, so that a shape
+// claimed in a few bytes stays under the fuzzer's allocation limit (ServerOptions::max_initialized_bytes).
 void table(std::uint8_t op, std::span<const std::byte> in) {
-  dd::VariableTable t("/job:ps/replica:0/task:0/device:CPU:0");
+  dd::VariableTable t("/job:ps/replica:0/task:0/device:CPU:0", std::uint64_t{1} << 20);
   std::vector<float> v(12, 1.0f);
   t.create({"v", static_cast<std::uint8_t>(ds::DType::F32), {4, 3}, std::string(reinterpret_cast<const char*>(v.data()), 48)});
+  t.create({"v/accumulator", static_cast<std::uint8_t>(ds::DType::F32), {4, 3}, std::string(reinterpret_cast<const char*>(v.data()), 48)});
   t.create({"w", static_cast<std::uint8_t>(ds::DType::I64), {5}, std::string(40, '\0')});
   fuzz::expect_typed_errors([&] {
-    switch (op % 5) {
+    switch (op % 6) {
       case 0: t.create(dd::decode_message<dd::CreateVarMsg>(in, "create")); break;
       case 1: (void)t.read(dd::decode_message<dd::ReadVarMsg>(in, "read")); break;
       case 2: (void)t.read_rows(dd::decode_message<dd::ReadRowsMsg>(in, "read-rows")); break;
-      case 3: t.update(dd::decode_message<dd::UpdateVarView>(in, "update")); break;
+      case 3: t.update(dd::decode_message<dd::UpdateVarView>(in, "update")); break;  // scatters and steps too
       case 4: (void)t.commit(dd::decode_message<dd::CommitView>(in, "commit")); break;
+      case 5: t.create(dd::decode_message<dd::CreateInitializedMsg>(in, "create-initialized")); break;
     }
   });
 }
@@ -66,7 +71,7 @@ void table(std::uint8_t op, std::span<const std::byte> in) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 2) return 0;
   const auto in = fuzz::bytes(data + 1, size - 1);
-  switch (data[0] % 16) {
+  switch (data[0] % 17) {
     case 0: message<dd::PingReply>(in); break;
     case 1: message<dd::CreateVarMsg>(in); break;
     case 2: message<dd::ReadVarMsg>(in); break;
@@ -83,6 +88,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 13: arguments<std::optional<std::string>, std::pair<int, float>, std::array<std::uint8_t, 3>>(in); break;
     case 14: arguments<ds::Tensor<double>, ds::Tensor<std::uint8_t>>(in); break;
     case 15: arguments<std::tuple<std::int64_t, std::vector<double>>, bool>(in); break;
+    case 16: message<dd::CreateInitializedMsg>(in); break;
   }
   return 0;
 }

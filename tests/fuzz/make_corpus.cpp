@@ -127,6 +127,21 @@ void ps() {
   seed("fuzz_ps", "table-read-rows", {8, 2}, dd::encode_message(rows));
   seed("fuzz_ps", "table-update", {8, 3}, dd::encode_message(update));
   seed("fuzz_ps", "table-commit", {8, 4}, dd::encode_message(commit));
+  // Row updates and optimizer steps on v's rows 3 and 1, and a variable the ps task fills itself.
+  const std::vector<std::int64_t> two_rows{3, 1};
+  const std::string rows_bytes(reinterpret_cast<const char*>(two_rows.data()), 16);
+  const dd::UpdateVarMsg scatter{"v", static_cast<std::uint8_t>(ds::core::RemoteUpdate::ScatterAdd), f32, v_bytes.substr(0, 24), rows_bytes};
+  const dd::UpdateVarMsg step{"v", static_cast<std::uint8_t>(ds::core::RemoteUpdate::ApplyAdagrad), f32, v_bytes.substr(0, 24),
+                              rows_bytes, {0.1, 1e-7, 0}};
+  const dd::UpdateVarMsg dense_step{"v", static_cast<std::uint8_t>(ds::core::RemoteUpdate::ApplySgd), f32, v_bytes, "", {0.5, 0, 0}, 1};
+  const dd::CreateInitializedMsg filled{"t", f32, {100, 8}, static_cast<std::uint8_t>(ds::Initializer::Kind::RandomUniform), -0.05, 0.05, 3, 0};
+  seed("fuzz_ps", "scatter", {4}, dd::encode_message(scatter));
+  seed("fuzz_ps", "create-initialized", {16}, dd::encode_message(filled));
+  seed("fuzz_ps", "table-scatter", {8, 3}, dd::encode_message(scatter));
+  seed("fuzz_ps", "table-step", {8, 3}, dd::encode_message(step));
+  seed("fuzz_ps", "table-dense-step", {8, 3}, dd::encode_message(dense_step));
+  seed("fuzz_ps", "table-commit-step", {8, 4}, dd::encode_message(dd::CommitMsg{1, 3, {scatter, step}}));
+  seed("fuzz_ps", "table-create-initialized", {8, 5}, dd::encode_message(filled));
   // Remote-function arguments, one seed per signature the target decodes.
   seed("fuzz_ps", "args-tensor-f32", {9}, as_span(dd::save_values(ds::Tensor<float>({2, 3}, {1, 2, 3, 4, 5, 6}))));
   seed("fuzz_ps", "args-tensor-i64-double", {10},

@@ -20,6 +20,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <distribute/cluster/cluster_spec.hpp>
@@ -54,6 +56,10 @@ struct ServerOptions {
   /// Refused connections and malformed frames are reported here (a few lines a second at most);
   /// default: stderr.
   std::function<void(std::string_view)> log = {};
+  /// The most bytes one variable a ps task fills itself (an Initializer) may hold: its request is a
+  /// few bytes whatever the shape, so the shape is checked against this before anything is
+  /// allocated. 0: this machine's memory.
+  std::uint64_t max_initialized_bytes = 0;
 };
 
 namespace ps::detail {
@@ -65,7 +71,9 @@ class VariableTable {
   /// What one read of rows may return (RpcOptions::max_frame_bytes' default).
   static constexpr std::uint64_t kMaxReadRowsBytes = std::uint64_t{1} << 31;
 
-  explicit VariableTable(std::string device) : device_(std::move(device)) {}
+  /// `max_initialized_bytes`: ServerOptions' (0: this machine's memory).
+  explicit VariableTable(std::string device, std::uint64_t max_initialized_bytes = 0)
+      : device_(std::move(device)), max_initialized_bytes_(max_initialized_bytes ? max_initialized_bytes : machine_memory()) {}
 
   void create(CreateVarMsg m) {
     const auto dtype = checked_dtype(m.dtype, m.key);
@@ -125,6 +133,11 @@ class VariableTable {
     }
     const auto what = fmt::format("variable '{}'", m.key);
     const std::size_t bytes = checked_byte_size(m.shape, size_of(dtype), what.c_str());
+    if (bytes > max_initialized_bytes_) {
+      throw InvalidArgument(fmt::format("variable '{}' of shape {} ({}) would hold {} bytes; a ps task fills at most {} "
+                                        "(ServerOptions::max_initialized_bytes)",
+                                        m.key, shape_string(m.shape), to_string(dtype), bytes, max_initialized_bytes_));
+    }
     const Initializer init = Initializer::from_parts(m.init_kind, m.a, m.b, m.seed, m.offset);
     init.check_dtype(dtype, what);
     std::string value(bytes, '\0');
@@ -177,6 +190,12 @@ class VariableTable {
     std::string bytes;
     std::span<std::byte> span() noexcept { return {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}; }
   };
+
+  static std::uint64_t machine_memory() {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page)
+                                 : std::uint64_t{1} << 40;
+  }
 
   static DType checked_dtype(std::uint8_t d, const std::string& key) {
     if (!is_dtype_code(d)) {
@@ -301,6 +320,7 @@ class VariableTable {
   }
 
   std::string device_;
+  std::uint64_t max_initialized_bytes_;
   mutable std::shared_mutex mutex_;
   std::unordered_map<std::string, Stored> vars_;
   std::set<std::pair<std::uint64_t, std::uint64_t>> committed_;  // (session, closure)
@@ -331,7 +351,7 @@ class Server {
       throw InvalidArgument(fmt::format("ds::Server: the cluster spec has no task {}:{}", job_, task_));
     }
     device_ = DeviceSpec{job_, 0, task_, "CPU", 0}.to_string();
-    table_ = std::make_unique<ps::detail::VariableTable>(device_);
+    table_ = std::make_unique<ps::detail::VariableTable>(device_, options_.max_initialized_bytes);
     ps::detail::RpcOptions rpc;
     rpc.cluster_token = options_.cluster_token;
     rpc.handshake_timeout = options_.handshake_timeout;
