@@ -80,7 +80,7 @@ constexpr const char* kUsage =
     "  --users U            rows of the user table (default 1000)\n"
     "  --items I            rows of the item table (default 1000)\n"
     "  --dim D              embedding width (default 8)\n"
-    "  --examples N         training examples: N / B steps (default 6000000)\n"
+    "  --examples N         training examples: N / B steps (default 10000000)\n"
     "  --eval-examples E    held-out examples (default 20000)\n"
     "  --noise S            standard deviation of the labels' noise (default 0.5)\n"
     "  --seed S             the hidden model, the examples and the initial weights (default 1)\n"
@@ -88,7 +88,7 @@ constexpr const char* kUsage =
     "  --write-data DIR     write train.bin (N examples), eval.bin (E) and meta.json to DIR, and exit\n"
     "training:\n"
     "  --batch B            examples per step (default 256)\n"
-    "  --lr LR              Adagrad's learning rate (default 0.1)\n"
+    "  --lr LR              Adagrad's learning rate (default 0.2)\n"
     "  --init-scale A       the tables start uniform in (-A, A) (default 0.5; Keras's Embedding: 0.05)\n"
     "  --warmup-steps W     steps before the timed ones (default 50)\n"
     "  --progress-every P   a progress line every P steps (default 1000)\n"
@@ -99,12 +99,12 @@ constexpr const char* kUsage =
 
 struct Options {
   std::int64_t users = 1000, items = 1000, dim = 8;
-  std::int64_t examples = 6'000'000, eval_examples = 20'000;
+  std::int64_t examples = 10'000'000, eval_examples = 20'000;
   double noise = 0.5;
   std::uint64_t seed = 1;
   std::string data, write_data;
   std::int64_t batch = 256;
-  double lr = 0.1, init_scale = 0.5, target = 0.05;
+  double lr = 0.2, init_scale = 0.5, target = 0.05;
   std::int64_t warmup_steps = 50, progress_every = 1000;
   int kill_worker = -1;
   std::int64_t kill_at_step = 0;
@@ -183,20 +183,23 @@ double normal(std::uint64_t seed, std::uint64_t what, std::uint64_t index) {
   return std::sqrt(-2.0 * std::log(unit(mix(seed, what, 2 * index)))) * std::cos(6.283185307179586 * unit(mix(seed, what, 2 * index + 1)));
 }
 
-/// Labels come from: sum_k u*[user][k] * v*[item][k] * w*[k] + 0.5 + noise, with u* and v* standard
-/// normal and w* normal of variance 1 / D (the signal's variance is then about 1 for any D).
+/// Labels come from: sum_k u*[user][k] * v*[item][k] * w*[k] + 0.5 + noise over the first half of
+/// the D components (a model of width D has room to spare: a hidden model as wide as the model
+/// leaves it local minima that miss a component), with u* and v* standard normal and w* normal of
+/// variance 1 / (D / 2): the signal's variance is about 1 for any D.
 struct HiddenModel {
   std::uint64_t seed;
   std::int64_t dim;
   double noise;
   enum Stream : std::uint64_t { kUser = 1, kItem, kWeight, kTrainPick, kEvalPick, kTrainNoise, kEvalNoise };
 
+  std::int64_t rank() const { return std::max<std::int64_t>(1, dim / 2); }
   double truth(std::int64_t user, std::int64_t item) const {
     double s = 0.5;
-    for (std::int64_t k = 0; k < dim; ++k) {
+    for (std::int64_t k = 0; k < rank(); ++k) {
       const auto u = static_cast<std::uint64_t>(user * dim + k), v = static_cast<std::uint64_t>(item * dim + k);
       s += normal(seed, kUser, u) * normal(seed, kItem, v) * normal(seed, kWeight, static_cast<std::uint64_t>(k)) /
-           std::sqrt(static_cast<double>(dim));
+           std::sqrt(static_cast<double>(rank()));
     }
     return s;
   }
@@ -510,21 +513,30 @@ int coordinate(Options o, const std::shared_ptr<ds::ClusterResolver>& resolver) 
   coordinator.join();
   const double bytes_before = o.report_json ? ps_traffic(resolver->cluster_spec()) : 0;
   const auto start = std::chrono::steady_clock::now();
+  auto steps_completed = [&] {
+    const auto per_worker = coordinator.closures_completed_per_worker();
+    return std::accumulate(per_worker.begin(), per_worker.end(), std::uint64_t{0});
+  };
   auto last = start;
+  std::uint64_t last_completed = steps_completed();
   std::int64_t last_step = o.warmup_steps;
   for (std::int64_t s = o.warmup_steps; s < steps; s += o.progress_every) {
     schedule(std::min(o.progress_every, steps - s));
-    // The steps of the chunk before this one are done or nearly: report them.
+    // The steps of the chunk before this one are done or nearly: report them, and the rate at
+    // which steps completed since the last report.
     const std::int64_t done = s;
     if (done - last_step < o.progress_every) continue;
     double sum = 0;
     for (std::int64_t k = last_step; k < done; ++k) sum += losses[static_cast<std::size_t>(k)].get();
     const auto now = std::chrono::steady_clock::now();
+    const std::uint64_t now_completed = steps_completed();
     fmt::print("step {:>8}/{}  train loss {:.4f}  {:>9.0f} examples/s  workers up {}/{}  steps retried {}\n", done, steps,
                sum / static_cast<double>(done - last_step),
-               static_cast<double>((done - last_step) * o.batch) / std::chrono::duration<double>(now - last).count(),
+               static_cast<double>((now_completed - last_completed) * static_cast<std::uint64_t>(o.batch)) /
+                   std::chrono::duration<double>(now - last).count(),
                coordinator.num_workers_up(), coordinator.num_workers(), coordinator.closures_retried());
     last = now;
+    last_completed = now_completed;
     last_step = done;
   }
   coordinator.join();

@@ -28,8 +28,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 REQUIREMENTS = ["tensorflow==2.21.*", "safetensors==0.8.*"]
 # Cases per area at --cases 2400 (scaled for other totals); TF's side costs most in values/dataset.
-WEIGHTS = {"device": 0.33, "tf_config": 0.25, "partitioner": 0.18, "values": 0.1, "dataset": 0.025, "sharded": 0.065,
-           "safetensors": 0.05}
+WEIGHTS = {"device": 0.27, "tf_config": 0.19, "partitioner": 0.18, "values": 0.1, "dataset": 0.025, "sharded": 0.065,
+           "safetensors": 0.05, "sparse_reduce": 0.06, "scatter": 0.06}
 # Areas whose TensorFlow-side value is read after the case runner ran (it writes the file).
 AFTER_RUNNER = {"safetensors": lambda c: c["input"]["how"] == "write"}
 

@@ -9,6 +9,7 @@
 #include <boost/json.hpp>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -89,12 +90,26 @@ inline json::value partitioner_case(const json::value& in) {
 
 // ---- tensors ----------------------------------------------------------------------------------
 
+/// Numbers, and for floats the string "nan" (JSON has no NaN).
+template <class T>
+std::vector<T> values_from(const json::value& v) {
+  std::vector<T> values;
+  for (const auto& x : v.as_array()) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (x.is_string()) {
+        values.push_back(std::numeric_limits<T>::quiet_NaN());
+        continue;
+      }
+    }
+    values.push_back(x.to_number<T>());
+  }
+  return values;
+}
+
 template <class T>
 ds::Tensor<T> tensor_from(const json::value& v) {
   const auto& o = v.as_object();
-  std::vector<T> values;
-  for (const auto& x : o.at("values").as_array()) values.push_back(x.to_number<T>());
-  return ds::Tensor<T>(int_list(o.at("shape")), std::move(values));
+  return ds::Tensor<T>(int_list(o.at("shape")), values_from<T>(o.at("values")));
 }
 
 /// {"dtype", "shape", "values"}; non-finite floats as the strings "nan", "inf", "-inf" (JSON has none).
@@ -337,7 +352,113 @@ inline json::value safetensors_case(const json::value& in) {
   return safetensors_json(ds::safetensors::read(path));
 }
 
+// ---- IndexedSlices across replicas --------------------------------------------------------------
+
+/// Calls fn(T{}) with the element type named (the dtypes of the embedding areas).
+template <class F>
+decltype(auto) with_row_dtype(std::string_view name, F&& fn) {
+  if (name == "float32") return fn(float{});
+  if (name == "float64") return fn(double{});
+  if (name == "int32") return fn(std::int32_t{});
+  throw ds::InvalidArgument("case_runner: unknown dtype '" + std::string(name) + "'");
+}
+
+/// {"indices", "values" (flat), "dense_shape"}: the values' shape is [indices] + dense_shape[1:].
+template <class T>
+ds::IndexedSlices<ds::Tensor<T>> slices_from(const json::object& o) {
+  auto indices = int_list(o.at("indices"));
+  ds::Shape dense = int_list(o.at("dense_shape"));
+  ds::Shape rows = dense;
+  if (!rows.empty()) rows[0] = static_cast<std::int64_t>(indices.size());
+  return {std::move(indices), ds::Tensor<T>(rows, values_from<T>(o.at("values"))), std::move(dense)};
+}
+
+template <class T>
+json::value slices_json(const ds::IndexedSlices<ds::Tensor<T>>& s) {
+  return json::object{{"indices", json::value_from(s.indices())}, {"values", tensor_json(s.values())},
+                      {"dense_shape", json::value_from(s.dense_shape())}};
+}
+
+/// Per-replica IndexedSlices of T: strategy.reduce (no axis), or the replica context's all_reduce
+/// inside run(), alone or with a dense value (every replica's result).
+template <class T>
+json::value sparse_reduce_case(const json::object& c) {
+  Mirrored& s = strategy(static_cast<int>(c.at("replicas").to_number<std::int64_t>()));
+  const auto& slices = c.at("slices").as_array();
+  const auto n = static_cast<std::size_t>(s.num_replicas_in_sync());
+  if (slices.size() != n) throw ds::InvalidArgument("case_runner: one IndexedSlices per replica");
+  auto mine = [&](const ds::ReplicaContext& ctx) {
+    return slices_from<T>(slices.at(static_cast<std::size_t>(ctx.replica_id_in_sync_group())).as_object());
+  };
+  const std::string op(c.at("op").as_string());
+  if (c.at("how").as_string() == "reduce") {
+    return slices_json(s.reduce(op, s.run([&](ds::ReplicaContext& ctx) { return mine(ctx); })));
+  }
+  std::vector<json::value> out(n);  // each replica writes its own
+  const json::value& dense = c.at("dense");
+  if (dense.is_null()) {
+    s.run([&](ds::ReplicaContext& ctx) {
+      out[static_cast<std::size_t>(ctx.replica_id_in_sync_group())] = slices_json(ctx.all_reduce(op, mine(ctx)));
+    });
+  } else {
+    with_row_dtype(dense.at("dtype").as_string(), [&](auto tag) {
+      using D = decltype(tag);
+      const auto& components = dense.at("components").as_array();
+      s.run([&](ds::ReplicaContext& ctx) {
+        const auto id = static_cast<std::size_t>(ctx.replica_id_in_sync_group());
+        auto [rows, value] = ctx.all_reduce(op, mine(ctx), tensor_from<D>(components.at(id)));
+        out[id] = json::array{slices_json(rows), tensor_json(value)};
+      });
+    });
+  }
+  return json::array(out.begin(), out.end());
+}
+
+inline json::value sparse_reduce_case(const json::value& in) {
+  const auto& c = in.as_object();
+  return with_row_dtype(c.at("dtype").as_string(), [&](auto tag) { return sparse_reduce_case<decltype(tag)>(c); });
+}
+
+// ---- plain variables: scatter_* and sparse_read ---------------------------------------------------
+
+template <class T, class U>
+void scatter(ds::Variable<ds::Tensor<T>>& v, std::string_view op, const ds::IndexedSlices<ds::Tensor<U>>& rows) {
+  if (op == "scatter_add") v.scatter_add(rows);
+  else if (op == "scatter_sub") v.scatter_sub(rows);
+  else if (op == "scatter_update") v.scatter_update(rows);
+  else if (op == "scatter_min") v.scatter_min(rows);
+  else if (op == "scatter_max") v.scatter_max(rows);
+  else throw ds::InvalidArgument("case_runner: unknown scatter '" + std::string(op) + "'");
+}
+
+/// A variable of T made from "shape" and "initial", then "ops" in order: scatters of IndexedSlices
+/// (of their own dtype) and sparse_reads (indices of "index_shape"). What each read gave, and the
+/// value at the end.
+template <class T>
+json::value scatter_case(const json::object& c) {
+  ds::Variable<ds::Tensor<T>> v(ds::Tensor<T>(int_list(c.at("shape")), values_from<T>(c.at("initial"))), {.name = "v"});
+  json::array reads;
+  for (const auto& item : c.at("ops").as_array()) {
+    const auto& o = item.as_object();
+    const std::string op(o.at("op").as_string());
+    if (op == "sparse_read") {
+      const ds::Tensor<std::int64_t> ids(int_list(o.at("index_shape")), int_list(o.at("indices")));
+      reads.push_back(tensor_json(v.sparse_read(ids)));
+    } else {
+      with_row_dtype(o.at("dtype").as_string(), [&](auto tag) { scatter(v, op, slices_from<decltype(tag)>(o)); });
+    }
+  }
+  return json::object{{"reads", std::move(reads)}, {"final", tensor_json(v.read_value())}};
+}
+
+inline json::value scatter_case(const json::value& in) {
+  const auto& c = in.as_object();
+  return with_row_dtype(c.at("dtype").as_string(), [&](auto tag) { return scatter_case<decltype(tag)>(c); });
+}
+
 inline json::value run_case(const std::string& area, const json::value& in) {
+  if (area == "sparse_reduce") return sparse_reduce_case(in);
+  if (area == "scatter") return scatter_case(in);
   if (area == "safetensors") return safetensors_case(in);
   if (area == "sharded") return sharded_case(in);
   if (area == "device") return device_case(in);

@@ -57,6 +57,25 @@ check(driver.allowed(int_mean, "values", "value_differs", {}, tensor("int64", []
       "int MEAN entry")
 check(not driver.allowed(int_mean, "values", "value_differs", {}, tensor("int64", [], [3]), tensor("float64", [], [2.5])),
       "int MEAN entry needs the truncation")
+shapes = by_id["sparse-reduce-dense-shapes"]
+ours = ("all_reduce: value 0 is IndexedSlices of dense shape (3, 2) float32 on replica 0 but IndexedSlices of dense "
+        "shape (4, 2) float32 on replica 1; every replica passes the same kinds, dtypes and shapes")
+check(driver.allowed(shapes, "sparse_reduce", "tf_accepts_ours_rejects", {}, ours, {}), "dense shapes entry matches")
+check(not driver.allowed(shapes, "sparse_reduce", "tf_accepts_ours_rejects", {},
+                         ours.replace("dense shape (4, 2) float32", "dense shape (3, 2) float64"), {}),
+      "dense shapes entry: not for another dtype")
+scatter = by_id["scatter-dense-shape"]
+check(driver.allowed(scatter, "scatter", "tf_accepts_ours_rejects", {},
+                     "scatter_min: IndexedSlices of dense shape (7,) into variable 'v' of shape (5,)", {}),
+      "scatter dense shape entry matches")
+check(not driver.allowed(scatter, "scatter", "tf_accepts_ours_rejects", {},
+                         "scatter_add: rows of shape (3,) into variable 'v', whose rows have shape (2,)", {}),
+      "scatter dense shape entry: not for another row width")
+# IndexedSlices compare as their parts: indices exactly, values as a tensor.
+slices = {"indices": [0, 2], "values": tensor("float32", [2], [0.1, 2.0]), "dense_shape": [3]}
+check(driver.same(slices, {**slices, "values": tensor("float32", [2], [0.1 + 1e-7, 2.0])}, 1e-9), "slices' values")
+check(not driver.same(slices, {**slices, "indices": [2, 0]}, 1e-9), "slices' indices in order")
+
 for e in entries:
     check(e.get("doc") and e["kind"] in ("tf_accepts_ours_rejects", "ours_accepts_tf_rejects", "value_differs"),
           f"entry {e['id']} has a doc and a known kind")

@@ -350,6 +350,158 @@ def safetensors_tf(c):
     return _st_read(c["path"])
 
 
+# ---- IndexedSlices across replicas: all_reduce and strategy.reduce ---------------------------------
+
+def _rows(rng, dtype, count):
+    if dtype.startswith("float"):
+        return [round(rng.uniform(-100, 100), 3) for _ in range(count)]
+    return [rng.choice([rng.randint(-1000, 1000)] * 8 + [2**31 - 1, -2**31]) for _ in range(count)]
+
+
+def _array(values, dtype, shape):
+    return np.array([float("nan") if x == "nan" else x for x in values], dtype).reshape(shape)
+
+
+def _slices_json(s):
+    return {"indices": [int(i) for i in s.indices.numpy()], "values": _tensor_json(s.values),
+            "dense_shape": [int(d) for d in s.dense_shape.numpy()]}
+
+
+def sparse_reduce_gen(rng, count):
+    out = []
+    for _ in range(count):
+        n = rng.randint(1, 4)
+        how = rng.choice(["all_reduce", "all_reduce", "reduce"])
+        dtype = rng.choice(["float32", "float64", "int32"])
+        dense_shape = [rng.randint(1, 6)] + [rng.randint(1, 3) for _ in range(rng.randint(0, 2))]
+        width = int(np.prod(dense_shape[1:]))
+        slices = []
+        for _ in range(n):
+            k = rng.choice([0, 0, 1, 2, 3, 5])
+            slices.append({"indices": [rng.randrange(dense_shape[0]) for _ in range(k)],
+                           "values": _rows(rng, dtype, k * width), "dense_shape": list(dense_shape)})
+        if how == "all_reduce" and n > 1 and not any(x["indices"] for x in slices):
+            slices[rng.randrange(n)].update(indices=[0], values=_rows(rng, dtype, width))  # none: TF dies (SIGSEGV)
+        if n > 1 and rng.random() < 0.04:  # TF keeps each replica's dense shape; ours refuses (docs/semantics.md)
+            slices[rng.randrange(n)]["dense_shape"][0] += rng.randint(1, 2)
+        dense = None
+        # A dense value rides along with float slices only: TF refuses any int32 value in such a call
+        # ("Inputs to batch_reduce_to must be either all on the host or all on the compute devices").
+        if how == "all_reduce" and dtype != "int32" and rng.random() < 0.4:
+            shape = [rng.randint(1, 3) for _ in range(rng.randint(0, 2))]
+            ddtype = rng.choice(["float32", "float64"])
+            dense = {"dtype": ddtype, "components": [{"shape": shape, "values": _rows(rng, ddtype, int(np.prod(shape)))}
+                                                    for _ in range(n)]}
+        op = rng.choice(["SUM", "sum"] if dtype == "int32" else ["SUM", "MEAN", "sum", "Mean"])
+        out.append({"replicas": n, "how": how, "op": op, "dtype": dtype, "slices": slices, "dense": dense})
+    return out
+
+
+def sparse_reduce_tf(c):
+    s = strategy(c["replicas"])
+    op = c["op"].upper()
+
+    def mine():
+        x = c["slices"][int(tf.distribute.get_replica_context().replica_id_in_sync_group)]
+        values = _array(x["values"], c["dtype"], [len(x["indices"])] + x["dense_shape"][1:])
+        return tf.IndexedSlices(tf.constant(values), tf.constant(x["indices"], tf.int64),
+                                tf.constant(x["dense_shape"], tf.int64))
+
+    if c["how"] == "reduce":
+        return _slices_json(s.reduce(op, s.run(mine), axis=None))
+
+    def step():
+        ctx = tf.distribute.get_replica_context()
+        if c["dense"] is None:
+            return ctx.all_reduce(op, mine())
+        x = c["dense"]["components"][int(ctx.replica_id_in_sync_group)]
+        return ctx.all_reduce(op, (mine(), tf.constant(_array(x["values"], c["dense"]["dtype"], x["shape"]))))
+
+    out = []
+    for r in s.experimental_local_results(s.run(step)):
+        out.append(_slices_json(r) if c["dense"] is None else [_slices_json(r[0]), _tensor_json(r[1])])
+    return out
+
+
+# ---- plain variables: scatter_* and sparse_read --------------------------------------------------
+
+_SCATTERS = ["scatter_add", "scatter_sub", "scatter_update", "scatter_min", "scatter_max"]
+
+
+def _update_rows(rng, dtype, count):
+    """Rows to scatter: floats sometimes NaN (min and max then keep the row, as Eigen's)."""
+    return [x if dtype == "int32" or rng.random() > 0.03 else "nan" for x in _rows(rng, dtype, count)]
+
+
+def scatter_gen(rng, count):
+    out = []
+    for _ in range(count):
+        dtype = rng.choice(["float32", "float64", "int32"])
+        shape = [rng.choice([0, 1, 2, 3, 5, 6, 6])] + [rng.randint(1, 3) for _ in range(rng.randint(0, 2))]
+        rows, width = shape[0], int(np.prod(shape[1:]))
+        ops = []
+        for _ in range(rng.randint(1, 5)):
+            op = rng.choice(_SCATTERS * 2 + ["sparse_read"] * 3)
+            k = rng.choice([0, 1, 2, 3, 4, 6]) if rows else 0
+            indices = [rng.randrange(rows) for _ in range(k)]
+            if op == "sparse_read":
+                index_shape = rng.choice([[k]] * 6 + [[1, k], [k, 1]] + [[]] * (k == 1))
+                ops.append({"op": op, "indices": indices, "index_shape": index_shape})
+            else:
+                ops.append({"op": op, "indices": indices, "values": _update_rows(rng, dtype, k * width),
+                            "dense_shape": list(shape), "dtype": dtype})
+        # At most one operation to refuse, the last, so that what is refused is known: an index out of
+        # range (both refuse), a scalar variable (both), rows of another dtype (both), slices of another
+        # dense shape whose indices fit the variable (TF ignores the dense shape; ours refuses). Never
+        # rows of another width: TF does not check them and writes past the variable's memory.
+        bad = rng.choice([None] * 20 + ["index", "read_index", "scalar", "dtype", "dense_shape"])
+        if bad in ("index", "read_index"):
+            op = "sparse_read" if bad == "read_index" else rng.choice(_SCATTERS)
+            indices = [rng.randrange(rows) for _ in range(rng.randint(0, 2)) if rows]
+            indices.insert(rng.randint(0, len(indices)), rng.choice([-1, rows, rows + 3]))
+            if op == "sparse_read":
+                ops.append({"op": op, "indices": indices, "index_shape": [len(indices)]})
+            else:
+                ops.append({"op": op, "indices": indices, "values": _update_rows(rng, dtype, len(indices) * width),
+                            "dense_shape": list(shape), "dtype": dtype})
+        elif bad == "scalar":
+            shape = []
+            op = rng.choice(_SCATTERS + ["sparse_read"])
+            ops = [{"op": op, "indices": [0], "index_shape": [1]} if op == "sparse_read" else
+                   {"op": op, "indices": [0], "values": _update_rows(rng, dtype, 1), "dense_shape": [1],
+                    "dtype": dtype}]
+        elif bad == "dtype":
+            other = rng.choice([d for d in ("float32", "float64", "int32") if d != dtype])
+            k = 1 if rows else 0
+            ops.append({"op": rng.choice(_SCATTERS), "indices": [0] * k, "values": _rows(rng, other, k * width),
+                        "dense_shape": list(shape), "dtype": other})
+        elif bad == "dense_shape":
+            k = rng.randint(0, 2) if rows else 0
+            ops.append({"op": rng.choice(_SCATTERS), "indices": [rng.randrange(rows) for _ in range(k)],
+                        "values": _update_rows(rng, dtype, k * width),
+                        "dense_shape": [rows + rng.randint(1, 3)] + shape[1:], "dtype": dtype})
+        size = int(np.prod(shape)) if shape else 1
+        initial = _rows(rng, dtype, size)
+        if dtype != "int32" and size and rng.random() < 0.2:
+            initial[rng.randrange(size)] = "nan"
+        out.append({"dtype": dtype, "shape": shape, "initial": initial, "ops": ops})
+    return out
+
+
+def scatter_tf(c):
+    v = tf.Variable(_array(c["initial"], c["dtype"], c["shape"]))
+    reads = []
+    for o in c["ops"]:
+        if o["op"] == "sparse_read":
+            ids = np.array(o["indices"], np.int64).reshape(o["index_shape"])
+            reads.append(_tensor_json(v.sparse_read(tf.constant(ids))))
+            continue
+        values = _array(o["values"], o["dtype"], [len(o["indices"])] + o["dense_shape"][1:])
+        getattr(v, o["op"])(tf.IndexedSlices(tf.constant(values), tf.constant(o["indices"], tf.int64),
+                                             tf.constant(o["dense_shape"], tf.int64)))
+    return {"reads": reads, "final": _tensor_json(v.read_value())}
+
+
 AREAS = {
     "device": (device_gen, device_tf),
     "tf_config": (tf_config_gen, tf_config_tf),
@@ -358,6 +510,8 @@ AREAS = {
     "dataset": (dataset_gen, dataset_tf),
     "sharded": (sharded_gen, sharded_tf),
     "safetensors": (safetensors_gen, safetensors_tf),
+    "sparse_reduce": (sparse_reduce_gen, sparse_reduce_tf),
+    "scatter": (scatter_gen, scatter_tf),
 }
 
 
