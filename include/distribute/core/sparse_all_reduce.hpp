@@ -120,7 +120,8 @@ class SparsePack {
 /// against what is there.
 class SparseUnpack {
  public:
-  SparseUnpack(std::span<const std::byte> gathered, int replicas) {
+  /// `what`: the call, for messages ("all_reduce", "reduce").
+  SparseUnpack(std::span<const std::byte> gathered, int replicas, const char* what) : what_(what) {
     std::size_t at = 0;
     for (int r = 0; r < replicas; ++r) {
       std::uint64_t size = 0;
@@ -134,15 +135,15 @@ class SparseUnpack {
     for (int r = 1; r < replicas; ++r) {
       const auto& block = blocks_[static_cast<std::size_t>(r)];
       if (block.size() != first.size()) {
-        throw InvalidArgument(fmt::format("all_reduce: replica 0 passed {} values and replica {} passed {}; every "
-                                          "replica passes the same values",
-                                          first.size(), r, block.size()));
+        throw InvalidArgument(fmt::format("{}: replica 0 passed {} values and replica {} passed {}; every replica "
+                                          "passes the same values",
+                                          what_, first.size(), r, block.size()));
       }
       for (std::size_t i = 0; i < first.size(); ++i) {
         if (!block[i].agrees_with(first[i])) {
-          throw InvalidArgument(fmt::format("all_reduce: value {} is {} on replica 0 but {} on replica {}; every replica "
-                                            "passes the same kinds, dtypes and shapes",
-                                            i, first[i].describe(), block[i].describe(), r));
+          throw InvalidArgument(fmt::format("{}: value {} is {} on replica 0 but {} on replica {}; every replica passes "
+                                            "the same kinds, dtypes and shapes",
+                                            what_, i, first[i].describe(), block[i].describe(), r));
         }
       }
     }
@@ -157,7 +158,7 @@ class SparseUnpack {
 
  private:
   [[noreturn]] static void malformed(int replica, const char* what) {
-    throw InvalidArgument(fmt::format("all_reduce: the block replica {} sent is malformed ({})", replica, what));
+    throw InvalidArgument(fmt::format("the block of IndexedSlices replica {} sent is malformed ({})", replica, what));
   }
   static void read_at(std::span<const std::byte> b, std::size_t at, void* out, std::size_t n, int replica) {
     if (at > b.size() || n > b.size() - at) malformed(replica, "it ends early");
@@ -220,6 +221,7 @@ class SparseUnpack {
     return static_cast<std::int64_t>(n);
   }
 
+  const char* what_;
   std::vector<std::vector<PackedValue>> blocks_;
 };
 
@@ -252,7 +254,7 @@ IndexedSlices<T> gathered_slices(const std::vector<const PackedValue*>& parts, R
   }
   for (const auto i : indices) {  // from peers: checked as any IndexedSlices is
     if (i < 0 || i >= first.shape[0]) {
-      throw InvalidArgument(fmt::format("all_reduce: a replica sent index {} for dense shape {}", i, shape_string(first.shape)));
+      throw InvalidArgument(fmt::format("a replica sent IndexedSlices with index {} for dense shape {}", i, shape_string(first.shape)));
     }
   }
   return IndexedSlices<T>(std::move(indices), std::move(values), first.shape);
@@ -305,7 +307,7 @@ IndexedSlices<T> reduce_slices(ReduceOp op, const std::vector<const IndexedSlice
   } else {
     all = std::move(mine);
   }
-  const SparseUnpack unpack(all, replicas);
+  const SparseUnpack unpack(all, replicas, "reduce");
   return gathered_slices<T>(unpack.value(0), op, replicas);
 }
 
@@ -340,7 +342,7 @@ auto all_reduce_with_slices(ReplicaCollectives& collectives, ReplicaGroup& group
     all.resize(static_cast<std::size_t>(shape[0]));
     return all.data();
   });
-  const SparseUnpack unpack(all, replicas);
+  const SparseUnpack unpack(all, replicas, "all_reduce");
   std::size_t next = 0;
   auto reduce_one = [&]<class V>(std::type_identity<V>) {
     const auto parts = unpack.value(next++);
