@@ -45,7 +45,7 @@
 
 #include "common/cli.hpp"
 #include "common/digits_mlp.hpp"
-#include "common/ps_faults.hpp"
+#include "common/ps_tasks.hpp"
 #include "common/training_report.hpp"
 
 #ifndef DISTRIBUTE_EXAMPLES_DATA_DIR
@@ -175,7 +175,7 @@ std::vector<double> train_step(ds::PerWorkerIterator<ds::Tensor<std::int64_t>> b
   b1.assign_sub(step(g.b1, p.b1));
   w2.assign_sub(step(g.w2, p.w2));
   b2.assign_sub(step(g.b2, p.b2));
-  ps_faults::maybe_die_in_step(g_options.kill_worker, g_options.kill_at_step);
+  ps_tasks::maybe_die_in_step(g_options.kill_worker, g_options.kill_at_step);
   return {stats.loss_sum, stats.correct, stats.count};
 }
 DISTRIBUTE_REMOTE_FUNCTION(train_step);
@@ -235,7 +235,7 @@ int coordinate(const Options& options, ds::ParameterServerStrategy& strategy) {
   const auto start = std::chrono::steady_clock::now();
   for (int epoch = first_epoch; epoch <= options.epochs; ++epoch) {
     if (options.wait_for_workers > 0 && coordinator.num_workers_up() < coordinator.num_workers()) {
-      ps_faults::wait_for_workers(coordinator, options.wait_for_workers);
+      ps_tasks::wait_for_workers(coordinator, options.wait_for_workers);
     }
     const auto epoch_start = std::chrono::steady_clock::now();
     std::vector<ds::RemoteValue<std::vector<double>>> steps;
@@ -298,33 +298,14 @@ int coordinate(const Options& options, ds::ParameterServerStrategy& strategy) {
   return 0;
 }
 
-int run(const Options& options) {
-  auto resolver = std::make_shared<ds::TFConfigClusterResolver>();
-  if (resolver->cluster_spec().empty()) {
-    throw UsageError("no cluster (TF_CONFIG is not set); run it under `distribute-launch --ps N --workers M --`, "
-                     "which starts a chief, ps and worker tasks");
-  }
-  const std::string type = resolver->task_type();
-  if (type == "ps" || type == "worker") {
-    ds::Server server(resolver->cluster_spec(), type, resolver->task_id());
-    fmt::print("serving {}:{} at {}\n", type, resolver->task_id(), server.target());
-    server.join();
-    return 0;
-  }
-  if (type != "chief") {
-    throw UsageError(fmt::format("this task is '{}'; a parameter-server cluster has chief, ps and worker tasks (as "
-                                 "`distribute-launch --ps N --workers M --` starts)",
-                                 type));
-  }
-  ds::ParameterServerStrategy strategy(resolver);
-  return coordinate(options, strategy);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   return cli::run_main("parameter_server", kUsage, [&] {
     g_options = parse_args(argc, argv);
-    return run(g_options);
+    return ps_tasks::run_task([](std::shared_ptr<ds::TFConfigClusterResolver> resolver) {
+      ds::ParameterServerStrategy strategy(std::move(resolver));
+      return coordinate(g_options, strategy);
+    });
   });
 }

@@ -64,7 +64,7 @@
 #include <distribute/distribute.hpp>
 
 #include "common/cli.hpp"
-#include "common/ps_faults.hpp"
+#include "common/ps_tasks.hpp"
 
 namespace ds = distribute;
 
@@ -393,7 +393,7 @@ float train_step(ds::PerWorkerIterator<Batch> batches, Table users, Table items,
   opt.apply_gradients(users, ds::IndexedSlices<ds::Tensor<float>>::from_lookup(b.users, std::move(gu), users.shape()));
   opt.apply_gradients(items, ds::IndexedSlices<ds::Tensor<float>>::from_lookup(b.items, std::move(gv), items.shape()));
   opt.apply_gradients(dense, gw);
-  ps_faults::maybe_die_in_step(g_options.kill_worker, g_options.kill_at_step);
+  ps_tasks::maybe_die_in_step(g_options.kill_worker, g_options.kill_at_step);
   return static_cast<float>(loss);
 }
 DISTRIBUTE_REMOTE_FUNCTION(train_step);
@@ -456,7 +456,7 @@ double held_out_loss(const std::vector<Record>& records, Table& users, Table& it
   return total / static_cast<double>(records.size());
 }
 
-int coordinate(Options o, const std::shared_ptr<ds::ClusterResolver>& resolver) {
+int coordinate(Options o, std::shared_ptr<ds::ClusterResolver> resolver) {
   // The held-out examples and what the hidden model loses on them.
   std::vector<Record> held_out;
   double truth_loss = 0;
@@ -545,7 +545,7 @@ int coordinate(Options o, const std::shared_ptr<ds::ClusterResolver>& resolver) 
   const double bytes_per_step =
       o.report_json ? (ps_traffic(resolver->cluster_spec()) - bytes_before) / static_cast<double>(steps - o.warmup_steps) : 0;
   if (o.wait_for_workers > 0 && coordinator.num_workers_up() < coordinator.num_workers()) {
-    ps_faults::wait_for_workers(coordinator, o.wait_for_workers);
+    ps_tasks::wait_for_workers(coordinator, o.wait_for_workers);
   }
   double tail = 0;
   const std::int64_t tail_steps = std::min<std::int64_t>(steps - last_step, o.progress_every);
@@ -577,30 +577,14 @@ int coordinate(Options o, const std::shared_ptr<ds::ClusterResolver>& resolver) 
   return 0;
 }
 
-int run(const Options& o) {
-  if (!o.write_data.empty()) return write_data(o);
-  auto resolver = std::make_shared<ds::TFConfigClusterResolver>();
-  if (resolver->cluster_spec().empty()) {
-    throw UsageError("no cluster (TF_CONFIG is not set); run it under `distribute-launch --ps N --workers M --`, "
-                     "which starts a chief, ps and worker tasks");
-  }
-  const std::string type = resolver->task_type();
-  if (type == "ps" || type == "worker") {
-    ds::Server server(resolver->cluster_spec(), type, resolver->task_id());
-    server.join();
-    return 0;
-  }
-  if (type != "chief") {
-    throw UsageError(fmt::format("this task is '{}'; a parameter-server cluster has chief, ps and worker tasks", type));
-  }
-  return coordinate(o, resolver);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   return cli::run_main("recommender", kUsage, [&] {
     g_options = parse_args(argc, argv);
-    return run(g_options);
+    if (!g_options.write_data.empty()) return write_data(g_options);
+    return ps_tasks::run_task([](std::shared_ptr<ds::TFConfigClusterResolver> resolver) {
+      return coordinate(g_options, std::move(resolver));
+    });
   });
 }

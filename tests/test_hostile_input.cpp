@@ -24,6 +24,7 @@
 #include "ps_functions.hpp"
 #include "support/processes.hpp"
 #include "support/http_get.hpp"
+#include "support/ps_cluster.hpp"
 
 namespace ds = distribute;
 namespace dd = ds::ps::detail;
@@ -51,15 +52,7 @@ const char* env_path(const char* name) {
   return p;
 }
 
-template <class F>
-bool wait_until(F&& ready, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!ready()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
+using test_support::wait_until;
 
 /// Lines a Server logged.
 struct Log {

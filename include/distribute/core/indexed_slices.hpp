@@ -10,9 +10,11 @@
 // deduplicated() sums them into one row each.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string_view>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -186,5 +188,25 @@ class IndexedSlices {
 
 template <class T>
 IndexedSlices(std::vector<std::int64_t>, T, Shape) -> IndexedSlices<T>;
+
+/// InvalidArgument unless `slices` are rows of a variable of `shape` (rank >= 1) and `dtype`: `what`
+/// names the call ("scatter_add"), `whose` the variable ("variable 'v'").
+template <class T>
+void check_slices_fit(const IndexedSlices<T>& slices, const Shape& shape, DType dtype, std::string_view what,
+                      std::string_view whose) {
+  if (slices.dtype() != dtype) {
+    throw InvalidArgument(fmt::format("{}: {} rows into {} of {}", what, to_string(slices.dtype()), whose, to_string(dtype)));
+  }
+  const Shape& dense = slices.dense_shape();
+  if (dense.size() != shape.size() || !std::equal(dense.begin() + 1, dense.end(), shape.begin() + 1)) {
+    throw InvalidArgument(fmt::format("{}: rows of shape {} into {}, whose rows have shape {}", what,
+                                      shape_string(Shape(dense.begin() + 1, dense.end())), whose,
+                                      shape_string(Shape(shape.begin() + 1, shape.end()))));
+  }
+  if (dense[0] != shape[0]) {
+    throw InvalidArgument(fmt::format("{}: IndexedSlices of dense shape {} into {} of shape {}", what, shape_string(dense),
+                                      whose, shape_string(shape)));
+  }
+}
 
 DISTRIBUTE_END_NAMESPACE

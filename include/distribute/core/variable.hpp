@@ -167,21 +167,9 @@ class Variable {
     const std::string_view what = core::scatter_name(op);
     const Shape shape = this->shape();
     require_rows(what, shape);
-    if (slices.dtype() != dtype()) {
-      throw InvalidArgument(fmt::format("{}: {} rows into variable '{}' of {}", what, to_string(slices.dtype()), name(),
-                                        to_string(dtype())));
-    }
-    const Shape& dense = slices.dense_shape();
-    if (dense.size() != shape.size() || !std::equal(dense.begin() + 1, dense.end(), shape.begin() + 1)) {
-      throw InvalidArgument(fmt::format("{}: rows of shape {} into variable '{}', whose rows have shape {}", what,
-                                        shape_string(Shape(dense.begin() + 1, dense.end())), name(),
-                                        shape_string(Shape(shape.begin() + 1, shape.end()))));
-    }
-    if (dense[0] != shape[0]) {
-      throw InvalidArgument(fmt::format("{}: IndexedSlices of dense shape {} into variable '{}' of shape {}", what,
-                                        shape_string(dense), name(), shape_string(shape)));
-    }
-    core::check_row_op(op, dtype(), fmt::format("variable '{}'", name()));
+    const std::string whose = fmt::format("variable '{}'", name());
+    check_slices_fit(slices, shape, dtype(), what, whose);
+    core::check_row_op(op, dtype(), whose);
     storage_->scatter(op, slices.indices(), {slices.value_bytes(), slices.size() * slices.row_bytes()});
   }
 

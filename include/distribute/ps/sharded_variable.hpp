@@ -277,20 +277,7 @@ class ShardedVariable {
   template <class U>
   std::vector<ShardRows> route(const IndexedSlices<U>& slices, std::string_view what) const {
     require_rows(std::string(what).c_str());
-    if (slices.dtype() != dtype()) {
-      throw InvalidArgument(fmt::format("{}: {} rows into sharded variable '{}' of {}", what, to_string(slices.dtype()),
-                                        name(), to_string(dtype())));
-    }
-    const Shape& dense = slices.dense_shape();
-    if (dense.size() != shape().size() || !std::equal(dense.begin() + 1, dense.end(), shape().begin() + 1)) {
-      throw InvalidArgument(fmt::format("{}: rows of shape {} into sharded variable '{}', whose rows have shape {}", what,
-                                        shape_string(Shape(dense.begin() + 1, dense.end())), name(),
-                                        shape_string(Shape(shape().begin() + 1, shape().end()))));
-    }
-    if (dense[0] != shape()[0]) {
-      throw InvalidArgument(fmt::format("{}: IndexedSlices of dense shape {} into sharded variable '{}' of shape {}", what,
-                                        shape_string(dense), name(), shape_string(shape())));
-    }
+    check_slices_fit(slices, shape(), dtype(), what, fmt::format("sharded variable '{}'", name()));
     std::vector<std::size_t> part_of(num_shards(), SIZE_MAX);
     std::vector<ShardRows> parts;
     const std::size_t rb = slices.row_bytes();

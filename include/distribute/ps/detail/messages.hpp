@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <istream>
 #include <ostream>
@@ -158,13 +159,16 @@ std::vector<std::byte> encode_message(const M& m) {
   return std::move(sink.bytes);
 }
 
-/// Encodes `m` into a buffer of this thread's that is kept from one message to the next, so that
+/// Encodes `m` into buffer `slot` of this thread's, kept from one message to the next, so that
 /// sending one costs no allocation once a message of its size was sent: the bytes are valid until
-/// this thread encodes again (a call that sends them returns before that).
+/// this thread encodes into that slot again. Calls to several ps tasks in flight at once each take
+/// a slot of their own; a call that sends its bytes and returns before the next uses slot 0.
 template <class M>
-std::span<const std::byte> encode_reusing(const M& m) {
+std::span<const std::byte> encode_into_slot(const M& m, std::size_t slot) {
   static constexpr std::size_t kKeptBytes = std::size_t{64} << 20;  // a larger buffer is not kept
-  thread_local ByteSink sink;
+  thread_local std::vector<std::unique_ptr<ByteSink>> sinks;
+  while (sinks.size() <= slot) sinks.push_back(std::make_unique<ByteSink>());
+  ByteSink& sink = *sinks[slot];
   sink.bytes.clear();
   if (sink.bytes.capacity() > kKeptBytes) sink.bytes.shrink_to_fit();
   {
@@ -173,6 +177,11 @@ std::span<const std::byte> encode_reusing(const M& m) {
     ar(m);
   }
   return sink.bytes;
+}
+
+template <class M>
+std::span<const std::byte> encode_reusing(const M& m) {
+  return encode_into_slot(m, 0);
 }
 
 /// Malformed bytes throw InvalidArgument naming `what`, never read past the end and never

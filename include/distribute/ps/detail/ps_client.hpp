@@ -58,24 +58,6 @@ inline ClosureTransaction*& current_transaction() {
   return txn;
 }
 
-/// Encodes `m` into buffer `slot` of this thread's, kept from one message to the next (as
-/// encode_reusing), so that calls to several ps tasks in flight at once each have their own bytes.
-template <class M>
-std::span<const std::byte> encode_into_slot(const M& m, std::size_t slot) {
-  static constexpr std::size_t kKeptBytes = std::size_t{64} << 20;
-  thread_local std::vector<std::unique_ptr<ByteSink>> sinks;
-  while (sinks.size() <= slot) sinks.push_back(std::make_unique<ByteSink>());
-  ByteSink& sink = *sinks[slot];
-  sink.bytes.clear();
-  if (sink.bytes.capacity() > kKeptBytes) sink.bytes.shrink_to_fit();
-  {
-    std::ostream out(&sink);
-    cereal::BinaryOutputArchive ar(out);
-    ar(m);
-  }
-  return sink.bytes;
-}
-
 inline std::span<const std::byte> bytes_of_rows(std::span<const std::int64_t> rows) noexcept { return std::as_bytes(rows); }
 
 class PsClientStore final : public core::RemoteVariableStore {

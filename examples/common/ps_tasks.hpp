@@ -1,6 +1,7 @@
-// What the parameter-server examples share to show their fault tolerance: a worker that SIGKILLs
-// itself once in the middle of a step (--kill-worker I --kill-at-step K), and a coordinator that
-// waits for lost workers to come back.
+// What the parameter-server examples share: every task runs the same program and plays the part
+// TF_CONFIG gives it (run_task), and, to show the fault tolerance, a worker that SIGKILLs itself once
+// in the middle of a step (--kill-worker I --kill-at-step K) and a coordinator that waits for lost
+// workers to come back.
 #pragma once
 
 #include <atomic>
@@ -9,17 +10,48 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <thread>
 
 #include <unistd.h>
 
 #include <fmt/format.h>
 
+#include <distribute/cluster/tf_config.hpp>
 #include <distribute/ps/cluster_coordinator.hpp>
+#include <distribute/ps/server.hpp>
 
-namespace ps_faults {
+#include "cli.hpp"
+
+namespace ps_tasks {
+
+/// This task's part of the cluster TF_CONFIG describes: a ds::Server on a ps or worker task, until
+/// the coordinator stops it (0); `coordinate(resolver)` on the chief. A usage error outside a
+/// cluster or on another job.
+template <class Coordinate>
+int run_task(Coordinate&& coordinate) {
+  auto resolver = std::make_shared<distribute::TFConfigClusterResolver>();
+  if (resolver->cluster_spec().empty()) {
+    throw cli::UsageError("no cluster (TF_CONFIG is not set); run it under `distribute-launch --ps N --workers M --`, "
+                          "which starts a chief, ps and worker tasks");
+  }
+  const std::string type = resolver->task_type();
+  if (type == "ps" || type == "worker") {
+    distribute::Server server(resolver->cluster_spec(), type, resolver->task_id());
+    fmt::print("serving {}:{} at {}\n", type, resolver->task_id(), server.target());
+    server.join();
+    return 0;
+  }
+  if (type != "chief") {
+    throw cli::UsageError(fmt::format("this task is '{}'; a parameter-server cluster has chief, ps and worker tasks (as "
+                                      "`distribute-launch --ps N --workers M --` starts)",
+                                      type));
+  }
+  return coordinate(std::move(resolver));
+}
 
 /// Dies like a crashed machine, once, in step `kill_at_step` of worker `kill_worker` (< 0: never),
 /// after the step's updates are computed and before they are committed. Only on the worker's first
@@ -52,4 +84,4 @@ inline void wait_for_workers(distribute::ClusterCoordinator& coordinator, double
   fmt::print("{} of {} workers up\n", coordinator.num_workers_up(), coordinator.num_workers());
 }
 
-}  // namespace ps_faults
+}  // namespace ps_tasks
