@@ -272,6 +272,26 @@ TEST_CASE("all_reduce of IndexedSlices equals the dense all_reduce of to_dense()
   }
 }
 
+TEST_CASE("all_reduce and strategy.reduce of IndexedSlices on OneDeviceStrategy and CentralStorageStrategy") {
+  ds::OneDeviceStrategy<> one;
+  const auto mine = one.run([](ds::ReplicaContext& ctx) {
+    return ctx.all_reduce(ds::ReduceOp::Mean, Rows({1, 1}, rows_of({{2}, {4}}), {3, 1}));
+  });
+  CHECK(mine.values().front() == Rows({1, 1}, rows_of({{2}, {4}}), {3, 1}));  // one replica: its own rows
+  ds::CentralStorageStrategy<> central(3);
+  auto per_replica = central.run([](ds::ReplicaContext& ctx) {
+    const auto r = ctx.replica_id_in_sync_group();
+    const Rows own({r}, rows_of({{static_cast<float>(r + 1)}}), {3, 1});
+    const Rows all = ctx.all_reduce(ds::ReduceOp::Sum, own);
+    CHECK(all.indices() == std::vector<std::int64_t>{0, 1, 2});
+    CHECK(all.to_dense() == ds::Tensor<float>({3, 1}, {1, 2, 3}));
+    return own;
+  });
+  const Rows reduced = central.reduce(ds::ReduceOp::Mean, per_replica);
+  CHECK(reduced.indices() == std::vector<std::int64_t>{0, 1, 2});
+  CHECK(reduced.values().at(2, 0) == doctest::Approx(1.0));  // 3 / 3 replicas
+}
+
 TEST_CASE("all_reduce of IndexedSlices refuses MAX, and replicas whose slices differ: the same error on every replica") {
   Mirrored strategy(2);
   CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) {
