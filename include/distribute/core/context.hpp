@@ -259,7 +259,7 @@ class ReplicaContext {
   template <class... U>
   auto all_reduce_now(ReduceOpArg op, U&&... values) {
     if constexpr ((core::is_indexed_slices_v<std::remove_cvref_t<U>> || ...)) {  // one all-gather of everything
-      return core::detail::all_reduce_with_slices(*collectives_, *group_, local_id_, num_replicas_in_sync(), op.op,
+      return core::all_reduce_with_slices(*collectives_, *group_, local_id_, num_replicas_in_sync(), op.op,
                                                   std::as_const(values)...);
     } else {
       return all_reduce_dense(op, std::forward<U>(values)...);

@@ -1,4 +1,5 @@
-// How an all-reduce that holds IndexedSlices travels (ReplicaContext::all_reduce): as TF does it,
+// Shared by core/ and strategy/ (internal use): how an all-reduce that holds IndexedSlices travels
+// (ReplicaContext::all_reduce, and strategy.reduce of per-replica IndexedSlices): as TF does it,
 // by gathering, not adding. Each replica packs its values into one block of bytes (every
 // IndexedSlices' indices and rows, every dense value's elements, after a description of each), one
 // all-gather of those blocks reaches every replica, and each replica unpacks them in replica order:
@@ -282,6 +283,8 @@ T summed_dense(const std::vector<const PackedValue*>& parts, ReduceOp op, int re
   return out;
 }
 
+}  // namespace detail
+
 /// strategy.reduce(SUM or MEAN, per-replica IndexedSlices) without an axis, as TF does it: every
 /// replica's rows in replica order (MEAN divides the values by the replicas in sync), the local
 /// replicas' `locals` and, through `link`, the other workers' (one all-gather of their blocks).
@@ -295,7 +298,7 @@ IndexedSlices<T> reduce_slices(ReduceOp op, const std::vector<const IndexedSlice
   }
   std::vector<std::byte> mine;
   for (const auto* s : locals) {
-    SparsePack pack;
+    detail::SparsePack pack;
     pack.add(*s);
     const auto block = pack.bytes();
     mine.insert(mine.end(), block.begin(), block.end());
@@ -307,8 +310,8 @@ IndexedSlices<T> reduce_slices(ReduceOp op, const std::vector<const IndexedSlice
   } else {
     all = std::move(mine);
   }
-  const SparseUnpack unpack(all, replicas, "reduce");
-  return gathered_slices<T>(unpack.value(0), op, replicas);
+  const detail::SparseUnpack unpack(all, replicas, "reduce");
+  return detail::gathered_slices<T>(unpack.value(0), op, replicas);
 }
 
 /// ReplicaContext::all_reduce of `values`, some of them IndexedSlices, on replica `local_id` of
@@ -324,7 +327,7 @@ auto all_reduce_with_slices(ReplicaCollectives& collectives, ReplicaGroup& group
                                       "rows, as in TF); {} is not defined for them",
                                       to_string(op)));
   }
-  SparsePack pack;
+  detail::SparsePack pack;
   auto add = [&](const auto& v) {
     using V = std::remove_cvref_t<decltype(v)>;
     if constexpr (!is_indexed_slices_v<V>) {
@@ -342,14 +345,14 @@ auto all_reduce_with_slices(ReplicaCollectives& collectives, ReplicaGroup& group
     all.resize(static_cast<std::size_t>(shape[0]));
     return all.data();
   });
-  const SparseUnpack unpack(all, replicas, "all_reduce");
+  const detail::SparseUnpack unpack(all, replicas, "all_reduce");
   std::size_t next = 0;
   auto reduce_one = [&]<class V>(std::type_identity<V>) {
     const auto parts = unpack.value(next++);
     if constexpr (is_indexed_slices_v<V>) {
-      return gathered_slices<typename V::values_type>(parts, op, replicas);
+      return detail::gathered_slices<typename V::values_type>(parts, op, replicas);
     } else {
-      return summed_dense<V>(parts, op, replicas);
+      return detail::summed_dense<V>(parts, op, replicas);
     }
   };
   std::tuple<U...> out{reduce_one(std::type_identity<U>{})...};  // braced: in order
@@ -360,6 +363,5 @@ auto all_reduce_with_slices(ReplicaCollectives& collectives, ReplicaGroup& group
   }
 }
 
-}  // namespace detail
 }  // namespace core
 DISTRIBUTE_END_NAMESPACE

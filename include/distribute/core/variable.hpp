@@ -125,9 +125,9 @@ class Variable {
   /// TF's sparse_read: rows `indices` of the value along axis 0, shape indices.shape + shape[1:]
   /// (duplicates repeated). On a ps task only those rows travel. InvalidArgument naming an index
   /// outside [0, rows) and its position, or for a scalar variable.
-  template <TensorLike I>
+  template <TensorLike I, class U = T>  // U: the result's type is only formed when called
     requires std::is_integral_v<element_t<I>>
-  gathered_t<T> sparse_read(const I& indices) const {
+  gathered_t<U> sparse_read(const I& indices) const {
     const Shape shape = this->shape();
     require_rows("sparse_read", shape);
     const auto* id = tensor_traits<I>::data(indices);
@@ -142,7 +142,7 @@ class Variable {
     }
     Shape out_shape = shape_of(indices);
     out_shape.insert(out_shape.end(), shape.begin() + 1, shape.end());
-    core::RowMajorResult<gathered_t<T>> out;
+    core::RowMajorResult<gathered_t<U>> out;
     void* p = out.allocate(dtype(), out_shape);
     storage_->gather(rows, {static_cast<std::byte*>(p), static_cast<std::size_t>(num_elements(out_shape)) * size_of(dtype())});
     return out.take();

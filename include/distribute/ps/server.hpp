@@ -35,6 +35,7 @@
 #include <distribute/ps/detail/optimizer_rules.hpp>
 #include <distribute/ps/detail/ps_client.hpp>
 #include <distribute/net/rpc_server.hpp>
+#include <distribute/net/wire_counters.hpp>
 #include <distribute/ps/detail/rpc.hpp>
 #include <distribute/ps/remote_function.hpp>
 
@@ -545,7 +546,7 @@ class Server {
       metrics_.callback("distribute_requests_total", "Requests served, by operation.", "counter", {{"op", ops[i]}},
                         read(requests_[i]));
     }
-    const auto& wire = net::detail::wire_counters();
+    const auto& wire = net::wire_counters();
     metrics_.callback("distribute_wire_bytes_sent_total",
                       "Bytes this process wrote on its connections (frames whole: header, padding, payload).", "counter",
                       {}, [&wire] { return static_cast<double>(wire.sent.load()); });

@@ -40,6 +40,7 @@
 #include <distribute/net/detail/transfer.hpp>
 #include <distribute/net/detail/transfer_all.hpp>
 #include <distribute/net/frame.hpp>
+#include <distribute/net/wire_counters.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
@@ -60,18 +61,6 @@ inline constexpr std::size_t kBatchBytes = std::size_t{8} << 20;
 // A growing destination (ConnectionOwner::grow_bulk) is extended by at most this much per read:
 // memory follows the bytes that arrive, never the length a header claims.
 inline constexpr std::size_t kGrowPiece = std::size_t{1} << 20;
-
-/// Bytes this process's connections have written and read since it started, frames whole (header,
-/// padding, payload): what a task reports as its traffic (a ps task's /metrics), for benchmarks
-/// and operators. The handshakes are not counted.
-struct WireCounters {
-  std::atomic<std::uint64_t> sent{0};
-  std::atomic<std::uint64_t> received{0};
-};
-inline WireCounters& wire_counters() noexcept {
-  static WireCounters counters;
-  return counters;
-}
 
 inline std::string describe_error(const boost::system::error_code& ec) {
   if (ec == asio::error::eof) return "connection closed without a goodbye (the process exited or was killed)";

@@ -258,7 +258,9 @@ class PsClientStore final : public core::RemoteVariableStore {
           error = std::current_exception();
         }
       }
-      for (auto& [item, call] : pending) {
+      for (auto& p : pending) {
+        const Item* item = p.first;
+        RpcClient::PendingCall& call = p.second;
         try {
           guarded(item->task, [&] {
             clients_[static_cast<std::size_t>(item->task)]->finish_call(call, [&](std::span<const std::byte> reply) {

@@ -186,7 +186,7 @@ class SyncStrategy : public AnyStrategy {
                   "TensorLike; see docs/tensors.md)");
     if constexpr (core::is_indexed_slices_v<C>) {  // TF's: every replica's rows (core/sparse_all_reduce.hpp)
       static_assert(requires { typename V::strategy_type; }, "ds::Strategy::reduce: IndexedSlices are reduced as a distributed value (PerReplica)");
-      return core::detail::reduce_slices(op.op, pointers(value.values()), link_, num_replicas_in_sync());
+      return core::reduce_slices(op.op, pointers(value.values()), link_, num_replicas_in_sync());
     } else if constexpr (TensorLike<C>) {
       return reduce_value(op, value);
     }
