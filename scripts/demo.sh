@@ -36,13 +36,13 @@ if [ -f "$BUILD/meson-private/coredata.dat" ]; then
 else
   quiet meson setup "$BUILD" --buildtype=release -Dtests=false -Dbench=false
 fi
-quiet meson compile -C "$BUILD" examples/digits tools/distribute-launch
+quiet bash scripts/compile.sh "$BUILD" examples/digits tools/distribute-launch  # once more on g++ 12.2's spurious concept failure
 PS_TARGET=examples/parameter_server
 if meson introspect --targets "$BUILD" | grep -q '"name": "parameter_server"'; then
-  quiet meson compile -C "$BUILD" "$PS_TARGET"
+  quiet bash scripts/compile.sh "$BUILD" "$PS_TARGET"
 fi
 if meson introspect --targets "$BUILD" | grep -q '"name": "torch_digits"'; then
-  quiet meson compile -C "$BUILD" examples/torch_digits
+  quiet bash scripts/compile.sh "$BUILD" examples/torch_digits
 fi
 
 DIGITS="$ROOT/$BUILD/examples/digits"
