@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
-from compile_once_more import SPURIOUS_CONSTRAINT_ERROR, run_compile  # noqa: E402
+from compile_once_more import run_compile  # noqa: E402
 
 EXIT_SKIPPED = 77
 COMPILERS = ("g++", "c++", "clang++", "mpicxx")
@@ -223,7 +223,7 @@ class Checker:
         except subprocess.TimeoutExpired:
             return Outcome(line, "FAIL", f"compiling {program.name} took longer than {COMPILE_TIMEOUT} s")
         out = proc.stdout.decode("utf-8", errors="replace")
-        retried = (f" (the first try failed with g++'s '{SPURIOUS_CONSTRAINT_ERROR}'; the second built it)"
+        retried = (f" (the first try failed with g++'s spurious concept failure; the second built it)"
                    if second and proc.returncode == 0 else "")
         if proc.returncode != 0:
             for m in MISSING_HEADER_RE.finditer(out):

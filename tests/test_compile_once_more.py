@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tests of tests/support/compile_once_more.py (suite 'build'): with stand-in compilers, a command
-that fails with g++'s "constraints not satisfied" is run once more, one that fails that way twice or
-fails any other way is not; and the consumer checks (tests/consumer/run_consumer_tests.py) build the
+that fails with g++'s "constraints not satisfied" (or the static_assert reporting the same slip) is
+run once more, one that fails that way twice or fails any other way is not; and the consumer checks (tests/consumer/run_consumer_tests.py) build the
 single-header program through it, with a real g++ behind a stand-in that fails its first call."""
 
 from __future__ import annotations
@@ -55,6 +55,12 @@ class RunCompileTest(unittest.TestCase):
         code, out, second, calls = self.run_stand_in(1, "main.cpp:9:12: note: constraints not satisfied")
         self.assertEqual((code, out, second, calls), (0, "built -c main.cpp\n", True, 2))
 
+    def test_the_same_slip_through_a_static_assert_runs_once_more(self) -> None:
+        code, out, second, calls = self.run_stand_in(
+            1, "x.hpp:9:19: error: static assertion failed: ds::Strategy::reduce: the value's type has no "
+               "ds::tensor_traits specialisation (it is not TensorLike; see docs/tensors.md)")
+        self.assertEqual((code, out, second, calls), (0, "built -c main.cpp\n", True, 2))
+
     def test_the_same_error_twice_fails_with_the_second_output(self) -> None:
         code, out, second, calls = self.run_stand_in(2, "main.cpp:9:12: note: constraints not satisfied")
         self.assertEqual((code, second, calls), (1, True, 2))
@@ -77,7 +83,7 @@ class ConsumerCheckTest(unittest.TestCase):
                                   env=dict(os.environ))
             out = proc.stdout.decode()
             self.assertEqual(proc.returncode, 0, out)
-            self.assertIn("(the first run failed with g++'s 'constraints not satisfied'; ran it once more)", out)
+            self.assertIn("(the first run failed with g++'s spurious concept failure; ran it once more)", out)
             self.assertIn("PASS  single_include", out)
             self.assertEqual(len(calls.read_text().splitlines()), 2)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Tests of scripts/compile.sh (suite 'build'): with a stand-in `ninja` first on PATH, a build that
-fails with g++'s "constraints not satisfied" is run once more, and says so; one that fails that way
+fails with g++'s "constraints not satisfied" (or the static_assert that reports the same slip) is run once more, and says so; one that fails that way
 twice, or fails any other way, fails with ninja's exit status after at most those two runs."""
 
 from __future__ import annotations
@@ -50,8 +50,14 @@ class CompileScriptTest(unittest.TestCase):
         code, out, calls = self.run_with_ninja(1, "x.cpp:3:9: note: constraints not satisfied")
         self.assertEqual(code, 0, out)
         self.assertEqual(calls, ["-C builddir tests/a tests/b"] * 2)
-        self.assertIn("== compile.sh: the build failed with g++'s 'constraints not satisfied'; running it once more",
-                      out)
+        self.assertIn("== compile.sh: the build failed with g++'s spurious concept failure; running it once more", out)
+
+    def test_the_same_slip_through_a_static_assert_is_built_again_once(self) -> None:
+        code, out, calls = self.run_with_ninja(
+            1, "x.hpp:9:19: error: static assertion failed: ds::Strategy::reduce: the value's type has no "
+               "ds::tensor_traits specialisation (it is not TensorLike; see docs/tensors.md)")
+        self.assertEqual(code, 0, out)
+        self.assertEqual(calls, ["-C builddir tests/a tests/b"] * 2)
 
     def test_the_same_error_twice_fails(self) -> None:
         code, out, calls = self.run_with_ninja(2, "x.cpp:3:9: note: constraints not satisfied")

@@ -1,4 +1,5 @@
-"""Runs a compile or build command once more when g++ failed it with "constraints not satisfied".
+"""Runs a compile or build command once more when g++ failed it with "constraints not satisfied"
+(or with the static_assert that reports the same slip: "has no ds::tensor_traits specialisation").
 
 g++ 12.2 (Debian bookworm's) now and then rejects a correct file that way, for a type whose
 tensor_traits specialisation is in scope; the same command then compiles it (scripts/compile.sh,
@@ -10,7 +11,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-SPURIOUS_CONSTRAINT_ERROR = "constraints not satisfied"
+SPURIOUS_CONCEPT_FAILURES = ("constraints not satisfied", "has no ds::tensor_traits specialisation")
 
 
 def run_compile(cmd: list[str], *, timeout: float | None = None, env: dict[str, str] | None = None,
@@ -20,7 +21,8 @@ def run_compile(cmd: list[str], *, timeout: float | None = None, env: dict[str, 
     subprocess.TimeoutExpired and FileNotFoundError reach the caller."""
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, env=env,
                           cwd=cwd)
-    if proc.returncode == 0 or SPURIOUS_CONSTRAINT_ERROR not in proc.stdout.decode("utf-8", errors="replace"):
+    out = proc.stdout.decode("utf-8", errors="replace")
+    if proc.returncode == 0 or not any(message in out for message in SPURIOUS_CONCEPT_FAILURES):
         return proc, False
     return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, env=env,
                           cwd=cwd), True
