@@ -158,7 +158,7 @@ std::string remote_error(F&& call) {
   try {
     call();
   } catch (const dd::RemoteError& e) {
-    return e.kind() + ": " + e.what();
+    return std::string(e.kind_name()) + ": " + e.what();
   }
   return "no error";
 }

@@ -5,6 +5,7 @@
 #define DISTRIBUTE_WITH_MULTI_WORKER
 #define DISTRIBUTE_WITH_NET
 #include <distribute/distribute.hpp>
+#include <distribute/net/rpc_errors.hpp>  // internal: the error replies of the RPC protocol
 
 #include <doctest/doctest.h>
 
@@ -523,6 +524,37 @@ TEST_CASE("NotifyingMutex: its owner may be destroyed as soon as another thread 
     notifier.join();
   }
   CHECK(round == kRounds);
+}
+
+/// The name an exception of type Sent is given in an error reply, and whether the caller's side
+/// rethrows it as exactly Expected, with the same message.
+template <class Sent, class Expected = Sent>
+std::string name_on_the_wire() {
+  const Sent sent("the message");
+  const auto kind = ds::net::error_kind_from_name(std::string(ds::net::error_kind_name(ds::net::error_kind(sent))));
+  try {
+    ds::net::throw_as_kind(kind, sent.what());
+  } catch (const std::exception& again) {
+    CHECK(std::string(again.what()) == "the message");
+    CHECK(typeid(again) == typeid(Expected));
+  }
+  return std::string(ds::net::error_kind_name(kind));
+}
+
+TEST_CASE("error replies: each library error is named on the wire and rethrown as its own class") {
+  CHECK(name_on_the_wire<ds::InvalidArgument>() == "InvalidArgument");
+  CHECK(name_on_the_wire<ds::ClusterConfigError>() == "ClusterConfigError");
+  CHECK(name_on_the_wire<ds::OutOfRange>() == "OutOfRange");
+  CHECK(name_on_the_wire<ds::PeerFailure>() == "PeerFailure");
+  CHECK(name_on_the_wire<ds::CollectiveTimeout>() == "CollectiveTimeout");
+  CHECK(name_on_the_wire<ds::CheckpointError>() == "CheckpointError");
+  CHECK(name_on_the_wire<ds::Unavailable>() == "Unavailable");
+  CHECK(name_on_the_wire<ds::Cancelled>() == "Cancelled");
+  // A lost connection is a PeerFailure to the caller; any other exception a plain ds::Error.
+  CHECK(name_on_the_wire<ds::net::TimedOut, ds::PeerFailure>() == "PeerFailure");
+  CHECK(name_on_the_wire<std::runtime_error, ds::Error>() == "Error");
+  // A name this build does not know (a newer peer's) is a plain ds::Error.
+  CHECK(ds::net::error_kind_from_name("QuotaExceeded") == ds::net::ErrorKind::Error);
 }
 
 TEST_CASE("frame header: round trip, and every malformed header is rejected with a reason") {

@@ -144,9 +144,7 @@ TEST_CASE("CollectiveMetrics counts calls, bytes, latencies, retries and failure
   m.call(obs::CallKind::AllReduce, 0.002, 100, 200, false);
   m.call(obs::CallKind::AllReduce, 0.5, 1, 2, true);
   m.retry();
-  m.failure(3);
-  m.failure(0);  // not a reason: ignored
-  m.failure(9);
+  m.failure(obs::FailureReason::Mismatch);
   const std::string text = reg->expose();
   const std::string l = "task_type=\"chief\",task_index=\"0\"";
   CHECK(text.find("distribute_collectives_total{" + l + ",kind=\"all_reduce\"} 2\n") != std::string::npos);

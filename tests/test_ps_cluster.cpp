@@ -486,7 +486,7 @@ TEST_CASE("a worker answers bad closures with errors naming what is wrong, and k
       call();
       FAIL("expected an error reply");
     } catch (const dd::RemoteError& e) {
-      CHECK(e.kind() == kind);
+      CHECK(e.kind_name() == kind);
       CHECK(std::string(e.what()).find(text) != std::string::npos);
     }
   };

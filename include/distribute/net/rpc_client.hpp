@@ -189,7 +189,7 @@ class RpcClient final : private detail::ConnectionOwner, private detail::Ticking
     if (reply_status_ != 0) {
       const std::string_view text(reinterpret_cast<const char*>(reply.data()), reply.size());
       const auto bar = text.find('|');
-      throw RemoteError(std::string(text.substr(0, bar)),
+      throw RemoteError(error_kind_from_name(text.substr(0, bar)),
                         bar == std::string_view::npos ? std::string(text) : std::string(text.substr(bar + 1)));
     }
     take(reply);
@@ -427,15 +427,10 @@ class RpcClient final : private detail::ConnectionOwner, private detail::Ticking
     reap_locked();
     if (!conn_ || lost_ || !conn_->is_open_locked()) return;
     detail::Connection& c = *conn_;
-    const auto silent = c.silence(now);
-    if (options_.heartbeat_timeout.count() > 0 && silent > options_.heartbeat_timeout && !c.bytes_waiting()) {
+    if (const auto silent = c.heartbeat_locked(now, options_.heartbeat_interval, options_.heartbeat_timeout)) {
       lose_locked(c, fmt::format("call to {} ({}): no heartbeat for {:.1f} s", peer_, address_,
-                                 std::chrono::duration<double>(silent).count()));
+                                 std::chrono::duration<double>(*silent).count()));
       c.close_locked();
-      return;
-    }
-    if (c.idle_locked() && now - c.last_tx >= options_.heartbeat_interval / 2) {
-      c.enqueue_control_locked(FrameType::Heartbeat, 0, {});
     }
   }
 

@@ -319,7 +319,7 @@ class RpcServer final : private detail::ConnectionOwner {
       out = handler_(h.tag, std::span<const std::byte>(client.request.data(), static_cast<std::size_t>(h.length)));
     } catch (const std::exception& e) {
       status = 1;
-      const std::string text = error_kind(e) + "|" + e.what();
+      const std::string text = std::string(error_kind_name(error_kind(e))) + "|" + e.what();
       out.assign(reinterpret_cast<const std::byte*>(text.data()), reinterpret_cast<const std::byte*>(text.data()) + text.size());
     }
     if (client.request.size() > kKeptRequestBytes) std::vector<std::byte>().swap(client.request);
@@ -412,20 +412,16 @@ class RpcServer final : private detail::ConnectionOwner {
         drop_locked(c);
         continue;
       }
-      if (options_.heartbeat_timeout.count() > 0 && silent > options_.heartbeat_timeout && !c.conn.bytes_waiting()) {
-        log_limited(fmt::format("{}: closing the connection from {}: no heartbeat for {:.1f} s", name_, c.conn.name(),
-                                std::chrono::duration<double>(silent).count()));
-        drop_locked(c);
-        continue;
-      }
       if (options_.idle_timeout && !c.busy && !c.receiving && now - c.last_request > *options_.idle_timeout) {
         log_limited(fmt::format("{}: closing the connection from {}: no request for {} ms", name_, c.conn.name(),
                                 options_.idle_timeout->count()));
         drop_locked(c);
         continue;
       }
-      if (c.conn.idle_locked() && now - c.conn.last_tx >= options_.heartbeat_interval / 2) {
-        c.conn.enqueue_control_locked(FrameType::Heartbeat, 0, {});
+      if (const auto lost = c.conn.heartbeat_locked(now, options_.heartbeat_interval, options_.heartbeat_timeout)) {
+        log_limited(fmt::format("{}: closing the connection from {}: no heartbeat for {:.1f} s", name_, c.conn.name(),
+                                std::chrono::duration<double>(*lost).count()));
+        drop_locked(c);
       }
     }
   }

@@ -14,13 +14,16 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace observe {
 
-/// The collectives first, in net::detail::CollectiveKind's order (whose value - 1 is theirs).
+/// The calls a task's metrics count, by kind (net/detail/observed_kinds.hpp maps the wire's kinds here).
 enum class CallKind : std::uint8_t { AllReduce, AllGather, Broadcast, Barrier, ReduceScatter, AllToAll, Send, Recv };
 inline constexpr std::array<const char*, 8> kCallKindNames = {"all_reduce", "all_gather",     "broadcast",
                                                                "barrier",    "reduce_scatter", "all_to_all",
                                                                "send",       "recv"};
-/// Why a communicator broke: net::detail::FailureKind's values, 1-based, in this order.
+static_assert(kCallKindNames.size() == static_cast<std::size_t>(CallKind::Recv) + 1);
+/// Why a communicator broke (net/detail/observed_kinds.hpp maps the wire's failure kinds here).
+enum class FailureReason : std::uint8_t { PeerLost, Timeout, Mismatch, Config };
 inline constexpr std::array<const char*, 4> kFailureReasons = {"peer_lost", "timeout", "mismatch", "config"};
+static_assert(kFailureReasons.size() == static_cast<std::size_t>(FailureReason::Config) + 1);
 
 class CollectiveMetrics {
  public:
@@ -55,10 +58,7 @@ class CollectiveMetrics {
     latency_[k]->observe(seconds);
   }
   void retry() noexcept { retries_->add(); }
-  /// `reason`: a FailureKind's value (1-based).
-  void failure(int reason) noexcept {
-    if (reason >= 1 && reason <= static_cast<int>(failures_.size())) failures_[static_cast<std::size_t>(reason - 1)]->add();
-  }
+  void failure(FailureReason reason) noexcept { failures_[static_cast<std::size_t>(reason)]->add(); }
 
   const std::shared_ptr<MetricsRegistry>& registry() const noexcept { return registry_; }
 

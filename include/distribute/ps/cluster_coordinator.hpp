@@ -480,7 +480,7 @@ class ClusterCoordinator {
       }
       if (observe_) observe_closure(c, w.index, start_ns, "error", e.what());
       c.state->fail(error);
-      if (e.kind() == "PeerFailure") {  // the worker lost a ps task: nothing can go on
+      if (e.kind() == ps::detail::ErrorKind::PeerFailure) {  // the worker lost a ps task: nothing can go on
         lose_ps(fmt::format("closure #{} ({}) on worker {}: {}", c.id, c.function, w.index, e.what()));
         std::lock_guard lock(mutex_);
         closure_done_locked();

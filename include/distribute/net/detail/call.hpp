@@ -27,6 +27,7 @@
 
 #include <distribute/core/error.hpp>
 #include <distribute/net/detail/mesh.hpp>
+#include <distribute/net/detail/observed_kinds.hpp>
 #include <distribute/observe/call_observation.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -39,7 +40,7 @@ class Transport::Op {
  public:
   /// A collective: takes the next collective number and announces `desc` to every peer.
   Op(Transport& t, const Descriptor& desc)
-      : t_(t), collective_(true), mine_(desc), observation_(static_cast<observe::CallKind>(static_cast<int>(desc.kind) - 1)) {
+      : t_(t), collective_(true), mine_(desc), observation_(observed_kind(desc.kind)) {
     std::unique_lock lk(t_.mu_);
     label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_seq_);
     if (t_.failure_) fail_at_start(lk);

@@ -129,6 +129,17 @@ class Connection {
   bool idle_locked() const noexcept { return !writing_ && queue_.empty(); }
   Clock::time_point last_tx{};  // guarded by the mutex
 
+  /// The heartbeat policy of every owner (mesh, RPC server, RPC client), on its tick: a peer silent
+  /// past `timeout` (0: never) with no bytes waiting to be read is lost, and its silence returned;
+  /// else a heartbeat is queued when nothing was sent for half an `interval`.
+  std::optional<Clock::duration> heartbeat_locked(Clock::time_point now, std::chrono::milliseconds interval,
+                                                  std::chrono::milliseconds timeout) {
+    const Clock::duration silent = silence(now);
+    if (timeout.count() > 0 && silent > timeout && !bytes_waiting()) return silent;
+    if (idle_locked() && now - last_tx >= interval / 2) enqueue_control_locked(FrameType::Heartbeat, 0, {});
+    return std::nullopt;
+  }
+
   // ---- writing --------------------------------------------------------------------------------
 
   void enqueue_locked(OutFrame f) {

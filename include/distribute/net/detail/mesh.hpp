@@ -44,6 +44,7 @@
 #include <distribute/net/detail/listener.hpp>
 #include <distribute/net/detail/mesh_terms.hpp>
 #include <distribute/net/detail/notifying_mutex.hpp>
+#include <distribute/net/detail/observed_kinds.hpp>
 #include <distribute/net/detail/peer.hpp>
 #include <distribute/net/detail/protocol.hpp>
 #include <distribute/net/detail/shared_memory_all_reduce.hpp>
@@ -459,7 +460,7 @@ class Transport final : private ConnectionOwner {
   void fail_locked(Failure f, bool broadcast) {
     if (failure_) return;
     failure_ = f;
-    if (metrics_) metrics_->failure(static_cast<int>(f.kind));
+    if (metrics_) metrics_->failure(observed_reason(f.kind));
     if (observe::timeline_enabled()) {
       try {
         observe::Timeline::instance().instant("communicator failed", "failure", observe::Timeline::now_ns(),
@@ -519,14 +520,8 @@ class Transport final : private ConnectionOwner {
     for (auto& pp : peers_) {
       Peer& p = *pp;
       if (p.rank == rank_ || p.state() != Connection::State::Open) continue;
-      const auto silent = p.conn.silence(now);
-      if (options_.heartbeat_timeout.count() > 0 && silent > options_.heartbeat_timeout) {
-        if (p.conn.bytes_waiting()) continue;  // alive: this thread is behind
-        peer_down_locked(p, fmt::format("no heartbeat for {:.1f} s", std::chrono::duration<double>(silent).count()));
-        continue;
-      }
-      if (p.conn.idle_locked() && now - p.conn.last_tx >= options_.heartbeat_interval / 2) {
-        p.conn.enqueue_control_locked(FrameType::Heartbeat, 0, {});
+      if (const auto silent = p.conn.heartbeat_locked(now, options_.heartbeat_interval, options_.heartbeat_timeout)) {
+        peer_down_locked(p, fmt::format("no heartbeat for {:.1f} s", std::chrono::duration<double>(*silent).count()));
       }
     }
   }

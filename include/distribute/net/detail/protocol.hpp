@@ -192,6 +192,8 @@ inline std::string decode_text(std::span<const std::byte> in) {
 
 /// Why a communicator failed; travels in Abort frames so every peer throws the same kind.
 enum class FailureKind : std::uint8_t { Peer = 1, Timeout = 2, Mismatch = 3, Config = 4 };
+/// Every failure kind, in wire order (1, 2, ...): what decode_abort admits.
+inline constexpr std::array kFailureKinds{FailureKind::Peer, FailureKind::Timeout, FailureKind::Mismatch, FailureKind::Config};
 
 struct Failure {
   FailureKind kind = FailureKind::Peer;
@@ -206,7 +208,7 @@ inline std::vector<std::byte> encode(const Failure& f) {
 inline Failure decode_abort(std::span<const std::byte> in) {
   Reader r(in, "abort");
   const std::uint8_t kind = r.u8();
-  if (kind < 1 || kind > 4) throw FrameError(fmt::format("abort frame has unknown failure kind {}", kind));
+  if (kind < 1 || kind > kFailureKinds.size()) throw FrameError(fmt::format("abort frame has unknown failure kind {}", kind));
   return Failure{static_cast<FailureKind>(kind), r.rest_text()};
 }
 
@@ -223,8 +225,21 @@ inline Failure decode_abort(std::span<const std::byte> in) {
 
 // ---- collective descriptor -----------------------------------------------------------------
 
-/// (observe::CallKind lists the same kinds first, in this order.)
+/// (net/detail/observed_kinds.hpp names each in the metrics.)
 enum class CollectiveKind : std::uint8_t { AllReduce = 1, AllGather = 2, Broadcast = 3, Barrier = 4, ReduceScatter = 5, AllToAll = 6 };
+/// Every collective kind, in wire order (1, 2, ...): what decode_descriptor admits.
+inline constexpr std::array kCollectiveKinds{CollectiveKind::AllReduce, CollectiveKind::AllGather,     CollectiveKind::Broadcast,
+                                             CollectiveKind::Barrier,   CollectiveKind::ReduceScatter, CollectiveKind::AllToAll};
+
+static_assert([] {
+  for (std::size_t i = 0; i < kFailureKinds.size(); ++i) {
+    if (static_cast<std::size_t>(kFailureKinds[i]) != i + 1) return false;
+  }
+  for (std::size_t i = 0; i < kCollectiveKinds.size(); ++i) {
+    if (static_cast<std::size_t>(kCollectiveKinds[i]) != i + 1) return false;
+  }
+  return true;
+}(), "kFailureKinds and kCollectiveKinds list the kinds 1, 2, ... in order");
 
 constexpr std::string_view to_string(detail::CollectiveKind k) noexcept {
   switch (k) {
@@ -295,7 +310,7 @@ inline std::vector<std::byte> encode(const Descriptor& d) {
 inline Descriptor decode_descriptor(std::span<const std::byte> in) {
   Reader r(in, "descriptor");
   const std::uint8_t kind = r.u8(), dtype = r.u8(), op = r.u8(), pad = r.u8();
-  if (kind < 1 || kind > 6) throw FrameError(fmt::format("descriptor has unknown collective kind {}", kind));
+  if (kind < 1 || kind > kCollectiveKinds.size()) throw FrameError(fmt::format("descriptor has unknown collective kind {}", kind));
   if (!is_dtype_code(dtype)) throw FrameError(fmt::format("descriptor has unknown dtype {}", dtype));
   if (op > static_cast<std::uint8_t>(ReduceOp::Product)) throw FrameError(fmt::format("descriptor has unknown reduce op {}", op));
   if (pad != 0) throw FrameError("descriptor has a non-zero reserved byte");

@@ -21,6 +21,7 @@ namespace ps::detail {
 
 using net::ConnectionLost;
 using net::error_kind;
+using net::ErrorKind;
 using net::RemoteError;
 using net::RpcClient;
 using net::RpcOptions;
