@@ -118,6 +118,9 @@ class Runner:
         """Runs cmd; its output, or CheckFailed with it. A command that `compiles` is run once more
         after g++'s spurious "constraints not satisfied" (tests/support/compile_once_more.py)."""
         print(f"$ {shlex.join(cmd)}", flush=True)
+        # In this check's own directory by default: meson's CMake probe writes __cmake_systeminformation/
+        # in the working directory, which the checks that meson test runs side by side would share.
+        cwd = cwd or self.work
         full_env = dict(os.environ)
         full_env.update(env or {})
         try:
