@@ -746,6 +746,16 @@ TEST_CASE("protocol payloads round-trip and reject bad values") {
   CHECK_THROWS_WITH_AS(decode_descriptor(bad), "descriptor has unknown dtype 99", net::FrameError);
   const auto good = encode(d);
   CHECK_THROWS_WITH_AS(decode_descriptor(std::span(good).first(5)), "descriptor payload is truncated", net::FrameError);
+  // Kinds past the last one, and 0, are refused by name.
+  auto beyond = encode(d);
+  beyond[0] = std::byte{7};
+  CHECK_THROWS_WITH_AS(decode_descriptor(beyond), "descriptor has unknown collective kind 7", net::FrameError);
+  beyond[0] = std::byte{0};
+  CHECK_THROWS_WITH_AS(decode_descriptor(beyond), "descriptor has unknown collective kind 0", net::FrameError);
+  auto abort_frame = encode(Failure{FailureKind::Config, "bad config"});
+  CHECK(decode_abort(abort_frame).kind == FailureKind::Config);
+  abort_frame[0] = std::byte{5};
+  CHECK_THROWS_WITH_AS(decode_abort(abort_frame), "abort frame has unknown failure kind 5", net::FrameError);
   CHECK(compatible(Descriptor{CollectiveKind::AllGather, ds::DType::U8, ds::ReduceOp::Sum, 0, 5},
                    Descriptor{CollectiveKind::AllGather, ds::DType::U8, ds::ReduceOp::Sum, 0, 9}));
   CHECK_FALSE(compatible(Descriptor{CollectiveKind::Broadcast, ds::DType::U8, ds::ReduceOp::Sum, 0, 5},
