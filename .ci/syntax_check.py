@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Compiles every C++ source of a configured meson build dir that was not built, with -fsyntax-only.
 
-  syntax_check.py BUILDDIR [--jobs N]
+  syntax_check.py BUILDDIR [--built-in OTHER_BUILDDIR]... [--jobs N]
 
 For the clang section of .ci/run: the suites it runs are built and linked; every other program
 (tests, helpers, examples, benchmarks) goes through the compiler's front end with its own flags
 from compile_commands.json, which is where the two compilers disagree (name lookup, templates,
 constraints), at about half the cost of generating code nobody runs. A source whose object file
-exists was compiled for real and is skipped. Exits 1 if any source fails, after printing its
+exists was compiled for real and is skipped, in BUILDDIR or in another build of the same compiler
+named by --built-in (.ci/run's sanitized clang builds). Exits 1 if any source fails, after printing its
 diagnostics."""
 import argparse
 import concurrent.futures
@@ -35,11 +36,23 @@ def syntax_only(command: str) -> list[str]:
     return [*out, "-fsyntax-only"]
 
 
+def source_path(entry) -> str:
+    return os.path.realpath(os.path.join(entry["directory"], entry["file"]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("builddir")
+    ap.add_argument("--built-in", action="append", default=[], metavar="BUILDDIR",
+                    help="another build dir whose compiled sources count as compiled (repeatable)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     args = ap.parse_args()
+    compiled = set()
+    for other in args.built_in:
+        with open(os.path.join(other, "compile_commands.json"), encoding="utf-8") as f:
+            for e in json.load(f):
+                if os.path.exists(os.path.join(e["directory"], e["output"])):
+                    compiled.add(source_path(e))
     with open(os.path.join(args.builddir, "compile_commands.json"), encoding="utf-8") as f:
         entries = json.load(f)
     todo = []
@@ -47,9 +60,10 @@ def main() -> int:
         if not e["file"].endswith((".cpp", ".cc", ".cxx")):
             continue  # CUDA sources are nvcc's
         obj = os.path.join(e["directory"], e["output"])
-        if not os.path.exists(obj):
+        if not os.path.exists(obj) and source_path(e) not in compiled:
             todo.append(e)
-    print(f"syntax_check: {len(todo)} sources not built in {args.builddir}, {args.jobs} at a time", flush=True)
+    built_in = " or ".join([args.builddir, *args.built_in])
+    print(f"syntax_check: {len(todo)} sources not built in {built_in}, {args.jobs} at a time", flush=True)
 
     def check(e):
         start = time.monotonic()
