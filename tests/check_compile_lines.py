@@ -19,7 +19,8 @@ NAME.cpp files and the names the lines use for the repository's headers: single_
 include/ and path/to/single_include/. The line runs as written (with --cxx, its compiler word is
 replaced); it must compile and link; a program with a main() (in its first file) then runs (with no
 TF_CONFIG or launcher variables, so a multi-worker program is a one-worker job) and must exit 0
-within 120 s.
+within 120 s. Lines that build the same programs with the same words (path/to/single_include being
+single_include) are built and run once, and each reports the outcome.
 
 A line whose prerequisites are missing here is skipped, with the reason: an absolute -I/-isystem
 directory that does not exist, a -lNAME that does not link, or a header that is not distribute's
@@ -247,6 +248,15 @@ class Checker:
         return Outcome(line, "PASS", f"{program.name} built and ran: {run_out[-300:]!r}{retried}")
 
 
+def build_key(line: Line, files: list[Program]) -> tuple:
+    """What a line builds and runs: its words (path/to/single_include and single_include are the same
+    directory) and its programs' code, arguments and run marks."""
+    words = tuple("single_include" if w == "path/to/single_include" else
+                  "-Isingle_include" if w == "-Ipath/to/single_include" else w
+                  for w in shlex.split(line.command))
+    return words, tuple((f.name, f.code, tuple(f.args), f.run) for f in files)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
@@ -289,10 +299,21 @@ def main(argv: list[str] | None = None) -> int:
     checker = Checker(root, shlex.split(args.cxx) if args.cxx else None, work)
     outcomes: list[Outcome] = []
     try:
+        # Lines that build the same programs with the same words (path/to/single_include is
+        # single_include) are one build: it runs once, and each line reports its outcome.
+        first_of: dict[tuple, int] = {}
+        for k, (line, files) in enumerate(work_items):
+            first_of.setdefault(build_key(line, files), k)
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            futures = [pool.submit(checker.check, line, files, k) for k, (line, files) in enumerate(work_items)]
-            for future in futures:
-                outcome = future.result()
+            futures = {k: pool.submit(checker.check, line, files, k)
+                       for k, (line, files) in enumerate(work_items)
+                       if first_of[build_key(line, files)] == k}
+            for k, (line, files) in enumerate(work_items):
+                first = first_of[build_key(line, files)]
+                outcome = futures[first].result()
+                if first != k:
+                    outcome = Outcome(line, outcome.status, f"the same build as {work_items[first][0].where}: "
+                                                            f"{outcome.detail}")
                 outcomes.append(outcome)
                 print(f"{outcome.status}  {outcome.line.where}: `{outcome.line.command}`\n"
                       f"{textwrap.indent(outcome.detail, '      ')}", flush=True)

@@ -239,6 +239,27 @@ class CompileLinesTest(unittest.TestCase):
         self.assertIn("f.cpp does not build with this line:\n      f.cpp:1:1: note: constraints not satisfied", out)
         self.assertEqual((base / "flaky_cxx_2.count").read_text().strip(), "2")  # tried twice, not more
 
+    def test_lines_of_the_same_build_compile_once(self) -> None:
+        base = Path(self.tmp.name)
+        doc = base / "same.md"
+        doc.write_text(f"<!-- file: same.cpp -->\n```cpp\nint main() {{}}\n```\n\n"
+                       f"`{CXX} -I path/to/single_include same.cpp`\n\n"
+                       f"`{CXX} -I single_include same.cpp`\n\n"
+                       f"`{CXX} -I single_include -DOTHER same.cpp`\n", encoding="utf-8")
+        count = base / "counting_cxx.count"
+        script = base / "counting_cxx.sh"
+        script.write_text(f"#!/bin/sh\necho x >> {count}\nexec {CXX} \"$@\"\n", encoding="utf-8")
+        script.chmod(0o755)
+        code, out = run_checker(doc, cxx=str(script))
+        self.assertEqual(code, 0, out)
+        self.assertIn("compile lines: 3 passed, 0 skipped, 0 failed", out)
+        first = f"{doc}:6"
+        self.assertIn(f"PASS  {doc}:8: `{CXX} -I single_include same.cpp`\n"
+                      f"      the same build as {first}: same.cpp built and ran: ''", out)
+        # the first two lines are one build; -DOTHER is another
+        self.assertEqual(len(count.read_text().split()), 2, out)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--cxx", default="g++")
