@@ -1,5 +1,5 @@
 // reduce_scatter, all_to_all, broadcast and all_reduce_async of MultiWorkerMirroredStrategy with
-// real worker processes on 127.0.0.1 (tests/scatter_worker_helper is one worker).
+// real worker processes on 127.0.0.1 (tests/multi_worker_helper is one worker).
 #define DISTRIBUTE_WITH_MULTI_WORKER
 #define DISTRIBUTE_WITH_NET
 #include <distribute/distribute.hpp>
@@ -29,8 +29,8 @@ namespace {
 
 std::vector<test_support::Child> start_workers(int n, const std::string& scenario, int local,
                                                 std::map<std::string, std::string> extra = {}) {
-  const char* helper = std::getenv("DISTRIBUTE_SCATTER_WORKER_HELPER");
-  REQUIRE_MESSAGE(helper != nullptr, "DISTRIBUTE_SCATTER_WORKER_HELPER is not set (run through meson test)");
+  const char* helper = std::getenv("DISTRIBUTE_MULTI_WORKER_HELPER");
+  REQUIRE_MESSAGE(helper != nullptr, "DISTRIBUTE_MULTI_WORKER_HELPER is not set (run through meson test)");
   auto ports = test_support::free_ports(n);
   std::vector<test_support::Child> children;
   for (int i = 0; i < n; ++i) {
