@@ -21,11 +21,13 @@ DISTRIBUTE_BEGIN_NAMESPACE
 template <class S>
 class ReplicaContextFor : public ReplicaContext {
  public:
-  ReplicaContextFor(S& strategy, core::ReplicaGroup& group, core::ReplicaCollectives& collectives, int local_id,
-                    int global_id, std::string device)
-      : ReplicaContext(strategy, group, collectives, local_id, global_id, std::move(device)), typed_(&strategy) {}
+  /// `strategy` is S's AnyStrategy base: S makes its contexts while its own constructor runs, and
+  /// a reference to S itself may not be formed before S is constructed. Used as S afterwards.
+  ReplicaContextFor(AnyStrategy& strategy, core::ReplicaGroup& group, core::ReplicaCollectives& collectives,
+                    int local_id, int global_id, std::string device)
+      : ReplicaContext(strategy, group, collectives, local_id, global_id, std::move(device)), base_(&strategy) {}
 
-  S& strategy() const noexcept { return *typed_; }
+  S& strategy() const noexcept { return static_cast<S&>(*base_); }
 
   /// Runs fn once, in cross-replica context, with each argument merged across the replicas
   /// into a PerReplica; fn may take the strategy first. Every replica receives fn's result.
@@ -54,10 +56,10 @@ class ReplicaContextFor : public ReplicaContext {
       if (local_replica_id() != 0) return;
       try {
         core::ReplicaContextSwitch cross_replica(nullptr);
-        ScopeGuard in_scope(*typed_);
+        ScopeGuard in_scope(strategy());
         auto merged = merge_args<Args>(std::index_sequence_for<A...>{});
         auto invoke = [&](auto&&... m) -> decltype(auto) {
-          if constexpr (takes_strategy) return fn(*typed_, std::move(m)...);
+          if constexpr (takes_strategy) return fn(strategy(), std::move(m)...);
           else return fn(std::move(m)...);
         };
         if constexpr (std::is_void_v<R>) {
@@ -93,7 +95,7 @@ class ReplicaContextFor : public ReplicaContext {
     return std::make_tuple(component(std::integral_constant<std::size_t, I>{})...);
   }
 
-  S* typed_;
+  AnyStrategy* base_;
 };
 
 DISTRIBUTE_END_NAMESPACE

@@ -312,7 +312,9 @@ class SyncStrategy : public AnyStrategy {
                           : collective::make_collectives<Ops>({num_replicas_in_sync(), devices_, options_})) {
     const int local = static_cast<int>(devices_.size());
     for (int i = 0; i < local; ++i) {
-      contexts_.push_back(std::make_unique<replica_context_type>(self(), group_, *collectives_, i,
+      // The AnyStrategy base, not self(): Derived is not constructed yet, and a downcast to it
+      // here is undefined (clang's UBSan reports it).
+      contexts_.push_back(std::make_unique<replica_context_type>(static_cast<AnyStrategy&>(*this), group_, *collectives_, i,
                                                                  worker_index_ * local + i,
                                                                  devices_[static_cast<std::size_t>(i)]));
       contexts_.back()->set_async_thread_setup(
