@@ -22,14 +22,19 @@ namespace ds = distribute;
 
 namespace {
 
-// Every replica's input: deterministic, different per replica and element.
+// Every replica's input: deterministic, different per replica and element; floats in [-1, 1),
+// integers in [-1000, 1000]. A splitmix64 hash of (replica, index), not std::mt19937 and a
+// distribution: the tests make millions of inputs, and those took most of the suite's time at -O0.
 template <class T>
 std::vector<T> input(int replica, std::size_t size) {
   std::vector<T> v(size);
-  std::mt19937 rng(static_cast<unsigned>(replica * 7919 + 17));
-  for (auto& x : v) {
-    if constexpr (std::is_floating_point_v<T>) x = static_cast<T>(std::uniform_real_distribution<double>(-1, 1)(rng));
-    else x = static_cast<T>(static_cast<int>(rng() % 2001) - 1000);
+  for (std::size_t i = 0; i < size; ++i) {
+    std::uint64_t z = (static_cast<std::uint64_t>(replica) << 40) ^ (i + 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    if constexpr (std::is_floating_point_v<T>) v[i] = static_cast<T>(static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0);
+    else v[i] = static_cast<T>(static_cast<int>(z % 2001) - 1000);
   }
   return v;
 }
@@ -288,9 +293,11 @@ void check_into_across_steps(int n, std::size_t size, ds::ReduceOp op) {
   }
   // The results against a loop over the inputs of the last step (integers: exact).
   if constexpr (std::is_integral_v<T>) {
+    std::vector<std::vector<T>> last;
+    for (int r = 0; r < n; ++r) last.push_back(input<T>(r + 20, size));
     for (std::size_t i = 0; i < size; ++i) {
       std::int64_t sum = 0;
-      for (int r = 0; r < n; ++r) sum += static_cast<std::int64_t>(input<T>(r + 20, size)[i]);
+      for (int r = 0; r < n; ++r) sum += static_cast<std::int64_t>(last[static_cast<std::size_t>(r)][i]);
       if (op == ds::ReduceOp::Sum && outputs[0][i] != static_cast<T>(sum)) FAIL_CHECK("wrong sum at " << i);
     }
   }
