@@ -42,6 +42,8 @@
 
 #include <fmt/format.h>
 
+#include "support/hashed_values.hpp"
+
 namespace ds = distribute;
 using Clock = std::chrono::steady_clock;
 
@@ -194,16 +196,11 @@ void all_reduce_case(ds::net::Communicator& comm, ds::ReduceOp op, std::size_t c
 // ---- all_reduce of inexact values: bitwise identical on every rank ---------------------------
 
 // Values whose sums round differently in every order: both signs, magnitudes 1e-3 .. 1e3 by
-// i % 7. A hash of (rank, index), not libm: the checks recompute every rank's values for every
-// element, and sin/pow made up two thirds of the whole battery's time.
+// i % 7. Hashed, not libm: the checks recompute every rank's values for every element, and sin/pow
+// made up two thirds of the whole battery's time.
 constexpr double kInexactScale[7] = {1e-3, 1e-2, 1e-1, 1.0, 1e1, 1e2, 1e3};
 double inexact(int r, std::size_t i) {
-  std::uint64_t z = (static_cast<std::uint64_t>(r) << 40) ^ (i + 0x9E3779B97F4A7C15ull);  // splitmix64
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  const double unit = static_cast<double>(z >> 11) * 0x1.0p-53;  // [0, 1), every bit of a double's mantissa
-  return (2.0 * unit - 1.0) * kInexactScale[i % 7];
+  return test_support::hashed_unit(static_cast<std::uint64_t>(r), i) * kInexactScale[i % 7];
 }
 
 std::uint64_t fnv1a(const void* data, std::size_t bytes) {

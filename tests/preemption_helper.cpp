@@ -30,6 +30,8 @@
 
 #include <fmt/format.h>
 
+#include "support/hashed_values.hpp"
+
 namespace ds = distribute;
 
 namespace {
@@ -38,19 +40,12 @@ constexpr int kDim = 4;          // weights and a bias: kDim + 1 parameters
 constexpr int kPerReplica = 8;   // examples per replica and step
 constexpr float kLearningRate = 0.05f;
 
-std::uint64_t splitmix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // A value in [-1, 1) fixed by (step, replica, example, feature): the data order is a function
 // of the step number, so a resumed run sees exactly the batches the uninterrupted one did.
 float feature(std::int64_t step, int replica, int example, int k) {
   const std::uint64_t key = (static_cast<std::uint64_t>(step) << 24) ^ (static_cast<std::uint64_t>(replica) << 16) ^
                             (static_cast<std::uint64_t>(example) << 4) ^ static_cast<std::uint64_t>(k);
-  return static_cast<float>(splitmix(key) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+  return static_cast<float>(test_support::splitmix64(key) >> 40) * (2.0f / 16777216.0f) - 1.0f;
 }
 
 // Mean-squared-error gradient of one replica's batch (the target is a fixed linear function).

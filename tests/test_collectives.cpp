@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../examples/common/logistic_model.hpp"
+#include "support/hashed_values.hpp"
 #include "support/tensor_types.hpp"
 
 namespace ds = distribute;
@@ -23,18 +24,15 @@ namespace ds = distribute;
 namespace {
 
 // Every replica's input: deterministic, different per replica and element; floats in [-1, 1),
-// integers in [-1000, 1000]. A splitmix64 hash of (replica, index), not std::mt19937 and a
-// distribution: the tests make millions of inputs, and those took most of the suite's time at -O0.
+// integers in [-1000, 1000]. Hashed (tests/support/hashed_values.hpp): the tests make millions of
+// inputs, and std::mt19937 with a distribution per element took most of the suite's time at -O0.
 template <class T>
 std::vector<T> input(int replica, std::size_t size) {
   std::vector<T> v(size);
+  const auto stream = static_cast<std::uint64_t>(replica);
   for (std::size_t i = 0; i < size; ++i) {
-    std::uint64_t z = (static_cast<std::uint64_t>(replica) << 40) ^ (i + 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    if constexpr (std::is_floating_point_v<T>) v[i] = static_cast<T>(static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0);
-    else v[i] = static_cast<T>(static_cast<int>(z % 2001) - 1000);
+    if constexpr (std::is_floating_point_v<T>) v[i] = static_cast<T>(test_support::hashed_unit(stream, i));
+    else v[i] = static_cast<T>(static_cast<int>(test_support::hashed_bits(stream, i) % 2001) - 1000);
   }
   return v;
 }

@@ -25,9 +25,9 @@ class ReplicaContextFor : public ReplicaContext {
   /// a reference to S itself may not be formed before S is constructed. Used as S afterwards.
   ReplicaContextFor(AnyStrategy& strategy, core::ReplicaGroup& group, core::ReplicaCollectives& collectives,
                     int local_id, int global_id, std::string device)
-      : ReplicaContext(strategy, group, collectives, local_id, global_id, std::move(device)), base_(&strategy) {}
+      : ReplicaContext(strategy, group, collectives, local_id, global_id, std::move(device)) {}
 
-  S& strategy() const noexcept { return static_cast<S&>(*base_); }
+  S& strategy() const noexcept { return static_cast<S&>(ReplicaContext::strategy()); }
 
   /// Runs fn once, in cross-replica context, with each argument merged across the replicas
   /// into a PerReplica; fn may take the strategy first. Every replica receives fn's result.
@@ -94,8 +94,6 @@ class ReplicaContextFor : public ReplicaContext {
     };
     return std::make_tuple(component(std::integral_constant<std::size_t, I>{})...);
   }
-
-  AnyStrategy* base_;
 };
 
 DISTRIBUTE_END_NAMESPACE
