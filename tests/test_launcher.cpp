@@ -701,41 +701,39 @@ std::map<std::string, std::vector<int>> task_affinities(const std::string& out) 
   return m;
 }
 
-TEST_CASE("--bind-to core gives each task its own equal share of the CPUs, or each CPU an equal share of the tasks; none binds nothing") {
+TEST_CASE("--bind-to core gives each task its own equal share of the CPUs, or each CPU an equal share of the tasks; the default binds nothing") {
   const std::vector<int> all = allowed_cpus();
   REQUIRE_FALSE(all.empty());
 
-  SUBCASE("one task per CPU, the default: each on its own CPU, reported only when asked for") {
+  SUBCASE("one task per CPU: each on its own equal block, and the binding reported") {
     if (all.size() < 2) {
       MESSAGE("this process may run on one CPU only: nothing to split");
       return;
     }
-    for (const bool explicit_flag : {false, true}) {
-      std::vector<std::string> args = {"-n", "2", "--", child(), "affinity", "exit", "0"};
-      if (explicit_flag) args.insert(args.begin(), {"--bind-to", "core"});
-      const Result r = run(args);
-      INFO("explicit: ", explicit_flag, "\nstdout:\n", r.out, "\nstderr:\n", r.err);
-      REQUIRE(r.code == 0);
-      const auto got = task_affinities(r.out);
-      REQUIRE(got.size() == 2);
-      const auto& a = got.at("worker:0");
-      const auto& b = got.at("worker:1");
-      // Equal contiguous blocks of the allowed CPUs, in order: worker:0 the first half.
-      const std::size_t first = (all.size() + 1) / 2;
-      CHECK(a == std::vector<int>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(first)));
-      CHECK(b == std::vector<int>(all.begin() + static_cast<std::ptrdiff_t>(first), all.end()));
-      CHECK(contains(r.err, "binding tasks to CPUs: worker:0 on ") == explicit_flag);
-    }
-  }
-
-  SUBCASE("--bind-to none: every task may run on every CPU the launcher may") {
-    const Result r = run({"--bind-to", "none", "-n", "2", "--", child(), "affinity", "exit", "0"});
+    const Result r = run({"--bind-to", "core", "-n", "2", "--", child(), "affinity", "exit", "0"});
     INFO("stdout:\n", r.out, "\nstderr:\n", r.err);
     REQUIRE(r.code == 0);
     const auto got = task_affinities(r.out);
     REQUIRE(got.size() == 2);
-    for (const auto& [task, cpus] : got) CHECK(cpus == all);
-    CHECK_FALSE(contains(r.err, "binding"));
+    // Equal contiguous blocks of the allowed CPUs, in order: worker:0 the first half.
+    const std::size_t first = (all.size() + 1) / 2;
+    CHECK(got.at("worker:0") == std::vector<int>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(first)));
+    CHECK(got.at("worker:1") == std::vector<int>(all.begin() + static_cast<std::ptrdiff_t>(first), all.end()));
+    CHECK(contains(r.err, "binding tasks to CPUs: worker:0 on "));
+  }
+
+  SUBCASE("the default, and --bind-to none: every task may run on every CPU the launcher may") {
+    for (const bool explicit_none : {false, true}) {
+      std::vector<std::string> args = {"-n", "2", "--", child(), "affinity", "exit", "0"};
+      if (explicit_none) args.insert(args.begin(), {"--bind-to", "none"});
+      const Result r = run(args);
+      INFO("--bind-to none given: ", explicit_none, "\nstdout:\n", r.out, "\nstderr:\n", r.err);
+      REQUIRE(r.code == 0);
+      const auto got = task_affinities(r.out);
+      REQUIRE(got.size() == 2);
+      for (const auto& entry : got) CHECK(entry.second == all);
+      CHECK_FALSE(contains(r.err, "binding"));
+    }
   }
 
   SUBCASE("more tasks than CPUs, not a multiple of them: nothing is bound, and an explicit --bind-to core says so") {

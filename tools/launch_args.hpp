@@ -62,10 +62,10 @@ an option starts PROGRAM; everything after it is PROGRAM's. "--" ends the option
                       its own; the other launchers connect to it)
   --master-port P     that port (node 0's tasks get another one as MASTER_PORT)
   --rdzv-timeout S    how long the launchers wait for each other (default 300)
-  --bind-to core|none core (default): bind each task to its own equal block of the CPUs
-                      available to the launcher, or with k times more tasks than CPUs and
-                      no ps tasks, k tasks to each CPU (Linux); otherwise, and with none: no
-                      binding
+  --bind-to none|core none (default): the scheduler places the tasks. core: bind each task
+                      to its own equal block of the CPUs available to the launcher, or with k
+                      times more tasks than CPUs and no ps tasks, k tasks to each CPU (Linux);
+                      as fast on an idle machine, up to 6x slower beside other work
   -h, --help          show this help
   --version           show the version
 
@@ -115,7 +115,7 @@ struct Options {
   bool keep_going = false;
   int restart_workers = 0;
   double restart_delay = 1;
-  bool bind_to_core = true;  // --bind-to core|none
+  bool bind_to_core = false;  // --bind-to none|core
   bool bind_to_given = false;
   bool help = false;
   bool version = false;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Before/after of our all-reduce at two commits, in alternating rounds, beside OpenMPI's shared
-# memory (vader): the drivers and CPU binding of run.sh, each commit's ours.cpp built from `git archive`.
+# memory (vader): the drivers of run.sh, each commit's ours.cpp built from `git archive`. Ranks run
+# unbound, as distribute-launch runs them by default; BIND=core binds them as --bind-to core does.
 #
 #   bench/multiworker/ab.sh BEFORE_REF AFTER_REF          # from the repository root
 #   NP=2 ROUNDS=3 MW_SIZES="4096 1048576" bench/multiworker/ab.sh 3c941a4 HEAD
@@ -25,19 +26,24 @@ mpicxx -std=c++17 -O2 -DNDEBUG "$ROOT/bench/multiworker/mpi_allreduce.cpp" -o "$
 wait
 sync; sleep 3
 read -r -a CPUS <<< "$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
-cpu_of() {  # as run.sh binds: k ranks per CPU when there are k times more ranks, else blocks of CPUs
+cpu_of() {  # BIND=core: as run.sh's ours_bound (k ranks per CPU when there are k times more ranks, else blocks of CPUs)
   local r=$1 nc=${#CPUS[@]}
-  if (( NP > nc )); then echo "${CPUS[r / (NP / nc)]}"; return; fi
+  [ "${BIND:-none}" = core ] || return 0
+  if (( NP > nc )); then (( NP % nc == 0 )) && echo "${CPUS[r / (NP / nc)]}"; return 0; fi
   local share=$(( nc / NP )) extra=$(( nc % NP )) IFS=,
   local first=$(( r * share + (r < extra ? r : extra) )) count=$(( share + (r < extra ? 1 : 0) ))
   echo "${CPUS[*]:first:count}"
 }
 PORT=${PORT:-$((20000 + RANDOM % 20000))}
 run_ours() {  # binary label
-  local pids=() r
+  local pids=() r bind
   PORT=$((PORT + 16))
-  for ((r = 1; r < NP; r++)); do taskset -c "$(cpu_of $r)" "$1" $r $NP $PORT > /dev/null & pids+=($!); done
-  taskset -c "$(cpu_of 0)" "$1" 0 $NP $PORT | sed "s/^ours,/$2,/"
+  for ((r = 1; r < NP; r++)); do
+    bind=$(cpu_of $r)
+    ${bind:+taskset -c "$bind"} "$1" $r $NP $PORT > /dev/null & pids+=($!)
+  done
+  bind=$(cpu_of 0)
+  ${bind:+taskset -c "$bind"} "$1" 0 $NP $PORT | sed "s/^ours,/$2,/"
   for p in "${pids[@]}"; do wait "$p"; done
 }
 CSV=$BUILD/ab.csv

@@ -5,9 +5,12 @@
 #   bench/multiworker/run.sh            # from the repository root
 #   NPS="2 4" REPS=2 BUILD=/tmp/mw-build bench/multiworker/run.sh
 #   IMPLS="ours gloo_hd" MW_SIZES="1048576 16777216" NPS=4 bench/multiworker/run.sh   # a short targeted run
+#   IMPLS="ours_bound ours" MW_LOAD=2 bench/multiworker/run.sh   # bound against unbound, beside 2 busy processes
 #
 # Needs: apt-get install -y libgloo-dev openmpi-bin libopenmpi-dev
-# Ours is bound to CPUs as distribute-launch binds its tasks (see run_ours; BIND_OURS=0: unbound).
+# Ours runs as distribute-launch runs its tasks by default (unbound); ours_bound binds them as
+# `distribute-launch --bind-to core` does (see ours_cpus). MW_LOAD=N runs N busy processes beside
+# every measurement: a machine another job is using.
 # For each np, each pass runs: ours as a user gets it (on one host, all-reduces from 256 KiB go
 # through shared memory), ours over TCP only (MW_SHM_MIN_BYTES=0), gloo ring (gloo::allreduce),
 # gloo halving-doubling, OpenMPI over TCP loopback (ob1/tcp on lo), OpenMPI shared memory (vader,
@@ -40,11 +43,11 @@ MPIRUN=(mpirun --oversubscribe --mca mpi_yield_when_idle 1)
 CSV=$BUILD/results.csv
 : > "$CSV"
 
-# Ours is placed as `distribute-launch` places tasks by default (--bind-to core): with np no more
-# than the CPUs available, rank r is bound to the r-th of np equal contiguous blocks of them (as
-# mpirun binds ranks to cores at np <= 2); with k times more ranks than CPUs, CPU j runs ranks
-# jk .. jk+k-1; otherwise unbound. BIND_OURS=0 runs it unbound.
-BIND_OURS=${BIND_OURS:-1}
+# ours_bound places ranks as `distribute-launch --bind-to core` does: with np no more than the
+# CPUs available, rank r is bound to the r-th of np equal contiguous blocks of them (as mpirun
+# binds ranks to cores at np <= 2); with k times more ranks than CPUs, CPU j runs ranks
+# jk .. jk+k-1; otherwise unbound. Plain ours runs unbound, as distribute-launch does by default.
+BIND_OURS=0
 read -r -a CPUS <<< "$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
 ours_cpus() {  # rank np -> a taskset CPU list, or nothing
   local r=$1 np=$2 cpus=("${CPUS[@]}") nc=${#CPUS[@]}
@@ -84,10 +87,16 @@ run_mpi_vader() {
   "${MPIRUN[@]}" -np $1 --mca pml ob1 --mca btl vader,self "$BUILD/mpi_allreduce" mpi_vader >> "$CSV"
 }
 
+# MW_LOAD=N: N busy processes for the whole run (another job on the machine), stopped at exit.
+LOAD_PIDS=()
+for ((k = 0; k < ${MW_LOAD:-0}; k++)); do (while :; do :; done) & LOAD_PIDS+=($!); done
+trap '[ ${#LOAD_PIDS[@]} -eq 0 ] || kill "${LOAD_PIDS[@]}" 2>/dev/null' EXIT
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 run_impl() {  # impl np
   case $1 in
     ours) run_ours "$2" ours ;;
+    ours_bound) BIND_OURS=1 run_ours "$2" ours_bound ;;
+    ours_tcp_bound) MW_SHM_MIN_BYTES=0 BIND_OURS=1 run_ours "$2" ours_tcp_bound ;;
     ours_tcp) MW_SHM_MIN_BYTES=0 run_ours "$2" ours_tcp ;;
     # With a timeline recorded (docs/observability.md), and with metrics counted: their cost.
     ours_timeline) DISTRIBUTE_TIMELINE=$BUILD/timeline.json run_ours "$2" ours_timeline ;;
@@ -120,10 +129,11 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
 python3 - "$CSV" <<'PY'
 import csv, sys
-best = {}
+best, passes = {}, {}
 for impl, np_, b, iters, med, mn in csv.reader(open(sys.argv[1])):
     k = (impl, int(np_), int(b))
     best[k] = min(best.get(k, float("inf")), float(med))
+    passes.setdefault(k, []).append(float(med))
 def size(b):
     if b % (1 << 20) == 0: return f"{b >> 20} MiB"
     return f"{b >> 10} KiB" if b % 1024 == 0 else f"{b} B"
@@ -147,6 +157,16 @@ if extra:
     for impl, n, b in extra:
         base = best.get(("ours_tcp" if impl.startswith("ours_tcp") else "ours", n, b), float("nan"))
         print(f"| {impl} | {n} | {size(b)} | {best[(impl, n, b)]:.3f} | {base:.3f} | {(best[(impl, n, b)] / base - 1) * 100:+.1f}% |")
+bound = sorted({k for k in best if k[0] == "ours_bound"})
+if bound:
+    # Every pass, not only the best: binding's risk is the slow pass on a busy machine.
+    print()
+    print("| binding | np | size | unbound ms, each pass | bound ms, each pass | bound/unbound, best | bound/unbound, worst |")
+    print("| --- | --- | --- | --- | --- | ---: | ---: |")
+    for _, n, b in bound:
+        u, o = passes.get(("ours", n, b), [float("nan")]), passes[("ours_bound", n, b)]
+        fmt = lambda xs: " / ".join(f"{x:.2f}" for x in xs)
+        print(f"| | {n} | {size(b)} | {fmt(u)} | {fmt(o)} | {min(o) / min(u):.2f}× | {max(o) / max(u):.2f}× |")
 print()
 print("algbw/busbw in GB/s (1e9); 'X vs Y' = Y's time / X's (> 1: X faster); 'best' = the faster of the two")
 print("gloo algorithms / of OpenMPI over TCP and over shared memory (vader).")
