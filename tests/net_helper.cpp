@@ -458,6 +458,9 @@ void run_mismatch(ds::net::Communicator& comm, const std::string& variant) {
       comm.all_reduce(std::span<float>(big), ds::ReduceOp::Sum);
     } else if (variant == "op") {
       comm.all_reduce(std::span<float>(f), odd ? ds::ReduceOp::Max : ds::ReduceOp::Sum);
+    } else if (variant == "mean") {
+      // MEAN is a SUM and a division below the communicator: it must still disagree with a SUM.
+      comm.all_reduce(std::span<float>(f), odd ? ds::ReduceOp::Mean : ds::ReduceOp::Sum);
     } else if (variant == "dtype") {
       if (odd) {
         comm.all_reduce(std::span<std::int32_t>(i32), ds::ReduceOp::Sum);

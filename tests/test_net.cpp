@@ -1574,9 +1574,9 @@ TEST_CASE("processes: mismatched collectives throw InvalidArgument on every rank
   // over TCP (the ring).
   // On one host every collective agrees through shared memory; " tcp" runs the same over TCP only,
   // where the descriptors go to rank 0 and its table comes back.
-  for (const std::string variant : {"count", "ring-count", "op", "dtype", "kind", "ring-kind", "root", "order", "ring-count tcp",
-                                    "ring-kind tcp", "ring-halves tcp", "ring-halves", "count tcp", "op tcp", "dtype tcp",
-                                    "kind tcp", "root tcp", "order tcp"}) {
+  for (const std::string variant : {"count", "ring-count", "op", "mean", "dtype", "kind", "ring-kind", "root", "order",
+                                    "ring-count tcp", "ring-kind tcp", "ring-halves tcp", "ring-halves", "count tcp", "op tcp",
+                                    "mean tcp", "dtype tcp", "kind tcp", "root tcp", "order tcp"}) {
     // Two against two: a rank's own partner's descriptor may arrive after the disagreeing ones.
     for (int n : variant.starts_with("ring-halves") ? std::vector<int>{4} : std::vector<int>{2, 3}) {
       CAPTURE(variant);
@@ -1597,6 +1597,7 @@ TEST_CASE("processes: mismatched collectives throw InvalidArgument on every rank
           CHECK(procs[r].exit_code == 0);
           CHECK(procs[r].output.find("OK InvalidArgument: ") != std::string::npos);
           CHECK(procs[r].output.find("mismatched collectives at collective #1") != std::string::npos);
+          if (variant.starts_with("mean")) CHECK(procs[r].output.find("op=MEAN") != std::string::npos);
           CHECK(procs[r].output.find("OK poisoned") != std::string::npos);
         }
         return false;

@@ -40,6 +40,7 @@ class HierarchicalCopyCollectives : public SharedMemoryCollectives {
 
   void all_reduce(core::ReplicaGroup& group, int replica, std::span<core::BufferRef> buffers, ReduceOp op) override {
     const core::CollectiveCall call{core::CollectiveKind::AllReduce, op, buffers};
+    const Reduction red = Reduction::lower(op, mean_divisor_);
     const int leader = leader_of_[static_cast<std::size_t>(replica)];
     const bool is_leader = leader == replica;
     const int root = leaders_.front();
@@ -49,11 +50,11 @@ class HierarchicalCopyCollectives : public SharedMemoryCollectives {
           if (!is_leader) return;
           const auto& members = groups_[static_cast<std::size_t>(
               std::find(leaders_.begin(), leaders_.end(), replica) - leaders_.begin())];
-          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, replica, members, i, op, 0, ReadFrom::inputs);
+          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, replica, members, i, red.undivided(), ReadFrom::inputs);
         },
         [&] {  // 2. the first leader reduces the leaders
           if (replica != root) return;
-          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, root, leaders_, i, op, mean_divisor_, ReadFrom::partial_results);
+          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, root, leaders_, i, red, ReadFrom::partial_results);
         },
         [&] {  // 3. the other leaders fetch the result
           if (is_leader && replica != root) copy_buffers(group, root, replica);

@@ -63,15 +63,15 @@ class MultiWorkerCollectives : public detail::SharedMemoryCollectives {
 
   void all_reduce(core::ReplicaGroup& group, int replica, std::span<core::BufferRef> buffers, ReduceOp op) override {
     const core::CollectiveCall call{core::CollectiveKind::AllReduce, op, buffers};
-    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    const Reduction red = Reduction::lower(op, mean_divisor_);
     collective::exchange(
         group, replica, call,
         [&] {  // local replicas into replica 0
           if (replica != 0) return;
-          for (std::size_t i = 0; i < buffers.size(); ++i) collective::detail::reduce_into(group, 0, local_, i, combine_op, 0, collective::detail::ReadFrom::inputs);
+          for (std::size_t i = 0; i < buffers.size(); ++i) collective::detail::reduce_into(group, 0, local_, i, red.undivided(), collective::detail::ReadFrom::inputs);
         },
         [&] {  // replica 0: across the workers, one collective per pack
-          if (replica == 0) cross_worker_all_reduce(buffers, combine_op, op == ReduceOp::Mean);
+          if (replica == 0) cross_worker_all_reduce(buffers, red);
         },
         [&] {  // everyone takes the result
           if (replica != 0) collective::detail::copy_buffers(group, 0, replica);
@@ -128,13 +128,13 @@ class MultiWorkerCollectives : public detail::SharedMemoryCollectives {
   void reduce_scatter(core::ReplicaGroup& group, int replica, core::BufferRef input, ReduceOp op,
                       const std::function<void*(const Shape&)>& allocate) override {
     const core::CollectiveCall call{core::CollectiveKind::ReduceScatter, op, std::span<core::BufferRef>(&input, 1)};
-    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    const Reduction red = Reduction::lower(op, mean_divisor_);
     const int local = group.size(), n = static_cast<int>(mean_divisor_), w = link_->worker_index();
     collective::exchange(
         group, replica, call,
         [&] {
           if (replica != 0) return;
-          collective::detail::reduce_into(group, 0, local_, 0, combine_op, 0, collective::detail::ReadFrom::inputs);
+          collective::detail::reduce_into(group, 0, local_, 0, red.undivided(), collective::detail::ReadFrom::inputs);
           const std::size_t row = core::row_elements(input.shape);
           std::vector<std::size_t> counts;
           for (int v = 0; v < link_->num_workers(); ++v) {
@@ -142,11 +142,11 @@ class MultiWorkerCollectives : public detail::SharedMemoryCollectives {
             for (int i = 0; i < local; ++i) rows += core::split_rows(input.shape[0], n, v * local + i).rows;
             counts.push_back(static_cast<std::size_t>(rows) * row);
           }
-          link_->reduce_scatter(input.data, counts, input.dtype, combine_op, core::shapes_digest(input.shape));
-          if (op != ReduceOp::Mean) return;
+          link_->reduce_scatter(input.data, counts, input.dtype, red.op(), core::shapes_digest(input.shape));
+          if (!red.divides()) return;
           const core::BufferRef first = core::part_of(input, n, w * local);
           visit_dtype(input.dtype, [&](auto t) {
-            core::divide(static_cast<decltype(t)*>(first.data), counts[static_cast<std::size_t>(w)], mean_divisor_);
+            core::divide(static_cast<decltype(t)*>(first.data), counts[static_cast<std::size_t>(w)], red.divisor());
           });
         },
         [&] {
@@ -221,11 +221,11 @@ class MultiWorkerCollectives : public detail::SharedMemoryCollectives {
   }
 
  private:
-  void cross_worker_all_reduce(std::span<core::BufferRef> buffers, ReduceOp combine_op, bool mean) {
-    collective::all_reduce_in_packs(*link_, buffers, combine_op, bytes_per_pack_, scratch_);
-    if (!mean) return;
+  void cross_worker_all_reduce(std::span<core::BufferRef> buffers, Reduction red) {
+    collective::all_reduce_in_packs(*link_, buffers, red.op(), bytes_per_pack_, scratch_);
+    if (!red.divides()) return;
     for (core::BufferRef& b : buffers) {
-      visit_dtype(b.dtype, [&](auto t) { core::divide(static_cast<decltype(t)*>(b.data), b.count(), mean_divisor_); });
+      visit_dtype(b.dtype, [&](auto t) { core::divide(static_cast<decltype(t)*>(b.data), b.count(), red.divisor()); });
     }
   }
 

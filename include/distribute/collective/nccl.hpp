@@ -232,7 +232,7 @@ class NcclCollectives final : public core::ReplicaCollectives {
       void* out = allocate(core::part_of(input, ranks_, me).shape);
       stream = backends::cuda_replica_stream();
       issuing = true;
-      enqueue_reduce_scatter(comm_of(replica), stream, input, ranks_, me, out, op, mean_divisor_);
+      enqueue_reduce_scatter(comm_of(replica), stream, input, ranks_, me, out, Reduction::lower(op, mean_divisor_));
     });
     if (!nccl) {
       observed.skip();
@@ -390,6 +390,7 @@ class NcclCollectives final : public core::ReplicaCollectives {
   // reduced in place.
   void enqueue_all_reduce(int replica, std::span<core::BufferRef> buffers, ReduceOp op, cudaStream_t stream) {
     const ncclComm_t comm = comm_of(replica);
+    const Reduction red = Reduction::lower(op, mean_divisor_);
 #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
     // Our stream only waits for the legacy default stream by itself; the step's work may be on
     // this thread's default stream instead.
@@ -425,7 +426,7 @@ class NcclCollectives final : public core::ReplicaCollectives {
       const Pack& pack = packs[p];
       if (pack.count == 0) continue;
       void* data = pack.members.size() < 2 ? buffers[pack.members.front()].data : scratch + offsets[p];
-      const NcclReduction how = nccl_reduction(op, pack.dtype, mean_divisor_, ranks_);
+      const NcclReduction how = nccl_reduction(red, pack.dtype, ranks_);
       issued = ncclAllReduce(data, data, pack.count, *nccl_type(pack.dtype), how.op, comm, stream);
     }
     const ncclResult_t ended = ncclGroupEnd();
@@ -433,8 +434,8 @@ class NcclCollectives final : public core::ReplicaCollectives {
     nccl_check(ended, "ncclGroupEnd", comm);
     copy_members(false);
     for (const core::BufferRef& b : buffers) {
-      if (b.count() == 0 || !nccl_reduction(op, b.dtype, mean_divisor_, ranks_).divide_after) continue;
-      divide_on_device(b, mean_divisor_, stream, "MEAN division after ncclAllReduce");
+      if (b.count() == 0 || !nccl_reduction(red, b.dtype, ranks_).divide_after) continue;
+      divide_on_device(b, red.divisor(), stream, "MEAN division after ncclAllReduce");
     }
   }
 

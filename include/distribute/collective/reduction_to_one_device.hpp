@@ -30,7 +30,7 @@ class ReductionToOneDeviceCollectives : public SharedMemoryCollectives {
         group, replica, call,
         [&] {  // the root reduces everyone's buffers into its own
           if (replica != root) return;
-          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, root, all_, i, op, mean_divisor_, ReadFrom::inputs);
+          for (std::size_t i = 0; i < buffers.size(); ++i) reduce_into(group, root, all_, i, Reduction::lower(op, mean_divisor_), ReadFrom::inputs);
         },
         [&] {  // then everyone copies the result back
           if (replica != root) copy_buffers(group, root, replica);

@@ -34,7 +34,7 @@ inline constexpr std::size_t kReduceBlockBytes = 32 * 1024;
 
 template <class T>
 void reduce_slice_across(const core::ReplicaGroup& group, std::size_t buffer_index, std::size_t begin, std::size_t end,
-                         ReduceOp op, std::int64_t divisor) {
+                         Reduction red) {
   const int n = group.size();
   constexpr std::size_t block = std::max<std::size_t>(1, kReduceBlockBytes / sizeof(T));
   std::vector<const void*> sources(static_cast<std::size_t>(n));
@@ -42,7 +42,7 @@ void reduce_slice_across(const core::ReplicaGroup& group, std::size_t buffer_ind
   for (std::size_t b = begin; b < end; b += block) {
     const std::size_t len = std::min(block, end - b);
     T* acc = static_cast<T*>(group.slot(0).buffers[buffer_index].data) + b;
-    core::reduce_many<T>(acc, sources, len, op, divisor, b);
+    core::reduce_many<T>(acc, sources, len, red, b);
     for (int r = 1; r < n; ++r) {
       std::memcpy(static_cast<T*>(group.slot(r).buffers[buffer_index].data) + b, acc, len * sizeof(T));
     }
@@ -53,10 +53,10 @@ void reduce_slice_across(const core::ReplicaGroup& group, std::size_t buffer_ind
 /// place), as a first step does, or `data`, where an earlier step left a partial result.
 enum class ReadFrom : bool { inputs, partial_results };
 
-/// Reduces buffer `buffer_index` of every replica in `sources` into replica `target`'s buffer;
-/// Mean divides when `divisor` > 1.
+/// Reduces buffer `buffer_index` of every replica in `sources` into replica `target`'s buffer,
+/// divided when `red` divides.
 inline void reduce_into(const core::ReplicaGroup& group, int target, const std::vector<int>& sources, std::size_t buffer_index,
-                        ReduceOp op, std::int64_t divisor, ReadFrom from_what) {
+                        Reduction red, ReadFrom from_what) {
   const core::BufferRef& dst = group.slot(target).buffers[buffer_index];
   auto read = [&](const core::BufferRef& b) { return from_what == ReadFrom::inputs ? b.input() : b.data; };
   visit_dtype(dst.dtype, [&](auto t) {
@@ -65,7 +65,7 @@ inline void reduce_into(const core::ReplicaGroup& group, int target, const std::
     for (int s : sources) {
       if (s != target) from.push_back(read(group.slot(s).buffers[buffer_index]));
     }
-    core::reduce_many<T>(static_cast<T*>(dst.data), from, dst.count(), op, divisor);
+    core::reduce_many<T>(static_cast<T*>(dst.data), from, dst.count(), red);
   });
 }
 
@@ -82,7 +82,8 @@ inline void copy_buffers(const core::ReplicaGroup& group, int from, int to) {
 class SharedMemoryCollectives : public core::ReplicaCollectives {
  public:
   /// `mean_divisor`: what MEAN divides by (num_replicas_in_sync; 0 leaves the sum, for callers
-  /// that divide after a further cross-worker step).
+  /// that divide after a further cross-worker step). Each collective lowers MEAN with it once, on
+  /// entry (Reduction::lower); what it calls sees a SUM and that divisor.
   explicit SharedMemoryCollectives(std::int64_t mean_divisor) : mean_divisor_(mean_divisor) {}
 
   /// Out of place costs what in place does: each block of every input is read once and the
@@ -91,6 +92,7 @@ class SharedMemoryCollectives : public core::ReplicaCollectives {
 
   void all_reduce(core::ReplicaGroup& group, int replica, std::span<core::BufferRef> buffers, ReduceOp op) override {
     const core::CollectiveCall call{core::CollectiveKind::AllReduce, op, buffers};
+    const Reduction red = Reduction::lower(op, mean_divisor_);
     collective::exchange(group, replica, call, [&] {
       const auto n = static_cast<std::size_t>(group.size());
       const auto r = static_cast<std::size_t>(replica);
@@ -98,9 +100,9 @@ class SharedMemoryCollectives : public core::ReplicaCollectives {
         const std::size_t count = buffers[i].count();
         if (group.size() == 1) {
           if (buffers[i].source != nullptr && count > 0) std::memcpy(buffers[i].data, buffers[i].source, buffers[i].bytes());
-          if (op == ReduceOp::Mean && mean_divisor_ > 1) {
+          if (red.divides()) {
             visit_dtype(buffers[i].dtype, [&](auto t) {
-              core::divide(static_cast<decltype(t)*>(buffers[i].data), count, mean_divisor_);
+              core::divide(static_cast<decltype(t)*>(buffers[i].data), count, red.divisor());
             });
           }
           continue;
@@ -108,7 +110,7 @@ class SharedMemoryCollectives : public core::ReplicaCollectives {
         const std::size_t begin = count * r / n, end = count * (r + 1) / n;
         if (begin == end) continue;
         visit_dtype(buffers[i].dtype,
-                    [&](auto t) { reduce_slice_across<decltype(t)>(group, i, begin, end, op, mean_divisor_); });
+                    [&](auto t) { reduce_slice_across<decltype(t)>(group, i, begin, end, red); });
       }
     });
   }
@@ -145,7 +147,7 @@ class SharedMemoryCollectives : public core::ReplicaCollectives {
       for (int r = 0; r < group.size(); ++r) sources.push_back(group.slot(r).buffers[0].data);
       visit_dtype(input.dtype, [&](auto t) {
         using T = decltype(t);
-        core::reduce_many<T>(static_cast<T*>(out), sources, part.count(), op, mean_divisor_, offset);
+        core::reduce_many<T>(static_cast<T*>(out), sources, part.count(), Reduction::lower(op, mean_divisor_), offset);
       });
     });
   }

@@ -48,9 +48,9 @@ class CrossWorkerLink {
   virtual ~CrossWorkerLink() = default;
   virtual int num_workers() const noexcept = 0;
   virtual int worker_index() const noexcept = 0;
-  /// In-place all-reduce over the workers. `op` is never Mean: callers sum and divide, since
-  /// only they know the replica count to divide by. `shapes`: ShapesDigest of the values the
-  /// buffer holds (0: none given), part of the agreement check between the workers.
+  /// In-place all-reduce over the workers. `op` is a lowered reduction's (Reduction::op: never
+  /// Mean): the caller divides, since only it knows the replica count to divide by. `shapes`:
+  /// ShapesDigest of the values the buffer holds (0: none given), part of the agreement check.
   virtual void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op, std::uint32_t shapes = 0) = 0;
   /// Every worker's bytes, concatenated in worker order; `sizes[w]` = bytes from worker w.
   virtual void all_gather(const void* data, std::size_t bytes, std::vector<std::byte>& out,
@@ -59,7 +59,7 @@ class CrossWorkerLink {
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
   /// In place: `data` holds sum(counts) elements; on return elements [offset of worker w,
   /// + counts[w]) of worker w hold their reduction over the workers (the rest is scratch). `op`
-  /// is never Mean. `shapes` as for all_reduce.
+  /// as for all_reduce, never Mean. `shapes` as for all_reduce.
   virtual void reduce_scatter(void* data, std::span<const std::size_t> counts, DType dtype, ReduceOp op,
                               std::uint32_t shapes = 0) {
     (void)data, (void)counts, (void)dtype, (void)op, (void)shapes;

@@ -48,7 +48,7 @@ inline void apply_pairwise(T* __restrict acc, const T* __restrict src, std::size
 // 16-bit floats are reduced in float32 blocks of this many elements (on the stack).
 inline constexpr std::size_t kHalfBlock = 256;
 
-/// acc[i] = acc[i] (op) src[i]; Mean accumulates as Sum (the division comes once, at the end).
+/// acc[i] = acc[i] (op) src[i], for a lowered reduction's op: never Mean (see Reduction).
 /// 16-bit floats are computed in float32 and rounded once per element.
 template <class T>
 void combine(T* __restrict acc, const T* __restrict src, std::size_t n, ReduceOp op) noexcept {
@@ -64,7 +64,9 @@ void combine(T* __restrict acc, const T* __restrict src, std::size_t n, ReduceOp
     };
     switch (op) {
       case ReduceOp::Sum:
-      case ReduceOp::Mean: fused([](float x, float y) { return x + y; }); break;
+      case ReduceOp::Mean:  // lowered to Sum before it reaches here; summed all the same
+        fused([](float x, float y) { return x + y; });
+        break;
       case ReduceOp::Min: fused([](float x, float y) { return (x < y || x != x) ? x : y; }); break;
       case ReduceOp::Max: fused([](float x, float y) { return (x > y || x != x) ? x : y; }); break;
       case ReduceOp::Product: fused([](float x, float y) { return x * y; }); break;
@@ -79,8 +81,7 @@ void combine(T* __restrict acc, const T* __restrict src, std::size_t n, ReduceOp
       narrow(a, acc + i, len);
     }
   } else if constexpr (std::is_same_v<T, bool>) {
-    const bool any = op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::Mean;
-    if (any) {
+    if (op == ReduceOp::Sum || op == ReduceOp::Max) {  // logical or; Min and Product: logical and
       for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] || src[i];
     } else {
       for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] && src[i];
@@ -88,7 +89,7 @@ void combine(T* __restrict acc, const T* __restrict src, std::size_t n, ReduceOp
   } else {
     switch (op) {
       case ReduceOp::Sum:
-      case ReduceOp::Mean:
+      case ReduceOp::Mean:  // lowered to Sum before it reaches here; summed all the same
         apply_pairwise(acc, src, n, [](T a, T b) { return static_cast<T>(a + b); });
         break;
       // For floats a NaN on either side wins, whichever replica holds it (as TF's minimum/maximum).
@@ -123,15 +124,17 @@ void divide(T* acc, std::size_t n, std::int64_t divisor) noexcept {
   }
 }
 
-/// dst[i] = src_0[i] (op) src_1[i] (op) ..., where src_k = (const T*)srcs[k] + offset; Mean divides
-/// the sum by `divisor` when it is > 1. `dst` may be src_0. 16-bit floats accumulate the whole
-/// reduction in float32 and round once. (Untyped source pointers: one vector type serves every T.)
+/// dst[i] = src_0[i] (op) src_1[i] (op) ..., where src_k = (const T*)srcs[k] + offset, divided by
+/// r.divisor() when r divides. `dst` may be src_0. 16-bit floats accumulate the whole reduction in
+/// float32 and round once. (Untyped source pointers: one vector type serves every T.)
 template <class T>
-void reduce_many(T* dst, std::span<const void* const> srcs, std::size_t n, ReduceOp op, std::int64_t divisor,
+void reduce_many(T* dst, std::span<const void* const> srcs, std::size_t n, Reduction r,
                  std::size_t offset = 0) noexcept {
   if (srcs.empty() || n == 0) return;
+  const ReduceOp op = r.op();
+  const std::int64_t divisor = r.divisor();
   auto src = [&](std::size_t k) { return static_cast<const T*>(srcs[k]) + offset; };
-  if (srcs.size() == 1 && !(op == ReduceOp::Mean && divisor > 1)) {  // nothing to combine or round
+  if (srcs.size() == 1 && !r.divides()) {  // nothing to combine or round
     if (dst != src(0)) std::copy(src(0), src(0) + n, dst);
     return;
   }
@@ -145,7 +148,7 @@ void reduce_many(T* dst, std::span<const void* const> srcs, std::size_t n, Reduc
         widen(src(k) + i, next, len);
         combine(acc, next, len, op);
       }
-      if (op == ReduceOp::Mean && divisor > 1) {
+      if (r.divides()) {
         for (std::size_t j = 0; j < len; ++j) acc[j] /= d;
       }
       narrow(acc, dst + i, len);
@@ -153,7 +156,7 @@ void reduce_many(T* dst, std::span<const void* const> srcs, std::size_t n, Reduc
   } else {
     if (dst != src(0)) std::copy(src(0), src(0) + n, dst);
     for (std::size_t k = 1; k < srcs.size(); ++k) combine(dst, src(k), n, op);
-    if (op == ReduceOp::Mean && divisor > 1) divide(dst, n, divisor);
+    if (r.divides()) divide(dst, n, divisor);
   }
 }
 

@@ -63,19 +63,16 @@ U reduce_components(ReduceOp op, const std::vector<const U*>& parts, CrossWorker
     RowMajorResult<U> result;
     void* out = result.allocate(dtype, in[0].shape);
     const std::size_t n = in[0].count();
-    const ReduceOp local_op = link && op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    const auto components = static_cast<std::int64_t>(parts.size()) * (link ? link->num_workers() : 1);
+    const Reduction red = Reduction::lower(op, components);
     visit_value_dtype<U>(dtype, [&](auto t) {
       using T = decltype(t);
       std::vector<const void*> sources;
       for (const BufferRef& b : in.buffers()) sources.push_back(b.data);
-      reduce_many<T>(static_cast<T*>(out), sources, n, local_op, static_cast<std::int64_t>(parts.size()));
-      if (link) {
-        const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
-        link->all_reduce(out, n, dtype, combine_op, shapes_digest(in[0].shape));
-        if (op == ReduceOp::Mean) {
-          divide(static_cast<T*>(out), n, static_cast<std::int64_t>(parts.size()) * link->num_workers());
-        }
-      }
+      if (!link) return reduce_many<T>(static_cast<T*>(out), sources, n, red);
+      reduce_many<T>(static_cast<T*>(out), sources, n, red.undivided());
+      link->all_reduce(out, n, dtype, red.op(), shapes_digest(in[0].shape));
+      if (red.divides()) divide(static_cast<T*>(out), n, red.divisor());
     });
     return result.take();
   }

@@ -247,10 +247,10 @@ IndexedSlices<T> gathered_slices(const std::vector<const PackedValue*>& parts, R
     if (p->value_bytes) std::memcpy(out, p->values, p->value_bytes);
     out += p->value_bytes;
   }
-  if (op == ReduceOp::Mean && replicas > 1) {
+  if (const Reduction red = Reduction::lower(op, replicas); red.divides()) {
     visit_dtype(first.dtype, [&](auto zero) {
       using E = decltype(zero);
-      divide(static_cast<E*>(view_of(values).data), total_bytes / sizeof(E), replicas);
+      divide(static_cast<E*>(view_of(values).data), total_bytes / sizeof(E), red.divisor());
     });
   }
   for (const auto i : indices) {  // from peers: checked as any IndexedSlices is
@@ -273,10 +273,10 @@ T summed_dense(const std::vector<const PackedValue*>& parts, ReduceOp op, int re
   const std::size_t count = staged[0].count();
   if (first.value_bytes) std::memcpy(dst, first.values, first.value_bytes);
   for (std::size_t r = 1; r < parts.size(); ++r) combine_bytes(first.dtype, RowOp::Add, dst, parts[r]->values, count);
-  if (op == ReduceOp::Mean && replicas > 1) {
+  if (const Reduction red = Reduction::lower(op, replicas); red.divides()) {
     visit_dtype(first.dtype, [&](auto zero) {
       using E = decltype(zero);
-      divide(reinterpret_cast<E*>(dst), count, replicas);
+      divide(reinterpret_cast<E*>(dst), count, red.divisor());
     });
   }
   staged.write_back();

@@ -81,8 +81,9 @@ class Communicator {
   }
 
   /// In place: every rank ends with the element-wise reduction of all ranks' buffers (bitwise
-  /// identical on every rank). MEAN divides by size() (integers truncate). `shapes`, when not 0,
-  /// is a digest of the shapes the buffer holds: ranks must agree on it as on count and dtype.
+  /// identical on every rank). MEAN is the SUM divided by size() (integers truncate), lowered here
+  /// for everything below. `shapes`, when not 0, is a digest of the shapes the buffer holds: ranks
+  /// must agree on it as on count and dtype.
   void all_reduce(void* data, std::size_t count, DType dtype, ReduceOp op, std::uint32_t shapes = 0) {
     if (data == nullptr && count > 0) {
       throw InvalidArgument(fmt::format("all_reduce: data is null but count is {}", count));
@@ -95,7 +96,7 @@ class Communicator {
     detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, shapes, count});
     auto* bytes = static_cast<std::byte*>(data);
     if (size() == 1 || count == 0) return call.finish();
-    detail::all_reduce(*transport_, call, topology_, bytes, count, dtype, op, scratch_);
+    detail::all_reduce(*transport_, call, topology_, bytes, count, dtype, Reduction::lower(op, size()), scratch_);
   }
 
   template <Element T>
@@ -128,7 +129,7 @@ class Communicator {
 
   /// In place: `data` holds sum(counts) elements (counts.size() == size()); on return the
   /// counts[rank()] elements after those of the lower ranks hold their reduction over every rank
-  /// (the others are scratch). MEAN divides by size(). `shapes` as for all_reduce.
+  /// (the others are scratch). MEAN divides by size(), as for all_reduce. `shapes` as for all_reduce.
   void reduce_scatter(void* data, std::span<const std::size_t> counts, DType dtype, ReduceOp op, std::uint32_t shapes = 0) {
     if (counts.size() != static_cast<std::size_t>(size())) {
       throw InvalidArgument(fmt::format("reduce_scatter: {} counts for a cluster of {}", counts.size(), size()));
@@ -138,7 +139,8 @@ class Communicator {
     ::distribute::core::check_op_for_dtype(op, dtype, "reduce_scatter");
     detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::ReduceScatter, dtype, op, shapes, total});
     if (size() == 1 || total == 0) return call.finish();
-    detail::reduce_scatter(*transport_, call, static_cast<std::byte*>(data), counts, dtype, op, scratch_);
+    detail::reduce_scatter(*transport_, call, static_cast<std::byte*>(data), counts, dtype, Reduction::lower(op, size()),
+                           scratch_);
   }
 
   /// send_bytes[k] bytes of `send` (block k, after the blocks before it) go to rank k, and

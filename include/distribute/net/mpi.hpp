@@ -115,7 +115,7 @@ inline MPI_Op mpi_builtin_op(ReduceOp op) noexcept {
     case ReduceOp::Min: return MPI_MIN;
     case ReduceOp::Max: return MPI_MAX;
     case ReduceOp::Product: return MPI_PROD;
-    case ReduceOp::Mean: break;  // callers sum and divide
+    case ReduceOp::Mean: break;  // never asked: a CrossWorkerLink's op is lowered (Reduction)
   }
   return MPI_OP_NULL;
 }

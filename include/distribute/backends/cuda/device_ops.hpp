@@ -95,18 +95,20 @@ void binary(T* acc, const T* src, std::size_t n, F f) {
   run("device kernel", [&] { thrust::transform(thrust::device, acc, acc + n, src, acc, f); });
 }
 
-/// acc[i] = acc[i] (op) src[i] on the device, as core::combine does on the host; Mean
-/// accumulates as Sum. Both pointers must be on the current device.
+/// acc[i] = acc[i] (op) src[i] on the device, as core::combine does on the host, for a lowered
+/// reduction's op (never Mean; see Reduction). Both pointers must be on the current device.
 template <class T>
 void combine(T* acc, const T* src, std::size_t n, ReduceOp op) {
   if (n == 0) return;
   if constexpr (std::is_same_v<T, bool>) {
-    if (op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::Mean) binary(acc, src, n, or_fn{});
+    if (op == ReduceOp::Sum || op == ReduceOp::Max) binary(acc, src, n, or_fn{});
     else binary(acc, src, n, and_fn{});
   } else {
     switch (op) {
       case ReduceOp::Sum:
-      case ReduceOp::Mean: binary(acc, src, n, sum_fn<T>{}); break;
+      case ReduceOp::Mean:  // lowered to Sum before it reaches here; summed all the same
+        binary(acc, src, n, sum_fn<T>{});
+        break;
       case ReduceOp::Min: binary(acc, src, n, min_fn<T>{}); break;
       case ReduceOp::Max: binary(acc, src, n, max_fn<T>{}); break;
       case ReduceOp::Product: binary(acc, src, n, product_fn<T>{}); break;
@@ -253,15 +255,13 @@ struct ThrustDeviceOps {
   /// then divided for Mean by the number of components in all.
   template <class Link>
   static U reduce(U out, const std::vector<const U*>& parts, ReduceOp op, Link* link) {
-    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
-    for (std::size_t r = 1; r < parts.size(); ++r) combine(out, *parts[r], combine_op);
-    auto components = static_cast<std::int64_t>(parts.size());
+    const Reduction red = Reduction::lower(op, static_cast<std::int64_t>(parts.size()) * (link ? link->num_workers() : 1));
+    for (std::size_t r = 1; r < parts.size(); ++r) combine(out, *parts[r], red.op());
     if (link) {
       const std::size_t n = element_count(out);
-      on_host(out, [&](void* p) { link->all_reduce(p, n, dtype_of<E>(), combine_op); });
-      components *= link->num_workers();
+      on_host(out, [&](void* p) { link->all_reduce(p, n, dtype_of<E>(), red.op()); });
     }
-    if (op == ReduceOp::Mean) divide(out, components);
+    if (red.divides()) divide(out, red.divisor());
     return out;
   }
 

@@ -23,9 +23,9 @@ namespace collective::detail {
 /// ncclReduce per part, rooted at its owner, in one NCCL group. MEAN divides afterwards where
 /// ncclAvg cannot take it.
 inline void enqueue_reduce_scatter(ncclComm_t comm, cudaStream_t stream, const core::BufferRef& input, int ranks, int me,
-                                   void* out, ReduceOp op, std::int64_t mean_divisor) {
+                                   void* out, Reduction red) {
   const ncclDataType_t type = *nccl_type(input.dtype);
-  const NcclReduction how = nccl_reduction(op, input.dtype, mean_divisor, ranks);
+  const NcclReduction how = nccl_reduction(red, input.dtype, ranks);
   const core::BufferRef mine = core::part_of(input, ranks, me);
   if (input.count() > 0) {
     if (input.shape[0] % ranks == 0) {
@@ -47,7 +47,7 @@ inline void enqueue_reduce_scatter(ncclComm_t comm, cudaStream_t stream, const c
   if (how.divide_after && mine.count() > 0) {
     core::BufferRef result = mine;
     result.data = out;
-    divide_on_device(result, mean_divisor, stream, "MEAN division after ncclReduceScatter");
+    divide_on_device(result, red.divisor(), stream, "MEAN division after ncclReduceScatter");
   }
 }
 

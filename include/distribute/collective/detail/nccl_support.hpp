@@ -78,30 +78,31 @@ inline std::optional<ncclDataType_t> nccl_type(DType d) noexcept {
   return std::nullopt;
 }
 
-/// The NCCL reduction for `op` on `dtype`. MEAN becomes ncclAvg where that matches our MEAN
-/// (floats, dividing by the local replicas, NCCL >= 2.10); otherwise a SUM, divided afterwards
-/// so that integer MEAN truncates exactly as the host kernels do.
+/// The NCCL reduction for a lowered reduction on `dtype`. A SUM divided by the number of ranks
+/// is ncclAvg where that matches our MEAN (floats, NCCL >= 2.10); any other division is a SUM
+/// divided afterwards, so that integer MEAN truncates exactly as the host kernels do.
 struct NcclReduction {
   ncclRedOp_t op = ncclSum;
   bool divide_after = false;
 };
-inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, std::int64_t mean_divisor, int ranks) noexcept {
+inline NcclReduction nccl_reduction(Reduction red, DType dtype, int ranks) noexcept {
   if (dtype == DType::Bool) {
-    const bool any = op == ReduceOp::Sum || op == ReduceOp::Max || op == ReduceOp::Mean;
+    const bool any = red.op() == ReduceOp::Sum || red.op() == ReduceOp::Max;
     return {any ? ncclMax : ncclMin, false};
   }
-  switch (op) {
-    case ReduceOp::Sum: return {ncclSum, false};
+  switch (red.op()) {
     case ReduceOp::Min: return {ncclMin, false};
     case ReduceOp::Max: return {ncclMax, false};
     case ReduceOp::Product: return {ncclProd, false};
-    case ReduceOp::Mean:
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-      if (is_floating(dtype) && mean_divisor == ranks) return {ncclAvg, false};
-#endif
-      return {ncclSum, mean_divisor > 1};
+    case ReduceOp::Sum:
+    case ReduceOp::Mean:  // lowered to Sum before it reaches here
+      break;
   }
-  return {ncclSum, false};
+  if (!red.divides()) return {ncclSum, false};
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+  if (is_floating(dtype) && red.divisor() == ranks) return {ncclAvg, false};
+#endif
+  return {ncclSum, true};
 }
 
 /// Divides a reduced device buffer by `divisor` on `stream`: MEAN where NCCL summed (integers

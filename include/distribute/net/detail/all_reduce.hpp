@@ -108,7 +108,7 @@ inline const char* algorithm_name(AllReduceAlgorithm a) noexcept {
 
 /// Runs the table's pick for this all-reduce and finishes the call. `count` > 0, more than one rank.
 inline void all_reduce(Transport& tr, Transport::Op& op, const Topology& topo, std::byte* data, std::size_t count,
-                       DType dtype, ReduceOp rop, std::vector<std::byte>& scratch) {
+                       DType dtype, Reduction red, std::vector<std::byte>& scratch) {
   const CommunicatorOptions& o = tr.options();
   const std::size_t es = size_of(dtype), bytes = count * es;
   SharedMemoryAllReduce* const shm = tr.shared_memory();
@@ -131,7 +131,7 @@ inline void all_reduce(Transport& tr, Transport::Op& op, const Topology& topo, s
   switch (row.algorithm) {
     case AllReduceAlgorithm::SharedMemory:
       op.count_bytes(bytes, bytes);  // this rank's values into the segment, the result out of it
-      shared_memory_all_reduce(tr, op, *shm, data, count, dtype, rop);
+      shared_memory_all_reduce(tr, op, *shm, data, count, dtype, red);
       break;
     case AllReduceAlgorithm::Hierarchical: {
       const int slices = row.one_part ? 1 : topo.fewest_per_host();
@@ -142,17 +142,17 @@ inline void all_reduce(Transport& tr, Transport::Op& op, const Topology& topo, s
       const AcrossHosts across = a == AllReduceAlgorithm::HalvingDoubling ? AcrossHosts::HalvingDoubling
                                  : a == AllReduceAlgorithm::Ring          ? AcrossHosts::Ring
                                                                           : AcrossHosts::Direct;
-      hierarchical_all_reduce(tr, op, topo, slices, across, data, count, dtype, rop, scratch);
+      hierarchical_all_reduce(tr, op, topo, slices, across, data, count, dtype, red, scratch);
       break;
     }
     case AllReduceAlgorithm::Direct:
-      direct_all_reduce(tr, op, everyone, data, count, dtype, rop, tr.size(), scratch);
+      direct_all_reduce(tr, op, everyone, data, count, dtype, red, scratch);
       break;
     case AllReduceAlgorithm::HalvingDoubling:
-      halving_doubling_all_reduce(tr, op, everyone, data, count, dtype, rop, tr.size(), scratch);
+      halving_doubling_all_reduce(tr, op, everyone, data, count, dtype, red, scratch);
       break;
     case AllReduceAlgorithm::Ring:
-      ring_all_reduce(tr, op, everyone, data, count, dtype, rop, tr.size(), scratch);
+      ring_all_reduce(tr, op, everyone, data, count, dtype, red, scratch);
       break;
   }
   op.finish();

@@ -71,10 +71,10 @@ struct RingGeometry {
 /// continuation that reduces the chunk, sends it to the right and posts the receive two steps on,
 /// so the thread that read the chunk (the io thread, as a rule) forwards it at once, and the
 /// calling thread sleeps until the last chunk is in instead of being woken for every one. Every
-/// segment is reduced along one chain and then copied, so all members end bitwise identical. MEAN
-/// divides by `divisor`. Returns with every transfer settled.
+/// segment is reduced along one chain and then copied, so all members end bitwise identical; the
+/// division `r` asks for is made once, on the segment's last reduction. Returns with every transfer settled.
 inline void ring_all_reduce(Transport& tr, Transport::Op& op, RankGroup grp, std::byte* data, std::size_t count, DType dtype,
-                            ReduceOp rop, std::int64_t divisor, std::vector<std::byte>& scratch) {
+                            Reduction red, std::vector<std::byte>& scratch) {
   const int n = grp.size(), r = grp.me;
   const std::size_t es = size_of(dtype);
   const RingGeometry g(count, n, std::max<std::size_t>(1, tr.chunk_bytes() / es));
@@ -109,8 +109,8 @@ inline void ring_all_reduce(Transport& tr, Transport::Op& op, RankGroup grp, std
   auto on_arrival = [&](int t, std::size_t c) {
     if (t < n - 1) {
       const auto [b, len] = g.chunk(recv_seg(t), c);
-      reduce_bytes(dtype, data + b * es, scratch_at(t, c), len, rop);
-      if (t == n - 2 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, divisor);
+      reduce_bytes(dtype, data + b * es, scratch_at(t, c), len, red.op());
+      if (t == n - 2 && red.divides()) divide_bytes(dtype, data + b * es, len, red.divisor());
     }
     if (t + 1 < steps) send(t + 1, c);
     if (t + 2 < steps) post(t + 2, c);
@@ -147,9 +147,9 @@ inline bool halving_doubling_applies(int n) { return n >= 4 && (n & (n - 1)) == 
 /// own; doubling retraces the steps backwards, each member sending its range and receiving the
 /// partner's adjacent one. Each step's exchange is cut into chunks of about chunk_bytes, reduced
 /// as they arrive. Every segment (the ring's cut) ends reduced on one member alone and is then
-/// copied, so all end bitwise identical. MEAN divides by `divisor`.
+/// copied, so all end bitwise identical; the division `red` asks for is made there, once.
 inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, RankGroup grp, std::byte* data, std::size_t count,
-                                        DType dtype, ReduceOp rop, std::int64_t divisor, std::vector<std::byte>& scratch) {
+                                        DType dtype, Reduction red, std::vector<std::byte>& scratch) {
   const int n = grp.size(), r = grp.me;
   const std::size_t es = size_of(dtype);
   const std::size_t chunk_elems = std::max<std::size_t>(1, tr.chunk_bytes() / es);
@@ -217,8 +217,8 @@ inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, RankGr
       op.wait(in[s][c]);
       in[s][c].reset();
       const auto [b, len] = piece(rg, c, nch);
-      reduce_bytes(dtype, data + b * es, scratch.data() + at[s] + (b - rg.first) * es, len, rop);
-      if (s == steps - 1 && rop == ReduceOp::Mean) divide_bytes(dtype, data + b * es, len, divisor);
+      reduce_bytes(dtype, data + b * es, scratch.data() + at[s] + (b - rg.first) * es, len, red.op());
+      if (s == steps - 1 && red.divides()) divide_bytes(dtype, data + b * es, len, red.divisor());
     }
   }
   // All-gather by recursive doubling, the halving steps backwards: the partner's range is the one
@@ -257,8 +257,8 @@ class DirectExchange {
  public:
   /// `chunk_bytes`: the pieces (0: the transport's chunk_bytes).
   DirectExchange(Transport& tr, Transport::Op& op, RankGroup grp, std::byte* data, std::size_t count, DType dtype,
-                 ReduceOp rop, std::int64_t divisor, std::vector<std::byte>& scratch, std::size_t chunk_bytes = 0)
-      : op_(op), grp_(grp), data_(data), count_(count), dtype_(dtype), rop_(rop), divisor_(divisor),
+                 Reduction red, std::vector<std::byte>& scratch, std::size_t chunk_bytes = 0)
+      : op_(op), grp_(grp), data_(data), count_(count), dtype_(dtype), red_(red),
         es_(size_of(dtype)), chunk_(std::max<std::size_t>(1, (chunk_bytes > 0 ? chunk_bytes : tr.chunk_bytes()) / es_)),
         chunks_((count + chunk_ - 1) / chunk_) {
     const auto others = static_cast<std::size_t>(grp.size() - 1);
@@ -294,13 +294,13 @@ class DirectExchange {
       }
       std::byte* const mine = data_ + b * es_;
       if (grp_.me == 0) {
-        for (int p = 1; p < grp_.size(); ++p) reduce_bytes(dtype_, mine, slot(p) + b * es_, len, rop_);
+        for (int p = 1; p < grp_.size(); ++p) reduce_bytes(dtype_, mine, slot(p) + b * es_, len, red_.op());
       } else {
         std::byte* const acc = slot(0) + b * es_;
-        for (int p = 1; p < grp_.size(); ++p) reduce_bytes(dtype_, acc, p == grp_.me ? mine : slot(p) + b * es_, len, rop_);
+        for (int p = 1; p < grp_.size(); ++p) reduce_bytes(dtype_, acc, p == grp_.me ? mine : slot(p) + b * es_, len, red_.op());
         std::memcpy(mine, acc, len * es_);
       }
-      if (rop_ == ReduceOp::Mean) divide_bytes(dtype_, mine, len, divisor_);
+      if (red_.divides()) divide_bytes(dtype_, mine, len, red_.divisor());
     }
   }
 
@@ -318,8 +318,7 @@ class DirectExchange {
   std::byte* data_;
   std::size_t count_;
   DType dtype_;
-  ReduceOp rop_;
-  std::int64_t divisor_;
+  Reduction red_;
   std::size_t es_, chunk_, chunks_;
   std::byte* scratch_ = nullptr;
   std::vector<TransferPtr> recvs_, sends_;
@@ -327,18 +326,18 @@ class DirectExchange {
 };
 
 inline void direct_all_reduce(Transport& tr, Transport::Op& op, RankGroup grp, std::byte* data, std::size_t count, DType dtype,
-                              ReduceOp rop, std::int64_t divisor, std::vector<std::byte>& scratch) {
-  DirectExchange exchange(tr, op, grp, data, count, dtype, rop, divisor, scratch);
+                              Reduction red, std::vector<std::byte>& scratch) {
+  DirectExchange exchange(tr, op, grp, data, count, dtype, red, scratch);
   exchange.send_up_to(count);
   exchange.finish_up_to(count);
 }
 
 /// All-reduce through the transport's shared-memory segment (shared_memory_all_reduce.hpp).
 inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMemoryAllReduce& shm, std::byte* data,
-                                     std::size_t count, DType dtype, ReduceOp rop) {
+                                     std::size_t count, DType dtype, Reduction red) {
   const auto quiet = tr.exempt_from_busy_poll();
   shm.run(
-      data, count, dtype, rop, [&] { op.check_progress(-1); },
+      data, count, dtype, red, [&] { op.check_progress(-1); },
       [&] {
         (void)op.descriptors();  // throws: the announced descriptors name the mismatch the same way on every rank
         op.fail(FailureKind::Peer, fmt::format("{}: the shared-memory stamps disagree but the announced descriptors agree",

@@ -41,9 +41,9 @@ enum class AcrossHosts { Direct, HalvingDoubling, Ring };
 inline constexpr std::size_t kAcrossHostsPieceBytes = std::size_t{128} << 10;
 
 /// `slices`: 1 .. topo.fewest_per_host(), alike on every rank; `across`: how each part's leaders
-/// all-reduce it (alike on every rank).
+/// all-reduce it (alike on every rank). The division `red` asks for is made once, across hosts.
 inline void hierarchical_all_reduce(Transport& tr, Transport::Op& op, const Topology& topo, int slices, AcrossHosts across,
-                                    std::byte* data, std::size_t count, DType dtype, ReduceOp rop,
+                                    std::byte* data, std::size_t count, DType dtype, Reduction red,
                                     std::vector<std::byte>& scratch) {
   const int r = tr.rank();
   const int host = topo.host_of[static_cast<std::size_t>(r)];
@@ -51,8 +51,7 @@ inline void hierarchical_all_reduce(Transport& tr, Transport::Op& op, const Topo
   const int local = static_cast<int>(std::find(here.begin(), here.end(), r) - here.begin());
   SharedMemoryAllReduce* const shm = topo.host_memory.get();  // null: this rank is a host of its own
   const std::size_t es = size_of(dtype);
-  const ReduceOp partial = rop == ReduceOp::Mean ? ReduceOp::Sum : rop;  // divided once, by the leader
-  const std::int64_t n = tr.size();
+  const Reduction partial = red.undivided();  // within a host; the leaders divide
   const bool leads = local < slices;
   const auto mine_part = even_part(count, slices, leads ? local : 0);  // not a structured binding: lambdas use it
   const std::size_t first = mine_part.first, len = mine_part.second;
@@ -67,7 +66,7 @@ inline void hierarchical_all_reduce(Transport& tr, Transport::Op& op, const Topo
   std::optional<DirectExchange> direct;
   const bool pipelined = across == AcrossHosts::Direct;
   const std::size_t round_bytes = pipelined ? kAcrossHostsPieceBytes : 0;
-  if (leads && len > 0 && pipelined) direct.emplace(tr, op, group, part, len, dtype, rop, n, scratch, kAcrossHostsPieceBytes);
+  if (leads && len > 0 && pipelined) direct.emplace(tr, op, group, part, len, dtype, red, scratch, kAcrossHostsPieceBytes);
 
   auto check = [&] { op.check_progress(-1); };
   auto mismatch = [&] {
@@ -96,9 +95,9 @@ inline void hierarchical_all_reduce(Transport& tr, Transport::Op& op, const Topo
   }
   if (leads && len > 0 && across != AcrossHosts::Direct) {
     if (across == AcrossHosts::HalvingDoubling) {
-      halving_doubling_all_reduce(tr, op, group, part, len, dtype, rop, n, scratch);
+      halving_doubling_all_reduce(tr, op, group, part, len, dtype, red, scratch);
     } else {
-      ring_all_reduce(tr, op, group, part, len, dtype, rop, n, scratch);
+      ring_all_reduce(tr, op, group, part, len, dtype, red, scratch);
     }
   }
   if (shm != nullptr) {

@@ -12,6 +12,7 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
 
+/// acc = acc (op) src, for a lowered reduction's op (never Mean; see Reduction).
 inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std::size_t n, ReduceOp op) {
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -19,13 +20,13 @@ inline void reduce_bytes(DType dtype, std::byte* acc, const std::byte* src, std:
   });
 }
 
-/// out = srcs[0] (op) srcs[1] (op) ...; Mean divides by `divisor`. 16-bit floats accumulate in
+/// out = srcs[0] (op) srcs[1] (op) ..., divided when `r` divides. 16-bit floats accumulate in
 /// float32 and round once (core/elementwise.hpp's reduce_many).
 inline void reduce_many_bytes(DType dtype, std::byte* out, std::span<const void* const> srcs, std::size_t n,
-                              ReduceOp op, std::int64_t divisor) {
+                              Reduction r) {
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    ::distribute::core::reduce_many<T>(reinterpret_cast<T*>(out), srcs, n, op, divisor);
+    ::distribute::core::reduce_many<T>(reinterpret_cast<T*>(out), srcs, n, r);
   });
 }
 

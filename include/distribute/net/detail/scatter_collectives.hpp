@@ -40,16 +40,17 @@ inline void send_chunked(Transport& tr, Transport::Op& op, int peer, const std::
 /// on rank k. Every rank sends segment k to rank k, and rank k reduces the n contributions in
 /// rank order (a deterministic result). When the ranks share a host (the transport's
 /// shared-memory segment) and the buffer is large enough for it, the whole buffer is all-reduced
-/// through shared memory instead, which also leaves each rank its segment.
+/// through shared memory instead, which also leaves each rank its segment. Each segment is divided
+/// once when `red` asks for it.
 inline void reduce_scatter(Transport& tr, Transport::Op& op, std::byte* data, std::span<const std::size_t> counts,
-                           DType dtype, ReduceOp rop, std::vector<std::byte>& scratch) {
+                           DType dtype, Reduction red, std::vector<std::byte>& scratch) {
   const int n = tr.size(), r = tr.rank();
   const std::size_t es = size_of(dtype);
   const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
   if (SharedMemoryAllReduce* shm = tr.shared_memory(); shm != nullptr && total * es >= shm->min_bytes()) {
     op.set_algorithm("shared_memory");
     op.count_bytes(total * es, counts[static_cast<std::size_t>(r)] * es);
-    shared_memory_all_reduce(tr, op, *shm, data, total, dtype, rop);
+    shared_memory_all_reduce(tr, op, *shm, data, total, dtype, red);
     return op.finish();
   }
   op.set_algorithm("direct");
@@ -69,13 +70,13 @@ inline void reduce_scatter(Transport& tr, Transport::Op& op, std::byte* data, st
   std::byte* own = data + offset[static_cast<std::size_t>(r)] * es;
   if (mine == 0) return;
   if (r == 0) {
-    for (int k = 1; k < n; ++k) reduce_bytes(dtype, own, slot(k), mine, rop);
+    for (int k = 1; k < n; ++k) reduce_bytes(dtype, own, slot(k), mine, red.op());
   } else {
     std::byte* acc = slot(0);
-    for (int k = 1; k < n; ++k) reduce_bytes(dtype, acc, k == r ? own : slot(k), mine, rop);
+    for (int k = 1; k < n; ++k) reduce_bytes(dtype, acc, k == r ? own : slot(k), mine, red.op());
     std::memcpy(own, acc, bytes);
   }
-  if (rop == ReduceOp::Mean) divide_bytes(dtype, own, mine, n);
+  if (red.divides()) divide_bytes(dtype, own, mine, red.divisor());
 }
 
 /// Block k of `send` (send_bytes[k]) goes to rank k; block k of `recv` (recv_bytes[k]) comes from

@@ -176,9 +176,10 @@ class SharedMemoryAllReduce {
   /// `check()` throws when the call cannot complete (see the header comment); `mismatch()` is
   /// called when a rank's shared descriptor differs from ours, and must throw.
   template <class Check, class Mismatch>
-  void run(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check&& check, Mismatch&& mismatch) {
+  void run(std::byte* data, std::size_t count, DType dtype, Reduction red, Check&& check, Mismatch&& mismatch) {
     const std::size_t es = size_of(dtype);
-    if (count * es <= std::min(kSmallBytes, slot_bytes_ / 2)) return run_small(data, count, dtype, op, check, mismatch);
+    if (count * es <= std::min(kSmallBytes, slot_bytes_ / 2)) return run_small(data, count, dtype, red, check, mismatch);
+    const std::uint32_t op = stamp_code(red);
     const std::size_t piece_elems = std::max<std::size_t>(1, slot_bytes_ / es);
     const auto nu = static_cast<std::size_t>(n_);
     for (std::size_t first = 0; first < count; first += piece_elems) {
@@ -191,13 +192,13 @@ class SharedMemoryAllReduce {
       std::memcpy(slot(rank_), piece, len * es);
       me.count = count;
       me.dtype = static_cast<std::uint32_t>(dtype);
-      me.op = static_cast<std::uint32_t>(op);
+      me.op = op;
       me.arrived.store(stamp, std::memory_order_release);
 
       wait_all(&SharedRankControl::arrived, stamp, check);
       for (int r = 0; r < n_; ++r) {
         const SharedRankControl& c = control(r);
-        if (c.count != count || c.dtype != static_cast<std::uint32_t>(dtype) || c.op != static_cast<std::uint32_t>(op)) {
+        if (c.count != count || c.dtype != static_cast<std::uint32_t>(dtype) || c.op != op) {
           mismatch();
         }
       }
@@ -211,7 +212,7 @@ class SharedMemoryAllReduce {
         std::byte* const out = piece + lo * es;
         sources_.resize(nu);
         for (std::size_t r = 0; r < nu; ++r) sources_[r] = slot(static_cast<int>(r)) + lo * es;
-        reduce_many_bytes(dtype, out, sources_, hi - lo, op, n_);  // 16-bit floats: rounded once
+        reduce_many_bytes(dtype, out, sources_, hi - lo, red);  // 16-bit floats: rounded once
         std::memcpy(result() + lo * es, out, (hi - lo) * es);
       }
       me.reduced.store(stamp, std::memory_order_release);
@@ -232,13 +233,13 @@ class SharedMemoryAllReduce {
   /// which every rank finished before it arrived at stamp - 1, which this rank waited for. It still
   /// publishes `reduced` and `left`, which run()'s next piece waits on.
   template <class Check, class Mismatch>
-  void run_small(std::byte* data, std::size_t count, DType dtype, ReduceOp op, Check& check, Mismatch& mismatch) {
+  void run_small(std::byte* data, std::size_t count, DType dtype, Reduction red, Check& check, Mismatch& mismatch) {
     const std::size_t bytes = count * size_of(dtype);
     const std::uint64_t stamp = ++stamp_;
     const std::size_t half = stamp % 2 == 0 ? 0 : slot_bytes_ / 2 / 64 * 64;  // whole lines: aligned for every dtype
     SharedRankControl& me = control(rank_);
     std::memcpy(slot(rank_) + half, data, bytes);
-    const std::uint64_t call = static_cast<std::uint64_t>(dtype) << 8 | static_cast<std::uint64_t>(op);
+    const std::uint64_t call = static_cast<std::uint64_t>(dtype) << 8 | stamp_code(red);
     me.small_call[stamp % 2][0] = count;
     me.small_call[stamp % 2][1] = call;
     me.arrived.store(stamp, std::memory_order_release);
@@ -249,7 +250,7 @@ class SharedMemoryAllReduce {
     }
     sources_.resize(nu());
     for (std::size_t r = 0; r < nu(); ++r) sources_[r] = slot(static_cast<int>(r)) + half;
-    reduce_many_bytes(dtype, data, sources_, count, op, n_);
+    reduce_many_bytes(dtype, data, sources_, count, red);
     me.reduced.store(stamp, std::memory_order_release);
     me.left.store(stamp, std::memory_order_release);
   }
@@ -281,16 +282,18 @@ class SharedMemoryAllReduce {
   /// `on_reduced(first, count)` with the elements it just finished. A rank reads others' slots
   /// only between their `arrived` and its own `left`, and every writer waits for every `left`.
   /// `round_bytes` (0: no limit) caps each part's share of a round, so that a caller that sends
-  /// what was reduced gets its first pieces early.
+  /// what was reduced gets its first pieces early. The parts are not divided: `partial` combines
+  /// a share of a larger reduction whose owner divides.
   template <class Check, class Mismatch, class OnReduced>
-  void reduce_scatter(std::byte* data, std::size_t count, DType dtype, ReduceOp op, int slices, std::size_t round_bytes,
-                      Check&& check, Mismatch&& mismatch, OnReduced&& on_reduced) {
+  void reduce_scatter(std::byte* data, std::size_t count, DType dtype, Reduction partial, int slices,
+                      std::size_t round_bytes, Check&& check, Mismatch&& mismatch, OnReduced&& on_reduced) {
+    const Reduction red = partial.undivided();
     const std::size_t es = size_of(dtype);
     const auto su = static_cast<std::size_t>(slices);
     const std::size_t share = std::min(slot_bytes_ / su, round_bytes > 0 ? round_bytes : slot_bytes_) / es;  // per part and round
     if (share == 0) {
       // A slot too small to split (a few bytes per part): an all-reduce leaves every part everywhere.
-      run(data, count, dtype, op, check, mismatch);
+      run(data, count, dtype, red, check, mismatch);
       if (rank_ < slices) {
         const auto [first, len] = even_part(count, slices, rank_);
         on_reduced(first, len);
@@ -298,7 +301,7 @@ class SharedMemoryAllReduce {
       return;
     }
     const std::size_t longest = even_part(count, slices, 0).second;
-    const std::uint32_t call = static_cast<std::uint32_t>(op) | 1u << 8 | static_cast<std::uint32_t>(slices) << 16;
+    const std::uint32_t call = stamp_code(red) | 1u << 8 | static_cast<std::uint32_t>(slices) << 16;
     SharedRankControl& me = control(rank_);
     for (std::size_t done = 0; done < longest; done += share) {
       const std::uint64_t stamp = ++stamp_;
@@ -314,7 +317,7 @@ class SharedMemoryAllReduce {
         const auto [first, len] = round_piece(count, slices, rank_, done, share);
         sources_.resize(nu());
         for (std::size_t r = 0; r < nu(); ++r) sources_[r] = slot(static_cast<int>(r)) + static_cast<std::size_t>(rank_) * share * es;
-        reduce_many_bytes(dtype, data + first * es, sources_, len, op, 1);
+        reduce_many_bytes(dtype, data + first * es, sources_, len, red);
         me.reduced.store(stamp, std::memory_order_release);
         me.left.store(stamp, std::memory_order_release);
         if (len > 0) on_reduced(first, len);
@@ -381,6 +384,12 @@ class SharedMemoryAllReduce {
       const SharedRankControl& c = control(r);
       if (c.count != count || c.dtype != static_cast<std::uint32_t>(dtype) || c.op != call) mismatch();
     }
+  }
+
+  // The reduction in a rank's stamp: its op, and whether it divides (a MEAN against a SUM must
+  // not agree). Below 8 bits: the callers put more beside it.
+  static constexpr std::uint32_t stamp_code(Reduction red) noexcept {
+    return static_cast<std::uint32_t>(red.op()) | (red.divides() ? 0x80u : 0u);
   }
 
   SharedRankControl& control(int r) const noexcept {

@@ -40,8 +40,8 @@ auto reduced_type_tag() {
 template <TensorLike U>
 using reduced_t = typename decltype(reduced_type_tag<U>())::type;
 
-/// The start of a reduction of type Acc with `op` (Mean sums): a replica, or a worker, with no
-/// rows changes nothing.
+/// The start of a reduction of type Acc combined with `combine_op` (never Mean): a replica, or a
+/// worker, with no rows changes nothing.
 template <class Acc>
 Acc reduction_identity(ReduceOp combine_op) {
   if (combine_op == ReduceOp::Min) return std::numeric_limits<Acc>::has_infinity ? std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::max();
@@ -50,7 +50,8 @@ Acc reduction_identity(ReduceOp combine_op) {
   return Acc{};
 }
 
-/// The end of a reduction over `total` elements (all workers'): Mean's division and the store.
+/// The end of a reduction over `total` elements (all workers'): Mean lowered, now that its count
+/// is known (the values were combined with Reduction::combining), its division, and the store.
 /// Over zero elements Mean is NaN for floating types, as in TF (0/0); integers have no NaN, and
 /// Min/Max (which TF's strategy.reduce does not offer) have no value: InvalidArgument.
 template <class T, class Acc>
@@ -59,10 +60,8 @@ void finish_reduction(ReduceOp op, Acc* acc, void* out, std::size_t out_n, std::
     throw InvalidArgument(fmt::format("reduce: {} of {} {} over zero elements is undefined{}", op, to_string(dtype_of<T>()),
                                       along, op == ReduceOp::Mean ? " (TF gives NaN; an integer has none)" : ""));
   }
-  if (op == ReduceOp::Mean) {
-    if (total == 0) std::fill(acc, acc + out_n, std::numeric_limits<Acc>::quiet_NaN());
-    else core::divide(acc, out_n, total);
-  }
+  if (op == ReduceOp::Mean && total == 0) std::fill(acc, acc + out_n, std::numeric_limits<Acc>::quiet_NaN());
+  if (const Reduction red = Reduction::lower(op, total); red.divides()) core::divide(acc, out_n, red.divisor());
   if constexpr (core::is_half_v<T>) core::narrow(acc, static_cast<T*>(out), out_n);
   else if (out_n) std::memcpy(out, acc, out_n * sizeof(T));
 }
@@ -92,7 +91,7 @@ reduced_t<U> reduce_components_along(ReduceOp op, const std::vector<const U*>& p
 
     core::RowMajorResult<reduced_t<U>> result;
     void* out = result.allocate(dtype, out_shape);
-    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    const ReduceOp combine_op = Reduction::combining(op);
     std::int64_t total = 0;
     visit_value_dtype<U>(dtype, [&](auto t) {
       using T = decltype(t);
@@ -172,7 +171,7 @@ reduced_t<U> reduce_components_over(ReduceOp op, const std::vector<const U*>& pa
     const auto out_n = static_cast<std::size_t>(num_elements(out_shape));
     core::RowMajorResult<reduced_t<U>> result;
     void* out = result.allocate(dtype, out_shape);
-    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    const ReduceOp combine_op = Reduction::combining(op);
     std::int64_t total = 0;
     visit_value_dtype<U>(dtype, [&](auto t) {
       using T = decltype(t);

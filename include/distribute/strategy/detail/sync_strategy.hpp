@@ -487,19 +487,19 @@ class SyncStrategy : public AnyStrategy {
   // cross-worker all-reduce per pack of the local results, then MEAN's division.
   template <class... V>
   auto reduce_in_packs(ReduceOp op, const V&... values) {
-    const ReduceOp combine_op = op == ReduceOp::Mean ? ReduceOp::Sum : op;
+    // MEAN lowered once per value: over its local copies on every worker.
+    const Reduction reductions[] = {Reduction::lower(op, static_cast<std::int64_t>(values.values().size()) * num_workers_)...};
+    const ReduceOp combine_op = reductions[0].op();
     auto out = std::make_tuple(core::reduce_components(combine_op, pointers(values.values()))...);
-    const std::int64_t divisors[] = {static_cast<std::int64_t>(values.values().size()) * num_workers_...};
     core::HostOperands refs("batch_reduce_to");
     std::apply([&](auto&... r) { (refs.add(view_of(r)), ...); }, out);
     for (const auto& b : refs.buffers()) core::check_op_for_dtype(op, b.dtype, "batch_reduce_to");
     std::vector<std::byte> scratch;
     collective::all_reduce_in_packs(*link_, refs.buffers(), combine_op, options_.bytes_per_pack, scratch);
-    if (op == ReduceOp::Mean) {
-      for (std::size_t k = 0; k < refs.buffers().size(); ++k) {
-        core::BufferRef& b = refs[k];
-        visit_dtype(b.dtype, [&](auto t) { core::divide(static_cast<decltype(t)*>(b.data), b.count(), divisors[k]); });
-      }
+    for (std::size_t k = 0; k < refs.buffers().size(); ++k) {
+      if (!reductions[k].divides()) continue;
+      core::BufferRef& b = refs[k];
+      visit_dtype(b.dtype, [&](auto t) { core::divide(static_cast<decltype(t)*>(b.data), b.count(), reductions[k].divisor()); });
     }
     refs.write_back();
     return out;
