@@ -82,12 +82,24 @@ void check_arity(const A& arg, std::size_t replicas, std::size_t position) {
   }
 }
 
+/// A value a strategy made (PerReplica, Mirrored, Sharded): it names the strategy's type.
+template <class V>
+concept made_by_a_strategy = requires { typename V::strategy_type; };
+/// A variable, read through its local copies.
+template <class V>
+concept variable_copies = !made_by_a_strategy<V> && requires(const V& v) { v.values(); v.read_value(); };
+/// A value with a component per local replica: made by a strategy, or a variable's copies.
+template <class V>
+concept replica_components = made_by_a_strategy<V> || variable_copies<V>;
+/// Not a value another strategy type made (values are tied to the strategy type that made them).
+template <class V, class S>
+concept not_of_another_strategy = !made_by_a_strategy<V> || std::is_same_v<typename V::strategy_type, S>;
+
 /// A distributed value of strategy S (PerReplica, Mirrored, a variable's copies) whose
 /// components live in host memory: batch_reduce_to can pack it with others.
 template <class V, class S>
 concept packable_distributed_value =
-    (requires { requires std::is_same_v<typename V::strategy_type, S>; } ||
-     requires(const V& v) { v.values(); v.read_value(); }) &&
+    replica_components<V> && not_of_another_strategy<V, S> &&
     requires(const V& v) {
       requires TensorLike<std::remove_cvref_t<decltype(v.values().front())>>;
       requires memory_space_v<std::remove_cvref_t<decltype(v.values().front())>> == MemorySpace::host;
@@ -185,7 +197,8 @@ class SyncStrategy : public AnyStrategy {
                   "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
                   "TensorLike; see docs/tensors.md)");
     if constexpr (core::is_indexed_slices_v<C>) {  // TF's: every replica's rows (core/sparse_all_reduce.hpp)
-      static_assert(requires { typename V::strategy_type; }, "ds::Strategy::reduce: IndexedSlices are reduced as a distributed value (PerReplica)");
+      static_assert(strategy::detail::made_by_a_strategy<V>,
+                    "ds::Strategy::reduce: IndexedSlices are reduced as a distributed value (PerReplica)");
       return core::reduce_slices(op.op, pointers(value.values()), link_, num_replicas_in_sync());
     } else if constexpr (TensorLike<C>) {
       return reduce_value(op, value);
@@ -239,18 +252,16 @@ class SyncStrategy : public AnyStrategy {
   /// value is returned as a vector of one copy.
   template <class V>
   decltype(auto) local_results(const V& value) {
-    if constexpr (requires { typename V::strategy_type; }) {
-      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+    if constexpr (strategy::detail::replica_components<V>) {
+      static_assert(strategy::detail::not_of_another_strategy<V, Derived>,
                     "local_results: this distributed value was made by a strategy of another type");
-      return value.values();
-    } else if constexpr (requires { value.values(); value.read_value(); }) {
       return value.values();
     } else {
       return std::vector<V>{value};
     }
   }
   template <class V>
-    requires(!std::is_reference_v<V> && requires { typename V::strategy_type; })
+    requires(!std::is_reference_v<V> && strategy::detail::made_by_a_strategy<V>)
   std::vector<typename V::value_type> local_results(V&& value) {
     static_assert(std::is_same_v<typename V::strategy_type, Derived>,
                   "local_results: this distributed value was made by a strategy of another type");
@@ -335,12 +346,10 @@ class SyncStrategy : public AnyStrategy {
   // The bodies of reduce and gather, for values whose components are TensorLike.
   template <class V>
   auto reduce_value(ReduceOpArg op, const V& value) {
-    if constexpr (requires { typename V::strategy_type; }) {
-      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+    if constexpr (strategy::detail::replica_components<V>) {
+      static_assert(strategy::detail::not_of_another_strategy<V, Derived>,
                     "reduce: this distributed value was made by a strategy of another type");
       return core::reduce_components(op.op, pointers(value.values()), link_);
-    } else if constexpr (requires { value.values(); value.read_value(); }) {
-      return core::reduce_components(op.op, pointers(value.values()), link_);  // a variable's copies
     } else {
       static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
       return reduce_plain(op.op, value);
@@ -349,12 +358,11 @@ class SyncStrategy : public AnyStrategy {
 
   template <class V>
   auto reduce_value(ReduceOpArg op, const V& value, std::optional<std::int64_t> axis) {
+    constexpr bool distributed = strategy::detail::replica_components<V>;
     auto components = [&]() -> decltype(auto) {
-      if constexpr (requires { typename V::strategy_type; }) {
-        static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+      if constexpr (distributed) {
+        static_assert(strategy::detail::not_of_another_strategy<V, Derived>,
                       "reduce: this distributed value was made by a strategy of another type");
-        return pointers(value.values());
-      } else if constexpr (requires { value.values(); value.read_value(); }) {
         return pointers(value.values());
       } else {
         static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
@@ -363,7 +371,6 @@ class SyncStrategy : public AnyStrategy {
     }();
     using U = std::remove_cvref_t<decltype(*components.front())>;
     using R = strategy::detail::reduced_t<U>;
-    constexpr bool distributed = requires { typename V::strategy_type; } || requires { value.read_value(); };
     if (!axis) {
       U r = [&] {
         if constexpr (distributed) return core::reduce_components(op.op, components, link_);
@@ -388,12 +395,10 @@ class SyncStrategy : public AnyStrategy {
 
   template <class V>
   auto reduce_value_over(ReduceOpArg op, const V& value, std::span<const std::int64_t> axes) {
-    if constexpr (requires { typename V::strategy_type; }) {
-      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+    if constexpr (strategy::detail::replica_components<V>) {
+      static_assert(strategy::detail::not_of_another_strategy<V, Derived>,
                     "reduce: this distributed value was made by a strategy of another type");
       return strategy::detail::reduce_components_over(op.op, pointers(value.values()), axes, link_);
-    } else if constexpr (requires { value.values(); value.read_value(); }) {
-      return strategy::detail::reduce_components_over(op.op, pointers(value.values()), axes, link_);  // a variable's copies
     } else {
       if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
       return strategy::detail::reduce_components_over(op.op, std::vector<const V*>{&value}, axes, nullptr);
@@ -402,8 +407,8 @@ class SyncStrategy : public AnyStrategy {
 
   template <class V>
   auto gather_value(const V& value, std::int64_t axis) {
-    if constexpr (requires { typename V::strategy_type; }) {
-      static_assert(std::is_same_v<typename V::strategy_type, Derived>,
+    if constexpr (strategy::detail::made_by_a_strategy<V>) {
+      static_assert(strategy::detail::not_of_another_strategy<V, Derived>,
                     "gather: this distributed value was made by a strategy of another type");
       return gather_parts(pointers(value.values()), axis);
     } else {
