@@ -166,9 +166,7 @@ class ReplicaContext {
       if (in_place) add_operand(operands, output);
       else operands.add_out_of_place(in, std::move(out), collectives_->reads_sources());
       operands[0].caller_output = true;
-      core::check_op_for_dtype(op.op, in.dtype, "all_reduce_into");
-      collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
-      operands.write_back();
+      all_reduce_operands(op.op, operands, "all_reduce_into");
     }
   }
 
@@ -206,6 +204,14 @@ class ReplicaContext {
   void set_async_thread_setup(std::function<void()> setup) { async_thread_setup_ = std::move(setup); }
 
  private:
+  // What every dense all-reduce ends with, once its values are operands: the op checked against
+  // each dtype, the collective among the replicas, the results written back into the values.
+  void all_reduce_operands(ReduceOp op, core::HostOperands& operands, const char* what) {
+    for (const auto& b : operands.buffers()) core::check_op_for_dtype(op, b.dtype, what);
+    collectives_->all_reduce(*group_, local_id_, operands.buffers(), op);
+    operands.write_back();
+  }
+
   template <class... U>
   auto all_reduce_now(ReduceOpArg op, U&&... values) {
     if constexpr ((core::is_indexed_slices_v<std::remove_cvref_t<U>> || ...)) {  // one all-gather of everything
@@ -238,9 +244,7 @@ class ReplicaContext {
         (add_result_operand<U>(operands, std::get<I>(args), std::get<I>(out), std::move(shapes[I]), read_sources),
          ...);
       }(each);
-      for (const auto& b : operands.buffers()) core::check_op_for_dtype(op.op, b.dtype, "all_reduce");
-      collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
-      operands.write_back();
+      all_reduce_operands(op.op, operands, "all_reduce");
       if constexpr (sizeof...(U) == 1) {
         return std::get<0>(std::move(out));
       } else {
@@ -278,9 +282,7 @@ class ReplicaContext {
       }
       for (auto& v : values) add_operand(operands, v);
     }
-    for (const auto& b : operands.buffers()) core::check_op_for_dtype(op.op, b.dtype, "batch_all_reduce");
-    collectives_->all_reduce(*group_, local_id_, operands.buffers(), op.op);
-    operands.write_back();
+    all_reduce_operands(op.op, operands, "batch_all_reduce");
     return values;
   }
 
