@@ -65,7 +65,7 @@ an option starts PROGRAM; everything after it is PROGRAM's. "--" ends the option
   --bind-to none|core none (default): the scheduler places the tasks. core: bind each task
                       to its own equal block of the CPUs available to the launcher, or with k
                       times more tasks than CPUs and no ps tasks, k tasks to each CPU (Linux);
-                      as fast on an idle machine, up to 6x slower beside other work
+                      as fast on an idle machine, up to 7x slower beside other work
   -h, --help          show this help
   --version           show the version
 

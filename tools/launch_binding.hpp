@@ -1,7 +1,7 @@
 // distribute-launch's CPU binding (--bind-to core, not the default): which CPUs each task may run on.
 //
 // Not the default: on an idle machine it gains nothing measurable, and beside other work (a pod
-// with a CPU quota, a laptop, CI) a bound task cannot leave a busy CPU: 2-6x slower all-reduces
+// with a CPU quota, a laptop, CI) a bound task cannot leave a busy CPU: 2-7x slower all-reduces
 // (docs/performance.md, "CPU binding of distribute-launch").
 //
 // With no more tasks than the CPUs the launcher may run on, task i is bound to the i-th of n equal,
