@@ -674,6 +674,24 @@ TEST_CASE("a program that cannot be started fails the job with 127") {
   CHECK(own < static_cast<std::size_t>(m.position(0)));
 }
 
+TEST_CASE("an address that does not resolve fails the job with exit 1 and names the option") {
+  // RFC 2606: .invalid never resolves. The resolver's own reason (no name, no network) follows the colon.
+  SUBCASE("--host") {
+    const Result r = run({"--host", "no-such-host.invalid", "-n", "1", "--", child(), "exit", "0"});
+    INFO("stderr:\n", r.err);
+    CHECK(r.code == 1);
+    CHECK(contains(r.err, "distribute-launch: cannot resolve --host 'no-such-host.invalid': "));
+  }
+  SUBCASE("--master-addr, on node 0") {
+    const Result r = run({"--nnodes", "2", "--node-rank", "0", "--host", "127.0.0.1", "--master-addr", "no-such-host.invalid",
+                          "--master-port", "29999", "-n", "1", "--", child(), "exit", "0"});
+    INFO("stderr:\n", r.err);
+    CHECK(r.code == 1);
+    CHECK(contains(r.err, "distribute-launch: node 0: the launchers could not agree on the job: cannot resolve "
+                          "--master-addr 'no-such-host.invalid': "));
+  }
+}
+
 // The CPUs this process may run on, in order (what the launcher splits among its tasks).
 std::vector<int> allowed_cpus() {
   cpu_set_t set;
