@@ -8,12 +8,14 @@ For the clang section of .ci/run: the suites it runs are built and linked; every
 from compile_commands.json, which is where the two compilers disagree (name lookup, templates,
 constraints), at about half the cost of generating code nobody runs. A source whose object file
 exists was compiled for real and is skipped, in BUILDDIR or in another build of the same compiler
-named by --built-in (.ci/run's sanitized clang builds). Exits 1 if any source fails, after printing its
+named by --built-in (.ci/run's sanitized clang builds; a unity file there counts when it includes the
+same sources). Exits 1 if any source fails, after printing its
 diagnostics."""
 import argparse
 import concurrent.futures
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -36,8 +38,16 @@ def syntax_only(command: str) -> list[str]:
     return [*out, "-fsyntax-only"]
 
 
-def source_path(entry) -> str:
-    return os.path.realpath(os.path.join(entry["directory"], entry["file"]))
+def source_key(entry, builddir: str):
+    """What names a source across build dirs: its path, or for a file meson generated in the build dir
+    (a unity file, which includes a program's sources) its path there and the files it includes."""
+    path = os.path.realpath(os.path.join(entry["directory"], entry["file"]))
+    root = os.path.realpath(builddir)
+    if path.startswith(root + os.sep):
+        with open(path, encoding="utf-8") as f:
+            included = tuple(os.path.realpath(m) for m in re.findall(r'^#include\s*[<"](.+)[>"]\s*$', f.read(), re.M))
+        return os.path.relpath(path, root), included
+    return path
 
 
 def main() -> int:
@@ -52,7 +62,7 @@ def main() -> int:
         with open(os.path.join(other, "compile_commands.json"), encoding="utf-8") as f:
             for e in json.load(f):
                 if os.path.exists(os.path.join(e["directory"], e["output"])):
-                    compiled.add(source_path(e))
+                    compiled.add(source_key(e, other))
     with open(os.path.join(args.builddir, "compile_commands.json"), encoding="utf-8") as f:
         entries = json.load(f)
     todo = []
@@ -60,7 +70,7 @@ def main() -> int:
         if not e["file"].endswith((".cpp", ".cc", ".cxx")):
             continue  # CUDA sources are nvcc's
         obj = os.path.join(e["directory"], e["output"])
-        if not os.path.exists(obj) and source_path(e) not in compiled:
+        if not os.path.exists(obj) and source_key(e, args.builddir) not in compiled:
             todo.append(e)
     built_in = " or ".join([args.builddir, *args.built_in])
     print(f"syntax_check: {len(todo)} sources not built in {built_in}, {args.jobs} at a time", flush=True)

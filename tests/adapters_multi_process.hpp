@@ -1,12 +1,26 @@
 // The adapters across processes: what tests/adapters_worker_helper (a MultiWorkerMirrored worker,
 // or a ps/worker task) and the adapter test files (the parameter-server coordinator) share.
 //   WITH_TORCH, WITH_EIGEN, WITH_DLPACK, WITH_XTENSOR: which adapters' parts to compile; define
-//   them (and include the adapter's header) before including this.
+//   them before including this, which includes their headers (the first adapter test file of a
+//   program that has several includes it for all of them).
 // The remote functions are registered in every process that includes this, as one program's
 // processes would; a process registering more adapters' functions than another is harmless.
 #pragma once
 
 #define DISTRIBUTE_WITH_PS
+#ifdef WITH_TORCH
+#include <distribute/adapters/torch.hpp>
+#include <ATen/ATen.h>
+#endif
+#ifdef WITH_EIGEN
+#include <distribute/adapters/eigen.hpp>
+#endif
+#ifdef WITH_DLPACK
+#include <distribute/adapters/dlpack.hpp>
+#endif
+#ifdef WITH_XTENSOR
+#include <distribute/adapters/xtensor.hpp>
+#endif
 #include <distribute/distribute.hpp>
 
 #include <bit>

@@ -22,30 +22,15 @@
 #include <vector>
 
 #include "../examples/common/logistic_model.hpp"
+#include "support/multi_worker_cluster.hpp"
 #include "support/processes.hpp"
 
 namespace ds = distribute;
 using namespace std::chrono_literals;
+using test_support::start_workers;
+using test_support::worker_names;
 
 namespace {
-
-std::string helper_path() {
-  const char* p = std::getenv("DISTRIBUTE_MULTI_WORKER_HELPER");
-  REQUIRE_MESSAGE(p != nullptr, "DISTRIBUTE_MULTI_WORKER_HELPER is not set (run through meson test)");
-  return p;
-}
-
-std::vector<test_support::Child> start_workers(int n, const std::string& scenario, int local,
-                                                std::map<std::string, std::string> extra = {}) {
-  auto ports = test_support::free_ports(n);
-  std::vector<test_support::Child> children;
-  for (int i = 0; i < n; ++i) {
-    auto env = extra;
-    env["TF_CONFIG"] = test_support::tf_config(ports, i);
-    children.push_back(test_support::spawn({helper_path(), scenario, std::to_string(local)}, env));
-  }
-  return children;
-}
 
 void require_all_ok(std::vector<test_support::Child>& children) {
   const bool finished = test_support::wait_all(children, 120s);
@@ -113,7 +98,7 @@ TEST_CASE("packing across workers: several values in small packs give the same e
 
 TEST_CASE("no TF_CONFIG: a single-worker cluster behaves like MirroredStrategy") {
   std::vector<test_support::Child> one;
-  one.push_back(test_support::spawn({helper_path(), "collectives", "3"}, {{"TF_CONFIG", ""}}));
+  one.push_back(test_support::spawn({test_support::multi_worker_helper_path(), "collectives", "3"}, {{"TF_CONFIG", ""}}));
   require_all_ok(one);
 }
 
@@ -242,7 +227,7 @@ TEST_CASE("the demo under distribute-launch -n 3 ends with the same weights as o
   const char* launcher = std::getenv("DISTRIBUTE_LAUNCH");
   REQUIRE_MESSAGE(launcher != nullptr, "DISTRIBUTE_LAUNCH is not set (run through meson test)");
   std::vector<test_support::Child> run;
-  run.push_back(test_support::spawn({launcher, "-n", "3", "--timeout", "120", "--", helper_path(), "demo", "1"}, {}));
+  run.push_back(test_support::spawn({launcher, "-n", "3", "--timeout", "120", "--", test_support::multi_worker_helper_path(), "demo", "1"}, {}));
   CHECK(test_support::wait_all(run, 150s));
   INFO(run[0].output);
   REQUIRE(run[0].status == 0);
@@ -272,7 +257,7 @@ TEST_CASE("the demo across two launchers (--nnodes 2, 2 workers each) ends with 
   std::vector<test_support::Child> nodes;
   for (const char* rank : {"1", "0"}) {
     nodes.push_back(test_support::spawn({launcher, "--nnodes", "2", "--node-rank", rank, "--master-addr", "127.0.0.1",
-                                         "--master-port", port, "-n", "2", "--timeout", "120", helper_path(), "demo",
+                                         "--master-port", port, "-n", "2", "--timeout", "120", test_support::multi_worker_helper_path(), "demo",
                                          "1"},
                                         {}));
   }
@@ -310,11 +295,6 @@ std::vector<std::string> loopback_addresses(int n) {
   return out;
 }
 
-std::vector<std::string> worker_names(int n) {
-  std::vector<std::string> out;
-  for (int i = 0; i < n; ++i) out.push_back(fmt::format("worker:{}", i));
-  return out;
-}
 
 // Runs fn(rank) on n threads at once; returns what each threw ("" for nothing), type and message.
 template <class Fn>

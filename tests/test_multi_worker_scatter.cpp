@@ -19,29 +19,13 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "support/multi_worker_cluster.hpp"
 #include "support/processes.hpp"
 
 namespace ds = distribute;
 
 using namespace std::chrono_literals;
-
-namespace {
-
-std::vector<test_support::Child> start_workers(int n, const std::string& scenario, int local,
-                                                std::map<std::string, std::string> extra = {}) {
-  const char* helper = std::getenv("DISTRIBUTE_MULTI_WORKER_HELPER");
-  REQUIRE_MESSAGE(helper != nullptr, "DISTRIBUTE_MULTI_WORKER_HELPER is not set (run through meson test)");
-  auto ports = test_support::free_ports(n);
-  std::vector<test_support::Child> children;
-  for (int i = 0; i < n; ++i) {
-    auto env = extra;
-    env["TF_CONFIG"] = test_support::tf_config(ports, i);
-    children.push_back(test_support::spawn({helper, scenario, std::to_string(local)}, env));
-  }
-  return children;
-}
-
-}  // namespace
+using test_support::start_workers;
 
 TEST_CASE("reduce_scatter, all_to_all and broadcast: 2-4 workers x 1-2 local replicas, over TCP and shared memory") {
   for (const char* shm : {"0", "4096"}) {  // 0: TCP only; 4096: buffers of 4 KiB and more through shared memory

@@ -45,10 +45,13 @@
 
 #include <fmt/format.h>
 
+#include "support/processes.hpp"
+
 namespace ds = distribute;
 namespace net = distribute::net;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
+using test_support::worker_names;
 
 extern char** environ;
 
@@ -88,7 +91,7 @@ class Watchdog {
   std::thread thread_;
 };
 
-std::string helper_path() {
+std::string net_helper_path() {
   if (const char* p = std::getenv("DISTRIBUTE_NET_HELPER"); p != nullptr && *p != '\0') return p;
   std::error_code ec;
   const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -143,7 +146,7 @@ class Procs {
     for (const auto& [k, v] : env) {
       if (v) env_strings.push_back(k + "=" + *v);
     }
-    const std::string path = helper_path();
+    const std::string path = net_helper_path();
     std::vector<std::string> argv_strings{path};
     argv_strings.insert(argv_strings.end(), args.begin(), args.end());
     std::vector<char*> argv, envp;
@@ -288,11 +291,6 @@ std::vector<std::string> addresses_of(const std::vector<int>& ports) {
   return out;
 }
 
-std::vector<std::string> worker_names(int n) {
-  std::vector<std::string> out;
-  for (int i = 0; i < n; ++i) out.push_back(fmt::format("worker:{}", i));
-  return out;
-}
 
 constexpr int kExitUnavailable = 7;
 

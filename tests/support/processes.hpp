@@ -135,4 +135,11 @@ inline std::string tf_config(const std::vector<int>& ports, int index, const std
   return fmt::format(R"({{"cluster": {{"worker": [{}]}}, "task": {{"type": "{}", "index": {}}}}})", workers, type, index);
 }
 
+/// The task names of `n` workers: "worker:0", "worker:1", ...
+inline std::vector<std::string> worker_names(int n) {
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) out.push_back(fmt::format("worker:{}", i));
+  return out;
+}
+
 }  // namespace test_support
