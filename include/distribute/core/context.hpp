@@ -21,6 +21,7 @@
 #include <distribute/core/any_strategy.hpp>
 #include <distribute/core/collective_handle.hpp>
 #include <distribute/core/detail/async_queue.hpp>
+#include <distribute/core/detail/replica_operands.hpp>
 #include <distribute/core/cross_worker.hpp>
 #include <distribute/core/replica_group.hpp>
 #include <distribute/core/elementwise.hpp>
@@ -163,7 +164,7 @@ class ReplicaContext {
                                           "it; pass the input itself to reduce in place, or an output of its own",
                                           describe(out), describe(in)));
       }
-      if (in_place) add_operand(operands, output);
+      if (in_place) core::detail::add_operand(operands, output);
       else operands.add_out_of_place(in, std::move(out), collectives_->reads_sources());
       operands[0].caller_output = true;
       all_reduce_operands(op.op, operands, "all_reduce_into");
@@ -185,7 +186,7 @@ class ReplicaContext {
                            "specialisation (it is not TensorLike; see docs/tensors.md)");
     if constexpr (tensors) {
       using R = decltype(std::declval<ReplicaContext&>().all_reduce_now(op, std::declval<std::remove_cvref_t<U>>()...));
-      auto in = std::make_shared<std::tuple<std::remove_cvref_t<U>...>>(owned(std::forward<U>(values))...);
+      auto in = std::make_shared<std::tuple<std::remove_cvref_t<U>...>>(core::detail::owned(std::forward<U>(values))...);
       auto result = std::make_shared<std::optional<R>>();
       if (!async_) async_ = std::make_unique<core::detail::AsyncQueue>(async_thread_setup_);
       auto completion = async_->submit([this, op, in, result] {
@@ -236,12 +237,14 @@ class ReplicaContext {
       constexpr auto each = std::index_sequence_for<U...>{};
       std::array<Shape, sizeof...(U)> shapes;  // each lvalue's, measured once
       auto out = [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return std::tuple<std::remove_cvref_t<U>...>(result_value<U>(std::get<I>(std::move(args)), shapes[I])...);
+        return std::tuple<std::remove_cvref_t<U>...>(
+            core::detail::result_value<U>(std::get<I>(std::move(args)), shapes[I])...);
       }(each);
       core::HostOperands operands("all_reduce");
       const bool read_sources = collectives_->reads_sources();
       [&]<std::size_t... I>(std::index_sequence<I...>) {
-        (add_result_operand<U>(operands, std::get<I>(args), std::get<I>(out), std::move(shapes[I]), read_sources),
+        (core::detail::add_result_operand<U>(operands, std::get<I>(args), std::get<I>(out), std::move(shapes[I]),
+                                             read_sources),
          ...);
       }(each);
       all_reduce_operands(op.op, operands, "all_reduce");
@@ -265,13 +268,15 @@ class ReplicaContext {
     using U = typename std::remove_cvref_t<V>::value_type;
     std::vector<U> values;
     core::HostOperands operands("batch_all_reduce");
-    if constexpr (out_of_place_v<const U&> && std::is_lvalue_reference_v<V>) {  // as all_reduce's lvalues
+    if constexpr (core::detail::out_of_place_v<const U&> && std::is_lvalue_reference_v<V>) {  // as all_reduce's lvalues
       values.reserve(values_in.size());
       std::vector<Shape> shapes(values_in.size());
-      for (std::size_t i = 0; i < values_in.size(); ++i) values.push_back(result_value<const U&>(values_in[i], shapes[i]));
+      for (std::size_t i = 0; i < values_in.size(); ++i) {
+        values.push_back(core::detail::result_value<const U&>(values_in[i], shapes[i]));
+      }
       const bool read_sources = collectives_->reads_sources();
       for (std::size_t i = 0; i < values.size(); ++i) {
-        add_result_operand<const U&>(operands, values_in[i], values[i], std::move(shapes[i]), read_sources);
+        core::detail::add_result_operand<const U&>(operands, values_in[i], values[i], std::move(shapes[i]), read_sources);
       }
     } else {
       if constexpr (std::is_lvalue_reference_v<V>) {
@@ -280,7 +285,7 @@ class ReplicaContext {
       } else {
         values = std::move(values_in);
       }
-      for (auto& v : values) add_operand(operands, v);
+      for (auto& v : values) core::detail::add_operand(operands, v);
     }
     all_reduce_operands(op.op, operands, "batch_all_reduce");
     return values;
@@ -304,9 +309,9 @@ class ReplicaContext {
           fmt::format("broadcast: root {} is not a replica id (0..{})", root, num_replicas_in_sync() - 1));
     }
     drain_async();
-    std::remove_cvref_t<V> value = owned(std::forward<V>(value_in));
+    std::remove_cvref_t<V> value = core::detail::owned(std::forward<V>(value_in));
     core::HostOperands operands("broadcast");
-    add_operand(operands, value);
+    core::detail::add_operand(operands, value);
     collectives_->broadcast(*group_, local_id_, operands[0], root);
     operands.write_back();
     return value;
@@ -323,9 +328,9 @@ class ReplicaContext {
                                  "specialisation (it is not TensorLike; see docs/tensors.md)");
     if constexpr (TensorLike<U>) {
       drain_async();
-      U value = owned(std::forward<V>(value_in));  // the collectives may reduce into it
+      U value = core::detail::owned(std::forward<V>(value_in));  // the collectives may reduce into it
       core::HostOperands operands("reduce_scatter");
-      add_operand(operands, value);
+      core::detail::add_operand(operands, value);
       core::check_has_axis0(operands[0].shape, "reduce_scatter");
       core::check_op_for_dtype(op.op, operands[0].dtype, "reduce_scatter");
       const DType dtype = operands[0].dtype;
@@ -345,7 +350,7 @@ class ReplicaContext {
   gathered_t<U> all_to_all(const U& value) {
     drain_async();
     core::HostOperands operands("all_to_all");
-    add_operand(operands, const_cast<U&>(value), true);
+    core::detail::add_operand(operands, const_cast<U&>(value), true);
     const core::BufferRef& in = operands[0];
     core::check_has_axis0(in.shape, "all_to_all");
     const int n = num_replicas_in_sync();
@@ -374,7 +379,7 @@ class ReplicaContext {
   std::vector<gathered_t<U>> all_to_all(const std::vector<U>& values) {
     drain_async();
     core::HostOperands operands("all_to_all");
-    for (const U& v : values) add_operand(operands, const_cast<U&>(v), true);
+    for (const U& v : values) core::detail::add_operand(operands, const_cast<U&>(v), true);
     std::vector<core::RowMajorResult<gathered_t<U>>> results;
     collectives_->all_to_all(*group_, local_id_, operands.buffers(), false, [&](const std::vector<Shape>& shapes) {
       results.resize(shapes.size());
@@ -410,79 +415,13 @@ class ReplicaContext {
 
   core::ReplicaGroup& group() noexcept { return *group_; }
 
- protected:
-  /// An lvalue is copied (deeply, for handle types such as torch::Tensor), an rvalue moved.
-  template <class V>
-  static std::remove_cvref_t<V> owned(V&& v) {
-    if constexpr (std::is_lvalue_reference_v<V>) return clone_value(v);
-    else return std::move(v);
-  }
-
-  // Whether all_reduce reduces an argument of type V (as forwarded) out of place: an lvalue in host
-  // memory that owns it. A view type or a device value is copied (owned()) and reduced in place.
-  template <class V>
-  static constexpr bool out_of_place_v = std::is_lvalue_reference_v<V> && !is_view_v<std::remove_cvref_t<V>> &&
-                                         memory_space_v<std::remove_cvref_t<V>> == MemorySpace::host;
-
-  // The same for one value: a run-time-typed lvalue whose elements are in device memory is copied
-  // (owned()), so that it meets the errors every other device value does.
-  template <class V>
-  static bool out_of_place(const std::remove_reference_t<V>& v) {
-    if constexpr (!out_of_place_v<V>) return false;
-    else if constexpr (DynamicTensorLike<std::remove_cvref_t<V>>) return view_of(v).memory == MemorySpace::host;
-    else return true;
-  }
-
-  // all_reduce's result for one argument: a new value of the lvalue's dtype and shape (left in
-  // `shape`) for the collective to write, else owned() (an rvalue moved in and reduced in its own
-  // memory).
-  template <class V>
-  static std::remove_cvref_t<V> result_value(V&& v, [[maybe_unused]] Shape& shape) {
-    if constexpr (out_of_place_v<V>) {
-      if (out_of_place<V>(v)) {
-        shape = shape_of(v);
-        return make_value<std::remove_cvref_t<V>>(value_dtype(v), shape);
-      }
-    }
-    return owned(std::forward<V>(v));
-  }
-
-  // Adds the result `out` of argument `in` to the collective's operands; `shape`: what
-  // result_value left.
-  template <class V, class R>
-  static void add_result_operand(core::HostOperands& operands, const std::remove_reference_t<V>& in, R& out,
-                                 [[maybe_unused]] Shape&& shape, bool read_source) {
-    using T = std::remove_cvref_t<V>;
-    if (!out_of_place<V>(in)) return add_operand(operands, out);
-    if constexpr (StaticTensorLike<T> && !requires { tensor_traits<T>::strides(in); }) {
-      // Row-major contiguous host memory, by its type: no views to build.
-      operands.add_out_of_place(tensor_traits<T>::data(in),
-                                core::BufferRef{tensor_traits<T>::data(out), dtype_of<element_t<T>>(), std::move(shape)},
-                                read_source);
-    } else {
-      operands.add_out_of_place(view_of(in), view_of(out), read_source);
-    }
-  }
-
-  template <class U>
-  static void add_operand(core::HostOperands& operands, U& v, bool read_only = false) {
-    if constexpr (memory_space_v<U> == MemorySpace::device) {  // see core/memory_space.hpp
-      core::BufferRef ref{tensor_traits<U>::data(v), dtype_of<element_t<U>>(), tensor_traits<U>::shape(v)};
-      ref.memory = MemorySpace::device;
-      ref.device = core::device_ops<U>::access();
-      operands.add(std::move(ref));
-    } else {
-      operands.add(view_of(v), read_only);
-    }
-  }
-
  private:
   template <class U>
   gathered_t<U> all_gather_tensor(const U& value, int axis) {
     using G = gathered_t<U>;
     core::RowMajorResult<G> result;
     core::HostOperands operands("all_gather");
-    add_operand(operands, const_cast<U&>(value), true);
+    core::detail::add_operand(operands, const_cast<U&>(value), true);
     const core::BufferRef& in = operands[0];
     auto rank = static_cast<int>(in.shape.size());
     if (axis < -rank || axis >= rank) {

@@ -73,7 +73,7 @@ class StrategyExtended {
   template <class... V>
   auto batch_reduce_to(ReduceOpArg op, const V&... values) {
     if constexpr (sizeof...(V) > 1 && (strategy::detail::packable_distributed_value<V, S> && ...)) {
-      if (strategy_->link_) return strategy_->reduce_in_packs(op.op, values...);
+      if (strategy_->link_) return strategy::detail::reduce_in_packs(strategy_->site(), op.op, values...);
     }
     return std::make_tuple(strategy_->reduce(op, values)...);
   }

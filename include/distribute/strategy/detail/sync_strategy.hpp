@@ -1,42 +1,36 @@
-// SyncStrategy: the one composable core behind OneDeviceStrategy and MirroredStrategy (and,
-// later, the strategies that add workers). It owns the local replicas (an executor of the
-// backend, a ReplicaGroup and the cross-device ops) and implements run/reduce/gather/...
+// SyncStrategy: the one composable core behind OneDeviceStrategy, MirroredStrategy and
+// MultiWorkerMirroredStrategy. It owns the local replicas (their contexts, a ReplicaGroup, the
+// cross-device ops) and states the strategy's API: run (whose steps replica_steps.hpp runs),
+// reduce and gather (whose bodies are cross_replica.hpp's), the datasets, local_results.
 // Derived is the public strategy type: values it makes are PerReplica<T, Derived>.
 #pragma once
 
-#include <atomic>
-#include <cstring>
-#include <exception>
+#include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <tuple>
 #include <type_traits>
-#include <typeinfo>
 #include <utility>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include <distribute/backends/host/replica_threads.hpp>
 #include <distribute/collective/communication_options.hpp>
 #include <distribute/collective/device_staging.hpp>
-#include <distribute/collective/validate.hpp>
 #include <distribute/collective/multi_worker.hpp>
-#include <distribute/collective/shared_memory.hpp>
 #include <distribute/core/context.hpp>
-#include <distribute/core/concat.hpp>
-#include <distribute/core/host_operands.hpp>
 #include <distribute/core/device.hpp>
+#include <distribute/core/sparse_all_reduce.hpp>
 #include <distribute/core/values.hpp>
 #include <distribute/core/variable.hpp>
 #include <distribute/data/distributed_dataset.hpp>
-#include <distribute/observe/timeline.hpp>
-#include <distribute/strategy/detail/reduce_values.hpp>
+#include <distribute/observe/collective_metrics.hpp>
+#include <distribute/strategy/detail/cross_replica.hpp>
 #include <distribute/strategy/detail/replica_context_for.hpp>
+#include <distribute/strategy/detail/replica_steps.hpp>
 #include <distribute/strategy/detail/strategy_values.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -94,7 +88,7 @@ class SyncStrategy : public AnyStrategy {
     using R = decltype(call(0));
     using Stored = std::conditional_t<std::is_void_v<R>, bool, std::decay_t<R>>;
     std::vector<std::optional<Stored>> results(n);
-    execute([&](std::size_t i) {
+    steps_.execute(contexts_, [&](std::size_t i) {
       if constexpr (std::is_void_v<R>) {
         call(i);
         results[i].emplace(true);
@@ -126,9 +120,9 @@ class SyncStrategy : public AnyStrategy {
     if constexpr (core::is_indexed_slices_v<C>) {  // TF's: every replica's rows (core/sparse_all_reduce.hpp)
       static_assert(strategy::detail::made_by_a_strategy<V>,
                     "ds::Strategy::reduce: IndexedSlices are reduced as a distributed value (PerReplica)");
-      return core::reduce_slices(op.op, pointers(value.values()), link_, num_replicas_in_sync());
+      return core::reduce_slices(op.op, strategy::detail::pointers(value.values()), link_, num_replicas_in_sync());
     } else if constexpr (TensorLike<C>) {
-      return reduce_value(op, value);
+      return strategy::detail::reduce_value<Derived>(site(), op, value);
     }
   }
 
@@ -142,7 +136,9 @@ class SyncStrategy : public AnyStrategy {
     static_assert(TensorLike<typename strategy::detail::component_of<V>::type>,
                   "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
                   "TensorLike; see docs/tensors.md)");
-    if constexpr (TensorLike<typename strategy::detail::component_of<V>::type>) return reduce_value(op, value, axis);
+    if constexpr (TensorLike<typename strategy::detail::component_of<V>::type>) {
+      return strategy::detail::reduce_value<Derived>(site(), op, value, axis);
+    }
   }
 
   /// Reduces inside each component over several axes (TF's tuple axis: reduce(op, v, {0, 1});
@@ -158,7 +154,9 @@ class SyncStrategy : public AnyStrategy {
     static_assert(TensorLike<typename strategy::detail::component_of<V>::type>,
                   "ds::Strategy::reduce: the value's type has no ds::tensor_traits specialisation (it is not "
                   "TensorLike; see docs/tensors.md)");
-    if constexpr (TensorLike<typename strategy::detail::component_of<V>::type>) return reduce_value_over(op, value, axes);
+    if constexpr (TensorLike<typename strategy::detail::component_of<V>::type>) {
+      return strategy::detail::reduce_value_over<Derived>(site(), op, value, axes);
+    }
   }
 
   /// Concatenates the components along `axis` (in [-rank, rank); negative counts from the end).
@@ -170,7 +168,9 @@ class SyncStrategy : public AnyStrategy {
     static_assert(TensorLike<typename strategy::detail::component_of<V>::type>,
                   "ds::Strategy::gather: the value's type has no ds::tensor_traits specialisation (it is not "
                   "TensorLike; see docs/tensors.md)");
-    if constexpr (TensorLike<typename strategy::detail::component_of<V>::type>) return gather_value(value, axis);
+    if constexpr (TensorLike<typename strategy::detail::component_of<V>::type>) {
+      return strategy::detail::gather_value<Derived>(site(), value, axis);
+    }
   }
 
   /// The local components in replica order, not copied: a reference to the value's own
@@ -247,7 +247,8 @@ class SyncStrategy : public AnyStrategy {
         group_(static_cast<int>(devices_.size())),
         collectives_(link ? collective::make_multi_worker_collectives<Ops>(
                                 {num_replicas_in_sync(), devices_, options_, metrics}, *link, cross_worker)
-                          : collective::make_collectives<Ops>({num_replicas_in_sync(), devices_, options_})) {
+                          : collective::make_collectives<Ops>({num_replicas_in_sync(), devices_, options_})),
+        steps_(group_, replica_threads()) {
     const int local = static_cast<int>(devices_.size());
     for (int i = 0; i < local; ++i) {
       // The AnyStrategy base, not self(): Derived is not constructed yet, and a downcast to it
@@ -258,183 +259,25 @@ class SyncStrategy : public AnyStrategy {
       contexts_.back()->set_async_thread_setup(
           [this, i] { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); });
     }
-    if (devices_.size() > 1 || !Backend::single_replica_on_caller_thread) {
-      threads_ = std::make_unique<backends::HostReplicaThreads>(
-          static_cast<int>(devices_.size()),
-          [this](int i) { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); },
-          Backend::single_replica_on_caller_thread);
-    }
   }
 
  protected:
   replica_context_type& replica_context(std::size_t i) noexcept { return *contexts_[i]; }
 
  private:
-  // The bodies of reduce and gather, for values whose components are TensorLike.
-  template <class V>
-  auto reduce_value(ReduceOpArg op, const V& value) {
-    if constexpr (strategy::detail::replica_components<V>) {
-      static_assert(strategy::detail::not_of_another_strategy<V, Derived>,
-                    "reduce: this distributed value was made by a strategy of another type");
-      return core::reduce_components(op.op, pointers(value.values()), link_);
-    } else {
-      static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
-      return reduce_plain(op.op, value);
-    }
-  }
-
-  template <class V>
-  auto reduce_value(ReduceOpArg op, const V& value, std::optional<std::int64_t> axis) {
-    constexpr bool distributed = strategy::detail::replica_components<V>;
-    auto components = [&]() -> decltype(auto) {
-      if constexpr (distributed) {
-        static_assert(strategy::detail::not_of_another_strategy<V, Derived>,
-                      "reduce: this distributed value was made by a strategy of another type");
-        return pointers(value.values());
-      } else {
-        static_assert(TensorLike<V>, "reduce: the value is neither a distributed value of this strategy nor TensorLike");
-        return std::vector<const V*>{&value};
-      }
-    }();
-    using U = std::remove_cvref_t<decltype(*components.front())>;
-    using R = strategy::detail::reduced_t<U>;
-    if (!axis) {
-      U r = [&] {
-        if constexpr (distributed) return core::reduce_components(op.op, components, link_);
-        else return reduce_plain(op.op, value);
-      }();
-      if constexpr (memory_space_v<U> == MemorySpace::device) {
-        return core::device_ops<U>::to_host(r);
-      } else if constexpr (std::is_same_v<R, U>) {
-        return r;
-      } else {
-        const TensorView v = view_of(r);
-        core::RowMajorResult<R> out;
-        copy_to_contiguous(v, out.allocate(v.dtype, v.shape));
-        return out.take();
-      }
-    }
-    if constexpr (!distributed) {
-      if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
-    }
-    return strategy::detail::reduce_components_along(op.op, components, *axis, distributed ? link_ : nullptr);
-  }
-
-  template <class V>
-  auto reduce_value_over(ReduceOpArg op, const V& value, std::span<const std::int64_t> axes) {
-    if constexpr (strategy::detail::replica_components<V>) {
-      static_assert(strategy::detail::not_of_another_strategy<V, Derived>,
-                    "reduce: this distributed value was made by a strategy of another type");
-      return strategy::detail::reduce_components_over(op.op, pointers(value.values()), axes, link_);
-    } else {
-      if (op.op == ReduceOp::Sum || op.op == ReduceOp::Product) check_plain_reducible(op.op);
-      return strategy::detail::reduce_components_over(op.op, std::vector<const V*>{&value}, axes, nullptr);
-    }
-  }
-
-  template <class V>
-  auto gather_value(const V& value, std::int64_t axis) {
-    if constexpr (strategy::detail::made_by_a_strategy<V>) {
-      static_assert(strategy::detail::not_of_another_strategy<V, Derived>,
-                    "gather: this distributed value was made by a strategy of another type");
-      return gather_parts(pointers(value.values()), axis);
-    } else {
-      static_assert(TensorLike<V>, "gather: the value is neither a distributed value of this strategy nor TensorLike");
-      std::vector<const V*> parts(devices_.size(), &value);
-      return gather_parts(parts, axis);
-    }
-  }
-
   Derived& self() noexcept { return static_cast<Derived&>(*this); }
 
-  template <class T>
-  static std::vector<const T*> pointers(const std::vector<T>& values) {
-    std::vector<const T*> out;
-    out.reserve(values.size());
-    for (const auto& v : values) out.push_back(&v);
-    return out;
+  strategy::detail::CrossReplicaSite site() const noexcept {
+    return {link_, num_replicas_in_sync(), devices_.size(), num_workers_, options_.bytes_per_pack};
   }
 
-  void check_plain_reducible(ReduceOp op) const {
-    if (num_replicas_in_sync() > 1) {
-      throw InvalidArgument(fmt::format("reduce: a plain (non-distributed) value cannot be reduced with {} across {} "
-                                        "replicas; pass the PerReplica value that run() returned",
-                                        op, num_replicas_in_sync()));
-    }
-  }
-
-  template <class U>
-  U reduce_plain(ReduceOp op, const U& value) const {
-    if (op == ReduceOp::Sum || op == ReduceOp::Product) check_plain_reducible(op);
-    return clone_value(value);
-  }
-
-  template <class U>
-  auto gather_parts(const std::vector<const U*>& parts, std::int64_t axis) {
-    // A negative axis counts from the end (TF's gather does so with one replica; with several,
-    // TF 2.21's collectives fail on it: docs/semantics.md). One below -rank is reported as given.
-    if (const auto rank = static_cast<std::int64_t>(shape_of(*parts.front()).size()); axis < 0 && axis >= -rank) axis += rank;
-    using G = gathered_t<U>;
-    if constexpr (memory_space_v<U> == MemorySpace::device) {  // Thrust device memory (backends/cuda)
-      std::vector<core::BufferRef> refs;
-      std::vector<const core::BufferRef*> ptrs;
-      refs.reserve(parts.size());
-      for (const U* p : parts) {
-        refs.push_back({const_cast<element_t<U>*>(tensor_traits<U>::data(*p)), dtype_of<element_t<U>>(), shape_of(*p)});
-      }
-      for (auto& r : refs) ptrs.push_back(&r);
-      core::check_concat(ptrs, axis, "gather");
-      if (!link_) return core::device_ops<U>::template concat<G>(ptrs, static_cast<std::size_t>(axis));
-      auto host = core::device_ops<U>::host_copies(parts);  // across workers through host copies
-      return core::device_ops<U>::template from_host<G>(gather_parts(host.pointers(), axis));
-    } else {
-      core::HostOperands in("gather");
-      for (const U* p : parts) in.add(view_of(*p), true);
-      std::vector<const core::BufferRef*> ptrs;
-      for (auto& r : in.buffers()) ptrs.push_back(&r);
-      core::check_concat(ptrs, axis, "gather");
-      const DType dtype = in[0].dtype;
-      core::RowMajorResult<G> out;
-      if (!link_) {
-        core::concat_along_axis(ptrs, static_cast<std::size_t>(axis),
-                                  [&](const Shape& s) -> void* { return out.allocate(dtype, s); });
-        return out.take();
-      }
-      std::vector<std::byte> local;
-      Shape local_shape;
-      core::concat_along_axis(ptrs, static_cast<std::size_t>(axis), [&](const Shape& s) -> void* {
-        local_shape = s;
-        local.resize(static_cast<std::size_t>(num_elements(s)) * size_of(dtype));
-        return local.data();
-      });
-      auto all = core::gather_across_workers(*link_, {local.data(), dtype, local_shape},
-                                               static_cast<std::size_t>(axis), "gather");
-      void* dst = out.allocate(dtype, all.shape);
-      if (!all.data.empty()) std::memcpy(dst, all.data.data(), all.data.size());
-      return out.take();
-    }
-  }
-
-  // batch_reduce_to across workers: each value reduced over the local replicas, then one
-  // cross-worker all-reduce per pack of the local results, then MEAN's division.
-  template <class... V>
-  auto reduce_in_packs(ReduceOp op, const V&... values) {
-    // MEAN lowered once per value: over its local copies on every worker.
-    const Reduction reductions[] = {Reduction::lower(op, static_cast<std::int64_t>(values.values().size()) * num_workers_)...};
-    const ReduceOp combine_op = reductions[0].op();
-    auto out = std::make_tuple(core::reduce_components(combine_op, pointers(values.values()))...);
-    core::HostOperands refs("batch_reduce_to");
-    std::apply([&](auto&... r) { (refs.add(view_of(r)), ...); }, out);
-    for (const auto& b : refs.buffers()) core::check_op_for_dtype(op, b.dtype, "batch_reduce_to");
-    std::vector<std::byte> scratch;
-    collective::all_reduce_in_packs(*link_, refs.buffers(), combine_op, options_.bytes_per_pack, scratch);
-    for (std::size_t k = 0; k < refs.buffers().size(); ++k) {
-      if (!reductions[k].divides()) continue;
-      core::BufferRef& b = refs[k];
-      visit_dtype(b.dtype, [&](auto t) { core::divide(static_cast<decltype(t)*>(b.data), b.count(), reductions[k].divisor()); });
-    }
-    refs.write_back();
-    return out;
+  /// One thread per local replica, or none where the backend runs a single replica on the caller's.
+  std::unique_ptr<backends::HostReplicaThreads> replica_threads() {
+    if (devices_.size() <= 1 && Backend::single_replica_on_caller_thread) return nullptr;
+    return std::make_unique<backends::HostReplicaThreads>(
+        static_cast<int>(devices_.size()),
+        [this](int i) { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); },
+        Backend::single_replica_on_caller_thread);
   }
 
   template <class Stored, std::size_t... I>
@@ -449,64 +292,6 @@ class SyncStrategy : public AnyStrategy {
     return std::make_tuple(column(std::integral_constant<std::size_t, I>{})...);
   }
 
-  // Runs body(i) for each local replica in its replica context; rethrows the first real error.
-  template <class Body>
-  void execute(Body&& body) {
-    auto& tc = core::thread_context();
-    if (tc.replica) {
-      throw InvalidArgument(fmt::format("run() called from inside a step function of {}: steps do not nest; call "
-                                        "run() in cross-replica context",
-                                        tc.replica->strategy().name()));
-    }
-    std::lock_guard serial(run_mutex_);  // one step at a time per strategy
-    const observe::TimelineSpan span("run", "step", static_cast<std::int64_t>(run_steps_++));  // off: a load, a branch
-    const std::size_t n = devices_.size();
-    errors_.assign(n, nullptr);
-    error_order_.assign(n, 0);
-    std::atomic<unsigned> error_counter{0};
-    group_.begin_step();
-    auto job = [&](int replica) {
-      const auto i = static_cast<std::size_t>(replica);
-      core::ReplicaContextSwitch in_replica(contexts_[i].get());
-      try {
-        body(i);
-        contexts_[i]->drain_async();  // the step's asynchronous collectives end with it
-      } catch (...) {
-        errors_[i] = std::current_exception();
-        error_order_[i] = ++error_counter;
-        group_.abort();
-        try {
-          contexts_[i]->drain_async();  // released by the abort; their errors are this one's echo
-        } catch (...) {
-        }
-      }
-      group_.finish(replica);
-    };
-    if (threads_) {
-      backends::ReplicaJob ref(job);
-      threads_->run_all(ref);
-    } else {
-      job(0);
-    }
-    if (error_counter.load() == 0) return;
-    // The earliest error that is not a replica released because of another's failure.
-    std::exception_ptr first, first_any;
-    unsigned best = ~0u, best_any = ~0u;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (!errors_[i]) continue;
-      if (error_order_[i] < best_any) best_any = error_order_[i], first_any = errors_[i];
-      bool cancelled = false;
-      try {
-        std::rethrow_exception(errors_[i]);
-      } catch (const Cancelled&) {
-        cancelled = true;
-      } catch (...) {
-      }
-      if (!cancelled && error_order_[i] < best) best = error_order_[i], first = errors_[i];
-    }
-    std::rethrow_exception(first ? first : first_any);
-  }
-
   std::vector<std::string> devices_;
   CommunicationOptions options_;
   core::CrossWorkerLink* link_;
@@ -515,11 +300,7 @@ class SyncStrategy : public AnyStrategy {
   core::ReplicaGroup group_;
   std::unique_ptr<core::ReplicaCollectives> collectives_;
   std::vector<std::unique_ptr<replica_context_type>> contexts_;
-  std::unique_ptr<backends::HostReplicaThreads> threads_;
-  std::mutex run_mutex_;
-  std::uint64_t run_steps_ = 0;  // run() calls so far, for the timeline
-  std::vector<std::exception_ptr> errors_;
-  std::vector<unsigned> error_order_;
+  strategy::detail::ReplicaSteps steps_;  // after contexts_: its replica threads stop before they go
 
   template <class S>
   friend class StrategyExtended;
