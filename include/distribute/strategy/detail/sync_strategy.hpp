@@ -248,18 +248,8 @@ class SyncStrategy : public AnyStrategy {
         collectives_(link ? collective::make_multi_worker_collectives<Ops>(
                                 {num_replicas_in_sync(), devices_, options_, metrics}, *link, cross_worker)
                           : collective::make_collectives<Ops>({num_replicas_in_sync(), devices_, options_})),
-        steps_(group_, replica_threads()) {
-    const int local = static_cast<int>(devices_.size());
-    for (int i = 0; i < local; ++i) {
-      // The AnyStrategy base, not self(): Derived is not constructed yet, and a downcast to it
-      // here is undefined (clang's UBSan reports it).
-      contexts_.push_back(std::make_unique<replica_context_type>(static_cast<AnyStrategy&>(*this), group_, *collectives_, i,
-                                                                 worker_index_ * local + i,
-                                                                 devices_[static_cast<std::size_t>(i)]));
-      contexts_.back()->set_async_thread_setup(
-          [this, i] { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); });
-    }
-  }
+        contexts_(replica_contexts()),
+        steps_(group_, replica_threads()) {}
 
  protected:
   replica_context_type& replica_context(std::size_t i) noexcept { return *contexts_[i]; }
@@ -269,6 +259,22 @@ class SyncStrategy : public AnyStrategy {
 
   strategy::detail::CrossReplicaSite site() const noexcept {
     return {link_, num_replicas_in_sync(), devices_.size(), num_workers_, options_.bytes_per_pack};
+  }
+
+  /// The local replicas' contexts, made before their threads.
+  std::vector<std::unique_ptr<replica_context_type>> replica_contexts() {
+    std::vector<std::unique_ptr<replica_context_type>> contexts;
+    const int local = static_cast<int>(devices_.size());
+    for (int i = 0; i < local; ++i) {
+      // The AnyStrategy base, not self(): Derived is not constructed yet, and a downcast to it
+      // here is undefined (clang's UBSan reports it).
+      contexts.push_back(std::make_unique<replica_context_type>(static_cast<AnyStrategy&>(*this), group_, *collectives_, i,
+                                                                worker_index_ * local + i,
+                                                                devices_[static_cast<std::size_t>(i)]));
+      contexts.back()->set_async_thread_setup(
+          [this, i] { Backend::enter_replica_thread(i, devices_[static_cast<std::size_t>(i)]); });
+    }
+    return contexts;
   }
 
   /// One thread per local replica, or none where the backend runs a single replica on the caller's.
