@@ -8,21 +8,7 @@
 //       a task of a parameter-server cluster (ds::Server) until the coordinator stops it; the
 //       remote functions of adapters_multi_process.hpp are registered.
 // Exit codes: 0 ok, 1 wrong result, 2 usage or an adapter not built in, 5 error.
-#ifdef WITH_TORCH
-#define DISTRIBUTE_WITH_PS
-#include <distribute/adapters/torch.hpp>
-#include <ATen/ATen.h>
-#endif
-#ifdef WITH_EIGEN
-#include <distribute/adapters/eigen.hpp>
-#endif
-#ifdef WITH_DLPACK
-#include <distribute/adapters/dlpack.hpp>
-#endif
-#ifdef WITH_XTENSOR
-#include <distribute/adapters/xtensor.hpp>
-#endif
-#include <distribute/distribute.hpp>
+#include "adapters_multi_process.hpp"  // first: the adapters' headers and the umbrella, with the ps part
 
 #include <atomic>
 #include <cmath>
@@ -33,8 +19,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-
-#include "adapters_multi_process.hpp"
 
 namespace ds = distribute;
 using Strategy = ds::MultiWorkerMirroredStrategy<ds::host>;
