@@ -36,10 +36,11 @@ namespace strategy::detail {
 /// worker) and how many replicas there are.
 struct CrossReplicaSite {
   core::CrossWorkerLink* link = nullptr;
-  int num_replicas_in_sync = 1;
   std::size_t num_local_replicas = 1;
   int num_workers = 1;
   std::size_t bytes_per_pack = 0;  // CommunicationOptions::bytes_per_pack: batch_reduce_to's packs
+
+  int num_replicas_in_sync() const noexcept { return static_cast<int>(num_local_replicas) * num_workers; }
 };
 
 template <class T>
@@ -53,10 +54,10 @@ std::vector<const T*> pointers(const std::vector<T>& values) {
 /// A plain value stands for every replica's: SUM and PRODUCT of it across several replicas would
 /// be a guess at what the caller meant.
 inline void check_plain_reducible(const CrossReplicaSite& site, ReduceOp op) {
-  if (site.num_replicas_in_sync > 1) {
+  if (site.num_replicas_in_sync() > 1) {
     throw InvalidArgument(fmt::format("reduce: a plain (non-distributed) value cannot be reduced with {} across {} "
                                       "replicas; pass the PerReplica value that run() returned",
-                                      op, site.num_replicas_in_sync));
+                                      op, site.num_replicas_in_sync()));
   }
 }
 

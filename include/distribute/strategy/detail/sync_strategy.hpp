@@ -258,7 +258,7 @@ class SyncStrategy : public AnyStrategy {
   Derived& self() noexcept { return static_cast<Derived&>(*this); }
 
   strategy::detail::CrossReplicaSite site() const noexcept {
-    return {link_, num_replicas_in_sync(), devices_.size(), num_workers_, options_.bytes_per_pack};
+    return {link_, devices_.size(), num_workers_, options_.bytes_per_pack};
   }
 
   /// The local replicas' contexts, made before their threads.
