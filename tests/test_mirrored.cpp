@@ -565,6 +565,15 @@ TEST_CASE("OneDeviceStrategy runs the same program with one replica") {
   CHECK(two.reduce("mean", 3.0f) == 3.0f);
 }
 
+TEST_CASE("run() inside a step function is refused: steps do not nest") {
+  Mirrored strategy(2);
+  CHECK_THROWS_WITH_AS(strategy.run([&] { strategy.run([] {}); }),
+                       "run() called from inside a step function of MirroredStrategy: steps do not nest; call run() in "
+                       "cross-replica context",
+                       ds::InvalidArgument);
+  CHECK(strategy.reduce("sum", strategy.run([] { return 1; })) == 2);  // the strategy runs steps after it
+}
+
 TEST_CASE("batch_reduce_to reduces several values at once") {
   Mirrored strategy(2);
   auto a = strategy.run([](ds::ReplicaContext& c) { return c.replica_id_in_sync_group() + 1; });
