@@ -1481,7 +1481,7 @@ TEST_CASE("transport in threads: a receive continuation that throws fails the co
     const nd::Descriptor desc{nd::CollectiveKind::Broadcast, ds::DType::U8, ds::ReduceOp::Sum, 0, 4};
     std::array<std::byte, 4> buf{};
     if (r == 0) {
-      nd::Transport::Op op(tr, desc);
+      nd::Call op(tr, tr.tcp_agreement(), desc);
       op.recv(1, 0, buf, []() -> bool { throw std::runtime_error("no room to reduce into"); });
       CHECK_THROWS_WITH_AS(op.wait_until([] { return false; }, 1),
                            "broadcast #0: worker:0 failed while passing on received data: no room to reduce into",
@@ -1489,7 +1489,7 @@ TEST_CASE("transport in threads: a receive continuation that throws fails the co
       while (!rank1_done) std::this_thread::sleep_for(10ms);  // keep the connection until rank 1 heard
     } else {
       {
-        nd::Transport::Op op(tr, desc);
+        nd::Call op(tr, tr.tcp_agreement(), desc);
         op.send(0, 0, buf);
         try {
           op.finish();  // the abort may already be here
@@ -1497,7 +1497,7 @@ TEST_CASE("transport in threads: a receive continuation that throws fails the co
         }
       }
       try {
-        nd::Transport::Op next(tr, nd::Descriptor{});  // a barrier: rank 0 never joins it
+        nd::Call next(tr, tr.tcp_agreement(), nd::Descriptor{});  // a barrier: rank 0 never joins it
         next.finish();
       } catch (const ds::PeerFailure& e) {
         rank1_error = e.what();

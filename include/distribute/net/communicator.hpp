@@ -27,6 +27,7 @@
 #include <distribute/net/detail/all_reduce.hpp>
 #include <distribute/net/detail/collectives.hpp>
 #include <distribute/net/detail/scatter_collectives.hpp>
+#include <distribute/net/detail/shared_memory_agreement.hpp>
 #include <distribute/net/detail/topology.hpp>
 #include <distribute/net/detail/transport.hpp>
 #include <distribute/net/options.hpp>
@@ -45,7 +46,11 @@ class Communicator {
                std::vector<std::string> task_names = {})
       : transport_(std::make_unique<detail::Transport>(std::move(addresses), rank, std::move(options),
                                                        std::move(task_names))),
-        topology_(detail::learn_topology(*transport_)) {}
+        topology_(detail::learn_topology(*transport_)),
+        shared_agreement_(topology_.one_host_memory() != nullptr
+                              ? std::make_unique<detail::SharedMemoryAgreement>(topology_.host_segment, transport_->rank())
+                              : nullptr),
+        agreement_(shared_agreement_ ? *shared_agreement_ : transport_->tcp_agreement()) {}
 
   /// Clean shutdown: says goodbye to every peer, waits (at most 2 s) for the goodbyes to be
   /// written and answered, closes the sockets and joins the network thread. Never throws.
@@ -62,14 +67,13 @@ class Communicator {
 
   /// Whether all-reduces of at least options().shared_memory_min_bytes (rank 0's value) go
   /// through shared memory: every rank runs on this host, enabled it, and mapped one segment.
-  bool uses_shared_memory() const noexcept { return transport_->shared_memory() != nullptr; }
+  bool uses_shared_memory() const noexcept { return topology_.one_host_memory() != nullptr; }
 
   /// Whether all-reduce data between this rank and `peer` goes through shared memory: every pair
   /// when uses_shared_memory(); with ranks on several hosts, the pairs on one host (hostname and a
   /// shared-memory probe agree), whose all-reduces are hierarchical. A diagnostic.
   bool shares_memory_with(int peer) const noexcept {
     if (peer == rank() || peer < 0 || peer >= size()) return false;
-    if (uses_shared_memory()) return true;
     return topology_.host_memory != nullptr &&
            topology_.host_of[static_cast<std::size_t>(peer)] == topology_.host_of[static_cast<std::size_t>(rank())];
   }
@@ -93,7 +97,7 @@ class Communicator {
     if (count > std::numeric_limits<std::size_t>::max() / es) {
       throw InvalidArgument(fmt::format("all_reduce: count {} of {} overflows the address space", count, to_string(dtype)));
     }
-    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, shapes, count});
+    detail::Call call(*transport_, agreement_, detail::Descriptor{detail::CollectiveKind::AllReduce, dtype, op, shapes, count});
     auto* bytes = static_cast<std::byte*>(data);
     if (size() == 1 || count == 0) return call.finish();
     detail::all_reduce(*transport_, call, topology_, bytes, count, dtype, Reduction::lower(op, size()), scratch_);
@@ -112,7 +116,7 @@ class Communicator {
     if (bytes > 0 && !out.empty() && src < out.data() + out.size() && out.data() < src + bytes) {
       throw InvalidArgument("all_gather: the input buffer lies inside the output vector");
     }
-    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllGather, DType::U8, ReduceOp::Sum, 0, bytes});
+    detail::Call call(*transport_, agreement_, detail::Descriptor{detail::CollectiveKind::AllGather, DType::U8, ReduceOp::Sum, 0, bytes});
     detail::direct_all_gather(*transport_, call, src, bytes, out, sizes);
   }
 
@@ -122,7 +126,7 @@ class Communicator {
       throw InvalidArgument(fmt::format("broadcast: root {} is out of range for a cluster of {}", root, size()));
     }
     if (data == nullptr && bytes > 0) throw InvalidArgument(fmt::format("broadcast: data is null but bytes is {}", bytes));
-    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::Broadcast, DType::U8, ReduceOp::Sum,
+    detail::Call call(*transport_, agreement_, detail::Descriptor{detail::CollectiveKind::Broadcast, DType::U8, ReduceOp::Sum,
                                                                static_cast<std::uint32_t>(root), bytes});
     detail::chain_broadcast(*transport_, call, static_cast<std::byte*>(data), bytes, root);
   }
@@ -137,10 +141,10 @@ class Communicator {
     const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
     if (data == nullptr && total > 0) throw InvalidArgument(fmt::format("reduce_scatter: data is null but count is {}", total));
     ::distribute::core::check_op_for_dtype(op, dtype, "reduce_scatter");
-    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::ReduceScatter, dtype, op, shapes, total});
+    detail::Call call(*transport_, agreement_, detail::Descriptor{detail::CollectiveKind::ReduceScatter, dtype, op, shapes, total});
     if (size() == 1 || total == 0) return call.finish();
-    detail::reduce_scatter(*transport_, call, static_cast<std::byte*>(data), counts, dtype, Reduction::lower(op, size()),
-                           scratch_);
+    detail::reduce_scatter(*transport_, call, topology_.one_host_memory(), static_cast<std::byte*>(data), counts, dtype,
+                           Reduction::lower(op, size()), scratch_);
   }
 
   /// send_bytes[k] bytes of `send` (block k, after the blocks before it) go to rank k, and
@@ -155,21 +159,21 @@ class Communicator {
     const std::size_t out = std::accumulate(send_bytes.begin(), send_bytes.end(), std::size_t{0});
     const std::size_t in = std::accumulate(recv_bytes.begin(), recv_bytes.end(), std::size_t{0});
     if ((send == nullptr && out > 0) || (recv == nullptr && in > 0)) throw InvalidArgument("all_to_all: a buffer is null");
-    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::AllToAll, DType::U8, ReduceOp::Sum, 0, out});
+    detail::Call call(*transport_, agreement_, detail::Descriptor{detail::CollectiveKind::AllToAll, DType::U8, ReduceOp::Sum, 0, out});
     detail::direct_all_to_all(*transport_, call, static_cast<const std::byte*>(send), send_bytes,
                               static_cast<std::byte*>(recv), recv_bytes);
   }
 
   /// Returns once every rank has entered the barrier.
   void barrier() {
-    detail::Transport::Op call(*transport_, detail::Descriptor{detail::CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, 0, 0});
+    detail::Call call(*transport_, agreement_, detail::Descriptor{detail::CollectiveKind::Barrier, DType::U8, ReduceOp::Sum, 0, 0});
     call.finish();
   }
 
   /// Sends one message to `peer`; returns once it is handed to the kernel (`data` may then be
   /// reused). Messages between two ranks arrive in order; at most options().max_frame_bytes.
   void send(int peer, std::span<const std::byte> data) {
-    detail::Transport::Op call(*transport_, fmt::format("send to {}", peer_label(peer)), peer, observe::CallKind::Send);
+    detail::Call call(*transport_, fmt::format("send to {}", peer_label(peer)), peer, observe::CallKind::Send);
     call.send_p2p(peer, data);
     call.finish();
   }
@@ -177,7 +181,7 @@ class Communicator {
   /// Receives the next message from `peer`, which must be exactly `data.size()` bytes (otherwise
   /// InvalidArgument; the message is consumed and the communicator stays usable).
   void recv(int peer, std::span<std::byte> data) {
-    detail::Transport::Op call(*transport_, fmt::format("recv from {}", peer_label(peer)), peer, observe::CallKind::Recv);
+    detail::Call call(*transport_, fmt::format("recv from {}", peer_label(peer)), peer, observe::CallKind::Recv);
     call.recv_p2p(peer, data);
     call.finish();
   }
@@ -189,6 +193,10 @@ class Communicator {
 
   std::unique_ptr<detail::Transport> transport_;
   detail::Topology topology_;
+  // Every rank on this host sharing one segment: the agreement on its board; otherwise the
+  // transport's, over TCP. Chosen once, here.
+  std::unique_ptr<detail::SharedMemoryAgreement> shared_agreement_;
+  detail::Agreement& agreement_;
   std::vector<std::byte> scratch_;  // kept between calls: where reduce-scatter receives land
 };
 

@@ -107,11 +107,11 @@ inline const char* algorithm_name(AllReduceAlgorithm a) noexcept {
 }
 
 /// Runs the table's pick for this all-reduce and finishes the call. `count` > 0, more than one rank.
-inline void all_reduce(Transport& tr, Transport::Op& op, const Topology& topo, std::byte* data, std::size_t count,
+inline void all_reduce(Transport& tr, Call& op, const Topology& topo, std::byte* data, std::size_t count,
                        DType dtype, Reduction red, std::vector<std::byte>& scratch) {
   const CommunicatorOptions& o = tr.options();
   const std::size_t es = size_of(dtype), bytes = count * es;
-  SharedMemoryAllReduce* const shm = tr.shared_memory();
+  SharedMemoryAllReduce* const shm = topo.one_host_memory();
   AllReduceLimits limits;
   limits.shared_min = shm != nullptr ? shm->min_bytes() : 0;
   limits.direct_max = std::min(o.direct_max_bytes, o.max_frame_bytes);

@@ -1,8 +1,9 @@
-// One call on the transport: a collective (numbered, announced to every peer by its descriptor,
-// and checked against theirs) or a point-to-point send or receive. It owns the transfers it starts,
-// waits for them under the call's deadline, turns failures into the communicator's error, and,
-// when it ends by an exception, makes sure the io thread no longer touches the caller's memory
-// before the caller's frame unwinds.
+// One call on the transport: a collective (numbered, its descriptor announced through the
+// communicator's agreement and checked against every rank's) or a point-to-point send or receive.
+// It owns the transfers it starts, waits for them under the call's deadline, turns failures into
+// the communicator's error, and, when it ends by an exception, makes sure the io thread no longer
+// touches the caller's memory before the caller's frame unwinds. It uses the transport through the
+// members under "for calls" (mesh.hpp) and the agreement through its interface (agreement.hpp).
 #pragma once
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include <fmt/format.h>
 
 #include <distribute/core/error.hpp>
+#include <distribute/net/detail/agreement.hpp>
 #include <distribute/net/detail/mesh.hpp>
 #include <distribute/net/detail/observed_kinds.hpp>
 #include <distribute/observe/call_observation.hpp>
@@ -36,53 +38,41 @@ namespace net::detail {
 /// One call on the transport (a collective, or a point-to-point send/recv): it owns the transfers
 /// it starts. If it ends by an exception, its destructor makes sure the io thread no longer
 /// touches the caller's memory before the caller's frame unwinds.
-class Transport::Op {
+class Call {
  public:
-  /// A collective: takes the next collective number and announces `desc` to every peer.
-  Op(Transport& t, const Descriptor& desc)
-      : t_(t), collective_(true), mine_(desc), observation_(observed_kind(desc.kind)) {
-    std::unique_lock lk(t_.mu_);
-    label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_seq_);
-    if (t_.failure_) fail_at_start(lk);
-    seq_ = t_.next_seq_++;
+  /// A collective: takes the next collective number and announces `desc` through `agreement`.
+  Call(Transport& t, Agreement& agreement, const Descriptor& desc)
+      : t_(t), agreement_(&agreement), mine_(desc), observation_(observed_kind(desc.kind)) {
+    auto lk = t_.lock();
+    label_ = fmt::format("{} #{}", to_string(desc.kind), t_.next_collective_locked());
+    if (t_.failure_locked()) fail_at_start(lk);
+    seq_ = t_.claim_collective_locked();
     start();
-    if (t_.size_ == 1) return;
-    if (SharedMemoryAllReduce* shm = t_.shared_memory_.get()) {
-      shm->announce(seq_, desc);  // every rank reads every announcement: no frames
-    } else if (t_.rank_ == 0) {
-      t_.descriptors_.announce_root_locked(t_.peers_, t_.rank_, seq_, desc);  // sent when every peer's is in
-    } else {
-      OutFrame f;
-      f.owned = encode(desc);
-      f.set_header(FrameHeader{FrameType::Descriptor, f.owned.size(), seq_, 0});
-      f.size = f.owned.size();
-      t_.peer(0).conn.send_now_or_enqueue(lk, std::move(f));
-    }
+    if (t_.size() > 1) agreement_->announce(lk, seq_, desc);
   }
 
   /// Point-to-point with `peer`; `kind` (Send or Recv) counts it in the metrics and timeline,
   /// unset leaves it out (the transport's own set-up messages).
-  Op(Transport& t, std::string label, int peer, std::optional<observe::CallKind> kind = std::nullopt)
-      : t_(t), collective_(false), label_(std::move(label)),
-        observation_(kind.value_or(observe::CallKind::Send), kind.has_value()) {
-    if (peer < 0 || peer >= t_.size_ || peer == t_.rank_) {
+  Call(Transport& t, std::string label, int peer, std::optional<observe::CallKind> kind = std::nullopt)
+      : t_(t), label_(std::move(label)), observation_(kind.value_or(observe::CallKind::Send), kind.has_value()) {
+    if (peer < 0 || peer >= t_.size() || peer == t_.rank()) {
       throw InvalidArgument(fmt::format("{}: peer {} is not another rank of this cluster of {} (this is rank {})", label_,
-                                        peer, t_.size_, t_.rank_));
+                                        peer, t_.size(), t_.rank()));
     }
-    std::unique_lock lk(t_.mu_);
-    if (t_.failure_) fail_at_start(lk);
+    auto lk = t_.lock();
+    if (t_.failure_locked()) fail_at_start(lk);
     start();
   }
 
-  ~Op() {
+  ~Call() {
     if (!finished_) {
       abandon();
       if (observation_.active()) report(true);
     }
   }
 
-  Op(const Op&) = delete;
-  Op& operator=(const Op&) = delete;
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
 
   std::uint64_t seq() const noexcept { return seq_; }
 
@@ -92,11 +82,11 @@ class Transport::Op {
   /// Counts bytes moved outside the transport's frames (through shared memory), for the metrics.
   void count_bytes(std::size_t sent, std::size_t received) {
     if (!observation_.active()) return;
-    std::lock_guard lk(t_.mu_);
+    const auto lk = t_.lock();
     observation_.count(sent, received);
   }
 
-  /// Unless finish() completed: stops this Op's transfers and waits until neither the io thread
+  /// Unless finish() completed: stops this call's transfers and waits until neither the io thread
   /// nor a continuation touches the caller's memory (what the destructor does). An algorithm
   /// whose continuations use its own locals calls it before those go out of scope
   /// (ContinuationScope).
@@ -110,19 +100,19 @@ class Transport::Op {
   }
 
   /// Like send(), but only the io thread writes the frame: directly when called there (from a
-  /// continuation), else queued for it. For memory that a later receive of the same Op
+  /// continuation), else queued for it. For memory that a later receive of the same call
   /// overwrites: the io thread's own write then happens before its read into that memory, which
   /// the peer's causality alone guarantees but a race detector cannot see.
   TransferPtr send_by_io_thread(int peer, std::uint64_t tag, std::span<const std::byte> data) {
-    return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data, t_.loop_.on_loop_thread());
+    return send_frame(peer, MsgKey{FrameType::Data, seq_, tag}, data, t_.on_io_thread());
   }
 
   /// Posts a receive of exactly `dst.size()` bytes. `on_arrival`, when given, runs once the bytes
   /// are in `dst`, on whichever thread completed the receive (the io thread, or this one when the
   /// frame was already here), before the receive counts as done. It may send and post receives
-  /// on this Op; it must not wait, and it may run concurrently with this thread and with other
-  /// continuations. It returns true when what wait_until() waits for may now hold. Once the Op is
-  /// being abandoned, its sends and receives fail without starting.
+  /// on this call; it must not wait, and it may run concurrently with this thread and with other
+  /// continuations. It returns true when what wait_until() waits for may now hold. Once the call
+  /// is being abandoned, its sends and receives fail without starting.
   TransferPtr recv(int peer, std::uint64_t tag, std::span<std::byte> dst, std::function<bool()> on_arrival = {}) {
     return recv_frame(peer, MsgKey{FrameType::Data, seq_, tag}, dst, false, std::move(on_arrival));
   }
@@ -130,8 +120,8 @@ class Transport::Op {
   TransferPtr send_p2p(int peer, std::span<const std::byte> data) {
     std::uint64_t n = 0;
     {
-      std::lock_guard lk(t_.mu_);
-      n = t_.peer(peer).p2p_sent++;
+      const auto lk = t_.lock();
+      n = t_.claim_message_to_locked(peer);
     }
     return send_frame(peer, MsgKey{FrameType::PointToPoint, n, 0}, data);
   }
@@ -142,31 +132,27 @@ class Transport::Op {
 
   /// Waits until `t` is done; throws the communicator's failure, a timeout, or a mismatch.
   void wait(const TransferPtr& t) {
-    std::unique_lock lk(t_.mu_);
+    auto lk = t_.lock();
     block(lk, [&] { return settled_locked(*t); }, t->peer, t->is_send ? "a send to" : "data from");
   }
 
   /// Waits until `done()` holds, for state that continuations update: checked under the
   /// transport's mutex when a continuation returns true (not on every completed transfer), and on
-  /// failures and descriptors. Throws like wait(), and for a failed transfer of this Op.
+  /// failures and descriptors. Throws like wait(), and for a failed transfer of this call.
   /// `waiting_on` names the peer in a timeout's message.
   template <class Done>
   void wait_until(Done&& done, int waiting_on) {
-    std::unique_lock lk(t_.mu_);
+    auto lk = t_.lock();
     quiet_ = true;
-    const bool announce = collective_ && t_.descriptors_.quiet_desc == nullptr;
-    if (announce) {
-      t_.descriptors_.quiet_desc = &mine_;
-      t_.descriptors_.quiet_seq = seq_;
-    }
+    const bool noted = collective_ && agreement_->quiet_begin(mine_, seq_);
     struct Loud {  // destroyed before lk: runs with the mutex held
-      Op& op;
-      bool announced;
+      Call& call;
+      bool noted;
       ~Loud() {
-        op.quiet_ = false;
-        if (announced) op.t_.descriptors_.quiet_desc = nullptr;
+        call.quiet_ = false;
+        if (noted) call.agreement_->quiet_end();
       }
-    } loud{*this, announce};
+    } loud{*this, noted};
     block(
         lk,
         [&] {
@@ -183,22 +169,22 @@ class Transport::Op {
   /// throw now (the communicator's failure, a mismatch once every descriptor is in, a passed
   /// deadline) without waiting. `waiting_on`: as for wait_until, or -1 (every rank).
   void check_progress(int waiting_on) {
-    std::unique_lock lk(t_.mu_);
-    if (t_.failure_) raise_failure_locked();
+    const auto lk = t_.lock();
+    if (t_.failure_locked()) raise_failure_locked();
     if (collective_) poll_descriptors_locked();
     if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, "data from");
   }
 
   /// Poisons the communicator with `message` (sent to every peer) and throws it.
   [[noreturn]] void fail(FailureKind kind, std::string message) {
-    std::unique_lock lk(t_.mu_);
+    const auto lk = t_.lock();
     t_.fail_locked(Failure{kind, std::move(message)}, true);
     raise_failure_locked();
   }
 
   /// Every rank's descriptor of this collective, by rank (they agree; a mismatch throws).
   const std::vector<Descriptor>& descriptors() {
-    std::unique_lock lk(t_.mu_);
+    auto lk = t_.lock();
     agreement_only_ = true;
     block(lk, [&] { return descs_ok_; }, -1, "");
     agreement_only_ = false;
@@ -208,14 +194,14 @@ class Transport::Op {
   /// Waits for every transfer started so far (continuations included) and goes on: for an
   /// algorithm run as one step of a larger one, which finish() ends.
   void settle() {
-    std::unique_lock lk(t_.mu_);
+    auto lk = t_.lock();
     settle_locked(lk);
   }
 
   /// Waits for every transfer and, for a collective, every peer's agreeing descriptor. After it
   /// the transport holds no reference to the caller's memory.
   void finish() {
-    std::unique_lock lk(t_.mu_);
+    auto lk = t_.lock();
     settle_locked(lk);
     if (collective_) {
       agreement_only_ = true;
@@ -238,8 +224,8 @@ class Transport::Op {
   }
 
   void start() {
-    if (t_.options_.operation_timeout) deadline_ = Clock::now() + *t_.options_.operation_timeout;
-    observation_.begin(t_.metrics_);
+    if (t_.options().operation_timeout) deadline_ = Clock::now() + *t_.options().operation_timeout;
+    observation_.begin(t_.metrics());
   }
 
   // A call on a broken communicator: observed like one that failed, then its error.
@@ -258,8 +244,8 @@ class Transport::Op {
     std::string error;
     try {
       if (failed && observe::timeline_enabled()) {
-        std::lock_guard lk(t_.mu_);
-        error = t_.failure_ ? t_.failure_->message : std::string("ended by an error");
+        const auto lk = t_.lock();
+        error = t_.failure_locked() ? t_.failure_locked()->message : std::string("ended by an error");
       }
     } catch (...) {
       // Observing must never turn a call's outcome into another error.
@@ -267,14 +253,11 @@ class Transport::Op {
     const std::size_t bytes = !collective_ ? std::max(observation_.sent(), observation_.received())
                               : mine_.kind == CollectiveKind::AllReduce ? mine_.count * size_of(mine_.dtype)
                                                                         : mine_.count;
-    observation_.report(t_.metrics_, collective_ ? static_cast<std::int64_t>(seq_) : -1, bytes, failed, error);
+    observation_.report(t_.metrics(), collective_ ? static_cast<std::int64_t>(seq_) : -1, bytes, failed, error);
   }
 
   TransferPtr send_frame(int peer, const MsgKey& key, std::span<const std::byte> data, bool direct = true) {
-    if (data.size() > t_.options_.max_frame_bytes) {
-      throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, data.size(),
-                                        t_.options_.max_frame_bytes));
-    }
+    check_frame_size(data.size());
     auto t = std::make_shared<Transfer>();
     t->is_send = true;
     t->peer = peer;
@@ -285,69 +268,47 @@ class Transport::Op {
     f.payload = data.data();
     f.size = data.size();
     f.transfer = t;
-    std::unique_lock lk(t_.mu_);
+    auto lk = t_.lock();
     transfers_.push_back(t);
     if (abandoning_) {
       t->state = Transfer::State::Failed;
       return t;
     }
     observation_.count(data.size(), 0);
-    t_.peer(peer).conn.send_now_or_enqueue(lk, std::move(f), direct);
+    t_.post_send_locked(lk, peer, std::move(f), direct);
     return t;
   }
 
   TransferPtr recv_frame(int peer, MsgKey key, std::span<std::byte> dst, bool p2p, std::function<bool()> on_arrival = {}) {
-    if (dst.size() > t_.options_.max_frame_bytes) {
-      throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, dst.size(),
-                                        t_.options_.max_frame_bytes));
-    }
+    check_frame_size(dst.size());
     auto t = std::make_shared<Transfer>();
     t->peer = peer;
+    t->key = key;
     t->dst = dst.data();
     t->size = dst.size();
     t->on_arrival = std::move(on_arrival);
-    Blob early;
-    {
-      std::lock_guard lk(t_.mu_);
-      Peer& p = t_.peer(peer);
-      if (p2p) key.seq = p.p2p_received++;
-      t->key = key;
-      transfers_.push_back(t);
-      if (abandoning_) {
-        t->state = Transfer::State::Failed;
-        return t;
-      }
-      observation_.count(0, dst.size());
-      if (p.take_early_locked(key, early)) {
-        t->state = Transfer::State::Active;  // abandon() must wait for the copy and the continuation
-      } else if (p.state() != Connection::State::Open) {
-        t->state = Transfer::State::Failed;
-        t->error = t_.closed_failure_locked(p.conn);
-        return t;
-      } else {
-        p.posted[key].push_back(t);
-        return t;
-      }
-    }
-    // It arrived before this receive was posted: copy it out of its buffer (outside the lock).
-    if (early.size == dst.size()) {
-      if (early.size > 0) std::memcpy(dst.data(), early.data.get(), early.size);
-      std::unique_lock lk(t_.mu_);
-      t_.blobs_.give(std::move(early));
-      t_.complete_receive_locked(lk, t);
-    } else {
-      std::lock_guard lk(t_.mu_);
+    auto lk = t_.lock();
+    transfers_.push_back(t);
+    if (abandoning_) {
       t->state = Transfer::State::Failed;
-      t->error = Failure{FailureKind::Mismatch, t_.peer(peer).size_mismatch(early.size, dst.size(), t->key, t_.me())};
-      t_.mu_.notify_all_locked();  // posted by a continuation, the caller waits in wait_until
+      return t;
     }
+    observation_.count(0, dst.size());
+    t_.post_receive_locked(lk, t, p2p);
     return t;
   }
 
-  // Counts this thread, while it waits, among those to wake whenever a transfer completes.
-  using ProgressWaiter = ScopedCount<int>;
+  void check_frame_size(std::size_t bytes) const {
+    if (bytes > t_.options().max_frame_bytes) {
+      throw InvalidArgument(fmt::format("{}: a message of {} bytes exceeds max_frame_bytes ({})", label_, bytes,
+                                        t_.options().max_frame_bytes));
+    }
+  }
 
-  [[noreturn]] void raise_failure_locked() const { raise(t_.failure_->kind, fmt::format("{}: {}", label_, t_.failure_->message)); }
+  [[noreturn]] void raise_failure_locked() const {
+    const Failure& f = *t_.failure_locked();
+    raise(f.kind, fmt::format("{}: {}", label_, f.message));
+  }
 
   bool settled_locked(const Transfer& t) {
     switch (t.state) {
@@ -370,10 +331,11 @@ class Transport::Op {
   void block(std::unique_lock<NotifyingMutex>& lk, Done&& done, int waiting_on, std::string_view what) {
     int polls = 0;
     for (;;) {
-      // Read before the announcements are looked at (poll_pause sleeps only if none came since).
-      const std::uint32_t epoch = collective_ && t_.shared_memory_ ? t_.shared_memory_->announce_epoch() : 0;
+      // Taken before the announcements are looked at (the agreement's wait then returns at once
+      // if one came since).
+      const std::uint32_t mark = collective_ ? agreement_->mark() : 0;
       if (done()) return;
-      if (t_.failure_) raise_failure_locked();
+      if (t_.failure_locked()) raise_failure_locked();
       if (collective_) {
         poll_descriptors_locked();
         if (descs_ok_ && mismatch_) {
@@ -382,111 +344,60 @@ class Transport::Op {
         }
         if (done()) return;  // the poll may have been what it waited for
       }
-      const ProgressWaiter waiter(t_.progress_waiters_, quiet_ ? 0 : 1);
-      if (collective_ && !descs_ok_ && t_.shared_memory_) {
-        // The peers' descriptors come through shared memory, which does not wake the mutex.
-        if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, what);
-        poll_pause(lk, epoch, polls++);
-        continue;
+      const auto waiter = t_.progress_waiter(!quiet_);
+      if (deadline_ && Clock::now() >= *deadline_) time_out_locked(waiting_on, what);
+      if (collective_ && !descs_ok_) {
+        agreement_->wait(lk, mark, deadline_, agreement_only_, polls++);
+      } else if (deadline_) {
+        lk.mutex()->wait_until(lk, *deadline_);
+      } else {
+        lk.mutex()->wait(lk);
       }
-      if (!deadline_) {
-        t_.mu_.wait(lk);
-        continue;
-      }
-      if (Clock::now() >= *deadline_) time_out_locked(waiting_on, what);
-      t_.mu_.wait_until(lk, *deadline_);
     }
-  }
-
-  // Between two looks at shared memory. Waiting for the descriptors alone (finish, descriptors):
-  // sleeps until a rank announces a call after `epoch` was read, or 1 ms passes (a failure, which
-  // comes through the sockets, is seen within that). Waiting for transfers too: on the mutex, which
-  // they wake, for 20 us doubling to 1 ms.
-  void poll_pause(std::unique_lock<NotifyingMutex>& lk, std::uint32_t epoch, int round) {
-    auto wait = agreement_only_ ? std::chrono::microseconds(1000)
-                                : std::chrono::microseconds(std::min(1000, 20 << std::min(6, round)));
-    if (deadline_) {
-      wait = std::clamp(std::chrono::duration_cast<std::chrono::microseconds>(*deadline_ - Clock::now()),
-                        std::chrono::microseconds(1), wait);
-    }
-    if (!agreement_only_) {
-      t_.mu_.wait_until(lk, Clock::now() + wait);
-      return;
-    }
-    const SharedMemoryAllReduce* shm = t_.shared_memory_.get();
-    lk.unlock();
-    shm->wait_announcement(epoch, wait);
-    lk.lock();
   }
 
   [[noreturn]] void time_out_locked(int waiting_on, std::string_view what) {
-    const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.peer(waiting_on).name()) : missing_locked();
+    const std::string waiting = waiting_on >= 0 ? fmt::format("{} {}", what, t_.task_name(waiting_on)) : missing_locked();
     t_.fail_locked(Failure{FailureKind::Timeout,
                            fmt::format("did not complete within {} ms ({} was waiting for {}{})",
-                                       t_.options_.operation_timeout->count(), t_.me(), waiting, silent_peers_locked())},
+                                       t_.options().operation_timeout->count(), t_.me(), waiting, t_.silent_peers_locked())},
                    true);
     raise_failure_locked();
-  }
-
-  // Peers quiet for longer than two heartbeat intervals: the likely culprits of a stall, which
-  // need not be the peer this rank waits on (in a ring, everyone waits behind a stopped rank).
-  std::string silent_peers_locked() const {
-    std::string out;
-    const auto now = Clock::now();
-    for (const auto& p : t_.peers_) {
-      if (p->rank == t_.rank_ || p->state() != Connection::State::Open) continue;
-      const auto quiet = p->conn.silence(now);
-      if (quiet > 2 * t_.options_.heartbeat_interval) {
-        out += fmt::format("; {} has sent nothing for {:.1f} s", p->name(), std::chrono::duration<double>(quiet).count());
-      }
-    }
-    return out;
   }
 
   // Who has not announced this collective yet (for timeout messages).
   std::string missing_locked() const {
     if (descs_ok_) return "the other ranks";
     std::string names;
-    for (const auto& p : t_.peers_) {
-      if (p->rank == t_.rank_ || joined_locked(*p)) continue;
-      names += (names.empty() ? "" : ", ") + p->name();
+    for (int r = 0; r < t_.size(); ++r) {
+      if (r == t_.rank() || agreement_->joined(r, seq_)) continue;
+      names += (names.empty() ? "" : ", ") + t_.task_name(r);
     }
     return names.empty() ? std::string("the other ranks") : fmt::format("{} to join", names);
   }
 
-  // Whether rank `r`'s descriptor of this call is in (in shared memory, or from TCP).
-  bool joined_locked(const Peer& p) const {
-    if (const SharedMemoryAllReduce* shm = t_.shared_memory_.get()) return shm->announced(p.rank, seq_).has_value();
-    return p.descriptors.count(seq_) != 0;
-  }
-
   void poll_descriptors_locked() {
     if (descs_ok_) return;
-    const SharedMemoryAllReduce* shm = t_.shared_memory_.get();
-    for (auto& p : t_.peers_) {
-      if (p->rank == t_.rank_ || joined_locked(*p)) continue;
-      if (p->state() != Connection::State::Open) {
+    for (int r = 0; r < t_.size(); ++r) {
+      if (r == t_.rank() || agreement_->joined(r, seq_)) continue;
+      if (!t_.peer_open_locked(r)) {
         t_.fail_locked(Failure{FailureKind::Peer, fmt::format("{} ({}) closed its communicator before joining collective #{}",
-                                                              p->name(), p->address(), seq_)},
+                                                              t_.task_name(r), t_.address(r), seq_)},
                        true);
         raise_failure_locked();
       }
       return;
     }
-    all_.assign(static_cast<std::size_t>(t_.size_), Descriptor{});
-    for (auto& p : t_.peers_) {
-      if (p->rank == t_.rank_) {
-        all_[static_cast<std::size_t>(p->rank)] = mine_;
-      } else if (shm != nullptr) {
-        all_[static_cast<std::size_t>(p->rank)] = *shm->announced(p->rank, seq_);
-        // The timeline's "waiting for peers" ends when this rank saw the last announcement.
-        observation_.joined_at(observe::Timeline::now_ns());
-      } else {
-        auto it = p->descriptors.find(seq_);
-        all_[static_cast<std::size_t>(p->rank)] = it->second;
-        p->descriptors.erase(it);
-        if (!p->descriptor_at.empty()) note_joined_locked(*p);
+    all_.assign(static_cast<std::size_t>(t_.size()), Descriptor{});
+    for (int r = 0; r < t_.size(); ++r) {
+      if (r == t_.rank()) {
+        all_[static_cast<std::size_t>(r)] = mine_;
+        continue;
       }
+      const Agreement::Arrival a = agreement_->collect(r, seq_);
+      all_[static_cast<std::size_t>(r)] = a.descriptor;
+      // The timeline's "waiting for peers" ends when the last descriptor came.
+      if (a.at_ns >= 0) observation_.joined_at(a.at_ns);
     }
     descs_ok_ = true;
     // Every rank compares every rank against rank 0 in rank order, so all report the same pair.
@@ -494,7 +405,7 @@ class Transport::Op {
       if (!compatible(all_[0], all_[r])) {
         t_.fail_locked(Failure{FailureKind::Mismatch,
                                fmt::format("mismatched collectives at collective #{}: {} called {} but {} called {}", seq_,
-                                           t_.peer(0).name(), describe(all_[0]), t_.peer(static_cast<int>(r)).name(),
+                                           t_.task_name(0), describe(all_[0]), t_.task_name(static_cast<int>(r)),
                                            describe(all_[r]))},
                        true);
         raise_failure_locked();
@@ -502,46 +413,28 @@ class Transport::Op {
     }
   }
 
-  // The timeline's "waiting for peers" ends when the last peer's descriptor arrived.
-  void note_joined_locked(Peer& p) {
-    auto at = p.descriptor_at.find(seq_);
-    if (at == p.descriptor_at.end()) return;
-    observation_.joined_at(std::chrono::duration_cast<std::chrono::nanoseconds>(at->second.time_since_epoch()).count());
-    p.descriptor_at.erase(p.descriptor_at.begin(), std::next(at));
-  }
-
   void abandon() noexcept {
     try {
-      std::unique_lock lk(t_.mu_);
+      auto lk = t_.lock();
       abandoning_ = true;  // continuations still running start nothing new
       for (const auto& t : transfers_) {
         if (t->state != Transfer::State::Queued) continue;
-        Peer& p = t_.peer(t->peer);
-        if (t->is_send) {
-          p.conn.unqueue_locked(t);
-        } else {
-          p.unpost_locked(t);
-        }
+        t_.cancel_locked(t);
         t->state = Transfer::State::Failed;
       }
       auto busy = [&] {
         return std::any_of(transfers_.begin(), transfers_.end(),
                            [](const TransferPtr& t) { return t->state == Transfer::State::Active; });
       };
-      const ProgressWaiter waiter(t_.progress_waiters_, 1);
-      if (!t_.mu_.wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
+      const auto waiter = t_.progress_waiter(true);
+      if (!lk.mutex()->wait_for(lk, kAbandonGrace, [&] { return !busy(); })) {
         // A peer that neither reads nor writes (stopped) holds our memory in a socket call: cut it.
         std::set<int> stuck;
         for (const auto& t : transfers_) {
           if (t->state == Transfer::State::Active) stuck.insert(t->peer);
         }
-        for (int r : stuck) {
-          t_.loop_.post([tr = &t_, r] {
-            std::lock_guard g(tr->mu_);
-            tr->peer_down_locked(tr->peer(r), "connection cut: it stopped exchanging data");
-          });
-        }
-        t_.mu_.wait(lk, [&] { return !busy(); });
+        for (int r : stuck) t_.cut(r, "connection cut: it stopped exchanging data");
+        lk.mutex()->wait(lk, [&] { return !busy(); });
       }
       transfers_.clear();
       finished_ = true;
@@ -551,10 +444,11 @@ class Transport::Op {
   }
 
   Transport& t_;
-  // Counts this Op among the calls in flight for its whole life (after ~Op's abandon, too): the
+  Agreement* agreement_ = nullptr;  // a collective's; null for point-to-point
+  // Counts this call among those in flight for its whole life (after ~Call's abandon, too): the
   // event loop polls while there are any.
-  ScopedCount<std::atomic<int>> in_flight_ = t_.loop_.call_in_flight();
-  bool collective_;
+  ScopedCount<std::atomic<int>> in_flight_ = t_.call_in_flight();
+  bool collective_ = agreement_ != nullptr;
   Descriptor mine_{};
   std::string label_;
   std::uint64_t seq_ = 0;
@@ -566,16 +460,16 @@ class Transport::Op {
   bool finished_ = false;
   bool abandoning_ = false;
   bool quiet_ = false;  // in wait_until: only continuations that ask for it wake this thread
-  bool agreement_only_ = false;  // in block() for the descriptors alone (poll_pause)
+  bool agreement_only_ = false;  // in block() for the descriptors alone (the agreement's wait)
   observe::CallObservation observation_;
 };
 
-/// Declared after the locals that an Op's continuations capture: if the scope is left by an
-/// exception, the Op is abandoned while those locals still exist. An algorithm that returns
-/// normally has settled or finished the Op first.
+/// Declared after the locals that a call's continuations capture: if the scope is left by an
+/// exception, the call is abandoned while those locals still exist. An algorithm that returns
+/// normally has settled or finished the call first.
 class ContinuationScope {
  public:
-  explicit ContinuationScope(Transport::Op& op) noexcept : op_(op), unwinding_(std::uncaught_exceptions()) {}
+  explicit ContinuationScope(Call& op) noexcept : op_(op), unwinding_(std::uncaught_exceptions()) {}
   ~ContinuationScope() {
     if (std::uncaught_exceptions() > unwinding_) op_.abandon_unless_finished();
   }
@@ -583,7 +477,7 @@ class ContinuationScope {
   ContinuationScope& operator=(const ContinuationScope&) = delete;
 
  private:
-  Transport::Op& op_;
+  Call& op_;
   int unwinding_;
 };
 

@@ -2,7 +2,7 @@
 // a hierarchical all-reduce): a chunked, pipelined ring, halving-doubling for power-of-two groups,
 // and a direct exchange (every rank sends its buffer to every other, chunked); the shared-memory
 // all-reduce of one host; and broadcast and all-gather. all_reduce.hpp's table picks among the
-// all-reduces. Each runs inside one Transport::Op, whose descriptor exchange checks that every
+// all-reduces. Each runs inside one Call, whose descriptor exchange checks that every
 // rank is doing the same thing; the all-reduces leave finish() to their caller.
 #pragma once
 
@@ -73,7 +73,7 @@ struct RingGeometry {
 /// calling thread sleeps until the last chunk is in instead of being woken for every one. Every
 /// segment is reduced along one chain and then copied, so all members end bitwise identical; the
 /// division `r` asks for is made once, on the segment's last reduction. Returns with every transfer settled.
-inline void ring_all_reduce(Transport& tr, Transport::Op& op, RankGroup grp, std::byte* data, std::size_t count, DType dtype,
+inline void ring_all_reduce(Transport& tr, Call& op, RankGroup grp, std::byte* data, std::size_t count, DType dtype,
                             Reduction red, std::vector<std::byte>& scratch) {
   const int n = grp.size(), r = grp.me;
   const std::size_t es = size_of(dtype);
@@ -148,7 +148,7 @@ inline bool halving_doubling_applies(int n) { return n >= 4 && (n & (n - 1)) == 
 /// partner's adjacent one. Each step's exchange is cut into chunks of about chunk_bytes, reduced
 /// as they arrive. Every segment (the ring's cut) ends reduced on one member alone and is then
 /// copied, so all end bitwise identical; the division `red` asks for is made there, once.
-inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, RankGroup grp, std::byte* data, std::size_t count,
+inline void halving_doubling_all_reduce(Transport& tr, Call& op, RankGroup grp, std::byte* data, std::size_t count,
                                         DType dtype, Reduction red, std::vector<std::byte>& scratch) {
   const int n = grp.size(), r = grp.me;
   const std::size_t es = size_of(dtype);
@@ -256,7 +256,7 @@ inline void halving_doubling_all_reduce(Transport& tr, Transport::Op& op, RankGr
 class DirectExchange {
  public:
   /// `chunk_bytes`: the pieces (0: the transport's chunk_bytes).
-  DirectExchange(Transport& tr, Transport::Op& op, RankGroup grp, std::byte* data, std::size_t count, DType dtype,
+  DirectExchange(Transport& tr, Call& op, RankGroup grp, std::byte* data, std::size_t count, DType dtype,
                  Reduction red, std::vector<std::byte>& scratch, std::size_t chunk_bytes = 0)
       : op_(op), grp_(grp), data_(data), count_(count), dtype_(dtype), red_(red),
         es_(size_of(dtype)), chunk_(std::max<std::size_t>(1, (chunk_bytes > 0 ? chunk_bytes : tr.chunk_bytes()) / es_)),
@@ -313,7 +313,7 @@ class DirectExchange {
   }
   std::byte* slot(int p) const { return scratch_ + static_cast<std::size_t>(p < grp_.me ? p : p - 1) * count_ * es_; }
 
-  Transport::Op& op_;
+  Call& op_;
   RankGroup grp_;
   std::byte* data_;
   std::size_t count_;
@@ -325,7 +325,7 @@ class DirectExchange {
   std::size_t sent_ = 0, done_ = 0;
 };
 
-inline void direct_all_reduce(Transport& tr, Transport::Op& op, RankGroup grp, std::byte* data, std::size_t count, DType dtype,
+inline void direct_all_reduce(Transport& tr, Call& op, RankGroup grp, std::byte* data, std::size_t count, DType dtype,
                               Reduction red, std::vector<std::byte>& scratch) {
   DirectExchange exchange(tr, op, grp, data, count, dtype, red, scratch);
   exchange.send_up_to(count);
@@ -333,7 +333,7 @@ inline void direct_all_reduce(Transport& tr, Transport::Op& op, RankGroup grp, s
 }
 
 /// All-reduce through the transport's shared-memory segment (shared_memory_all_reduce.hpp).
-inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMemoryAllReduce& shm, std::byte* data,
+inline void shared_memory_all_reduce(Transport& tr, Call& op, SharedMemoryAllReduce& shm, std::byte* data,
                                      std::size_t count, DType dtype, Reduction red) {
   const auto quiet = tr.exempt_from_busy_poll();
   shm.run(
@@ -347,7 +347,7 @@ inline void shared_memory_all_reduce(Transport& tr, Transport::Op& op, SharedMem
 
 /// Broadcast: small payloads go from the root to everyone directly; large ones flow down the chain
 /// root → root+1 → … in chunks, each rank forwarding a chunk as soon as it has it.
-inline void chain_broadcast(Transport& tr, Transport::Op& op, std::byte* data, std::size_t bytes, int root) {
+inline void chain_broadcast(Transport& tr, Call& op, std::byte* data, std::size_t bytes, int root) {
   const int n = tr.size(), r = tr.rank();
   if (bytes == 0 || n == 1) return op.finish();
   if (bytes <= std::min(tr.options().direct_max_bytes, tr.options().max_frame_bytes)) {
@@ -381,7 +381,7 @@ inline void chain_broadcast(Transport& tr, Transport::Op& op, std::byte* data, s
 
 /// All-gather of uneven sizes: each rank sends its block to every other; the sizes come with the
 /// descriptors, so no extra round is needed to learn them.
-inline void direct_all_gather(Transport& tr, Transport::Op& op, const std::byte* data, std::size_t bytes,
+inline void direct_all_gather(Transport& tr, Call& op, const std::byte* data, std::size_t bytes,
                               std::vector<std::byte>& out, std::vector<std::size_t>& sizes) {
   op.set_algorithm("direct");
   const int n = tr.size(), r = tr.rank();

@@ -42,7 +42,7 @@ inline constexpr std::size_t kAcrossHostsPieceBytes = std::size_t{128} << 10;
 
 /// `slices`: 1 .. topo.fewest_per_host(), alike on every rank; `across`: how each part's leaders
 /// all-reduce it (alike on every rank). The division `red` asks for is made once, across hosts.
-inline void hierarchical_all_reduce(Transport& tr, Transport::Op& op, const Topology& topo, int slices, AcrossHosts across,
+inline void hierarchical_all_reduce(Transport& tr, Call& op, const Topology& topo, int slices, AcrossHosts across,
                                     std::byte* data, std::size_t count, DType dtype, Reduction red,
                                     std::vector<std::byte>& scratch) {
   const int r = tr.rank();

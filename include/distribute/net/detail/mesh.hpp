@@ -1,9 +1,10 @@
 // The mesh of a communicator: one authenticated connection to every other rank (so every rank hears
 // at once when any rank dies), formed at construction (each rank connects to the ranks below it and
-// accepts the ones above), the matching of incoming frames to the receives calls post, the
-// agreement on each collective (descriptors), heartbeats, and failure: the first failure (a peer
-// lost, a timeout, mismatched collectives) poisons the transport, is sent to every peer in an Abort
-// frame, and every later call throws it. The calls themselves are Transport::Op (call.hpp).
+// accepts the ones above), the matching of incoming frames to the receives calls post, heartbeats,
+// and failure: the first failure (a peer lost, a timeout, mismatched collectives) poisons the
+// transport, is sent to every peer in an Abort frame, and every later call throws it. The calls
+// themselves are Call (call.hpp), on the members under "for calls"; the descriptor frames of the
+// agreement over TCP go to the TcpAgreement it owns (tcp_agreement.hpp).
 //
 // Receives are matched by (type, sequence, tag): a frame whose receive is already posted is read
 // straight into the caller's buffer; an early one is buffered until its receive is posted. A
@@ -38,7 +39,6 @@
 #include <distribute/net/detail/congestion_control.hpp>
 #include <distribute/net/detail/connection.hpp>
 #include <distribute/net/detail/connector.hpp>
-#include <distribute/net/detail/descriptor_exchange.hpp>
 #include <distribute/net/detail/event_loop.hpp>
 #include <distribute/net/detail/handshake.hpp>
 #include <distribute/net/detail/listener.hpp>
@@ -47,7 +47,7 @@
 #include <distribute/net/detail/observed_kinds.hpp>
 #include <distribute/net/detail/peer.hpp>
 #include <distribute/net/detail/protocol.hpp>
-#include <distribute/net/detail/shared_memory_all_reduce.hpp>
+#include <distribute/net/detail/tcp_agreement.hpp>
 #include <distribute/net/detail/transfer.hpp>
 #include <distribute/net/frame.hpp>
 #include <distribute/net/options.hpp>
@@ -67,8 +67,6 @@ inline constexpr std::chrono::milliseconds kShutdownGrace{2000};
 
 class Transport final : private ConnectionOwner {
  public:
-  class Op;
-
   Transport(std::vector<std::string> addresses, int rank, CommunicatorOptions options,
             std::vector<std::string> task_names)
       : loop_(options.busy_poll), options_(std::move(options)), rank_(rank), size_(static_cast<int>(addresses.size())) {
@@ -155,14 +153,13 @@ class Transport final : private ConnectionOwner {
     return failure_;
   }
 
-  /// For the life of the result, one Op in flight does not make the io thread busy-poll: its
+  /// For the life of the result, one call in flight does not make the io thread busy-poll: its
   /// data does not come through the sockets (shared memory), and the polling thread would take
   /// turns on the core with the one copying.
   ScopedCount<std::atomic<int>> exempt_from_busy_poll() noexcept { return loop_.exempt_from_busy_poll(); }
 
-  /// The shared-memory all-reduce, when every rank mapped one segment at construction.
-  SharedMemoryAllReduce* shared_memory() const noexcept { return shared_memory_.get(); }
-  void set_shared_memory(std::unique_ptr<SharedMemoryAllReduce> s) noexcept { shared_memory_ = std::move(s); }
+  /// The agreement over descriptor frames, which this transport receives.
+  Agreement& tcp_agreement() noexcept { return tcp_agreement_; }
 
   /// The TCP congestion control of the connection to rank `r` ("" where it cannot be read).
   std::string congestion_control(int r) {
@@ -173,6 +170,131 @@ class Transport final : private ConnectionOwner {
     return congestion_control_of(p.conn.socket().native_handle());
   }
 
+  // ---- for calls (call.hpp) ------------------------------------------------------------------
+  // What a call does on the mesh. `lk` (from lock()) holds the transport's mutex, which guards
+  // every member named `_locked`; a call waits on it (lk.mutex()), and the mesh wakes it when a
+  // transfer completes (for the waiters counted by progress_waiter), a descriptor or a failure
+  // comes.
+
+  std::unique_lock<NotifyingMutex> lock() const { return std::unique_lock(mu_); }
+
+  /// This rank's name, for messages.
+  const std::string& me() const { return peers_[static_cast<std::size_t>(rank_)]->name(); }
+
+  /// The failure that poisoned the transport, if one did.
+  const std::optional<Failure>& failure_locked() const noexcept { return failure_; }
+
+  /// Records the first failure; `broadcast`: tell every peer (found here, or relayed).
+  void fail_locked(Failure f, bool broadcast) {
+    if (failure_) return;
+    failure_ = f;
+    if (metrics_) metrics_->failure(observed_reason(f.kind));
+    if (observe::timeline_enabled()) {
+      try {
+        observe::Timeline::instance().instant("communicator failed", "failure", observe::Timeline::now_ns(),
+                                              fmt::format("\"message\":\"{}\"", observe::json_escape(f.message)));
+      } catch (...) {
+      }
+    }
+    if (broadcast) {
+      const auto payload = encode(f);
+      for (auto& p : peers_) {
+        if (p->rank != rank_ && p->state() == Connection::State::Open) p->conn.enqueue_control_locked(FrameType::Abort, 0, payload);
+      }
+    }
+    mu_.notify_all_locked();
+  }
+
+  /// The number the next collective takes, and taking it.
+  std::uint64_t next_collective_locked() const noexcept { return next_seq_; }
+  std::uint64_t claim_collective_locked() noexcept { return next_seq_++; }
+
+  /// The number of the next point-to-point message to rank `r`, taken.
+  std::uint64_t claim_message_to_locked(int r) { return peer(r).p2p_sent++; }
+
+  /// Hands the frame of a send to rank `r`'s connection (`direct`: this thread may write it).
+  void post_send_locked(std::unique_lock<NotifyingMutex>& lk, int r, OutFrame f, bool direct) {
+    peer(r).conn.send_now_or_enqueue(lk, std::move(f), direct);
+  }
+
+  /// Posts the receive `t` (its peer, key, destination and size set; `p2p`: its key's sequence
+  /// becomes the number of the next message from that peer). A frame that came before it is
+  /// copied in now, the mutex released meanwhile, and the receive completes (continuation
+  /// included); a frame of another size fails it with a mismatch.
+  void post_receive_locked(std::unique_lock<NotifyingMutex>& lk, const TransferPtr& t, bool p2p) {
+    Peer& p = peer(t->peer);
+    if (p2p) t->key.seq = p.p2p_received++;
+    Blob early;
+    if (!p.take_early_locked(t->key, early)) {
+      if (p.state() != Connection::State::Open) {
+        t->state = Transfer::State::Failed;
+        t->error = closed_failure_locked(p.conn);
+      } else {
+        p.posted[t->key].push_back(t);
+      }
+      return;
+    }
+    if (early.size != t->size) {
+      t->state = Transfer::State::Failed;
+      t->error = Failure{FailureKind::Mismatch, p.size_mismatch(early.size, t->size, t->key, me())};
+      mu_.notify_all_locked();  // posted by a continuation, the caller waits in wait_until
+      return;
+    }
+    t->state = Transfer::State::Active;  // an abandoning call waits for the copy and the continuation
+    lk.unlock();
+    if (early.size > 0) std::memcpy(t->dst, early.data.get(), early.size);
+    lk.lock();
+    blobs_.give(std::move(early));
+    complete_receive_locked(lk, t);
+  }
+
+  /// Takes a transfer that has not started (Queued) off its connection: its call is abandoned.
+  void cancel_locked(const TransferPtr& t) {
+    Peer& p = peer(t->peer);
+    if (t->is_send) {
+      p.conn.unqueue_locked(t);
+    } else {
+      p.unpost_locked(t);
+    }
+  }
+
+  /// Cuts the connection to rank `r` from the io thread: a stopped peer holds a call's memory in
+  /// a socket call.
+  void cut(int r, std::string reason) {
+    loop_.post([this, r, reason = std::move(reason)] {
+      std::lock_guard g(mu_);
+      peer_down_locked(peer(r), reason);
+    });
+  }
+
+  bool peer_open_locked(int r) const { return peers_[static_cast<std::size_t>(r)]->state() == Connection::State::Open; }
+
+  /// Peers quiet for longer than two heartbeat intervals, as "; NAME has sent nothing for S s"
+  /// each: the likely culprits of a stall, which need not be the peer a call waits on (in a ring,
+  /// everyone waits behind a stopped rank).
+  std::string silent_peers_locked() const {
+    std::string out;
+    const auto now = Clock::now();
+    for (const auto& p : peers_) {
+      if (p->rank == rank_ || p->state() != Connection::State::Open) continue;
+      const auto quiet = p->conn.silence(now);
+      if (quiet > 2 * options_.heartbeat_interval) {
+        out += fmt::format("; {} has sent nothing for {:.1f} s", p->name(), std::chrono::duration<double>(quiet).count());
+      }
+    }
+    return out;
+  }
+
+  /// While the result lives, the thread counts among those woken whenever a transfer completes
+  /// (`counts` false: it does not).
+  ScopedCount<int> progress_waiter(bool counts) noexcept { return ScopedCount<int>(progress_waiters_, counts ? 1 : 0); }
+
+  /// A call in flight for the life of the result (the io thread polls while there are any).
+  ScopedCount<std::atomic<int>> call_in_flight() noexcept { return loop_.call_in_flight(); }
+  bool on_io_thread() const noexcept { return loop_.on_loop_thread(); }
+
+  observe::CollectiveMetrics* metrics() const noexcept { return metrics_; }
+
  private:
   const Peer& peer_at(int r) const {
     if (r < 0 || r >= size_) throw InvalidArgument(fmt::format("rank {} is out of range for a cluster of {}", r, size_));
@@ -181,7 +303,6 @@ class Transport final : private ConnectionOwner {
   Peer& peer(int r) { return *peers_[static_cast<std::size_t>(r)]; }
   Peer& peer(const Connection& c) { return *peers_[static_cast<std::size_t>(c.id())]; }
   const Peer& peer(const Connection& c) const { return *peers_[static_cast<std::size_t>(c.id())]; }
-  const std::string& me() const { return peers_[static_cast<std::size_t>(rank_)]->name(); }
 
   void log(const std::string& line) const {
     if (options_.log) {
@@ -419,8 +540,7 @@ class Transport final : private ConnectionOwner {
   // ---- descriptors ----------------------------------------------------------------------------
 
   void on_descriptor_locked(Peer& p, std::uint64_t seq, std::span<const std::byte> payload) {
-    descriptors_.receive_locked(peers_, rank_, p, seq, payload);
-    if (descriptors_.wakes_locked(peers_, seq, progress_waiters_)) mu_.notify_all_locked();
+    if (tcp_agreement_.receive(p, seq, payload, progress_waiters_)) mu_.notify_all_locked();
   }
 
   // ---- receives -------------------------------------------------------------------------------
@@ -455,27 +575,6 @@ class Transport final : private ConnectionOwner {
   }
 
   // ---- failure --------------------------------------------------------------------------------
-
-  /// Records the first failure; `broadcast`: tell every peer (found here, or relayed).
-  void fail_locked(Failure f, bool broadcast) {
-    if (failure_) return;
-    failure_ = f;
-    if (metrics_) metrics_->failure(observed_reason(f.kind));
-    if (observe::timeline_enabled()) {
-      try {
-        observe::Timeline::instance().instant("communicator failed", "failure", observe::Timeline::now_ns(),
-                                              fmt::format("\"message\":\"{}\"", observe::json_escape(f.message)));
-      } catch (...) {
-      }
-    }
-    if (broadcast) {
-      const auto payload = encode(f);
-      for (auto& p : peers_) {
-        if (p->rank != rank_ && p->state() == Connection::State::Open) p->conn.enqueue_control_locked(FrameType::Abort, 0, payload);
-      }
-    }
-    mu_.notify_all_locked();
-  }
 
   void on_goodbye_locked(Peer& p) {
     if (p.state() != Connection::State::Open) return;
@@ -587,14 +686,11 @@ class Transport final : private ConnectionOwner {
   std::uint64_t next_seq_ = 0;
   BlobPool blobs_;
   bool congestion_refusal_logged_ = false;  // io thread only
-  // Threads blocked in Op::block that want waking whenever a transfer completes; one in
-  // Op::wait_until is woken only by a continuation's request, a failure, or a descriptor.
+  // Threads blocked in Call::block that want waking whenever a transfer completes; one in
+  // Call::wait_until is woken only by a continuation's request, a failure, or a descriptor.
   int progress_waiters_ = 0;
-  // Set once after construction when every rank mapped one segment (learn_topology);
-  // used by the calling thread only.
-  std::unique_ptr<SharedMemoryAllReduce> shared_memory_;
-  // Collectives' descriptors over TCP (when no shared memory carries them).
-  DescriptorExchange descriptors_;
+  // Collectives' descriptors over TCP (the agreement where no shared memory carries them).
+  TcpAgreement tcp_agreement_{peers_, rank_, size_};
 };
 
 }  // namespace net::detail

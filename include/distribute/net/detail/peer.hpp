@@ -44,9 +44,6 @@ struct Peer {
   // Matching (guarded by the mutex).
   std::map<MsgKey, std::deque<TransferPtr>> posted;
   std::map<MsgKey, std::deque<Blob>> unexpected;
-  std::map<std::uint64_t, Descriptor> descriptors;
-  // When each of those arrived: kept only while the timeline records (waiting vs moving data).
-  std::map<std::uint64_t, Clock::time_point> descriptor_at;
   std::uint64_t p2p_sent = 0;
   std::uint64_t p2p_received = 0;
 

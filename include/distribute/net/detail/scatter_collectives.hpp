@@ -2,7 +2,7 @@
 // rank what that rank needs, in chunks of about chunk_bytes, all at once. Bytes on the wire are
 // the least either collective can move ((n-1)/n of the buffer per rank for reduce-scatter, every
 // byte once for all-to-all); the ring would only trade connections for steps at these cluster
-// sizes. Each runs inside one Transport::Op, whose descriptor exchange checks that every rank is
+// sizes. Each runs inside one Call, whose descriptor exchange checks that every rank is
 // doing the same thing.
 #pragma once
 
@@ -23,13 +23,13 @@ DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
 
 /// Posts the receives of `bytes` at `dst` from `peer`, cut in chunks tagged 0, 1, ...
-inline void recv_chunked(Transport& tr, Transport::Op& op, int peer, std::byte* dst, std::size_t bytes) {
+inline void recv_chunked(Transport& tr, Call& op, int peer, std::byte* dst, std::size_t bytes) {
   const std::size_t chunk = tr.chunk_bytes();
   for (std::size_t c = 0; c * chunk < bytes; ++c) {
     op.recv(peer, c, std::span<std::byte>(dst + c * chunk, std::min(chunk, bytes - c * chunk)));
   }
 }
-inline void send_chunked(Transport& tr, Transport::Op& op, int peer, const std::byte* src, std::size_t bytes) {
+inline void send_chunked(Transport& tr, Call& op, int peer, const std::byte* src, std::size_t bytes) {
   const std::size_t chunk = tr.chunk_bytes();
   for (std::size_t c = 0; c * chunk < bytes; ++c) {
     op.send(peer, c, std::span<const std::byte>(src + c * chunk, std::min(chunk, bytes - c * chunk)));
@@ -38,16 +38,16 @@ inline void send_chunked(Transport& tr, Transport::Op& op, int peer, const std::
 
 /// In place: segment k of `data` (counts[k] elements, after the segments before it) ends reduced
 /// on rank k. Every rank sends segment k to rank k, and rank k reduces the n contributions in
-/// rank order (a deterministic result). When the ranks share a host (the transport's
-/// shared-memory segment) and the buffer is large enough for it, the whole buffer is all-reduced
-/// through shared memory instead, which also leaves each rank its segment. Each segment is divided
-/// once when `red` asks for it.
-inline void reduce_scatter(Transport& tr, Transport::Op& op, std::byte* data, std::span<const std::size_t> counts,
-                           DType dtype, Reduction red, std::vector<std::byte>& scratch) {
+/// rank order (a deterministic result). When every rank shares one host's segment (`shm`, else
+/// null) and the buffer is large enough for it, the whole buffer is all-reduced through shared
+/// memory instead, which also leaves each rank its segment. Each segment is divided once when
+/// `red` asks for it.
+inline void reduce_scatter(Transport& tr, Call& op, SharedMemoryAllReduce* shm, std::byte* data,
+                           std::span<const std::size_t> counts, DType dtype, Reduction red, std::vector<std::byte>& scratch) {
   const int n = tr.size(), r = tr.rank();
   const std::size_t es = size_of(dtype);
   const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-  if (SharedMemoryAllReduce* shm = tr.shared_memory(); shm != nullptr && total * es >= shm->min_bytes()) {
+  if (shm != nullptr && total * es >= shm->min_bytes()) {
     op.set_algorithm("shared_memory");
     op.count_bytes(total * es, counts[static_cast<std::size_t>(r)] * es);
     shared_memory_all_reduce(tr, op, *shm, data, total, dtype, red);
@@ -81,7 +81,7 @@ inline void reduce_scatter(Transport& tr, Transport::Op& op, std::byte* data, st
 
 /// Block k of `send` (send_bytes[k]) goes to rank k; block k of `recv` (recv_bytes[k]) comes from
 /// rank k. This rank's own block is copied.
-inline void direct_all_to_all(Transport& tr, Transport::Op& op, const std::byte* send, std::span<const std::size_t> send_bytes,
+inline void direct_all_to_all(Transport& tr, Call& op, const std::byte* send, std::span<const std::size_t> send_bytes,
                               std::byte* recv, std::span<const std::size_t> recv_bytes) {
   op.set_algorithm("direct");
   const int n = tr.size(), r = tr.rank();

@@ -14,10 +14,9 @@
 // Every element is reduced by one rank in one order, so all ranks end bitwise identical. Stamps
 // count pieces since the segment was made and advance alike on every rank.
 //
-// The segment also carries every collective's descriptor (the agreement check, announce() and
-// announced()), whatever path its data takes: no descriptor frames at all on one host. The TCP side
-// still carries every failure: while waiting here, a rank asks the Op (`check`) every few hundred
-// polls, which throws on a lost peer (EOF, heartbeat), a passed deadline, or an announced
+// The segment also holds the board of the agreement (shared_memory_agreement.hpp), before this
+// part. Failures come through TCP: while waiting here, a rank asks the call (`check`) every few
+// hundred polls, which throws on a lost peer (EOF, heartbeat), a passed deadline, or an announced
 // descriptor that disagrees. Each rank also leaves its call's count, dtype and op next to its
 // stamp, and a rank that reads a different one stops before touching the data and lets the
 // announced descriptors name the mismatch.
@@ -36,14 +35,6 @@
 #include <thread>
 #include <utility>
 
-#if defined(__linux__)
-#include <climits>
-#include <ctime>
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #include <distribute/core/cpu_relax.hpp>
 #include <distribute/core/dtype.hpp>
 #include <distribute/core/error.hpp>
@@ -55,16 +46,6 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
 
-/// A rank's descriptor of collective `seq`, in the segment. Two per rank (by seq % 2) suffice: a
-/// rank announces seq + 2 only after every rank finished seq + 1, which each did only after reading
-/// every announcement of seq.
-struct SharedAnnouncement {
-  std::atomic<std::uint64_t> seq1{0};  // seq + 1 once the fields below are written (0: none yet)
-  std::uint64_t count = 0;
-  std::uint32_t root = 0;
-  std::uint8_t kind = 0, dtype = 0, op = 0;
-};
-
 /// One rank's control line in the segment; each counter on its own cache line.
 struct SharedRankControl {
   alignas(64) std::atomic<std::uint64_t> arrived{0};
@@ -74,38 +55,11 @@ struct SharedRankControl {
   alignas(64) std::uint64_t count = 0;
   std::uint32_t dtype = 0;
   std::uint32_t op = 0;
-  alignas(64) SharedAnnouncement announce[2];
   // run_small's call (count, dtype << 8 | op) by stamp parity: a rank may write the next one
   // while a slower one still reads this one.
   std::uint64_t small_call[2][2] = {};
-  // Rank 0's line only: bumped by every announcement, and a futex word that a rank waiting for
-  // announcements sleeps on (`waiters` of them: an announcement wakes them only when there are).
-  alignas(64) std::atomic<std::uint32_t> epoch{0};
-  std::atomic<std::uint32_t> waiters{0};
 };
-static_assert(sizeof(std::atomic<std::uint32_t>) == 4, "a futex word is 32 bits");
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
-
-// A futex on a word in memory that several processes map (not FUTEX_PRIVATE): the waiter sleeps
-// in the kernel until another process's wake or the timeout. Elsewhere: a short sleep.
-inline void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t seen, std::chrono::microseconds timeout) noexcept {
-#if defined(__linux__)
-  const auto us = timeout.count();
-  ::timespec ts{static_cast<std::time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT, seen, &ts, nullptr, 0);
-#else
-  (void)word;
-  (void)seen;
-  std::this_thread::sleep_for(std::min(timeout, std::chrono::microseconds(50)));
-#endif
-}
-inline void futex_wake(std::atomic<std::uint32_t>& word) noexcept {
-#if defined(__linux__)
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-#else
-  (void)word;
-#endif
-}
 
 /// Part k of `count` elements cut in `parts` (sizes differ by at most one element, the longer
 /// first), as [first element, count): the ring's cut.
@@ -117,61 +71,27 @@ inline std::pair<std::size_t, std::size_t> even_part(std::size_t count, int part
 
 class SharedMemoryAllReduce {
  public:
-  static std::size_t segment_bytes(int ranks, std::size_t slot_bytes) {
+  /// The bytes this part of a segment takes: a control line per rank, then a slot per rank and
+  /// the result slot (last in the segment).
+  static std::size_t part_bytes(int ranks, std::size_t slot_bytes) {
     return static_cast<std::size_t>(ranks) * sizeof(SharedRankControl) + (static_cast<std::size_t>(ranks) + 1) * slot_bytes;
   }
 
-  /// Constructs the control lines of a new segment: by its creator, before any other rank is
-  /// told its name.
-  static void initialize(SharedSegment& segment, int ranks) {
-    for (int r = 0; r < ranks; ++r) new (segment.data() + static_cast<std::size_t>(r) * sizeof(SharedRankControl)) SharedRankControl;
+  /// Constructs the control lines of a new segment's part at `offset`: by its creator, before any
+  /// other rank is told its name.
+  static void initialize(SharedSegment& segment, std::size_t offset, int ranks) {
+    for (int r = 0; r < ranks; ++r) {
+      new (segment.data() + offset + static_cast<std::size_t>(r) * sizeof(SharedRankControl)) SharedRankControl;
+    }
   }
 
-  SharedMemoryAllReduce(std::unique_ptr<SharedSegment> segment, int ranks, int rank, std::size_t slot_bytes,
-                        std::size_t min_bytes)
-      : segment_(std::move(segment)), n_(ranks), rank_(rank), slot_bytes_(slot_bytes), min_bytes_(min_bytes) {}
+  /// Its part of `segment` starts at `offset` (whole cache lines).
+  SharedMemoryAllReduce(std::shared_ptr<SharedSegment> segment, std::size_t offset, int ranks, int rank,
+                        std::size_t slot_bytes, std::size_t min_bytes)
+      : segment_(std::move(segment)), base_(segment_->data() + offset), n_(ranks), rank_(rank), slot_bytes_(slot_bytes),
+        min_bytes_(min_bytes) {}
 
   std::size_t min_bytes() const noexcept { return min_bytes_; }
-  SharedSegment& segment() noexcept { return *segment_; }
-
-  /// Publishes this rank's descriptor of collective `seq` (the agreement check on one host).
-  void announce(std::uint64_t seq, const Descriptor& d) noexcept {
-    SharedAnnouncement& a = control(rank_).announce[seq % 2];
-    a.count = d.count;
-    a.root = d.root;
-    a.kind = static_cast<std::uint8_t>(d.kind);
-    a.dtype = static_cast<std::uint8_t>(d.dtype);
-    a.op = static_cast<std::uint8_t>(d.op);
-    a.seq1.store(seq + 1, std::memory_order_release);
-    SharedRankControl& c0 = control(0);
-    c0.epoch.fetch_add(1, std::memory_order_seq_cst);
-    if (c0.waiters.load(std::memory_order_seq_cst) > 0) futex_wake(c0.epoch);
-  }
-
-  /// The count of announcements so far: read it before looking at them, then wait_announcement().
-  std::uint32_t announce_epoch() const noexcept { return control(0).epoch.load(std::memory_order_seq_cst); }
-
-  /// Sleeps until a rank announces something after `seen` was read (at once if one did), or
-  /// `timeout` passes (the caller looks at its sockets then: failures come that way).
-  void wait_announcement(std::uint32_t seen, std::chrono::microseconds timeout) const noexcept {
-    SharedRankControl& c0 = control(0);
-    c0.waiters.fetch_add(1, std::memory_order_seq_cst);
-    if (c0.epoch.load(std::memory_order_seq_cst) == seen) futex_wait(c0.epoch, seen, timeout);
-    c0.waiters.fetch_sub(1, std::memory_order_seq_cst);
-  }
-
-  /// Rank `r`'s descriptor of collective `seq`, once it announced it.
-  std::optional<Descriptor> announced(int r, std::uint64_t seq) const noexcept {
-    const SharedAnnouncement& a = control(r).announce[seq % 2];
-    if (a.seq1.load(std::memory_order_acquire) != seq + 1) return std::nullopt;
-    Descriptor d;
-    d.kind = static_cast<detail::CollectiveKind>(a.kind);
-    d.dtype = static_cast<DType>(a.dtype);
-    d.op = static_cast<ReduceOp>(a.op);
-    d.root = a.root;
-    d.count = a.count;
-    return d;
-  }
 
   /// `check()` throws when the call cannot complete (see the header comment); `mismatch()` is
   /// called when a rank's shared descriptor differs from ours, and must throw.
@@ -393,10 +313,10 @@ class SharedMemoryAllReduce {
   }
 
   SharedRankControl& control(int r) const noexcept {
-    return *std::launder(reinterpret_cast<SharedRankControl*>(segment_->data() + static_cast<std::size_t>(r) * sizeof(SharedRankControl)));
+    return *std::launder(reinterpret_cast<SharedRankControl*>(base_ + static_cast<std::size_t>(r) * sizeof(SharedRankControl)));
   }
   std::byte* slot(int r) const noexcept {
-    return segment_->data() + nu() * sizeof(SharedRankControl) + static_cast<std::size_t>(r) * slot_bytes_;
+    return base_ + nu() * sizeof(SharedRankControl) + static_cast<std::size_t>(r) * slot_bytes_;
   }
   std::byte* result() const noexcept { return slot(n_); }
   std::size_t nu() const noexcept { return static_cast<std::size_t>(n_); }
@@ -438,7 +358,8 @@ class SharedMemoryAllReduce {
     }
   }
 
-  std::unique_ptr<SharedSegment> segment_;
+  std::shared_ptr<SharedSegment> segment_;
+  std::byte* base_;
   int n_;
   int rank_;
   std::size_t slot_bytes_;

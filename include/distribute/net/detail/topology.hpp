@@ -6,10 +6,12 @@
 // with the same hostname cannot open it, or reads another nonce). Ranks whose probe failed count as
 // hosts of their own, and a second table round through rank 0 tells every rank the final groups.
 //
-// One group holding every rank: the segment carries every collective's descriptor and every
-// all-reduce (Transport::shared_memory). Several groups: each group's segment carries its part of
-// the hierarchical all-reduce (Topology::host_memory, hierarchical_all_reduce.hpp) and the
-// descriptors go over TCP. all_reduce.hpp's table reads the Topology to pick an algorithm.
+// A segment starts with the agreement's board (shared_memory_agreement.hpp), then the all-reduce's
+// part (shared_memory_all_reduce.hpp). One group holding every rank: the board carries every
+// collective's descriptor and the segment every all-reduce (Topology::one_host_memory). Several
+// groups: each group's segment carries its part of the hierarchical all-reduce
+// (Topology::host_memory, hierarchical_all_reduce.hpp) and the descriptors go over TCP.
+// all_reduce.hpp's table reads the Topology to pick an algorithm.
 #pragma once
 
 #include <algorithm>
@@ -28,6 +30,7 @@
 
 #include <distribute/core/error.hpp>
 #include <distribute/net/detail/auth.hpp>
+#include <distribute/net/detail/shared_memory_agreement.hpp>
 #include <distribute/net/detail/shared_memory_all_reduce.hpp>
 #include <distribute/net/detail/shared_segment.hpp>
 #include <distribute/net/detail/transport.hpp>
@@ -47,14 +50,14 @@ std::vector<std::array<std::byte, N>> exchange_through_root(Transport& tr, const
   table[static_cast<std::size_t>(r)] = mine;
   auto bytes = [&](auto& v) { return std::as_writable_bytes(std::span(v)); };
   if (r == 0) {
-    Transport::Op in(tr, "topology", 1);
+    Call in(tr, "topology", 1);
     for (int k = 1; k < n; ++k) in.recv_p2p(k, table[static_cast<std::size_t>(k)]);
     in.finish();
-    Transport::Op out(tr, "topology", 1);
+    Call out(tr, "topology", 1);
     for (int k = 1; k < n; ++k) out.send_p2p(k, bytes(table));
     out.finish();
   } else {
-    Transport::Op call(tr, "topology", 0);
+    Call call(tr, "topology", 0);
     call.send_p2p(0, mine);
     call.recv_p2p(0, bytes(table));
     call.finish();
@@ -62,12 +65,24 @@ std::vector<std::array<std::byte, N>> exchange_through_root(Transport& tr, const
   return table;
 }
 
+/// A host's segment as mapped by one of its ranks, and the all-reduce through it.
+struct HostSegment {
+  std::shared_ptr<SharedSegment> segment;
+  std::unique_ptr<SharedMemoryAllReduce> all_reduce;
+};
+
+/// The bytes of a host's segment for `ranks` ranks and slots of `slot_bytes`: the board, then the
+/// all-reduce's part, whose result slot ends the segment.
+inline std::size_t host_segment_bytes(int ranks, std::size_t slot_bytes) {
+  return SharedMemoryAgreement::board_bytes(ranks) + SharedMemoryAllReduce::part_bytes(ranks, slot_bytes);
+}
+
 /// Maps one segment among `members` (sorted ranks, this one among them; at least 2): the first
 /// creates it and offers its path, a nonce written in it and its options; each other maps it and
 /// answers whether that worked and the nonce matched; the first closes its handle and tells every
-/// member whether all succeeded. Returns the segment's all-reduce, or null (TCP) where any failed.
-/// The members of different groups run this at once: their messages never cross.
-inline std::unique_ptr<SharedMemoryAllReduce> setup_group_segment(Transport& tr, const std::vector<int>& members) {
+/// member whether all succeeded. Returns the segment, or null (TCP) where any failed. The members
+/// of different groups run this at once: their messages never cross.
+inline HostSegment setup_group_segment(Transport& tr, const std::vector<int>& members) {
   const int g = static_cast<int>(members.size());
   const int me = static_cast<int>(std::find(members.begin(), members.end(), tr.rank()) - members.begin());
   const int first = members[0];
@@ -84,8 +99,9 @@ inline std::unique_ptr<SharedMemoryAllReduce> setup_group_segment(Transport& tr,
     slot_bytes = (std::clamp<std::size_t>(o.shared_memory_slot_bytes, 64, kMaxSharedSlotBytes) + 63) / 64 * 64;
     if (min_bytes > 0) {
       try {
-        segment = SharedSegment::create(SharedMemoryAllReduce::segment_bytes(g, slot_bytes));
-        SharedMemoryAllReduce::initialize(*segment, g);
+        segment = SharedSegment::create(host_segment_bytes(g, slot_bytes));
+        SharedMemoryAgreement::initialize(*segment, g);
+        SharedMemoryAllReduce::initialize(*segment, SharedMemoryAgreement::board_bytes(g), g);
         const Nonce nonce = random_nonce();
         // The nonce sits where the result slot starts; the first all-reduce overwrites it.
         std::memcpy(segment->data() + segment->size() - slot_bytes, nonce.data(), nonce.size());
@@ -102,7 +118,7 @@ inline std::unique_ptr<SharedMemoryAllReduce> setup_group_segment(Transport& tr,
   if (me == 0) {
     std::vector<std::uint64_t> answers(static_cast<std::size_t>(g), 0);
     {
-      Transport::Op call(tr, "shared-memory set-up", members[1]);
+      Call call(tr, "shared-memory set-up", members[1]);
       for (int k = 1; k < g; ++k) call.send_p2p(members[static_cast<std::size_t>(k)], offer);
       for (int k = 1; k < g; ++k) {
         call.recv_p2p(members[static_cast<std::size_t>(k)],
@@ -112,11 +128,11 @@ inline std::unique_ptr<SharedMemoryAllReduce> setup_group_segment(Transport& tr,
     }
     if (segment) segment->close_handle();
     ok = segment && std::all_of(answers.begin() + 1, answers.end(), [](std::uint64_t a) { return a == 1; }) ? 1 : 0;
-    Transport::Op call(tr, "shared-memory set-up", members[1]);
+    Call call(tr, "shared-memory set-up", members[1]);
     for (int k = 1; k < g; ++k) call.send_p2p(members[static_cast<std::size_t>(k)], std::as_bytes(std::span<const std::uint64_t>(&ok, 1)));
     call.finish();
   } else {
-    Transport::Op call(tr, "shared-memory set-up", first);
+    Call call(tr, "shared-memory set-up", first);
     call.recv_p2p(first, offer);
     call.finish();
     std::uint64_t mapped = 0;
@@ -127,20 +143,23 @@ inline std::unique_ptr<SharedMemoryAllReduce> setup_group_segment(Transport& tr,
     if (!name.empty() && o.shared_memory_min_bytes > 0 && slot_bytes >= 64 && slot_bytes % 64 == 0 &&
         slot_bytes <= kMaxSharedSlotBytes) {
       try {
-        segment = SharedSegment::open(name, SharedMemoryAllReduce::segment_bytes(g, slot_bytes));
+        segment = SharedSegment::open(name, host_segment_bytes(g, slot_bytes));
         mapped = std::memcmp(segment->data() + segment->size() - slot_bytes, offer.data() + kNameBytes, kNonceBytes) == 0 ? 1 : 0;
       } catch (const Error&) {
         segment.reset();
       }
     }
-    Transport::Op answer(tr, "shared-memory set-up", first);
+    Call answer(tr, "shared-memory set-up", first);
     answer.send_p2p(first, std::as_bytes(std::span<const std::uint64_t>(&mapped, 1)));
     answer.recv_p2p(first, std::as_writable_bytes(std::span<std::uint64_t>(&ok, 1)));
     answer.finish();
     if (mapped == 0) ok = 0;
   }
-  if (ok != 1) return nullptr;
-  return std::make_unique<SharedMemoryAllReduce>(std::move(segment), g, me, slot_bytes, min_bytes);
+  if (ok != 1) return {};
+  HostSegment host{std::shared_ptr<SharedSegment>(std::move(segment)), nullptr};
+  host.all_reduce = std::make_unique<SharedMemoryAllReduce>(host.segment, SharedMemoryAgreement::board_bytes(g), g, me,
+                                                            slot_bytes, min_bytes);
+  return host;
 }
 
 /// This rank's hostname (at most 63 bytes; "" where it cannot be read).
@@ -166,8 +185,13 @@ struct Topology {
   std::vector<int> tcp_order;
   /// Rank -> its hostname's index (by lowest rank); an unreadable hostname is a host of its own.
   std::vector<int> hostname_of;
-  /// With ranks on several hosts, this rank's host's segment (null: it is alone on its host).
+  /// This rank's host's segment, its agreement's board included (null: it is alone on its host,
+  /// or its host's ranks could not share one), and the all-reduce through it.
+  std::shared_ptr<SharedSegment> host_segment;
   std::unique_ptr<SharedMemoryAllReduce> host_memory;
+
+  /// Every rank on one host, sharing one segment: its all-reduce (null otherwise).
+  SharedMemoryAllReduce* one_host_memory() const noexcept { return hosts.size() == 1 ? host_memory.get() : nullptr; }
 
   /// Several hosts, and some hold ranks that share a segment: all-reduces go hierarchically.
   bool hierarchical() const noexcept {
@@ -182,8 +206,7 @@ struct Topology {
 };
 
 /// Learns the hosts and maps each host's segment (see the header comment). Every rank runs this
-/// once, right after the cluster has formed and before any other call; a segment shared by every
-/// rank goes to the transport.
+/// once, right after the cluster has formed and before any other call.
 inline Topology learn_topology(Transport& tr) {
   const int n = tr.size(), r = tr.rank();
   Topology topo;
@@ -223,11 +246,11 @@ inline Topology learn_topology(Transport& tr) {
   for (int k = 0; k < n; ++k) {
     if (same_name(k, r)) members.push_back(k);
   }
-  std::unique_ptr<SharedMemoryAllReduce> shm;
+  HostSegment shm;
   if (members.size() >= 2) shm = setup_group_segment(tr, members);
   // Final groups: a rank's group is named by its lowest member, or by itself where the probe failed.
   std::array<std::byte, 8> group{};
-  const std::uint64_t leader = static_cast<std::uint64_t>(shm ? members[0] : r);
+  const std::uint64_t leader = static_cast<std::uint64_t>(shm.segment ? members[0] : r);
   std::memcpy(group.data(), &leader, 8);
   const auto groups = exchange_through_root(tr, group);
   topo.hosts.clear();
@@ -244,11 +267,8 @@ inline Topology learn_topology(Transport& tr) {
       topo.hosts[static_cast<std::size_t>(h)].push_back(k);
     }
   }
-  if (topo.hosts.size() == 1) {
-    tr.set_shared_memory(std::move(shm));  // one host: descriptors and every all-reduce
-  } else {
-    topo.host_memory = std::move(shm);
-  }
+  topo.host_segment = std::move(shm.segment);
+  topo.host_memory = std::move(shm.all_reduce);
   return topo;
 }
 

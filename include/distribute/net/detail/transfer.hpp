@@ -88,7 +88,7 @@ struct Transfer {
   // A receive's continuation: run by the thread that completes the receive (usually the io
   // thread, right after reading the frame), without the mutex, before the receive counts as Done.
   // It lets an algorithm reduce and pass a chunk on without waking the calling thread per chunk;
-  // it returns true when the thread waiting in Op::wait_until should look again.
+  // it returns true when the thread waiting in Call::wait_until should look again.
   std::function<bool()> on_arrival;
 };
 using TransferPtr = std::shared_ptr<Transfer>;
