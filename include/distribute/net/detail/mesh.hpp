@@ -3,14 +3,9 @@
 // accepts the ones above), the matching of incoming frames to the receives calls post, heartbeats,
 // and failure: the first failure (a peer lost, a timeout, mismatched collectives) poisons the
 // transport, is sent to every peer in an Abort frame, and every later call throws it. The calls
-// themselves are Call (call.hpp), on the members under "for calls"; the descriptor frames of the
-// agreement over TCP go to the TcpAgreement it owns (tcp_agreement.hpp).
-//
-// Receives are matched by (type, sequence, tag): a frame whose receive is already posted is read
-// straight into the caller's buffer; an early one is buffered until its receive is posted. A
-// receive may carry a continuation that the io thread runs as soon as the frame is in (reduce, send
-// on, post the next receive), so a pipelined collective does not wake the calling thread for every
-// chunk.
+// themselves are Call (call.hpp), on the members under "for calls"; incoming data frames are
+// matched to their receives by ReceiveMatching (receive_matching.hpp), and the descriptor frames of
+// the agreement over TCP go to the TcpAgreement it owns (tcp_agreement.hpp).
 #pragma once
 
 #include <algorithm>
@@ -47,6 +42,7 @@
 #include <distribute/net/detail/observed_kinds.hpp>
 #include <distribute/net/detail/peer.hpp>
 #include <distribute/net/detail/protocol.hpp>
+#include <distribute/net/detail/receive_matching.hpp>
 #include <distribute/net/detail/tcp_agreement.hpp>
 #include <distribute/net/detail/transfer.hpp>
 #include <distribute/net/frame.hpp>
@@ -223,29 +219,10 @@ class Transport final : private ConnectionOwner {
   /// included); a frame of another size fails it with a mismatch.
   void post_receive_locked(std::unique_lock<NotifyingMutex>& lk, const TransferPtr& t, bool p2p) {
     Peer& p = peer(t->peer);
-    if (p2p) t->key.seq = p.p2p_received++;
-    Blob early;
-    if (!p.take_early_locked(t->key, early)) {
-      if (p.state() != Connection::State::Open) {
-        t->state = Transfer::State::Failed;
-        t->error = closed_failure_locked(p.conn);
-      } else {
-        p.posted[t->key].push_back(t);
-      }
-      return;
-    }
-    if (early.size != t->size) {
+    if (!matching_.post_locked(lk, p, t, p2p, me())) {
       t->state = Transfer::State::Failed;
-      t->error = Failure{FailureKind::Mismatch, p.size_mismatch(early.size, t->size, t->key, me())};
-      mu_.notify_all_locked();  // posted by a continuation, the caller waits in wait_until
-      return;
+      t->error = closed_failure_locked(p.conn);
     }
-    t->state = Transfer::State::Active;  // an abandoning call waits for the copy and the continuation
-    lk.unlock();
-    if (early.size > 0) std::memcpy(t->dst, early.data.get(), early.size);
-    lk.lock();
-    blobs_.give(std::move(early));
-    complete_receive_locked(lk, t);
   }
 
   /// Takes a transfer that has not started (Queued) off its connection: its call is abandoned.
@@ -446,69 +423,9 @@ class Transport final : private ConnectionOwner {
     }
   }
 
-  std::byte* begin_bulk(Connection& c, const FrameHeader& h) override {
-    Peer& p = peer(c);
-    const MsgKey key{h.type, h.seq, h.tag};
-    const auto length = static_cast<std::size_t>(h.length);
-    bool keep = true;
-    {
-      std::lock_guard lk(mu_);
-      p.rx_transfer.reset();
-      if (TransferPtr t = p.take_posted_locked(key)) {
-        if (t->size == length) {
-          t->state = Transfer::State::Active;
-          p.rx_transfer = std::move(t);
-          return p.rx_transfer->dst;
-        }
-        t->state = Transfer::State::Failed;
-        t->error = Failure{FailureKind::Mismatch, p.size_mismatch(length, t->size, key, me())};
-        keep = false;  // read and drop it: the stream stays in step
-        mu_.notify_all_locked();
-      }
-    }
-    try {
-      {
-        std::lock_guard lk(mu_);
-        p.rx_blob = blobs_.take(length);
-      }
-      if (!p.rx_blob.data) p.rx_blob = Blob{std::make_unique_for_overwrite<std::byte[]>(length), length, length};
-    } catch (const std::bad_alloc&) {
-      throw FrameError(fmt::format("cannot buffer a frame of {} bytes: out of memory", length));
-    }
-    p.rx_keep = keep;
-    return p.rx_blob.data.get();
-  }
+  std::byte* begin_bulk(Connection& c, const FrameHeader& h) override { return matching_.begin_frame(peer(c), h, me()); }
 
-  void end_bulk(Connection& c) override {
-    Peer& p = peer(c);
-    const FrameHeader& h = c.current();
-    std::unique_lock lk(mu_);
-    if (p.rx_transfer) {
-      const TransferPtr t = std::move(p.rx_transfer);  // leaves rx_transfer empty
-      complete_receive_locked(lk, t);
-    } else if (p.rx_keep) {
-      // Its receive may have been posted while the frame was arriving: hand it over now.
-      const MsgKey key{h.type, h.seq, h.tag};
-      TransferPtr t = p.take_posted_locked(key);
-      if (!t) {
-        p.unexpected[key].push_back(std::move(p.rx_blob));
-      } else {
-        if (t->size == p.rx_blob.size) {
-          t->state = Transfer::State::Active;
-          lk.unlock();
-          if (t->size > 0) std::memcpy(t->dst, p.rx_blob.data.get(), t->size);
-          lk.lock();
-          complete_receive_locked(lk, t);
-        } else {
-          t->state = Transfer::State::Failed;
-          t->error = Failure{FailureKind::Mismatch, p.size_mismatch(p.rx_blob.size, t->size, key, me())};
-          mu_.notify_all_locked();
-        }
-      }
-    }
-    blobs_.give(std::move(p.rx_blob));
-    p.rx_blob = Blob{};
-  }
+  void end_bulk(Connection& c) override { matching_.end_frame(peer(c), c.current(), me()); }
 
   void on_read_failed(Connection& c, const std::string& reason, bool malformed) override {
     Peer& p = peer(c);
@@ -541,37 +458,6 @@ class Transport final : private ConnectionOwner {
 
   void on_descriptor_locked(Peer& p, std::uint64_t seq, std::span<const std::byte> payload) {
     if (tcp_agreement_.receive(p, seq, payload, progress_waiters_)) mu_.notify_all_locked();
-  }
-
-  // ---- receives -------------------------------------------------------------------------------
-
-  // A receive's bytes are in place (state Active, `lk` held): runs its continuation, if any, with
-  // the mutex released, then marks it Done. A continuation that throws fails the receive, and
-  // with it the collective.
-  void complete_receive_locked(std::unique_lock<NotifyingMutex>& lk, const TransferPtr& t) {
-    bool wake = progress_waiters_ > 0;
-    if (t->on_arrival) {
-      const std::function<bool()> next = std::move(t->on_arrival);
-      t->on_arrival = nullptr;
-      std::optional<std::string> error;
-      lk.unlock();
-      try {
-        wake = next() || wake;
-      } catch (const std::exception& e) {
-        error = e.what();
-      } catch (...) {
-        error = "unknown exception";
-      }
-      lk.lock();
-      if (error) {
-        t->state = Transfer::State::Failed;
-        t->error = Failure{FailureKind::Peer, fmt::format("{} failed while passing on received data: {}", me(), *error)};
-        mu_.notify_all_locked();
-        return;
-      }
-    }
-    t->state = Transfer::State::Done;
-    if (wake || progress_waiters_ > 0) mu_.notify_all_locked();
   }
 
   // ---- failure --------------------------------------------------------------------------------
@@ -684,11 +570,11 @@ class Transport final : private ConnectionOwner {
   std::optional<Failure> failure_;
   std::optional<Failure> setup_failure_;
   std::uint64_t next_seq_ = 0;
-  BlobPool blobs_;
   bool congestion_refusal_logged_ = false;  // io thread only
   // Threads blocked in Call::block that want waking whenever a transfer completes; one in
   // Call::wait_until is woken only by a continuation's request, a failure, or a descriptor.
   int progress_waiters_ = 0;
+  ReceiveMatching matching_{mu_, progress_waiters_};
   // Collectives' descriptors over TCP (the agreement where no shared memory carries them).
   TcpAgreement tcp_agreement_{peers_, rank_, size_};
 };
