@@ -26,6 +26,10 @@
 #include <utility>
 #include <vector>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "support/processes.hpp"
 
 namespace ds = distribute;
@@ -194,6 +198,56 @@ TEST_CASE("record files (TFRecord): CRC-32C, round trip, truncation and corrupti
   CHECK_THROWS_WITH_AS(data::from_record_files({dir.file("b.tfrecord")}).to_vector(),
                        doctest::Contains("truncated record of 4 bytes"), data::DataLossError);
   CHECK_THROWS_AS(data::from_record_files({dir.file("none.tfrecord")}).to_vector(), ds::InvalidArgument);
+}
+
+TEST_CASE("record files: a header claiming more than the file holds is DataLossError, with no more memory than the file") {
+  TempDir dir;
+  // A 12-byte header whose length checksum is right, claiming 3 GiB, 2^40 and 2^62 bytes, then 5
+  // bytes of payload (event files: test_summary.cpp).
+  auto claim = [&](std::uint64_t length) {
+    unsigned char header[12];
+    data::detail::store_le(header, length, 8);
+    data::detail::store_le(header + 8, data::detail::masked_crc32c(header, 8), 4);
+    const std::string path = dir.file(fmt::format("claims-{}.tfrecord", length));
+    std::ofstream(path, std::ios::binary) << std::string(reinterpret_cast<const char*>(header), sizeof header) << "hello";
+    return path;
+  };
+  for (const std::uint64_t length : {std::uint64_t{3} << 30, std::uint64_t{1} << 40, std::uint64_t{1} << 62}) {
+    CAPTURE(length);
+    const std::string path = claim(length);
+    CHECK_THROWS_WITH_AS(data::from_record_files({path}).to_vector(),
+                         fmt::format("record file '{}': truncated record of {} bytes at byte offset 0", path, length).c_str(),
+                         data::DataLossError);
+  }
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)  // they reserve terabytes of address space
+  // Read in a child whose address space is capped at 256 MiB above what it maps now: the 3 GiB
+  // claim must not try to allocate it.
+  const std::string path = claim(std::uint64_t{3} << 30);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::ifstream status("/proc/self/statm");
+    std::uint64_t pages = 0;
+    status >> pages;
+    const rlim_t cap = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (rlim_t{256} << 20);
+    const ::rlimit limit{cap, cap};
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(3);
+    try {
+      data::RecordReader(path).next();
+      ::_exit(4);
+    } catch (const data::DataLossError&) {
+      ::_exit(0);
+    } catch (const std::bad_alloc&) {
+      ::_exit(1);
+    } catch (...) {
+      ::_exit(2);
+    }
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK_MESSAGE(WEXITSTATUS(status) == 0, "exit 1: bad_alloc; 2: another error; 3: setrlimit failed; 4: no error");
+#endif
 }
 
 // ---- transformations --------------------------------------------------------------------------

@@ -335,6 +335,15 @@ TEST_CASE("read_event_file: a corrupted or truncated last record is DataLossErro
   CHECK(message_after(good.substr(0, last + 12 + last_length / 2)) ==
         where + fmt::format("truncated record of {} bytes at byte offset {}", last_length, last));
   CHECK(message_after(good.substr(0, last + 5)) == where + fmt::format("truncated record header at byte offset {}", last));
+  // A length whose checksum is right but that claims more than the file holds (2^40 bytes).
+  {
+    std::string claims = good.substr(0, last + 12);
+    unsigned char header[12];
+    ds::data::detail::store_le(header, std::uint64_t{1} << 40, 8);
+    ds::data::detail::store_le(header + 8, ds::data::detail::masked_crc32c(header, 8), 4);
+    claims.replace(last, 12, reinterpret_cast<const char*>(header), 12);
+    CHECK(message_after(claims) == where + fmt::format("truncated record of {} bytes at byte offset {}", std::uint64_t{1} << 40, last));
+  }
   // Cut at a record boundary, the file is whole: the events before it.
   write_all(path, good.substr(0, last));
   CHECK(ds::summary::read_event_file(path).size() == 4);

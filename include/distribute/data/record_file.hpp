@@ -3,6 +3,7 @@
 // tf.data.TFRecordDataset and the other way round. Read with data::from_record_files.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdint>
@@ -126,10 +127,18 @@ DISTRIBUTE_DECL std::optional<std::string> RecordReader::next() {
   using detail::masked_crc32c;
   if (load_le(header + 8, 4) != masked_crc32c(header, 8)) fail("corrupted record length (checksum mismatch)");
   const std::uint64_t length = load_le(header, 8);
-  std::string payload(static_cast<std::size_t>(length), '\0');
+  // A header may claim any length: the payload grows as its bytes come, a piece at a time, so that
+  // a false length costs no more memory than the file holds.
+  constexpr std::uint64_t kPiece = std::uint64_t{1} << 20;
+  std::string payload;
+  while (payload.size() < length) {
+    const auto at = payload.size();
+    const auto piece = static_cast<std::size_t>(std::min(kPiece, length - at));
+    payload.resize(at + piece);
+    in_.read(payload.data() + at, static_cast<std::streamsize>(piece));
+    if (static_cast<std::size_t>(in_.gcount()) != piece) fail(fmt::format("truncated record of {} bytes", length));
+  }
   unsigned char footer[4];
-  in_.read(payload.data(), static_cast<std::streamsize>(length));
-  if (static_cast<std::uint64_t>(in_.gcount()) != length) fail(fmt::format("truncated record of {} bytes", length));
   in_.read(reinterpret_cast<char*>(footer), sizeof footer);
   if (static_cast<std::size_t>(in_.gcount()) != sizeof footer) fail("truncated record checksum");
   if (load_le(footer, 4) != masked_crc32c(payload.data(), payload.size())) {
