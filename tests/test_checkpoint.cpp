@@ -503,6 +503,13 @@ TEST_CASE("malformed headers: each problem is a CheckpointError saying what is w
   // A hand-written file without distribute's checksums is accepted (files from other writers).
   const auto plain = st::parse(raw_file(ok, {0, 0, 128, 63, 0, 0, 0, 64}));
   CHECK(plain.at("a").values<float>() == std::vector<float>{1.0f, 2.0f});
+  // A dimension of 0 holds no elements whatever the others: (2^62, 4, 0) is an empty tensor, not
+  // a count that overflows.
+  const auto empty = st::parse(raw_file(R"({"e":{"dtype":"F32","shape":[4611686018427387904,4,0],"data_offsets":[0,0]}})", {}));
+  CHECK(empty.at("e").num_elements() == 0);
+  CHECK(empty.at("e").values<float>().empty());
+  CHECK(err(R"({"e":{"dtype":"F32","shape":[4611686018427387904,4,0],"data_offsets":[0,4]}})", std::vector<std::uint8_t>(4))
+            .find("tensor 'e' of dtype F32 and shape (4611686018427387904, 4, 0) needs 0 bytes") != std::string::npos);
 
   CHECK(err(ok, std::vector<std::uint8_t>(8), 1000).find("the header length 1000 runs past the end of the file") !=
         std::string::npos);

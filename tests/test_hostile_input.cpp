@@ -334,6 +334,12 @@ TEST_CASE("decoders on a byte span: every bogus length is InvalidArgument, never
   CHECK_THROWS_WITH_AS(ds::num_elements(ds::Shape{2, -3}), "shape (2, -3) has a negative dimension", ds::InvalidArgument);
   CHECK(ds::num_elements(ds::Shape{2, 3, 4}) == 24);
   CHECK(ds::num_elements(ds::Shape{}) == 1);
+  // A dimension of 0 holds no elements, whatever the others multiply to; a negative one is still refused.
+  CHECK(ds::num_elements(ds::Shape{std::int64_t{1} << 62, 4, 0}) == 0);
+  CHECK(ds::checked_byte_size(ds::Shape{std::int64_t{1} << 62, 4, 0}, 8, "tensor") == 0);
+  CHECK_THROWS_WITH_AS(ds::num_elements(ds::Shape{0, -1}), "shape (0, -1) has a negative dimension", ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(ds::checked_byte_size(ds::Shape{std::int64_t{1} << 62, 4}, 8, "tensor"),
+                       "tensor: shape (4611686018427387904, 4) read from the wire is negative or too large", ds::InvalidArgument);
 }
 
 TEST_CASE("a stranger without the token is refused while training goes on; the refusal says only \"refused\"") {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>  // (kept: headers that include this one use it)
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,14 +30,31 @@ namespace core::detail {
   return !__builtin_mul_overflow(count, element_size, &out);
 }
 
-/// Number of elements a shape holds (1 for a scalar). A negative dimension or a product beyond
+/// The number of elements a shape holds (1 for a scalar), exactly: 0 when a dimension is 0,
+/// whatever the others (2^62 x 4 x 0 holds none); nullopt for a negative dimension or a count
+/// beyond 64-bit signed arithmetic.
+[[nodiscard]] inline std::optional<std::uint64_t> checked_count(const Shape& shape) noexcept {
+  bool negative = false, zero = false, overflows = false;
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape) {
+    negative = negative || d < 0;
+    zero = zero || d == 0;
+    if (d > 0 && !overflows) {
+      overflows = !checked_mul(n, static_cast<std::uint64_t>(d), n) || n > static_cast<std::uint64_t>(INT64_MAX);
+    }
+  }
+  if (negative) return std::nullopt;
+  if (zero) return 0;
+  if (overflows) return std::nullopt;
+  return n;
+}
+
+/// Number of elements a shape holds (checked_count). A negative dimension or a product beyond
 /// 64-bit signed arithmetic is InvalidArgument: shapes also arrive from the wire and from files.
 inline std::int64_t num_elements(const Shape& shape) {
-  std::int64_t n = 1;
-  for (std::int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(n, d, &n)) core::detail::throw_bad_shape(shape);
-  }
-  return n;
+  const std::optional<std::uint64_t> n = checked_count(shape);
+  if (!n) core::detail::throw_bad_shape(shape);
+  return static_cast<std::int64_t>(*n);
 }
 
 /// The bytes a shape's elements take, checked: InvalidArgument naming `what` when a dimension is
@@ -65,13 +83,11 @@ DISTRIBUTE_DECL void core::detail::throw_bad_shape(const Shape& shape) {
 DISTRIBUTE_DECL std::size_t checked_byte_size(const Shape& shape, std::size_t element_size, const char* what,
                                               std::uint64_t limit) {
   const std::uint64_t max_count = limit / (element_size ? element_size : 1);
-  std::uint64_t n = 1;
-  for (std::int64_t d : shape) {
-    if (d < 0 || !checked_mul(n, static_cast<std::uint64_t>(d), n) || n > max_count) {
-      throw InvalidArgument(fmt::format("{}: shape {} read from the wire is negative or too large", what, shape_string(shape)));
-    }
+  const std::optional<std::uint64_t> n = checked_count(shape);
+  if (!n || *n > max_count) {
+    throw InvalidArgument(fmt::format("{}: shape {} read from the wire is negative or too large", what, shape_string(shape)));
   }
-  return static_cast<std::size_t>(n * element_size);  // <= limit: checked above
+  return static_cast<std::size_t>(*n * element_size);  // <= limit: checked above
 }
 
 DISTRIBUTE_DECL std::size_t normalize_axis(std::int64_t axis, std::size_t rank, const char* what) {

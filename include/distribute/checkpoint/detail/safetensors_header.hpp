@@ -96,12 +96,11 @@ inline std::uint32_t header_digest(std::vector<const Entry*> entries, const safe
 }
 
 inline std::uint64_t checked_size(const std::string& origin, const Entry& e) {
-  std::uint64_t n = size_of(e.dtype);
-  for (auto d : e.shape) {
-    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) {
-      throw CheckpointError(fmt::format("'{}': tensor '{}' has shape {}, whose byte size overflows 64 bits", origin,
-                                        e.name, shape_string(e.shape)));
-    }
+  const std::optional<std::uint64_t> count = checked_count(e.shape);  // 0 when a dimension is 0
+  std::uint64_t n = 0;
+  if (!count || !checked_mul(*count, size_of(e.dtype), n)) {
+    throw CheckpointError(fmt::format("'{}': tensor '{}' has shape {}, whose byte size overflows 64 bits", origin, e.name,
+                                      shape_string(e.shape)));
   }
   return n;
 }
