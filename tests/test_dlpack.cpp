@@ -6,7 +6,10 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -515,6 +518,68 @@ TEST_CASE("dlpack: malformed tensors and bad arguments are refused with a messag
   t.shape = none.data();
   t.data = nullptr;
   CHECK(dl::borrow(t).to_vector<float>().empty());
+}
+
+TEST_CASE("dlpack: views whose use would be undefined behaviour are refused with a message") {
+  // A float32 tensor whose byte_offset puts its first element at an odd address.
+  alignas(16) std::array<float, 4> storage{1, 2, 3, 4};
+  std::vector<std::int64_t> shape{3};
+  DLTensor t = host_tensor(storage.data(), shape);
+  t.byte_offset = 1;
+  CHECK_THROWS_WITH_AS(dl::borrow(t),
+                       doctest::Contains(fmt::format("DLPack tensor: byte_offset 1 puts the first element at {}, not aligned "
+                                                     "to its 4-byte elements; copy it into aligned memory first",
+                                                     static_cast<const void*>(reinterpret_cast<std::byte*>(storage.data()) + 1))
+                                             .c_str()),
+                       ds::InvalidArgument);
+  t.byte_offset = 4;  // one whole element in: aligned
+  CHECK(floats(dl::borrow(t)) == std::vector<float>{2, 3, 4});
+  // Any value type's view is checked the same way (what its tensor_traits returns).
+  void* odd = reinterpret_cast<std::byte*>(storage.data()) + 2;
+  CHECK_THROWS_WITH_AS(ds::check_view(ds::TensorView{odd, ds::DType::F32, {1}}, typeid(dl::Tensor)),
+                       doctest::Contains(fmt::format("the first element of a float32 (1,) value is at address {}, not "
+                                                     "aligned to its 4-byte elements", odd)
+                                             .c_str()),
+                       ds::InvalidArgument);
+
+  // 3 x 3 with strides (1, 1): element (i, j) is storage[i + j], so elements share memory. Read,
+  // it is what its strides say; written in place, replicas would race on shared elements.
+  std::vector<float> five{1, 2, 3, 4, 5};
+  std::vector<std::int64_t> square{3, 3}, overlapping{1, 1};
+  DLTensor o = host_tensor(five.data(), square);
+  o.strides = overlapping.data();
+  const dl::Tensor diagonals = dl::borrow(o);
+  CHECK(floats(diagonals) == std::vector<float>{1, 2, 3, 2, 3, 4, 3, 4, 5});
+  ds::MirroredStrategy<ds::host> strategy(2);
+  CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) { ctx.all_reduce(ds::ReduceOp::Sum, dl::Tensor(diagonals)); }),
+                       doctest::Contains("a float32 (3, 3) strides (1, 1) value whose elements overlap (its strides make "
+                                         "elements share memory along axis 1) cannot be written; pass a contiguous copy"),
+                       ds::InvalidArgument);
+  // Out of place (an lvalue is copied first), every replica gets the same sums.
+  auto sums = strategy.run([&](ds::ReplicaContext& ctx) { return ctx.all_reduce(ds::ReduceOp::Sum, diagonals); });
+  CHECK(floats(sums[0]) == std::vector<float>{2, 4, 6, 4, 6, 8, 6, 8, 10});
+  CHECK(floats(sums[1]) == floats(sums[0]));
+  CHECK(five == std::vector<float>{1, 2, 3, 4, 5});
+
+  // A device type this DLPack does not name (42) is never loaded as the enum: device memory.
+  DLTensor d = host_tensor(storage.data(), shape);
+  const std::int32_t unknown = 42;
+  std::memcpy(&d.device.device_type, &unknown, sizeof unknown);
+  const dl::Tensor elsewhere = dl::borrow(d);
+  CHECK(!elsewhere.is_host());
+  CHECK_THROWS_WITH_AS(elsewhere.clone(), doctest::Contains("the elements are on device type 42:0"), ds::InvalidArgument);
+
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)  // their allocators abort on 64 GiB
+  // 2^34 elements at stride 0: one float in memory, 64 GiB as a row-major copy.
+  std::vector<std::int64_t> huge{std::int64_t{1} << 34}, zero{0};
+  DLTensor b = host_tensor(storage.data(), huge);
+  b.strides = zero.data();
+  const dl::Tensor broadcast = dl::borrow(b);
+  CHECK_THROWS_WITH_AS(broadcast.clone(), "DLPack tensor: 68719476736 bytes of elements cannot be allocated",
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) { return ctx.all_reduce(ds::ReduceOp::Sum, broadcast); }),
+                       doctest::Contains("68719476736 bytes"), ds::InvalidArgument);
+#endif
 }
 
 TEST_CASE("dlpack: MultiWorkerMirrored, 2 worker processes") {

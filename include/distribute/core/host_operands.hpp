@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstring>
+#include <new>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -87,13 +89,13 @@ class HostOperands {
 #if DISTRIBUTE_DETAIL_DEFINE  // compiled apart with DISTRIBUTE_SEPARATE_COMPILATION (version.hpp)
 DISTRIBUTE_DECL void HostOperands::add(TensorView v, bool read_only) {
   check_host(v);
-  if (!read_only && !v.strides.empty()) {
-    for (std::size_t d = 0; d < v.shape.size(); ++d) {
-      if (v.strides[d] == 0 && v.shape[d] > 1) {
-        throw InvalidArgument(fmt::format("{}: a {} value whose elements overlap (stride 0 along axis {}, as "
-                                          "torch's expand() makes) cannot be written; pass a contiguous copy",
-                                          what_, describe(v), d));
-      }
+  if (!read_only) {
+    if (const std::optional<std::size_t> d = detail::overlapping_axis(v)) {
+      const std::string why = v.strides[*d] == 0 ? fmt::format("stride 0 along axis {}, as torch's expand() makes", *d)
+                                                 : fmt::format("its strides make elements share memory along axis {}", *d);
+      throw InvalidArgument(fmt::format("{}: a {} value whose elements overlap ({}) cannot be written; pass a "
+                                        "contiguous copy",
+                                        what_, describe(v), why));
     }
   }
   if (v.contiguous()) {
@@ -102,7 +104,15 @@ DISTRIBUTE_DECL void HostOperands::add(TensorView v, bool read_only) {
   }
   BufferRef ref{nullptr, v.dtype, v.shape};
   const std::size_t bytes = v.bytes();
-  auto& s = staged_.emplace_back(Staged{buffers_.size(), std::move(v), std::vector<std::byte>(bytes), read_only});
+  std::vector<std::byte> staging;
+  try {
+    staging.resize(bytes);
+  } catch (const std::bad_alloc&) {
+    // A broadcast view (stride 0) can stand for far more elements than its memory holds.
+    throw InvalidArgument(fmt::format("{}: a {} value needs a row-major copy of {} bytes, which cannot be allocated",
+                                      what_, describe(v), bytes));
+  }
+  auto& s = staged_.emplace_back(Staged{buffers_.size(), std::move(v), std::move(staging), read_only});
   copy_to_contiguous(s.view, s.bytes.data());
   ref.data = s.bytes.data();
   buffers_.push_back(std::move(ref));

@@ -4,9 +4,11 @@
 // a run-time one (libtorch, DLPack) returns it directly.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <typeinfo>
 #include <utility>
 #include <vector>
@@ -66,7 +68,8 @@ struct TensorView {
 
 /// "float32 (2, 3)" or "float32 (2, 3) strides (1, 2)", for messages.
 DISTRIBUTE_DECL std::string describe(const TensorView& v);
-/// Checks what a tensor_traits returned: strides match the shape's rank and are non-negative.
+/// Checks what a tensor_traits returned: strides match the shape's rank and are non-negative, and
+/// the first element is aligned to the element size (elements are loaded as their type).
 /// `type` names the value type in the message (demangled only when there is one to give).
 DISTRIBUTE_DECL void check_view(const TensorView& v, const std::type_info& type);
 
@@ -91,6 +94,12 @@ DISTRIBUTE_DECL void check_view(const TensorView& v, const std::type_info& type)
                                         "contiguous copy first",
                                         core::type_name(type), describe(v)));
     }
+  }
+  const std::size_t align = size_of(v.dtype);
+  if (reinterpret_cast<std::uintptr_t>(v.data) % align != 0 && v.count() > 0) {
+    throw InvalidArgument(fmt::format("tensor_traits<{}>: the first element of a {} value is at address {}, not aligned "
+                                      "to its {}-byte elements; copy it into aligned memory first",
+                                      core::type_name(type), describe(v), v.data, align));
   }
 }
 
@@ -118,6 +127,27 @@ inline bool overlap(const TensorView& a, const TensorView& b) {
 inline bool same_elements(const TensorView& a, const TensorView& b) {
   if (a.data != b.data || a.dtype != b.dtype || a.shape != b.shape) return false;
   return (a.contiguous() && b.contiguous()) || a.strides == b.strides;
+}
+
+/// An axis along which two of a view's elements may share memory, if there is one: sorted by
+/// stride, every axis of more than one element must step past all that the smaller axes reach
+/// (a sufficient test; an exotic interleaving that does not overlap is reported too).
+inline std::optional<std::size_t> overlapping_axis(const TensorView& v) {
+  if (v.strides.empty() || v.count() == 0) return std::nullopt;
+  std::vector<std::size_t> axes;
+  for (std::size_t d = 0; d < v.shape.size(); ++d) {
+    if (v.shape[d] > 1) axes.push_back(d);
+  }
+  std::stable_sort(axes.begin(), axes.end(), [&](std::size_t a, std::size_t b) { return v.strides[a] < v.strides[b]; });
+  std::int64_t reach = 1;  // elements the axes so far span: their largest offset, plus one
+  for (std::size_t d : axes) {
+    if (v.strides[d] < reach) return d;
+    std::int64_t step = 0;
+    if (__builtin_mul_overflow(v.strides[d], v.shape[d] - 1, &step) || __builtin_add_overflow(reach, step, &reach)) {
+      return std::nullopt;  // the next axis, if any, steps past it only beyond 64-bit offsets
+    }
+  }
+  return std::nullopt;
 }
 
 // Walks the elements of a strided view in row-major order, calling run(offset_in_elements, len)

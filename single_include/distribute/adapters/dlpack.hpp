@@ -69,7 +69,17 @@ inline const char* type_code_name(std::uint8_t code) noexcept {
   }
 }
 
-inline const char* device_name(DLDeviceType type) noexcept {
+/// The device type as the integer the producer wrote, read without loading it as the enum: a
+/// value outside the enumerators' range would be undefined behaviour to load.
+inline std::int32_t raw_device_type(const DLDevice& device) noexcept {
+  static_assert(sizeof(device.device_type) == sizeof(std::int32_t), "DLDeviceType is a 32-bit enum");
+  std::int32_t raw = 0;
+  std::memcpy(&raw, &device.device_type, sizeof raw);
+  return raw;
+}
+
+/// The name of a device type this DLPack knows, or "unknown device type".
+inline const char* device_name(std::int32_t type) noexcept {
   switch (type) {
     case kDLCPU: return "kDLCPU";
     case kDLCUDA: return "kDLCUDA";
@@ -88,10 +98,9 @@ inline const char* device_name(DLDeviceType type) noexcept {
 
 /// "kDLCUDA:1" (or "device type 42:0"), for messages.
 inline std::string device_string(DLDevice device) {
-  const char* name = device_name(device.device_type);
-  if (std::strcmp(name, "unknown device type") == 0) {
-    return fmt::format("device type {}:{}", static_cast<int>(device.device_type), device.device_id);
-  }
+  const std::int32_t raw = raw_device_type(device);
+  const char* name = device_name(raw);
+  if (std::strcmp(name, "unknown device type") == 0) return fmt::format("device type {}:{}", raw, device.device_id);
   return fmt::format("{}:{}", name, device.device_id);
 }
 
@@ -101,8 +110,10 @@ inline std::string dtype_string(DLDataType t) {
                      t.lanes == 1 ? "" : "s");
 }
 
-/// Pinned host memory (cudaMallocHost, hipMallocHost) is ordinary host memory to the CPU.
-inline bool is_host_device(DLDeviceType type) noexcept {
+/// Pinned host memory (cudaMallocHost, hipMallocHost) is ordinary host memory to the CPU. Any
+/// other type, one this DLPack does not name included, is a device's memory.
+inline bool is_host_device(const DLDevice& device) noexcept {
+  const std::int32_t type = raw_device_type(device);
   return type == kDLCPU || type == kDLCUDAHost || type == kDLROCMHost;
 }
 
@@ -130,7 +141,13 @@ struct AlignedFree {
 using AlignedBytes = std::unique_ptr<std::byte, AlignedFree>;
 
 inline AlignedBytes allocate_zeroed(std::size_t bytes) {
-  AlignedBytes out(static_cast<std::byte*>(::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{256})));
+  AlignedBytes out;
+  try {
+    out.reset(static_cast<std::byte*>(::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{256})));
+  } catch (const std::bad_alloc&) {
+    // A broadcast view (stride 0) can stand for far more elements than its memory holds.
+    throw InvalidArgument(fmt::format("DLPack tensor: {} bytes of elements cannot be allocated", bytes));
+  }
   std::memset(out.get(), 0, bytes);
   return out;
 }
@@ -283,7 +300,7 @@ class Tensor {
   }
   DLDevice device() const noexcept { return state_->tensor.device; }
   /// Whether the CPU can read the elements (kDLCPU, or pinned host memory).
-  bool is_host() const noexcept { return adapters::detail::is_host_device(state_->tensor.device.device_type); }
+  bool is_host() const noexcept { return adapters::detail::is_host_device(state_->tensor.device); }
 
   /// How the library sees it: data, dtype, shape, strides, host or device memory.
   TensorView view() const {
@@ -363,6 +380,14 @@ class Tensor {
     adapters::detail::checked_mul(adapters::detail::checked_add(last, 1, "the extent"), element_bytes, "the byte extent");
     if (in.data == nullptr && count > 0) {
       throw InvalidArgument(fmt::format("DLPack tensor: data is null for a tensor of shape {}", shape_string(state->shape)));
+    }
+    // Elements are loaded as their type: the first must sit at a multiple of its size.
+    if (count > 0 && element_bytes > 1 &&
+        (reinterpret_cast<std::uintptr_t>(in.data) + in.byte_offset) % static_cast<std::uint64_t>(element_bytes) != 0) {
+      throw InvalidArgument(fmt::format("DLPack tensor: byte_offset {} puts the first element at {}, not aligned to its "
+                                        "{}-byte elements; copy it into aligned memory first",
+                                        in.byte_offset, static_cast<const void*>(static_cast<const std::byte*>(in.data) + in.byte_offset),
+                                        element_bytes));
     }
     state->tensor = in;
     state->tensor.shape = state->shape.empty() ? nullptr : state->shape.data();
