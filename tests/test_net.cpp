@@ -30,6 +30,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <latch>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -1068,14 +1069,23 @@ TEST_CASE("communicator in threads: strangers are refused and logged while the c
       if (!s.read_to_close().empty()) problem("silent stranger got an answer");
       if (seconds_between(t0, Clock::now()) > 3.0) problem("silent stranger held its socket too long");
     }
-    {  // a well-formed hello from a rank that does not exist: told why, then dropped
+    {  // a well-formed hello from a rank that does not exist: challenged like any hello (its claim
+       // is checked only after the handshake's proofs), then refused, then dropped
       RawSocket s(ports[0]);
       net::detail::Hello hello{3, 7, 0, false, net::detail::random_nonce()};
       s.send_bytes(net::encode_frame({net::FrameType::Hello, 0, 0, 0}, net::detail::encode(hello)));
-      const auto reply = s.read_to_close();
-      if (reply.size() < net::kFrameHeaderBytes ||
-          net::decode_header(reply, 1024).type != net::FrameType::Reject) {
-        problem("the hello from rank 7 was not answered by a reject frame");
+      std::vector<std::byte> head(net::kFrameHeaderBytes);
+      if (::recv(s.fd, head.data(), head.size(), MSG_WAITALL) != static_cast<ssize_t>(head.size()) ||
+          net::decode_header(head, 1024).type != net::FrameType::Challenge) {
+        problem("the hello from rank 7 was not answered by a challenge");
+      } else {
+        std::vector<std::byte> challenge(static_cast<std::size_t>(net::decode_header(head, 1024).length));
+        (void)::recv(s.fd, challenge.data(), challenge.size(), MSG_WAITALL);
+        s.send_bytes(net::encode_frame({net::FrameType::Response, 0, 0, 0}, net::detail::Mac{}));  // no token: no proof
+        const auto reply = s.read_to_close();
+        if (reply.size() < net::kFrameHeaderBytes || net::decode_header(reply, 1024).type != net::FrameType::Reject) {
+          problem("the response of rank 7 was not answered by a reject frame");
+        }
       }
     }
     {  // a huge claimed length before any handshake
@@ -1218,6 +1228,95 @@ TEST_CASE("communicator in threads: a wrong or missing token is refused, the rig
   INFO(log.all());
   CHECK(log.contains("(claiming to be worker:1): it presented no cluster token, and this cluster requires one"));
   CHECK(log.contains("(claiming to be worker:1): it refused this rank's proof of the cluster token"));
+}
+
+TEST_CASE("communicator in threads: a stranger's hellos get the same answers whatever cluster shape they claim") {
+  Watchdog dog(120s, "threads: hellos of every shape");
+  // A cluster of 4 with a token. A stranger (no token proof) sends 120 hellos to rank 1, claiming
+  // every cluster size 1..6, every rank it calls 0..3 and every rank it is 0..4: the true shape
+  // (4, to rank 1, from rank 2 or 3) must not stand out. Each gets a challenge that only echoes
+  // its claim, then, for a response without the proof, "refused".
+  const auto ports = free_ports(4);
+  LogSink log;
+  std::latch formed(4), probed(1);
+  std::vector<std::string> errors;
+  std::thread cluster([&] {
+    errors = run_ranks(4, [&](int r) {
+      net::CommunicatorOptions opt;
+      opt.cluster_token.emplace("the token");
+      opt.connect_timeout = 30s;
+      if (r == 1) opt.log = log.fn();
+      std::optional<net::Communicator> comm;
+      try {
+        comm.emplace(addresses_of(ports), r, opt, worker_names(4));
+      } catch (...) {
+        formed.count_down();
+        throw;
+      }
+      formed.count_down();
+      probed.wait();
+      comm->barrier();  // the cluster is whole after the probes
+    });
+  });
+  formed.wait();
+  // Lets the cluster finish and joins it, once: at the end, or when a REQUIRE leaves early.
+  struct Finish {
+    std::latch& probed;
+    std::thread& cluster;
+    void operator()() {
+      if (!cluster.joinable()) return;
+      probed.count_down();
+      cluster.join();
+    }
+    ~Finish() { (*this)(); }
+  } finish{probed, cluster};
+  struct Answer {
+    net::FrameType first, second;
+    std::string text;
+    bool operator==(const Answer&) const = default;
+  };
+  std::vector<Answer> answers;
+  for (std::uint32_t size = 1; size <= 6; ++size) {
+    for (std::uint32_t to = 0; to < 4; ++to) {
+      for (std::uint32_t from = 0; from < 5; ++from) {
+        CAPTURE(size);
+        CAPTURE(to);
+        CAPTURE(from);
+        RawSocket s(ports[1]);
+        auto read_frame = [&] {
+          std::vector<std::byte> head(net::kFrameHeaderBytes);
+          REQUIRE(::recv(s.fd, head.data(), head.size(), MSG_WAITALL) == static_cast<ssize_t>(head.size()));
+          const net::FrameHeader h = net::decode_header(head, 1024);
+          std::vector<std::byte> payload(static_cast<std::size_t>(h.length));
+          if (!payload.empty()) {
+            REQUIRE(::recv(s.fd, payload.data(), payload.size(), MSG_WAITALL) == static_cast<ssize_t>(payload.size()));
+          }
+          return std::pair{h, payload};
+        };
+        const net::detail::Hello hello{size, from, to, true, net::detail::random_nonce()};
+        s.send_bytes(net::encode_frame({net::FrameType::Hello, 0, 0, 0}, net::detail::encode(hello)));
+        const auto [h1, challenge] = read_frame();
+        Answer a{h1.type, net::FrameType::Data, ""};
+        if (h1.type == net::FrameType::Challenge) {
+          const net::detail::Challenge c = net::detail::decode_challenge(challenge);
+          CHECK(c.size == size);  // an echo of the claim, nothing of the cluster
+          CHECK(c.rank == to);
+          CHECK(c.peer_rank == from);
+          s.send_bytes(net::encode_frame({net::FrameType::Response, 0, 0, 0}, net::detail::Mac{}));
+          const auto [h2, verdict] = read_frame();
+          a.second = h2.type;
+          a.text.assign(reinterpret_cast<const char*>(verdict.data()), verdict.size());
+        }
+        answers.push_back(a);
+      }
+    }
+  }
+  finish();
+  for (const auto& e : errors) CHECK(e == "");
+  REQUIRE(answers.size() == 120);
+  for (const Answer& a : answers) CHECK(a == Answer{net::FrameType::Challenge, net::FrameType::Reject, "refused"});
+  // The reason is in rank 1's own log, for every shape alike.
+  CHECK(log.contains("(claiming to be worker:3): authentication failed: its proof of the cluster token is wrong"));
 }
 
 TEST_CASE("communicator in threads: a connected peer that sends a malformed frame is dropped as lost") {

@@ -76,7 +76,7 @@ class RpcServer final : private detail::ConnectionOwner {
     auto terms = std::make_shared<detail::AcceptorTerms>();
     terms->me = name_;
     terms->role = "server";
-    terms->admit = [this](detail::Handshake&, const detail::Hello& hello) -> std::string {
+    terms->greet = [this](detail::Handshake&, const detail::Hello& hello) -> std::string {
       if (!hello.service) return "it is a rank of a communicator, not a client of this service";
       if (hello.has_token != token_.has_value()) {
         return token_ ? std::string("the peer did not present the cluster token")

@@ -8,8 +8,9 @@
 // Proofs are HMAC-SHA256 of both nonces and the identities under the cluster token (protocol.hpp).
 // Before the proofs no frame may carry more than kMaxHandshakePayload bytes, and the whole
 // handshake has one deadline. What the two sides must agree on beyond the token (ranks and cluster
-// size for a communicator's mesh) is the owner's, given as terms. An acceptor tells a refused
-// peer only "refused"; the reason goes to its log.
+// size for a communicator's mesh) is the owner's, given as terms, and checked only once the peer
+// proved the token: a stranger gets a challenge, then "refused", whatever shape its hello claims.
+// An acceptor tells a refused peer only "refused"; the reason goes to its log.
 #pragma once
 
 #include <chrono>
@@ -75,8 +76,15 @@ struct ConnectorTerms {
 struct AcceptorTerms {
   std::string me;
   std::string role = "rank";  // what this side is, for the log ("rank", "server")
-  /// Checks a hello before any proof: "" admits it, else why it is refused. May set h.claimed.
-  std::function<std::string(Handshake& h, const Hello&)> admit;
+  /// Checks a hello before any proof, on what a stranger may learn from the answer (what kind of
+  /// peer it is, whether it holds a token; never the cluster's shape): "" goes on, else why it is
+  /// refused. May set h.claimed.
+  std::function<std::string(Handshake& h, const Hello&)> greet;
+  /// Checks the hello of a peer that proved the token (or of any peer, without one) against what
+  /// this side is (the cluster's size and ranks): "" admits it, else why it is refused. Unset:
+  /// every authenticated peer is admitted. A stranger never gets this far, so the answers it gets
+  /// are the same whatever shape its hello claims.
+  std::function<std::string(const Hello&)> admit;
   /// After the peer proved the token, takes its place: "" done, else why it is refused.
   std::function<std::string(const Hello&)> claim;
   /// Gives the place back (the welcome could not be written).
@@ -172,7 +180,7 @@ class Handshaker {
           } catch (const FrameError& e) {
             return refuse(h, *terms, e.what(), false);
           }
-          if (std::string why = terms->admit(*h, h->hello); !why.empty()) return refuse(h, *terms, why, true);
+          if (std::string why = terms->greet(*h, h->hello); !why.empty()) return refuse(h, *terms, why, true);
           const Hello& hello = h->hello;
           h->nonce = random_nonce();
           Challenge c{hello.size, hello.to_rank, hello.from_rank, token_.has_value(), h->nonce, Mac{}, hello.service};
@@ -202,6 +210,9 @@ class Handshaker {
                   return refuse(h, *terms, "authentication failed: its proof of the cluster token is wrong (the tokens differ)",
                                 true);
                 }
+              }
+              if (terms->admit) {
+                if (std::string why = terms->admit(hi); !why.empty()) return refuse(h, *terms, why, true);
               }
               if (std::string why = terms->claim(hi); !why.empty()) return refuse(h, *terms, why, true);
               write(h, FrameType::Welcome, {}, [this, h, terms, welcomed](const std::string& err4) {

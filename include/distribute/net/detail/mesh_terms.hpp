@@ -73,9 +73,21 @@ class MeshTerms {
                                                 std::function<void(const std::string&)> log) const {
     auto terms = std::make_shared<AcceptorTerms>();
     terms->me = self_->me();
-    terms->admit = [self = self_](Handshake& hs, const Hello& hello) -> std::string {
-      const int rank = self->rank, size = self->size;
+    // Before any proof: nothing that depends on this cluster's shape, which a stranger must not
+    // learn from the answers (a challenge for the right shape, "refused" for another).
+    terms->greet = [self = self_](Handshake& hs, const Hello& hello) -> std::string {
       if (hello.service) return "it is a client of a service, not a rank of this cluster";
+      if (hello.from_rank < static_cast<std::uint32_t>(self->size)) {
+        hs.claimed = fmt::format(" (claiming to be {})", self->ranks[hello.from_rank].name);
+      }
+      if (hello.has_token != self->has_token) {
+        return self->has_token ? std::string("it presented no cluster token, and this cluster requires one")
+                               : std::string("it presented a cluster token, and this rank has none");
+      }
+      return {};
+    };
+    terms->admit = [self = self_](const Hello& hello) -> std::string {
+      const int rank = self->rank, size = self->size;
       if (hello.size != static_cast<std::uint32_t>(size) || hello.to_rank != static_cast<std::uint32_t>(rank)) {
         return fmt::format("it believes in a {}-rank cluster and called rank {}, but this is rank {} of {}", hello.size,
                            hello.to_rank, rank, size);
@@ -83,11 +95,6 @@ class MeshTerms {
       if (hello.from_rank <= static_cast<std::uint32_t>(rank) || hello.from_rank >= static_cast<std::uint32_t>(size)) {
         return fmt::format("it claims rank {}, but only ranks {}..{} connect to rank {}", hello.from_rank, rank + 1, size - 1,
                            rank);
-      }
-      hs.claimed = fmt::format(" (claiming to be {})", self->ranks[hello.from_rank].name);
-      if (hello.has_token != self->has_token) {
-        return self->has_token ? std::string("it presented no cluster token, and this cluster requires one")
-                               : std::string("it presented a cluster token, and this rank has none");
       }
       return {};
     };
