@@ -60,6 +60,21 @@ TEST_CASE("split_host_port rejects malformed addresses, saying what is wrong") {
     CHECK_THROWS_WITH_AS(ds::split_host_port(c.text), doctest::Contains(c.expected), ds::ClusterConfigError);
     CHECK_FALSE(ds::is_valid_address(c.text));
   }
+  // A megabyte of input is quoted by its first bytes and its length, never whole.
+  const std::string mega(std::size_t{1} << 20, '7');
+  CHECK_THROWS_WITH_AS(ds::split_host_port("a:" + mega),
+                       fmt::format("address 'a:{}...' (1048578 bytes) has port {}..., out of range [1, 65535]",
+                                   std::string(62, '7'), std::string(20, '7'))
+                           .c_str(),
+                       ds::ClusterConfigError);
+  CHECK_THROWS_WITH_AS(ds::split_host_port("a:x" + mega),
+                       fmt::format("address 'a:x{}...' (1048579 bytes) has port 'x{}...' (1048577 bytes), which is not a number",
+                                   std::string(61, '7'), std::string(63, '7'))
+                           .c_str(),
+                       ds::ClusterConfigError);
+  CHECK_THROWS_WITH_AS(ds::split_host_port("grpc" + mega + "://a:1"),
+                       doctest::Contains(fmt::format("has a scheme ('grpc{}...' ({} bytes))", std::string(60, '7'), mega.size() + 7).c_str()),
+                       ds::ClusterConfigError);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -889,6 +889,16 @@ TEST_CASE("addresses: host:port parsing") {
   CHECK_THROWS_WITH_AS(parse_host_port("localhost"), "address 'localhost' is not of the form host:port", ds::InvalidArgument);
   CHECK_THROWS_WITH_AS(parse_host_port("h:0"), "address 'h:0' has port 0 outside 1..65535", ds::InvalidArgument);
   CHECK_THROWS_WITH_AS(parse_host_port("h:12ab"), "address 'h:12ab' has an invalid port '12ab'", ds::InvalidArgument);
+  // A megabyte of input is quoted by its first 64 bytes and its length, not whole.
+  const std::string mega(std::size_t{1} << 20, 'h');
+  CHECK_THROWS_WITH_AS(parse_host_port(mega),
+                       fmt::format("address '{}...' (1048576 bytes) is not of the form host:port", std::string(64, 'h')).c_str(),
+                       ds::InvalidArgument);
+  CHECK_THROWS_WITH_AS(parse_host_port("h:" + mega),
+                       fmt::format("address 'h:{}...' (1048578 bytes) has an invalid port '{}...' (1048576 bytes)",
+                                   std::string(62, 'h'), std::string(64, 'h'))
+                           .c_str(),
+                       ds::InvalidArgument);
 }
 
 // =============================================================================================

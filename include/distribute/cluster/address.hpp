@@ -39,8 +39,8 @@ inline std::optional<HostPort> split_host_port(std::string_view address, std::st
   };
   if (address.empty()) return fail("is empty");
   if (auto scheme = address.find("://"); scheme != std::string_view::npos) {
-    return fail(fmt::format("has a scheme ('{}'); write host:port and set the rpc layer separately",
-                            address.substr(0, scheme + 3)));
+    return fail(fmt::format("has a scheme ({}); write host:port and set the rpc layer separately",
+                            quote_input(address.substr(0, scheme + 3))));
   }
   std::string_view host;
   std::string_view port;
@@ -54,7 +54,7 @@ inline std::optional<HostPort> split_host_port(std::string_view address, std::st
     if (host.empty()) return fail("has an empty host in brackets; expected [host]:port");
     if (host.size() > kMaxHostNameBytes) return fail(fmt::format("has a {}", host_problem(host, true)));
     // An IPv6 literal (inet_pton decides), then an optional "%zone".
-    if (!host_problem(host, true).empty()) return fail(fmt::format("has '{}' in brackets, which is not an IPv6 address", host));
+    if (!host_problem(host, true).empty()) return fail(fmt::format("has {} in brackets, which is not an IPv6 address", quote_input(host)));
   } else {
     auto colon = address.rfind(':');
     if (colon == std::string_view::npos) return fail("has no port; expected host:port");
@@ -66,7 +66,7 @@ inline std::optional<HostPort> split_host_port(std::string_view address, std::st
     if (host.empty()) return fail("has an empty host; expected host:port");
     if (host.size() > kMaxHostNameBytes) return fail(fmt::format("has a {}", host_problem(host, false)));
     if (auto bad = std::find_if_not(host.begin(), host.end(), is_hostname_char); bad != host.end()) {
-      return fail(fmt::format("has host '{}' with the invalid character '{}'", host, *bad));
+      return fail(fmt::format("has host {} with the invalid character '{}'", quote_input(host), *bad));
     }
   }
   if (port.empty()) return fail("has an empty port; expected host:port");
@@ -74,10 +74,10 @@ inline std::optional<HostPort> split_host_port(std::string_view address, std::st
   auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
   bool digits = std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
   if (!digits || (ec != std::errc{} && ec != std::errc::result_out_of_range) || end != port.data() + port.size()) {
-    return fail(fmt::format("has port '{}', which is not a number", port));
+    return fail(fmt::format("has port {}, which is not a number", quote_input(port)));
   }
   if (ec == std::errc::result_out_of_range || p < 1 || p > 65535) {
-    return fail(fmt::format("has port {}, out of range [1, 65535]", port));
+    return fail(fmt::format("has port {}{}, out of range [1, 65535]", port.substr(0, 20), port.size() > 20 ? "..." : ""));
   }
   return HostPort{std::string(host), p};
 }
@@ -89,7 +89,7 @@ inline std::optional<HostPort> split_host_port(std::string_view address, std::st
 inline HostPort split_host_port(std::string_view address) {
   std::string why;
   auto hp = cluster::detail::split_host_port(address, why);
-  if (!hp) throw ClusterConfigError(fmt::format("address '{}' {}", address, why));
+  if (!hp) throw ClusterConfigError(fmt::format("address {} {}", quote_input(address), why));
   return *hp;
 }
 

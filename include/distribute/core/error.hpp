@@ -1,12 +1,22 @@
 // The library's error hierarchy: every error derives from ds::Error.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include <distribute/version.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
+
+/// `input` in single quotes for an error message: whole up to `max` bytes, else its first `max`
+/// bytes and its length ("'abc...' (1048576 bytes)"), so that no message carries the megabytes a
+/// caller or a stranger sent.
+inline std::string quote_input(std::string_view input, std::size_t max = 64) {
+  if (input.size() <= max) return "'" + std::string(input) + "'";
+  return "'" + std::string(input.substr(0, max)) + "...' (" + std::to_string(input.size()) + " bytes)";
+}
 
 /// Base of every error the library throws.
 class Error : public std::runtime_error {

@@ -32,7 +32,7 @@ inline std::string host_problem(std::string_view host, bool ipv6) {
   if (host.empty()) return "the host is empty";
   if (host.size() > kMaxHostNameBytes) {
     // Its first 32 bytes: enough to recognise it, where the whole could be megabytes.
-    return fmt::format("host '{}...' ({} bytes) is longer than {} bytes", host.substr(0, 32), host.size(), kMaxHostNameBytes);
+    return fmt::format("host {} is longer than {} bytes", quote_input(host, 32), kMaxHostNameBytes);
   }
   if (ipv6) {
     const auto zone = host.find('%');
