@@ -20,13 +20,14 @@ FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
 FUZZ_JOBS="${FUZZ_JOBS:-2}"
 FUZZ_BUILD="${FUZZ_BUILD:-build-fuzz}"
 CXX_FUZZ="${CXX_FUZZ:-clang++}"
-ALL_TARGETS=(fuzz_frame fuzz_ps fuzz_safetensors fuzz_cluster)
+ALL_TARGETS=(fuzz_frame fuzz_ps fuzz_safetensors fuzz_cluster fuzz_record)
 # What each target links besides the sanitizer runtimes.
 declare -A LIBS=(
   [fuzz_frame]="-lfmt -lcrypto"
   [fuzz_ps]="-lfmt -lcrypto -lssl -lboost_json -pthread"
   [fuzz_safetensors]="-lfmt -lboost_json -pthread"
   [fuzz_cluster]="-lfmt -lboost_json -pthread"
+  [fuzz_record]="-lfmt -pthread"
 )
 
 seeds_only=0

@@ -5,6 +5,7 @@
 //   /tmp/make_corpus tests/fuzz/corpus
 #include <distribute/checkpoint/safetensors.hpp>
 #include <distribute/cluster/cluster_spec.hpp>
+#include <distribute/data/record_file.hpp>
 #include <distribute/core/tensor.hpp>
 #include <distribute/net/detail/protocol.hpp>
 #include <distribute/net/frame.hpp>
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -172,6 +174,21 @@ void safetensors() {
   seed("fuzz_safetensors", "no-tensors", {1}, st::serialize({}));
 }
 
+void records() {
+  // Record files as write_record_file makes them (the target's input is the whole file).
+  const fs::path scratch = fs::temp_directory_path() / "distribute-make-corpus.tfrecord";
+  auto file_of = [&](const std::vector<std::string>& records) {
+    ds::data::write_record_file(scratch.string(), records);
+    std::ifstream in(scratch, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    fs::remove(scratch);
+    return bytes;
+  };
+  seed("fuzz_record", "three-records", {}, file_of({"first", "", std::string("bin\0ary\xff", 8)}));
+  seed("fuzz_record", "one-record", {}, file_of({"a record of some length"}));
+  seed("fuzz_record", "empty-file", {}, std::string_view());
+}
+
 void cluster() {
   const ds::ClusterSpec spec({{"chief", {"host0:2222"}}, {"worker", {"host1:2222", "[::1]:2223"}}, {"ps", {"10.0.0.3:2224"}}});
   const std::string tf_config = fmt::format(R"({{"cluster": {}, "task": {{"type": "worker", "index": 1}}, "rpc_layer": "grpc"}})", spec.to_json());
@@ -198,6 +215,7 @@ int main(int argc, char** argv) {
   frames();
   ps();
   safetensors();
+  records();
   cluster();
   std::printf("%d seeds written under %s\n", written, root.c_str());
 }
