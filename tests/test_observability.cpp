@@ -3,9 +3,14 @@
 // (prometheus_client, failing jobs' timelines) are check_metrics_prometheus.py and check_timeline.py.
 #include <distribute/observe/metrics.hpp>
 #include <distribute/observe/collective_metrics.hpp>
-#include <distribute/observe/metrics_server.hpp>
+#include <distribute/net/metrics_server.hpp>
 #include <distribute/observe/timeline.hpp>
 #include <distribute/strategy/observability.hpp>
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -166,7 +171,7 @@ TEST_CASE("CollectiveMetrics counts calls, bytes, latencies, retries and failure
 TEST_CASE("MetricsServer answers GET /metrics with the registry's text on a real socket; other paths and methods are refused") {
   auto reg = std::make_shared<obs::MetricsRegistry>("worker", 1);
   reg->counter("hits_total", "Hits.").add(7);
-  obs::MetricsServer server(reg, "127.0.0.1", 0);
+  ds::net::MetricsServer server(reg, "127.0.0.1", 0);
   REQUIRE(server.port() != 0);
   CHECK(http(server.port(), "/metrics") == "200 " + reg->expose());
   reg->counter("later_total", "Registered after the server started.").add(1);
@@ -183,13 +188,108 @@ TEST_CASE("MetricsServer answers GET /metrics with the registry's text on a real
 
 TEST_CASE("MetricsServer: a host that does not resolve, or a port in use, is Unavailable with the address") {
   auto reg = std::make_shared<obs::MetricsRegistry>("worker", 0);
-  CHECK_THROWS_WITH_AS(obs::MetricsServer(reg, "no-such-host.invalid", 0), doctest::Contains("cannot resolve the host 'no-such-host.invalid'"),
+  CHECK_THROWS_WITH_AS(ds::net::MetricsServer(reg, "no-such-host.invalid", 0), doctest::Contains("cannot resolve the host 'no-such-host.invalid'"),
                        ds::Unavailable);
-  obs::MetricsServer first(reg, "127.0.0.1", 0);
+  ds::net::MetricsServer first(reg, "127.0.0.1", 0);
   const std::string where = "127.0.0.1:" + std::to_string(first.port());
   const std::string message = "cannot listen on " + where;
-  CHECK_THROWS_WITH_AS(obs::MetricsServer(reg, "127.0.0.1", first.port()), doctest::Contains(message.c_str()),
+  CHECK_THROWS_WITH_AS(ds::net::MetricsServer(reg, "127.0.0.1", first.port()), doctest::Contains(message.c_str()),
                        ds::Unavailable);
+}
+
+TEST_CASE("MetricsServer under 300 idle connections at ulimit -n 64: the process keeps its descriptors, nothing spins") {
+  // The server runs in a child whose descriptor limit is 64; this process opens 300 connections to
+  // it and says nothing on them. The child then measures its own CPU time over 2 s and opens 8
+  // files for its own work, and reports; once the flood is gone, /healthz answers again.
+  int to_parent[2], to_child[2];
+  REQUIRE(::pipe(to_parent) == 0);
+  REQUIRE(::pipe(to_child) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(to_parent[0]);
+    ::close(to_child[1]);
+    const ::rlimit limit{64, 64};
+    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(3);
+    try {
+      auto reg = std::make_shared<obs::MetricsRegistry>("worker", 0);
+      ds::net::MetricsServer server(reg, "127.0.0.1", 0);
+      auto say = [&](const std::string& line) { (void)!::write(to_parent[1], line.data(), line.size()); };
+      auto hear = [&] {
+        char c = 0;
+        return ::read(to_child[0], &c, 1) == 1;
+      };
+      say(fmt::format("{} {}\n", server.port(), server.max_pending()));
+      if (!hear()) ::_exit(4);  // the flood is on
+      auto cpu_us = [] {
+        ::rusage u{};
+        ::getrusage(RUSAGE_SELF, &u);
+        return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000000L + u.ru_utime.tv_usec + u.ru_stime.tv_usec;
+      };
+      const long before = cpu_us();
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      const long used = cpu_us() - before;
+      int opened = 0;
+      std::vector<int> files;
+      for (int i = 0; i < 8; ++i) {
+        const int fd = ::open("/dev/null", O_RDONLY);
+        if (fd >= 0) files.push_back(fd);
+      }
+      opened = static_cast<int>(files.size());
+      for (int fd : files) ::close(fd);
+      say(fmt::format("{} {}\n", opened, used));
+      if (!hear()) ::_exit(5);  // the flood is gone
+      hear();                   // done
+    } catch (...) {
+      ::_exit(6);
+    }
+    ::_exit(0);
+  }
+  ::close(to_parent[1]);
+  ::close(to_child[0]);
+  auto read_line = [&] {
+    std::string line;
+    char c = 0;
+    while (::read(to_parent[0], &c, 1) == 1 && c != '\n') line += c;
+    return line;
+  };
+  std::istringstream started(read_line());
+  int port = 0;
+  std::size_t bound = 0;
+  started >> port >> bound;
+  REQUIRE(port > 0);
+  CHECK(bound == 1);  // 64 descriptors leave room for one connection at a time: a quarter of what is free
+  {
+    boost::asio::io_context io;
+    std::vector<boost::asio::ip::tcp::socket> flood;
+    for (int i = 0; i < 300; ++i) {
+      flood.emplace_back(io).connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<std::uint16_t>(port)});
+    }
+    (void)!::write(to_child[1], "g", 1);
+    std::istringstream report(read_line());
+    int opened = -1;
+    long cpu_us = -1;
+    report >> opened >> cpu_us;
+    CHECK(opened == 8);
+    CHECK_MESSAGE(cpu_us < 500000, "the child used ", cpu_us, " us of CPU in 2 s under the flood");
+  }
+  (void)!::write(to_child[1], "g", 1);
+  std::string health;
+  for (int attempt = 0; attempt < 100 && health != "200 ok\n"; ++attempt) {
+    try {
+      health = http(static_cast<std::uint16_t>(port), "/healthz");
+    } catch (const std::exception&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the one slot is still held by a closing flood connection
+    }
+  }
+  CHECK(health == "200 ok\n");
+  (void)!::write(to_child[1], "g", 1);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  ::close(to_parent[0]);
+  ::close(to_child[1]);
 }
 
 TEST_CASE("the metrics port: the option first, else DISTRIBUTE_METRICS_PORT; bad values are refused with the variable") {

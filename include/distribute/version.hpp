@@ -22,7 +22,7 @@
 #endif
 
 // nvcc: Boost.System's error_code::assign(e, &BOOST_CURRENT_LOCATION) (Beast's BOOST_BEAST_ASSIGN_EC,
-// observe/metrics_server.hpp) finds no overload through nvcc's front end; without source
+// net/metrics_server.hpp) finds no overload through nvcc's front end; without source
 // locations error codes are the same, less where they were set.
 #if defined(__NVCC__) && !defined(BOOST_DISABLE_CURRENT_LOCATION)
 #define BOOST_DISABLE_CURRENT_LOCATION 1

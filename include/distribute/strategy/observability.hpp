@@ -17,7 +17,7 @@
 #include <distribute/core/error.hpp>
 #include <distribute/observe/collective_metrics.hpp>
 #include <distribute/observe/metrics.hpp>
-#include <distribute/observe/metrics_server.hpp>
+#include <distribute/net/metrics_server.hpp>
 #include <distribute/observe/timeline.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -57,7 +57,7 @@ inline std::string timeline_setting(const CommunicationOptions& options) {
 struct TaskMetrics {
   std::shared_ptr<observe::MetricsRegistry> registry;
   std::shared_ptr<observe::CollectiveMetrics> collectives;
-  std::unique_ptr<observe::MetricsServer> server;
+  std::unique_ptr<net::MetricsServer> server;
 
   /// Serves on `host` at `port_base` + `rank` (0: any free port).
   static std::unique_ptr<TaskMetrics> start(const std::string& task_type, int task_index, const std::string& host,
@@ -71,7 +71,7 @@ struct TaskMetrics {
     auto m = std::make_unique<TaskMetrics>();
     m->registry = std::make_shared<observe::MetricsRegistry>(task_type, task_index);
     m->collectives = std::make_shared<observe::CollectiveMetrics>(m->registry);
-    m->server = std::make_unique<observe::MetricsServer>(m->registry, host, static_cast<std::uint16_t>(port));
+    m->server = std::make_unique<net::MetricsServer>(m->registry, host, static_cast<std::uint16_t>(port));
     return m;
   }
 };

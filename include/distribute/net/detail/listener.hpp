@@ -1,7 +1,7 @@
-// The listening side: binds an address and accepts connections for their handshake. What a
-// stranger can cost is bounded: at most a few connections are in their handshake at once (more
-// are closed as soon as they are accepted), and an accept error (out of descriptors, buffers or
-// memory) backs off 10 ms doubling to 500 ms and goes on accepting.
+// The listening side of the handshaking services (a communicator's mesh, a ds::Server): binds an
+// address and accepts connections for their handshake, under the accept policy of every
+// listening socket (accept_loop.hpp): at most a few connections in their handshake at once, and
+// an accept error backs off.
 #pragma once
 
 #include <algorithm>
@@ -22,22 +22,12 @@
 
 #include <distribute/core/error.hpp>
 #include <distribute/net/address.hpp>
+#include <distribute/net/detail/accept_loop.hpp>
 #include <distribute/net/detail/congestion_control.hpp>
 #include <distribute/net/detail/handshake.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
-
-/// How many connections may wait in their handshake at once: the option, and no more than a
-/// quarter of the descriptors this process may still open, so that strangers cannot starve it of
-/// the descriptors its peers need.
-inline std::size_t pending_connection_bound(std::size_t option) {
-  rlimit lim{};
-  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return option;
-  const auto soft = static_cast<std::size_t>(lim.rlim_cur);
-  const std::size_t by_fds = soft > 64 ? (soft - 64) / 4 : 1;
-  return std::max<std::size_t>(1, std::min(option, by_fds));
-}
 
 class Listener {
  public:
@@ -50,8 +40,7 @@ class Listener {
     std::function<void(const std::string&)> log_always;   // the start-up warning
   };
 
-  Listener(asio::io_context& io, Options options)
-      : io_(io), options_(std::move(options)), max_pending_(pending_connection_bound(options_.max_pending_connections)) {}
+  Listener(asio::io_context& io, Options options) : io_(io), options_(std::move(options)) {}
 
   /// Binds `address` and listens (blocking; before the event loop runs). Throws Unavailable when it
   /// cannot, InvalidArgument when the kernel refuses the congestion control. Warns once when the
@@ -80,6 +69,7 @@ class Listener {
       if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
       if (!ec) {
         port_ = acceptor_->local_endpoint(ec).port();
+        accepting_.emplace(io_, *acceptor_, options_.me, "in their handshake", options_.max_pending_connections, options_.log);
         if (!has_token && !is_loopback(entry.endpoint().address())) options_.log_always(no_token_warning(options_.me, address));
         return;
       }
@@ -90,62 +80,35 @@ class Listener {
   }
 
   std::uint16_t port() const noexcept { return port_; }
-  /// The bound in effect on connections waiting in their handshake.
-  std::size_t max_pending_connections() const noexcept { return max_pending_; }
+  /// The bound in effect on connections waiting in their handshake (after listen()).
+  std::size_t max_pending_connections() const noexcept {
+    return accepting_ ? accepting_->max_pending() : pending_connection_bound(options_.max_pending_connections);
+  }
 
   /// Accepts until closed (on the event loop). Each admitted connection goes to `accepted` with a
   /// handshake whose `pending` holds its place among those in their handshake until reset;
   /// `accepted` returns false to stop accepting (its owner is closing).
   void start(std::function<bool(const HandshakePtr&)> accepted) {
-    accepted_ = std::move(accepted);
-    accept_next();
+    accepting_->start([accepted = std::move(accepted)](tcp::socket socket, AcceptLoop::Slot slot) {
+      auto h = std::make_shared<Handshake>(std::move(socket));
+      h->pending = std::move(slot);
+      return accepted(h);
+    });
   }
 
   /// Stops accepting (on the event loop).
   void close() {
-    closed_ = true;
+    if (accepting_) accepting_->close();
     boost::system::error_code ignored;
     if (acceptor_) acceptor_->close(ignored);
   }
 
  private:
-  void accept_next() {
-    acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
-      if (ec == asio::error::operation_aborted || closed_) return;
-      if (ec) {
-        options_.log(fmt::format("{}: accept failed: {}; retrying in {} ms", options_.me, ec.message(), backoff_.count()));
-        auto timer = std::make_shared<asio::steady_timer>(io_, backoff_);
-        backoff_ = std::min(backoff_ * 2, std::chrono::milliseconds(500));
-        timer->async_wait([this, timer](const boost::system::error_code& e) {
-          if (!e && !closed_) accept_next();
-        });
-        return;
-      }
-      backoff_ = std::chrono::milliseconds(10);
-      if (pending_->load() >= max_pending_) {
-        boost::system::error_code ignored;
-        const auto remote = socket.remote_endpoint(ignored);
-        options_.log(fmt::format("{}: refused connection from {}:{}: {} connections are already in their handshake", options_.me,
-                                 remote.address().to_string(), remote.port(), max_pending_));
-        socket.close(ignored);
-        return accept_next();
-      }
-      auto h = std::make_shared<Handshake>(std::move(socket));
-      pending_->fetch_add(1);
-      h->pending = std::shared_ptr<void>(nullptr, [n = pending_](void*) { n->fetch_sub(1); });
-      if (accepted_(h)) accept_next();
-    });
-  }
-
   asio::io_context& io_;
   Options options_;
-  std::size_t max_pending_;
   std::optional<tcp::acceptor> acceptor_;
+  std::optional<AcceptLoop> accepting_;  // once listening
   std::uint16_t port_ = 0;
-  std::chrono::milliseconds backoff_{10};  // event loop only
-  bool closed_ = false;                    // event loop only
-  std::shared_ptr<std::atomic<std::size_t>> pending_ = std::make_shared<std::atomic<std::size_t>>(0);
-  std::function<bool(const HandshakePtr&)> accepted_;
 };
 
 }  // namespace net::detail

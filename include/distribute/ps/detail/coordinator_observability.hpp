@@ -19,7 +19,7 @@
 #include <distribute/core/error.hpp>
 #include <distribute/net/address.hpp>
 #include <distribute/observe/metrics.hpp>
-#include <distribute/observe/metrics_server.hpp>
+#include <distribute/net/metrics_server.hpp>
 #include <distribute/observe/timeline.hpp>
 #include <distribute/strategy/observability.hpp>
 
@@ -82,7 +82,7 @@ inline std::string closure_trace_args(std::uint64_t id, const std::string& funct
 /// timeline. `settings` are the coordinator's options in CommunicationOptions' form.
 struct CoordinatorObservability {
   std::shared_ptr<CoordinatorMetrics> metrics;  // null: metrics off
-  std::unique_ptr<observe::MetricsServer> server;
+  std::unique_ptr<net::MetricsServer> server;
   bool timeline = false;
 
   /// Starts what `settings` (or the environment) ask for, for the chief `task_index` whose cluster
@@ -104,7 +104,7 @@ struct CoordinatorObservability {
       registry->callback("distribute_coordinator_workers_up", "Workers in use (not lost).", "gauge", {},
                          std::move(workers_up));
       const auto host = net::parse_host_port(address).host;
-      o->server = std::make_unique<observe::MetricsServer>(registry, host, static_cast<std::uint16_t>(*port));
+      o->server = std::make_unique<net::MetricsServer>(registry, host, static_cast<std::uint16_t>(*port));
     }
     if (!timeline_path.empty()) {
       observe::Timeline::instance().start(observe::timeline_file(timeline_path, "chief", task_index), "chief", task_index);

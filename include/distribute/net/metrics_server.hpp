@@ -1,7 +1,11 @@
 // MetricsServer: answers GET /metrics (a MetricsRegistry's text) and GET /healthz over HTTP/1.1
 // (Boost.Beast, as the parameter-server Server's port does), for tasks that have no HTTP port of
-// their own (MultiWorkerMirroredStrategy workers). It binds the task's own host, never every
-// interface, and serves from one background thread; a client has 5 s to send its request.
+// their own (MultiWorkerMirroredStrategy workers, the coordinator). It binds the task's own host,
+// never every interface, and serves from one background thread. What a client can cost is bounded
+// as on every listening socket of the library (detail/accept_loop.hpp): at most `max_pending`
+// connections at once (64, and no more than a quarter of the descriptors the process may still
+// open), 5 s each to send a request of at most 8 KiB of header (Beast's limit), and an accept
+// error backs off instead of spinning. Refusals are written to stderr, a few a second at most.
 #pragma once
 
 #include <chrono>
@@ -16,16 +20,25 @@
 #include <fmt/format.h>
 
 #include <distribute/core/error.hpp>
+#include <distribute/net/detail/accept_loop.hpp>
+#include <distribute/net/refusal_log.hpp>
 #include <distribute/observe/metrics.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
-namespace observe {
+namespace net {
 
 class MetricsServer {
  public:
   /// Listens on `host`:`port` (0: a free port, see port()); throws Unavailable when it cannot.
-  MetricsServer(std::shared_ptr<const MetricsRegistry> registry, const std::string& host, std::uint16_t port)
-      : registry_(std::move(registry)), acceptor_(io_) {
+  MetricsServer(std::shared_ptr<const observe::MetricsRegistry> registry, const std::string& host, std::uint16_t port,
+                std::size_t max_pending = 64)
+      : registry_(std::move(registry)), acceptor_(io_),
+        accepting_(io_, acceptor_, fmt::format("the metrics port on {}", host), "waiting for an answer", max_pending,
+                   [this](const std::string& line) {
+                     if (std::string admitted = refusals_.admit(line); !admitted.empty()) {
+                       fmt::print(stderr, "distribute.metrics: {}\n", admitted);
+                     }
+                   }) {
     namespace asio = boost::asio;
     boost::system::error_code ec;
     asio::ip::tcp::resolver resolver(io_);
@@ -40,7 +53,10 @@ class MetricsServer {
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) throw Unavailable(fmt::format("metrics: cannot listen on {}:{}: {}", host, port, ec.message()));
     port_ = acceptor_.local_endpoint().port();
-    accept();
+    accepting_.start([this](asio::ip::tcp::socket socket, detail::AcceptLoop::Slot slot) {
+      serve(std::make_shared<Session>(std::move(socket), std::move(slot)));
+      return true;
+    });
     thread_ = std::thread([this] { io_.run(); });
   }
   MetricsServer(const MetricsServer&) = delete;
@@ -51,24 +67,20 @@ class MetricsServer {
   }
 
   std::uint16_t port() const noexcept { return port_; }
+  /// The bound in effect on connections at once.
+  std::size_t max_pending() const noexcept { return accepting_.max_pending(); }
 
  private:
   struct Session {
-    explicit Session(boost::asio::ip::tcp::socket s) : stream(std::move(s)), deadline(stream.get_executor()) {}
+    Session(boost::asio::ip::tcp::socket s, detail::AcceptLoop::Slot held)
+        : stream(std::move(s)), deadline(stream.get_executor()), slot(std::move(held)) {}
     boost::asio::ip::tcp::socket stream;
     boost::asio::steady_timer deadline;  // a client that says nothing is dropped after 5 s
+    detail::AcceptLoop::Slot slot;       // its place among the connections at once, for its life
     boost::beast::flat_buffer buffer;
     boost::beast::http::request<boost::beast::http::string_body> req;
     boost::beast::http::response<boost::beast::http::string_body> res;
   };
-
-  void accept() {
-    acceptor_.async_accept([this](const boost::system::error_code& ec, boost::asio::ip::tcp::socket socket) {
-      if (ec == boost::asio::error::operation_aborted) return;
-      if (!ec) serve(std::make_shared<Session>(std::move(socket)));
-      accept();
-    });
-  }
 
   void serve(std::shared_ptr<Session> s) {
     namespace http = boost::beast::http;
@@ -114,12 +126,14 @@ class MetricsServer {
     });
   }
 
-  std::shared_ptr<const MetricsRegistry> registry_;
+  std::shared_ptr<const observe::MetricsRegistry> registry_;
   boost::asio::io_context io_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  RateLimiter refusals_;
+  detail::AcceptLoop accepting_;
   std::uint16_t port_ = 0;
   std::thread thread_;
 };
 
-}  // namespace observe
+}  // namespace net
 DISTRIBUTE_END_NAMESPACE
