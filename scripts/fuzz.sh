@@ -20,7 +20,7 @@ FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
 FUZZ_JOBS="${FUZZ_JOBS:-2}"
 FUZZ_BUILD="${FUZZ_BUILD:-build-fuzz}"
 CXX_FUZZ="${CXX_FUZZ:-clang++}"
-ALL_TARGETS=(fuzz_frame fuzz_ps fuzz_safetensors fuzz_cluster fuzz_record)
+ALL_TARGETS=(fuzz_frame fuzz_ps fuzz_safetensors fuzz_cluster fuzz_record fuzz_launch_meeting)
 # What each target links besides the sanitizer runtimes.
 declare -A LIBS=(
   [fuzz_frame]="-lfmt -lcrypto"
@@ -28,6 +28,7 @@ declare -A LIBS=(
   [fuzz_safetensors]="-lfmt -lboost_json -pthread"
   [fuzz_cluster]="-lfmt -lboost_json -pthread"
   [fuzz_record]="-lfmt -pthread"
+  [fuzz_launch_meeting]="-lfmt -lcrypto"
 )
 
 seeds_only=0

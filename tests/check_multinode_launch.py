@@ -42,7 +42,7 @@ def main():
         with Hosts(2) as hosts:
             master = hosts.address(0)
             node = lambda rank: [launcher, "--nnodes", "2", "--node-rank", str(rank), "--master-addr", master,
-                                 "--master-port", "29511", "-n", "2", "--timeout", "120", helper, "demo", "1"]
+                                 "--master-port", "29511", "--token", "multinode-secret", "-n", "2", "--timeout", "120", helper, "demo", "1"]
             out = hosts.run({0: [node(0)], 1: [node(1)]}, timeout=180)
     except Unsupported as e:
         print(f"SKIP: {e}")

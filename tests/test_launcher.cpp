@@ -34,6 +34,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <launch_node_protocol.hpp>
+
+#include <iterator>
+#include <memory>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "support/processes.hpp"
 
 namespace {
@@ -60,10 +69,16 @@ struct Result {
   bool timed_out = false;
 };
 
+/// A whole command line, for a launcher started through another program (`sh -c 'ulimit ...'`).
+struct CommandLine {
+  std::vector<std::string> argv;
+};
+
 class Job {
  public:
-  explicit Job(std::vector<std::string> args) {
-    args.insert(args.begin(), launcher());
+  explicit Job(std::vector<std::string> args) : Job(CommandLine{with_launcher(std::move(args))}) {}
+  explicit Job(CommandLine command) {
+    std::vector<std::string>& args = command.argv;
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -105,6 +120,7 @@ class Job {
   }
 
   void signal(int sig) { ::kill(pid_, sig); }
+  pid_t pid() const { return pid_; }
 
   // Waits for the launcher to exit and close its output; SIGKILLs it after `seconds`.
   Result finish(double seconds = 30) {
@@ -127,6 +143,11 @@ class Job {
   }
 
  private:
+  static std::vector<std::string> with_launcher(std::vector<std::string> args) {
+    args.insert(args.begin(), launcher());
+    return args;
+  }
+
   static Clock::duration to_duration(double s) {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
   }
@@ -684,7 +705,7 @@ TEST_CASE("an address that does not resolve fails the job with exit 1 and names 
   }
   SUBCASE("--master-addr, on node 0") {
     const Result r = run({"--nnodes", "2", "--node-rank", "0", "--host", "127.0.0.1", "--master-addr", "no-such-host.invalid",
-                          "--master-port", "29999", "-n", "1", "--", child(), "exit", "0"});
+                          "--master-port", "29999", "--token", "t", "-n", "1", "--", child(), "exit", "0"});
     INFO("stderr:\n", r.err);
     CHECK(r.code == 1);
     CHECK(contains(r.err, "distribute-launch: node 0: the launchers could not agree on the job: cannot resolve "
@@ -820,9 +841,11 @@ TEST_CASE("--bind-to core gives each task its own equal share of the CPUs, or ea
 
 namespace {
 
-std::vector<std::string> node_args(int nnodes, int rank, int port, int tasks) {
+constexpr const char* kNodesToken = "the-job-secret";
+
+std::vector<std::string> node_args(int nnodes, int rank, int port, int tasks, const std::string& token = kNodesToken) {
   return {"--nnodes", std::to_string(nnodes), "--node-rank", std::to_string(rank), "--master-addr", "127.0.0.1",
-          "--master-port", std::to_string(port), "-n", std::to_string(tasks)};
+          "--master-port", std::to_string(port), "--token", token, "-n", std::to_string(tasks)};
 }
 
 std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -948,7 +971,7 @@ TEST_CASE("--nnodes: launchers that disagree, or a node that never comes, fail w
     CHECK(r1.code == 1);
     CHECK(contains(r0.err, "node 0: the launchers could not agree on the job: node 1 was started with --nnodes 3, "
                            "node 0 with --nnodes 2"));
-    CHECK(contains(r1.err, "node 1: the launchers could not agree on the job: node 0 refused this node: node 0 was "
+    CHECK(contains(r1.err, "node 1: the launchers could not agree on the job: node 0 refused this node: 'node 0 was "
                            "started with --nnodes 2, this node with --nnodes 3"));
     CHECK(task_infos(r0.out + r1.out).empty());  // nothing was started
   }
@@ -965,6 +988,255 @@ TEST_CASE("--nnodes: launchers that disagree, or a node that never comes, fail w
     CHECK(r1.code == 1);
     CHECK(contains(r1.err, fmt::format("cannot reach node 0 at 127.0.0.1:{} within --rdzv-timeout", port)));
   }
+}
+
+namespace {
+
+// A connection to node 0's meeting port that says what the test gives it, as a stranger would.
+class Stranger {
+ public:
+  explicit Stranger(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd_ < 0 || ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+      throw std::runtime_error(fmt::format("cannot connect to node 0: {}", std::strerror(errno)));
+  }
+  Stranger(const Stranger&) = delete;
+  Stranger& operator=(const Stranger&) = delete;
+  ~Stranger() { ::close(fd_); }
+
+  void say(std::string_view bytes) {  // errors ignored: node 0 may close first
+    while (!bytes.empty()) {
+      const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+      if (n <= 0) return;
+      bytes.remove_prefix(static_cast<std::size_t>(n));
+    }
+  }
+
+  // The next line node 0 sends; "<closed>" when it closed first, "<silent>" after `seconds`.
+  std::string hear(double seconds = 10) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int>(seconds * 1000));
+    for (;;) {
+      if (const auto nl = buf_.find('\n'); nl != std::string::npos) {
+        std::string line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return line;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return "<silent>";
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+      char chunk[4096];
+      const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
+      if (n <= 0) return "<closed>";
+      buf_.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+
+ private:
+  int fd_ = -1;
+  std::string buf_;
+};
+
+// A launcher's greeting made by the test with `token`: HELLO, node 0's challenge checked, JOIN
+// with `fields`. Returns node 0's answer to the JOIN, or what went wrong before.
+std::string join_as(Stranger& s, const std::string& token, const std::string& fields, double seconds = 10) {
+  const auto nonce = distribute::net::detail::random_nonce();
+  s.say(launch::hello_line(nonce) + "\n");
+  const launch::Challenge c = launch::parse_challenge(s.hear());
+  if (!distribute::net::detail::macs_equal(c.proof, launch::node0_proof(token, nonce, c.nonce)))
+    return "<node 0 did not prove the token>";
+  s.say(launch::join_line(launch::join_proof(token, nonce, c.nonce, fields), fields) + "\n");
+  return s.hear(seconds);
+}
+
+// CPU seconds a process has used (user + system), from /proc.
+double cpu_seconds(pid_t pid) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string stat;
+  std::getline(f, stat);
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::vector<std::string> fields{std::istream_iterator<std::string>(rest), {}};
+  REQUIRE(fields.size() > 12);
+  return static_cast<double>(std::stoll(fields[11]) + std::stoll(fields[12])) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+bool waiting_for_nodes(const Result& r) { return contains(r.err, "waiting for 1 other node(s)"); }
+
+}  // namespace
+
+TEST_CASE("--nnodes without a token the user gave every launcher is a usage error that says how to set one") {
+  ::unsetenv("DISTRIBUTE_CLUSTER_TOKEN");
+  const std::vector<std::string> meeting = {"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                                            "--master-port", "29999", "-n", "1"};
+  for (const auto& token : std::vector<std::vector<std::string>>{{}, {"--token", "auto"}, {"--no-token"}}) {
+    const Result r = run(token + meeting + std::vector<std::string>{child(), "info"});
+    INFO("stderr:\n", r.err);
+    CHECK(r.code == 2);
+    CHECK(contains(r.err, "--nnodes needs a cluster token that every launcher of the job shares: set "
+                          "DISTRIBUTE_CLUSTER_TOKEN to the same secret in each launcher's environment (e.g. 'export "
+                          "DISTRIBUTE_CLUSTER_TOKEN=$(openssl rand -hex 16)' once, then copy it to every node)"));
+    CHECK(task_infos(r.out).empty());
+  }
+  ::setenv("DISTRIBUTE_CLUSTER_TOKEN", kNodesToken, 1);  // the launcher's environment is a way to give it
+  const int port = test_support::free_ports(1)[0];
+  Job node0(std::vector<std::string>{"--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
+                                     std::to_string(port), "-n", "1", child(), "info"});
+  Job node1(node_args(2, 1, port, 1) + std::vector<std::string>{child(), "info"});
+  const Result r1 = node1.finish(60), r0 = node0.finish(60);
+  ::unsetenv("DISTRIBUTE_CLUSTER_TOKEN");
+  INFO("node 0 stderr:\n", r0.err, "\nnode 1 stderr:\n", r1.err);
+  CHECK(r0.code == 0);
+  CHECK(r1.code == 0);
+}
+
+TEST_CASE("the node meeting: strangers' lines are refused, take no slot and learn nothing; the real node joins") {
+  const int port = test_support::free_ports(1)[0];
+  Job node0(node_args(2, 0, port, 1) + std::vector<std::string>{"--rdzv-timeout", "60", child(), "info"});
+  REQUIRE(node0.wait_for(waiting_for_nodes, 30));
+  struct Line {
+    std::string says, answer;
+  };
+  const std::string zeros(64, '0');
+  const std::vector<Line> lines = {
+      // The first protocol's HELLO claiming node 1's slot with its own address.
+      {"HELLO distribute-launch-nodes/1 2 1 1 127.0.0.1 1\n",
+       "ERROR refused: node 0 speaks distribute-launch-nodes/2, not 'distribute-launch-nodes/1'"},
+      {"HELLO distribute-launch-nodes/2 2 1 1 127.0.0.1 1\n", "ERROR refused: a HELLO has 3 words, not 7"},
+      {"HELLO distribute-launch-nodes/2 two\n", "ERROR refused: the nonce is not 64 hex digits"},
+      {"HELLO distribute-launch-nodes/2 " + std::string(64, 'g') + "\n", "ERROR refused: the nonce is not 64 hex digits"},
+      {"JOIN " + zeros + " 2 1 1 127.0.0.1 1\n", "ERROR refused: not a distribute-launch node"},
+      {"\n", "ERROR refused: not a distribute-launch node"},
+      {std::string(600, 'x') + "\n", "<closed>"},          // longer than a greeting may be
+      {std::string(2 << 20, 'x'), "<closed>"},             // 2 MiB without a newline
+  };
+  for (const auto& line : lines) {
+    Stranger s(port);
+    s.say(line.says);
+    const std::string heard = s.hear();
+    INFO("said: ", line.says.substr(0, 80));
+    CHECK(heard == line.answer);
+  }
+  {  // A HELLO gets a challenge, whose proof is no use without the token; a JOIN without it is refused.
+    Stranger s(port);
+    s.say("HELLO distribute-launch-nodes/2 " + zeros + "\n");
+    const std::string challenge = s.hear();
+    CHECK(challenge.rfind("CHALLENGE ", 0) == 0);
+    CHECK(challenge.size() == std::string("CHALLENGE ").size() + 64 + 1 + 64);
+    s.say("JOIN " + zeros + " 2 1 1 127.0.0.1 1\n");
+    CHECK(s.hear() == "ERROR refused: not proven to hold this job's cluster token");
+  }
+  {  // With another token, the same.
+    Stranger s(port);
+    CHECK(join_as(s, "another-secret", "2 1 1 127.0.0.1 1") == "<node 0 did not prove the token>");
+  }
+  {  // A stranger that says nothing holds its place for a bounded time only.
+    Stranger s(port);
+    CHECK(s.hear(15) == "<closed>");
+  }
+  // Node 1's slot is still free: the real node joins and the job runs.
+  Job node1(node_args(2, 1, port, 1) + std::vector<std::string>{child(), "info"});
+  const Result r1 = node1.finish(60), r0 = node0.finish(60);
+  INFO("node 0 stdout:\n", r0.out, "\nnode 0 stderr:\n", r0.err, "\nnode 1 stderr:\n", r1.err);
+  CHECK(r0.code == 0);
+  CHECK(r1.code == 0);
+  CHECK(contains(r0.err, "node 0: refused a connection from 127.0.0.1:"));
+  auto infos = task_infos(r0.out);
+  for (auto& entry : task_infos(r1.out)) infos.insert(std::move(entry));
+  check_cluster(infos, {{"worker", 2}});
+  CHECK_FALSE(contains(r0.out + r1.out, "127.0.0.1:1\""));  // the stranger's address is nowhere
+  CHECK_FALSE(contains(r0.err + r1.err, kNodesToken));
+}
+
+TEST_CASE("the node meeting: a proven launcher whose fields are out of bounds ends it, saying which") {
+  struct Bad {
+    std::string fields, answer, node0_error;
+  };
+  const std::vector<Bad> bad = {
+      {"2 1 -5 127.0.0.1 5000", "ERROR task count -5 is not between 1 and 1024",
+       "sent a malformed JOIN: task count -5 is not between 1 and 1024"},
+      {"2 1 2147483647 127.0.0.1 5000", "ERROR task count 2147483647 is not between 1 and 1024",
+       "sent a malformed JOIN: task count 2147483647 is not between 1 and 1024"},
+      {"2 1 99999999999 127.0.0.1 5000", "ERROR malformed node message: task count '99999999999' is not a number",
+       "sent a malformed JOIN: malformed node message: task count '99999999999' is not a number"},
+      {"2 1 4 127.0.0.1 65534", "ERROR port 65534 is not between 1 and 65532",
+       "sent a malformed JOIN: port 65534 is not between 1 and 65532"},
+      {"2 1 1 127.0.0.1 0", "ERROR port 0 is not between 1 and 65535", "port 0 is not between 1 and 65535"},
+      {"2 one 1 127.0.0.1 5000", "ERROR malformed node message: node rank 'one' is not a number",
+       "node rank 'one' is not a number"},
+      {"2 1 1 " + std::string(300, 'h') + " 5000",
+       "ERROR host '" + std::string(64, 'h') + "...' (300 bytes) cannot be sent to the other nodes (empty, too long or "
+       "with spaces)",
+       "host '" + std::string(64, 'h') + "...' (300 bytes) cannot be sent to the other nodes"},
+      {"2 0 1 127.0.0.1 5000", "ERROR --node-rank 0 is taken", "two launchers say --node-rank 0"},
+      {"2 5 1 127.0.0.1 5000", "ERROR node rank 5 is not between 0 and 1", "node rank 5 is not between 0 and 1"},
+      {"-3 1 1 127.0.0.1 5000", "ERROR --nnodes -3 is not between 1 and 1024", "--nnodes -3 is not between 1 and 1024"},
+  };
+  for (const auto& b : bad) {
+    INFO("JOIN fields: ", b.fields.substr(0, 80));
+    const int port = test_support::free_ports(1)[0];
+    Job node0(node_args(2, 0, port, 1) + std::vector<std::string>{"--rdzv-timeout", "60", child(), "info"});
+    REQUIRE(node0.wait_for(waiting_for_nodes, 30));
+    Stranger s(port);
+    CHECK(join_as(s, kNodesToken, b.fields) == b.answer);
+    const Result r0 = node0.finish(30);
+    INFO("node 0 stderr:\n", r0.err);
+    CHECK(r0.code == 1);
+    CHECK(contains(r0.err, "node 0: the launchers could not agree on the job: "));
+    CHECK(contains(r0.err, b.node0_error));
+    CHECK(task_infos(r0.out).empty());
+  }
+  SUBCASE("a second launcher claiming a taken node rank gets no slot; the meeting ends for both") {
+    const int port = test_support::free_ports(1)[0];
+    Job node0(node_args(3, 0, port, 1) + std::vector<std::string>{"--rdzv-timeout", "60", child(), "info"});
+    REQUIRE(node0.wait_for([](const Result& r) { return contains(r.err, "waiting for 2 other node(s)"); }, 30));
+    Stranger first(port), second(port);
+    CHECK(join_as(first, kNodesToken, "3 1 1 127.0.0.1 5000", 1) == "<silent>");  // admitted: waits for node 2
+    CHECK(join_as(second, kNodesToken, "3 1 1 127.0.0.2 6000") == "ERROR --node-rank 1 is taken");
+    CHECK(first.hear() == "ERROR two launchers say --node-rank 1");
+    const Result r0 = node0.finish(30);
+    CHECK(r0.code == 1);
+    CHECK(contains(r0.err, "two launchers say --node-rank 1"));
+  }
+}
+
+TEST_CASE("the node meeting: a launcher with another token is refused and says why; node 0 learns nothing of it") {
+  const int port = test_support::free_ports(1)[0];
+  Job node0(node_args(2, 0, port, 1) + std::vector<std::string>{"--rdzv-timeout", "5", child(), "info"});
+  Job node1(node_args(2, 1, port, 1, "not-the-job-secret") + std::vector<std::string>{child(), "info"});
+  const Result r1 = node1.finish(60), r0 = node0.finish(60);
+  INFO("node 0 stderr:\n", r0.err, "\nnode 1 stderr:\n", r1.err);
+  CHECK(r1.code == 1);
+  CHECK(contains(r1.err, fmt::format("node 1: the launchers could not agree on the job: node 0 at 127.0.0.1:{} did "
+                                     "not prove it holds this job's cluster token: give every launcher the same "
+                                     "DISTRIBUTE_CLUSTER_TOKEN",
+                                     port)));
+  CHECK(r0.code == 1);
+  CHECK(contains(r0.err, "timed out after --rdzv-timeout waiting for node(s) 1 to join"));
+  CHECK(task_infos(r0.out + r1.out).empty());
+}
+
+TEST_CASE("the node meeting under 189 idle connections at ulimit -n 64: node 0 neither spins nor exits; the node joins") {
+  const int port = test_support::free_ports(1)[0];
+  std::vector<std::string> argv = {"/bin/sh", "-c", "ulimit -n 64 && exec \"$0\" \"$@\"", launcher()};
+  argv = argv + node_args(2, 0, port, 1) + std::vector<std::string>{"--rdzv-timeout", "60", child(), "info"};
+  Job node0(CommandLine{argv});
+  REQUIRE(node0.wait_for(waiting_for_nodes, 30));
+  std::vector<std::unique_ptr<Stranger>> idle;
+  for (int k = 0; k < 189; ++k) idle.push_back(std::make_unique<Stranger>(port));
+  const double cpu_before = cpu_seconds(node0.pid());
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const double cpu_in_3s = cpu_seconds(node0.pid()) - cpu_before;
+  CHECK(cpu_in_3s < 0.5);  // a spinning accept loop burns ~3 s here
+  Job node1(node_args(2, 1, port, 1) + std::vector<std::string>{child(), "info"});
+  const Result r1 = node1.finish(60), r0 = node0.finish(60);
+  INFO("node 0 stderr:\n", r0.err, "\nnode 1 stderr:\n", r1.err);
+  CHECK(r0.code == 0);
+  CHECK(r1.code == 0);
+  CHECK(contains(r0.err, "node 0: refused connection from 127.0.0.1:"));  // the accept policy's bound, logged
 }
 
 TEST_CASE("a usage error exits 2 and prints one line: what was wrong, and where the help is") {

@@ -257,7 +257,7 @@ TEST_CASE("the demo across two launchers (--nnodes 2, 2 workers each) ends with 
   std::vector<test_support::Child> nodes;
   for (const char* rank : {"1", "0"}) {
     nodes.push_back(test_support::spawn({launcher, "--nnodes", "2", "--node-rank", rank, "--master-addr", "127.0.0.1",
-                                         "--master-port", port, "-n", "2", "--timeout", "120", test_support::multi_worker_helper_path(), "demo",
+                                         "--master-port", port, "--token", "demo-secret", "-n", "2", "--timeout", "120", test_support::multi_worker_helper_path(), "demo",
                                          "1"},
                                         {}));
   }

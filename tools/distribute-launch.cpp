@@ -70,8 +70,8 @@ class Launcher {
   explicit Launcher(Options o) : opt_(std::move(o)), nodes_(opt_) {}
 
   int run() {
-    const bool token_generated = choose_token(opt_, job_);
-    if (opt_.nnodes > 1) nodes_.meet(job_.token, token_generated);
+    choose_token(opt_, job_);
+    if (opt_.nnodes > 1) nodes_.meet(*given_token(opt_));  // parse_options made sure there is one
     build_tasks();
     install_signal_handlers();
     if (opt_.timeout > 0) job_deadline_ = after_seconds(opt_.timeout);

@@ -48,6 +48,7 @@ an option starts PROGRAM; everything after it is PROGRAM's. "--" ends the option
                       DISTRIBUTE_CLUSTER_TOKEN if set, else "auto" (every job has a token; it
                       travels in the environment, never on a command line)
   --no-token          no cluster token: any process that can connect may join the job
+                      (not with --nnodes: across nodes the launchers need a token they share)
   --timeout SECONDS   stop every task and exit 124 if the job runs longer
   --grace SECONDS     time between SIGTERM and SIGKILL when stopping tasks (default 10)
   --keep-going        a failing task does not stop the others (exit status: the first failure)
@@ -56,7 +57,9 @@ an option starts PROGRAM; everything after it is PROGRAM's. "--" ends the option
                       to the number of restarts so far (0 at first)
   --restart-delay S   seconds before such a restart (default 1)
   --nnodes N          the job spans N nodes, one launcher on each (torchrun's options); -n is
-                      then this node's number of tasks (may differ between nodes)
+                      then this node's number of tasks (may differ between nodes). Needs
+                      the same DISTRIBUTE_CLUSTER_TOKEN (or --token VALUE) on every node: the
+                      launchers prove they hold it before a node joins
   --node-rank R       this node's place, 0..N-1; ranks follow the node ranks
   --master-addr H     where node 0's launcher listens for the others (node 0: an address of
                       its own; the other launchers connect to it)
@@ -139,6 +142,16 @@ inline bool is_reserved_env(std::string_view key) {
   for (const auto v : kTaskVariables)
     if (key == v) return true;
   return false;
+}
+
+/// The cluster token the user gave this launcher (--token VALUE, else DISTRIBUTE_CLUSTER_TOKEN);
+/// none with --token auto (made up here) or --no-token.
+inline std::optional<std::string> given_token(const Options& o) {
+  if (o.no_token) return std::nullopt;
+  if (o.token) return *o.token == "auto" ? std::nullopt : o.token;
+  const char* inherited = std::getenv("DISTRIBUTE_CLUSTER_TOKEN");
+  if (inherited == nullptr || *inherited == '\0') return std::nullopt;
+  return std::string(inherited);
 }
 
 inline int parse_count(std::string_view opt, std::string_view text, int min) {
@@ -290,6 +303,13 @@ inline Options parse_args(int argc, const char* const* argv) {
       throw UsageError("--nnodes needs --master-addr and --master-port (where node 0's launcher listens)");
     if (o.ps_given || o.chief.value_or(false))
       throw UsageError("--nnodes starts worker tasks only (-n N per node); --ps and --chief are for one host");
+    // The launchers prove to each other that they hold the job's token before any joins: it must
+    // be one that every node was given, not one made up here.
+    if (!given_token(o))
+      throw UsageError(
+          "--nnodes needs a cluster token that every launcher of the job shares: set DISTRIBUTE_CLUSTER_TOKEN to the "
+          "same secret in each launcher's environment (e.g. 'export DISTRIBUTE_CLUSTER_TOKEN=$(openssl rand -hex 16)' "
+          "once, then copy it to every node); the launchers prove they hold it before a node may join");
   } else if (o.node_rank_given && o.node_rank != 0) {
     throw UsageError(fmt::format("--node-rank {} needs --nnodes", o.node_rank));
   }

@@ -35,9 +35,9 @@ class NodeJob {
  public:
   explicit NodeJob(const Options& opt) : opt_(opt) {}
 
-  /// Meets the other launchers within --rdzv-timeout. `token` is this launcher's cluster token
-  /// (`generated`: made up here); a generated one yields to node 0's: one token per job.
-  void meet(std::optional<std::string>& token, bool generated) {
+  /// Meets the other launchers within --rdzv-timeout, proving to each other that they hold
+  /// `token` (every launcher's, given by the user).
+  void meet(const std::string& token) {
     const auto deadline = nodes_detail::Clock::now() + std::chrono::duration_cast<nodes_detail::Clock::duration>(
                                                            std::chrono::duration<double>(opt_.rdzv_timeout));
     NodeEntry me;
@@ -53,25 +53,16 @@ class NodeJob {
         const int listen_fd = listen_for_nodes(opt_.master_addr, opt_.master_port);
         note("node 0: waiting for {} other node(s) on {}", opt_.nnodes - 1,
              host_port(opt_.master_addr, opt_.master_port));
-        try {
-          links_ = gather_nodes(listen_fd, opt_.nnodes, me, me.host, base, generated ? token : std::nullopt, deadline,
-                                agreement_);
-        } catch (...) {
-          ::close(listen_fd);
-          throw;
-        }
-        ::close(listen_fd);  // the job's members are known: later connections are refused
+        links_ = gather_nodes(listen_fd, opt_.nnodes, me, me.host, base, token, deadline, agreement_);
       } else {
-        NodeLink link = connect_to_master(opt_.master_addr, opt_.master_port, deadline);
-        me.host = opt_.host_given ? opt_.host : link.local_address();
-        nodes_detail::check_word(me.host, "--host");
-        me.port_base = pick_port_block(me.host, me.tasks);
-        if (!link.send(hello_line(opt_.nnodes, me)))
-          throw RendezvousError("node 0 closed the connection before this node joined");
-        agreement_ = parse_agreement(link.read_line(deadline, "node 0's cluster"));
+        auto complete = [&](NodeEntry& e, const NodeLink& link) {
+          e.host = opt_.host_given ? opt_.host : link.local_address();
+          nodes_detail::check_word(e.host, "--host");
+          e.port_base = pick_port_block(e.host, e.tasks);
+        };
         links_.resize(1);
-        links_[0] = std::move(link);
-        if (agreement_.token && (!token || generated)) token = agreement_.token;
+        links_[0] = join_nodes(opt_.master_addr, opt_.master_port, opt_.nnodes, me, token, deadline, complete,
+                               agreement_);
       }
     } catch (const RendezvousError& e) {
       throw std::runtime_error(

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <distribute/core/error.hpp>
+
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -60,7 +62,7 @@ inline int to_int(std::string_view s, std::string_view what) {
   int v = 0;
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc{} || end != s.data() + s.size())
-    throw RendezvousError(fmt::format("malformed node message: {} '{}' is not a number", what, s));
+    throw RendezvousError(fmt::format("malformed node message: {} {} is not a number", what, distribute::quote_input(s)));
   return v;
 }
 
@@ -68,8 +70,8 @@ inline int to_int(std::string_view s, std::string_view what) {
 inline void check_word(std::string_view s, std::string_view what) {
   if (s.empty() || s.size() > 255 ||
       std::any_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) <= ' '; }))
-    throw RendezvousError(fmt::format("{} '{}' cannot be sent to the other nodes (empty, too long or with spaces)",
-                                      what, s));
+    throw RendezvousError(fmt::format("{} {} cannot be sent to the other nodes (empty, too long or with spaces)",
+                                      what, distribute::quote_input(s)));
 }
 
 }  // namespace nodes_detail

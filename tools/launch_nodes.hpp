@@ -1,195 +1,304 @@
 // distribute-launch across nodes: how the launchers of a job (one per node, torchrun's --nnodes,
-// --node-rank, --master-addr, --master-port) meet, agree on one cluster and stop together.
+// --node-rank, --master-addr, --master-port) meet and agree on one cluster.
 //
 // Node 0's launcher listens on --master-addr:--master-port; every other launcher connects to it
-// (retrying until --rdzv-timeout) and says who it is. Once all have, node 0 checks that they
-// agree (the same --nnodes, distinct node ranks) and sends every node the same description of the
-// cluster: for each node its task host, the first of its task ports and its number of tasks, plus
-// the address and port torch-style rank 0 listens on and the job's cluster token. Ranks follow
-// the node ranks, so node r's tasks are ranks offset(r) .. offset(r) + tasks(r) - 1.
+// (retrying until --rdzv-timeout), and each side proves it holds the job's cluster token
+// (launch_node_protocol.hpp) before the joiner says who it is. Once all have, node 0 checks that
+// they agree (the same --nnodes, distinct node ranks) and sends every node the same description of
+// the cluster: for each node its task host, the first of its task ports and its number of tasks,
+// plus the address and port torch-style rank 0 listens on. Ranks follow the node ranks, so node r's
+// tasks are ranks offset(r) .. offset(r) + tasks(r) - 1. The links then stay open for the job's
+// life as its failure signal (launch_node_job.hpp).
 //
-// The connections then stay open for the job's life, as its failure signal: a node whose task
-// fails (or whose launcher gets a signal) sends FAIL; node 0 then sends STOP to the others; a
-// connection that breaks before its node said DONE is a lost node and stops the job too. When a
-// node's tasks are all done it sends DONE with its status and waits for END, node 0's verdict on
-// the whole job, so every launcher exits with the same status.
-//
-// The protocol is lines of space-separated words (at most kMaxLine bytes each). Like torchrun's
-// static rendezvous it is not authenticated: it carries no secret unless node 0 made the job's
-// token; on a network not trusted, give every launcher the same DISTRIBUTE_CLUSTER_TOKEN, which is
-// then never sent.
+// Node 0's listener follows the library's accept policy (net/detail/accept_loop.hpp): a bounded
+// number of connections not yet proven, each with a bounded time and line length. A connection
+// that fails to prove the token, or says anything malformed before it has, is refused and closed,
+// and the meeting goes on; only a proven launcher that disagrees with node 0 ends it.
 #pragma once
 
 #include <fmt/format.h>
 
-#include "launch_node_link.hpp"
+#include <boost/asio.hpp>
 
-#include <algorithm>
+#include <distribute/net/detail/accept_loop.hpp>
+#include <distribute/net/refusal_log.hpp>
+
+#include "launch_cluster.hpp"
+#include "launch_node_link.hpp"
+#include "launch_node_protocol.hpp"
+#include "launch_output.hpp"
+
+#include <chrono>
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
-#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 namespace launch {
 
-inline constexpr std::string_view kNodeProtocol = "distribute-launch-nodes/1";
+namespace nodes_detail {
 
-/// What one node contributes to the cluster.
-struct NodeEntry {
-  int node_rank = 0;
-  int tasks = 0;
-  std::string host;   // the address its tasks listen on
-  int port_base = 0;  // its tasks' ports are port_base .. port_base + tasks - 1
-};
+namespace net_detail = distribute::net::detail;
 
-/// The cluster every node agreed on (identical on every node).
-struct NodeAgreement {
-  std::vector<NodeEntry> nodes;  // by node rank
-  std::string master_addr;       // MASTER_ADDR / MASTER_PORT for torch-style rank 0 (on node 0)
-  int master_port = 0;
-  std::optional<std::string> token;  // node 0's generated token; unset when not sent
+/// How long a connection may take to prove the token and join.
+inline constexpr auto kGreetingTimeout = std::chrono::seconds(10);
+/// How many connections may be in their greeting at once (the accept policy lowers it when few
+/// descriptors are left).
+inline constexpr std::size_t kMaxGreeting = 32;
 
-  int world_size() const {
-    int n = 0;
-    for (const auto& e : nodes) n += e.tasks;
-    return n;
+/// Node 0's meeting: one event loop, one accept policy, one greeting per connection.
+class Meeting {
+ public:
+  using tcp = boost::asio::ip::tcp;
+
+  Meeting(int listen_fd, int nnodes, NodeEntry self, std::string token, Clock::time_point deadline)
+      : acceptor_(io_), nnodes_(nnodes), token_(std::move(token)), deadline_(deadline),
+        entries_(static_cast<std::size_t>(nnodes)), members_(static_cast<std::size_t>(nnodes)),
+        accept_(io_, acceptor_, "node 0", "in their greeting", kMaxGreeting, [this](const std::string& line) {
+          if (auto l = refusals_.admit(line); !l.empty()) note("{}", l);
+        }) {
+    sockaddr_storage a{};
+    socklen_t len = sizeof a;
+    ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
+    acceptor_.assign(a.ss_family == AF_INET6 ? tcp::v6() : tcp::v4(), listen_fd);  // owns it from here
+    entries_[0] = std::move(self);
   }
-  int rank_offset(int node_rank) const {
-    int n = 0;
-    for (int r = 0; r < node_rank; ++r) n += nodes[static_cast<std::size_t>(r)].tasks;
-    return n;
-  }
-};
 
-/// The HELLO line a node sends to node 0.
-inline std::string hello_line(int nnodes, const NodeEntry& me) {
-  return fmt::format("HELLO {} {} {} {} {} {}", kNodeProtocol, nnodes, me.node_rank, me.tasks, me.host, me.port_base);
-}
-
-inline std::string agreement_line(const NodeAgreement& a) {
-  std::string line = fmt::format("CLUSTER {} {} {} {}", a.master_addr, a.master_port, a.token ? *a.token : "-",
-                                 a.nodes.size());
-  for (const auto& e : a.nodes) line += fmt::format(" {},{},{},{}", e.node_rank, e.tasks, e.host, e.port_base);
-  return line;
-}
-
-inline NodeAgreement parse_agreement(std::string_view line) {
-  using nodes_detail::to_int;
-  const auto w = nodes_detail::words(line);
-  if (!w.empty() && w[0] == "ERROR") {
-    std::string reason(line.substr(std::min(line.size(), std::size_t{6})));
-    throw RendezvousError(fmt::format("node 0 refused this node: {}", reason));
-  }
-  if (w.size() < 5 || w[0] != "CLUSTER") throw RendezvousError(fmt::format("unexpected message from node 0: '{}'", line));
-  NodeAgreement a;
-  a.master_addr = std::string(w[1]);
-  a.master_port = to_int(w[2], "master port");
-  if (w[3] != "-") a.token = std::string(w[3]);
-  const int n = to_int(w[4], "node count");
-  if (n < 1 || static_cast<std::size_t>(n) + 5 != w.size())
-    throw RendezvousError(fmt::format("malformed cluster message from node 0 ({} nodes, {} words)", n, w.size()));
-  for (int k = 0; k < n; ++k) {
-    const std::string_view entry = w[5 + static_cast<std::size_t>(k)];
-    std::vector<std::string_view> f;
-    std::size_t start = 0;
-    for (;;) {
-      const auto comma = entry.find(',', start);
-      f.push_back(entry.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
-      if (comma == std::string_view::npos) break;
-      start = comma + 1;
-    }
-    if (f.size() != 4) throw RendezvousError(fmt::format("malformed node entry '{}' from node 0", entry));
-    a.nodes.push_back({to_int(f[0], "node rank"), to_int(f[1], "task count"), std::string(f[2]),
-                       to_int(f[3], "port")});
-  }
-  return a;
-}
-
-/// Node 0's side of the meeting: accepts the other nnodes-1 launchers, checks them, sends the
-/// agreement. Returns the links to nodes 1..nnodes-1 (by node rank). A launcher that disagrees
-/// (another --nnodes, a node rank taken or out of range, another protocol) is told why and the
-/// meeting fails for all.
-inline std::vector<NodeLink> gather_nodes(int listen_fd, int nnodes, NodeEntry self, const std::string& master_addr,
-                                          int master_port, const std::optional<std::string>& token,
-                                          nodes_detail::Clock::time_point deadline, NodeAgreement& out) {
-  using nodes_detail::to_int;
-  std::vector<NodeLink> pending;  // connected, HELLO not read yet
-  std::vector<std::optional<NodeEntry>> entries(static_cast<std::size_t>(nnodes));
-  std::vector<NodeLink> links(static_cast<std::size_t>(nnodes));
-  entries[0] = self;
-  int joined = 1;
-  auto fail_all = [&](const std::string& why) {
-    for (auto& l : links)
-      if (l.open()) l.send("ERROR " + why);
-    throw RendezvousError(why);
-  };
-  while (joined < nnodes) {
-    if (nodes_detail::Clock::now() >= deadline) {
+  /// Runs until every node joined (their links, by node rank) or the meeting failed (throws).
+  std::vector<NodeLink> run(NodeAgreement& out, const std::string& master_addr, int master_port) {
+    boost::asio::steady_timer overall(io_, deadline_);
+    overall.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
       std::string missing;
-      for (int r = 1; r < nnodes; ++r)
-        if (!entries[static_cast<std::size_t>(r)]) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
-      fail_all(fmt::format("timed out after --rdzv-timeout waiting for node(s) {} to join", missing));
+      for (int r = 1; r < nnodes_; ++r)
+        if (!entries_[static_cast<std::size_t>(r)]) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
+      fail(fmt::format("timed out after --rdzv-timeout waiting for node(s) {} to join", missing));
+    });
+    accept_.start([this](tcp::socket socket, net_detail::AcceptLoop::Slot slot) {
+      greet(std::make_shared<Guest>(std::move(socket), std::move(slot), io_));
+      return true;
+    });
+    io_.run();
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);  // the job's members are known: later connections are refused
+
+    std::vector<NodeLink> links(static_cast<std::size_t>(nnodes_));
+    for (int r = 1; r < nnodes_; ++r) {
+      auto& s = members_[static_cast<std::size_t>(r)];
+      if (s) links[static_cast<std::size_t>(r)] = NodeLink(::dup(s->native_handle()), r);
     }
-    std::vector<pollfd> fds{{listen_fd, POLLIN, 0}};
-    for (auto& p : pending) fds.push_back({p.fd(), POLLIN, 0});
-    ::poll(fds.data(), fds.size(), std::min(nodes_detail::ms_until(deadline), 1000));
-    if (fds[0].revents & POLLIN) {
-      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) pending.emplace_back(fd);
+    members_.clear();
+    if (failure_) {
+      for (auto& l : links)
+        if (l.open()) l.send("ERROR " + *failure_);
+      throw RendezvousError(*failure_);
     }
-    for (std::size_t k = 0; k < pending.size();) {
-      auto lines = pending[k].read_lines();
-      if (lines.empty()) {
-        if (pending[k].eof()) pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(k));  // a probe
-        else ++k;
-        continue;
+    out = NodeAgreement{};
+    for (auto& e : entries_) out.nodes.push_back(*e);
+    out.master_addr = master_addr;
+    out.master_port = master_port;
+    const std::string line = agreement_line(out);
+    for (int r = 1; r < nnodes_; ++r) {
+      if (!links[static_cast<std::size_t>(r)].send(line))
+        throw RendezvousError(fmt::format("node {} went away before the cluster was agreed", r));
+    }
+    return links;
+  }
+
+ private:
+  struct Guest {
+    Guest(tcp::socket s, net_detail::AcceptLoop::Slot sl, boost::asio::io_context& io)
+        : socket(std::move(s)), slot(std::move(sl)), timer(io) {}
+    tcp::socket socket;
+    net_detail::AcceptLoop::Slot slot;
+    boost::asio::steady_timer timer;
+    std::string in, out;
+    distribute::net::detail::Nonce theirs{}, mine{};
+    std::string remote;
+  };
+  using GuestPtr = std::shared_ptr<Guest>;
+
+  void greet(GuestPtr g) {
+    boost::system::error_code ec;
+    const auto ep = g->socket.remote_endpoint(ec);
+    g->remote = ec ? "?" : fmt::format("{}:{}", ep.address().to_string(), ep.port());
+    g->timer.expires_at(std::min(deadline_, Clock::now() + kGreetingTimeout));
+    g->timer.async_wait([g](const boost::system::error_code& e) {
+      if (e) return;
+      boost::system::error_code ignored;
+      g->socket.close(ignored);  // its read ends with an error: dropped
+    });
+    read_line(g, [this](GuestPtr g, std::string line) {
+      try {
+        g->theirs = parse_hello(line);
+      } catch (const RendezvousError& e) {
+        return refuse(g, e.what());
       }
-      NodeLink link = std::move(pending[k]);
-      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(k));
-      const auto w = nodes_detail::words(lines[0]);
-      if (w.size() != 7 || w[0] != "HELLO") {
-        link.send("ERROR not a distribute-launch node");  // a stranger: ignored, the meeting goes on
-        continue;
+      g->mine = distribute::net::detail::random_nonce();
+      write_line(g, challenge_line(g->mine, node0_proof(token_, g->theirs, g->mine)), [this](GuestPtr g) {
+        read_line(g, [this](GuestPtr g, std::string line) { joined(g, line); });
+      });
+    });
+  }
+
+  void joined(const GuestPtr& g, std::string_view line) {
+    Join j;
+    try {
+      j = parse_join(line);
+    } catch (const RendezvousError& e) {
+      return refuse(g, e.what());
+    }
+    if (!distribute::net::detail::macs_equal(j.proof, join_proof(token_, g->theirs, g->mine, j.fields)))
+      return refuse(g, "not proven to hold this job's cluster token");
+    // Proven: a launcher of this job. What it says that disagrees ends the meeting for all.
+    g->timer.cancel();
+    g->slot.reset();
+    try {
+      const int theirs = joined_nnodes(j.fields);
+      if (theirs != nnodes_) {
+        const NodeEntry e = joined_entry(j.fields, theirs);
+        send_now(*g, fmt::format("ERROR node 0 was started with --nnodes {}, this node with --nnodes {}", nnodes_,
+                                 theirs));
+        return fail(fmt::format("node {} was started with --nnodes {}, node 0 with --nnodes {}", e.node_rank, theirs,
+                                nnodes_));
       }
-      if (w[1] != kNodeProtocol) {
-        link.send(fmt::format("ERROR node 0 speaks {}, this launcher {}", kNodeProtocol, w[1]));
-        fail_all(fmt::format("a launcher of another version joined ({}; this one speaks {})", w[1], kNodeProtocol));
+      NodeEntry e = joined_entry(j.fields, nnodes_);
+      auto& slot = entries_[static_cast<std::size_t>(e.node_rank)];
+      if (e.node_rank == 0 || slot) {
+        send_now(*g, fmt::format("ERROR --node-rank {} is taken", e.node_rank));
+        return fail(fmt::format("two launchers say --node-rank {}", e.node_rank));
       }
-      const int their_nnodes = to_int(w[2], "nnodes");
-      const int rank = to_int(w[3], "node rank");
-      if (their_nnodes != nnodes) {
-        link.send(fmt::format("ERROR node 0 was started with --nnodes {}, this node with --nnodes {}", nnodes,
-                              their_nnodes));
-        fail_all(fmt::format("node {} was started with --nnodes {}, node 0 with --nnodes {}", rank, their_nnodes,
-                             nnodes));
-      }
-      if (rank < 1 || rank >= nnodes || entries[static_cast<std::size_t>(rank)]) {
-        link.send(fmt::format("ERROR --node-rank {} is {}", rank, rank < 1 || rank >= nnodes ? "out of range" : "taken"));
-        fail_all(fmt::format("two launchers say --node-rank {}", rank));
-      }
-      NodeEntry e{rank, to_int(w[4], "task count"), std::string(w[5]), to_int(w[6], "port")};
-      entries[static_cast<std::size_t>(rank)] = e;
-      link.set_peer_node(rank);
-      links[static_cast<std::size_t>(rank)] = std::move(link);
-      ++joined;
+      slot = std::move(e);
+      members_[static_cast<std::size_t>(slot->node_rank)] = std::move(g->socket);
+      if (++joined_ == nnodes_) io_.stop();
+    } catch (const RendezvousError& e) {
+      send_now(*g, fmt::format("ERROR {}", e.what()));
+      fail(fmt::format("a launcher from {} sent a malformed JOIN: {}", g->remote, e.what()));
     }
   }
-  out = NodeAgreement{};
-  for (auto& e : entries) out.nodes.push_back(*e);
-  out.master_addr = master_addr;
-  out.master_port = master_port;
-  out.token = token;
-  const std::string line = agreement_line(out);
-  for (int r = 1; r < nnodes; ++r) {
-    if (!links[static_cast<std::size_t>(r)].send(line))
-      fail_all(fmt::format("node {} went away before the cluster was agreed", r));
+
+  /// Tells a connection that has not proved the token why it is refused, and closes it; the
+  /// meeting goes on.
+  void refuse(const GuestPtr& g, std::string_view why) {
+    if (auto l = refusals_.admit(fmt::format("node 0: refused a connection from {}: {}", g->remote, why)); !l.empty())
+      note("{}", l);
+    write_line(g, fmt::format("ERROR refused: {}", why), [](GuestPtr g) {
+      boost::system::error_code ignored;
+      g->socket.shutdown(tcp::socket::shutdown_both, ignored);
+      g->socket.close(ignored);
+      g->timer.cancel();
+    });
   }
-  return links;
+
+  void fail(std::string why) {
+    if (!failure_) failure_ = std::move(why);
+    io_.stop();
+  }
+
+  template <typename Next>
+  void read_line(const GuestPtr& g, Next next) {
+    boost::asio::async_read_until(g->socket, boost::asio::dynamic_buffer(g->in, kMaxGreetingLine), '\n',
+                                  [g, next](const boost::system::error_code& ec, std::size_t n) {
+                                    if (ec) {  // closed, timed out, or a line too long: dropped
+                                      boost::system::error_code ignored;
+                                      g->socket.close(ignored);
+                                      g->timer.cancel();
+                                      return;
+                                    }
+                                    std::string line = g->in.substr(0, n - 1);
+                                    g->in.erase(0, n);
+                                    next(g, std::move(line));
+                                  });
+  }
+
+  template <typename Next>
+  void write_line(const GuestPtr& g, std::string line, Next next) {
+    g->out = std::move(line) + "\n";
+    boost::asio::async_write(g->socket, boost::asio::buffer(g->out),
+                             [g, next](const boost::system::error_code& ec, std::size_t) {
+                               if (!ec) next(g);
+                             });
+  }
+
+  static void send_now(Guest& g, const std::string& line) {
+    boost::system::error_code ignored;
+    boost::asio::write(g.socket, boost::asio::buffer(line + "\n"), ignored);
+  }
+
+  boost::asio::io_context io_;
+  tcp::acceptor acceptor_;
+  int nnodes_;
+  std::string token_;
+  Clock::time_point deadline_;
+  std::vector<std::optional<NodeEntry>> entries_;
+  std::vector<std::optional<tcp::socket>> members_;
+  int joined_ = 1;
+  std::optional<std::string> failure_;
+  distribute::net::RateLimiter refusals_;
+  net_detail::AcceptLoop accept_;
+};
+
+}  // namespace nodes_detail
+
+/// Node 0's side of the meeting on `listen_fd` (which it takes): admits the other nnodes-1
+/// launchers once they proved they hold `token`, checks them, sends the agreement. Returns the
+/// links to nodes 1..nnodes-1 (by node rank).
+inline std::vector<NodeLink> gather_nodes(int listen_fd, int nnodes, NodeEntry self, const std::string& master_addr,
+                                          int master_port, const std::string& token,
+                                          nodes_detail::Clock::time_point deadline, NodeAgreement& out) {
+  nodes_detail::Meeting meeting(listen_fd, nnodes, std::move(self), token, deadline);
+  return meeting.run(out, master_addr, master_port);
+}
+
+/// A joining node's side: proves it holds `token` to node 0 (after node 0 proved it), says who it
+/// is (`me`, completed by `complete_entry` once connected: its host may be the connection's) and
+/// reads the cluster. A connection node 0 closes before its challenge (its greeting slots were
+/// full) is tried again until `deadline`. Returns the link to node 0.
+inline NodeLink join_nodes(const std::string& master_addr, int master_port, int nnodes, NodeEntry& me,
+                           const std::string& token, nodes_detail::Clock::time_point deadline,
+                           const std::function<void(NodeEntry&, const NodeLink&)>& complete_entry,
+                           NodeAgreement& out) {
+  auto pause = std::chrono::milliseconds(50);
+  for (;;) {
+    NodeLink link = connect_to_master(master_addr, master_port, deadline);
+    const auto nonce = distribute::net::detail::random_nonce();
+    std::optional<std::string> answer;
+    if (link.send(hello_line(nonce))) {
+      try {
+        answer = link.read_line(deadline, "node 0's challenge");
+      } catch (const RendezvousError&) {
+        if (!link.eof()) throw;  // timed out
+      }
+    }
+    if (!answer) {  // closed unanswered: node 0 is busy with other connections
+      if (nodes_detail::Clock::now() + pause >= deadline)
+        throw RendezvousError(fmt::format("node 0 at {} closed every connection before answering, until "
+                                          "--rdzv-timeout",
+                                          host_port(master_addr, master_port)));
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(500));
+      continue;
+    }
+    const Challenge c = parse_challenge(*answer);
+    if (!distribute::net::detail::macs_equal(c.proof, node0_proof(token, nonce, c.nonce)))
+      throw RendezvousError(fmt::format("node 0 at {} did not prove it holds this job's cluster token: give every "
+                                        "launcher the same DISTRIBUTE_CLUSTER_TOKEN",
+                                        host_port(master_addr, master_port)));
+    complete_entry(me, link);
+    const std::string fields = join_fields(nnodes, me);
+    if (!link.send(join_line(join_proof(token, nonce, c.nonce, fields), fields)))
+      throw RendezvousError("node 0 closed the connection before this node joined");
+    out = parse_agreement(link.read_line(deadline, "node 0's cluster"), nnodes, me);
+    return link;
+  }
 }
 
 }  // namespace launch

@@ -21,6 +21,8 @@
 
 #include <fmt/format.h>
 
+#include "../../tools/launch_node_protocol.hpp"
+
 namespace ds = distribute;
 namespace net = distribute::net;
 namespace nd = distribute::net::detail;
@@ -206,6 +208,24 @@ void cluster() {
 
 }  // namespace
 
+void launch_meeting() {
+  // The lines of distribute-launch's node meeting as the launchers write them.
+  const auto nonce = ds::net::detail::random_nonce(), node0 = ds::net::detail::random_nonce();
+  const launch::NodeEntry joiner{1, 1, "h", 1};  // the target's joiner of a CLUSTER line
+  seed("fuzz_launch_meeting", "hello", {0}, launch::hello_line(nonce));
+  seed("fuzz_launch_meeting", "hello-first-protocol", {0}, "HELLO distribute-launch-nodes/1 2 1 1 127.0.0.1 1");
+  seed("fuzz_launch_meeting", "challenge", {1}, launch::challenge_line(node0, launch::node0_proof("t", nonce, node0)));
+  seed("fuzz_launch_meeting", "challenge-refused", {1}, "ERROR refused: not proven to hold this job's cluster token");
+  const std::string fields = launch::join_fields(2, {1, 4, "10.0.0.2", 29500});
+  seed("fuzz_launch_meeting", "join", {2}, launch::join_line(launch::join_proof("t", nonce, node0, fields), fields));
+  launch::NodeAgreement a;
+  a.nodes = {{0, 2, "10.0.0.1", 29501}, joiner};
+  a.master_addr = "10.0.0.1";
+  a.master_port = 29500;
+  seed("fuzz_launch_meeting", "cluster", {3}, launch::agreement_line(a));
+  seed("fuzz_launch_meeting", "cluster-refused", {3}, "ERROR --node-rank 1 is taken");
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
@@ -217,5 +237,6 @@ int main(int argc, char** argv) {
   safetensors();
   records();
   cluster();
+  launch_meeting();
   std::printf("%d seeds written under %s\n", written, root.c_str());
 }

@@ -21,6 +21,8 @@
 #include <boost/asio.hpp>
 #include <fmt/format.h>
 
+#include <distribute/version.hpp>
+
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
 
