@@ -381,29 +381,46 @@ TEST_CASE("a stranger without the token is refused while training goes on; the r
   stop_child(ps);
 }
 
-TEST_CASE("a ds::Server listening beyond loopback without a token warns once at start; with a token, or on loopback, not") {
+TEST_CASE("a ds::Server will not listen beyond loopback without a token unless told insecure, then warns once; on loopback, or with a token, it starts quietly") {
   const auto ports = test_support::free_ports(3);
   auto spec_on = [&](const std::string& host) {
     return ds::ClusterSpec(ds::ClusterSpec::DenseJobs{{"chief", {fmt::format("127.0.0.1:{}", ports[2])}},
                                                       {"ps", {fmt::format("{}:{}", host, ports[0])}},
                                                       {"worker", {fmt::format("127.0.0.1:{}", ports[1])}}});
   };
-  auto lines_of = [&](const std::string& host, const char* token) {
+  auto lines_of = [&](const std::string& host, const char* token, bool insecure = false) {
     Log log;
     ds::ServerOptions options;
     options.cluster_token = token;
+    options.insecure = insecure;
     options.log = log.sink();
     { ds::Server server(spec_on(host), "ps", 0, "tcp", options); }
     std::lock_guard lock(log.mutex);
     return log.lines;
   };
-  const auto open = lines_of("0.0.0.0", "");
+  ::unsetenv("DISTRIBUTE_INSECURE");
+  for (const char* host : {"0.0.0.0", "[::]"}) {
+    const std::string address = fmt::format("{}:{}", host, ports[0]);
+    CHECK_THROWS_WITH_AS(lines_of(host, ""),
+                         fmt::format("/job:ps/replica:0/task:0/device:CPU:0 will not listen on {}, reachable from other "
+                                     "machines, without a cluster token: anyone who can connect could join, run "
+                                     "registered functions and read or change state. Set DISTRIBUTE_CLUSTER_TOKEN to "
+                                     "the same secret for every task (distribute-launch does), listen on a loopback "
+                                     "address, or accept the risk with the option insecure = true or "
+                                     "DISTRIBUTE_INSECURE=1",
+                                     address)
+                             .c_str(),
+                         ds::ClusterConfigError);
+  }
+  const auto open = lines_of("0.0.0.0", "", true);
   REQUIRE(open.size() == 1);
   CHECK(open[0] == fmt::format("WARNING: /job:ps/replica:0/task:0/device:CPU:0 listens on 0.0.0.0:{}, reachable from other "
-                               "machines, without a cluster token: anyone who can connect can join, run registered "
-                               "functions and read or change state. Set DISTRIBUTE_CLUSTER_TOKEN (the launcher does by "
-                               "default) or listen on a loopback address",
+                               "machines, without a cluster token (insecure, as chosen): anyone who can connect can "
+                               "join, run registered functions and read or change state",
                                ports[0]));
+  ::setenv("DISTRIBUTE_INSECURE", "1", 1);  // the same choice from the environment
+  CHECK(lines_of("0.0.0.0", "").size() == 1);
+  ::unsetenv("DISTRIBUTE_INSECURE");
   CHECK(lines_of("0.0.0.0", "s3cret").empty());
   CHECK(lines_of("127.0.0.1", "").empty());
 }

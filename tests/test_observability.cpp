@@ -7,7 +7,12 @@
 #include <distribute/observe/timeline.hpp>
 #include <distribute/strategy/observability.hpp>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +23,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -26,6 +32,8 @@
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
 #include <doctest/doctest.h>
+
+#include "support/http_get.hpp"
 
 namespace ds = distribute;
 namespace obs = distribute::observe;
@@ -186,6 +194,39 @@ TEST_CASE("MetricsServer answers GET /metrics with the registry's text on a real
   CHECK(http(server.port(), "/healthz") == "200 ok\n");
 }
 
+TEST_CASE("MetricsServer with a cluster token: /metrics wants it as a bearer credential; beyond loopback, no token is refused unless insecure") {
+  auto reg = std::make_shared<obs::MetricsRegistry>("worker", 1);
+  reg->counter("hits_total", "Hits.").add(7);
+  ds::net::MetricsServer server(reg, "127.0.0.1", 0, {.cluster_token = "s3cret"});
+  const std::string refused = "401 this task has a cluster token: send it as 'Authorization: Bearer TOKEN' "
+                              "(Prometheus: authorization: {type: Bearer, credentials_file: FILE})\n";
+  CHECK(test_support::http_get(server.port(), "/metrics") == refused);
+  CHECK(test_support::http_get(server.port(), "/metrics", "Bearer s3cre") == refused);
+  CHECK(test_support::http_get(server.port(), "/metrics", "Bearer s3cret!") == refused);
+  CHECK(test_support::http_get(server.port(), "/metrics", "bearer s3cret") == refused);
+  CHECK(test_support::http_get(server.port(), "/metrics", "Bearer s3cret") == "200 " + reg->expose());
+  CHECK(test_support::http_get(server.port(), "/healthz") == "200 ok\n");
+  {  // The token from the environment, as every server of the library reads it.
+    EnvVar token("DISTRIBUTE_CLUSTER_TOKEN", "from-env");
+    ds::net::MetricsServer env_server(reg, "127.0.0.1", 0);
+    CHECK(test_support::http_get(env_server.port(), "/metrics") == refused);
+    CHECK(test_support::http_get(env_server.port(), "/metrics", "Bearer from-env") == "200 " + reg->expose());
+  }
+  EnvVar no_token("DISTRIBUTE_CLUSTER_TOKEN", "");
+  EnvVar not_insecure("DISTRIBUTE_INSECURE", "");
+  CHECK_THROWS_WITH_AS(ds::net::MetricsServer(reg, "0.0.0.0", 0),
+                       "the metrics port will not listen on 0.0.0.0:0, reachable from other machines, without a cluster "
+                       "token: anyone who can connect could join, run registered functions and read or change state. "
+                       "Set DISTRIBUTE_CLUSTER_TOKEN to the same secret for every task (distribute-launch does), listen "
+                       "on a loopback address, or accept the risk with the option insecure = true or "
+                       "DISTRIBUTE_INSECURE=1",
+                       ds::ClusterConfigError);
+  ds::net::MetricsServer open(reg, "0.0.0.0", 0, {.insecure = true});
+  CHECK(test_support::http_get(open.port(), "/metrics") == "200 " + reg->expose());
+  ds::net::MetricsServer with_token(reg, "0.0.0.0", 0, {.cluster_token = "s3cret"});
+  CHECK(test_support::http_get(with_token.port(), "/metrics") == refused);
+}
+
 TEST_CASE("MetricsServer: a host that does not resolve, or a port in use, is Unavailable with the address") {
   auto reg = std::make_shared<obs::MetricsRegistry>("worker", 0);
   CHECK_THROWS_WITH_AS(ds::net::MetricsServer(reg, "no-such-host.invalid", 0), doctest::Contains("cannot resolve the host 'no-such-host.invalid'"),
@@ -195,6 +236,87 @@ TEST_CASE("MetricsServer: a host that does not resolve, or a port in use, is Una
   const std::string message = "cannot listen on " + where;
   CHECK_THROWS_WITH_AS(ds::net::MetricsServer(reg, "127.0.0.1", first.port()), doctest::Contains(message.c_str()),
                        ds::Unavailable);
+}
+
+namespace {
+
+// A TCP connection from `source` to `destination`:`port` (IPv4, numeric); -1 when refused.
+int connect_from(const char* source, const char* destination, std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in from{}, to{};
+  from.sin_family = to.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source, &from.sin_addr);
+  ::inet_pton(AF_INET, destination, &to.sin_addr);
+  to.sin_port = htons(port);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// What a server answers a GET /healthz on `fd` within 5 s: the status line, or "closed".
+std::string healthz_on(int fd) {
+  const std::string req = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+  (void)!::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  std::string got;
+  char buf[512];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 5000) <= 0) return "silent";
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  return got.empty() ? "closed" : got.substr(0, got.find("\r\n"));
+}
+
+}  // namespace
+
+TEST_CASE("the accept policy bounds the connections waiting from one address; other addresses are still served") {
+  // In a network namespace of its own (a thread's), with three addresses on its loopback device
+  // that are not loopback addresses: 10.77.0.1 serves, 10.77.0.2 floods, 10.77.0.3 comes later.
+  std::string setup_error;
+  std::size_t per_address = 0;
+  std::vector<std::string> flood_answers;
+  std::string other_answer, after_answer;
+  std::thread in_namespace([&] {
+    if (::unshare(CLONE_NEWNET) != 0) {
+      setup_error = fmt::format("unshare(CLONE_NEWNET): {}", std::strerror(errno));
+      return;
+    }
+    if (std::system("ip link set lo up && ip addr add 10.77.0.1/32 dev lo && ip addr add 10.77.0.2/32 dev lo && "
+                    "ip addr add 10.77.0.3/32 dev lo") != 0) {
+      setup_error = "ip addr add failed";
+      return;
+    }
+    auto reg = std::make_shared<obs::MetricsRegistry>("worker", 0);
+    ds::net::MetricsServer server(reg, "10.77.0.1", 0, {.cluster_token = "s3cret"}, 8);
+    per_address = std::max<std::size_t>(1, server.max_pending() / 4);
+    std::vector<int> held;  // idle, from 10.77.0.2: each holds its slot
+    for (std::size_t k = 0; k < per_address; ++k) held.push_back(connect_from("10.77.0.2", "10.77.0.1", server.port()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    for (int k = 0; k < 3; ++k) {  // more from the same address: closed as soon as accepted
+      const int fd = connect_from("10.77.0.2", "10.77.0.1", server.port());
+      flood_answers.push_back(fd < 0 ? "refused" : healthz_on(fd));
+      if (fd >= 0) ::close(fd);
+    }
+    const int other = connect_from("10.77.0.3", "10.77.0.1", server.port());
+    other_answer = other < 0 ? "refused" : healthz_on(other);
+    if (other >= 0) ::close(other);
+    for (int fd : held) ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const int again = connect_from("10.77.0.2", "10.77.0.1", server.port());
+    after_answer = again < 0 ? "refused" : healthz_on(again);
+    if (again >= 0) ::close(again);
+  });
+  in_namespace.join();
+  REQUIRE_MESSAGE(setup_error.empty(), setup_error);
+  CHECK(per_address == 2);  // a quarter of 8
+  for (const auto& answer : flood_answers) CHECK(answer == "closed");
+  CHECK(other_answer == "HTTP/1.1 200 OK");
+  CHECK(after_answer == "HTTP/1.1 200 OK");  // slots are given back
 }
 
 TEST_CASE("MetricsServer under 300 idle connections at ulimit -n 64: the process keeps its descriptors, nothing spins") {
@@ -314,7 +436,7 @@ TEST_CASE("the metrics port: the option first, else DISTRIBUTE_METRICS_PORT; bad
   o.metrics_port = 70000;
   CHECK_THROWS_WITH_AS(ds::strategy::metrics_port_setting(o), doctest::Contains("metrics_port must be in [0, 65535], got 70000"),
                        ds::InvalidArgument);
-  CHECK_THROWS_WITH_AS(ds::strategy::TaskMetrics::start("worker", 3, "127.0.0.1", 65534, 3),
+  CHECK_THROWS_WITH_AS(ds::strategy::TaskMetrics::start("worker", 3, "127.0.0.1", 65534, 3, {}),
                        doctest::Contains("metrics port 65534 + rank 3 is beyond 65535"), ds::InvalidArgument);
 }
 

@@ -374,6 +374,16 @@ TEST_CASE("the cluster token: a coordinator without it is refused, with it serve
     char buf[256];
     s.read_some(boost::asio::buffer(buf), ec);  // closed (or a reject) without a hang
   }
+  // The ps port's /metrics wants the token as a bearer credential (a Prometheus scrape setting);
+  // /healthz does not.
+  const std::string refused = "401 this task has a cluster token: send it as 'Authorization: Bearer TOKEN' "
+                              "(Prometheus: authorization: {type: Bearer, credentials_file: FILE})\n";
+  CHECK(http_get(cluster.ports[0], "/metrics") == refused);
+  CHECK(http_get(cluster.ports[0], "/metrics", "Bearer wrong") == refused);
+  CHECK(http_get(cluster.ports[0], "/metrics", "Basic czNjcmV0") == refused);
+  CHECK(http_get(cluster.ports[0], "/metrics", "Bearer s3cret").find("# TYPE distribute_requests_total counter\n") !=
+        std::string::npos);
+  CHECK(http_get(cluster.ports[0], "/healthz") == "200 ok\n");
   ds::ParameterServerStrategy strategy(cluster.resolver(), {}, ds::ParameterServerOptions{.cluster_token = "s3cret"});
   ds::ClusterCoordinator coordinator(strategy, quiet_options());
   auto scope = strategy.scope();

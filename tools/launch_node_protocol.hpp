@@ -65,10 +65,10 @@ struct NodeAgreement {
   }
 };
 
-namespace nodes_detail {
+using Nonce = distribute::net::detail::Nonce;
+using Mac = distribute::net::detail::Mac;
 
-using distribute::net::detail::Mac;
-using distribute::net::detail::Nonce;
+namespace nodes_detail {
 
 inline int to_int_in(std::string_view s, std::string_view what, int lo, int hi) {
   const int v = to_int(s, what);
@@ -88,7 +88,8 @@ std::string to_hex(const Bytes& bytes) {
 template <typename Bytes>
 Bytes from_hex(std::string_view text, std::string_view what) {
   Bytes out{};
-  if (text.size() != 2 * out.size()) throw RendezvousError(fmt::format("{} is not {} hex digits", what, 2 * out.size()));
+  if (text.size() != 2 * out.size())
+    throw RendezvousError(fmt::format("{} is not {} hex digits", what, 2 * out.size()));
   try {
     std::string raw;
     boost::algorithm::unhex(text.begin(), text.end(), std::back_inserter(raw));
@@ -97,6 +98,12 @@ Bytes from_hex(std::string_view text, std::string_view what) {
     throw RendezvousError(fmt::format("{} is not {} hex digits", what, 2 * out.size()));
   }
   return out;
+}
+
+/// Node 0's "ERROR why" as the error a joiner throws (why cut to a bounded length).
+[[noreturn]] inline void throw_refusal(std::string_view line) {
+  const std::string_view why = line.substr(std::min<std::size_t>(line.size(), 6));
+  throw RendezvousError(fmt::format("node 0 refused this node: {}", distribute::quote_input(why, 200)));
 }
 
 inline Mac proof(const std::string& token, std::string_view message) {
@@ -118,53 +125,52 @@ inline NodeEntry checked_entry(std::string_view rank, std::string_view tasks, st
 }  // namespace nodes_detail
 
 /// The joiner's HELLO and node 0's CHALLENGE for it.
-inline std::string hello_line(const distribute::net::detail::Nonce& nonce) {
+inline std::string hello_line(const Nonce& nonce) {
   return fmt::format("HELLO {} {}", kNodeProtocol, nodes_detail::to_hex(nonce));
 }
 
 /// Node 0's reading of a HELLO: the joiner's nonce. Throws RendezvousError saying what is wrong.
-inline distribute::net::detail::Nonce parse_hello(std::string_view line) {
+inline Nonce parse_hello(std::string_view line) {
   const auto w = nodes_detail::words(line);
   if (w.empty() || w[0] != "HELLO") throw RendezvousError("not a distribute-launch node");
   if (w.size() < 2 || w[1] != kNodeProtocol)
     throw RendezvousError(fmt::format("node 0 speaks {}, not {}", kNodeProtocol,
                                       w.size() < 2 ? std::string("nothing") : distribute::quote_input(w[1])));
   if (w.size() != 3) throw RendezvousError(fmt::format("a HELLO has 3 words, not {}", w.size()));
-  return nodes_detail::from_hex<distribute::net::detail::Nonce>(w[2], "the nonce");
+  return nodes_detail::from_hex<Nonce>(w[2], "the nonce");
 }
 
 /// What node 0 proves: it holds `token` (for this joiner's nonce and its own).
-inline distribute::net::detail::Mac node0_proof(const std::string& token, const distribute::net::detail::Nonce& joiner,
-                                    const distribute::net::detail::Nonce& node0) {
+inline Mac node0_proof(const std::string& token, const Nonce& joiner,
+                                    const Nonce& node0) {
   return nodes_detail::proof(token, fmt::format("{} node 0|{}|{}", kNodeProtocol, nodes_detail::to_hex(joiner),
                                                 nodes_detail::to_hex(node0)));
 }
 
 /// What a joiner proves: it holds `token`, and these are its fields.
-inline distribute::net::detail::Mac join_proof(const std::string& token, const distribute::net::detail::Nonce& joiner,
-                                   const distribute::net::detail::Nonce& node0, std::string_view fields) {
+inline Mac join_proof(const std::string& token, const Nonce& joiner,
+                                   const Nonce& node0, std::string_view fields) {
   return nodes_detail::proof(token, fmt::format("{} join|{}|{}|{}", kNodeProtocol, nodes_detail::to_hex(node0),
                                                 nodes_detail::to_hex(joiner), fields));
 }
 
-inline std::string challenge_line(const distribute::net::detail::Nonce& node0, const distribute::net::detail::Mac& proof) {
+inline std::string challenge_line(const Nonce& node0, const Mac& proof) {
   return fmt::format("CHALLENGE {} {}", nodes_detail::to_hex(node0), nodes_detail::to_hex(proof));
 }
 
 struct Challenge {
-  distribute::net::detail::Nonce nonce{};
-  distribute::net::detail::Mac proof{};
+  Nonce nonce{};
+  Mac proof{};
 };
 
 /// A joiner's reading of node 0's answer to its HELLO (an ERROR is thrown as node 0's refusal).
 inline Challenge parse_challenge(std::string_view line) {
   const auto w = nodes_detail::words(line);
-  if (!w.empty() && w[0] == "ERROR")
-    throw RendezvousError(fmt::format("node 0 refused this node: {}", distribute::quote_input(line.substr(std::min<std::size_t>(line.size(), 6)), 200)));
+  if (!w.empty() && w[0] == "ERROR") nodes_detail::throw_refusal(line);
   if (w.size() != 3 || w[0] != "CHALLENGE")
     throw RendezvousError(fmt::format("unexpected answer from node 0: {}", distribute::quote_input(line)));
-  return {nodes_detail::from_hex<distribute::net::detail::Nonce>(w[1], "node 0's nonce"),
-          nodes_detail::from_hex<distribute::net::detail::Mac>(w[2], "node 0's proof")};
+  return {nodes_detail::from_hex<Nonce>(w[1], "node 0's nonce"),
+          nodes_detail::from_hex<Mac>(w[2], "node 0's proof")};
 }
 
 /// The fields of a JOIN (what the proof covers).
@@ -172,12 +178,12 @@ inline std::string join_fields(int nnodes, const NodeEntry& me) {
   return fmt::format("{} {} {} {} {}", nnodes, me.node_rank, me.tasks, me.host, me.port_base);
 }
 
-inline std::string join_line(const distribute::net::detail::Mac& proof, std::string_view fields) {
+inline std::string join_line(const Mac& proof, std::string_view fields) {
   return fmt::format("JOIN {} {}", nodes_detail::to_hex(proof), fields);
 }
 
 struct Join {
-  distribute::net::detail::Mac proof{};
+  Mac proof{};
   std::string fields;  // as sent: what the proof covers
 };
 
@@ -186,7 +192,7 @@ inline Join parse_join(std::string_view line) {
   const auto w = nodes_detail::words(line);
   if (w.size() != 7 || w[0] != "JOIN") throw RendezvousError("a JOIN has 7 words");
   Join j;
-  j.proof = nodes_detail::from_hex<distribute::net::detail::Mac>(w[1], "the proof");
+  j.proof = nodes_detail::from_hex<Mac>(w[1], "the proof");
   j.fields = fmt::format("{} {} {} {} {}", w[2], w[3], w[4], w[5], w[6]);
   return j;
 }
@@ -216,17 +222,17 @@ inline std::string agreement_line(const NodeAgreement& a) {
 inline NodeAgreement parse_agreement(std::string_view line, int nnodes, const NodeEntry& me) {
   using nodes_detail::to_int_in;
   const auto w = nodes_detail::words(line);
-  if (!w.empty() && w[0] == "ERROR")
-    throw RendezvousError(fmt::format("node 0 refused this node: {}", distribute::quote_input(line.substr(std::min<std::size_t>(line.size(), 6)), 200)));
-  if (w.size() < 4 || w[0] != "CLUSTER") throw RendezvousError(fmt::format("unexpected message from node 0: {}", distribute::quote_input(line)));
+  if (!w.empty() && w[0] == "ERROR") nodes_detail::throw_refusal(line);
+  if (w.size() < 4 || w[0] != "CLUSTER")
+    throw RendezvousError(fmt::format("unexpected message from node 0: {}", distribute::quote_input(line)));
   NodeAgreement a;
   nodes_detail::check_word(w[1], "master address");
   a.master_addr = std::string(w[1]);
   a.master_port = to_int_in(w[2], "master port", 1, 65535);
   const int n = to_int_in(w[3], "node count", 1, kMaxNodes);
   if (n != nnodes || static_cast<std::size_t>(n) + 4 != w.size())
-    throw RendezvousError(fmt::format("malformed cluster message from node 0 ({} nodes, {} words; this node has --nnodes {})",
-                                      n, w.size(), nnodes));
+    throw RendezvousError(fmt::format(
+        "malformed cluster message from node 0 ({} nodes, {} words; this node has --nnodes {})", n, w.size(), nnodes));
   for (int k = 0; k < n; ++k) {
     const std::string_view entry = w[4 + static_cast<std::size_t>(k)];
     std::vector<std::string_view> f;
@@ -237,7 +243,8 @@ inline NodeAgreement parse_agreement(std::string_view line, int nnodes, const No
       if (comma == std::string_view::npos || f.size() > 4) break;
       start = comma + 1;
     }
-    if (f.size() != 4) throw RendezvousError(fmt::format("malformed node entry {} from node 0", distribute::quote_input(entry)));
+    if (f.size() != 4)
+      throw RendezvousError(fmt::format("malformed node entry {} from node 0", distribute::quote_input(entry)));
     NodeEntry e = nodes_detail::checked_entry(f[0], f[1], f[2], f[3], nnodes);
     if (e.node_rank != k) throw RendezvousError(fmt::format("node 0 sent node {}'s entry in place {}", e.node_rank, k));
     a.nodes.push_back(std::move(e));

@@ -210,7 +210,11 @@ void cluster() {
 
 void launch_meeting() {
   // The lines of distribute-launch's node meeting as the launchers write them.
-  const auto nonce = ds::net::detail::random_nonce(), node0 = ds::net::detail::random_nonce();
+  ds::net::detail::Nonce nonce{}, node0{};  // fixed, so that the seeds are the same on every run
+  for (std::size_t k = 0; k < nonce.size(); ++k) {
+    nonce[k] = static_cast<std::byte>(k);
+    node0[k] = static_cast<std::byte>(255 - k);
+  }
   const launch::NodeEntry joiner{1, 1, "h", 1};  // the target's joiner of a CLUSTER line
   seed("fuzz_launch_meeting", "hello", {0}, launch::hello_line(nonce));
   seed("fuzz_launch_meeting", "hello-first-protocol", {0}, "HELLO distribute-launch-nodes/1 2 1 1 127.0.0.1 1");

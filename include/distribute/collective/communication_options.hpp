@@ -43,6 +43,10 @@ struct CommunicationOptions {
   /// net::CommunicatorOptions::cluster_token). Unset: DISTRIBUTE_CLUSTER_TOKEN, if non-empty;
   /// "" switches authentication off.
   std::optional<std::string> cluster_token = std::nullopt;
+  /// Listen (for the other workers, and the metrics port) on an address other machines reach
+  /// without a cluster token, where anyone who can connect may join: refused (ClusterConfigError)
+  /// unless set, or DISTRIBUTE_INSECURE=1.
+  bool insecure = false;
   /// TCP congestion control of the connections between workers on one host (see
   /// net::CommunicatorOptions::loopback_congestion_control). Unset: "reno"; "" keeps the
   /// system's default.

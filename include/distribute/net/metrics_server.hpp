@@ -6,12 +6,17 @@
 // connections at once (64, and no more than a quarter of the descriptors the process may still
 // open), 5 s each to send a request of at most 8 KiB of header (Beast's limit), and an accept
 // error backs off instead of spinning. Refusals are written to stderr, a few a second at most.
+// Like every server of the library it will not listen beyond loopback without a cluster token
+// unless told `insecure`; with a token, GET /metrics wants it as a bearer credential (/healthz
+// does not).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <boost/asio.hpp>
@@ -20,19 +25,31 @@
 #include <fmt/format.h>
 
 #include <distribute/core/error.hpp>
+#include <distribute/net/detail/loopback.hpp>
 #include <distribute/net/detail/accept_loop.hpp>
+#include <distribute/net/detail/auth.hpp>
 #include <distribute/net/refusal_log.hpp>
 #include <distribute/observe/metrics.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net {
 
+/// Who may read a metrics port.
+struct MetricsAccess {
+  /// Scrapes of /metrics must send it as `Authorization: Bearer TOKEN`. Unset:
+  /// DISTRIBUTE_CLUSTER_TOKEN, if non-empty; "": none.
+  std::optional<std::string> cluster_token = std::nullopt;
+  /// Listen beyond loopback without a token (anyone may read the metrics): refused
+  /// (ClusterConfigError) unless set, or DISTRIBUTE_INSECURE=1.
+  bool insecure = false;
+};
+
 class MetricsServer {
  public:
   /// Listens on `host`:`port` (0: a free port, see port()); throws Unavailable when it cannot.
   MetricsServer(std::shared_ptr<const observe::MetricsRegistry> registry, const std::string& host, std::uint16_t port,
-                std::size_t max_pending = 64)
-      : registry_(std::move(registry)), acceptor_(io_),
+                MetricsAccess access = {}, std::size_t max_pending = 64)
+      : registry_(std::move(registry)), token_(detail::effective_cluster_token(access.cluster_token)), acceptor_(io_),
         accepting_(io_, acceptor_, fmt::format("the metrics port on {}", host), "waiting for an answer", max_pending,
                    [this](const std::string& line) {
                      if (std::string admitted = refusals_.admit(line); !admitted.empty()) {
@@ -47,6 +64,11 @@ class MetricsServer {
       throw Unavailable(fmt::format("metrics: cannot resolve the host '{}': {}", host, ec.message()));
     }
     const auto ep = endpoints.begin()->endpoint();
+    const std::string address = fmt::format("{}:{}", host, port);
+    if (!token_ && !detail::is_loopback(ep.address())) {
+      if (!detail::insecure_chosen(access.insecure)) throw ClusterConfigError(no_token_refusal("the metrics port", address));
+      fmt::print(stderr, "distribute.metrics: {}\n", no_token_warning("the metrics port", address));
+    }
     acceptor_.open(ep.protocol(), ec);
     if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
     if (!ec) acceptor_.bind(ep, ec);
@@ -104,6 +126,14 @@ class MetricsServer {
         s->res.result(http::status::method_not_allowed);
         s->res.set(http::field::content_type, "text/plain; charset=utf-8");
         s->res.body() = "only GET\n";
+      } else if (!detail::scrape_allowed(std::string_view(target.data(), target.size()),
+                                         std::string_view(s->req[http::field::authorization].data(),
+                                                          s->req[http::field::authorization].size()),
+                                         token_)) {
+        s->res.result(http::status::unauthorized);
+        s->res.set(http::field::www_authenticate, "Bearer realm=\"distribute\"");
+        s->res.set(http::field::content_type, "text/plain; charset=utf-8");
+        s->res.body() = std::string(detail::kScrapeRefused);
       } else if (target == "/metrics") {
         s->res.result(http::status::ok);
         s->res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
@@ -127,6 +157,7 @@ class MetricsServer {
   }
 
   std::shared_ptr<const observe::MetricsRegistry> registry_;
+  std::optional<std::string> token_;
   boost::asio::io_context io_;
   boost::asio::ip::tcp::acceptor acceptor_;
   RateLimiter refusals_;

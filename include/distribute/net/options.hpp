@@ -36,6 +36,9 @@ struct CommunicatorOptions {
   /// before any data. Unset: the environment variable DISTRIBUTE_CLUSTER_TOKEN, if non-empty.
   /// Set to "": no authentication even when the variable is set.
   std::optional<std::string> cluster_token;
+  /// Listen on an address other machines reach without a cluster token (anyone who can connect
+  /// may join). Refused (ClusterConfigError) unless set, or DISTRIBUTE_INSECURE=1.
+  bool insecure = false;
   /// Largest payload accepted in one frame; a peer claiming more is dropped as malformed.
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// Granularity of pipelining: the ring cuts buffers into chunks of about this size so that
@@ -122,6 +125,8 @@ struct RpcOptions {
   /// Shared secret (see net::CommunicatorOptions::cluster_token): unset means the
   /// DISTRIBUTE_CLUSTER_TOKEN environment variable, "" means none.
   std::optional<std::string> cluster_token = std::nullopt;
+  /// Server: listen beyond loopback without a token (see CommunicatorOptions::insecure).
+  bool insecure = false;
   /// Largest request or reply accepted in one frame.
   std::size_t max_frame_bytes = std::size_t{1} << 31;
   /// TCP congestion control for loopback connections (see CommunicatorOptions).

@@ -62,12 +62,21 @@ class RateLimiter {
   std::uint64_t suppressed_ = 0;
 };
 
-/// The one warning a server listening beyond this machine without a cluster token logs at start.
+/// Why a server does not listen beyond this machine without a cluster token (unless told to).
+inline std::string no_token_refusal(std::string_view who, std::string_view address) {
+  return fmt::format(
+      "{} will not listen on {}, reachable from other machines, without a cluster token: anyone who can connect "
+      "could join, run registered functions and read or change state. Set DISTRIBUTE_CLUSTER_TOKEN to the same "
+      "secret for every task (distribute-launch does), listen on a loopback address, or accept the risk with the "
+      "option insecure = true or DISTRIBUTE_INSECURE=1",
+      who, address);
+}
+
+/// The one warning a server logs when it listens beyond this machine without a token, as chosen.
 inline std::string no_token_warning(std::string_view who, std::string_view address) {
   return fmt::format(
-      "WARNING: {} listens on {}, reachable from other machines, without a cluster token: anyone who can "
-      "connect can join, run registered functions and read or change state. Set DISTRIBUTE_CLUSTER_TOKEN (the "
-      "launcher does by default) or listen on a loopback address",
+      "WARNING: {} listens on {}, reachable from other machines, without a cluster token (insecure, as chosen): "
+      "anyone who can connect can join, run registered functions and read or change state",
       who, address);
 }
 

@@ -72,7 +72,7 @@ class RpcServer final : private detail::ConnectionOwner {
                                                         options_.max_pending_connections,
                                                         [this](const std::string& l) { log_limited(l); },
                                                         [this](const std::string& l) { log(l); }}) {
-    listener_.listen(address, token_.has_value());
+    listener_.listen(address, token_.has_value(), detail::insecure_chosen(options_.insecure));
     auto terms = std::make_shared<detail::AcceptorTerms>();
     terms->me = name_;
     terms->role = "server";
@@ -226,13 +226,20 @@ class RpcServer final : private detail::ConnectionOwner {
     http::async_read(h->socket, x->buffer, x->parser, [this, h, x](const boost::system::error_code& ec, std::size_t) {
       if (ec) return close_unwelcomed(*h);
       const auto& req = x->parser.get();
+      const std::string_view target(req.target().data(), req.target().size());
+      const auto authorization = req[http::field::authorization];
       HttpReply r;
-      try {
-        r = http_(std::string_view(req.target().data(), req.target().size()));
-      } catch (const std::exception& e) {
-        r = HttpReply{500, "text/plain; charset=utf-8", fmt::format("{}\n", e.what())};
+      if (!detail::scrape_allowed(target, std::string_view(authorization.data(), authorization.size()), token_)) {
+        r = HttpReply{401, "text/plain; charset=utf-8", std::string(detail::kScrapeRefused)};
+      } else {
+        try {
+          r = http_(target);
+        } catch (const std::exception& e) {
+          r = HttpReply{500, "text/plain; charset=utf-8", fmt::format("{}\n", e.what())};
+        }
       }
       x->response = http::response<http::string_body>{static_cast<http::status>(r.status), req.version()};
+      if (r.status == 401) x->response.set(http::field::www_authenticate, "Bearer realm=\"distribute\"");
       x->response.set(http::field::content_type, r.content_type);
       x->response.set(http::field::server, "distribute");
       x->response.keep_alive(false);

@@ -59,6 +59,10 @@ struct CoordinatorOptions {
   /// Record a timeline of the closures into this path, "chief-<index>" inserted before its
   /// extension (docs/observability.md). Unset: DISTRIBUTE_TIMELINE; "": none.
   std::optional<std::string> timeline = std::nullopt;
+  /// Serve the metrics port beyond loopback without a cluster token (anyone may read it): refused
+  /// (ClusterConfigError) unless set, or DISTRIBUTE_INSECURE=1. With a token (the strategy's),
+  /// /metrics wants it as `Authorization: Bearer TOKEN`.
+  bool insecure = false;
 };
 
 namespace ps::detail {
@@ -89,6 +93,8 @@ class ClusterCoordinator {
       CommunicationOptions settings;
       settings.metrics_port = options_.metrics_port;
       settings.timeline = options_.timeline;
+      settings.cluster_token = strategy.options().cluster_token;
+      settings.insecure = options_.insecure;
       // The coordinator is the chief (ParameterServerStrategy checked there is exactly one).
       observe_ = ps::detail::CoordinatorObservability::start(
           settings, 0, spec.task_address("chief", 0),

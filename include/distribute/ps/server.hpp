@@ -42,8 +42,13 @@
 DISTRIBUTE_BEGIN_NAMESPACE
 
 struct ServerOptions {
-  /// Shared secret every peer must prove (see net::CommunicatorOptions::cluster_token).
+  /// Shared secret every peer must prove (see net::CommunicatorOptions::cluster_token); with one,
+  /// GET /metrics on this port wants it as `Authorization: Bearer TOKEN`.
   std::optional<std::string> cluster_token = std::nullopt;
+  /// Listen beyond loopback without a token, where anyone who can connect may create variables,
+  /// run functions and stop the task: refused (ClusterConfigError) unless set, or
+  /// DISTRIBUTE_INSECURE=1.
+  bool insecure = false;
   /// A worker's first call to a ps task waits this long for it to come up.
   std::chrono::milliseconds connect_timeout{60000};
   /// The whole handshake: how long a connection that has not proved the token may stay.
@@ -355,6 +360,7 @@ class Server {
     table_ = std::make_unique<ps::detail::VariableTable>(device_, options_.max_initialized_bytes);
     ps::detail::RpcOptions rpc;
     rpc.cluster_token = options_.cluster_token;
+    rpc.insecure = options_.insecure;
     rpc.handshake_timeout = options_.handshake_timeout;
     rpc.connect_timeout = options_.connect_timeout;
     rpc.read_timeout = options_.read_timeout;

@@ -162,10 +162,12 @@ DISTRIBUTE_DECL MultiWorkerSetup MultiWorkerSetup::connect(const CommunicationOp
   if (metrics_port) {
     const int rank = resolver->id_in_cluster();
     const auto own = net::parse_host_port(addresses[static_cast<std::size_t>(rank)]);
-    setup.metrics = TaskMetrics::start(type, resolver->task_id(), own.host, *metrics_port, rank);
+    setup.metrics = TaskMetrics::start(type, resolver->task_id(), own.host, *metrics_port, rank,
+                                       net::MetricsAccess{options.cluster_token, options.insecure});
     comm_options.metrics = setup.metrics->collectives;
   }
   comm_options.cluster_token = options.cluster_token;  // unset: net/ reads DISTRIBUTE_CLUSTER_TOKEN
+  comm_options.insecure = options.insecure;
   if (options.loopback_congestion_control) comm_options.loopback_congestion_control = *options.loopback_congestion_control;
   if (options.shared_memory_min_bytes) comm_options.shared_memory_min_bytes = *options.shared_memory_min_bytes;
   if (options.timeout_seconds) {

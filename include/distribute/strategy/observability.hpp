@@ -61,7 +61,7 @@ struct TaskMetrics {
 
   /// Serves on `host` at `port_base` + `rank` (0: any free port).
   static std::unique_ptr<TaskMetrics> start(const std::string& task_type, int task_index, const std::string& host,
-                                            int port_base, int rank) {
+                                            int port_base, int rank, net::MetricsAccess access) {
     const int port = port_base == 0 ? 0 : port_base + rank;
     if (port > 65535) {
       throw InvalidArgument(fmt::format("metrics port {} + rank {} is beyond 65535 (DISTRIBUTE_METRICS_PORT / "
@@ -71,7 +71,7 @@ struct TaskMetrics {
     auto m = std::make_unique<TaskMetrics>();
     m->registry = std::make_shared<observe::MetricsRegistry>(task_type, task_index);
     m->collectives = std::make_shared<observe::CollectiveMetrics>(m->registry);
-    m->server = std::make_unique<net::MetricsServer>(m->registry, host, static_cast<std::uint16_t>(port));
+    m->server = std::make_unique<net::MetricsServer>(m->registry, host, static_cast<std::uint16_t>(port), std::move(access));
     return m;
   }
 };

@@ -1,18 +1,21 @@
 // The one policy of every listening socket of the library (a communicator's mesh, a ds::Server,
-// a metrics port) for the connections it accepted and has not yet trusted or answered: at most a
-// bounded number at once (the owner's option, and no more than a quarter of the descriptors the
-// process may still open, so that strangers cannot starve it of the descriptors its own work
-// needs; more are closed as soon as they are accepted), each held until its owner lets go of its
-// slot (its handshake or request done, or its deadline passed); and an accept error (out of
-// descriptors, buffers or memory) backs off 10 ms doubling to 500 ms instead of spinning.
+// a metrics port, distribute-launch's node meeting) for the connections it accepted and has not
+// yet trusted or answered: at most a bounded number at once (the owner's option, and no more than
+// a quarter of the descriptors the process may still open, so that strangers cannot starve it of
+// the descriptors its own work needs), and from one remote address at most a quarter of those
+// (loopback excepted: a job on one host comes from one address, and a local process has other
+// ways to hurt); more are closed as soon as they are accepted. Each is held until its owner lets
+// go of its slot (its handshake or request done, or its deadline passed); and an accept error
+// (out of descriptors, buffers or memory) backs off 10 ms doubling to 500 ms instead of spinning.
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -21,6 +24,7 @@
 #include <boost/asio.hpp>
 #include <fmt/format.h>
 
+#include <distribute/net/detail/loopback.hpp>
 #include <distribute/version.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
@@ -52,6 +56,8 @@ class AcceptLoop {
 
   /// The bound in effect.
   std::size_t max_pending() const noexcept { return max_pending_; }
+  /// The bound in effect on connections from one address other than loopback.
+  std::size_t max_pending_per_address() const noexcept { return std::max<std::size_t>(1, max_pending_ / 4); }
 
   /// Accepts until close() (on the event loop).
   void start(Accepted accepted) {
@@ -76,16 +82,29 @@ class AcceptLoop {
         return;
       }
       backoff_ = std::chrono::milliseconds(10);
-      if (pending_->load() >= max_pending_) {
-        boost::system::error_code ignored;
-        const auto remote = socket.remote_endpoint(ignored);
-        log_(fmt::format("{}: refused connection from {}:{}: {} connections are already {}", me_,
-                         remote.address().to_string(), remote.port(), max_pending_, waiting_));
+      boost::system::error_code ignored;
+      const auto remote = socket.remote_endpoint(ignored);
+      const auto address = remote.address();
+      // The address's slot count, kept only for addresses other machines have.
+      const std::string key = is_loopback(address) ? std::string() : address.to_string();  // "": not counted
+      std::string refusal;
+      {
+        std::lock_guard lock(pending_->mutex);
+        if (pending_->all >= max_pending_) {
+          refusal = fmt::format("{} connections are already {}", max_pending_, waiting_);
+        } else if (!key.empty() && pending_->by_address[key] >= max_pending_per_address()) {
+          refusal = fmt::format("{} connections from that address are already {}", max_pending_per_address(), waiting_);
+        } else {
+          ++pending_->all;
+          if (!key.empty()) ++pending_->by_address[key];
+        }
+      }
+      if (!refusal.empty()) {
+        log_(fmt::format("{}: refused connection from {}:{}: {}", me_, address.to_string(), remote.port(), refusal));
         socket.close(ignored);
         return accept_next();
       }
-      pending_->fetch_add(1);
-      Slot slot(nullptr, [n = pending_](void*) { n->fetch_sub(1); });
+      Slot slot(nullptr, [p = pending_, key](void*) { p->release(key); });
       if (accepted_(std::move(socket), std::move(slot))) accept_next();
     });
   }
@@ -99,7 +118,19 @@ class AcceptLoop {
   Accepted accepted_;
   std::chrono::milliseconds backoff_{10};  // event loop only
   bool closed_ = false;                    // event loop only
-  std::shared_ptr<std::atomic<std::size_t>> pending_ = std::make_shared<std::atomic<std::size_t>>(0);
+  // Connections holding a slot, in all and by remote address (slots are let go on any thread).
+  struct Pending {
+    std::mutex mutex;
+    std::size_t all = 0;
+    std::map<std::string, std::size_t> by_address;
+    void release(const std::string& key) {
+      std::lock_guard lock(mutex);
+      --all;
+      if (key.empty()) return;
+      if (auto it = by_address.find(key); it != by_address.end() && --it->second == 0) by_address.erase(it);
+    }
+  };
+  std::shared_ptr<Pending> pending_ = std::make_shared<Pending>();
 };
 
 }  // namespace net::detail

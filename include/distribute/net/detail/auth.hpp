@@ -53,5 +53,37 @@ inline std::optional<std::string> effective_cluster_token(const std::optional<st
   return std::nullopt;
 }
 
+/// Whether listening beyond this host without a token was chosen: the option, or
+/// DISTRIBUTE_INSECURE=1 in the environment.
+inline bool insecure_chosen(bool option) {
+  if (option) return true;
+  const char* env = std::getenv("DISTRIBUTE_INSECURE");
+  return env != nullptr && std::string_view(env) == "1";
+}
+
+/// Whether an HTTP request's Authorization header carries `token` as a bearer credential
+/// (Prometheus' `authorization` scrape setting); compared in constant time.
+inline bool bearer_matches(std::string_view authorization, const std::string& token) {
+  constexpr std::string_view scheme = "Bearer ";
+  if (authorization.size() < scheme.size() || authorization.substr(0, scheme.size()) != scheme) return false;
+  const std::string_view given = authorization.substr(scheme.size());
+  // Both sides hashed first: the comparison takes as long whatever the lengths.
+  constexpr std::string_view key = "distribute bearer";
+  return macs_equal(hmac_sha256(key, std::as_bytes(std::span(given.data(), given.size()))),
+                    hmac_sha256(key, std::as_bytes(std::span(token.data(), token.size()))));
+}
+
+/// The HTTP status pages of a task (its ps port, its metrics port): /healthz for anyone; the
+/// others, with a cluster token, only for a scrape that sends it as a bearer credential.
+inline bool scrape_allowed(std::string_view target, std::string_view authorization,
+                           const std::optional<std::string>& token) {
+  return !token || target == "/healthz" || bearer_matches(authorization, *token);
+}
+
+/// The body of the 401 answer to a scrape without the token.
+inline constexpr std::string_view kScrapeRefused =
+    "this task has a cluster token: send it as 'Authorization: Bearer TOKEN' (Prometheus: authorization: "
+    "{type: Bearer, credentials_file: FILE})\n";
+
 }  // namespace net::detail
 DISTRIBUTE_END_NAMESPACE

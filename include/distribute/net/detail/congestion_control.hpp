@@ -10,10 +10,6 @@
 #include <string>
 #include <string_view>
 
-#include <boost/asio/ip/address.hpp>
-#include <boost/asio/ip/address_v4.hpp>
-#include <boost/asio/ip/address_v6.hpp>
-
 #if defined(__linux__)
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -55,13 +51,6 @@ inline std::string congestion_control_of(int fd) {
   (void)fd;
   return {};
 #endif
-}
-
-inline bool is_loopback(const boost::asio::ip::address& a) {
-  if (a.is_v6() && a.to_v6().is_v4_mapped()) {
-    return boost::asio::ip::make_address_v4(boost::asio::ip::v4_mapped, a.to_v6()).is_loopback();
-  }
-  return a.is_loopback();
 }
 
 }  // namespace net::detail

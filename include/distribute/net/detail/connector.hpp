@@ -16,6 +16,7 @@
 
 #include <distribute/net/address.hpp>
 #include <distribute/net/detail/congestion_control.hpp>
+#include <distribute/net/detail/loopback.hpp>
 #include <distribute/net/detail/handshake.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE

@@ -24,7 +24,9 @@
 #include <distribute/net/address.hpp>
 #include <distribute/net/detail/accept_loop.hpp>
 #include <distribute/net/detail/congestion_control.hpp>
+#include <distribute/net/detail/loopback.hpp>
 #include <distribute/net/detail/handshake.hpp>
+#include <distribute/net/refusal_log.hpp>
 
 DISTRIBUTE_BEGIN_NAMESPACE
 namespace net::detail {
@@ -43,15 +45,20 @@ class Listener {
   Listener(asio::io_context& io, Options options) : io_(io), options_(std::move(options)) {}
 
   /// Binds `address` and listens (blocking; before the event loop runs). Throws Unavailable when it
-  /// cannot, InvalidArgument when the kernel refuses the congestion control. Warns once when the
-  /// address reaches beyond this host and `has_token` is false.
-  void listen(const std::string& address, bool has_token) {
+  /// cannot, InvalidArgument when the kernel refuses the congestion control, ClusterConfigError
+  /// when the address reaches beyond this host and there is no token, unless `insecure` (then it
+  /// warns once).
+  void listen(const std::string& address, bool has_token, bool insecure) {
     const HostPort ep = parse_host_port(address);
     boost::system::error_code ec;
     tcp::resolver resolver(io_);
     const auto results = resolver.resolve(ep.host, ep.port, ec);
     if (ec) throw Unavailable(fmt::format("{} cannot resolve its own address '{}': {}", options_.me, address, ec.message()));
     for (const auto& entry : results) {
+      if (!has_token && !is_loopback(entry.endpoint().address())) {
+        if (!insecure) throw ClusterConfigError(no_token_refusal(options_.me, address));
+        options_.log_always(no_token_warning(options_.me, address));
+      }
       acceptor_.emplace(io_);
       acceptor_->open(entry.endpoint().protocol(), ec);
       if (!ec && is_loopback(entry.endpoint().address())) {
@@ -70,7 +77,6 @@ class Listener {
       if (!ec) {
         port_ = acceptor_->local_endpoint(ec).port();
         accepting_.emplace(io_, *acceptor_, options_.me, "in their handshake", options_.max_pending_connections, options_.log);
-        if (!has_token && !is_loopback(entry.endpoint().address())) options_.log_always(no_token_warning(options_.me, address));
         return;
       }
       acceptor_.reset();

@@ -107,7 +107,7 @@ class Transport final : private ConnectionOwner {
                                                     options_.max_pending_connections,
                                                     [this](const std::string& l) { log_limited(l); },
                                                     [this](const std::string& l) { log(l); }});
-    listener_->listen(peer(rank_).address(), token_.has_value());
+    listener_->listen(peer(rank_).address(), token_.has_value(), insecure_chosen(options_.insecure));
     loop_.start([this](const std::exception& e) {
       // A handler must not take the process down; the transport is unusable afterwards.
       std::lock_guard lk(mu_);

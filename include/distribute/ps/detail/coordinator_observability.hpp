@@ -104,7 +104,8 @@ struct CoordinatorObservability {
       registry->callback("distribute_coordinator_workers_up", "Workers in use (not lost).", "gauge", {},
                          std::move(workers_up));
       const auto host = net::parse_host_port(address).host;
-      o->server = std::make_unique<net::MetricsServer>(registry, host, static_cast<std::uint16_t>(*port));
+      o->server = std::make_unique<net::MetricsServer>(registry, host, static_cast<std::uint16_t>(*port),
+                                                       net::MetricsAccess{settings.cluster_token, settings.insecure});
     }
     if (!timeline_path.empty()) {
       observe::Timeline::instance().start(observe::timeline_file(timeline_path, "chief", task_index), "chief", task_index);
