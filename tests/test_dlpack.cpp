@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include <distribute/core/host_operands.hpp>
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -578,7 +580,14 @@ TEST_CASE("dlpack: views whose use would be undefined behaviour are refused with
   CHECK_THROWS_WITH_AS(broadcast.clone(), "DLPack tensor: 68719476736 bytes of elements cannot be allocated",
                        ds::InvalidArgument);
   CHECK_THROWS_WITH_AS(strategy.run([&](ds::ReplicaContext& ctx) { return ctx.all_reduce(ds::ReduceOp::Sum, broadcast); }),
-                       doctest::Contains("68719476736 bytes"), ds::InvalidArgument);
+                       "DLPack tensor: 68719476736 bytes of elements cannot be allocated", ds::InvalidArgument);
+  // The same view as a collective's operand, where it is staged in a row-major copy.
+  ds::core::HostOperands operands("all_reduce");
+  const ds::TensorView view{storage.data(), ds::DType::F32, {std::int64_t{1} << 34}, {0}};
+  CHECK_THROWS_WITH_AS(operands.add(view, true),
+                       "all_reduce: a float32 (17179869184,) strides (0,) value needs a row-major copy of "
+                       "68719476736 bytes, which cannot be allocated",
+                       ds::InvalidArgument);
 #endif
 }
 
