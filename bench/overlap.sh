@@ -31,7 +31,7 @@ echo "building in $BUILD ..." >&2
 TORCH_INC=(-isystem /usr/include/torch/csrc/api/include)
 g++ -std=c++20 -O2 -DNDEBUG -I"$ROOT/include" "${TORCH_INC[@]}" "$ROOT/bench/overlap_mlp.cpp" -o "$BUILD/overlap_mlp" \
   -ltorch -ltorch_cpu -lc10 -lfmt -lboost_json -lcrypto -pthread &
-g++ -std=c++20 -O2 -I"$ROOT/include" "$ROOT/tools/distribute-launch.cpp" -o "$BUILD/distribute-launch" -lfmt
+g++ -std=c++20 -O2 -I"$ROOT/include" "$ROOT/tools/distribute-launch.cpp" -o "$BUILD/distribute-launch" -lfmt -lboost_json -lcrypto -pthread
 wait
 sync; sleep 3
 
