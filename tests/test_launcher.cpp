@@ -1004,6 +1004,13 @@ class Stranger {
     if (fd_ < 0 || ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
       throw std::runtime_error(fmt::format("cannot connect to node 0: {}", std::strerror(errno)));
   }
+  /// The next connection to `listen_fd` (the test playing node 0).
+  struct Accepted {
+    int listen_fd;
+  };
+  explicit Stranger(Accepted from) : fd_(::accept4(from.listen_fd, nullptr, nullptr, SOCK_CLOEXEC)) {
+    if (fd_ < 0) throw std::runtime_error(fmt::format("accept: {}", std::strerror(errno)));
+  }
   Stranger(const Stranger&) = delete;
   Stranger& operator=(const Stranger&) = delete;
   ~Stranger() { ::close(fd_); }
@@ -1217,6 +1224,106 @@ TEST_CASE("the node meeting: a launcher with another token is refused and says w
   CHECK(r0.code == 1);
   CHECK(contains(r0.err, "timed out after --rdzv-timeout waiting for node(s) 1 to join"));
   CHECK(task_infos(r0.out + r1.out).empty());
+}
+
+namespace {
+
+// A listening socket on 127.0.0.1:port for the test to play node 0 (a stranger's, to a joiner).
+int listen_on(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 16) != 0)
+    throw std::runtime_error(fmt::format("cannot listen on {}: {}", port, std::strerror(errno)));
+  return fd;
+}
+
+}  // namespace
+
+TEST_CASE("the node meeting, seen by a joiner: a node 0 that answers wrongly is refused with what was wrong") {
+  struct Bad {
+    std::string cluster;  // node 0's answer to the JOIN ({} is the joiner's entry as it sent it)
+    std::string error;
+  };
+  const std::vector<Bad> bad = {
+      {"CLUSTER 127.0.0.1 29400 3 0,1,127.0.0.1,29401 {} 2,1,127.0.0.1,29500",
+       "malformed cluster message from node 0 (3 nodes, 7 words; this node has --nnodes 2)"},
+      {"CLUSTER 127.0.0.1 29400 2 {} 0,1,127.0.0.1,29401", "node 0 sent node 1's entry in place 0"},
+      {"CLUSTER 127.0.0.1 29400 2 0,1,127.0.0.1,29401 1,7,127.0.0.1,29500",
+       "node 0's cluster does not hold this node's entry as it sent it"},
+      {"CLUSTER 127.0.0.1 70000 2 0,1,127.0.0.1,29401 {}", "master port 70000 is not between 1 and 65535"},
+      {"CLUSTER 127.0.0.1 29400 2 0,1,127.0.0.1 {}", "malformed node entry '0,1,127.0.0.1' from node 0"},
+      {"WELCOME", "unexpected message from node 0: 'WELCOME'"},
+  };
+  SUBCASE("a cluster that is malformed, or does not hold this node as it joined") {
+    for (const auto& b : bad) {
+      INFO("node 0 says: ", b.cluster);
+      const int port = test_support::free_ports(1)[0];
+      const int listen_fd = listen_on(port);
+      Job node1(node_args(2, 1, port, 1) + std::vector<std::string>{"--rdzv-timeout", "20", child(), "info"});
+      {
+        Stranger joiner(Stranger::Accepted{listen_fd});
+        const auto theirs = launch::parse_hello(joiner.hear());
+        const auto mine = distribute::net::detail::random_nonce();
+        joiner.say(launch::challenge_line(mine, launch::node0_proof(kNodesToken, theirs, mine)) + "\n");
+        const launch::Join j = launch::parse_join(joiner.hear());
+        REQUIRE(distribute::net::detail::macs_equal(j.proof, launch::join_proof(kNodesToken, theirs, mine, j.fields)));
+        const auto w = [&] {  // "2 1 1 HOST PORT" -> "1,1,HOST,PORT"
+          std::istringstream in(j.fields);
+          std::string nnodes, rank, tasks, host, port_base;
+          in >> nnodes >> rank >> tasks >> host >> port_base;
+          return fmt::format("{},{},{},{}", rank, tasks, host, port_base);
+        }();
+        std::string line = b.cluster;
+        if (const auto at = line.find("{}"); at != std::string::npos) line.replace(at, 2, w);
+        joiner.say(line + "\n");
+        const Result r1 = node1.finish(30);
+        INFO("node 1 stderr:\n", r1.err);
+        CHECK(r1.code == 1);
+        CHECK(contains(r1.err, "node 1: the launchers could not agree on the job: " + b.error));
+        CHECK(task_infos(r1.out).empty());
+      }
+      ::close(listen_fd);
+    }
+  }
+  SUBCASE("a node 0 that answers the HELLO with something else") {
+    const int port = test_support::free_ports(1)[0];
+    const int listen_fd = listen_on(port);
+    Job node1(node_args(2, 1, port, 1) + std::vector<std::string>{"--rdzv-timeout", "20", child(), "info"});
+    {
+      Stranger joiner(Stranger::Accepted{listen_fd});
+      (void)joiner.hear();
+      joiner.say("CHALLENGE " + std::string(64, '0') + "\n");
+      const Result r1 = node1.finish(30);
+      CHECK(r1.code == 1);
+      CHECK(contains(r1.err, "node 1: the launchers could not agree on the job: unexpected answer from node 0: "
+                             "'CHALLENGE " + std::string(54, '0') + "...' (74 bytes)"));
+    }
+    ::close(listen_fd);
+  }
+  SUBCASE("a node 0 that closes every connection unanswered, until --rdzv-timeout") {
+    const int port = test_support::free_ports(1)[0];
+    const int listen_fd = listen_on(port);
+    Job node1(node_args(2, 1, port, 1) + std::vector<std::string>{"--rdzv-timeout", "3", child(), "info"});
+    Result r1;
+    const auto until = Clock::now() + std::chrono::seconds(20);
+    while (Clock::now() < until) {
+      pollfd p{listen_fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) > 0) ::close(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC));
+      if (node1.wait_for([](const Result& r) { return contains(r.err, "rdzv-timeout"); }, 0.05)) break;
+    }
+    r1 = node1.finish(30);
+    INFO("node 1 stderr:\n", r1.err);
+    CHECK(r1.code == 1);
+    CHECK(contains(r1.err, fmt::format("node 1: the launchers could not agree on the job: node 0 at 127.0.0.1:{} "
+                                       "closed every connection before answering, until --rdzv-timeout",
+                                       port)));
+    ::close(listen_fd);
+  }
 }
 
 TEST_CASE("the node meeting under 189 idle connections at ulimit -n 64: node 0 neither spins nor exits; the node joins") {
